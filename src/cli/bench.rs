@@ -1,0 +1,77 @@
+//! `kiln bench`: training throughput of an experiment on each CPU backend (no run directory,
+//! nothing written). The median of `--repeats` runs is reported.
+
+use clap::Args;
+
+use super::ConfigArgs;
+use crate::backend::{self, Resolved};
+use crate::config::{CpuBackend, Device};
+use crate::error::{Error, Result};
+use crate::model::Mlp;
+use crate::plan::Plan;
+use crate::train::TrainInput;
+use crate::data;
+
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    #[command(flatten)]
+    pub config: ConfigArgs,
+    /// Optimizer steps per measurement.
+    #[arg(long, default_value_t = 100)]
+    pub steps: usize,
+    /// Measurements per backend (the median is reported).
+    #[arg(long, default_value_t = 3)]
+    pub repeats: usize,
+    /// Which CPU backends: all, ndarray or flex.
+    #[arg(long, default_value = "all")]
+    pub cpu: String,
+}
+
+pub fn bench(a: &BenchArgs) -> Result<()> {
+    let mut r = a.config.resolve()?;
+    if a.steps == 0 || a.repeats == 0 {
+        return Err(Error::Usage("--steps and --repeats must be at least 1".into()));
+    }
+    r.config.train.max_steps = Some(a.steps);
+    r.config.train.eval_every = 0;
+    let data = data::load(&r)?;
+    let mut c = r.config.clone();
+    let mut no_eval = data.clone();
+    no_eval.eval = None;
+    let mlp = Mlp::new(&c.model);
+    let plan = Plan::new(&c, data.train.len(), mlp.num_params());
+    let backends: Vec<CpuBackend> = match a.cpu.as_str() {
+        "all" => vec![CpuBackend::Ndarray, CpuBackend::Flex],
+        "ndarray" => vec![CpuBackend::Ndarray],
+        "flex" => vec![CpuBackend::Flex],
+        other => return Err(Error::Usage(format!("--cpu `{other}`: expected all, ndarray or flex"))),
+    };
+    println!("{}", plan.describe());
+    println!("backend   threads  steps/s  samples/s  (median of {})", a.repeats);
+    for cpu in backends {
+        c.backend.device = Device::Cpu;
+        c.backend.cpu = cpu;
+        let be: Resolved = backend::resolve(&c.backend)?;
+        let input = TrainInput {
+            config: &c,
+            plan: &plan,
+            data: &no_eval,
+            mlp: &mlp,
+        };
+        let mut rates = Vec::new();
+        for _ in 0..a.repeats {
+            let out = backend::train(be, &c.backend, &input, &mut |_| {})?;
+            rates.push(out.steps as f64 / out.wall_seconds.max(1e-9));
+        }
+        rates.sort_by(f64::total_cmp);
+        let median = rates[rates.len() / 2];
+        println!(
+            "{:<9} {:>7}  {:>7.1}  {:>9.0}",
+            be.name(),
+            backend::threads(&c.backend),
+            median,
+            median * plan.global_batch as f64
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,84 @@
+//! Config errors: each names the dotted key, the source that set it (file and line, env var,
+//! `--set` flag or built-in default), what is allowed, and for unknown keys the closest valid one.
+
+use std::fmt;
+use std::path::PathBuf;
+
+/// Everything that can be wrong with a config before anything runs. Always "bad input" (exit 2).
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file `{path}`: {source}\n  = help: check the path; paths in `extends` are relative to the file that names them")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("`{path}` is not valid TOML: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("`extends` cycle: {}\n  = help: remove one of these `extends` entries", .chain.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(" -> "))]
+    ExtendsCycle { chain: Vec<PathBuf> },
+    #[error("`extends` in `{path}` must be a list of file paths, e.g. extends = [\"../templates/base.toml\"]")]
+    ExtendsType { path: PathBuf },
+    #[error("bad --set `{arg}`: {why}\n  = help: write --set section.key=value, e.g. --set optim.lr=0.1")]
+    BadSet { arg: String, why: String },
+    #[error("{0}")]
+    Key(KeyError),
+}
+
+/// An error about one dotted key.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KeyError {
+    /// What is wrong, e.g. "unknown key `optim.lrr`".
+    pub message: String,
+    /// Where the offending value came from, e.g. "experiments/a.toml:7" or "--set optim.lr=-1".
+    pub source: String,
+    /// What to do instead.
+    pub help: Option<String>,
+}
+
+impl fmt::Display for KeyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}\n  --> {}", self.message, self.source)?;
+        if let Some(h) = &self.help {
+            write!(f, "\n  = help: {h}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Levenshtein distance, for "did you mean".
+pub fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut prev: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut cur = vec![i + 1; b.len() + 1];
+        for (j, cb) in b.iter().enumerate() {
+            let sub = prev[j] + usize::from(ca != *cb);
+            cur[j + 1] = sub.min(prev[j + 1] + 1).min(cur[j] + 1);
+        }
+        prev = cur;
+    }
+    prev[b.len()]
+}
+
+/// The candidate closest to `word`, if it is close enough to be a plausible typo.
+pub fn closest<'a>(word: &str, candidates: &[&'a str]) -> Option<&'a str> {
+    candidates
+        .iter()
+        .map(|c| (edit_distance(word, c), *c))
+        .filter(|(d, c)| *d <= (c.len().max(word.len()) / 3).max(1) + usize::from(c.len() > 5))
+        .min_by_key(|(d, _)| *d)
+        .map(|(_, c)| c)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn closest_finds_typos_only() {
+        assert_eq!(closest("lrr", &["kind", "lr", "momentum"]), Some("lr"));
+        assert_eq!(closest("batchsize", &["batch_size", "epochs"]), Some("batch_size"));
+        assert_eq!(closest("zzzzzz", &["kind", "lr"]), None);
+    }
+}

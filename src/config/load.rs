@@ -1,0 +1,315 @@
+//! The one function that builds the config layering, lowest first:
+//! built-in defaults < `extends` chain < the experiment file < `KILN_` env vars < `--set` flags.
+//! Every value keeps the metadata of the layer that set it, so errors and `kiln check` can name
+//! its source.
+
+use std::path::{Path, PathBuf};
+
+use figment::value::{Dict, Map, Value};
+use figment::{Figment, Metadata, Profile, Provider, Source};
+
+use super::error::{closest, ConfigError, KeyError};
+use super::schema::{Config, SECTIONS};
+use super::validate::validate;
+
+/// Name of the metadata of the built-in defaults layer.
+pub const DEFAULT_SOURCE: &str = "default";
+/// Prefix of env vars that set config keys: `KILN_OPTIM__LR=0.1` sets `optim.lr`.
+pub const ENV_PREFIX: &str = "KILN_";
+
+/// A resolved config together with where each value came from.
+#[derive(Debug, Clone)]
+pub struct Resolved {
+    pub config: Config,
+    pub figment: Figment,
+    /// The experiment file as given.
+    pub file: PathBuf,
+}
+
+/// One layer: a dictionary plus the metadata that names its source.
+struct Layer {
+    meta: Metadata,
+    dict: Dict,
+}
+
+impl Provider for Layer {
+    fn metadata(&self) -> Metadata {
+        self.meta.clone()
+    }
+    fn data(&self) -> Result<Map<Profile, Dict>, figment::Error> {
+        Ok(Profile::Default.collect(self.dict.clone()))
+    }
+}
+
+fn to_dict<T: serde::Serialize>(v: &T) -> Dict {
+    Value::serialize(v)
+        .ok()
+        .and_then(|v| v.into_dict())
+        .unwrap_or_default()
+}
+
+/// Reads `file`, its `extends` chain, the `KILN_` variables among `env` and the `--set` flags, and
+/// returns the validated config. `env` is passed in (not read here) so tests control it.
+pub fn load(
+    file: &Path,
+    env: &[(String, String)],
+    sets: &[String],
+) -> Result<Resolved, ConfigError> {
+    let figment = build_figment(file, env, sets)?;
+    let config = extract(&figment)?;
+    let resolved = Resolved {
+        config,
+        figment,
+        file: file.to_path_buf(),
+    };
+    validate(&resolved)?;
+    Ok(resolved)
+}
+
+/// Builds the layered figment without extracting it.
+pub fn build_figment(
+    file: &Path,
+    env: &[(String, String)],
+    sets: &[String],
+) -> Result<Figment, ConfigError> {
+    let mut figment = Figment::new().merge(Layer {
+        meta: Metadata::named(DEFAULT_SOURCE),
+        dict: to_dict(&Config::default()),
+    });
+    let mut files = Vec::new();
+    collect_files(file, &mut Vec::new(), &mut files)?;
+    for (path, dict) in files {
+        figment = figment.merge(Layer {
+            meta: Metadata::from(path.display().to_string(), Source::File(path)),
+            dict,
+        });
+    }
+    for (name, value) in env {
+        let Some(rest) = name.strip_prefix(ENV_PREFIX) else {
+            continue;
+        };
+        let parts: Vec<String> = rest.split("__").map(|s| s.to_ascii_lowercase()).collect();
+        // Other KILN_ variables (tokens, library paths) are not config keys.
+        if parts.len() < 2 || !SECTIONS.contains(&parts[0].as_str()) {
+            continue;
+        }
+        figment = figment.merge(Layer {
+            meta: Metadata::named(format!("environment variable {name}")),
+            dict: nest(&parts, parse_value(value)),
+        });
+    }
+    for arg in sets {
+        let (key, value) = arg.split_once('=').ok_or_else(|| ConfigError::BadSet {
+            arg: arg.clone(),
+            why: "missing `=`".into(),
+        })?;
+        let key = key.trim();
+        if key.is_empty() || key.split('.').any(|p| p.is_empty()) {
+            return Err(ConfigError::BadSet {
+                arg: arg.clone(),
+                why: format!("`{key}` is not a dotted key"),
+            });
+        }
+        let parts: Vec<String> = key.split('.').map(str::to_string).collect();
+        figment = figment.merge(Layer {
+            meta: Metadata::named(format!("--set {arg}")),
+            dict: nest(&parts, parse_value(value.trim())),
+        });
+    }
+    Ok(figment)
+}
+
+/// Parses a value as TOML (`0.1`, `true`, `[1, 2]`, `"x"`), else takes it as a plain string.
+fn parse_value(raw: &str) -> Value {
+    match toml::from_str::<toml::Table>(&format!("v = {raw}")) {
+        Ok(mut t) => t
+            .remove("v")
+            .and_then(|v| Value::serialize(v).ok())
+            .unwrap_or_else(|| Value::from(raw.to_string())),
+        Err(_) => Value::from(raw.to_string()),
+    }
+}
+
+fn nest(parts: &[String], leaf: Value) -> Dict {
+    let mut value = leaf;
+    for p in parts[1..].iter().rev() {
+        let mut d = Dict::new();
+        d.insert(p.clone(), value);
+        value = Value::from(d);
+    }
+    let mut d = Dict::new();
+    d.insert(parts[0].clone(), value);
+    d
+}
+
+/// Depth-first over `extends`: ancestors come before the file that names them.
+fn collect_files(
+    file: &Path,
+    stack: &mut Vec<PathBuf>,
+    out: &mut Vec<(PathBuf, Dict)>,
+) -> Result<(), ConfigError> {
+    let canon = file.canonicalize().map_err(|source| ConfigError::Io {
+        path: file.to_path_buf(),
+        source,
+    })?;
+    if let Some(pos) = stack.iter().position(|p| *p == canon) {
+        let mut chain: Vec<PathBuf> = stack[pos..].to_vec();
+        chain.push(canon);
+        return Err(ConfigError::ExtendsCycle { chain });
+    }
+    let text = std::fs::read_to_string(file).map_err(|source| ConfigError::Io {
+        path: file.to_path_buf(),
+        source,
+    })?;
+    let mut table: toml::Table = toml::from_str(&text).map_err(|e| ConfigError::Parse {
+        path: file.to_path_buf(),
+        message: parse_message(&text, &e),
+    })?;
+    stack.push(canon);
+    if let Some(ext) = table.remove("extends") {
+        let list = match ext {
+            toml::Value::Array(a) => a,
+            toml::Value::String(s) => vec![toml::Value::String(s)],
+            _ => {
+                return Err(ConfigError::ExtendsType {
+                    path: file.to_path_buf(),
+                })
+            }
+        };
+        let base = file.parent().unwrap_or(Path::new("."));
+        for item in list {
+            let toml::Value::String(rel) = item else {
+                return Err(ConfigError::ExtendsType {
+                    path: file.to_path_buf(),
+                });
+            };
+            collect_files(&base.join(rel), stack, out)?;
+        }
+    }
+    stack.pop();
+    out.push((file.to_path_buf(), to_dict(&table)));
+    Ok(())
+}
+
+fn parse_message(text: &str, e: &toml::de::Error) -> String {
+    let line = e
+        .span()
+        .map(|s| text[..s.start.min(text.len())].lines().count().max(1));
+    let msg = e.message().trim().to_string();
+    match line {
+        Some(l) => format!("line {l}: {msg}"),
+        None => msg,
+    }
+}
+
+/// Extracts the typed config, turning the first figment error into a [`KeyError`].
+pub fn extract(figment: &Figment) -> Result<Config, ConfigError> {
+    figment
+        .extract::<Config>()
+        .map_err(|e| ConfigError::Key(key_error(figment, e)))
+}
+
+fn key_error(figment: &Figment, e: figment::Error) -> KeyError {
+    use figment::error::Kind;
+    let e = e.into_iter().next().unwrap_or_else(|| figment::Error::from("unknown error".to_string()));
+    let path = e.path.join(".");
+    match &e.kind {
+        Kind::UnknownField(field, expected) => {
+            let key = if path.is_empty() {
+                field.clone()
+            } else {
+                format!("{path}.{field}")
+            };
+            let prefix = if path.is_empty() {
+                String::new()
+            } else {
+                format!("{path}.")
+            };
+            let help = match closest(field, expected) {
+                Some(c) => format!("did you mean `{prefix}{c}`?"),
+                None if path.is_empty() => format!("valid sections: {}", expected.join(", ")),
+                None => format!("valid keys in [{path}]: {}", expected.join(", ")),
+            };
+            KeyError {
+                message: format!("unknown key `{key}`"),
+                source: describe_source(figment, &key),
+                help: Some(help),
+            }
+        }
+        Kind::UnknownVariant(value, expected) => {
+            let help = match closest(value, expected) {
+                Some(c) => format!("did you mean \"{c}\"? allowed: {}", expected.join(", ")),
+                None => format!("allowed: {}", expected.join(", ")),
+            };
+            KeyError {
+                message: format!("`{path}` = \"{value}\" is not a known choice"),
+                source: describe_source(figment, &path),
+                help: Some(help),
+            }
+        }
+        Kind::InvalidType(actual, expected) => KeyError {
+            message: format!("`{path}` has the wrong type: found {actual}, expected {expected}"),
+            source: describe_source(figment, &path),
+            help: None,
+        },
+        Kind::InvalidValue(actual, expected) => KeyError {
+            message: format!("`{path}` has an invalid value: found {actual}, expected {expected}"),
+            source: describe_source(figment, &path),
+            help: None,
+        },
+        Kind::InvalidLength(n, expected) => KeyError {
+            message: format!("`{path}` has {n} items, expected {expected}"),
+            source: describe_source(figment, &path),
+            help: None,
+        },
+        other => KeyError {
+            message: format!("`{path}`: {other}"),
+            source: describe_source(figment, &path),
+            help: None,
+        },
+    }
+}
+
+/// Where the value at dotted `key` came from: "file:line", "environment variable X",
+/// "--set k=v" or "default".
+pub fn describe_source(figment: &Figment, key: &str) -> String {
+    let Some(meta) = figment.find_metadata(key) else {
+        return DEFAULT_SOURCE.to_string();
+    };
+    match meta.source.as_ref().and_then(|s| s.file_path()) {
+        Some(path) => match find_line(path, key) {
+            Some(line) => format!("{}:{line}", meta.name),
+            None => meta.name.to_string(),
+        },
+        None => meta.name.to_string(),
+    }
+}
+
+/// The 1-based line of dotted `key` in a TOML file, by following table headers.
+pub fn find_line(path: &Path, key: &str) -> Option<usize> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let mut table = String::new();
+    let mut header_line = None;
+    for (i, raw) in text.lines().enumerate() {
+        let line = raw.split('#').next().unwrap_or("").trim();
+        if let Some(h) = line.strip_prefix('[') {
+            table = h.trim_end_matches(']').trim().replace(['"', ' '], "");
+            if table == key {
+                header_line = Some(i + 1);
+            }
+            continue;
+        }
+        if let Some((k, _)) = line.split_once('=') {
+            let k = k.trim().replace(['"', ' '], "");
+            let full = if table.is_empty() {
+                k
+            } else {
+                format!("{table}.{k}")
+            };
+            if full == key {
+                return Some(i + 1);
+            }
+        }
+    }
+    header_line
+}

@@ -1,0 +1,13 @@
+//! Experiment configuration: schema, the layering stack, validation and rendering.
+
+mod error;
+mod load;
+mod schema;
+mod show;
+mod validate;
+
+pub use error::{closest, edit_distance, ConfigError, KeyError};
+pub use load::{build_figment, describe_source, extract, find_line, load, Resolved, ENV_PREFIX};
+pub use schema::*;
+pub use show::{annotated, config_hash, to_toml};
+pub use validate::validate;

@@ -1,0 +1,359 @@
+//! The typed experiment schema: one struct per TOML section, every field documented with its
+//! default, unknown keys rejected. Range checks that serde cannot express live in
+//! [`crate::config::validate`].
+
+use serde::{Deserialize, Serialize};
+
+/// A whole experiment, as resolved from all layers.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    pub experiment: ExperimentConfig,
+    pub model: ModelConfig,
+    pub data: DataConfig,
+    pub train: TrainConfig,
+    pub optim: OptimConfig,
+    pub schedule: ScheduleConfig,
+    pub sampler: SamplerConfig,
+    pub strategy: StrategyConfig,
+    pub backend: BackendConfig,
+}
+
+/// Top-level section names, in the order they are printed.
+pub const SECTIONS: &[&str] = &[
+    "experiment",
+    "model",
+    "data",
+    "train",
+    "optim",
+    "schedule",
+    "sampler",
+    "strategy",
+    "backend",
+];
+
+/// `[experiment]`
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ExperimentConfig {
+    /// Name of the run directory under `output_dir`. Default: `"experiment"`.
+    pub name: String,
+    /// Seed for model initialisation and dropout. Default: `0`.
+    pub seed: u64,
+    /// Where run directories are created. Default: `"runs"`.
+    pub output_dir: String,
+}
+
+impl Default for ExperimentConfig {
+    fn default() -> Self {
+        ExperimentConfig {
+            name: "experiment".into(),
+            seed: 0,
+            output_dir: "runs".into(),
+        }
+    }
+}
+
+/// Model family.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ModelKind {
+    Mlp,
+}
+
+/// Activation between hidden layers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Activation {
+    Relu,
+    Gelu,
+    Tanh,
+    Sigmoid,
+}
+
+/// `[model]`
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ModelConfig {
+    /// Model family. Default: `"mlp"`.
+    pub kind: ModelKind,
+    /// Input features. Default: `1000`.
+    pub input_size: usize,
+    /// Widths of the hidden layers, in order. Default: `[500]`.
+    pub hidden_sizes: Vec<usize>,
+    /// Output classes. Default: `10`.
+    pub classes: usize,
+    /// Activation after each hidden layer: relu, gelu, tanh, sigmoid. Default: `"relu"`.
+    pub activation: Activation,
+    /// Dropout probability after each hidden activation, in [0, 1). Default: `0.0`.
+    pub dropout: f64,
+}
+
+impl Default for ModelConfig {
+    fn default() -> Self {
+        ModelConfig {
+            kind: ModelKind::Mlp,
+            input_size: 1000,
+            hidden_sizes: vec![500],
+            classes: 10,
+            activation: Activation::Relu,
+            dropout: 0.0,
+        }
+    }
+}
+
+/// Dataset source.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DataKind {
+    Synthetic,
+    Csv,
+}
+
+/// `[data]`
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DataConfig {
+    /// `"synthetic"` (a learnable classification task from a fixed random teacher) or `"csv"`.
+    /// Default: `"synthetic"`.
+    pub kind: DataKind,
+    /// synthetic: training samples. Default: `1000`.
+    pub samples: usize,
+    /// synthetic: evaluation samples (drawn from the same teacher). Default: `200`.
+    pub eval_samples: usize,
+    /// synthetic: features per sample. Default: `1000`.
+    pub features: usize,
+    /// Number of classes (csv: labels must be integers in 0..classes). Default: `10`.
+    pub classes: usize,
+    /// synthetic: seed of the teacher and the samples. Default: `0`.
+    pub seed: u64,
+    /// csv: training file, relative to the experiment file that sets it. No default.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    /// csv: evaluation file (optional), relative to the experiment file that sets it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub eval_path: Option<String>,
+    /// csv: the label column, by header name or 0-based index. Default: `"label"`.
+    pub label_column: String,
+    /// csv: whether the first line is a header. Default: `true`.
+    pub header: bool,
+}
+
+impl Default for DataConfig {
+    fn default() -> Self {
+        DataConfig {
+            kind: DataKind::Synthetic,
+            samples: 1000,
+            eval_samples: 200,
+            features: 1000,
+            classes: 10,
+            seed: 0,
+            path: None,
+            eval_path: None,
+            label_column: "label".into(),
+            header: true,
+        }
+    }
+}
+
+/// `[train]`
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TrainConfig {
+    /// Passes over the training data. Default: `1`.
+    pub epochs: usize,
+    /// When set, training ends after this many optimizer steps whatever `epochs` says.
+    /// Default: unset.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_steps: Option<usize>,
+    /// Micro-batch size of one device (rank). Default: `32`.
+    pub batch_size: usize,
+    /// Micro-batches per optimizer step. Default: `1`.
+    pub grad_accum_steps: usize,
+    /// Evaluate every N optimizer steps; 0 evaluates only at the end. Default: `0`.
+    pub eval_every: usize,
+    /// Log a metrics line every N optimizer steps (and always the last). Default: `10`.
+    pub log_every: usize,
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        TrainConfig {
+            epochs: 1,
+            max_steps: None,
+            batch_size: 32,
+            grad_accum_steps: 1,
+            eval_every: 0,
+            log_every: 10,
+        }
+    }
+}
+
+/// Optimizer algorithm.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OptimKind {
+    Sgd,
+    Adam,
+    Adamw,
+}
+
+/// `[optim]` (PyTorch semantics for every algorithm).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OptimConfig {
+    /// sgd, adam or adamw. Default: `"sgd"`.
+    pub kind: OptimKind,
+    /// Peak learning rate. Default: `0.01`.
+    pub lr: f64,
+    /// sgd: momentum factor in [0, 1). Default: `0.0`.
+    pub momentum: f64,
+    /// sgd: Nesterov momentum (needs momentum > 0). Default: `false`.
+    pub nesterov: bool,
+    /// L2 penalty (sgd, adam) or decoupled decay (adamw). Default: `0.0`.
+    pub weight_decay: f64,
+    /// adam/adamw: (beta1, beta2). Default: `[0.9, 0.999]`.
+    pub betas: [f64; 2],
+    /// adam/adamw: denominator epsilon. Default: `1e-8`.
+    pub eps: f64,
+    /// Clip the global gradient norm to this value. Default: unset (no clipping).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub grad_clip_norm: Option<f64>,
+}
+
+impl Default for OptimConfig {
+    fn default() -> Self {
+        OptimConfig {
+            kind: OptimKind::Sgd,
+            lr: 0.01,
+            momentum: 0.0,
+            nesterov: false,
+            weight_decay: 0.0,
+            betas: [0.9, 0.999],
+            eps: 1e-8,
+            grad_clip_norm: None,
+        }
+    }
+}
+
+/// Learning-rate schedule shape.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ScheduleKind {
+    Constant,
+    Step,
+    Cosine,
+}
+
+/// `[schedule]`
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ScheduleConfig {
+    /// constant, step or cosine. Default: `"constant"`.
+    pub kind: ScheduleKind,
+    /// Linear warm-up from 0 to `optim.lr` over this many steps. Default: `0`.
+    pub warmup_steps: usize,
+    /// step: multiply the lr by `gamma` every `step_size` steps. Default: `100`.
+    pub step_size: usize,
+    /// step: decay factor. Default: `0.1`.
+    pub gamma: f64,
+    /// cosine: the lr reached at the last step. Default: `0.0`.
+    pub min_lr: f64,
+}
+
+impl Default for ScheduleConfig {
+    fn default() -> Self {
+        ScheduleConfig {
+            kind: ScheduleKind::Constant,
+            warmup_steps: 0,
+            step_size: 100,
+            gamma: 0.1,
+            min_lr: 0.0,
+        }
+    }
+}
+
+/// `[sampler]` (torch DistributedSampler semantics).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SamplerConfig {
+    /// Shuffle the training data each epoch. Default: `true`.
+    pub shuffle: bool,
+    /// Seed of the shuffle (the permutation of epoch e uses seed + e). Default: `0`.
+    pub seed: u64,
+    /// Drop the tail that does not divide evenly over ranks instead of padding. Default: `false`.
+    pub drop_last: bool,
+}
+
+impl Default for SamplerConfig {
+    fn default() -> Self {
+        SamplerConfig {
+            shuffle: true,
+            seed: 0,
+            drop_last: false,
+        }
+    }
+}
+
+/// Parallel strategy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StrategyKind {
+    Single,
+}
+
+/// `[strategy]`
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StrategyConfig {
+    /// single (one device). Default: `"single"`.
+    pub kind: StrategyKind,
+}
+
+impl Default for StrategyConfig {
+    fn default() -> Self {
+        StrategyConfig {
+            kind: StrategyKind::Single,
+        }
+    }
+}
+
+/// Where tensors live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Device {
+    Cpu,
+    Cuda,
+}
+
+/// Which Burn CPU backend runs the math.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CpuBackend {
+    /// The measured default (see CHANGELOG.md).
+    Auto,
+    Ndarray,
+    Flex,
+}
+
+/// `[backend]`
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BackendConfig {
+    /// cpu or cuda (needs the `cuda` feature). Default: `"cpu"`.
+    pub device: Device,
+    /// CPU backend: auto, ndarray or flex. Default: `"auto"`.
+    pub cpu: CpuBackend,
+    /// CPU threads for the math; 0 uses every core. Default: `0`.
+    pub threads: usize,
+}
+
+impl Default for BackendConfig {
+    fn default() -> Self {
+        BackendConfig {
+            device: Device::Cpu,
+            cpu: CpuBackend::Auto,
+            threads: 0,
+        }
+    }
+}

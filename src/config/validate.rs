@@ -1,0 +1,169 @@
+//! Range and combination checks that the types alone cannot express. Each failure names the
+//! dotted key, its source and what is allowed.
+
+use std::path::PathBuf;
+
+use super::error::{ConfigError, KeyError};
+use super::load::{describe_source, Resolved};
+use super::schema::{DataKind, OptimKind};
+
+impl Resolved {
+    /// An error about `key`, naming the source that set it.
+    pub fn key_error(&self, key: &str, message: String, help: Option<String>) -> ConfigError {
+        ConfigError::Key(KeyError {
+            message,
+            source: describe_source(&self.figment, key),
+            help,
+        })
+    }
+
+    /// A path-valued key, resolved relative to the file that set it (as given when it came from
+    /// the environment or `--set`, i.e. relative to the working directory).
+    pub fn path_of(&self, key: &str, value: &str) -> PathBuf {
+        let p = PathBuf::from(value);
+        if p.is_absolute() {
+            return p;
+        }
+        let from_file = self
+            .figment
+            .find_metadata(key)
+            .and_then(|m| m.source.as_ref())
+            .and_then(|s| s.file_path())
+            .and_then(|f| f.parent().map(|d| d.join(&p)));
+        from_file.unwrap_or(p)
+    }
+}
+
+fn at_least(r: &Resolved, key: &str, value: usize, min: usize) -> Result<(), ConfigError> {
+    if value < min {
+        return Err(r.key_error(
+            key,
+            format!("`{key}` = {value} is out of range: must be at least {min}"),
+            None,
+        ));
+    }
+    Ok(())
+}
+
+fn in_range(
+    r: &Resolved,
+    key: &str,
+    value: f64,
+    ok: bool,
+    allowed: &str,
+) -> Result<(), ConfigError> {
+    if !ok || !value.is_finite() {
+        return Err(r.key_error(
+            key,
+            format!("`{key}` = {value} is out of range: must be {allowed}"),
+            None,
+        ));
+    }
+    Ok(())
+}
+
+/// Checks every value and combination; the first problem is returned.
+pub fn validate(r: &Resolved) -> Result<(), ConfigError> {
+    let c = &r.config;
+    if c.experiment.name.trim().is_empty() || c.experiment.name.contains(['/', '\\']) {
+        return Err(r.key_error(
+            "experiment.name",
+            format!("`experiment.name` = \"{}\" is not a usable directory name", c.experiment.name),
+            Some("use a non-empty name without `/`".into()),
+        ));
+    }
+    at_least(r, "model.input_size", c.model.input_size, 1)?;
+    at_least(r, "model.classes", c.model.classes, 2)?;
+    for (i, h) in c.model.hidden_sizes.iter().enumerate() {
+        if *h == 0 {
+            return Err(r.key_error(
+                "model.hidden_sizes",
+                format!("`model.hidden_sizes[{i}]` = 0 is out of range: every width must be at least 1"),
+                None,
+            ));
+        }
+    }
+    let d = c.model.dropout;
+    in_range(r, "model.dropout", d, (0.0..1.0).contains(&d), "in [0, 1)")?;
+
+    at_least(r, "data.classes", c.data.classes, 2)?;
+    match c.data.kind {
+        DataKind::Synthetic => {
+            at_least(r, "data.samples", c.data.samples, 1)?;
+            at_least(r, "data.features", c.data.features, 1)?;
+            if c.data.features != c.model.input_size {
+                return Err(r.key_error(
+                    "model.input_size",
+                    format!(
+                        "`model.input_size` = {} does not match `data.features` = {}",
+                        c.model.input_size, c.data.features
+                    ),
+                    Some("set both to the same number of features".into()),
+                ));
+            }
+        }
+        DataKind::Csv => {
+            let Some(path) = &c.data.path else {
+                return Err(r.key_error(
+                    "data.kind",
+                    "`data.kind` = \"csv\" needs `data.path`".into(),
+                    Some("add `path = \"train.csv\"` to [data] (relative to the experiment file)".into()),
+                ));
+            };
+            for (key, value) in [("data.path", Some(path)), ("data.eval_path", c.data.eval_path.as_ref())] {
+                let Some(value) = value else { continue };
+                let resolved = r.path_of(key, value);
+                if !resolved.is_file() {
+                    return Err(r.key_error(
+                        key,
+                        format!("`{key}` = \"{value}\": file `{}` not found", resolved.display()),
+                        Some("paths are relative to the experiment file that sets them".into()),
+                    ));
+                }
+            }
+        }
+    }
+    if c.data.classes != c.model.classes {
+        return Err(r.key_error(
+            "model.classes",
+            format!(
+                "`model.classes` = {} does not match `data.classes` = {}",
+                c.model.classes, c.data.classes
+            ),
+            Some("set both to the number of classes in the data".into()),
+        ));
+    }
+
+    at_least(r, "train.epochs", c.train.epochs, 1)?;
+    if let Some(m) = c.train.max_steps {
+        at_least(r, "train.max_steps", m, 1)?;
+    }
+    at_least(r, "train.batch_size", c.train.batch_size, 1)?;
+    at_least(r, "train.grad_accum_steps", c.train.grad_accum_steps, 1)?;
+    at_least(r, "train.log_every", c.train.log_every, 1)?;
+
+    let o = &c.optim;
+    in_range(r, "optim.lr", o.lr, o.lr >= 0.0, "at least 0")?;
+    in_range(r, "optim.momentum", o.momentum, (0.0..1.0).contains(&o.momentum), "in [0, 1)")?;
+    in_range(r, "optim.weight_decay", o.weight_decay, o.weight_decay >= 0.0, "at least 0")?;
+    in_range(r, "optim.eps", o.eps, o.eps > 0.0, "greater than 0")?;
+    for (i, b) in o.betas.iter().enumerate() {
+        in_range(r, "optim.betas", *b, (0.0..1.0).contains(b), &format!("in [0, 1) (betas[{i}])"))?;
+    }
+    if let Some(g) = o.grad_clip_norm {
+        in_range(r, "optim.grad_clip_norm", g, g > 0.0, "greater than 0")?;
+    }
+    if o.nesterov && (o.kind != OptimKind::Sgd || o.momentum <= 0.0) {
+        return Err(r.key_error(
+            "optim.nesterov",
+            "`optim.nesterov` = true needs `optim.kind` = \"sgd\" and `optim.momentum` > 0".into(),
+            None,
+        ));
+    }
+
+    let s = &c.schedule;
+    at_least(r, "schedule.step_size", s.step_size, 1)?;
+    in_range(r, "schedule.gamma", s.gamma, s.gamma > 0.0, "greater than 0")?;
+    in_range(r, "schedule.min_lr", s.min_lr, s.min_lr >= 0.0 && s.min_lr <= o.lr, "in [0, optim.lr]")?;
+    Ok(())
+}

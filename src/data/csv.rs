@@ -1,0 +1,92 @@
+//! CSV datasets: numeric feature columns plus one integer label column (by header name or
+//! 0-based index). Errors name the file and line.
+
+use std::path::Path;
+
+use super::{DataError, Dataset};
+use crate::config::DataConfig;
+
+pub fn read(path: &Path, c: &DataConfig) -> Result<Dataset, DataError> {
+    let text = std::fs::read_to_string(path).map_err(|source| DataError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let err = |line: usize, message: String| DataError::Parse {
+        path: path.to_path_buf(),
+        line,
+        message,
+    };
+    let mut lines = text
+        .lines()
+        .enumerate()
+        .map(|(i, l)| (i + 1, l.trim()))
+        .filter(|(_, l)| !l.is_empty());
+    let mut label_idx = c.label_column.parse::<usize>().ok();
+    let mut width = None;
+    if c.header {
+        let (n, head) = lines.next().ok_or_else(|| err(1, "empty file: expected a header line".into()))?;
+        let cols: Vec<&str> = head.split(',').map(|s| s.trim().trim_matches('"')).collect();
+        if let Some(pos) = cols.iter().position(|h| *h == c.label_column) {
+            label_idx = Some(pos);
+        }
+        if label_idx.is_none() {
+            return Err(err(
+                n,
+                format!(
+                    "no column named `{}` (data.label_column); columns are: {}",
+                    c.label_column,
+                    cols.join(", ")
+                ),
+            ));
+        }
+        width = Some(cols.len());
+    }
+    let Some(label_idx) = label_idx else {
+        return Err(err(
+            1,
+            format!(
+                "data.label_column = \"{}\" must be a 0-based column index when data.header = false",
+                c.label_column
+            ),
+        ));
+    };
+    let mut x = Vec::new();
+    let mut y = Vec::new();
+    for (n, line) in lines {
+        let cells: Vec<&str> = line.split(',').map(str::trim).collect();
+        let w = *width.get_or_insert(cells.len());
+        if cells.len() != w {
+            return Err(err(n, format!("expected {w} columns, found {}", cells.len())));
+        }
+        if label_idx >= w {
+            return Err(err(n, format!("label column {label_idx} does not exist ({w} columns)")));
+        }
+        for (i, cell) in cells.iter().enumerate() {
+            if i == label_idx {
+                let label: u32 = cell.parse().map_err(|_| {
+                    err(n, format!("label `{cell}` is not a non-negative integer"))
+                })?;
+                if label as usize >= c.classes {
+                    return Err(err(
+                        n,
+                        format!("label {label} is out of range for data.classes = {}", c.classes),
+                    ));
+                }
+                y.push(label);
+            } else {
+                let v: f32 = cell
+                    .parse()
+                    .map_err(|_| err(n, format!("column {} value `{cell}` is not a number", i + 1)))?;
+                x.push(v);
+            }
+        }
+    }
+    if y.is_empty() {
+        return Err(err(1, "no data rows".into()));
+    }
+    let features = width.unwrap_or(1) - 1;
+    if features == 0 {
+        return Err(err(1, "no feature columns besides the label".into()));
+    }
+    Ok(Dataset { features, x, y })
+}

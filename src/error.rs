@@ -1,0 +1,57 @@
+//! The top-level error: every failure maps to an exit code here (0 ok, 1 the run failed,
+//! 2 bad input), and `main` prints it.
+
+use crate::backend::{BackendError, RunError};
+use crate::config::ConfigError;
+use crate::data::DataError;
+use crate::train::TrainError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Data(#[from] DataError),
+    #[error(transparent)]
+    Backend(#[from] BackendError),
+    #[error(transparent)]
+    Train(#[from] TrainError),
+    /// A bad command-line argument (exit 2).
+    #[error("{0}")]
+    Usage(String),
+    /// A file the run needed to write or read failed (exit 1).
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl From<RunError> for Error {
+    fn from(e: RunError) -> Self {
+        match e {
+            RunError::Backend(b) => Error::Backend(b),
+            RunError::Train(t) => Error::Train(t),
+        }
+    }
+}
+
+impl Error {
+    pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
+        Error::Io {
+            context: context.into(),
+            source,
+        }
+    }
+
+    /// 2 for bad input (nothing was run), 1 for a run that failed.
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            Error::Config(_) | Error::Data(_) | Error::Backend(_) | Error::Usage(_) => 2,
+            Error::Train(_) | Error::Io { .. } => 1,
+        }
+    }
+}
+
+pub type Result<T> = std::result::Result<T, Error>;

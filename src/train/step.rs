@@ -1,0 +1,143 @@
+//! One micro-step's math on a Burn backend: assemble the model from the flat buffer, forward,
+//! cross-entropy, backward, and flatten the gradients back; and exact evaluation.
+
+use burn::tensor::activation::log_softmax;
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::{Tensor, TensorData};
+
+use crate::data::Dataset;
+use crate::model::Mlp;
+
+/// What a micro-step produced.
+pub struct MicroStep {
+    /// Mean cross-entropy over the micro-batch (unscaled).
+    pub loss: f64,
+    /// d(loss * scale)/d(params), flat in the model's layout.
+    pub grads: Vec<f32>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StepError {
+    #[error("the backend returned data of an unexpected type: {0}")]
+    Data(String),
+    #[error("parameter `{0}` received no gradient")]
+    NoGrad(String),
+}
+
+fn to_vec<B: Backend, const D: usize>(t: Tensor<B, D>) -> Result<Vec<f32>, StepError> {
+    t.into_data()
+        .convert::<f32>()
+        .into_vec::<f32>()
+        .map_err(|e| StepError::Data(format!("{e:?}")))
+}
+
+/// Forward and backward on one micro-batch; gradients are of `loss * scale`.
+#[allow(clippy::too_many_arguments)]
+pub fn forward_backward<B: AutodiffBackend>(
+    mlp: &Mlp,
+    params: &[f32],
+    x: Vec<f32>,
+    y: &[u32],
+    masks: Option<Vec<Vec<f32>>>,
+    scale: f64,
+    device: &B::Device,
+) -> Result<MicroStep, StepError> {
+    let batch = y.len();
+    let layers: Vec<_> = mlp
+        .tensors::<B>(params, device)
+        .into_iter()
+        .map(|mut l| {
+            l.weight = l.weight.require_grad();
+            l.bias = l.bias.require_grad();
+            l
+        })
+        .collect();
+    let input = Tensor::<B, 2>::from_data(TensorData::new(x, [batch, mlp.sizes[0]]), device);
+    let masks: Option<Vec<Tensor<B, 2>>> = masks.map(|ms| {
+        ms.into_iter()
+            .zip(&mlp.sizes[1..])
+            .map(|(m, &w)| Tensor::from_data(TensorData::new(m, [batch, w]), device))
+            .collect()
+    });
+    let logits = mlp.forward(&layers, input, masks.as_deref());
+    let classes = *mlp.sizes.last().unwrap_or(&1);
+    let mut onehot = vec![0f32; batch * classes];
+    for (i, &c) in y.iter().enumerate() {
+        onehot[i * classes + c as usize] = 1.0;
+    }
+    let onehot = Tensor::<B, 2>::from_data(TensorData::new(onehot, [batch, classes]), device);
+    let loss = (log_softmax(logits, 1) * onehot).sum().neg().div_scalar(batch as f64);
+    let loss_value = to_vec(loss.clone().inner())?.first().copied().unwrap_or(f32::NAN);
+    let grads = loss.mul_scalar(scale).backward();
+    let mut flat = vec![0f32; mlp.num_params()];
+    for (layer, specs) in layers.iter().zip(mlp.layout.chunks(2)) {
+        let w = layer
+            .weight
+            .grad(&grads)
+            .ok_or_else(|| StepError::NoGrad(specs[0].name.clone()))?;
+        let b = layer
+            .bias
+            .grad(&grads)
+            .ok_or_else(|| StepError::NoGrad(specs[1].name.clone()))?;
+        flat[specs[0].range()].copy_from_slice(&to_vec(w)?);
+        flat[specs[1].range()].copy_from_slice(&to_vec(b)?);
+    }
+    Ok(MicroStep {
+        loss: f64::from(loss_value),
+        grads: flat,
+    })
+}
+
+/// Sums over an evaluation shard: every sample counted once.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct EvalSums {
+    pub loss_sum: f64,
+    pub correct: u64,
+    pub count: u64,
+}
+
+impl EvalSums {
+    pub fn add(&mut self, o: EvalSums) {
+        self.loss_sum += o.loss_sum;
+        self.correct += o.correct;
+        self.count += o.count;
+    }
+    pub fn loss(&self) -> f64 {
+        self.loss_sum / self.count.max(1) as f64
+    }
+    pub fn accuracy(&self) -> f64 {
+        self.correct as f64 / self.count.max(1) as f64
+    }
+}
+
+/// Evaluates `params` on the rows `idx` of `ds` in batches of `batch` (no dropout).
+pub fn evaluate<B: Backend>(
+    mlp: &Mlp,
+    params: &[f32],
+    ds: &Dataset,
+    idx: &[usize],
+    batch: usize,
+    device: &B::Device,
+) -> Result<EvalSums, StepError> {
+    let layers = mlp.tensors::<B>(params, device);
+    let classes = *mlp.sizes.last().unwrap_or(&1);
+    let mut sums = EvalSums::default();
+    for chunk in idx.chunks(batch.max(1)) {
+        let (x, y) = ds.gather(chunk);
+        let input = Tensor::<B, 2>::from_data(TensorData::new(x, [chunk.len(), ds.features]), device);
+        let logits = to_vec(mlp.forward(&layers, input, None))?;
+        for (row, &label) in logits.chunks(classes).zip(&y) {
+            let max = row.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+            let lse = f64::from(max)
+                + row.iter().map(|&v| f64::from(v - max).exp()).sum::<f64>().ln();
+            sums.loss_sum += lse - f64::from(row[label as usize]);
+            let pred = row
+                .iter()
+                .enumerate()
+                .fold(0, |best, (i, &v)| if v > row[best] { i } else { best });
+            sums.correct += u64::from(pred == label as usize);
+            sums.count += 1;
+        }
+    }
+    Ok(sums)
+}
