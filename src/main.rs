@@ -14,3 +14,8 @@ fn main() {
     };
     std::process::exit(code);
 }
+
+/// Large tensors are allocated and freed every step; the system allocator returns them to the
+/// OS each time (page faults dominated a profile), mimalloc keeps and reuses them.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;

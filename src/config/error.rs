@@ -46,19 +46,28 @@ impl fmt::Display for KeyError {
     }
 }
 
-/// Levenshtein distance, for "did you mean".
+/// Edit distance counting an adjacent transposition as one edit (optimal string alignment), for
+/// "did you mean".
 pub fn edit_distance(a: &str, b: &str) -> usize {
-    let b: Vec<char> = b.chars().collect();
-    let mut prev: Vec<usize> = (0..=b.len()).collect();
-    for (i, ca) in a.chars().enumerate() {
-        let mut cur = vec![i + 1; b.len() + 1];
-        for (j, cb) in b.iter().enumerate() {
-            let sub = prev[j] + usize::from(ca != *cb);
-            cur[j + 1] = sub.min(prev[j + 1] + 1).min(cur[j] + 1);
-        }
-        prev = cur;
+    let (a, b): (Vec<char>, Vec<char>) = (a.chars().collect(), b.chars().collect());
+    let mut d = vec![vec![0usize; b.len() + 1]; a.len() + 1];
+    for (i, row) in d.iter_mut().enumerate() {
+        row[0] = i;
     }
-    prev[b.len()]
+    for j in 0..=b.len() {
+        d[0][j] = j;
+    }
+    for i in 1..=a.len() {
+        for j in 1..=b.len() {
+            let cost = usize::from(a[i - 1] != b[j - 1]);
+            let mut v = (d[i - 1][j] + 1).min(d[i][j - 1] + 1).min(d[i - 1][j - 1] + cost);
+            if i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] {
+                v = v.min(d[i - 2][j - 2] + 1);
+            }
+            d[i][j] = v;
+        }
+    }
+    d[a.len()][b.len()]
 }
 
 /// The candidate closest to `word`, if it is close enough to be a plausible typo.
@@ -80,5 +89,6 @@ mod tests {
         assert_eq!(closest("lrr", &["kind", "lr", "momentum"]), Some("lr"));
         assert_eq!(closest("batchsize", &["batch_size", "epochs"]), Some("batch_size"));
         assert_eq!(closest("zzzzzz", &["kind", "lr"]), None);
+        assert_eq!(closest("mpl", &["mlp", "csv"]), Some("mlp"));
     }
 }

@@ -183,7 +183,7 @@ fn collect_files(
                     path: file.to_path_buf(),
                 });
             };
-            collect_files(&base.join(rel), stack, out)?;
+            collect_files(&normalize(&base.join(rel)), stack, out)?;
         }
     }
     stack.pop();
@@ -215,16 +215,23 @@ fn key_error(figment: &Figment, e: figment::Error) -> KeyError {
     let path = e.path.join(".");
     match &e.kind {
         Kind::UnknownField(field, expected) => {
-            let key = if path.is_empty() {
+            // figment's path may or may not already end with the unknown field.
+            let mut parts = e.path.clone();
+            if parts.last() == Some(field) {
+                parts.pop();
+            }
+            let parent = parts.join(".");
+            let key = if parent.is_empty() {
                 field.clone()
             } else {
-                format!("{path}.{field}")
+                format!("{parent}.{field}")
             };
-            let prefix = if path.is_empty() {
+            let prefix = if parent.is_empty() {
                 String::new()
             } else {
-                format!("{path}.")
+                format!("{parent}.")
             };
+            let path = parent;
             let help = match closest(field, expected) {
                 Some(c) => format!("did you mean `{prefix}{c}`?"),
                 None if path.is_empty() => format!("valid sections: {}", expected.join(", ")),
@@ -312,4 +319,24 @@ pub fn find_line(path: &Path, key: &str) -> Option<usize> {
         }
     }
     header_line
+}
+
+/// Removes `.` and `name/..` pairs without touching the file system, for readable sources.
+fn normalize(p: &Path) -> PathBuf {
+    use std::path::Component;
+    let mut out: Vec<Component> = Vec::new();
+    for c in p.components() {
+        match c {
+            Component::CurDir => {}
+            Component::ParentDir if matches!(out.last(), Some(Component::Normal(_))) => {
+                out.pop();
+            }
+            other => out.push(other),
+        }
+    }
+    if out.is_empty() {
+        PathBuf::from(".")
+    } else {
+        out.iter().collect()
+    }
 }

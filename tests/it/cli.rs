@@ -1,0 +1,93 @@
+//! Exit codes (0 ok, 1 the run failed, 2 bad input), nothing written on bad input, `kiln init`,
+//! and the acceptance check for an unknown key.
+
+use crate::common::{kiln, root, stderr, stdout, write, TINY};
+
+#[test]
+fn acceptance_unknown_key_exits_2_naming_key_file_and_suggestion() {
+    let d = tempfile::tempdir().unwrap();
+    write(d.path(), "exp.toml", "[optim]\nlrr = 0.1\n");
+    let o = kiln(d.path(), &["check", "exp.toml"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert_eq!(
+        stderr(&o),
+        "error: unknown key `optim.lrr`\n  --> exp.toml:2\n  = help: did you mean `optim.lr`?\n"
+    );
+}
+
+#[test]
+fn check_prints_sources_and_exits_0() {
+    let d = tempfile::tempdir().unwrap();
+    write(d.path(), "t.toml", TINY);
+    let o = kiln(d.path(), &["check", "t.toml", "--set", "optim.lr=0.5"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(out.contains("lr = 0.5"), "{out}");
+    assert!(out.contains("# --set optim.lr=0.5"), "{out}");
+    let line = |start: &str| out.lines().find(|l| l.starts_with(start)).unwrap_or("").to_string();
+    assert!(line("batch_size = 8 ").ends_with("# t.toml:19"), "{out}");
+    assert!(line("kind = \"sgd\"").ends_with("# default"), "{out}");
+    assert!(out.contains("global batch 8"), "{out}");
+}
+
+#[test]
+fn bad_input_exits_2_and_writes_nothing() {
+    let d = tempfile::tempdir().unwrap();
+    write(d.path(), "t.toml", TINY);
+    let o = kiln(d.path(), &["run", "t.toml", "--set", "train.batch_size=0"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(!d.path().join("runs").exists());
+    // a bad flag is bad input too
+    let o = kiln(d.path(), &["run", "t.toml", "--no-such-flag"]);
+    assert_eq!(o.status.code(), Some(2));
+    // so is cuda on a build without the feature or a machine without a GPU
+    let o = kiln(d.path(), &["run", "t.toml", "--set", "backend.device=cuda"]);
+    assert_eq!(o.status.code(), Some(2));
+    let e = stderr(&o);
+    assert!(
+        e.contains("kiln was built without CUDA support") || e.contains("no CUDA device found"),
+        "{e}"
+    );
+    assert!(!d.path().join("runs").exists());
+}
+
+#[test]
+fn a_run_that_diverges_exits_1_and_says_why() {
+    let d = tempfile::tempdir().unwrap();
+    write(d.path(), "t.toml", TINY);
+    let o = kiln(d.path(), &["run", "t.toml", "--quiet", "--set", "optim.lr=1e38"]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(stderr(&o).contains("training diverged"), "{}", stderr(&o));
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(d.path().join("runs/tiny/summary.json")).unwrap()).unwrap();
+    assert_eq!(summary["status"], "failed");
+}
+
+#[test]
+fn help_and_success_exit_0() {
+    let d = tempfile::tempdir().unwrap();
+    for cmd in [&["--help"][..], &["run", "--help"], &["check", "--help"], &["init", "--help"], &["bench", "--help"]] {
+        assert_eq!(kiln(d.path(), cmd).status.code(), Some(0), "{cmd:?}");
+    }
+}
+
+#[test]
+fn init_writes_templates_and_never_overwrites() {
+    let d = tempfile::tempdir().unwrap();
+    let o = kiln(d.path(), &["init", "--list"]);
+    assert_eq!(o.status.code(), Some(0));
+    assert!(stdout(&o).contains("mlp"));
+    let o = kiln(d.path(), &["init", "new/exp.toml"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let written = std::fs::read_to_string(d.path().join("new/exp.toml")).unwrap();
+    assert_eq!(written, std::fs::read_to_string(root().join("templates/mlp.toml")).unwrap());
+    assert_eq!(kiln(d.path(), &["check", "new/exp.toml"]).status.code(), Some(0));
+    std::fs::write(d.path().join("new/exp.toml"), "mine").unwrap();
+    let o = kiln(d.path(), &["init", "new/exp.toml", "--template", "csv"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("already exists"));
+    assert_eq!(std::fs::read_to_string(d.path().join("new/exp.toml")).unwrap(), "mine");
+    let o = kiln(d.path(), &["init", "x.toml", "--template", "mpl"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert_eq!(stderr(&o), "error: unknown template `mpl`; did you mean `mlp`? available: mlp, csv\n");
+}

@@ -1,0 +1,88 @@
+//! Shared helpers: run the `kiln` binary, write temporary experiment files.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+pub const KILN: &str = env!("CARGO_BIN_EXE_kiln");
+
+/// The repository root (where `experiments/` lives).
+pub fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Runs kiln in `cwd` with `args`, no inherited `KILN_` variables.
+pub fn kiln(cwd: &Path, args: &[&str]) -> Output {
+    kiln_env(cwd, args, &[])
+}
+
+pub fn kiln_env(cwd: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut cmd = Command::new(KILN);
+    cmd.current_dir(cwd).args(args);
+    for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("KILN_")) {
+        cmd.env_remove(k);
+    }
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().expect("run kiln")
+}
+
+pub fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+pub fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// Writes `text` to `dir/name` and returns the path.
+pub fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
+    let p = dir.join(name);
+    if let Some(parent) = p.parent() {
+        std::fs::create_dir_all(parent).unwrap();
+    }
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+/// A tiny, fast experiment (8 -> 16 -> 3).
+pub const TINY: &str = r#"
+[experiment]
+name = "tiny"
+seed = 1
+
+[model]
+input_size = 8
+hidden_sizes = [16]
+classes = 3
+
+[data]
+samples = 64
+eval_samples = 32
+features = 8
+classes = 3
+
+[train]
+epochs = 1
+batch_size = 8
+log_every = 1
+
+[backend]
+threads = 1
+"#;
+
+/// The losses of a `metrics.jsonl`.
+pub fn losses(run_dir: &Path) -> Vec<f64> {
+    metric_lines(run_dir)
+        .iter()
+        .map(|v| v["loss"].as_f64().unwrap())
+        .collect()
+}
+
+pub fn metric_lines(run_dir: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(run_dir.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}

@@ -1,0 +1,225 @@
+//! The config stack: precedence of every layer, `extends` chains and cycles, and the exact text
+//! of each class of error (snapshots).
+
+use std::path::Path;
+
+use kiln::config::{self, describe_source, ConfigError, OptimKind};
+
+use crate::common::write;
+
+fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+    pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+}
+
+fn sets(s: &[&str]) -> Vec<String> {
+    s.iter().map(|x| x.to_string()).collect()
+}
+
+fn err_text(file: &Path, e: &[(&str, &str)], s: &[&str]) -> String {
+    match config::load(file, &env(e), &sets(s)) {
+        Ok(_) => panic!("expected an error"),
+        Err(err) => err.to_string(),
+    }
+}
+
+/// base.toml (extended) sets lr, momentum, batch, epochs; the file overrides some.
+fn layered(dir: &Path) -> std::path::PathBuf {
+    write(
+        dir,
+        "templates/base.toml",
+        "[optim]\nlr = 0.5\nmomentum = 0.5\n\n[train]\nbatch_size = 4\nepochs = 3\nlog_every = 7\n",
+    );
+    write(
+        dir,
+        "exp/a.toml",
+        "extends = [\"../templates/base.toml\"]\n\n[optim]\nlr = 0.25\nmomentum = 0.25\n\n[train]\nbatch_size = 8\nepochs = 4\n",
+    )
+}
+
+#[test]
+fn each_layer_overrides_the_one_below() {
+    let d = tempfile::tempdir().unwrap();
+    let file = layered(d.path());
+    // built-in default only
+    let r = config::load(&file, &[], &[]).unwrap();
+    assert_eq!(r.config.optim.kind, OptimKind::Sgd);
+    assert_eq!(describe_source(&r.figment, "optim.kind"), "default");
+    // extends < file
+    assert_eq!(r.config.train.log_every, 7);
+    assert!(describe_source(&r.figment, "train.log_every").ends_with("templates/base.toml:8"));
+    assert_eq!(r.config.train.epochs, 4);
+    assert!(describe_source(&r.figment, "train.epochs").ends_with("exp/a.toml:9"));
+    // file < env < --set
+    let e = env(&[("KILN_OPTIM__LR", "0.125"), ("KILN_OPTIM__MOMENTUM", "0.125"), ("KILN_JOB_TOKEN", "x")]);
+    let r = config::load(&file, &e, &sets(&["optim.lr=0.0625"])).unwrap();
+    assert_eq!(r.config.optim.momentum, 0.125);
+    assert_eq!(describe_source(&r.figment, "optim.momentum"), "environment variable KILN_OPTIM__MOMENTUM");
+    assert_eq!(r.config.optim.lr, 0.0625);
+    assert_eq!(describe_source(&r.figment, "optim.lr"), "--set optim.lr=0.0625");
+    assert_eq!(r.config.train.batch_size, 8);
+}
+
+#[test]
+fn set_values_parse_as_toml_or_plain_strings() {
+    let d = tempfile::tempdir().unwrap();
+    let file = write(d.path(), "e.toml", "");
+    let r = config::load(
+        &file,
+        &[],
+        &sets(&["model.hidden_sizes=[7, 9]", "experiment.name=plain", "sampler.shuffle=false"]),
+    )
+    .unwrap();
+    assert_eq!(r.config.model.hidden_sizes, vec![7, 9]);
+    assert_eq!(r.config.experiment.name, "plain");
+    assert!(!r.config.sampler.shuffle);
+}
+
+#[test]
+fn extends_chains_resolve_relative_to_each_file() {
+    let d = tempfile::tempdir().unwrap();
+    write(d.path(), "a/root.toml", "[train]\nepochs = 9\nbatch_size = 3\n");
+    write(d.path(), "a/b/mid.toml", "extends = [\"../root.toml\"]\n[train]\nbatch_size = 5\n");
+    let leaf = write(d.path(), "c/leaf.toml", "extends = [\"../a/b/mid.toml\"]\n[optim]\nlr = 0.3\n");
+    let r = config::load(&leaf, &[], &[]).unwrap();
+    assert_eq!((r.config.train.epochs, r.config.train.batch_size, r.config.optim.lr), (9, 5, 0.3));
+}
+
+#[test]
+fn extends_cycles_are_an_error() {
+    let d = tempfile::tempdir().unwrap();
+    let a = write(d.path(), "a.toml", "extends = [\"b.toml\"]\n");
+    write(d.path(), "b.toml", "extends = [\"a.toml\"]\n");
+    let err = config::load(&a, &[], &[]).unwrap_err();
+    assert!(matches!(err, ConfigError::ExtendsCycle { .. }));
+    let canon = |n: &str| d.path().join(n).canonicalize().unwrap().display().to_string();
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "`extends` cycle: {} -> {} -> {}\n  = help: remove one of these `extends` entries",
+            canon("a.toml"),
+            canon("b.toml"),
+            canon("a.toml")
+        )
+    );
+}
+
+#[test]
+fn unknown_key_names_key_file_line_and_suggestion() {
+    let d = tempfile::tempdir().unwrap();
+    let f = write(d.path(), "bad.toml", "[optim]\nkind = \"sgd\"\nlrr = 0.1\n");
+    assert_eq!(
+        err_text(&f, &[], &[]),
+        format!(
+            "unknown key `optim.lrr`\n  --> {}:3\n  = help: did you mean `optim.lr`?",
+            f.display()
+        )
+    );
+    assert_eq!(
+        err_text(&f.with_file_name("none.toml").as_path().parent().unwrap().join("bad.toml"), &[], &[]),
+        err_text(&f, &[], &[])
+    );
+}
+
+#[test]
+fn unknown_section_from_set_suggests_the_section() {
+    let d = tempfile::tempdir().unwrap();
+    let f = write(d.path(), "e.toml", "");
+    assert_eq!(
+        err_text(&f, &[], &["optimm.lr=1"]),
+        "unknown key `optimm`\n  --> --set optimm.lr=1\n  = help: did you mean `optim`?"
+    );
+}
+
+#[test]
+fn wrong_type_names_key_and_source() {
+    let d = tempfile::tempdir().unwrap();
+    let f = write(d.path(), "e.toml", "[train]\n\nbatch_size = \"big\"\n");
+    assert_eq!(
+        err_text(&f, &[], &[]),
+        format!(
+            "`train.batch_size` has the wrong type: found string \"big\", expected usize\n  --> {}:3",
+            f.display()
+        )
+    );
+}
+
+#[test]
+fn out_of_range_values_name_their_source() {
+    let d = tempfile::tempdir().unwrap();
+    let f = write(d.path(), "e.toml", "[train]\nbatch_size = 0\n");
+    assert_eq!(
+        err_text(&f, &[], &[]),
+        format!("`train.batch_size` = 0 is out of range: must be at least 1\n  --> {}:2", f.display())
+    );
+    let ok = write(d.path(), "ok.toml", "");
+    assert_eq!(
+        err_text(&ok, &[("KILN_OPTIM__LR", "-0.5")], &[]),
+        "`optim.lr` = -0.5 is out of range: must be at least 0\n  --> environment variable KILN_OPTIM__LR"
+    );
+    assert_eq!(
+        err_text(&ok, &[], &["train.grad_accum_steps=0"]),
+        "`train.grad_accum_steps` = 0 is out of range: must be at least 1\n  --> --set train.grad_accum_steps=0"
+    );
+    assert_eq!(
+        err_text(&ok, &[], &["model.dropout=1.0"]),
+        "`model.dropout` = 1 is out of range: must be in [0, 1)\n  --> --set model.dropout=1.0"
+    );
+}
+
+#[test]
+fn unknown_choice_suggests_the_closest() {
+    let d = tempfile::tempdir().unwrap();
+    let f = write(d.path(), "e.toml", "");
+    assert_eq!(
+        err_text(&f, &[], &["optim.kind=adamm"]),
+        "`optim.kind` = \"adamm\" is not a known choice\n  --> --set optim.kind=adamm\n  = help: did you mean \"adam\"? allowed: sgd, adam, adamw"
+    );
+}
+
+#[test]
+fn missing_files_are_named() {
+    let d = tempfile::tempdir().unwrap();
+    let f = write(
+        d.path(),
+        "e.toml",
+        "[model]\ninput_size = 2\n[data]\nkind = \"csv\"\npath = \"nope.csv\"\n",
+    );
+    assert_eq!(
+        err_text(&f, &[], &[]),
+        format!(
+            "`data.path` = \"nope.csv\": file `{}` not found\n  --> {}:5\n  = help: paths are relative to the experiment file that sets them",
+            d.path().join("nope.csv").display(),
+            f.display()
+        )
+    );
+    let missing = d.path().join("missing.toml");
+    assert_eq!(
+        err_text(&missing, &[], &[]),
+        format!(
+            "cannot read config file `{}`: No such file or directory (os error 2)\n  = help: check the path; paths in `extends` are relative to the file that names them",
+            missing.display()
+        )
+    );
+}
+
+#[test]
+fn mismatched_sizes_and_bad_set_flags() {
+    let d = tempfile::tempdir().unwrap();
+    let f = write(d.path(), "e.toml", "[data]\nfeatures = 12\n");
+    assert_eq!(
+        err_text(&f, &[], &[]),
+        "`model.input_size` = 1000 does not match `data.features` = 12\n  --> default\n  = help: set both to the same number of features"
+    );
+    assert_eq!(
+        err_text(&f, &[], &["optim.lr"]),
+        "bad --set `optim.lr`: missing `=`\n  = help: write --set section.key=value, e.g. --set optim.lr=0.1"
+    );
+}
+
+#[test]
+fn toml_syntax_errors_give_the_line() {
+    let d = tempfile::tempdir().unwrap();
+    let f = write(d.path(), "e.toml", "[train]\nepochs = = 2\n");
+    let text = err_text(&f, &[], &[]);
+    assert!(text.starts_with(&format!("`{}` is not valid TOML: line 2:", f.display())), "{text}");
+}

@@ -1,0 +1,25 @@
+//! Every file in `experiments/` passes `kiln check` and runs 2 steps.
+
+use crate::common::{kiln, root, stderr};
+
+#[test]
+fn every_experiment_checks_and_runs_two_steps() {
+    let d = tempfile::tempdir().unwrap();
+    let mut files: Vec<_> = std::fs::read_dir(root().join("experiments"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "toml"))
+        .collect();
+    files.sort();
+    assert!(files.len() >= 3, "{files:?}");
+    for f in files {
+        let f = f.to_str().unwrap();
+        let o = kiln(d.path(), &["check", f]);
+        assert_eq!(o.status.code(), Some(0), "check {f}: {}", stderr(&o));
+        let o = kiln(
+            d.path(),
+            &["run", f, "--quiet", "--set", "train.max_steps=2", "--set", "backend.threads=1"],
+        );
+        assert_eq!(o.status.code(), Some(0), "run {f}: {}", stderr(&o));
+    }
+}
