@@ -6,8 +6,11 @@
 
 use burn::backend::{Autodiff, Flex, NdArray};
 
+use std::path::Path;
+
 use crate::config::{BackendConfig, CpuBackend, Device};
-use crate::train::{self, Outcome, TrainError, TrainEvent, TrainInput};
+use crate::launch::{self, RunResult};
+use crate::train::{TrainError, TrainEvent, TrainInput};
 
 /// The CPU backend `auto` resolves to (measured, see CHANGELOG.md).
 pub const AUTO_CPU: CpuBackend = CpuBackend::Flex;
@@ -18,8 +21,6 @@ pub enum BackendError {
     CudaNotCompiled,
     #[error("no CUDA device found; {0}\n  = help: check `nvidia-smi`, the driver (libcuda.so) and CUDA_VISIBLE_DEVICES, or set `backend.device = \"cpu\"`")]
     NoCudaDevice(String),
-    #[error("cannot start {threads} CPU threads (backend.threads): {why}")]
-    Threads { threads: usize, why: String },
 }
 
 /// The concrete backend a config resolves to.
@@ -75,43 +76,33 @@ fn cuda_resolve() -> Result<Resolved, BackendError> {
         })
 }
 
-/// Threads a run uses: `backend.threads`, or every core when 0.
-pub fn threads(c: &BackendConfig) -> usize {
+/// Threads each rank's math uses: `backend.threads`, or the cores shared evenly among `ranks`.
+pub fn threads(c: &BackendConfig, ranks: usize) -> usize {
     if c.threads > 0 {
         c.threads
     } else {
-        std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+        let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+        (cores / ranks.max(1)).max(1)
     }
 }
 
-#[derive(Debug, thiserror::Error)]
-pub enum RunError {
-    #[error(transparent)]
-    Backend(#[from] BackendError),
-    #[error(transparent)]
-    Train(#[from] TrainError),
-}
-
-/// Trains on the resolved backend inside a thread pool of `threads(c)` threads.
+/// Trains every rank of this node on the resolved backend; `logs` receives `rank-<r>.log`.
 pub fn train(
     backend: Resolved,
     c: &BackendConfig,
     input: &TrainInput<'_>,
-    on_event: &mut (dyn FnMut(TrainEvent) + Send),
-) -> Result<Outcome, RunError> {
-    let n = threads(c);
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(n)
-        .build()
-        .map_err(|e| BackendError::Threads {
-            threads: n,
-            why: e.to_string(),
-        })?;
-    let out = pool.install(|| match backend {
-        Resolved::Ndarray => train::train::<Autodiff<NdArray>>(input, &Default::default(), on_event),
-        Resolved::Flex => train::train::<Autodiff<Flex>>(input, &Default::default(), on_event),
+    logs: Option<&Path>,
+    on_event: &mut dyn FnMut(TrainEvent),
+) -> Result<RunResult, TrainError> {
+    let n = threads(c, input.plan.world_size);
+    // ndarray's matmul reads its thread count once from the environment.
+    if std::env::var_os("MATMUL_NUM_THREADS").is_none() {
+        std::env::set_var("MATMUL_NUM_THREADS", n.to_string());
+    }
+    match backend {
+        Resolved::Ndarray => launch::run::<Autodiff<NdArray>>(input, n, logs, on_event),
+        Resolved::Flex => launch::run::<Autodiff<Flex>>(input, n, logs, on_event),
         #[cfg(feature = "cuda")]
-        Resolved::Cuda => train::train::<Autodiff<burn::backend::Cuda>>(input, &Default::default(), on_event),
-    })?;
-    Ok(out)
+        Resolved::Cuda => launch::run::<Autodiff<burn::backend::Cuda>>(input, n, logs, on_event),
+    }
 }

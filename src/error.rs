@@ -1,7 +1,7 @@
 //! The top-level error: every failure maps to an exit code here (0 ok, 1 the run failed,
 //! 2 bad input), and `main` prints it.
 
-use crate::backend::{BackendError, RunError};
+use crate::backend::BackendError;
 use crate::config::ConfigError;
 use crate::data::DataError;
 use crate::train::TrainError;
@@ -26,15 +26,6 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
-}
-
-impl From<RunError> for Error {
-    fn from(e: RunError) -> Self {
-        match e {
-            RunError::Backend(b) => Error::Backend(b),
-            RunError::Train(t) => Error::Train(t),
-        }
-    }
 }
 
 impl Error {

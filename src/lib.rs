@@ -6,14 +6,17 @@
 
 pub mod backend;
 pub mod cli;
+pub mod collective;
 pub mod config;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod data;
 pub mod error;
+pub mod launch;
 pub mod model;
 pub mod plan;
 pub mod rng;
+pub mod strategy;
 pub mod train;
 pub mod ui;
 

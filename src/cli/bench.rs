@@ -60,7 +60,7 @@ pub fn bench(a: &BenchArgs) -> Result<()> {
         };
         let mut rates = Vec::new();
         for _ in 0..a.repeats {
-            let out = backend::train(be, &c.backend, &input, &mut |_| {})?;
+            let out = backend::train(be, &c.backend, &input, None, &mut |_| {})?.outcome;
             rates.push(out.steps as f64 / out.wall_seconds.max(1e-9));
         }
         rates.sort_by(f64::total_cmp);
@@ -68,7 +68,7 @@ pub fn bench(a: &BenchArgs) -> Result<()> {
         println!(
             "{:<9} {:>7}  {:>7.1}  {:>9.0}",
             be.name(),
-            backend::threads(&c.backend),
+            backend::threads(&c.backend, plan.world_size),
             median,
             median * plan.global_batch as f64
         );

@@ -19,7 +19,7 @@ pub fn check(a: &ConfigArgs) -> Result<()> {
     println!(
         "# backend: {} with {} threads; config hash {}",
         be.name(),
-        backend::threads(&r.config.backend),
+        backend::threads(&r.config.backend, plan.world_size),
         config::config_hash(&r.config)
     );
     Ok(())

@@ -16,7 +16,9 @@ use crate::data;
 use crate::error::{Error, Result};
 use crate::model::Mlp;
 use crate::plan::Plan;
-use crate::train::{Outcome, TrainEvent, TrainInput};
+use crate::launch::RunResult;
+use crate::strategy::Memory;
+use crate::train::{TrainEvent, TrainInput};
 use crate::ui::Progress;
 
 #[derive(Debug, Args)]
@@ -42,6 +44,8 @@ pub struct Summary {
     pub final_loss: Option<f64>,
     pub eval_loss: Option<f64>,
     pub eval_accuracy: Option<f64>,
+    /// Evaluation samples counted (each exactly once, whatever the world size).
+    pub eval_samples: Option<u64>,
     pub wall_seconds: f64,
     pub samples_per_sec: f64,
     pub world_size: usize,
@@ -50,6 +54,8 @@ pub struct Summary {
     pub backend: &'static str,
     pub num_params: usize,
     pub config_hash: String,
+    /// Per rank: bytes held for parameters, gradients and optimizer state.
+    pub memory: Vec<Memory>,
 }
 
 fn is_empty_dir(p: &Path) -> bool {
@@ -104,7 +110,15 @@ pub fn run(a: &RunArgs) -> Result<()> {
 
     let mut ui = Progress::new(a.quiet);
     ui.info(&plan.describe());
-    ui.info(&format!("backend: {} ({} threads)", be.name(), backend::threads(&c.backend)));
+    ui.info(&format!(
+        "backend: {} ({} threads per rank), strategy {:?} on {} device(s)",
+        be.name(),
+        backend::threads(&c.backend, plan.world_size),
+        c.strategy.kind,
+        plan.world_size
+    ));
+    let logs = run_dir.join("logs");
+    fs::create_dir_all(&logs).map_err(|e| Error::io(format!("creating {}", logs.display()), e))?;
     let metrics_path = run_dir.join("metrics.jsonl");
     let mut metrics = BufWriter::new(
         File::create(&metrics_path).map_err(|e| Error::io(format!("creating {}", metrics_path.display()), e))?,
@@ -116,7 +130,7 @@ pub fn run(a: &RunArgs) -> Result<()> {
         data: &data,
         mlp: &mlp,
     };
-    let result = backend::train(be, &c.backend, &input, &mut |ev| match ev {
+    let result = backend::train(be, &c.backend, &input, Some(&logs), &mut |ev| match ev {
         TrainEvent::Started { total_steps } => ui.start(total_steps),
         TrainEvent::Step {
             step,
@@ -140,7 +154,9 @@ pub fn run(a: &RunArgs) -> Result<()> {
     if let Some(e) = write_err {
         return Err(Error::io(format!("writing {}", metrics_path.display()), e));
     }
-    let summary = |status, error: Option<String>, o: Option<&Outcome>| Summary {
+    let summary = |status, error: Option<String>, res: Option<&RunResult>| {
+        let o = res.map(|r| &r.outcome);
+        Summary {
         status,
         error,
         steps: o.map(|o| o.steps).unwrap_or(0),
@@ -148,6 +164,7 @@ pub fn run(a: &RunArgs) -> Result<()> {
         final_loss: o.map(|o| o.final_loss),
         eval_loss: o.and_then(|o| o.eval.map(|e| e.loss())),
         eval_accuracy: o.and_then(|o| o.eval.map(|e| e.accuracy())),
+        eval_samples: o.and_then(|o| o.eval.map(|e| e.count)),
         wall_seconds: o.map(|o| o.wall_seconds).unwrap_or(0.0),
         samples_per_sec: o.map(|o| o.samples_per_sec).unwrap_or(0.0),
         world_size: plan.world_size,
@@ -156,10 +173,12 @@ pub fn run(a: &RunArgs) -> Result<()> {
         backend: be.name(),
         num_params: plan.num_params,
         config_hash: config_hash.clone(),
-    };
+        memory: res.map(|r| r.memory.clone()).unwrap_or_default(),
+    }};
     match result {
-        Ok(out) => {
-            write_json(&run_dir.join("summary.json"), &summary("finished", None, Some(&out)))?;
+        Ok(res) => {
+            write_json(&run_dir.join("summary.json"), &summary("finished", None, Some(&res)))?;
+            let out = &res.outcome;
             let eval = match out.eval {
                 Some(e) => format!(", eval loss {:.4}, eval accuracy {:.3}", e.loss(), e.accuracy()),
                 None => String::new(),

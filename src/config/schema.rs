@@ -299,21 +299,35 @@ impl Default for SamplerConfig {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum StrategyKind {
+    /// One device.
     Single,
+    /// torch DataParallel: one optimizer on the main device, replicas every step.
+    Dp,
+    /// torch DistributedDataParallel: one optimizer per rank, gradients averaged by all-reduce.
+    Ddp,
 }
 
 /// `[strategy]`
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct StrategyConfig {
-    /// single (one device). Default: `"single"`.
+    /// single, dp or ddp. Default: `"single"`.
     pub kind: StrategyKind,
+    /// Devices (ranks) on this node; CPU devices are virtual, one thread each. Default: `1`.
+    pub devices: usize,
+    /// Seconds a collective op waits for every rank before failing. Default: `300`.
+    pub timeout_secs: u64,
+    /// ddp: gradients are all-reduced in buckets of at most this many MiB. Default: `25`.
+    pub bucket_cap_mb: f64,
 }
 
 impl Default for StrategyConfig {
     fn default() -> Self {
         StrategyConfig {
             kind: StrategyKind::Single,
+            devices: 1,
+            timeout_secs: 300,
+            bucket_cap_mb: 25.0,
         }
     }
 }
@@ -344,7 +358,8 @@ pub struct BackendConfig {
     pub device: Device,
     /// CPU backend: auto, ndarray or flex. Default: `"auto"`.
     pub cpu: CpuBackend,
-    /// CPU threads for the math; 0 uses every core. Default: `0`.
+    /// CPU threads for the math of each rank; 0 shares the cores evenly among the ranks.
+    /// Default: `0`.
     pub threads: usize,
 }
 

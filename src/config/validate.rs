@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use super::error::{ConfigError, KeyError};
 use super::load::{describe_source, Resolved};
-use super::schema::{DataKind, OptimKind};
+use super::schema::{DataKind, OptimKind, StrategyKind};
 
 impl Resolved {
     /// An error about `key`, naming the source that set it.
@@ -158,6 +158,18 @@ pub fn validate(r: &Resolved) -> Result<(), ConfigError> {
             "optim.nesterov",
             "`optim.nesterov` = true needs `optim.kind` = \"sgd\" and `optim.momentum` > 0".into(),
             None,
+        ));
+    }
+
+    let st = &c.strategy;
+    at_least(r, "strategy.devices", st.devices, 1)?;
+    at_least(r, "strategy.timeout_secs", st.timeout_secs as usize, 1)?;
+    in_range(r, "strategy.bucket_cap_mb", st.bucket_cap_mb, st.bucket_cap_mb > 0.0, "greater than 0")?;
+    if st.kind == StrategyKind::Single && st.devices > 1 {
+        return Err(r.key_error(
+            "strategy.devices",
+            format!("`strategy.devices` = {} but `strategy.kind` = \"single\" uses one device", st.devices),
+            Some("set `strategy.kind = \"ddp\"` (or \"dp\") to train on several devices".into()),
         ));
     }
 

@@ -5,4 +5,4 @@ pub mod schedule;
 pub mod step;
 mod trainer;
 
-pub use trainer::{train, MetricLine, Outcome, TrainError, TrainEvent, TrainInput};
+pub use trainer::{train, MetricLine, Outcome, RankSink, TrainError, TrainEvent, TrainInput};

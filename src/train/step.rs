@@ -88,7 +88,7 @@ pub fn forward_backward<B: AutodiffBackend>(
     })
 }
 
-/// Sums over an evaluation shard: every sample counted once.
+/// Exact evaluation totals: every sample counted once.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct EvalSums {
     pub loss_sum: f64,
@@ -97,11 +97,6 @@ pub struct EvalSums {
 }
 
 impl EvalSums {
-    pub fn add(&mut self, o: EvalSums) {
-        self.loss_sum += o.loss_sum;
-        self.correct += o.correct;
-        self.count += o.count;
-    }
     pub fn loss(&self) -> f64 {
         self.loss_sum / self.count.max(1) as f64
     }
@@ -110,7 +105,8 @@ impl EvalSums {
     }
 }
 
-/// Evaluates `params` on the rows `idx` of `ds` in batches of `batch` (no dropout).
+/// Per-sample cross-entropy and correctness (1.0 / 0.0) of `params` on the rows `idx` of `ds`, in
+/// batches of `batch` (no dropout).
 pub fn evaluate<B: Backend>(
     mlp: &Mlp,
     params: &[f32],
@@ -118,10 +114,10 @@ pub fn evaluate<B: Backend>(
     idx: &[usize],
     batch: usize,
     device: &B::Device,
-) -> Result<EvalSums, StepError> {
+) -> Result<(Vec<f64>, Vec<f64>), StepError> {
     let layers = mlp.tensors::<B>(params, device);
     let classes = *mlp.sizes.last().unwrap_or(&1);
-    let mut sums = EvalSums::default();
+    let (mut losses, mut correct) = (Vec::with_capacity(idx.len()), Vec::with_capacity(idx.len()));
     for chunk in idx.chunks(batch.max(1)) {
         let (x, y) = ds.gather(chunk);
         let input = Tensor::<B, 2>::from_data(TensorData::new(x, [chunk.len(), ds.features]), device);
@@ -130,14 +126,13 @@ pub fn evaluate<B: Backend>(
             let max = row.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
             let lse = f64::from(max)
                 + row.iter().map(|&v| f64::from(v - max).exp()).sum::<f64>().ln();
-            sums.loss_sum += lse - f64::from(row[label as usize]);
+            losses.push(lse - f64::from(row[label as usize]));
             let pred = row
                 .iter()
                 .enumerate()
                 .fold(0, |best, (i, &v)| if v > row[best] { i } else { best });
-            sums.correct += u64::from(pred == label as usize);
-            sums.count += 1;
+            correct.push(if pred == label as usize { 1.0 } else { 0.0 });
         }
     }
-    Ok(sums)
+    Ok((losses, correct))
 }

@@ -1,18 +1,19 @@
-//! The step loop: micro-batches from the sampler, accumulation, clipping, the optimizer, the LR
-//! schedule, periodic evaluation and metrics events.
+//! The step loop of one rank: micro-batches from the sampler, accumulation, the strategy's
+//! synchronisation and update, the LR schedule, exact evaluation and metrics events.
 
 use std::time::Instant;
 
 use burn::tensor::backend::AutodiffBackend;
 use serde::Serialize;
 
-use super::optim::{clip_by_norm, sum_squares, Optimizer};
 use super::schedule::lr_at;
 use super::step::{evaluate, forward_backward, EvalSums, StepError};
+use crate::collective::CollectiveError;
 use crate::config::Config;
 use crate::data::Data;
 use crate::model::Mlp;
-use crate::plan::Plan;
+use crate::plan::{DataSplit, Plan};
+use crate::strategy::{Memory, Strategy};
 
 /// One line of `metrics.jsonl`.
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -28,7 +29,7 @@ pub struct MetricLine {
     pub eval_accuracy: Option<f64>,
 }
 
-/// What the loop reports while it runs.
+/// What the loop reports while it runs (rank 0 only).
 #[derive(Debug, Clone)]
 pub enum TrainEvent {
     Started { total_steps: usize },
@@ -41,7 +42,7 @@ pub enum TrainEvent {
     },
 }
 
-/// The result of a finished run.
+/// The result of a finished run on one rank.
 #[derive(Debug, Clone)]
 pub struct Outcome {
     pub steps: usize,
@@ -51,18 +52,22 @@ pub struct Outcome {
     pub wall_seconds: f64,
     pub samples_per_sec: f64,
     pub params: Vec<f32>,
-    pub optim_bytes: usize,
+    pub memory: Memory,
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum TrainError {
     #[error(transparent)]
     Step(#[from] StepError),
+    #[error(transparent)]
+    Collective(#[from] CollectiveError),
     #[error("training diverged: the loss is {loss} at step {step}\n  = help: lower `optim.lr`, set `optim.grad_clip_norm`, or add warm-up (`schedule.warmup_steps`)")]
     Diverged { step: usize, loss: f64 },
+    #[error("rank {rank} panicked: {message}")]
+    Panic { rank: usize, message: String },
 }
 
-/// Everything the loop needs, built before it starts.
+/// Everything the loop needs, built before it starts (shared by all ranks).
 pub struct TrainInput<'a> {
     pub config: &'a Config,
     pub plan: &'a Plan,
@@ -70,11 +75,20 @@ pub struct TrainInput<'a> {
     pub mlp: &'a Mlp,
 }
 
-/// Runs the whole training on one device.
+/// Where a rank sends what it has to say.
+pub trait RankSink {
+    /// Progress and metrics (only rank 0's are shown and written).
+    fn event(&mut self, event: TrainEvent);
+    /// A line for this rank's log.
+    fn log(&mut self, line: &str);
+}
+
+/// Runs the whole training of one rank.
 pub fn train<B: AutodiffBackend>(
     input: &TrainInput<'_>,
+    strategy: &mut dyn Strategy,
     device: &B::Device,
-    on_event: &mut (dyn FnMut(TrainEvent) + Send),
+    sink: &mut dyn RankSink,
 ) -> Result<Outcome, TrainError> {
     let TrainInput {
         config: c,
@@ -82,26 +96,37 @@ pub fn train<B: AutodiffBackend>(
         data,
         mlp,
     } = *input;
-    let rank = 0usize;
-    let mut params = mlp.init(c.experiment.seed);
-    let mut opt = Optimizer::new(&c.optim);
-    let eval_idx: Vec<usize> = data.eval.as_ref().map(|d| (0..d.len()).collect()).unwrap_or_default();
-    on_event(TrainEvent::Started {
+    let rank = strategy.rank();
+    let world = strategy.world();
+    strategy.init(mlp.init(c.experiment.seed))?;
+    // Exact evaluation: rank r takes eval indices r, r+world, ... (no padding).
+    let eval_idx: Vec<usize> = data
+        .eval
+        .as_ref()
+        .map(|d| (rank..d.len()).step_by(world).collect())
+        .unwrap_or_default();
+    sink.event(TrainEvent::Started {
         total_steps: plan.total_steps,
     });
+    sink.log(&format!("rank {rank}/{world}: {}", plan.describe()));
 
     let start = Instant::now();
     let mut window_start = Instant::now();
-    let mut window_samples = 0usize;
+    let mut window_samples = 0.0;
+    let mut samples_total = 0.0;
     let mut epoch_cache: Option<(u64, Vec<usize>)> = None;
     let mut micro = 0usize;
     let mut last_loss = f64::NAN;
     let mut last_eval = None;
-    let mut samples_total = 0usize;
+    let order_rank = match plan.split {
+        DataSplit::Distributed => rank,
+        DataSplit::SplitBatch => 0,
+    };
     for step in 0..plan.total_steps {
         let lr = lr_at(&c.schedule, c.optim.lr, step, plan.total_steps);
-        let mut grads = vec![0f32; params.len()];
-        let mut loss = 0.0;
+        let mut grads = vec![0f32; mlp.num_params()];
+        // [weighted loss, samples] summed over micro-steps, then over ranks
+        let mut totals = [0.0f64, 0.0];
         let mut micro_in_step = 0;
         for k in 0..plan.accum {
             if micro >= plan.total_micro {
@@ -110,32 +135,39 @@ pub fn train<B: AutodiffBackend>(
             let epoch = (micro / plan.micro_per_epoch) as u64;
             let j = micro % plan.micro_per_epoch;
             if epoch_cache.as_ref().map(|(e, _)| *e) != Some(epoch) {
-                epoch_cache = Some((epoch, plan.sampler.indices(epoch, rank)));
+                epoch_cache = Some((epoch, plan.sampler.indices(epoch, order_rank)));
             }
             let order = epoch_cache.as_ref().map(|(_, o)| o.as_slice()).unwrap_or(&[]);
-            let lo = (j * plan.micro_batch).min(order.len());
-            let hi = ((j + 1) * plan.micro_batch).min(order.len());
-            let (x, y) = data.train.gather(&order[lo..hi]);
-            let masks = mlp.dropout_masks(y.len(), c.experiment.seed, &[step as u64, k as u64, rank as u64]);
-            let out = forward_backward::<B>(mlp, &params, x, &y, masks, 1.0 / plan.accum as f64, device)?;
-            for (a, g) in grads.iter_mut().zip(&out.grads) {
-                *a += g;
+            let (idx, global) = plan.micro_indices(order, j, rank);
+            let weight = strategy.grad_weight(idx.len(), global);
+            let params = strategy.params()?;
+            if !idx.is_empty() {
+                let (x, y) = data.train.gather(idx);
+                let masks =
+                    mlp.dropout_masks(y.len(), c.experiment.seed, &[step as u64, k as u64, rank as u64]);
+                let out = forward_backward::<B>(mlp, params, x, &y, masks, weight / plan.accum as f64, device)?;
+                for (a, g) in grads.iter_mut().zip(&out.grads) {
+                    *a += g;
+                }
+                totals[0] += out.loss * weight;
             }
-            loss += out.loss;
-            samples_total += y.len();
-            window_samples += y.len();
+            totals[1] += idx.len() as f64;
             micro_in_step += 1;
             micro += 1;
         }
-        let loss = loss / micro_in_step.max(1) as f64;
+        strategy.update(grads, lr, c.optim.grad_clip_norm)?;
+        strategy.sum(&mut totals)?;
+        // single/ddp weights are 1 per rank: average over ranks; dp weights sum to 1 already
+        let per_rank = match plan.split {
+            DataSplit::Distributed => world as f64,
+            DataSplit::SplitBatch => 1.0,
+        };
+        let loss = totals[0] / per_rank / micro_in_step.max(1) as f64;
+        samples_total += totals[1];
+        window_samples += totals[1];
         if !loss.is_finite() {
             return Err(TrainError::Diverged { step: step + 1, loss });
         }
-        if let Some(max_norm) = c.optim.grad_clip_norm {
-            let norm = sum_squares(&grads).sqrt();
-            clip_by_norm(&mut grads, norm, max_norm);
-        }
-        opt.step(&mut params, &grads, lr);
         last_loss = loss;
 
         let done = step + 1;
@@ -144,18 +176,14 @@ pub fn train<B: AutodiffBackend>(
             && (is_last || (c.train.eval_every > 0 && done % c.train.eval_every == 0));
         if do_eval {
             if let Some(ds) = &data.eval {
-                last_eval = Some(evaluate::<B::InnerBackend>(
-                    mlp,
-                    &params,
-                    ds,
-                    &eval_idx,
-                    plan.micro_batch,
-                    &device_inner::<B>(device),
-                )?);
+                let params = strategy.params()?;
+                let (losses, correct) =
+                    evaluate::<B::InnerBackend>(mlp, params, ds, &eval_idx, plan.micro_batch, device)?;
+                last_eval = Some(reduce_eval(strategy, &losses, &correct, ds.len())?);
             }
         }
         let elapsed = window_start.elapsed().as_secs_f64().max(1e-9);
-        let sps = window_samples as f64 / elapsed;
+        let sps = window_samples / elapsed;
         let log = is_last || do_eval || done % c.train.log_every == 0;
         let line = log.then(|| MetricLine {
             step: done,
@@ -168,9 +196,10 @@ pub fn train<B: AutodiffBackend>(
         });
         if log {
             window_start = Instant::now();
-            window_samples = 0;
+            window_samples = 0.0;
+            sink.log(&format!("step {done} loss {loss} lr {lr} samples/s {sps:.1}"));
         }
-        on_event(TrainEvent::Step {
+        sink.event(TrainEvent::Step {
             step: done,
             loss,
             samples_per_sec: sps,
@@ -178,20 +207,43 @@ pub fn train<B: AutodiffBackend>(
         });
     }
     let wall = start.elapsed().as_secs_f64();
+    let params = strategy.params()?.to_vec();
+    sink.log(&format!("finished {} steps in {wall:.2}s", plan.total_steps));
     Ok(Outcome {
         steps: plan.total_steps,
         epochs: round4(micro as f64 / plan.micro_per_epoch as f64),
         final_loss: last_loss,
         eval: last_eval,
         wall_seconds: round4(wall),
-        samples_per_sec: round4(samples_total as f64 / wall.max(1e-9)),
+        samples_per_sec: round4(samples_total / wall.max(1e-9)),
         params,
-        optim_bytes: opt.state_bytes(),
+        memory: strategy.memory(),
     })
 }
 
-fn device_inner<B: AutodiffBackend>(device: &B::Device) -> <B::InnerBackend as burn::tensor::backend::BackendTypes>::Device {
-    device.clone()
+/// Gathers every rank's per-sample results and sums them in global index order, so the totals
+/// are identical for every world size.
+fn reduce_eval(
+    strategy: &mut dyn Strategy,
+    losses: &[f64],
+    correct: &[f64],
+    n: usize,
+) -> Result<EvalSums, TrainError> {
+    let world = strategy.world();
+    let per = n.div_ceil(world);
+    let mut mine = vec![f64::NAN; 2 * per];
+    mine[..losses.len()].copy_from_slice(losses);
+    mine[per..per + correct.len()].copy_from_slice(correct);
+    let all = strategy.gather(&mine)?;
+    let mut sums = EvalSums::default();
+    for i in 0..n {
+        // global index i lives on rank i % world at position i / world
+        let (r, p) = (i % world, i / world);
+        sums.loss_sum += all[r * 2 * per + p];
+        sums.correct += all[r * 2 * per + per + p] as u64;
+        sums.count += 1;
+    }
+    Ok(sums)
 }
 
 fn round4(v: f64) -> f64 {

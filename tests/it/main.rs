@@ -1,7 +1,9 @@
 //! kiln's integration tests: one binary, one module per area.
 
 mod cli;
+mod collective;
 mod common;
 mod config;
 mod experiments;
+mod parallel;
 mod run;

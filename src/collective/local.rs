@@ -1,0 +1,332 @@
+//! The in-process collective: one worker thread per rank, contributions exchanged through shared
+//! memory under one mutex. Each op is a round: every rank deposits its buffer, the last to arrive
+//! publishes the round, each rank computes its result from all contributions in rank order, and
+//! the round closes when every rank has read it.
+
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use super::{Collective, CollectiveError, OpId, OpKind, ReduceOp};
+
+#[derive(Debug, Clone)]
+enum Payload {
+    F32(Vec<f32>),
+    F64(Vec<f64>),
+}
+
+impl Payload {
+    fn len(&self) -> usize {
+        match self {
+            Payload::F32(v) => v.len(),
+            Payload::F64(v) => v.len(),
+        }
+    }
+    fn f32(&self) -> &[f32] {
+        match self {
+            Payload::F32(v) => v,
+            Payload::F64(_) => &[],
+        }
+    }
+    fn f64(&self) -> &[f64] {
+        match self {
+            Payload::F64(v) => v,
+            Payload::F32(_) => &[],
+        }
+    }
+}
+
+#[derive(Default)]
+struct State {
+    generation: u64,
+    slots: Vec<Option<(OpId, Payload)>>,
+    arrived: usize,
+    result: Option<Arc<Vec<Payload>>>,
+    readers_left: usize,
+    last_seen: Vec<Option<OpId>>,
+    aborted: Option<String>,
+}
+
+struct Shared {
+    world: usize,
+    timeout: Duration,
+    /// Fault injection for tests (`KILN_TEST_STALL=rank:seq`): that rank stalls at that op.
+    stall: Option<(usize, u64)>,
+    state: Mutex<State>,
+    cv: Condvar,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A rank that panicked while holding the lock leaves consistent data: slots are only
+        // replaced whole. Keep going so the other ranks can report it.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Creates the ranks of one in-process group.
+pub struct LocalGroup;
+
+impl LocalGroup {
+    /// `world` connected ranks; every op times out after `timeout`.
+    pub fn new(world: usize, timeout: Duration) -> Vec<LocalRank> {
+        let stall = std::env::var("KILN_TEST_STALL").ok().and_then(|v| {
+            let (r, s) = v.split_once(':')?;
+            Some((r.trim().parse().ok()?, s.trim().parse().ok()?))
+        });
+        let shared = Arc::new(Shared {
+            world,
+            timeout,
+            stall,
+            state: Mutex::new(State {
+                slots: vec![None; world],
+                last_seen: vec![None; world],
+                ..State::default()
+            }),
+            cv: Condvar::new(),
+        });
+        (0..world)
+            .map(|rank| LocalRank {
+                rank,
+                seq: 0,
+                shared: Arc::clone(&shared),
+            })
+            .collect()
+    }
+}
+
+/// One rank's handle.
+pub struct LocalRank {
+    rank: usize,
+    seq: u64,
+    shared: Arc<Shared>,
+}
+
+impl LocalRank {
+    fn aborted(&self, st: &State, op: OpId) -> Option<CollectiveError> {
+        st.aborted.as_ref().map(|reason| CollectiveError::Aborted {
+            rank: self.rank,
+            op,
+            reason: reason.clone(),
+        })
+    }
+
+    fn timeout_error(&self, st: &State, op: OpId, waiting_for: impl Fn(usize) -> bool) -> CollectiveError {
+        let missing = (0..self.shared.world)
+            .filter(|&r| waiting_for(r))
+            .map(|r| {
+                let seen = st.last_seen[r]
+                    .map(|o| o.to_string())
+                    .unwrap_or_else(|| "no collective yet".into());
+                format!("rank {r} never reached {op} (last seen: {seen})")
+            })
+            .collect();
+        CollectiveError::Timeout {
+            rank: self.rank,
+            op,
+            secs: self.shared.timeout.as_secs(),
+            missing,
+        }
+    }
+
+    /// Deposits `payload` for op `kind` and returns every rank's contribution, in rank order.
+    fn exchange(&mut self, kind: OpKind, payload: Payload) -> Result<Arc<Vec<Payload>>, CollectiveError> {
+        let op = OpId { seq: self.seq, kind };
+        self.seq += 1;
+        let sh = Arc::clone(&self.shared);
+        let deadline = Instant::now() + sh.timeout;
+        let mut st = sh.lock();
+        if sh.stall == Some((self.rank, op.seq)) {
+            // Fault injection: this rank never arrives; it waits until the group is stopped.
+            loop {
+                if let Some(e) = self.aborted(&st, op) {
+                    return Err(e);
+                }
+                st = sh.cv.wait(st).unwrap_or_else(|p| p.into_inner());
+            }
+        }
+        // Wait until the previous round has been read by everyone.
+        while st.result.is_some() {
+            if let Some(e) = self.aborted(&st, op) {
+                return Err(e);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                let e = self.timeout_error(&st, op, |_| false);
+                return Err(e);
+            }
+            st = sh.cv.wait_timeout(st, deadline - now).map(|r| r.0).unwrap_or_else(|p| p.into_inner().0);
+        }
+        if let Some(e) = self.aborted(&st, op) {
+            return Err(e);
+        }
+        for (other, slot) in st.slots.iter().enumerate() {
+            if let Some((other_op, other_payload)) = slot {
+                if *other_op != op {
+                    return Err(CollectiveError::Mismatch {
+                        rank: self.rank,
+                        op,
+                        other,
+                        other_op: *other_op,
+                    });
+                }
+                let _ = other_payload;
+            }
+        }
+        st.slots[self.rank] = Some((op, payload));
+        st.last_seen[self.rank] = Some(op);
+        st.arrived += 1;
+        let generation = st.generation;
+        if st.arrived == sh.world {
+            let all: Vec<Payload> = st.slots.iter_mut().filter_map(|s| s.take().map(|(_, p)| p)).collect();
+            st.result = Some(Arc::new(all));
+            st.readers_left = sh.world;
+            st.arrived = 0;
+            sh.cv.notify_all();
+        } else {
+            while !(st.generation == generation && st.result.is_some()) {
+                if let Some(e) = self.aborted(&st, op) {
+                    return Err(e);
+                }
+                let now = Instant::now();
+                if now >= deadline {
+                    let e = self.timeout_error(&st, op, |r| st.slots[r].is_none());
+                    return Err(e);
+                }
+                st = sh.cv.wait_timeout(st, deadline - now).map(|r| r.0).unwrap_or_else(|p| p.into_inner().0);
+            }
+        }
+        let res = st.result.clone().unwrap_or_default();
+        st.readers_left -= 1;
+        if st.readers_left == 0 {
+            st.result = None;
+            st.generation += 1;
+            sh.cv.notify_all();
+        }
+        drop(st);
+        self.check_sizes(op, &res)?;
+        Ok(res)
+    }
+
+    fn check_sizes(&self, op: OpId, res: &[Payload]) -> Result<(), CollectiveError> {
+        if matches!(op.kind, OpKind::Broadcast | OpKind::Barrier) {
+            return Ok(());
+        }
+        let len = res[self.rank].len();
+        match res.iter().enumerate().find(|(_, p)| p.len() != len) {
+            Some((other, p)) => Err(CollectiveError::Size {
+                rank: self.rank,
+                op,
+                len,
+                other,
+                other_len: p.len(),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    fn reduce_into(res: &[Payload], out: &mut [f32], range: std::ops::Range<usize>, op: ReduceOp) {
+        out.copy_from_slice(&res[0].f32()[range.clone()]);
+        for p in &res[1..] {
+            for (o, v) in out.iter_mut().zip(&p.f32()[range.clone()]) {
+                *o += v;
+            }
+        }
+        if op == ReduceOp::Mean {
+            let w = res.len() as f32;
+            out.iter_mut().for_each(|o| *o /= w);
+        }
+    }
+}
+
+impl Collective for LocalRank {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn world(&self) -> usize {
+        self.shared.world
+    }
+
+    fn all_reduce(&mut self, buf: &mut [f32], op: ReduceOp) -> Result<(), CollectiveError> {
+        let res = self.exchange(OpKind::AllReduce, Payload::F32(buf.to_vec()))?;
+        Self::reduce_into(&res, buf, 0..buf.len(), op);
+        Ok(())
+    }
+
+    fn all_reduce_f64(&mut self, buf: &mut [f64], op: ReduceOp) -> Result<(), CollectiveError> {
+        let res = self.exchange(OpKind::AllReduce, Payload::F64(buf.to_vec()))?;
+        buf.copy_from_slice(res[0].f64());
+        for p in &res[1..] {
+            for (o, v) in buf.iter_mut().zip(p.f64()) {
+                *o += v;
+            }
+        }
+        if op == ReduceOp::Mean {
+            let w = res.len() as f64;
+            buf.iter_mut().for_each(|o| *o /= w);
+        }
+        Ok(())
+    }
+
+    fn reduce(&mut self, buf: &mut [f32], op: ReduceOp, root: usize) -> Result<(), CollectiveError> {
+        let res = self.exchange(OpKind::Reduce, Payload::F32(buf.to_vec()))?;
+        if self.rank == root {
+            Self::reduce_into(&res, buf, 0..buf.len(), op);
+        }
+        Ok(())
+    }
+
+    fn broadcast(&mut self, buf: &mut [f32], root: usize) -> Result<(), CollectiveError> {
+        let payload = if self.rank == root { buf.to_vec() } else { Vec::new() };
+        let op = OpId {
+            seq: self.seq,
+            kind: OpKind::Broadcast,
+        };
+        let res = self.exchange(OpKind::Broadcast, Payload::F32(payload))?;
+        let src = res[root].f32();
+        if src.len() != buf.len() {
+            return Err(CollectiveError::Size {
+                rank: self.rank,
+                op,
+                len: buf.len(),
+                other: root,
+                other_len: src.len(),
+            });
+        }
+        buf.copy_from_slice(src);
+        Ok(())
+    }
+
+    fn all_gather(&mut self, send: &[f32], out: &mut [f32]) -> Result<(), CollectiveError> {
+        let res = self.exchange(OpKind::AllGather, Payload::F32(send.to_vec()))?;
+        for (chunk, p) in out.chunks_mut(send.len().max(1)).zip(res.iter()) {
+            chunk.copy_from_slice(p.f32());
+        }
+        Ok(())
+    }
+
+    fn all_gather_f64(&mut self, send: &[f64], out: &mut [f64]) -> Result<(), CollectiveError> {
+        let res = self.exchange(OpKind::AllGather, Payload::F64(send.to_vec()))?;
+        for (chunk, p) in out.chunks_mut(send.len().max(1)).zip(res.iter()) {
+            chunk.copy_from_slice(p.f64());
+        }
+        Ok(())
+    }
+
+    fn reduce_scatter(&mut self, send: &[f32], out: &mut [f32], op: ReduceOp) -> Result<(), CollectiveError> {
+        let res = self.exchange(OpKind::ReduceScatter, Payload::F32(send.to_vec()))?;
+        let n = out.len();
+        Self::reduce_into(&res, out, self.rank * n..(self.rank + 1) * n, op);
+        Ok(())
+    }
+
+    fn barrier(&mut self) -> Result<(), CollectiveError> {
+        self.exchange(OpKind::Barrier, Payload::F32(Vec::new())).map(|_| ())
+    }
+
+    fn abort(&self, reason: &str) {
+        let mut st = self.shared.lock();
+        st.aborted.get_or_insert_with(|| reason.to_string());
+        self.shared.cv.notify_all();
+    }
+}

@@ -1,0 +1,165 @@
+//! This node's workers: one thread per rank (device), each with its own sized thread pool, its
+//! strategy over an in-process collective, and its log file. Rank 0's events reach the caller on
+//! the calling thread; when one rank fails the others are stopped and the root cause is returned.
+
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::Path;
+use std::sync::mpsc;
+use std::time::Duration;
+
+use burn::tensor::backend::AutodiffBackend;
+
+use crate::collective::{Collective, CollectiveError, LocalGroup};
+use crate::strategy::{self, Memory};
+use crate::train::{self, Outcome, RankSink, TrainError, TrainEvent, TrainInput};
+
+/// What all ranks produced.
+#[derive(Debug)]
+pub struct RunResult {
+    /// Rank 0's outcome.
+    pub outcome: Outcome,
+    /// Every rank's memory, in rank order.
+    pub memory: Vec<Memory>,
+}
+
+struct Sink {
+    rank: usize,
+    events: mpsc::Sender<TrainEvent>,
+    log: Option<BufWriter<File>>,
+}
+
+impl RankSink for Sink {
+    fn event(&mut self, event: TrainEvent) {
+        if self.rank == 0 {
+            // The receiver only goes away when the caller stopped listening; keep training.
+            let _ = self.events.send(event);
+        }
+    }
+    fn log(&mut self, line: &str) {
+        if let Some(f) = &mut self.log {
+            // Rank logs are diagnostics: a full disk must not kill the run here.
+            let _ = writeln!(f, "{line}").and_then(|_| f.flush());
+        }
+    }
+}
+
+/// Runs every rank of this node on backend `B` and waits for all of them. `threads` is the size
+/// of each rank's pool; `logs` is where `rank-<r>.log` files go (none when `None`).
+pub fn run<B: AutodiffBackend>(
+    input: &TrainInput<'_>,
+    threads: usize,
+    logs: Option<&Path>,
+    on_event: &mut dyn FnMut(TrainEvent),
+) -> Result<RunResult, TrainError> {
+    let c = input.config;
+    let world = input.plan.world_size;
+    let comms = LocalGroup::new(world, Duration::from_secs(c.strategy.timeout_secs));
+    let (tx, rx) = mpsc::channel();
+    let results: Vec<Result<Outcome, TrainError>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = comms
+            .into_iter()
+            .enumerate()
+            .map(|(rank, comm)| {
+                let tx = tx.clone();
+                let log = logs.and_then(|d| File::create(d.join(format!("rank-{rank}.log"))).ok().map(BufWriter::new));
+                std::thread::Builder::new()
+                    .name(format!("kiln-rank-{rank}"))
+                    .spawn_scoped(scope, move || rank_main::<B>(input, rank, comm, threads, Sink { rank, events: tx, log }))
+            })
+            .collect();
+        drop(tx);
+        for ev in rx {
+            on_event(ev);
+        }
+        handles
+            .into_iter()
+            .enumerate()
+            .map(|(rank, h)| match h {
+                Ok(h) => h.join().unwrap_or_else(|p| {
+                    Err(TrainError::Panic {
+                        rank,
+                        message: panic_message(&p),
+                    })
+                }),
+                Err(e) => Err(TrainError::Panic {
+                    rank,
+                    message: format!("could not start the rank's thread: {e}"),
+                }),
+            })
+            .collect()
+    });
+    let mut outcomes = Vec::with_capacity(world);
+    let mut errors = Vec::new();
+    for r in results {
+        match r {
+            Ok(o) => outcomes.push(o),
+            Err(e) => errors.push(e),
+        }
+    }
+    if !errors.is_empty() {
+        // The root cause, not the ranks that stopped because of it.
+        let pos = errors
+            .iter()
+            .position(|e| !matches!(e, TrainError::Collective(CollectiveError::Aborted { .. })))
+            .unwrap_or(0);
+        return Err(errors.swap_remove(pos));
+    }
+    let memory = outcomes.iter().map(|o| o.memory).collect();
+    let outcome = outcomes.swap_remove(0);
+    Ok(RunResult { outcome, memory })
+}
+
+fn rank_main<B: AutodiffBackend>(
+    input: &TrainInput<'_>,
+    rank: usize,
+    comm: crate::collective::LocalRank,
+    threads: usize,
+    mut sink: Sink,
+) -> Result<Outcome, TrainError> {
+    let abort_handle: Box<dyn Collective> = Box::new(comm);
+    let mut strategy = strategy::build(input.config, input.mlp.num_params(), abort_handle);
+    let pool = match rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .thread_name(move |i| format!("kiln-rank-{rank}-math-{i}"))
+        .build()
+    {
+        Ok(p) => p,
+        Err(e) => {
+            let err = TrainError::Panic {
+                rank,
+                message: format!("cannot start {threads} threads (backend.threads): {e}"),
+            };
+            strategy.abort(&err.to_string());
+            return Err(err);
+        }
+    };
+    let device = B::Device::default();
+    let result = pool.install(|| {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            train::train::<B>(input, strategy.as_mut(), &device, &mut sink)
+        }))
+        .unwrap_or_else(|p| {
+            Err(TrainError::Panic {
+                rank,
+                message: panic_message(&p),
+            })
+        })
+    });
+    if let Err(e) = &result {
+        sink.log(&format!("error: {e}"));
+        strategy.abort(&format!("rank {rank} failed: {}", first_line(&e.to_string())));
+    }
+    result
+}
+
+fn first_line(s: &str) -> &str {
+    s.lines().next().unwrap_or(s)
+}
+
+fn panic_message(p: &Box<dyn std::any::Any + Send>) -> String {
+    p.downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".into())
+}

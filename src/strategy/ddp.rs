@@ -1,0 +1,73 @@
+//! `ddp`: torch DistributedDataParallel. Rank 0's initial parameters are broadcast; every rank
+//! keeps a full replica and its own optimizer; at the last micro-step of a step the gradients are
+//! averaged by all-reduce in buckets of `bucket_cap_mb` (earlier micro-steps accumulate locally
+//! without communication, like `no_sync`).
+
+use super::{clip_and_step, gather_with, sum_with, Memory, Strategy};
+use crate::collective::{Collective, CollectiveError, ReduceOp};
+use crate::config::Config;
+use crate::train::optim::Optimizer;
+
+pub struct Ddp {
+    comm: Box<dyn Collective>,
+    params: Vec<f32>,
+    opt: Optimizer,
+    bucket_elems: usize,
+}
+
+impl Ddp {
+    pub fn new(c: &Config, num_params: usize, comm: Box<dyn Collective>) -> Self {
+        let bucket_elems = ((c.strategy.bucket_cap_mb * 1024.0 * 1024.0 / 4.0) as usize).clamp(1, num_params.max(1));
+        Ddp {
+            comm,
+            params: Vec::new(),
+            opt: Optimizer::new(&c.optim),
+            bucket_elems,
+        }
+    }
+}
+
+impl Strategy for Ddp {
+    fn rank(&self) -> usize {
+        self.comm.rank()
+    }
+    fn world(&self) -> usize {
+        self.comm.world()
+    }
+    fn init(&mut self, mut init: Vec<f32>) -> Result<(), CollectiveError> {
+        self.comm.broadcast(&mut init, 0)?;
+        self.params = init;
+        Ok(())
+    }
+    fn params(&mut self) -> Result<&[f32], CollectiveError> {
+        Ok(&self.params)
+    }
+    fn grad_weight(&self, _local: usize, _global: usize) -> f64 {
+        1.0
+    }
+    fn update(&mut self, mut grads: Vec<f32>, lr: f64, clip: Option<f64>) -> Result<(), CollectiveError> {
+        for bucket in grads.chunks_mut(self.bucket_elems) {
+            self.comm.all_reduce(bucket, ReduceOp::Mean)?;
+        }
+        clip_and_step(&mut self.opt, &mut self.params, &mut grads, lr, clip);
+        Ok(())
+    }
+    fn sum(&mut self, values: &mut [f64]) -> Result<(), CollectiveError> {
+        sum_with(self.comm.as_mut(), values)
+    }
+    fn gather(&mut self, values: &[f64]) -> Result<Vec<f64>, CollectiveError> {
+        gather_with(self.comm.as_mut(), values)
+    }
+    fn memory(&self) -> Memory {
+        let bytes = self.params.len() * 4;
+        Memory {
+            rank: self.rank(),
+            params_bytes: bytes,
+            grads_bytes: bytes,
+            optim_bytes: self.opt.state_bytes(),
+        }
+    }
+    fn abort(&self, reason: &str) {
+        self.comm.abort(reason);
+    }
+}

@@ -1,0 +1,86 @@
+//! `dp`: torch DataParallel. One optimizer on the main device (rank 0). Every step the main
+//! device's parameters are replicated to the other devices (broadcast), each replica runs its
+//! chunk of the global batch, and the gradients are reduced (summed, weighted by chunk size)
+//! onto the main device, which alone steps. The main device carries the optimizer state, as in
+//! torch.
+
+use super::{clip_and_step, gather_with, sum_with, Memory, Strategy};
+use crate::collective::{Collective, CollectiveError, ReduceOp};
+use crate::config::Config;
+use crate::train::optim::Optimizer;
+
+pub struct Dp {
+    comm: Box<dyn Collective>,
+    params: Vec<f32>,
+    /// Only the main device has an optimizer.
+    opt: Option<Optimizer>,
+    /// Whether the replicas hold the main device's current parameters.
+    replicated: bool,
+}
+
+impl Dp {
+    pub fn new(c: &Config, comm: Box<dyn Collective>) -> Self {
+        let opt = (comm.rank() == 0).then(|| Optimizer::new(&c.optim));
+        Dp {
+            comm,
+            params: Vec::new(),
+            opt,
+            replicated: false,
+        }
+    }
+}
+
+impl Strategy for Dp {
+    fn rank(&self) -> usize {
+        self.comm.rank()
+    }
+    fn world(&self) -> usize {
+        self.comm.world()
+    }
+    fn init(&mut self, init: Vec<f32>) -> Result<(), CollectiveError> {
+        self.params = init;
+        self.replicated = false;
+        Ok(())
+    }
+    fn params(&mut self) -> Result<&[f32], CollectiveError> {
+        if !self.replicated {
+            // replicate(module, devices): copy the main device's parameters to every replica
+            if self.comm.world() > 1 {
+                self.comm.broadcast(&mut self.params, 0)?;
+            }
+            self.replicated = true;
+        }
+        Ok(&self.params)
+    }
+    fn grad_weight(&self, local: usize, global: usize) -> f64 {
+        local as f64 / global.max(1) as f64
+    }
+    fn update(&mut self, mut grads: Vec<f32>, lr: f64, clip: Option<f64>) -> Result<(), CollectiveError> {
+        if self.comm.world() > 1 {
+            self.comm.reduce(&mut grads, ReduceOp::Sum, 0)?;
+        }
+        if let Some(opt) = &mut self.opt {
+            clip_and_step(opt, &mut self.params, &mut grads, lr, clip);
+        }
+        self.replicated = false;
+        Ok(())
+    }
+    fn sum(&mut self, values: &mut [f64]) -> Result<(), CollectiveError> {
+        sum_with(self.comm.as_mut(), values)
+    }
+    fn gather(&mut self, values: &[f64]) -> Result<Vec<f64>, CollectiveError> {
+        gather_with(self.comm.as_mut(), values)
+    }
+    fn memory(&self) -> Memory {
+        let bytes = self.params.len() * 4;
+        Memory {
+            rank: self.rank(),
+            params_bytes: bytes,
+            grads_bytes: bytes,
+            optim_bytes: self.opt.as_ref().map(|o| o.state_bytes()).unwrap_or(0),
+        }
+    }
+    fn abort(&self, reason: &str) {
+        self.comm.abort(reason);
+    }
+}

@@ -1,0 +1,82 @@
+//! Parallel strategies: where parameters, gradients and optimizer state live, and when ranks
+//! synchronise. The training loop calls the same five methods for every strategy.
+
+mod ddp;
+mod dp;
+mod single;
+
+pub use ddp::Ddp;
+pub use dp::Dp;
+pub use single::Single;
+
+use serde::Serialize;
+
+use crate::collective::{Collective, CollectiveError};
+use crate::config::{Config, StrategyKind};
+use crate::train::optim::{clip_by_norm, sum_squares, Optimizer};
+
+/// Bytes one rank holds for training state (accounting, not measured RSS).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Memory {
+    pub rank: usize,
+    pub params_bytes: usize,
+    pub grads_bytes: usize,
+    pub optim_bytes: usize,
+}
+
+/// What a strategy does at each point of a step.
+pub trait Strategy: Send {
+    fn rank(&self) -> usize;
+    fn world(&self) -> usize;
+    /// Sets the initial parameters (every rank passes the same seeded init; ddp/dp then make
+    /// rank 0's the truth, as torch does).
+    fn init(&mut self, init: Vec<f32>) -> Result<(), CollectiveError>;
+    /// The full parameters to run forward/backward with.
+    fn params(&mut self) -> Result<&[f32], CollectiveError>;
+    /// The weight of this rank's micro-batch gradient in the step's gradient, given its sample
+    /// count and the micro-batch's total across ranks (dp weights by samples, ddp averages).
+    fn grad_weight(&self, local_samples: usize, global_samples: usize) -> f64;
+    /// Synchronises the accumulated (weighted) gradients, clips, and updates.
+    fn update(&mut self, grads: Vec<f32>, lr: f64, clip: Option<f64>) -> Result<(), CollectiveError>;
+    /// Sums `values` over ranks (every rank gets the result); identity for one rank.
+    fn sum(&mut self, values: &mut [f64]) -> Result<(), CollectiveError>;
+    /// Gathers equal-length f64 vectors from every rank, in rank order.
+    fn gather(&mut self, values: &[f64]) -> Result<Vec<f64>, CollectiveError>;
+    fn memory(&self) -> Memory;
+    /// Stops the other ranks (their pending collectives fail).
+    fn abort(&self, reason: &str);
+}
+
+/// Builds rank `rank`'s strategy.
+pub fn build(c: &Config, num_params: usize, comm: Box<dyn Collective>) -> Box<dyn Strategy> {
+    match c.strategy.kind {
+        StrategyKind::Single => Box::new(Single::new(c, comm)),
+        StrategyKind::Dp => Box::new(Dp::new(c, comm)),
+        StrategyKind::Ddp => Box::new(Ddp::new(c, num_params, comm)),
+    }
+}
+
+/// Clip by the global norm of full (already synchronised) gradients, then step.
+fn clip_and_step(opt: &mut Optimizer, params: &mut [f32], grads: &mut [f32], lr: f64, clip: Option<f64>) {
+    if let Some(max_norm) = clip {
+        let norm = sum_squares(grads).sqrt();
+        clip_by_norm(grads, norm, max_norm);
+    }
+    opt.step(params, grads, lr);
+}
+
+fn sum_with(comm: &mut dyn Collective, values: &mut [f64]) -> Result<(), CollectiveError> {
+    if comm.world() > 1 {
+        comm.all_reduce_f64(values, crate::collective::ReduceOp::Sum)?;
+    }
+    Ok(())
+}
+
+fn gather_with(comm: &mut dyn Collective, values: &[f64]) -> Result<Vec<f64>, CollectiveError> {
+    if comm.world() == 1 {
+        return Ok(values.to_vec());
+    }
+    let mut out = vec![0.0; values.len() * comm.world()];
+    comm.all_gather_f64(values, &mut out)?;
+    Ok(out)
+}

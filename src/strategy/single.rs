@@ -1,0 +1,63 @@
+//! `single`: one device, no communication.
+
+use super::{clip_and_step, gather_with, sum_with, Memory, Strategy};
+use crate::collective::{Collective, CollectiveError};
+use crate::config::Config;
+use crate::train::optim::Optimizer;
+
+pub struct Single {
+    comm: Box<dyn Collective>,
+    params: Vec<f32>,
+    opt: Optimizer,
+}
+
+impl Single {
+    pub fn new(c: &Config, comm: Box<dyn Collective>) -> Self {
+        Single {
+            comm,
+            params: Vec::new(),
+            opt: Optimizer::new(&c.optim),
+        }
+    }
+}
+
+impl Strategy for Single {
+    fn rank(&self) -> usize {
+        self.comm.rank()
+    }
+    fn world(&self) -> usize {
+        self.comm.world()
+    }
+    fn init(&mut self, init: Vec<f32>) -> Result<(), CollectiveError> {
+        self.params = init;
+        Ok(())
+    }
+    fn params(&mut self) -> Result<&[f32], CollectiveError> {
+        Ok(&self.params)
+    }
+    fn grad_weight(&self, _local: usize, _global: usize) -> f64 {
+        1.0
+    }
+    fn update(&mut self, mut grads: Vec<f32>, lr: f64, clip: Option<f64>) -> Result<(), CollectiveError> {
+        clip_and_step(&mut self.opt, &mut self.params, &mut grads, lr, clip);
+        Ok(())
+    }
+    fn sum(&mut self, values: &mut [f64]) -> Result<(), CollectiveError> {
+        sum_with(self.comm.as_mut(), values)
+    }
+    fn gather(&mut self, values: &[f64]) -> Result<Vec<f64>, CollectiveError> {
+        gather_with(self.comm.as_mut(), values)
+    }
+    fn memory(&self) -> Memory {
+        let bytes = self.params.len() * 4;
+        Memory {
+            rank: self.rank(),
+            params_bytes: bytes,
+            grads_bytes: bytes,
+            optim_bytes: self.opt.state_bytes(),
+        }
+    }
+    fn abort(&self, reason: &str) {
+        self.comm.abort(reason);
+    }
+}
