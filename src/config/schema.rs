@@ -305,13 +305,37 @@ pub enum StrategyKind {
     Dp,
     /// torch DistributedDataParallel: one optimizer per rank, gradients averaged by all-reduce.
     Ddp,
+    /// torch FullyShardedDataParallel: parameters, gradients and optimizer state sharded.
+    Fsdp,
+}
+
+/// fsdp: what is sharded (torch `ShardingStrategy`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Sharding {
+    /// FULL_SHARD (ZeRO-3): parameters, gradients and optimizer state.
+    Full,
+    /// SHARD_GRAD_OP (ZeRO-2): gradients and optimizer state; parameters stay whole.
+    GradOp,
+    /// NO_SHARD: nothing (like ddp).
+    None,
+}
+
+/// fsdp: what is flattened and gathered together.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FsdpUnit {
+    /// The whole model is one flat unit.
+    Model,
+    /// Each top-level layer is its own unit, gathered one at a time.
+    Layer,
 }
 
 /// `[strategy]`
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct StrategyConfig {
-    /// single, dp or ddp. Default: `"single"`.
+    /// single, dp, ddp or fsdp. Default: `"single"`.
     pub kind: StrategyKind,
     /// Devices (ranks) on this node; CPU devices are virtual, one thread each. Default: `1`.
     pub devices: usize,
@@ -319,6 +343,13 @@ pub struct StrategyConfig {
     pub timeout_secs: u64,
     /// ddp: gradients are all-reduced in buckets of at most this many MiB. Default: `25`.
     pub bucket_cap_mb: f64,
+    /// ddp: skip communication on accumulation micro-steps before the last (torch `no_sync`).
+    /// Default: `true`.
+    pub no_sync: bool,
+    /// fsdp: full, grad_op or none. Default: `"full"`.
+    pub sharding: Sharding,
+    /// fsdp: model or layer. Default: `"model"`.
+    pub unit: FsdpUnit,
 }
 
 impl Default for StrategyConfig {
@@ -328,6 +359,9 @@ impl Default for StrategyConfig {
             devices: 1,
             timeout_secs: 300,
             bucket_cap_mb: 25.0,
+            no_sync: true,
+            sharding: Sharding::Full,
+            unit: FsdpUnit::Model,
         }
     }
 }

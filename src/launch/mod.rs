@@ -118,7 +118,7 @@ fn rank_main<B: AutodiffBackend>(
     mut sink: Sink,
 ) -> Result<Outcome, TrainError> {
     let abort_handle: Box<dyn Collective> = Box::new(comm);
-    let mut strategy = strategy::build(input.config, input.mlp.num_params(), abort_handle);
+    let mut strategy = strategy::build(input.config, input.mlp, abort_handle);
     let pool = match rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
         .thread_name(move |i| format!("kiln-rank-{rank}-math-{i}"))

@@ -74,20 +74,25 @@ impl Mlp {
         flat
     }
 
-    /// Builds the layer tensors from `flat` on `device`.
+    /// The flat range of layer `l` (its weight, then its bias).
+    pub fn layer_range(&self, l: usize) -> std::ops::Range<usize> {
+        self.layout[2 * l].offset..self.layout[2 * l + 1].range().end
+    }
+
+    /// Builds layer `l`'s tensors from its flat parameters (weight, then bias), taking the buffer.
+    pub fn layer_tensors<B: Backend>(&self, l: usize, mut flat: Vec<f32>, device: &B::Device) -> LayerTensors<B> {
+        let (w, b) = (&self.layout[2 * l], &self.layout[2 * l + 1]);
+        let bias = flat.split_off(w.len());
+        LayerTensors {
+            weight: Tensor::from_data(TensorData::new(flat, [w.shape[0], w.shape[1]]), device),
+            bias: Tensor::from_data(TensorData::new(bias, [b.shape[0]]), device),
+        }
+    }
+
+    /// Builds every layer's tensors from the whole flat buffer.
     pub fn tensors<B: Backend>(&self, flat: &[f32], device: &B::Device) -> Vec<LayerTensors<B>> {
-        self.layout
-            .chunks(2)
-            .map(|pair| {
-                let (w, b) = (&pair[0], &pair[1]);
-                LayerTensors {
-                    weight: Tensor::from_data(
-                        TensorData::new(flat[w.range()].to_vec(), [w.shape[0], w.shape[1]]),
-                        device,
-                    ),
-                    bias: Tensor::from_data(TensorData::new(flat[b.range()].to_vec(), [b.shape[0]]), device),
-                }
-            })
+        (0..self.num_layers())
+            .map(|l| self.layer_tensors(l, flat[self.layer_range(l)].to_vec(), device))
             .collect()
     }
 

@@ -38,7 +38,7 @@ impl Plan {
         let world_size = c.strategy.devices;
         let split = match c.strategy.kind {
             StrategyKind::Dp => DataSplit::SplitBatch,
-            StrategyKind::Single | StrategyKind::Ddp => DataSplit::Distributed,
+            StrategyKind::Single | StrategyKind::Ddp | StrategyKind::Fsdp => DataSplit::Distributed,
         };
         let micro_batch = c.train.batch_size;
         let accum = c.train.grad_accum_steps;

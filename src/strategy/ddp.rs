@@ -45,10 +45,14 @@ impl Strategy for Ddp {
     fn grad_weight(&self, _local: usize, _global: usize) -> f64 {
         1.0
     }
-    fn update(&mut self, mut grads: Vec<f32>, lr: f64, clip: Option<f64>) -> Result<(), CollectiveError> {
+    fn micro_sync(&mut self, grads: &mut [f32]) -> Result<(), CollectiveError> {
         for bucket in grads.chunks_mut(self.bucket_elems) {
             self.comm.all_reduce(bucket, ReduceOp::Mean)?;
         }
+        Ok(())
+    }
+    fn update(&mut self, mut grads: Vec<f32>, lr: f64, clip: Option<f64>) -> Result<(), CollectiveError> {
+        self.micro_sync(&mut grads)?;
         clip_and_step(&mut self.opt, &mut self.params, &mut grads, lr, clip);
         Ok(())
     }

@@ -14,8 +14,6 @@ pub struct Dp {
     params: Vec<f32>,
     /// Only the main device has an optimizer.
     opt: Option<Optimizer>,
-    /// Whether the replicas hold the main device's current parameters.
-    replicated: bool,
 }
 
 impl Dp {
@@ -25,8 +23,17 @@ impl Dp {
             comm,
             params: Vec::new(),
             opt,
-            replicated: false,
         }
+    }
+}
+
+impl Dp {
+    /// replicate(module, devices): the main device's parameters to every replica.
+    fn replicate(&mut self) -> Result<(), CollectiveError> {
+        if self.comm.world() > 1 {
+            self.comm.broadcast(&mut self.params, 0)?;
+        }
+        Ok(())
     }
 }
 
@@ -39,17 +46,9 @@ impl Strategy for Dp {
     }
     fn init(&mut self, init: Vec<f32>) -> Result<(), CollectiveError> {
         self.params = init;
-        self.replicated = false;
-        Ok(())
+        self.replicate()
     }
     fn params(&mut self) -> Result<&[f32], CollectiveError> {
-        if !self.replicated {
-            // replicate(module, devices): copy the main device's parameters to every replica
-            if self.comm.world() > 1 {
-                self.comm.broadcast(&mut self.params, 0)?;
-            }
-            self.replicated = true;
-        }
         Ok(&self.params)
     }
     fn grad_weight(&self, local: usize, global: usize) -> f64 {
@@ -62,8 +61,7 @@ impl Strategy for Dp {
         if let Some(opt) = &mut self.opt {
             clip_and_step(opt, &mut self.params, &mut grads, lr, clip);
         }
-        self.replicated = false;
-        Ok(())
+        self.replicate()
     }
     fn sum(&mut self, values: &mut [f64]) -> Result<(), CollectiveError> {
         sum_with(self.comm.as_mut(), values)

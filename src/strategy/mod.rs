@@ -3,16 +3,21 @@
 
 mod ddp;
 mod dp;
+mod fsdp;
 mod single;
 
 pub use ddp::Ddp;
 pub use dp::Dp;
+pub use fsdp::Fsdp;
 pub use single::Single;
+
+use std::ops::Range;
 
 use serde::Serialize;
 
 use crate::collective::{Collective, CollectiveError};
 use crate::config::{Config, StrategyKind};
+use crate::model::Mlp;
 use crate::train::optim::{clip_by_norm, sum_squares, Optimizer};
 
 /// Bytes one rank holds for training state (accounting, not measured RSS).
@@ -31,11 +36,22 @@ pub trait Strategy: Send {
     /// Sets the initial parameters (every rank passes the same seeded init; ddp/dp then make
     /// rank 0's the truth, as torch does).
     fn init(&mut self, init: Vec<f32>) -> Result<(), CollectiveError>;
-    /// The full parameters to run forward/backward with.
+    /// The full parameters (evaluation, the final result).
     fn params(&mut self) -> Result<&[f32], CollectiveError>;
+    /// Layer `layer`'s parameters (the flat `range`) for forward/backward.
+    fn layer_params(&mut self, layer: usize, range: Range<usize>) -> Result<Vec<f32>, CollectiveError> {
+        let _ = layer;
+        Ok(self.params()?[range].to_vec())
+    }
     /// The weight of this rank's micro-batch gradient in the step's gradient, given its sample
     /// count and the micro-batch's total across ranks (dp weights by samples, ddp averages).
     fn grad_weight(&self, local_samples: usize, global_samples: usize) -> f64;
+    /// Called after an accumulation micro-step that is not the last of its step when
+    /// `strategy.no_sync = false`: ddp averages the gradients accumulated so far (what torch does
+    /// outside `no_sync`); the final result is the same, only the traffic differs.
+    fn micro_sync(&mut self, _grads: &mut [f32]) -> Result<(), CollectiveError> {
+        Ok(())
+    }
     /// Synchronises the accumulated (weighted) gradients, clips, and updates.
     fn update(&mut self, grads: Vec<f32>, lr: f64, clip: Option<f64>) -> Result<(), CollectiveError>;
     /// Sums `values` over ranks (every rank gets the result); identity for one rank.
@@ -47,12 +63,13 @@ pub trait Strategy: Send {
     fn abort(&self, reason: &str);
 }
 
-/// Builds rank `rank`'s strategy.
-pub fn build(c: &Config, num_params: usize, comm: Box<dyn Collective>) -> Box<dyn Strategy> {
+/// Builds one rank's strategy.
+pub fn build(c: &Config, mlp: &Mlp, comm: Box<dyn Collective>) -> Box<dyn Strategy> {
     match c.strategy.kind {
         StrategyKind::Single => Box::new(Single::new(c, comm)),
         StrategyKind::Dp => Box::new(Dp::new(c, comm)),
-        StrategyKind::Ddp => Box::new(Ddp::new(c, num_params, comm)),
+        StrategyKind::Ddp => Box::new(Ddp::new(c, mlp.num_params(), comm)),
+        StrategyKind::Fsdp => Box::new(Fsdp::new(c, mlp, comm)),
     }
 }
 

@@ -31,27 +31,27 @@ fn to_vec<B: Backend, const D: usize>(t: Tensor<B, D>) -> Result<Vec<f32>, StepE
         .map_err(|e| StepError::Data(format!("{e:?}")))
 }
 
-/// Forward and backward on one micro-batch; gradients are of `loss * scale`.
+/// Forward and backward on one micro-batch; gradients are of `loss * scale`. `layer_params(l)`
+/// yields layer l's flat parameters; each buffer becomes that layer's tensor storage at once, so
+/// no more than one layer's parameters are held outside the autodiff graph.
 #[allow(clippy::too_many_arguments)]
-pub fn forward_backward<B: AutodiffBackend>(
+pub fn forward_backward<B: AutodiffBackend, E: From<StepError>>(
     mlp: &Mlp,
-    params: &[f32],
+    layer_params: &mut dyn FnMut(usize) -> Result<Vec<f32>, E>,
     x: Vec<f32>,
     y: &[u32],
     masks: Option<Vec<Vec<f32>>>,
     scale: f64,
     device: &B::Device,
-) -> Result<MicroStep, StepError> {
+) -> Result<MicroStep, E> {
     let batch = y.len();
-    let layers: Vec<_> = mlp
-        .tensors::<B>(params, device)
-        .into_iter()
-        .map(|mut l| {
-            l.weight = l.weight.require_grad();
-            l.bias = l.bias.require_grad();
-            l
-        })
-        .collect();
+    let mut layers = Vec::with_capacity(mlp.num_layers());
+    for l in 0..mlp.num_layers() {
+        let mut t = mlp.layer_tensors::<B>(l, layer_params(l)?, device);
+        t.weight = t.weight.require_grad();
+        t.bias = t.bias.require_grad();
+        layers.push(t);
+    }
     let input = Tensor::<B, 2>::from_data(TensorData::new(x, [batch, mlp.sizes[0]]), device);
     let masks: Option<Vec<Tensor<B, 2>>> = masks.map(|ms| {
         ms.into_iter()

@@ -140,20 +140,39 @@ pub fn train<B: AutodiffBackend>(
             let order = epoch_cache.as_ref().map(|(_, o)| o.as_slice()).unwrap_or(&[]);
             let (idx, global) = plan.micro_indices(order, j, rank);
             let weight = strategy.grad_weight(idx.len(), global);
-            let params = strategy.params()?;
             if !idx.is_empty() {
                 let (x, y) = data.train.gather(idx);
                 let masks =
                     mlp.dropout_masks(y.len(), c.experiment.seed, &[step as u64, k as u64, rank as u64]);
-                let out = forward_backward::<B>(mlp, params, x, &y, masks, weight / plan.accum as f64, device)?;
+                let mut layer_params = |l: usize| -> Result<Vec<f32>, TrainError> {
+                    Ok(strategy.layer_params(l, mlp.layer_range(l))?)
+                };
+                let out = forward_backward::<B, TrainError>(
+                    mlp,
+                    &mut layer_params,
+                    x,
+                    &y,
+                    masks,
+                    weight / plan.accum as f64,
+                    device,
+                )?;
                 for (a, g) in grads.iter_mut().zip(&out.grads) {
                     *a += g;
                 }
                 totals[0] += out.loss * weight;
+            } else {
+                // Ranks run the same collectives even without samples.
+                for l in 0..mlp.num_layers() {
+                    strategy.layer_params(l, mlp.layer_range(l))?;
+                }
             }
             totals[1] += idx.len() as f64;
             micro_in_step += 1;
             micro += 1;
+            let last_micro = k + 1 == plan.accum || micro >= plan.total_micro;
+            if !c.strategy.no_sync && !last_micro {
+                strategy.micro_sync(&mut grads)?;
+            }
         }
         strategy.update(grads, lr, c.optim.grad_clip_norm)?;
         strategy.sum(&mut totals)?;

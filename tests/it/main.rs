@@ -5,5 +5,6 @@ mod collective;
 mod common;
 mod config;
 mod experiments;
+mod fsdp;
 mod parallel;
 mod run;

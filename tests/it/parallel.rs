@@ -38,12 +38,13 @@ momentum = 0.9
 threads = 1
 "#;
 
-struct Trained {
-    params: Vec<f32>,
-    eval: (f64, f64, u64),
+pub struct Trained {
+    pub params: Vec<f32>,
+    pub eval: (f64, f64, u64),
+    pub memory: Vec<kiln::strategy::Memory>,
 }
 
-fn train(sets: &[&str]) -> Trained {
+pub fn train(sets: &[&str]) -> Trained {
     let d = tempfile::tempdir().unwrap();
     let f = write(d.path(), "task.toml", TASK);
     let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
@@ -64,10 +65,11 @@ fn train(sets: &[&str]) -> Trained {
     Trained {
         params: res.outcome.params,
         eval: (e.loss(), e.accuracy(), e.count),
+        memory: res.memory,
     }
 }
 
-fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+pub fn max_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
     a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
 }
@@ -95,6 +97,15 @@ fn ddp_accumulation_equals_ddp_larger_batch() {
     let big = train(&["strategy.kind=ddp", "strategy.devices=2", "train.batch_size=32"]);
     let d = max_diff(&acc.params, &big.params);
     assert!(d <= 1e-5, "max |param diff| = {d}");
+    let synced = train(&[
+        "strategy.kind=ddp",
+        "strategy.devices=2",
+        "train.batch_size=16",
+        "train.grad_accum_steps=2",
+        "strategy.no_sync=false",
+    ]);
+    let d = max_diff(&synced.params, &big.params);
+    assert!(d <= 1e-5, "without no_sync: max |param diff| = {d}");
 }
 
 #[test]

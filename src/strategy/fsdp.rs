@@ -1,0 +1,243 @@
+//! `fsdp`: torch FullyShardedDataParallel. The parameters of each unit (the whole model, or one
+//! top-level layer) are flattened into one buffer, padded to a multiple of the world size and
+//! split evenly; rank r owns shard r. A step all-gathers a unit's parameters for forward/backward,
+//! reduce-scatters (mean) the gradients so each rank holds only its shard's gradient, and updates
+//! only the local shard, whose optimizer state exists only there.
+//!
+//! `sharding = "full"` (ZeRO-3) keeps only the shard between steps; `"grad_op"` (ZeRO-2) keeps
+//! the whole parameters and re-gathers them after each update; `"none"` keeps everything whole
+//! and all-reduces gradients (like ddp). Padding is zero and stays zero under every optimizer, so
+//! it is invisible in results.
+
+use std::ops::Range;
+
+use super::{gather_with, sum_with, Memory, Strategy};
+use crate::collective::{Collective, CollectiveError, ReduceOp};
+use crate::config::{Config, FsdpUnit, Sharding};
+use crate::model::Mlp;
+use crate::train::optim::{clip_by_norm, sum_squares, Optimizer};
+
+/// One flat unit: where it lives in the full parameter buffer and how it is split.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unit {
+    pub range: Range<usize>,
+    /// Elements per rank (the padded length divided by the world size).
+    pub shard_len: usize,
+}
+
+impl Unit {
+    pub fn new(range: Range<usize>, world: usize) -> Self {
+        let shard_len = range.len().div_ceil(world);
+        Unit { range, shard_len }
+    }
+    pub fn padded_len(&self, world: usize) -> usize {
+        self.shard_len * world
+    }
+    /// The part of the unit (in unit coordinates, unpadded) that rank `rank` owns.
+    pub fn owned(&self, rank: usize) -> Range<usize> {
+        let lo = (rank * self.shard_len).min(self.range.len());
+        let hi = ((rank + 1) * self.shard_len).min(self.range.len());
+        lo..hi
+    }
+}
+
+/// The units of a model for `unit` granularity.
+pub fn units(mlp: &Mlp, unit: FsdpUnit, world: usize) -> Vec<Unit> {
+    match unit {
+        FsdpUnit::Model => vec![Unit::new(0..mlp.num_params(), world)],
+        FsdpUnit::Layer => (0..mlp.num_layers()).map(|l| Unit::new(mlp.layer_range(l), world)).collect(),
+    }
+}
+
+pub struct Fsdp {
+    comm: Box<dyn Collective>,
+    sharding: Sharding,
+    units: Vec<Unit>,
+    num_params: usize,
+    /// Per unit: this rank's shard (padded length `shard_len`).
+    shards: Vec<Vec<f32>>,
+    /// Whole parameters: at rest for grad_op and none; for full only while a step needs them.
+    full: Option<Vec<f32>>,
+    /// Per unit optimizer over the shard (none: over the whole unit).
+    opts: Vec<Optimizer>,
+}
+
+impl Fsdp {
+    pub fn new(c: &Config, mlp: &Mlp, comm: Box<dyn Collective>) -> Self {
+        let units = units(mlp, c.strategy.unit, comm.world());
+        let opts = units.iter().map(|_| Optimizer::new(&c.optim)).collect();
+        Fsdp {
+            comm,
+            sharding: c.strategy.sharding,
+            units,
+            num_params: mlp.num_params(),
+            shards: Vec::new(),
+            full: None,
+            opts,
+        }
+    }
+
+    fn shard_of(&self, u: &Unit, whole: &[f32]) -> Vec<f32> {
+        let mut shard = vec![0f32; u.shard_len];
+        let own = u.owned(self.comm.rank());
+        shard[..own.len()].copy_from_slice(&whole[u.range.start + own.start..u.range.start + own.end]);
+        shard
+    }
+
+    /// All-gathers unit `i` and returns its unpadded parameters.
+    fn gather_unit(&mut self, i: usize) -> Result<Vec<f32>, CollectiveError> {
+        let world = self.comm.world();
+        let u = &self.units[i];
+        let mut out = vec![0f32; u.padded_len(world)];
+        self.comm.all_gather(&self.shards[i], &mut out)?;
+        out.truncate(u.range.len());
+        Ok(out)
+    }
+
+    /// Materialises the whole parameters from the shards.
+    fn gather_all(&mut self) -> Result<Vec<f32>, CollectiveError> {
+        let mut full = vec![0f32; self.num_params];
+        for i in 0..self.units.len() {
+            let unit = self.gather_unit(i)?;
+            full[self.units[i].range.clone()].copy_from_slice(&unit);
+        }
+        Ok(full)
+    }
+
+    fn shard_elems(&self) -> usize {
+        self.units.iter().map(|u| u.shard_len).sum()
+    }
+}
+
+impl Strategy for Fsdp {
+    fn rank(&self) -> usize {
+        self.comm.rank()
+    }
+    fn world(&self) -> usize {
+        self.comm.world()
+    }
+
+    fn init(&mut self, mut init: Vec<f32>) -> Result<(), CollectiveError> {
+        // sync_module_states: rank 0's initialisation is the truth
+        self.comm.broadcast(&mut init, 0)?;
+        if self.sharding != Sharding::None {
+            self.shards = self.units.iter().map(|u| self.shard_of(u, &init)).collect();
+        }
+        self.full = (self.sharding != Sharding::Full).then_some(init);
+        Ok(())
+    }
+
+    fn params(&mut self) -> Result<&[f32], CollectiveError> {
+        if self.full.is_none() {
+            self.full = Some(self.gather_all()?);
+        }
+        Ok(self.full.as_deref().unwrap_or(&[]))
+    }
+
+    fn layer_params(&mut self, layer: usize, range: Range<usize>) -> Result<Vec<f32>, CollectiveError> {
+        if let Some(full) = &self.full {
+            return Ok(full[range].to_vec());
+        }
+        match self.units.len() {
+            // unit = "model": gather everything once; it stays until the update reshards
+            1 => Ok(self.params()?[range].to_vec()),
+            // unit = "layer": gather only this layer, hand it straight to the autodiff graph
+            _ => self.gather_unit(layer),
+        }
+    }
+
+    fn grad_weight(&self, _local: usize, _global: usize) -> f64 {
+        1.0
+    }
+
+    fn update(&mut self, mut grads: Vec<f32>, lr: f64, clip: Option<f64>) -> Result<(), CollectiveError> {
+        let world = self.comm.world();
+        if self.sharding == Sharding::None {
+            for u in &self.units {
+                self.comm.all_reduce(&mut grads[u.range.clone()], ReduceOp::Mean)?;
+            }
+            if let Some(max_norm) = clip {
+                let norm = sum_squares(&grads).sqrt();
+                clip_by_norm(&mut grads, norm, max_norm);
+            }
+            if let Some(full) = &mut self.full {
+                for (u, opt) in self.units.iter().zip(&mut self.opts) {
+                    opt.step(&mut full[u.range.clone()], &grads[u.range.clone()], lr);
+                }
+            }
+            return Ok(());
+        }
+        // reduce-scatter each unit's gradient: this rank keeps its shard's mean gradient
+        let mut shard_grads = Vec::with_capacity(self.units.len());
+        for u in &self.units {
+            let mut send = vec![0f32; u.padded_len(world)];
+            send[..u.range.len()].copy_from_slice(&grads[u.range.clone()]);
+            let mut g = vec![0f32; u.shard_len];
+            self.comm.reduce_scatter(&send, &mut g, ReduceOp::Mean)?;
+            shard_grads.push(g);
+        }
+        drop(grads);
+        if let Some(max_norm) = clip {
+            // the global norm: every shard's sum of squares, all-reduced
+            let mut sq = [shard_grads.iter().map(|g| sum_squares(g)).sum::<f64>()];
+            self.comm.all_reduce_f64(&mut sq, ReduceOp::Sum)?;
+            let norm = sq[0].sqrt();
+            for g in &mut shard_grads {
+                clip_by_norm(g, norm, max_norm);
+            }
+        }
+        for ((shard, g), opt) in self.shards.iter_mut().zip(&shard_grads).zip(&mut self.opts) {
+            opt.step(shard, g, lr);
+        }
+        self.full = match self.sharding {
+            // ZeRO-2: parameters stay whole between steps
+            Sharding::GradOp => Some(self.gather_all()?),
+            // ZeRO-3: reshard, free the whole parameters
+            _ => None,
+        };
+        Ok(())
+    }
+
+    fn sum(&mut self, values: &mut [f64]) -> Result<(), CollectiveError> {
+        sum_with(self.comm.as_mut(), values)
+    }
+
+    fn gather(&mut self, values: &[f64]) -> Result<Vec<f64>, CollectiveError> {
+        gather_with(self.comm.as_mut(), values)
+    }
+
+    fn memory(&self) -> Memory {
+        let whole = self.num_params * 4;
+        let shard = self.shard_elems() * 4;
+        let (params_bytes, grads_bytes) = match self.sharding {
+            Sharding::Full => (shard, shard),
+            Sharding::GradOp => (whole, shard),
+            Sharding::None => (whole, whole),
+        };
+        Memory {
+            rank: self.rank(),
+            params_bytes,
+            grads_bytes,
+            optim_bytes: self.opts.iter().map(|o| o.state_bytes()).sum(),
+        }
+    }
+
+    fn abort(&self, reason: &str) {
+        self.comm.abort(reason);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shards_cover_the_unit_with_padding() {
+        let u = Unit::new(10..17, 3); // 7 elements
+        assert_eq!((u.shard_len, u.padded_len(3)), (3, 9));
+        assert_eq!(u.owned(0), 0..3);
+        assert_eq!(u.owned(2), 6..7);
+        let u = Unit::new(0..2, 4);
+        assert_eq!(u.owned(3), 2..2);
+    }
+}
