@@ -4,7 +4,7 @@
 use super::ConfigArgs;
 use crate::model::Mlp;
 use crate::plan::Plan;
-use crate::{backend, config, data, Result};
+use crate::{backend, config, data, strategy, Result};
 
 pub fn check(a: &ConfigArgs) -> Result<()> {
     let r = a.resolve()?;
@@ -16,8 +16,14 @@ pub fn check(a: &ConfigArgs) -> Result<()> {
     print!("{}", config::annotated(&r));
     println!();
     println!("# {}", plan.describe());
+    for m in strategy::estimate(&r.config, &mlp, plan.world_size) {
+        println!(
+            "# memory at rest, rank {}: params {} B, grads {} B, optimizer state {} B",
+            m.rank, m.params_bytes, m.grads_bytes, m.optim_bytes
+        );
+    }
     println!(
-        "# backend: {} with {} threads; config hash {}",
+        "# backend: {} with {} threads per rank; config hash {}",
         be.name(),
         backend::threads(&r.config.backend, plan.world_size),
         config::config_hash(&r.config)

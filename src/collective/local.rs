@@ -12,6 +12,8 @@ use super::{Collective, CollectiveError, OpId, OpKind, ReduceOp};
 enum Payload {
     F32(Vec<f32>),
     F64(Vec<f64>),
+    /// A rank's own buffer, shared in place for the duration of one all-reduce (address, len).
+    Shared(usize, usize),
 }
 
 impl Payload {
@@ -19,18 +21,19 @@ impl Payload {
         match self {
             Payload::F32(v) => v.len(),
             Payload::F64(v) => v.len(),
+            Payload::Shared(_, len) => *len,
         }
     }
     fn f32(&self) -> &[f32] {
         match self {
             Payload::F32(v) => v,
-            Payload::F64(_) => &[],
+            _ => &[],
         }
     }
     fn f64(&self) -> &[f64] {
         match self {
             Payload::F64(v) => v,
-            Payload::F32(_) => &[],
+            _ => &[],
         }
     }
 }
@@ -44,6 +47,9 @@ struct State {
     readers_left: usize,
     last_seen: Vec<Option<OpId>>,
     aborted: Option<String>,
+    /// Ranks done with the in-place phase of the current shared all-reduce, and its generation.
+    finished: usize,
+    finish_generation: u64,
 }
 
 struct Shared {
@@ -184,12 +190,18 @@ impl LocalRank {
             sh.cv.notify_all();
         } else {
             while !(st.generation == generation && st.result.is_some()) {
+                // On the way out, take this rank's contribution back: it may point at a buffer
+                // that is about to be released.
                 if let Some(e) = self.aborted(&st, op) {
+                    st.slots[self.rank] = None;
+                    st.arrived -= 1;
                     return Err(e);
                 }
                 let now = Instant::now();
                 if now >= deadline {
-                    let e = self.timeout_error(&st, op, |r| st.slots[r].is_none());
+                    let e = self.timeout_error(&st, op, |r| st.last_seen[r] != Some(op));
+                    st.slots[self.rank] = None;
+                    st.arrived -= 1;
                     return Err(e);
                 }
                 st = sh.cv.wait_timeout(st, deadline - now).map(|r| r.0).unwrap_or_else(|p| p.into_inner().0);
@@ -238,6 +250,28 @@ impl LocalRank {
     }
 }
 
+impl LocalRank {
+    /// Waits until every rank has finished writing into the shared buffers of this all-reduce.
+    /// Deliberately without timeout or abort: after the round was published every rank is
+    /// inside plain memory loops that end, and no rank may return (and release its buffer)
+    /// while another may still write into it.
+    fn finish_shared(&self) {
+        let sh = &self.shared;
+        let mut st = sh.lock();
+        let generation = st.finish_generation;
+        st.finished += 1;
+        if st.finished == sh.world {
+            st.finished = 0;
+            st.finish_generation += 1;
+            sh.cv.notify_all();
+        } else {
+            while st.finish_generation == generation {
+                st = sh.cv.wait(st).unwrap_or_else(|p| p.into_inner());
+            }
+        }
+    }
+}
+
 impl Collective for LocalRank {
     fn rank(&self) -> usize {
         self.rank
@@ -247,9 +281,50 @@ impl Collective for LocalRank {
         self.shared.world
     }
 
+    /// In place over shared memory: rank r reduces chunk r of every rank's buffer (in rank order)
+    /// and writes the result into all of them, so the work is split and nothing is copied twice.
     fn all_reduce(&mut self, buf: &mut [f32], op: ReduceOp) -> Result<(), CollectiveError> {
-        let res = self.exchange(OpKind::AllReduce, Payload::F32(buf.to_vec()))?;
-        Self::reduce_into(&res, buf, 0..buf.len(), op);
+        let world = self.shared.world;
+        if world == 1 {
+            return Ok(());
+        }
+        let res = self.exchange(OpKind::AllReduce, Payload::Shared(buf.as_mut_ptr() as usize, buf.len()))?;
+        let ptrs: Vec<*mut f32> = res
+            .iter()
+            .map(|p| match p {
+                Payload::Shared(addr, _) => *addr as *mut f32,
+                _ => std::ptr::null_mut(),
+            })
+            .collect();
+        let n = buf.len();
+        let chunk = n.div_ceil(world);
+        let lo = (self.rank * chunk).min(n);
+        let hi = ((self.rank + 1) * chunk).min(n);
+        // SAFETY: every pointer is a live `&mut [f32]` of length n (sizes were checked equal by
+        // `exchange`) whose owner stays inside this call until `finish_shared` returns, after
+        // every rank finished. Each rank builds slices of its own range [lo, hi) only, and the
+        // ranges of different ranks are disjoint, so no element is reached by two threads and
+        // the slices below never alias.
+        let mut chunks: Vec<&mut [f32]> = ptrs
+            .iter()
+            .map(|p| unsafe { std::slice::from_raw_parts_mut(p.add(lo), hi - lo) })
+            .collect();
+        if let Some((first, rest)) = chunks.split_first_mut() {
+            // ((c0 + c1) + c2) + ...: rank order, the same on every rank
+            for other in rest.iter() {
+                for (a, b) in first.iter_mut().zip(other.iter()) {
+                    *a += b;
+                }
+            }
+            if op == ReduceOp::Mean {
+                let w = world as f32;
+                first.iter_mut().for_each(|a| *a /= w);
+            }
+            for other in rest.iter_mut() {
+                other.copy_from_slice(first);
+            }
+        }
+        self.finish_shared();
         Ok(())
     }
 

@@ -16,7 +16,7 @@ use std::ops::Range;
 use serde::Serialize;
 
 use crate::collective::{Collective, CollectiveError};
-use crate::config::{Config, StrategyKind};
+use crate::config::{Config, OptimKind, Sharding, StrategyKind};
 use crate::model::Mlp;
 use crate::train::optim::{clip_by_norm, sum_squares, Optimizer};
 
@@ -71,6 +71,45 @@ pub fn build(c: &Config, mlp: &Mlp, comm: Box<dyn Collective>) -> Box<dyn Strate
         StrategyKind::Ddp => Box::new(Ddp::new(c, mlp.num_params(), comm)),
         StrategyKind::Fsdp => Box::new(Fsdp::new(c, mlp, comm)),
     }
+}
+
+/// Optimizer state elements per parameter element.
+fn state_per_param(c: &Config) -> usize {
+    match c.optim.kind {
+        OptimKind::Sgd if c.optim.momentum > 0.0 => 1,
+        OptimKind::Sgd => 0,
+        OptimKind::Adam | OptimKind::Adamw => 2,
+    }
+}
+
+/// The bytes each rank will hold at rest, from the plan alone (`kiln check` prints it; the
+/// strategies report the same numbers after training).
+pub fn estimate(c: &Config, mlp: &Mlp, world: usize) -> Vec<Memory> {
+    let n = mlp.num_params();
+    let whole = n * 4;
+    let state = state_per_param(c);
+    (0..world)
+        .map(|rank| {
+            let (params_bytes, grads_bytes, optim_elems) = match c.strategy.kind {
+                StrategyKind::Single | StrategyKind::Ddp => (whole, whole, n),
+                StrategyKind::Dp => (whole, whole, if rank == 0 { n } else { 0 }),
+                StrategyKind::Fsdp => {
+                    let shard: usize = fsdp::units(mlp, c.strategy.unit, world).iter().map(|u| u.shard_len).sum();
+                    match c.strategy.sharding {
+                        Sharding::Full => (shard * 4, shard * 4, shard),
+                        Sharding::GradOp => (whole, shard * 4, shard),
+                        Sharding::None => (whole, whole, n),
+                    }
+                }
+            };
+            Memory {
+                rank,
+                params_bytes,
+                grads_bytes,
+                optim_bytes: optim_elems * state * 4,
+            }
+        })
+        .collect()
 }
 
 /// Clip by the global norm of full (already synchronised) gradients, then step.

@@ -8,14 +8,6 @@ use burn::tensor::{Tensor, TensorData};
 use crate::data::Dataset;
 use crate::model::Mlp;
 
-/// What a micro-step produced.
-pub struct MicroStep {
-    /// Mean cross-entropy over the micro-batch (unscaled).
-    pub loss: f64,
-    /// d(loss * scale)/d(params), flat in the model's layout.
-    pub grads: Vec<f32>,
-}
-
 #[derive(Debug, thiserror::Error)]
 pub enum StepError {
     #[error("the backend returned data of an unexpected type: {0}")]
@@ -31,7 +23,8 @@ fn to_vec<B: Backend, const D: usize>(t: Tensor<B, D>) -> Result<Vec<f32>, StepE
         .map_err(|e| StepError::Data(format!("{e:?}")))
 }
 
-/// Forward and backward on one micro-batch; gradients are of `loss * scale`. `layer_params(l)`
+/// Forward and backward on one micro-batch: adds d(loss * scale)/d(params) into `grads` (flat, in
+/// the model's layout) and returns the unscaled mean cross-entropy. `layer_params(l)`
 /// yields layer l's flat parameters; each buffer becomes that layer's tensor storage at once, so
 /// no more than one layer's parameters are held outside the autodiff graph.
 #[allow(clippy::too_many_arguments)]
@@ -42,8 +35,9 @@ pub fn forward_backward<B: AutodiffBackend, E: From<StepError>>(
     y: &[u32],
     masks: Option<Vec<Vec<f32>>>,
     scale: f64,
+    grads: &mut [f32],
     device: &B::Device,
-) -> Result<MicroStep, E> {
+) -> Result<f64, E> {
     let batch = y.len();
     let mut layers = Vec::with_capacity(mlp.num_layers());
     for l in 0..mlp.num_layers() {
@@ -68,24 +62,23 @@ pub fn forward_backward<B: AutodiffBackend, E: From<StepError>>(
     let onehot = Tensor::<B, 2>::from_data(TensorData::new(onehot, [batch, classes]), device);
     let loss = (log_softmax(logits, 1) * onehot).sum().neg().div_scalar(batch as f64);
     let loss_value = to_vec(loss.clone().inner())?.first().copied().unwrap_or(f32::NAN);
-    let grads = loss.mul_scalar(scale).backward();
-    let mut flat = vec![0f32; mlp.num_params()];
+    let tape = loss.mul_scalar(scale).backward();
     for (layer, specs) in layers.iter().zip(mlp.layout.chunks(2)) {
         let w = layer
             .weight
-            .grad(&grads)
+            .grad(&tape)
             .ok_or_else(|| StepError::NoGrad(specs[0].name.clone()))?;
         let b = layer
             .bias
-            .grad(&grads)
+            .grad(&tape)
             .ok_or_else(|| StepError::NoGrad(specs[1].name.clone()))?;
-        flat[specs[0].range()].copy_from_slice(&to_vec(w)?);
-        flat[specs[1].range()].copy_from_slice(&to_vec(b)?);
+        for (spec, g) in [(&specs[0], to_vec(w)?), (&specs[1], to_vec(b)?)] {
+            for (a, v) in grads[spec.range()].iter_mut().zip(&g) {
+                *a += v;
+            }
+        }
     }
-    Ok(MicroStep {
-        loss: f64::from(loss_value),
-        grads: flat,
-    })
+    Ok(f64::from(loss_value))
 }
 
 /// Exact evaluation totals: every sample counted once.

@@ -147,19 +147,17 @@ pub fn train<B: AutodiffBackend>(
                 let mut layer_params = |l: usize| -> Result<Vec<f32>, TrainError> {
                     Ok(strategy.layer_params(l, mlp.layer_range(l))?)
                 };
-                let out = forward_backward::<B, TrainError>(
+                let loss = forward_backward::<B, TrainError>(
                     mlp,
                     &mut layer_params,
                     x,
                     &y,
                     masks,
                     weight / plan.accum as f64,
+                    &mut grads,
                     device,
                 )?;
-                for (a, g) in grads.iter_mut().zip(&out.grads) {
-                    *a += g;
-                }
-                totals[0] += out.loss * weight;
+                totals[0] += loss * weight;
             } else {
                 // Ranks run the same collectives even without samples.
                 for l in 0..mlp.num_layers() {

@@ -60,3 +60,23 @@ fn fsdp_memory_at_rest_is_a_world_fraction_of_ddp() {
     assert_eq!(grad_op[0].params_bytes, ddp[0].params_bytes);
     assert!(grad_op[0].optim_bytes < ddp[0].optim_bytes / 3);
 }
+
+#[test]
+fn the_plan_estimate_equals_what_every_strategy_reports() {
+    let d = tempfile::tempdir().unwrap();
+    let f = crate::common::write(d.path(), "task.toml", crate::parallel::TASK);
+    for sets in [
+        &["strategy.kind=single", "optim.kind=adam"][..],
+        &["strategy.kind=dp", "strategy.devices=3", "optim.momentum=0.9"],
+        &["strategy.kind=ddp", "strategy.devices=2"],
+        &["strategy.kind=fsdp", "strategy.devices=3", "strategy.unit=layer", "optim.kind=adamw"],
+        &["strategy.kind=fsdp", "strategy.devices=2", "strategy.sharding=grad_op", "optim.momentum=0.9"],
+        &["strategy.kind=fsdp", "strategy.devices=2", "strategy.sharding=none", "optim.kind=adam"],
+    ] {
+        let owned: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+        let r = kiln::config::load(&f, &[], &owned).unwrap();
+        let mlp = kiln::model::Mlp::new(&r.config.model);
+        let est = kiln::strategy::estimate(&r.config, &mlp, r.config.strategy.devices);
+        assert_eq!(est, train(sets).memory, "{sets:?}");
+    }
+}

@@ -11,7 +11,7 @@ use kiln::train::TrainInput;
 
 use crate::common::{kiln_env, stderr, write, TINY};
 
-const TASK: &str = r#"
+pub const TASK: &str = r#"
 [experiment]
 seed = 3
 
