@@ -16,6 +16,11 @@ pub enum Error {
     Backend(#[from] BackendError),
     #[error(transparent)]
     Train(#[from] TrainError),
+    #[error(transparent)]
+    Checkpoint(#[from] crate::checkpoint::CheckpointError),
+    /// A check that found something wrong (exit 1), e.g. `kiln ckpt verify`.
+    #[error("{0}")]
+    Invalid(String),
     /// A bad command-line argument (exit 2).
     #[error("{0}")]
     Usage(String),
@@ -39,8 +44,8 @@ impl Error {
     /// 2 for bad input (nothing was run), 1 for a run that failed.
     pub fn exit_code(&self) -> i32 {
         match self {
-            Error::Config(_) | Error::Data(_) | Error::Backend(_) | Error::Usage(_) => 2,
-            Error::Train(_) | Error::Io { .. } => 1,
+            Error::Config(_) | Error::Data(_) | Error::Backend(_) | Error::Usage(_) | Error::Checkpoint(_) => 2,
+            Error::Train(_) | Error::Io { .. } | Error::Invalid(_) => 1,
         }
     }
 }

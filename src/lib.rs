@@ -5,6 +5,7 @@
 //! `ARCHITECTURE.md` in the shared design folder.
 
 pub mod backend;
+pub mod checkpoint;
 pub mod cli;
 pub mod collective;
 pub mod config;

@@ -57,6 +57,8 @@ pub fn bench(a: &BenchArgs) -> Result<()> {
             plan: &plan,
             data: &no_eval,
             mlp: &mlp,
+            store: None,
+            resume: None,
         };
         let mut rates = Vec::new();
         for _ in 0..a.repeats {

@@ -2,7 +2,9 @@
 
 mod bench;
 mod check;
+mod ckpt;
 mod init;
+mod resume;
 mod run;
 
 use std::path::PathBuf;
@@ -26,6 +28,11 @@ pub enum Command {
     Check(ConfigArgs),
     /// Train an experiment.
     Run(run::RunArgs),
+    /// Continue a run in place from its newest verified checkpoint.
+    Resume(resume::ResumeArgs),
+    /// Inspect a run's checkpoints.
+    #[command(subcommand)]
+    Ckpt(ckpt::CkptCommand),
     /// Write a commented experiment file from a template.
     Init(init::InitArgs),
     /// Measure training throughput (steps/s, samples/s) on the CPU backends.
@@ -55,6 +62,8 @@ pub fn dispatch(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Check(a) => check::check(&a),
         Command::Run(a) => run::run(&a),
+        Command::Resume(a) => resume::resume(&a),
+        Command::Ckpt(c) => ckpt::ckpt(&c),
         Command::Init(a) => init::init(&a),
         Command::Bench(a) => bench::bench(&a),
     }

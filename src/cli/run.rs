@@ -1,22 +1,25 @@
 //! `kiln run`: resolves and checks everything first (bad input exits 2 with nothing written),
-//! then creates the run directory, trains, and writes `config.toml`, `metrics.jsonl` and
-//! `summary.json`.
+//! then creates the run directory, trains, and writes `config.toml`, `metrics.jsonl`,
+//! `summary.json`, `logs/` and checkpoints. `--resume` (or `checkpoint.auto_resume`) continues
+//! the newest unfinished run of the experiment instead.
 
-use std::fs::{self, File};
+use std::fs::{self, File, OpenOptions};
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
 use clap::Args;
 use serde::Serialize;
 
+use super::resume::{prepare_resume, Resumption};
 use super::ConfigArgs;
 use crate::backend;
-use crate::config::{self, StrategyKind};
+use crate::checkpoint::Store;
+use crate::config::{self, Config, Resolved, StrategyKind};
 use crate::data;
 use crate::error::{Error, Result};
+use crate::launch::RunResult;
 use crate::model::Mlp;
 use crate::plan::Plan;
-use crate::launch::RunResult;
 use crate::strategy::Memory;
 use crate::train::{TrainEvent, TrainInput};
 use crate::ui::Progress;
@@ -31,6 +34,10 @@ pub struct RunArgs {
     /// No progress bar and no status lines (the run directory is still printed).
     #[arg(long)]
     pub quiet: bool,
+    /// Resume the newest unfinished run of this experiment from its newest verified checkpoint
+    /// (a fresh run when there is none): what a preempted job's unchanged command line needs.
+    #[arg(long)]
+    pub resume: bool,
 }
 
 /// `summary.json`.
@@ -54,6 +61,10 @@ pub struct Summary {
     pub backend: &'static str,
     pub num_params: usize,
     pub config_hash: String,
+    /// The step this session started from (0 unless resumed).
+    pub resumed_from_step: usize,
+    /// sha256 of the final parameters (little-endian f32), to compare runs bit for bit.
+    pub params_sha256: Option<String>,
     /// Per rank: bytes held for parameters, gradients and optimizer state.
     pub memory: Vec<Memory>,
 }
@@ -75,7 +86,48 @@ pub fn choose_run_dir(output_dir: &Path, name: &str) -> PathBuf {
         .unwrap_or(base)
 }
 
-fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<()> {
+/// Whether a run directory holds a run that did not finish.
+pub fn is_unfinished(dir: &Path) -> bool {
+    if !dir.join("config.toml").is_file() {
+        return false;
+    }
+    let status = fs::read_to_string(dir.join("summary.json"))
+        .ok()
+        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+        .and_then(|v| v["status"].as_str().map(str::to_string));
+    status.as_deref() != Some("finished")
+}
+
+/// The newest unfinished run of experiment `name` (highest `-N` suffix first).
+pub fn newest_unfinished(output_dir: &Path, name: &str) -> Option<PathBuf> {
+    let mut candidates: Vec<(usize, PathBuf)> = fs::read_dir(output_dir)
+        .ok()?
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let n = e.file_name().to_string_lossy().into_owned();
+            let idx = if n == name {
+                Some(1)
+            } else {
+                n.strip_prefix(&format!("{name}-")).and_then(|s| s.parse::<usize>().ok())
+            };
+            idx.map(|i| (i, e.path()))
+        })
+        .filter(|(_, p)| is_unfinished(p))
+        .collect();
+    candidates.sort();
+    candidates.pop().map(|(_, p)| p)
+}
+
+fn params_hash(params: &[f32]) -> String {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    for p in params {
+        h.update(p.to_le_bytes());
+    }
+    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+pub fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<()> {
     let text = serde_json::to_string_pretty(value)
         .map_err(|e| Error::io(format!("serialising {}", path.display()), std::io::Error::other(e)))?;
     let tmp = path.with_extension("json.tmp");
@@ -83,14 +135,35 @@ fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<()> {
     fs::rename(&tmp, path).map_err(|e| Error::io(format!("writing {}", path.display()), e))
 }
 
+/// The config as stored in a run directory: data paths made absolute, so the run directory can
+/// be resumed from anywhere.
+pub fn stored_config(r: &Resolved) -> Config {
+    let mut c = r.config.clone();
+    let abs = |key: &str, v: &str| {
+        let p = r.path_of(key, v);
+        p.canonicalize().unwrap_or(p).display().to_string()
+    };
+    c.data.path = c.data.path.as_deref().map(|v| abs("data.path", v));
+    c.data.eval_path = c.data.eval_path.as_deref().map(|v| abs("data.eval_path", v));
+    c
+}
+
 pub fn run(a: &RunArgs) -> Result<()> {
     // Everything that can be bad input is checked before the run directory exists.
     let r = a.config.resolve()?;
     let c = &r.config;
-    let be = backend::resolve(&c.backend)?;
-    let data = data::load(&r)?;
-    let mlp = Mlp::new(&c.model);
-    let plan = Plan::new(c, data.train.len(), mlp.num_params());
+    if a.resume || c.checkpoint.auto_resume {
+        if a.run_dir.is_some() {
+            return Err(Error::Usage("--resume finds the run directory itself; use `kiln resume DIR` for a given one".into()));
+        }
+        if let Some(dir) = newest_unfinished(Path::new(&c.experiment.output_dir), &c.experiment.name) {
+            let res = prepare_resume(&dir, &r, None, a.quiet)?;
+            return execute(&r, &dir, Some(res), a.quiet);
+        }
+        if !a.quiet {
+            eprintln!("no unfinished run of `{}` to resume: starting a new one", c.experiment.name);
+        }
+    }
     let run_dir = match &a.run_dir {
         Some(d) if d.exists() && !is_empty_dir(d) => {
             return Err(Error::Usage(format!(
@@ -101,14 +174,38 @@ pub fn run(a: &RunArgs) -> Result<()> {
         Some(d) => d.clone(),
         None => choose_run_dir(Path::new(&c.experiment.output_dir), &c.experiment.name),
     };
-    fs::create_dir_all(&run_dir)
-        .map_err(|e| Error::io(format!("creating run directory {}", run_dir.display()), e))?;
+    execute(&r, &run_dir, None, a.quiet)
+}
+
+/// Trains `r` in `run_dir`, fresh or continuing `resume`.
+pub fn execute(r: &Resolved, run_dir: &Path, resume: Option<Resumption>, quiet: bool) -> Result<()> {
+    let c = &r.config;
+    let be = backend::resolve(&c.backend)?;
+    let data = data::load(r)?;
+    let mlp = Mlp::new(&c.model);
+    let plan = Plan::new(c, data.train.len(), mlp.num_params());
+    if let Some(res) = &resume {
+        if let Some(l) = &res.loaded {
+            if l.state.num_params != mlp.num_params() {
+                return Err(Error::Usage(format!(
+                    "the checkpoint has {} parameters but the model has {}; the model config changed",
+                    l.state.num_params,
+                    mlp.num_params()
+                )));
+            }
+        }
+    }
+    fs::create_dir_all(run_dir).map_err(|e| Error::io(format!("creating run directory {}", run_dir.display()), e))?;
     let config_hash = config::config_hash(c);
-    fs::write(run_dir.join("config.toml"), config::to_toml(c))
+    fs::write(run_dir.join("config.toml"), config::to_toml(&stored_config(r)))
         .map_err(|e| Error::io(format!("writing {}/config.toml", run_dir.display()), e))?;
+    let summary_path = run_dir.join("summary.json");
+    if summary_path.exists() {
+        fs::remove_file(&summary_path).map_err(|e| Error::io(format!("removing {}", summary_path.display()), e))?;
+    }
     println!("run dir: {}", run_dir.display());
 
-    let mut ui = Progress::new(a.quiet);
+    let mut ui = Progress::new(quiet);
     ui.info(&plan.describe());
     ui.info(&format!(
         "backend: {} ({} threads per rank), strategy {:?} on {} device(s)",
@@ -119,19 +216,30 @@ pub fn run(a: &RunArgs) -> Result<()> {
     ));
     let logs = run_dir.join("logs");
     fs::create_dir_all(&logs).map_err(|e| Error::io(format!("creating {}", logs.display()), e))?;
+    let store = Store::new(run_dir.join(&c.checkpoint.dir));
+    store.clean_tmp().map_err(|e| Error::io("cleaning unfinished checkpoints", std::io::Error::other(e)))?;
     let metrics_path = run_dir.join("metrics.jsonl");
-    let mut metrics = BufWriter::new(
-        File::create(&metrics_path).map_err(|e| Error::io(format!("creating {}", metrics_path.display()), e))?,
-    );
+    let metrics_file = if resume.is_some() {
+        OpenOptions::new().append(true).create(true).open(&metrics_path)
+    } else {
+        File::create(&metrics_path)
+    }
+    .map_err(|e| Error::io(format!("opening {}", metrics_path.display()), e))?;
+    let mut metrics = BufWriter::new(metrics_file);
     let mut write_err: Option<std::io::Error> = None;
+    let loaded = resume.as_ref().and_then(|r| r.loaded.as_ref());
+    let first_step = loaded.map(|l| l.state.step).unwrap_or(0);
     let input = TrainInput {
         config: c,
         plan: &plan,
         data: &data,
         mlp: &mlp,
+        store: Some(&store),
+        resume: loaded,
     };
     let result = backend::train(be, &c.backend, &input, Some(&logs), &mut |ev| match ev {
-        TrainEvent::Started { total_steps } => ui.start(total_steps),
+        TrainEvent::Started { total_steps, .. } => ui.start(total_steps, first_step),
+        TrainEvent::Checkpoint { step } => ui.info(&format!("saved checkpoint step-{step:08}")),
         TrainEvent::Step {
             step,
             loss,
@@ -157,27 +265,30 @@ pub fn run(a: &RunArgs) -> Result<()> {
     let summary = |status, error: Option<String>, res: Option<&RunResult>| {
         let o = res.map(|r| &r.outcome);
         Summary {
-        status,
-        error,
-        steps: o.map(|o| o.steps).unwrap_or(0),
-        epochs: o.map(|o| o.epochs).unwrap_or(0.0),
-        final_loss: o.map(|o| o.final_loss),
-        eval_loss: o.and_then(|o| o.eval.map(|e| e.loss())),
-        eval_accuracy: o.and_then(|o| o.eval.map(|e| e.accuracy())),
-        eval_samples: o.and_then(|o| o.eval.map(|e| e.count)),
-        wall_seconds: o.map(|o| o.wall_seconds).unwrap_or(0.0),
-        samples_per_sec: o.map(|o| o.samples_per_sec).unwrap_or(0.0),
-        world_size: plan.world_size,
-        strategy: c.strategy.kind,
-        global_batch: plan.global_batch,
-        backend: be.name(),
-        num_params: plan.num_params,
-        config_hash: config_hash.clone(),
-        memory: res.map(|r| r.memory.clone()).unwrap_or_default(),
-    }};
+            status,
+            error,
+            steps: o.map(|o| o.steps).unwrap_or(first_step),
+            epochs: o.map(|o| o.epochs).unwrap_or(0.0),
+            final_loss: o.map(|o| o.final_loss),
+            eval_loss: o.and_then(|o| o.eval.map(|e| e.loss())),
+            eval_accuracy: o.and_then(|o| o.eval.map(|e| e.accuracy())),
+            eval_samples: o.and_then(|o| o.eval.map(|e| e.count)),
+            wall_seconds: o.map(|o| o.wall_seconds).unwrap_or(0.0),
+            samples_per_sec: o.map(|o| o.samples_per_sec).unwrap_or(0.0),
+            world_size: plan.world_size,
+            strategy: c.strategy.kind,
+            global_batch: plan.global_batch,
+            backend: be.name(),
+            num_params: plan.num_params,
+            config_hash: config_hash.clone(),
+            resumed_from_step: first_step,
+            params_sha256: o.map(|o| params_hash(&o.params)),
+            memory: res.map(|r| r.memory.clone()).unwrap_or_default(),
+        }
+    };
     match result {
         Ok(res) => {
-            write_json(&run_dir.join("summary.json"), &summary("finished", None, Some(&res)))?;
+            write_json(&summary_path, &summary("finished", None, Some(&res)))?;
             let out = &res.outcome;
             let eval = match out.eval {
                 Some(e) => format!(", eval loss {:.4}, eval accuracy {:.3}", e.loss(), e.accuracy()),
@@ -194,7 +305,7 @@ pub fn run(a: &RunArgs) -> Result<()> {
         }
         Err(e) => {
             let e = Error::from(e);
-            write_json(&run_dir.join("summary.json"), &summary("failed", Some(e.to_string()), None))?;
+            write_json(&summary_path, &summary("failed", Some(e.to_string()), None))?;
             println!("failed; run dir: {}", run_dir.display());
             Err(e)
         }

@@ -17,6 +17,7 @@ pub struct Config {
     pub sampler: SamplerConfig,
     pub strategy: StrategyConfig,
     pub backend: BackendConfig,
+    pub checkpoint: CheckpointConfig,
 }
 
 /// Top-level section names, in the order they are printed.
@@ -30,6 +31,7 @@ pub const SECTIONS: &[&str] = &[
     "sampler",
     "strategy",
     "backend",
+    "checkpoint",
 ];
 
 /// `[experiment]`
@@ -403,6 +405,41 @@ impl Default for BackendConfig {
             device: Device::Cpu,
             cpu: CpuBackend::Auto,
             threads: 0,
+        }
+    }
+}
+
+/// `[checkpoint]`
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CheckpointConfig {
+    /// Save every N optimizer steps; 0 never. Default: `0`.
+    pub every_steps: usize,
+    /// Save at the end of every N epochs; 0 never. Default: `0`.
+    pub every_epochs: usize,
+    /// Save when training ends. Default: `true`.
+    pub at_end: bool,
+    /// Keep the newest N checkpoints (at least 1). Default: `3`.
+    pub keep_last: usize,
+    /// Also keep every checkpoint whose step is a multiple of N, forever; 0 off. Default: `0`.
+    pub keep_every: usize,
+    /// Where checkpoints go, relative to the run directory. Default: `"checkpoints"`.
+    pub dir: String,
+    /// `kiln run` resumes the newest unfinished run of the experiment, as with `--resume`.
+    /// Default: `false`.
+    pub auto_resume: bool,
+}
+
+impl Default for CheckpointConfig {
+    fn default() -> Self {
+        CheckpointConfig {
+            every_steps: 0,
+            every_epochs: 0,
+            at_end: true,
+            keep_last: 3,
+            keep_every: 0,
+            dir: "checkpoints".into(),
+            auto_resume: false,
         }
     }
 }

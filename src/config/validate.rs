@@ -173,6 +173,11 @@ pub fn validate(r: &Resolved) -> Result<(), ConfigError> {
         ));
     }
 
+    at_least(r, "checkpoint.keep_last", c.checkpoint.keep_last, 1)?;
+    if c.checkpoint.dir.trim().is_empty() {
+        return Err(r.key_error("checkpoint.dir", "`checkpoint.dir` is empty".into(), Some("use a directory name such as \"checkpoints\"".into())));
+    }
+
     let s = &c.schedule;
     at_least(r, "schedule.step_size", s.step_size, 1)?;
     in_range(r, "schedule.gamma", s.gamma, s.gamma > 0.0, "greater than 0")?;

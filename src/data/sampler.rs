@@ -17,21 +17,38 @@ pub struct Sampler {
 impl Sampler {
     /// Samples each rank takes per epoch (torch `num_samples`).
     pub fn per_rank(&self) -> usize {
-        if self.drop_last && self.len % self.world != 0 {
-            self.len / self.world
+        self.per_rank_of(self.len)
+    }
+
+    fn per_rank_of(&self, len: usize) -> usize {
+        if self.drop_last && len % self.world != 0 {
+            len / self.world
         } else {
-            self.len.div_ceil(self.world)
+            len.div_ceil(self.world)
         }
+    }
+
+    /// Samples each rank takes from the part of an epoch that starts at global position `start`.
+    pub fn per_rank_from(&self, start: usize) -> usize {
+        self.per_rank_of(self.len - start.min(self.len))
     }
 
     /// The epoch's global order, padded or truncated to `per_rank() * world`.
     pub fn epoch_order(&self, epoch: u64) -> Vec<usize> {
-        let mut order: Vec<usize> = if self.shuffle {
+        self.segment(epoch, 0)
+    }
+
+    /// The epoch's global order from position `start` on (what is left of an epoch after a
+    /// resume, whatever the world size that consumed the first part), padded by wrapping around
+    /// or truncated to a multiple of the world size.
+    pub fn segment(&self, epoch: u64, start: usize) -> Vec<usize> {
+        let full: Vec<usize> = if self.shuffle {
             Rng::stream(self.seed.wrapping_add(epoch), "sampler", &[]).permutation(self.len)
         } else {
             (0..self.len).collect()
         };
-        let total = self.per_rank() * self.world;
+        let mut order = full[start.min(self.len)..].to_vec();
+        let total = self.per_rank_of(order.len()) * self.world;
         if total <= order.len() {
             order.truncate(total);
         } else {
@@ -46,7 +63,12 @@ impl Sampler {
 
     /// The indices rank `rank` takes in `epoch`.
     pub fn indices(&self, epoch: u64, rank: usize) -> Vec<usize> {
-        self.epoch_order(epoch)
+        self.indices_from(epoch, rank, 0)
+    }
+
+    /// The indices rank `rank` takes from the part of `epoch` that starts at `start`.
+    pub fn indices_from(&self, epoch: u64, rank: usize, start: usize) -> Vec<usize> {
+        self.segment(epoch, start)
             .into_iter()
             .skip(rank)
             .step_by(self.world)
@@ -111,5 +133,28 @@ mod tests {
         assert_eq!(sh.indices(1, 2), sh.clone().indices(1, 2));
         let other = Sampler { seed: 6, ..sh };
         assert_ne!(sh.epoch_order(0), other.epoch_order(0));
+    }
+
+    #[test]
+    fn a_resumed_epoch_continues_the_same_order_under_another_world() {
+        let two = Sampler {
+            len: 12,
+            world: 2,
+            shuffle: true,
+            seed: 1,
+            drop_last: false,
+        };
+        let three = Sampler { world: 3, ..two };
+        let order = two.epoch_order(4);
+        // world 2 consumed the first 6 positions; world 3 takes the rest, each sample once
+        let mut rest: Vec<usize> = (0..3).flat_map(|r| three.indices_from(4, r, 6)).collect();
+        rest.sort_unstable();
+        let mut want = order[6..].to_vec();
+        want.sort_unstable();
+        assert_eq!(rest, want);
+        assert_eq!(three.per_rank_from(6), 2);
+        // an uneven rest is padded by wrapping around within the rest
+        assert_eq!(three.per_rank_from(4), 3);
+        assert_eq!(three.segment(4, 4)[8], order[4]);
     }
 }

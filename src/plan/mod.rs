@@ -97,6 +97,25 @@ impl Plan {
         }
     }
 
+    /// Samples of the global order one micro-step consumes over all ranks.
+    pub fn micro_span(&self) -> usize {
+        self.micro_batch * self.world_size
+    }
+
+    /// Micro-batches (per rank) in the part of an epoch that starts at global position `start`.
+    pub fn segment_micro(&self, start: usize) -> usize {
+        let per_step = match self.split {
+            DataSplit::Distributed => self.micro_batch,
+            DataSplit::SplitBatch => self.micro_span(),
+        };
+        self.sampler.per_rank_from(start).div_ceil(per_step)
+    }
+
+    /// The global cursor after `j` micro-batches of a segment that started at `start`.
+    pub fn cursor(&self, start: usize, j: usize) -> usize {
+        (start + j * self.micro_span()).min(self.train_samples)
+    }
+
     /// A one-paragraph description for `kiln check` and the start of `kiln run`.
     pub fn describe(&self) -> String {
         format!(

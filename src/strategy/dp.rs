@@ -4,7 +4,8 @@
 //! onto the main device, which alone steps. The main device carries the optimizer state, as in
 //! torch.
 
-use super::{clip_and_step, gather_with, sum_with, Memory, Strategy};
+use super::{clip_and_step, full_snapshot, gather_with, sum_with, Memory, Snapshot, Strategy};
+use crate::checkpoint::OptState;
 use crate::collective::{Collective, CollectiveError, ReduceOp};
 use crate::config::Config;
 use crate::train::optim::Optimizer;
@@ -77,6 +78,18 @@ impl Strategy for Dp {
             grads_bytes: bytes,
             optim_bytes: self.opt.as_ref().map(|o| o.state_bytes()).unwrap_or(0),
         }
+    }
+    fn snapshot(&mut self) -> Snapshot {
+        full_snapshot(self.rank(), &self.params, self.opt.as_ref().map(|o| o.export()))
+    }
+    fn load_optimizer(&mut self, opt: &OptState) {
+        if let Some(o) = &mut self.opt {
+            let n = opt.m.len().max(opt.v.len());
+            o.import(opt, 0..n, n);
+        }
+    }
+    fn barrier(&mut self) -> Result<(), CollectiveError> {
+        self.comm.barrier()
     }
     fn abort(&self, reason: &str) {
         self.comm.abort(reason);

@@ -11,7 +11,8 @@
 
 use std::ops::Range;
 
-use super::{gather_with, sum_with, Memory, Strategy};
+use super::{full_snapshot, gather_with, sum_with, Memory, Snapshot, Strategy};
+use crate::checkpoint::{encode_f32, encode_opt, Layout, OptState};
 use crate::collective::{Collective, CollectiveError, ReduceOp};
 use crate::config::{Config, FsdpUnit, Sharding};
 use crate::model::Mlp;
@@ -220,6 +221,54 @@ impl Strategy for Fsdp {
             grads_bytes,
             optim_bytes: self.opts.iter().map(|o| o.state_bytes()).sum(),
         }
+    }
+
+    fn snapshot(&mut self) -> Snapshot {
+        let rank = self.rank();
+        let steps = self.opts.first().map(|o| o.steps).unwrap_or(0);
+        let concat = |pick: fn(&Optimizer) -> &Vec<f32>, opts: &[Optimizer]| -> Vec<f32> {
+            if opts.iter().any(|o| pick(o).is_empty()) {
+                Vec::new()
+            } else {
+                opts.iter().flat_map(|o| pick(o).iter().copied()).collect()
+            }
+        };
+        let opt = OptState {
+            steps,
+            m: concat(|o| &o.m, &self.opts),
+            v: concat(|o| &o.v, &self.opts),
+        };
+        if self.sharding == Sharding::None {
+            let params = self.full.clone().unwrap_or_default();
+            return full_snapshot(rank, &params, Some(opt));
+        }
+        let shards: Vec<f32> = self.shards.iter().flatten().copied().collect();
+        Snapshot {
+            layout: Layout::Sharded {
+                world: self.world(),
+                units: self.units.iter().map(|u| [u.range.start, u.range.len(), u.shard_len]).collect(),
+            },
+            files: vec![
+                (format!("model-rank-{rank}.bin"), encode_f32(&shards)),
+                (format!("optim-rank-{rank}.bin"), encode_opt(&opt)),
+            ],
+        }
+    }
+
+    fn load_optimizer(&mut self, opt: &OptState) {
+        let rank = self.rank();
+        for (u, o) in self.units.iter().zip(&mut self.opts) {
+            if self.sharding == Sharding::None {
+                o.import(opt, u.range.clone(), u.range.len());
+            } else {
+                let own = u.owned(rank);
+                o.import(opt, u.range.start + own.start..u.range.start + own.end, u.shard_len);
+            }
+        }
+    }
+
+    fn barrier(&mut self) -> Result<(), CollectiveError> {
+        self.comm.barrier()
     }
 
     fn abort(&self, reason: &str) {

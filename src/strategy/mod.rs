@@ -15,6 +15,7 @@ use std::ops::Range;
 
 use serde::Serialize;
 
+use crate::checkpoint::{encode_f32, encode_opt, Layout, OptState};
 use crate::collective::{Collective, CollectiveError};
 use crate::config::{Config, OptimKind, Sharding, StrategyKind};
 use crate::model::Mlp;
@@ -27,6 +28,25 @@ pub struct Memory {
     pub params_bytes: usize,
     pub grads_bytes: usize,
     pub optim_bytes: usize,
+}
+
+/// A rank's part of a checkpoint.
+pub struct Snapshot {
+    pub layout: Layout,
+    /// (file name, bytes); empty for ranks that write nothing.
+    pub files: Vec<(String, Vec<u8>)>,
+}
+
+/// The snapshot of a strategy that holds whole parameters and, on rank 0, the whole optimizer.
+fn full_snapshot(rank: usize, params: &[f32], opt: Option<OptState>) -> Snapshot {
+    let files = match (rank, opt) {
+        (0, Some(o)) => vec![("model.bin".into(), encode_f32(params)), ("optim.bin".into(), encode_opt(&o))],
+        _ => Vec::new(),
+    };
+    Snapshot {
+        layout: Layout::Full,
+        files,
+    }
 }
 
 /// What a strategy does at each point of a step.
@@ -59,6 +79,12 @@ pub trait Strategy: Send {
     /// Gathers equal-length f64 vectors from every rank, in rank order.
     fn gather(&mut self, values: &[f64]) -> Result<Vec<f64>, CollectiveError>;
     fn memory(&self) -> Memory;
+    /// The files this rank writes into a checkpoint, and how they are laid out.
+    fn snapshot(&mut self) -> Snapshot;
+    /// Takes the optimizer state from whole (unsharded) buffers, after `init` with the saved
+    /// parameters; each strategy keeps its part.
+    fn load_optimizer(&mut self, opt: &OptState);
+    fn barrier(&mut self) -> Result<(), CollectiveError>;
     /// Stops the other ranks (their pending collectives fail).
     fn abort(&self, reason: &str);
 }

@@ -1,6 +1,7 @@
 //! `single`: one device, no communication.
 
-use super::{clip_and_step, gather_with, sum_with, Memory, Strategy};
+use super::{clip_and_step, full_snapshot, gather_with, sum_with, Memory, Snapshot, Strategy};
+use crate::checkpoint::OptState;
 use crate::collective::{Collective, CollectiveError};
 use crate::config::Config;
 use crate::train::optim::Optimizer;
@@ -56,6 +57,15 @@ impl Strategy for Single {
             grads_bytes: bytes,
             optim_bytes: self.opt.state_bytes(),
         }
+    }
+    fn snapshot(&mut self) -> Snapshot {
+        full_snapshot(self.rank(), &self.params, Some(self.opt.export()))
+    }
+    fn load_optimizer(&mut self, opt: &OptState) {
+        self.opt.import(opt, 0..opt.m.len().max(opt.v.len()), opt.m.len().max(opt.v.len()));
+    }
+    fn barrier(&mut self) -> Result<(), CollectiveError> {
+        self.comm.barrier()
     }
     fn abort(&self, reason: &str) {
         self.comm.abort(reason);

@@ -3,6 +3,7 @@
 //! the same code updates a whole model (single, dp, ddp) or one rank's shard (fsdp), and its state
 //! is plain vectors that checkpoint and reshard trivially.
 
+use crate::checkpoint::OptState;
 use crate::config::{OptimConfig, OptimKind};
 
 #[derive(Debug, Clone, PartialEq)]
@@ -34,6 +35,30 @@ impl Optimizer {
             m: Vec::new(),
             v: Vec::new(),
         }
+    }
+
+    /// The state to checkpoint.
+    pub fn export(&self) -> OptState {
+        OptState {
+            steps: self.steps,
+            m: self.m.clone(),
+            v: self.v.clone(),
+        }
+    }
+
+    /// Takes the state of `o` restricted to `range` (zero-padded to `len` elements).
+    pub fn import(&mut self, o: &OptState, range: std::ops::Range<usize>, len: usize) {
+        let take = |v: &[f32]| -> Vec<f32> {
+            if v.is_empty() {
+                return Vec::new();
+            }
+            let mut out = v[range.clone()].to_vec();
+            out.resize(len, 0.0);
+            out
+        };
+        self.steps = o.steps;
+        self.m = take(&o.m);
+        self.v = take(&o.v);
     }
 
     /// Bytes of optimizer state held.

@@ -7,6 +7,9 @@ use burn::tensor::backend::AutodiffBackend;
 use serde::Serialize;
 
 use super::schedule::lr_at;
+use crate::checkpoint::{
+    CheckpointError, DataPosition, Loaded, OptimizerInfo, RngState, SchedulerInfo, State, Store,
+};
 use super::step::{evaluate, forward_backward, EvalSums, StepError};
 use crate::collective::CollectiveError;
 use crate::config::Config;
@@ -32,7 +35,9 @@ pub struct MetricLine {
 /// What the loop reports while it runs (rank 0 only).
 #[derive(Debug, Clone)]
 pub enum TrainEvent {
-    Started { total_steps: usize },
+    Started { first_step: usize, total_steps: usize },
+    /// A checkpoint was written.
+    Checkpoint { step: usize },
     /// A step finished (`line` is set when it is a logged step).
     Step {
         step: usize,
@@ -63,6 +68,8 @@ pub enum TrainError {
     Collective(#[from] CollectiveError),
     #[error("training diverged: the loss is {loss} at step {step}\n  = help: lower `optim.lr`, set `optim.grad_clip_norm`, or add warm-up (`schedule.warmup_steps`)")]
     Diverged { step: usize, loss: f64 },
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
     #[error("rank {rank} panicked: {message}")]
     Panic { rank: usize, message: String },
 }
@@ -73,6 +80,74 @@ pub struct TrainInput<'a> {
     pub plan: &'a Plan,
     pub data: &'a Data,
     pub mlp: &'a Mlp,
+    /// Where checkpoints go (`None`: never saved, e.g. `kiln bench`).
+    pub store: Option<&'a Store>,
+    /// The checkpoint to continue from.
+    pub resume: Option<&'a Loaded>,
+}
+
+/// Where a rank stands in the data: pass `epoch`, in the segment of it that started at global
+/// position `start`, after `j` micro-batches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Pos {
+    epoch: u64,
+    start: usize,
+    j: usize,
+}
+
+impl Pos {
+    /// Moves to the next epoch when the segment is used up.
+    fn normalize(mut self, plan: &Plan) -> Pos {
+        while self.j >= plan.segment_micro(self.start) && plan.micro_per_epoch > 0 {
+            self = Pos {
+                epoch: self.epoch + 1,
+                start: 0,
+                j: 0,
+            };
+        }
+        self
+    }
+
+    fn epochs(&self, plan: &Plan) -> f64 {
+        self.epoch as f64 + plan.cursor(self.start, self.j) as f64 / plan.train_samples.max(1) as f64
+    }
+}
+
+/// Where a checkpoint's data position continues: exactly (same world, batch and strategy) or by
+/// the global cursor.
+fn resume_pos(plan: &Plan, c: &Config, s: &State) -> Pos {
+    let p = s.position;
+    let same = s.world_size == plan.world_size
+        && s.micro_batch == plan.micro_batch
+        && s.strategy == format!("{:?}", c.strategy.kind).to_lowercase();
+    if same {
+        Pos {
+            epoch: p.epoch,
+            start: p.segment_start,
+            j: p.segment_micro,
+        }
+    } else {
+        Pos {
+            epoch: p.epoch,
+            start: p.cursor,
+            j: 0,
+        }
+    }
+    .normalize(plan)
+}
+
+/// Steps the run ends at, from step `step` at position `pos`.
+fn total_steps(c: &Config, plan: &Plan, step: usize, pos: Pos) -> usize {
+    if let Some(m) = c.train.max_steps {
+        return m;
+    }
+    let epochs = c.train.epochs as u64;
+    let remaining = if pos.epoch < epochs {
+        (plan.segment_micro(pos.start) - pos.j) + (epochs - pos.epoch - 1) as usize * plan.micro_per_epoch
+    } else {
+        0
+    };
+    step + remaining.div_ceil(plan.accum)
 }
 
 /// Where a rank sends what it has to say.
@@ -95,10 +170,24 @@ pub fn train<B: AutodiffBackend>(
         plan,
         data,
         mlp,
+        ..
     } = *input;
     let rank = strategy.rank();
     let world = strategy.world();
-    strategy.init(mlp.init(c.experiment.seed))?;
+    let (mut step, mut pos) = match input.resume {
+        Some(l) => {
+            strategy.init(l.params.clone())?;
+            strategy.load_optimizer(&l.opt);
+            (l.state.step, resume_pos(plan, c, &l.state))
+        }
+        None => {
+            strategy.init(mlp.init(c.experiment.seed))?;
+            (0, Pos { epoch: 0, start: 0, j: 0 })
+        }
+    };
+    let first_step = step;
+    let total = total_steps(c, plan, step, pos);
+    let exhausted = |p: Pos| c.train.max_steps.is_none() && p.epoch >= c.train.epochs as u64;
     // Exact evaluation: rank r takes eval indices r, r+world, ... (no padding).
     let eval_idx: Vec<usize> = data
         .eval
@@ -106,39 +195,43 @@ pub fn train<B: AutodiffBackend>(
         .map(|d| (rank..d.len()).step_by(world).collect())
         .unwrap_or_default();
     sink.event(TrainEvent::Started {
-        total_steps: plan.total_steps,
+        first_step,
+        total_steps: total,
     });
     sink.log(&format!("rank {rank}/{world}: {}", plan.describe()));
+    if first_step > 0 {
+        sink.log(&format!("resumed at step {first_step}, epoch {}, cursor {}", pos.epoch, plan.cursor(pos.start, pos.j)));
+    }
 
     let start = Instant::now();
     let mut window_start = Instant::now();
     let mut window_samples = 0.0;
     let mut samples_total = 0.0;
-    let mut epoch_cache: Option<(u64, Vec<usize>)> = None;
-    let mut micro = 0usize;
+    let mut segment: Option<((u64, usize), Vec<usize>)> = None;
     let mut last_loss = f64::NAN;
     let mut last_eval = None;
     let order_rank = match plan.split {
         DataSplit::Distributed => rank,
         DataSplit::SplitBatch => 0,
     };
-    for step in 0..plan.total_steps {
-        let lr = lr_at(&c.schedule, c.optim.lr, step, plan.total_steps);
+    while step < total {
+        let lr = lr_at(&c.schedule, c.optim.lr, step, total);
         let mut grads = vec![0f32; mlp.num_params()];
         // [weighted loss, samples] summed over micro-steps, then over ranks
         let mut totals = [0.0f64, 0.0];
         let mut micro_in_step = 0;
+        pos = pos.normalize(plan);
+        let epoch_at_start = pos.epoch;
         for k in 0..plan.accum {
-            if micro >= plan.total_micro {
+            pos = pos.normalize(plan);
+            if exhausted(pos) {
                 break;
             }
-            let epoch = (micro / plan.micro_per_epoch) as u64;
-            let j = micro % plan.micro_per_epoch;
-            if epoch_cache.as_ref().map(|(e, _)| *e) != Some(epoch) {
-                epoch_cache = Some((epoch, plan.sampler.indices(epoch, order_rank)));
+            if segment.as_ref().map(|(key, _)| *key) != Some((pos.epoch, pos.start)) {
+                segment = Some(((pos.epoch, pos.start), plan.sampler.indices_from(pos.epoch, order_rank, pos.start)));
             }
-            let order = epoch_cache.as_ref().map(|(_, o)| o.as_slice()).unwrap_or(&[]);
-            let (idx, global) = plan.micro_indices(order, j, rank);
+            let order = segment.as_ref().map(|(_, o)| o.as_slice()).unwrap_or(&[]);
+            let (idx, global) = plan.micro_indices(order, pos.j, rank);
             let weight = strategy.grad_weight(idx.len(), global);
             if !idx.is_empty() {
                 let (x, y) = data.train.gather(idx);
@@ -166,8 +259,8 @@ pub fn train<B: AutodiffBackend>(
             }
             totals[1] += idx.len() as f64;
             micro_in_step += 1;
-            micro += 1;
-            let last_micro = k + 1 == plan.accum || micro >= plan.total_micro;
+            pos.j += 1;
+            let last_micro = k + 1 == plan.accum || exhausted(pos.normalize(plan));
             if !c.strategy.no_sync && !last_micro {
                 strategy.micro_sync(&mut grads)?;
             }
@@ -182,13 +275,15 @@ pub fn train<B: AutodiffBackend>(
         let loss = totals[0] / per_rank / micro_in_step.max(1) as f64;
         samples_total += totals[1];
         window_samples += totals[1];
+        step += 1;
         if !loss.is_finite() {
-            return Err(TrainError::Diverged { step: step + 1, loss });
+            return Err(TrainError::Diverged { step, loss });
         }
         last_loss = loss;
+        pos = pos.normalize(plan);
 
-        let done = step + 1;
-        let is_last = done == plan.total_steps;
+        let done = step;
+        let is_last = done == total;
         let do_eval = data.eval.is_some()
             && (is_last || (c.train.eval_every > 0 && done % c.train.eval_every == 0));
         if do_eval {
@@ -204,7 +299,7 @@ pub fn train<B: AutodiffBackend>(
         let log = is_last || do_eval || done % c.train.log_every == 0;
         let line = log.then(|| MetricLine {
             step: done,
-            epoch: round4(micro as f64 / plan.micro_per_epoch as f64),
+            epoch: round4(pos.epochs(plan)),
             loss,
             lr,
             samples_per_sec: round4(sps),
@@ -222,13 +317,28 @@ pub fn train<B: AutodiffBackend>(
             samples_per_sec: sps,
             line,
         });
+
+        let ck = &c.checkpoint;
+        let epoch_boundary = pos.epoch > epoch_at_start && ck.every_epochs > 0 && pos.epoch % ck.every_epochs as u64 == 0;
+        let save = (ck.every_steps > 0 && done % ck.every_steps == 0) || epoch_boundary || (is_last && ck.at_end);
+        if let (true, Some(store)) = (save, input.store) {
+            let position = DataPosition {
+                epoch: pos.epoch,
+                cursor: plan.cursor(pos.start, pos.j),
+                segment_start: pos.start,
+                segment_micro: pos.j,
+            };
+            save_checkpoint(input, strategy, store, done, position, loss, lr)?;
+            sink.log(&format!("checkpoint step-{done:08} saved"));
+            sink.event(TrainEvent::Checkpoint { step: done });
+        }
     }
     let wall = start.elapsed().as_secs_f64();
     let params = strategy.params()?.to_vec();
-    sink.log(&format!("finished {} steps in {wall:.2}s", plan.total_steps));
+    sink.log(&format!("finished {step} steps ({} this session) in {wall:.2}s", step - first_step));
     Ok(Outcome {
-        steps: plan.total_steps,
-        epochs: round4(micro as f64 / plan.micro_per_epoch as f64),
+        steps: step,
+        epochs: round4(pos.epochs(plan)),
         final_loss: last_loss,
         eval: last_eval,
         wall_seconds: round4(wall),
@@ -236,6 +346,63 @@ pub fn train<B: AutodiffBackend>(
         params,
         memory: strategy.memory(),
     })
+}
+
+/// Writes checkpoint `step`: rank 0 opens it, every rank writes its files, rank 0 commits.
+fn save_checkpoint(
+    input: &TrainInput<'_>,
+    strategy: &mut dyn Strategy,
+    store: &Store,
+    step: usize,
+    position: DataPosition,
+    loss: f64,
+    lr: f64,
+) -> Result<(), TrainError> {
+    let c = input.config;
+    let rank = strategy.rank();
+    if rank == 0 {
+        store.begin(step as u64)?;
+    }
+    strategy.barrier()?;
+    let snap = strategy.snapshot();
+    for (name, bytes) in &snap.files {
+        store.write_file(step as u64, name, bytes)?;
+    }
+    strategy.barrier()?;
+    if rank == 0 {
+        let state = State {
+            step,
+            position,
+            accum_position: 0,
+            rng: RngState {
+                init_seed: c.experiment.seed,
+                dropout_seed: c.experiment.seed,
+                sampler_seed: c.sampler.seed,
+                data_seed: c.data.seed,
+            },
+            world_size: input.plan.world_size,
+            strategy: format!("{:?}", c.strategy.kind).to_lowercase(),
+            micro_batch: input.plan.micro_batch,
+            grad_accum_steps: input.plan.accum,
+            num_params: input.mlp.num_params(),
+            params: snap.layout.clone(),
+            optimizer: OptimizerInfo {
+                kind: format!("{:?}", c.optim.kind).to_lowercase(),
+                steps: step as u64,
+            },
+            scheduler: SchedulerInfo {
+                kind: format!("{:?}", c.schedule.kind).to_lowercase(),
+                last_step: step,
+                last_lr: lr,
+            },
+            last_loss: loss,
+            config_hash: crate::config::config_hash(c),
+            kiln_version: env!("CARGO_PKG_VERSION").to_string(),
+        };
+        store.commit(step as u64, &state, c.checkpoint.keep_last, c.checkpoint.keep_every as u64)?;
+    }
+    strategy.barrier()?;
+    Ok(())
 }
 
 /// Gathers every rank's per-sample results and sums them in global index order, so the totals

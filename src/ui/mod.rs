@@ -16,8 +16,8 @@ impl Progress {
         Progress { bar: None, quiet }
     }
 
-    /// Starts the bar for `total` steps (only on a terminal, only when not quiet).
-    pub fn start(&mut self, total: usize) {
+    /// Starts the bar for `total` steps at `first` (only on a terminal, only when not quiet).
+    pub fn start(&mut self, total: usize, first: usize) {
         if self.quiet || !std::io::stderr().is_terminal() {
             return;
         }
@@ -27,6 +27,8 @@ impl Progress {
         )
         .unwrap_or_else(|_| ProgressStyle::default_bar());
         bar.set_style(style);
+        bar.set_position(first as u64);
+        bar.reset_eta();
         self.bar = Some(bar);
     }
 

@@ -58,6 +58,8 @@ pub fn train(sets: &[&str]) -> Trained {
         plan: &plan,
         data: &data,
         mlp: &mlp,
+        store: None,
+        resume: None,
     };
     let be = backend::resolve(&c.backend).unwrap();
     let res = backend::train(be, &c.backend, &input, None, &mut |_| {}).unwrap();

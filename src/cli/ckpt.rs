@@ -1,0 +1,70 @@
+//! `kiln ckpt list RUN_DIR` and `kiln ckpt verify RUN_DIR`.
+
+use std::path::{Path, PathBuf};
+
+use clap::Subcommand;
+
+use crate::checkpoint::{Entry, Store};
+use crate::error::{Error, Result};
+
+#[derive(Debug, Subcommand)]
+pub enum CkptCommand {
+    /// List the checkpoints of a run: step, size, valid or why not.
+    List {
+        /// The run directory.
+        run_dir: PathBuf,
+    },
+    /// Verify the newest checkpoint of a run (exit 1 when it is invalid or there is none).
+    Verify {
+        /// The run directory.
+        run_dir: PathBuf,
+    },
+}
+
+fn store_of(run_dir: &Path) -> Result<Store> {
+    let cfg = run_dir.join("config.toml");
+    let text = std::fs::read_to_string(&cfg).map_err(|_| {
+        Error::Usage(format!("`{}` is not a kiln run directory (no config.toml)", run_dir.display()))
+    })?;
+    let dir = toml::from_str::<toml::Table>(&text)
+        .ok()
+        .and_then(|t| t.get("checkpoint")?.get("dir")?.as_str().map(str::to_string))
+        .unwrap_or_else(|| "checkpoints".into());
+    Ok(Store::new(run_dir.join(dir)))
+}
+
+fn name(e: &Entry) -> String {
+    e.path.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default()
+}
+
+pub fn ckpt(cmd: &CkptCommand) -> Result<()> {
+    match cmd {
+        CkptCommand::List { run_dir } => {
+            let entries = store_of(run_dir)?.list().map_err(Error::Checkpoint)?;
+            if entries.is_empty() {
+                println!("no checkpoints in {}", run_dir.display());
+                return Ok(());
+            }
+            println!("{:<20} {:>12}  status", "checkpoint", "bytes");
+            for e in &entries {
+                let status = match &e.status {
+                    Ok(()) => "valid".to_string(),
+                    Err(why) => format!("invalid: {why}"),
+                };
+                println!("{:<20} {:>12}  {status}", name(e), e.bytes);
+            }
+            Ok(())
+        }
+        CkptCommand::Verify { run_dir } => {
+            let entries = store_of(run_dir)?.list().map_err(Error::Checkpoint)?;
+            let newest = entries.first().ok_or_else(|| Error::Invalid(format!("no checkpoints in {}", run_dir.display())))?;
+            match &newest.status {
+                Ok(()) => {
+                    println!("{}: valid", name(newest));
+                    Ok(())
+                }
+                Err(why) => Err(Error::Invalid(format!("{}: {why}", name(newest)))),
+            }
+        }
+    }
+}
