@@ -7,4 +7,5 @@ mod config;
 mod experiments;
 mod fsdp;
 mod parallel;
+mod resume;
 mod run;
