@@ -18,6 +18,7 @@ pub mod model;
 pub mod plan;
 pub mod rng;
 pub mod strategy;
+pub mod sweep;
 pub mod train;
 pub mod ui;
 

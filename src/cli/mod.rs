@@ -6,6 +6,9 @@ mod ckpt;
 mod init;
 mod resume;
 mod run;
+mod sweep;
+
+pub use run::write_json;
 
 use std::path::PathBuf;
 
@@ -33,6 +36,8 @@ pub enum Command {
     /// Inspect a run's checkpoints.
     #[command(subcommand)]
     Ckpt(ckpt::CkptCommand),
+    /// Run every trial of an experiment's `[sweep]`; resumable, with a results table.
+    Sweep(sweep::SweepArgs),
     /// Write a commented experiment file from a template.
     Init(init::InitArgs),
     /// Measure training throughput (steps/s, samples/s) on the CPU backends.
@@ -64,6 +69,7 @@ pub fn dispatch(cli: Cli) -> Result<()> {
         Command::Run(a) => run::run(&a),
         Command::Resume(a) => resume::resume(&a),
         Command::Ckpt(c) => ckpt::ckpt(&c),
+        Command::Sweep(a) => sweep::sweep(&a),
         Command::Init(a) => init::init(&a),
         Command::Bench(a) => bench::bench(&a),
     }

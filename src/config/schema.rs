@@ -18,6 +18,7 @@ pub struct Config {
     pub strategy: StrategyConfig,
     pub backend: BackendConfig,
     pub checkpoint: CheckpointConfig,
+    pub sweep: SweepConfig,
 }
 
 /// Top-level section names, in the order they are printed.
@@ -32,6 +33,7 @@ pub const SECTIONS: &[&str] = &[
     "strategy",
     "backend",
     "checkpoint",
+    "sweep",
 ];
 
 /// `[experiment]`
@@ -440,6 +442,76 @@ impl Default for CheckpointConfig {
             keep_every: 0,
             dir: "checkpoints".into(),
             auto_resume: false,
+        }
+    }
+}
+
+/// Whether a sweep metric is minimised or maximised.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MetricMode {
+    Min,
+    Max,
+}
+
+/// A distribution of `[sweep.random] space`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "snake_case")]
+pub enum Distribution {
+    /// Log-uniform between two positive bounds.
+    LogUniform([f64; 2]),
+    /// Uniform between two bounds.
+    Uniform([f64; 2]),
+    /// One of the listed values.
+    Choice(Vec<toml::Value>),
+}
+
+/// `[sweep] random`
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RandomSearch {
+    /// How many samples to draw.
+    pub samples: usize,
+    /// Seed of the draws. Default: `0`.
+    #[serde(default)]
+    pub seed: u64,
+    /// Dotted key -> distribution.
+    pub space: std::collections::BTreeMap<String, Distribution>,
+}
+
+/// `[sweep]`: only `kiln sweep` reads it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SweepConfig {
+    /// The sweep directory under `experiment.output_dir`. Default: `experiment.name`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Dotted key -> values; the trials are the cartesian product. Default: empty.
+    pub grid: std::collections::BTreeMap<String, Vec<toml::Value>>,
+    /// Random samples (combined with every grid point when both are given). Default: unset.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub random: Option<RandomSearch>,
+    /// The summary field that ranks trials (e.g. eval_loss, eval_accuracy, final_loss).
+    /// Default: `"eval_loss"`.
+    pub metric: String,
+    /// min or max. Default: `"min"`.
+    pub mode: MetricMode,
+    /// Trials run at once. Default: `1`.
+    pub parallel: usize,
+    /// How often a failed trial is tried again. Default: `0`.
+    pub retries: usize,
+}
+
+impl Default for SweepConfig {
+    fn default() -> Self {
+        SweepConfig {
+            name: None,
+            grid: Default::default(),
+            random: None,
+            metric: "eval_loss".into(),
+            mode: MetricMode::Min,
+            parallel: 1,
+            retries: 0,
         }
     }
 }

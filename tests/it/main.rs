@@ -8,4 +8,5 @@ mod experiments;
 mod fsdp;
 mod parallel;
 mod resume;
+mod sweep;
 mod run;

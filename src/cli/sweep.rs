@@ -1,0 +1,66 @@
+//! `kiln sweep FILE [--parallel N] [--set K=V]...`, `kiln sweep --resume SWEEP_DIR`,
+//! `kiln sweep status SWEEP_DIR`.
+
+use std::path::PathBuf;
+
+use clap::{Args, Subcommand};
+
+use crate::error::{Error, Result};
+use crate::sweep::{self, SweepSpec};
+
+#[derive(Debug, Args)]
+#[command(args_conflicts_with_subcommands = true)]
+pub struct SweepArgs {
+    #[command(subcommand)]
+    pub command: Option<SweepCommand>,
+    /// The experiment file with a `[sweep]` section (or a file that extends one).
+    pub file: Option<PathBuf>,
+    /// Trials at once (overrides `sweep.parallel`); each gets its share of the CPU threads.
+    #[arg(long)]
+    pub parallel: Option<usize>,
+    /// Override a key for every trial.
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub sets: Vec<String>,
+    /// Continue the sweep in this directory (as first started).
+    #[arg(long, value_name = "SWEEP_DIR")]
+    pub resume: Option<PathBuf>,
+    /// No progress view.
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum SweepCommand {
+    /// Print the results table of a sweep, while it runs or afterwards.
+    Status {
+        /// The sweep directory.
+        dir: PathBuf,
+    },
+}
+
+pub fn sweep(a: &SweepArgs) -> Result<()> {
+    if let Some(SweepCommand::Status { dir }) = &a.command {
+        print!("{}", sweep::status(dir)?);
+        return Ok(());
+    }
+    let spec = match (&a.file, &a.resume) {
+        (Some(file), None) => SweepSpec {
+            file: file.clone(),
+            sets: a.sets.clone(),
+        },
+        (None, Some(dir)) => {
+            if !a.sets.is_empty() {
+                return Err(Error::Usage(
+                    "--set cannot change a sweep being resumed (it would make new trials); start a new sweep instead".into(),
+                ));
+            }
+            sweep::read_spec(dir)?
+        }
+        (Some(_), Some(_)) => return Err(Error::Usage("give either FILE or --resume SWEEP_DIR, not both".into())),
+        (None, None) => return Err(Error::Usage("kiln sweep needs FILE (or --resume SWEEP_DIR, or `status DIR`)".into())),
+    };
+    if a.parallel == Some(0) {
+        return Err(Error::Usage("--parallel must be at least 1".into()));
+    }
+    sweep::run(&spec, a.parallel, a.quiet).map(|_| ())
+}

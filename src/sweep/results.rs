@@ -1,0 +1,151 @@
+//! The results table: one row per trial, best first, as `results.csv`, `results.md` and text.
+
+use std::path::Path;
+
+use super::ledger::{Record, TrialState};
+use crate::config::MetricMode;
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Row {
+    pub trial: String,
+    pub overrides: String,
+    pub status: TrialState,
+    pub metric: Option<f64>,
+    pub best: Option<f64>,
+    pub steps: Option<u64>,
+    pub wall_seconds: Option<f64>,
+    pub samples_per_sec: Option<f64>,
+    pub error: Option<String>,
+}
+
+/// Builds a trial's row from its ledger record and its run directory.
+pub fn row(rec: &Record, run_dir: &Path, metric: &str, mode: MetricMode) -> Row {
+    let summary: Option<serde_json::Value> = std::fs::read_to_string(run_dir.join("summary.json"))
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok());
+    let get = |k: &str| summary.as_ref().and_then(|s| s[k].as_f64());
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(run_dir.join("metrics.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    // the metric over the run: its own key in metrics.jsonl, or `loss` for final_loss
+    let key = if metric == "final_loss" { "loss" } else { metric };
+    let values = lines.iter().filter_map(|l| l[key].as_f64());
+    let best = match mode {
+        MetricMode::Min => values.fold(None, |a: Option<f64>, v| Some(a.map_or(v, |a| a.min(v)))),
+        MetricMode::Max => values.fold(None, |a: Option<f64>, v| Some(a.map_or(v, |a| a.max(v)))),
+    };
+    Row {
+        trial: rec.trial.clone(),
+        overrides: rec.overrides.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" "),
+        status: rec.state,
+        metric: rec.metric.or_else(|| get(metric)),
+        best,
+        steps: summary.as_ref().and_then(|s| s["steps"].as_u64()),
+        wall_seconds: get("wall_seconds"),
+        samples_per_sec: get("samples_per_sec"),
+        error: rec.error.clone(),
+    }
+}
+
+/// Done trials by metric (best first), then the rest in trial order.
+pub fn sort(rows: &mut [Row], mode: MetricMode) {
+    rows.sort_by(|a, b| {
+        let rank = |r: &Row| match (r.status, r.metric) {
+            (TrialState::Done, Some(m)) if m.is_finite() => 0,
+            (TrialState::Done, _) => 1,
+            (TrialState::Running, _) => 2,
+            (TrialState::Pending, _) => 3,
+            (TrialState::Failed, _) => 4,
+        };
+        rank(a).cmp(&rank(b)).then_with(|| {
+            let (x, y) = (a.metric.unwrap_or(f64::NAN), b.metric.unwrap_or(f64::NAN));
+            match mode {
+                MetricMode::Min => x.total_cmp(&y),
+                MetricMode::Max => y.total_cmp(&x),
+            }
+        })
+    });
+}
+
+fn num(v: Option<f64>) -> String {
+    v.map(|v| format!("{v:.6}")).unwrap_or_default()
+}
+
+fn status(s: TrialState) -> &'static str {
+    match s {
+        TrialState::Pending => "pending",
+        TrialState::Running => "running",
+        TrialState::Done => "done",
+        TrialState::Failed => "failed",
+    }
+}
+
+fn cells(r: &Row) -> Vec<String> {
+    vec![
+        r.trial.clone(),
+        r.overrides.clone(),
+        status(r.status).to_string(),
+        num(r.metric),
+        num(r.best),
+        r.steps.map(|s| s.to_string()).unwrap_or_default(),
+        r.wall_seconds.map(|v| format!("{v:.2}")).unwrap_or_default(),
+        r.samples_per_sec.map(|v| format!("{v:.0}")).unwrap_or_default(),
+        r.error.clone().unwrap_or_default().lines().next().unwrap_or("").to_string(),
+    ]
+}
+
+fn header(metric: &str) -> Vec<String> {
+    ["trial", "overrides", "status", metric, &format!("best_{metric}"), "steps", "wall_seconds", "samples_per_sec", "error"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
+}
+
+fn csv_cell(s: &str) -> String {
+    if s.contains([',', '"', '\n']) {
+        format!("\"{}\"", s.replace('"', "\"\""))
+    } else {
+        s.to_string()
+    }
+}
+
+pub fn to_csv(rows: &[Row], metric: &str) -> String {
+    let mut out = header(metric).join(",") + "\n";
+    for r in rows {
+        out += &(cells(r).iter().map(|c| csv_cell(c)).collect::<Vec<_>>().join(",") + "\n");
+    }
+    out
+}
+
+pub fn to_markdown(rows: &[Row], metric: &str) -> String {
+    let h = header(metric);
+    let mut out = format!("| {} |\n|{}\n", h.join(" | "), " --- |".repeat(h.len()));
+    for r in rows {
+        out += &format!("| {} |\n", cells(r).iter().map(|c| c.replace('|', "\\|")).collect::<Vec<_>>().join(" | "));
+    }
+    out
+}
+
+/// An aligned text table for the terminal.
+pub fn to_text(rows: &[Row], metric: &str) -> String {
+    let mut table = vec![header(metric)];
+    table.extend(rows.iter().map(cells));
+    let widths: Vec<usize> = (0..table[0].len())
+        .map(|i| table.iter().map(|r| r[i].chars().count()).max().unwrap_or(0))
+        .collect();
+    table
+        .iter()
+        .map(|r| {
+            r.iter()
+                .zip(&widths)
+                .map(|(c, w)| format!("{c:<w$}"))
+                .collect::<Vec<_>>()
+                .join("  ")
+                .trim_end()
+                .to_string()
+                + "\n"
+        })
+        .collect()
+}

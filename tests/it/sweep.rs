@@ -1,0 +1,151 @@
+//! Sweeps: trials checked before any runs, parallel trials with a results table, re-runs that
+//! start nothing, SIGKILL of the sweep and continuation from checkpoints, failed trials.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::common::{kiln, stderr, stdout, write, KILN, TINY};
+
+fn sweep_file(dir: &Path, sweep: &str, extra: &str) -> String {
+    write(dir, "sweep.toml", &format!("{TINY}\n{extra}\n[sweep]\n{sweep}\n"));
+    "sweep.toml".into()
+}
+
+fn ledger(dir: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(dir.join("sweep.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+fn trial_dirs(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.path().join("config.toml").exists())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn invalid_keys_or_values_are_rejected_before_any_trial_runs() {
+    let d = tempfile::tempdir().unwrap();
+    let f = sweep_file(d.path(), r#"grid = { "optim.lr" = [0.1, -1.0] }"#, "");
+    let o = kiln(d.path(), &["sweep", &f]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("sweep trial 1 (optim.lr=-1.0): `optim.lr` = -1 is out of range: must be at least 0"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(!d.path().join("runs").exists());
+    let f = sweep_file(d.path(), r#"grid = { "optim.lrr" = [0.1] }"#, "");
+    let o = kiln(d.path(), &["sweep", &f]);
+    assert_eq!(o.status.code(), Some(2));
+    let e = stderr(&o);
+    assert!(e.contains("sweep trial 0 (optim.lrr=0.1): unknown key `optim.lrr`"), "{e}");
+    assert!(e.contains("did you mean `optim.lr`?"), "{e}");
+    assert!(!d.path().join("runs").exists());
+    let f = sweep_file(d.path(), r#"metric = "eval_loss""#, "");
+    let o = kiln(d.path(), &["sweep", &f]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("the sweep has no trials"));
+}
+
+#[test]
+fn a_parallel_grid_completes_and_a_rerun_starts_nothing() {
+    let d = tempfile::tempdir().unwrap();
+    let f = sweep_file(
+        d.path(),
+        r#"grid = { "optim.lr" = [0.05, 0.2], "optim.momentum" = [0.0, 0.9] }"#,
+        "",
+    );
+    let o = kiln(d.path(), &["sweep", &f, "--parallel", "2", "--quiet"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let dir = d.path().join("runs/tiny");
+    let csv = std::fs::read_to_string(dir.join("results.csv")).unwrap();
+    assert_eq!(csv.lines().count(), 5, "{csv}");
+    assert!(csv.lines().skip(1).all(|l| l.contains(",done,")), "{csv}");
+    // best first
+    let metric: Vec<f64> = csv.lines().skip(1).map(|l| l.split(',').nth(3).unwrap().parse().unwrap()).collect();
+    assert!(metric.windows(2).all(|w| w[0] <= w[1]), "{metric:?}");
+    assert!(stdout(&o).contains("optim.lr=0.2"));
+    assert_eq!(trial_dirs(&dir).len(), 4);
+    let before = ledger(&dir).len();
+    let o = kiln(d.path(), &["sweep", &f]);
+    assert_eq!(o.status.code(), Some(0));
+    assert!(stderr(&o).contains("all 4 trials"), "{}", stderr(&o));
+    assert_eq!(ledger(&dir).len(), before);
+    let o = kiln(d.path(), &["sweep", "status", dir.to_str().unwrap()]);
+    assert!(stdout(&o).contains("4 trials: 4 done"), "{}", stdout(&o));
+}
+
+#[test]
+fn a_failing_trial_does_not_stop_the_others() {
+    let d = tempfile::tempdir().unwrap();
+    let f = sweep_file(d.path(), r#"grid = { "optim.lr" = [0.05, 1e38, 0.1] }"#, "");
+    let o = kiln(d.path(), &["sweep", &f, "--parallel", "2", "--quiet"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("1 of 3 trials failed"), "{}", stderr(&o));
+    let csv = std::fs::read_to_string(d.path().join("runs/tiny/results.csv")).unwrap();
+    let rows: Vec<&str> = csv.lines().skip(1).collect();
+    assert_eq!(rows.len(), 3);
+    assert!(rows[0].contains(",done,") && rows[1].contains(",done,"), "{csv}");
+    assert!(rows[2].contains(",failed,") && rows[2].contains("training diverged"), "{csv}");
+}
+
+#[test]
+fn a_killed_sweep_continues_every_trial_exactly_once() {
+    let d = tempfile::tempdir().unwrap();
+    let f = sweep_file(
+        d.path(),
+        r#"grid = { "optim.lr" = [0.01, 0.02, 0.03, 0.04] }"#,
+        "",
+    );
+    // longer trials with frequent checkpoints
+    let sets = ["--set", "train.max_steps=600", "--set", "checkpoint.every_steps=25", "--set", "train.log_every=50"];
+    let dir = d.path().join("runs/tiny");
+    let mut child = Command::new(KILN)
+        .current_dir(d.path())
+        .args(["sweep", &f, "--parallel", "2", "--quiet"])
+        .args(sets)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    let has_checkpoint = |dir: &Path| {
+        std::fs::read_dir(dir).into_iter().flatten().filter_map(|e| e.ok()).any(|e| {
+            std::fs::read_dir(e.path().join("checkpoints"))
+                .map(|c| c.filter_map(|x| x.ok()).any(|x| !x.file_name().to_string_lossy().ends_with(".tmp")))
+                .unwrap_or(false)
+        })
+    };
+    while !has_checkpoint(&dir) && start.elapsed() < Duration::from_secs(60) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    child.kill().unwrap(); // SIGKILL: its trials die with it
+    child.wait().unwrap();
+    let o = kiln(d.path(), &["sweep", "--resume", dir.to_str().unwrap(), "--quiet"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let records = ledger(&dir);
+    let trials = trial_dirs(&dir);
+    assert_eq!(trials.len(), 4, "{trials:?}");
+    for t in &trials {
+        let done = records.iter().filter(|r| r["trial"] == t.as_str() && r["state"] == "done").count();
+        assert_eq!(done, 1, "trial {t}");
+    }
+    let resumed = trials
+        .iter()
+        .filter(|t| {
+            let s: serde_json::Value =
+                serde_json::from_str(&std::fs::read_to_string(dir.join(t).join("summary.json")).unwrap()).unwrap();
+            s["resumed_from_step"].as_u64().unwrap_or(0) > 0
+        })
+        .count();
+    assert!(resumed >= 1, "no trial continued from a checkpoint");
+}
