@@ -1,26 +1,35 @@
-//! Picks the Burn backend a run uses and runs the training on it inside a sized thread pool.
+//! Picks the Burn backend, the device of every rank and the collective a run uses, and runs the
+//! training on them.
 //!
-//! CPU: `ndarray` or `flex`; `auto` is the one measured faster on the quickstart workload
-//! (see CHANGELOG.md). CUDA needs the `cuda` feature and a device; without either the error says
-//! what to do, before anything is written.
-
-use burn::backend::{Autodiff, Flex, NdArray};
+//! CPU: `ndarray` or `flex`; `auto` is the one measured faster on the quickstart workload (see
+//! CHANGELOG.md). CUDA needs the `cuda` feature and a device; without either the error says what
+//! to do, before anything is written. NCCL refuses two ranks on one GPU (before NCCL 2.30), so
+//! such placements use host-staged collectives.
 
 use std::path::Path;
 
-use crate::config::{BackendConfig, CpuBackend, Device};
+use burn::backend::{Autodiff, Flex, NdArray};
+use burn::tensor::backend::AutodiffBackend;
+
+use crate::config::{CollectiveKind, Config, CpuBackend, Device, Precision};
 use crate::launch::{self, RunResult};
 use crate::train::{TrainError, TrainEvent, TrainInput};
 
 /// The CPU backend `auto` resolves to (measured, see CHANGELOG.md).
 pub const AUTO_CPU: CpuBackend = CpuBackend::Flex;
+/// Its name.
+pub const AUTO_CPU_NAME: &str = "flex";
 
 #[derive(Debug, thiserror::Error)]
 pub enum BackendError {
     #[error("kiln was built without CUDA support, but `backend.device` = \"cuda\"\n  = help: rebuild with `cargo build --release --features cuda`, or set `backend.device = \"cpu\"`")]
     CudaNotCompiled,
-    #[error("no CUDA device found; {0}\n  = help: check `nvidia-smi`, the driver (libcuda.so) and CUDA_VISIBLE_DEVICES, or set `backend.device = \"cpu\"`")]
+    #[error("no CUDA device found; {0}\n  = help: check `nvidia-smi`, the driver (libcuda.so) and CUDA_VISIBLE_DEVICES, or set `backend.device = \"cpu\"` (`kiln env` shows what kiln sees)")]
     NoCudaDevice(String),
+    #[error("`strategy.devices` names GPU {ordinal} but {found} CUDA device(s) were found\n  = help: list ordinals below {found}, or check CUDA_VISIBLE_DEVICES")]
+    NoSuchGpu { ordinal: usize, found: usize },
+    #[error("`strategy.collective` = \"nccl\" but ranks share a GPU ({ranks} ranks on {gpus} GPU(s)); NCCL refuses two ranks on one GPU (before NCCL 2.30)\n  = help: set `strategy.collective = \"host\"` for host-staged collectives, or use at most {gpus} devices")]
+    SharedGpu { ranks: usize, gpus: usize },
 }
 
 /// The concrete backend a config resolves to.
@@ -29,7 +38,7 @@ pub enum Resolved {
     Ndarray,
     Flex,
     #[cfg(feature = "cuda")]
-    Cuda,
+    Cuda(Precision),
 }
 
 impl Resolved {
@@ -38,46 +47,152 @@ impl Resolved {
             Resolved::Ndarray => "ndarray",
             Resolved::Flex => "flex",
             #[cfg(feature = "cuda")]
-            Resolved::Cuda => "cuda",
+            Resolved::Cuda(Precision::F32) => "cuda-f32",
+            #[cfg(feature = "cuda")]
+            Resolved::Cuda(Precision::Bf16) => "cuda-bf16",
+            #[cfg(feature = "cuda")]
+            Resolved::Cuda(Precision::F16) => "cuda-f16",
         }
     }
 }
 
-/// Resolves `[backend]` and checks that it can run here (before anything is written).
-pub fn resolve(c: &BackendConfig) -> Result<Resolved, BackendError> {
-    match c.device {
-        Device::Cpu => Ok(match c.cpu {
-            CpuBackend::Ndarray => Resolved::Ndarray,
-            CpuBackend::Flex => Resolved::Flex,
-            CpuBackend::Auto => match AUTO_CPU {
+/// How the ranks of this node talk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CommKind {
+    /// Shared memory between the rank threads (host-staged on CUDA).
+    Host,
+    /// NCCL, one communicator per rank.
+    Nccl,
+}
+
+/// Backend, rank devices and collective of a run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Placement {
+    pub backend: Resolved,
+    /// The device ordinal of each rank (0 for CPU ranks).
+    pub ordinals: Vec<usize>,
+    pub collective: CommKind,
+    /// Why the collective is what it is, when that is worth a log line.
+    pub note: Option<String>,
+}
+
+/// Resolves `[backend]` and `[strategy]` placement, checking it can run here (before anything is
+/// written).
+pub fn resolve(c: &Config) -> Result<Placement, BackendError> {
+    let world = c.strategy.devices.count();
+    match c.backend.device {
+        Device::Cpu => Ok(Placement {
+            backend: match c.backend.cpu {
                 CpuBackend::Ndarray => Resolved::Ndarray,
-                _ => Resolved::Flex,
+                CpuBackend::Flex => Resolved::Flex,
+                CpuBackend::Auto => match AUTO_CPU {
+                    CpuBackend::Ndarray => Resolved::Ndarray,
+                    _ => Resolved::Flex,
+                },
             },
+            ordinals: vec![0; world],
+            collective: CommKind::Host,
+            note: None,
         }),
-        Device::Cuda => cuda_resolve(),
+        Device::Cuda => cuda_placement(c, world),
     }
 }
 
 #[cfg(not(feature = "cuda"))]
-fn cuda_resolve() -> Result<Resolved, BackendError> {
+fn cuda_placement(_c: &Config, _world: usize) -> Result<Placement, BackendError> {
     Err(BackendError::CudaNotCompiled)
 }
 
 #[cfg(feature = "cuda")]
-fn cuda_resolve() -> Result<Resolved, BackendError> {
-    crate::cuda::device_count()
-        .map_err(BackendError::NoCudaDevice)
-        .and_then(|n| {
-            if n == 0 {
-                Err(BackendError::NoCudaDevice("the driver reports 0 devices".into()))
-            } else {
-                Ok(Resolved::Cuda)
-            }
-        })
+fn cuda_placement(c: &Config, world: usize) -> Result<Placement, BackendError> {
+    let gpus = crate::cuda::device_count().map_err(BackendError::NoCudaDevice)?;
+    if gpus == 0 {
+        return Err(BackendError::NoCudaDevice("the driver reports 0 devices".into()));
+    }
+    place_on_gpus(c, world, gpus)
+}
+
+/// Ranks onto `gpus` GPUs: ordinals, and NCCL unless ranks share a GPU.
+pub fn place_on_gpus(c: &Config, world: usize, gpus: usize) -> Result<Placement, BackendError> {
+    let ordinals = c.strategy.devices.ordinals(gpus);
+    if let Some(&ordinal) = ordinals.iter().find(|&&o| o >= gpus) {
+        return Err(BackendError::NoSuchGpu { ordinal, found: gpus });
+    }
+    let mut distinct = ordinals.clone();
+    distinct.sort_unstable();
+    distinct.dedup();
+    let shared = distinct.len() < ordinals.len();
+    let (collective, note) = match (c.strategy.collective, shared) {
+        (CollectiveKind::Nccl, true) => return Err(BackendError::SharedGpu { ranks: world, gpus: distinct.len() }),
+        (CollectiveKind::Nccl, false) | (CollectiveKind::Auto, false) => (CommKind::Nccl, None),
+        (CollectiveKind::Auto, true) => (
+            CommKind::Host,
+            Some(format!(
+                "collective: host-staged, because {world} ranks share {} GPU(s) and NCCL refuses two ranks on one GPU",
+                distinct.len()
+            )),
+        ),
+        (CollectiveKind::Host, _) => (CommKind::Host, Some("collective: host-staged (strategy.collective = \"host\")".into())),
+    };
+    #[cfg(feature = "cuda")]
+    let backend = Resolved::Cuda(c.backend.precision);
+    #[cfg(not(feature = "cuda"))]
+    let backend = {
+        let _ = Precision::F32;
+        Resolved::Flex
+    };
+    Ok(Placement {
+        backend,
+        ordinals,
+        collective,
+        note,
+    })
+}
+
+/// Backends kiln runs on, with the device of a rank.
+pub trait RankBackend: AutodiffBackend {
+    fn rank_device(ordinal: usize) -> Self::Device;
+}
+
+impl RankBackend for Autodiff<NdArray> {
+    fn rank_device(_ordinal: usize) -> Self::Device {
+        Default::default()
+    }
+}
+
+impl RankBackend for Autodiff<Flex> {
+    fn rank_device(_ordinal: usize) -> Self::Device {
+        Default::default()
+    }
+}
+
+#[cfg(feature = "cuda")]
+mod cuda_backends {
+    use burn::backend::cuda::CudaDevice;
+    use burn::backend::{Autodiff, Cuda};
+    use burn::tensor::{bf16, f16};
+
+    use super::RankBackend;
+
+    impl RankBackend for Autodiff<Cuda<f32>> {
+        fn rank_device(ordinal: usize) -> Self::Device {
+            CudaDevice::new(ordinal)
+        }
+    }
+    impl RankBackend for Autodiff<Cuda<bf16>> {
+        fn rank_device(ordinal: usize) -> Self::Device {
+            CudaDevice::new(ordinal)
+        }
+    }
+    impl RankBackend for Autodiff<Cuda<f16>> {
+        fn rank_device(ordinal: usize) -> Self::Device {
+            CudaDevice::new(ordinal)
+        }
+    }
 }
 
 /// Threads each rank's math uses: `backend.threads`, or the cores shared evenly among `ranks`.
-pub fn threads(c: &BackendConfig, ranks: usize) -> usize {
+pub fn threads(c: &crate::config::BackendConfig, ranks: usize) -> usize {
     if c.threads > 0 {
         c.threads
     } else {
@@ -86,23 +201,31 @@ pub fn threads(c: &BackendConfig, ranks: usize) -> usize {
     }
 }
 
-/// Trains every rank of this node on the resolved backend; `logs` receives `rank-<r>.log`.
+/// Trains every rank of this node as placed; `logs` receives `rank-<r>.log`.
 pub fn train(
-    backend: Resolved,
-    c: &BackendConfig,
+    placement: &Placement,
     input: &TrainInput<'_>,
     logs: Option<&Path>,
+    link: Option<launch::NodeLink>,
     on_event: &mut dyn FnMut(TrainEvent),
 ) -> Result<RunResult, TrainError> {
-    let n = threads(c, input.plan.world_size);
+    let n = threads(&input.config.backend, input.config.strategy.devices.count());
     // ndarray's matmul reads its thread count once from the environment.
     if std::env::var_os("MATMUL_NUM_THREADS").is_none() {
         std::env::set_var("MATMUL_NUM_THREADS", n.to_string());
     }
-    match backend {
-        Resolved::Ndarray => launch::run::<Autodiff<NdArray>>(input, n, logs, on_event),
-        Resolved::Flex => launch::run::<Autodiff<Flex>>(input, n, logs, on_event),
+    match placement.backend {
+        Resolved::Ndarray => launch::run::<Autodiff<NdArray>>(input, placement, n, logs, link, on_event),
+        Resolved::Flex => launch::run::<Autodiff<Flex>>(input, placement, n, logs, link, on_event),
         #[cfg(feature = "cuda")]
-        Resolved::Cuda => launch::run::<Autodiff<burn::backend::Cuda>>(input, n, logs, on_event),
+        Resolved::Cuda(p) => {
+            use burn::backend::Cuda;
+            use burn::tensor::{bf16, f16};
+            match p {
+                Precision::F32 => launch::run::<Autodiff<Cuda<f32>>>(input, placement, n, logs, link, on_event),
+                Precision::Bf16 => launch::run::<Autodiff<Cuda<bf16>>>(input, placement, n, logs, link, on_event),
+                Precision::F16 => launch::run::<Autodiff<Cuda<f16>>>(input, placement, n, logs, link, on_event),
+            }
+        }
     }
 }

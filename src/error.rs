@@ -18,6 +18,9 @@ pub enum Error {
     Train(#[from] TrainError),
     #[error(transparent)]
     Checkpoint(#[from] crate::checkpoint::CheckpointError),
+    /// Joining a multi-node job failed (exit 1).
+    #[error(transparent)]
+    Launch(#[from] crate::launch::store::StoreError),
     /// A check that found something wrong (exit 1), e.g. `kiln ckpt verify`.
     #[error("{0}")]
     Invalid(String),
@@ -45,7 +48,7 @@ impl Error {
     pub fn exit_code(&self) -> i32 {
         match self {
             Error::Config(_) | Error::Data(_) | Error::Backend(_) | Error::Usage(_) | Error::Checkpoint(_) => 2,
-            Error::Train(_) | Error::Io { .. } | Error::Invalid(_) => 1,
+            Error::Train(_) | Error::Io { .. } | Error::Invalid(_) | Error::Launch(_) => 1,
         }
     }
 }

@@ -22,7 +22,8 @@ pub struct BenchArgs {
     /// Measurements per backend (the median is reported).
     #[arg(long, default_value_t = 3)]
     pub repeats: usize,
-    /// Which CPU backends: all, ndarray or flex.
+    /// Which CPU backends: all, ndarray or flex (a config with `backend.device = "cuda"` measures
+    /// its GPU placement instead).
     #[arg(long, default_value = "all")]
     pub cpu: String,
 }
@@ -40,18 +41,25 @@ pub fn bench(a: &BenchArgs) -> Result<()> {
     no_eval.eval = None;
     let mlp = Mlp::new(&c.model);
     let plan = Plan::new(&c, data.train.len(), mlp.num_params());
-    let backends: Vec<CpuBackend> = match a.cpu.as_str() {
-        "all" => vec![CpuBackend::Ndarray, CpuBackend::Flex],
-        "ndarray" => vec![CpuBackend::Ndarray],
-        "flex" => vec![CpuBackend::Flex],
-        other => return Err(Error::Usage(format!("--cpu `{other}`: expected all, ndarray or flex"))),
+    let backends: Vec<Option<CpuBackend>> = if c.backend.device == Device::Cuda {
+        // the configured GPU placement
+        vec![None]
+    } else {
+        match a.cpu.as_str() {
+            "all" => vec![Some(CpuBackend::Ndarray), Some(CpuBackend::Flex)],
+            "ndarray" => vec![Some(CpuBackend::Ndarray)],
+            "flex" => vec![Some(CpuBackend::Flex)],
+            other => return Err(Error::Usage(format!("--cpu `{other}`: expected all, ndarray or flex"))),
+        }
     };
     println!("{}", plan.describe());
     println!("backend   threads  steps/s  samples/s  (median of {})", a.repeats);
     for cpu in backends {
-        c.backend.device = Device::Cpu;
-        c.backend.cpu = cpu;
-        let be: Resolved = backend::resolve(&c.backend)?;
+        if let Some(cpu) = cpu {
+            c.backend.cpu = cpu;
+        }
+        let placement = backend::resolve(&c)?;
+        let be: Resolved = placement.backend;
         let input = TrainInput {
             config: &c,
             plan: &plan,
@@ -62,7 +70,7 @@ pub fn bench(a: &BenchArgs) -> Result<()> {
         };
         let mut rates = Vec::new();
         for _ in 0..a.repeats {
-            let out = backend::train(be, &c.backend, &input, None, &mut |_| {})?.outcome;
+            let out = backend::train(&placement, &input, None, None, &mut |_| {})?.outcome;
             rates.push(out.steps as f64 / out.wall_seconds.max(1e-9));
         }
         rates.sort_by(f64::total_cmp);
@@ -70,7 +78,7 @@ pub fn bench(a: &BenchArgs) -> Result<()> {
         println!(
             "{:<9} {:>7}  {:>7.1}  {:>9.0}",
             be.name(),
-            backend::threads(&c.backend, plan.world_size),
+            backend::threads(&c.backend, c.strategy.devices.count()),
             median,
             median * plan.global_batch as f64
         );

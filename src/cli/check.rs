@@ -8,7 +8,8 @@ use crate::{backend, config, data, strategy, Result};
 
 pub fn check(a: &ConfigArgs) -> Result<()> {
     let r = a.resolve()?;
-    let be = backend::resolve(&r.config.backend)?;
+    let placement = backend::resolve(&r.config)?;
+    let be = placement.backend;
     let d = data::load(&r)?;
     let mlp = Mlp::new(&r.config.model);
     let plan = Plan::new(&r.config, d.train.len(), mlp.num_params());
@@ -22,10 +23,13 @@ pub fn check(a: &ConfigArgs) -> Result<()> {
             m.rank, m.params_bytes, m.grads_bytes, m.optim_bytes
         );
     }
+    if let Some(note) = &placement.note {
+        println!("# {note}");
+    }
     println!(
         "# backend: {} with {} threads per rank; config hash {}",
         be.name(),
-        backend::threads(&r.config.backend, plan.world_size),
+        backend::threads(&r.config.backend, r.config.strategy.devices.count()),
         config::config_hash(&r.config)
     );
     Ok(())

@@ -3,6 +3,7 @@
 mod bench;
 mod check;
 mod ckpt;
+mod env;
 mod init;
 mod resume;
 mod run;
@@ -38,6 +39,8 @@ pub enum Command {
     Ckpt(ckpt::CkptCommand),
     /// Run every trial of an experiment's `[sweep]`; resumable, with a results table.
     Sweep(sweep::SweepArgs),
+    /// Show kiln's version, backends, CPU threads, CUDA driver, GPUs and NCCL, and what to fix.
+    Env,
     /// Write a commented experiment file from a template.
     Init(init::InitArgs),
     /// Measure training throughput (steps/s, samples/s) on the CPU backends.
@@ -70,6 +73,7 @@ pub fn dispatch(cli: Cli) -> Result<()> {
         Command::Resume(a) => resume::resume(&a),
         Command::Ckpt(c) => ckpt::ckpt(&c),
         Command::Sweep(a) => sweep::sweep(&a),
+        Command::Env => env::env(),
         Command::Init(a) => init::init(&a),
         Command::Bench(a) => bench::bench(&a),
     }

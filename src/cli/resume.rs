@@ -43,8 +43,13 @@ pub fn resume(a: &ResumeArgs) -> Result<()> {
     }
     let env: Vec<(String, String)> = std::env::vars().collect();
     let r = config::load(&file, &env, &a.sets)?;
+    if r.config.launch.nnodes > 1 {
+        return Err(Error::Usage(
+            "this run spans several nodes; resuming multi-node runs is not supported yet (resume it on one node with `--set launch.nnodes=1 --set strategy.devices=N`)".into(),
+        ));
+    }
     let res = prepare_resume(&a.run_dir, &r, a.from.as_deref(), a.quiet)?;
-    execute(&r, &a.run_dir, Some(res), a.quiet)
+    execute(&r, &a.run_dir, Some(res), a.quiet, None)
 }
 
 /// Dotted leaf keys and their values (arrays are leaves).

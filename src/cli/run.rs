@@ -38,6 +38,37 @@ pub struct RunArgs {
     /// (a fresh run when there is none): what a preempted job's unchanged command line needs.
     #[arg(long)]
     pub resume: bool,
+    /// Node processes in the job (`launch.nnodes`).
+    #[arg(long)]
+    pub nnodes: Option<usize>,
+    /// This process's node, 0..nnodes (`launch.node_rank`).
+    #[arg(long)]
+    pub node_rank: Option<usize>,
+    /// Address of node 0's rendezvous store (`launch.master_addr`).
+    #[arg(long)]
+    pub master_addr: Option<String>,
+    /// Port of node 0's rendezvous store (`launch.master_port`).
+    #[arg(long)]
+    pub master_port: Option<u16>,
+}
+
+impl RunArgs {
+    /// The config arguments with the launch flags as the top layer.
+    fn config_args(&self) -> ConfigArgs {
+        let mut a = self.config.clone();
+        let flags = [
+            ("launch.nnodes", self.nnodes.map(|v| v.to_string())),
+            ("launch.node_rank", self.node_rank.map(|v| v.to_string())),
+            ("launch.master_addr", self.master_addr.as_ref().map(|v| format!("\"{v}\""))),
+            ("launch.master_port", self.master_port.map(|v| v.to_string())),
+        ];
+        for (k, v) in flags {
+            if let Some(v) = v {
+                a.sets.push(format!("{k}={v}"));
+            }
+        }
+        a
+    }
 }
 
 /// `summary.json`.
@@ -150,15 +181,18 @@ pub fn stored_config(r: &Resolved) -> Config {
 
 pub fn run(a: &RunArgs) -> Result<()> {
     // Everything that can be bad input is checked before the run directory exists.
-    let r = a.config.resolve()?;
+    let r = a.config_args().resolve()?;
     let c = &r.config;
+    if c.launch.nnodes > 1 {
+        return run_node(a, &r);
+    }
     if a.resume || c.checkpoint.auto_resume {
         if a.run_dir.is_some() {
             return Err(Error::Usage("--resume finds the run directory itself; use `kiln resume DIR` for a given one".into()));
         }
         if let Some(dir) = newest_unfinished(Path::new(&c.experiment.output_dir), &c.experiment.name) {
             let res = prepare_resume(&dir, &r, None, a.quiet)?;
-            return execute(&r, &dir, Some(res), a.quiet);
+            return execute(&r, &dir, Some(res), a.quiet, None);
         }
         if !a.quiet {
             eprintln!("no unfinished run of `{}` to resume: starting a new one", c.experiment.name);
@@ -174,13 +208,57 @@ pub fn run(a: &RunArgs) -> Result<()> {
         Some(d) => d.clone(),
         None => choose_run_dir(Path::new(&c.experiment.output_dir), &c.experiment.name),
     };
-    execute(&r, &run_dir, None, a.quiet)
+    execute(&r, &run_dir, None, a.quiet, None)
+}
+
+/// One node of a multi-node job: check everything, join the rendezvous, agree on the run
+/// directory (node 0 picks it), train.
+fn run_node(a: &RunArgs, r: &Resolved) -> Result<()> {
+    let c = &r.config;
+    if a.resume || a.run_dir.is_some() {
+        return Err(Error::Usage("--resume and --run-dir are single-node options for now; node 0 picks the run directory".into()));
+    }
+    backend::resolve(c)?;
+    data::load(r)?;
+    let (token, generated) = crate::launch::rendezvous::token(c, std::env::var("KILN_JOB_TOKEN").ok()).map_err(Error::Usage)?;
+    if generated {
+        eprintln!("job token: {token}\n  = give it to the other nodes: KILN_JOB_TOKEN={token}");
+    }
+    let mut job = crate::launch::rendezvous::join(c, c.strategy.devices.count(), &token)?;
+    let run_dir = if job.node == 0 {
+        let dir = choose_run_dir(Path::new(&c.experiment.output_dir), &c.experiment.name);
+        fs::create_dir_all(&dir).map_err(|e| Error::io(format!("creating run directory {}", dir.display()), e))?;
+        let abs = dir.canonicalize().unwrap_or(dir);
+        job.client.set("run_dir", &abs.display().to_string())?;
+        abs
+    } else {
+        let t = std::time::Duration::from_secs(c.launch.rendezvous_timeout_secs);
+        match job.client.wait(&["run_dir".to_string()], t)? {
+            Ok(v) => PathBuf::from(v.into_iter().next().unwrap_or_default()),
+            Err(_) => return Err(Error::Usage("node 0 never published the run directory".into())),
+        }
+    };
+    execute(r, &run_dir, None, a.quiet, Some(job))
 }
 
 /// Trains `r` in `run_dir`, fresh or continuing `resume`.
-pub fn execute(r: &Resolved, run_dir: &Path, resume: Option<Resumption>, quiet: bool) -> Result<()> {
+pub fn execute(
+    r: &Resolved,
+    run_dir: &Path,
+    resume: Option<Resumption>,
+    quiet: bool,
+    mut job: Option<crate::launch::rendezvous::Job>,
+) -> Result<()> {
     let c = &r.config;
-    let be = backend::resolve(&c.backend)?;
+    // node 0 (or a single-node run) writes the run's shared files; other nodes their logs
+    let primary = job.as_ref().map(|j| j.node == 0).unwrap_or(true);
+    let placement = backend::resolve(c)?;
+    #[cfg(feature = "cuda")]
+    if placement.collective == backend::CommKind::Nccl {
+        // may re-execute kiln with NCCL on the library path; nothing is written yet
+        crate::cuda::ensure_nccl_loadable();
+    }
+    let be = placement.backend;
     let data = data::load(r)?;
     let mlp = Mlp::new(&c.model);
     let plan = Plan::new(c, data.train.len(), mlp.num_params());
@@ -197,10 +275,12 @@ pub fn execute(r: &Resolved, run_dir: &Path, resume: Option<Resumption>, quiet: 
     }
     fs::create_dir_all(run_dir).map_err(|e| Error::io(format!("creating run directory {}", run_dir.display()), e))?;
     let config_hash = config::config_hash(c);
-    fs::write(run_dir.join("config.toml"), config::to_toml(&stored_config(r)))
-        .map_err(|e| Error::io(format!("writing {}/config.toml", run_dir.display()), e))?;
+    if primary {
+        fs::write(run_dir.join("config.toml"), config::to_toml(&stored_config(r)))
+            .map_err(|e| Error::io(format!("writing {}/config.toml", run_dir.display()), e))?;
+    }
     let summary_path = run_dir.join("summary.json");
-    if summary_path.exists() {
+    if primary && summary_path.exists() {
         fs::remove_file(&summary_path).map_err(|e| Error::io(format!("removing {}", summary_path.display()), e))?;
     }
     println!("run dir: {}", run_dir.display());
@@ -210,16 +290,18 @@ pub fn execute(r: &Resolved, run_dir: &Path, resume: Option<Resumption>, quiet: 
     ui.info(&format!(
         "backend: {} ({} threads per rank), strategy {:?} on {} device(s)",
         be.name(),
-        backend::threads(&c.backend, plan.world_size),
+        backend::threads(&c.backend, c.strategy.devices.count()),
         c.strategy.kind,
         plan.world_size
     ));
     let logs = run_dir.join("logs");
     fs::create_dir_all(&logs).map_err(|e| Error::io(format!("creating {}", logs.display()), e))?;
     let store = Store::new(run_dir.join(&c.checkpoint.dir));
-    store.clean_tmp().map_err(|e| Error::io("cleaning unfinished checkpoints", std::io::Error::other(e)))?;
-    let metrics_path = run_dir.join("metrics.jsonl");
-    let metrics_file = if resume.is_some() {
+    if primary {
+        store.clean_tmp().map_err(|e| Error::io("cleaning unfinished checkpoints", std::io::Error::other(e)))?;
+    }
+    let metrics_path = if primary { run_dir.join("metrics.jsonl") } else { PathBuf::from("/dev/null") };
+    let metrics_file = if resume.is_some() || !primary {
         OpenOptions::new().append(true).create(true).open(&metrics_path)
     } else {
         File::create(&metrics_path)
@@ -237,7 +319,15 @@ pub fn execute(r: &Resolved, run_dir: &Path, resume: Option<Resumption>, quiet: 
         store: Some(&store),
         resume: loaded,
     };
-    let result = backend::train(be, &c.backend, &input, Some(&logs), &mut |ev| match ev {
+    if let Some(note) = &placement.note {
+        ui.info(note);
+    }
+    let link = job.as_mut().map(|j| crate::launch::NodeLink {
+        node: j.node,
+        nnodes: j.nnodes,
+        ring: j.ring.take(),
+    });
+    let result = backend::train(&placement, &input, Some(&logs), link, &mut |ev| match ev {
         TrainEvent::Started { total_steps, .. } => ui.start(total_steps, first_step),
         TrainEvent::Checkpoint { step } => ui.info(&format!("saved checkpoint step-{step:08}")),
         TrainEvent::Step {
@@ -286,9 +376,16 @@ pub fn execute(r: &Resolved, run_dir: &Path, resume: Option<Resumption>, quiet: 
             memory: res.map(|r| r.memory.clone()).unwrap_or_default(),
         }
     };
+    if let Some(server) = job.as_ref().and_then(|j| j.server.as_ref()) {
+        for r in server.rejected() {
+            ui.info(&format!("rendezvous store refused a connection from {r}"));
+        }
+    }
     match result {
         Ok(res) => {
-            write_json(&summary_path, &summary("finished", None, Some(&res)))?;
+            if primary {
+                write_json(&summary_path, &summary("finished", None, Some(&res)))?;
+            }
             let out = &res.outcome;
             let eval = match out.eval {
                 Some(e) => format!(", eval loss {:.4}, eval accuracy {:.3}", e.loss(), e.accuracy()),
@@ -305,7 +402,9 @@ pub fn execute(r: &Resolved, run_dir: &Path, resume: Option<Resumption>, quiet: 
         }
         Err(e) => {
             let e = Error::from(e);
-            write_json(&summary_path, &summary("failed", Some(e.to_string()), None))?;
+            if primary {
+                write_json(&summary_path, &summary("failed", Some(e.to_string()), None))?;
+            }
             println!("failed; run dir: {}", run_dir.display());
             Err(e)
         }

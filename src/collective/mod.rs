@@ -3,6 +3,10 @@
 //! name, so a hang becomes an error that says which rank never arrived and where it was last seen.
 
 mod local;
+pub mod node;
+pub mod tcp;
+#[cfg(feature = "cuda")]
+pub mod nccl;
 
 pub use local::{LocalGroup, LocalRank};
 

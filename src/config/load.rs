@@ -98,6 +98,23 @@ pub fn build_figment(
             dict: nest(&parts, parse_value(value)),
         });
     }
+    // torchrun (one process per rank: each is one kiln node) and Slurm (one task per node)
+    let var = |k: &str| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
+    let launchers: &[(&str, &str)] = if var("WORLD_SIZE").is_some() {
+        &[("WORLD_SIZE", "nnodes"), ("RANK", "node_rank"), ("MASTER_ADDR", "master_addr"), ("MASTER_PORT", "master_port")]
+    } else {
+        &[("SLURM_NNODES", "nnodes"), ("SLURM_NODEID", "node_rank"), ("MASTER_ADDR", "master_addr"), ("MASTER_PORT", "master_port")]
+    };
+    for (name, key) in launchers {
+        if let Some(value) = var(name) {
+            let parts = vec!["launch".to_string(), key.to_string()];
+            let v = if *key == "master_addr" { Value::from(value.clone()) } else { parse_value(&value) };
+            figment = figment.merge(Layer {
+                meta: Metadata::named(format!("environment variable {name}")),
+                dict: nest(&parts, v),
+            });
+        }
+    }
     for arg in sets {
         let (key, value) = arg.split_once('=').ok_or_else(|| ConfigError::BadSet {
             arg: arg.clone(),

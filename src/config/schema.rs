@@ -19,6 +19,7 @@ pub struct Config {
     pub backend: BackendConfig,
     pub checkpoint: CheckpointConfig,
     pub sweep: SweepConfig,
+    pub launch: LaunchConfig,
 }
 
 /// Top-level section names, in the order they are printed.
@@ -34,6 +35,7 @@ pub const SECTIONS: &[&str] = &[
     "backend",
     "checkpoint",
     "sweep",
+    "launch",
 ];
 
 /// `[experiment]`
@@ -313,6 +315,50 @@ pub enum StrategyKind {
     Fsdp,
 }
 
+/// `strategy.devices`: a count or a list of device ordinals.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Devices {
+    Count(usize),
+    List(Vec<usize>),
+}
+
+impl Devices {
+    /// Ranks on this node.
+    pub fn count(&self) -> usize {
+        match self {
+            Devices::Count(n) => *n,
+            Devices::List(l) => l.len(),
+        }
+    }
+
+    /// The device ordinal of each rank, given how many devices exist (`count` wraps around).
+    pub fn ordinals(&self, available: usize) -> Vec<usize> {
+        match self {
+            Devices::Count(n) => (0..*n).map(|r| r % available.max(1)).collect(),
+            Devices::List(l) => l.clone(),
+        }
+    }
+}
+
+/// `strategy.collective`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CollectiveKind {
+    Auto,
+    Host,
+    Nccl,
+}
+
+/// `backend.precision`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Precision {
+    F32,
+    Bf16,
+    F16,
+}
+
 /// fsdp: what is sharded (torch `ShardingStrategy`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -341,8 +387,12 @@ pub enum FsdpUnit {
 pub struct StrategyConfig {
     /// single, dp, ddp or fsdp. Default: `"single"`.
     pub kind: StrategyKind,
-    /// Devices (ranks) on this node; CPU devices are virtual, one thread each. Default: `1`.
-    pub devices: usize,
+    /// Devices (ranks) on this node: a count, or (CUDA) a list of GPU ordinals such as `[0, 1]`.
+    /// CPU devices are virtual, one thread each. Default: `1`.
+    pub devices: Devices,
+    /// How ranks communicate: auto, host (shared memory; on CUDA host-staged) or nccl (CUDA).
+    /// `auto` is nccl on CUDA when every rank has its own GPU, else host. Default: `"auto"`.
+    pub collective: CollectiveKind,
     /// Seconds a collective op waits for every rank before failing. Default: `300`.
     pub timeout_secs: u64,
     /// ddp: gradients are all-reduced in buckets of at most this many MiB. Default: `25`.
@@ -360,7 +410,8 @@ impl Default for StrategyConfig {
     fn default() -> Self {
         StrategyConfig {
             kind: StrategyKind::Single,
-            devices: 1,
+            devices: Devices::Count(1),
+            collective: CollectiveKind::Auto,
             timeout_secs: 300,
             bucket_cap_mb: 25.0,
             no_sync: true,
@@ -399,6 +450,8 @@ pub struct BackendConfig {
     /// CPU threads for the math of each rank; 0 shares the cores evenly among the ranks.
     /// Default: `0`.
     pub threads: usize,
+    /// Float type of the math: f32, or bf16/f16 on CUDA. Default: `"f32"`.
+    pub precision: Precision,
 }
 
 impl Default for BackendConfig {
@@ -407,6 +460,7 @@ impl Default for BackendConfig {
             device: Device::Cpu,
             cpu: CpuBackend::Auto,
             threads: 0,
+            precision: Precision::F32,
         }
     }
 }
@@ -512,6 +566,41 @@ impl Default for SweepConfig {
             mode: MetricMode::Min,
             parallel: 1,
             retries: 0,
+        }
+    }
+}
+
+/// `[launch]`: several node processes (machines, or processes on one machine) in one job. Also set
+/// by `--nnodes/--node-rank/--master-addr/--master-port`, torchrun's `WORLD_SIZE`, `RANK`,
+/// `MASTER_ADDR`, `MASTER_PORT` and Slurm's `SLURM_NNODES`, `SLURM_NODEID`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LaunchConfig {
+    /// Node processes in the job. Default: `1`.
+    pub nnodes: usize,
+    /// This process's node, 0..nnodes. Node 0 serves the rendezvous store. Default: `0`.
+    pub node_rank: usize,
+    /// Address of node 0's rendezvous store (it binds only this address). Default: `"127.0.0.1"`.
+    pub master_addr: String,
+    /// Port of the rendezvous store. Default: `29500`.
+    pub master_port: u16,
+    /// File holding the job token (else `KILN_JOB_TOKEN`; node 0 generates one when neither is
+    /// set). Default: unset.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token_file: Option<String>,
+    /// Seconds the rendezvous waits for every node. Default: `300`.
+    pub rendezvous_timeout_secs: u64,
+}
+
+impl Default for LaunchConfig {
+    fn default() -> Self {
+        LaunchConfig {
+            nnodes: 1,
+            node_rank: 0,
+            master_addr: "127.0.0.1".into(),
+            master_port: 29500,
+            token_file: None,
+            rendezvous_timeout_secs: 300,
         }
     }
 }

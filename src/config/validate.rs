@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use super::error::{ConfigError, KeyError};
 use super::load::{describe_source, Resolved};
-use super::schema::{DataKind, OptimKind, StrategyKind};
+use super::schema::{CollectiveKind, DataKind, Device, Devices, OptimKind, Precision, StrategyKind};
 
 impl Resolved {
     /// An error about `key`, naming the source that set it.
@@ -162,13 +162,13 @@ pub fn validate(r: &Resolved) -> Result<(), ConfigError> {
     }
 
     let st = &c.strategy;
-    at_least(r, "strategy.devices", st.devices, 1)?;
+    at_least(r, "strategy.devices", st.devices.count(), 1)?;
     at_least(r, "strategy.timeout_secs", st.timeout_secs as usize, 1)?;
     in_range(r, "strategy.bucket_cap_mb", st.bucket_cap_mb, st.bucket_cap_mb > 0.0, "greater than 0")?;
-    if st.kind == StrategyKind::Single && st.devices > 1 {
+    if st.kind == StrategyKind::Single && st.devices.count() > 1 {
         return Err(r.key_error(
             "strategy.devices",
-            format!("`strategy.devices` = {} but `strategy.kind` = \"single\" uses one device", st.devices),
+            format!("`strategy.devices` = {} but `strategy.kind` = \"single\" uses one device", st.devices.count()),
             Some("set `strategy.kind = \"ddp\"` (or \"dp\") to train on several devices".into()),
         ));
     }
@@ -176,6 +176,65 @@ pub fn validate(r: &Resolved) -> Result<(), ConfigError> {
     at_least(r, "checkpoint.keep_last", c.checkpoint.keep_last, 1)?;
     if c.checkpoint.dir.trim().is_empty() {
         return Err(r.key_error("checkpoint.dir", "`checkpoint.dir` is empty".into(), Some("use a directory name such as \"checkpoints\"".into())));
+    }
+
+    let cuda = c.backend.device == Device::Cuda;
+    if !cuda && c.backend.precision != Precision::F32 {
+        return Err(r.key_error(
+            "backend.precision",
+            format!("`backend.precision` = \"{:?}\" needs `backend.device` = \"cuda\"", c.backend.precision).to_lowercase(),
+            Some("the CPU backends train in f32; remove the key or train on CUDA".into()),
+        ));
+    }
+    if !cuda && st.collective == CollectiveKind::Nccl {
+        return Err(r.key_error(
+            "strategy.collective",
+            "`strategy.collective` = \"nccl\" needs `backend.device` = \"cuda\"".into(),
+            Some("CPU ranks use `collective = \"host\"` (or \"auto\")".into()),
+        ));
+    }
+    if !cuda && matches!(st.devices, Devices::List(_)) {
+        return Err(r.key_error(
+            "strategy.devices",
+            "`strategy.devices` lists device ordinals, which only CUDA has".into(),
+            Some("give CPU runs a count, e.g. `devices = 2`".into()),
+        ));
+    }
+    if let Devices::List(l) = &st.devices {
+        let mut seen = l.clone();
+        seen.sort_unstable();
+        seen.dedup();
+        if cuda && seen.len() < l.len() && st.collective == CollectiveKind::Nccl {
+            return Err(r.key_error(
+                "strategy.collective",
+                format!("`strategy.devices` = {l:?} puts two ranks on one GPU, which NCCL refuses (before NCCL 2.30)"),
+                Some("set `strategy.collective = \"host\"` (host-staged collectives work for several ranks on one GPU), or give each rank its own GPU".into()),
+            ));
+        }
+    }
+
+    let l = &c.launch;
+    at_least(r, "launch.nnodes", l.nnodes, 1)?;
+    if l.node_rank >= l.nnodes {
+        return Err(r.key_error(
+            "launch.node_rank",
+            format!("`launch.node_rank` = {} but `launch.nnodes` = {}: node ranks are 0..{}", l.node_rank, l.nnodes, l.nnodes),
+            None,
+        ));
+    }
+    if l.nnodes > 1 && matches!(st.kind, StrategyKind::Single | StrategyKind::Dp) {
+        return Err(r.key_error(
+            "strategy.kind",
+            format!("`strategy.kind` = \"{:?}\" runs in one process, but `launch.nnodes` = {}", st.kind, l.nnodes).to_lowercase(),
+            Some("use `strategy.kind = \"ddp\"` or \"fsdp\" across nodes".into()),
+        ));
+    }
+    if l.nnodes > 1 && cuda {
+        return Err(r.key_error(
+            "launch.nnodes",
+            "several nodes on CUDA are not supported yet (NCCL across processes is not wired up); run one node per machine on the CPU, or one node with several GPUs".into(),
+            None,
+        ));
     }
 
     let s = &c.schedule;

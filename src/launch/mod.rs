@@ -1,4 +1,4 @@
-//! This node's workers: one thread per rank (device), each with its own sized thread pool, its
+//! This node's workers (and, with `rendezvous` and `store`, its place in a multi-node job): one thread per rank (device), each with its own sized thread pool, its
 //! strategy over an in-process collective, and its log file. Rank 0's events reach the caller on
 //! the calling thread; when one rank fails the others are stopped and the root cause is returned.
 
@@ -8,16 +8,21 @@ use std::path::Path;
 use std::sync::mpsc;
 use std::time::Duration;
 
-use burn::tensor::backend::AutodiffBackend;
 
-use crate::collective::{Collective, CollectiveError, LocalGroup};
+pub mod rendezvous;
+pub mod store;
+
+use crate::backend::{CommKind, Placement, RankBackend};
+use crate::collective::node::NodeRank;
+use crate::collective::tcp::TcpRing;
+use crate::collective::{Collective, CollectiveError, LocalGroup, LocalRank};
 use crate::strategy::{self, Memory};
 use crate::train::{self, Outcome, RankSink, TrainError, TrainEvent, TrainInput};
 
 /// What all ranks produced.
 #[derive(Debug)]
 pub struct RunResult {
-    /// Rank 0's outcome.
+    /// The outcome of this node's first rank (rank 0's on node 0).
     pub outcome: Outcome,
     /// Every rank's memory, in rank order.
     pub memory: Vec<Memory>,
@@ -46,26 +51,64 @@ impl RankSink for Sink {
 
 /// Runs every rank of this node on backend `B` and waits for all of them. `threads` is the size
 /// of each rank's pool; `logs` is where `rank-<r>.log` files go (none when `None`).
-pub fn run<B: AutodiffBackend>(
+/// This node's link to the other nodes of a job.
+pub struct NodeLink {
+    pub node: usize,
+    pub nnodes: usize,
+    /// The TCP ring, used by local rank 0.
+    pub ring: Option<TcpRing>,
+}
+
+pub fn run<B: RankBackend>(
     input: &TrainInput<'_>,
+    placement: &Placement,
     threads: usize,
     logs: Option<&Path>,
+    link: Option<NodeLink>,
     on_event: &mut dyn FnMut(TrainEvent),
 ) -> Result<RunResult, TrainError> {
     let c = input.config;
-    let world = input.plan.world_size;
-    let comms = LocalGroup::new(world, Duration::from_secs(c.strategy.timeout_secs));
+    let nproc = c.strategy.devices.count();
+    let node = link.as_ref().map(|l| l.node).unwrap_or(0);
+    let timeout = Duration::from_secs(c.strategy.timeout_secs);
+    let comms: Vec<RankComm> = match (placement.collective, link) {
+        (_, Some(mut link)) => {
+            let mut ring = link.ring.take();
+            LocalGroup::new(nproc, timeout)
+                .into_iter()
+                .map(|l| {
+                    let r = if l.rank() == 0 { ring.take() } else { None };
+                    RankComm::Node(NodeRank::new(l, r, link.node, link.nnodes))
+                })
+                .collect()
+        }
+        (CommKind::Host, None) => LocalGroup::new(nproc, timeout).into_iter().map(RankComm::Local).collect(),
+        #[cfg(feature = "cuda")]
+        (CommKind::Nccl, None) => {
+            let id = crate::collective::nccl::new_id().map_err(TrainError::Collective)?;
+            (0..nproc).map(|_| RankComm::Nccl(id)).collect()
+        }
+        #[cfg(not(feature = "cuda"))]
+        (CommKind::Nccl, None) => LocalGroup::new(nproc, timeout).into_iter().map(RankComm::Local).collect(),
+    };
     let (tx, rx) = mpsc::channel();
     let results: Vec<Result<Outcome, TrainError>> = std::thread::scope(|scope| {
         let handles: Vec<_> = comms
             .into_iter()
             .enumerate()
-            .map(|(rank, comm)| {
+            .map(|(local, comm)| {
+                let rank = node * nproc + local;
                 let tx = tx.clone();
                 let log = logs.and_then(|d| File::create(d.join(format!("rank-{rank}.log"))).ok().map(BufWriter::new));
                 std::thread::Builder::new()
                     .name(format!("kiln-rank-{rank}"))
-                    .spawn_scoped(scope, move || rank_main::<B>(input, rank, comm, threads, Sink { rank, events: tx, log }))
+                    .spawn_scoped(scope, move || {
+                        let mut sink = Sink { rank, events: tx, log };
+                        if let Some(note) = &placement.note {
+                            sink.log(note);
+                        }
+                        rank_main::<B>(input, rank, placement.ordinals[local], comm, threads, sink)
+                    })
             })
             .collect();
         drop(tx);
@@ -89,7 +132,7 @@ pub fn run<B: AutodiffBackend>(
             })
             .collect()
     });
-    let mut outcomes = Vec::with_capacity(world);
+    let mut outcomes = Vec::with_capacity(nproc);
     let mut errors = Vec::new();
     for r in results {
         match r {
@@ -110,15 +153,41 @@ pub fn run<B: AutodiffBackend>(
     Ok(RunResult { outcome, memory })
 }
 
-fn rank_main<B: AutodiffBackend>(
+/// A rank's end of the collective, before it is connected.
+enum RankComm {
+    Local(LocalRank),
+    Node(NodeRank),
+    #[cfg(feature = "cuda")]
+    Nccl(crate::collective::nccl::Id),
+}
+
+fn connect(comm: RankComm, rank: usize, world: usize, ordinal: usize, timeout: Duration) -> Result<Box<dyn Collective>, CollectiveError> {
+    let _ = (rank, world, ordinal, timeout);
+    match comm {
+        RankComm::Local(l) => Ok(Box::new(l)),
+        RankComm::Node(n) => Ok(Box::new(n)),
+        #[cfg(feature = "cuda")]
+        RankComm::Nccl(id) => Ok(Box::new(crate::collective::nccl::NcclRank::connect(id, rank, world, ordinal, timeout)?)),
+    }
+}
+
+fn rank_main<B: RankBackend>(
     input: &TrainInput<'_>,
     rank: usize,
-    comm: crate::collective::LocalRank,
+    ordinal: usize,
+    comm: RankComm,
     threads: usize,
     mut sink: Sink,
 ) -> Result<Outcome, TrainError> {
-    let abort_handle: Box<dyn Collective> = Box::new(comm);
-    let mut strategy = strategy::build(input.config, input.mlp, abort_handle);
+    let timeout = Duration::from_secs(input.config.strategy.timeout_secs);
+    let comm = match connect(comm, rank, input.plan.world_size, ordinal, timeout) {
+        Ok(c) => c,
+        Err(e) => {
+            sink.log(&format!("error: {e}"));
+            return Err(e.into());
+        }
+    };
+    let mut strategy = strategy::build(input.config, input.mlp, comm);
     let pool = match rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
         .thread_name(move |i| format!("kiln-rank-{rank}-math-{i}"))
@@ -134,7 +203,7 @@ fn rank_main<B: AutodiffBackend>(
             return Err(err);
         }
     };
-    let device = B::Device::default();
+    let device = B::rank_device(ordinal);
     let result = pool.install(|| {
         std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             train::train::<B>(input, strategy.as_mut(), &device, &mut sink)

@@ -35,7 +35,7 @@ pub struct Plan {
 
 impl Plan {
     pub fn new(c: &Config, train_samples: usize, num_params: usize) -> Plan {
-        let world_size = c.strategy.devices;
+        let world_size = c.strategy.devices.count() * c.launch.nnodes;
         let split = match c.strategy.kind {
             StrategyKind::Dp => DataSplit::SplitBatch,
             StrategyKind::Single | StrategyKind::Ddp | StrategyKind::Fsdp => DataSplit::Distributed,
@@ -156,7 +156,7 @@ mod tests {
     fn dp_splits_one_global_batch() {
         let mut c = Config::default();
         c.strategy.kind = StrategyKind::Dp;
-        c.strategy.devices = 3;
+        c.strategy.devices = crate::config::Devices::Count(3);
         c.train.batch_size = 4;
         let p = Plan::new(&c, 30, 1);
         assert_eq!(p.micro_per_epoch, 3);

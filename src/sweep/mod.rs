@@ -59,7 +59,7 @@ pub fn plan(spec: &SweepSpec, env: &[(String, String)]) -> Result<(Config, Vec<P
         sets.extend(trial.set_args());
         let r = config::load(&spec.file, env, &sets)
             .map_err(|e| Error::Usage(format!("sweep trial {} ({}): {e}", trial.index, trial.describe())))?;
-        crate::backend::resolve(&r.config.backend)
+        crate::backend::resolve(&r.config)
             .map_err(|e| Error::Usage(format!("sweep trial {} ({}): {e}", trial.index, trial.describe())))?;
         let id = trial_id(&r.config);
         if let Some(p) = planned.iter().find(|p| p.id == id) {
@@ -265,7 +265,7 @@ pub fn run(spec: &SweepSpec, parallel: Option<usize>, quiet: bool) -> Result<Str
             let Some(p) = queue.pop() else { break };
             let run_dir = dir.join(&p.id);
             let log = dir.join("logs").join(format!("{}.log", p.id));
-            let threads = (cores / parallel / p.config.strategy.devices.max(1)).max(1);
+            let threads = (cores / parallel / p.config.strategy.devices.count().max(1)).max(1);
             ledger.append(&record(&p, TrialState::Running)).map_err(ledger_io)?;
             let child = spawn(&spec_abs, &p, &run_dir, &log, threads)?;
             ui.started(&p.id, &p.trial.describe());

@@ -76,7 +76,7 @@ fn the_plan_estimate_equals_what_every_strategy_reports() {
         let owned: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
         let r = kiln::config::load(&f, &[], &owned).unwrap();
         let mlp = kiln::model::Mlp::new(&r.config.model);
-        let est = kiln::strategy::estimate(&r.config, &mlp, r.config.strategy.devices);
+        let est = kiln::strategy::estimate(&r.config, &mlp, r.config.strategy.devices.count());
         assert_eq!(est, train(sets).memory, "{sets:?}");
     }
 }

@@ -61,8 +61,8 @@ pub fn train(sets: &[&str]) -> Trained {
         store: None,
         resume: None,
     };
-    let be = backend::resolve(&c.backend).unwrap();
-    let res = backend::train(be, &c.backend, &input, None, &mut |_| {}).unwrap();
+    let placement = backend::resolve(c).unwrap();
+    let res = backend::train(&placement, &input, None, None, &mut |_| {}).unwrap();
     let e = res.outcome.eval.unwrap();
     Trained {
         params: res.outcome.params,

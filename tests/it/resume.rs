@@ -154,7 +154,7 @@ fn the_global_cursor_covers_an_epoch_exactly_once_across_world_sizes() {
         let mut c = Config::default();
         c.train.batch_size = b1;
         c.strategy.kind = kiln::config::StrategyKind::Ddp;
-        c.strategy.devices = w1;
+        c.strategy.devices = kiln::config::Devices::Count(w1);
         c.sampler.drop_last = true;
         let n = 120;
         let p1 = Plan::new(&c, n, 1);
@@ -164,7 +164,7 @@ fn the_global_cursor_covers_an_epoch_exactly_once_across_world_sizes() {
             seen.extend(&idx[..j1 * b1]);
         }
         let cursor = p1.cursor(0, j1);
-        c.strategy.devices = w2;
+        c.strategy.devices = kiln::config::Devices::Count(w2);
         c.train.batch_size = b2;
         let p2 = Plan::new(&c, n, 1);
         for r in 0..w2 {

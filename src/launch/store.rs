@@ -1,0 +1,265 @@
+//! The rendezvous store: node 0 serves a small key-value store on `master_addr:master_port`;
+//! every node registers, learns the world, exchanges what the collectives need (addresses) and
+//! waits at a barrier whose timeout names the nodes that never arrived.
+//!
+//! Wire format: frames of a 4-byte big-endian length and a JSON body, at most 1 MiB. A client's
+//! first frame must be `{"hello": {"token": ..., "node": r}}` with the job token; a connection
+//! without it, or sending anything else, is logged and closed without disturbing the run.
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+/// Largest frame the store accepts.
+const MAX_FRAME: usize = 1 << 20;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("cannot serve the rendezvous store on {addr}: {source}\n  = help: is another job using --master-port? pick a free port")]
+    Bind {
+        addr: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot reach the rendezvous store at {addr} within {secs}s: {why}\n  = help: start node 0 first (or together), and check --master-addr/--master-port")]
+    Connect { addr: String, secs: u64, why: String },
+    #[error("the rendezvous store at {addr} refused this node: {why}\n  = help: every node needs the same job token (KILN_JOB_TOKEN or [launch] token_file)")]
+    Refused { addr: String, why: String },
+    #[error("rendezvous timed out after {secs}s: {}\n  = help: start every node with the same --nnodes, --master-addr and --master-port (and KILN_JOB_TOKEN)", .missing.join("; "))]
+    Timeout { secs: u64, missing: Vec<String> },
+    #[error("rendezvous store connection lost: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("the job was stopped: {0}")]
+    Aborted(String),
+}
+
+/// Writes one frame.
+pub fn write_frame(s: &mut impl Write, v: &Value) -> std::io::Result<()> {
+    let body = serde_json::to_vec(v).map_err(std::io::Error::other)?;
+    s.write_all(&(body.len() as u32).to_be_bytes())?;
+    s.write_all(&body)?;
+    s.flush()
+}
+
+/// Reads one frame; garbage (too long, not JSON) is an error.
+pub fn read_frame(s: &mut impl Read) -> std::io::Result<Value> {
+    let mut len = [0u8; 4];
+    s.read_exact(&mut len)?;
+    let n = u32::from_be_bytes(len) as usize;
+    if n > MAX_FRAME {
+        return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, format!("frame of {n} bytes is too long")));
+    }
+    let mut body = vec![0u8; n];
+    s.read_exact(&mut body)?;
+    serde_json::from_slice(&body).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, format!("not JSON: {e}")))
+}
+
+#[derive(Default)]
+struct Shared {
+    kv: HashMap<String, String>,
+    aborted: Option<String>,
+    /// Rejected connections, for the log.
+    rejected: Vec<String>,
+}
+
+/// The server side (node 0).
+pub struct StoreServer {
+    pub addr: SocketAddr,
+    state: Arc<(Mutex<Shared>, Condvar)>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Hello {
+    token: String,
+    node: usize,
+}
+
+impl StoreServer {
+    /// Binds exactly `addr` (never all interfaces) and serves in background threads.
+    pub fn start(addr: &str, token: String) -> Result<StoreServer, StoreError> {
+        let listener = TcpListener::bind(addr).map_err(|source| StoreError::Bind {
+            addr: addr.to_string(),
+            source,
+        })?;
+        let local = listener.local_addr()?;
+        let state: Arc<(Mutex<Shared>, Condvar)> = Arc::default();
+        let st = Arc::clone(&state);
+        std::thread::Builder::new()
+            .name("kiln-store".into())
+            .spawn(move || {
+                for conn in listener.incoming() {
+                    let Ok(conn) = conn else { continue };
+                    let st = Arc::clone(&st);
+                    let token = token.clone();
+                    let _ = std::thread::Builder::new().name("kiln-store-conn".into()).spawn(move || serve(conn, &token, &st));
+                }
+            })?;
+        Ok(StoreServer { addr: local, state })
+    }
+
+    /// Connections that were refused (peer and why), for the log.
+    pub fn rejected(&self) -> Vec<String> {
+        self.state.0.lock().map(|s| s.rejected.clone()).unwrap_or_default()
+    }
+}
+
+fn reject(st: &(Mutex<Shared>, Condvar), peer: &str, why: &str) {
+    if let Ok(mut s) = st.0.lock() {
+        s.rejected.push(format!("{peer}: {why}"));
+    }
+}
+
+fn serve(mut conn: TcpStream, token: &str, st: &(Mutex<Shared>, Condvar)) {
+    let peer = conn.peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "?".into());
+    // a client has a few seconds to say hello; a port scan or a stuck peer is dropped
+    let _ = conn.set_read_timeout(Some(Duration::from_secs(5)));
+    let hello = match read_frame(&mut conn) {
+        Ok(v) => v,
+        Err(e) => return reject(st, &peer, &format!("no valid hello ({e})")),
+    };
+    let ok = serde_json::from_value::<Hello>(hello["hello"].clone()).map(|h| h.token == token).unwrap_or(false);
+    if !ok {
+        let _ = write_frame(&mut conn, &json!({"error": "bad job token"}));
+        return reject(st, &peer, "bad job token");
+    }
+    if write_frame(&mut conn, &json!({"ok": true})).is_err() {
+        return;
+    }
+    let _ = conn.set_read_timeout(None);
+    while let Ok(req) = read_frame(&mut conn) {
+        let reply = handle(&req, st);
+        if write_frame(&mut conn, &reply).is_err() {
+            return;
+        }
+    }
+}
+
+fn handle(req: &Value, st: &(Mutex<Shared>, Condvar)) -> Value {
+    let (lock, cv) = st;
+    let Ok(mut s) = lock.lock() else {
+        return json!({"error": "store poisoned"});
+    };
+    match req["op"].as_str() {
+        Some("set") => {
+            let (Some(k), Some(v)) = (req["key"].as_str(), req["value"].as_str()) else {
+                return json!({"error": "set needs key and value"});
+            };
+            s.kv.insert(k.to_string(), v.to_string());
+            cv.notify_all();
+            json!({"ok": true})
+        }
+        Some("wait") => {
+            let keys: Vec<String> = req["keys"]
+                .as_array()
+                .map(|a| a.iter().filter_map(|k| k.as_str().map(str::to_string)).collect())
+                .unwrap_or_default();
+            let deadline = Instant::now() + Duration::from_millis(req["timeout_ms"].as_u64().unwrap_or(0));
+            loop {
+                if let Some(r) = &s.aborted {
+                    return json!({"aborted": r});
+                }
+                let missing: Vec<&String> = keys.iter().filter(|k| !s.kv.contains_key(*k)).collect();
+                if missing.is_empty() {
+                    let values: Vec<&String> = keys.iter().filter_map(|k| s.kv.get(k)).collect();
+                    return json!({"values": values});
+                }
+                let now = Instant::now();
+                if now >= deadline {
+                    return json!({"missing": missing});
+                }
+                s = match cv.wait_timeout(s, deadline - now) {
+                    Ok(r) => r.0,
+                    Err(_) => return json!({"error": "store poisoned"}),
+                };
+            }
+        }
+        Some("abort") => {
+            let reason = req["reason"].as_str().unwrap_or("stopped").to_string();
+            s.aborted.get_or_insert(reason);
+            cv.notify_all();
+            json!({"ok": true})
+        }
+        _ => json!({"error": "unknown op"}),
+    }
+}
+
+/// The client side (every node, node 0 included).
+pub struct StoreClient {
+    conn: TcpStream,
+    addr: String,
+}
+
+impl StoreClient {
+    /// Connects (retrying until `timeout`, since node 0 may start later) and authenticates.
+    pub fn connect(addr: &str, token: &str, node: usize, timeout: Duration) -> Result<StoreClient, StoreError> {
+        let start = Instant::now();
+        let mut conn = loop {
+            let err = match TcpStream::connect(addr) {
+                Ok(c) => break c,
+                Err(e) => e.to_string(),
+            };
+            if start.elapsed() >= timeout {
+                return Err(StoreError::Connect {
+                    addr: addr.to_string(),
+                    secs: timeout.as_secs(),
+                    why: err,
+                });
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        conn.set_nodelay(true)?;
+        write_frame(&mut conn, &json!({"hello": {"token": token, "node": node}}))?;
+        let reply = read_frame(&mut conn)?;
+        if reply["ok"] != json!(true) {
+            return Err(StoreError::Refused {
+                addr: addr.to_string(),
+                why: reply["error"].as_str().unwrap_or("no reason").to_string(),
+            });
+        }
+        Ok(StoreClient {
+            conn,
+            addr: addr.to_string(),
+        })
+    }
+
+    fn call(&mut self, req: Value) -> Result<Value, StoreError> {
+        write_frame(&mut self.conn, &req)?;
+        let reply = read_frame(&mut self.conn)?;
+        if let Some(e) = reply["error"].as_str() {
+            return Err(StoreError::Refused {
+                addr: self.addr.clone(),
+                why: e.to_string(),
+            });
+        }
+        Ok(reply)
+    }
+
+    pub fn set(&mut self, key: &str, value: &str) -> Result<(), StoreError> {
+        self.call(json!({"op": "set", "key": key, "value": value})).map(|_| ())
+    }
+
+    /// Waits until every key exists; returns their values in order, or the missing keys.
+    pub fn wait(&mut self, keys: &[String], timeout: Duration) -> Result<Result<Vec<String>, Vec<String>>, StoreError> {
+        let reply = self.call(json!({"op": "wait", "keys": keys, "timeout_ms": timeout.as_millis() as u64}))?;
+        if let Some(r) = reply["aborted"].as_str() {
+            return Err(StoreError::Aborted(r.to_string()));
+        }
+        let strings = |v: &Value| -> Vec<String> {
+            v.as_array().map(|a| a.iter().filter_map(|x| x.as_str().map(str::to_string)).collect()).unwrap_or_default()
+        };
+        if reply.get("values").is_some() {
+            Ok(Ok(strings(&reply["values"])))
+        } else {
+            Ok(Err(strings(&reply["missing"])))
+        }
+    }
+
+    pub fn abort(&mut self, reason: &str) -> Result<(), StoreError> {
+        self.call(json!({"op": "abort", "reason": reason})).map(|_| ())
+    }
+}

@@ -1,0 +1,127 @@
+//! CUDA without a GPU: the errors when CUDA is asked for and cannot run, placement rules, `kiln
+//! env`; and the GPU runs themselves, which skip (are ignored) on machines without one.
+
+use crate::common::{kiln, stderr, stdout, write, TINY};
+
+#[test]
+fn cuda_without_a_device_or_the_feature_is_bad_input() {
+    let d = tempfile::tempdir().unwrap();
+    write(d.path(), "t.toml", TINY);
+    for cmd in ["check", "run"] {
+        let o = kiln(d.path(), &[cmd, "t.toml", "--set", "backend.device=cuda"]);
+        assert_eq!(o.status.code(), Some(2), "{cmd}");
+        let e = stderr(&o);
+        if cfg!(feature = "cuda") {
+            assert!(e.starts_with("error: no CUDA device found; "), "{e}");
+            assert!(e.contains("check `nvidia-smi`"), "{e}");
+        } else {
+            assert_eq!(
+                e,
+                "error: kiln was built without CUDA support, but `backend.device` = \"cuda\"\n  = help: rebuild with `cargo build --release --features cuda`, or set `backend.device = \"cpu\"`\n"
+            );
+        }
+    }
+    assert!(!d.path().join("runs").exists());
+}
+
+#[test]
+fn two_ranks_on_one_gpu_with_nccl_is_explained() {
+    let d = tempfile::tempdir().unwrap();
+    write(d.path(), "t.toml", TINY);
+    let o = kiln(
+        d.path(),
+        &[
+            "check", "t.toml", "--set", "backend.device=cuda", "--set", "strategy.kind=ddp", "--set", "strategy.devices=[0, 0]",
+            "--set", "strategy.collective=nccl",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(2));
+    assert_eq!(
+        stderr(&o),
+        "error: `strategy.devices` = [0, 0] puts two ranks on one GPU, which NCCL refuses (before NCCL 2.30)\n  --> --set strategy.collective=nccl\n  = help: set `strategy.collective = \"host\"` (host-staged collectives work for several ranks on one GPU), or give each rank its own GPU\n"
+    );
+}
+
+#[test]
+fn cuda_only_settings_are_refused_on_the_cpu() {
+    let d = tempfile::tempdir().unwrap();
+    write(d.path(), "t.toml", TINY);
+    for (set, want) in [
+        ("backend.precision=bf16", "`backend.precision` = \"bf16\" needs `backend.device` = \"cuda\""),
+        ("strategy.collective=nccl", "`strategy.collective` = \"nccl\" needs `backend.device` = \"cuda\""),
+    ] {
+        let o = kiln(d.path(), &["check", "t.toml", "--set", set]);
+        assert_eq!(o.status.code(), Some(2));
+        assert!(stderr(&o).contains(want), "{}", stderr(&o));
+    }
+}
+
+#[test]
+fn placement_uses_nccl_only_when_every_rank_has_its_own_gpu() {
+    use kiln::backend::{place_on_gpus, BackendError, CommKind};
+    use kiln::config::{CollectiveKind, Config, Devices};
+    let mut c = Config::default();
+    c.strategy.devices = Devices::Count(2);
+    let p = place_on_gpus(&c, 2, 2).unwrap();
+    assert_eq!((p.ordinals, p.collective), (vec![0, 1], CommKind::Nccl));
+    let p = place_on_gpus(&c, 2, 1).unwrap();
+    assert_eq!((p.ordinals.clone(), p.collective), (vec![0, 0], CommKind::Host));
+    assert!(p.note.unwrap().contains("NCCL refuses two ranks on one GPU"));
+    c.strategy.collective = CollectiveKind::Nccl;
+    assert!(matches!(place_on_gpus(&c, 2, 1), Err(BackendError::SharedGpu { .. })));
+    c.strategy.devices = Devices::List(vec![0, 3]);
+    assert!(matches!(place_on_gpus(&c, 2, 2), Err(BackendError::NoSuchGpu { ordinal: 3, found: 2 })));
+}
+
+#[test]
+fn env_reports_and_exits_0() {
+    let d = tempfile::tempdir().unwrap();
+    let o = kiln(d.path(), &["env"]);
+    assert_eq!(o.status.code(), Some(0));
+    let out = stdout(&o);
+    assert!(out.starts_with("kiln "), "{out}");
+    assert!(out.contains("cpu threads: "), "{out}");
+    if cfg!(feature = "cuda") {
+        assert!(out.contains("cuda driver: ") && out.contains("nccl: "), "{out}");
+    } else {
+        assert!(out.contains("rebuild with `cargo build --release --features cuda`"), "{out}");
+    }
+}
+
+/// The GPU runs: ignored (counted as skipped) unless asked for with `--ignored` on a GPU machine.
+#[cfg(feature = "cuda")]
+mod gpu {
+    use super::*;
+    use crate::common::root;
+
+    #[test]
+    #[ignore = "needs a CUDA GPU (run `cargo test --release --features cuda -- --ignored` on one)"]
+    fn quickstart_on_cuda_matches_the_cpu() {
+        let d = tempfile::tempdir().unwrap();
+        let q = root().join("experiments/quickstart.toml");
+        let q = q.to_str().unwrap();
+        let sets = ["--set", "train.max_steps=10", "--set", "train.log_every=1"];
+        let mut gpu = vec!["run", q, "--quiet", "--run-dir", "gpu", "--set", "backend.device=cuda"];
+        gpu.extend(sets);
+        let mut cpu = vec!["run", q, "--quiet", "--run-dir", "cpu"];
+        cpu.extend(sets);
+        assert_eq!(kiln(d.path(), &gpu).status.code(), Some(0));
+        assert_eq!(kiln(d.path(), &cpu).status.code(), Some(0));
+        let (a, b) = (crate::common::losses(&d.path().join("gpu")), crate::common::losses(&d.path().join("cpu")));
+        for (x, y) in a.iter().zip(&b) {
+            assert!((x - y).abs() <= 1e-3 * x.abs(), "{a:?} vs {b:?}");
+        }
+    }
+
+    #[test]
+    #[ignore = "needs a CUDA GPU (run `cargo test --release --features cuda -- --ignored` on one)"]
+    fn ddp_world_one_over_nccl() {
+        let d = tempfile::tempdir().unwrap();
+        write(d.path(), "t.toml", TINY);
+        let o = kiln(
+            d.path(),
+            &["run", "t.toml", "--quiet", "--set", "backend.device=cuda", "--set", "strategy.kind=ddp", "--set", "strategy.collective=nccl"],
+        );
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    }
+}

@@ -1,0 +1,153 @@
+//! Several node processes on 127.0.0.1: equal results to one process with the same global batch,
+//! the job token, garbage and port scans against the store, and a node that never arrives.
+
+use std::io::Write;
+use std::net::{TcpListener, TcpStream};
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::Duration;
+
+use crate::common::{kiln, root, stderr, write, KILN, TINY};
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+fn node(dir: &Path, file: &str, node: usize, nnodes: usize, port: u16, token: &str, sets: &[&str]) -> Child {
+    let mut cmd = Command::new(KILN);
+    cmd.current_dir(dir)
+        .args(["run", file, "--quiet", "--nnodes", &nnodes.to_string(), "--node-rank", &node.to_string()])
+        .args(["--master-addr", "127.0.0.1", "--master-port", &port.to_string()])
+        .env("KILN_JOB_TOKEN", token)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for s in sets {
+        cmd.args(["--set", s]);
+    }
+    cmd.spawn().unwrap()
+}
+
+fn final_loss(o: &Output) -> String {
+    let out = String::from_utf8_lossy(&o.stdout);
+    out.lines()
+        .find_map(|l| l.split("final loss ").nth(1).map(|r| r.split([',', ';']).next().unwrap_or("").to_string()))
+        .unwrap_or_else(|| panic!("no final loss in {out} / {}", stderr(o)))
+}
+
+fn summary_hash(run: &Path) -> serde_json::Value {
+    let s: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(run.join("summary.json")).unwrap()).unwrap();
+    s["params_sha256"].clone()
+}
+
+/// nnodes x devices processes vs one process, same global batch: parameters within 1e-5.
+fn equal_to_one_process(nnodes: usize, devices: usize) {
+    let d = tempfile::tempdir().unwrap();
+    write(d.path(), "t.toml", TINY);
+    let per = 16 / (nnodes * devices);
+    let batch = format!("train.batch_size={per}");
+    let dev = format!("strategy.devices={devices}");
+    let sets = ["strategy.kind=ddp", &dev, &batch, "train.max_steps=5", "checkpoint.at_end=true"];
+    let port = free_port();
+    let children: Vec<Child> = (0..nnodes).map(|n| node(d.path(), "t.toml", n, nnodes, port, "tok", &sets)).collect();
+    let outs: Vec<Output> = children.into_iter().map(|c| c.wait_with_output().unwrap()).collect();
+    for (n, o) in outs.iter().enumerate() {
+        assert_eq!(o.status.code(), Some(0), "node {n}: {}", stderr(o));
+    }
+    let losses: Vec<String> = outs.iter().map(final_loss).collect();
+    assert!(losses.windows(2).all(|w| w[0] == w[1]), "{losses:?}");
+    // one process with every rank
+    let world = format!("strategy.devices={}", nnodes * devices);
+    let o = kiln(
+        d.path(),
+        &["run", "t.toml", "--quiet", "--run-dir", "one", "--set", "strategy.kind=ddp", "--set", &world, "--set", &batch, "--set", "train.max_steps=5"],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let one = kiln::checkpoint::load(&d.path().join("one/checkpoints/step-00000005")).unwrap().params;
+    let multi = kiln::checkpoint::load(&d.path().join("runs/tiny/checkpoints/step-00000005")).unwrap().params;
+    let diff = one.iter().zip(&multi).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+    assert!(diff <= 1e-5, "max |param diff| {diff}");
+    // and single with the whole batch
+    let o = kiln(d.path(), &["run", "t.toml", "--quiet", "--run-dir", "single", "--set", "train.batch_size=16", "--set", "train.max_steps=5"]);
+    assert_eq!(o.status.code(), Some(0));
+    let single = kiln::checkpoint::load(&d.path().join("single/checkpoints/step-00000005")).unwrap().params;
+    let diff = single.iter().zip(&multi).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+    assert!(diff <= 1e-5, "vs single: max |param diff| {diff}");
+    assert!(summary_hash(&d.path().join("runs/tiny")).is_string());
+}
+
+#[test]
+fn two_nodes_of_one_device_equal_one_process() {
+    equal_to_one_process(2, 1);
+}
+
+#[test]
+fn two_nodes_of_two_devices_equal_one_process() {
+    equal_to_one_process(2, 2);
+}
+
+#[test]
+fn wrong_tokens_garbage_and_port_scans_do_not_disturb_the_run() {
+    let d = tempfile::tempdir().unwrap();
+    write(d.path(), "t.toml", TINY);
+    let port = free_port();
+    let sets = ["strategy.kind=ddp", "train.batch_size=4", "train.max_steps=5"];
+    let n0 = node(d.path(), "t.toml", 0, 2, port, "secret", &sets);
+    // wait for the store, then attack it
+    let addr = format!("127.0.0.1:{port}");
+    let mut tries = 0;
+    while TcpStream::connect(&addr).is_err() && tries < 500 {
+        std::thread::sleep(Duration::from_millis(10));
+        tries += 1;
+    }
+    drop(TcpStream::connect(&addr).unwrap()); // a port scan: connect and leave
+    let mut g = TcpStream::connect(&addr).unwrap();
+    let _ = g.write_all(b"\x00\x00\x00\x05hello garbage that is not a frame");
+    drop(g);
+    let mut huge = TcpStream::connect(&addr).unwrap();
+    let _ = huge.write_all(&u32::MAX.to_be_bytes());
+    drop(huge);
+    // a node with the wrong token is refused
+    let bad = node(d.path(), "t.toml", 1, 2, port, "wrong", &sets).wait_with_output().unwrap();
+    assert_eq!(bad.status.code(), Some(1), "{}", stderr(&bad));
+    assert!(stderr(&bad).contains("refused this node: bad job token"), "{}", stderr(&bad));
+    // the real node 1 joins and the job finishes
+    let n1 = node(d.path(), "t.toml", 1, 2, port, "secret", &sets);
+    let (o0, o1) = (n0.wait_with_output().unwrap(), n1.wait_with_output().unwrap());
+    assert_eq!(o0.status.code(), Some(0), "{}", stderr(&o0));
+    assert_eq!(o1.status.code(), Some(0), "{}", stderr(&o1));
+    assert_eq!(final_loss(&o0), final_loss(&o1));
+}
+
+#[test]
+fn a_node_that_never_arrives_is_named() {
+    let d = tempfile::tempdir().unwrap();
+    write(d.path(), "t.toml", TINY);
+    let port = free_port();
+    let o = node(d.path(), "t.toml", 0, 3, port, "tok", &["strategy.kind=ddp", "launch.rendezvous_timeout_secs=1"])
+        .wait_with_output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    let e = stderr(&o);
+    assert!(e.contains("rendezvous timed out after 1s: node 1 never arrived; node 2 never arrived"), "{e}");
+}
+
+#[test]
+fn launch_settings_come_from_flags_torchrun_and_slurm_variables() {
+    let d = tempfile::tempdir().unwrap();
+    write(d.path(), "t.toml", TINY);
+    let env = |pairs: &[(&str, &str)]| {
+        let o = crate::common::kiln_env(d.path(), &["check", "t.toml", "--set", "strategy.kind=ddp"], pairs);
+        (o.status.code(), crate::common::stdout(&o), stderr(&o))
+    };
+    let (code, out, _) = env(&[("WORLD_SIZE", "4"), ("RANK", "2"), ("MASTER_ADDR", "10.0.0.1"), ("MASTER_PORT", "1234")]);
+    assert_eq!(code, Some(0));
+    assert!(out.contains("nnodes = 4") && out.contains("# environment variable WORLD_SIZE"), "{out}");
+    assert!(out.contains("node_rank = 2") && out.contains("master_port = 1234"), "{out}");
+    assert!(out.contains("world 4 x batch 8"), "{out}");
+    let (_, out, _) = env(&[("SLURM_NNODES", "2"), ("SLURM_NODEID", "1")]);
+    assert!(out.contains("# environment variable SLURM_NODEID"), "{out}");
+    let (code, _, e) = env(&[("WORLD_SIZE", "2"), ("RANK", "2")]);
+    assert_eq!(code, Some(2));
+    assert!(e.contains("`launch.node_rank` = 2 but `launch.nnodes` = 2"), "{e}");
+    let _ = root();
+}
