@@ -211,8 +211,9 @@ pub fn run(a: &RunArgs) -> Result<()> {
     execute(&r, &run_dir, None, a.quiet, None)
 }
 
-/// One node of a multi-node job: check everything, join the rendezvous, agree on the run
-/// directory (node 0 picks it), train.
+/// One node of a multi-node job. With `launch.max_restarts` > 0 this process is the node's
+/// agent: it runs the node's worker as a child and restarts the whole job (every node's agent
+/// does the same) from the newest verified checkpoint when a worker dies.
 fn run_node(a: &RunArgs, r: &Resolved) -> Result<()> {
     let c = &r.config;
     if a.resume || a.run_dir.is_some() {
@@ -224,21 +225,116 @@ fn run_node(a: &RunArgs, r: &Resolved) -> Result<()> {
     if generated {
         eprintln!("job token: {token}\n  = give it to the other nodes: KILN_JOB_TOKEN={token}");
     }
-    let mut job = crate::launch::rendezvous::join(c, c.strategy.devices.count(), &token)?;
-    let run_dir = if job.node == 0 {
+    match std::env::var("KILN_WORKER_ROUND").ok().and_then(|v| v.parse::<usize>().ok()) {
+        Some(round) => node_worker(a, r, &token, round),
+        None if c.launch.max_restarts > 0 => node_agent(c, &token),
+        None => node_worker(a, r, &token, 0),
+    }
+}
+
+/// The agent: runs rounds of the worker until one succeeds or no restarts are left.
+fn node_agent(c: &Config, token: &str) -> Result<()> {
+    let node = c.launch.node_rank;
+    let max = c.launch.max_restarts;
+    let run_dir = if node == 0 {
         let dir = choose_run_dir(Path::new(&c.experiment.output_dir), &c.experiment.name);
+        fs::create_dir_all(dir.join("logs")).map_err(|e| Error::io(format!("creating run directory {}", dir.display()), e))?;
+        Some(dir.canonicalize().unwrap_or(dir))
+    } else {
+        None
+    };
+    let exe = std::env::current_exe().map_err(|e| Error::io("finding the kiln executable", e))?;
+    for round in 0..=max {
+        let mut cmd = std::process::Command::new(&exe);
+        cmd.args(std::env::args_os().skip(1))
+            .env("KILN_WORKER_ROUND", round.to_string())
+            .env("KILN_JOB_TOKEN", token);
+        if let Some(d) = &run_dir {
+            cmd.env("KILN_WORKER_RUN_DIR", d);
+        }
+        #[cfg(target_os = "linux")]
+        {
+            use std::os::unix::process::CommandExt;
+            // SAFETY: prctl is async-signal-safe; the worker dies with its agent.
+            unsafe {
+                cmd.pre_exec(|| {
+                    libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                    Ok(())
+                });
+            }
+        }
+        let status = cmd.status().map_err(|e| Error::io("starting the node's worker", e))?;
+        if status.success() {
+            return Ok(());
+        }
+        if status.code() == Some(2) {
+            return Err(Error::Usage(format!("node {node}: the worker rejected its input (see above); not restarting")));
+        }
+        let cause = match status.code() {
+            Some(code) => format!("exited with status {code}"),
+            None => {
+                use std::os::unix::process::ExitStatusExt;
+                format!("was killed by signal {}", status.signal().unwrap_or(0))
+            }
+        };
+        if round == max {
+            return Err(Error::Invalid(format!(
+                "node {node}: the worker {cause}, and no restarts are left (launch.max_restarts = {max})"
+            )));
+        }
+        let line = format!(
+            "node {node}: the worker {cause}; restarting the job from the newest verified checkpoint (restart {} of {max})",
+            round + 1
+        );
+        eprintln!("{line}");
+        if let Some(d) = &run_dir {
+            use std::io::Write as _;
+            if let Ok(mut f) = OpenOptions::new().create(true).append(true).open(d.join("logs/restarts.log")) {
+                let _ = writeln!(f, "{line}");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The worker of restart round `round`: rendezvous, agree on the run directory (node 0 picks
+/// it) and, after a restart, on the checkpoint to continue from; train.
+fn node_worker(a: &RunArgs, r: &Resolved, token: &str, round: usize) -> Result<()> {
+    let c = &r.config;
+    let mut job = crate::launch::rendezvous::join(c, c.strategy.devices.count(), token, round)?;
+    let t = std::time::Duration::from_secs(c.launch.rendezvous_timeout_secs);
+    let (run_dir, resume) = if job.node == 0 {
+        let dir = match std::env::var_os("KILN_WORKER_RUN_DIR") {
+            Some(d) => PathBuf::from(d),
+            None => choose_run_dir(Path::new(&c.experiment.output_dir), &c.experiment.name),
+        };
         fs::create_dir_all(&dir).map_err(|e| Error::io(format!("creating run directory {}", dir.display()), e))?;
         let abs = dir.canonicalize().unwrap_or(dir);
+        let resume = if round > 0 { Some(prepare_resume(&abs, r, None, a.quiet)?) } else { None };
+        let from = resume
+            .as_ref()
+            .and_then(|res| res.loaded.as_ref())
+            .map(|l| Store::new(abs.join(&c.checkpoint.dir)).step_dir(l.state.step as u64).display().to_string())
+            .unwrap_or_default();
+        job.client.set("resume_from", &from)?;
         job.client.set("run_dir", &abs.display().to_string())?;
-        abs
+        (abs, resume)
     } else {
-        let t = std::time::Duration::from_secs(c.launch.rendezvous_timeout_secs);
-        match job.client.wait(&["run_dir".to_string()], t)? {
-            Ok(v) => PathBuf::from(v.into_iter().next().unwrap_or_default()),
+        let keys = ["run_dir".to_string(), "resume_from".to_string()];
+        let v = match job.client.wait(&keys, t)? {
+            Ok(v) => v,
             Err(_) => return Err(Error::Usage("node 0 never published the run directory".into())),
-        }
+        };
+        let resume = match v.get(1).filter(|p| !p.is_empty()) {
+            Some(p) => Some(Resumption {
+                loaded: Some(crate::checkpoint::load(Path::new(p)).map_err(Error::Checkpoint)?),
+            }),
+            None if round > 0 => Some(Resumption { loaded: None }),
+            None => None,
+        };
+        (PathBuf::from(&v[0]), resume)
     };
-    execute(r, &run_dir, None, a.quiet, Some(job))
+    execute(r, &run_dir, resume, a.quiet, Some(job))
 }
 
 /// Trains `r` in `run_dir`, fresh or continuing `resume`.
@@ -376,6 +472,14 @@ pub fn execute(
             memory: res.map(|r| r.memory.clone()).unwrap_or_default(),
         }
     };
+    if let Some(j) = job.as_mut() {
+        if result.is_ok() {
+            j.finish(std::time::Duration::from_secs(c.launch.rendezvous_timeout_secs));
+        } else {
+            // failing: the heartbeat thread must not pre-empt the error report
+            j.done.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
     if let Some(server) = job.as_ref().and_then(|j| j.server.as_ref()) {
         for r in server.rejected() {
             ui.info(&format!("rendezvous store refused a connection from {r}"));

@@ -590,6 +590,11 @@ pub struct LaunchConfig {
     pub token_file: Option<String>,
     /// Seconds the rendezvous waits for every node. Default: `300`.
     pub rendezvous_timeout_secs: u64,
+    /// Restarts of the whole job (from the newest verified checkpoint) after a node's worker
+    /// dies, like torchrun `--max-restarts`. Default: `0`.
+    pub max_restarts: usize,
+    /// A node silent for this many seconds stops the job; 0 turns heartbeats off. Default: `10`.
+    pub heartbeat_secs: u64,
 }
 
 impl Default for LaunchConfig {
@@ -601,6 +606,8 @@ impl Default for LaunchConfig {
             master_port: 29500,
             token_file: None,
             rendezvous_timeout_secs: 300,
+            max_restarts: 0,
+            heartbeat_secs: 10,
         }
     }
 }

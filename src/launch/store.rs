@@ -62,6 +62,8 @@ pub fn read_frame(s: &mut impl Read) -> std::io::Result<Value> {
 #[derive(Default)]
 struct Shared {
     kv: HashMap<String, String>,
+    /// Last heartbeat of each node.
+    beats: HashMap<u64, Instant>,
     aborted: Option<String>,
     /// Rejected connections, for the log.
     rejected: Vec<String>,
@@ -77,11 +79,15 @@ pub struct StoreServer {
 struct Hello {
     token: String,
     node: usize,
+    /// The restart round: a node of another round is talking to a stale store.
+    #[serde(default)]
+    round: usize,
 }
 
 impl StoreServer {
     /// Binds exactly `addr` (never all interfaces) and serves in background threads.
-    pub fn start(addr: &str, token: String) -> Result<StoreServer, StoreError> {
+    /// With `heartbeat` non-zero, a node silent for that long stops the job.
+    pub fn start(addr: &str, token: String, round: usize, heartbeat: Duration) -> Result<StoreServer, StoreError> {
         let listener = TcpListener::bind(addr).map_err(|source| StoreError::Bind {
             addr: addr.to_string(),
             source,
@@ -96,9 +102,27 @@ impl StoreServer {
                     let Ok(conn) = conn else { continue };
                     let st = Arc::clone(&st);
                     let token = token.clone();
-                    let _ = std::thread::Builder::new().name("kiln-store-conn".into()).spawn(move || serve(conn, &token, &st));
+                    let _ = std::thread::Builder::new()
+                        .name("kiln-store-conn".into())
+                        .spawn(move || serve(conn, &token, round, &st));
                 }
             })?;
+        if !heartbeat.is_zero() {
+            let st = Arc::clone(&state);
+            std::thread::Builder::new().name("kiln-store-heartbeats".into()).spawn(move || loop {
+                std::thread::sleep(heartbeat / 4);
+                let (lock, cv) = &*st;
+                let Ok(mut s) = lock.lock() else { return };
+                if s.aborted.is_some() {
+                    return;
+                }
+                let late = s.beats.iter().find(|(_, t)| t.elapsed() > heartbeat).map(|(n, _)| *n);
+                if let Some(n) = late {
+                    s.aborted = Some(format!("node {n} sent no heartbeat for {}s (launch.heartbeat_secs)", heartbeat.as_secs()));
+                    cv.notify_all();
+                }
+            })?;
+        }
         Ok(StoreServer { addr: local, state })
     }
 
@@ -114,7 +138,7 @@ fn reject(st: &(Mutex<Shared>, Condvar), peer: &str, why: &str) {
     }
 }
 
-fn serve(mut conn: TcpStream, token: &str, st: &(Mutex<Shared>, Condvar)) {
+fn serve(mut conn: TcpStream, token: &str, round: usize, st: &(Mutex<Shared>, Condvar)) {
     let peer = conn.peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "?".into());
     // a client has a few seconds to say hello; a port scan or a stuck peer is dropped
     let _ = conn.set_read_timeout(Some(Duration::from_secs(5)));
@@ -122,10 +146,14 @@ fn serve(mut conn: TcpStream, token: &str, st: &(Mutex<Shared>, Condvar)) {
         Ok(v) => v,
         Err(e) => return reject(st, &peer, &format!("no valid hello ({e})")),
     };
-    let ok = serde_json::from_value::<Hello>(hello["hello"].clone()).map(|h| h.token == token).unwrap_or(false);
-    if !ok {
+    let hello = serde_json::from_value::<Hello>(hello["hello"].clone()).ok();
+    if !hello.as_ref().is_some_and(|h| h.token == token) {
         let _ = write_frame(&mut conn, &json!({"error": "bad job token"}));
         return reject(st, &peer, "bad job token");
+    }
+    if hello.as_ref().is_some_and(|h| h.round != round) {
+        let _ = write_frame(&mut conn, &json!({"error": "stale round"}));
+        return;
     }
     if write_frame(&mut conn, &json!({"ok": true})).is_err() {
         return;
@@ -178,6 +206,15 @@ fn handle(req: &Value, st: &(Mutex<Shared>, Condvar)) -> Value {
                 };
             }
         }
+        Some("heartbeat") => {
+            if let Some(n) = req["node"].as_u64() {
+                s.beats.insert(n, Instant::now());
+            }
+            match &s.aborted {
+                Some(r) => json!({"aborted": r}),
+                None => json!({"ok": true}),
+            }
+        }
         Some("abort") => {
             let reason = req["reason"].as_str().unwrap_or("stopped").to_string();
             s.aborted.get_or_insert(reason);
@@ -196,11 +233,18 @@ pub struct StoreClient {
 
 impl StoreClient {
     /// Connects (retrying until `timeout`, since node 0 may start later) and authenticates.
-    pub fn connect(addr: &str, token: &str, node: usize, timeout: Duration) -> Result<StoreClient, StoreError> {
+    /// A store of another restart round answers "stale round"; that is retried too.
+    pub fn connect(addr: &str, token: &str, node: usize, round: usize, timeout: Duration) -> Result<StoreClient, StoreError> {
         let start = Instant::now();
-        let mut conn = loop {
-            let err = match TcpStream::connect(addr) {
-                Ok(c) => break c,
+        let (conn, first) = loop {
+            let err = match TcpStream::connect(addr).and_then(|mut c| {
+                c.set_nodelay(true)?;
+                write_frame(&mut c, &json!({"hello": {"token": token, "node": node, "round": round}}))?;
+                let reply = read_frame(&mut c)?;
+                Ok((c, reply))
+            }) {
+                Ok((c, reply)) if reply["error"] != json!("stale round") => break (c, reply),
+                Ok(_) => "a store of an earlier round is still up".to_string(),
                 Err(e) => e.to_string(),
             };
             if start.elapsed() >= timeout {
@@ -212,9 +256,8 @@ impl StoreClient {
             }
             std::thread::sleep(Duration::from_millis(50));
         };
-        conn.set_nodelay(true)?;
-        write_frame(&mut conn, &json!({"hello": {"token": token, "node": node}}))?;
-        let reply = read_frame(&mut conn)?;
+        let reply = first;
+        conn.set_read_timeout(None)?;
         if reply["ok"] != json!(true) {
             return Err(StoreError::Refused {
                 addr: addr.to_string(),
@@ -256,6 +299,15 @@ impl StoreClient {
             Ok(Ok(strings(&reply["values"])))
         } else {
             Ok(Err(strings(&reply["missing"])))
+        }
+    }
+
+    /// Reports this node alive; `Err(Aborted)` once the job was stopped.
+    pub fn heartbeat(&mut self, node: usize) -> Result<(), StoreError> {
+        let reply = self.call(json!({"op": "heartbeat", "node": node}))?;
+        match reply["aborted"].as_str() {
+            Some(r) => Err(StoreError::Aborted(r.to_string())),
+            None => Ok(()),
         }
     }
 

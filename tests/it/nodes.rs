@@ -151,3 +151,91 @@ fn launch_settings_come_from_flags_torchrun_and_slurm_variables() {
     assert!(e.contains("`launch.node_rank` = 2 but `launch.nnodes` = 2"), "{e}");
     let _ = root();
 }
+
+/// The pid of `agent`'s worker child (Linux).
+fn worker_of(agent: u32) -> Option<u32> {
+    let text = std::fs::read_to_string(format!("/proc/{agent}/task/{agent}/children")).ok()?;
+    text.split_whitespace().next()?.parse().ok()
+}
+
+fn restart_job(max_restarts: usize) -> (Output, Output, std::path::PathBuf) {
+    let d = tempfile::tempdir().unwrap().keep();
+    write(&d, "t.toml", TINY);
+    let port = free_port();
+    let restarts = format!("launch.max_restarts={max_restarts}");
+    let sets = [
+        "strategy.kind=ddp",
+        "train.batch_size=4",
+        "train.max_steps=400",
+        "train.log_every=50",
+        "checkpoint.every_steps=20",
+        "launch.heartbeat_secs=2",
+        restarts.as_str(),
+    ];
+    let n0 = node(&d, "t.toml", 0, 2, port, "tok", &sets);
+    let n1 = node(&d, "t.toml", 1, 2, port, "tok", &sets);
+    // once a checkpoint exists, SIGKILL node 1's training process
+    let ckpt = d.join("runs/tiny/checkpoints/step-00000020");
+    let start = std::time::Instant::now();
+    while !ckpt.exists() && start.elapsed() < Duration::from_secs(60) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let victim = if max_restarts > 0 { worker_of(n1.id()).expect("node 1's worker") } else { n1.id() };
+    unsafe {
+        libc::kill(victim as i32, libc::SIGKILL);
+    }
+    (n0.wait_with_output().unwrap(), n1.wait_with_output().unwrap(), d)
+}
+
+#[test]
+fn a_killed_node_restarts_the_job_from_the_last_checkpoint() {
+    let (o0, o1, d) = restart_job(1);
+    assert_eq!(o0.status.code(), Some(0), "{}", stderr(&o0));
+    assert_eq!(o1.status.code(), Some(0), "{}", stderr(&o1));
+    assert!(stderr(&o1).contains("node 1: the worker was killed by signal 9; restarting the job"), "{}", stderr(&o1));
+    assert!(stderr(&o0).contains("node 0: the worker exited with status 1; restarting the job"), "{}", stderr(&o0));
+    let log = std::fs::read_to_string(d.join("runs/tiny/logs/restarts.log")).unwrap();
+    assert!(log.contains("restart 1 of 1"), "{log}");
+    let s: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(d.join("runs/tiny/summary.json")).unwrap()).unwrap();
+    assert_eq!(s["status"], "finished");
+    assert_eq!(s["steps"], 400);
+    assert!(s["resumed_from_step"].as_u64().unwrap() >= 20, "{s}");
+    assert_eq!(final_loss(&o0), final_loss(&o1));
+    let _ = std::fs::remove_dir_all(d);
+}
+
+#[test]
+fn without_restarts_a_killed_node_fails_the_job_saying_why() {
+    let (o0, _o1, d) = restart_job(0);
+    assert_eq!(o0.status.code(), Some(1));
+    let e = stderr(&o0);
+    assert!(e.contains("node 1") && (e.contains("lost the connection") || e.contains("heartbeat")), "{e}");
+    let _ = std::fs::remove_dir_all(d);
+}
+
+#[test]
+fn a_silent_node_is_detected_by_heartbeat() {
+    let d = tempfile::tempdir().unwrap();
+    write(d.path(), "t.toml", TINY);
+    let port = free_port();
+    let sets = ["strategy.kind=ddp", "train.batch_size=4", "train.max_steps=100000", "launch.heartbeat_secs=1"];
+    let n0 = node(d.path(), "t.toml", 0, 2, port, "tok", &sets);
+    let mut n1 = node(d.path(), "t.toml", 1, 2, port, "tok", &sets);
+    let logs = d.path().join("runs/tiny/logs/rank-1.log");
+    let start = std::time::Instant::now();
+    while !std::fs::read_to_string(&logs).unwrap_or_default().contains("step 10 ") && start.elapsed() < Duration::from_secs(60) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // freeze node 1: it stops answering but keeps its sockets open
+    unsafe {
+        libc::kill(n1.id() as i32, libc::SIGSTOP);
+    }
+    let t = std::time::Instant::now();
+    let o0 = n0.wait_with_output().unwrap();
+    let waited = t.elapsed();
+    let _ = n1.kill();
+    let _ = n1.wait();
+    assert_eq!(o0.status.code(), Some(1));
+    assert!(stderr(&o0).contains("node 1 sent no heartbeat for 1s"), "{}", stderr(&o0));
+    assert!(waited < Duration::from_secs(20), "{waited:?}");
+}
