@@ -107,7 +107,9 @@ fn cuda_placement(_c: &Config, _world: usize) -> Result<Placement, BackendError>
 fn cuda_placement(c: &Config, world: usize) -> Result<Placement, BackendError> {
     let gpus = crate::cuda::device_count().map_err(BackendError::NoCudaDevice)?;
     if gpus == 0 {
-        return Err(BackendError::NoCudaDevice("the driver reports 0 devices".into()));
+        return Err(BackendError::NoCudaDevice(
+            "the driver reports 0 devices".into(),
+        ));
     }
     place_on_gpus(c, world, gpus)
 }
@@ -116,7 +118,10 @@ fn cuda_placement(c: &Config, world: usize) -> Result<Placement, BackendError> {
 pub fn place_on_gpus(c: &Config, world: usize, gpus: usize) -> Result<Placement, BackendError> {
     let ordinals = c.strategy.devices.ordinals(gpus);
     if let Some(&ordinal) = ordinals.iter().find(|&&o| o >= gpus) {
-        return Err(BackendError::NoSuchGpu { ordinal, found: gpus });
+        return Err(BackendError::NoSuchGpu {
+            ordinal,
+            found: gpus,
+        });
     }
     let mut distinct = ordinals.clone();
     distinct.sort_unstable();
@@ -196,7 +201,9 @@ pub fn threads(c: &crate::config::BackendConfig, ranks: usize) -> usize {
     if c.threads > 0 {
         c.threads
     } else {
-        let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+        let cores = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1);
         (cores / ranks.max(1)).max(1)
     }
 }
@@ -215,16 +222,24 @@ pub fn train(
         std::env::set_var("MATMUL_NUM_THREADS", n.to_string());
     }
     match placement.backend {
-        Resolved::Ndarray => launch::run::<Autodiff<NdArray>>(input, placement, n, logs, link, on_event),
+        Resolved::Ndarray => {
+            launch::run::<Autodiff<NdArray>>(input, placement, n, logs, link, on_event)
+        }
         Resolved::Flex => launch::run::<Autodiff<Flex>>(input, placement, n, logs, link, on_event),
         #[cfg(feature = "cuda")]
         Resolved::Cuda(p) => {
             use burn::backend::Cuda;
             use burn::tensor::{bf16, f16};
             match p {
-                Precision::F32 => launch::run::<Autodiff<Cuda<f32>>>(input, placement, n, logs, link, on_event),
-                Precision::Bf16 => launch::run::<Autodiff<Cuda<bf16>>>(input, placement, n, logs, link, on_event),
-                Precision::F16 => launch::run::<Autodiff<Cuda<f16>>>(input, placement, n, logs, link, on_event),
+                Precision::F32 => {
+                    launch::run::<Autodiff<Cuda<f32>>>(input, placement, n, logs, link, on_event)
+                }
+                Precision::Bf16 => {
+                    launch::run::<Autodiff<Cuda<bf16>>>(input, placement, n, logs, link, on_event)
+                }
+                Precision::F16 => {
+                    launch::run::<Autodiff<Cuda<f16>>>(input, placement, n, logs, link, on_event)
+                }
             }
         }
     }

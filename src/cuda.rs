@@ -30,7 +30,9 @@ pub fn driver_version() -> Option<(i32, i32)> {
             return None;
         }
         let mut v = 0i32;
-        cudarc::driver::sys::cuDriverGetVersion(&mut v).result().ok()?;
+        cudarc::driver::sys::cuDriverGetVersion(&mut v)
+            .result()
+            .ok()?;
         Some((v / 1000, (v % 1000) / 10))
     }
 }
@@ -64,26 +66,47 @@ pub fn nccl_version() -> Option<String> {
 
 fn python_site_dirs() -> Vec<PathBuf> {
     let out = std::process::Command::new("python3")
-        .args(["-c", "import sys; print('\\n'.join(p for p in sys.path if p))"])
+        .args([
+            "-c",
+            "import sys; print('\\n'.join(p for p in sys.path if p))",
+        ])
         .stderr(std::process::Stdio::null())
         .output();
     match out {
-        Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout).lines().map(PathBuf::from).collect(),
+        Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .map(PathBuf::from)
+            .collect(),
         _ => Vec::new(),
     }
 }
 
 /// Directories searched for NCCL, in order.
-pub fn nccl_search_dirs(env_override: Option<&str>, ld_library_path: Option<&str>, site: &[PathBuf]) -> Vec<PathBuf> {
+pub fn nccl_search_dirs(
+    env_override: Option<&str>,
+    ld_library_path: Option<&str>,
+    site: &[PathBuf],
+) -> Vec<PathBuf> {
     let mut dirs = Vec::new();
     if let Some(o) = env_override {
         let p = PathBuf::from(o);
-        dirs.push(if p.is_file() { p.parent().map(Path::to_path_buf).unwrap_or(p) } else { p });
+        dirs.push(if p.is_file() {
+            p.parent().map(Path::to_path_buf).unwrap_or(p)
+        } else {
+            p
+        });
     }
     if let Some(ld) = ld_library_path {
         dirs.extend(ld.split(':').filter(|s| !s.is_empty()).map(PathBuf::from));
     }
-    for d in ["/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib", "/usr/local/lib", "/usr/local/cuda/lib64", "/usr/local/nccl/lib"] {
+    for d in [
+        "/usr/lib/x86_64-linux-gnu",
+        "/usr/lib64",
+        "/usr/lib",
+        "/usr/local/lib",
+        "/usr/local/cuda/lib64",
+        "/usr/local/nccl/lib",
+    ] {
         dirs.push(PathBuf::from(d));
     }
     dirs.extend(site.iter().map(|s| s.join("nvidia/nccl/lib")));
@@ -101,7 +124,11 @@ pub fn find_nccl_in(dirs: &[PathBuf]) -> Option<PathBuf> {
             .into_iter()
             .flatten()
             .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.file_name().and_then(|f| f.to_str()).is_some_and(|f| f.starts_with("libnccl.so.")))
+            .filter(|p| {
+                p.file_name()
+                    .and_then(|f| f.to_str())
+                    .is_some_and(|f| f.starts_with("libnccl.so."))
+            })
             .collect();
         versioned.sort();
         if let Some(p) = versioned.into_iter().next() {
@@ -121,7 +148,11 @@ pub fn find_nccl() -> Option<PathBuf> {
         }
     }
     let ld = std::env::var("LD_LIBRARY_PATH").ok();
-    find_nccl_in(&nccl_search_dirs(over.as_deref(), ld.as_deref(), &python_site_dirs()))
+    find_nccl_in(&nccl_search_dirs(
+        over.as_deref(),
+        ld.as_deref(),
+        &python_site_dirs(),
+    ))
 }
 
 /// When NCCL exists but is not loadable under the name cudarc uses, links it as `libnccl.so` in
@@ -146,14 +177,19 @@ pub fn ensure_nccl_loadable() {
         Ok(old) if !old.is_empty() => format!("{}:{old}", dir.display()),
         _ => dir.display().to_string(),
     };
-    let Ok(exe) = std::env::current_exe() else { return };
+    let Ok(exe) = std::env::current_exe() else {
+        return;
+    };
     use std::os::unix::process::CommandExt;
     let err = std::process::Command::new(exe)
         .args(std::env::args_os().skip(1))
         .env("LD_LIBRARY_PATH", ld)
         .env(GUARD, &lib)
         .exec();
-    eprintln!("warning: could not re-execute kiln to load NCCL from {}: {err}", lib.display());
+    eprintln!(
+        "warning: could not re-execute kiln to load NCCL from {}: {err}",
+        lib.display()
+    );
 }
 
 /// What to tell the user about NCCL.

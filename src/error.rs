@@ -47,7 +47,11 @@ impl Error {
     /// 2 for bad input (nothing was run), 1 for a run that failed.
     pub fn exit_code(&self) -> i32 {
         match self {
-            Error::Config(_) | Error::Data(_) | Error::Backend(_) | Error::Usage(_) | Error::Checkpoint(_) => 2,
+            Error::Config(_)
+            | Error::Data(_)
+            | Error::Backend(_)
+            | Error::Usage(_)
+            | Error::Checkpoint(_) => 2,
             Error::Train(_) | Error::Io { .. } | Error::Invalid(_) | Error::Launch(_) => 1,
         }
     }

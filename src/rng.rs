@@ -109,7 +109,9 @@ mod tests {
 
     #[test]
     fn streams_are_reproducible_and_distinct() {
-        let a: Vec<u64> = (0..4).map(|_| Rng::stream(1, "x", &[2]).next_u64()).collect();
+        let a: Vec<u64> = (0..4)
+            .map(|_| Rng::stream(1, "x", &[2]).next_u64())
+            .collect();
         assert!(a.windows(2).all(|w| w[0] == w[1]));
         assert_ne!(derive(1, "x", &[2]), derive(1, "x", &[3]));
         assert_ne!(derive(1, "x", &[2]), derive(1, "y", &[2]));

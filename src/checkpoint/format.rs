@@ -25,12 +25,18 @@ pub fn encode_f32(v: &[f32]) -> Vec<u8> {
 }
 
 fn read_u64(b: &[u8], at: usize) -> Option<u64> {
-    b.get(at..at + 8).map(|s| u64::from_le_bytes(s.try_into().unwrap_or([0; 8])))
+    b.get(at..at + 8)
+        .map(|s| u64::from_le_bytes(s.try_into().unwrap_or([0; 8])))
 }
 
 fn read_f32s(b: &[u8], at: usize, n: usize) -> Option<Vec<f32>> {
     let bytes = b.get(at..at.checked_add(n.checked_mul(4)?)?)?;
-    Some(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+    Some(
+        bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect(),
+    )
 }
 
 pub fn decode_f32(b: &[u8]) -> Result<Vec<f32>, String> {
@@ -39,7 +45,11 @@ pub fn decode_f32(b: &[u8]) -> Result<Vec<f32>, String> {
     }
     let n = read_u64(b, 8).ok_or("truncated header")? as usize;
     if b.len() != 16 + n * 4 {
-        return Err(format!("expected {} bytes for {n} values, found {}", 16 + n * 4, b.len()));
+        return Err(format!(
+            "expected {} bytes for {n} values, found {}",
+            16 + n * 4,
+            b.len()
+        ));
     }
     read_f32s(b, 16, n).ok_or_else(|| "truncated data".into())
 }
@@ -64,7 +74,11 @@ pub fn decode_opt(b: &[u8]) -> Result<OptState, String> {
     let nm = read_u64(b, 16).ok_or("truncated header")? as usize;
     let nv = read_u64(b, 24).ok_or("truncated header")? as usize;
     if b.len() != 32 + (nm + nv) * 4 {
-        return Err(format!("expected {} bytes, found {}", 32 + (nm + nv) * 4, b.len()));
+        return Err(format!(
+            "expected {} bytes, found {}",
+            32 + (nm + nv) * 4,
+            b.len()
+        ));
     }
     Ok(OptState {
         steps,
@@ -81,7 +95,10 @@ pub enum Layout {
     Full,
     /// `model-rank-<r>.bin` and `optim-rank-<r>.bin` hold rank r's shard of every unit, each
     /// padded to `shard_len`; units are (start, len, shard_len) in the flat parameter buffer.
-    Sharded { world: usize, units: Vec<[usize; 3]> },
+    Sharded {
+        world: usize,
+        units: Vec<[usize; 3]>,
+    },
 }
 
 /// Where the data stream stands, by a global cursor that any world size can continue from.

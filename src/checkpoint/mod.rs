@@ -6,8 +6,8 @@ mod retention;
 mod store;
 
 pub use format::{
-    decode_f32, decode_opt, encode_f32, encode_opt, DataPosition, Layout, Manifest, OptState, OptimizerInfo,
-    RngState, SchedulerInfo, State,
+    decode_f32, decode_opt, encode_f32, encode_opt, DataPosition, Layout, Manifest, OptState,
+    OptimizerInfo, RngState, SchedulerInfo, State,
 };
 pub use retention::to_delete;
 pub use store::{load, verify, CheckpointError, Entry, Loaded, Store};

@@ -64,7 +64,10 @@ fn sync_dir(dir: &Path) -> Result<(), CheckpointError> {
 fn sha256_file(path: &Path) -> Result<(u64, String), std::io::Error> {
     let bytes = fs::read(path)?;
     let digest = Sha256::digest(&bytes);
-    Ok((bytes.len() as u64, digest.iter().map(|b| format!("{b:02x}")).collect()))
+    Ok((
+        bytes.len() as u64,
+        digest.iter().map(|b| format!("{b:02x}")).collect(),
+    ))
 }
 
 impl Store {
@@ -100,12 +103,19 @@ impl Store {
 
     /// Finishes checkpoint `step` (rank 0, after every rank wrote its files): state, manifest,
     /// rename, fsync. Then applies retention.
-    pub fn commit(&self, step: u64, state: &State, keep_last: usize, keep_every: u64) -> Result<(), CheckpointError> {
+    pub fn commit(
+        &self,
+        step: u64,
+        state: &State,
+        keep_last: usize,
+        keep_every: u64,
+    ) -> Result<(), CheckpointError> {
         let tmp = self.tmp_dir(step);
-        let state_json = serde_json::to_vec_pretty(state).map_err(|e| CheckpointError::Invalid {
-            path: tmp.clone(),
-            why: e.to_string(),
-        })?;
+        let state_json =
+            serde_json::to_vec_pretty(state).map_err(|e| CheckpointError::Invalid {
+                path: tmp.clone(),
+                why: e.to_string(),
+            })?;
         self.write_file(step, "state.json", &state_json)?;
         let mut names: Vec<String> = fs::read_dir(&tmp)
             .map_err(io(&tmp))?
@@ -118,9 +128,11 @@ impl Store {
             let (size, sha256) = sha256_file(&p).map_err(io(&p))?;
             files.push(ManifestEntry { name, size, sha256 });
         }
-        let manifest = serde_json::to_vec_pretty(&Manifest { files }).map_err(|e| CheckpointError::Invalid {
-            path: tmp.clone(),
-            why: e.to_string(),
+        let manifest = serde_json::to_vec_pretty(&Manifest { files }).map_err(|e| {
+            CheckpointError::Invalid {
+                path: tmp.clone(),
+                why: e.to_string(),
+            }
         })?;
         self.write_file(step, "MANIFEST.json", &manifest)?;
         sync_dir(&tmp)?;
@@ -168,22 +180,35 @@ impl Store {
         for e in fs::read_dir(&self.dir).map_err(io(&self.dir))? {
             let e = e.map_err(io(&self.dir))?;
             let name = e.file_name().to_string_lossy().into_owned();
-            let Some(rest) = name.strip_prefix("step-") else { continue };
+            let Some(rest) = name.strip_prefix("step-") else {
+                continue;
+            };
             let (num, tmp) = match rest.strip_suffix(".tmp") {
                 Some(n) => (n, true),
                 None => (rest, false),
             };
-            let Ok(step) = num.parse::<u64>() else { continue };
+            let Ok(step) = num.parse::<u64>() else {
+                continue;
+            };
             let path = e.path();
             let bytes = fs::read_dir(&path)
-                .map(|d| d.filter_map(|f| f.ok()?.metadata().ok()).map(|m| m.len()).sum())
+                .map(|d| {
+                    d.filter_map(|f| f.ok()?.metadata().ok())
+                        .map(|m| m.len())
+                        .sum()
+                })
                 .unwrap_or(0);
             let status = if tmp {
                 Err("unfinished (.tmp): the save was interrupted".to_string())
             } else {
                 verify(&path)
             };
-            out.push(Entry { step, path, bytes, status });
+            out.push(Entry {
+                step,
+                path,
+                bytes,
+                status,
+            });
         }
         out.sort_by(|a, b| b.step.cmp(&a.step).then(a.path.cmp(&b.path)));
         Ok(out)
@@ -193,8 +218,10 @@ impl Store {
 /// Checks a step directory against its manifest: every file present, of the listed size and
 /// sha256, and nothing essential missing.
 pub fn verify(dir: &Path) -> Result<(), String> {
-    let text = fs::read(dir.join("MANIFEST.json")).map_err(|_| "missing MANIFEST.json".to_string())?;
-    let manifest: Manifest = serde_json::from_slice(&text).map_err(|e| format!("MANIFEST.json does not parse: {e}"))?;
+    let text =
+        fs::read(dir.join("MANIFEST.json")).map_err(|_| "missing MANIFEST.json".to_string())?;
+    let manifest: Manifest =
+        serde_json::from_slice(&text).map_err(|e| format!("MANIFEST.json does not parse: {e}"))?;
     if !manifest.files.iter().any(|f| f.name == "state.json") {
         return Err("the manifest does not list state.json".into());
     }
@@ -202,7 +229,10 @@ pub fn verify(dir: &Path) -> Result<(), String> {
         let p = dir.join(&f.name);
         let (size, sha) = sha256_file(&p).map_err(|_| format!("missing file {}", f.name))?;
         if size != f.size {
-            return Err(format!("{}: size {size} bytes, manifest says {}", f.name, f.size));
+            return Err(format!(
+                "{}: size {size} bytes, manifest says {}",
+                f.name, f.size
+            ));
         }
         if sha != f.sha256 {
             return Err(format!("{}: checksum mismatch", f.name));
@@ -227,13 +257,15 @@ fn invalid(dir: &Path, why: String) -> CheckpointError {
 /// whole buffers (so any world size and strategy can take its part).
 pub fn load(dir: &Path) -> Result<Loaded, CheckpointError> {
     verify(dir).map_err(|why| invalid(dir, why))?;
-    let state: State =
-        serde_json::from_slice(&read(dir, "state.json")?).map_err(|e| invalid(dir, format!("state.json: {e}")))?;
+    let state: State = serde_json::from_slice(&read(dir, "state.json")?)
+        .map_err(|e| invalid(dir, format!("state.json: {e}")))?;
     let n = state.num_params;
     let (params, opt) = match &state.params {
         Layout::Full => {
-            let params = decode_f32(&read(dir, "model.bin")?).map_err(|e| invalid(dir, format!("model.bin: {e}")))?;
-            let opt = decode_opt(&read(dir, "optim.bin")?).map_err(|e| invalid(dir, format!("optim.bin: {e}")))?;
+            let params = decode_f32(&read(dir, "model.bin")?)
+                .map_err(|e| invalid(dir, format!("model.bin: {e}")))?;
+            let opt = decode_opt(&read(dir, "optim.bin")?)
+                .map_err(|e| invalid(dir, format!("optim.bin: {e}")))?;
             (params, opt)
         }
         Layout::Sharded { world, units } => {
@@ -242,11 +274,19 @@ pub fn load(dir: &Path) -> Result<Loaded, CheckpointError> {
             let total_shard: usize = units.iter().map(|u| u[2]).sum();
             for r in 0..*world {
                 let name = format!("model-rank-{r}.bin");
-                let shard = decode_f32(&read(dir, &name)?).map_err(|e| invalid(dir, format!("{name}: {e}")))?;
+                let shard = decode_f32(&read(dir, &name)?)
+                    .map_err(|e| invalid(dir, format!("{name}: {e}")))?;
                 let name = format!("optim-rank-{r}.bin");
-                let o = decode_opt(&read(dir, &name)?).map_err(|e| invalid(dir, format!("{name}: {e}")))?;
+                let o = decode_opt(&read(dir, &name)?)
+                    .map_err(|e| invalid(dir, format!("{name}: {e}")))?;
                 if shard.len() != total_shard {
-                    return Err(invalid(dir, format!("model-rank-{r}.bin has {} values, expected {total_shard}", shard.len())));
+                    return Err(invalid(
+                        dir,
+                        format!(
+                            "model-rank-{r}.bin has {} values, expected {total_shard}",
+                            shard.len()
+                        ),
+                    ));
                 }
                 opt.steps = o.steps;
                 let has_m = !o.m.is_empty();
@@ -274,7 +314,10 @@ pub fn load(dir: &Path) -> Result<Loaded, CheckpointError> {
         }
     };
     if params.len() != n {
-        return Err(invalid(dir, format!("{} parameters, state.json says {n}", params.len())));
+        return Err(invalid(
+            dir,
+            format!("{} parameters, state.json says {n}", params.len()),
+        ));
     }
     Ok(Loaded { state, params, opt })
 }

@@ -6,11 +6,11 @@ use clap::Args;
 use super::ConfigArgs;
 use crate::backend::{self, Resolved};
 use crate::config::{CpuBackend, Device};
+use crate::data;
 use crate::error::{Error, Result};
 use crate::model::Mlp;
 use crate::plan::Plan;
 use crate::train::TrainInput;
-use crate::data;
 
 #[derive(Debug, Args)]
 pub struct BenchArgs {
@@ -31,7 +31,9 @@ pub struct BenchArgs {
 pub fn bench(a: &BenchArgs) -> Result<()> {
     let mut r = a.config.resolve()?;
     if a.steps == 0 || a.repeats == 0 {
-        return Err(Error::Usage("--steps and --repeats must be at least 1".into()));
+        return Err(Error::Usage(
+            "--steps and --repeats must be at least 1".into(),
+        ));
     }
     r.config.train.max_steps = Some(a.steps);
     r.config.train.eval_every = 0;
@@ -49,11 +51,18 @@ pub fn bench(a: &BenchArgs) -> Result<()> {
             "all" => vec![Some(CpuBackend::Ndarray), Some(CpuBackend::Flex)],
             "ndarray" => vec![Some(CpuBackend::Ndarray)],
             "flex" => vec![Some(CpuBackend::Flex)],
-            other => return Err(Error::Usage(format!("--cpu `{other}`: expected all, ndarray or flex"))),
+            other => {
+                return Err(Error::Usage(format!(
+                    "--cpu `{other}`: expected all, ndarray or flex"
+                )))
+            }
         }
     };
     println!("{}", plan.describe());
-    println!("backend   threads  steps/s  samples/s  (median of {})", a.repeats);
+    println!(
+        "backend   threads  steps/s  samples/s  (median of {})",
+        a.repeats
+    );
     for cpu in backends {
         if let Some(cpu) = cpu {
             c.backend.cpu = cpu;

@@ -13,7 +13,10 @@ pub fn check(a: &ConfigArgs) -> Result<()> {
     let d = data::load(&r)?;
     let mlp = Mlp::new(&r.config.model);
     let plan = Plan::new(&r.config, d.train.len(), mlp.num_params());
-    println!("# {} resolved: each value is followed by its source", a.file.display());
+    println!(
+        "# {} resolved: each value is followed by its source",
+        a.file.display()
+    );
     print!("{}", config::annotated(&r));
     println!();
     println!("# {}", plan.describe());

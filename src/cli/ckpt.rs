@@ -24,17 +24,28 @@ pub enum CkptCommand {
 fn store_of(run_dir: &Path) -> Result<Store> {
     let cfg = run_dir.join("config.toml");
     let text = std::fs::read_to_string(&cfg).map_err(|_| {
-        Error::Usage(format!("`{}` is not a kiln run directory (no config.toml)", run_dir.display()))
+        Error::Usage(format!(
+            "`{}` is not a kiln run directory (no config.toml)",
+            run_dir.display()
+        ))
     })?;
     let dir = toml::from_str::<toml::Table>(&text)
         .ok()
-        .and_then(|t| t.get("checkpoint")?.get("dir")?.as_str().map(str::to_string))
+        .and_then(|t| {
+            t.get("checkpoint")?
+                .get("dir")?
+                .as_str()
+                .map(str::to_string)
+        })
         .unwrap_or_else(|| "checkpoints".into());
     Ok(Store::new(run_dir.join(dir)))
 }
 
 fn name(e: &Entry) -> String {
-    e.path.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default()
+    e.path
+        .file_name()
+        .map(|f| f.to_string_lossy().into_owned())
+        .unwrap_or_default()
 }
 
 pub fn ckpt(cmd: &CkptCommand) -> Result<()> {
@@ -57,7 +68,9 @@ pub fn ckpt(cmd: &CkptCommand) -> Result<()> {
         }
         CkptCommand::Verify { run_dir } => {
             let entries = store_of(run_dir)?.list().map_err(Error::Checkpoint)?;
-            let newest = entries.first().ok_or_else(|| Error::Invalid(format!("no checkpoints in {}", run_dir.display())))?;
+            let newest = entries.first().ok_or_else(|| {
+                Error::Invalid(format!("no checkpoints in {}", run_dir.display()))
+            })?;
             match &newest.status {
                 Ok(()) => {
                     println!("{}: valid", name(newest));

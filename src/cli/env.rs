@@ -13,7 +13,9 @@ pub fn env() -> Result<()> {
     );
     println!(
         "cpu threads: {}",
-        std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
     );
     cuda_report();
     Ok(())
@@ -22,7 +24,9 @@ pub fn env() -> Result<()> {
 #[cfg(not(feature = "cuda"))]
 fn cuda_report() {
     println!("cuda: not compiled in");
-    println!("  = help: rebuild with `cargo build --release --features cuda` to train on NVIDIA GPUs");
+    println!(
+        "  = help: rebuild with `cargo build --release --features cuda` to train on NVIDIA GPUs"
+    );
 }
 
 #[cfg(feature = "cuda")]
@@ -40,15 +44,21 @@ fn cuda_report() {
         Ok(0) => println!("gpus: none\n  = help: check `nvidia-smi` and CUDA_VISIBLE_DEVICES"),
         Ok(_) => {
             for (i, (name, mem)) in cuda::gpus().iter().enumerate() {
-                println!("gpu {i}: {name} ({:.1} GiB)", *mem as f64 / (1u64 << 30) as f64);
+                println!(
+                    "gpu {i}: {name} ({:.1} GiB)",
+                    *mem as f64 / (1u64 << 30) as f64
+                );
             }
         }
-        Err(why) => println!("gpus: none ({why})\n  = help: check `nvidia-smi` and CUDA_VISIBLE_DEVICES"),
+        Err(why) => {
+            println!("gpus: none ({why})\n  = help: check `nvidia-smi` and CUDA_VISIBLE_DEVICES")
+        }
     }
     match (cuda::nccl_version(), cuda::find_nccl()) {
         (Some(v), path) => println!(
             "nccl: {v}{}",
-            path.map(|p| format!(" ({})", p.display())).unwrap_or_default()
+            path.map(|p| format!(" ({})", p.display()))
+                .unwrap_or_default()
         ),
         (None, _) => {
             println!("nccl: not loadable");

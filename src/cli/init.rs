@@ -73,6 +73,11 @@ pub fn init(a: &InitArgs) -> Result<()> {
         .map_err(|e| Error::io(format!("creating {}", path.display()), e))?;
     f.write_all(text.as_bytes())
         .map_err(|e| Error::io(format!("writing {}", path.display()), e))?;
-    println!("wrote {} (template `{}`); check it with: kiln check {}", path.display(), a.template, path.display());
+    println!(
+        "wrote {} (template `{}`); check it with: kiln check {}",
+        path.display(),
+        a.template,
+        path.display()
+    );
     Ok(())
 }

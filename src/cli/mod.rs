@@ -19,7 +19,11 @@ use crate::config::{self, Resolved};
 use crate::Result;
 
 #[derive(Debug, Parser)]
-#[command(name = "kiln", version, about = "Run deep-learning experiments described in TOML")]
+#[command(
+    name = "kiln",
+    version,
+    about = "Run deep-learning experiments described in TOML"
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,

@@ -57,7 +57,11 @@ fn flatten(prefix: &str, v: &toml::Value, out: &mut Vec<(String, String)>) {
     match v {
         toml::Value::Table(t) => {
             for (k, v) in t {
-                let key = if prefix.is_empty() { k.clone() } else { format!("{prefix}.{k}") };
+                let key = if prefix.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{prefix}.{k}")
+                };
                 flatten(&key, v, out);
             }
         }
@@ -72,7 +76,8 @@ pub fn config_changes(old: &Config, new: &Config) -> Vec<(String, String, String
         if let Ok(t) = toml::Table::try_from(c) {
             flatten("", &toml::Value::Table(t), &mut out);
         }
-        out.into_iter().collect::<std::collections::BTreeMap<_, _>>()
+        out.into_iter()
+            .collect::<std::collections::BTreeMap<_, _>>()
     };
     let (a, b) = (flat(old), flat(new));
     let mut keys: Vec<&String> = a.keys().chain(b.keys()).collect();
@@ -81,16 +86,32 @@ pub fn config_changes(old: &Config, new: &Config) -> Vec<(String, String, String
     let unset = "(unset)".to_string();
     keys.into_iter()
         .filter(|k| a.get(*k) != b.get(*k))
-        .map(|k| (k.clone(), a.get(k).unwrap_or(&unset).clone(), b.get(k).unwrap_or(&unset).clone()))
+        .map(|k| {
+            (
+                k.clone(),
+                a.get(k).unwrap_or(&unset).clone(),
+                b.get(k).unwrap_or(&unset).clone(),
+            )
+        })
         .collect()
 }
 
 /// Checks the config change, picks and loads the checkpoint, and trims `metrics.jsonl` to it.
-pub fn prepare_resume(dir: &Path, r: &Resolved, from: Option<&str>, quiet: bool) -> Result<Resumption> {
+pub fn prepare_resume(
+    dir: &Path,
+    r: &Resolved,
+    from: Option<&str>,
+    quiet: bool,
+) -> Result<Resumption> {
     let old_path = dir.join("config.toml");
-    let old_text = fs::read_to_string(&old_path).map_err(|e| Error::io(format!("reading {}", old_path.display()), e))?;
+    let old_text = fs::read_to_string(&old_path)
+        .map_err(|e| Error::io(format!("reading {}", old_path.display()), e))?;
     let old: Config = toml::from_str(&old_text).map_err(|e| {
-        Error::Usage(format!("`{}` does not parse ({}); was it edited by hand?", old_path.display(), e.message()))
+        Error::Usage(format!(
+            "`{}` does not parse ({}); was it edited by hand?",
+            old_path.display(),
+            e.message()
+        ))
     })?;
     let changes = config_changes(&old, &stored_config(r));
     let refused: Vec<String> = changes
@@ -117,16 +138,26 @@ pub fn prepare_resume(dir: &Path, r: &Resolved, from: Option<&str>, quiet: bool)
                 .iter()
                 .find(|e| e.path.file_name().is_some_and(|f| f == name))
                 .ok_or_else(|| {
-                    let names: Vec<String> =
-                        entries.iter().filter_map(|e| e.path.file_name().map(|f| f.to_string_lossy().into_owned())).collect();
+                    let names: Vec<String> = entries
+                        .iter()
+                        .filter_map(|e| {
+                            e.path.file_name().map(|f| f.to_string_lossy().into_owned())
+                        })
+                        .collect();
                     Error::Usage(format!(
                         "no checkpoint `{name}` in {}; there are: {}",
                         store.dir.display(),
-                        if names.is_empty() { "none".into() } else { names.join(", ") }
+                        if names.is_empty() {
+                            "none".into()
+                        } else {
+                            names.join(", ")
+                        }
                     ))
                 })?;
             if let Err(why) = &e.status {
-                return Err(Error::Usage(format!("checkpoint `{name}` cannot be resumed from: {why}")));
+                return Err(Error::Usage(format!(
+                    "checkpoint `{name}` cannot be resumed from: {why}"
+                )));
             }
             Some(e.path.clone())
         }
@@ -140,7 +171,10 @@ pub fn prepare_resume(dir: &Path, r: &Resolved, from: Option<&str>, quiet: bool)
                     }
                     Err(why) => eprintln!(
                         "skipping {}: {why}",
-                        e.path.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default()
+                        e.path
+                            .file_name()
+                            .map(|f| f.to_string_lossy().into_owned())
+                            .unwrap_or_default()
                     ),
                 }
             }
@@ -151,16 +185,27 @@ pub fn prepare_resume(dir: &Path, r: &Resolved, from: Option<&str>, quiet: bool)
         Some(path) => {
             let l = checkpoint::load(&path).map_err(Error::Checkpoint)?;
             if !quiet {
-                eprintln!("resuming {} from {} (step {})", dir.display(), path.display(), l.state.step);
+                eprintln!(
+                    "resuming {} from {} (step {})",
+                    dir.display(),
+                    path.display(),
+                    l.state.step
+                );
             }
             Some(l)
         }
         None => {
-            eprintln!("no verified checkpoint in {}: the run starts over from step 0", store.dir.display());
+            eprintln!(
+                "no verified checkpoint in {}: the run starts over from step 0",
+                store.dir.display()
+            );
             None
         }
     };
-    trim_metrics(&dir.join("metrics.jsonl"), loaded.as_ref().map(|l| l.state.step).unwrap_or(0))?;
+    trim_metrics(
+        &dir.join("metrics.jsonl"),
+        loaded.as_ref().map(|l| l.state.step).unwrap_or(0),
+    )?;
     Ok(Resumption { loaded })
 }
 

@@ -59,8 +59,14 @@ impl RunArgs {
         let flags = [
             ("launch.nnodes", self.nnodes.map(|v| v.to_string())),
             ("launch.node_rank", self.node_rank.map(|v| v.to_string())),
-            ("launch.master_addr", self.master_addr.as_ref().map(|v| format!("\"{v}\""))),
-            ("launch.master_port", self.master_port.map(|v| v.to_string())),
+            (
+                "launch.master_addr",
+                self.master_addr.as_ref().map(|v| format!("\"{v}\"")),
+            ),
+            (
+                "launch.master_port",
+                self.master_port.map(|v| v.to_string()),
+            ),
         ];
         for (k, v) in flags {
             if let Some(v) = v {
@@ -101,7 +107,9 @@ pub struct Summary {
 }
 
 fn is_empty_dir(p: &Path) -> bool {
-    fs::read_dir(p).map(|mut d| d.next().is_none()).unwrap_or(false)
+    fs::read_dir(p)
+        .map(|mut d| d.next().is_none())
+        .unwrap_or(false)
 }
 
 /// `<output_dir>/<name>`, or the next free `<name>-2`, `<name>-3`, ... when it holds a run.
@@ -139,7 +147,8 @@ pub fn newest_unfinished(output_dir: &Path, name: &str) -> Option<PathBuf> {
             let idx = if n == name {
                 Some(1)
             } else {
-                n.strip_prefix(&format!("{name}-")).and_then(|s| s.parse::<usize>().ok())
+                n.strip_prefix(&format!("{name}-"))
+                    .and_then(|s| s.parse::<usize>().ok())
             };
             idx.map(|i| (i, e.path()))
         })
@@ -159,8 +168,12 @@ fn params_hash(params: &[f32]) -> String {
 }
 
 pub fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<()> {
-    let text = serde_json::to_string_pretty(value)
-        .map_err(|e| Error::io(format!("serialising {}", path.display()), std::io::Error::other(e)))?;
+    let text = serde_json::to_string_pretty(value).map_err(|e| {
+        Error::io(
+            format!("serialising {}", path.display()),
+            std::io::Error::other(e),
+        )
+    })?;
     let tmp = path.with_extension("json.tmp");
     fs::write(&tmp, text + "\n").map_err(|e| Error::io(format!("writing {}", tmp.display()), e))?;
     fs::rename(&tmp, path).map_err(|e| Error::io(format!("writing {}", path.display()), e))
@@ -175,7 +188,11 @@ pub fn stored_config(r: &Resolved) -> Config {
         p.canonicalize().unwrap_or(p).display().to_string()
     };
     c.data.path = c.data.path.as_deref().map(|v| abs("data.path", v));
-    c.data.eval_path = c.data.eval_path.as_deref().map(|v| abs("data.eval_path", v));
+    c.data.eval_path = c
+        .data
+        .eval_path
+        .as_deref()
+        .map(|v| abs("data.eval_path", v));
     c
 }
 
@@ -188,14 +205,22 @@ pub fn run(a: &RunArgs) -> Result<()> {
     }
     if a.resume || c.checkpoint.auto_resume {
         if a.run_dir.is_some() {
-            return Err(Error::Usage("--resume finds the run directory itself; use `kiln resume DIR` for a given one".into()));
+            return Err(Error::Usage(
+                "--resume finds the run directory itself; use `kiln resume DIR` for a given one"
+                    .into(),
+            ));
         }
-        if let Some(dir) = newest_unfinished(Path::new(&c.experiment.output_dir), &c.experiment.name) {
+        if let Some(dir) =
+            newest_unfinished(Path::new(&c.experiment.output_dir), &c.experiment.name)
+        {
             let res = prepare_resume(&dir, &r, None, a.quiet)?;
             return execute(&r, &dir, Some(res), a.quiet, None);
         }
         if !a.quiet {
-            eprintln!("no unfinished run of `{}` to resume: starting a new one", c.experiment.name);
+            eprintln!(
+                "no unfinished run of `{}` to resume: starting a new one",
+                c.experiment.name
+            );
         }
     }
     let run_dir = match &a.run_dir {
@@ -221,11 +246,16 @@ fn run_node(a: &RunArgs, r: &Resolved) -> Result<()> {
     }
     backend::resolve(c)?;
     data::load(r)?;
-    let (token, generated) = crate::launch::rendezvous::token(c, std::env::var("KILN_JOB_TOKEN").ok()).map_err(Error::Usage)?;
+    let (token, generated) =
+        crate::launch::rendezvous::token(c, std::env::var("KILN_JOB_TOKEN").ok())
+            .map_err(Error::Usage)?;
     if generated {
         eprintln!("job token: {token}\n  = give it to the other nodes: KILN_JOB_TOKEN={token}");
     }
-    match std::env::var("KILN_WORKER_ROUND").ok().and_then(|v| v.parse::<usize>().ok()) {
+    match std::env::var("KILN_WORKER_ROUND")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+    {
         Some(round) => node_worker(a, r, &token, round),
         None if c.launch.max_restarts > 0 => node_agent(c, &token),
         None => node_worker(a, r, &token, 0),
@@ -238,7 +268,8 @@ fn node_agent(c: &Config, token: &str) -> Result<()> {
     let max = c.launch.max_restarts;
     let run_dir = if node == 0 {
         let dir = choose_run_dir(Path::new(&c.experiment.output_dir), &c.experiment.name);
-        fs::create_dir_all(dir.join("logs")).map_err(|e| Error::io(format!("creating run directory {}", dir.display()), e))?;
+        fs::create_dir_all(dir.join("logs"))
+            .map_err(|e| Error::io(format!("creating run directory {}", dir.display()), e))?;
         Some(dir.canonicalize().unwrap_or(dir))
     } else {
         None
@@ -263,12 +294,16 @@ fn node_agent(c: &Config, token: &str) -> Result<()> {
                 });
             }
         }
-        let status = cmd.status().map_err(|e| Error::io("starting the node's worker", e))?;
+        let status = cmd
+            .status()
+            .map_err(|e| Error::io("starting the node's worker", e))?;
         if status.success() {
             return Ok(());
         }
         if status.code() == Some(2) {
-            return Err(Error::Usage(format!("node {node}: the worker rejected its input (see above); not restarting")));
+            return Err(Error::Usage(format!(
+                "node {node}: the worker rejected its input (see above); not restarting"
+            )));
         }
         let cause = match status.code() {
             Some(code) => format!("exited with status {code}"),
@@ -289,7 +324,11 @@ fn node_agent(c: &Config, token: &str) -> Result<()> {
         eprintln!("{line}");
         if let Some(d) = &run_dir {
             use std::io::Write as _;
-            if let Ok(mut f) = OpenOptions::new().create(true).append(true).open(d.join("logs/restarts.log")) {
+            if let Ok(mut f) = OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(d.join("logs/restarts.log"))
+            {
                 let _ = writeln!(f, "{line}");
             }
         }
@@ -308,13 +347,23 @@ fn node_worker(a: &RunArgs, r: &Resolved, token: &str, round: usize) -> Result<(
             Some(d) => PathBuf::from(d),
             None => choose_run_dir(Path::new(&c.experiment.output_dir), &c.experiment.name),
         };
-        fs::create_dir_all(&dir).map_err(|e| Error::io(format!("creating run directory {}", dir.display()), e))?;
+        fs::create_dir_all(&dir)
+            .map_err(|e| Error::io(format!("creating run directory {}", dir.display()), e))?;
         let abs = dir.canonicalize().unwrap_or(dir);
-        let resume = if round > 0 { Some(prepare_resume(&abs, r, None, a.quiet)?) } else { None };
+        let resume = if round > 0 {
+            Some(prepare_resume(&abs, r, None, a.quiet)?)
+        } else {
+            None
+        };
         let from = resume
             .as_ref()
             .and_then(|res| res.loaded.as_ref())
-            .map(|l| Store::new(abs.join(&c.checkpoint.dir)).step_dir(l.state.step as u64).display().to_string())
+            .map(|l| {
+                Store::new(abs.join(&c.checkpoint.dir))
+                    .step_dir(l.state.step as u64)
+                    .display()
+                    .to_string()
+            })
             .unwrap_or_default();
         job.client.set("resume_from", &from)?;
         job.client.set("run_dir", &abs.display().to_string())?;
@@ -323,7 +372,11 @@ fn node_worker(a: &RunArgs, r: &Resolved, token: &str, round: usize) -> Result<(
         let keys = ["run_dir".to_string(), "resume_from".to_string()];
         let v = match job.client.wait(&keys, t)? {
             Ok(v) => v,
-            Err(_) => return Err(Error::Usage("node 0 never published the run directory".into())),
+            Err(_) => {
+                return Err(Error::Usage(
+                    "node 0 never published the run directory".into(),
+                ))
+            }
         };
         let resume = match v.get(1).filter(|p| !p.is_empty()) {
             Some(p) => Some(Resumption {
@@ -369,15 +422,20 @@ pub fn execute(
             }
         }
     }
-    fs::create_dir_all(run_dir).map_err(|e| Error::io(format!("creating run directory {}", run_dir.display()), e))?;
+    fs::create_dir_all(run_dir)
+        .map_err(|e| Error::io(format!("creating run directory {}", run_dir.display()), e))?;
     let config_hash = config::config_hash(c);
     if primary {
-        fs::write(run_dir.join("config.toml"), config::to_toml(&stored_config(r)))
-            .map_err(|e| Error::io(format!("writing {}/config.toml", run_dir.display()), e))?;
+        fs::write(
+            run_dir.join("config.toml"),
+            config::to_toml(&stored_config(r)),
+        )
+        .map_err(|e| Error::io(format!("writing {}/config.toml", run_dir.display()), e))?;
     }
     let summary_path = run_dir.join("summary.json");
     if primary && summary_path.exists() {
-        fs::remove_file(&summary_path).map_err(|e| Error::io(format!("removing {}", summary_path.display()), e))?;
+        fs::remove_file(&summary_path)
+            .map_err(|e| Error::io(format!("removing {}", summary_path.display()), e))?;
     }
     println!("run dir: {}", run_dir.display());
 
@@ -394,11 +452,20 @@ pub fn execute(
     fs::create_dir_all(&logs).map_err(|e| Error::io(format!("creating {}", logs.display()), e))?;
     let store = Store::new(run_dir.join(&c.checkpoint.dir));
     if primary {
-        store.clean_tmp().map_err(|e| Error::io("cleaning unfinished checkpoints", std::io::Error::other(e)))?;
+        store
+            .clean_tmp()
+            .map_err(|e| Error::io("cleaning unfinished checkpoints", std::io::Error::other(e)))?;
     }
-    let metrics_path = if primary { run_dir.join("metrics.jsonl") } else { PathBuf::from("/dev/null") };
+    let metrics_path = if primary {
+        run_dir.join("metrics.jsonl")
+    } else {
+        PathBuf::from("/dev/null")
+    };
     let metrics_file = if resume.is_some() || !primary {
-        OpenOptions::new().append(true).create(true).open(&metrics_path)
+        OpenOptions::new()
+            .append(true)
+            .create(true)
+            .open(&metrics_path)
     } else {
         File::create(&metrics_path)
     }
@@ -474,7 +541,9 @@ pub fn execute(
     };
     if let Some(j) = job.as_mut() {
         if result.is_ok() {
-            j.finish(std::time::Duration::from_secs(c.launch.rendezvous_timeout_secs));
+            j.finish(std::time::Duration::from_secs(
+                c.launch.rendezvous_timeout_secs,
+            ));
         } else {
             // failing: the heartbeat thread must not pre-empt the error report
             j.done.store(true, std::sync::atomic::Ordering::SeqCst);
@@ -492,7 +561,11 @@ pub fn execute(
             }
             let out = &res.outcome;
             let eval = match out.eval {
-                Some(e) => format!(", eval loss {:.4}, eval accuracy {:.3}", e.loss(), e.accuracy()),
+                Some(e) => format!(
+                    ", eval loss {:.4}, eval accuracy {:.3}",
+                    e.loss(),
+                    e.accuracy()
+                ),
                 None => String::new(),
             };
             println!(

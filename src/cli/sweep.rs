@@ -56,8 +56,16 @@ pub fn sweep(a: &SweepArgs) -> Result<()> {
             }
             sweep::read_spec(dir)?
         }
-        (Some(_), Some(_)) => return Err(Error::Usage("give either FILE or --resume SWEEP_DIR, not both".into())),
-        (None, None) => return Err(Error::Usage("kiln sweep needs FILE (or --resume SWEEP_DIR, or `status DIR`)".into())),
+        (Some(_), Some(_)) => {
+            return Err(Error::Usage(
+                "give either FILE or --resume SWEEP_DIR, not both".into(),
+            ))
+        }
+        (None, None) => {
+            return Err(Error::Usage(
+                "kiln sweep needs FILE (or --resume SWEEP_DIR, or `status DIR`)".into(),
+            ))
+        }
     };
     if a.parallel == Some(0) {
         return Err(Error::Usage("--parallel must be at least 1".into()));

@@ -116,7 +116,12 @@ impl LocalRank {
         })
     }
 
-    fn timeout_error(&self, st: &State, op: OpId, waiting_for: impl Fn(usize) -> bool) -> CollectiveError {
+    fn timeout_error(
+        &self,
+        st: &State,
+        op: OpId,
+        waiting_for: impl Fn(usize) -> bool,
+    ) -> CollectiveError {
         let missing = (0..self.shared.world)
             .filter(|&r| waiting_for(r))
             .map(|r| {
@@ -135,8 +140,15 @@ impl LocalRank {
     }
 
     /// Deposits `payload` for op `kind` and returns every rank's contribution, in rank order.
-    fn exchange(&mut self, kind: OpKind, payload: Payload) -> Result<Arc<Vec<Payload>>, CollectiveError> {
-        let op = OpId { seq: self.seq, kind };
+    fn exchange(
+        &mut self,
+        kind: OpKind,
+        payload: Payload,
+    ) -> Result<Arc<Vec<Payload>>, CollectiveError> {
+        let op = OpId {
+            seq: self.seq,
+            kind,
+        };
         self.seq += 1;
         let sh = Arc::clone(&self.shared);
         let deadline = Instant::now() + sh.timeout;
@@ -160,7 +172,11 @@ impl LocalRank {
                 let e = self.timeout_error(&st, op, |_| false);
                 return Err(e);
             }
-            st = sh.cv.wait_timeout(st, deadline - now).map(|r| r.0).unwrap_or_else(|p| p.into_inner().0);
+            st = sh
+                .cv
+                .wait_timeout(st, deadline - now)
+                .map(|r| r.0)
+                .unwrap_or_else(|p| p.into_inner().0);
         }
         if let Some(e) = self.aborted(&st, op) {
             return Err(e);
@@ -183,7 +199,11 @@ impl LocalRank {
         st.arrived += 1;
         let generation = st.generation;
         if st.arrived == sh.world {
-            let all: Vec<Payload> = st.slots.iter_mut().filter_map(|s| s.take().map(|(_, p)| p)).collect();
+            let all: Vec<Payload> = st
+                .slots
+                .iter_mut()
+                .filter_map(|s| s.take().map(|(_, p)| p))
+                .collect();
             st.result = Some(Arc::new(all));
             st.readers_left = sh.world;
             st.arrived = 0;
@@ -204,7 +224,11 @@ impl LocalRank {
                     st.arrived -= 1;
                     return Err(e);
                 }
-                st = sh.cv.wait_timeout(st, deadline - now).map(|r| r.0).unwrap_or_else(|p| p.into_inner().0);
+                st = sh
+                    .cv
+                    .wait_timeout(st, deadline - now)
+                    .map(|r| r.0)
+                    .unwrap_or_else(|p| p.into_inner().0);
             }
         }
         let res = st.result.clone().unwrap_or_default();
@@ -288,7 +312,10 @@ impl Collective for LocalRank {
         if world == 1 {
             return Ok(());
         }
-        let res = self.exchange(OpKind::AllReduce, Payload::Shared(buf.as_mut_ptr() as usize, buf.len()))?;
+        let res = self.exchange(
+            OpKind::AllReduce,
+            Payload::Shared(buf.as_mut_ptr() as usize, buf.len()),
+        )?;
         let ptrs: Vec<*mut f32> = res
             .iter()
             .map(|p| match p {
@@ -343,7 +370,12 @@ impl Collective for LocalRank {
         Ok(())
     }
 
-    fn reduce(&mut self, buf: &mut [f32], op: ReduceOp, root: usize) -> Result<(), CollectiveError> {
+    fn reduce(
+        &mut self,
+        buf: &mut [f32],
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<(), CollectiveError> {
         let res = self.exchange(OpKind::Reduce, Payload::F32(buf.to_vec()))?;
         if self.rank == root {
             Self::reduce_into(&res, buf, 0..buf.len(), op);
@@ -352,7 +384,11 @@ impl Collective for LocalRank {
     }
 
     fn broadcast(&mut self, buf: &mut [f32], root: usize) -> Result<(), CollectiveError> {
-        let payload = if self.rank == root { buf.to_vec() } else { Vec::new() };
+        let payload = if self.rank == root {
+            buf.to_vec()
+        } else {
+            Vec::new()
+        };
         let op = OpId {
             seq: self.seq,
             kind: OpKind::Broadcast,
@@ -388,7 +424,12 @@ impl Collective for LocalRank {
         Ok(())
     }
 
-    fn reduce_scatter(&mut self, send: &[f32], out: &mut [f32], op: ReduceOp) -> Result<(), CollectiveError> {
+    fn reduce_scatter(
+        &mut self,
+        send: &[f32],
+        out: &mut [f32],
+        op: ReduceOp,
+    ) -> Result<(), CollectiveError> {
         let res = self.exchange(OpKind::ReduceScatter, Payload::F32(send.to_vec()))?;
         let n = out.len();
         Self::reduce_into(&res, out, self.rank * n..(self.rank + 1) * n, op);
@@ -396,7 +437,8 @@ impl Collective for LocalRank {
     }
 
     fn barrier(&mut self) -> Result<(), CollectiveError> {
-        self.exchange(OpKind::Barrier, Payload::F32(Vec::new())).map(|_| ())
+        self.exchange(OpKind::Barrier, Payload::F32(Vec::new()))
+            .map(|_| ())
     }
 
     fn abort(&self, reason: &str) {

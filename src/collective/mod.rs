@@ -3,10 +3,10 @@
 //! name, so a hang becomes an error that says which rank never arrived and where it was last seen.
 
 mod local;
-pub mod node;
-pub mod tcp;
 #[cfg(feature = "cuda")]
 pub mod nccl;
+pub mod node;
+pub mod tcp;
 
 pub use local::{LocalGroup, LocalRank};
 
@@ -86,7 +86,11 @@ pub enum CollectiveError {
     },
     /// Another rank failed; this one stops too.
     #[error("rank {rank} stopped in {op}: {reason}")]
-    Aborted { rank: usize, op: OpId, reason: String },
+    Aborted {
+        rank: usize,
+        op: OpId,
+        reason: String,
+    },
 }
 
 /// Collective ops over flat buffers. Reductions run in rank order (0, 1, 2, ...), so results
@@ -99,7 +103,8 @@ pub trait Collective: Send {
     /// Like `all_reduce`, for small f64 buffers (losses, counts, norms).
     fn all_reduce_f64(&mut self, buf: &mut [f64], op: ReduceOp) -> Result<(), CollectiveError>;
     /// `root` ends with the reduction; the other ranks' `buf` is unchanged.
-    fn reduce(&mut self, buf: &mut [f32], op: ReduceOp, root: usize) -> Result<(), CollectiveError>;
+    fn reduce(&mut self, buf: &mut [f32], op: ReduceOp, root: usize)
+        -> Result<(), CollectiveError>;
     /// Every rank ends with `root`'s `buf`.
     fn broadcast(&mut self, buf: &mut [f32], root: usize) -> Result<(), CollectiveError>;
     /// `out` (world x send.len()) holds every rank's `send`, in rank order.
@@ -107,7 +112,12 @@ pub trait Collective: Send {
     /// Like `all_gather`, for f64.
     fn all_gather_f64(&mut self, send: &[f64], out: &mut [f64]) -> Result<(), CollectiveError>;
     /// `send` (world x out.len()) is reduced across ranks; rank r keeps chunk r in `out`.
-    fn reduce_scatter(&mut self, send: &[f32], out: &mut [f32], op: ReduceOp) -> Result<(), CollectiveError>;
+    fn reduce_scatter(
+        &mut self,
+        send: &[f32],
+        out: &mut [f32],
+        op: ReduceOp,
+    ) -> Result<(), CollectiveError>;
     fn barrier(&mut self) -> Result<(), CollectiveError>;
     /// Tells every other rank to stop: their pending and future ops fail with `Aborted`.
     fn abort(&self, reason: &str);

@@ -10,8 +10,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cudarc::driver::{CudaContext, CudaStream, DeviceRepr, ValidAsZeroBits};
-use cudarc::nccl::safe::{Comm, ReduceOp as NcclOp};
 use cudarc::nccl::safe::NcclType;
+use cudarc::nccl::safe::{Comm, ReduceOp as NcclOp};
 
 pub use cudarc::nccl::safe::Id;
 
@@ -52,13 +52,22 @@ unsafe impl Send for NcclRank {}
 
 impl NcclRank {
     /// Joins the group `id` as `rank` of `world` on GPU `ordinal` (blocks until every rank joins).
-    pub fn connect(id: Id, rank: usize, world: usize, ordinal: usize, _timeout: Duration) -> Result<Self, CollectiveError> {
+    pub fn connect(
+        id: Id,
+        rank: usize,
+        world: usize,
+        ordinal: usize,
+        _timeout: Duration,
+    ) -> Result<Self, CollectiveError> {
         let op = OpId {
             seq: 0,
             kind: OpKind::Barrier,
         };
-        let ctx = CudaContext::new(ordinal).map_err(|e| backend_error(rank, op, format!("GPU {ordinal}: {e:?}")))?;
-        let stream = ctx.new_stream().map_err(|e| backend_error(rank, op, format!("stream: {e:?}")))?;
+        let ctx = CudaContext::new(ordinal)
+            .map_err(|e| backend_error(rank, op, format!("GPU {ordinal}: {e:?}")))?;
+        let stream = ctx
+            .new_stream()
+            .map_err(|e| backend_error(rank, op, format!("stream: {e:?}")))?;
         let comm = Comm::from_rank(stream.clone(), rank, world, id)
             .map_err(|e| backend_error(rank, op, format!("ncclCommInitRank: {e:?}")))?;
         Ok(NcclRank {
@@ -71,7 +80,10 @@ impl NcclRank {
     }
 
     fn next(&mut self, kind: OpKind) -> OpId {
-        let op = OpId { seq: self.seq, kind };
+        let op = OpId {
+            seq: self.seq,
+            kind,
+        };
         self.seq += 1;
         op
     }
@@ -82,20 +94,31 @@ impl NcclRank {
         kind: OpKind,
         send: &[T],
         recv: &mut [T],
-        f: impl FnOnce(&Comm, &cudarc::driver::CudaSlice<T>, &mut cudarc::driver::CudaSlice<T>) -> Result<(), String>,
+        f: impl FnOnce(
+            &Comm,
+            &cudarc::driver::CudaSlice<T>,
+            &mut cudarc::driver::CudaSlice<T>,
+        ) -> Result<(), String>,
     ) -> Result<(), CollectiveError> {
         let op = self.next(kind);
         let rank = self.rank;
         let err = |m: String| backend_error(rank, op, m);
-        let d_send = self.stream.clone_htod(send).map_err(|e| err(format!("copy to GPU: {e:?}")))?;
+        let d_send = self
+            .stream
+            .clone_htod(send)
+            .map_err(|e| err(format!("copy to GPU: {e:?}")))?;
         let mut d_recv = self
             .stream
             .alloc_zeros::<T>(recv.len().max(1))
             .map_err(|e| err(format!("alloc: {e:?}")))?;
         f(&self.comm, &d_send, &mut d_recv).map_err(&err)?;
         let mut host = vec![T::default_zero(); recv.len().max(1)];
-        self.stream.memcpy_dtoh(&d_recv, host.as_mut_slice()).map_err(|e| err(format!("copy from GPU: {e:?}")))?;
-        self.stream.synchronize().map_err(|e| err(format!("synchronize: {e:?}")))?;
+        self.stream
+            .memcpy_dtoh(&d_recv, host.as_mut_slice())
+            .map_err(|e| err(format!("copy from GPU: {e:?}")))?;
+        self.stream
+            .synchronize()
+            .map_err(|e| err(format!("synchronize: {e:?}")))?;
         recv.copy_from_slice(&host[..recv.len()]);
         Ok(())
     }
@@ -135,22 +158,33 @@ impl Collective for NcclRank {
     fn all_reduce(&mut self, buf: &mut [f32], op: ReduceOp) -> Result<(), CollectiveError> {
         let send = buf.to_vec();
         self.staged(OpKind::AllReduce, &send, buf, |c, s, r| {
-            c.all_reduce(s, r, &nccl_op(op)).map(|_| ()).map_err(|e| format!("ncclAllReduce: {e:?}"))
+            c.all_reduce(s, r, &nccl_op(op))
+                .map(|_| ())
+                .map_err(|e| format!("ncclAllReduce: {e:?}"))
         })
     }
 
     fn all_reduce_f64(&mut self, buf: &mut [f64], op: ReduceOp) -> Result<(), CollectiveError> {
         let send = buf.to_vec();
         self.staged(OpKind::AllReduce, &send, buf, |c, s, r| {
-            c.all_reduce(s, r, &nccl_op(op)).map(|_| ()).map_err(|e| format!("ncclAllReduce: {e:?}"))
+            c.all_reduce(s, r, &nccl_op(op))
+                .map(|_| ())
+                .map_err(|e| format!("ncclAllReduce: {e:?}"))
         })
     }
 
-    fn reduce(&mut self, buf: &mut [f32], op: ReduceOp, root: usize) -> Result<(), CollectiveError> {
+    fn reduce(
+        &mut self,
+        buf: &mut [f32],
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<(), CollectiveError> {
         let send = buf.to_vec();
         let mut out = buf.to_vec();
         self.staged(OpKind::Reduce, &send, &mut out, |c, s, r| {
-            c.reduce(s, Some(r), &nccl_op(op), root as i32).map(|_| ()).map_err(|e| format!("ncclReduce: {e:?}"))
+            c.reduce(s, Some(r), &nccl_op(op), root as i32)
+                .map(|_| ())
+                .map_err(|e| format!("ncclReduce: {e:?}"))
         })?;
         if self.rank == root {
             buf.copy_from_slice(&out);
@@ -161,25 +195,38 @@ impl Collective for NcclRank {
     fn broadcast(&mut self, buf: &mut [f32], root: usize) -> Result<(), CollectiveError> {
         let send = buf.to_vec();
         self.staged(OpKind::Broadcast, &send, buf, |c, s, r| {
-            c.broadcast(Some(s), r, root as i32).map(|_| ()).map_err(|e| format!("ncclBroadcast: {e:?}"))
+            c.broadcast(Some(s), r, root as i32)
+                .map(|_| ())
+                .map_err(|e| format!("ncclBroadcast: {e:?}"))
         })
     }
 
     fn all_gather(&mut self, send: &[f32], out: &mut [f32]) -> Result<(), CollectiveError> {
         self.staged(OpKind::AllGather, send, out, |c, s, r| {
-            c.all_gather(s, r).map(|_| ()).map_err(|e| format!("ncclAllGather: {e:?}"))
+            c.all_gather(s, r)
+                .map(|_| ())
+                .map_err(|e| format!("ncclAllGather: {e:?}"))
         })
     }
 
     fn all_gather_f64(&mut self, send: &[f64], out: &mut [f64]) -> Result<(), CollectiveError> {
         self.staged(OpKind::AllGather, send, out, |c, s, r| {
-            c.all_gather(s, r).map(|_| ()).map_err(|e| format!("ncclAllGather: {e:?}"))
+            c.all_gather(s, r)
+                .map(|_| ())
+                .map_err(|e| format!("ncclAllGather: {e:?}"))
         })
     }
 
-    fn reduce_scatter(&mut self, send: &[f32], out: &mut [f32], op: ReduceOp) -> Result<(), CollectiveError> {
+    fn reduce_scatter(
+        &mut self,
+        send: &[f32],
+        out: &mut [f32],
+        op: ReduceOp,
+    ) -> Result<(), CollectiveError> {
         self.staged(OpKind::ReduceScatter, send, out, |c, s, r| {
-            c.reduce_scatter(s, r, &nccl_op(op)).map(|_| ()).map_err(|e| format!("ncclReduceScatter: {e:?}"))
+            c.reduce_scatter(s, r, &nccl_op(op))
+                .map(|_| ())
+                .map_err(|e| format!("ncclReduceScatter: {e:?}"))
         })
     }
 

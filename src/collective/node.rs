@@ -59,7 +59,11 @@ impl Collective for NodeRank {
     }
 
     fn all_reduce(&mut self, buf: &mut [f32], op: ReduceOp) -> Result<(), CollectiveError> {
-        self.sum_all(buf, |l, b| l.all_reduce(b, ReduceOp::Sum), |l, b| l.broadcast(b, 0))?;
+        self.sum_all(
+            buf,
+            |l, b| l.all_reduce(b, ReduceOp::Sum),
+            |l, b| l.broadcast(b, 0),
+        )?;
         if op == ReduceOp::Mean {
             let w = self.world() as f32;
             buf.iter_mut().for_each(|v| *v /= w);
@@ -76,7 +80,12 @@ impl Collective for NodeRank {
         Ok(())
     }
 
-    fn reduce(&mut self, buf: &mut [f32], op: ReduceOp, root: usize) -> Result<(), CollectiveError> {
+    fn reduce(
+        &mut self,
+        buf: &mut [f32],
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<(), CollectiveError> {
         let mut tmp = buf.to_vec();
         self.all_reduce(&mut tmp, op)?;
         if self.rank() == root {
@@ -119,7 +128,12 @@ impl Collective for NodeRank {
         f64_bcast(&mut self.local, out)
     }
 
-    fn reduce_scatter(&mut self, send: &[f32], out: &mut [f32], op: ReduceOp) -> Result<(), CollectiveError> {
+    fn reduce_scatter(
+        &mut self,
+        send: &[f32],
+        out: &mut [f32],
+        op: ReduceOp,
+    ) -> Result<(), CollectiveError> {
         let mut all = send.to_vec();
         self.all_reduce(&mut all, op)?;
         let n = out.len();

@@ -78,7 +78,14 @@ fn code_kind(c: u8) -> Option<OpKind> {
 
 impl TcpRing {
     /// A ring over connected sockets (`None` for a single node).
-    pub fn new(node: usize, nnodes: usize, nproc: usize, next: Option<TcpStream>, prev: Option<TcpStream>, timeout: Duration) -> Self {
+    pub fn new(
+        node: usize,
+        nnodes: usize,
+        nproc: usize,
+        next: Option<TcpStream>,
+        prev: Option<TcpStream>,
+        timeout: Duration,
+    ) -> Self {
         if let Some(p) = &prev {
             let _ = p.set_read_timeout(Some(timeout));
         }
@@ -113,25 +120,42 @@ impl TcpRing {
 
     fn io_error(&self, op: OpId, peer: usize, e: &std::io::Error) -> CollectiveError {
         let rank = self.node * self.nproc;
-        if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) {
-            let seen = self.last_from_prev.map(|o| o.to_string()).unwrap_or_else(|| "no collective yet".into());
+        if matches!(
+            e.kind(),
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+        ) {
+            let seen = self
+                .last_from_prev
+                .map(|o| o.to_string())
+                .unwrap_or_else(|| "no collective yet".into());
             CollectiveError::Timeout {
                 rank,
                 op,
                 secs: self.timeout.as_secs(),
-                missing: vec![format!("{} (node {peer}) never reached {op} (last seen: {seen})", self.ranks_of(peer))],
+                missing: vec![format!(
+                    "{} (node {peer}) never reached {op} (last seen: {seen})",
+                    self.ranks_of(peer)
+                )],
             }
         } else {
             CollectiveError::Aborted {
                 rank,
                 op,
-                reason: format!("lost the connection to node {peer} ({}): {e}", self.ranks_of(peer)),
+                reason: format!(
+                    "lost the connection to node {peer} ({}): {e}",
+                    self.ranks_of(peer)
+                ),
             }
         }
     }
 
     /// Sends `out` to the next node while receiving `n` elements from the previous one.
-    fn exchange<T: Wire>(&mut self, op: OpId, out: &[T], n: usize) -> Result<Vec<T>, CollectiveError> {
+    fn exchange<T: Wire>(
+        &mut self,
+        op: OpId,
+        out: &[T],
+        n: usize,
+    ) -> Result<Vec<T>, CollectiveError> {
         let mut msg = Vec::with_capacity(17 + out.len() * T::SIZE);
         msg.push(kind_code(op.kind));
         msg.extend_from_slice(&op.seq.to_le_bytes());
@@ -152,7 +176,12 @@ impl TcpRing {
                 let mut body = vec![0u8; len * T::SIZE];
                 prev.read_exact(&mut body).map(|_| (header, len, body))
             });
-            (sender.join().unwrap_or_else(|_| Err(std::io::Error::other("sender panicked"))), recv)
+            (
+                sender
+                    .join()
+                    .unwrap_or_else(|_| Err(std::io::Error::other("sender panicked"))),
+                recv,
+            )
         });
         sent.map_err(|e| self.io_error(op, next_node, &e))?;
         let (header, len, body) = received.map_err(|e| self.io_error(op, prev_node, &e))?;
@@ -182,7 +211,10 @@ impl TcpRing {
     }
 
     fn next_op(&mut self, kind: OpKind) -> OpId {
-        let op = OpId { seq: self.seq, kind };
+        let op = OpId {
+            seq: self.seq,
+            kind,
+        };
         self.seq += 1;
         op
     }
@@ -225,7 +257,10 @@ impl TcpRing {
         let k = mine.len();
         let mut out: Vec<T> = Vec::with_capacity(k * n);
         out.extend_from_slice(mine);
-        out.resize(k * n, mine.first().copied().unwrap_or_else(|| T::get(&[0u8; 8])));
+        out.resize(
+            k * n,
+            mine.first().copied().unwrap_or_else(|| T::get(&[0u8; 8])),
+        );
         out[self.node * k..(self.node + 1) * k].copy_from_slice(mine);
         let mut carry = mine.to_vec();
         for s in 0..n.saturating_sub(1) {
@@ -238,7 +273,11 @@ impl TcpRing {
     }
 
     /// `root`'s buffer to every node.
-    pub fn broadcast<T: Wire>(&mut self, buf: &mut [T], root: usize) -> Result<(), CollectiveError> {
+    pub fn broadcast<T: Wire>(
+        &mut self,
+        buf: &mut [T],
+        root: usize,
+    ) -> Result<(), CollectiveError> {
         let gathered = self.all_gather(buf)?;
         let k = buf.len();
         buf.copy_from_slice(&gathered[root * k..(root + 1) * k]);

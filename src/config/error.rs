@@ -60,7 +60,9 @@ pub fn edit_distance(a: &str, b: &str) -> usize {
     for i in 1..=a.len() {
         for j in 1..=b.len() {
             let cost = usize::from(a[i - 1] != b[j - 1]);
-            let mut v = (d[i - 1][j] + 1).min(d[i][j - 1] + 1).min(d[i - 1][j - 1] + cost);
+            let mut v = (d[i - 1][j] + 1)
+                .min(d[i][j - 1] + 1)
+                .min(d[i - 1][j - 1] + cost);
             if i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] {
                 v = v.min(d[i - 2][j - 2] + 1);
             }
@@ -87,7 +89,10 @@ mod tests {
     #[test]
     fn closest_finds_typos_only() {
         assert_eq!(closest("lrr", &["kind", "lr", "momentum"]), Some("lr"));
-        assert_eq!(closest("batchsize", &["batch_size", "epochs"]), Some("batch_size"));
+        assert_eq!(
+            closest("batchsize", &["batch_size", "epochs"]),
+            Some("batch_size")
+        );
         assert_eq!(closest("zzzzzz", &["kind", "lr"]), None);
         assert_eq!(closest("mpl", &["mlp", "csv"]), Some("mlp"));
     }

@@ -101,14 +101,28 @@ pub fn build_figment(
     // torchrun (one process per rank: each is one kiln node) and Slurm (one task per node)
     let var = |k: &str| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
     let launchers: &[(&str, &str)] = if var("WORLD_SIZE").is_some() {
-        &[("WORLD_SIZE", "nnodes"), ("RANK", "node_rank"), ("MASTER_ADDR", "master_addr"), ("MASTER_PORT", "master_port")]
+        &[
+            ("WORLD_SIZE", "nnodes"),
+            ("RANK", "node_rank"),
+            ("MASTER_ADDR", "master_addr"),
+            ("MASTER_PORT", "master_port"),
+        ]
     } else {
-        &[("SLURM_NNODES", "nnodes"), ("SLURM_NODEID", "node_rank"), ("MASTER_ADDR", "master_addr"), ("MASTER_PORT", "master_port")]
+        &[
+            ("SLURM_NNODES", "nnodes"),
+            ("SLURM_NODEID", "node_rank"),
+            ("MASTER_ADDR", "master_addr"),
+            ("MASTER_PORT", "master_port"),
+        ]
     };
     for (name, key) in launchers {
         if let Some(value) = var(name) {
             let parts = vec!["launch".to_string(), key.to_string()];
-            let v = if *key == "master_addr" { Value::from(value.clone()) } else { parse_value(&value) };
+            let v = if *key == "master_addr" {
+                Value::from(value.clone())
+            } else {
+                parse_value(&value)
+            };
             figment = figment.merge(Layer {
                 meta: Metadata::named(format!("environment variable {name}")),
                 dict: nest(&parts, v),
@@ -228,7 +242,10 @@ pub fn extract(figment: &Figment) -> Result<Config, ConfigError> {
 
 fn key_error(figment: &Figment, e: figment::Error) -> KeyError {
     use figment::error::Kind;
-    let e = e.into_iter().next().unwrap_or_else(|| figment::Error::from("unknown error".to_string()));
+    let e = e
+        .into_iter()
+        .next()
+        .unwrap_or_else(|| figment::Error::from("unknown error".to_string()));
     let path = e.path.join(".");
     match &e.kind {
         Kind::UnknownField(field, expected) => {

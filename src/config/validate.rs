@@ -5,7 +5,9 @@ use std::path::PathBuf;
 
 use super::error::{ConfigError, KeyError};
 use super::load::{describe_source, Resolved};
-use super::schema::{CollectiveKind, DataKind, Device, Devices, OptimKind, Precision, StrategyKind};
+use super::schema::{
+    CollectiveKind, DataKind, Device, Devices, OptimKind, Precision, StrategyKind,
+};
 
 impl Resolved {
     /// An error about `key`, naming the source that set it.
@@ -68,7 +70,10 @@ pub fn validate(r: &Resolved) -> Result<(), ConfigError> {
     if c.experiment.name.trim().is_empty() || c.experiment.name.contains(['/', '\\']) {
         return Err(r.key_error(
             "experiment.name",
-            format!("`experiment.name` = \"{}\" is not a usable directory name", c.experiment.name),
+            format!(
+                "`experiment.name` = \"{}\" is not a usable directory name",
+                c.experiment.name
+            ),
             Some("use a non-empty name without `/`".into()),
         ));
     }
@@ -78,7 +83,9 @@ pub fn validate(r: &Resolved) -> Result<(), ConfigError> {
         if *h == 0 {
             return Err(r.key_error(
                 "model.hidden_sizes",
-                format!("`model.hidden_sizes[{i}]` = 0 is out of range: every width must be at least 1"),
+                format!(
+                    "`model.hidden_sizes[{i}]` = 0 is out of range: every width must be at least 1"
+                ),
                 None,
             ));
         }
@@ -107,16 +114,25 @@ pub fn validate(r: &Resolved) -> Result<(), ConfigError> {
                 return Err(r.key_error(
                     "data.kind",
                     "`data.kind` = \"csv\" needs `data.path`".into(),
-                    Some("add `path = \"train.csv\"` to [data] (relative to the experiment file)".into()),
+                    Some(
+                        "add `path = \"train.csv\"` to [data] (relative to the experiment file)"
+                            .into(),
+                    ),
                 ));
             };
-            for (key, value) in [("data.path", Some(path)), ("data.eval_path", c.data.eval_path.as_ref())] {
+            for (key, value) in [
+                ("data.path", Some(path)),
+                ("data.eval_path", c.data.eval_path.as_ref()),
+            ] {
                 let Some(value) = value else { continue };
                 let resolved = r.path_of(key, value);
                 if !resolved.is_file() {
                     return Err(r.key_error(
                         key,
-                        format!("`{key}` = \"{value}\": file `{}` not found", resolved.display()),
+                        format!(
+                            "`{key}` = \"{value}\": file `{}` not found",
+                            resolved.display()
+                        ),
                         Some("paths are relative to the experiment file that sets them".into()),
                     ));
                 }
@@ -144,11 +160,29 @@ pub fn validate(r: &Resolved) -> Result<(), ConfigError> {
 
     let o = &c.optim;
     in_range(r, "optim.lr", o.lr, o.lr >= 0.0, "at least 0")?;
-    in_range(r, "optim.momentum", o.momentum, (0.0..1.0).contains(&o.momentum), "in [0, 1)")?;
-    in_range(r, "optim.weight_decay", o.weight_decay, o.weight_decay >= 0.0, "at least 0")?;
+    in_range(
+        r,
+        "optim.momentum",
+        o.momentum,
+        (0.0..1.0).contains(&o.momentum),
+        "in [0, 1)",
+    )?;
+    in_range(
+        r,
+        "optim.weight_decay",
+        o.weight_decay,
+        o.weight_decay >= 0.0,
+        "at least 0",
+    )?;
     in_range(r, "optim.eps", o.eps, o.eps > 0.0, "greater than 0")?;
     for (i, b) in o.betas.iter().enumerate() {
-        in_range(r, "optim.betas", *b, (0.0..1.0).contains(b), &format!("in [0, 1) (betas[{i}])"))?;
+        in_range(
+            r,
+            "optim.betas",
+            *b,
+            (0.0..1.0).contains(b),
+            &format!("in [0, 1) (betas[{i}])"),
+        )?;
     }
     if let Some(g) = o.grad_clip_norm {
         in_range(r, "optim.grad_clip_norm", g, g > 0.0, "greater than 0")?;
@@ -164,25 +198,42 @@ pub fn validate(r: &Resolved) -> Result<(), ConfigError> {
     let st = &c.strategy;
     at_least(r, "strategy.devices", st.devices.count(), 1)?;
     at_least(r, "strategy.timeout_secs", st.timeout_secs as usize, 1)?;
-    in_range(r, "strategy.bucket_cap_mb", st.bucket_cap_mb, st.bucket_cap_mb > 0.0, "greater than 0")?;
+    in_range(
+        r,
+        "strategy.bucket_cap_mb",
+        st.bucket_cap_mb,
+        st.bucket_cap_mb > 0.0,
+        "greater than 0",
+    )?;
     if st.kind == StrategyKind::Single && st.devices.count() > 1 {
         return Err(r.key_error(
             "strategy.devices",
-            format!("`strategy.devices` = {} but `strategy.kind` = \"single\" uses one device", st.devices.count()),
+            format!(
+                "`strategy.devices` = {} but `strategy.kind` = \"single\" uses one device",
+                st.devices.count()
+            ),
             Some("set `strategy.kind = \"ddp\"` (or \"dp\") to train on several devices".into()),
         ));
     }
 
     at_least(r, "checkpoint.keep_last", c.checkpoint.keep_last, 1)?;
     if c.checkpoint.dir.trim().is_empty() {
-        return Err(r.key_error("checkpoint.dir", "`checkpoint.dir` is empty".into(), Some("use a directory name such as \"checkpoints\"".into())));
+        return Err(r.key_error(
+            "checkpoint.dir",
+            "`checkpoint.dir` is empty".into(),
+            Some("use a directory name such as \"checkpoints\"".into()),
+        ));
     }
 
     let cuda = c.backend.device == Device::Cuda;
     if !cuda && c.backend.precision != Precision::F32 {
         return Err(r.key_error(
             "backend.precision",
-            format!("`backend.precision` = \"{:?}\" needs `backend.device` = \"cuda\"", c.backend.precision).to_lowercase(),
+            format!(
+                "`backend.precision` = \"{:?}\" needs `backend.device` = \"cuda\"",
+                c.backend.precision
+            )
+            .to_lowercase(),
             Some("the CPU backends train in f32; remove the key or train on CUDA".into()),
         ));
     }
@@ -218,14 +269,21 @@ pub fn validate(r: &Resolved) -> Result<(), ConfigError> {
     if l.node_rank >= l.nnodes {
         return Err(r.key_error(
             "launch.node_rank",
-            format!("`launch.node_rank` = {} but `launch.nnodes` = {}: node ranks are 0..{}", l.node_rank, l.nnodes, l.nnodes),
+            format!(
+                "`launch.node_rank` = {} but `launch.nnodes` = {}: node ranks are 0..{}",
+                l.node_rank, l.nnodes, l.nnodes
+            ),
             None,
         ));
     }
     if l.nnodes > 1 && matches!(st.kind, StrategyKind::Single | StrategyKind::Dp) {
         return Err(r.key_error(
             "strategy.kind",
-            format!("`strategy.kind` = \"{:?}\" runs in one process, but `launch.nnodes` = {}", st.kind, l.nnodes).to_lowercase(),
+            format!(
+                "`strategy.kind` = \"{:?}\" runs in one process, but `launch.nnodes` = {}",
+                st.kind, l.nnodes
+            )
+            .to_lowercase(),
             Some("use `strategy.kind = \"ddp\"` or \"fsdp\" across nodes".into()),
         ));
     }
@@ -239,7 +297,19 @@ pub fn validate(r: &Resolved) -> Result<(), ConfigError> {
 
     let s = &c.schedule;
     at_least(r, "schedule.step_size", s.step_size, 1)?;
-    in_range(r, "schedule.gamma", s.gamma, s.gamma > 0.0, "greater than 0")?;
-    in_range(r, "schedule.min_lr", s.min_lr, s.min_lr >= 0.0 && s.min_lr <= o.lr, "in [0, optim.lr]")?;
+    in_range(
+        r,
+        "schedule.gamma",
+        s.gamma,
+        s.gamma > 0.0,
+        "greater than 0",
+    )?;
+    in_range(
+        r,
+        "schedule.min_lr",
+        s.min_lr,
+        s.min_lr >= 0.0 && s.min_lr <= o.lr,
+        "in [0, optim.lr]",
+    )?;
     Ok(())
 }

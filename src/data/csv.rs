@@ -24,8 +24,13 @@ pub fn read(path: &Path, c: &DataConfig) -> Result<Dataset, DataError> {
     let mut label_idx = c.label_column.parse::<usize>().ok();
     let mut width = None;
     if c.header {
-        let (n, head) = lines.next().ok_or_else(|| err(1, "empty file: expected a header line".into()))?;
-        let cols: Vec<&str> = head.split(',').map(|s| s.trim().trim_matches('"')).collect();
+        let (n, head) = lines
+            .next()
+            .ok_or_else(|| err(1, "empty file: expected a header line".into()))?;
+        let cols: Vec<&str> = head
+            .split(',')
+            .map(|s| s.trim().trim_matches('"'))
+            .collect();
         if let Some(pos) = cols.iter().position(|h| *h == c.label_column) {
             label_idx = Some(pos);
         }
@@ -56,27 +61,39 @@ pub fn read(path: &Path, c: &DataConfig) -> Result<Dataset, DataError> {
         let cells: Vec<&str> = line.split(',').map(str::trim).collect();
         let w = *width.get_or_insert(cells.len());
         if cells.len() != w {
-            return Err(err(n, format!("expected {w} columns, found {}", cells.len())));
+            return Err(err(
+                n,
+                format!("expected {w} columns, found {}", cells.len()),
+            ));
         }
         if label_idx >= w {
-            return Err(err(n, format!("label column {label_idx} does not exist ({w} columns)")));
+            return Err(err(
+                n,
+                format!("label column {label_idx} does not exist ({w} columns)"),
+            ));
         }
         for (i, cell) in cells.iter().enumerate() {
             if i == label_idx {
-                let label: u32 = cell.parse().map_err(|_| {
-                    err(n, format!("label `{cell}` is not a non-negative integer"))
-                })?;
+                let label: u32 = cell
+                    .parse()
+                    .map_err(|_| err(n, format!("label `{cell}` is not a non-negative integer")))?;
                 if label as usize >= c.classes {
                     return Err(err(
                         n,
-                        format!("label {label} is out of range for data.classes = {}", c.classes),
+                        format!(
+                            "label {label} is out of range for data.classes = {}",
+                            c.classes
+                        ),
                     ));
                 }
                 y.push(label);
             } else {
-                let v: f32 = cell
-                    .parse()
-                    .map_err(|_| err(n, format!("column {} value `{cell}` is not a number", i + 1)))?;
+                let v: f32 = cell.parse().map_err(|_| {
+                    err(
+                        n,
+                        format!("column {} value `{cell}` is not a number", i + 1),
+                    )
+                })?;
                 x.push(v);
             }
         }

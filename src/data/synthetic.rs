@@ -29,7 +29,11 @@ fn draw(n: usize, t: &Teacher, features: usize, classes: usize, rng: &mut Rng) -
         let z: Vec<f64> = (0..t.latent).map(|_| rng.normal()).collect();
         let mut best = (0, f64::NEG_INFINITY);
         for c in 0..classes {
-            let s: f64 = z.iter().enumerate().map(|(l, zl)| zl * t.w[l * classes + c]).sum();
+            let s: f64 = z
+                .iter()
+                .enumerate()
+                .map(|(l, zl)| zl * t.w[l * classes + c])
+                .sum();
             if s > best.1 {
                 best = (c, s);
             }
@@ -56,9 +60,22 @@ pub fn generate(c: &DataConfig) -> Data {
         w: (0..latent * k).map(|_| trng.normal()).collect(),
         a: (0..latent * f).map(|_| trng.normal() * scale).collect(),
     };
-    let train = draw(c.samples, &teacher, f, k, &mut Rng::stream(c.seed, "synthetic-train", &[]));
-    let eval = (c.eval_samples > 0)
-        .then(|| draw(c.eval_samples, &teacher, f, k, &mut Rng::stream(c.seed, "synthetic-eval", &[])));
+    let train = draw(
+        c.samples,
+        &teacher,
+        f,
+        k,
+        &mut Rng::stream(c.seed, "synthetic-train", &[]),
+    );
+    let eval = (c.eval_samples > 0).then(|| {
+        draw(
+            c.eval_samples,
+            &teacher,
+            f,
+            k,
+            &mut Rng::stream(c.seed, "synthetic-eval", &[]),
+        )
+    });
     Data { train, eval }
 }
 

@@ -8,7 +8,6 @@ use std::path::Path;
 use std::sync::mpsc;
 use std::time::Duration;
 
-
 pub mod rendezvous;
 pub mod store;
 
@@ -82,14 +81,20 @@ pub fn run<B: RankBackend>(
                 })
                 .collect()
         }
-        (CommKind::Host, None) => LocalGroup::new(nproc, timeout).into_iter().map(RankComm::Local).collect(),
+        (CommKind::Host, None) => LocalGroup::new(nproc, timeout)
+            .into_iter()
+            .map(RankComm::Local)
+            .collect(),
         #[cfg(feature = "cuda")]
         (CommKind::Nccl, None) => {
             let id = crate::collective::nccl::new_id().map_err(TrainError::Collective)?;
             (0..nproc).map(|_| RankComm::Nccl(id)).collect()
         }
         #[cfg(not(feature = "cuda"))]
-        (CommKind::Nccl, None) => LocalGroup::new(nproc, timeout).into_iter().map(RankComm::Local).collect(),
+        (CommKind::Nccl, None) => LocalGroup::new(nproc, timeout)
+            .into_iter()
+            .map(RankComm::Local)
+            .collect(),
     };
     let (tx, rx) = mpsc::channel();
     let results: Vec<Result<Outcome, TrainError>> = std::thread::scope(|scope| {
@@ -99,11 +104,19 @@ pub fn run<B: RankBackend>(
             .map(|(local, comm)| {
                 let rank = node * nproc + local;
                 let tx = tx.clone();
-                let log = logs.and_then(|d| File::create(d.join(format!("rank-{rank}.log"))).ok().map(BufWriter::new));
+                let log = logs.and_then(|d| {
+                    File::create(d.join(format!("rank-{rank}.log")))
+                        .ok()
+                        .map(BufWriter::new)
+                });
                 std::thread::Builder::new()
                     .name(format!("kiln-rank-{rank}"))
                     .spawn_scoped(scope, move || {
-                        let mut sink = Sink { rank, events: tx, log };
+                        let mut sink = Sink {
+                            rank,
+                            events: tx,
+                            log,
+                        };
                         if let Some(note) = &placement.note {
                             sink.log(note);
                         }
@@ -161,13 +174,21 @@ enum RankComm {
     Nccl(crate::collective::nccl::Id),
 }
 
-fn connect(comm: RankComm, rank: usize, world: usize, ordinal: usize, timeout: Duration) -> Result<Box<dyn Collective>, CollectiveError> {
+fn connect(
+    comm: RankComm,
+    rank: usize,
+    world: usize,
+    ordinal: usize,
+    timeout: Duration,
+) -> Result<Box<dyn Collective>, CollectiveError> {
     let _ = (rank, world, ordinal, timeout);
     match comm {
         RankComm::Local(l) => Ok(Box::new(l)),
         RankComm::Node(n) => Ok(Box::new(n)),
         #[cfg(feature = "cuda")]
-        RankComm::Nccl(id) => Ok(Box::new(crate::collective::nccl::NcclRank::connect(id, rank, world, ordinal, timeout)?)),
+        RankComm::Nccl(id) => Ok(Box::new(crate::collective::nccl::NcclRank::connect(
+            id, rank, world, ordinal, timeout,
+        )?)),
     }
 }
 
@@ -217,7 +238,10 @@ fn rank_main<B: RankBackend>(
     });
     if let Err(e) = &result {
         sink.log(&format!("error: {e}"));
-        strategy.abort(&format!("rank {rank} failed: {}", first_line(&e.to_string())));
+        strategy.abort(&format!(
+            "rank {rank} failed: {}",
+            first_line(&e.to_string())
+        ));
     }
     result
 }

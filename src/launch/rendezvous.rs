@@ -3,9 +3,9 @@
 //! nodes that never arrived), and connects the TCP ring its leader rank uses.
 
 use std::io::Read;
+use std::net::{TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::net::{TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
 use serde_json::json;
@@ -72,7 +72,16 @@ pub fn join(c: &Config, nproc: usize, token: &str, round: usize) -> Result<Job, 
     let timeout = Duration::from_secs(l.rendezvous_timeout_secs);
     let deadline = Instant::now() + timeout;
     let heartbeat = Duration::from_secs(l.heartbeat_secs);
-    let server = if node == 0 { Some(StoreServer::start(&addr, token.to_string(), round, heartbeat)?) } else { None };
+    let server = if node == 0 {
+        Some(StoreServer::start(
+            &addr,
+            token.to_string(),
+            round,
+            heartbeat,
+        )?)
+    } else {
+        None
+    };
     let mut client = StoreClient::connect(&addr, token, node, round, timeout)?;
     // the ring listener, on the interface that reaches node 0
     let local_ip = TcpStream::connect(&addr)
@@ -89,7 +98,12 @@ pub fn join(c: &Config, nproc: usize, token: &str, round: usize) -> Result<Job, 
         Err(missing) => {
             let missing = missing
                 .iter()
-                .map(|k| format!("node {} never arrived", k.trim_start_matches("node/").trim_end_matches("/ring")))
+                .map(|k| {
+                    format!(
+                        "node {} never arrived",
+                        k.trim_start_matches("node/").trim_end_matches("/ring")
+                    )
+                })
                 .collect();
             return Err(StoreError::Timeout {
                 secs: timeout.as_secs(),
@@ -111,7 +125,14 @@ pub fn join(c: &Config, nproc: usize, token: &str, round: usize) -> Result<Job, 
         let mut next = connect_until(next_addr, deadline)?;
         write_frame(&mut next, &json!({"ring": {"token": token, "node": node}}))?;
         let prev = accept_prev(&listener, token, (node + nnodes - 1) % nnodes, deadline)?;
-        Some(TcpRing::new(node, nnodes, nproc, Some(next), Some(prev), Duration::from_secs(c.strategy.timeout_secs)))
+        Some(TcpRing::new(
+            node,
+            nnodes,
+            nproc,
+            Some(next),
+            Some(prev),
+            Duration::from_secs(c.strategy.timeout_secs),
+        ))
     } else {
         None
     };
@@ -132,23 +153,32 @@ pub fn join(c: &Config, nproc: usize, token: &str, round: usize) -> Result<Job, 
 /// Sends this node's heartbeats; when the job is stopped (a node went silent) or node 0's store
 /// disappears while this node still trains, the process exits 1 saying why: the surviving nodes
 /// stop their workers, and an agent with restarts left starts the next round.
-fn start_heartbeats(addr: &str, token: &str, node: usize, round: usize, every: Duration, done: Arc<AtomicBool>) -> Result<(), StoreError> {
+fn start_heartbeats(
+    addr: &str,
+    token: &str,
+    node: usize,
+    round: usize,
+    every: Duration,
+    done: Arc<AtomicBool>,
+) -> Result<(), StoreError> {
     let mut client = StoreClient::connect(addr, token, node, round, every)?;
-    std::thread::Builder::new().name("kiln-heartbeat".into()).spawn(move || loop {
-        let res = client.heartbeat(node);
-        if done.load(Ordering::SeqCst) {
-            return;
-        }
-        if let Err(e) = res {
-            let why = match e {
-                StoreError::Aborted(r) => format!("the job was stopped: {r}"),
-                other => format!("lost node 0's rendezvous store: {other}"),
-            };
-            eprintln!("error: node {node}: {why}");
-            std::process::exit(1);
-        }
-        std::thread::sleep(every / 3);
-    })?;
+    std::thread::Builder::new()
+        .name("kiln-heartbeat".into())
+        .spawn(move || loop {
+            let res = client.heartbeat(node);
+            if done.load(Ordering::SeqCst) {
+                return;
+            }
+            if let Err(e) = res {
+                let why = match e {
+                    StoreError::Aborted(r) => format!("the job was stopped: {r}"),
+                    other => format!("lost node 0's rendezvous store: {other}"),
+                };
+                eprintln!("error: node {node}: {why}");
+                std::process::exit(1);
+            }
+            std::thread::sleep(every / 3);
+        })?;
     Ok(())
 }
 
@@ -163,7 +193,12 @@ fn connect_until(addr: &str, deadline: Instant) -> Result<TcpStream, StoreError>
 }
 
 /// Accepts the previous node's ring connection; anything else is dropped.
-fn accept_prev(listener: &TcpListener, token: &str, prev: usize, deadline: Instant) -> Result<TcpStream, StoreError> {
+fn accept_prev(
+    listener: &TcpListener,
+    token: &str,
+    prev: usize,
+    deadline: Instant,
+) -> Result<TcpStream, StoreError> {
     listener.set_nonblocking(true)?;
     loop {
         match listener.accept() {
@@ -171,7 +206,9 @@ fn accept_prev(listener: &TcpListener, token: &str, prev: usize, deadline: Insta
                 s.set_nonblocking(false)?;
                 s.set_read_timeout(Some(Duration::from_secs(5)))?;
                 let hello = read_frame(&mut s).ok();
-                let ok = hello.as_ref().is_some_and(|h| h["ring"]["token"] == token && h["ring"]["node"] == prev);
+                let ok = hello
+                    .as_ref()
+                    .is_some_and(|h| h["ring"]["token"] == token && h["ring"]["node"] == prev);
                 if ok {
                     s.set_read_timeout(None)?;
                     return Ok(s);

@@ -27,7 +27,11 @@ pub enum StoreError {
         source: std::io::Error,
     },
     #[error("cannot reach the rendezvous store at {addr} within {secs}s: {why}\n  = help: start node 0 first (or together), and check --master-addr/--master-port")]
-    Connect { addr: String, secs: u64, why: String },
+    Connect {
+        addr: String,
+        secs: u64,
+        why: String,
+    },
     #[error("the rendezvous store at {addr} refused this node: {why}\n  = help: every node needs the same job token (KILN_JOB_TOKEN or [launch] token_file)")]
     Refused { addr: String, why: String },
     #[error("rendezvous timed out after {secs}s: {}\n  = help: start every node with the same --nnodes, --master-addr and --master-port (and KILN_JOB_TOKEN)", .missing.join("; "))]
@@ -52,11 +56,15 @@ pub fn read_frame(s: &mut impl Read) -> std::io::Result<Value> {
     s.read_exact(&mut len)?;
     let n = u32::from_be_bytes(len) as usize;
     if n > MAX_FRAME {
-        return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, format!("frame of {n} bytes is too long")));
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("frame of {n} bytes is too long"),
+        ));
     }
     let mut body = vec![0u8; n];
     s.read_exact(&mut body)?;
-    serde_json::from_slice(&body).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, format!("not JSON: {e}")))
+    serde_json::from_slice(&body)
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, format!("not JSON: {e}")))
 }
 
 #[derive(Default)]
@@ -87,7 +95,12 @@ struct Hello {
 impl StoreServer {
     /// Binds exactly `addr` (never all interfaces) and serves in background threads.
     /// With `heartbeat` non-zero, a node silent for that long stops the job.
-    pub fn start(addr: &str, token: String, round: usize, heartbeat: Duration) -> Result<StoreServer, StoreError> {
+    pub fn start(
+        addr: &str,
+        token: String,
+        round: usize,
+        heartbeat: Duration,
+    ) -> Result<StoreServer, StoreError> {
         let listener = TcpListener::bind(addr).map_err(|source| StoreError::Bind {
             addr: addr.to_string(),
             source,
@@ -109,26 +122,39 @@ impl StoreServer {
             })?;
         if !heartbeat.is_zero() {
             let st = Arc::clone(&state);
-            std::thread::Builder::new().name("kiln-store-heartbeats".into()).spawn(move || loop {
-                std::thread::sleep(heartbeat / 4);
-                let (lock, cv) = &*st;
-                let Ok(mut s) = lock.lock() else { return };
-                if s.aborted.is_some() {
-                    return;
-                }
-                let late = s.beats.iter().find(|(_, t)| t.elapsed() > heartbeat).map(|(n, _)| *n);
-                if let Some(n) = late {
-                    s.aborted = Some(format!("node {n} sent no heartbeat for {}s (launch.heartbeat_secs)", heartbeat.as_secs()));
-                    cv.notify_all();
-                }
-            })?;
+            std::thread::Builder::new()
+                .name("kiln-store-heartbeats".into())
+                .spawn(move || loop {
+                    std::thread::sleep(heartbeat / 4);
+                    let (lock, cv) = &*st;
+                    let Ok(mut s) = lock.lock() else { return };
+                    if s.aborted.is_some() {
+                        return;
+                    }
+                    let late = s
+                        .beats
+                        .iter()
+                        .find(|(_, t)| t.elapsed() > heartbeat)
+                        .map(|(n, _)| *n);
+                    if let Some(n) = late {
+                        s.aborted = Some(format!(
+                            "node {n} sent no heartbeat for {}s (launch.heartbeat_secs)",
+                            heartbeat.as_secs()
+                        ));
+                        cv.notify_all();
+                    }
+                })?;
         }
         Ok(StoreServer { addr: local, state })
     }
 
     /// Connections that were refused (peer and why), for the log.
     pub fn rejected(&self) -> Vec<String> {
-        self.state.0.lock().map(|s| s.rejected.clone()).unwrap_or_default()
+        self.state
+            .0
+            .lock()
+            .map(|s| s.rejected.clone())
+            .unwrap_or_default()
     }
 }
 
@@ -139,7 +165,10 @@ fn reject(st: &(Mutex<Shared>, Condvar), peer: &str, why: &str) {
 }
 
 fn serve(mut conn: TcpStream, token: &str, round: usize, st: &(Mutex<Shared>, Condvar)) {
-    let peer = conn.peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "?".into());
+    let peer = conn
+        .peer_addr()
+        .map(|a| a.to_string())
+        .unwrap_or_else(|_| "?".into());
     // a client has a few seconds to say hello; a port scan or a stuck peer is dropped
     let _ = conn.set_read_timeout(Some(Duration::from_secs(5)));
     let hello = match read_frame(&mut conn) {
@@ -184,14 +213,20 @@ fn handle(req: &Value, st: &(Mutex<Shared>, Condvar)) -> Value {
         Some("wait") => {
             let keys: Vec<String> = req["keys"]
                 .as_array()
-                .map(|a| a.iter().filter_map(|k| k.as_str().map(str::to_string)).collect())
+                .map(|a| {
+                    a.iter()
+                        .filter_map(|k| k.as_str().map(str::to_string))
+                        .collect()
+                })
                 .unwrap_or_default();
-            let deadline = Instant::now() + Duration::from_millis(req["timeout_ms"].as_u64().unwrap_or(0));
+            let deadline =
+                Instant::now() + Duration::from_millis(req["timeout_ms"].as_u64().unwrap_or(0));
             loop {
                 if let Some(r) = &s.aborted {
                     return json!({"aborted": r});
                 }
-                let missing: Vec<&String> = keys.iter().filter(|k| !s.kv.contains_key(*k)).collect();
+                let missing: Vec<&String> =
+                    keys.iter().filter(|k| !s.kv.contains_key(*k)).collect();
                 if missing.is_empty() {
                     let values: Vec<&String> = keys.iter().filter_map(|k| s.kv.get(k)).collect();
                     return json!({"values": values});
@@ -234,12 +269,21 @@ pub struct StoreClient {
 impl StoreClient {
     /// Connects (retrying until `timeout`, since node 0 may start later) and authenticates.
     /// A store of another restart round answers "stale round"; that is retried too.
-    pub fn connect(addr: &str, token: &str, node: usize, round: usize, timeout: Duration) -> Result<StoreClient, StoreError> {
+    pub fn connect(
+        addr: &str,
+        token: &str,
+        node: usize,
+        round: usize,
+        timeout: Duration,
+    ) -> Result<StoreClient, StoreError> {
         let start = Instant::now();
         let (conn, first) = loop {
             let err = match TcpStream::connect(addr).and_then(|mut c| {
                 c.set_nodelay(true)?;
-                write_frame(&mut c, &json!({"hello": {"token": token, "node": node, "round": round}}))?;
+                write_frame(
+                    &mut c,
+                    &json!({"hello": {"token": token, "node": node, "round": round}}),
+                )?;
                 let reply = read_frame(&mut c)?;
                 Ok((c, reply))
             }) {
@@ -283,17 +327,29 @@ impl StoreClient {
     }
 
     pub fn set(&mut self, key: &str, value: &str) -> Result<(), StoreError> {
-        self.call(json!({"op": "set", "key": key, "value": value})).map(|_| ())
+        self.call(json!({"op": "set", "key": key, "value": value}))
+            .map(|_| ())
     }
 
     /// Waits until every key exists; returns their values in order, or the missing keys.
-    pub fn wait(&mut self, keys: &[String], timeout: Duration) -> Result<Result<Vec<String>, Vec<String>>, StoreError> {
-        let reply = self.call(json!({"op": "wait", "keys": keys, "timeout_ms": timeout.as_millis() as u64}))?;
+    pub fn wait(
+        &mut self,
+        keys: &[String],
+        timeout: Duration,
+    ) -> Result<Result<Vec<String>, Vec<String>>, StoreError> {
+        let reply = self
+            .call(json!({"op": "wait", "keys": keys, "timeout_ms": timeout.as_millis() as u64}))?;
         if let Some(r) = reply["aborted"].as_str() {
             return Err(StoreError::Aborted(r.to_string()));
         }
         let strings = |v: &Value| -> Vec<String> {
-            v.as_array().map(|a| a.iter().filter_map(|x| x.as_str().map(str::to_string)).collect()).unwrap_or_default()
+            v.as_array()
+                .map(|a| {
+                    a.iter()
+                        .filter_map(|x| x.as_str().map(str::to_string))
+                        .collect()
+                })
+                .unwrap_or_default()
         };
         if reply.get("values").is_some() {
             Ok(Ok(strings(&reply["values"])))
@@ -312,6 +368,7 @@ impl StoreClient {
     }
 
     pub fn abort(&mut self, reason: &str) -> Result<(), StoreError> {
-        self.call(json!({"op": "abort", "reason": reason})).map(|_| ())
+        self.call(json!({"op": "abort", "reason": reason}))
+            .map(|_| ())
     }
 }

@@ -80,7 +80,12 @@ impl Mlp {
     }
 
     /// Builds layer `l`'s tensors from its flat parameters (weight, then bias), taking the buffer.
-    pub fn layer_tensors<B: Backend>(&self, l: usize, mut flat: Vec<f32>, device: &B::Device) -> LayerTensors<B> {
+    pub fn layer_tensors<B: Backend>(
+        &self,
+        l: usize,
+        mut flat: Vec<f32>,
+        device: &B::Device,
+    ) -> LayerTensors<B> {
         let (w, b) = (&self.layout[2 * l], &self.layout[2 * l + 1]);
         let bias = flat.split_off(w.len());
         LayerTensors {
@@ -125,7 +130,12 @@ impl Mlp {
 
     /// Inverted-dropout masks for one micro-batch, drawn from kiln's RNG by `counters`
     /// (seed, step, micro-step, rank), so every rank and every resume reproduces them.
-    pub fn dropout_masks(&self, batch: usize, seed: u64, counters: &[u64]) -> Option<Vec<Vec<f32>>> {
+    pub fn dropout_masks(
+        &self,
+        batch: usize,
+        seed: u64,
+        counters: &[u64],
+    ) -> Option<Vec<Vec<f32>>> {
         if self.dropout <= 0.0 {
             return None;
         }

@@ -82,7 +82,12 @@ impl Plan {
     /// Rank `rank`'s sample indices of micro-batch `j` in an epoch whose sampler order (for this
     /// rank under `Distributed`, global under `SplitBatch`) is `order`; also the size of the
     /// whole micro-batch across ranks.
-    pub fn micro_indices<'a>(&self, order: &'a [usize], j: usize, rank: usize) -> (&'a [usize], usize) {
+    pub fn micro_indices<'a>(
+        &self,
+        order: &'a [usize],
+        j: usize,
+        rank: usize,
+    ) -> (&'a [usize], usize) {
         let b = self.micro_batch;
         let clamp = |lo: usize, hi: usize| &order[lo.min(order.len())..hi.min(order.len())];
         match self.split {

@@ -18,7 +18,8 @@ pub struct Ddp {
 
 impl Ddp {
     pub fn new(c: &Config, num_params: usize, comm: Box<dyn Collective>) -> Self {
-        let bucket_elems = ((c.strategy.bucket_cap_mb * 1024.0 * 1024.0 / 4.0) as usize).clamp(1, num_params.max(1));
+        let bucket_elems = ((c.strategy.bucket_cap_mb * 1024.0 * 1024.0 / 4.0) as usize)
+            .clamp(1, num_params.max(1));
         Ddp {
             comm,
             params: Vec::new(),
@@ -52,7 +53,12 @@ impl Strategy for Ddp {
         }
         Ok(())
     }
-    fn update(&mut self, mut grads: Vec<f32>, lr: f64, clip: Option<f64>) -> Result<(), CollectiveError> {
+    fn update(
+        &mut self,
+        mut grads: Vec<f32>,
+        lr: f64,
+        clip: Option<f64>,
+    ) -> Result<(), CollectiveError> {
         self.micro_sync(&mut grads)?;
         clip_and_step(&mut self.opt, &mut self.params, &mut grads, lr, clip);
         Ok(())
@@ -76,7 +82,11 @@ impl Strategy for Ddp {
         full_snapshot(self.rank(), &self.params, Some(self.opt.export()))
     }
     fn load_optimizer(&mut self, opt: &OptState) {
-        self.opt.import(opt, 0..opt.m.len().max(opt.v.len()), opt.m.len().max(opt.v.len()));
+        self.opt.import(
+            opt,
+            0..opt.m.len().max(opt.v.len()),
+            opt.m.len().max(opt.v.len()),
+        );
     }
     fn barrier(&mut self) -> Result<(), CollectiveError> {
         self.comm.barrier()

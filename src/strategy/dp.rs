@@ -55,7 +55,12 @@ impl Strategy for Dp {
     fn grad_weight(&self, local: usize, global: usize) -> f64 {
         local as f64 / global.max(1) as f64
     }
-    fn update(&mut self, mut grads: Vec<f32>, lr: f64, clip: Option<f64>) -> Result<(), CollectiveError> {
+    fn update(
+        &mut self,
+        mut grads: Vec<f32>,
+        lr: f64,
+        clip: Option<f64>,
+    ) -> Result<(), CollectiveError> {
         if self.comm.world() > 1 {
             self.comm.reduce(&mut grads, ReduceOp::Sum, 0)?;
         }
@@ -80,7 +85,11 @@ impl Strategy for Dp {
         }
     }
     fn snapshot(&mut self) -> Snapshot {
-        full_snapshot(self.rank(), &self.params, self.opt.as_ref().map(|o| o.export()))
+        full_snapshot(
+            self.rank(),
+            &self.params,
+            self.opt.as_ref().map(|o| o.export()),
+        )
     }
     fn load_optimizer(&mut self, opt: &OptState) {
         if let Some(o) = &mut self.opt {

@@ -46,7 +46,9 @@ impl Unit {
 pub fn units(mlp: &Mlp, unit: FsdpUnit, world: usize) -> Vec<Unit> {
     match unit {
         FsdpUnit::Model => vec![Unit::new(0..mlp.num_params(), world)],
-        FsdpUnit::Layer => (0..mlp.num_layers()).map(|l| Unit::new(mlp.layer_range(l), world)).collect(),
+        FsdpUnit::Layer => (0..mlp.num_layers())
+            .map(|l| Unit::new(mlp.layer_range(l), world))
+            .collect(),
     }
 }
 
@@ -81,7 +83,8 @@ impl Fsdp {
     fn shard_of(&self, u: &Unit, whole: &[f32]) -> Vec<f32> {
         let mut shard = vec![0f32; u.shard_len];
         let own = u.owned(self.comm.rank());
-        shard[..own.len()].copy_from_slice(&whole[u.range.start + own.start..u.range.start + own.end]);
+        shard[..own.len()]
+            .copy_from_slice(&whole[u.range.start + own.start..u.range.start + own.end]);
         shard
     }
 
@@ -135,7 +138,11 @@ impl Strategy for Fsdp {
         Ok(self.full.as_deref().unwrap_or(&[]))
     }
 
-    fn layer_params(&mut self, layer: usize, range: Range<usize>) -> Result<Vec<f32>, CollectiveError> {
+    fn layer_params(
+        &mut self,
+        layer: usize,
+        range: Range<usize>,
+    ) -> Result<Vec<f32>, CollectiveError> {
         if let Some(full) = &self.full {
             return Ok(full[range].to_vec());
         }
@@ -151,11 +158,17 @@ impl Strategy for Fsdp {
         1.0
     }
 
-    fn update(&mut self, mut grads: Vec<f32>, lr: f64, clip: Option<f64>) -> Result<(), CollectiveError> {
+    fn update(
+        &mut self,
+        mut grads: Vec<f32>,
+        lr: f64,
+        clip: Option<f64>,
+    ) -> Result<(), CollectiveError> {
         let world = self.comm.world();
         if self.sharding == Sharding::None {
             for u in &self.units {
-                self.comm.all_reduce(&mut grads[u.range.clone()], ReduceOp::Mean)?;
+                self.comm
+                    .all_reduce(&mut grads[u.range.clone()], ReduceOp::Mean)?;
             }
             if let Some(max_norm) = clip {
                 let norm = sum_squares(&grads).sqrt();
@@ -246,7 +259,11 @@ impl Strategy for Fsdp {
         Snapshot {
             layout: Layout::Sharded {
                 world: self.world(),
-                units: self.units.iter().map(|u| [u.range.start, u.range.len(), u.shard_len]).collect(),
+                units: self
+                    .units
+                    .iter()
+                    .map(|u| [u.range.start, u.range.len(), u.shard_len])
+                    .collect(),
             },
             files: vec![
                 (format!("model-rank-{rank}.bin"), encode_f32(&shards)),
@@ -262,7 +279,11 @@ impl Strategy for Fsdp {
                 o.import(opt, u.range.clone(), u.range.len());
             } else {
                 let own = u.owned(rank);
-                o.import(opt, u.range.start + own.start..u.range.start + own.end, u.shard_len);
+                o.import(
+                    opt,
+                    u.range.start + own.start..u.range.start + own.end,
+                    u.shard_len,
+                );
             }
         }
     }

@@ -40,7 +40,10 @@ pub struct Snapshot {
 /// The snapshot of a strategy that holds whole parameters and, on rank 0, the whole optimizer.
 fn full_snapshot(rank: usize, params: &[f32], opt: Option<OptState>) -> Snapshot {
     let files = match (rank, opt) {
-        (0, Some(o)) => vec![("model.bin".into(), encode_f32(params)), ("optim.bin".into(), encode_opt(&o))],
+        (0, Some(o)) => vec![
+            ("model.bin".into(), encode_f32(params)),
+            ("optim.bin".into(), encode_opt(&o)),
+        ],
         _ => Vec::new(),
     };
     Snapshot {
@@ -59,7 +62,11 @@ pub trait Strategy: Send {
     /// The full parameters (evaluation, the final result).
     fn params(&mut self) -> Result<&[f32], CollectiveError>;
     /// Layer `layer`'s parameters (the flat `range`) for forward/backward.
-    fn layer_params(&mut self, layer: usize, range: Range<usize>) -> Result<Vec<f32>, CollectiveError> {
+    fn layer_params(
+        &mut self,
+        layer: usize,
+        range: Range<usize>,
+    ) -> Result<Vec<f32>, CollectiveError> {
         let _ = layer;
         Ok(self.params()?[range].to_vec())
     }
@@ -73,7 +80,12 @@ pub trait Strategy: Send {
         Ok(())
     }
     /// Synchronises the accumulated (weighted) gradients, clips, and updates.
-    fn update(&mut self, grads: Vec<f32>, lr: f64, clip: Option<f64>) -> Result<(), CollectiveError>;
+    fn update(
+        &mut self,
+        grads: Vec<f32>,
+        lr: f64,
+        clip: Option<f64>,
+    ) -> Result<(), CollectiveError>;
     /// Sums `values` over ranks (every rank gets the result); identity for one rank.
     fn sum(&mut self, values: &mut [f64]) -> Result<(), CollectiveError>;
     /// Gathers equal-length f64 vectors from every rank, in rank order.
@@ -120,7 +132,10 @@ pub fn estimate(c: &Config, mlp: &Mlp, world: usize) -> Vec<Memory> {
                 StrategyKind::Single | StrategyKind::Ddp => (whole, whole, n),
                 StrategyKind::Dp => (whole, whole, if rank == 0 { n } else { 0 }),
                 StrategyKind::Fsdp => {
-                    let shard: usize = fsdp::units(mlp, c.strategy.unit, world).iter().map(|u| u.shard_len).sum();
+                    let shard: usize = fsdp::units(mlp, c.strategy.unit, world)
+                        .iter()
+                        .map(|u| u.shard_len)
+                        .sum();
                     match c.strategy.sharding {
                         Sharding::Full => (shard * 4, shard * 4, shard),
                         Sharding::GradOp => (whole, shard * 4, shard),
@@ -139,7 +154,13 @@ pub fn estimate(c: &Config, mlp: &Mlp, world: usize) -> Vec<Memory> {
 }
 
 /// Clip by the global norm of full (already synchronised) gradients, then step.
-fn clip_and_step(opt: &mut Optimizer, params: &mut [f32], grads: &mut [f32], lr: f64, clip: Option<f64>) {
+fn clip_and_step(
+    opt: &mut Optimizer,
+    params: &mut [f32],
+    grads: &mut [f32],
+    lr: f64,
+    clip: Option<f64>,
+) {
     if let Some(max_norm) = clip {
         let norm = sum_squares(grads).sqrt();
         clip_by_norm(grads, norm, max_norm);

@@ -39,7 +39,12 @@ impl Strategy for Single {
     fn grad_weight(&self, _local: usize, _global: usize) -> f64 {
         1.0
     }
-    fn update(&mut self, mut grads: Vec<f32>, lr: f64, clip: Option<f64>) -> Result<(), CollectiveError> {
+    fn update(
+        &mut self,
+        mut grads: Vec<f32>,
+        lr: f64,
+        clip: Option<f64>,
+    ) -> Result<(), CollectiveError> {
         clip_and_step(&mut self.opt, &mut self.params, &mut grads, lr, clip);
         Ok(())
     }
@@ -62,7 +67,11 @@ impl Strategy for Single {
         full_snapshot(self.rank(), &self.params, Some(self.opt.export()))
     }
     fn load_optimizer(&mut self, opt: &OptState) {
-        self.opt.import(opt, 0..opt.m.len().max(opt.v.len()), opt.m.len().max(opt.v.len()));
+        self.opt.import(
+            opt,
+            0..opt.m.len().max(opt.v.len()),
+            opt.m.len().max(opt.v.len()),
+        );
     }
     fn barrier(&mut self) -> Result<(), CollectiveError> {
         self.comm.barrier()

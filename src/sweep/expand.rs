@@ -14,7 +14,10 @@ pub struct Trial {
 impl Trial {
     /// The overrides as `--set` arguments.
     pub fn set_args(&self) -> Vec<String> {
-        self.overrides.iter().map(|(k, v)| format!("{k}={v}")).collect()
+        self.overrides
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect()
     }
 
     /// `key=value, key=value` for tables and logs.
@@ -22,7 +25,11 @@ impl Trial {
         if self.overrides.is_empty() {
             return "(base config)".into();
         }
-        self.overrides.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(", ")
+        self.overrides
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(", ")
     }
 }
 
@@ -122,7 +129,10 @@ mod tests {
 
     fn grid(pairs: &[(&str, Vec<toml::Value>)]) -> SweepConfig {
         SweepConfig {
-            grid: pairs.iter().map(|(k, v)| (k.to_string(), v.clone())).collect(),
+            grid: pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.clone()))
+                .collect(),
             ..SweepConfig::default()
         }
     }
@@ -130,13 +140,25 @@ mod tests {
     #[test]
     fn grid_is_the_cartesian_product() {
         let s = grid(&[
-            ("optim.lr", vec![toml::Value::Float(0.1), toml::Value::Float(0.2)]),
-            ("strategy.kind", vec!["ddp".into(), "fsdp".into(), "dp".into()]),
+            (
+                "optim.lr",
+                vec![toml::Value::Float(0.1), toml::Value::Float(0.2)],
+            ),
+            (
+                "strategy.kind",
+                vec!["ddp".into(), "fsdp".into(), "dp".into()],
+            ),
         ]);
         let t = expand(&s).unwrap();
         assert_eq!(t.len(), 6);
-        assert_eq!(t[0].set_args(), vec!["optim.lr=0.1", "strategy.kind=\"ddp\""]);
-        assert_eq!(t[5].set_args(), vec!["optim.lr=0.2", "strategy.kind=\"dp\""]);
+        assert_eq!(
+            t[0].set_args(),
+            vec!["optim.lr=0.1", "strategy.kind=\"ddp\""]
+        );
+        assert_eq!(
+            t[5].set_args(),
+            vec!["optim.lr=0.2", "strategy.kind=\"dp\""]
+        );
         assert_eq!(expand(&SweepConfig::default()), Err(ExpandError::Empty));
     }
 
@@ -147,8 +169,14 @@ mod tests {
             samples: 8,
             seed: 3,
             space: [
-                ("optim.lr".to_string(), Distribution::LogUniform([1e-4, 1e-1])),
-                ("train.batch_size".to_string(), Distribution::Choice(vec![16.into(), 32.into()])),
+                (
+                    "optim.lr".to_string(),
+                    Distribution::LogUniform([1e-4, 1e-1]),
+                ),
+                (
+                    "train.batch_size".to_string(),
+                    Distribution::Choice(vec![16.into(), 32.into()]),
+                ),
             ]
             .into_iter()
             .collect(),
@@ -160,14 +188,24 @@ mod tests {
             let lr = t.overrides[0].1.as_float().unwrap();
             assert!((1e-4..1e-1).contains(&lr), "{lr}");
         }
-        let firsts: Vec<f64> = a.iter().map(|t| t.overrides[0].1.as_float().unwrap()).collect();
+        let firsts: Vec<f64> = a
+            .iter()
+            .map(|t| t.overrides[0].1.as_float().unwrap())
+            .collect();
         if let Some(r) = &mut s.random {
             r.seed = 4;
         }
-        let b: Vec<f64> = expand(&s).unwrap().iter().map(|t| t.overrides[0].1.as_float().unwrap()).collect();
+        let b: Vec<f64> = expand(&s)
+            .unwrap()
+            .iter()
+            .map(|t| t.overrides[0].1.as_float().unwrap())
+            .collect();
         assert_ne!(firsts, b);
         // grid x random
-        s.grid.insert("optim.momentum".into(), vec![toml::Value::Float(0.0), toml::Value::Float(0.9)]);
+        s.grid.insert(
+            "optim.momentum".into(),
+            vec![toml::Value::Float(0.0), toml::Value::Float(0.9)],
+        );
         assert_eq!(expand(&s).unwrap().len(), 16);
     }
 }

@@ -48,7 +48,10 @@ impl Ledger {
 
     pub fn append(&self, r: &Record) -> std::io::Result<()> {
         let line = serde_json::to_string(r).map_err(std::io::Error::other)?;
-        let mut f = OpenOptions::new().create(true).append(true).open(&self.path)?;
+        let mut f = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.path)?;
         f.write_all(format!("{line}\n").as_bytes())?;
         f.sync_data()
     }
@@ -65,7 +68,11 @@ impl Ledger {
     /// How often each trial has failed.
     pub fn failures(&self) -> BTreeMap<String, usize> {
         let mut out = BTreeMap::new();
-        for r in self.read().into_iter().filter(|r| r.state == TrialState::Failed) {
+        for r in self
+            .read()
+            .into_iter()
+            .filter(|r| r.state == TrialState::Failed)
+        {
             *out.entry(r.trial).or_insert(0) += 1;
         }
         out

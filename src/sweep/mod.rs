@@ -46,7 +46,10 @@ pub fn trial_id(c: &Config) -> String {
 }
 
 fn now() -> f64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
 }
 
 /// Resolves the base config and every trial; nothing is written. Errors name the trial.
@@ -57,10 +60,20 @@ pub fn plan(spec: &SweepSpec, env: &[(String, String)]) -> Result<(Config, Vec<P
     for trial in trials {
         let mut sets = spec.sets.clone();
         sets.extend(trial.set_args());
-        let r = config::load(&spec.file, env, &sets)
-            .map_err(|e| Error::Usage(format!("sweep trial {} ({}): {e}", trial.index, trial.describe())))?;
-        crate::backend::resolve(&r.config)
-            .map_err(|e| Error::Usage(format!("sweep trial {} ({}): {e}", trial.index, trial.describe())))?;
+        let r = config::load(&spec.file, env, &sets).map_err(|e| {
+            Error::Usage(format!(
+                "sweep trial {} ({}): {e}",
+                trial.index,
+                trial.describe()
+            ))
+        })?;
+        crate::backend::resolve(&r.config).map_err(|e| {
+            Error::Usage(format!(
+                "sweep trial {} ({}): {e}",
+                trial.index,
+                trial.describe()
+            ))
+        })?;
         let id = trial_id(&r.config);
         if let Some(p) = planned.iter().find(|p| p.id == id) {
             return Err(Error::Usage(format!(
@@ -82,7 +95,11 @@ pub fn plan(spec: &SweepSpec, env: &[(String, String)]) -> Result<(Config, Vec<P
 
 /// The sweep directory of a base config.
 pub fn sweep_dir(base: &Config) -> PathBuf {
-    let name = base.sweep.name.clone().unwrap_or_else(|| base.experiment.name.clone());
+    let name = base
+        .sweep
+        .name
+        .clone()
+        .unwrap_or_else(|| base.experiment.name.clone());
     Path::new(&base.experiment.output_dir).join(name)
 }
 
@@ -101,7 +118,8 @@ impl Lock {
                 )));
             }
         }
-        fs::write(&path, std::process::id().to_string()).map_err(|e| Error::io(format!("writing {}", path.display()), e))?;
+        fs::write(&path, std::process::id().to_string())
+            .map_err(|e| Error::io(format!("writing {}", path.display()), e))?;
         Ok(Lock(path))
     }
 }
@@ -126,7 +144,12 @@ fn record(p: &Planned, state: TrialState) -> Record {
     Record {
         trial: p.id.clone(),
         index: p.trial.index,
-        overrides: p.trial.overrides.iter().map(|(k, v)| (k.clone(), v.to_string())).collect(),
+        overrides: p
+            .trial
+            .overrides
+            .iter()
+            .map(|(k, v)| (k.clone(), v.to_string()))
+            .collect(),
         state,
         exit: None,
         metric: None,
@@ -135,18 +158,37 @@ fn record(p: &Planned, state: TrialState) -> Record {
     }
 }
 
-fn spawn(spec: &SweepSpec, p: &Planned, run_dir: &Path, log: &Path, threads: usize) -> Result<Child> {
+fn spawn(
+    spec: &SweepSpec,
+    p: &Planned,
+    run_dir: &Path,
+    log: &Path,
+    threads: usize,
+) -> Result<Child> {
     let exe = std::env::current_exe().map_err(|e| Error::io("finding the kiln executable", e))?;
     let threads = format!("backend.threads={threads}");
     let mut cmd = Command::new(exe);
     if run_dir.join("config.toml").is_file() {
         // interrupted or failed before: continue from its newest verified checkpoint
-        cmd.args(["resume", &run_dir.display().to_string(), "--quiet", "--set", &threads]);
+        cmd.args([
+            "resume",
+            &run_dir.display().to_string(),
+            "--quiet",
+            "--set",
+            &threads,
+        ]);
     } else {
         if run_dir.exists() {
-            fs::remove_dir_all(run_dir).map_err(|e| Error::io(format!("clearing {}", run_dir.display()), e))?;
+            fs::remove_dir_all(run_dir)
+                .map_err(|e| Error::io(format!("clearing {}", run_dir.display()), e))?;
         }
-        cmd.args(["run", &spec.file.display().to_string(), "--quiet", "--run-dir", &run_dir.display().to_string()]);
+        cmd.args([
+            "run",
+            &spec.file.display().to_string(),
+            "--quiet",
+            "--run-dir",
+            &run_dir.display().to_string(),
+        ]);
         for s in spec.sets.iter().cloned().chain(p.trial.set_args()) {
             cmd.args(["--set", &s]);
         }
@@ -157,8 +199,12 @@ fn spawn(spec: &SweepSpec, p: &Planned, run_dir: &Path, log: &Path, threads: usi
         .append(true)
         .open(log)
         .map_err(|e| Error::io(format!("opening {}", log.display()), e))?;
-    let err = out.try_clone().map_err(|e| Error::io(format!("opening {}", log.display()), e))?;
-    cmd.stdin(Stdio::null()).stdout(Stdio::from(out)).stderr(Stdio::from(err));
+    let err = out
+        .try_clone()
+        .map_err(|e| Error::io(format!("opening {}", log.display()), e))?;
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::from(out))
+        .stderr(Stdio::from(err));
     #[cfg(target_os = "linux")]
     {
         use std::os::unix::process::CommandExt;
@@ -179,11 +225,18 @@ fn failure_reason(run_dir: &Path, log: &Path, code: Option<i32>) -> String {
     let from_summary = fs::read_to_string(run_dir.join("summary.json"))
         .ok()
         .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
-        .and_then(|v| v["error"].as_str().map(|s| s.lines().next().unwrap_or("").to_string()));
+        .and_then(|v| {
+            v["error"]
+                .as_str()
+                .map(|s| s.lines().next().unwrap_or("").to_string())
+        });
     from_summary
         .or_else(|| {
             fs::read_to_string(log).ok().and_then(|t| {
-                t.lines().rev().find(|l| l.starts_with("error:")).map(|l| l.trim_start_matches("error: ").to_string())
+                t.lines()
+                    .rev()
+                    .find(|l| l.starts_with("error:"))
+                    .map(|l| l.trim_start_matches("error: ").to_string())
             })
         })
         .unwrap_or_else(|| match code {
@@ -195,7 +248,11 @@ fn failure_reason(run_dir: &Path, log: &Path, code: Option<i32>) -> String {
 fn last_progress(run_dir: &Path) -> Option<String> {
     let text = fs::read_to_string(run_dir.join("metrics.jsonl")).ok()?;
     let v: serde_json::Value = serde_json::from_str(text.lines().last()?).ok()?;
-    Some(format!("step {} loss {:.4}", v["step"], v["loss"].as_f64()?))
+    Some(format!(
+        "step {} loss {:.4}",
+        v["step"],
+        v["loss"].as_f64()?
+    ))
 }
 
 /// The rows of every trial the ledger knows, sorted.
@@ -210,7 +267,10 @@ fn rows(dir: &Path, ledger: &Ledger, s: &SweepConfig) -> Vec<Row> {
 }
 
 fn write_results(dir: &Path, rows: &[Row], metric: &str) -> Result<()> {
-    for (name, text) in [("results.csv", to_csv(rows, metric)), ("results.md", to_markdown(rows, metric))] {
+    for (name, text) in [
+        ("results.csv", to_csv(rows, metric)),
+        ("results.md", to_markdown(rows, metric)),
+    ] {
         let p = dir.join(name);
         let tmp = dir.join(format!("{name}.tmp"));
         fs::write(&tmp, text).map_err(|e| Error::io(format!("writing {}", tmp.display()), e))?;
@@ -226,10 +286,14 @@ pub fn run(spec: &SweepSpec, parallel: Option<usize>, quiet: bool) -> Result<Str
     let s = &base.sweep;
     let parallel = parallel.unwrap_or(s.parallel).max(1);
     let dir = sweep_dir(&base);
-    fs::create_dir_all(dir.join("logs")).map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
+    fs::create_dir_all(dir.join("logs"))
+        .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
     let _lock = Lock::take(&dir)?;
     let spec_abs = SweepSpec {
-        file: spec.file.canonicalize().unwrap_or_else(|_| spec.file.clone()),
+        file: spec
+            .file
+            .canonicalize()
+            .unwrap_or_else(|_| spec.file.clone()),
         sets: spec.sets.clone(),
     };
     crate::cli::write_json(&dir.join("sweep.json"), &spec_abs)?;
@@ -240,7 +304,9 @@ pub fn run(spec: &SweepSpec, parallel: Option<usize>, quiet: bool) -> Result<Str
     let mut failures = ledger.failures();
     for p in &planned {
         if !latest.contains_key(&p.id) {
-            ledger.append(&record(p, TrialState::Pending)).map_err(ledger_io)?;
+            ledger
+                .append(&record(p, TrialState::Pending))
+                .map_err(ledger_io)?;
         }
     }
     let mut queue: Vec<Planned> = planned
@@ -254,10 +320,15 @@ pub fn run(spec: &SweepSpec, parallel: Option<usize>, quiet: bool) -> Result<Str
         .collect();
     queue.reverse(); // pop from the back in trial order
     let total = planned.len();
-    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
     let mut ui = SweepProgress::new(total, total - queue.len(), quiet);
     if queue.is_empty() {
-        ui.info(&format!("all {total} trials of {} are done; nothing to run", dir.display()));
+        ui.info(&format!(
+            "all {total} trials of {} are done; nothing to run",
+            dir.display()
+        ));
     }
     let mut running: Vec<Running> = Vec::new();
     while !queue.is_empty() || !running.is_empty() {
@@ -266,7 +337,9 @@ pub fn run(spec: &SweepSpec, parallel: Option<usize>, quiet: bool) -> Result<Str
             let run_dir = dir.join(&p.id);
             let log = dir.join("logs").join(format!("{}.log", p.id));
             let threads = (cores / parallel / p.config.strategy.devices.count().max(1)).max(1);
-            ledger.append(&record(&p, TrialState::Running)).map_err(ledger_io)?;
+            ledger
+                .append(&record(&p, TrialState::Running))
+                .map_err(ledger_io)?;
             let child = spawn(&spec_abs, &p, &run_dir, &log, threads)?;
             ui.started(&p.id, &p.trial.describe());
             running.push(Running { planned: p, child });
@@ -275,7 +348,10 @@ pub fn run(spec: &SweepSpec, parallel: Option<usize>, quiet: bool) -> Result<Str
         let mut i = 0;
         while i < running.len() {
             let id = running[i].planned.id.clone();
-            let status = running[i].child.try_wait().map_err(|e| Error::io("waiting for a trial", e))?;
+            let status = running[i]
+                .child
+                .try_wait()
+                .map_err(|e| Error::io("waiting for a trial", e))?;
             let Some(status) = status else {
                 if let Some(msg) = last_progress(&dir.join(&id)) {
                     ui.update(&id, &msg);
@@ -288,13 +364,18 @@ pub fn run(spec: &SweepSpec, parallel: Option<usize>, quiet: bool) -> Result<Str
             let run_dir = dir.join(&p.id);
             let mut rec = record(&p, TrialState::Done);
             rec.exit = status.code();
-            let summary: Option<serde_json::Value> = fs::read_to_string(run_dir.join("summary.json"))
-                .ok()
-                .and_then(|t| serde_json::from_str(&t).ok());
+            let summary: Option<serde_json::Value> =
+                fs::read_to_string(run_dir.join("summary.json"))
+                    .ok()
+                    .and_then(|t| serde_json::from_str(&t).ok());
             rec.metric = summary.as_ref().and_then(|v| v[s.metric.as_str()].as_f64());
             if !status.success() {
                 rec.state = TrialState::Failed;
-                rec.error = Some(failure_reason(&run_dir, &dir.join("logs").join(format!("{}.log", p.id)), status.code()));
+                rec.error = Some(failure_reason(
+                    &run_dir,
+                    &dir.join("logs").join(format!("{}.log", p.id)),
+                    status.code(),
+                ));
                 let n = failures.entry(p.id.clone()).or_insert(0);
                 *n += 1;
                 if *n <= s.retries {
@@ -302,14 +383,21 @@ pub fn run(spec: &SweepSpec, parallel: Option<usize>, quiet: bool) -> Result<Str
                 }
             }
             ledger.append(&rec).map_err(ledger_io)?;
-            ui.finished(&p.id, rec.state == TrialState::Done, &rec.error.clone().unwrap_or_default());
+            ui.finished(
+                &p.id,
+                rec.state == TrialState::Done,
+                &rec.error.clone().unwrap_or_default(),
+            );
         }
     }
     ui.finish();
     let rows = rows(&dir, &ledger, s);
     write_results(&dir, &rows, &s.metric)?;
     let table = to_text(&rows, &s.metric);
-    let failed = rows.iter().filter(|r| r.status == TrialState::Failed).count();
+    let failed = rows
+        .iter()
+        .filter(|r| r.status == TrialState::Failed)
+        .count();
     println!("{table}");
     println!("sweep dir: {}", dir.display());
     if failed > 0 {
@@ -324,9 +412,14 @@ pub fn run(spec: &SweepSpec, parallel: Option<usize>, quiet: bool) -> Result<Str
 /// The spec a sweep directory was started with.
 pub fn read_spec(dir: &Path) -> Result<SweepSpec> {
     let p = dir.join("sweep.json");
-    let text = fs::read_to_string(&p)
-        .map_err(|_| Error::Usage(format!("`{}` is not a sweep directory (no sweep.json)", dir.display())))?;
-    serde_json::from_str(&text).map_err(|e| Error::Usage(format!("{} does not parse: {e}", p.display())))
+    let text = fs::read_to_string(&p).map_err(|_| {
+        Error::Usage(format!(
+            "`{}` is not a sweep directory (no sweep.json)",
+            dir.display()
+        ))
+    })?;
+    serde_json::from_str(&text)
+        .map_err(|e| Error::Usage(format!("{} does not parse: {e}", p.display())))
 }
 
 /// The results table of a sweep directory, while it runs or afterwards.
@@ -350,5 +443,10 @@ pub fn status(dir: &Path) -> Result<String> {
             .or_insert(0) += 1;
     }
     let summary: Vec<String> = counts.iter().map(|(k, v)| format!("{v} {k}")).collect();
-    Ok(format!("{}\n{} trials: {}\n", to_text(&rows, &base.config.sweep.metric), rows.len(), summary.join(", ")))
+    Ok(format!(
+        "{}\n{} trials: {}\n",
+        to_text(&rows, &base.config.sweep.metric),
+        rows.len(),
+        summary.join(", ")
+    ))
 }

@@ -30,7 +30,11 @@ pub fn row(rec: &Record, run_dir: &Path, metric: &str, mode: MetricMode) -> Row 
         .filter_map(|l| serde_json::from_str(l).ok())
         .collect();
     // the metric over the run: its own key in metrics.jsonl, or `loss` for final_loss
-    let key = if metric == "final_loss" { "loss" } else { metric };
+    let key = if metric == "final_loss" {
+        "loss"
+    } else {
+        metric
+    };
     let values = lines.iter().filter_map(|l| l[key].as_f64());
     let best = match mode {
         MetricMode::Min => values.fold(None, |a: Option<f64>, v| Some(a.map_or(v, |a| a.min(v)))),
@@ -38,7 +42,12 @@ pub fn row(rec: &Record, run_dir: &Path, metric: &str, mode: MetricMode) -> Row 
     };
     Row {
         trial: rec.trial.clone(),
-        overrides: rec.overrides.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" "),
+        overrides: rec
+            .overrides
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(" "),
         status: rec.state,
         metric: rec.metric.or_else(|| get(metric)),
         best,
@@ -90,17 +99,37 @@ fn cells(r: &Row) -> Vec<String> {
         num(r.metric),
         num(r.best),
         r.steps.map(|s| s.to_string()).unwrap_or_default(),
-        r.wall_seconds.map(|v| format!("{v:.2}")).unwrap_or_default(),
-        r.samples_per_sec.map(|v| format!("{v:.0}")).unwrap_or_default(),
-        r.error.clone().unwrap_or_default().lines().next().unwrap_or("").to_string(),
+        r.wall_seconds
+            .map(|v| format!("{v:.2}"))
+            .unwrap_or_default(),
+        r.samples_per_sec
+            .map(|v| format!("{v:.0}"))
+            .unwrap_or_default(),
+        r.error
+            .clone()
+            .unwrap_or_default()
+            .lines()
+            .next()
+            .unwrap_or("")
+            .to_string(),
     ]
 }
 
 fn header(metric: &str) -> Vec<String> {
-    ["trial", "overrides", "status", metric, &format!("best_{metric}"), "steps", "wall_seconds", "samples_per_sec", "error"]
-        .iter()
-        .map(|s| s.to_string())
-        .collect()
+    [
+        "trial",
+        "overrides",
+        "status",
+        metric,
+        &format!("best_{metric}"),
+        "steps",
+        "wall_seconds",
+        "samples_per_sec",
+        "error",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
 }
 
 fn csv_cell(s: &str) -> String {
@@ -114,7 +143,12 @@ fn csv_cell(s: &str) -> String {
 pub fn to_csv(rows: &[Row], metric: &str) -> String {
     let mut out = header(metric).join(",") + "\n";
     for r in rows {
-        out += &(cells(r).iter().map(|c| csv_cell(c)).collect::<Vec<_>>().join(",") + "\n");
+        out += &(cells(r)
+            .iter()
+            .map(|c| csv_cell(c))
+            .collect::<Vec<_>>()
+            .join(",")
+            + "\n");
     }
     out
 }
@@ -123,7 +157,14 @@ pub fn to_markdown(rows: &[Row], metric: &str) -> String {
     let h = header(metric);
     let mut out = format!("| {} |\n|{}\n", h.join(" | "), " --- |".repeat(h.len()));
     for r in rows {
-        out += &format!("| {} |\n", cells(r).iter().map(|c| c.replace('|', "\\|")).collect::<Vec<_>>().join(" | "));
+        out += &format!(
+            "| {} |\n",
+            cells(r)
+                .iter()
+                .map(|c| c.replace('|', "\\|"))
+                .collect::<Vec<_>>()
+                .join(" | ")
+        );
     }
     out
 }
@@ -133,7 +174,13 @@ pub fn to_text(rows: &[Row], metric: &str) -> String {
     let mut table = vec![header(metric)];
     table.extend(rows.iter().map(cells));
     let widths: Vec<usize> = (0..table[0].len())
-        .map(|i| table.iter().map(|r| r[i].chars().count()).max().unwrap_or(0))
+        .map(|i| {
+            table
+                .iter()
+                .map(|r| r[i].chars().count())
+                .max()
+                .unwrap_or(0)
+        })
         .collect();
     table
         .iter()

@@ -60,8 +60,14 @@ pub fn forward_backward<B: AutodiffBackend, E: From<StepError>>(
         onehot[i * classes + c as usize] = 1.0;
     }
     let onehot = Tensor::<B, 2>::from_data(TensorData::new(onehot, [batch, classes]), device);
-    let loss = (log_softmax(logits, 1) * onehot).sum().neg().div_scalar(batch as f64);
-    let loss_value = to_vec(loss.clone().inner())?.first().copied().unwrap_or(f32::NAN);
+    let loss = (log_softmax(logits, 1) * onehot)
+        .sum()
+        .neg()
+        .div_scalar(batch as f64);
+    let loss_value = to_vec(loss.clone().inner())?
+        .first()
+        .copied()
+        .unwrap_or(f32::NAN);
     let tape = loss.mul_scalar(scale).backward();
     for (layer, specs) in layers.iter().zip(mlp.layout.chunks(2)) {
         let w = layer
@@ -113,12 +119,17 @@ pub fn evaluate<B: Backend>(
     let (mut losses, mut correct) = (Vec::with_capacity(idx.len()), Vec::with_capacity(idx.len()));
     for chunk in idx.chunks(batch.max(1)) {
         let (x, y) = ds.gather(chunk);
-        let input = Tensor::<B, 2>::from_data(TensorData::new(x, [chunk.len(), ds.features]), device);
+        let input =
+            Tensor::<B, 2>::from_data(TensorData::new(x, [chunk.len(), ds.features]), device);
         let logits = to_vec(mlp.forward(&layers, input, None))?;
         for (row, &label) in logits.chunks(classes).zip(&y) {
             let max = row.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
             let lse = f64::from(max)
-                + row.iter().map(|&v| f64::from(v - max).exp()).sum::<f64>().ln();
+                + row
+                    .iter()
+                    .map(|&v| f64::from(v - max).exp())
+                    .sum::<f64>()
+                    .ln();
             losses.push(lse - f64::from(row[label as usize]));
             let pred = row
                 .iter()

@@ -7,10 +7,10 @@ use burn::tensor::backend::AutodiffBackend;
 use serde::Serialize;
 
 use super::schedule::lr_at;
+use super::step::{evaluate, forward_backward, EvalSums, StepError};
 use crate::checkpoint::{
     CheckpointError, DataPosition, Loaded, OptimizerInfo, RngState, SchedulerInfo, State, Store,
 };
-use super::step::{evaluate, forward_backward, EvalSums, StepError};
 use crate::collective::CollectiveError;
 use crate::config::Config;
 use crate::data::Data;
@@ -35,7 +35,10 @@ pub struct MetricLine {
 /// What the loop reports while it runs (rank 0 only).
 #[derive(Debug, Clone)]
 pub enum TrainEvent {
-    Started { first_step: usize, total_steps: usize },
+    Started {
+        first_step: usize,
+        total_steps: usize,
+    },
     /// A checkpoint was written.
     Checkpoint { step: usize },
     /// A step finished (`line` is set when it is a logged step).
@@ -109,7 +112,8 @@ impl Pos {
     }
 
     fn epochs(&self, plan: &Plan) -> f64 {
-        self.epoch as f64 + plan.cursor(self.start, self.j) as f64 / plan.train_samples.max(1) as f64
+        self.epoch as f64
+            + plan.cursor(self.start, self.j) as f64 / plan.train_samples.max(1) as f64
     }
 }
 
@@ -143,7 +147,8 @@ fn total_steps(c: &Config, plan: &Plan, step: usize, pos: Pos) -> usize {
     }
     let epochs = c.train.epochs as u64;
     let remaining = if pos.epoch < epochs {
-        (plan.segment_micro(pos.start) - pos.j) + (epochs - pos.epoch - 1) as usize * plan.micro_per_epoch
+        (plan.segment_micro(pos.start) - pos.j)
+            + (epochs - pos.epoch - 1) as usize * plan.micro_per_epoch
     } else {
         0
     };
@@ -182,7 +187,14 @@ pub fn train<B: AutodiffBackend>(
         }
         None => {
             strategy.init(mlp.init(c.experiment.seed))?;
-            (0, Pos { epoch: 0, start: 0, j: 0 })
+            (
+                0,
+                Pos {
+                    epoch: 0,
+                    start: 0,
+                    j: 0,
+                },
+            )
         }
     };
     let first_step = step;
@@ -200,7 +212,11 @@ pub fn train<B: AutodiffBackend>(
     });
     sink.log(&format!("rank {rank}/{world}: {}", plan.describe()));
     if first_step > 0 {
-        sink.log(&format!("resumed at step {first_step}, epoch {}, cursor {}", pos.epoch, plan.cursor(pos.start, pos.j)));
+        sink.log(&format!(
+            "resumed at step {first_step}, epoch {}, cursor {}",
+            pos.epoch,
+            plan.cursor(pos.start, pos.j)
+        ));
     }
 
     let start = Instant::now();
@@ -228,15 +244,21 @@ pub fn train<B: AutodiffBackend>(
                 break;
             }
             if segment.as_ref().map(|(key, _)| *key) != Some((pos.epoch, pos.start)) {
-                segment = Some(((pos.epoch, pos.start), plan.sampler.indices_from(pos.epoch, order_rank, pos.start)));
+                segment = Some((
+                    (pos.epoch, pos.start),
+                    plan.sampler.indices_from(pos.epoch, order_rank, pos.start),
+                ));
             }
             let order = segment.as_ref().map(|(_, o)| o.as_slice()).unwrap_or(&[]);
             let (idx, global) = plan.micro_indices(order, pos.j, rank);
             let weight = strategy.grad_weight(idx.len(), global);
             if !idx.is_empty() {
                 let (x, y) = data.train.gather(idx);
-                let masks =
-                    mlp.dropout_masks(y.len(), c.experiment.seed, &[step as u64, k as u64, rank as u64]);
+                let masks = mlp.dropout_masks(
+                    y.len(),
+                    c.experiment.seed,
+                    &[step as u64, k as u64, rank as u64],
+                );
                 let mut layer_params = |l: usize| -> Result<Vec<f32>, TrainError> {
                     Ok(strategy.layer_params(l, mlp.layer_range(l))?)
                 };
@@ -289,8 +311,14 @@ pub fn train<B: AutodiffBackend>(
         if do_eval {
             if let Some(ds) = &data.eval {
                 let params = strategy.params()?;
-                let (losses, correct) =
-                    evaluate::<B::InnerBackend>(mlp, params, ds, &eval_idx, plan.micro_batch, device)?;
+                let (losses, correct) = evaluate::<B::InnerBackend>(
+                    mlp,
+                    params,
+                    ds,
+                    &eval_idx,
+                    plan.micro_batch,
+                    device,
+                )?;
                 last_eval = Some(reduce_eval(strategy, &losses, &correct, ds.len())?);
             }
         }
@@ -309,7 +337,9 @@ pub fn train<B: AutodiffBackend>(
         if log {
             window_start = Instant::now();
             window_samples = 0.0;
-            sink.log(&format!("step {done} loss {loss} lr {lr} samples/s {sps:.1}"));
+            sink.log(&format!(
+                "step {done} loss {loss} lr {lr} samples/s {sps:.1}"
+            ));
         }
         sink.event(TrainEvent::Step {
             step: done,
@@ -319,8 +349,12 @@ pub fn train<B: AutodiffBackend>(
         });
 
         let ck = &c.checkpoint;
-        let epoch_boundary = pos.epoch > epoch_at_start && ck.every_epochs > 0 && pos.epoch % ck.every_epochs as u64 == 0;
-        let save = (ck.every_steps > 0 && done % ck.every_steps == 0) || epoch_boundary || (is_last && ck.at_end);
+        let epoch_boundary = pos.epoch > epoch_at_start
+            && ck.every_epochs > 0
+            && pos.epoch % ck.every_epochs as u64 == 0;
+        let save = (ck.every_steps > 0 && done % ck.every_steps == 0)
+            || epoch_boundary
+            || (is_last && ck.at_end);
         if let (true, Some(store)) = (save, input.store) {
             let position = DataPosition {
                 epoch: pos.epoch,
@@ -335,7 +369,10 @@ pub fn train<B: AutodiffBackend>(
     }
     let wall = start.elapsed().as_secs_f64();
     let params = strategy.params()?.to_vec();
-    sink.log(&format!("finished {step} steps ({} this session) in {wall:.2}s", step - first_step));
+    sink.log(&format!(
+        "finished {step} steps ({} this session) in {wall:.2}s",
+        step - first_step
+    ));
     Ok(Outcome {
         steps: step,
         epochs: round4(pos.epochs(plan)),
@@ -399,7 +436,12 @@ fn save_checkpoint(
             config_hash: crate::config::config_hash(c),
             kiln_version: env!("CARGO_PKG_VERSION").to_string(),
         };
-        store.commit(step as u64, &state, c.checkpoint.keep_last, c.checkpoint.keep_every as u64)?;
+        store.commit(
+            step as u64,
+            &state,
+            c.checkpoint.keep_last,
+            c.checkpoint.keep_every as u64,
+        )?;
     }
     strategy.barrier()?;
     Ok(())

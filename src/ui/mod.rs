@@ -22,10 +22,9 @@ impl Progress {
             return;
         }
         let bar = ProgressBar::new(total as u64);
-        let style = ProgressStyle::with_template(
-            "{bar:30.cyan/blue} {pos}/{len} steps  {msg}  eta {eta}",
-        )
-        .unwrap_or_else(|_| ProgressStyle::default_bar());
+        let style =
+            ProgressStyle::with_template("{bar:30.cyan/blue} {pos}/{len} steps  {msg}  eta {eta}")
+                .unwrap_or_else(|_| ProgressStyle::default_bar());
         bar.set_style(style);
         bar.set_position(first as u64);
         bar.reset_eta();
@@ -78,8 +77,9 @@ impl SweepProgress {
         }
         let multi = indicatif::MultiProgress::new();
         let overall = multi.add(ProgressBar::new(total as u64));
-        let style = ProgressStyle::with_template("{bar:30.green/blue} {pos}/{len} trials  eta {eta}")
-            .unwrap_or_else(|_| ProgressStyle::default_bar());
+        let style =
+            ProgressStyle::with_template("{bar:30.green/blue} {pos}/{len} trials  eta {eta}")
+                .unwrap_or_else(|_| ProgressStyle::default_bar());
         overall.set_style(style);
         overall.set_position(done as u64);
         overall.reset_eta();
@@ -136,7 +136,11 @@ impl SweepProgress {
         if let Some(o) = &self.overall {
             o.inc(1);
         }
-        let line = if ok { format!("trial {id} done") } else { format!("trial {id} failed: {why}") };
+        let line = if ok {
+            format!("trial {id} done")
+        } else {
+            format!("trial {id} failed: {why}")
+        };
         self.info(&line);
     }
 

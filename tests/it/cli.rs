@@ -24,7 +24,12 @@ fn check_prints_sources_and_exits_0() {
     let out = stdout(&o);
     assert!(out.contains("lr = 0.5"), "{out}");
     assert!(out.contains("# --set optim.lr=0.5"), "{out}");
-    let line = |start: &str| out.lines().find(|l| l.starts_with(start)).unwrap_or("").to_string();
+    let line = |start: &str| {
+        out.lines()
+            .find(|l| l.starts_with(start))
+            .unwrap_or("")
+            .to_string()
+    };
     assert!(line("batch_size = 8 ").ends_with("# t.toml:19"), "{out}");
     assert!(line("kind = \"sgd\"").ends_with("# default"), "{out}");
     assert!(out.contains("global batch 8"), "{out}");
@@ -55,18 +60,29 @@ fn bad_input_exits_2_and_writes_nothing() {
 fn a_run_that_diverges_exits_1_and_says_why() {
     let d = tempfile::tempdir().unwrap();
     write(d.path(), "t.toml", TINY);
-    let o = kiln(d.path(), &["run", "t.toml", "--quiet", "--set", "optim.lr=1e38"]);
+    let o = kiln(
+        d.path(),
+        &["run", "t.toml", "--quiet", "--set", "optim.lr=1e38"],
+    );
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     assert!(stderr(&o).contains("training diverged"), "{}", stderr(&o));
-    let summary: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(d.path().join("runs/tiny/summary.json")).unwrap()).unwrap();
+    let summary: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(d.path().join("runs/tiny/summary.json")).unwrap(),
+    )
+    .unwrap();
     assert_eq!(summary["status"], "failed");
 }
 
 #[test]
 fn help_and_success_exit_0() {
     let d = tempfile::tempdir().unwrap();
-    for cmd in [&["--help"][..], &["run", "--help"], &["check", "--help"], &["init", "--help"], &["bench", "--help"]] {
+    for cmd in [
+        &["--help"][..],
+        &["run", "--help"],
+        &["check", "--help"],
+        &["init", "--help"],
+        &["bench", "--help"],
+    ] {
         assert_eq!(kiln(d.path(), cmd).status.code(), Some(0), "{cmd:?}");
     }
 }
@@ -80,14 +96,26 @@ fn init_writes_templates_and_never_overwrites() {
     let o = kiln(d.path(), &["init", "new/exp.toml"]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let written = std::fs::read_to_string(d.path().join("new/exp.toml")).unwrap();
-    assert_eq!(written, std::fs::read_to_string(root().join("templates/mlp.toml")).unwrap());
-    assert_eq!(kiln(d.path(), &["check", "new/exp.toml"]).status.code(), Some(0));
+    assert_eq!(
+        written,
+        std::fs::read_to_string(root().join("templates/mlp.toml")).unwrap()
+    );
+    assert_eq!(
+        kiln(d.path(), &["check", "new/exp.toml"]).status.code(),
+        Some(0)
+    );
     std::fs::write(d.path().join("new/exp.toml"), "mine").unwrap();
     let o = kiln(d.path(), &["init", "new/exp.toml", "--template", "csv"]);
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("already exists"));
-    assert_eq!(std::fs::read_to_string(d.path().join("new/exp.toml")).unwrap(), "mine");
+    assert_eq!(
+        std::fs::read_to_string(d.path().join("new/exp.toml")).unwrap(),
+        "mine"
+    );
     let o = kiln(d.path(), &["init", "x.toml", "--template", "mpl"]);
     assert_eq!(o.status.code(), Some(2));
-    assert_eq!(stderr(&o), "error: unknown template `mpl`; did you mean `mlp`? available: mlp, csv\n");
+    assert_eq!(
+        stderr(&o),
+        "error: unknown template `mpl`; did you mean `mlp`? available: mlp, csv\n"
+    );
 }

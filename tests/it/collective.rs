@@ -7,7 +7,9 @@ use kiln::collective::{Collective, CollectiveError, LocalGroup, ReduceOp};
 
 /// Rank r's test buffer: distinct values per rank and position.
 fn buf(rank: usize, len: usize) -> Vec<f32> {
-    (0..len).map(|i| (rank * 1000 + i) as f32 * 0.5 - 3.0).collect()
+    (0..len)
+        .map(|i| (rank * 1000 + i) as f32 * 0.5 - 3.0)
+        .collect()
 }
 
 /// Runs `f` on every rank of a fresh group, returns the results in rank order.
@@ -44,7 +46,8 @@ fn ops_match_the_reference() {
                 c.all_gather(&buf(r, len), &mut gathered).unwrap();
                 let send: Vec<f32> = (0..world).flat_map(|_| buf(r, len)).collect();
                 let mut scattered = vec![0.0; len];
-                c.reduce_scatter(&send, &mut scattered, ReduceOp::Sum).unwrap();
+                c.reduce_scatter(&send, &mut scattered, ReduceOp::Sum)
+                    .unwrap();
                 let mut red = buf(r, len);
                 c.reduce(&mut red, ReduceOp::Sum, 0).unwrap();
                 let mut f = vec![r as f64, 1.5];
@@ -60,8 +63,18 @@ fn ops_match_the_reference() {
                 let g: Vec<f32> = (0..world).flat_map(|q| buf(q, len)).collect();
                 assert_eq!(gathered, g);
                 assert_eq!(scattered, reference_sum);
-                assert_eq!(red, if r == 0 { reference_sum.clone() } else { buf(r, len) });
-                assert_eq!(f, vec![(0..world).sum::<usize>() as f64, 1.5 * world as f64]);
+                assert_eq!(
+                    red,
+                    if r == 0 {
+                        reference_sum.clone()
+                    } else {
+                        buf(r, len)
+                    }
+                );
+                assert_eq!(
+                    f,
+                    vec![(0..world).sum::<usize>() as f64, 1.5 * world as f64]
+                );
             }
         }
     }
@@ -112,9 +125,15 @@ fn mismatched_ops_are_reported() {
             e
         })
     });
-    let msgs: Vec<String> = out.into_iter().filter_map(|r| r.err()).map(|e| e.to_string()).collect();
+    let msgs: Vec<String> = out
+        .into_iter()
+        .filter_map(|r| r.err())
+        .map(|e| e.to_string())
+        .collect();
     assert!(
-        msgs.iter().any(|m| m.contains("collective mismatch") && m.contains("all_reduce #0") && m.contains("broadcast #0")),
+        msgs.iter().any(|m| m.contains("collective mismatch")
+            && m.contains("all_reduce #0")
+            && m.contains("broadcast #0")),
         "{msgs:?}"
     );
 }

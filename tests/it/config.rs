@@ -8,7 +8,10 @@ use kiln::config::{self, describe_source, ConfigError, OptimKind};
 use crate::common::write;
 
 fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
-    pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
 }
 
 fn sets(s: &[&str]) -> Vec<String> {
@@ -50,12 +53,22 @@ fn each_layer_overrides_the_one_below() {
     assert_eq!(r.config.train.epochs, 4);
     assert!(describe_source(&r.figment, "train.epochs").ends_with("exp/a.toml:9"));
     // file < env < --set
-    let e = env(&[("KILN_OPTIM__LR", "0.125"), ("KILN_OPTIM__MOMENTUM", "0.125"), ("KILN_JOB_TOKEN", "x")]);
+    let e = env(&[
+        ("KILN_OPTIM__LR", "0.125"),
+        ("KILN_OPTIM__MOMENTUM", "0.125"),
+        ("KILN_JOB_TOKEN", "x"),
+    ]);
     let r = config::load(&file, &e, &sets(&["optim.lr=0.0625"])).unwrap();
     assert_eq!(r.config.optim.momentum, 0.125);
-    assert_eq!(describe_source(&r.figment, "optim.momentum"), "environment variable KILN_OPTIM__MOMENTUM");
+    assert_eq!(
+        describe_source(&r.figment, "optim.momentum"),
+        "environment variable KILN_OPTIM__MOMENTUM"
+    );
     assert_eq!(r.config.optim.lr, 0.0625);
-    assert_eq!(describe_source(&r.figment, "optim.lr"), "--set optim.lr=0.0625");
+    assert_eq!(
+        describe_source(&r.figment, "optim.lr"),
+        "--set optim.lr=0.0625"
+    );
     assert_eq!(r.config.train.batch_size, 8);
 }
 
@@ -66,7 +79,11 @@ fn set_values_parse_as_toml_or_plain_strings() {
     let r = config::load(
         &file,
         &[],
-        &sets(&["model.hidden_sizes=[7, 9]", "experiment.name=plain", "sampler.shuffle=false"]),
+        &sets(&[
+            "model.hidden_sizes=[7, 9]",
+            "experiment.name=plain",
+            "sampler.shuffle=false",
+        ]),
     )
     .unwrap();
     assert_eq!(r.config.model.hidden_sizes, vec![7, 9]);
@@ -77,11 +94,30 @@ fn set_values_parse_as_toml_or_plain_strings() {
 #[test]
 fn extends_chains_resolve_relative_to_each_file() {
     let d = tempfile::tempdir().unwrap();
-    write(d.path(), "a/root.toml", "[train]\nepochs = 9\nbatch_size = 3\n");
-    write(d.path(), "a/b/mid.toml", "extends = [\"../root.toml\"]\n[train]\nbatch_size = 5\n");
-    let leaf = write(d.path(), "c/leaf.toml", "extends = [\"../a/b/mid.toml\"]\n[optim]\nlr = 0.3\n");
+    write(
+        d.path(),
+        "a/root.toml",
+        "[train]\nepochs = 9\nbatch_size = 3\n",
+    );
+    write(
+        d.path(),
+        "a/b/mid.toml",
+        "extends = [\"../root.toml\"]\n[train]\nbatch_size = 5\n",
+    );
+    let leaf = write(
+        d.path(),
+        "c/leaf.toml",
+        "extends = [\"../a/b/mid.toml\"]\n[optim]\nlr = 0.3\n",
+    );
     let r = config::load(&leaf, &[], &[]).unwrap();
-    assert_eq!((r.config.train.epochs, r.config.train.batch_size, r.config.optim.lr), (9, 5, 0.3));
+    assert_eq!(
+        (
+            r.config.train.epochs,
+            r.config.train.batch_size,
+            r.config.optim.lr
+        ),
+        (9, 5, 0.3)
+    );
 }
 
 #[test]
@@ -91,7 +127,14 @@ fn extends_cycles_are_an_error() {
     write(d.path(), "b.toml", "extends = [\"a.toml\"]\n");
     let err = config::load(&a, &[], &[]).unwrap_err();
     assert!(matches!(err, ConfigError::ExtendsCycle { .. }));
-    let canon = |n: &str| d.path().join(n).canonicalize().unwrap().display().to_string();
+    let canon = |n: &str| {
+        d.path()
+            .join(n)
+            .canonicalize()
+            .unwrap()
+            .display()
+            .to_string()
+    };
     assert_eq!(
         err.to_string(),
         format!(
@@ -115,7 +158,15 @@ fn unknown_key_names_key_file_line_and_suggestion() {
         )
     );
     assert_eq!(
-        err_text(&f.with_file_name("none.toml").as_path().parent().unwrap().join("bad.toml"), &[], &[]),
+        err_text(
+            &f.with_file_name("none.toml")
+                .as_path()
+                .parent()
+                .unwrap()
+                .join("bad.toml"),
+            &[],
+            &[]
+        ),
         err_text(&f, &[], &[])
     );
 }
@@ -149,7 +200,10 @@ fn out_of_range_values_name_their_source() {
     let f = write(d.path(), "e.toml", "[train]\nbatch_size = 0\n");
     assert_eq!(
         err_text(&f, &[], &[]),
-        format!("`train.batch_size` = 0 is out of range: must be at least 1\n  --> {}:2", f.display())
+        format!(
+            "`train.batch_size` = 0 is out of range: must be at least 1\n  --> {}:2",
+            f.display()
+        )
     );
     let ok = write(d.path(), "ok.toml", "");
     assert_eq!(
@@ -221,5 +275,8 @@ fn toml_syntax_errors_give_the_line() {
     let d = tempfile::tempdir().unwrap();
     let f = write(d.path(), "e.toml", "[train]\nepochs = = 2\n");
     let text = err_text(&f, &[], &[]);
-    assert!(text.starts_with(&format!("`{}` is not valid TOML: line 2:", f.display())), "{text}");
+    assert!(
+        text.starts_with(&format!("`{}` is not valid TOML: line 2:", f.display())),
+        "{text}"
+    );
 }

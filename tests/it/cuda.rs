@@ -31,8 +31,16 @@ fn two_ranks_on_one_gpu_with_nccl_is_explained() {
     let o = kiln(
         d.path(),
         &[
-            "check", "t.toml", "--set", "backend.device=cuda", "--set", "strategy.kind=ddp", "--set", "strategy.devices=[0, 0]",
-            "--set", "strategy.collective=nccl",
+            "check",
+            "t.toml",
+            "--set",
+            "backend.device=cuda",
+            "--set",
+            "strategy.kind=ddp",
+            "--set",
+            "strategy.devices=[0, 0]",
+            "--set",
+            "strategy.collective=nccl",
         ],
     );
     assert_eq!(o.status.code(), Some(2));
@@ -47,8 +55,14 @@ fn cuda_only_settings_are_refused_on_the_cpu() {
     let d = tempfile::tempdir().unwrap();
     write(d.path(), "t.toml", TINY);
     for (set, want) in [
-        ("backend.precision=bf16", "`backend.precision` = \"bf16\" needs `backend.device` = \"cuda\""),
-        ("strategy.collective=nccl", "`strategy.collective` = \"nccl\" needs `backend.device` = \"cuda\""),
+        (
+            "backend.precision=bf16",
+            "`backend.precision` = \"bf16\" needs `backend.device` = \"cuda\"",
+        ),
+        (
+            "strategy.collective=nccl",
+            "`strategy.collective` = \"nccl\" needs `backend.device` = \"cuda\"",
+        ),
     ] {
         let o = kiln(d.path(), &["check", "t.toml", "--set", set]);
         assert_eq!(o.status.code(), Some(2));
@@ -65,12 +79,27 @@ fn placement_uses_nccl_only_when_every_rank_has_its_own_gpu() {
     let p = place_on_gpus(&c, 2, 2).unwrap();
     assert_eq!((p.ordinals, p.collective), (vec![0, 1], CommKind::Nccl));
     let p = place_on_gpus(&c, 2, 1).unwrap();
-    assert_eq!((p.ordinals.clone(), p.collective), (vec![0, 0], CommKind::Host));
-    assert!(p.note.unwrap().contains("NCCL refuses two ranks on one GPU"));
+    assert_eq!(
+        (p.ordinals.clone(), p.collective),
+        (vec![0, 0], CommKind::Host)
+    );
+    assert!(p
+        .note
+        .unwrap()
+        .contains("NCCL refuses two ranks on one GPU"));
     c.strategy.collective = CollectiveKind::Nccl;
-    assert!(matches!(place_on_gpus(&c, 2, 1), Err(BackendError::SharedGpu { .. })));
+    assert!(matches!(
+        place_on_gpus(&c, 2, 1),
+        Err(BackendError::SharedGpu { .. })
+    ));
     c.strategy.devices = Devices::List(vec![0, 3]);
-    assert!(matches!(place_on_gpus(&c, 2, 2), Err(BackendError::NoSuchGpu { ordinal: 3, found: 2 })));
+    assert!(matches!(
+        place_on_gpus(&c, 2, 2),
+        Err(BackendError::NoSuchGpu {
+            ordinal: 3,
+            found: 2
+        })
+    ));
 }
 
 #[test]
@@ -82,9 +111,15 @@ fn env_reports_and_exits_0() {
     assert!(out.starts_with("kiln "), "{out}");
     assert!(out.contains("cpu threads: "), "{out}");
     if cfg!(feature = "cuda") {
-        assert!(out.contains("cuda driver: ") && out.contains("nccl: "), "{out}");
+        assert!(
+            out.contains("cuda driver: ") && out.contains("nccl: "),
+            "{out}"
+        );
     } else {
-        assert!(out.contains("rebuild with `cargo build --release --features cuda`"), "{out}");
+        assert!(
+            out.contains("rebuild with `cargo build --release --features cuda`"),
+            "{out}"
+        );
     }
 }
 
@@ -101,13 +136,24 @@ mod gpu {
         let q = root().join("experiments/quickstart.toml");
         let q = q.to_str().unwrap();
         let sets = ["--set", "train.max_steps=10", "--set", "train.log_every=1"];
-        let mut gpu = vec!["run", q, "--quiet", "--run-dir", "gpu", "--set", "backend.device=cuda"];
+        let mut gpu = vec![
+            "run",
+            q,
+            "--quiet",
+            "--run-dir",
+            "gpu",
+            "--set",
+            "backend.device=cuda",
+        ];
         gpu.extend(sets);
         let mut cpu = vec!["run", q, "--quiet", "--run-dir", "cpu"];
         cpu.extend(sets);
         assert_eq!(kiln(d.path(), &gpu).status.code(), Some(0));
         assert_eq!(kiln(d.path(), &cpu).status.code(), Some(0));
-        let (a, b) = (crate::common::losses(&d.path().join("gpu")), crate::common::losses(&d.path().join("cpu")));
+        let (a, b) = (
+            crate::common::losses(&d.path().join("gpu")),
+            crate::common::losses(&d.path().join("cpu")),
+        );
         for (x, y) in a.iter().zip(&b) {
             assert!((x - y).abs() <= 1e-3 * x.abs(), "{a:?} vs {b:?}");
         }
@@ -120,7 +166,17 @@ mod gpu {
         write(d.path(), "t.toml", TINY);
         let o = kiln(
             d.path(),
-            &["run", "t.toml", "--quiet", "--set", "backend.device=cuda", "--set", "strategy.kind=ddp", "--set", "strategy.collective=nccl"],
+            &[
+                "run",
+                "t.toml",
+                "--quiet",
+                "--set",
+                "backend.device=cuda",
+                "--set",
+                "strategy.kind=ddp",
+                "--set",
+                "strategy.collective=nccl",
+            ],
         );
         assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     }

@@ -18,7 +18,15 @@ fn every_experiment_checks_and_runs_two_steps() {
         assert_eq!(o.status.code(), Some(0), "check {f}: {}", stderr(&o));
         let o = kiln(
             d.path(),
-            &["run", f, "--quiet", "--set", "train.max_steps=2", "--set", "backend.threads=1"],
+            &[
+                "run",
+                f,
+                "--quiet",
+                "--set",
+                "train.max_steps=2",
+                "--set",
+                "backend.threads=1",
+            ],
         );
         assert_eq!(o.status.code(), Some(0), "run {f}: {}", stderr(&o));
     }

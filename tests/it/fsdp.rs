@@ -5,7 +5,11 @@
 use crate::parallel::{max_diff, train};
 
 const SGD: &[&str] = &["optim.kind=sgd", "optim.momentum=0.9"];
-const ADAMW: &[&str] = &["optim.kind=adamw", "optim.lr=0.01", "optim.weight_decay=0.1"];
+const ADAMW: &[&str] = &[
+    "optim.kind=adamw",
+    "optim.lr=0.01",
+    "optim.weight_decay=0.1",
+];
 
 #[test]
 fn fsdp_matches_ddp_for_every_sharding_unit_and_optimizer() {
@@ -13,7 +17,10 @@ fn fsdp_matches_ddp_for_every_sharding_unit_and_optimizer() {
         let batch = format!("train.batch_size={}", 48 / world);
         let devices = format!("strategy.devices={world}");
         for optim in [SGD, ADAMW] {
-            for extra in [&[][..], &["optim.grad_clip_norm=0.5", "train.grad_accum_steps=2"]] {
+            for extra in [
+                &[][..],
+                &["optim.grad_clip_norm=0.5", "train.grad_accum_steps=2"],
+            ] {
                 let mut base: Vec<&str> = vec![&batch, &devices];
                 base.extend_from_slice(optim);
                 base.extend_from_slice(extra);
@@ -37,7 +44,12 @@ fn fsdp_matches_ddp_for_every_sharding_unit_and_optimizer() {
 
 #[test]
 fn fsdp_memory_at_rest_is_a_world_fraction_of_ddp() {
-    let common = ["strategy.devices=4", "train.batch_size=8", "optim.kind=adamw", "optim.lr=0.01"];
+    let common = [
+        "strategy.devices=4",
+        "train.batch_size=8",
+        "optim.kind=adamw",
+        "optim.lr=0.01",
+    ];
     let mut d = common.to_vec();
     d.push("strategy.kind=ddp");
     let mut f = common.to_vec();
@@ -48,12 +60,24 @@ fn fsdp_memory_at_rest_is_a_world_fraction_of_ddp() {
     let padding = 4.0 * 4.0; // at most world-1 padded elements, 4 bytes each
     for m in &fsdp {
         let want = ddp[0].optim_bytes as f64 / 4.0;
-        assert!((m.optim_bytes as f64 - want).abs() <= want * 0.01 + 2.0 * padding, "{m:?}");
+        assert!(
+            (m.optim_bytes as f64 - want).abs() <= want * 0.01 + 2.0 * padding,
+            "{m:?}"
+        );
         let want = ddp[0].params_bytes as f64 / 4.0;
-        assert!((m.params_bytes as f64 - want).abs() <= want * 0.01 + padding, "{m:?}");
-        assert!((m.grads_bytes as f64 - want).abs() <= want * 0.01 + padding, "{m:?}");
+        assert!(
+            (m.params_bytes as f64 - want).abs() <= want * 0.01 + padding,
+            "{m:?}"
+        );
+        assert!(
+            (m.grads_bytes as f64 - want).abs() <= want * 0.01 + padding,
+            "{m:?}"
+        );
     }
-    assert!(n as usize % 4 != 0, "the task must exercise padding ({n} params)");
+    assert!(
+        n as usize % 4 != 0,
+        "the task must exercise padding ({n} params)"
+    );
     let mut g = common.to_vec();
     g.extend(["strategy.kind=fsdp", "strategy.sharding=grad_op"]);
     let grad_op = train(&g).memory;
@@ -67,11 +91,30 @@ fn the_plan_estimate_equals_what_every_strategy_reports() {
     let f = crate::common::write(d.path(), "task.toml", crate::parallel::TASK);
     for sets in [
         &["strategy.kind=single", "optim.kind=adam"][..],
-        &["strategy.kind=dp", "strategy.devices=3", "optim.momentum=0.9"],
+        &[
+            "strategy.kind=dp",
+            "strategy.devices=3",
+            "optim.momentum=0.9",
+        ],
         &["strategy.kind=ddp", "strategy.devices=2"],
-        &["strategy.kind=fsdp", "strategy.devices=3", "strategy.unit=layer", "optim.kind=adamw"],
-        &["strategy.kind=fsdp", "strategy.devices=2", "strategy.sharding=grad_op", "optim.momentum=0.9"],
-        &["strategy.kind=fsdp", "strategy.devices=2", "strategy.sharding=none", "optim.kind=adam"],
+        &[
+            "strategy.kind=fsdp",
+            "strategy.devices=3",
+            "strategy.unit=layer",
+            "optim.kind=adamw",
+        ],
+        &[
+            "strategy.kind=fsdp",
+            "strategy.devices=2",
+            "strategy.sharding=grad_op",
+            "optim.momentum=0.9",
+        ],
+        &[
+            "strategy.kind=fsdp",
+            "strategy.devices=2",
+            "strategy.sharding=none",
+            "optim.kind=adam",
+        ],
     ] {
         let owned: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
         let r = kiln::config::load(&f, &[], &owned).unwrap();

@@ -10,5 +10,5 @@ mod fsdp;
 mod nodes;
 mod parallel;
 mod resume;
-mod sweep;
 mod run;
+mod sweep;

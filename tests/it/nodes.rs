@@ -10,14 +10,39 @@ use std::time::Duration;
 use crate::common::{kiln, root, stderr, write, KILN, TINY};
 
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
-fn node(dir: &Path, file: &str, node: usize, nnodes: usize, port: u16, token: &str, sets: &[&str]) -> Child {
+fn node(
+    dir: &Path,
+    file: &str,
+    node: usize,
+    nnodes: usize,
+    port: u16,
+    token: &str,
+    sets: &[&str],
+) -> Child {
     let mut cmd = Command::new(KILN);
     cmd.current_dir(dir)
-        .args(["run", file, "--quiet", "--nnodes", &nnodes.to_string(), "--node-rank", &node.to_string()])
-        .args(["--master-addr", "127.0.0.1", "--master-port", &port.to_string()])
+        .args([
+            "run",
+            file,
+            "--quiet",
+            "--nnodes",
+            &nnodes.to_string(),
+            "--node-rank",
+            &node.to_string(),
+        ])
+        .args([
+            "--master-addr",
+            "127.0.0.1",
+            "--master-port",
+            &port.to_string(),
+        ])
         .env("KILN_JOB_TOKEN", token)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
@@ -30,12 +55,17 @@ fn node(dir: &Path, file: &str, node: usize, nnodes: usize, port: u16, token: &s
 fn final_loss(o: &Output) -> String {
     let out = String::from_utf8_lossy(&o.stdout);
     out.lines()
-        .find_map(|l| l.split("final loss ").nth(1).map(|r| r.split([',', ';']).next().unwrap_or("").to_string()))
+        .find_map(|l| {
+            l.split("final loss ")
+                .nth(1)
+                .map(|r| r.split([',', ';']).next().unwrap_or("").to_string())
+        })
         .unwrap_or_else(|| panic!("no final loss in {out} / {}", stderr(o)))
 }
 
 fn summary_hash(run: &Path) -> serde_json::Value {
-    let s: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(run.join("summary.json")).unwrap()).unwrap();
+    let s: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(run.join("summary.json")).unwrap()).unwrap();
     s["params_sha256"].clone()
 }
 
@@ -46,10 +76,21 @@ fn equal_to_one_process(nnodes: usize, devices: usize) {
     let per = 16 / (nnodes * devices);
     let batch = format!("train.batch_size={per}");
     let dev = format!("strategy.devices={devices}");
-    let sets = ["strategy.kind=ddp", &dev, &batch, "train.max_steps=5", "checkpoint.at_end=true"];
+    let sets = [
+        "strategy.kind=ddp",
+        &dev,
+        &batch,
+        "train.max_steps=5",
+        "checkpoint.at_end=true",
+    ];
     let port = free_port();
-    let children: Vec<Child> = (0..nnodes).map(|n| node(d.path(), "t.toml", n, nnodes, port, "tok", &sets)).collect();
-    let outs: Vec<Output> = children.into_iter().map(|c| c.wait_with_output().unwrap()).collect();
+    let children: Vec<Child> = (0..nnodes)
+        .map(|n| node(d.path(), "t.toml", n, nnodes, port, "tok", &sets))
+        .collect();
+    let outs: Vec<Output> = children
+        .into_iter()
+        .map(|c| c.wait_with_output().unwrap())
+        .collect();
     for (n, o) in outs.iter().enumerate() {
         assert_eq!(o.status.code(), Some(0), "node {n}: {}", stderr(o));
     }
@@ -59,18 +100,59 @@ fn equal_to_one_process(nnodes: usize, devices: usize) {
     let world = format!("strategy.devices={}", nnodes * devices);
     let o = kiln(
         d.path(),
-        &["run", "t.toml", "--quiet", "--run-dir", "one", "--set", "strategy.kind=ddp", "--set", &world, "--set", &batch, "--set", "train.max_steps=5"],
+        &[
+            "run",
+            "t.toml",
+            "--quiet",
+            "--run-dir",
+            "one",
+            "--set",
+            "strategy.kind=ddp",
+            "--set",
+            &world,
+            "--set",
+            &batch,
+            "--set",
+            "train.max_steps=5",
+        ],
     );
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-    let one = kiln::checkpoint::load(&d.path().join("one/checkpoints/step-00000005")).unwrap().params;
-    let multi = kiln::checkpoint::load(&d.path().join("runs/tiny/checkpoints/step-00000005")).unwrap().params;
-    let diff = one.iter().zip(&multi).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+    let one = kiln::checkpoint::load(&d.path().join("one/checkpoints/step-00000005"))
+        .unwrap()
+        .params;
+    let multi = kiln::checkpoint::load(&d.path().join("runs/tiny/checkpoints/step-00000005"))
+        .unwrap()
+        .params;
+    let diff = one
+        .iter()
+        .zip(&multi)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0f32, f32::max);
     assert!(diff <= 1e-5, "max |param diff| {diff}");
     // and single with the whole batch
-    let o = kiln(d.path(), &["run", "t.toml", "--quiet", "--run-dir", "single", "--set", "train.batch_size=16", "--set", "train.max_steps=5"]);
+    let o = kiln(
+        d.path(),
+        &[
+            "run",
+            "t.toml",
+            "--quiet",
+            "--run-dir",
+            "single",
+            "--set",
+            "train.batch_size=16",
+            "--set",
+            "train.max_steps=5",
+        ],
+    );
     assert_eq!(o.status.code(), Some(0));
-    let single = kiln::checkpoint::load(&d.path().join("single/checkpoints/step-00000005")).unwrap().params;
-    let diff = single.iter().zip(&multi).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+    let single = kiln::checkpoint::load(&d.path().join("single/checkpoints/step-00000005"))
+        .unwrap()
+        .params;
+    let diff = single
+        .iter()
+        .zip(&multi)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0f32, f32::max);
     assert!(diff <= 1e-5, "vs single: max |param diff| {diff}");
     assert!(summary_hash(&d.path().join("runs/tiny")).is_string());
 }
@@ -90,7 +172,11 @@ fn wrong_tokens_garbage_and_port_scans_do_not_disturb_the_run() {
     let d = tempfile::tempdir().unwrap();
     write(d.path(), "t.toml", TINY);
     let port = free_port();
-    let sets = ["strategy.kind=ddp", "train.batch_size=4", "train.max_steps=5"];
+    let sets = [
+        "strategy.kind=ddp",
+        "train.batch_size=4",
+        "train.max_steps=5",
+    ];
     let n0 = node(d.path(), "t.toml", 0, 2, port, "secret", &sets);
     // wait for the store, then attack it
     let addr = format!("127.0.0.1:{port}");
@@ -107,12 +193,21 @@ fn wrong_tokens_garbage_and_port_scans_do_not_disturb_the_run() {
     let _ = huge.write_all(&u32::MAX.to_be_bytes());
     drop(huge);
     // a node with the wrong token is refused
-    let bad = node(d.path(), "t.toml", 1, 2, port, "wrong", &sets).wait_with_output().unwrap();
+    let bad = node(d.path(), "t.toml", 1, 2, port, "wrong", &sets)
+        .wait_with_output()
+        .unwrap();
     assert_eq!(bad.status.code(), Some(1), "{}", stderr(&bad));
-    assert!(stderr(&bad).contains("refused this node: bad job token"), "{}", stderr(&bad));
+    assert!(
+        stderr(&bad).contains("refused this node: bad job token"),
+        "{}",
+        stderr(&bad)
+    );
     // the real node 1 joins and the job finishes
     let n1 = node(d.path(), "t.toml", 1, 2, port, "secret", &sets);
-    let (o0, o1) = (n0.wait_with_output().unwrap(), n1.wait_with_output().unwrap());
+    let (o0, o1) = (
+        n0.wait_with_output().unwrap(),
+        n1.wait_with_output().unwrap(),
+    );
     assert_eq!(o0.status.code(), Some(0), "{}", stderr(&o0));
     assert_eq!(o1.status.code(), Some(0), "{}", stderr(&o1));
     assert_eq!(final_loss(&o0), final_loss(&o1));
@@ -123,12 +218,23 @@ fn a_node_that_never_arrives_is_named() {
     let d = tempfile::tempdir().unwrap();
     write(d.path(), "t.toml", TINY);
     let port = free_port();
-    let o = node(d.path(), "t.toml", 0, 3, port, "tok", &["strategy.kind=ddp", "launch.rendezvous_timeout_secs=1"])
-        .wait_with_output()
-        .unwrap();
+    let o = node(
+        d.path(),
+        "t.toml",
+        0,
+        3,
+        port,
+        "tok",
+        &["strategy.kind=ddp", "launch.rendezvous_timeout_secs=1"],
+    )
+    .wait_with_output()
+    .unwrap();
     assert_eq!(o.status.code(), Some(1));
     let e = stderr(&o);
-    assert!(e.contains("rendezvous timed out after 1s: node 1 never arrived; node 2 never arrived"), "{e}");
+    assert!(
+        e.contains("rendezvous timed out after 1s: node 1 never arrived; node 2 never arrived"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -136,19 +242,37 @@ fn launch_settings_come_from_flags_torchrun_and_slurm_variables() {
     let d = tempfile::tempdir().unwrap();
     write(d.path(), "t.toml", TINY);
     let env = |pairs: &[(&str, &str)]| {
-        let o = crate::common::kiln_env(d.path(), &["check", "t.toml", "--set", "strategy.kind=ddp"], pairs);
+        let o = crate::common::kiln_env(
+            d.path(),
+            &["check", "t.toml", "--set", "strategy.kind=ddp"],
+            pairs,
+        );
         (o.status.code(), crate::common::stdout(&o), stderr(&o))
     };
-    let (code, out, _) = env(&[("WORLD_SIZE", "4"), ("RANK", "2"), ("MASTER_ADDR", "10.0.0.1"), ("MASTER_PORT", "1234")]);
+    let (code, out, _) = env(&[
+        ("WORLD_SIZE", "4"),
+        ("RANK", "2"),
+        ("MASTER_ADDR", "10.0.0.1"),
+        ("MASTER_PORT", "1234"),
+    ]);
     assert_eq!(code, Some(0));
-    assert!(out.contains("nnodes = 4") && out.contains("# environment variable WORLD_SIZE"), "{out}");
-    assert!(out.contains("node_rank = 2") && out.contains("master_port = 1234"), "{out}");
+    assert!(
+        out.contains("nnodes = 4") && out.contains("# environment variable WORLD_SIZE"),
+        "{out}"
+    );
+    assert!(
+        out.contains("node_rank = 2") && out.contains("master_port = 1234"),
+        "{out}"
+    );
     assert!(out.contains("world 4 x batch 8"), "{out}");
     let (_, out, _) = env(&[("SLURM_NNODES", "2"), ("SLURM_NODEID", "1")]);
     assert!(out.contains("# environment variable SLURM_NODEID"), "{out}");
     let (code, _, e) = env(&[("WORLD_SIZE", "2"), ("RANK", "2")]);
     assert_eq!(code, Some(2));
-    assert!(e.contains("`launch.node_rank` = 2 but `launch.nnodes` = 2"), "{e}");
+    assert!(
+        e.contains("`launch.node_rank` = 2 but `launch.nnodes` = 2"),
+        "{e}"
+    );
     let _ = root();
 }
 
@@ -180,11 +304,19 @@ fn restart_job(max_restarts: usize) -> (Output, Output, std::path::PathBuf) {
     while !ckpt.exists() && start.elapsed() < Duration::from_secs(60) {
         std::thread::sleep(Duration::from_millis(5));
     }
-    let victim = if max_restarts > 0 { worker_of(n1.id()).expect("node 1's worker") } else { n1.id() };
+    let victim = if max_restarts > 0 {
+        worker_of(n1.id()).expect("node 1's worker")
+    } else {
+        n1.id()
+    };
     unsafe {
         libc::kill(victim as i32, libc::SIGKILL);
     }
-    (n0.wait_with_output().unwrap(), n1.wait_with_output().unwrap(), d)
+    (
+        n0.wait_with_output().unwrap(),
+        n1.wait_with_output().unwrap(),
+        d,
+    )
 }
 
 #[test]
@@ -192,11 +324,21 @@ fn a_killed_node_restarts_the_job_from_the_last_checkpoint() {
     let (o0, o1, d) = restart_job(1);
     assert_eq!(o0.status.code(), Some(0), "{}", stderr(&o0));
     assert_eq!(o1.status.code(), Some(0), "{}", stderr(&o1));
-    assert!(stderr(&o1).contains("node 1: the worker was killed by signal 9; restarting the job"), "{}", stderr(&o1));
-    assert!(stderr(&o0).contains("node 0: the worker exited with status 1; restarting the job"), "{}", stderr(&o0));
+    assert!(
+        stderr(&o1).contains("node 1: the worker was killed by signal 9; restarting the job"),
+        "{}",
+        stderr(&o1)
+    );
+    assert!(
+        stderr(&o0).contains("node 0: the worker exited with status 1; restarting the job"),
+        "{}",
+        stderr(&o0)
+    );
     let log = std::fs::read_to_string(d.join("runs/tiny/logs/restarts.log")).unwrap();
     assert!(log.contains("restart 1 of 1"), "{log}");
-    let s: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(d.join("runs/tiny/summary.json")).unwrap()).unwrap();
+    let s: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(d.join("runs/tiny/summary.json")).unwrap())
+            .unwrap();
     assert_eq!(s["status"], "finished");
     assert_eq!(s["steps"], 400);
     assert!(s["resumed_from_step"].as_u64().unwrap() >= 20, "{s}");
@@ -209,7 +351,10 @@ fn without_restarts_a_killed_node_fails_the_job_saying_why() {
     let (o0, _o1, d) = restart_job(0);
     assert_eq!(o0.status.code(), Some(1));
     let e = stderr(&o0);
-    assert!(e.contains("node 1") && (e.contains("lost the connection") || e.contains("heartbeat")), "{e}");
+    assert!(
+        e.contains("node 1") && (e.contains("lost the connection") || e.contains("heartbeat")),
+        "{e}"
+    );
     let _ = std::fs::remove_dir_all(d);
 }
 
@@ -218,12 +363,21 @@ fn a_silent_node_is_detected_by_heartbeat() {
     let d = tempfile::tempdir().unwrap();
     write(d.path(), "t.toml", TINY);
     let port = free_port();
-    let sets = ["strategy.kind=ddp", "train.batch_size=4", "train.max_steps=100000", "launch.heartbeat_secs=1"];
+    let sets = [
+        "strategy.kind=ddp",
+        "train.batch_size=4",
+        "train.max_steps=100000",
+        "launch.heartbeat_secs=1",
+    ];
     let n0 = node(d.path(), "t.toml", 0, 2, port, "tok", &sets);
     let mut n1 = node(d.path(), "t.toml", 1, 2, port, "tok", &sets);
     let logs = d.path().join("runs/tiny/logs/rank-1.log");
     let start = std::time::Instant::now();
-    while !std::fs::read_to_string(&logs).unwrap_or_default().contains("step 10 ") && start.elapsed() < Duration::from_secs(60) {
+    while !std::fs::read_to_string(&logs)
+        .unwrap_or_default()
+        .contains("step 10 ")
+        && start.elapsed() < Duration::from_secs(60)
+    {
         std::thread::sleep(Duration::from_millis(5));
     }
     // freeze node 1: it stops answering but keeps its sockets open
@@ -236,6 +390,10 @@ fn a_silent_node_is_detected_by_heartbeat() {
     let _ = n1.kill();
     let _ = n1.wait();
     assert_eq!(o0.status.code(), Some(1));
-    assert!(stderr(&o0).contains("node 1 sent no heartbeat for 1s"), "{}", stderr(&o0));
+    assert!(
+        stderr(&o0).contains("node 1 sent no heartbeat for 1s"),
+        "{}",
+        stderr(&o0)
+    );
     assert!(waited < Duration::from_secs(20), "{waited:?}");
 }

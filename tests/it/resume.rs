@@ -107,7 +107,12 @@ fn resume_is_exact_for_every_strategy() {
         &["strategy.kind=dp", "strategy.devices=2"],
         &["strategy.kind=ddp", "strategy.devices=2"],
         &["strategy.kind=fsdp", "strategy.devices=2"],
-        &["strategy.kind=fsdp", "strategy.devices=3", "strategy.unit=layer", "strategy.sharding=grad_op"],
+        &[
+            "strategy.kind=fsdp",
+            "strategy.devices=3",
+            "strategy.unit=layer",
+            "strategy.sharding=grad_op",
+        ],
     ] {
         let d = tempfile::tempdir().unwrap();
         let full = full_run(d.path(), sets);
@@ -124,10 +129,46 @@ fn resume_is_exact_for_every_strategy() {
 fn resume_under_another_world_size_continues_within_tolerance() {
     // (before, after): the same global batch of 16 per micro-step
     for (before, after) in [
-        (&["strategy.kind=ddp", "strategy.devices=4", "train.batch_size=4"][..], &["strategy.devices=2", "train.batch_size=8"][..]),
-        (&["strategy.kind=fsdp", "strategy.devices=2", "train.batch_size=8"], &["strategy.devices=4", "train.batch_size=4"]),
-        (&["strategy.kind=ddp", "strategy.devices=2", "train.batch_size=8"], &["strategy.kind=fsdp", "strategy.devices=4", "train.batch_size=4"]),
-        (&["strategy.kind=fsdp", "strategy.devices=4", "train.batch_size=4"], &["strategy.kind=single", "strategy.devices=1", "train.batch_size=16"]),
+        (
+            &[
+                "strategy.kind=ddp",
+                "strategy.devices=4",
+                "train.batch_size=4",
+            ][..],
+            &["strategy.devices=2", "train.batch_size=8"][..],
+        ),
+        (
+            &[
+                "strategy.kind=fsdp",
+                "strategy.devices=2",
+                "train.batch_size=8",
+            ],
+            &["strategy.devices=4", "train.batch_size=4"],
+        ),
+        (
+            &[
+                "strategy.kind=ddp",
+                "strategy.devices=2",
+                "train.batch_size=8",
+            ],
+            &[
+                "strategy.kind=fsdp",
+                "strategy.devices=4",
+                "train.batch_size=4",
+            ],
+        ),
+        (
+            &[
+                "strategy.kind=fsdp",
+                "strategy.devices=4",
+                "train.batch_size=4",
+            ],
+            &[
+                "strategy.kind=single",
+                "strategy.devices=1",
+                "train.batch_size=16",
+            ],
+        ),
     ] {
         let d = tempfile::tempdir().unwrap();
         // no dropout: masks are drawn per rank, so they differ under another world size
@@ -141,7 +182,10 @@ fn resume_under_another_world_size_continues_within_tolerance() {
         assert_eq!(x.len(), y.len());
         for ((s1, l1), (s2, l2)) in x.iter().zip(&y) {
             assert_eq!(s1, s2);
-            assert!((l1 - l2).abs() <= 1e-5 * l1.abs(), "{before:?} -> {after:?} step {s1}: {l1} vs {l2}");
+            assert!(
+                (l1 - l2).abs() <= 1e-5 * l1.abs(),
+                "{before:?} -> {after:?} step {s1}: {l1} vs {l2}"
+            );
         }
     }
 }
@@ -150,7 +194,11 @@ fn resume_under_another_world_size_continues_within_tolerance() {
 fn the_global_cursor_covers_an_epoch_exactly_once_across_world_sizes() {
     use kiln::config::Config;
     use kiln::plan::Plan;
-    for (w1, b1, j1, w2, b2) in [(4usize, 3usize, 2usize, 2usize, 5usize), (2, 4, 3, 3, 2), (3, 2, 1, 1, 7)] {
+    for (w1, b1, j1, w2, b2) in [
+        (4usize, 3usize, 2usize, 2usize, 5usize),
+        (2, 4, 3, 3, 2),
+        (3, 2, 1, 1, 7),
+    ] {
         let mut c = Config::default();
         c.train.batch_size = b1;
         c.strategy.kind = kiln::config::StrategyKind::Ddp;
@@ -190,20 +238,30 @@ fn a_corrupt_newest_checkpoint_falls_back_to_the_previous_one() {
     std::fs::write(&model, bytes).unwrap();
     let o = kiln(d.path(), &["ckpt", "verify", copy.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(1));
-    assert!(stderr(&o).contains("step-00000010: model.bin: checksum mismatch"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("step-00000010: model.bin: checksum mismatch"),
+        "{}",
+        stderr(&o)
+    );
     let o = kiln(d.path(), &["ckpt", "list", copy.to_str().unwrap()]);
     assert!(crate::common::stdout(&o).contains("invalid: model.bin: checksum mismatch"));
     let o = kiln(d.path(), &["resume", copy.to_str().unwrap(), "--quiet"]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let e = stderr(&o);
-    assert!(e.contains("skipping step-00000010: model.bin: checksum mismatch"), "{e}");
+    assert!(
+        e.contains("skipping step-00000010: model.bin: checksum mismatch"),
+        "{e}"
+    );
     assert_eq!(loss_lines(&copy), loss_lines(&full));
     // a half-written save (.tmp) is skipped too, and --from refuses an invalid one
     std::fs::create_dir_all(copy.join("checkpoints/step-00000011.tmp")).unwrap();
     let o = kiln(d.path(), &["ckpt", "list", copy.to_str().unwrap()]);
     assert!(crate::common::stdout(&o).contains("unfinished (.tmp)"));
     std::fs::write(&model, b"garbage").unwrap();
-    let o = kiln(d.path(), &["resume", copy.to_str().unwrap(), "--from", "step-00000010"]);
+    let o = kiln(
+        d.path(),
+        &["resume", copy.to_str().unwrap(), "--from", "step-00000010"],
+    );
     assert_eq!(o.status.code(), Some(2));
 }
 
@@ -213,7 +271,16 @@ fn changing_model_or_data_on_resume_is_refused_naming_the_key() {
     let full = full_run(d.path(), &[]);
     let o = kiln(
         d.path(),
-        &["resume", full.to_str().unwrap(), "--set", "model.hidden_sizes=[8]", "--set", "data.seed=9", "--set", "optim.lr=0.5"],
+        &[
+            "resume",
+            full.to_str().unwrap(),
+            "--set",
+            "model.hidden_sizes=[8]",
+            "--set",
+            "data.seed=9",
+            "--set",
+            "optim.lr=0.5",
+        ],
     );
     assert_eq!(o.status.code(), Some(2));
     let e = stderr(&o);
@@ -221,7 +288,16 @@ fn changing_model_or_data_on_resume_is_refused_naming_the_key() {
     assert!(e.contains("`data.seed`: 0 -> 9"), "{e}");
     assert!(e.contains("cannot resume"), "{e}");
     // allowed changes are listed as warnings
-    let o = kiln(d.path(), &["resume", full.to_str().unwrap(), "--quiet", "--set", "train.max_steps=12"]);
+    let o = kiln(
+        d.path(),
+        &[
+            "resume",
+            full.to_str().unwrap(),
+            "--quiet",
+            "--set",
+            "train.max_steps=12",
+        ],
+    );
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert!(stderr(&o).contains("warning: resuming with `train.max_steps` changed: 10 -> 12"));
     assert_eq!(losses(&full).len(), 12);
@@ -231,7 +307,10 @@ fn changing_model_or_data_on_resume_is_refused_naming_the_key() {
 fn run_resume_continues_the_newest_unfinished_run() {
     let d = tempfile::tempdir().unwrap();
     write(d.path(), "task.toml", TASK);
-    let o = kiln(d.path(), &["run", "task.toml", "--quiet", "--set", "train.max_steps=6"]);
+    let o = kiln(
+        d.path(),
+        &["run", "task.toml", "--quiet", "--set", "train.max_steps=6"],
+    );
     assert_eq!(o.status.code(), Some(0));
     // a preempted run leaves no summary
     std::fs::remove_file(d.path().join("runs/task/summary.json")).unwrap();
@@ -241,7 +320,11 @@ fn run_resume_continues_the_newest_unfinished_run() {
     assert_eq!(summary(&d.path().join("runs/task"))["resumed_from_step"], 6);
     assert_eq!(losses(&d.path().join("runs/task")).len(), 10);
     // nothing unfinished: --resume starts a new run
-    let o = kiln_env(d.path(), &["run", "task.toml", "--quiet"], &[("KILN_CHECKPOINT__AUTO_RESUME", "true")]);
+    let o = kiln_env(
+        d.path(),
+        &["run", "task.toml", "--quiet"],
+        &[("KILN_CHECKPOINT__AUTO_RESUME", "true")],
+    );
     assert_eq!(o.status.code(), Some(0));
     assert!(d.path().join("runs/task-2/summary.json").exists());
 }
@@ -277,7 +360,13 @@ fn sigkill_during_checkpoint_writes_always_leaves_a_verified_checkpoint() {
         let run = d.path().join(format!("r{t}"));
         let mut child = Command::new(KILN)
             .current_dir(d.path())
-            .args(["run", "big.toml", "--quiet", "--run-dir", run.to_str().unwrap()])
+            .args([
+                "run",
+                "big.toml",
+                "--quiet",
+                "--run-dir",
+                run.to_str().unwrap(),
+            ])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -288,7 +377,12 @@ fn sigkill_during_checkpoint_writes_always_leaves_a_verified_checkpoint() {
         child.kill().unwrap(); // SIGKILL
         child.wait().unwrap();
         let store = kiln::checkpoint::Store::new(run.join("checkpoints"));
-        let expected = store.list().unwrap().into_iter().find(|e| e.status.is_ok()).map(|e| e.step);
+        let expected = store
+            .list()
+            .unwrap()
+            .into_iter()
+            .find(|e| e.status.is_ok())
+            .map(|e| e.step);
         let until = expected.unwrap_or(0) + 1;
         let max = format!("train.max_steps={until}");
         let o = kiln(d.path(), &["resume", run.to_str().unwrap(), "--set", &max]);
@@ -298,7 +392,11 @@ fn sigkill_during_checkpoint_writes_always_leaves_a_verified_checkpoint() {
             Some(step) => assert!(e.contains(&format!("(step {step})")), "try {t}: {e}"),
             None => assert!(e.contains("starts over from step 0"), "try {t}: {e}"),
         }
-        assert_eq!(summary(&run)["resumed_from_step"].as_u64(), Some(expected.unwrap_or(0)), "try {t}");
+        assert_eq!(
+            summary(&run)["resumed_from_step"].as_u64(),
+            Some(expected.unwrap_or(0)),
+            "try {t}"
+        );
         assert_eq!(summary(&run)["status"], "finished");
     }
 }
@@ -308,7 +406,14 @@ fn acceptance_kill_after_step_20_then_resume_matches_uninterrupted() {
     let d = tempfile::tempdir().unwrap();
     let file = root().join("experiments/quickstart-ddp.toml");
     let f = file.to_str().unwrap();
-    let sets = ["--set", "train.max_steps=40", "--set", "checkpoint.every_steps=10", "--set", "train.log_every=1"];
+    let sets = [
+        "--set",
+        "train.max_steps=40",
+        "--set",
+        "checkpoint.every_steps=10",
+        "--set",
+        "train.log_every=1",
+    ];
     let mut args = vec!["run", f, "--quiet", "--run-dir", "full"];
     args.extend(sets);
     assert_eq!(kiln(d.path(), &args).status.code(), Some(0));
@@ -321,12 +426,20 @@ fn acceptance_kill_after_step_20_then_resume_matches_uninterrupted() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    assert!(wait_for(&killed.join("checkpoints/step-00000020"), Duration::from_secs(60)));
+    assert!(wait_for(
+        &killed.join("checkpoints/step-00000020"),
+        Duration::from_secs(60)
+    ));
     child.kill().unwrap();
     child.wait().unwrap();
     let o = kiln(d.path(), &["resume", killed.to_str().unwrap(), "--quiet"]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-    let tail = |run: &Path| loss_lines(run).into_iter().filter(|(s, _)| *s > 20).collect::<Vec<_>>();
+    let tail = |run: &Path| {
+        loss_lines(run)
+            .into_iter()
+            .filter(|(s, _)| *s > 20)
+            .collect::<Vec<_>>()
+    };
     assert_eq!(tail(&killed).len(), 20);
     assert_eq!(tail(&killed), tail(&d.path().join("full")));
 }

@@ -1,7 +1,7 @@
 //! Training end to end: the loss falls on the learnable task, the run directory has every file
 //! and field, a rerun with the same seed is bit-identical, and run directories never collide.
 
-use crate::common::{kiln, losses, metric_lines, root, stderr, TINY, write};
+use crate::common::{kiln, losses, metric_lines, root, stderr, write, TINY};
 
 fn quickstart_30(out: &std::path::Path) -> std::process::Output {
     let file = root().join("experiments/quickstart.toml");
@@ -42,7 +42,14 @@ fn quickstart_learns_writes_every_file_and_is_reproducible() {
     let summary: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(run.join("summary.json")).unwrap()).unwrap();
     for key in [
-        "status", "steps", "epochs", "final_loss", "eval_loss", "eval_accuracy", "wall_seconds", "samples_per_sec",
+        "status",
+        "steps",
+        "epochs",
+        "final_loss",
+        "eval_loss",
+        "eval_accuracy",
+        "wall_seconds",
+        "samples_per_sec",
     ] {
         assert!(summary.get(key).is_some(), "{key} missing in summary");
     }
@@ -67,9 +74,15 @@ fn run_dir_flag_and_seed_change() {
     // never overwrites a run
     let o = kiln(d.path(), &["run", "t.toml", "--quiet", "--run-dir", "mine"]);
     assert_eq!(o.status.code(), Some(2));
-    let o = kiln(d.path(), &["run", "t.toml", "--quiet", "--set", "experiment.seed=2"]);
+    let o = kiln(
+        d.path(),
+        &["run", "t.toml", "--quiet", "--set", "experiment.seed=2"],
+    );
     assert_eq!(o.status.code(), Some(0));
-    assert_ne!(losses(&d.path().join("mine")), losses(&d.path().join("runs/tiny")));
+    assert_ne!(
+        losses(&d.path().join("mine")),
+        losses(&d.path().join("runs/tiny"))
+    );
 }
 
 #[test]
@@ -77,10 +90,29 @@ fn accumulation_equals_a_larger_batch() {
     // 2 micro-batches of 8 == one batch of 16 (same samples, mean of means)
     let d = tempfile::tempdir().unwrap();
     write(d.path(), "t.toml", TINY);
-    let big = kiln(d.path(), &["run", "t.toml", "--quiet", "--run-dir", "big", "--set", "train.batch_size=16"]);
+    let big = kiln(
+        d.path(),
+        &[
+            "run",
+            "t.toml",
+            "--quiet",
+            "--run-dir",
+            "big",
+            "--set",
+            "train.batch_size=16",
+        ],
+    );
     let acc = kiln(
         d.path(),
-        &["run", "t.toml", "--quiet", "--run-dir", "acc", "--set", "train.grad_accum_steps=2"],
+        &[
+            "run",
+            "t.toml",
+            "--quiet",
+            "--run-dir",
+            "acc",
+            "--set",
+            "train.grad_accum_steps=2",
+        ],
     );
     assert_eq!((big.status.code(), acc.status.code()), (Some(0), Some(0)));
     let (a, b) = (losses(&d.path().join("acc")), losses(&d.path().join("big")));

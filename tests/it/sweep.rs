@@ -8,7 +8,11 @@ use std::time::{Duration, Instant};
 use crate::common::{kiln, stderr, stdout, write, KILN, TINY};
 
 fn sweep_file(dir: &Path, sweep: &str, extra: &str) -> String {
-    write(dir, "sweep.toml", &format!("{TINY}\n{extra}\n[sweep]\n{sweep}\n"));
+    write(
+        dir,
+        "sweep.toml",
+        &format!("{TINY}\n{extra}\n[sweep]\n{sweep}\n"),
+    );
     "sweep.toml".into()
 }
 
@@ -38,7 +42,9 @@ fn invalid_keys_or_values_are_rejected_before_any_trial_runs() {
     let o = kiln(d.path(), &["sweep", &f]);
     assert_eq!(o.status.code(), Some(2));
     assert!(
-        stderr(&o).contains("sweep trial 1 (optim.lr=-1.0): `optim.lr` = -1 is out of range: must be at least 0"),
+        stderr(&o).contains(
+            "sweep trial 1 (optim.lr=-1.0): `optim.lr` = -1 is out of range: must be at least 0"
+        ),
         "{}",
         stderr(&o)
     );
@@ -47,7 +53,10 @@ fn invalid_keys_or_values_are_rejected_before_any_trial_runs() {
     let o = kiln(d.path(), &["sweep", &f]);
     assert_eq!(o.status.code(), Some(2));
     let e = stderr(&o);
-    assert!(e.contains("sweep trial 0 (optim.lrr=0.1): unknown key `optim.lrr`"), "{e}");
+    assert!(
+        e.contains("sweep trial 0 (optim.lrr=0.1): unknown key `optim.lrr`"),
+        "{e}"
+    );
     assert!(e.contains("did you mean `optim.lr`?"), "{e}");
     assert!(!d.path().join("runs").exists());
     let f = sweep_file(d.path(), r#"metric = "eval_loss""#, "");
@@ -71,7 +80,11 @@ fn a_parallel_grid_completes_and_a_rerun_starts_nothing() {
     assert_eq!(csv.lines().count(), 5, "{csv}");
     assert!(csv.lines().skip(1).all(|l| l.contains(",done,")), "{csv}");
     // best first
-    let metric: Vec<f64> = csv.lines().skip(1).map(|l| l.split(',').nth(3).unwrap().parse().unwrap()).collect();
+    let metric: Vec<f64> = csv
+        .lines()
+        .skip(1)
+        .map(|l| l.split(',').nth(3).unwrap().parse().unwrap())
+        .collect();
     assert!(metric.windows(2).all(|w| w[0] <= w[1]), "{metric:?}");
     assert!(stdout(&o).contains("optim.lr=0.2"));
     assert_eq!(trial_dirs(&dir).len(), 4);
@@ -90,12 +103,22 @@ fn a_failing_trial_does_not_stop_the_others() {
     let f = sweep_file(d.path(), r#"grid = { "optim.lr" = [0.05, 1e38, 0.1] }"#, "");
     let o = kiln(d.path(), &["sweep", &f, "--parallel", "2", "--quiet"]);
     assert_eq!(o.status.code(), Some(1));
-    assert!(stderr(&o).contains("1 of 3 trials failed"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("1 of 3 trials failed"),
+        "{}",
+        stderr(&o)
+    );
     let csv = std::fs::read_to_string(d.path().join("runs/tiny/results.csv")).unwrap();
     let rows: Vec<&str> = csv.lines().skip(1).collect();
     assert_eq!(rows.len(), 3);
-    assert!(rows[0].contains(",done,") && rows[1].contains(",done,"), "{csv}");
-    assert!(rows[2].contains(",failed,") && rows[2].contains("training diverged"), "{csv}");
+    assert!(
+        rows[0].contains(",done,") && rows[1].contains(",done,"),
+        "{csv}"
+    );
+    assert!(
+        rows[2].contains(",failed,") && rows[2].contains("training diverged"),
+        "{csv}"
+    );
 }
 
 #[test]
@@ -107,7 +130,14 @@ fn a_killed_sweep_continues_every_trial_exactly_once() {
         "",
     );
     // longer trials with frequent checkpoints
-    let sets = ["--set", "train.max_steps=600", "--set", "checkpoint.every_steps=25", "--set", "train.log_every=50"];
+    let sets = [
+        "--set",
+        "train.max_steps=600",
+        "--set",
+        "checkpoint.every_steps=25",
+        "--set",
+        "train.log_every=50",
+    ];
     let dir = d.path().join("runs/tiny");
     let mut child = Command::new(KILN)
         .current_dir(d.path())
@@ -119,31 +149,46 @@ fn a_killed_sweep_continues_every_trial_exactly_once() {
         .unwrap();
     let start = Instant::now();
     let has_checkpoint = |dir: &Path| {
-        std::fs::read_dir(dir).into_iter().flatten().filter_map(|e| e.ok()).any(|e| {
-            std::fs::read_dir(e.path().join("checkpoints"))
-                .map(|c| c.filter_map(|x| x.ok()).any(|x| !x.file_name().to_string_lossy().ends_with(".tmp")))
-                .unwrap_or(false)
-        })
+        std::fs::read_dir(dir)
+            .into_iter()
+            .flatten()
+            .filter_map(|e| e.ok())
+            .any(|e| {
+                std::fs::read_dir(e.path().join("checkpoints"))
+                    .map(|c| {
+                        c.filter_map(|x| x.ok())
+                            .any(|x| !x.file_name().to_string_lossy().ends_with(".tmp"))
+                    })
+                    .unwrap_or(false)
+            })
     };
     while !has_checkpoint(&dir) && start.elapsed() < Duration::from_secs(60) {
         std::thread::sleep(Duration::from_millis(5));
     }
     child.kill().unwrap(); // SIGKILL: its trials die with it
     child.wait().unwrap();
-    let o = kiln(d.path(), &["sweep", "--resume", dir.to_str().unwrap(), "--quiet"]);
+    let o = kiln(
+        d.path(),
+        &["sweep", "--resume", dir.to_str().unwrap(), "--quiet"],
+    );
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let records = ledger(&dir);
     let trials = trial_dirs(&dir);
     assert_eq!(trials.len(), 4, "{trials:?}");
     for t in &trials {
-        let done = records.iter().filter(|r| r["trial"] == t.as_str() && r["state"] == "done").count();
+        let done = records
+            .iter()
+            .filter(|r| r["trial"] == t.as_str() && r["state"] == "done")
+            .count();
         assert_eq!(done, 1, "trial {t}");
     }
     let resumed = trials
         .iter()
         .filter(|t| {
-            let s: serde_json::Value =
-                serde_json::from_str(&std::fs::read_to_string(dir.join(t).join("summary.json")).unwrap()).unwrap();
+            let s: serde_json::Value = serde_json::from_str(
+                &std::fs::read_to_string(dir.join(t).join("summary.json")).unwrap(),
+            )
+            .unwrap();
             s["resumed_from_step"].as_u64().unwrap_or(0) > 0
         })
         .count();
