@@ -3,7 +3,7 @@
 //! averaged by all-reduce in buckets of `bucket_cap_mb` (earlier micro-steps accumulate locally
 //! without communication, like `no_sync`).
 
-use super::{clip_and_step, full_snapshot, gather_with, sum_with, Memory, Snapshot, Strategy};
+use super::{clip_and_step, full_snapshot, Memory, Snapshot, Strategy};
 use crate::checkpoint::OptState;
 use crate::collective::{Collective, CollectiveError, ReduceOp};
 use crate::config::Config;
@@ -30,11 +30,11 @@ impl Ddp {
 }
 
 impl Strategy for Ddp {
-    fn rank(&self) -> usize {
-        self.comm.rank()
+    fn comm(&self) -> &dyn Collective {
+        self.comm.as_ref()
     }
-    fn world(&self) -> usize {
-        self.comm.world()
+    fn comm_mut(&mut self) -> &mut dyn Collective {
+        self.comm.as_mut()
     }
     fn init(&mut self, mut init: Vec<f32>) -> Result<(), CollectiveError> {
         self.comm.broadcast(&mut init, 0)?;
@@ -63,12 +63,6 @@ impl Strategy for Ddp {
         clip_and_step(&mut self.opt, &mut self.params, &mut grads, lr, clip);
         Ok(())
     }
-    fn sum(&mut self, values: &mut [f64]) -> Result<(), CollectiveError> {
-        sum_with(self.comm.as_mut(), values)
-    }
-    fn gather(&mut self, values: &[f64]) -> Result<Vec<f64>, CollectiveError> {
-        gather_with(self.comm.as_mut(), values)
-    }
     fn memory(&self) -> Memory {
         let bytes = self.params.len() * 4;
         Memory {
@@ -87,11 +81,5 @@ impl Strategy for Ddp {
             0..opt.m.len().max(opt.v.len()),
             opt.m.len().max(opt.v.len()),
         );
-    }
-    fn barrier(&mut self) -> Result<(), CollectiveError> {
-        self.comm.barrier()
-    }
-    fn abort(&self, reason: &str) {
-        self.comm.abort(reason);
     }
 }

@@ -4,7 +4,7 @@
 //! onto the main device, which alone steps. The main device carries the optimizer state, as in
 //! torch.
 
-use super::{clip_and_step, full_snapshot, gather_with, sum_with, Memory, Snapshot, Strategy};
+use super::{clip_and_step, full_snapshot, Memory, Snapshot, Strategy};
 use crate::checkpoint::OptState;
 use crate::collective::{Collective, CollectiveError, ReduceOp};
 use crate::config::Config;
@@ -39,11 +39,11 @@ impl Dp {
 }
 
 impl Strategy for Dp {
-    fn rank(&self) -> usize {
-        self.comm.rank()
+    fn comm(&self) -> &dyn Collective {
+        self.comm.as_ref()
     }
-    fn world(&self) -> usize {
-        self.comm.world()
+    fn comm_mut(&mut self) -> &mut dyn Collective {
+        self.comm.as_mut()
     }
     fn init(&mut self, init: Vec<f32>) -> Result<(), CollectiveError> {
         self.params = init;
@@ -69,12 +69,6 @@ impl Strategy for Dp {
         }
         self.replicate()
     }
-    fn sum(&mut self, values: &mut [f64]) -> Result<(), CollectiveError> {
-        sum_with(self.comm.as_mut(), values)
-    }
-    fn gather(&mut self, values: &[f64]) -> Result<Vec<f64>, CollectiveError> {
-        gather_with(self.comm.as_mut(), values)
-    }
     fn memory(&self) -> Memory {
         let bytes = self.params.len() * 4;
         Memory {
@@ -96,11 +90,5 @@ impl Strategy for Dp {
             let n = opt.m.len().max(opt.v.len());
             o.import(opt, 0..n, n);
         }
-    }
-    fn barrier(&mut self) -> Result<(), CollectiveError> {
-        self.comm.barrier()
-    }
-    fn abort(&self, reason: &str) {
-        self.comm.abort(reason);
     }
 }

@@ -11,7 +11,7 @@
 
 use std::ops::Range;
 
-use super::{full_snapshot, gather_with, sum_with, Memory, Snapshot, Strategy};
+use super::{full_snapshot, Memory, Snapshot, Strategy};
 use crate::checkpoint::{encode_f32, encode_opt, Layout, OptState};
 use crate::collective::{Collective, CollectiveError, ReduceOp};
 use crate::config::{Config, FsdpUnit, Sharding};
@@ -114,11 +114,11 @@ impl Fsdp {
 }
 
 impl Strategy for Fsdp {
-    fn rank(&self) -> usize {
-        self.comm.rank()
+    fn comm(&self) -> &dyn Collective {
+        self.comm.as_ref()
     }
-    fn world(&self) -> usize {
-        self.comm.world()
+    fn comm_mut(&mut self) -> &mut dyn Collective {
+        self.comm.as_mut()
     }
 
     fn init(&mut self, mut init: Vec<f32>) -> Result<(), CollectiveError> {
@@ -212,14 +212,6 @@ impl Strategy for Fsdp {
         Ok(())
     }
 
-    fn sum(&mut self, values: &mut [f64]) -> Result<(), CollectiveError> {
-        sum_with(self.comm.as_mut(), values)
-    }
-
-    fn gather(&mut self, values: &[f64]) -> Result<Vec<f64>, CollectiveError> {
-        gather_with(self.comm.as_mut(), values)
-    }
-
     fn memory(&self) -> Memory {
         let whole = self.num_params * 4;
         let shard = self.shard_elems() * 4;
@@ -286,14 +278,6 @@ impl Strategy for Fsdp {
                 );
             }
         }
-    }
-
-    fn barrier(&mut self) -> Result<(), CollectiveError> {
-        self.comm.barrier()
-    }
-
-    fn abort(&self, reason: &str) {
-        self.comm.abort(reason);
     }
 }
 

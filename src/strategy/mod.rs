@@ -54,8 +54,15 @@ fn full_snapshot(rank: usize, params: &[f32], opt: Option<OptState>) -> Snapshot
 
 /// What a strategy does at each point of a step.
 pub trait Strategy: Send {
-    fn rank(&self) -> usize;
-    fn world(&self) -> usize;
+    /// The rank's end of the collective.
+    fn comm(&self) -> &dyn Collective;
+    fn comm_mut(&mut self) -> &mut dyn Collective;
+    fn rank(&self) -> usize {
+        self.comm().rank()
+    }
+    fn world(&self) -> usize {
+        self.comm().world()
+    }
     /// Sets the initial parameters (every rank passes the same seeded init; ddp/dp then make
     /// rank 0's the truth, as torch does).
     fn init(&mut self, init: Vec<f32>) -> Result<(), CollectiveError>;
@@ -87,18 +94,36 @@ pub trait Strategy: Send {
         clip: Option<f64>,
     ) -> Result<(), CollectiveError>;
     /// Sums `values` over ranks (every rank gets the result); identity for one rank.
-    fn sum(&mut self, values: &mut [f64]) -> Result<(), CollectiveError>;
+    fn sum(&mut self, values: &mut [f64]) -> Result<(), CollectiveError> {
+        let comm = self.comm_mut();
+        if comm.world() > 1 {
+            comm.all_reduce_f64(values, crate::collective::ReduceOp::Sum)?;
+        }
+        Ok(())
+    }
     /// Gathers equal-length f64 vectors from every rank, in rank order.
-    fn gather(&mut self, values: &[f64]) -> Result<Vec<f64>, CollectiveError>;
+    fn gather(&mut self, values: &[f64]) -> Result<Vec<f64>, CollectiveError> {
+        let comm = self.comm_mut();
+        if comm.world() == 1 {
+            return Ok(values.to_vec());
+        }
+        let mut out = vec![0.0; values.len() * comm.world()];
+        comm.all_gather_f64(values, &mut out)?;
+        Ok(out)
+    }
     fn memory(&self) -> Memory;
     /// The files this rank writes into a checkpoint, and how they are laid out.
     fn snapshot(&mut self) -> Snapshot;
     /// Takes the optimizer state from whole (unsharded) buffers, after `init` with the saved
     /// parameters; each strategy keeps its part.
     fn load_optimizer(&mut self, opt: &OptState);
-    fn barrier(&mut self) -> Result<(), CollectiveError>;
+    fn barrier(&mut self) -> Result<(), CollectiveError> {
+        self.comm_mut().barrier()
+    }
     /// Stops the other ranks (their pending collectives fail).
-    fn abort(&self, reason: &str);
+    fn abort(&self, reason: &str) {
+        self.comm().abort(reason);
+    }
 }
 
 /// Builds one rank's strategy.
@@ -166,20 +191,4 @@ fn clip_and_step(
         clip_by_norm(grads, norm, max_norm);
     }
     opt.step(params, grads, lr);
-}
-
-fn sum_with(comm: &mut dyn Collective, values: &mut [f64]) -> Result<(), CollectiveError> {
-    if comm.world() > 1 {
-        comm.all_reduce_f64(values, crate::collective::ReduceOp::Sum)?;
-    }
-    Ok(())
-}
-
-fn gather_with(comm: &mut dyn Collective, values: &[f64]) -> Result<Vec<f64>, CollectiveError> {
-    if comm.world() == 1 {
-        return Ok(values.to_vec());
-    }
-    let mut out = vec![0.0; values.len() * comm.world()];
-    comm.all_gather_f64(values, &mut out)?;
-    Ok(out)
 }

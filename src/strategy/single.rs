@@ -1,6 +1,6 @@
 //! `single`: one device, no communication.
 
-use super::{clip_and_step, full_snapshot, gather_with, sum_with, Memory, Snapshot, Strategy};
+use super::{clip_and_step, full_snapshot, Memory, Snapshot, Strategy};
 use crate::checkpoint::OptState;
 use crate::collective::{Collective, CollectiveError};
 use crate::config::Config;
@@ -23,11 +23,11 @@ impl Single {
 }
 
 impl Strategy for Single {
-    fn rank(&self) -> usize {
-        self.comm.rank()
+    fn comm(&self) -> &dyn Collective {
+        self.comm.as_ref()
     }
-    fn world(&self) -> usize {
-        self.comm.world()
+    fn comm_mut(&mut self) -> &mut dyn Collective {
+        self.comm.as_mut()
     }
     fn init(&mut self, init: Vec<f32>) -> Result<(), CollectiveError> {
         self.params = init;
@@ -48,12 +48,6 @@ impl Strategy for Single {
         clip_and_step(&mut self.opt, &mut self.params, &mut grads, lr, clip);
         Ok(())
     }
-    fn sum(&mut self, values: &mut [f64]) -> Result<(), CollectiveError> {
-        sum_with(self.comm.as_mut(), values)
-    }
-    fn gather(&mut self, values: &[f64]) -> Result<Vec<f64>, CollectiveError> {
-        gather_with(self.comm.as_mut(), values)
-    }
     fn memory(&self) -> Memory {
         let bytes = self.params.len() * 4;
         Memory {
@@ -72,11 +66,5 @@ impl Strategy for Single {
             0..opt.m.len().max(opt.v.len()),
             opt.m.len().max(opt.v.len()),
         );
-    }
-    fn barrier(&mut self) -> Result<(), CollectiveError> {
-        self.comm.barrier()
-    }
-    fn abort(&self, reason: &str) {
-        self.comm.abort(reason);
     }
 }
