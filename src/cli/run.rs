@@ -390,6 +390,36 @@ fn node_worker(a: &RunArgs, r: &Resolved, token: &str, round: usize) -> Result<(
     execute(r, &run_dir, resume, a.quiet, Some(job))
 }
 
+/// Node 0 creates the job's NCCL unique id and publishes it; the other nodes read it.
+#[cfg(feature = "cuda")]
+fn share_nccl_id(
+    j: &mut crate::launch::rendezvous::Job,
+    c: &Config,
+) -> Result<crate::collective::nccl::Id> {
+    use crate::collective::nccl;
+    if j.node == 0 {
+        let id = nccl::new_id().map_err(|e| Error::Train(e.into()))?;
+        let hex: String = id
+            .internal()
+            .iter()
+            .map(|b| format!("{:02x}", *b as u8))
+            .collect();
+        j.client.set("nccl_id", &hex)?;
+        return Ok(id);
+    }
+    let t = std::time::Duration::from_secs(c.launch.rendezvous_timeout_secs);
+    let hex = match j.client.wait(&["nccl_id".to_string()], t)? {
+        Ok(v) => v.into_iter().next().unwrap_or_default(),
+        Err(_) => return Err(Error::Usage("node 0 never published the NCCL id".into())),
+    };
+    let mut raw = [0 as std::ffi::c_char; 128];
+    for (i, b) in raw.iter_mut().enumerate() {
+        *b = u8::from_str_radix(hex.get(2 * i..2 * i + 2).unwrap_or("00"), 16).unwrap_or(0)
+            as std::ffi::c_char;
+    }
+    Ok(nccl::Id::uninit(raw))
+}
+
 /// Trains `r` in `run_dir`, fresh or continuing `resume`.
 pub fn execute(
     r: &Resolved,
@@ -485,10 +515,17 @@ pub fn execute(
     if let Some(note) = &placement.note {
         ui.info(note);
     }
+    #[cfg(feature = "cuda")]
+    let nccl_id = match job.as_mut() {
+        Some(j) if placement.collective == backend::CommKind::Nccl => Some(share_nccl_id(j, c)?),
+        _ => None,
+    };
     let link = job.as_mut().map(|j| crate::launch::NodeLink {
         node: j.node,
         nnodes: j.nnodes,
         ring: j.ring.take(),
+        #[cfg(feature = "cuda")]
+        nccl_id,
     });
     let result = backend::train(&placement, &input, Some(&logs), link, &mut |ev| match ev {
         TrainEvent::Started { total_steps, .. } => ui.start(total_steps, first_step),

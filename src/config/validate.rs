@@ -287,13 +287,6 @@ pub fn validate(r: &Resolved) -> Result<(), ConfigError> {
             Some("use `strategy.kind = \"ddp\"` or \"fsdp\" across nodes".into()),
         ));
     }
-    if l.nnodes > 1 && cuda {
-        return Err(r.key_error(
-            "launch.nnodes",
-            "several nodes on CUDA are not supported yet (NCCL across processes is not wired up); run one node per machine on the CPU, or one node with several GPUs".into(),
-            None,
-        ));
-    }
 
     let s = &c.schedule;
     at_least(r, "schedule.step_size", s.step_size, 1)?;

@@ -56,6 +56,9 @@ pub struct NodeLink {
     pub nnodes: usize,
     /// The TCP ring, used by local rank 0.
     pub ring: Option<TcpRing>,
+    /// The job's NCCL unique id (CUDA), shared through the rendezvous store.
+    #[cfg(feature = "cuda")]
+    pub nccl_id: Option<crate::collective::nccl::Id>,
 }
 
 pub fn run<B: RankBackend>(
@@ -71,6 +74,15 @@ pub fn run<B: RankBackend>(
     let node = link.as_ref().map(|l| l.node).unwrap_or(0);
     let timeout = Duration::from_secs(c.strategy.timeout_secs);
     let comms: Vec<RankComm> = match (placement.collective, link) {
+        // NCCL across processes: every rank joins one communicator with its global rank
+        #[cfg(feature = "cuda")]
+        (CommKind::Nccl, Some(link)) => {
+            let id = match link.nccl_id {
+                Some(id) => id,
+                None => crate::collective::nccl::new_id().map_err(TrainError::Collective)?,
+            };
+            (0..nproc).map(|_| RankComm::Nccl(id)).collect()
+        }
         (_, Some(mut link)) => {
             let mut ring = link.ring.take();
             LocalGroup::new(nproc, timeout)

@@ -134,6 +134,28 @@ impl Drop for Lock {
 struct Running {
     planned: Planned,
     child: Child,
+    /// The GPUs this trial holds (CUDA trials get whole devices).
+    gpus: Vec<usize>,
+}
+
+/// GPUs a trial needs: its device count on CUDA, none on the CPU.
+fn gpus_needed(c: &Config) -> usize {
+    match c.backend.device {
+        crate::config::Device::Cuda => c.strategy.devices.count(),
+        crate::config::Device::Cpu => 0,
+    }
+}
+
+/// GPUs on this machine (0 without the `cuda` feature or a driver).
+fn gpu_count() -> usize {
+    #[cfg(feature = "cuda")]
+    {
+        crate::cuda::device_count().unwrap_or(0)
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        0
+    }
 }
 
 fn ledger_io(e: std::io::Error) -> Error {
@@ -164,6 +186,7 @@ fn spawn(
     run_dir: &Path,
     log: &Path,
     threads: usize,
+    gpus: &[usize],
 ) -> Result<Child> {
     let exe = std::env::current_exe().map_err(|e| Error::io("finding the kiln executable", e))?;
     let threads = format!("backend.threads={threads}");
@@ -202,6 +225,11 @@ fn spawn(
     let err = out
         .try_clone()
         .map_err(|e| Error::io(format!("opening {}", log.display()), e))?;
+    if !gpus.is_empty() {
+        // whole devices per trial: the trial sees only its GPUs, renumbered from 0
+        let list: Vec<String> = gpus.iter().map(|g| g.to_string()).collect();
+        cmd.env("CUDA_VISIBLE_DEVICES", list.join(","));
+    }
     cmd.stdin(Stdio::null())
         .stdout(Stdio::from(out))
         .stderr(Stdio::from(err));
@@ -331,18 +359,42 @@ pub fn run(spec: &SweepSpec, parallel: Option<usize>, quiet: bool) -> Result<Str
         ));
     }
     let mut running: Vec<Running> = Vec::new();
+    let mut free_gpus: Vec<usize> = if planned.iter().any(|p| gpus_needed(&p.config) > 0) {
+        (0..gpu_count()).collect()
+    } else {
+        Vec::new()
+    };
     while !queue.is_empty() || !running.is_empty() {
         while running.len() < parallel {
             let Some(p) = queue.pop() else { break };
+            let need = gpus_needed(&p.config);
+            if need > free_gpus.len() {
+                if running.is_empty() {
+                    return Err(Error::Usage(format!(
+                        "sweep trial {} ({}) needs {need} GPU(s) but {} are free on this machine",
+                        p.trial.index,
+                        p.trial.describe(),
+                        free_gpus.len()
+                    )));
+                }
+                // wait for a running trial to give its GPUs back
+                queue.push(p);
+                break;
+            }
+            let gpus: Vec<usize> = free_gpus.drain(..need).collect();
             let run_dir = dir.join(&p.id);
             let log = dir.join("logs").join(format!("{}.log", p.id));
             let threads = (cores / parallel / p.config.strategy.devices.count().max(1)).max(1);
             ledger
                 .append(&record(&p, TrialState::Running))
                 .map_err(ledger_io)?;
-            let child = spawn(&spec_abs, &p, &run_dir, &log, threads)?;
+            let child = spawn(&spec_abs, &p, &run_dir, &log, threads, &gpus)?;
             ui.started(&p.id, &p.trial.describe());
-            running.push(Running { planned: p, child });
+            running.push(Running {
+                planned: p,
+                child,
+                gpus,
+            });
         }
         std::thread::sleep(Duration::from_millis(50));
         let mut i = 0;
@@ -360,6 +412,8 @@ pub fn run(spec: &SweepSpec, parallel: Option<usize>, quiet: bool) -> Result<Str
                 continue;
             };
             let done = running.swap_remove(i);
+            free_gpus.extend(&done.gpus);
+            free_gpus.sort_unstable();
             let p = done.planned;
             let run_dir = dir.join(&p.id);
             let mut rec = record(&p, TrialState::Done);
