@@ -3,7 +3,7 @@
 //! averaged by all-reduce in buckets of `bucket_cap_mb` (earlier micro-steps accumulate locally
 //! without communication, like `no_sync`).
 
-use super::{clip_and_step, full_snapshot, Memory, Snapshot, Strategy};
+use super::{clip_and_step, full_snapshot, whole_memory, Memory, Snapshot, Strategy};
 use crate::checkpoint::OptState;
 use crate::collective::{Collective, CollectiveError, ReduceOp};
 use crate::config::Config;
@@ -64,22 +64,12 @@ impl Strategy for Ddp {
         Ok(())
     }
     fn memory(&self) -> Memory {
-        let bytes = self.params.len() * 4;
-        Memory {
-            rank: self.rank(),
-            params_bytes: bytes,
-            grads_bytes: bytes,
-            optim_bytes: self.opt.state_bytes(),
-        }
+        whole_memory(self.rank(), &self.params, self.opt.state_bytes())
     }
     fn snapshot(&mut self) -> Snapshot {
         full_snapshot(self.rank(), &self.params, Some(self.opt.export()))
     }
     fn load_optimizer(&mut self, opt: &OptState) {
-        self.opt.import(
-            opt,
-            0..opt.m.len().max(opt.v.len()),
-            opt.m.len().max(opt.v.len()),
-        );
+        self.opt.import_whole(opt);
     }
 }

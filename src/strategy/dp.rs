@@ -4,7 +4,7 @@
 //! onto the main device, which alone steps. The main device carries the optimizer state, as in
 //! torch.
 
-use super::{clip_and_step, full_snapshot, Memory, Snapshot, Strategy};
+use super::{clip_and_step, full_snapshot, whole_memory, Memory, Snapshot, Strategy};
 use crate::checkpoint::OptState;
 use crate::collective::{Collective, CollectiveError, ReduceOp};
 use crate::config::Config;
@@ -70,13 +70,11 @@ impl Strategy for Dp {
         self.replicate()
     }
     fn memory(&self) -> Memory {
-        let bytes = self.params.len() * 4;
-        Memory {
-            rank: self.rank(),
-            params_bytes: bytes,
-            grads_bytes: bytes,
-            optim_bytes: self.opt.as_ref().map(|o| o.state_bytes()).unwrap_or(0),
-        }
+        whole_memory(
+            self.rank(),
+            &self.params,
+            self.opt.as_ref().map(|o| o.state_bytes()).unwrap_or(0),
+        )
     }
     fn snapshot(&mut self) -> Snapshot {
         full_snapshot(
@@ -87,8 +85,7 @@ impl Strategy for Dp {
     }
     fn load_optimizer(&mut self, opt: &OptState) {
         if let Some(o) = &mut self.opt {
-            let n = opt.m.len().max(opt.v.len());
-            o.import(opt, 0..n, n);
+            o.import_whole(opt);
         }
     }
 }

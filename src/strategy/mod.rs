@@ -37,6 +37,17 @@ pub struct Snapshot {
     pub files: Vec<(String, Vec<u8>)>,
 }
 
+/// Memory of a rank holding whole parameters and gradients.
+fn whole_memory(rank: usize, params: &[f32], optim_bytes: usize) -> Memory {
+    let bytes = std::mem::size_of_val(params);
+    Memory {
+        rank,
+        params_bytes: bytes,
+        grads_bytes: bytes,
+        optim_bytes,
+    }
+}
+
 /// The snapshot of a strategy that holds whole parameters and, on rank 0, the whole optimizer.
 fn full_snapshot(rank: usize, params: &[f32], opt: Option<OptState>) -> Snapshot {
     let files = match (rank, opt) {
@@ -129,7 +140,7 @@ pub trait Strategy: Send {
 /// Builds one rank's strategy.
 pub fn build(c: &Config, mlp: &Mlp, comm: Box<dyn Collective>) -> Box<dyn Strategy> {
     match c.strategy.kind {
-        StrategyKind::Single => Box::new(Single::new(c, comm)),
+        StrategyKind::Single => Box::new(Single::new(c, mlp.num_params(), comm)),
         StrategyKind::Dp => Box::new(Dp::new(c, comm)),
         StrategyKind::Ddp => Box::new(Ddp::new(c, mlp.num_params(), comm)),
         StrategyKind::Fsdp => Box::new(Fsdp::new(c, mlp, comm)),

@@ -61,6 +61,12 @@ impl Optimizer {
         self.v = take(&o.v);
     }
 
+    /// Takes the whole state of `o`.
+    pub fn import_whole(&mut self, o: &OptState) {
+        let n = o.m.len().max(o.v.len());
+        self.import(o, 0..n, n);
+    }
+
     /// Bytes of optimizer state held.
     pub fn state_bytes(&self) -> usize {
         (self.m.len() + self.v.len()) * std::mem::size_of::<f32>()
