@@ -4,6 +4,9 @@
 use crate::error::Result;
 
 pub fn env() -> Result<()> {
+    // load NCCL the way a run would (may re-execute kiln with it on the library path)
+    #[cfg(feature = "cuda")]
+    crate::cuda::ensure_nccl_loadable();
     println!("kiln {}", env!("CARGO_PKG_VERSION"));
     let cuda = cfg!(feature = "cuda");
     println!(
@@ -55,11 +58,15 @@ fn cuda_report() {
         }
     }
     match (cuda::nccl_version(), cuda::find_nccl()) {
-        (Some(v), path) => println!(
-            "nccl: {v}{}",
-            path.map(|p| format!(" ({})", p.display()))
-                .unwrap_or_default()
-        ),
+        (Some(v), path) => {
+            let linked = std::env::var("KILN_NCCL_SHIM")
+                .map(|p| format!(", linked by kiln as libnccl.so from {p}"))
+                .unwrap_or_default();
+            let at = path
+                .map(|p| format!(" ({})", p.display()))
+                .unwrap_or_default();
+            println!("nccl: {v}{at}{linked}");
+        }
         (None, _) => {
             println!("nccl: not loadable");
             println!("  = help: {}", cuda::nccl_hint());
