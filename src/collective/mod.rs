@@ -2,123 +2,12 @@
 //! (`local`: threads in one process, shared memory). Every op is numbered per rank and carries its
 //! name, so a hang becomes an error that says which rank never arrived and where it was last seen.
 
+mod api;
 mod local;
 #[cfg(feature = "cuda")]
 pub mod nccl;
 pub mod node;
 pub mod tcp;
 
+pub use api::*;
 pub use local::{LocalGroup, LocalRank};
-
-use std::fmt;
-
-/// How contributions are combined.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ReduceOp {
-    Sum,
-    Mean,
-}
-
-/// The name of an op, for errors and logs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OpKind {
-    AllReduce,
-    Broadcast,
-    AllGather,
-    ReduceScatter,
-    Reduce,
-    Barrier,
-}
-
-impl fmt::Display for OpKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            OpKind::AllReduce => "all_reduce",
-            OpKind::Broadcast => "broadcast",
-            OpKind::AllGather => "all_gather",
-            OpKind::ReduceScatter => "reduce_scatter",
-            OpKind::Reduce => "reduce",
-            OpKind::Barrier => "barrier",
-        })
-    }
-}
-
-/// One rank's position: its op number and what the op was.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct OpId {
-    pub seq: u64,
-    pub kind: OpKind,
-}
-
-impl fmt::Display for OpId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} #{}", self.kind, self.seq)
-    }
-}
-
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum CollectiveError {
-    /// Some ranks did not reach the op within the timeout.
-    #[error("collective timed out after {secs}s in {op} on rank {rank}: {}\n  = help: a rank is stuck or crashed (see logs/rank-<r>.log); raise `strategy.timeout_secs` if it is only slow", .missing.join("; "))]
-    Timeout {
-        rank: usize,
-        op: OpId,
-        secs: u64,
-        /// e.g. "rank 1 never reached all_reduce #57 (last seen: broadcast #56)"
-        missing: Vec<String>,
-    },
-    /// Ranks called different ops at the same point.
-    #[error("collective mismatch: rank {rank} is in {op} but rank {other} is in {other_op}; every rank must run the same ops in the same order")]
-    Mismatch {
-        rank: usize,
-        op: OpId,
-        other: usize,
-        other_op: OpId,
-    },
-    /// Buffers of different sizes in one op.
-    #[error("collective size mismatch in {op}: rank {rank} sent {len} elements, rank {other} sent {other_len}")]
-    Size {
-        rank: usize,
-        op: OpId,
-        len: usize,
-        other: usize,
-        other_len: usize,
-    },
-    /// Another rank failed; this one stops too.
-    #[error("rank {rank} stopped in {op}: {reason}")]
-    Aborted {
-        rank: usize,
-        op: OpId,
-        reason: String,
-    },
-}
-
-/// Collective ops over flat buffers. Reductions run in rank order (0, 1, 2, ...), so results
-/// never depend on thread timing.
-pub trait Collective: Send {
-    fn rank(&self) -> usize;
-    fn world(&self) -> usize;
-    /// Every rank ends with the reduction of all ranks' `buf`.
-    fn all_reduce(&mut self, buf: &mut [f32], op: ReduceOp) -> Result<(), CollectiveError>;
-    /// Like `all_reduce`, for small f64 buffers (losses, counts, norms).
-    fn all_reduce_f64(&mut self, buf: &mut [f64], op: ReduceOp) -> Result<(), CollectiveError>;
-    /// `root` ends with the reduction; the other ranks' `buf` is unchanged.
-    fn reduce(&mut self, buf: &mut [f32], op: ReduceOp, root: usize)
-        -> Result<(), CollectiveError>;
-    /// Every rank ends with `root`'s `buf`.
-    fn broadcast(&mut self, buf: &mut [f32], root: usize) -> Result<(), CollectiveError>;
-    /// `out` (world x send.len()) holds every rank's `send`, in rank order.
-    fn all_gather(&mut self, send: &[f32], out: &mut [f32]) -> Result<(), CollectiveError>;
-    /// Like `all_gather`, for f64.
-    fn all_gather_f64(&mut self, send: &[f64], out: &mut [f64]) -> Result<(), CollectiveError>;
-    /// `send` (world x out.len()) is reduced across ranks; rank r keeps chunk r in `out`.
-    fn reduce_scatter(
-        &mut self,
-        send: &[f32],
-        out: &mut [f32],
-        op: ReduceOp,
-    ) -> Result<(), CollectiveError>;
-    fn barrier(&mut self) -> Result<(), CollectiveError>;
-    /// Tells every other rank to stop: their pending and future ops fail with `Aborted`.
-    fn abort(&self, reason: &str);
-}

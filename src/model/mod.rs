@@ -4,27 +4,7 @@
 //! flattened back in the same layout.
 
 pub mod mlp;
+mod param;
 
 pub use mlp::Mlp;
-
-/// One parameter tensor inside the flat buffer.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ParamSpec {
-    pub name: String,
-    pub shape: Vec<usize>,
-    pub offset: usize,
-}
-
-impl ParamSpec {
-    pub fn len(&self) -> usize {
-        self.shape.iter().product()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    pub fn range(&self) -> std::ops::Range<usize> {
-        self.offset..self.offset + self.len()
-    }
-}
+pub use param::*;

@@ -1,0 +1,75 @@
+//! The command-line definition and dispatch.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+use super::{bench, check, ckpt, env, init, resume, run, sweep};
+
+use crate::config::{self, Resolved};
+use crate::Result;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "kiln",
+    version,
+    about = "Run deep-learning experiments described in TOML"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Validate an experiment without training and print the resolved config with the source of
+    /// every value.
+    Check(ConfigArgs),
+    /// Train an experiment.
+    Run(run::RunArgs),
+    /// Continue a run in place from its newest verified checkpoint.
+    Resume(resume::ResumeArgs),
+    /// Inspect a run's checkpoints.
+    #[command(subcommand)]
+    Ckpt(ckpt::CkptCommand),
+    /// Run every trial of an experiment's `[sweep]`; resumable, with a results table.
+    Sweep(sweep::SweepArgs),
+    /// Show kiln's version, backends, CPU threads, CUDA driver, GPUs and NCCL, and what to fix.
+    Env,
+    /// Write a commented experiment file from a template.
+    Init(init::InitArgs),
+    /// Measure training throughput (steps/s, samples/s) on the CPU backends.
+    Bench(bench::BenchArgs),
+}
+
+/// An experiment file and its overrides.
+#[derive(Debug, Args, Clone)]
+pub struct ConfigArgs {
+    /// The experiment TOML file.
+    pub file: PathBuf,
+    /// Override a key, e.g. `--set optim.lr=3e-3` (the value is parsed as TOML).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub sets: Vec<String>,
+}
+
+impl ConfigArgs {
+    /// Resolves the config from the file, the `KILN_` environment and the `--set` flags.
+    pub fn resolve(&self) -> Result<Resolved> {
+        let env: Vec<(String, String)> = std::env::vars().collect();
+        Ok(config::load(&self.file, &env, &self.sets)?)
+    }
+}
+
+/// Runs a parsed command line.
+pub fn dispatch(cli: Cli) -> Result<()> {
+    match cli.command {
+        Command::Check(a) => check::check(&a),
+        Command::Run(a) => run::run(&a),
+        Command::Resume(a) => resume::resume(&a),
+        Command::Ckpt(c) => ckpt::ckpt(&c),
+        Command::Sweep(a) => sweep::sweep(&a),
+        Command::Env => env::env(),
+        Command::Init(a) => init::init(&a),
+        Command::Bench(a) => bench::bench(&a),
+    }
+}

@@ -1,0 +1,93 @@
+//! The in-memory dataset, data loading and its errors.
+
+use super::{csv, synthetic};
+use std::path::PathBuf;
+
+use crate::config::{DataKind, Resolved};
+
+/// A classification dataset held in memory, row-major.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Dataset {
+    pub features: usize,
+    pub x: Vec<f32>,
+    pub y: Vec<u32>,
+}
+
+impl Dataset {
+    pub fn len(&self) -> usize {
+        self.y.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.y.is_empty()
+    }
+
+    /// Gathers the rows at `idx` into a contiguous batch.
+    pub fn gather(&self, idx: &[usize]) -> (Vec<f32>, Vec<u32>) {
+        let mut x = Vec::with_capacity(idx.len() * self.features);
+        let mut y = Vec::with_capacity(idx.len());
+        for &i in idx {
+            x.extend_from_slice(&self.x[i * self.features..(i + 1) * self.features]);
+            y.push(self.y[i]);
+        }
+        (x, y)
+    }
+}
+
+/// Training and (optional) evaluation data.
+#[derive(Debug, Clone)]
+pub struct Data {
+    pub train: Dataset,
+    pub eval: Option<Dataset>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DataError {
+    #[error("cannot read data file `{path}` (data.path): {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}:{line}: {message}")]
+    Parse {
+        path: PathBuf,
+        line: usize,
+        message: String,
+    },
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// Loads the data the config describes.
+pub fn load(r: &Resolved) -> Result<Data, DataError> {
+    let c = &r.config.data;
+    match c.kind {
+        DataKind::Synthetic => Ok(synthetic::generate(c)),
+        DataKind::Csv => {
+            let Some(path) = &c.path else {
+                return Err(DataError::Invalid("data.path is required for csv".into()));
+            };
+            let train = csv::read(&r.path_of("data.path", path), c)?;
+            let eval = match &c.eval_path {
+                Some(p) => Some(csv::read(&r.path_of("data.eval_path", p), c)?),
+                None => None,
+            };
+            if let Some(e) = &eval {
+                if e.features != train.features {
+                    return Err(DataError::Invalid(format!(
+                        "data.eval_path has {} feature columns but data.path has {}",
+                        e.features, train.features
+                    )));
+                }
+            }
+            if train.features != r.config.model.input_size {
+                return Err(DataError::Invalid(format!(
+                    "data.path has {} feature columns but model.input_size = {}; set model.input_size = {}",
+                    train.features, r.config.model.input_size, train.features
+                )));
+            }
+            Ok(Data { train, eval })
+        }
+    }
+}

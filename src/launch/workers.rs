@@ -1,0 +1,265 @@
+//! Running this node's rank threads.
+
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::Path;
+use std::sync::mpsc;
+use std::time::Duration;
+
+use crate::backend::{CommKind, Placement, RankBackend};
+use crate::collective::node::NodeRank;
+use crate::collective::tcp::TcpRing;
+use crate::collective::{Collective, CollectiveError, LocalGroup, LocalRank};
+use crate::strategy::{self, Memory};
+use crate::train::{self, Outcome, RankSink, TrainError, TrainEvent, TrainInput};
+
+/// What all ranks produced.
+#[derive(Debug)]
+pub struct RunResult {
+    /// The outcome of this node's first rank (rank 0's on node 0).
+    pub outcome: Outcome,
+    /// Every rank's memory, in rank order.
+    pub memory: Vec<Memory>,
+}
+
+struct Sink {
+    rank: usize,
+    events: mpsc::Sender<TrainEvent>,
+    log: Option<BufWriter<File>>,
+}
+
+impl RankSink for Sink {
+    fn event(&mut self, event: TrainEvent) {
+        if self.rank == 0 {
+            // The receiver only goes away when the caller stopped listening; keep training.
+            let _ = self.events.send(event);
+        }
+    }
+    fn log(&mut self, line: &str) {
+        if let Some(f) = &mut self.log {
+            // Rank logs are diagnostics: a full disk must not kill the run here.
+            let _ = writeln!(f, "{line}").and_then(|_| f.flush());
+        }
+    }
+}
+
+/// Runs every rank of this node on backend `B` and waits for all of them. `threads` is the size
+/// of each rank's pool; `logs` is where `rank-<r>.log` files go (none when `None`).
+/// This node's link to the other nodes of a job.
+pub struct NodeLink {
+    pub node: usize,
+    pub nnodes: usize,
+    /// The TCP ring, used by local rank 0.
+    pub ring: Option<TcpRing>,
+    /// The job's NCCL unique id (CUDA), shared through the rendezvous store.
+    #[cfg(feature = "cuda")]
+    pub nccl_id: Option<crate::collective::nccl::Id>,
+}
+
+pub fn run<B: RankBackend>(
+    input: &TrainInput<'_>,
+    placement: &Placement,
+    threads: usize,
+    logs: Option<&Path>,
+    link: Option<NodeLink>,
+    on_event: &mut dyn FnMut(TrainEvent),
+) -> Result<RunResult, TrainError> {
+    let c = input.config;
+    let nproc = c.strategy.devices.count();
+    let node = link.as_ref().map(|l| l.node).unwrap_or(0);
+    let timeout = Duration::from_secs(c.strategy.timeout_secs);
+    let comms: Vec<RankComm> = match (placement.collective, link) {
+        // NCCL across processes: every rank joins one communicator with its global rank
+        #[cfg(feature = "cuda")]
+        (CommKind::Nccl, Some(link)) => {
+            let id = match link.nccl_id {
+                Some(id) => id,
+                None => crate::collective::nccl::new_id().map_err(TrainError::Collective)?,
+            };
+            (0..nproc).map(|_| RankComm::Nccl(id)).collect()
+        }
+        (_, Some(mut link)) => {
+            let mut ring = link.ring.take();
+            LocalGroup::new(nproc, timeout)
+                .into_iter()
+                .map(|l| {
+                    let r = if l.rank() == 0 { ring.take() } else { None };
+                    RankComm::Node(NodeRank::new(l, r, link.node, link.nnodes))
+                })
+                .collect()
+        }
+        (CommKind::Host, None) => LocalGroup::new(nproc, timeout)
+            .into_iter()
+            .map(RankComm::Local)
+            .collect(),
+        #[cfg(feature = "cuda")]
+        (CommKind::Nccl, None) => {
+            let id = crate::collective::nccl::new_id().map_err(TrainError::Collective)?;
+            (0..nproc).map(|_| RankComm::Nccl(id)).collect()
+        }
+        #[cfg(not(feature = "cuda"))]
+        (CommKind::Nccl, None) => LocalGroup::new(nproc, timeout)
+            .into_iter()
+            .map(RankComm::Local)
+            .collect(),
+    };
+    let (tx, rx) = mpsc::channel();
+    let results: Vec<Result<Outcome, TrainError>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = comms
+            .into_iter()
+            .enumerate()
+            .map(|(local, comm)| {
+                let rank = node * nproc + local;
+                let tx = tx.clone();
+                let log = logs.and_then(|d| {
+                    File::create(d.join(format!("rank-{rank}.log")))
+                        .ok()
+                        .map(BufWriter::new)
+                });
+                std::thread::Builder::new()
+                    .name(format!("kiln-rank-{rank}"))
+                    .spawn_scoped(scope, move || {
+                        let mut sink = Sink {
+                            rank,
+                            events: tx,
+                            log,
+                        };
+                        if let Some(note) = &placement.note {
+                            sink.log(note);
+                        }
+                        rank_main::<B>(input, rank, placement.ordinals[local], comm, threads, sink)
+                    })
+            })
+            .collect();
+        drop(tx);
+        for ev in rx {
+            on_event(ev);
+        }
+        handles
+            .into_iter()
+            .enumerate()
+            .map(|(rank, h)| match h {
+                Ok(h) => h.join().unwrap_or_else(|p| {
+                    Err(TrainError::Panic {
+                        rank,
+                        message: panic_message(&p),
+                    })
+                }),
+                Err(e) => Err(TrainError::Panic {
+                    rank,
+                    message: format!("could not start the rank's thread: {e}"),
+                }),
+            })
+            .collect()
+    });
+    let mut outcomes = Vec::with_capacity(nproc);
+    let mut errors = Vec::new();
+    for r in results {
+        match r {
+            Ok(o) => outcomes.push(o),
+            Err(e) => errors.push(e),
+        }
+    }
+    if !errors.is_empty() {
+        // The root cause, not the ranks that stopped because of it.
+        let pos = errors
+            .iter()
+            .position(|e| !matches!(e, TrainError::Collective(CollectiveError::Aborted { .. })))
+            .unwrap_or(0);
+        return Err(errors.swap_remove(pos));
+    }
+    let memory = outcomes.iter().map(|o| o.memory).collect();
+    let outcome = outcomes.swap_remove(0);
+    Ok(RunResult { outcome, memory })
+}
+
+/// A rank's end of the collective, before it is connected.
+enum RankComm {
+    Local(LocalRank),
+    Node(NodeRank),
+    #[cfg(feature = "cuda")]
+    Nccl(crate::collective::nccl::Id),
+}
+
+fn connect(
+    comm: RankComm,
+    rank: usize,
+    world: usize,
+    ordinal: usize,
+    timeout: Duration,
+) -> Result<Box<dyn Collective>, CollectiveError> {
+    let _ = (rank, world, ordinal, timeout);
+    match comm {
+        RankComm::Local(l) => Ok(Box::new(l)),
+        RankComm::Node(n) => Ok(Box::new(n)),
+        #[cfg(feature = "cuda")]
+        RankComm::Nccl(id) => Ok(Box::new(crate::collective::nccl::NcclRank::connect(
+            id, rank, world, ordinal, timeout,
+        )?)),
+    }
+}
+
+fn rank_main<B: RankBackend>(
+    input: &TrainInput<'_>,
+    rank: usize,
+    ordinal: usize,
+    comm: RankComm,
+    threads: usize,
+    mut sink: Sink,
+) -> Result<Outcome, TrainError> {
+    let timeout = Duration::from_secs(input.config.strategy.timeout_secs);
+    let comm = match connect(comm, rank, input.plan.world_size, ordinal, timeout) {
+        Ok(c) => c,
+        Err(e) => {
+            sink.log(&format!("error: {e}"));
+            return Err(e.into());
+        }
+    };
+    let mut strategy = strategy::build(input.config, input.mlp, comm);
+    let pool = match rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .thread_name(move |i| format!("kiln-rank-{rank}-math-{i}"))
+        .build()
+    {
+        Ok(p) => p,
+        Err(e) => {
+            let err = TrainError::Panic {
+                rank,
+                message: format!("cannot start {threads} threads (backend.threads): {e}"),
+            };
+            strategy.abort(&err.to_string());
+            return Err(err);
+        }
+    };
+    let device = B::rank_device(ordinal);
+    let result = pool.install(|| {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            train::train::<B>(input, strategy.as_mut(), &device, &mut sink)
+        }))
+        .unwrap_or_else(|p| {
+            Err(TrainError::Panic {
+                rank,
+                message: panic_message(&p),
+            })
+        })
+    });
+    if let Err(e) = &result {
+        sink.log(&format!("error: {e}"));
+        strategy.abort(&format!(
+            "rank {rank} failed: {}",
+            first_line(&e.to_string())
+        ));
+    }
+    result
+}
+
+fn first_line(s: &str) -> &str {
+    s.lines().next().unwrap_or(s)
+}
+
+fn panic_message(p: &Box<dyn std::any::Any + Send>) -> String {
+    p.downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".into())
+}

@@ -1,0 +1,173 @@
+//! The plan arithmetic.
+
+use crate::config::{Config, StrategyKind};
+use crate::data::sampler::Sampler;
+
+/// How a step's samples are divided among ranks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DataSplit {
+    /// torch DistributedSampler: rank r takes every world-th index (single, ddp).
+    Distributed,
+    /// torch DataParallel: one global batch of micro x world, split into contiguous chunks (dp).
+    SplitBatch,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Plan {
+    pub world_size: usize,
+    pub split: DataSplit,
+    /// Micro-batch of one rank (`train.batch_size`).
+    pub micro_batch: usize,
+    pub accum: usize,
+    /// micro x accum x world.
+    pub global_batch: usize,
+    pub train_samples: usize,
+    pub sampler: Sampler,
+    /// Micro-batches each rank runs per epoch.
+    pub micro_per_epoch: usize,
+    /// Optimizer steps the run takes.
+    pub total_steps: usize,
+    /// Micro-batches the run consumes.
+    pub total_micro: usize,
+    pub num_params: usize,
+}
+
+impl Plan {
+    pub fn new(c: &Config, train_samples: usize, num_params: usize) -> Plan {
+        let world_size = c.strategy.devices.count() * c.launch.nnodes;
+        let split = match c.strategy.kind {
+            StrategyKind::Dp => DataSplit::SplitBatch,
+            StrategyKind::Single | StrategyKind::Ddp | StrategyKind::Fsdp => DataSplit::Distributed,
+        };
+        let micro_batch = c.train.batch_size;
+        let accum = c.train.grad_accum_steps;
+        let sampler = Sampler {
+            len: train_samples,
+            world: match split {
+                DataSplit::Distributed => world_size,
+                DataSplit::SplitBatch => 1,
+            },
+            shuffle: c.sampler.shuffle,
+            seed: c.sampler.seed,
+            drop_last: c.sampler.drop_last,
+        };
+        let per_step = match split {
+            DataSplit::Distributed => micro_batch,
+            DataSplit::SplitBatch => micro_batch * world_size,
+        };
+        let micro_per_epoch = sampler.per_rank().div_ceil(per_step).max(1);
+        let (total_steps, total_micro) = match c.train.max_steps {
+            Some(steps) => (steps, steps * accum),
+            None => {
+                let micro = c.train.epochs * micro_per_epoch;
+                (micro.div_ceil(accum), micro)
+            }
+        };
+        Plan {
+            world_size,
+            split,
+            micro_batch,
+            accum,
+            global_batch: micro_batch * accum * world_size,
+            train_samples,
+            sampler,
+            micro_per_epoch,
+            total_steps,
+            total_micro,
+            num_params,
+        }
+    }
+
+    /// Rank `rank`'s sample indices of micro-batch `j` in an epoch whose sampler order (for this
+    /// rank under `Distributed`, global under `SplitBatch`) is `order`; also the size of the
+    /// whole micro-batch across ranks.
+    pub fn micro_indices<'a>(
+        &self,
+        order: &'a [usize],
+        j: usize,
+        rank: usize,
+    ) -> (&'a [usize], usize) {
+        let b = self.micro_batch;
+        let clamp = |lo: usize, hi: usize| &order[lo.min(order.len())..hi.min(order.len())];
+        match self.split {
+            DataSplit::Distributed => (clamp(j * b, (j + 1) * b), 0),
+            DataSplit::SplitBatch => {
+                let whole = clamp(j * b * self.world_size, (j + 1) * b * self.world_size);
+                let chunk = whole.len().div_ceil(self.world_size);
+                let lo = (rank * chunk).min(whole.len());
+                let hi = ((rank + 1) * chunk).min(whole.len());
+                (&whole[lo..hi], whole.len())
+            }
+        }
+    }
+
+    /// Samples of the global order one micro-step consumes over all ranks.
+    pub fn micro_span(&self) -> usize {
+        self.micro_batch * self.world_size
+    }
+
+    /// Micro-batches (per rank) in the part of an epoch that starts at global position `start`.
+    pub fn segment_micro(&self, start: usize) -> usize {
+        let per_step = match self.split {
+            DataSplit::Distributed => self.micro_batch,
+            DataSplit::SplitBatch => self.micro_span(),
+        };
+        self.sampler.per_rank_from(start).div_ceil(per_step)
+    }
+
+    /// The global cursor after `j` micro-batches of a segment that started at `start`.
+    pub fn cursor(&self, start: usize, j: usize) -> usize {
+        (start + j * self.micro_span()).min(self.train_samples)
+    }
+
+    /// A one-paragraph description for `kiln check` and the start of `kiln run`.
+    pub fn describe(&self) -> String {
+        format!(
+            "plan: world {} x batch {} x accum {} = global batch {}; {} train samples, {} micro-batches/epoch/rank, {} optimizer steps; {} parameters",
+            self.world_size,
+            self.micro_batch,
+            self.accum,
+            self.global_batch,
+            self.train_samples,
+            self.micro_per_epoch,
+            self.total_steps,
+            self.num_params
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn arithmetic() {
+        let mut c = Config::default();
+        c.train.batch_size = 32;
+        c.train.epochs = 2;
+        let p = Plan::new(&c, 1000, 10);
+        assert_eq!(p.micro_per_epoch, 32);
+        assert_eq!(p.total_steps, 64);
+        c.train.grad_accum_steps = 3;
+        let p = Plan::new(&c, 1000, 10);
+        assert_eq!((p.total_micro, p.total_steps, p.global_batch), (64, 22, 96));
+        c.train.max_steps = Some(5);
+        let p = Plan::new(&c, 1000, 10);
+        assert_eq!((p.total_micro, p.total_steps), (15, 5));
+    }
+
+    #[test]
+    fn dp_splits_one_global_batch() {
+        let mut c = Config::default();
+        c.strategy.kind = StrategyKind::Dp;
+        c.strategy.devices = crate::config::Devices::Count(3);
+        c.train.batch_size = 4;
+        let p = Plan::new(&c, 30, 1);
+        assert_eq!(p.micro_per_epoch, 3);
+        let order: Vec<usize> = (0..30).collect();
+        assert_eq!(p.micro_indices(&order, 1, 2), (&order[20..24], 12));
+        // the last global batch has 6 samples: chunks of 2
+        assert_eq!(p.micro_indices(&order, 2, 0), (&order[24..26], 6));
+        assert_eq!(p.micro_indices(&order, 2, 2), (&order[28..30], 6));
+    }
+}

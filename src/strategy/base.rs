@@ -1,0 +1,195 @@
+//! The `Strategy` interface, memory accounting and shared helpers.
+
+use super::{fsdp, Ddp, Dp, Fsdp, Single};
+use std::ops::Range;
+
+use serde::Serialize;
+
+use crate::checkpoint::{encode_f32, encode_opt, Layout, OptState};
+use crate::collective::{Collective, CollectiveError};
+use crate::config::{Config, OptimKind, Sharding, StrategyKind};
+use crate::model::Mlp;
+use crate::train::optim::{clip_by_norm, sum_squares, Optimizer};
+
+/// Bytes one rank holds for training state (accounting, not measured RSS).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Memory {
+    pub rank: usize,
+    pub params_bytes: usize,
+    pub grads_bytes: usize,
+    pub optim_bytes: usize,
+}
+
+/// A rank's part of a checkpoint.
+pub struct Snapshot {
+    pub layout: Layout,
+    /// (file name, bytes); empty for ranks that write nothing.
+    pub files: Vec<(String, Vec<u8>)>,
+}
+
+/// Memory of a rank holding whole parameters and gradients.
+pub(super) fn whole_memory(rank: usize, params: &[f32], optim_bytes: usize) -> Memory {
+    let bytes = std::mem::size_of_val(params);
+    Memory {
+        rank,
+        params_bytes: bytes,
+        grads_bytes: bytes,
+        optim_bytes,
+    }
+}
+
+/// The snapshot of a strategy that holds whole parameters and, on rank 0, the whole optimizer.
+pub(super) fn full_snapshot(rank: usize, params: &[f32], opt: Option<OptState>) -> Snapshot {
+    let files = match (rank, opt) {
+        (0, Some(o)) => vec![
+            ("model.bin".into(), encode_f32(params)),
+            ("optim.bin".into(), encode_opt(&o)),
+        ],
+        _ => Vec::new(),
+    };
+    Snapshot {
+        layout: Layout::Full,
+        files,
+    }
+}
+
+/// What a strategy does at each point of a step.
+pub trait Strategy: Send {
+    /// The rank's end of the collective.
+    fn comm(&self) -> &dyn Collective;
+    fn comm_mut(&mut self) -> &mut dyn Collective;
+    fn rank(&self) -> usize {
+        self.comm().rank()
+    }
+    fn world(&self) -> usize {
+        self.comm().world()
+    }
+    /// Sets the initial parameters (every rank passes the same seeded init; ddp/dp then make
+    /// rank 0's the truth, as torch does).
+    fn init(&mut self, init: Vec<f32>) -> Result<(), CollectiveError>;
+    /// The full parameters (evaluation, the final result).
+    fn params(&mut self) -> Result<&[f32], CollectiveError>;
+    /// Layer `layer`'s parameters (the flat `range`) for forward/backward.
+    fn layer_params(
+        &mut self,
+        layer: usize,
+        range: Range<usize>,
+    ) -> Result<Vec<f32>, CollectiveError> {
+        let _ = layer;
+        Ok(self.params()?[range].to_vec())
+    }
+    /// The weight of this rank's micro-batch gradient in the step's gradient, given its sample
+    /// count and the micro-batch's total across ranks (dp weights by samples, ddp averages).
+    fn grad_weight(&self, local_samples: usize, global_samples: usize) -> f64;
+    /// Called after an accumulation micro-step that is not the last of its step when
+    /// `strategy.no_sync = false`: ddp averages the gradients accumulated so far (what torch does
+    /// outside `no_sync`); the final result is the same, only the traffic differs.
+    fn micro_sync(&mut self, _grads: &mut [f32]) -> Result<(), CollectiveError> {
+        Ok(())
+    }
+    /// Synchronises the accumulated (weighted) gradients, clips, and updates.
+    fn update(
+        &mut self,
+        grads: Vec<f32>,
+        lr: f64,
+        clip: Option<f64>,
+    ) -> Result<(), CollectiveError>;
+    /// Sums `values` over ranks (every rank gets the result); identity for one rank.
+    fn sum(&mut self, values: &mut [f64]) -> Result<(), CollectiveError> {
+        let comm = self.comm_mut();
+        if comm.world() > 1 {
+            comm.all_reduce_f64(values, crate::collective::ReduceOp::Sum)?;
+        }
+        Ok(())
+    }
+    /// Gathers equal-length f64 vectors from every rank, in rank order.
+    fn gather(&mut self, values: &[f64]) -> Result<Vec<f64>, CollectiveError> {
+        let comm = self.comm_mut();
+        if comm.world() == 1 {
+            return Ok(values.to_vec());
+        }
+        let mut out = vec![0.0; values.len() * comm.world()];
+        comm.all_gather_f64(values, &mut out)?;
+        Ok(out)
+    }
+    fn memory(&self) -> Memory;
+    /// The files this rank writes into a checkpoint, and how they are laid out.
+    fn snapshot(&mut self) -> Snapshot;
+    /// Takes the optimizer state from whole (unsharded) buffers, after `init` with the saved
+    /// parameters; each strategy keeps its part.
+    fn load_optimizer(&mut self, opt: &OptState);
+    fn barrier(&mut self) -> Result<(), CollectiveError> {
+        self.comm_mut().barrier()
+    }
+    /// Stops the other ranks (their pending collectives fail).
+    fn abort(&self, reason: &str) {
+        self.comm().abort(reason);
+    }
+}
+
+/// Builds one rank's strategy.
+pub fn build(c: &Config, mlp: &Mlp, comm: Box<dyn Collective>) -> Box<dyn Strategy> {
+    match c.strategy.kind {
+        StrategyKind::Single => Box::new(Single::new(c, mlp.num_params(), comm)),
+        StrategyKind::Dp => Box::new(Dp::new(c, comm)),
+        StrategyKind::Ddp => Box::new(Ddp::new(c, mlp.num_params(), comm)),
+        StrategyKind::Fsdp => Box::new(Fsdp::new(c, mlp, comm)),
+    }
+}
+
+/// Optimizer state elements per parameter element.
+pub(super) fn state_per_param(c: &Config) -> usize {
+    match c.optim.kind {
+        OptimKind::Sgd if c.optim.momentum > 0.0 => 1,
+        OptimKind::Sgd => 0,
+        OptimKind::Adam | OptimKind::Adamw => 2,
+    }
+}
+
+/// The bytes each rank will hold at rest, from the plan alone (`kiln check` prints it; the
+/// strategies report the same numbers after training).
+pub fn estimate(c: &Config, mlp: &Mlp, world: usize) -> Vec<Memory> {
+    let n = mlp.num_params();
+    let whole = n * 4;
+    let state = state_per_param(c);
+    (0..world)
+        .map(|rank| {
+            let (params_bytes, grads_bytes, optim_elems) = match c.strategy.kind {
+                StrategyKind::Single | StrategyKind::Ddp => (whole, whole, n),
+                StrategyKind::Dp => (whole, whole, if rank == 0 { n } else { 0 }),
+                StrategyKind::Fsdp => {
+                    let shard: usize = fsdp::units(mlp, c.strategy.unit, world)
+                        .iter()
+                        .map(|u| u.shard_len)
+                        .sum();
+                    match c.strategy.sharding {
+                        Sharding::Full => (shard * 4, shard * 4, shard),
+                        Sharding::GradOp => (whole, shard * 4, shard),
+                        Sharding::None => (whole, whole, n),
+                    }
+                }
+            };
+            Memory {
+                rank,
+                params_bytes,
+                grads_bytes,
+                optim_bytes: optim_elems * state * 4,
+            }
+        })
+        .collect()
+}
+
+/// Clip by the global norm of full (already synchronised) gradients, then step.
+pub(super) fn clip_and_step(
+    opt: &mut Optimizer,
+    params: &mut [f32],
+    grads: &mut [f32],
+    lr: f64,
+    clip: Option<f64>,
+) {
+    if let Some(max_norm) = clip {
+        let norm = sum_squares(grads).sqrt();
+        clip_by_norm(grads, norm, max_norm);
+    }
+    opt.step(params, grads, lr);
+}

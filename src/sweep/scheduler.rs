@@ -1,0 +1,498 @@
+//! Sweep planning, scheduling of trials, status.
+
+use super::{
+    expand, row, sort, to_csv, to_markdown, to_text, Ledger, Record, Row, Trial, TrialState,
+};
+use std::collections::BTreeMap;
+use std::fs::{self, File};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::{self, Config, SweepConfig};
+use crate::error::{Error, Result};
+use crate::ui::SweepProgress;
+
+/// What `kiln sweep` was given; kept as `sweep.json` so `--resume DIR` can run it again.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SweepSpec {
+    pub file: PathBuf,
+    pub sets: Vec<String>,
+}
+
+/// A checked trial, ready to run.
+#[derive(Debug, Clone)]
+pub struct Planned {
+    pub trial: Trial,
+    pub id: String,
+    pub config: Config,
+}
+
+/// A trial's id: a short hash of its resolved config (the `[sweep]` section aside).
+pub fn trial_id(c: &Config) -> String {
+    let mut c = c.clone();
+    c.sweep = SweepConfig::default();
+    config::config_hash(&c)[..8].to_string()
+}
+
+fn now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}
+
+/// Resolves the base config and every trial; nothing is written. Errors name the trial.
+pub fn plan(spec: &SweepSpec, env: &[(String, String)]) -> Result<(Config, Vec<Planned>)> {
+    let base = config::load(&spec.file, env, &spec.sets)?;
+    let trials = expand(&base.config.sweep).map_err(|e| Error::Usage(e.to_string()))?;
+    let mut planned: Vec<Planned> = Vec::with_capacity(trials.len());
+    for trial in trials {
+        let mut sets = spec.sets.clone();
+        sets.extend(trial.set_args());
+        let r = config::load(&spec.file, env, &sets).map_err(|e| {
+            Error::Usage(format!(
+                "sweep trial {} ({}): {e}",
+                trial.index,
+                trial.describe()
+            ))
+        })?;
+        crate::backend::resolve(&r.config).map_err(|e| {
+            Error::Usage(format!(
+                "sweep trial {} ({}): {e}",
+                trial.index,
+                trial.describe()
+            ))
+        })?;
+        let id = trial_id(&r.config);
+        if let Some(p) = planned.iter().find(|p| p.id == id) {
+            return Err(Error::Usage(format!(
+                "sweep trials {} ({}) and {} ({}) resolve to the same config; remove the duplicate values",
+                p.trial.index,
+                p.trial.describe(),
+                trial.index,
+                trial.describe()
+            )));
+        }
+        planned.push(Planned {
+            trial,
+            id,
+            config: r.config,
+        });
+    }
+    Ok((base.config, planned))
+}
+
+/// The sweep directory of a base config.
+pub fn sweep_dir(base: &Config) -> PathBuf {
+    let name = base
+        .sweep
+        .name
+        .clone()
+        .unwrap_or_else(|| base.experiment.name.clone());
+    Path::new(&base.experiment.output_dir).join(name)
+}
+
+/// Holds `sweep.lock` while a sweep runs in a directory.
+struct Lock(PathBuf);
+
+impl Lock {
+    fn take(dir: &Path) -> Result<Lock> {
+        let path = dir.join("sweep.lock");
+        if let Ok(pid) = fs::read_to_string(&path) {
+            let pid = pid.trim();
+            if pid != std::process::id().to_string() && Path::new("/proc").join(pid).exists() {
+                return Err(Error::Usage(format!(
+                    "the sweep in {} is already running (pid {pid}); wait for it or stop it first",
+                    dir.display()
+                )));
+            }
+        }
+        fs::write(&path, std::process::id().to_string())
+            .map_err(|e| Error::io(format!("writing {}", path.display()), e))?;
+        Ok(Lock(path))
+    }
+}
+
+impl Drop for Lock {
+    fn drop(&mut self) {
+        // A stale lock names a dead process and is taken over next time.
+        let _ = fs::remove_file(&self.0);
+    }
+}
+
+struct Running {
+    planned: Planned,
+    child: Child,
+    /// The GPUs this trial holds (CUDA trials get whole devices).
+    gpus: Vec<usize>,
+}
+
+/// GPUs a trial needs: its device count on CUDA, none on the CPU.
+fn gpus_needed(c: &Config) -> usize {
+    match c.backend.device {
+        crate::config::Device::Cuda => c.strategy.devices.count(),
+        crate::config::Device::Cpu => 0,
+    }
+}
+
+/// GPUs on this machine (0 without the `cuda` feature or a driver).
+fn gpu_count() -> usize {
+    #[cfg(feature = "cuda")]
+    {
+        crate::cuda::device_count().unwrap_or(0)
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        0
+    }
+}
+
+fn ledger_io(e: std::io::Error) -> Error {
+    Error::io("writing sweep.jsonl", e)
+}
+
+fn record(p: &Planned, state: TrialState) -> Record {
+    Record {
+        trial: p.id.clone(),
+        index: p.trial.index,
+        overrides: p
+            .trial
+            .overrides
+            .iter()
+            .map(|(k, v)| (k.clone(), v.to_string()))
+            .collect(),
+        state,
+        exit: None,
+        metric: None,
+        error: None,
+        time: now(),
+    }
+}
+
+fn spawn(
+    spec: &SweepSpec,
+    p: &Planned,
+    run_dir: &Path,
+    log: &Path,
+    threads: usize,
+    gpus: &[usize],
+) -> Result<Child> {
+    let exe = std::env::current_exe().map_err(|e| Error::io("finding the kiln executable", e))?;
+    let threads = format!("backend.threads={threads}");
+    let mut cmd = Command::new(exe);
+    if run_dir.join("config.toml").is_file() {
+        // interrupted or failed before: continue from its newest verified checkpoint
+        cmd.args([
+            "resume",
+            &run_dir.display().to_string(),
+            "--quiet",
+            "--set",
+            &threads,
+        ]);
+    } else {
+        if run_dir.exists() {
+            fs::remove_dir_all(run_dir)
+                .map_err(|e| Error::io(format!("clearing {}", run_dir.display()), e))?;
+        }
+        cmd.args([
+            "run",
+            &spec.file.display().to_string(),
+            "--quiet",
+            "--run-dir",
+            &run_dir.display().to_string(),
+        ]);
+        for s in spec.sets.iter().cloned().chain(p.trial.set_args()) {
+            cmd.args(["--set", &s]);
+        }
+        cmd.args(["--set", &threads]);
+    }
+    let out = File::options()
+        .create(true)
+        .append(true)
+        .open(log)
+        .map_err(|e| Error::io(format!("opening {}", log.display()), e))?;
+    let err = out
+        .try_clone()
+        .map_err(|e| Error::io(format!("opening {}", log.display()), e))?;
+    if !gpus.is_empty() {
+        // whole devices per trial: the trial sees only its GPUs, renumbered from 0
+        let list: Vec<String> = gpus.iter().map(|g| g.to_string()).collect();
+        cmd.env("CUDA_VISIBLE_DEVICES", list.join(","));
+    }
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::from(out))
+        .stderr(Stdio::from(err));
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::unix::process::CommandExt;
+        // SAFETY: prctl is async-signal-safe; the child dies with the sweep, so a killed sweep
+        // leaves no trial running behind the next one.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+    }
+    cmd.spawn().map_err(|e| Error::io("starting a trial", e))
+}
+
+/// Why a trial failed, from its summary or its log.
+fn failure_reason(run_dir: &Path, log: &Path, code: Option<i32>) -> String {
+    let from_summary = fs::read_to_string(run_dir.join("summary.json"))
+        .ok()
+        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+        .and_then(|v| {
+            v["error"]
+                .as_str()
+                .map(|s| s.lines().next().unwrap_or("").to_string())
+        });
+    from_summary
+        .or_else(|| {
+            fs::read_to_string(log).ok().and_then(|t| {
+                t.lines()
+                    .rev()
+                    .find(|l| l.starts_with("error:"))
+                    .map(|l| l.trim_start_matches("error: ").to_string())
+            })
+        })
+        .unwrap_or_else(|| match code {
+            Some(c) => format!("exit status {c}"),
+            None => "killed by a signal".into(),
+        })
+}
+
+fn last_progress(run_dir: &Path) -> Option<String> {
+    let text = fs::read_to_string(run_dir.join("metrics.jsonl")).ok()?;
+    let v: serde_json::Value = serde_json::from_str(text.lines().last()?).ok()?;
+    Some(format!(
+        "step {} loss {:.4}",
+        v["step"],
+        v["loss"].as_f64()?
+    ))
+}
+
+/// The rows of every trial the ledger knows, sorted.
+fn rows(dir: &Path, ledger: &Ledger, s: &SweepConfig) -> Vec<Row> {
+    let mut rows: Vec<Row> = ledger
+        .latest()
+        .values()
+        .map(|r| row(r, &dir.join(&r.trial), &s.metric, s.mode))
+        .collect();
+    sort(&mut rows, s.mode);
+    rows
+}
+
+fn write_results(dir: &Path, rows: &[Row], metric: &str) -> Result<()> {
+    for (name, text) in [
+        ("results.csv", to_csv(rows, metric)),
+        ("results.md", to_markdown(rows, metric)),
+    ] {
+        let p = dir.join(name);
+        let tmp = dir.join(format!("{name}.tmp"));
+        fs::write(&tmp, text).map_err(|e| Error::io(format!("writing {}", tmp.display()), e))?;
+        fs::rename(&tmp, &p).map_err(|e| Error::io(format!("writing {}", p.display()), e))?;
+    }
+    Ok(())
+}
+
+/// Runs (or continues) a sweep. Returns the results table.
+pub fn run(spec: &SweepSpec, parallel: Option<usize>, quiet: bool) -> Result<String> {
+    let env: Vec<(String, String)> = std::env::vars().collect();
+    let (base, planned) = plan(spec, &env)?;
+    let s = &base.sweep;
+    let parallel = parallel.unwrap_or(s.parallel).max(1);
+    let dir = sweep_dir(&base);
+    fs::create_dir_all(dir.join("logs"))
+        .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
+    let _lock = Lock::take(&dir)?;
+    let spec_abs = SweepSpec {
+        file: spec
+            .file
+            .canonicalize()
+            .unwrap_or_else(|_| spec.file.clone()),
+        sets: spec.sets.clone(),
+    };
+    crate::cli::write_json(&dir.join("sweep.json"), &spec_abs)?;
+    let ledger = Ledger {
+        path: dir.join("sweep.jsonl"),
+    };
+    let latest = ledger.latest();
+    let mut failures = ledger.failures();
+    for p in &planned {
+        if !latest.contains_key(&p.id) {
+            ledger
+                .append(&record(p, TrialState::Pending))
+                .map_err(ledger_io)?;
+        }
+    }
+    let mut queue: Vec<Planned> = planned
+        .iter()
+        .filter(|p| match latest.get(&p.id).map(|r| r.state) {
+            Some(TrialState::Done) => false,
+            Some(TrialState::Failed) => failures.get(&p.id).copied().unwrap_or(0) <= s.retries,
+            _ => true,
+        })
+        .cloned()
+        .collect();
+    queue.reverse(); // pop from the back in trial order
+    let total = planned.len();
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
+    let mut ui = SweepProgress::new(total, total - queue.len(), quiet);
+    if queue.is_empty() {
+        ui.info(&format!(
+            "all {total} trials of {} are done; nothing to run",
+            dir.display()
+        ));
+    }
+    let mut running: Vec<Running> = Vec::new();
+    let mut free_gpus: Vec<usize> = if planned.iter().any(|p| gpus_needed(&p.config) > 0) {
+        (0..gpu_count()).collect()
+    } else {
+        Vec::new()
+    };
+    while !queue.is_empty() || !running.is_empty() {
+        while running.len() < parallel {
+            let Some(p) = queue.pop() else { break };
+            let need = gpus_needed(&p.config);
+            if need > free_gpus.len() {
+                if running.is_empty() {
+                    return Err(Error::Usage(format!(
+                        "sweep trial {} ({}) needs {need} GPU(s) but {} are free on this machine",
+                        p.trial.index,
+                        p.trial.describe(),
+                        free_gpus.len()
+                    )));
+                }
+                // wait for a running trial to give its GPUs back
+                queue.push(p);
+                break;
+            }
+            let gpus: Vec<usize> = free_gpus.drain(..need).collect();
+            let run_dir = dir.join(&p.id);
+            let log = dir.join("logs").join(format!("{}.log", p.id));
+            let threads = (cores / parallel / p.config.strategy.devices.count().max(1)).max(1);
+            ledger
+                .append(&record(&p, TrialState::Running))
+                .map_err(ledger_io)?;
+            let child = spawn(&spec_abs, &p, &run_dir, &log, threads, &gpus)?;
+            ui.started(&p.id, &p.trial.describe());
+            running.push(Running {
+                planned: p,
+                child,
+                gpus,
+            });
+        }
+        std::thread::sleep(Duration::from_millis(50));
+        let mut i = 0;
+        while i < running.len() {
+            let id = running[i].planned.id.clone();
+            let status = running[i]
+                .child
+                .try_wait()
+                .map_err(|e| Error::io("waiting for a trial", e))?;
+            let Some(status) = status else {
+                if let Some(msg) = last_progress(&dir.join(&id)) {
+                    ui.update(&id, &msg);
+                }
+                i += 1;
+                continue;
+            };
+            let done = running.swap_remove(i);
+            free_gpus.extend(&done.gpus);
+            free_gpus.sort_unstable();
+            let p = done.planned;
+            let run_dir = dir.join(&p.id);
+            let mut rec = record(&p, TrialState::Done);
+            rec.exit = status.code();
+            let summary: Option<serde_json::Value> =
+                fs::read_to_string(run_dir.join("summary.json"))
+                    .ok()
+                    .and_then(|t| serde_json::from_str(&t).ok());
+            rec.metric = summary.as_ref().and_then(|v| v[s.metric.as_str()].as_f64());
+            if !status.success() {
+                rec.state = TrialState::Failed;
+                rec.error = Some(failure_reason(
+                    &run_dir,
+                    &dir.join("logs").join(format!("{}.log", p.id)),
+                    status.code(),
+                ));
+                let n = failures.entry(p.id.clone()).or_insert(0);
+                *n += 1;
+                if *n <= s.retries {
+                    queue.insert(0, p.clone());
+                }
+            }
+            ledger.append(&rec).map_err(ledger_io)?;
+            ui.finished(
+                &p.id,
+                rec.state == TrialState::Done,
+                &rec.error.clone().unwrap_or_default(),
+            );
+        }
+    }
+    ui.finish();
+    let rows = rows(&dir, &ledger, s);
+    write_results(&dir, &rows, &s.metric)?;
+    let table = to_text(&rows, &s.metric);
+    let failed = rows
+        .iter()
+        .filter(|r| r.status == TrialState::Failed)
+        .count();
+    println!("{table}");
+    println!("sweep dir: {}", dir.display());
+    if failed > 0 {
+        return Err(Error::Invalid(format!(
+            "{failed} of {total} trials failed; see the error column and {}/logs/",
+            dir.display()
+        )));
+    }
+    Ok(table)
+}
+
+/// The spec a sweep directory was started with.
+pub fn read_spec(dir: &Path) -> Result<SweepSpec> {
+    let p = dir.join("sweep.json");
+    let text = fs::read_to_string(&p).map_err(|_| {
+        Error::Usage(format!(
+            "`{}` is not a sweep directory (no sweep.json)",
+            dir.display()
+        ))
+    })?;
+    serde_json::from_str(&text)
+        .map_err(|e| Error::Usage(format!("{} does not parse: {e}", p.display())))
+}
+
+/// The results table of a sweep directory, while it runs or afterwards.
+pub fn status(dir: &Path) -> Result<String> {
+    let spec = read_spec(dir)?;
+    let env: Vec<(String, String)> = std::env::vars().collect();
+    let base = config::load(&spec.file, &env, &spec.sets)?;
+    let ledger = Ledger {
+        path: dir.join("sweep.jsonl"),
+    };
+    let rows = rows(dir, &ledger, &base.config.sweep);
+    let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
+    for r in &rows {
+        *counts
+            .entry(match r.status {
+                TrialState::Done => "done",
+                TrialState::Failed => "failed",
+                TrialState::Running => "running",
+                TrialState::Pending => "pending",
+            })
+            .or_insert(0) += 1;
+    }
+    let summary: Vec<String> = counts.iter().map(|(k, v)| format!("{v} {k}")).collect();
+    Ok(format!(
+        "{}\n{} trials: {}\n",
+        to_text(&rows, &base.config.sweep.metric),
+        rows.len(),
+        summary.join(", ")
+    ))
+}
