@@ -67,6 +67,14 @@ impl Shared {
         // replaced whole. Keep going so the other ranks can report it.
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
+
+    /// Waits for a change of the state, at most `timeout`.
+    fn wait<'a>(&self, st: MutexGuard<'a, State>, timeout: Duration) -> MutexGuard<'a, State> {
+        self.cv
+            .wait_timeout(st, timeout)
+            .map(|r| r.0)
+            .unwrap_or_else(|p| p.into_inner().0)
+    }
 }
 
 /// Creates the ranks of one in-process group.
@@ -172,17 +180,13 @@ impl LocalRank {
                 let e = self.timeout_error(&st, op, |_| false);
                 return Err(e);
             }
-            st = sh
-                .cv
-                .wait_timeout(st, deadline - now)
-                .map(|r| r.0)
-                .unwrap_or_else(|p| p.into_inner().0);
+            st = sh.wait(st, deadline - now);
         }
         if let Some(e) = self.aborted(&st, op) {
             return Err(e);
         }
         for (other, slot) in st.slots.iter().enumerate() {
-            if let Some((other_op, other_payload)) = slot {
+            if let Some((other_op, _)) = slot {
                 if *other_op != op {
                     return Err(CollectiveError::Mismatch {
                         rank: self.rank,
@@ -191,7 +195,6 @@ impl LocalRank {
                         other_op: *other_op,
                     });
                 }
-                let _ = other_payload;
             }
         }
         st.slots[self.rank] = Some((op, payload));
@@ -224,11 +227,7 @@ impl LocalRank {
                     st.arrived -= 1;
                     return Err(e);
                 }
-                st = sh
-                    .cv
-                    .wait_timeout(st, deadline - now)
-                    .map(|r| r.0)
-                    .unwrap_or_else(|p| p.into_inner().0);
+                st = sh.wait(st, deadline - now);
             }
         }
         let res = st.result.clone().unwrap_or_default();
