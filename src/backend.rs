@@ -11,6 +11,7 @@ use std::path::Path;
 use burn::backend::{Autodiff, Flex, NdArray};
 use burn::tensor::backend::AutodiffBackend;
 
+use crate::collective::RawFn;
 use crate::config::{CollectiveKind, Config, CpuBackend, Device, Precision};
 use crate::launch::{self, RunResult};
 use crate::train::{TrainError, TrainEvent, TrainInput};
@@ -157,6 +158,11 @@ pub fn place_on_gpus(c: &Config, world: usize, gpus: usize) -> Result<Placement,
 /// Backends kiln runs on, with the device of a rank.
 pub trait RankBackend: AutodiffBackend {
     fn rank_device(ordinal: usize) -> Self::Device;
+    /// How to reach the device address of a flat tensor, for backends whose buffers a device
+    /// collective can use (CUDA); `None` keeps gradients on the host.
+    fn raw_fn() -> Option<RawFn<Self::InnerBackend>> {
+        None
+    }
 }
 
 impl RankBackend for Autodiff<NdArray> {
@@ -179,19 +185,30 @@ mod cuda_backends {
 
     use super::RankBackend;
 
+    use crate::collective::RawFn;
+
     impl RankBackend for Autodiff<Cuda<f32>> {
         fn rank_device(ordinal: usize) -> Self::Device {
             CudaDevice::new(ordinal)
+        }
+        fn raw_fn() -> Option<RawFn<Self::InnerBackend>> {
+            Some(crate::cuda::raw_buf::<f32>)
         }
     }
     impl RankBackend for Autodiff<Cuda<bf16>> {
         fn rank_device(ordinal: usize) -> Self::Device {
             CudaDevice::new(ordinal)
         }
+        fn raw_fn() -> Option<RawFn<Self::InnerBackend>> {
+            Some(crate::cuda::raw_buf::<bf16>)
+        }
     }
     impl RankBackend for Autodiff<Cuda<f16>> {
         fn rank_device(ordinal: usize) -> Self::Device {
             CudaDevice::new(ordinal)
+        }
+        fn raw_fn() -> Option<RawFn<Self::InnerBackend>> {
+            Some(crate::cuda::raw_buf::<f16>)
         }
     }
 }

@@ -227,3 +227,41 @@ mod tests {
         assert_eq!(find_nccl_in(&dirs), Some(over.join("libnccl.so")));
     }
 }
+
+/// The device address of a flat CUDA tensor (`RawFn` for `Cuda<F>`): resolves Burn's fusion
+/// layer to the cubecl buffer, takes its pointer through cubecl's `get_resource`, and waits until
+/// cubecl's stream has finished every write to it (the stream is private to cubecl, so the
+/// collective runs on its own stream and synchronises before returning).
+pub fn raw_buf<F: burn_cubecl::FloatElement>(
+    t: &burn::tensor::Tensor<burn::backend::Cuda<F>, 1>,
+) -> Result<(crate::collective::RawBuf, Box<dyn std::any::Any>), String> {
+    use crate::collective::{DevDType, RawBuf};
+    use burn::tensor::backend::Backend;
+    use burn::tensor::DType;
+
+    type Inner<F> = burn_cubecl::CubeBackend<burn_cubecl::cubecl::cuda::CudaRuntime, F, i32, u8>;
+    let len = t.dims()[0];
+    let device = t.device();
+    let fusion = t.clone().into_primitive().tensor();
+    let cube = fusion
+        .client
+        .clone()
+        .resolve_tensor_float::<Inner<F>>(fusion);
+    if !cube.is_contiguous() {
+        return Err("the gradient buffer is not contiguous".into());
+    }
+    let dtype = match cube.dtype {
+        DType::F32 => DevDType::F32,
+        DType::F16 => DevDType::F16,
+        DType::BF16 => DevDType::Bf16,
+        other => return Err(format!("no NCCL type for {other:?}")),
+    };
+    let resource = cube
+        .client
+        .get_resource(cube.handle.clone())
+        .map_err(|e| format!("cubecl get_resource: {e:?}"))?;
+    let ptr = resource.resource().ptr;
+    <burn::backend::Cuda<F> as Backend>::sync(&device)
+        .map_err(|e| format!("synchronising the CUDA stream: {e:?}"))?;
+    Ok((RawBuf { ptr, len, dtype }, Box::new((resource, cube))))
+}

@@ -74,6 +74,13 @@ pub enum CollectiveError {
         other: usize,
         other_len: usize,
     },
+    /// The device (GPU, NCCL) failed under an op.
+    #[error("rank {rank}: {op} failed on the device: {reason}")]
+    Device {
+        rank: usize,
+        op: OpId,
+        reason: String,
+    },
     /// Another rank failed; this one stops too.
     #[error("rank {rank} stopped in {op}: {reason}")]
     Aborted {
@@ -111,4 +118,8 @@ pub trait Collective: Send {
     fn barrier(&mut self) -> Result<(), CollectiveError>;
     /// Tells every other rank to stop: their pending and future ops fail with `Aborted`.
     fn abort(&self, reason: &str);
+    /// Ops on device buffers, when this collective can run them there (NCCL).
+    fn device_ops(&mut self) -> Option<&mut dyn super::DeviceOps> {
+        None
+    }
 }

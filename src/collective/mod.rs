@@ -3,6 +3,7 @@
 //! name, so a hang becomes an error that says which rank never arrived and where it was last seen.
 
 mod api;
+mod device;
 mod local;
 #[cfg(feature = "cuda")]
 pub mod nccl;
@@ -10,4 +11,7 @@ pub mod node;
 pub mod tcp;
 
 pub use api::*;
+#[cfg(test)]
+pub(crate) use device::emulated;
+pub use device::{DevDType, DeviceFlat, DeviceOps, DeviceTensor, Grads, RawBuf, RawFn};
 pub use local::{LocalGroup, LocalRank};

@@ -1,49 +1,130 @@
 //! The `Collective` trait over NCCL (cudarc, feature `cuda`): one communicator per rank thread,
-//! all created from one unique id. kiln keeps parameters and gradients in flat host buffers (see
-//! the design notes in CHANGELOG.md), so each op copies its buffer to the rank's GPU, runs the
-//! NCCL collective there, and copies the result back on the same stream.
+//! all created from one unique id.
 //!
-//! Limits: NCCL ops have no timeout of their own, and `abort` cannot reach a rank blocked inside
-//! NCCL; a hung NCCL rank is reported by the other ranks' host-side collectives only.
+//! Gradients are reduced where the backward pass left them: `DeviceOps` runs NCCL on the device
+//! buffers of Burn tensors (addresses from cubecl's `get_resource`, see `cuda::raw_buf`). What
+//! lives on the host by design (parameters, the shards of fsdp, losses and norms) goes through
+//! the host-buffer ops, which copy to the GPU, run NCCL there and copy back.
+//!
+//! NCCL ops are asynchronous: after enqueueing one, the rank polls its completion, the shared
+//! abort flag (set by any rank of this process that fails) and NCCL's asynchronous error. When
+//! the op does not finish within `strategy.timeout_secs`, or another rank aborted, the rank
+//! aborts its communicator (`ncclCommAbort`, which also releases peers blocked in the op) and
+//! returns an error naming the op. This is what PyTorch's NCCL watchdog does.
 
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
 
-use cudarc::driver::{CudaContext, CudaStream, DeviceRepr, ValidAsZeroBits};
-use cudarc::nccl::safe::NcclType;
-use cudarc::nccl::safe::{Comm, ReduceOp as NcclOp};
+use cudarc::driver::{CudaContext, CudaStream, DevicePtr, DeviceRepr, ValidAsZeroBits};
+use cudarc::nccl::result as nccl;
+use cudarc::nccl::sys;
 
 pub use cudarc::nccl::safe::Id;
 
-use super::{Collective, CollectiveError, OpId, OpKind, ReduceOp};
+use super::{Collective, CollectiveError, DevDType, DeviceOps, OpId, OpKind, RawBuf, ReduceOp};
 
-fn backend_error(rank: usize, op: OpId, message: String) -> CollectiveError {
-    CollectiveError::Aborted {
+fn device_error(rank: usize, op: OpId, message: String) -> CollectiveError {
+    CollectiveError::Device {
         rank,
         op,
-        reason: format!("NCCL failed: {message}"),
+        reason: format!("NCCL: {message}"),
     }
 }
 
+const SETUP: OpId = OpId {
+    seq: 0,
+    kind: OpKind::Barrier,
+};
+
 /// A unique id for one group of communicators (created once, shared by every rank).
 pub fn new_id() -> Result<Id, CollectiveError> {
-    let op = OpId {
-        seq: 0,
-        kind: OpKind::Barrier,
-    };
     if !crate::cuda::nccl_loadable() {
-        return Err(backend_error(0, op, crate::cuda::nccl_hint()));
+        return Err(device_error(0, SETUP, crate::cuda::nccl_hint()));
     }
-    Id::new().map_err(|e| backend_error(0, op, format!("ncclGetUniqueId: {e:?}")))
+    Id::new().map_err(|e| device_error(0, SETUP, format!("ncclGetUniqueId: {e:?}")))
+}
+
+/// What the ranks of one process share: the first failure (every other rank stops at its next
+/// poll) and a count of ranks ready to create their communicator.
+#[derive(Default)]
+pub struct Shared {
+    aborted: Mutex<Option<String>>,
+    ready: AtomicUsize,
+    ready_cv: Condvar,
+    ready_lock: Mutex<()>,
+}
+
+impl Shared {
+    pub fn new() -> Arc<Self> {
+        Arc::new(Shared::default())
+    }
+    fn reason(&self) -> Option<String> {
+        self.aborted.lock().ok().and_then(|g| g.clone())
+    }
+    fn set(&self, reason: &str) {
+        if let Ok(mut g) = self.aborted.lock() {
+            g.get_or_insert_with(|| reason.to_string());
+        }
+        self.ready_cv.notify_all();
+    }
+}
+
+/// An owned communicator; aborted (never waited on) when dropped.
+struct RawComm(sys::ncclComm_t);
+
+impl RawComm {
+    fn abort(&mut self) {
+        if !self.0.is_null() {
+            // SAFETY: a communicator created by ncclCommInitRank, aborted at most once.
+            let _ = unsafe { nccl::comm_abort(self.0) };
+            self.0 = std::ptr::null_mut();
+        }
+    }
+}
+
+impl Drop for RawComm {
+    fn drop(&mut self) {
+        self.abort();
+    }
+}
+
+fn nccl_dtype(d: DevDType) -> sys::ncclDataType_t {
+    match d {
+        DevDType::F32 => sys::ncclDataType_t::ncclFloat32,
+        DevDType::F16 => sys::ncclDataType_t::ncclFloat16,
+        DevDType::Bf16 => sys::ncclDataType_t::ncclBfloat16,
+    }
+}
+
+fn nccl_op(op: ReduceOp) -> sys::ncclRedOp_t {
+    match op {
+        ReduceOp::Sum => sys::ncclRedOp_t::ncclSum,
+        ReduceOp::Mean => sys::ncclRedOp_t::ncclAvg,
+    }
+}
+
+/// Host element types the staged ops move.
+trait HostElem: DeviceRepr + ValidAsZeroBits + Copy + Default {
+    const NCCL: sys::ncclDataType_t;
+}
+impl HostElem for f32 {
+    const NCCL: sys::ncclDataType_t = sys::ncclDataType_t::ncclFloat32;
+}
+impl HostElem for f64 {
+    const NCCL: sys::ncclDataType_t = sys::ncclDataType_t::ncclFloat64;
 }
 
 /// One rank's NCCL communicator and its stream.
 pub struct NcclRank {
-    comm: Comm,
+    comm: RawComm,
+    ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
+    shared: Arc<Shared>,
     rank: usize,
     world: usize,
     seq: u64,
+    timeout: Duration,
 }
 
 // SAFETY: an NCCL communicator may be used from any thread as long as it is not used by two at
@@ -51,31 +132,98 @@ pub struct NcclRank {
 unsafe impl Send for NcclRank {}
 
 impl NcclRank {
-    /// Joins the group `id` as `rank` of `world` on GPU `ordinal` (blocks until every rank joins).
+    /// Joins the group `id` as `rank` of `world` on GPU `ordinal`. `local` ranks of this process
+    /// share `shared`: they wait for each other before creating communicators (NCCL's init
+    /// blocks until every rank joins, so a rank that failed before must stop the others here).
     pub fn connect(
         id: Id,
         rank: usize,
         world: usize,
         ordinal: usize,
-        _timeout: Duration,
+        local: usize,
+        shared: Arc<Shared>,
+        timeout: Duration,
     ) -> Result<Self, CollectiveError> {
-        let op = OpId {
-            seq: 0,
-            kind: OpKind::Barrier,
+        let prepared = CudaContext::new(ordinal)
+            .map_err(|e| format!("GPU {ordinal}: {e:?}"))
+            .and_then(|ctx| {
+                let stream = ctx.new_stream().map_err(|e| format!("stream: {e:?}"))?;
+                Ok((ctx, stream))
+            });
+        let (ctx, stream) = match prepared {
+            Ok(p) => p,
+            Err(e) => {
+                shared.set(&format!("rank {rank} could not start on GPU {ordinal}"));
+                return Err(device_error(rank, SETUP, e));
+            }
         };
-        let ctx = CudaContext::new(ordinal)
-            .map_err(|e| backend_error(rank, op, format!("GPU {ordinal}: {e:?}")))?;
-        let stream = ctx
-            .new_stream()
-            .map_err(|e| backend_error(rank, op, format!("stream: {e:?}")))?;
-        let comm = Comm::from_rank(stream.clone(), rank, world, id)
-            .map_err(|e| backend_error(rank, op, format!("ncclCommInitRank: {e:?}")))?;
+        // every rank of this process ready, or one failed, or the timeout
+        shared.ready.fetch_add(1, Ordering::SeqCst);
+        shared.ready_cv.notify_all();
+        let start = Instant::now();
+        let mut guard = shared
+            .ready_lock
+            .lock()
+            .map_err(|_| device_error(rank, SETUP, "a rank panicked while connecting".into()))?;
+        while shared.ready.load(Ordering::SeqCst) < local {
+            if let Some(reason) = shared.reason() {
+                return Err(CollectiveError::Aborted {
+                    rank,
+                    op: SETUP,
+                    reason,
+                });
+            }
+            let left = timeout.saturating_sub(start.elapsed());
+            if left.is_zero() {
+                return Err(device_error(
+                    rank,
+                    SETUP,
+                    format!(
+                        "not every local rank reached NCCL setup within {}s",
+                        timeout.as_secs()
+                    ),
+                ));
+            }
+            guard = match shared
+                .ready_cv
+                .wait_timeout(guard, left.min(Duration::from_millis(100)))
+            {
+                Ok((g, _)) => g,
+                Err(_) => {
+                    return Err(device_error(
+                        rank,
+                        SETUP,
+                        "a rank panicked while connecting".into(),
+                    ))
+                }
+            };
+        }
+        drop(guard);
+        ctx.bind_to_thread()
+            .map_err(|e| device_error(rank, SETUP, format!("GPU {ordinal}: {e:?}")))?;
+        let mut comm = std::mem::MaybeUninit::uninit();
+        let raw_id = sys::ncclUniqueId {
+            internal: *id.internal(),
+        };
+        // SAFETY: `comm` is a valid out-pointer; rank < world; the id is shared by all ranks.
+        let comm = unsafe {
+            nccl::comm_init_rank(comm.as_mut_ptr(), world as i32, raw_id, rank as i32).map_err(
+                |e| {
+                    shared.set(&format!("rank {rank}: ncclCommInitRank failed"));
+                    device_error(rank, SETUP, format!("ncclCommInitRank: {e:?}"))
+                },
+            )?;
+            comm.assume_init()
+        };
         Ok(NcclRank {
-            comm,
+            comm: RawComm(comm),
+            ctx,
             stream,
+            shared,
             rank,
             world,
             seq: 0,
+            timeout,
         })
     }
 
@@ -88,63 +236,164 @@ impl NcclRank {
         op
     }
 
-    /// Copies `send` to the GPU, runs `f(comm, device send, device recv)`, copies `recv` back.
-    fn staged<T: DeviceRepr + ValidAsZeroBits + NcclType + Copy + Zero>(
+    /// Stops this rank's communicator and tells the other local ranks.
+    fn fail(&mut self, reason: &str) {
+        self.shared.set(reason);
+        self.comm.abort();
+    }
+
+    /// Enqueues `f` on this rank's stream, then waits for it: done, aborted, failed or timed out.
+    fn run(
+        &mut self,
+        kind: OpKind,
+        f: impl FnOnce(sys::ncclComm_t, sys::cudaStream_t) -> Result<(), String>,
+    ) -> Result<OpId, CollectiveError> {
+        let op = self.next(kind);
+        let rank = self.rank;
+        if let Some(reason) = self.shared.reason() {
+            return Err(CollectiveError::Aborted { rank, op, reason });
+        }
+        if self.comm.0.is_null() {
+            return Err(device_error(
+                rank,
+                op,
+                "the communicator was aborted".into(),
+            ));
+        }
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| device_error(rank, op, format!("{e:?}")))?;
+        if let Err(e) = f(self.comm.0, self.stream.cu_stream() as _) {
+            self.fail(&format!("rank {rank} failed in {op}"));
+            return Err(device_error(rank, op, e));
+        }
+        let event = self
+            .stream
+            .record_event(None)
+            .map_err(|e| device_error(rank, op, format!("cuEventRecord: {e:?}")))?;
+        let start = Instant::now();
+        let mut polls = 0u32;
+        loop {
+            match event.try_is_complete() {
+                Ok(true) => return Ok(op),
+                Ok(false) => {}
+                Err(e) => {
+                    self.fail(&format!("rank {rank} failed in {op}"));
+                    return Err(device_error(rank, op, format!("{e:?}")));
+                }
+            }
+            if let Some(reason) = self.shared.reason() {
+                self.comm.abort();
+                return Err(CollectiveError::Aborted { rank, op, reason });
+            }
+            let mut async_err = sys::ncclResult_t::ncclSuccess;
+            // SAFETY: a live communicator and a valid out-pointer.
+            unsafe { sys::ncclCommGetAsyncError(self.comm.0, &mut async_err) };
+            if !matches!(
+                async_err,
+                sys::ncclResult_t::ncclSuccess | sys::ncclResult_t::ncclInProgress
+            ) {
+                self.fail(&format!("rank {rank}: NCCL reported {async_err:?} in {op}"));
+                return Err(device_error(
+                    rank,
+                    op,
+                    format!("asynchronous error {async_err:?}"),
+                ));
+            }
+            if start.elapsed() > self.timeout {
+                let secs = self.timeout.as_secs();
+                self.fail(&format!("rank {rank} timed out in {op}"));
+                return Err(CollectiveError::Timeout {
+                    rank,
+                    op,
+                    secs,
+                    missing: vec![format!(
+                        "{op} did not complete on the GPU (another rank is stuck, crashed, or is in a different op)"
+                    )],
+                });
+            }
+            polls += 1;
+            if polls < 1000 {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(Duration::from_micros(50));
+            }
+        }
+    }
+
+    /// Copies `send` to the GPU, runs `f(send ptr, recv ptr)`, copies `recv` back.
+    fn staged<T: HostElem>(
         &mut self,
         kind: OpKind,
         send: &[T],
         recv: &mut [T],
         f: impl FnOnce(
-            &Comm,
-            &cudarc::driver::CudaSlice<T>,
-            &mut cudarc::driver::CudaSlice<T>,
+            *const std::ffi::c_void,
+            *mut std::ffi::c_void,
+            sys::ncclComm_t,
+            sys::cudaStream_t,
         ) -> Result<(), String>,
     ) -> Result<(), CollectiveError> {
-        let op = self.next(kind);
         let rank = self.rank;
-        let err = |m: String| backend_error(rank, op, m);
-        let d_send = self
-            .stream
+        let at = OpId {
+            seq: self.seq,
+            kind,
+        };
+        let err = |m: String| device_error(rank, at, m);
+        let stream = self.stream.clone();
+        let d_send = stream
             .clone_htod(send)
             .map_err(|e| err(format!("copy to GPU: {e:?}")))?;
-        let mut d_recv = self
-            .stream
+        let d_recv = stream
             .alloc_zeros::<T>(recv.len().max(1))
             .map_err(|e| err(format!("alloc: {e:?}")))?;
-        f(&self.comm, &d_send, &mut d_recv).map_err(&err)?;
-        let mut host = vec![T::default_zero(); recv.len().max(1)];
-        self.stream
+        {
+            let (s, _s_sync) = d_send.device_ptr(&stream);
+            let (r, _r_sync) = d_recv.device_ptr(&stream);
+            self.run(kind, |comm, st| f(s as *const _, r as *mut _, comm, st))?;
+        }
+        let mut host = vec![T::default(); recv.len().max(1)];
+        stream
             .memcpy_dtoh(&d_recv, host.as_mut_slice())
             .map_err(|e| err(format!("copy from GPU: {e:?}")))?;
-        self.stream
+        stream
             .synchronize()
             .map_err(|e| err(format!("synchronize: {e:?}")))?;
         recv.copy_from_slice(&host[..recv.len()]);
         Ok(())
     }
+
+    fn all_reduce_host<T: HostElem>(
+        &mut self,
+        buf: &mut [T],
+        op: ReduceOp,
+    ) -> Result<(), CollectiveError> {
+        let send = buf.to_vec();
+        let n = send.len();
+        self.staged(OpKind::AllReduce, &send, buf, |s, r, comm, st| unsafe {
+            nccl::all_reduce(s, r, n, T::NCCL, nccl_op(op), comm, st)
+                .map(|_| ())
+                .map_err(|e| format!("ncclAllReduce: {e:?}"))
+        })
+    }
+
+    fn all_gather_host<T: HostElem>(
+        &mut self,
+        send: &[T],
+        out: &mut [T],
+    ) -> Result<(), CollectiveError> {
+        let n = send.len();
+        self.staged(OpKind::AllGather, send, out, |s, r, comm, st| unsafe {
+            nccl::all_gather(s, r, n, T::NCCL, comm, st)
+                .map(|_| ())
+                .map_err(|e| format!("ncclAllGather: {e:?}"))
+        })
+    }
 }
 
-/// Zero of a staged element type.
-trait Zero {
-    fn default_zero() -> Self;
-}
-impl Zero for f32 {
-    fn default_zero() -> Self {
-        0.0
-    }
-}
-impl Zero for f64 {
-    fn default_zero() -> Self {
-        0.0
-    }
-}
-
-fn nccl_op(op: ReduceOp) -> NcclOp {
-    match op {
-        ReduceOp::Sum => NcclOp::Sum,
-        ReduceOp::Mean => NcclOp::Avg,
-    }
-}
+// SAFETY (every `unsafe` block below and in the staged ops): the pointers are live device
+// buffers of at least the counts given (checked by the callers' lengths), the communicator is
+// live, and the stream belongs to this rank's context.
 
 impl Collective for NcclRank {
     fn rank(&self) -> usize {
@@ -156,21 +405,11 @@ impl Collective for NcclRank {
     }
 
     fn all_reduce(&mut self, buf: &mut [f32], op: ReduceOp) -> Result<(), CollectiveError> {
-        let send = buf.to_vec();
-        self.staged(OpKind::AllReduce, &send, buf, |c, s, r| {
-            c.all_reduce(s, r, &nccl_op(op))
-                .map(|_| ())
-                .map_err(|e| format!("ncclAllReduce: {e:?}"))
-        })
+        self.all_reduce_host(buf, op)
     }
 
     fn all_reduce_f64(&mut self, buf: &mut [f64], op: ReduceOp) -> Result<(), CollectiveError> {
-        let send = buf.to_vec();
-        self.staged(OpKind::AllReduce, &send, buf, |c, s, r| {
-            c.all_reduce(s, r, &nccl_op(op))
-                .map(|_| ())
-                .map_err(|e| format!("ncclAllReduce: {e:?}"))
-        })
+        self.all_reduce_host(buf, op)
     }
 
     fn reduce(
@@ -181,8 +420,9 @@ impl Collective for NcclRank {
     ) -> Result<(), CollectiveError> {
         let send = buf.to_vec();
         let mut out = buf.to_vec();
-        self.staged(OpKind::Reduce, &send, &mut out, |c, s, r| {
-            c.reduce(s, Some(r), &nccl_op(op), root as i32)
+        let n = send.len();
+        self.staged(OpKind::Reduce, &send, &mut out, |s, r, comm, st| unsafe {
+            nccl::reduce(s, r, n, f32::NCCL, nccl_op(op), root as i32, comm, st)
                 .map(|_| ())
                 .map_err(|e| format!("ncclReduce: {e:?}"))
         })?;
@@ -194,27 +434,20 @@ impl Collective for NcclRank {
 
     fn broadcast(&mut self, buf: &mut [f32], root: usize) -> Result<(), CollectiveError> {
         let send = buf.to_vec();
-        self.staged(OpKind::Broadcast, &send, buf, |c, s, r| {
-            c.broadcast(Some(s), r, root as i32)
+        let n = send.len();
+        self.staged(OpKind::Broadcast, &send, buf, |s, r, comm, st| unsafe {
+            nccl::broadcast(s, r, n, f32::NCCL, root as i32, comm, st)
                 .map(|_| ())
                 .map_err(|e| format!("ncclBroadcast: {e:?}"))
         })
     }
 
     fn all_gather(&mut self, send: &[f32], out: &mut [f32]) -> Result<(), CollectiveError> {
-        self.staged(OpKind::AllGather, send, out, |c, s, r| {
-            c.all_gather(s, r)
-                .map(|_| ())
-                .map_err(|e| format!("ncclAllGather: {e:?}"))
-        })
+        self.all_gather_host(send, out)
     }
 
     fn all_gather_f64(&mut self, send: &[f64], out: &mut [f64]) -> Result<(), CollectiveError> {
-        self.staged(OpKind::AllGather, send, out, |c, s, r| {
-            c.all_gather(s, r)
-                .map(|_| ())
-                .map_err(|e| format!("ncclAllGather: {e:?}"))
-        })
+        self.all_gather_host(send, out)
     }
 
     fn reduce_scatter(
@@ -223,8 +456,9 @@ impl Collective for NcclRank {
         out: &mut [f32],
         op: ReduceOp,
     ) -> Result<(), CollectiveError> {
-        self.staged(OpKind::ReduceScatter, send, out, |c, s, r| {
-            c.reduce_scatter(s, r, &nccl_op(op))
+        let n = out.len();
+        self.staged(OpKind::ReduceScatter, send, out, |s, r, comm, st| unsafe {
+            nccl::reduce_scatter(s, r, n, f32::NCCL, nccl_op(op), comm, st)
                 .map(|_| ())
                 .map_err(|e| format!("ncclReduceScatter: {e:?}"))
         })
@@ -235,7 +469,73 @@ impl Collective for NcclRank {
         self.all_reduce(&mut one, ReduceOp::Sum)
     }
 
-    fn abort(&self, _reason: &str) {
-        // See the module docs: NCCL offers no safe way to wake a peer blocked in a collective.
+    fn abort(&self, reason: &str) {
+        // the other local ranks see this at their next poll and abort their communicators
+        self.shared.set(reason);
+    }
+
+    fn device_ops(&mut self) -> Option<&mut dyn DeviceOps> {
+        Some(self)
+    }
+}
+
+impl DeviceOps for NcclRank {
+    fn all_reduce_raw(&mut self, buf: RawBuf, op: ReduceOp) -> Result<(), CollectiveError> {
+        self.run(OpKind::AllReduce, |comm, st| unsafe {
+            let p = buf.ptr as *mut std::ffi::c_void;
+            nccl::all_reduce(p, p, buf.len, nccl_dtype(buf.dtype), nccl_op(op), comm, st)
+                .map(|_| ())
+                .map_err(|e| format!("ncclAllReduce: {e:?}"))
+        })
+        .map(|_| ())
+    }
+
+    fn reduce_raw(
+        &mut self,
+        buf: RawBuf,
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<(), CollectiveError> {
+        self.run(OpKind::Reduce, |comm, st| unsafe {
+            let p = buf.ptr as *mut std::ffi::c_void;
+            let (dt, o) = (nccl_dtype(buf.dtype), nccl_op(op));
+            nccl::reduce(p, p, buf.len, dt, o, root as i32, comm, st)
+                .map(|_| ())
+                .map_err(|e| format!("ncclReduce: {e:?}"))
+        })
+        .map(|_| ())
+    }
+
+    fn reduce_scatter_raw(
+        &mut self,
+        send: RawBuf,
+        recv: RawBuf,
+        op: ReduceOp,
+    ) -> Result<(), CollectiveError> {
+        let rank = self.rank;
+        if send.len != recv.len * self.world || send.dtype != recv.dtype {
+            return Err(device_error(
+                rank,
+                OpId {
+                    seq: self.seq,
+                    kind: OpKind::ReduceScatter,
+                },
+                format!(
+                    "send has {} elements, recv {} x world {}",
+                    send.len, recv.len, self.world
+                ),
+            ));
+        }
+        self.run(OpKind::ReduceScatter, |comm, st| unsafe {
+            let (s, r) = (
+                send.ptr as *const std::ffi::c_void,
+                recv.ptr as *mut std::ffi::c_void,
+            );
+            let (dt, o) = (nccl_dtype(send.dtype), nccl_op(op));
+            nccl::reduce_scatter(s, r, recv.len, dt, o, comm, st)
+                .map(|_| ())
+                .map_err(|e| format!("ncclReduceScatter: {e:?}"))
+        })
+        .map(|_| ())
     }
 }

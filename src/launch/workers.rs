@@ -76,7 +76,10 @@ pub fn run<B: RankBackend>(
                 Some(id) => id,
                 None => crate::collective::nccl::new_id().map_err(TrainError::Collective)?,
             };
-            (0..nproc).map(|_| RankComm::Nccl(id)).collect()
+            let shared = crate::collective::nccl::Shared::new();
+            (0..nproc)
+                .map(|_| RankComm::Nccl(id, shared.clone(), nproc))
+                .collect()
         }
         (_, Some(mut link)) => {
             let mut ring = link.ring.take();
@@ -95,7 +98,10 @@ pub fn run<B: RankBackend>(
         #[cfg(feature = "cuda")]
         (CommKind::Nccl, None) => {
             let id = crate::collective::nccl::new_id().map_err(TrainError::Collective)?;
-            (0..nproc).map(|_| RankComm::Nccl(id)).collect()
+            let shared = crate::collective::nccl::Shared::new();
+            (0..nproc)
+                .map(|_| RankComm::Nccl(id, shared.clone(), nproc))
+                .collect()
         }
         #[cfg(not(feature = "cuda"))]
         (CommKind::Nccl, None) => LocalGroup::new(nproc, timeout)
@@ -178,7 +184,12 @@ enum RankComm {
     Local(LocalRank),
     Node(NodeRank),
     #[cfg(feature = "cuda")]
-    Nccl(crate::collective::nccl::Id),
+    /// The group's id, what the ranks of this process share, and how many they are.
+    Nccl(
+        crate::collective::nccl::Id,
+        std::sync::Arc<crate::collective::nccl::Shared>,
+        usize,
+    ),
 }
 
 fn connect(
@@ -193,9 +204,11 @@ fn connect(
         RankComm::Local(l) => Ok(Box::new(l)),
         RankComm::Node(n) => Ok(Box::new(n)),
         #[cfg(feature = "cuda")]
-        RankComm::Nccl(id) => Ok(Box::new(crate::collective::nccl::NcclRank::connect(
-            id, rank, world, ordinal, timeout,
-        )?)),
+        RankComm::Nccl(id, shared, local) => {
+            Ok(Box::new(crate::collective::nccl::NcclRank::connect(
+                id, rank, world, ordinal, local, shared, timeout,
+            )?))
+        }
     }
 }
 
@@ -234,7 +247,7 @@ fn rank_main<B: RankBackend>(
     let device = B::rank_device(ordinal);
     let result = pool.install(|| {
         std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            train::train::<B>(input, strategy.as_mut(), &device, &mut sink)
+            train::train::<B>(input, strategy.as_mut(), &device, B::raw_fn(), &mut sink)
         }))
         .unwrap_or_else(|p| {
             Err(TrainError::Panic {

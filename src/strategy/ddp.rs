@@ -5,7 +5,7 @@
 
 use super::{clip_and_step, full_snapshot, whole_memory, Memory, Snapshot, Strategy};
 use crate::checkpoint::OptState;
-use crate::collective::{Collective, CollectiveError, ReduceOp};
+use crate::collective::{Collective, CollectiveError, Grads, ReduceOp};
 use crate::config::Config;
 use crate::train::optim::Optimizer;
 
@@ -47,19 +47,22 @@ impl Strategy for Ddp {
     fn grad_weight(&self, _local: usize, _global: usize) -> f64 {
         1.0
     }
-    fn micro_sync(&mut self, grads: &mut [f32]) -> Result<(), CollectiveError> {
-        for bucket in grads.chunks_mut(self.bucket_elems) {
-            self.comm.all_reduce(bucket, ReduceOp::Mean)?;
+    fn micro_sync(&mut self, grads: &mut Grads) -> Result<(), CollectiveError> {
+        let n = grads.len();
+        for start in (0..n).step_by(self.bucket_elems) {
+            let bucket = start..(start + self.bucket_elems).min(n);
+            grads.all_reduce(self.comm.as_mut(), bucket, ReduceOp::Mean)?;
         }
         Ok(())
     }
     fn update(
         &mut self,
-        mut grads: Vec<f32>,
+        mut grads: Grads,
         lr: f64,
         clip: Option<f64>,
     ) -> Result<(), CollectiveError> {
         self.micro_sync(&mut grads)?;
+        let mut grads = grads.into_host(self.comm.rank())?;
         clip_and_step(&mut self.opt, &mut self.params, &mut grads, lr, clip);
         Ok(())
     }

@@ -6,7 +6,7 @@
 
 use super::{clip_and_step, full_snapshot, whole_memory, Memory, Snapshot, Strategy};
 use crate::checkpoint::OptState;
-use crate::collective::{Collective, CollectiveError, ReduceOp};
+use crate::collective::{Collective, CollectiveError, Grads, ReduceOp};
 use crate::config::Config;
 use crate::train::optim::Optimizer;
 
@@ -55,15 +55,12 @@ impl Strategy for Dp {
     fn grad_weight(&self, local: usize, global: usize) -> f64 {
         local as f64 / global.max(1) as f64
     }
-    fn update(
-        &mut self,
-        mut grads: Vec<f32>,
-        lr: f64,
-        clip: Option<f64>,
-    ) -> Result<(), CollectiveError> {
-        if self.comm.world() > 1 {
-            self.comm.reduce(&mut grads, ReduceOp::Sum, 0)?;
-        }
+    fn update(&mut self, grads: Grads, lr: f64, clip: Option<f64>) -> Result<(), CollectiveError> {
+        let mut grads = if self.comm.world() > 1 {
+            grads.reduce_to_host(self.comm.as_mut(), ReduceOp::Sum, 0)?
+        } else {
+            grads.into_host(0)?
+        };
         if let Some(opt) = &mut self.opt {
             clip_and_step(opt, &mut self.params, &mut grads, lr, clip);
         }

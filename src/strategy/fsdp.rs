@@ -13,7 +13,7 @@ use std::ops::Range;
 
 use super::{full_snapshot, Memory, Snapshot, Strategy};
 use crate::checkpoint::{encode_f32, encode_opt, Layout, OptState};
-use crate::collective::{Collective, CollectiveError, ReduceOp};
+use crate::collective::{Collective, CollectiveError, Grads, ReduceOp};
 use crate::config::{Config, FsdpUnit, Sharding};
 use crate::model::Mlp;
 use crate::train::optim::{clip_by_norm, sum_squares, Optimizer};
@@ -160,16 +160,15 @@ impl Strategy for Fsdp {
 
     fn update(
         &mut self,
-        mut grads: Vec<f32>,
+        mut grads: Grads,
         lr: f64,
         clip: Option<f64>,
     ) -> Result<(), CollectiveError> {
-        let world = self.comm.world();
         if self.sharding == Sharding::None {
             for u in &self.units {
-                self.comm
-                    .all_reduce(&mut grads[u.range.clone()], ReduceOp::Mean)?;
+                grads.all_reduce(self.comm.as_mut(), u.range.clone(), ReduceOp::Mean)?;
             }
+            let mut grads = grads.into_host(self.comm.rank())?;
             if let Some(max_norm) = clip {
                 let norm = sum_squares(&grads).sqrt();
                 clip_by_norm(&mut grads, norm, max_norm);
@@ -184,11 +183,12 @@ impl Strategy for Fsdp {
         // reduce-scatter each unit's gradient: this rank keeps its shard's mean gradient
         let mut shard_grads = Vec::with_capacity(self.units.len());
         for u in &self.units {
-            let mut send = vec![0f32; u.padded_len(world)];
-            send[..u.range.len()].copy_from_slice(&grads[u.range.clone()]);
-            let mut g = vec![0f32; u.shard_len];
-            self.comm.reduce_scatter(&send, &mut g, ReduceOp::Mean)?;
-            shard_grads.push(g);
+            shard_grads.push(grads.reduce_scatter_to_host(
+                self.comm.as_mut(),
+                u.range.clone(),
+                u.shard_len,
+                ReduceOp::Mean,
+            )?);
         }
         drop(grads);
         if let Some(max_norm) = clip {

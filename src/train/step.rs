@@ -5,6 +5,7 @@ use burn::tensor::activation::log_softmax;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Tensor, TensorData};
 
+use crate::collective::{DeviceFlat, Grads};
 use crate::data::Dataset;
 use crate::model::Mlp;
 
@@ -14,6 +15,8 @@ pub enum StepError {
     Data(String),
     #[error("parameter `{0}` received no gradient")]
     NoGrad(String),
+    #[error("the device gradient buffer belongs to another backend")]
+    ForeignGrads,
 }
 
 fn to_vec<B: Backend, const D: usize>(t: Tensor<B, D>) -> Result<Vec<f32>, StepError> {
@@ -24,7 +27,7 @@ fn to_vec<B: Backend, const D: usize>(t: Tensor<B, D>) -> Result<Vec<f32>, StepE
 }
 
 /// Forward and backward on one micro-batch: adds d(loss * scale)/d(params) into `grads` (flat, in
-/// the model's layout) and returns the unscaled mean cross-entropy. `layer_params(l)`
+/// the model's layout; on the host, or on the device where the backend computed them) and returns the unscaled mean cross-entropy. `layer_params(l)`
 /// yields layer l's flat parameters; each buffer becomes that layer's tensor storage at once, so
 /// no more than one layer's parameters are held outside the autodiff graph.
 #[allow(clippy::too_many_arguments)]
@@ -35,7 +38,7 @@ pub fn forward_backward<B: AutodiffBackend, E: From<StepError>>(
     y: &[u32],
     masks: Option<Vec<Vec<f32>>>,
     scale: f64,
-    grads: &mut [f32],
+    grads: &mut Grads,
     device: &B::Device,
 ) -> Result<f64, E> {
     let batch = y.len();
@@ -69,6 +72,7 @@ pub fn forward_backward<B: AutodiffBackend, E: From<StepError>>(
         .copied()
         .unwrap_or(f32::NAN);
     let tape = loss.mul_scalar(scale).backward();
+    let mut layer_grads = Vec::with_capacity(mlp.layout.len());
     for (layer, specs) in layers.iter().zip(mlp.layout.chunks(2)) {
         let w = layer
             .weight
@@ -78,10 +82,25 @@ pub fn forward_backward<B: AutodiffBackend, E: From<StepError>>(
             .bias
             .grad(&tape)
             .ok_or_else(|| StepError::NoGrad(specs[1].name.clone()))?;
-        for (spec, g) in [(&specs[0], to_vec(w)?), (&specs[1], to_vec(b)?)] {
-            for (a, v) in grads[spec.range()].iter_mut().zip(&g) {
-                *a += v;
+        layer_grads.push((&specs[0], w.reshape([specs[0].len()])));
+        layer_grads.push((&specs[1], b));
+    }
+    match grads {
+        Grads::Host(host) => {
+            for (spec, g) in layer_grads {
+                for (a, v) in host[spec.range()].iter_mut().zip(&to_vec(g)?) {
+                    *a += v;
+                }
             }
+        }
+        Grads::Device(d) => {
+            // the layout is contiguous in this order (see `Mlp::new`), so one concatenation
+            // is the flat gradient; it stays on the device
+            let flat = Tensor::cat(layer_grads.into_iter().map(|(_, g)| g).collect(), 0);
+            d.as_any_mut()
+                .downcast_mut::<DeviceFlat<B::InnerBackend>>()
+                .ok_or(StepError::ForeignGrads)?
+                .add(flat);
         }
     }
     Ok(f64::from(loss_value))

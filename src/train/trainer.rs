@@ -11,7 +11,7 @@ use super::step::{evaluate, forward_backward, EvalSums, StepError};
 use crate::checkpoint::{
     CheckpointError, DataPosition, Loaded, OptimizerInfo, RngState, SchedulerInfo, State, Store,
 };
-use crate::collective::CollectiveError;
+use crate::collective::{CollectiveError, DeviceFlat, Grads, RawFn};
 use crate::config::Config;
 use crate::data::Data;
 use crate::model::Mlp;
@@ -163,11 +163,14 @@ pub trait RankSink {
     fn log(&mut self, line: &str);
 }
 
-/// Runs the whole training of one rank.
+/// Runs the whole training of one rank. `raw_fn` is how the backend exposes device addresses
+/// (CUDA): with it, and a collective that works on device buffers (NCCL), gradients stay on the
+/// device until they are reduced.
 pub fn train<B: AutodiffBackend>(
     input: &TrainInput<'_>,
     strategy: &mut dyn Strategy,
     device: &B::Device,
+    raw_fn: Option<RawFn<B::InnerBackend>>,
     sink: &mut dyn RankSink,
 ) -> Result<Outcome, TrainError> {
     let TrainInput {
@@ -219,6 +222,12 @@ pub fn train<B: AutodiffBackend>(
         ));
     }
 
+    let raw_fn = raw_fn.filter(|_| strategy.comm_mut().device_ops().is_some());
+    if raw_fn.is_some() {
+        sink.log(
+            "gradients: accumulated and reduced on the device (NCCL on the backend's buffers)",
+        );
+    }
     let start = Instant::now();
     let mut window_start = Instant::now();
     let mut window_samples = 0.0;
@@ -232,7 +241,13 @@ pub fn train<B: AutodiffBackend>(
     };
     while step < total {
         let lr = lr_at(&c.schedule, c.optim.lr, step, total);
-        let mut grads = vec![0f32; mlp.num_params()];
+        let mut grads = match raw_fn {
+            Some(f) => Grads::Device(Box::new(DeviceFlat::<B::InnerBackend>::new(
+                burn::tensor::Tensor::zeros([mlp.num_params()], device),
+                f,
+            ))),
+            None => Grads::Host(vec![0f32; mlp.num_params()]),
+        };
         // [weighted loss, samples] summed over micro-steps, then over ranks
         let mut totals = [0.0f64, 0.0];
         let mut micro_in_step = 0;

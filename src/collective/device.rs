@@ -1,0 +1,418 @@
+//! Collectives on device buffers. On CUDA the gradients a backward pass produces are Burn tensors
+//! in GPU memory; NCCL reduces them where they are (the pointer comes from cubecl's
+//! `get_resource`), and only the reduced result crosses to the host, where kiln's optimizers run.
+//!
+//! `DeviceTensor` is a flat buffer a backend owns (implemented once, generically, by
+//! `DeviceFlat<B>`; the backend supplies how to reach the raw pointer). `DeviceOps` is what a
+//! collective that can work on such buffers offers (`Collective::device_ops`). `Grads` is a step's
+//! accumulated gradient, on the host or on the device; strategies take it and use the device ops
+//! when their collective has them.
+
+use std::any::Any;
+use std::ops::Range;
+
+use burn::tensor::backend::Backend;
+use burn::tensor::Tensor;
+
+use super::{Collective, CollectiveError, OpId, OpKind, ReduceOp};
+
+/// Element type of a device buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DevDType {
+    F32,
+    F16,
+    Bf16,
+}
+
+impl DevDType {
+    pub fn size(self) -> usize {
+        match self {
+            DevDType::F32 => 4,
+            DevDType::F16 | DevDType::Bf16 => 2,
+        }
+    }
+}
+
+/// `len` elements of `dtype` at device address `ptr`; valid while the `DeviceTensor` it came from
+/// is alive and unchanged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RawBuf {
+    pub ptr: u64,
+    pub len: usize,
+    pub dtype: DevDType,
+}
+
+impl RawBuf {
+    /// Elements `range` of this buffer.
+    pub fn slice(&self, range: Range<usize>) -> RawBuf {
+        debug_assert!(range.end <= self.len);
+        RawBuf {
+            ptr: self.ptr + (range.start * self.dtype.size()) as u64,
+            len: range.len(),
+            dtype: self.dtype,
+        }
+    }
+}
+
+/// Collective ops on raw device buffers. Each call has finished (results readable by the
+/// backend) when it returns.
+pub trait DeviceOps {
+    /// In place: every rank ends with the reduction.
+    fn all_reduce_raw(&mut self, buf: RawBuf, op: ReduceOp) -> Result<(), CollectiveError>;
+    /// In place: `root` ends with the reduction; the others' buffers are unspecified afterwards.
+    fn reduce_raw(&mut self, buf: RawBuf, op: ReduceOp, root: usize)
+        -> Result<(), CollectiveError>;
+    /// `send` (world x `recv.len`) reduced across ranks; rank r keeps chunk r in `recv`.
+    fn reduce_scatter_raw(
+        &mut self,
+        send: RawBuf,
+        recv: RawBuf,
+        op: ReduceOp,
+    ) -> Result<(), CollectiveError>;
+}
+
+/// A flat buffer owned by a backend.
+pub trait DeviceTensor {
+    fn len(&self) -> usize;
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// The buffer, after every pending write to it has finished.
+    fn raw(&mut self) -> Result<RawBuf, String>;
+    /// A new zeroed buffer of `len` elements on the same device.
+    fn zeros(&self, len: usize) -> Result<Box<dyn DeviceTensor>, String>;
+    /// A new buffer: elements `range` of this one, then zeros up to `padded` elements.
+    fn padded(&self, range: Range<usize>, padded: usize) -> Result<Box<dyn DeviceTensor>, String>;
+    /// The values as f32 on the host.
+    fn to_host(&mut self) -> Result<Vec<f32>, String>;
+    fn as_any_mut(&mut self) -> &mut dyn Any;
+}
+
+/// How a backend reaches the device address of a flat tensor (pending work finished). The second
+/// value keeps whatever guards the address alive until the op is done.
+pub type RawFn<B> = fn(&Tensor<B, 1>) -> Result<(RawBuf, Box<dyn Any>), String>;
+
+/// A flat Burn tensor on a backend that exposes device addresses.
+pub struct DeviceFlat<B: Backend> {
+    pub tensor: Tensor<B, 1>,
+    raw_fn: RawFn<B>,
+    guard: Option<Box<dyn Any>>,
+}
+
+impl<B: Backend> DeviceFlat<B> {
+    pub fn new(tensor: Tensor<B, 1>, raw_fn: RawFn<B>) -> Self {
+        DeviceFlat {
+            tensor,
+            raw_fn,
+            guard: None,
+        }
+    }
+    fn wrap(&self, tensor: Tensor<B, 1>) -> Box<dyn DeviceTensor> {
+        Box::new(DeviceFlat::new(tensor, self.raw_fn))
+    }
+    /// Adds `other` (same length) into this buffer.
+    pub fn add(&mut self, other: Tensor<B, 1>) {
+        self.guard = None;
+        self.tensor = self.tensor.clone() + other;
+    }
+}
+
+impl<B: Backend> DeviceTensor for DeviceFlat<B> {
+    fn len(&self) -> usize {
+        self.tensor.dims()[0]
+    }
+    fn raw(&mut self) -> Result<RawBuf, String> {
+        let (raw, guard) = (self.raw_fn)(&self.tensor)?;
+        self.guard = Some(guard);
+        Ok(raw)
+    }
+    fn zeros(&self, len: usize) -> Result<Box<dyn DeviceTensor>, String> {
+        let t = Tensor::<B, 1>::zeros([len], &self.tensor.device());
+        Ok(self.wrap(t))
+    }
+    fn padded(&self, range: Range<usize>, padded: usize) -> Result<Box<dyn DeviceTensor>, String> {
+        let device = self.tensor.device();
+        let part = self.tensor.clone().slice([range.clone()]);
+        let t = if padded > range.len() {
+            Tensor::cat(
+                vec![part, Tensor::zeros([padded - range.len()], &device)],
+                0,
+            )
+        } else {
+            // a copy, never a view: the collective writes its own buffers
+            part.mul_scalar(1.0)
+        };
+        Ok(self.wrap(t))
+    }
+    fn to_host(&mut self) -> Result<Vec<f32>, String> {
+        self.guard = None;
+        self.tensor
+            .clone()
+            .into_data()
+            .convert::<f32>()
+            .into_vec::<f32>()
+            .map_err(|e| format!("reading a device buffer: {e:?}"))
+    }
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
+    }
+}
+
+/// A step's accumulated gradient: flat, in the model's layout.
+pub enum Grads {
+    Host(Vec<f32>),
+    Device(Box<dyn DeviceTensor>),
+}
+
+fn device_error(rank: usize, kind: OpKind, reason: String) -> CollectiveError {
+    CollectiveError::Device {
+        rank,
+        op: OpId { seq: 0, kind },
+        reason,
+    }
+}
+
+impl Grads {
+    pub fn len(&self) -> usize {
+        match self {
+            Grads::Host(v) => v.len(),
+            Grads::Device(d) => d.len(),
+        }
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The gradient on the host (copied from the device when it is there).
+    pub fn into_host(self, rank: usize) -> Result<Vec<f32>, CollectiveError> {
+        match self {
+            Grads::Host(v) => Ok(v),
+            Grads::Device(mut d) => d
+                .to_host()
+                .map_err(|e| device_error(rank, OpKind::AllReduce, e)),
+        }
+    }
+
+    /// Reduces `range` of the gradient in place across ranks: on the device when the gradient
+    /// is there and the collective can, otherwise on the host.
+    pub fn all_reduce(
+        &mut self,
+        comm: &mut dyn Collective,
+        range: Range<usize>,
+        op: ReduceOp,
+    ) -> Result<(), CollectiveError> {
+        let rank = comm.rank();
+        match self {
+            Grads::Host(v) => comm.all_reduce(&mut v[range], op),
+            Grads::Device(d) => {
+                let raw = d
+                    .raw()
+                    .map_err(|e| device_error(rank, OpKind::AllReduce, e))?;
+                match comm.device_ops() {
+                    Some(ops) => ops.all_reduce_raw(raw.slice(range), op),
+                    None => {
+                        // no device collective: bring the gradient over once, then stay on the host
+                        let host = d
+                            .to_host()
+                            .map_err(|e| device_error(rank, OpKind::AllReduce, e))?;
+                        *self = Grads::Host(host);
+                        self.all_reduce(comm, range, op)
+                    }
+                }
+            }
+        }
+    }
+
+    /// Reduces the whole gradient onto `root` (host result there; other ranks get theirs back).
+    pub fn reduce_to_host(
+        self,
+        comm: &mut dyn Collective,
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<Vec<f32>, CollectiveError> {
+        let rank = comm.rank();
+        match self {
+            Grads::Device(mut d) if comm.device_ops().is_some() => {
+                let raw = d.raw().map_err(|e| device_error(rank, OpKind::Reduce, e))?;
+                if let Some(ops) = comm.device_ops() {
+                    ops.reduce_raw(raw, op, root)?;
+                }
+                d.to_host()
+                    .map_err(|e| device_error(rank, OpKind::Reduce, e))
+            }
+            g => {
+                let mut v = g.into_host(rank)?;
+                comm.reduce(&mut v, op, root)?;
+                Ok(v)
+            }
+        }
+    }
+
+    /// Reduce-scatters `range` (zero-padded to `world * shard_len`): this rank's chunk of the
+    /// reduction, on the host.
+    pub fn reduce_scatter_to_host(
+        &mut self,
+        comm: &mut dyn Collective,
+        range: Range<usize>,
+        shard_len: usize,
+        op: ReduceOp,
+    ) -> Result<Vec<f32>, CollectiveError> {
+        let rank = comm.rank();
+        let padded = shard_len * comm.world();
+        let err = |e: String| device_error(rank, OpKind::ReduceScatter, e);
+        match self {
+            Grads::Device(d) if comm.device_ops().is_some() => {
+                let mut send = if padded == range.len() {
+                    None
+                } else {
+                    Some(d.padded(range.clone(), padded).map_err(err)?)
+                };
+                let send_raw = match &mut send {
+                    Some(s) => s.raw().map_err(err)?,
+                    None => d.raw().map_err(err)?.slice(range),
+                };
+                let mut recv = d.zeros(shard_len).map_err(err)?;
+                let recv_raw = recv.raw().map_err(err)?;
+                if let Some(ops) = comm.device_ops() {
+                    ops.reduce_scatter_raw(send_raw, recv_raw, op)?;
+                }
+                drop(send);
+                recv.to_host().map_err(err)
+            }
+            Grads::Device(d) => {
+                let host = d.to_host().map_err(err)?;
+                *self = Grads::Host(host);
+                self.reduce_scatter_to_host(comm, range, shard_len, op)
+            }
+            Grads::Host(v) => {
+                let mut send = vec![0f32; padded];
+                send[..range.len()].copy_from_slice(&v[range]);
+                let mut out = vec![0f32; shard_len];
+                comm.reduce_scatter(&send, &mut out, op)?;
+                Ok(out)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod emulated {
+    //! Device buffers in host memory and device ops over a host collective: the strategies'
+    //! device path, checked on machines without a GPU.
+
+    use super::*;
+
+    pub struct HostFlat(pub Vec<f32>);
+
+    impl DeviceTensor for HostFlat {
+        fn len(&self) -> usize {
+            self.0.len()
+        }
+        fn raw(&mut self) -> Result<RawBuf, String> {
+            Ok(RawBuf {
+                ptr: self.0.as_mut_ptr() as u64,
+                len: self.0.len(),
+                dtype: DevDType::F32,
+            })
+        }
+        fn zeros(&self, len: usize) -> Result<Box<dyn DeviceTensor>, String> {
+            Ok(Box::new(HostFlat(vec![0.0; len])))
+        }
+        fn padded(
+            &self,
+            range: Range<usize>,
+            padded: usize,
+        ) -> Result<Box<dyn DeviceTensor>, String> {
+            let mut v = self.0[range].to_vec();
+            v.resize(padded, 0.0);
+            Ok(Box::new(HostFlat(v)))
+        }
+        fn to_host(&mut self) -> Result<Vec<f32>, String> {
+            Ok(self.0.clone())
+        }
+        fn as_any_mut(&mut self) -> &mut dyn Any {
+            self
+        }
+    }
+
+    /// A host collective that also takes `HostFlat` addresses as device buffers.
+    pub struct Emulated(pub Box<dyn Collective>);
+
+    // SAFETY (all three): a `RawBuf` here always comes from a live `HostFlat` of f32 on this
+    // thread, which the caller keeps alive and does not touch during the call.
+    fn view<'a>(b: RawBuf) -> &'a mut [f32] {
+        unsafe { std::slice::from_raw_parts_mut(b.ptr as *mut f32, b.len) }
+    }
+
+    impl DeviceOps for Emulated {
+        fn all_reduce_raw(&mut self, buf: RawBuf, op: ReduceOp) -> Result<(), CollectiveError> {
+            self.0.all_reduce(view(buf), op)
+        }
+        fn reduce_raw(
+            &mut self,
+            buf: RawBuf,
+            op: ReduceOp,
+            root: usize,
+        ) -> Result<(), CollectiveError> {
+            self.0.reduce(view(buf), op, root)
+        }
+        fn reduce_scatter_raw(
+            &mut self,
+            send: RawBuf,
+            recv: RawBuf,
+            op: ReduceOp,
+        ) -> Result<(), CollectiveError> {
+            let send = view(send).to_vec();
+            self.0.reduce_scatter(&send, view(recv), op)
+        }
+    }
+
+    impl Collective for Emulated {
+        fn rank(&self) -> usize {
+            self.0.rank()
+        }
+        fn world(&self) -> usize {
+            self.0.world()
+        }
+        fn all_reduce(&mut self, buf: &mut [f32], op: ReduceOp) -> Result<(), CollectiveError> {
+            self.0.all_reduce(buf, op)
+        }
+        fn all_reduce_f64(&mut self, buf: &mut [f64], op: ReduceOp) -> Result<(), CollectiveError> {
+            self.0.all_reduce_f64(buf, op)
+        }
+        fn reduce(
+            &mut self,
+            buf: &mut [f32],
+            op: ReduceOp,
+            root: usize,
+        ) -> Result<(), CollectiveError> {
+            self.0.reduce(buf, op, root)
+        }
+        fn broadcast(&mut self, buf: &mut [f32], root: usize) -> Result<(), CollectiveError> {
+            self.0.broadcast(buf, root)
+        }
+        fn all_gather(&mut self, send: &[f32], out: &mut [f32]) -> Result<(), CollectiveError> {
+            self.0.all_gather(send, out)
+        }
+        fn all_gather_f64(&mut self, send: &[f64], out: &mut [f64]) -> Result<(), CollectiveError> {
+            self.0.all_gather_f64(send, out)
+        }
+        fn reduce_scatter(
+            &mut self,
+            send: &[f32],
+            out: &mut [f32],
+            op: ReduceOp,
+        ) -> Result<(), CollectiveError> {
+            self.0.reduce_scatter(send, out, op)
+        }
+        fn barrier(&mut self) -> Result<(), CollectiveError> {
+            self.0.barrier()
+        }
+        fn abort(&self, reason: &str) {
+            self.0.abort(reason)
+        }
+        fn device_ops(&mut self) -> Option<&mut dyn DeviceOps> {
+            Some(self)
+        }
+    }
+}
