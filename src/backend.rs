@@ -112,7 +112,18 @@ fn cuda_placement(c: &Config, world: usize) -> Result<Placement, BackendError> {
             "the driver reports 0 devices".into(),
         ));
     }
-    place_on_gpus(c, world, gpus)
+    let mut placement = place_on_gpus(c, world, gpus)?;
+    if placement.collective == CommKind::Nccl
+        && world == 1
+        && c.strategy.collective == CollectiveKind::Auto
+        && !crate::cuda::nccl_loadable()
+    {
+        // one rank needs no communication: run without NCCL rather than fail
+        placement.collective = CommKind::Host;
+        placement.note =
+            Some("collective: host (one rank; NCCL was not found, see `kiln env`)".into());
+    }
+    Ok(placement)
 }
 
 /// Ranks onto `gpus` GPUs: ordinals, and NCCL unless ranks share a GPU.

@@ -431,12 +431,12 @@ pub fn execute(
     let c = &r.config;
     // node 0 (or a single-node run) writes the run's shared files; other nodes their logs
     let primary = job.as_ref().map(|j| j.node == 0).unwrap_or(true);
-    let placement = backend::resolve(c)?;
     #[cfg(feature = "cuda")]
-    if placement.collective == backend::CommKind::Nccl {
+    if c.backend.device == crate::config::Device::Cuda {
         // may re-execute kiln with NCCL on the library path; nothing is written yet
         crate::cuda::ensure_nccl_loadable();
     }
+    let placement = backend::resolve(c)?;
     let be = placement.backend;
     let data = data::load(r)?;
     let mlp = Mlp::new(&c.model);
