@@ -12,7 +12,7 @@ use std::any::Any;
 use std::ops::Range;
 
 use burn::tensor::backend::Backend;
-use burn::tensor::Tensor;
+use burn::tensor::{Tensor, TensorData};
 
 use super::{Collective, CollectiveError, OpId, OpKind, ReduceOp};
 
@@ -69,6 +69,8 @@ pub trait DeviceOps {
         recv: RawBuf,
         op: ReduceOp,
     ) -> Result<(), CollectiveError>;
+    /// `recv` (world x `send.len`) holds every rank's `send`, in rank order.
+    fn all_gather_raw(&mut self, send: RawBuf, recv: RawBuf) -> Result<(), CollectiveError>;
 }
 
 /// A flat buffer owned by a backend.
@@ -81,6 +83,10 @@ pub trait DeviceTensor {
     fn raw(&mut self) -> Result<RawBuf, String>;
     /// A new zeroed buffer of `len` elements on the same device.
     fn zeros(&self, len: usize) -> Result<Box<dyn DeviceTensor>, String>;
+    /// A new buffer on the same device holding `values`.
+    fn from_host(&self, values: &[f32]) -> Result<Box<dyn DeviceTensor>, String>;
+    /// Elements `range` (for reading; may share this buffer).
+    fn slice(&self, range: Range<usize>) -> Box<dyn DeviceTensor>;
     /// A new buffer: elements `range` of this one, then zeros up to `padded` elements.
     fn padded(&self, range: Range<usize>, padded: usize) -> Result<Box<dyn DeviceTensor>, String>;
     /// The values as f32 on the host.
@@ -129,6 +135,13 @@ impl<B: Backend> DeviceTensor for DeviceFlat<B> {
     fn zeros(&self, len: usize) -> Result<Box<dyn DeviceTensor>, String> {
         let t = Tensor::<B, 1>::zeros([len], &self.tensor.device());
         Ok(self.wrap(t))
+    }
+    fn from_host(&self, values: &[f32]) -> Result<Box<dyn DeviceTensor>, String> {
+        let data = TensorData::new(values.to_vec(), [values.len()]);
+        Ok(self.wrap(Tensor::from_data(data, &self.tensor.device())))
+    }
+    fn slice(&self, range: Range<usize>) -> Box<dyn DeviceTensor> {
+        self.wrap(self.tensor.clone().slice([range]))
     }
     fn padded(&self, range: Range<usize>, padded: usize) -> Result<Box<dyn DeviceTensor>, String> {
         let device = self.tensor.device();
@@ -318,6 +331,12 @@ pub(crate) mod emulated {
         fn zeros(&self, len: usize) -> Result<Box<dyn DeviceTensor>, String> {
             Ok(Box::new(HostFlat(vec![0.0; len])))
         }
+        fn from_host(&self, values: &[f32]) -> Result<Box<dyn DeviceTensor>, String> {
+            Ok(Box::new(HostFlat(values.to_vec())))
+        }
+        fn slice(&self, range: Range<usize>) -> Box<dyn DeviceTensor> {
+            Box::new(HostFlat(self.0[range].to_vec()))
+        }
         fn padded(
             &self,
             range: Range<usize>,
@@ -364,6 +383,10 @@ pub(crate) mod emulated {
         ) -> Result<(), CollectiveError> {
             let send = view(send).to_vec();
             self.0.reduce_scatter(&send, view(recv), op)
+        }
+        fn all_gather_raw(&mut self, send: RawBuf, recv: RawBuf) -> Result<(), CollectiveError> {
+            let send = view(send).to_vec();
+            self.0.all_gather(&send, view(recv))
         }
     }
 

@@ -538,4 +538,30 @@ impl DeviceOps for NcclRank {
         })
         .map(|_| ())
     }
+
+    fn all_gather_raw(&mut self, send: RawBuf, recv: RawBuf) -> Result<(), CollectiveError> {
+        if recv.len != send.len * self.world || send.dtype != recv.dtype {
+            return Err(device_error(
+                self.rank,
+                OpId {
+                    seq: self.seq,
+                    kind: OpKind::AllGather,
+                },
+                format!(
+                    "recv has {} elements, send {} x world {}",
+                    recv.len, send.len, self.world
+                ),
+            ));
+        }
+        self.run(OpKind::AllGather, |comm, st| unsafe {
+            let (s, r) = (
+                send.ptr as *const std::ffi::c_void,
+                recv.ptr as *mut std::ffi::c_void,
+            );
+            nccl::all_gather(s, r, send.len, nccl_dtype(send.dtype), comm, st)
+                .map(|_| ())
+                .map_err(|e| format!("ncclAllGather: {e:?}"))
+        })
+        .map(|_| ())
+    }
 }

@@ -228,7 +228,6 @@ fn rank_main<B: RankBackend>(
             return Err(e.into());
         }
     };
-    let mut strategy = strategy::build(input.config, input.mlp, comm);
     let pool = match rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
         .thread_name(move |i| format!("kiln-rank-{rank}-math-{i}"))
@@ -240,13 +239,16 @@ fn rank_main<B: RankBackend>(
                 rank,
                 message: format!("cannot start {threads} threads (backend.threads): {e}"),
             };
-            strategy.abort(&err.to_string());
+            comm.abort(&err.to_string());
             return Err(err);
         }
     };
     let device = B::rank_device(ordinal);
-    let result = pool.install(|| {
-        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+    // the strategy lives on the pool thread that trains (it may hold device buffers, which stay
+    // on the thread whose stream made them)
+    pool.install(move || {
+        let mut strategy = strategy::build(input.config, input.mlp, comm);
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             train::train::<B>(input, strategy.as_mut(), &device, B::raw_fn(), &mut sink)
         }))
         .unwrap_or_else(|p| {
@@ -254,16 +256,16 @@ fn rank_main<B: RankBackend>(
                 rank,
                 message: panic_message(&p),
             })
-        })
-    });
-    if let Err(e) = &result {
-        sink.log(&format!("error: {e}"));
-        strategy.abort(&format!(
-            "rank {rank} failed: {}",
-            first_line(&e.to_string())
-        ));
-    }
-    result
+        });
+        if let Err(e) = &result {
+            sink.log(&format!("error: {e}"));
+            strategy.abort(&format!(
+                "rank {rank} failed: {}",
+                first_line(&e.to_string())
+            ));
+        }
+        result
+    })
 }
 
 fn first_line(s: &str) -> &str {

@@ -94,6 +94,18 @@ impl Mlp {
         }
     }
 
+    /// Layer `l`'s tensors from its flat parameters already on the device (weight then bias).
+    pub fn layer_tensors_from<B: Backend>(&self, l: usize, flat: Tensor<B, 1>) -> LayerTensors<B> {
+        let (w, b) = (&self.layout[2 * l], &self.layout[2 * l + 1]);
+        LayerTensors {
+            weight: flat
+                .clone()
+                .slice([0..w.len()])
+                .reshape([w.shape[0], w.shape[1]]),
+            bias: flat.slice([w.len()..w.len() + b.len()]),
+        }
+    }
+
     /// Builds every layer's tensors from the whole flat buffer.
     pub fn tensors<B: Backend>(&self, flat: &[f32], device: &B::Device) -> Vec<LayerTensors<B>> {
         (0..self.num_layers())

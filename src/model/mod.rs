@@ -6,5 +6,5 @@
 pub mod mlp;
 mod param;
 
-pub use mlp::Mlp;
+pub use mlp::{LayerTensors, Mlp};
 pub use param::*;

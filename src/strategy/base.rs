@@ -6,7 +6,7 @@ use std::ops::Range;
 use serde::Serialize;
 
 use crate::checkpoint::{encode_f32, encode_opt, Layout, OptState};
-use crate::collective::{Collective, CollectiveError, Grads};
+use crate::collective::{Collective, CollectiveError, DeviceTensor, Grads};
 use crate::config::{Config, OptimKind, Sharding, StrategyKind};
 use crate::model::Mlp;
 use crate::train::optim::{clip_by_norm, sum_squares, Optimizer};
@@ -54,7 +54,7 @@ pub(super) fn full_snapshot(rank: usize, params: &[f32], opt: Option<OptState>) 
 }
 
 /// What a strategy does at each point of a step.
-pub trait Strategy: Send {
+pub trait Strategy {
     /// The rank's end of the collective.
     fn comm(&self) -> &dyn Collective;
     fn comm_mut(&mut self) -> &mut dyn Collective;
@@ -77,6 +77,18 @@ pub trait Strategy: Send {
     ) -> Result<Vec<f32>, CollectiveError> {
         let _ = layer;
         Ok(self.params()?[range].to_vec())
+    }
+    /// Layer `layer`'s parameters gathered straight into a device buffer like `proto`, when this
+    /// strategy gathers them and its collective works on device buffers (fsdp over NCCL);
+    /// `None`: use `layer_params`.
+    fn layer_params_device(
+        &mut self,
+        layer: usize,
+        range: Range<usize>,
+        proto: &dyn DeviceTensor,
+    ) -> Result<Option<Box<dyn DeviceTensor>>, CollectiveError> {
+        let _ = (layer, range, proto);
+        Ok(None)
     }
     /// The weight of this rank's micro-batch gradient in the step's gradient, given its sample
     /// count and the micro-batch's total across ranks (dp weights by samples, ddp averages).
@@ -201,8 +213,9 @@ mod tests {
     use crate::collective::{Grads, LocalGroup};
     use crate::config::{Devices, FsdpUnit, ModelConfig, OptimKind};
 
-    /// Every rank's parameters after two updates from rank-dependent gradients.
-    fn run(c: &Config, mlp: &Mlp, device: bool) -> Vec<Vec<f32>> {
+    /// Every rank's parameters after two updates from rank-dependent gradients, preceded by the
+    /// layer parameters each step gathered (and how many gathers ran on the device).
+    fn run(c: &Config, mlp: &Mlp, device: bool) -> Vec<(Vec<f32>, usize)> {
         let n = mlp.num_params();
         let ranks = LocalGroup::new(c.strategy.devices.count(), Duration::from_secs(20));
         std::thread::scope(|s| {
@@ -218,7 +231,25 @@ mod tests {
                         };
                         let mut st = build(c, mlp, comm);
                         st.init(mlp.init(7)).unwrap();
+                        let mut seen = Vec::new();
+                        let mut on_device = 0;
+                        let proto = HostFlat(vec![0.0]);
                         for step in 0..2 {
+                            for l in 0..mlp.num_layers() {
+                                let range = mlp.layer_range(l);
+                                let d = if device {
+                                    st.layer_params_device(l, range.clone(), &proto).unwrap()
+                                } else {
+                                    None
+                                };
+                                match d {
+                                    Some(mut d) => {
+                                        on_device += 1;
+                                        seen.extend(d.to_host().unwrap());
+                                    }
+                                    None => seen.extend(st.layer_params(l, range).unwrap()),
+                                }
+                            }
                             let g: Vec<f32> = (0..n)
                                 .map(|i| ((i * 31 + r * 7 + step * 13) % 17) as f32 * 0.01 - 0.08)
                                 .collect();
@@ -230,7 +261,8 @@ mod tests {
                             st.micro_sync(&mut grads).unwrap();
                             st.update(grads, 0.1, Some(0.5)).unwrap();
                         }
-                        st.params().unwrap().to_vec()
+                        seen.extend(st.params().unwrap());
+                        (seen, on_device)
                     })
                 })
                 .collect();
@@ -271,9 +303,30 @@ mod tests {
             c.optim.kind = OptimKind::Adamw;
             let host = run(&c, &mlp, false);
             let device = run(&c, &mlp, true);
-            assert_eq!(host, device, "{kind:?} {sharding:?} {unit:?}");
-            assert!(host.iter().all(|p| p == &host[0]), "{kind:?}: ranks differ");
-            assert_ne!(host[0], mlp.init(7), "{kind:?}: nothing was trained");
+            let values =
+                |r: &[(Vec<f32>, usize)]| r.iter().map(|(v, _)| v.clone()).collect::<Vec<_>>();
+            assert_eq!(
+                values(&host),
+                values(&device),
+                "{kind:?} {sharding:?} {unit:?}"
+            );
+            assert!(
+                host.iter().all(|p| p.0 == host[0].0),
+                "{kind:?}: ranks differ"
+            );
+            let n = mlp.num_params();
+            let last = &host[0].0[host[0].0.len() - n..];
+            assert_ne!(last, mlp.init(7), "{kind:?}: nothing was trained");
+            // only fully sharded fsdp gathers parameters; it does so on the device
+            let gathers = if kind == StrategyKind::Fsdp && sharding == Sharding::Full {
+                2 * 2
+            } else {
+                0
+            };
+            assert!(
+                device.iter().all(|(_, g)| *g == gathers),
+                "{kind:?} {sharding:?} {unit:?}"
+            );
         }
     }
 }

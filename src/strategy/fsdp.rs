@@ -13,7 +13,7 @@ use std::ops::Range;
 
 use super::{full_snapshot, Memory, Snapshot, Strategy};
 use crate::checkpoint::{encode_f32, encode_opt, Layout, OptState};
-use crate::collective::{Collective, CollectiveError, Grads, ReduceOp};
+use crate::collective::{Collective, CollectiveError, DeviceTensor, Grads, ReduceOp};
 use crate::config::{Config, FsdpUnit, Sharding};
 use crate::model::Mlp;
 use crate::train::optim::{clip_by_norm, sum_squares, Optimizer};
@@ -63,6 +63,9 @@ pub struct Fsdp {
     full: Option<Vec<f32>>,
     /// Per unit optimizer over the shard (none: over the whole unit).
     opts: Vec<Optimizer>,
+    /// unit = "model" over a device collective: the gathered parameters on the device, for the
+    /// current step only.
+    device_full: Option<Box<dyn DeviceTensor>>,
 }
 
 impl Fsdp {
@@ -77,7 +80,37 @@ impl Fsdp {
             shards: Vec::new(),
             full: None,
             opts,
+            device_full: None,
         }
+    }
+
+    /// All-gathers unit `i` into a new device buffer like `proto` (unpadded).
+    fn gather_unit_device(
+        &mut self,
+        i: usize,
+        proto: &dyn DeviceTensor,
+    ) -> Result<Box<dyn DeviceTensor>, CollectiveError> {
+        let rank = self.comm.rank();
+        let world = self.comm.world();
+        let u = &self.units[i];
+        let err = |e: String| CollectiveError::Device {
+            rank,
+            op: crate::collective::OpId {
+                seq: 0,
+                kind: crate::collective::OpKind::AllGather,
+            },
+            reason: e,
+        };
+        let mut send = proto.from_host(&self.shards[i]).map_err(err)?;
+        let mut recv = proto.zeros(u.padded_len(world)).map_err(err)?;
+        let (send_raw, recv_raw) = (send.raw().map_err(err)?, recv.raw().map_err(err)?);
+        let len = u.range.len();
+        match self.comm.device_ops() {
+            Some(ops) => ops.all_gather_raw(send_raw, recv_raw)?,
+            None => return Err(err("no device collective".into())),
+        }
+        drop(send);
+        Ok(recv.slice(0..len))
     }
 
     fn shard_of(&self, u: &Unit, whole: &[f32]) -> Vec<f32> {
@@ -154,6 +187,28 @@ impl Strategy for Fsdp {
         }
     }
 
+    fn layer_params_device(
+        &mut self,
+        layer: usize,
+        range: Range<usize>,
+        proto: &dyn DeviceTensor,
+    ) -> Result<Option<Box<dyn DeviceTensor>>, CollectiveError> {
+        // whole parameters on the host (grad_op, none) need no gather
+        if self.full.is_some() || self.comm.device_ops().is_none() {
+            return Ok(None);
+        }
+        match self.units.len() {
+            // unit = "model": gather once per step on the device; layers are slices of it
+            1 => {
+                if self.device_full.is_none() {
+                    self.device_full = Some(self.gather_unit_device(0, proto)?);
+                }
+                Ok(self.device_full.as_ref().map(|d| d.slice(range)))
+            }
+            _ => Ok(Some(self.gather_unit_device(layer, proto)?)),
+        }
+    }
+
     fn grad_weight(&self, _local: usize, _global: usize) -> f64 {
         1.0
     }
@@ -164,6 +219,7 @@ impl Strategy for Fsdp {
         lr: f64,
         clip: Option<f64>,
     ) -> Result<(), CollectiveError> {
+        self.device_full = None;
         if self.sharding == Sharding::None {
             for u in &self.units {
                 grads.all_reduce(self.comm.as_mut(), u.range.clone(), ReduceOp::Mean)?;

@@ -5,9 +5,9 @@ use burn::tensor::activation::log_softmax;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Tensor, TensorData};
 
-use crate::collective::{DeviceFlat, Grads};
+use crate::collective::{DeviceFlat, DeviceTensor, Grads};
 use crate::data::Dataset;
-use crate::model::Mlp;
+use crate::model::{LayerTensors, Mlp};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StepError {
@@ -15,7 +15,7 @@ pub enum StepError {
     Data(String),
     #[error("parameter `{0}` received no gradient")]
     NoGrad(String),
-    #[error("the device gradient buffer belongs to another backend")]
+    #[error("a device buffer belongs to another backend")]
     ForeignGrads,
 }
 
@@ -26,6 +26,12 @@ fn to_vec<B: Backend, const D: usize>(t: Tensor<B, D>) -> Result<Vec<f32>, StepE
         .map_err(|e| StepError::Data(format!("{e:?}")))
 }
 
+/// A layer's flat parameters: on the host, or gathered on the device (fsdp over NCCL).
+pub enum LayerParams {
+    Host(Vec<f32>),
+    Device(Box<dyn DeviceTensor>),
+}
+
 /// Forward and backward on one micro-batch: adds d(loss * scale)/d(params) into `grads` (flat, in
 /// the model's layout; on the host, or on the device where the backend computed them) and returns the unscaled mean cross-entropy. `layer_params(l)`
 /// yields layer l's flat parameters; each buffer becomes that layer's tensor storage at once, so
@@ -33,7 +39,7 @@ fn to_vec<B: Backend, const D: usize>(t: Tensor<B, D>) -> Result<Vec<f32>, StepE
 #[allow(clippy::too_many_arguments)]
 pub fn forward_backward<B: AutodiffBackend, E: From<StepError>>(
     mlp: &Mlp,
-    layer_params: &mut dyn FnMut(usize) -> Result<Vec<f32>, E>,
+    layer_params: &mut dyn FnMut(usize) -> Result<LayerParams, E>,
     x: Vec<f32>,
     y: &[u32],
     masks: Option<Vec<Vec<f32>>>,
@@ -44,7 +50,22 @@ pub fn forward_backward<B: AutodiffBackend, E: From<StepError>>(
     let batch = y.len();
     let mut layers = Vec::with_capacity(mlp.num_layers());
     for l in 0..mlp.num_layers() {
-        let mut t = mlp.layer_tensors::<B>(l, layer_params(l)?, device);
+        let mut t = match layer_params(l)? {
+            LayerParams::Host(v) => mlp.layer_tensors::<B>(l, v, device),
+            LayerParams::Device(mut d) => {
+                let flat = d
+                    .as_any_mut()
+                    .downcast_mut::<DeviceFlat<B::InnerBackend>>()
+                    .ok_or(StepError::ForeignGrads)?
+                    .tensor
+                    .clone();
+                let inner = mlp.layer_tensors_from(l, flat);
+                LayerTensors {
+                    weight: Tensor::from_inner(inner.weight),
+                    bias: Tensor::from_inner(inner.bias),
+                }
+            }
+        };
         t.weight = t.weight.require_grad();
         t.bias = t.bias.require_grad();
         layers.push(t);
@@ -158,4 +179,90 @@ pub fn evaluate<B: Backend>(
         }
     }
     Ok((losses, correct))
+}
+
+#[cfg(test)]
+mod tests {
+    //! The device path of a micro-step (gradients accumulated as one flat tensor, layers built
+    //! from a gathered flat tensor) against the host path, on a CPU backend.
+
+    use burn::backend::{Autodiff, Flex};
+
+    use super::*;
+    use crate::collective::RawBuf;
+    use crate::config::ModelConfig;
+
+    type B = Autodiff<Flex>;
+    type Inner = Flex;
+
+    fn no_address(_: &Tensor<Inner, 1>) -> Result<(RawBuf, Box<dyn std::any::Any>), String> {
+        Err("a CPU tensor has no device address".into())
+    }
+
+    #[test]
+    fn device_buffers_give_the_host_gradients() {
+        let mlp = Mlp::new(&ModelConfig {
+            input_size: 4,
+            hidden_sizes: vec![6],
+            classes: 3,
+            ..ModelConfig::default()
+        });
+        let params = mlp.init(3);
+        let device = Default::default();
+        let x: Vec<f32> = (0..20).map(|i| (i as f32 * 0.37).sin()).collect();
+        let y = [0u32, 2, 1, 2, 0];
+        let mut host = Grads::Host(vec![0.0; mlp.num_params()]);
+        let flat = |v: Vec<f32>| -> Box<dyn DeviceTensor> {
+            let n = v.len();
+            Box::new(DeviceFlat::<Inner>::new(
+                Tensor::from_data(TensorData::new(v, [n]), &device),
+                no_address,
+            ))
+        };
+        let mut dev = Grads::Device(flat(vec![0.0; mlp.num_params()]));
+        let mut losses = Vec::new();
+        // two micro-steps: the device buffer accumulates like the host one
+        for _ in 0..2 {
+            let mut from_host = |l: usize| -> Result<LayerParams, StepError> {
+                Ok(LayerParams::Host(params[mlp.layer_range(l)].to_vec()))
+            };
+            losses.push(
+                forward_backward::<B, StepError>(
+                    &mlp,
+                    &mut from_host,
+                    x.clone(),
+                    &y,
+                    None,
+                    0.5,
+                    &mut host,
+                    &device,
+                )
+                .unwrap(),
+            );
+            let mut from_device = |l: usize| -> Result<LayerParams, StepError> {
+                Ok(LayerParams::Device(flat(
+                    params[mlp.layer_range(l)].to_vec(),
+                )))
+            };
+            losses.push(
+                forward_backward::<B, StepError>(
+                    &mlp,
+                    &mut from_device,
+                    x.clone(),
+                    &y,
+                    None,
+                    0.5,
+                    &mut dev,
+                    &device,
+                )
+                .unwrap(),
+            );
+        }
+        assert!(losses.iter().all(|l| *l == losses[0]), "{losses:?}");
+        let (h, d) = (host.into_host(0).unwrap(), dev.into_host(0).unwrap());
+        assert!(h.iter().any(|g| *g != 0.0));
+        for (a, b) in h.iter().zip(&d) {
+            assert!((a - b).abs() <= 1e-6 * a.abs().max(1.0), "{h:?}\n{d:?}");
+        }
+    }
 }

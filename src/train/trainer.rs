@@ -7,11 +7,11 @@ use burn::tensor::backend::AutodiffBackend;
 use serde::Serialize;
 
 use super::schedule::lr_at;
-use super::step::{evaluate, forward_backward, EvalSums, StepError};
+use super::step::{evaluate, forward_backward, EvalSums, LayerParams, StepError};
 use crate::checkpoint::{
     CheckpointError, DataPosition, Loaded, OptimizerInfo, RngState, SchedulerInfo, State, Store,
 };
-use crate::collective::{CollectiveError, DeviceFlat, Grads, RawFn};
+use crate::collective::{CollectiveError, DeviceFlat, DeviceTensor, Grads, RawFn};
 use crate::config::Config;
 use crate::data::Data;
 use crate::model::Mlp;
@@ -163,6 +163,24 @@ pub trait RankSink {
     fn log(&mut self, line: &str);
 }
 
+/// Layer `l`'s parameters for forward/backward: gathered on the device when the strategy can,
+/// otherwise on the host.
+fn gather_layer(
+    strategy: &mut dyn Strategy,
+    mlp: &Mlp,
+    l: usize,
+    proto: Option<&dyn DeviceTensor>,
+) -> Result<LayerParams, TrainError> {
+    if let Some(proto) = proto {
+        if let Some(d) = strategy.layer_params_device(l, mlp.layer_range(l), proto)? {
+            return Ok(LayerParams::Device(d));
+        }
+    }
+    Ok(LayerParams::Host(
+        strategy.layer_params(l, mlp.layer_range(l))?,
+    ))
+}
+
 /// Runs the whole training of one rank. `raw_fn` is how the backend exposes device addresses
 /// (CUDA): with it, and a collective that works on device buffers (NCCL), gradients stay on the
 /// device until they are reduced.
@@ -228,6 +246,13 @@ pub fn train<B: AutodiffBackend>(
             "gradients: accumulated and reduced on the device (NCCL on the backend's buffers)",
         );
     }
+    // a device buffer that device gathers are made like
+    let proto: Option<Box<dyn DeviceTensor>> = raw_fn.map(|f| {
+        Box::new(DeviceFlat::<B::InnerBackend>::new(
+            burn::tensor::Tensor::zeros([1], device),
+            f,
+        )) as Box<dyn DeviceTensor>
+    });
     let start = Instant::now();
     let mut window_start = Instant::now();
     let mut window_samples = 0.0;
@@ -274,8 +299,8 @@ pub fn train<B: AutodiffBackend>(
                     c.experiment.seed,
                     &[step as u64, k as u64, rank as u64],
                 );
-                let mut layer_params = |l: usize| -> Result<Vec<f32>, TrainError> {
-                    Ok(strategy.layer_params(l, mlp.layer_range(l))?)
+                let mut layer_params = |l: usize| -> Result<LayerParams, TrainError> {
+                    gather_layer(strategy, mlp, l, proto.as_deref())
                 };
                 let loss = forward_backward::<B, TrainError>(
                     mlp,
@@ -291,7 +316,7 @@ pub fn train<B: AutodiffBackend>(
             } else {
                 // Ranks run the same collectives even without samples.
                 for l in 0..mlp.num_layers() {
-                    strategy.layer_params(l, mlp.layer_range(l))?;
+                    gather_layer(strategy, mlp, l, proto.as_deref())?;
                 }
             }
             totals[1] += idx.len() as f64;

@@ -170,6 +170,8 @@ mod gpu {
                 "run",
                 "t.toml",
                 "--quiet",
+                "--run-dir",
+                "r",
                 "--set",
                 "backend.device=cuda",
                 "--set",
@@ -179,5 +181,11 @@ mod gpu {
             ],
         );
         assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        // NCCL reduced the backward pass's own buffers, not host copies
+        let log = std::fs::read_to_string(d.path().join("r/logs/rank-0.log")).unwrap();
+        assert!(
+            log.contains("gradients: accumulated and reduced on the device"),
+            "{log}"
+        );
     }
 }
