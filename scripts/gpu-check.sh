@@ -57,6 +57,9 @@ step "CUDA vs CPU losses (rel 1e-3)" compare_losses cuda-single cpu-single 1e-3
 step "ddp world 1 over NCCL" run cuda-ddp1 backend.device=cuda strategy.kind=ddp strategy.devices=1 strategy.collective=nccl
 step "ddp world 1: NCCL ran on the device gradient buffers" grep -q "gradients: accumulated and reduced on the device" "$WORK/cuda-ddp1/logs/rank-0.log"
 step "ddp(1) over NCCL == single on CUDA (rel 1e-5)" compare_losses cuda-ddp1 cuda-single 1e-5
+step "fsdp world 1 over NCCL (device all-gather and reduce-scatter)" run cuda-fsdp1 backend.device=cuda strategy.kind=fsdp strategy.devices=1 strategy.collective=nccl strategy.unit=layer
+step "fsdp(1) over NCCL == single on CUDA (rel 1e-5)" compare_losses cuda-fsdp1 cuda-single 1e-5
+step "bf16 ddp world 1 over NCCL" run cuda-bf16-ddp1 backend.device=cuda backend.precision=bf16 strategy.kind=ddp strategy.devices=1 strategy.collective=nccl
 step "dp 2 ranks on one GPU, host collective" run cuda-dp2 backend.device=cuda strategy.kind=dp strategy.devices=2 strategy.collective=host train.batch_size=16
 step "ddp 2 ranks on one GPU, host collective" run cuda-ddp2 backend.device=cuda strategy.kind=ddp strategy.devices=2 strategy.collective=host train.batch_size=16
 step "fsdp 2 ranks on one GPU, host-staged" run cuda-fsdp2 backend.device=cuda strategy.kind=fsdp strategy.devices=2 strategy.collective=host train.batch_size=16

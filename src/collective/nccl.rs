@@ -227,6 +227,30 @@ impl NcclRank {
         })
     }
 
+    /// `whole` must hold world x `part` elements of the same type.
+    fn check_split(
+        &self,
+        kind: OpKind,
+        whole: RawBuf,
+        part: RawBuf,
+    ) -> Result<(), CollectiveError> {
+        if whole.len == part.len * self.world && whole.dtype == part.dtype {
+            return Ok(());
+        }
+        let op = OpId {
+            seq: self.seq,
+            kind,
+        };
+        Err(device_error(
+            self.rank,
+            op,
+            format!(
+                "buffers of {} and {} elements ({:?}, {:?}) for world {}: the larger must be world x the smaller",
+                whole.len, part.len, whole.dtype, part.dtype, self.world
+            ),
+        ))
+    }
+
     fn next(&mut self, kind: OpKind) -> OpId {
         let op = OpId {
             seq: self.seq,
@@ -512,20 +536,7 @@ impl DeviceOps for NcclRank {
         recv: RawBuf,
         op: ReduceOp,
     ) -> Result<(), CollectiveError> {
-        let rank = self.rank;
-        if send.len != recv.len * self.world || send.dtype != recv.dtype {
-            return Err(device_error(
-                rank,
-                OpId {
-                    seq: self.seq,
-                    kind: OpKind::ReduceScatter,
-                },
-                format!(
-                    "send has {} elements, recv {} x world {}",
-                    send.len, recv.len, self.world
-                ),
-            ));
-        }
+        self.check_split(OpKind::ReduceScatter, send, recv)?;
         self.run(OpKind::ReduceScatter, |comm, st| unsafe {
             let (s, r) = (
                 send.ptr as *const std::ffi::c_void,
@@ -540,19 +551,7 @@ impl DeviceOps for NcclRank {
     }
 
     fn all_gather_raw(&mut self, send: RawBuf, recv: RawBuf) -> Result<(), CollectiveError> {
-        if recv.len != send.len * self.world || send.dtype != recv.dtype {
-            return Err(device_error(
-                self.rank,
-                OpId {
-                    seq: self.seq,
-                    kind: OpKind::AllGather,
-                },
-                format!(
-                    "recv has {} elements, send {} x world {}",
-                    recv.len, send.len, self.world
-                ),
-            ));
-        }
+        self.check_split(OpKind::AllGather, recv, send)?;
         self.run(OpKind::AllGather, |comm, st| unsafe {
             let (s, r) = (
                 send.ptr as *const std::ffi::c_void,

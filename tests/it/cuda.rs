@@ -161,31 +161,35 @@ mod gpu {
 
     #[test]
     #[ignore = "needs a CUDA GPU (run `cargo test --release --features cuda -- --ignored` on one)"]
-    fn ddp_world_one_over_nccl() {
+    fn ddp_and_fsdp_world_one_over_nccl_use_device_buffers() {
         let d = tempfile::tempdir().unwrap();
         write(d.path(), "t.toml", TINY);
-        let o = kiln(
-            d.path(),
-            &[
-                "run",
-                "t.toml",
-                "--quiet",
-                "--run-dir",
-                "r",
-                "--set",
-                "backend.device=cuda",
-                "--set",
-                "strategy.kind=ddp",
-                "--set",
-                "strategy.collective=nccl",
-            ],
-        );
-        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-        // NCCL reduced the backward pass's own buffers, not host copies
-        let log = std::fs::read_to_string(d.path().join("r/logs/rank-0.log")).unwrap();
-        assert!(
-            log.contains("gradients: accumulated and reduced on the device"),
-            "{log}"
-        );
+        for kind in ["ddp", "fsdp"] {
+            let o = kiln(
+                d.path(),
+                &[
+                    "run",
+                    "t.toml",
+                    "--quiet",
+                    "--run-dir",
+                    kind,
+                    "--set",
+                    "backend.device=cuda",
+                    "--set",
+                    &format!("strategy.kind={kind}"),
+                    "--set",
+                    "strategy.unit=layer",
+                    "--set",
+                    "strategy.collective=nccl",
+                ],
+            );
+            assert_eq!(o.status.code(), Some(0), "{kind}: {}", stderr(&o));
+            // NCCL reduced the backward pass's own buffers, not host copies
+            let log = std::fs::read_to_string(d.path().join(kind).join("logs/rank-0.log")).unwrap();
+            assert!(
+                log.contains("gradients: accumulated and reduced on the device"),
+                "{log}"
+            );
+        }
     }
 }
