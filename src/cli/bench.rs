@@ -58,16 +58,25 @@ pub fn bench(a: &BenchArgs) -> Result<()> {
             }
         }
     };
+    #[cfg(feature = "cuda")]
+    if c.backend.device == Device::Cuda {
+        // find NCCL the way a run does (may re-execute kiln with it on the library path)
+        crate::cuda::ensure_nccl_loadable();
+    }
+    // every placement checked before anything is printed
+    let mut runs = Vec::new();
+    for cpu in backends {
+        if let Some(cpu) = cpu {
+            c.backend.cpu = cpu;
+        }
+        runs.push((c.clone(), backend::resolve(&c)?));
+    }
     println!("{}", plan.describe());
     println!(
         "backend   threads  steps/s  samples/s  (median of {})",
         a.repeats
     );
-    for cpu in backends {
-        if let Some(cpu) = cpu {
-            c.backend.cpu = cpu;
-        }
-        let placement = backend::resolve(&c)?;
+    for (c, placement) in runs {
         let be: Resolved = placement.backend;
         let input = TrainInput {
             config: &c,

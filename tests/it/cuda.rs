@@ -7,9 +7,10 @@ use crate::common::{kiln, stderr, stdout, write, TINY};
 fn cuda_without_a_device_or_the_feature_is_bad_input() {
     let d = tempfile::tempdir().unwrap();
     write(d.path(), "t.toml", TINY);
-    for cmd in ["check", "run"] {
+    for cmd in ["check", "run", "bench"] {
         let o = kiln(d.path(), &[cmd, "t.toml", "--set", "backend.device=cuda"]);
         assert_eq!(o.status.code(), Some(2), "{cmd}");
+        assert_eq!(stdout(&o), "", "{cmd}: nothing is printed before the error");
         let e = stderr(&o);
         if cfg!(feature = "cuda") {
             assert!(e.starts_with("error: no CUDA device found; "), "{e}");
