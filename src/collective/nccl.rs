@@ -175,6 +175,7 @@ impl NcclRank {
             }
             let left = timeout.saturating_sub(start.elapsed());
             if left.is_zero() {
+                shared.set(&format!("rank {rank} gave up waiting for the local ranks"));
                 return Err(device_error(
                     rank,
                     SETUP,

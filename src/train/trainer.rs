@@ -245,6 +245,7 @@ pub fn train<B: AutodiffBackend>(
         sink.log(
             "gradients: accumulated and reduced on the device (NCCL on the backend's buffers)",
         );
+        sink.log("parameters: kept on the host, where the optimizer runs; fsdp all-gathers shards into device buffers; the initial broadcast and loss sums are copied through the GPU");
     }
     // a device buffer that device gathers are made like
     let proto: Option<Box<dyn DeviceTensor>> = raw_fn.map(|f| {
