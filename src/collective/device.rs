@@ -84,7 +84,7 @@ pub trait DeviceTensor {
     /// A new zeroed buffer of `len` elements on the same device.
     fn zeros(&self, len: usize) -> Result<Box<dyn DeviceTensor>, String>;
     /// A new buffer on the same device holding `values`.
-    fn from_host(&self, values: &[f32]) -> Result<Box<dyn DeviceTensor>, String>;
+    fn upload(&self, values: &[f32]) -> Result<Box<dyn DeviceTensor>, String>;
     /// Elements `range` (for reading; may share this buffer).
     fn slice(&self, range: Range<usize>) -> Box<dyn DeviceTensor>;
     /// A new buffer: elements `range` of this one, then zeros up to `padded` elements.
@@ -136,7 +136,7 @@ impl<B: Backend> DeviceTensor for DeviceFlat<B> {
         let t = Tensor::<B, 1>::zeros([len], &self.tensor.device());
         Ok(self.wrap(t))
     }
-    fn from_host(&self, values: &[f32]) -> Result<Box<dyn DeviceTensor>, String> {
+    fn upload(&self, values: &[f32]) -> Result<Box<dyn DeviceTensor>, String> {
         let data = TensorData::new(values.to_vec(), [values.len()]);
         Ok(self.wrap(Tensor::from_data(data, &self.tensor.device())))
     }
@@ -331,7 +331,7 @@ pub(crate) mod emulated {
         fn zeros(&self, len: usize) -> Result<Box<dyn DeviceTensor>, String> {
             Ok(Box::new(HostFlat(vec![0.0; len])))
         }
-        fn from_host(&self, values: &[f32]) -> Result<Box<dyn DeviceTensor>, String> {
+        fn upload(&self, values: &[f32]) -> Result<Box<dyn DeviceTensor>, String> {
             Ok(Box::new(HostFlat(values.to_vec())))
         }
         fn slice(&self, range: Range<usize>) -> Box<dyn DeviceTensor> {

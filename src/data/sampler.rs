@@ -21,7 +21,7 @@ impl Sampler {
     }
 
     fn per_rank_of(&self, len: usize) -> usize {
-        if self.drop_last && len % self.world != 0 {
+        if self.drop_last && !len.is_multiple_of(self.world) {
             len / self.world
         } else {
             len.div_ceil(self.world)

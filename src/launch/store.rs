@@ -176,7 +176,7 @@ fn serve(mut conn: TcpStream, token: &str, round: usize, st: &(Mutex<Shared>, Co
         Err(e) => return reject(st, &peer, &format!("no valid hello ({e})")),
     };
     let hello = serde_json::from_value::<Hello>(hello["hello"].clone()).ok();
-    if !hello.as_ref().is_some_and(|h| h.token == token) {
+    if hello.as_ref().is_none_or(|h| h.token != token) {
         let _ = write_frame(&mut conn, &json!({"error": "bad job token"}));
         return reject(st, &peer, "bad job token");
     }

@@ -100,9 +100,9 @@ impl Mlp {
         LayerTensors {
             weight: flat
                 .clone()
-                .slice([0..w.len()])
+                .slice(0..w.len())
                 .reshape([w.shape[0], w.shape[1]]),
-            bias: flat.slice([w.len()..w.len() + b.len()]),
+            bias: flat.slice(w.len()..w.len() + b.len()),
         }
     }
 

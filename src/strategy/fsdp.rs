@@ -101,7 +101,7 @@ impl Fsdp {
             },
             reason: e,
         };
-        let mut send = proto.from_host(&self.shards[i]).map_err(err)?;
+        let mut send = proto.upload(&self.shards[i]).map_err(err)?;
         let mut recv = proto.zeros(u.padded_len(world)).map_err(err)?;
         let (send_raw, recv_raw) = (send.raw().map_err(err)?, recv.raw().map_err(err)?);
         let len = u.range.len();
