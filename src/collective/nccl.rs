@@ -272,7 +272,7 @@ impl NcclRank {
         &mut self,
         kind: OpKind,
         f: impl FnOnce(sys::ncclComm_t, sys::cudaStream_t) -> Result<(), String>,
-    ) -> Result<OpId, CollectiveError> {
+    ) -> Result<(), CollectiveError> {
         let op = self.next(kind);
         let rank = self.rank;
         if let Some(reason) = self.shared.reason() {
@@ -300,7 +300,7 @@ impl NcclRank {
         let mut polls = 0u32;
         loop {
             match event.try_is_complete() {
-                Ok(true) => return Ok(op),
+                Ok(true) => return Ok(()),
                 Ok(false) => {}
                 Err(e) => {
                     self.fail(&format!("rank {rank} failed in {op}"));
@@ -512,7 +512,6 @@ impl DeviceOps for NcclRank {
                 .map(|_| ())
                 .map_err(|e| format!("ncclAllReduce: {e:?}"))
         })
-        .map(|_| ())
     }
 
     fn reduce_raw(
@@ -528,7 +527,6 @@ impl DeviceOps for NcclRank {
                 .map(|_| ())
                 .map_err(|e| format!("ncclReduce: {e:?}"))
         })
-        .map(|_| ())
     }
 
     fn reduce_scatter_raw(
@@ -548,7 +546,6 @@ impl DeviceOps for NcclRank {
                 .map(|_| ())
                 .map_err(|e| format!("ncclReduceScatter: {e:?}"))
         })
-        .map(|_| ())
     }
 
     fn all_gather_raw(&mut self, send: RawBuf, recv: RawBuf) -> Result<(), CollectiveError> {
@@ -562,6 +559,5 @@ impl DeviceOps for NcclRank {
                 .map(|_| ())
                 .map_err(|e| format!("ncclAllGather: {e:?}"))
         })
-        .map(|_| ())
     }
 }
