@@ -60,6 +60,10 @@ step "ddp(1) over NCCL == single on CUDA (rel 1e-5)" compare_losses cuda-ddp1 cu
 step "fsdp world 1 over NCCL (device all-gather and reduce-scatter)" run cuda-fsdp1 backend.device=cuda strategy.kind=fsdp strategy.devices=1 strategy.collective=nccl strategy.unit=layer
 step "fsdp(1) over NCCL == single on CUDA (rel 1e-5)" compare_losses cuda-fsdp1 cuda-single 1e-5
 step "bf16 ddp world 1 over NCCL" run cuda-bf16-ddp1 backend.device=cuda backend.precision=bf16 strategy.kind=ddp strategy.devices=1 strategy.collective=nccl
+step "single on CUDA keeps parameters and optimizer on the device" grep -q "parameters and optimizer state: on the device" "$WORK/cuda-single/logs/rank-0.log"
+step "CUDA checkpoint at step 15 of 30" run cuda-ckpt backend.device=cuda optim.kind=adamw checkpoint.every_steps=15
+step "CUDA resume from step 15 repeats steps 16-30 (rel 1e-5)" bash -c "cp -r '$WORK/cuda-ckpt' '$WORK/cuda-resumed' && '$KILN' resume '$WORK/cuda-resumed' --from step-00000015 --quiet"
+step "resumed losses == uninterrupted losses" compare_losses cuda-ckpt cuda-resumed 1e-5
 step "dp 2 ranks on one GPU, host collective" run cuda-dp2 backend.device=cuda strategy.kind=dp strategy.devices=2 strategy.collective=host train.batch_size=16
 step "ddp 2 ranks on one GPU, host collective" run cuda-ddp2 backend.device=cuda strategy.kind=ddp strategy.devices=2 strategy.collective=host train.batch_size=16
 step "fsdp 2 ranks on one GPU, host-staged" run cuda-fsdp2 backend.device=cuda strategy.kind=fsdp strategy.devices=2 strategy.collective=host train.batch_size=16

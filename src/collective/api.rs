@@ -18,6 +18,8 @@ pub enum OpKind {
     ReduceScatter,
     Reduce,
     Barrier,
+    /// Not a collective: the optimizer step or a copy of device state to the host.
+    Update,
 }
 
 impl fmt::Display for OpKind {
@@ -29,6 +31,7 @@ impl fmt::Display for OpKind {
             OpKind::ReduceScatter => "reduce_scatter",
             OpKind::Reduce => "reduce",
             OpKind::Barrier => "barrier",
+            OpKind::Update => "update",
         })
     }
 }

@@ -12,9 +12,11 @@ use std::any::Any;
 use std::ops::Range;
 
 use burn::tensor::backend::Backend;
-use burn::tensor::{Tensor, TensorData};
+use burn::tensor::{DType, Tensor, TensorData};
 
 use super::{Collective, CollectiveError, OpId, OpKind, ReduceOp};
+use crate::train::device_optim::{BurnParams, DeviceParams};
+use crate::train::optim::Optimizer;
 
 /// Element type of a device buffer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -92,6 +94,10 @@ pub trait DeviceTensor {
     /// The values as f32 on the host.
     fn to_host(&mut self) -> Result<Vec<f32>, String>;
     fn as_any_mut(&mut self) -> &mut dyn Any;
+    /// `params` and the state of `opt` moved to this buffer's device, to stay there between
+    /// steps; `None` where that does not apply (parameters below f32 keep f32 masters on the
+    /// host).
+    fn device_params(&self, params: &[f32], opt: &Optimizer) -> Option<Box<dyn DeviceParams>>;
 }
 
 /// How a backend reaches the device address of a flat tensor (pending work finished). The second
@@ -168,6 +174,16 @@ impl<B: Backend> DeviceTensor for DeviceFlat<B> {
     }
     fn as_any_mut(&mut self) -> &mut dyn Any {
         self
+    }
+    fn device_params(&self, params: &[f32], opt: &Optimizer) -> Option<Box<dyn DeviceParams>> {
+        (self.tensor.dtype() == DType::F32).then(|| {
+            Box::new(BurnParams::<B>::new(
+                params,
+                opt,
+                &self.tensor.device(),
+                self.raw_fn,
+            )) as Box<dyn DeviceParams>
+        })
     }
 }
 
@@ -351,6 +367,37 @@ pub(crate) mod emulated {
         }
         fn as_any_mut(&mut self) -> &mut dyn Any {
             self
+        }
+        fn device_params(&self, params: &[f32], opt: &Optimizer) -> Option<Box<dyn DeviceParams>> {
+            Some(Box::new(HostParams(params.to_vec(), opt.clone())))
+        }
+    }
+
+    /// Device parameters in host memory, updated by the host optimizer.
+    pub struct HostParams(pub Vec<f32>, pub Optimizer);
+
+    impl DeviceParams for HostParams {
+        fn slice(&self, range: Range<usize>) -> Box<dyn DeviceTensor> {
+            Box::new(HostFlat(self.0[range].to_vec()))
+        }
+        fn step(
+            &mut self,
+            grads: &mut dyn DeviceTensor,
+            lr: f64,
+            clip: Option<f64>,
+        ) -> Result<(), String> {
+            let mut g = grads.to_host()?;
+            crate::strategy::clip_and_step(&mut self.1, &mut self.0, &mut g, lr, clip);
+            Ok(())
+        }
+        fn params(&mut self) -> Result<Vec<f32>, String> {
+            Ok(self.0.clone())
+        }
+        fn export(&mut self) -> Result<crate::checkpoint::OptState, String> {
+            Ok(self.1.export())
+        }
+        fn state_bytes(&self) -> usize {
+            self.1.state_bytes()
         }
     }
 

@@ -61,6 +61,7 @@ fn kind_code(k: OpKind) -> u8 {
         OpKind::ReduceScatter => 4,
         OpKind::Reduce => 5,
         OpKind::Barrier => 6,
+        OpKind::Update => 7,
     }
 }
 
@@ -72,6 +73,7 @@ fn code_kind(c: u8) -> Option<OpKind> {
         4 => OpKind::ReduceScatter,
         5 => OpKind::Reduce,
         6 => OpKind::Barrier,
+        7 => OpKind::Update,
         _ => return None,
     })
 }

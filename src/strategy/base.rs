@@ -121,7 +121,7 @@ pub trait Strategy {
     }
     fn memory(&self) -> Memory;
     /// The files this rank writes into a checkpoint, and how they are laid out.
-    fn snapshot(&mut self) -> Snapshot;
+    fn snapshot(&mut self) -> Result<Snapshot, CollectiveError>;
     /// Takes the optimizer state from whole (unsharded) buffers, after `init` with the saved
     /// parameters; each strategy keeps its part.
     fn load_optimizer(&mut self, opt: &OptState);
@@ -187,7 +187,7 @@ pub fn estimate(c: &Config, mlp: &Mlp, world: usize) -> Vec<Memory> {
 }
 
 /// Clip by the global norm of full (already synchronised) gradients, then step.
-pub(super) fn clip_and_step(
+pub(crate) fn clip_and_step(
     opt: &mut Optimizer,
     params: &mut [f32],
     grads: &mut [f32],
@@ -213,9 +213,13 @@ mod tests {
     use crate::collective::{Grads, LocalGroup};
     use crate::config::{Devices, FsdpUnit, ModelConfig, OptimKind};
 
+    /// What a rank saw (gathered layers, then its final parameters), how many gathers ran on the
+    /// device, and its checkpoint files.
+    type Out = (Vec<f32>, usize, Vec<(String, Vec<u8>)>);
+
     /// Every rank's parameters after two updates from rank-dependent gradients, preceded by the
     /// layer parameters each step gathered (and how many gathers ran on the device).
-    fn run(c: &Config, mlp: &Mlp, device: bool) -> Vec<(Vec<f32>, usize)> {
+    fn run(c: &Config, mlp: &Mlp, device: bool) -> Vec<Out> {
         let n = mlp.num_params();
         let ranks = LocalGroup::new(c.strategy.devices.count(), Duration::from_secs(20));
         std::thread::scope(|s| {
@@ -262,7 +266,7 @@ mod tests {
                             st.update(grads, 0.1, Some(0.5)).unwrap();
                         }
                         seen.extend(st.params().unwrap());
-                        (seen, on_device)
+                        (seen, on_device, st.snapshot().unwrap().files)
                     })
                 })
                 .collect();
@@ -303,8 +307,12 @@ mod tests {
             c.optim.kind = OptimKind::Adamw;
             let host = run(&c, &mlp, false);
             let device = run(&c, &mlp, true);
-            let values =
-                |r: &[(Vec<f32>, usize)]| r.iter().map(|(v, _)| v.clone()).collect::<Vec<_>>();
+            let values = |r: &[Out]| r.iter().map(|o| o.0.clone()).collect::<Vec<_>>();
+            let files = |r: &[Out]| r.iter().map(|o| o.2.clone()).collect::<Vec<_>>();
+            assert!(
+                files(&host) == files(&device),
+                "{kind:?} {sharding:?} {unit:?}: checkpoints differ"
+            );
             assert_eq!(
                 values(&host),
                 values(&device),
@@ -317,14 +325,15 @@ mod tests {
             let n = mlp.num_params();
             let last = &host[0].0[host[0].0.len() - n..];
             assert_ne!(last, mlp.init(7), "{kind:?}: nothing was trained");
-            // only fully sharded fsdp gathers parameters; it does so on the device
-            let gathers = if kind == StrategyKind::Fsdp && sharding == Sharding::Full {
-                2 * 2
-            } else {
-                0
+            // fully sharded fsdp gathers parameters on the device; ddp/single keep them there
+            let on_device = match kind {
+                StrategyKind::Fsdp => sharding == Sharding::Full,
+                StrategyKind::Single | StrategyKind::Ddp => true,
+                StrategyKind::Dp => false,
             };
+            let gathers = if on_device { 2 * 2 } else { 0 };
             assert!(
-                device.iter().all(|(_, g)| *g == gathers),
+                device.iter().all(|o| o.1 == gathers),
                 "{kind:?} {sharding:?} {unit:?}"
             );
         }

@@ -2,11 +2,19 @@
 //! keeps a full replica and its own optimizer; at the last micro-step of a step the gradients are
 //! averaged by all-reduce in buckets of `bucket_cap_mb` (earlier micro-steps accumulate locally
 //! without communication, like `no_sync`).
+//!
+//! Over a device collective (NCCL) with f32 parameters, the parameters and optimizer state move
+//! to the device at the first forward and stay there: the forward reads them in place and the
+//! update runs there (`DeviceParams`); the host copy is refreshed only when asked for
+//! (evaluation, checkpoints, the end).
 
 use super::{clip_and_step, full_snapshot, whole_memory, Memory, Snapshot, Strategy};
 use crate::checkpoint::OptState;
-use crate::collective::{Collective, CollectiveError, Grads, ReduceOp};
+use std::ops::Range;
+
+use crate::collective::{Collective, CollectiveError, DeviceTensor, Grads, OpId, OpKind, ReduceOp};
 use crate::config::Config;
+use crate::train::device_optim::DeviceParams;
 use crate::train::optim::Optimizer;
 
 pub struct Ddp {
@@ -14,6 +22,18 @@ pub struct Ddp {
     params: Vec<f32>,
     opt: Optimizer,
     bucket_elems: usize,
+    /// Parameters and optimizer state on the device, once the forward has asked for them there.
+    dev: Option<Box<dyn DeviceParams>>,
+    /// Whether `params` lags behind `dev`.
+    stale: bool,
+}
+
+fn device_error(rank: usize, kind: OpKind, reason: String) -> CollectiveError {
+    CollectiveError::Device {
+        rank,
+        op: OpId { seq: 0, kind },
+        reason,
+    }
 }
 
 impl Ddp {
@@ -25,7 +45,22 @@ impl Ddp {
             params: Vec::new(),
             opt: Optimizer::new(&c.optim),
             bucket_elems,
+            dev: None,
+            stale: false,
         }
+    }
+
+    /// Brings `params` and `opt` up to date with the device.
+    fn sync_host(&mut self) -> Result<(), CollectiveError> {
+        let rank = self.comm.rank();
+        if let (true, Some(dev)) = (self.stale, &mut self.dev) {
+            let err = |e| device_error(rank, OpKind::Update, e);
+            self.params = dev.params().map_err(err)?;
+            let state = dev.export().map_err(err)?;
+            self.opt.import_whole(&state);
+            self.stale = false;
+        }
+        Ok(())
     }
 }
 
@@ -39,10 +74,27 @@ impl Strategy for Ddp {
     fn init(&mut self, mut init: Vec<f32>) -> Result<(), CollectiveError> {
         self.comm.broadcast(&mut init, 0)?;
         self.params = init;
+        self.dev = None;
+        self.stale = false;
         Ok(())
     }
     fn params(&mut self) -> Result<&[f32], CollectiveError> {
+        self.sync_host()?;
         Ok(&self.params)
+    }
+    fn layer_params_device(
+        &mut self,
+        _layer: usize,
+        range: Range<usize>,
+        proto: &dyn DeviceTensor,
+    ) -> Result<Option<Box<dyn DeviceTensor>>, CollectiveError> {
+        if self.dev.is_none() {
+            if self.comm.device_ops().is_none() {
+                return Ok(None);
+            }
+            self.dev = proto.device_params(&self.params, &self.opt);
+        }
+        Ok(self.dev.as_ref().map(|d| d.slice(range)))
     }
     fn grad_weight(&self, _local: usize, _global: usize) -> f64 {
         1.0
@@ -62,17 +114,38 @@ impl Strategy for Ddp {
         clip: Option<f64>,
     ) -> Result<(), CollectiveError> {
         self.micro_sync(&mut grads)?;
-        let mut grads = grads.into_host(self.comm.rank())?;
+        let rank = self.comm.rank();
+        if let (Some(dev), Grads::Device(g)) = (&mut self.dev, &mut grads) {
+            dev.step(g.as_mut(), lr, clip)
+                .map_err(|e| device_error(rank, OpKind::Update, e))?;
+            self.stale = true;
+            return Ok(());
+        }
+        self.sync_host()?;
+        self.dev = None;
+        let mut grads = grads.into_host(rank)?;
         clip_and_step(&mut self.opt, &mut self.params, &mut grads, lr, clip);
         Ok(())
     }
     fn memory(&self) -> Memory {
-        whole_memory(self.rank(), &self.params, self.opt.state_bytes())
+        let optim = match &self.dev {
+            Some(d) => d.state_bytes(),
+            None => self.opt.state_bytes(),
+        };
+        whole_memory(self.rank(), &self.params, optim)
     }
-    fn snapshot(&mut self) -> Snapshot {
-        full_snapshot(self.rank(), &self.params, Some(self.opt.export()))
+    fn snapshot(&mut self) -> Result<Snapshot, CollectiveError> {
+        self.sync_host()?;
+        Ok(full_snapshot(
+            self.rank(),
+            &self.params,
+            Some(self.opt.export()),
+        ))
     }
     fn load_optimizer(&mut self, opt: &OptState) {
         self.opt.import_whole(opt);
+        // a device copy (if any) is made again from the host state
+        self.dev = None;
+        self.stale = false;
     }
 }

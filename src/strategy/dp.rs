@@ -73,12 +73,12 @@ impl Strategy for Dp {
             self.opt.as_ref().map(|o| o.state_bytes()).unwrap_or(0),
         )
     }
-    fn snapshot(&mut self) -> Snapshot {
-        full_snapshot(
+    fn snapshot(&mut self) -> Result<Snapshot, CollectiveError> {
+        Ok(full_snapshot(
             self.rank(),
             &self.params,
             self.opt.as_ref().map(|o| o.export()),
-        )
+        ))
     }
     fn load_optimizer(&mut self, opt: &OptState) {
         if let Some(o) = &mut self.opt {

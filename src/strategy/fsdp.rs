@@ -284,7 +284,7 @@ impl Strategy for Fsdp {
         }
     }
 
-    fn snapshot(&mut self) -> Snapshot {
+    fn snapshot(&mut self) -> Result<Snapshot, CollectiveError> {
         let rank = self.rank();
         let steps = self.opts.first().map(|o| o.steps).unwrap_or(0);
         let concat = |pick: fn(&Optimizer) -> &Vec<f32>, opts: &[Optimizer]| -> Vec<f32> {
@@ -301,10 +301,10 @@ impl Strategy for Fsdp {
         };
         if self.sharding == Sharding::None {
             let params = self.full.clone().unwrap_or_default();
-            return full_snapshot(rank, &params, Some(opt));
+            return Ok(full_snapshot(rank, &params, Some(opt)));
         }
         let shards: Vec<f32> = self.shards.iter().flatten().copied().collect();
-        Snapshot {
+        Ok(Snapshot {
             layout: Layout::Sharded {
                 world: self.world(),
                 units: self
@@ -317,7 +317,7 @@ impl Strategy for Fsdp {
                 (format!("model-rank-{rank}.bin"), encode_f32(&shards)),
                 (format!("optim-rank-{rank}.bin"), encode_opt(&opt)),
             ],
-        }
+        })
     }
 
     fn load_optimizer(&mut self, opt: &OptState) {

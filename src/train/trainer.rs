@@ -245,7 +245,17 @@ pub fn train<B: AutodiffBackend>(
         sink.log(
             "gradients: accumulated and reduced on the device (NCCL on the backend's buffers)",
         );
-        sink.log("parameters: kept on the host, where the optimizer runs; fsdp all-gathers shards into device buffers; the initial broadcast and loss sums are copied through the GPU");
+        use crate::config::{Precision, Sharding, StrategyKind};
+        let f32_params = c.backend.precision == Precision::F32;
+        sink.log(match c.strategy.kind {
+            StrategyKind::Single | StrategyKind::Ddp if f32_params => {
+                "parameters and optimizer state: on the device, where the update runs (copied to the host for evaluation and checkpoints)"
+            }
+            StrategyKind::Fsdp if c.strategy.sharding == Sharding::Full => {
+                "parameters: shards on the host, all-gathered into device buffers for the forward; the optimizer runs on the host shard"
+            }
+            _ => "parameters: on the host, where the optimizer runs (uploaded for each forward)",
+        });
     }
     // a device buffer that device gathers are made like
     let proto: Option<Box<dyn DeviceTensor>> = raw_fn.map(|f| {
@@ -442,7 +452,7 @@ fn save_checkpoint(
         store.begin(step as u64)?;
     }
     strategy.barrier()?;
-    let snap = strategy.snapshot();
+    let snap = strategy.snapshot()?;
     for (name, bytes) in &snap.files {
         store.write_file(step as u64, name, bytes)?;
     }

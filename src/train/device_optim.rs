@@ -1,0 +1,247 @@
+//! Parameters and optimizer state kept on the device between steps (ddp and single on CUDA with
+//! f32 parameters): the forward reads slices of the parameters where they are, and clipping and
+//! the optimizer step run as Burn tensor ops, so a step moves no parameter or gradient across
+//! the host boundary. The ops are the host optimizer's (`optim.rs`), term by term in the same
+//! order, so on a CPU backend the results are bit-identical to it.
+
+use std::ops::Range;
+
+use burn::tensor::backend::Backend;
+use burn::tensor::{ElementConversion, Tensor, TensorData};
+
+use crate::checkpoint::OptState;
+use crate::collective::{DeviceFlat, DeviceTensor, RawFn};
+use crate::config::OptimKind;
+use crate::train::optim::Optimizer;
+
+/// A whole parameter buffer and its optimizer state, on a device.
+pub trait DeviceParams {
+    /// Elements `range` of the parameters, for the forward.
+    fn slice(&self, range: Range<usize>) -> Box<dyn DeviceTensor>;
+    /// Clips `grads` to the global norm `clip` (torch `clip_grad_norm_`) and takes one optimizer
+    /// step at `lr`.
+    fn step(
+        &mut self,
+        grads: &mut dyn DeviceTensor,
+        lr: f64,
+        clip: Option<f64>,
+    ) -> Result<(), String>;
+    /// The parameters on the host.
+    fn params(&mut self) -> Result<Vec<f32>, String>;
+    /// The optimizer state as `Optimizer::export` gives it.
+    fn export(&mut self) -> Result<OptState, String>;
+    fn state_bytes(&self) -> usize;
+}
+
+/// `DeviceParams` over Burn tensors of backend `B`.
+pub struct BurnParams<B: Backend> {
+    params: Tensor<B, 1>,
+    m: Option<Tensor<B, 1>>,
+    v: Option<Tensor<B, 1>>,
+    /// Hyperparameters and the step count (its own buffers stay empty).
+    opt: Optimizer,
+    raw_fn: RawFn<B>,
+}
+
+fn upload<B: Backend>(values: &[f32], device: &B::Device) -> Tensor<B, 1> {
+    Tensor::from_data(TensorData::new(values.to_vec(), [values.len()]), device)
+}
+
+fn download<B: Backend>(t: &Tensor<B, 1>) -> Result<Vec<f32>, String> {
+    t.clone()
+        .into_data()
+        .convert::<f32>()
+        .into_vec::<f32>()
+        .map_err(|e| format!("reading device parameters: {e:?}"))
+}
+
+impl<B: Backend> BurnParams<B> {
+    /// Uploads `params` and the state of `opt`.
+    pub fn new(params: &[f32], opt: &Optimizer, device: &B::Device, raw_fn: RawFn<B>) -> Self {
+        let state = |v: &[f32]| (!v.is_empty()).then(|| upload::<B>(v, device));
+        let mut hyper = opt.clone();
+        hyper.m = Vec::new();
+        hyper.v = Vec::new();
+        BurnParams {
+            params: upload(params, device),
+            m: state(&opt.m),
+            v: state(&opt.v),
+            opt: hyper,
+            raw_fn,
+        }
+    }
+}
+
+impl<B: Backend> DeviceParams for BurnParams<B> {
+    fn slice(&self, range: Range<usize>) -> Box<dyn DeviceTensor> {
+        Box::new(DeviceFlat::new(
+            self.params.clone().slice(range),
+            self.raw_fn,
+        ))
+    }
+
+    fn step(
+        &mut self,
+        grads: &mut dyn DeviceTensor,
+        lr: f64,
+        clip: Option<f64>,
+    ) -> Result<(), String> {
+        let mut g = grads
+            .as_any_mut()
+            .downcast_mut::<DeviceFlat<B>>()
+            .ok_or("the gradient buffer belongs to another backend")?
+            .tensor
+            .clone();
+        if let Some(max_norm) = clip {
+            let sq: f64 = g.clone().mul(g.clone()).sum().into_scalar().elem();
+            let coef = max_norm / (sq.sqrt() + 1e-6);
+            if coef < 1.0 {
+                g = g.mul_scalar(coef as f32);
+            }
+        }
+        let o = &mut self.opt;
+        o.steps += 1;
+        let lr = lr as f32;
+        let wd = o.weight_decay;
+        let p = self.params.clone();
+        match o.kind {
+            OptimKind::Sgd if o.momentum == 0.0 => {
+                self.params = p.clone() - (g + p.mul_scalar(wd)).mul_scalar(lr);
+            }
+            OptimKind::Sgd => {
+                let mu = o.momentum;
+                let d = g + p.clone().mul_scalar(wd);
+                let b = match self.m.take() {
+                    None => d.clone(),
+                    Some(b) => b.mul_scalar(mu) + d.clone(),
+                };
+                let upd = if o.nesterov {
+                    d + b.clone().mul_scalar(mu)
+                } else {
+                    b.clone()
+                };
+                self.params = p - upd.mul_scalar(lr);
+                self.m = Some(b);
+            }
+            OptimKind::Adam | OptimKind::Adamw => {
+                let [b1, b2] = o.betas;
+                let t = o.steps as i32;
+                let bc1 = 1.0 - b1.powi(t);
+                let bc2_sqrt = (1.0 - b2.powi(t)).sqrt();
+                let step_size = lr / bc1;
+                let (p, g) = if o.kind == OptimKind::Adamw {
+                    (p.mul_scalar(1.0 - lr * wd), g)
+                } else {
+                    (p.clone(), g + p.mul_scalar(wd))
+                };
+                let zeros = || Tensor::<B, 1>::zeros(p.dims(), &p.device());
+                let m = self.m.take().unwrap_or_else(zeros).mul_scalar(b1)
+                    + g.clone().mul_scalar(1.0 - b1);
+                let v = self.v.take().unwrap_or_else(zeros).mul_scalar(b2)
+                    + g.clone().mul_scalar(1.0 - b2).mul(g);
+                let denom = v.clone().sqrt().div_scalar(bc2_sqrt).add_scalar(o.eps);
+                self.params = p - m.clone().mul_scalar(step_size).div(denom);
+                self.m = Some(m);
+                self.v = Some(v);
+            }
+        }
+        Ok(())
+    }
+
+    fn params(&mut self) -> Result<Vec<f32>, String> {
+        download(&self.params)
+    }
+
+    fn export(&mut self) -> Result<OptState, String> {
+        let host = |t: &Option<Tensor<B, 1>>| t.as_ref().map(download).unwrap_or(Ok(Vec::new()));
+        Ok(OptState {
+            steps: self.opt.steps,
+            m: host(&self.m)?,
+            v: host(&self.v)?,
+        })
+    }
+
+    fn state_bytes(&self) -> usize {
+        let n = self.params.dims()[0];
+        (usize::from(self.m.is_some()) + usize::from(self.v.is_some())) * n * 4
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use burn::backend::Flex;
+
+    use super::*;
+    use crate::collective::RawBuf;
+    use crate::config::OptimConfig;
+    use crate::train::optim::{clip_by_norm, sum_squares};
+
+    fn no_address(_: &Tensor<Flex, 1>) -> Result<(RawBuf, Box<dyn std::any::Any>), String> {
+        Err("a CPU tensor has no device address".into())
+    }
+
+    #[test]
+    fn device_optimizers_are_the_host_optimizers() {
+        let device = Default::default();
+        let n = 1000;
+        let init: Vec<f32> = (0..n)
+            .map(|i| ((i * 7919) % 200) as f32 / 100.0 - 1.0)
+            .collect();
+        let grad = |s: usize| -> Vec<f32> {
+            (0..n)
+                .map(|i| (((i + 13 * s) * 104_729) % 300) as f32 / 150.0 - 1.0)
+                .collect()
+        };
+        for (kind, momentum, nesterov, wd) in [
+            (OptimKind::Sgd, 0.0, false, 0.01),
+            (OptimKind::Sgd, 0.9, false, 0.0),
+            (OptimKind::Sgd, 0.9, true, 0.01),
+            (OptimKind::Adam, 0.0, false, 0.01),
+            (OptimKind::Adamw, 0.0, false, 0.05),
+        ] {
+            for clip in [None, Some(1.0)] {
+                let cfg = OptimConfig {
+                    kind,
+                    momentum,
+                    nesterov,
+                    weight_decay: wd,
+                    ..OptimConfig::default()
+                };
+                let mut host = Optimizer::new(&cfg);
+                let mut hp = init.clone();
+                // the device state starts from one host step (as after a resume)
+                host.step(&mut hp, &grad(0), 0.1);
+                let mut dev = BurnParams::<Flex>::new(&hp, &host, &device, no_address);
+                for s in 1..4 {
+                    let mut g = grad(s);
+                    if let Some(max) = clip {
+                        let norm = sum_squares(&g).sqrt();
+                        clip_by_norm(&mut g, norm, max);
+                    }
+                    host.step(&mut hp, &g, 0.1);
+                    let mut dg = DeviceFlat::<Flex>::new(upload(&grad(s), &device), no_address);
+                    dev.step(&mut dg, 0.1, clip).unwrap();
+                }
+                let what =
+                    format!("{kind:?} momentum {momentum} nesterov {nesterov} clip {clip:?}");
+                let dp = dev.params().unwrap();
+                // clipping sums squares in f32 on the device, f64 on the host
+                let tol = if clip.is_some() { 1e-6 } else { 0.0 };
+                for (a, b) in hp.iter().zip(&dp) {
+                    assert!(
+                        (a - b).abs() <= tol * a.abs().max(1.0),
+                        "{what}: {a} vs {b}"
+                    );
+                }
+                let (he, de) = (host.export(), dev.export().unwrap());
+                assert_eq!(
+                    (he.steps, he.m.len(), he.v.len()),
+                    (de.steps, de.m.len(), de.v.len()),
+                    "{what}"
+                );
+                assert_eq!(dev.state_bytes(), host.state_bytes(), "{what}");
+                assert_ne!(dp, init, "{what}");
+            }
+        }
+    }
+}
