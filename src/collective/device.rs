@@ -193,7 +193,8 @@ pub enum Grads {
     Device(Box<dyn DeviceTensor>),
 }
 
-fn device_error(rank: usize, kind: OpKind, reason: String) -> CollectiveError {
+/// A device failure under `kind` on `rank` (outside the numbered collective ops).
+pub fn device_error(rank: usize, kind: OpKind, reason: String) -> CollectiveError {
     CollectiveError::Device {
         rank,
         op: OpId { seq: 0, kind },

@@ -13,5 +13,7 @@ pub mod tcp;
 pub use api::*;
 #[cfg(test)]
 pub(crate) use device::emulated;
-pub use device::{DevDType, DeviceFlat, DeviceOps, DeviceTensor, Grads, RawBuf, RawFn};
+pub use device::{
+    device_error, DevDType, DeviceFlat, DeviceOps, DeviceTensor, Grads, RawBuf, RawFn,
+};
 pub use local::{LocalGroup, LocalRank};

@@ -12,7 +12,9 @@ use super::{clip_and_step, full_snapshot, whole_memory, Memory, Snapshot, Strate
 use crate::checkpoint::OptState;
 use std::ops::Range;
 
-use crate::collective::{Collective, CollectiveError, DeviceTensor, Grads, OpId, OpKind, ReduceOp};
+use crate::collective::{
+    device_error, Collective, CollectiveError, DeviceTensor, Grads, OpKind, ReduceOp,
+};
 use crate::config::Config;
 use crate::train::device_optim::DeviceParams;
 use crate::train::optim::Optimizer;
@@ -26,14 +28,6 @@ pub struct Ddp {
     dev: Option<Box<dyn DeviceParams>>,
     /// Whether `params` lags behind `dev`.
     stale: bool,
-}
-
-fn device_error(rank: usize, kind: OpKind, reason: String) -> CollectiveError {
-    CollectiveError::Device {
-        rank,
-        op: OpId { seq: 0, kind },
-        reason,
-    }
 }
 
 impl Ddp {

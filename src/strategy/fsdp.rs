@@ -13,7 +13,9 @@ use std::ops::Range;
 
 use super::{full_snapshot, Memory, Snapshot, Strategy};
 use crate::checkpoint::{encode_f32, encode_opt, Layout, OptState};
-use crate::collective::{Collective, CollectiveError, DeviceTensor, Grads, ReduceOp};
+use crate::collective::{
+    device_error, Collective, CollectiveError, DeviceTensor, Grads, OpKind, ReduceOp,
+};
 use crate::config::{Config, FsdpUnit, Sharding};
 use crate::model::Mlp;
 use crate::train::optim::{clip_by_norm, sum_squares, Optimizer};
@@ -93,14 +95,7 @@ impl Fsdp {
         let rank = self.comm.rank();
         let world = self.comm.world();
         let u = &self.units[i];
-        let err = |e: String| CollectiveError::Device {
-            rank,
-            op: crate::collective::OpId {
-                seq: 0,
-                kind: crate::collective::OpKind::AllGather,
-            },
-            reason: e,
-        };
+        let err = |e: String| device_error(rank, OpKind::AllGather, e);
         let mut send = proto.upload(&self.shards[i]).map_err(err)?;
         let mut recv = proto.zeros(u.padded_len(world)).map_err(err)?;
         let (send_raw, recv_raw) = (send.raw().map_err(err)?, recv.raw().map_err(err)?);
