@@ -4,6 +4,7 @@
 use clap::Parser;
 
 fn main() {
+    quiet_on_closed_stdout();
     let cli = kiln::cli::Cli::parse();
     let code = match kiln::cli::dispatch(cli) {
         Ok(()) => 0,
@@ -13,6 +14,20 @@ fn main() {
         }
     };
     std::process::exit(code);
+}
+
+/// `kiln ... | head` closes the pipe early; printing then fails, and Rust's `println!` panics.
+/// Stop quietly with 0 instead, as ripgrep does (SIGPIPE stays ignored so that sockets keep
+/// returning errors rather than killing the process).
+fn quiet_on_closed_stdout() {
+    let default_hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let msg = info.payload_as_str().unwrap_or("");
+        if msg.starts_with("failed printing to stdout") && msg.contains("Broken pipe") {
+            std::process::exit(0);
+        }
+        default_hook(info);
+    }));
 }
 
 /// Large tensors are allocated and freed every step; the system allocator returns them to the

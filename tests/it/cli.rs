@@ -119,3 +119,21 @@ fn init_writes_templates_and_never_overwrites() {
         "error: unknown template `mpl`; did you mean `mlp`? available: mlp, csv\n"
     );
 }
+
+#[test]
+fn output_into_a_closed_pipe_ends_quietly() {
+    // `kiln check x.toml | head -0`: the reader is gone before kiln prints
+    let d = tempfile::tempdir().unwrap();
+    crate::common::write(d.path(), "t.toml", crate::common::TINY);
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let o = std::process::Command::new(crate::common::KILN)
+        .current_dir(d.path())
+        .args(["check", "t.toml"])
+        .stdout(writer)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
