@@ -73,6 +73,8 @@ pub trait DeviceOps {
     ) -> Result<(), CollectiveError>;
     /// `recv` (world x `send.len`) holds every rank's `send`, in rank order.
     fn all_gather_raw(&mut self, send: RawBuf, recv: RawBuf) -> Result<(), CollectiveError>;
+    /// In place: every rank ends with `root`'s buffer.
+    fn broadcast_raw(&mut self, buf: RawBuf, root: usize) -> Result<(), CollectiveError>;
 }
 
 /// A flat buffer owned by a backend.
@@ -334,16 +336,22 @@ pub(crate) mod emulated {
 
     pub struct HostFlat(pub Vec<f32>);
 
+    impl HostFlat {
+        fn raw_of(v: &mut [f32]) -> Result<RawBuf, String> {
+            Ok(RawBuf {
+                ptr: v.as_mut_ptr() as u64,
+                len: v.len(),
+                dtype: DevDType::F32,
+            })
+        }
+    }
+
     impl DeviceTensor for HostFlat {
         fn len(&self) -> usize {
             self.0.len()
         }
         fn raw(&mut self) -> Result<RawBuf, String> {
-            Ok(RawBuf {
-                ptr: self.0.as_mut_ptr() as u64,
-                len: self.0.len(),
-                dtype: DevDType::F32,
-            })
+            HostFlat::raw_of(&mut self.0)
         }
         fn zeros(&self, len: usize) -> Result<Box<dyn DeviceTensor>, String> {
             Ok(Box::new(HostFlat(vec![0.0; len])))
@@ -394,6 +402,9 @@ pub(crate) mod emulated {
         fn params(&mut self) -> Result<Vec<f32>, String> {
             Ok(self.0.clone())
         }
+        fn raw(&mut self) -> Result<RawBuf, String> {
+            HostFlat::raw_of(&mut self.0)
+        }
         fn export(&mut self) -> Result<crate::checkpoint::OptState, String> {
             Ok(self.1.export())
         }
@@ -435,6 +446,9 @@ pub(crate) mod emulated {
         fn all_gather_raw(&mut self, send: RawBuf, recv: RawBuf) -> Result<(), CollectiveError> {
             let send = view(send).to_vec();
             self.0.all_gather(&send, view(recv))
+        }
+        fn broadcast_raw(&mut self, buf: RawBuf, root: usize) -> Result<(), CollectiveError> {
+            self.0.broadcast(view(buf), root)
         }
     }
 

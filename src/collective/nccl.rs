@@ -560,4 +560,13 @@ impl DeviceOps for NcclRank {
                 .map_err(|e| format!("ncclAllGather: {e:?}"))
         })
     }
+
+    fn broadcast_raw(&mut self, buf: RawBuf, root: usize) -> Result<(), CollectiveError> {
+        self.run(OpKind::Broadcast, |comm, st| unsafe {
+            let p = buf.ptr as *mut std::ffi::c_void;
+            nccl::broadcast(p, p, buf.len, nccl_dtype(buf.dtype), root as i32, comm, st)
+                .map(|_| ())
+                .map_err(|e| format!("ncclBroadcast: {e:?}"))
+        })
+    }
 }

@@ -325,11 +325,10 @@ mod tests {
             let n = mlp.num_params();
             let last = &host[0].0[host[0].0.len() - n..];
             assert_ne!(last, mlp.init(7), "{kind:?}: nothing was trained");
-            // fully sharded fsdp gathers parameters on the device; ddp/single keep them there
+            // fully sharded fsdp gathers parameters on the device; ddp/single/dp keep them there
             let on_device = match kind {
                 StrategyKind::Fsdp => sharding == Sharding::Full,
-                StrategyKind::Single | StrategyKind::Ddp => true,
-                StrategyKind::Dp => false,
+                StrategyKind::Single | StrategyKind::Ddp | StrategyKind::Dp => true,
             };
             let gathers = if on_device { 2 * 2 } else { 0 };
             assert!(

@@ -3,11 +3,20 @@
 //! chunk of the global batch, and the gradients are reduced (summed, weighted by chunk size)
 //! onto the main device, which alone steps. The main device carries the optimizer state, as in
 //! torch.
+//!
+//! Over a device collective (NCCL) with f32 parameters, every replica keeps its parameters on its
+//! device (`DeviceParams`): the reduction to the main device, its update and the broadcast back
+//! all run on device buffers, and the host copy is refreshed only when asked for.
+
+use std::ops::Range;
 
 use super::{clip_and_step, full_snapshot, whole_memory, Memory, Snapshot, Strategy};
 use crate::checkpoint::OptState;
-use crate::collective::{Collective, CollectiveError, Grads, ReduceOp};
-use crate::config::Config;
+use crate::collective::{
+    device_error, Collective, CollectiveError, DeviceTensor, Grads, OpKind, ReduceOp,
+};
+use crate::config::{Config, OptimConfig};
+use crate::train::device_optim::DeviceParams;
 use crate::train::optim::Optimizer;
 
 pub struct Dp {
@@ -15,6 +24,11 @@ pub struct Dp {
     params: Vec<f32>,
     /// Only the main device has an optimizer.
     opt: Option<Optimizer>,
+    optim: OptimConfig,
+    /// This replica's parameters (and, on the main device, the optimizer state) on the device.
+    dev: Option<Box<dyn DeviceParams>>,
+    /// Whether `params` (and `opt`) lag behind `dev`.
+    stale: bool,
 }
 
 impl Dp {
@@ -24,7 +38,53 @@ impl Dp {
             comm,
             params: Vec::new(),
             opt,
+            optim: c.optim.clone(),
+            dev: None,
+            stale: false,
         }
+    }
+
+    /// Brings `params` and `opt` up to date with the device.
+    fn sync_host(&mut self) -> Result<(), CollectiveError> {
+        let rank = self.comm.rank();
+        if let (true, Some(dev)) = (self.stale, &mut self.dev) {
+            let err = |e| device_error(rank, OpKind::Update, e);
+            self.params = dev.params().map_err(err)?;
+            if let Some(opt) = &mut self.opt {
+                opt.import_whole(&dev.export().map_err(err)?);
+            }
+            self.stale = false;
+        }
+        Ok(())
+    }
+
+    /// The device path of `update`: reduce onto the main device, step there, broadcast back.
+    fn update_on_device(
+        &mut self,
+        grads: &mut dyn DeviceTensor,
+        lr: f64,
+        clip: Option<f64>,
+    ) -> Result<(), CollectiveError> {
+        let rank = self.comm.rank();
+        let err = |e| device_error(rank, OpKind::Update, e);
+        let world = self.comm.world();
+        let Some(dev) = &mut self.dev else {
+            return Ok(());
+        };
+        let Some(ops) = self.comm.device_ops() else {
+            return Err(err("no device collective".into()));
+        };
+        if world > 1 {
+            ops.reduce_raw(grads.raw().map_err(err)?, ReduceOp::Sum, 0)?;
+        }
+        if rank == 0 {
+            dev.step(grads, lr, clip).map_err(err)?;
+        }
+        if world > 1 {
+            ops.broadcast_raw(dev.raw().map_err(err)?, 0)?;
+        }
+        self.stale = true;
+        Ok(())
     }
 }
 
@@ -47,15 +107,44 @@ impl Strategy for Dp {
     }
     fn init(&mut self, init: Vec<f32>) -> Result<(), CollectiveError> {
         self.params = init;
+        self.dev = None;
+        self.stale = false;
         self.replicate()
     }
     fn params(&mut self) -> Result<&[f32], CollectiveError> {
+        self.sync_host()?;
         Ok(&self.params)
+    }
+    fn layer_params_device(
+        &mut self,
+        _layer: usize,
+        range: Range<usize>,
+        proto: &dyn DeviceTensor,
+    ) -> Result<Option<Box<dyn DeviceTensor>>, CollectiveError> {
+        if self.dev.is_none() {
+            if self.comm.device_ops().is_none() {
+                return Ok(None);
+            }
+            // replicas get the optimizer's settings only; they never step
+            let replica = Optimizer::new(&self.optim);
+            self.dev = proto.device_params(&self.params, self.opt.as_ref().unwrap_or(&replica));
+        }
+        Ok(self.dev.as_ref().map(|d| d.slice(range)))
     }
     fn grad_weight(&self, local: usize, global: usize) -> f64 {
         local as f64 / global.max(1) as f64
     }
-    fn update(&mut self, grads: Grads, lr: f64, clip: Option<f64>) -> Result<(), CollectiveError> {
+    fn update(
+        &mut self,
+        mut grads: Grads,
+        lr: f64,
+        clip: Option<f64>,
+    ) -> Result<(), CollectiveError> {
+        if let (Some(_), Grads::Device(g)) = (&self.dev, &mut grads) {
+            return self.update_on_device(g.as_mut(), lr, clip);
+        }
+        self.sync_host()?;
+        self.dev = None;
         let mut grads = if self.comm.world() > 1 {
             grads.reduce_to_host(self.comm.as_mut(), ReduceOp::Sum, 0)?
         } else {
@@ -67,13 +156,15 @@ impl Strategy for Dp {
         self.replicate()
     }
     fn memory(&self) -> Memory {
-        whole_memory(
-            self.rank(),
-            &self.params,
-            self.opt.as_ref().map(|o| o.state_bytes()).unwrap_or(0),
-        )
+        let optim = match (&self.dev, &self.opt) {
+            (Some(d), _) => d.state_bytes(),
+            (None, Some(o)) => o.state_bytes(),
+            (None, None) => 0,
+        };
+        whole_memory(self.rank(), &self.params, optim)
     }
     fn snapshot(&mut self) -> Result<Snapshot, CollectiveError> {
+        self.sync_host()?;
         Ok(full_snapshot(
             self.rank(),
             &self.params,
@@ -84,5 +175,8 @@ impl Strategy for Dp {
         if let Some(o) = &mut self.opt {
             o.import_whole(opt);
         }
+        // a device copy (if any) is made again from the host state
+        self.dev = None;
+        self.stale = false;
     }
 }

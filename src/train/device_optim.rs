@@ -10,7 +10,7 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{ElementConversion, Tensor, TensorData};
 
 use crate::checkpoint::OptState;
-use crate::collective::{DeviceFlat, DeviceTensor, RawFn};
+use crate::collective::{DeviceFlat, DeviceTensor, RawBuf, RawFn};
 use crate::config::OptimKind;
 use crate::train::optim::Optimizer;
 
@@ -28,6 +28,9 @@ pub trait DeviceParams {
     ) -> Result<(), String>;
     /// The parameters on the host.
     fn params(&mut self) -> Result<Vec<f32>, String>;
+    /// The parameter buffer for a collective (pending writes finished), valid until the next
+    /// step.
+    fn raw(&mut self) -> Result<RawBuf, String>;
     /// The optimizer state as `Optimizer::export` gives it.
     fn export(&mut self) -> Result<OptState, String>;
     fn state_bytes(&self) -> usize;
@@ -41,6 +44,8 @@ pub struct BurnParams<B: Backend> {
     /// Hyperparameters and the step count (its own buffers stay empty).
     opt: Optimizer,
     raw_fn: RawFn<B>,
+    /// Keeps the address from `raw` valid until the parameters change.
+    guard: Option<Box<dyn std::any::Any>>,
 }
 
 fn upload<B: Backend>(values: &[f32], device: &B::Device) -> Tensor<B, 1> {
@@ -68,6 +73,7 @@ impl<B: Backend> BurnParams<B> {
             v: state(&opt.v),
             opt: hyper,
             raw_fn,
+            guard: None,
         }
     }
 }
@@ -99,6 +105,7 @@ impl<B: Backend> DeviceParams for BurnParams<B> {
                 g = g.mul_scalar(coef as f32);
             }
         }
+        self.guard = None;
         let o = &mut self.opt;
         o.steps += 1;
         let lr = lr as f32;
@@ -150,6 +157,12 @@ impl<B: Backend> DeviceParams for BurnParams<B> {
 
     fn params(&mut self) -> Result<Vec<f32>, String> {
         download(&self.params)
+    }
+
+    fn raw(&mut self) -> Result<RawBuf, String> {
+        let (raw, guard) = (self.raw_fn)(&self.params)?;
+        self.guard = Some(guard);
+        Ok(raw)
     }
 
     fn export(&mut self) -> Result<OptState, String> {

@@ -248,7 +248,7 @@ pub fn train<B: AutodiffBackend>(
         use crate::config::{Precision, Sharding, StrategyKind};
         let f32_params = c.backend.precision == Precision::F32;
         sink.log(match c.strategy.kind {
-            StrategyKind::Single | StrategyKind::Ddp if f32_params => {
+            StrategyKind::Single | StrategyKind::Ddp | StrategyKind::Dp if f32_params => {
                 "parameters and optimizer state: on the device, where the update runs (copied to the host for evaluation and checkpoints)"
             }
             StrategyKind::Fsdp if c.strategy.sharding == Sharding::Full => {
