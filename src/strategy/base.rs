@@ -6,9 +6,10 @@ use std::ops::Range;
 use serde::Serialize;
 
 use crate::checkpoint::{encode_f32, encode_opt, Layout, OptState};
-use crate::collective::{Collective, CollectiveError, DeviceTensor, Grads};
+use crate::collective::{device_error, Collective, CollectiveError, DeviceTensor, Grads, OpKind};
 use crate::config::{Config, OptimKind, Sharding, StrategyKind};
 use crate::model::Mlp;
+use crate::train::device_optim::DeviceParams;
 use crate::train::optim::{clip_by_norm, sum_squares, Optimizer};
 
 /// Bytes one rank holds for training state (accounting, not measured RSS).
@@ -25,6 +26,62 @@ pub struct Snapshot {
     pub layout: Layout,
     /// (file name, bytes); empty for ranks that write nothing.
     pub files: Vec<(String, Vec<u8>)>,
+}
+
+/// The device copy of a whole-parameter strategy's parameters and optimizer (CUDA over NCCL):
+/// made at the first forward that asks for it, ahead of the host copy once it has stepped.
+#[derive(Default)]
+pub(super) struct DeviceCopy {
+    pub dev: Option<Box<dyn DeviceParams>>,
+    /// Whether the host copy lags behind `dev`.
+    pub stale: bool,
+}
+
+impl DeviceCopy {
+    /// Elements `range` of the device copy, made from `params` and `opt` first; `None` when the
+    /// collective or the buffer type cannot keep parameters on the device.
+    pub fn slice(
+        &mut self,
+        comm: &mut dyn Collective,
+        params: &[f32],
+        opt: &Optimizer,
+        proto: &dyn DeviceTensor,
+        range: Range<usize>,
+    ) -> Option<Box<dyn DeviceTensor>> {
+        if self.dev.is_none() {
+            comm.device_ops()?;
+            self.dev = proto.device_params(params, opt);
+        }
+        self.dev.as_ref().map(|d| d.slice(range))
+    }
+
+    /// Refreshes `params` (and `opt`, where the rank has one) from the device when they lag.
+    pub fn sync(
+        &mut self,
+        rank: usize,
+        params: &mut Vec<f32>,
+        opt: Option<&mut Optimizer>,
+    ) -> Result<(), CollectiveError> {
+        if let (true, Some(dev)) = (self.stale, &mut self.dev) {
+            let err = |e| device_error(rank, OpKind::Update, e);
+            *params = dev.params().map_err(err)?;
+            if let Some(opt) = opt {
+                opt.import_whole(&dev.export().map_err(err)?);
+            }
+            self.stale = false;
+        }
+        Ok(())
+    }
+
+    /// Forgets the device copy: the host copy is the truth again.
+    pub fn reset(&mut self) {
+        self.dev = None;
+        self.stale = false;
+    }
+
+    pub fn state_bytes(&self) -> Option<usize> {
+        self.dev.as_ref().map(|d| d.state_bytes())
+    }
 }
 
 /// Memory of a rank holding whole parameters and gradients.

@@ -8,7 +8,7 @@
 //! update runs there (`DeviceParams`); the host copy is refreshed only when asked for
 //! (evaluation, checkpoints, the end).
 
-use super::{clip_and_step, full_snapshot, whole_memory, Memory, Snapshot, Strategy};
+use super::{clip_and_step, full_snapshot, whole_memory, DeviceCopy, Memory, Snapshot, Strategy};
 use crate::checkpoint::OptState;
 use std::ops::Range;
 
@@ -16,7 +16,6 @@ use crate::collective::{
     device_error, Collective, CollectiveError, DeviceTensor, Grads, OpKind, ReduceOp,
 };
 use crate::config::Config;
-use crate::train::device_optim::DeviceParams;
 use crate::train::optim::Optimizer;
 
 pub struct Ddp {
@@ -25,9 +24,7 @@ pub struct Ddp {
     opt: Optimizer,
     bucket_elems: usize,
     /// Parameters and optimizer state on the device, once the forward has asked for them there.
-    dev: Option<Box<dyn DeviceParams>>,
-    /// Whether `params` lags behind `dev`.
-    stale: bool,
+    device: DeviceCopy,
 }
 
 impl Ddp {
@@ -39,22 +36,15 @@ impl Ddp {
             params: Vec::new(),
             opt: Optimizer::new(&c.optim),
             bucket_elems,
-            dev: None,
-            stale: false,
+            device: DeviceCopy::default(),
         }
     }
 
     /// Brings `params` and `opt` up to date with the device.
     fn sync_host(&mut self) -> Result<(), CollectiveError> {
         let rank = self.comm.rank();
-        if let (true, Some(dev)) = (self.stale, &mut self.dev) {
-            let err = |e| device_error(rank, OpKind::Update, e);
-            self.params = dev.params().map_err(err)?;
-            let state = dev.export().map_err(err)?;
-            self.opt.import_whole(&state);
-            self.stale = false;
-        }
-        Ok(())
+        self.device
+            .sync(rank, &mut self.params, Some(&mut self.opt))
     }
 }
 
@@ -68,8 +58,7 @@ impl Strategy for Ddp {
     fn init(&mut self, mut init: Vec<f32>) -> Result<(), CollectiveError> {
         self.comm.broadcast(&mut init, 0)?;
         self.params = init;
-        self.dev = None;
-        self.stale = false;
+        self.device.reset();
         Ok(())
     }
     fn params(&mut self) -> Result<&[f32], CollectiveError> {
@@ -82,13 +71,9 @@ impl Strategy for Ddp {
         range: Range<usize>,
         proto: &dyn DeviceTensor,
     ) -> Result<Option<Box<dyn DeviceTensor>>, CollectiveError> {
-        if self.dev.is_none() {
-            if self.comm.device_ops().is_none() {
-                return Ok(None);
-            }
-            self.dev = proto.device_params(&self.params, &self.opt);
-        }
-        Ok(self.dev.as_ref().map(|d| d.slice(range)))
+        Ok(self
+            .device
+            .slice(self.comm.as_mut(), &self.params, &self.opt, proto, range))
     }
     fn grad_weight(&self, _local: usize, _global: usize) -> f64 {
         1.0
@@ -109,23 +94,23 @@ impl Strategy for Ddp {
     ) -> Result<(), CollectiveError> {
         self.micro_sync(&mut grads)?;
         let rank = self.comm.rank();
-        if let (Some(dev), Grads::Device(g)) = (&mut self.dev, &mut grads) {
+        if let (Some(dev), Grads::Device(g)) = (&mut self.device.dev, &mut grads) {
             dev.step(g.as_mut(), lr, clip)
                 .map_err(|e| device_error(rank, OpKind::Update, e))?;
-            self.stale = true;
+            self.device.stale = true;
             return Ok(());
         }
         self.sync_host()?;
-        self.dev = None;
+        self.device.reset();
         let mut grads = grads.into_host(rank)?;
         clip_and_step(&mut self.opt, &mut self.params, &mut grads, lr, clip);
         Ok(())
     }
     fn memory(&self) -> Memory {
-        let optim = match &self.dev {
-            Some(d) => d.state_bytes(),
-            None => self.opt.state_bytes(),
-        };
+        let optim = self
+            .device
+            .state_bytes()
+            .unwrap_or_else(|| self.opt.state_bytes());
         whole_memory(self.rank(), &self.params, optim)
     }
     fn snapshot(&mut self) -> Result<Snapshot, CollectiveError> {
@@ -139,7 +124,6 @@ impl Strategy for Ddp {
     fn load_optimizer(&mut self, opt: &OptState) {
         self.opt.import_whole(opt);
         // a device copy (if any) is made again from the host state
-        self.dev = None;
-        self.stale = false;
+        self.device.reset();
     }
 }

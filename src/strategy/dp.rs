@@ -10,13 +10,12 @@
 
 use std::ops::Range;
 
-use super::{clip_and_step, full_snapshot, whole_memory, Memory, Snapshot, Strategy};
+use super::{clip_and_step, full_snapshot, whole_memory, DeviceCopy, Memory, Snapshot, Strategy};
 use crate::checkpoint::OptState;
 use crate::collective::{
     device_error, Collective, CollectiveError, DeviceTensor, Grads, OpKind, ReduceOp,
 };
 use crate::config::{Config, OptimConfig};
-use crate::train::device_optim::DeviceParams;
 use crate::train::optim::Optimizer;
 
 pub struct Dp {
@@ -26,9 +25,7 @@ pub struct Dp {
     opt: Option<Optimizer>,
     optim: OptimConfig,
     /// This replica's parameters (and, on the main device, the optimizer state) on the device.
-    dev: Option<Box<dyn DeviceParams>>,
-    /// Whether `params` (and `opt`) lag behind `dev`.
-    stale: bool,
+    device: DeviceCopy,
 }
 
 impl Dp {
@@ -39,23 +36,14 @@ impl Dp {
             params: Vec::new(),
             opt,
             optim: c.optim.clone(),
-            dev: None,
-            stale: false,
+            device: DeviceCopy::default(),
         }
     }
 
     /// Brings `params` and `opt` up to date with the device.
     fn sync_host(&mut self) -> Result<(), CollectiveError> {
         let rank = self.comm.rank();
-        if let (true, Some(dev)) = (self.stale, &mut self.dev) {
-            let err = |e| device_error(rank, OpKind::Update, e);
-            self.params = dev.params().map_err(err)?;
-            if let Some(opt) = &mut self.opt {
-                opt.import_whole(&dev.export().map_err(err)?);
-            }
-            self.stale = false;
-        }
-        Ok(())
+        self.device.sync(rank, &mut self.params, self.opt.as_mut())
     }
 
     /// The device path of `update`: reduce onto the main device, step there, broadcast back.
@@ -68,7 +56,7 @@ impl Dp {
         let rank = self.comm.rank();
         let err = |e| device_error(rank, OpKind::Update, e);
         let world = self.comm.world();
-        let Some(dev) = &mut self.dev else {
+        let Some(dev) = &mut self.device.dev else {
             return Ok(());
         };
         let Some(ops) = self.comm.device_ops() else {
@@ -83,7 +71,7 @@ impl Dp {
         if world > 1 {
             ops.broadcast_raw(dev.raw().map_err(err)?, 0)?;
         }
-        self.stale = true;
+        self.device.stale = true;
         Ok(())
     }
 }
@@ -107,8 +95,7 @@ impl Strategy for Dp {
     }
     fn init(&mut self, init: Vec<f32>) -> Result<(), CollectiveError> {
         self.params = init;
-        self.dev = None;
-        self.stale = false;
+        self.device.reset();
         self.replicate()
     }
     fn params(&mut self) -> Result<&[f32], CollectiveError> {
@@ -121,15 +108,12 @@ impl Strategy for Dp {
         range: Range<usize>,
         proto: &dyn DeviceTensor,
     ) -> Result<Option<Box<dyn DeviceTensor>>, CollectiveError> {
-        if self.dev.is_none() {
-            if self.comm.device_ops().is_none() {
-                return Ok(None);
-            }
-            // replicas get the optimizer's settings only; they never step
-            let replica = Optimizer::new(&self.optim);
-            self.dev = proto.device_params(&self.params, self.opt.as_ref().unwrap_or(&replica));
-        }
-        Ok(self.dev.as_ref().map(|d| d.slice(range)))
+        // replicas get the optimizer's settings only; they never step
+        let replica = Optimizer::new(&self.optim);
+        let opt = self.opt.as_ref().unwrap_or(&replica);
+        Ok(self
+            .device
+            .slice(self.comm.as_mut(), &self.params, opt, proto, range))
     }
     fn grad_weight(&self, local: usize, global: usize) -> f64 {
         local as f64 / global.max(1) as f64
@@ -140,11 +124,11 @@ impl Strategy for Dp {
         lr: f64,
         clip: Option<f64>,
     ) -> Result<(), CollectiveError> {
-        if let (Some(_), Grads::Device(g)) = (&self.dev, &mut grads) {
+        if let (Some(_), Grads::Device(g)) = (&self.device.dev, &mut grads) {
             return self.update_on_device(g.as_mut(), lr, clip);
         }
         self.sync_host()?;
-        self.dev = None;
+        self.device.reset();
         let mut grads = if self.comm.world() > 1 {
             grads.reduce_to_host(self.comm.as_mut(), ReduceOp::Sum, 0)?
         } else {
@@ -156,11 +140,10 @@ impl Strategy for Dp {
         self.replicate()
     }
     fn memory(&self) -> Memory {
-        let optim = match (&self.dev, &self.opt) {
-            (Some(d), _) => d.state_bytes(),
-            (None, Some(o)) => o.state_bytes(),
-            (None, None) => 0,
-        };
+        let optim = self
+            .device
+            .state_bytes()
+            .unwrap_or_else(|| self.opt.as_ref().map(|o| o.state_bytes()).unwrap_or(0));
         whole_memory(self.rank(), &self.params, optim)
     }
     fn snapshot(&mut self) -> Result<Snapshot, CollectiveError> {
@@ -176,7 +159,6 @@ impl Strategy for Dp {
             o.import_whole(opt);
         }
         // a device copy (if any) is made again from the host state
-        self.dev = None;
-        self.stale = false;
+        self.device.reset();
     }
 }
