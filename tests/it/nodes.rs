@@ -123,11 +123,7 @@ fn equal_to_one_process(nnodes: usize, devices: usize) {
     let multi = kiln::checkpoint::load(&d.path().join("runs/tiny/checkpoints/step-00000005"))
         .unwrap()
         .params;
-    let diff = one
-        .iter()
-        .zip(&multi)
-        .map(|(a, b)| (a - b).abs())
-        .fold(0.0f32, f32::max);
+    let diff = crate::parallel::max_diff(&one, &multi);
     assert!(diff <= 1e-5, "max |param diff| {diff}");
     // and single with the whole batch
     let o = kiln(
@@ -148,11 +144,7 @@ fn equal_to_one_process(nnodes: usize, devices: usize) {
     let single = kiln::checkpoint::load(&d.path().join("single/checkpoints/step-00000005"))
         .unwrap()
         .params;
-    let diff = single
-        .iter()
-        .zip(&multi)
-        .map(|(a, b)| (a - b).abs())
-        .fold(0.0f32, f32::max);
+    let diff = crate::parallel::max_diff(&single, &multi);
     assert!(diff <= 1e-5, "vs single: max |param diff| {diff}");
     assert!(summary_hash(&d.path().join("runs/tiny")).is_string());
 }
