@@ -9,11 +9,10 @@
 use std::path::Path;
 
 use burn::backend::{Autodiff, Flex, NdArray};
-use burn::tensor::backend::AutodiffBackend;
 
-use crate::collective::RawFn;
 use crate::config::{CollectiveKind, Config, CpuBackend, Device, Precision};
 use crate::launch::{self, RunResult};
+use crate::params::RawFn;
 use crate::train::{TrainError, TrainEvent, TrainInput};
 
 /// The CPU backend `auto` resolves to (measured, see CHANGELOG.md).
@@ -167,7 +166,7 @@ pub fn place_on_gpus(c: &Config, world: usize, gpus: usize) -> Result<Placement,
 }
 
 /// Backends kiln runs on, with the device of a rank.
-pub trait RankBackend: AutodiffBackend {
+pub trait RankBackend: crate::model::ComputeOn {
     fn rank_device(ordinal: usize) -> Self::Device;
     /// How to reach the device address of a flat tensor, for backends whose buffers a device
     /// collective can use (CUDA); `None` keeps gradients on the host.
@@ -196,7 +195,7 @@ mod cuda_backends {
 
     use super::RankBackend;
 
-    use crate::collective::RawFn;
+    use crate::params::RawFn;
 
     impl RankBackend for Autodiff<Cuda<f32>> {
         fn rank_device(ordinal: usize) -> Self::Device {

@@ -234,8 +234,8 @@ mod tests {
 /// collective runs on its own stream and synchronises before returning).
 pub fn raw_buf<F: burn_cubecl::FloatElement>(
     t: &burn::tensor::Tensor<burn::backend::Cuda<F>, 1>,
-) -> Result<(crate::collective::RawBuf, Box<dyn std::any::Any>), String> {
-    use crate::collective::{DevDType, RawBuf};
+) -> Result<(crate::params::RawBuf, Box<dyn std::any::Any>), String> {
+    use crate::params::{DevDType, RawBuf};
     use burn::tensor::backend::Backend;
     use burn::tensor::DType;
 

@@ -14,6 +14,9 @@ pub enum Error {
     Data(#[from] DataError),
     #[error(transparent)]
     Backend(#[from] BackendError),
+    /// The model could not be built from `[model]` (exit 2).
+    #[error(transparent)]
+    Model(#[from] crate::model::ModelError),
     #[error(transparent)]
     Train(#[from] TrainError),
     #[error(transparent)]
@@ -50,6 +53,7 @@ impl Error {
             Error::Config(_)
             | Error::Data(_)
             | Error::Backend(_)
+            | Error::Model(_)
             | Error::Usage(_)
             | Error::Checkpoint(_) => 2,
             Error::Train(_) | Error::Io { .. } | Error::Invalid(_) | Error::Launch(_) => 1,

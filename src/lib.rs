@@ -15,6 +15,7 @@ pub mod data;
 pub mod error;
 pub mod launch;
 pub mod model;
+pub mod params;
 pub mod plan;
 pub mod rng;
 pub mod strategy;

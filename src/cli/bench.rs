@@ -8,7 +8,6 @@ use crate::backend::{self, Resolved};
 use crate::config::{CpuBackend, Device};
 use crate::data;
 use crate::error::{Error, Result};
-use crate::model::Mlp;
 use crate::plan::Plan;
 use crate::train::TrainInput;
 
@@ -41,8 +40,8 @@ pub fn bench(a: &BenchArgs) -> Result<()> {
     let mut c = r.config.clone();
     let mut no_eval = data.clone();
     no_eval.eval = None;
-    let mlp = Mlp::new(&c.model);
-    let plan = Plan::new(&c, data.train.len(), mlp.num_params());
+    let model = crate::model::build(&c.model, &data.input_shape())?;
+    let plan = Plan::new(&c, data.train.len(), model.num_params());
     let backends: Vec<Option<CpuBackend>> = if c.backend.device == Device::Cuda {
         // the configured GPU placement
         vec![None]
@@ -82,7 +81,7 @@ pub fn bench(a: &BenchArgs) -> Result<()> {
             config: &c,
             plan: &plan,
             data: &no_eval,
-            mlp: &mlp,
+            model: model.as_ref(),
             store: None,
             resume: None,
         };

@@ -2,7 +2,6 @@
 //! the resolved config with the source of each value. Writes nothing.
 
 use super::ConfigArgs;
-use crate::model::Mlp;
 use crate::plan::Plan;
 use crate::{backend, config, data, strategy, Result};
 
@@ -16,8 +15,8 @@ pub fn check(a: &ConfigArgs) -> Result<()> {
     let placement = backend::resolve(&r.config)?;
     let be = placement.backend;
     let d = data::load(&r)?;
-    let mlp = Mlp::new(&r.config.model);
-    let plan = Plan::new(&r.config, d.train.len(), mlp.num_params());
+    let model = crate::model::build(&r.config.model, &d.input_shape())?;
+    let plan = Plan::new(&r.config, d.train.len(), model.num_params());
     println!(
         "# {} resolved: each value is followed by its source",
         a.file.display()
@@ -25,7 +24,7 @@ pub fn check(a: &ConfigArgs) -> Result<()> {
     print!("{}", config::annotated(&r));
     println!();
     println!("# {}", plan.describe());
-    for m in strategy::estimate(&r.config, &mlp, plan.world_size) {
+    for m in strategy::estimate(&r.config, model.layout(), plan.world_size) {
         println!(
             "# memory at rest, rank {}: params {} B, grads {} B, optimizer state {} B",
             m.rank, m.params_bytes, m.grads_bytes, m.optim_bytes

@@ -18,7 +18,6 @@ use crate::config::{self, Config, Resolved, StrategyKind};
 use crate::data;
 use crate::error::{Error, Result};
 use crate::launch::RunResult;
-use crate::model::Mlp;
 use crate::plan::Plan;
 use crate::strategy::Memory;
 use crate::train::{TrainEvent, TrainInput};
@@ -439,15 +438,15 @@ pub fn execute(
     let placement = backend::resolve(c)?;
     let be = placement.backend;
     let data = data::load(r)?;
-    let mlp = Mlp::new(&c.model);
-    let plan = Plan::new(c, data.train.len(), mlp.num_params());
+    let model = crate::model::build(&c.model, &data.input_shape())?;
+    let plan = Plan::new(c, data.train.len(), model.num_params());
     if let Some(res) = &resume {
         if let Some(l) = &res.loaded {
-            if l.state.num_params != mlp.num_params() {
+            if l.state.num_params != model.num_params() {
                 return Err(Error::Usage(format!(
                     "the checkpoint has {} parameters but the model has {}; the model config changed",
                     l.state.num_params,
-                    mlp.num_params()
+                    model.num_params()
                 )));
             }
         }
@@ -508,7 +507,7 @@ pub fn execute(
         config: c,
         plan: &plan,
         data: &data,
-        mlp: &mlp,
+        model: model.as_ref(),
         store: Some(&store),
         resume: loaded,
     };

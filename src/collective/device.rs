@@ -2,59 +2,14 @@
 //! in GPU memory; NCCL reduces them where they are (the pointer comes from cubecl's
 //! `get_resource`), and only the reduced result crosses to the host, where kiln's optimizers run.
 //!
-//! `DeviceTensor` is a flat buffer a backend owns (implemented once, generically, by
-//! `DeviceFlat<B>`; the backend supplies how to reach the raw pointer). `DeviceOps` is what a
-//! collective that can work on such buffers offers (`Collective::device_ops`). `Grads` is a step's
-//! accumulated gradient, on the host or on the device; strategies take it and use the device ops
-//! when their collective has them.
+//! `DeviceOps` is what a collective that can work on raw device buffers offers
+//! (`Collective::device_ops`). `GradsOps` reduces a step's `Grads` (params layer) with a
+//! collective: on the device when the gradient is there and the collective can, else on the host.
 
-use std::any::Any;
 use std::ops::Range;
 
-use burn::tensor::backend::Backend;
-use burn::tensor::{DType, Tensor, TensorData};
-
 use super::{Collective, CollectiveError, OpId, OpKind, ReduceOp};
-use crate::train::device_optim::{BurnParams, DeviceParams};
-use crate::train::optim::Optimizer;
-
-/// Element type of a device buffer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DevDType {
-    F32,
-    F16,
-    Bf16,
-}
-
-impl DevDType {
-    pub fn size(self) -> usize {
-        match self {
-            DevDType::F32 => 4,
-            DevDType::F16 | DevDType::Bf16 => 2,
-        }
-    }
-}
-
-/// `len` elements of `dtype` at device address `ptr`; valid while the `DeviceTensor` it came from
-/// is alive and unchanged.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RawBuf {
-    pub ptr: u64,
-    pub len: usize,
-    pub dtype: DevDType,
-}
-
-impl RawBuf {
-    /// Elements `range` of this buffer.
-    pub fn slice(&self, range: Range<usize>) -> RawBuf {
-        debug_assert!(range.end <= self.len);
-        RawBuf {
-            ptr: self.ptr + (range.start * self.dtype.size()) as u64,
-            len: range.len(),
-            dtype: self.dtype,
-        }
-    }
-}
+use crate::params::{Grads, RawBuf};
 
 /// Collective ops on raw device buffers. Each call has finished (results readable by the
 /// backend) when it returns.
@@ -77,124 +32,6 @@ pub trait DeviceOps {
     fn broadcast_raw(&mut self, buf: RawBuf, root: usize) -> Result<(), CollectiveError>;
 }
 
-/// A flat buffer owned by a backend.
-pub trait DeviceTensor {
-    fn len(&self) -> usize;
-    fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-    /// The buffer, after every pending write to it has finished.
-    fn raw(&mut self) -> Result<RawBuf, String>;
-    /// A new zeroed buffer of `len` elements on the same device.
-    fn zeros(&self, len: usize) -> Result<Box<dyn DeviceTensor>, String>;
-    /// A new buffer on the same device holding `values`.
-    fn upload(&self, values: &[f32]) -> Result<Box<dyn DeviceTensor>, String>;
-    /// Elements `range` (for reading; may share this buffer).
-    fn slice(&self, range: Range<usize>) -> Box<dyn DeviceTensor>;
-    /// A new buffer: elements `range` of this one, then zeros up to `padded` elements.
-    fn padded(&self, range: Range<usize>, padded: usize) -> Result<Box<dyn DeviceTensor>, String>;
-    /// The values as f32 on the host.
-    fn to_host(&mut self) -> Result<Vec<f32>, String>;
-    fn as_any_mut(&mut self) -> &mut dyn Any;
-    /// `params` and the state of `opt` moved to this buffer's device, to stay there between
-    /// steps; `None` where that does not apply (parameters below f32 keep f32 masters on the
-    /// host).
-    fn device_params(&self, params: &[f32], opt: &Optimizer) -> Option<Box<dyn DeviceParams>>;
-}
-
-/// How a backend reaches the device address of a flat tensor (pending work finished). The second
-/// value keeps whatever guards the address alive until the op is done.
-pub type RawFn<B> = fn(&Tensor<B, 1>) -> Result<(RawBuf, Box<dyn Any>), String>;
-
-/// A flat Burn tensor on a backend that exposes device addresses.
-pub struct DeviceFlat<B: Backend> {
-    pub tensor: Tensor<B, 1>,
-    raw_fn: RawFn<B>,
-    guard: Option<Box<dyn Any>>,
-}
-
-impl<B: Backend> DeviceFlat<B> {
-    pub fn new(tensor: Tensor<B, 1>, raw_fn: RawFn<B>) -> Self {
-        DeviceFlat {
-            tensor,
-            raw_fn,
-            guard: None,
-        }
-    }
-    fn wrap(&self, tensor: Tensor<B, 1>) -> Box<dyn DeviceTensor> {
-        Box::new(DeviceFlat::new(tensor, self.raw_fn))
-    }
-    /// Adds `other` (same length) into this buffer.
-    pub fn add(&mut self, other: Tensor<B, 1>) {
-        self.guard = None;
-        self.tensor = self.tensor.clone() + other;
-    }
-}
-
-impl<B: Backend> DeviceTensor for DeviceFlat<B> {
-    fn len(&self) -> usize {
-        self.tensor.dims()[0]
-    }
-    fn raw(&mut self) -> Result<RawBuf, String> {
-        let (raw, guard) = (self.raw_fn)(&self.tensor)?;
-        self.guard = Some(guard);
-        Ok(raw)
-    }
-    fn zeros(&self, len: usize) -> Result<Box<dyn DeviceTensor>, String> {
-        let t = Tensor::<B, 1>::zeros([len], &self.tensor.device());
-        Ok(self.wrap(t))
-    }
-    fn upload(&self, values: &[f32]) -> Result<Box<dyn DeviceTensor>, String> {
-        let data = TensorData::new(values.to_vec(), [values.len()]);
-        Ok(self.wrap(Tensor::from_data(data, &self.tensor.device())))
-    }
-    fn slice(&self, range: Range<usize>) -> Box<dyn DeviceTensor> {
-        self.wrap(self.tensor.clone().slice([range]))
-    }
-    fn padded(&self, range: Range<usize>, padded: usize) -> Result<Box<dyn DeviceTensor>, String> {
-        let device = self.tensor.device();
-        let part = self.tensor.clone().slice([range.clone()]);
-        let t = if padded > range.len() {
-            Tensor::cat(
-                vec![part, Tensor::zeros([padded - range.len()], &device)],
-                0,
-            )
-        } else {
-            // a copy, never a view: the collective writes its own buffers
-            part.mul_scalar(1.0)
-        };
-        Ok(self.wrap(t))
-    }
-    fn to_host(&mut self) -> Result<Vec<f32>, String> {
-        self.guard = None;
-        self.tensor
-            .clone()
-            .into_data()
-            .convert::<f32>()
-            .into_vec::<f32>()
-            .map_err(|e| format!("reading a device buffer: {e:?}"))
-    }
-    fn as_any_mut(&mut self) -> &mut dyn Any {
-        self
-    }
-    fn device_params(&self, params: &[f32], opt: &Optimizer) -> Option<Box<dyn DeviceParams>> {
-        (self.tensor.dtype() == DType::F32).then(|| {
-            Box::new(BurnParams::<B>::new(
-                params,
-                opt,
-                &self.tensor.device(),
-                self.raw_fn,
-            )) as Box<dyn DeviceParams>
-        })
-    }
-}
-
-/// A step's accumulated gradient: flat, in the model's layout.
-pub enum Grads {
-    Host(Vec<f32>),
-    Device(Box<dyn DeviceTensor>),
-}
-
 /// A device failure under `kind` on `rank` (outside the numbered collective ops).
 pub fn device_error(rank: usize, kind: OpKind, reason: String) -> CollectiveError {
     CollectiveError::Device {
@@ -204,30 +41,43 @@ pub fn device_error(rank: usize, kind: OpKind, reason: String) -> CollectiveErro
     }
 }
 
-impl Grads {
-    pub fn len(&self) -> usize {
-        match self {
-            Grads::Host(v) => v.len(),
-            Grads::Device(d) => d.len(),
-        }
-    }
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
+/// Collective ops on a step's gradient.
+pub trait GradsOps {
     /// The gradient on the host (copied from the device when it is there).
-    pub fn into_host(self, rank: usize) -> Result<Vec<f32>, CollectiveError> {
-        match self {
-            Grads::Host(v) => Ok(v),
-            Grads::Device(mut d) => d
-                .to_host()
-                .map_err(|e| device_error(rank, OpKind::AllReduce, e)),
-        }
-    }
-
+    fn into_host(self, rank: usize) -> Result<Vec<f32>, CollectiveError>;
     /// Reduces `range` of the gradient in place across ranks: on the device when the gradient
     /// is there and the collective can, otherwise on the host.
-    pub fn all_reduce(
+    fn all_reduce(
+        &mut self,
+        comm: &mut dyn Collective,
+        range: Range<usize>,
+        op: ReduceOp,
+    ) -> Result<(), CollectiveError>;
+    /// Reduces the whole gradient onto `root` (host result there; other ranks get theirs back).
+    fn reduce_to_host(
+        self,
+        comm: &mut dyn Collective,
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<Vec<f32>, CollectiveError>;
+    /// Reduce-scatters `range` (zero-padded to `world * shard_len`): this rank's chunk of the
+    /// reduction, on the host.
+    fn reduce_scatter_to_host(
+        &mut self,
+        comm: &mut dyn Collective,
+        range: Range<usize>,
+        shard_len: usize,
+        op: ReduceOp,
+    ) -> Result<Vec<f32>, CollectiveError>;
+}
+
+impl GradsOps for Grads {
+    fn into_host(self, rank: usize) -> Result<Vec<f32>, CollectiveError> {
+        self.to_host_vec()
+            .map_err(|e| device_error(rank, OpKind::AllReduce, e))
+    }
+
+    fn all_reduce(
         &mut self,
         comm: &mut dyn Collective,
         range: Range<usize>,
@@ -255,8 +105,7 @@ impl Grads {
         }
     }
 
-    /// Reduces the whole gradient onto `root` (host result there; other ranks get theirs back).
-    pub fn reduce_to_host(
+    fn reduce_to_host(
         self,
         comm: &mut dyn Collective,
         op: ReduceOp,
@@ -280,9 +129,7 @@ impl Grads {
         }
     }
 
-    /// Reduce-scatters `range` (zero-padded to `world * shard_len`): this rank's chunk of the
-    /// reduction, on the host.
-    pub fn reduce_scatter_to_host(
+    fn reduce_scatter_to_host(
         &mut self,
         comm: &mut dyn Collective,
         range: Range<usize>,
@@ -332,7 +179,10 @@ pub(crate) mod emulated {
     //! Device buffers in host memory and device ops over a host collective: the strategies'
     //! device path, checked on machines without a GPU.
 
+    use std::any::Any;
+
     use super::*;
+    use crate::params::{clip_and_step, DevDType, DeviceParams, DeviceTensor, Optimizer};
 
     pub struct HostFlat(pub Vec<f32>);
 
@@ -396,7 +246,7 @@ pub(crate) mod emulated {
             clip: Option<f64>,
         ) -> Result<(), String> {
             let mut g = grads.to_host()?;
-            crate::strategy::clip_and_step(&mut self.1, &mut self.0, &mut g, lr, clip);
+            clip_and_step(&mut self.1, &mut self.0, &mut g, lr, clip);
             Ok(())
         }
         fn params(&mut self) -> Result<Vec<f32>, String> {

@@ -1,6 +1,11 @@
+//! Layer: collective (above `params`; imports nothing from model, strategy, train or
+//! checkpoint).
+//!
 //! Collective communication between ranks: the `Collective` trait and its implementations
-//! (`local`: threads in one process, shared memory). Every op is numbered per rank and carries its
-//! name, so a hang becomes an error that says which rank never arrived and where it was last seen.
+//! (`local`: threads in one process, shared memory; `tcp`: across processes; `nccl`: CUDA). It
+//! moves bytes of the params layer's buffers and knows no optimizer. Every op is numbered per
+//! rank and carries its name, so a hang becomes an error that says which rank never arrived and
+//! where it was last seen.
 
 mod api;
 mod device;
@@ -13,7 +18,5 @@ pub mod tcp;
 pub use api::*;
 #[cfg(test)]
 pub(crate) use device::emulated;
-pub use device::{
-    device_error, DevDType, DeviceFlat, DeviceOps, DeviceTensor, Grads, RawBuf, RawFn,
-};
+pub use device::{device_error, DeviceOps, GradsOps};
 pub use local::{LocalGroup, LocalRank};

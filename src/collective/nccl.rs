@@ -22,7 +22,8 @@ use cudarc::nccl::sys;
 
 pub use cudarc::nccl::safe::Id;
 
-use super::{Collective, CollectiveError, DevDType, DeviceOps, OpId, OpKind, RawBuf, ReduceOp};
+use super::{Collective, CollectiveError, DeviceOps, OpId, OpKind, ReduceOp};
+use crate::params::{DevDType, RawBuf};
 
 fn device_error(rank: usize, op: OpId, message: String) -> CollectiveError {
     CollectiveError::Device {

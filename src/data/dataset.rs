@@ -41,6 +41,13 @@ pub struct Data {
     pub eval: Option<Dataset>,
 }
 
+impl Data {
+    /// The shape of one input sample (what a model is built for).
+    pub fn input_shape(&self) -> Vec<usize> {
+        vec![self.train.features]
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum DataError {
     #[error("cannot read data file `{path}` (data.path): {source}")]

@@ -247,7 +247,7 @@ fn rank_main<B: RankBackend>(
     // the strategy lives on the pool thread that trains (it may hold device buffers, which stay
     // on the thread whose stream made them)
     pool.install(move || {
-        let mut strategy = strategy::build(input.config, input.mlp, comm);
+        let mut strategy = strategy::build(input.config, input.model.layout(), comm);
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             train::train::<B>(input, strategy.as_mut(), &device, B::raw_fn(), &mut sink)
         }))

@@ -1,28 +1,31 @@
-//! A multi-layer perceptron: Linear -> activation -> dropout, repeated, then a final Linear.
-//! Initialised like torch `nn.Linear` (U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for weights and
-//! biases) from kiln's own RNG, so initialisation never touches Burn's global RNG.
+//! `model.kind = "mlp"`: Linear -> activation -> dropout, repeated, then a final Linear, built
+//! from Burn `Linear` layers. Initialised like torch `nn.Linear` (U(-1/sqrt(fan_in),
+//! 1/sqrt(fan_in)) for weights and biases), each layer from its own stream of kiln's RNG.
 
+use burn::module::Module;
+use burn::nn::{Linear, LinearConfig};
 use burn::tensor::activation;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
 
-use super::ParamSpec;
+use super::api::{Family, Forward, Task};
+use super::init;
 use crate::config::{Activation, ModelConfig};
-use crate::rng::Rng;
+use crate::params::ParamLayout;
 
+/// The module: `layers.0 ... layers.{n-1}` (paths `layers.<i>.weight`, `layers.<i>.bias`).
+#[derive(Module, Debug)]
+pub struct MlpModule<B: Backend> {
+    pub layers: Vec<Linear<B>>,
+}
+
+/// The MLP family for one `[model]` section.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Mlp {
     /// input, hidden..., classes
     pub sizes: Vec<usize>,
     pub activation: Activation,
     pub dropout: f64,
-    pub layout: Vec<ParamSpec>,
-}
-
-/// One layer's tensors, assembled from the flat buffer.
-pub struct LayerTensors<B: Backend> {
-    pub weight: Tensor<B, 2>,
-    pub bias: Tensor<B, 1>,
 }
 
 impl Mlp {
@@ -30,101 +33,59 @@ impl Mlp {
         let mut sizes = vec![c.input_size];
         sizes.extend(&c.hidden_sizes);
         sizes.push(c.classes);
-        let mut layout = Vec::new();
-        let mut offset = 0;
-        for (i, w) in sizes.windows(2).enumerate() {
-            for (name, shape) in [("weight", vec![w[0], w[1]]), ("bias", vec![w[1]])] {
-                let spec = ParamSpec {
-                    name: format!("layers.{i}.{name}"),
-                    shape,
-                    offset,
-                };
-                offset += spec.len();
-                layout.push(spec);
-            }
-        }
         Mlp {
             sizes,
             activation: c.activation,
             dropout: c.dropout,
-            layout,
+        }
+    }
+}
+
+impl Family for Mlp {
+    type Module<B: Backend> = MlpModule<B>;
+
+    fn kind(&self) -> &str {
+        "mlp"
+    }
+
+    fn task(&self) -> Task {
+        Task::Classification {
+            classes: *self.sizes.last().unwrap_or(&1),
         }
     }
 
-    pub fn num_layers(&self) -> usize {
-        self.sizes.len() - 1
+    fn build<B: Backend>(&self, device: &B::Device) -> MlpModule<B> {
+        MlpModule {
+            layers: self
+                .sizes
+                .windows(2)
+                .map(|w| LinearConfig::new(w[0], w[1]).init(device))
+                .collect(),
+        }
     }
 
-    pub fn num_params(&self) -> usize {
-        self.layout.last().map(|p| p.offset + p.len()).unwrap_or(0)
-    }
-
-    /// torch `nn.Linear` default initialisation, from `seed`.
-    pub fn init(&self, seed: u64) -> Vec<f32> {
-        let mut flat = vec![0f32; self.num_params()];
-        for (l, pair) in self.layout.chunks(2).enumerate() {
+    /// Layer l's weight then bias from the stream ("init", l), as kiln always drew them.
+    fn init(&self, layout: &ParamLayout, seed: u64) -> Vec<f32> {
+        let mut flat = vec![0f32; layout.num_params()];
+        for (l, unit) in layout.units.iter().enumerate() {
             let bound = 1.0 / (self.sizes[l] as f64).sqrt();
-            let mut rng = Rng::stream(seed, "init", &[l as u64]);
-            for spec in pair {
-                for v in &mut flat[spec.range()] {
-                    *v = rng.uniform(-bound, bound) as f32;
-                }
-            }
+            let mut rng = init::stream(seed, &[l as u64]);
+            init::uniform(&mut rng, &mut flat[unit.range.clone()], bound);
         }
         flat
     }
 
-    /// The flat range of layer `l` (its weight, then its bias).
-    pub fn layer_range(&self, l: usize) -> std::ops::Range<usize> {
-        self.layout[2 * l].offset..self.layout[2 * l + 1].range().end
-    }
-
-    /// Builds layer `l`'s tensors from its flat parameters (weight, then bias), taking the buffer.
-    pub fn layer_tensors<B: Backend>(
+    fn forward<B: Backend>(
         &self,
-        l: usize,
-        mut flat: Vec<f32>,
+        module: &MlpModule<B>,
+        x: TensorData,
         device: &B::Device,
-    ) -> LayerTensors<B> {
-        let (w, b) = (&self.layout[2 * l], &self.layout[2 * l + 1]);
-        let bias = flat.split_off(w.len());
-        LayerTensors {
-            weight: Tensor::from_data(TensorData::new(flat, [w.shape[0], w.shape[1]]), device),
-            bias: Tensor::from_data(TensorData::new(bias, [b.shape[0]]), device),
-        }
-    }
-
-    /// Layer `l`'s tensors from its flat parameters already on the device (weight then bias).
-    pub fn layer_tensors_from<B: Backend>(&self, l: usize, flat: Tensor<B, 1>) -> LayerTensors<B> {
-        let (w, b) = (&self.layout[2 * l], &self.layout[2 * l + 1]);
-        LayerTensors {
-            weight: flat
-                .clone()
-                .slice(0..w.len())
-                .reshape([w.shape[0], w.shape[1]]),
-            bias: flat.slice(w.len()..w.len() + b.len()),
-        }
-    }
-
-    /// Builds every layer's tensors from the whole flat buffer.
-    pub fn tensors<B: Backend>(&self, flat: &[f32], device: &B::Device) -> Vec<LayerTensors<B>> {
-        (0..self.num_layers())
-            .map(|l| self.layer_tensors(l, flat[self.layer_range(l)].to_vec(), device))
-            .collect()
-    }
-
-    /// Forward pass. `masks[l]`, when given, is the (already scaled) dropout mask after hidden
-    /// layer l.
-    pub fn forward<B: Backend>(
-        &self,
-        layers: &[LayerTensors<B>],
-        x: Tensor<B, 2>,
-        masks: Option<&[Tensor<B, 2>]>,
+        ctx: &mut Forward,
     ) -> Tensor<B, 2> {
-        let mut h = x;
-        let last = layers.len() - 1;
-        for (l, layer) in layers.iter().enumerate() {
-            h = h.matmul(layer.weight.clone()) + layer.bias.clone().unsqueeze::<2>();
+        let mut h = Tensor::<B, 2>::from_data(x, device);
+        let last = module.layers.len().saturating_sub(1);
+        for (l, layer) in module.layers.iter().enumerate() {
+            h = layer.forward(h);
             if l < last {
                 h = match self.activation {
                     Activation::Relu => activation::relu(h),
@@ -132,55 +93,44 @@ impl Mlp {
                     Activation::Tanh => activation::tanh(h),
                     Activation::Sigmoid => activation::sigmoid(h),
                 };
-                if let Some(m) = masks {
-                    h = h * m[l].clone();
-                }
+                h = ctx.dropout(h, self.dropout);
             }
         }
         h
-    }
-
-    /// Inverted-dropout masks for one micro-batch, drawn from kiln's RNG by `counters`
-    /// (seed, step, micro-step, rank), so every rank and every resume reproduces them.
-    pub fn dropout_masks(
-        &self,
-        batch: usize,
-        seed: u64,
-        counters: &[u64],
-    ) -> Option<Vec<Vec<f32>>> {
-        if self.dropout <= 0.0 {
-            return None;
-        }
-        let keep = 1.0 - self.dropout;
-        let scale = (1.0 / keep) as f32;
-        let mut rng = Rng::stream(seed, "dropout", counters);
-        Some(
-            self.sizes[1..self.sizes.len() - 1]
-                .iter()
-                .map(|&width| {
-                    (0..batch * width)
-                        .map(|_| if rng.next_f64() < keep { scale } else { 0.0 })
-                        .collect()
-                })
-                .collect(),
-        )
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::{FamilyModel, Model};
 
     #[test]
-    fn layout_is_contiguous() {
-        let m = Mlp::new(&ModelConfig {
+    fn layout_is_contiguous_and_named_by_path() {
+        let m = FamilyModel::new(Mlp::new(&ModelConfig {
             input_size: 3,
             hidden_sizes: vec![4, 5],
             classes: 2,
             ..ModelConfig::default()
-        });
-        assert_eq!(m.num_params(), 3 * 4 + 4 + 4 * 5 + 5 + 5 * 2 + 2);
-        assert_eq!(m.layout[1].offset, 12);
+        }));
+        let l = m.layout();
+        assert_eq!(l.num_params(), 3 * 4 + 4 + 4 * 5 + 5 + 5 * 2 + 2);
+        let names: Vec<_> = l.params.iter().map(|p| p.name.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "layers.0.weight",
+                "layers.0.bias",
+                "layers.1.weight",
+                "layers.1.bias",
+                "layers.2.weight",
+                "layers.2.bias"
+            ]
+        );
+        assert_eq!(l.params[0].shape, [3, 4]);
+        assert_eq!(l.params[1].offset, 12);
+        assert_eq!(l.num_units(), 3);
+        assert_eq!(l.unit_range(1), 16..41);
         let p = m.init(1);
         assert_eq!(p, m.init(1));
         assert!(p[..12].iter().all(|v| v.abs() <= 1.0 / 3f32.sqrt()));

@@ -1,10 +1,20 @@
-//! Model families. Parameters live in one flat `f32` buffer described by a layout, so strategies
-//! can all-reduce, shard and checkpoint them without knowing the model; each step the model is
-//! assembled from that buffer as Burn tensors, run forward and backward, and its gradients are
-//! flattened back in the same layout.
+//! Layer: model (above `params`; imports only `params`, `config` and `rng`).
+//!
+//! Model families behind one `Model` trait. A family is a Burn `#[derive(Module)]` struct and a
+//! `Family` impl (build, init, forward); kiln owns its parameters as flat buffers in the layout
+//! it derives by visiting the module, so every strategy, optimizer and checkpoint works for every
+//! model without knowing it. Outside this module only `Model`, `Compute` and the layout are
+//! used; `registry` maps `model.kind` to a builder.
 
+mod api;
+mod engine;
+pub mod init;
 pub mod mlp;
-mod param;
+mod registry;
 
-pub use mlp::{LayerTensors, Mlp};
-pub use param::*;
+pub use api::{
+    Batch, Compute, ComputeOn, EvalOut, Family, Forward, Model, ModelError, SharedModel, StepKey,
+    Task, UnitParams,
+};
+pub use engine::{layout_of, Engine, FamilyModel};
+pub use registry::{build, Builder, Registry};

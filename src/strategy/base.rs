@@ -6,11 +6,9 @@ use std::ops::Range;
 use serde::Serialize;
 
 use crate::checkpoint::{encode_f32, encode_opt, Layout, OptState};
-use crate::collective::{device_error, Collective, CollectiveError, DeviceTensor, Grads, OpKind};
+use crate::collective::{device_error, Collective, CollectiveError, OpKind};
 use crate::config::{Config, OptimKind, Sharding, StrategyKind};
-use crate::model::Mlp;
-use crate::train::device_optim::DeviceParams;
-use crate::train::optim::{clip_by_norm, sum_squares, Optimizer};
+use crate::params::{DeviceParams, DeviceTensor, Grads, Optimizer, ParamLayout};
 
 /// Bytes one rank holds for training state (accounting, not measured RSS).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
@@ -126,25 +124,25 @@ pub trait Strategy {
     fn init(&mut self, init: Vec<f32>) -> Result<(), CollectiveError>;
     /// The full parameters (evaluation, the final result).
     fn params(&mut self) -> Result<&[f32], CollectiveError>;
-    /// Layer `layer`'s parameters (the flat `range`) for forward/backward.
-    fn layer_params(
+    /// Unit `unit`'s parameters (the flat `range`) for forward/backward.
+    fn unit_params(
         &mut self,
-        layer: usize,
+        unit: usize,
         range: Range<usize>,
     ) -> Result<Vec<f32>, CollectiveError> {
-        let _ = layer;
+        let _ = unit;
         Ok(self.params()?[range].to_vec())
     }
-    /// Layer `layer`'s parameters gathered straight into a device buffer like `proto`, when this
-    /// strategy gathers them and its collective works on device buffers (fsdp over NCCL);
-    /// `None`: use `layer_params`.
-    fn layer_params_device(
+    /// Unit `unit`'s parameters in a device buffer like `proto`, when this strategy keeps or
+    /// gathers them there (its collective works on device buffers: NCCL); `None`: use
+    /// `unit_params`.
+    fn unit_params_device(
         &mut self,
-        layer: usize,
+        unit: usize,
         range: Range<usize>,
         proto: &dyn DeviceTensor,
     ) -> Result<Option<Box<dyn DeviceTensor>>, CollectiveError> {
-        let _ = (layer, range, proto);
+        let _ = (unit, range, proto);
         Ok(None)
     }
     /// The weight of this rank's micro-batch gradient in the step's gradient, given its sample
@@ -191,13 +189,13 @@ pub trait Strategy {
     }
 }
 
-/// Builds one rank's strategy.
-pub fn build(c: &Config, mlp: &Mlp, comm: Box<dyn Collective>) -> Box<dyn Strategy> {
+/// Builds one rank's strategy for a model of `layout`.
+pub fn build(c: &Config, layout: &ParamLayout, comm: Box<dyn Collective>) -> Box<dyn Strategy> {
     match c.strategy.kind {
-        StrategyKind::Single => Box::new(Single::new(c, mlp.num_params(), comm)),
+        StrategyKind::Single => Box::new(Single::new(c, layout.num_params(), comm)),
         StrategyKind::Dp => Box::new(Dp::new(c, comm)),
-        StrategyKind::Ddp => Box::new(Ddp::new(c, mlp.num_params(), comm)),
-        StrategyKind::Fsdp => Box::new(Fsdp::new(c, mlp, comm)),
+        StrategyKind::Ddp => Box::new(Ddp::new(c, layout.num_params(), comm)),
+        StrategyKind::Fsdp => Box::new(Fsdp::new(c, layout, comm)),
     }
 }
 
@@ -212,8 +210,8 @@ pub(super) fn state_per_param(c: &Config) -> usize {
 
 /// The bytes each rank will hold at rest, from the plan alone (`kiln check` prints it; the
 /// strategies report the same numbers after training).
-pub fn estimate(c: &Config, mlp: &Mlp, world: usize) -> Vec<Memory> {
-    let n = mlp.num_params();
+pub fn estimate(c: &Config, layout: &ParamLayout, world: usize) -> Vec<Memory> {
+    let n = layout.num_params();
     let whole = n * 4;
     let state = state_per_param(c);
     (0..world)
@@ -222,7 +220,7 @@ pub fn estimate(c: &Config, mlp: &Mlp, world: usize) -> Vec<Memory> {
                 StrategyKind::Single | StrategyKind::Ddp => (whole, whole, n),
                 StrategyKind::Dp => (whole, whole, if rank == 0 { n } else { 0 }),
                 StrategyKind::Fsdp => {
-                    let shard: usize = fsdp::units(mlp, c.strategy.unit, world)
+                    let shard: usize = fsdp::units(layout, c.strategy.unit, world)
                         .iter()
                         .map(|u| u.shard_len)
                         .sum();
@@ -243,21 +241,6 @@ pub fn estimate(c: &Config, mlp: &Mlp, world: usize) -> Vec<Memory> {
         .collect()
 }
 
-/// Clip by the global norm of full (already synchronised) gradients, then step.
-pub(crate) fn clip_and_step(
-    opt: &mut Optimizer,
-    params: &mut [f32],
-    grads: &mut [f32],
-    lr: f64,
-    clip: Option<f64>,
-) {
-    if let Some(max_norm) = clip {
-        let norm = sum_squares(grads).sqrt();
-        clip_by_norm(grads, norm, max_norm);
-    }
-    opt.step(params, grads, lr);
-}
-
 #[cfg(test)]
 mod tests {
     //! The device-gradient path (NCCL on CUDA) against the host path, with device buffers
@@ -267,8 +250,15 @@ mod tests {
 
     use super::*;
     use crate::collective::emulated::{Emulated, HostFlat};
-    use crate::collective::{Grads, LocalGroup};
-    use crate::config::{Devices, FsdpUnit, ModelConfig, OptimKind};
+    use crate::collective::LocalGroup;
+    use crate::config::{Devices, FsdpUnit, OptimKind};
+
+    /// Deterministic initial parameters.
+    fn init(n: usize) -> Vec<f32> {
+        (0..n)
+            .map(|i| ((i * 37) % 23) as f32 * 0.02 - 0.2)
+            .collect()
+    }
 
     /// What a rank saw (gathered layers, then its final parameters), how many gathers ran on the
     /// device, and its checkpoint files.
@@ -276,8 +266,8 @@ mod tests {
 
     /// Every rank's parameters after two updates from rank-dependent gradients, preceded by the
     /// layer parameters each step gathered (and how many gathers ran on the device).
-    fn run(c: &Config, mlp: &Mlp, device: bool) -> Vec<Out> {
-        let n = mlp.num_params();
+    fn run(c: &Config, layout: &ParamLayout, device: bool) -> Vec<Out> {
+        let n = layout.num_params();
         let ranks = LocalGroup::new(c.strategy.devices.count(), Duration::from_secs(20));
         std::thread::scope(|s| {
             let handles: Vec<_> = ranks
@@ -290,16 +280,16 @@ mod tests {
                         } else {
                             Box::new(l)
                         };
-                        let mut st = build(c, mlp, comm);
-                        st.init(mlp.init(7)).unwrap();
+                        let mut st = build(c, layout, comm);
+                        st.init(init(n)).unwrap();
                         let mut seen = Vec::new();
                         let mut on_device = 0;
                         let proto = HostFlat(vec![0.0]);
                         for step in 0..2 {
-                            for l in 0..mlp.num_layers() {
-                                let range = mlp.layer_range(l);
+                            for u in 0..layout.num_units() {
+                                let range = layout.unit_range(u);
                                 let d = if device {
-                                    st.layer_params_device(l, range.clone(), &proto).unwrap()
+                                    st.unit_params_device(u, range.clone(), &proto).unwrap()
                                 } else {
                                     None
                                 };
@@ -308,7 +298,7 @@ mod tests {
                                         on_device += 1;
                                         seen.extend(d.to_host().unwrap());
                                     }
-                                    None => seen.extend(st.layer_params(l, range).unwrap()),
+                                    None => seen.extend(st.unit_params(u, range).unwrap()),
                                 }
                             }
                             let g: Vec<f32> = (0..n)
@@ -333,13 +323,14 @@ mod tests {
 
     #[test]
     fn device_gradients_give_the_host_results() {
-        let mlp = Mlp::new(&ModelConfig {
-            input_size: 5,
-            hidden_sizes: vec![7],
-            classes: 3,
-            ..ModelConfig::default()
-        });
-        // 5*7+7+7*3+3 = 66 parameters: layers of 42 and 24, not multiples of 4
+        // an MLP 5 -> 7 -> 3: 5*7+7+7*3+3 = 66 parameters, units of 42 and 24, not multiples
+        // of 4
+        let layout = ParamLayout::new(vec![
+            ("layers.0.weight".into(), vec![5, 7]),
+            ("layers.0.bias".into(), vec![7]),
+            ("layers.1.weight".into(), vec![7, 3]),
+            ("layers.1.bias".into(), vec![3]),
+        ]);
         let mut cases = Vec::new();
         for kind in [StrategyKind::Single, StrategyKind::Dp, StrategyKind::Ddp] {
             cases.push((kind, Sharding::Full, FsdpUnit::Model, 3));
@@ -362,8 +353,8 @@ mod tests {
             // 10 elements per bucket: several all-reduces over slices of one device buffer
             c.strategy.bucket_cap_mb = 40.0 / (1024.0 * 1024.0);
             c.optim.kind = OptimKind::Adamw;
-            let host = run(&c, &mlp, false);
-            let device = run(&c, &mlp, true);
+            let host = run(&c, &layout, false);
+            let device = run(&c, &layout, true);
             let values = |r: &[Out]| r.iter().map(|o| o.0.clone()).collect::<Vec<_>>();
             let files = |r: &[Out]| r.iter().map(|o| o.2.clone()).collect::<Vec<_>>();
             assert!(
@@ -379,9 +370,9 @@ mod tests {
                 host.iter().all(|p| p.0 == host[0].0),
                 "{kind:?}: ranks differ"
             );
-            let n = mlp.num_params();
+            let n = layout.num_params();
             let last = &host[0].0[host[0].0.len() - n..];
-            assert_ne!(last, mlp.init(7), "{kind:?}: nothing was trained");
+            assert_ne!(last, init(n), "{kind:?}: nothing was trained");
             // fully sharded fsdp gathers parameters on the device; ddp/single/dp keep them there
             let on_device = match kind {
                 StrategyKind::Fsdp => sharding == Sharding::Full,

@@ -8,15 +8,13 @@
 //! update runs there (`DeviceParams`); the host copy is refreshed only when asked for
 //! (evaluation, checkpoints, the end).
 
-use super::{clip_and_step, full_snapshot, whole_memory, DeviceCopy, Memory, Snapshot, Strategy};
+use super::{full_snapshot, whole_memory, DeviceCopy, Memory, Snapshot, Strategy};
 use crate::checkpoint::OptState;
 use std::ops::Range;
 
-use crate::collective::{
-    device_error, Collective, CollectiveError, DeviceTensor, Grads, OpKind, ReduceOp,
-};
+use crate::collective::{device_error, Collective, CollectiveError, GradsOps, OpKind, ReduceOp};
 use crate::config::Config;
-use crate::train::optim::Optimizer;
+use crate::params::{clip_and_step, DeviceTensor, Grads, Optimizer};
 
 pub struct Ddp {
     comm: Box<dyn Collective>,
@@ -65,9 +63,9 @@ impl Strategy for Ddp {
         self.sync_host()?;
         Ok(&self.params)
     }
-    fn layer_params_device(
+    fn unit_params_device(
         &mut self,
-        _layer: usize,
+        _unit: usize,
         range: Range<usize>,
         proto: &dyn DeviceTensor,
     ) -> Result<Option<Box<dyn DeviceTensor>>, CollectiveError> {

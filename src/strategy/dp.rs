@@ -10,13 +10,11 @@
 
 use std::ops::Range;
 
-use super::{clip_and_step, full_snapshot, whole_memory, DeviceCopy, Memory, Snapshot, Strategy};
+use super::{full_snapshot, whole_memory, DeviceCopy, Memory, Snapshot, Strategy};
 use crate::checkpoint::OptState;
-use crate::collective::{
-    device_error, Collective, CollectiveError, DeviceTensor, Grads, OpKind, ReduceOp,
-};
+use crate::collective::{device_error, Collective, CollectiveError, GradsOps, OpKind, ReduceOp};
 use crate::config::{Config, OptimConfig};
-use crate::train::optim::Optimizer;
+use crate::params::{clip_and_step, DeviceTensor, Grads, Optimizer};
 
 pub struct Dp {
     comm: Box<dyn Collective>,
@@ -102,9 +100,9 @@ impl Strategy for Dp {
         self.sync_host()?;
         Ok(&self.params)
     }
-    fn layer_params_device(
+    fn unit_params_device(
         &mut self,
-        _layer: usize,
+        _unit: usize,
         range: Range<usize>,
         proto: &dyn DeviceTensor,
     ) -> Result<Option<Box<dyn DeviceTensor>>, CollectiveError> {

@@ -13,12 +13,9 @@ use std::ops::Range;
 
 use super::{full_snapshot, Memory, Snapshot, Strategy};
 use crate::checkpoint::{encode_f32, encode_opt, Layout, OptState};
-use crate::collective::{
-    device_error, Collective, CollectiveError, DeviceTensor, Grads, OpKind, ReduceOp,
-};
+use crate::collective::{device_error, Collective, CollectiveError, GradsOps, OpKind, ReduceOp};
 use crate::config::{Config, FsdpUnit, Sharding};
-use crate::model::Mlp;
-use crate::train::optim::{clip_by_norm, sum_squares, Optimizer};
+use crate::params::{clip_by_norm, sum_squares, DeviceTensor, Grads, Optimizer, ParamLayout};
 
 /// One flat unit: where it lives in the full parameter buffer and how it is split.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -44,12 +41,13 @@ impl Unit {
     }
 }
 
-/// The units of a model for `unit` granularity.
-pub fn units(mlp: &Mlp, unit: FsdpUnit, world: usize) -> Vec<Unit> {
+/// The flat units of a model for `unit` granularity: the whole model, or each of the layout's
+/// units (a layer, a block).
+pub fn units(layout: &ParamLayout, unit: FsdpUnit, world: usize) -> Vec<Unit> {
     match unit {
-        FsdpUnit::Model => vec![Unit::new(0..mlp.num_params(), world)],
-        FsdpUnit::Layer => (0..mlp.num_layers())
-            .map(|l| Unit::new(mlp.layer_range(l), world))
+        FsdpUnit::Model => vec![Unit::new(0..layout.num_params(), world)],
+        FsdpUnit::Layer => (0..layout.num_units())
+            .map(|u| Unit::new(layout.unit_range(u), world))
             .collect(),
     }
 }
@@ -71,14 +69,14 @@ pub struct Fsdp {
 }
 
 impl Fsdp {
-    pub fn new(c: &Config, mlp: &Mlp, comm: Box<dyn Collective>) -> Self {
-        let units = units(mlp, c.strategy.unit, comm.world());
+    pub fn new(c: &Config, layout: &ParamLayout, comm: Box<dyn Collective>) -> Self {
+        let units = units(layout, c.strategy.unit, comm.world());
         let opts = units.iter().map(|_| Optimizer::new(&c.optim)).collect();
         Fsdp {
             comm,
             sharding: c.strategy.sharding,
             units,
-            num_params: mlp.num_params(),
+            num_params: layout.num_params(),
             shards: Vec::new(),
             full: None,
             opts,
@@ -166,9 +164,9 @@ impl Strategy for Fsdp {
         Ok(self.full.as_deref().unwrap_or(&[]))
     }
 
-    fn layer_params(
+    fn unit_params(
         &mut self,
-        layer: usize,
+        unit: usize,
         range: Range<usize>,
     ) -> Result<Vec<f32>, CollectiveError> {
         if let Some(full) = &self.full {
@@ -177,14 +175,14 @@ impl Strategy for Fsdp {
         match self.units.len() {
             // unit = "model": gather everything once; it stays until the update reshards
             1 => Ok(self.params()?[range].to_vec()),
-            // unit = "layer": gather only this layer, hand it straight to the autodiff graph
-            _ => self.gather_unit(layer),
+            // unit = "layer": gather only this unit, hand it straight to the autodiff graph
+            _ => self.gather_unit(unit),
         }
     }
 
-    fn layer_params_device(
+    fn unit_params_device(
         &mut self,
-        layer: usize,
+        unit: usize,
         range: Range<usize>,
         proto: &dyn DeviceTensor,
     ) -> Result<Option<Box<dyn DeviceTensor>>, CollectiveError> {
@@ -200,7 +198,7 @@ impl Strategy for Fsdp {
                 }
                 Ok(self.device_full.as_ref().map(|d| d.slice(range)))
             }
-            _ => Ok(Some(self.gather_unit_device(layer, proto)?)),
+            _ => Ok(Some(self.gather_unit_device(unit, proto)?)),
         }
     }
 

@@ -1,9 +1,11 @@
-//! Training: the step loop, the optimizers, LR schedules and the per-micro-step math.
+//! Layer: train (above strategy, model, data and checkpoint).
+//!
+//! The step loop of one rank: micro-batches from the sampler, accumulation, the strategy's
+//! synchronisation and update, the LR schedule, exact evaluation, checkpoints and metrics events.
 
-pub mod device_optim;
-pub mod optim;
 pub mod schedule;
-pub mod step;
 mod trainer;
 
-pub use trainer::{train, MetricLine, Outcome, RankSink, TrainError, TrainEvent, TrainInput};
+pub use trainer::{
+    train, EvalSums, MetricLine, Outcome, RankSink, TrainError, TrainEvent, TrainInput,
+};

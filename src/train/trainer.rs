@@ -3,20 +3,36 @@
 
 use std::time::Instant;
 
-use burn::tensor::backend::AutodiffBackend;
 use serde::Serialize;
 
 use super::schedule::lr_at;
-use super::step::{evaluate, forward_backward, EvalSums, LayerParams, StepError};
 use crate::checkpoint::{
     CheckpointError, DataPosition, Loaded, OptimizerInfo, RngState, SchedulerInfo, State, Store,
 };
-use crate::collective::{CollectiveError, DeviceFlat, DeviceTensor, Grads, RawFn};
+use crate::collective::CollectiveError;
 use crate::config::Config;
-use crate::data::Data;
-use crate::model::Mlp;
+use crate::data::{Data, Dataset};
+use crate::model::{Batch, Compute, ComputeOn, Model, ModelError, StepKey, UnitParams};
+use crate::params::{DeviceFlat, DeviceTensor, Grads, RawFn};
 use crate::plan::{DataSplit, Plan};
 use crate::strategy::{Memory, Strategy};
+
+/// Exact evaluation totals: every sample counted once.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct EvalSums {
+    pub loss_sum: f64,
+    pub correct: u64,
+    pub count: u64,
+}
+
+impl EvalSums {
+    pub fn loss(&self) -> f64 {
+        self.loss_sum / self.count.max(1) as f64
+    }
+    pub fn accuracy(&self) -> f64 {
+        self.correct as f64 / self.count.max(1) as f64
+    }
+}
 
 /// One line of `metrics.jsonl`.
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -66,7 +82,7 @@ pub struct Outcome {
 #[derive(Debug, thiserror::Error)]
 pub enum TrainError {
     #[error(transparent)]
-    Step(#[from] StepError),
+    Model(#[from] ModelError),
     #[error(transparent)]
     Collective(#[from] CollectiveError),
     #[error("training diverged: the loss is {loss} at step {step}\n  = help: lower `optim.lr`, set `optim.grad_clip_norm`, or add warm-up (`schedule.warmup_steps`)")]
@@ -82,7 +98,7 @@ pub struct TrainInput<'a> {
     pub config: &'a Config,
     pub plan: &'a Plan,
     pub data: &'a Data,
-    pub mlp: &'a Mlp,
+    pub model: &'a dyn Model,
     /// Where checkpoints go (`None`: never saved, e.g. `kiln bench`).
     pub store: Option<&'a Store>,
     /// The checkpoint to continue from.
@@ -163,28 +179,53 @@ pub trait RankSink {
     fn log(&mut self, line: &str);
 }
 
-/// Layer `l`'s parameters for forward/backward: gathered on the device when the strategy can,
-/// otherwise on the host.
-fn gather_layer(
+/// Unit `u`'s parameters for forward/backward: on the device when the strategy keeps or
+/// gathers them there, otherwise on the host.
+fn gather_unit(
     strategy: &mut dyn Strategy,
-    mlp: &Mlp,
-    l: usize,
+    model: &dyn Model,
+    u: usize,
     proto: Option<&dyn DeviceTensor>,
-) -> Result<LayerParams, TrainError> {
+) -> Result<UnitParams, CollectiveError> {
+    let range = model.layout().unit_range(u);
     if let Some(proto) = proto {
-        if let Some(d) = strategy.layer_params_device(l, mlp.layer_range(l), proto)? {
-            return Ok(LayerParams::Device(d));
+        if let Some(d) = strategy.unit_params_device(u, range.clone(), proto)? {
+            return Ok(UnitParams::Device(d));
         }
     }
-    Ok(LayerParams::Host(
-        strategy.layer_params(l, mlp.layer_range(l))?,
-    ))
+    Ok(UnitParams::Host(strategy.unit_params(u, range)?))
+}
+
+/// Per-sample losses and correctness of `params` on the rows `idx` of `ds`, in batches of
+/// `batch`.
+fn evaluate<B: ComputeOn>(
+    compute: &dyn Compute<B>,
+    params: &[f32],
+    ds: &Dataset,
+    idx: &[usize],
+    batch: usize,
+) -> Result<(Vec<f64>, Vec<f64>), ModelError> {
+    let (mut losses, mut correct) = (Vec::with_capacity(idx.len()), Vec::with_capacity(idx.len()));
+    for chunk in idx.chunks(batch.max(1)) {
+        let (x, y) = ds.gather(chunk);
+        let out = compute.evaluate(
+            params,
+            Batch {
+                x,
+                shape: vec![chunk.len(), ds.features],
+                y,
+            },
+        )?;
+        losses.extend(out.losses);
+        correct.extend(out.correct);
+    }
+    Ok((losses, correct))
 }
 
 /// Runs the whole training of one rank. `raw_fn` is how the backend exposes device addresses
 /// (CUDA): with it, and a collective that works on device buffers (NCCL), gradients stay on the
 /// device until they are reduced.
-pub fn train<B: AutodiffBackend>(
+pub fn train<B: ComputeOn>(
     input: &TrainInput<'_>,
     strategy: &mut dyn Strategy,
     device: &B::Device,
@@ -195,9 +236,12 @@ pub fn train<B: AutodiffBackend>(
         config: c,
         plan,
         data,
-        mlp,
+        model,
         ..
     } = *input;
+    let compute = B::compute(model, device);
+    let num_params = model.num_params();
+    let num_units = model.layout().num_units();
     let rank = strategy.rank();
     let world = strategy.world();
     let (mut step, mut pos) = match input.resume {
@@ -207,7 +251,7 @@ pub fn train<B: AutodiffBackend>(
             (l.state.step, resume_pos(plan, c, &l.state))
         }
         None => {
-            strategy.init(mlp.init(c.experiment.seed))?;
+            strategy.init(model.init(c.experiment.seed))?;
             (
                 0,
                 Pos {
@@ -279,10 +323,10 @@ pub fn train<B: AutodiffBackend>(
         let lr = lr_at(&c.schedule, c.optim.lr, step, total);
         let mut grads = match raw_fn {
             Some(f) => Grads::Device(Box::new(DeviceFlat::<B::InnerBackend>::new(
-                burn::tensor::Tensor::zeros([mlp.num_params()], device),
+                burn::tensor::Tensor::zeros([num_params], device),
                 f,
             ))),
-            None => Grads::Host(vec![0f32; mlp.num_params()]),
+            None => Grads::Host(vec![0f32; num_params]),
         };
         // [weighted loss, samples] summed over micro-steps, then over ranks
         let mut totals = [0.0f64, 0.0];
@@ -305,29 +349,39 @@ pub fn train<B: AutodiffBackend>(
             let weight = strategy.grad_weight(idx.len(), global);
             if !idx.is_empty() {
                 let (x, y) = data.train.gather(idx);
-                let masks = mlp.dropout_masks(
-                    y.len(),
-                    c.experiment.seed,
-                    &[step as u64, k as u64, rank as u64],
-                );
-                let mut layer_params = |l: usize| -> Result<LayerParams, TrainError> {
-                    gather_layer(strategy, mlp, l, proto.as_deref())
-                };
-                let loss = forward_backward::<B, TrainError>(
-                    mlp,
-                    &mut layer_params,
+                let batch = Batch {
                     x,
-                    &y,
-                    masks,
+                    shape: vec![y.len(), data.train.features],
+                    y,
+                };
+                let key = StepKey {
+                    seed: c.experiment.seed,
+                    counters: [step as u64, k as u64, rank as u64],
+                };
+                // a failure to fetch parameters (a collective error) is kept as it is
+                let mut failed = None;
+                let mut unit_params = |u: usize| -> Result<UnitParams, ModelError> {
+                    gather_unit(strategy, model, u, proto.as_deref()).map_err(|e| {
+                        failed = Some(e);
+                        ModelError::Params(u)
+                    })
+                };
+                let result = compute.forward_backward(
+                    &mut unit_params,
+                    batch,
+                    key,
                     weight / plan.accum as f64,
                     &mut grads,
-                    device,
-                )?;
+                );
+                let loss = match (result, failed) {
+                    (_, Some(e)) => return Err(e.into()),
+                    (r, None) => r?,
+                };
                 totals[0] += loss * weight;
             } else {
                 // Ranks run the same collectives even without samples.
-                for l in 0..mlp.num_layers() {
-                    gather_layer(strategy, mlp, l, proto.as_deref())?;
+                for u in 0..num_units {
+                    gather_unit(strategy, model, u, proto.as_deref())?;
                 }
             }
             totals[1] += idx.len() as f64;
@@ -362,14 +416,8 @@ pub fn train<B: AutodiffBackend>(
         if do_eval {
             if let Some(ds) = &data.eval {
                 let params = strategy.params()?;
-                let (losses, correct) = evaluate::<B::InnerBackend>(
-                    mlp,
-                    params,
-                    ds,
-                    &eval_idx,
-                    plan.micro_batch,
-                    device,
-                )?;
+                let (losses, correct) =
+                    evaluate(compute.as_ref(), params, ds, &eval_idx, plan.micro_batch)?;
                 last_eval = Some(reduce_eval(strategy, &losses, &correct, ds.len())?);
             }
         }
@@ -472,7 +520,7 @@ fn save_checkpoint(
             strategy: format!("{:?}", c.strategy.kind).to_lowercase(),
             micro_batch: input.plan.micro_batch,
             grad_accum_steps: input.plan.accum,
-            num_params: input.mlp.num_params(),
+            num_params: input.model.num_params(),
             params: snap.layout.clone(),
             optimizer: OptimizerInfo {
                 kind: format!("{:?}", c.optim.kind).to_lowercase(),

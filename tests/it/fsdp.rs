@@ -118,8 +118,9 @@ fn the_plan_estimate_equals_what_every_strategy_reports() {
     ] {
         let owned: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
         let r = kiln::config::load(&f, &[], &owned).unwrap();
-        let mlp = kiln::model::Mlp::new(&r.config.model);
-        let est = kiln::strategy::estimate(&r.config, &mlp, r.config.strategy.devices.count());
+        let model = kiln::model::build(&r.config.model, &[r.config.model.input_size]).unwrap();
+        let est =
+            kiln::strategy::estimate(&r.config, model.layout(), r.config.strategy.devices.count());
         assert_eq!(est, train(sets).memory, "{sets:?}");
     }
 }

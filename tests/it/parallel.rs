@@ -5,7 +5,6 @@
 use kiln::backend;
 use kiln::config;
 use kiln::data;
-use kiln::model::Mlp;
 use kiln::plan::Plan;
 use kiln::train::TrainInput;
 
@@ -51,13 +50,13 @@ pub fn train(sets: &[&str]) -> Trained {
     let r = config::load(&f, &[], &sets).unwrap();
     let c = &r.config;
     let data = data::load(&r).unwrap();
-    let mlp = Mlp::new(&c.model);
-    let plan = Plan::new(c, data.train.len(), mlp.num_params());
+    let model = kiln::model::build(&c.model, &data.input_shape()).unwrap();
+    let plan = Plan::new(c, data.train.len(), model.num_params());
     let input = TrainInput {
         config: c,
         plan: &plan,
         data: &data,
-        mlp: &mlp,
+        model: model.as_ref(),
         store: None,
         resume: None,
     };

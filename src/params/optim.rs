@@ -1,7 +1,8 @@
-//! Optimizers over flat `f32` buffers with PyTorch semantics (SGD with momentum/dampening 0 and
+//! Optimizers over flat host `f32` buffers with PyTorch semantics (SGD with momentum/dampening 0 and
 //! Nesterov, Adam with L2 weight decay, AdamW with decoupled decay). Working on flat buffers means
 //! the same code updates a whole model (single, dp, ddp) or one rank's shard (fsdp), and its state
-//! is plain vectors that checkpoint and reshard trivially.
+//! is plain vectors that checkpoint and reshard trivially. `device.rs` has the same optimizers as
+//! Burn tensor ops for parameters kept on a device; one test holds the two equal.
 
 use crate::checkpoint::OptState;
 use crate::config::{OptimConfig, OptimKind};
@@ -136,15 +137,36 @@ pub fn sum_squares(grads: &[f32]) -> f64 {
     grads.iter().map(|g| f64::from(*g) * f64::from(*g)).sum()
 }
 
+/// torch `clip_grad_norm_`'s factor for gradients whose global norm is `total_norm`: `None` when
+/// they are within `max_norm` already. Every clipping path (host, device, sharded) uses this.
+pub fn clip_coef(total_norm: f64, max_norm: f64) -> Option<f64> {
+    let coef = max_norm / (total_norm + 1e-6);
+    (coef < 1.0).then_some(coef)
+}
+
 /// torch `clip_grad_norm_`: scales `grads` so the global norm is at most `max_norm`, given the
 /// global norm computed over every shard. Returns the norm before clipping.
 pub fn clip_by_norm(grads: &mut [f32], total_norm: f64, max_norm: f64) -> f64 {
-    let coef = max_norm / (total_norm + 1e-6);
-    if coef < 1.0 {
+    if let Some(coef) = clip_coef(total_norm, max_norm) {
         let c = coef as f32;
         grads.iter_mut().for_each(|g| *g *= c);
     }
     total_norm
+}
+
+/// Clips by the global norm of whole (already synchronised) gradients, then steps.
+pub fn clip_and_step(
+    opt: &mut Optimizer,
+    params: &mut [f32],
+    grads: &mut [f32],
+    lr: f64,
+    clip: Option<f64>,
+) {
+    if let Some(max_norm) = clip {
+        let norm = sum_squares(grads).sqrt();
+        clip_by_norm(grads, norm, max_norm);
+    }
+    opt.step(params, grads, lr);
 }
 
 #[cfg(test)]

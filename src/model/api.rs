@@ -1,0 +1,237 @@
+//! The `Model` trait the rest of kiln sees, the `Family` trait a model family implements, and
+//! what passes between them: batches, the task, the parameters of a unit and the errors.
+
+use std::sync::Arc;
+
+use burn::backend::{Autodiff, Flex, NdArray};
+use burn::module::Module;
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::{Tensor, TensorData};
+
+#[cfg(feature = "cuda")]
+use burn::backend::{cuda::CudaDevice, Cuda};
+#[cfg(feature = "cuda")]
+use burn::tensor::{bf16, f16};
+
+use crate::params::{DeviceTensor, Grads, ParamLayout};
+use crate::rng::Rng;
+
+/// What a model is trained to do; it decides the loss and the evaluation metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Task {
+    /// One label per sample: cross-entropy over `classes` logits; accuracy.
+    Classification { classes: usize },
+}
+
+/// One micro-batch: inputs (row-major, `shape[0]` samples) and one target per sample.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Batch {
+    pub x: Vec<f32>,
+    pub shape: Vec<usize>,
+    pub y: Vec<u32>,
+}
+
+impl Batch {
+    pub fn len(&self) -> usize {
+        self.y.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.y.is_empty()
+    }
+}
+
+/// A unit's flat parameters: on the host, or in a device buffer (gathered there, or kept there
+/// between steps).
+pub enum UnitParams {
+    Host(Vec<f32>),
+    Device(Box<dyn DeviceTensor>),
+}
+
+/// Per-sample results of an evaluation batch.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct EvalOut {
+    pub losses: Vec<f64>,
+    /// 1.0 where the prediction was right, else 0.0.
+    pub correct: Vec<f64>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error("the backend returned data of an unexpected type: {0}")]
+    Data(String),
+    #[error("a device buffer belongs to another backend")]
+    ForeignBuffer,
+    #[error("unit {unit} has {got} parameters, the layout says {want}")]
+    UnitSize {
+        unit: usize,
+        got: usize,
+        want: usize,
+    },
+    /// The parameter source failed; the caller holds the reason.
+    #[error("the parameters of unit {0} could not be fetched")]
+    Params(usize),
+    #[error("model `{kind}`: {reason}")]
+    Build { kind: String, reason: String },
+}
+
+/// Where the random draws of one micro-step come from (dropout masks): kiln's RNG keyed by the
+/// seed and (step, micro-step, rank), so every rank and every resume reproduces them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StepKey {
+    pub seed: u64,
+    pub counters: [u64; 3],
+}
+
+/// What a family's forward may ask for besides its inputs.
+pub struct Forward {
+    rng: Option<Rng>,
+}
+
+impl Forward {
+    /// A training forward: dropout draws from `key`'s stream.
+    pub fn train(key: StepKey) -> Self {
+        Forward {
+            rng: Some(Rng::stream(key.seed, "dropout", &key.counters)),
+        }
+    }
+    /// An evaluation forward: dropout is the identity.
+    pub fn eval() -> Self {
+        Forward { rng: None }
+    }
+    /// Inverted dropout with probability `rate`, its mask drawn from kiln's RNG (never Burn's
+    /// process-wide one). Masks are drawn in call order, element by element.
+    pub fn dropout<B: Backend, const D: usize>(
+        &mut self,
+        x: Tensor<B, D>,
+        rate: f64,
+    ) -> Tensor<B, D> {
+        let Some(rng) = self.rng.as_mut().filter(|_| rate > 0.0) else {
+            return x;
+        };
+        let keep = 1.0 - rate;
+        let scale = (1.0 / keep) as f32;
+        let shape = x.shape();
+        let n = shape.num_elements();
+        let mask: Vec<f32> = (0..n)
+            .map(|_| if rng.next_f64() < keep { scale } else { 0.0 })
+            .collect();
+        let mask = Tensor::<B, D>::from_data(TensorData::new(mask, shape), &x.device());
+        x * mask
+    }
+}
+
+/// A model family: a Burn `#[derive(Module)]` struct and how to run it. kiln owns the
+/// parameters (flat buffers, sharded or not): it derives the layout by visiting the module,
+/// installs the rank's parameters before each forward and reads the gradients back, so a family
+/// only says how to build the module, how to initialise it and how its forward goes.
+pub trait Family: Send + Sync + 'static {
+    /// The Burn module, on any backend (autodiff for training, its inner backend for
+    /// evaluation).
+    type Module<B: Backend>: Module<B>;
+    /// The `model.kind` it is registered under.
+    fn kind(&self) -> &str;
+    fn task(&self) -> Task;
+    /// The module's structure. Its parameters may stay uninitialised (Burn's lazy init): kiln
+    /// never reads them, it replaces every one before use.
+    fn build<B: Backend>(&self, device: &B::Device) -> Self::Module<B>;
+    /// Initial parameters in `layout`, every one drawn from kiln's RNG keyed by `seed` and a
+    /// stable name of the parameter or its layer (see `model::init`).
+    fn init(&self, layout: &ParamLayout, seed: u64) -> Vec<f32>;
+    /// Logits `[samples, classes]` for inputs `x`.
+    fn forward<B: Backend>(
+        &self,
+        module: &Self::Module<B>,
+        x: TensorData,
+        device: &B::Device,
+        ctx: &mut Forward,
+    ) -> Tensor<B, 2>;
+}
+
+/// One micro-step's math on backend `B`, for a model whose parameters live elsewhere.
+pub trait Compute<B: AutodiffBackend> {
+    /// Forward and backward on one micro-batch: installs each unit's parameters from
+    /// `params(unit)` (asked for in unit order, each once, just before it is needed), adds
+    /// d(loss * scale)/d(params) into `grads` (flat, in the layout; on the host, or on the device
+    /// where the backend computed them) and returns the unscaled mean loss.
+    fn forward_backward(
+        &self,
+        params: &mut dyn FnMut(usize) -> Result<UnitParams, ModelError>,
+        batch: Batch,
+        key: StepKey,
+        scale: f64,
+        grads: &mut Grads,
+    ) -> Result<f64, ModelError>;
+    /// Per-sample loss and correctness of the whole flat `params` on `batch` (no dropout).
+    fn evaluate(&self, params: &[f32], batch: Batch) -> Result<EvalOut, ModelError>;
+}
+
+/// A model as the rest of kiln sees it: a layout, an initialisation, a task, and its compute on
+/// each backend kiln runs on.
+pub trait Model: Send + Sync {
+    fn kind(&self) -> &str;
+    fn layout(&self) -> &ParamLayout;
+    fn num_params(&self) -> usize {
+        self.layout().num_params()
+    }
+    fn task(&self) -> Task;
+    /// The initial flat parameters for `seed`.
+    fn init(&self, seed: u64) -> Vec<f32>;
+    #[doc(hidden)]
+    fn on_ndarray(
+        &self,
+        device: &burn::backend::ndarray::NdArrayDevice,
+    ) -> Box<dyn Compute<Autodiff<NdArray>>>;
+    #[doc(hidden)]
+    fn on_flex(&self, device: &burn::backend::flex::FlexDevice)
+        -> Box<dyn Compute<Autodiff<Flex>>>;
+    #[cfg(feature = "cuda")]
+    #[doc(hidden)]
+    fn on_cuda_f32(&self, device: &CudaDevice) -> Box<dyn Compute<Autodiff<Cuda<f32>>>>;
+    #[cfg(feature = "cuda")]
+    #[doc(hidden)]
+    fn on_cuda_bf16(&self, device: &CudaDevice) -> Box<dyn Compute<Autodiff<Cuda<bf16>>>>;
+    #[cfg(feature = "cuda")]
+    #[doc(hidden)]
+    fn on_cuda_f16(&self, device: &CudaDevice) -> Box<dyn Compute<Autodiff<Cuda<f16>>>>;
+}
+
+/// The backends a model can be computed on.
+pub trait ComputeOn: AutodiffBackend {
+    fn compute(model: &dyn Model, device: &Self::Device) -> Box<dyn Compute<Self>>;
+}
+
+impl ComputeOn for Autodiff<NdArray> {
+    fn compute(model: &dyn Model, device: &Self::Device) -> Box<dyn Compute<Self>> {
+        model.on_ndarray(device)
+    }
+}
+
+impl ComputeOn for Autodiff<Flex> {
+    fn compute(model: &dyn Model, device: &Self::Device) -> Box<dyn Compute<Self>> {
+        model.on_flex(device)
+    }
+}
+
+#[cfg(feature = "cuda")]
+mod cuda_compute {
+    use super::*;
+
+    impl ComputeOn for Autodiff<Cuda<f32>> {
+        fn compute(model: &dyn Model, device: &Self::Device) -> Box<dyn Compute<Self>> {
+            model.on_cuda_f32(device)
+        }
+    }
+    impl ComputeOn for Autodiff<Cuda<bf16>> {
+        fn compute(model: &dyn Model, device: &Self::Device) -> Box<dyn Compute<Self>> {
+            model.on_cuda_bf16(device)
+        }
+    }
+    impl ComputeOn for Autodiff<Cuda<f16>> {
+        fn compute(model: &dyn Model, device: &Self::Device) -> Box<dyn Compute<Self>> {
+            model.on_cuda_f16(device)
+        }
+    }
+}
+
+/// A shared model.
+pub type SharedModel = Arc<dyn Model>;

@@ -1,0 +1,142 @@
+//! The flat parameter layout: every trainable parameter's module path, shape and offset in one
+//! flat buffer, and the model's units (consecutive groups of parameters that fsdp gathers and
+//! shards together with `unit = "layer"`).
+
+use std::ops::Range;
+
+/// One parameter tensor inside the flat buffer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParamSpec {
+    /// The module path, e.g. `layers.0.weight`.
+    pub name: String,
+    pub shape: Vec<usize>,
+    pub offset: usize,
+}
+
+impl ParamSpec {
+    pub fn len(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn range(&self) -> std::ops::Range<usize> {
+        self.offset..self.offset + self.len()
+    }
+}
+
+/// A group of consecutive parameters that is gathered as one (a layer, a block).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnitSpec {
+    /// The common path prefix, e.g. `layers.0`.
+    pub name: String,
+    /// Indices into `ParamLayout::params`.
+    pub params: Range<usize>,
+    /// The flat range it covers.
+    pub range: Range<usize>,
+}
+
+/// Every trainable parameter of a model, in a deterministic order, contiguous in one buffer.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ParamLayout {
+    pub params: Vec<ParamSpec>,
+    pub units: Vec<UnitSpec>,
+}
+
+impl ParamLayout {
+    /// The layout of `(path, shape)` pairs in this order. Units are the runs of consecutive
+    /// parameters that share `unit_of(path)`.
+    pub fn new(entries: Vec<(String, Vec<usize>)>) -> Self {
+        let mut params = Vec::with_capacity(entries.len());
+        let mut offset = 0;
+        for (name, shape) in entries {
+            let spec = ParamSpec {
+                name,
+                shape,
+                offset,
+            };
+            offset += spec.len();
+            params.push(spec);
+        }
+        let mut units: Vec<UnitSpec> = Vec::new();
+        for (i, p) in params.iter().enumerate() {
+            let name = unit_of(&p.name);
+            match units.last_mut() {
+                Some(u) if u.name == name => {
+                    u.params.end = i + 1;
+                    u.range.end = p.range().end;
+                }
+                _ => units.push(UnitSpec {
+                    name: name.to_string(),
+                    params: i..i + 1,
+                    range: p.range(),
+                }),
+            }
+        }
+        ParamLayout { params, units }
+    }
+
+    /// Elements in the flat buffer.
+    pub fn num_params(&self) -> usize {
+        self.params.last().map(|p| p.range().end).unwrap_or(0)
+    }
+
+    pub fn num_units(&self) -> usize {
+        self.units.len()
+    }
+
+    /// The flat range of unit `u`.
+    pub fn unit_range(&self, u: usize) -> Range<usize> {
+        self.units[u].range.clone()
+    }
+
+    /// The unit that parameter `i` belongs to.
+    pub fn unit_of_param(&self, i: usize) -> usize {
+        self.units
+            .iter()
+            .position(|u| u.params.contains(&i))
+            .unwrap_or(0)
+    }
+}
+
+/// The unit a parameter path belongs to: the path up to and including its first list index
+/// (`layers.0.weight` -> `layers.0`, `blocks.3.attn.qkv.weight` -> `blocks.3`), else its first
+/// component (`wte.weight` -> `wte`).
+pub fn unit_of(path: &str) -> &str {
+    let mut end = 0;
+    for (i, part) in path.split('.').enumerate() {
+        end += part.len() + usize::from(i > 0);
+        if part.parse::<usize>().is_ok() {
+            return &path[..end];
+        }
+    }
+    path.split('.').next().unwrap_or(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn units_follow_list_items_and_top_level_fields() {
+        assert_eq!(unit_of("layers.0.weight"), "layers.0");
+        assert_eq!(unit_of("blocks.12.attn.qkv.bias"), "blocks.12");
+        assert_eq!(unit_of("wte.weight"), "wte");
+        assert_eq!(unit_of("scale"), "scale");
+        let l = ParamLayout::new(vec![
+            ("wte.weight".into(), vec![4, 2]),
+            ("blocks.0.a".into(), vec![3]),
+            ("blocks.0.b".into(), vec![2, 2]),
+            ("blocks.1.a".into(), vec![3]),
+            ("ln_f.gamma".into(), vec![2]),
+        ]);
+        assert_eq!(l.num_params(), 8 + 3 + 4 + 3 + 2);
+        let names: Vec<_> = l.units.iter().map(|u| u.name.as_str()).collect();
+        assert_eq!(names, ["wte", "blocks.0", "blocks.1", "ln_f"]);
+        assert_eq!(l.unit_range(1), 8..15);
+        assert_eq!(l.unit_of_param(2), 1);
+        assert_eq!(l.params[3].offset, 15);
+    }
+}
