@@ -6,14 +6,10 @@
 //! to do, before anything is written. NCCL refuses two ranks on one GPU (before NCCL 2.30), so
 //! such placements use host-staged collectives.
 
-use std::path::Path;
-
 use burn::backend::{Autodiff, Flex, NdArray};
 
 use crate::config::{CollectiveKind, Config, CpuBackend, Device, Precision};
-use crate::launch::{self, RunResult};
 use crate::params::RawFn;
-use crate::train::{TrainError, TrainEvent, TrainInput};
 
 /// The CPU backend `auto` resolves to (measured, see CHANGELOG.md).
 pub const AUTO_CPU: CpuBackend = CpuBackend::Flex;
@@ -232,42 +228,5 @@ pub fn threads(c: &crate::config::BackendConfig, ranks: usize) -> usize {
             .map(|n| n.get())
             .unwrap_or(1);
         (cores / ranks.max(1)).max(1)
-    }
-}
-
-/// Trains every rank of this node as placed; `logs` receives `rank-<r>.log`.
-pub fn train(
-    placement: &Placement,
-    input: &TrainInput<'_>,
-    logs: Option<&Path>,
-    link: Option<launch::NodeLink>,
-    on_event: &mut dyn FnMut(TrainEvent),
-) -> Result<RunResult, TrainError> {
-    let n = threads(&input.config.backend, input.config.strategy.devices.count());
-    // ndarray's matmul reads its thread count once from the environment.
-    if std::env::var_os("MATMUL_NUM_THREADS").is_none() {
-        std::env::set_var("MATMUL_NUM_THREADS", n.to_string());
-    }
-    match placement.backend {
-        Resolved::Ndarray => {
-            launch::run::<Autodiff<NdArray>>(input, placement, n, logs, link, on_event)
-        }
-        Resolved::Flex => launch::run::<Autodiff<Flex>>(input, placement, n, logs, link, on_event),
-        #[cfg(feature = "cuda")]
-        Resolved::Cuda(p) => {
-            use burn::backend::Cuda;
-            use burn::tensor::{bf16, f16};
-            match p {
-                Precision::F32 => {
-                    launch::run::<Autodiff<Cuda<f32>>>(input, placement, n, logs, link, on_event)
-                }
-                Precision::Bf16 => {
-                    launch::run::<Autodiff<Cuda<bf16>>>(input, placement, n, logs, link, on_event)
-                }
-                Precision::F16 => {
-                    launch::run::<Autodiff<Cuda<f16>>>(input, placement, n, logs, link, on_event)
-                }
-            }
-        }
     }
 }

@@ -157,28 +157,29 @@ pub fn find_nccl() -> Option<PathBuf> {
 
 /// When NCCL exists but is not loadable under the name cudarc uses, links it as `libnccl.so` in
 /// a private directory and re-executes kiln with that directory in `LD_LIBRARY_PATH`. Returns
-/// only when nothing needs doing (or re-executing failed, which is then explained later).
-pub fn ensure_nccl_loadable() {
+/// only when nothing needs doing, or with a warning when re-executing failed. `main` calls it
+/// first, before any thread or file exists (the one place kiln re-executes itself).
+pub fn ensure_nccl_loadable() -> Option<String> {
     const GUARD: &str = "KILN_NCCL_SHIM";
     if std::env::var_os(GUARD).is_some() || nccl_loadable() {
-        return;
+        return None;
     }
-    let Some(lib) = find_nccl() else { return };
+    let Some(lib) = find_nccl() else { return None };
     let dir = std::env::temp_dir().join(format!("kiln-nccl-{}", std::process::id()));
     let link = dir.join("libnccl.so");
     if std::fs::create_dir_all(&dir).is_err() {
-        return;
+        return None;
     }
     let _ = std::fs::remove_file(&link);
     if std::os::unix::fs::symlink(&lib, &link).is_err() {
-        return;
+        return None;
     }
     let ld = match std::env::var("LD_LIBRARY_PATH") {
         Ok(old) if !old.is_empty() => format!("{}:{old}", dir.display()),
         _ => dir.display().to_string(),
     };
     let Ok(exe) = std::env::current_exe() else {
-        return;
+        return None;
     };
     use std::os::unix::process::CommandExt;
     let err = std::process::Command::new(exe)
@@ -186,10 +187,10 @@ pub fn ensure_nccl_loadable() {
         .env("LD_LIBRARY_PATH", ld)
         .env(GUARD, &lib)
         .exec();
-    eprintln!(
+    Some(format!(
         "warning: could not re-execute kiln to load NCCL from {}: {err}",
         lib.display()
-    );
+    ))
 }
 
 /// What to tell the user about NCCL.

@@ -21,9 +21,10 @@ pub enum Error {
     Train(#[from] TrainError),
     #[error(transparent)]
     Checkpoint(#[from] crate::checkpoint::CheckpointError),
-    /// Joining a multi-node job failed (exit 1).
-    #[error(transparent)]
-    Launch(#[from] crate::launch::store::StoreError),
+    /// Joining a multi-node job failed (exit 1). Boxed so that this module imports nothing from
+    /// `launch` (which imports it): the conversion lives with `StoreError`.
+    #[error("{0}")]
+    Launch(Box<dyn std::error::Error + Send + Sync>),
     /// A check that found something wrong (exit 1), e.g. `kiln ckpt verify`.
     #[error("{0}")]
     Invalid(String),

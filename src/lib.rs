@@ -1,8 +1,31 @@
 //! kiln: run distributed deep-learning experiments described in TOML.
 //!
-//! The flow goes one way: config (layered, validated) -> plan (pure arithmetic) -> backend and
-//! workers -> the training loop -> metrics, summary and checkpoints. See
-//! `ARCHITECTURE.md` in the shared design folder.
+//! The flow goes one way: config (layered, validated) -> plan (pure arithmetic) -> launch (this
+//! node's process, one worker thread per rank) -> train (the step loop of one rank) -> strategy
+//! (where parameters, gradients and optimizer state live) -> collective (moving bytes between
+//! ranks); the model computes each micro-step, checkpoints and metrics record it.
+//!
+//! # Layers
+//!
+//! Each module imports only modules of a lower layer (`tests/it/layers.rs` fails on anything
+//! else), so there are no import cycles and a reader can learn the crate bottom-up:
+//!
+//! | layer | modules | owns |
+//! | --- | --- | --- |
+//! | 9 | `cli` (and `main`) | parse arguments, call one library function, render the result; `main` owns exit codes, error printing and the NCCL re-exec |
+//! | 8 | `sweep` | trials of a sweep as child processes, ledger, results table |
+//! | 7 | `launch` | executing a run: run directory, summary, resume, restart agent, node worker, rank threads |
+//! | 6 | `error` | the top-level error and its exit codes |
+//! | 5 | `train`, `backend` | the step loop of one rank; backend/device/collective placement |
+//! | 4 | `strategy` | single, dp, ddp, fsdp: where state lives and when ranks synchronise |
+//! | 3 | `collective` | all-reduce, broadcast, all-gather, reduce-scatter over local, TCP or NCCL |
+//! | 2 | `model`, `plan`, `cuda` | the `Model` trait and families (Burn modules); batch arithmetic; CUDA/NCCL discovery |
+//! | 1 | `params`, `data` | flat layout, host/device buffers, optimizers, clipping; datasets and the sampler |
+//! | 0 | `config`, `checkpoint`, `ui`, `rng` | leaves: import nothing from kiln |
+//!
+//! A new model family is one `model::Family` impl registered in a `model::Registry`; a new
+//! strategy is one file in `strategy/`; a new transport one `collective::Collective` impl.
+//! The design notes live in the shared design folder (`design/ARCHITECTURE.md`).
 
 pub mod backend;
 pub mod checkpoint;

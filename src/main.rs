@@ -5,6 +5,11 @@ use clap::Parser;
 
 fn main() {
     quiet_on_closed_stdout();
+    // NCCL found but not loadable: re-execute with it on the library path, before anything runs
+    #[cfg(feature = "cuda")]
+    if let Some(warning) = kiln::cuda::ensure_nccl_loadable() {
+        eprintln!("{warning}");
+    }
     let cli = kiln::cli::Cli::parse();
     let code = match kiln::cli::dispatch(cli) {
         Ok(()) => 0,

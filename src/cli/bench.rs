@@ -57,11 +57,6 @@ pub fn bench(a: &BenchArgs) -> Result<()> {
             }
         }
     };
-    #[cfg(feature = "cuda")]
-    if c.backend.device == Device::Cuda {
-        // find NCCL the way a run does (may re-execute kiln with it on the library path)
-        crate::cuda::ensure_nccl_loadable();
-    }
     // every placement checked before anything is printed
     let mut runs = Vec::new();
     for cpu in backends {
@@ -87,7 +82,7 @@ pub fn bench(a: &BenchArgs) -> Result<()> {
         };
         let mut rates = Vec::new();
         for _ in 0..a.repeats {
-            let out = backend::train(&placement, &input, None, None, &mut |_| {})?.outcome;
+            let out = crate::launch::train(&placement, &input, None, None, &mut |_| {})?.outcome;
             rates.push(out.steps as f64 / out.wall_seconds.max(1e-9));
         }
         rates.sort_by(f64::total_cmp);

@@ -7,11 +7,6 @@ use crate::{backend, config, data, strategy, Result};
 
 pub fn check(a: &ConfigArgs) -> Result<()> {
     let r = a.resolve()?;
-    #[cfg(feature = "cuda")]
-    if r.config.backend.device == crate::config::Device::Cuda {
-        // find NCCL the way a run does (may re-execute kiln with it on the library path)
-        crate::cuda::ensure_nccl_loadable();
-    }
     let placement = backend::resolve(&r.config)?;
     let be = placement.backend;
     let d = data::load(&r)?;

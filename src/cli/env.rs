@@ -4,9 +4,7 @@
 use crate::error::Result;
 
 pub fn env() -> Result<()> {
-    // load NCCL the way a run would (may re-execute kiln with it on the library path)
-    #[cfg(feature = "cuda")]
-    crate::cuda::ensure_nccl_loadable();
+    // `main` has already looked for NCCL the way a run does
     println!("kiln {}", env!("CARGO_PKG_VERSION"));
     let cuda = cfg!(feature = "cuda");
     println!(

@@ -11,4 +11,3 @@ mod run;
 mod sweep;
 
 pub use args::*;
-pub use run::write_json;

@@ -255,7 +255,7 @@ pub(crate) mod emulated {
         fn raw(&mut self) -> Result<RawBuf, String> {
             HostFlat::raw_of(&mut self.0)
         }
-        fn export(&mut self) -> Result<crate::checkpoint::OptState, String> {
+        fn export(&mut self) -> Result<crate::params::OptState, String> {
             Ok(self.1.export())
         }
         fn state_bytes(&self) -> usize {

@@ -1,9 +1,22 @@
-//! This node's workers (and, with `rendezvous` and `store`, its place in a multi-node job): one thread per rank (device), each with its own sized thread pool, its
-//! strategy over an in-process collective, and its log file. Rank 0's events reach the caller on
-//! the calling thread; when one rank fails the others are stopped and the root cause is returned.
+//! Layer: launch (above train, strategy, backend and error; below sweep and cli).
+//!
+//! Processes and threads of a run: `execute` runs an experiment on this node (fresh, resumed, or
+//! as one node of a multi-node job with its restart agent, node worker and NCCL id exchange);
+//! `workers` runs one thread per rank (device), each with its own sized thread pool, its
+//! strategy over its collective, and its log file. Rank 0's events reach the caller on the
+//! calling thread; when one rank fails the others are stopped and the root cause is returned.
+//! `run_dir` and `summary` are where a run lives and what it reports.
 
+mod execute;
 pub mod rendezvous;
+mod resume;
+mod run_dir;
 pub mod store;
+mod summary;
 mod workers;
 
+pub use execute::{execute, resume, start, train, RunOptions};
+pub use resume::{config_changes, prepare_resume, Resumption};
+pub use run_dir::{choose_run_dir, is_unfinished, newest_unfinished, stored_config, write_json};
+pub use summary::Summary;
 pub use workers::*;

@@ -18,6 +18,12 @@ use serde_json::{json, Value};
 /// Largest frame the store accepts.
 const MAX_FRAME: usize = 1 << 20;
 
+impl From<StoreError> for crate::error::Error {
+    fn from(e: StoreError) -> Self {
+        crate::error::Error::Launch(Box::new(e))
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     #[error("cannot serve the rendezvous store on {addr}: {source}\n  = help: is another job using --master-port? pick a free port")]

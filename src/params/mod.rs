@@ -14,3 +14,6 @@ pub use buffer::{DevDType, DeviceFlat, DeviceTensor, Grads, RawBuf, RawFn};
 pub use device::{BurnParams, DeviceParams};
 pub use layout::{unit_of, ParamLayout, ParamSpec, UnitSpec};
 pub use optim::{clip_and_step, clip_by_norm, clip_coef, sum_squares, Optimizer};
+
+/// An optimizer's state as checkpoints store it (defined with the checkpoint format).
+pub use crate::checkpoint::OptState;

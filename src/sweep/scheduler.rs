@@ -316,7 +316,7 @@ pub fn run(spec: &SweepSpec, parallel: Option<usize>, quiet: bool) -> Result<Str
             .unwrap_or_else(|_| spec.file.clone()),
         sets: spec.sets.clone(),
     };
-    crate::cli::write_json(&dir.join("sweep.json"), &spec_abs)?;
+    crate::launch::write_json(&dir.join("sweep.json"), &spec_abs)?;
     let ledger = Ledger {
         path: dir.join("sweep.jsonl"),
     };
@@ -444,8 +444,8 @@ pub fn run(spec: &SweepSpec, parallel: Option<usize>, quiet: bool) -> Result<Str
         .iter()
         .filter(|r| r.status == TrialState::Failed)
         .count();
-    println!("{table}");
-    println!("sweep dir: {}", dir.display());
+    crate::ui::out(&table);
+    crate::ui::out(&format!("sweep dir: {}", dir.display()));
     if failed > 0 {
         return Err(Error::Invalid(format!(
             "{failed} of {total} trials failed; see the error column and {}/logs/",

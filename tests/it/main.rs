@@ -7,6 +7,7 @@ mod config;
 mod cuda;
 mod experiments;
 mod fsdp;
+mod layers;
 mod nodes;
 mod parallel;
 mod resume;

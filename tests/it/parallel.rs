@@ -61,7 +61,7 @@ pub fn train(sets: &[&str]) -> Trained {
         resume: None,
     };
     let placement = backend::resolve(c).unwrap();
-    let res = backend::train(&placement, &input, None, None, &mut |_| {}).unwrap();
+    let res = kiln::launch::train(&placement, &input, None, None, &mut |_| {}).unwrap();
     let e = res.outcome.eval.unwrap();
     Trained {
         params: res.outcome.params,

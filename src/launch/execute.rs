@@ -1,0 +1,516 @@
+//! Executing a run on this node: `start` (a fresh run, or `--resume` of the newest unfinished
+//! one), `resume` (a given run directory), the multi-node agent that restarts the job's worker,
+//! the node worker (rendezvous, the run directory and checkpoint agreed through node 0, the NCCL
+//! id exchange), and `execute`, which trains and writes `config.toml`, `metrics.jsonl`,
+//! `summary.json`, `logs/` and checkpoints.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+
+use burn::backend::{Autodiff, Flex, NdArray};
+
+use super::resume::{prepare_resume, Resumption};
+use super::run_dir::{choose_run_dir, is_empty_dir, newest_unfinished, stored_config, write_json};
+use super::summary::{params_hash, Summary};
+use super::{run, NodeLink, RunResult};
+use crate::backend::{self, Placement, Resolved as Backend};
+use crate::checkpoint::Store;
+use crate::config::{self, Config, Resolved};
+use crate::data;
+use crate::error::{Error, Result};
+use crate::plan::Plan;
+use crate::train::{TrainError, TrainEvent, TrainInput};
+use crate::ui::{self, Progress};
+
+/// How `kiln run` was asked to run (besides the config).
+#[derive(Debug, Clone, Default)]
+pub struct RunOptions {
+    /// Write the run here instead of `<output_dir>/<experiment.name>` (must not hold a run).
+    pub run_dir: Option<PathBuf>,
+    pub quiet: bool,
+    /// Resume the newest unfinished run of the experiment (a fresh run when there is none).
+    pub resume: bool,
+}
+
+pub fn start(r: &Resolved, a: &RunOptions) -> Result<()> {
+    // Everything that can be bad input is checked before the run directory exists.
+    let c = &r.config;
+    if c.launch.nnodes > 1 {
+        return run_node(a, r);
+    }
+    if a.resume || c.checkpoint.auto_resume {
+        if a.run_dir.is_some() {
+            return Err(Error::Usage(
+                "--resume finds the run directory itself; use `kiln resume DIR` for a given one"
+                    .into(),
+            ));
+        }
+        if let Some(dir) =
+            newest_unfinished(Path::new(&c.experiment.output_dir), &c.experiment.name)
+        {
+            let res = prepare_resume(&dir, r, None, a.quiet)?;
+            return execute(r, &dir, Some(res), a.quiet, None);
+        }
+        if !a.quiet {
+            ui::note(&format!(
+                "no unfinished run of `{}` to resume: starting a new one",
+                c.experiment.name
+            ));
+        }
+    }
+    let run_dir = match &a.run_dir {
+        Some(d) if d.exists() && !is_empty_dir(d) => {
+            return Err(Error::Usage(format!(
+                "--run-dir `{}` already holds a run; choose a new directory (kiln never overwrites a run)",
+                d.display()
+            )))
+        }
+        Some(d) => d.clone(),
+        None => choose_run_dir(Path::new(&c.experiment.output_dir), &c.experiment.name),
+    };
+    execute(r, &run_dir, None, a.quiet, None)
+}
+
+/// `kiln resume`: continues the run in `run_dir` with `sets` applied, from its newest verified
+/// checkpoint or `from`.
+pub fn resume(run_dir: &Path, sets: &[String], from: Option<&str>, quiet: bool) -> Result<()> {
+    let file = run_dir.join("config.toml");
+    if !file.is_file() {
+        return Err(Error::Usage(format!(
+            "`{}` is not a kiln run directory (no config.toml); pass the directory `kiln run` printed",
+            run_dir.display()
+        )));
+    }
+    let env: Vec<(String, String)> = std::env::vars().collect();
+    let r = config::load(&file, &env, sets)?;
+    if r.config.launch.nnodes > 1 {
+        return Err(Error::Usage(
+            "this run spans several nodes; resuming multi-node runs is not supported yet (resume it on one node with `--set launch.nnodes=1 --set strategy.devices=N`)".into(),
+        ));
+    }
+    let res = prepare_resume(&run_dir, &r, from, quiet)?;
+    execute(&r, &run_dir, Some(res), quiet, None)
+}
+
+/// One node of a multi-node job. With `launch.max_restarts` > 0 this process is the node's
+/// agent: it runs the node's worker as a child and restarts the whole job (every node's agent
+/// does the same) from the newest verified checkpoint when a worker dies.
+fn run_node(a: &RunOptions, r: &Resolved) -> Result<()> {
+    let c = &r.config;
+    if a.resume || a.run_dir.is_some() {
+        return Err(Error::Usage("--resume and --run-dir are single-node options for now; node 0 picks the run directory".into()));
+    }
+    backend::resolve(c)?;
+    data::load(r)?;
+    let (token, generated) =
+        crate::launch::rendezvous::token(c, std::env::var("KILN_JOB_TOKEN").ok())
+            .map_err(Error::Usage)?;
+    if generated {
+        ui::note(&format!(
+            "job token: {token}\n  = give it to the other nodes: KILN_JOB_TOKEN={token}"
+        ));
+    }
+    match std::env::var("KILN_WORKER_ROUND")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+    {
+        Some(round) => node_worker(a, r, &token, round),
+        None if c.launch.max_restarts > 0 => node_agent(c, &token),
+        None => node_worker(a, r, &token, 0),
+    }
+}
+
+/// The agent: runs rounds of the worker until one succeeds or no restarts are left.
+fn node_agent(c: &Config, token: &str) -> Result<()> {
+    let node = c.launch.node_rank;
+    let max = c.launch.max_restarts;
+    let run_dir = if node == 0 {
+        let dir = choose_run_dir(Path::new(&c.experiment.output_dir), &c.experiment.name);
+        fs::create_dir_all(dir.join("logs"))
+            .map_err(|e| Error::io(format!("creating run directory {}", dir.display()), e))?;
+        Some(dir.canonicalize().unwrap_or(dir))
+    } else {
+        None
+    };
+    let exe = std::env::current_exe().map_err(|e| Error::io("finding the kiln executable", e))?;
+    for round in 0..=max {
+        let mut cmd = std::process::Command::new(&exe);
+        cmd.args(std::env::args_os().skip(1))
+            .env("KILN_WORKER_ROUND", round.to_string())
+            .env("KILN_JOB_TOKEN", token);
+        if let Some(d) = &run_dir {
+            cmd.env("KILN_WORKER_RUN_DIR", d);
+        }
+        #[cfg(target_os = "linux")]
+        {
+            use std::os::unix::process::CommandExt;
+            // SAFETY: prctl is async-signal-safe; the worker dies with its agent.
+            unsafe {
+                cmd.pre_exec(|| {
+                    libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                    Ok(())
+                });
+            }
+        }
+        let status = cmd
+            .status()
+            .map_err(|e| Error::io("starting the node's worker", e))?;
+        if status.success() {
+            return Ok(());
+        }
+        if status.code() == Some(2) {
+            return Err(Error::Usage(format!(
+                "node {node}: the worker rejected its input (see above); not restarting"
+            )));
+        }
+        let cause = match status.code() {
+            Some(code) => format!("exited with status {code}"),
+            None => {
+                use std::os::unix::process::ExitStatusExt;
+                format!("was killed by signal {}", status.signal().unwrap_or(0))
+            }
+        };
+        if round == max {
+            return Err(Error::Invalid(format!(
+                "node {node}: the worker {cause}, and no restarts are left (launch.max_restarts = {max})"
+            )));
+        }
+        let line = format!(
+            "node {node}: the worker {cause}; restarting the job from the newest verified checkpoint (restart {} of {max})",
+            round + 1
+        );
+        ui::note(&line);
+        if let Some(d) = &run_dir {
+            use std::io::Write as _;
+            if let Ok(mut f) = OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(d.join("logs/restarts.log"))
+            {
+                let _ = writeln!(f, "{line}");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The worker of restart round `round`: rendezvous, agree on the run directory (node 0 picks
+/// it) and, after a restart, on the checkpoint to continue from; train.
+fn node_worker(a: &RunOptions, r: &Resolved, token: &str, round: usize) -> Result<()> {
+    let c = &r.config;
+    let mut job = crate::launch::rendezvous::join(c, c.strategy.devices.count(), token, round)?;
+    let t = std::time::Duration::from_secs(c.launch.rendezvous_timeout_secs);
+    let (run_dir, resume) = if job.node == 0 {
+        let dir = match std::env::var_os("KILN_WORKER_RUN_DIR") {
+            Some(d) => PathBuf::from(d),
+            None => choose_run_dir(Path::new(&c.experiment.output_dir), &c.experiment.name),
+        };
+        fs::create_dir_all(&dir)
+            .map_err(|e| Error::io(format!("creating run directory {}", dir.display()), e))?;
+        let abs = dir.canonicalize().unwrap_or(dir);
+        let resume = if round > 0 {
+            Some(prepare_resume(&abs, r, None, a.quiet)?)
+        } else {
+            None
+        };
+        let from = resume
+            .as_ref()
+            .and_then(|res| res.loaded.as_ref())
+            .map(|l| {
+                Store::new(abs.join(&c.checkpoint.dir))
+                    .step_dir(l.state.step as u64)
+                    .display()
+                    .to_string()
+            })
+            .unwrap_or_default();
+        job.client.set("resume_from", &from)?;
+        job.client.set("run_dir", &abs.display().to_string())?;
+        (abs, resume)
+    } else {
+        let keys = ["run_dir".to_string(), "resume_from".to_string()];
+        let v = match job.client.wait(&keys, t)? {
+            Ok(v) => v,
+            Err(_) => {
+                return Err(Error::Usage(
+                    "node 0 never published the run directory".into(),
+                ))
+            }
+        };
+        let resume = match v.get(1).filter(|p| !p.is_empty()) {
+            Some(p) => Some(Resumption {
+                loaded: Some(crate::checkpoint::load(Path::new(p)).map_err(Error::Checkpoint)?),
+            }),
+            None if round > 0 => Some(Resumption { loaded: None }),
+            None => None,
+        };
+        (PathBuf::from(&v[0]), resume)
+    };
+    execute(r, &run_dir, resume, a.quiet, Some(job))
+}
+
+/// Node 0 creates the job's NCCL unique id and publishes it; the other nodes read it.
+#[cfg(feature = "cuda")]
+fn share_nccl_id(
+    j: &mut crate::launch::rendezvous::Job,
+    c: &Config,
+) -> Result<crate::collective::nccl::Id> {
+    use crate::collective::nccl;
+    if j.node == 0 {
+        let id = nccl::new_id().map_err(|e| Error::Train(e.into()))?;
+        let hex: String = id
+            .internal()
+            .iter()
+            .map(|b| format!("{:02x}", *b as u8))
+            .collect();
+        j.client.set("nccl_id", &hex)?;
+        return Ok(id);
+    }
+    let t = std::time::Duration::from_secs(c.launch.rendezvous_timeout_secs);
+    let hex = match j.client.wait(&["nccl_id".to_string()], t)? {
+        Ok(v) => v.into_iter().next().unwrap_or_default(),
+        Err(_) => return Err(Error::Usage("node 0 never published the NCCL id".into())),
+    };
+    let mut raw = [0 as std::ffi::c_char; 128];
+    for (i, b) in raw.iter_mut().enumerate() {
+        *b = u8::from_str_radix(hex.get(2 * i..2 * i + 2).unwrap_or("00"), 16).unwrap_or(0)
+            as std::ffi::c_char;
+    }
+    Ok(nccl::Id::uninit(raw))
+}
+
+/// Trains `r` in `run_dir`, fresh or continuing `resume`.
+pub fn execute(
+    r: &Resolved,
+    run_dir: &Path,
+    resume: Option<Resumption>,
+    quiet: bool,
+    mut job: Option<crate::launch::rendezvous::Job>,
+) -> Result<()> {
+    let c = &r.config;
+    // node 0 (or a single-node run) writes the run's shared files; other nodes their logs
+    let primary = job.as_ref().map(|j| j.node == 0).unwrap_or(true);
+    let placement = backend::resolve(c)?;
+    let be = placement.backend;
+    let data = data::load(r)?;
+    let model = crate::model::build(&c.model, &data.input_shape())?;
+    let plan = Plan::new(c, data.train.len(), model.num_params());
+    if let Some(res) = &resume {
+        if let Some(l) = &res.loaded {
+            if l.state.num_params != model.num_params() {
+                return Err(Error::Usage(format!(
+                    "the checkpoint has {} parameters but the model has {}; the model config changed",
+                    l.state.num_params,
+                    model.num_params()
+                )));
+            }
+        }
+    }
+    fs::create_dir_all(run_dir)
+        .map_err(|e| Error::io(format!("creating run directory {}", run_dir.display()), e))?;
+    let config_hash = config::config_hash(c);
+    if primary {
+        fs::write(
+            run_dir.join("config.toml"),
+            config::to_toml(&stored_config(r)),
+        )
+        .map_err(|e| Error::io(format!("writing {}/config.toml", run_dir.display()), e))?;
+    }
+    let summary_path = run_dir.join("summary.json");
+    if primary && summary_path.exists() {
+        fs::remove_file(&summary_path)
+            .map_err(|e| Error::io(format!("removing {}", summary_path.display()), e))?;
+    }
+    ui::out(&format!("run dir: {}", run_dir.display()));
+
+    let mut ui = Progress::new(quiet);
+    ui.info(&plan.describe());
+    ui.info(&format!(
+        "backend: {} ({} threads per rank), strategy {:?} on {} device(s)",
+        be.name(),
+        backend::threads(&c.backend, c.strategy.devices.count()),
+        c.strategy.kind,
+        plan.world_size
+    ));
+    let logs = run_dir.join("logs");
+    fs::create_dir_all(&logs).map_err(|e| Error::io(format!("creating {}", logs.display()), e))?;
+    let store = Store::new(run_dir.join(&c.checkpoint.dir));
+    if primary {
+        store
+            .clean_tmp()
+            .map_err(|e| Error::io("cleaning unfinished checkpoints", std::io::Error::other(e)))?;
+    }
+    let metrics_path = if primary {
+        run_dir.join("metrics.jsonl")
+    } else {
+        PathBuf::from("/dev/null")
+    };
+    let metrics_file = if resume.is_some() || !primary {
+        OpenOptions::new()
+            .append(true)
+            .create(true)
+            .open(&metrics_path)
+    } else {
+        File::create(&metrics_path)
+    }
+    .map_err(|e| Error::io(format!("opening {}", metrics_path.display()), e))?;
+    let mut metrics = BufWriter::new(metrics_file);
+    let mut write_err: Option<std::io::Error> = None;
+    let loaded = resume.as_ref().and_then(|r| r.loaded.as_ref());
+    let first_step = loaded.map(|l| l.state.step).unwrap_or(0);
+    let input = TrainInput {
+        config: c,
+        plan: &plan,
+        data: &data,
+        model: model.as_ref(),
+        store: Some(&store),
+        resume: loaded,
+    };
+    if let Some(note) = &placement.note {
+        ui.info(note);
+    }
+    #[cfg(feature = "cuda")]
+    let nccl_id = match job.as_mut() {
+        Some(j) if placement.collective == backend::CommKind::Nccl => Some(share_nccl_id(j, c)?),
+        _ => None,
+    };
+    let link = job.as_mut().map(|j| crate::launch::NodeLink {
+        node: j.node,
+        nnodes: j.nnodes,
+        ring: j.ring.take(),
+        #[cfg(feature = "cuda")]
+        nccl_id,
+    });
+    let result = train(&placement, &input, Some(&logs), link, &mut |ev| match ev {
+        TrainEvent::Started { total_steps, .. } => ui.start(total_steps, first_step),
+        TrainEvent::Checkpoint { step } => ui.info(&format!("saved checkpoint step-{step:08}")),
+        TrainEvent::Step {
+            step,
+            loss,
+            samples_per_sec,
+            line,
+        } => {
+            ui.step(step, loss, samples_per_sec);
+            if let Some(line) = line {
+                let res = serde_json::to_string(&line)
+                    .map_err(std::io::Error::other)
+                    .and_then(|s| writeln!(metrics, "{s}"))
+                    .and_then(|_| metrics.flush());
+                if let Err(e) = res {
+                    write_err.get_or_insert(e);
+                }
+            }
+        }
+    });
+    ui.finish();
+    if let Some(e) = write_err {
+        return Err(Error::io(format!("writing {}", metrics_path.display()), e));
+    }
+    let summary = |status, error: Option<String>, res: Option<&RunResult>| {
+        let o = res.map(|r| &r.outcome);
+        Summary {
+            status,
+            error,
+            steps: o.map(|o| o.steps).unwrap_or(first_step),
+            epochs: o.map(|o| o.epochs).unwrap_or(0.0),
+            final_loss: o.map(|o| o.final_loss),
+            eval_loss: o.and_then(|o| o.eval.map(|e| e.loss())),
+            eval_accuracy: o.and_then(|o| o.eval.map(|e| e.accuracy())),
+            eval_samples: o.and_then(|o| o.eval.map(|e| e.count)),
+            wall_seconds: o.map(|o| o.wall_seconds).unwrap_or(0.0),
+            samples_per_sec: o.map(|o| o.samples_per_sec).unwrap_or(0.0),
+            world_size: plan.world_size,
+            strategy: c.strategy.kind,
+            global_batch: plan.global_batch,
+            backend: be.name(),
+            num_params: plan.num_params,
+            config_hash: config_hash.clone(),
+            resumed_from_step: first_step,
+            params_sha256: o.map(|o| params_hash(&o.params)),
+            memory: res.map(|r| r.memory.clone()).unwrap_or_default(),
+        }
+    };
+    if let Some(j) = job.as_mut() {
+        if result.is_ok() {
+            j.finish(std::time::Duration::from_secs(
+                c.launch.rendezvous_timeout_secs,
+            ));
+        } else {
+            // failing: the heartbeat thread must not pre-empt the error report
+            j.done.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+    if let Some(server) = job.as_ref().and_then(|j| j.server.as_ref()) {
+        for r in server.rejected() {
+            ui.info(&format!("rendezvous store refused a connection from {r}"));
+        }
+    }
+    match result {
+        Ok(res) => {
+            if primary {
+                write_json(&summary_path, &summary("finished", None, Some(&res)))?;
+            }
+            let out = &res.outcome;
+            let eval = match out.eval {
+                Some(e) => format!(
+                    ", eval loss {:.4}, eval accuracy {:.3}",
+                    e.loss(),
+                    e.accuracy()
+                ),
+                None => String::new(),
+            };
+            ui::out(&format!(
+                "finished {} steps in {:.1}s: final loss {:.4}{eval}; run dir: {}",
+                out.steps,
+                out.wall_seconds,
+                out.final_loss,
+                run_dir.display()
+            ));
+            Ok(())
+        }
+        Err(e) => {
+            let e = Error::from(e);
+            if primary {
+                write_json(&summary_path, &summary("failed", Some(e.to_string()), None))?;
+            }
+            ui::out(&format!("failed; run dir: {}", run_dir.display()));
+            Err(e)
+        }
+    }
+}
+
+/// Trains every rank of this node as placed; `logs` receives `rank-<r>.log`.
+pub fn train(
+    placement: &Placement,
+    input: &TrainInput<'_>,
+    logs: Option<&Path>,
+    link: Option<NodeLink>,
+    on_event: &mut dyn FnMut(TrainEvent),
+) -> std::result::Result<RunResult, TrainError> {
+    let n = backend::threads(&input.config.backend, input.config.strategy.devices.count());
+    // ndarray's matmul reads its thread count once from the environment.
+    if std::env::var_os("MATMUL_NUM_THREADS").is_none() {
+        std::env::set_var("MATMUL_NUM_THREADS", n.to_string());
+    }
+    match placement.backend {
+        Backend::Ndarray => run::<Autodiff<NdArray>>(input, placement, n, logs, link, on_event),
+        Backend::Flex => run::<Autodiff<Flex>>(input, placement, n, logs, link, on_event),
+        #[cfg(feature = "cuda")]
+        Backend::Cuda(p) => {
+            use crate::config::Precision;
+            use burn::backend::Cuda;
+            use burn::tensor::{bf16, f16};
+            match p {
+                Precision::F32 => {
+                    run::<Autodiff<Cuda<f32>>>(input, placement, n, logs, link, on_event)
+                }
+                Precision::Bf16 => {
+                    run::<Autodiff<Cuda<bf16>>>(input, placement, n, logs, link, on_event)
+                }
+                Precision::F16 => {
+                    run::<Autodiff<Cuda<f16>>>(input, placement, n, logs, link, on_event)
+                }
+            }
+        }
+    }
+}

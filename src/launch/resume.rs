@@ -1,0 +1,195 @@
+//! Resuming a run directory: the config change check (`model.*`/`data.*` refused, the rest
+//! listed), the choice of checkpoint (the newest verified one, or `--from`), and trimming
+//! `metrics.jsonl` to it.
+
+use std::fs;
+use std::path::Path;
+
+use super::run_dir::stored_config;
+use crate::checkpoint::{self, Loaded, Store};
+use crate::config::{Config, Resolved};
+use crate::error::{Error, Result};
+use crate::ui;
+
+/// What a resume starts from: a loaded checkpoint, or nothing (no checkpoint was saved yet: the
+/// run starts over in place).
+pub struct Resumption {
+    pub loaded: Option<Loaded>,
+}
+
+/// Dotted leaf keys and their values (arrays are leaves).
+fn flatten(prefix: &str, v: &toml::Value, out: &mut Vec<(String, String)>) {
+    match v {
+        toml::Value::Table(t) => {
+            for (k, v) in t {
+                let key = if prefix.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{prefix}.{k}")
+                };
+                flatten(&key, v, out);
+            }
+        }
+        other => out.push((prefix.to_string(), other.to_string())),
+    }
+}
+
+/// (key, old, new) for every value that differs.
+pub fn config_changes(old: &Config, new: &Config) -> Vec<(String, String, String)> {
+    let flat = |c: &Config| {
+        let mut out = Vec::new();
+        if let Ok(t) = toml::Table::try_from(c) {
+            flatten("", &toml::Value::Table(t), &mut out);
+        }
+        out.into_iter()
+            .collect::<std::collections::BTreeMap<_, _>>()
+    };
+    let (a, b) = (flat(old), flat(new));
+    let mut keys: Vec<&String> = a.keys().chain(b.keys()).collect();
+    keys.sort();
+    keys.dedup();
+    let unset = "(unset)".to_string();
+    keys.into_iter()
+        .filter(|k| a.get(*k) != b.get(*k))
+        .map(|k| {
+            (
+                k.clone(),
+                a.get(k).unwrap_or(&unset).clone(),
+                b.get(k).unwrap_or(&unset).clone(),
+            )
+        })
+        .collect()
+}
+
+/// Checks the config change, picks and loads the checkpoint, and trims `metrics.jsonl` to it.
+pub fn prepare_resume(
+    dir: &Path,
+    r: &Resolved,
+    from: Option<&str>,
+    quiet: bool,
+) -> Result<Resumption> {
+    let old_path = dir.join("config.toml");
+    let old_text = fs::read_to_string(&old_path)
+        .map_err(|e| Error::io(format!("reading {}", old_path.display()), e))?;
+    let old: Config = toml::from_str(&old_text).map_err(|e| {
+        Error::Usage(format!(
+            "`{}` does not parse ({}); was it edited by hand?",
+            old_path.display(),
+            e.message()
+        ))
+    })?;
+    let changes = config_changes(&old, &stored_config(r));
+    let refused: Vec<String> = changes
+        .iter()
+        .filter(|(k, _, _)| k.starts_with("model.") || k.starts_with("data."))
+        .map(|(k, a, b)| format!("  `{k}`: {a} -> {b}"))
+        .collect();
+    if !refused.is_empty() {
+        return Err(Error::Usage(format!(
+            "cannot resume `{}` with a different model or data:\n{}\n  = help: undo these changes, or start a new run with `kiln run`",
+            dir.display(),
+            refused.join("\n")
+        )));
+    }
+    for (k, a, b) in &changes {
+        ui::note(&format!("warning: resuming with `{k}` changed: {a} -> {b}"));
+    }
+
+    let store = Store::new(dir.join(&old.checkpoint.dir));
+    let entries = store.list().map_err(Error::Checkpoint)?;
+    let chosen = match from {
+        Some(name) => {
+            let e = entries
+                .iter()
+                .find(|e| e.path.file_name().is_some_and(|f| f == name))
+                .ok_or_else(|| {
+                    let names: Vec<String> = entries
+                        .iter()
+                        .filter_map(|e| {
+                            e.path.file_name().map(|f| f.to_string_lossy().into_owned())
+                        })
+                        .collect();
+                    Error::Usage(format!(
+                        "no checkpoint `{name}` in {}; there are: {}",
+                        store.dir.display(),
+                        if names.is_empty() {
+                            "none".into()
+                        } else {
+                            names.join(", ")
+                        }
+                    ))
+                })?;
+            if let Err(why) = &e.status {
+                return Err(Error::Usage(format!(
+                    "checkpoint `{name}` cannot be resumed from: {why}"
+                )));
+            }
+            Some(e.path.clone())
+        }
+        None => {
+            let mut pick = None;
+            for e in &entries {
+                match &e.status {
+                    Ok(()) => {
+                        pick = Some(e.path.clone());
+                        break;
+                    }
+                    Err(why) => ui::note(&format!(
+                        "skipping {}: {why}",
+                        e.path
+                            .file_name()
+                            .map(|f| f.to_string_lossy().into_owned())
+                            .unwrap_or_default()
+                    )),
+                }
+            }
+            pick
+        }
+    };
+    let loaded = match chosen {
+        Some(path) => {
+            let l = checkpoint::load(&path).map_err(Error::Checkpoint)?;
+            if !quiet {
+                ui::note(&format!(
+                    "resuming {} from {} (step {})",
+                    dir.display(),
+                    path.display(),
+                    l.state.step
+                ));
+            }
+            Some(l)
+        }
+        None => {
+            ui::note(&format!(
+                "no verified checkpoint in {}: the run starts over from step 0",
+                store.dir.display()
+            ));
+            None
+        }
+    };
+    trim_metrics(
+        &dir.join("metrics.jsonl"),
+        loaded.as_ref().map(|l| l.state.step).unwrap_or(0),
+    )?;
+    Ok(Resumption { loaded })
+}
+
+/// Keeps the metrics lines up to `step`: the resumed run writes the rest again.
+fn trim_metrics(path: &Path, step: usize) -> Result<()> {
+    let Ok(text) = fs::read_to_string(path) else {
+        return Ok(());
+    };
+    let kept: String = text
+        .lines()
+        .filter(|l| {
+            serde_json::from_str::<serde_json::Value>(l)
+                .ok()
+                .and_then(|v| v["step"].as_u64())
+                .is_some_and(|s| s as usize <= step)
+        })
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let tmp = path.with_extension("jsonl.tmp");
+    fs::write(&tmp, kept).map_err(|e| Error::io(format!("writing {}", tmp.display()), e))?;
+    fs::rename(&tmp, path).map_err(|e| Error::io(format!("writing {}", path.display()), e))
+}

@@ -1,0 +1,44 @@
+//! `summary.json`: the schema of a run's summary.
+
+use serde::Serialize;
+
+use crate::config::StrategyKind;
+use crate::strategy::Memory;
+
+/// `summary.json`.
+#[derive(Debug, Serialize)]
+pub struct Summary {
+    pub status: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    pub steps: usize,
+    pub epochs: f64,
+    pub final_loss: Option<f64>,
+    pub eval_loss: Option<f64>,
+    pub eval_accuracy: Option<f64>,
+    /// Evaluation samples counted (each exactly once, whatever the world size).
+    pub eval_samples: Option<u64>,
+    pub wall_seconds: f64,
+    pub samples_per_sec: f64,
+    pub world_size: usize,
+    pub strategy: StrategyKind,
+    pub global_batch: usize,
+    pub backend: &'static str,
+    pub num_params: usize,
+    pub config_hash: String,
+    /// The step this session started from (0 unless resumed).
+    pub resumed_from_step: usize,
+    /// sha256 of the final parameters (little-endian f32), to compare runs bit for bit.
+    pub params_sha256: Option<String>,
+    /// Per rank: bytes held for parameters, gradients and optimizer state.
+    pub memory: Vec<Memory>,
+}
+
+pub fn params_hash(params: &[f32]) -> String {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    for p in params {
+        h.update(p.to_le_bytes());
+    }
+    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+}

@@ -1,0 +1,155 @@
+//! The layering of the crate (see `src/lib.rs`): every top-level module imports only modules
+//! of a lower layer, so there are no import cycles and, e.g., `params`, `collective`, `config`,
+//! `checkpoint`, `data` and `ui` never reach up, and `strategy` never imports `train`.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+/// Each top-level module's layer: a module may import only modules of a lower number.
+const LAYERS: &[(&str, u32)] = &[
+    ("rng", 0),
+    ("config", 0),
+    ("ui", 0),
+    ("checkpoint", 0),
+    ("params", 1),
+    ("data", 1),
+    ("cuda", 2),
+    ("plan", 2),
+    ("model", 2),
+    ("collective", 3),
+    ("strategy", 4),
+    ("train", 5),
+    ("backend", 5),
+    ("error", 6),
+    ("launch", 7),
+    ("sweep", 8),
+    ("cli", 9),
+];
+
+fn layer(module: &str) -> Option<u32> {
+    LAYERS.iter().find(|(m, _)| *m == module).map(|(_, l)| *l)
+}
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            rust_files(&p, out);
+        } else if p.extension().is_some_and(|x| x == "rs") {
+            out.push(p);
+        }
+    }
+}
+
+/// The top-level modules a source text names through `crate::`, including grouped imports
+/// (`use crate::{a, b::c}`) and the crate's re-exports (`crate::Result` is `error`).
+pub fn crate_refs(text: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    let mut rest = text;
+    while let Some(i) = rest.find("crate::") {
+        rest = &rest[i + "crate::".len()..];
+        if let Some(group) = rest.strip_prefix('{') {
+            // top-level names of the group
+            let mut depth = 0;
+            let mut item = String::new();
+            for ch in group.chars() {
+                match ch {
+                    '{' => depth += 1,
+                    '}' if depth == 0 => break,
+                    '}' => depth -= 1,
+                    ',' if depth == 0 => {
+                        out.insert(head(&item));
+                        item.clear();
+                        continue;
+                    }
+                    _ => {}
+                }
+                if depth == 0 {
+                    item.push(ch);
+                }
+            }
+            out.insert(head(&item));
+        } else {
+            out.insert(head(rest));
+        }
+    }
+    out.remove("");
+    out
+}
+
+fn head(s: &str) -> String {
+    let name: String = s
+        .trim()
+        .chars()
+        .take_while(|c| c.is_alphanumeric() || *c == '_')
+        .collect();
+    match name.as_str() {
+        // re-exported at the crate root from `error`
+        "Error" | "Result" => "error".into(),
+        "self" => String::new(),
+        _ => name,
+    }
+}
+
+#[test]
+fn grouped_and_plain_imports_are_both_seen() {
+    let refs = crate_refs(
+        "use crate::{backend, config::{self, Config}, Result};\nlet x = crate::params::Grads::Host;",
+    );
+    let want: BTreeSet<String> = ["backend", "config", "error", "params"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    assert_eq!(refs, want);
+}
+
+#[test]
+fn every_module_imports_only_lower_layers() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut violations = Vec::new();
+    let mut seen = BTreeSet::new();
+    for entry in std::fs::read_dir(&src).unwrap() {
+        let p = entry.unwrap().path();
+        let name = p.file_stem().unwrap().to_string_lossy().into_owned();
+        if name == "lib" || name == "main" {
+            continue;
+        }
+        let Some(own) = layer(&name) else {
+            violations.push(format!("src/{name}: not in LAYERS; give it a layer"));
+            continue;
+        };
+        seen.insert(name.clone());
+        let mut files = Vec::new();
+        if p.is_dir() {
+            rust_files(&p, &mut files);
+        } else {
+            files.push(p.clone());
+        }
+        for f in files {
+            let text = std::fs::read_to_string(&f).unwrap();
+            for r in crate_refs(&text) {
+                if r == name {
+                    continue;
+                }
+                match layer(&r) {
+                    Some(l) if l < own => {}
+                    Some(l) => violations.push(format!(
+                        "{}: `{name}` (layer {own}) imports `{r}` (layer {l})",
+                        f.strip_prefix(&src).unwrap().display()
+                    )),
+                    None => violations.push(format!(
+                        "{}: imports `crate::{r}`, which has no layer",
+                        f.display()
+                    )),
+                }
+            }
+        }
+    }
+    assert!(violations.is_empty(), "{}", violations.join("\n"));
+    let listed: BTreeSet<String> = LAYERS.iter().map(|(m, _)| m.to_string()).collect();
+    let missing: Vec<_> = listed.difference(&seen).collect();
+    assert!(
+        missing.is_empty(),
+        "LAYERS lists missing modules: {missing:?}"
+    );
+}
