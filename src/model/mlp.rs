@@ -136,3 +136,170 @@ mod tests {
         assert!(p[..12].iter().all(|v| v.abs() <= 1.0 / 3f32.sqrt()));
     }
 }
+
+#[cfg(test)]
+mod engine_tests {
+    //! The model engine on the MLP. The device path of a micro-step (gradients accumulated as one flat tensor, units
+    //! installed from slices of a flat device tensor) against the host path, on a CPU backend;
+    //! and training on device parameters (`BurnParams`) against the host optimizer.
+
+    use burn::backend::Flex;
+
+    use burn::tensor::{Tensor, TensorData};
+
+    use super::Mlp;
+    use crate::config::{ModelConfig, OptimConfig, OptimKind};
+    use crate::model::{Batch, FamilyModel, Model, ModelError, StepKey, UnitParams};
+    use crate::params::{
+        clip_and_step, BurnParams, DeviceFlat, DeviceParams, DeviceTensor, Grads, Optimizer, RawBuf,
+    };
+
+    type Inner = Flex;
+
+    fn no_address(_: &Tensor<Inner, 1>) -> Result<(RawBuf, Box<dyn std::any::Any>), String> {
+        Err("a CPU tensor has no device address".into())
+    }
+
+    fn model(dropout: f64) -> FamilyModel<Mlp> {
+        FamilyModel::new(Mlp::new(&ModelConfig {
+            input_size: 4,
+            hidden_sizes: vec![6],
+            classes: 3,
+            dropout,
+            ..ModelConfig::default()
+        }))
+    }
+
+    fn batch() -> Batch {
+        Batch {
+            x: (0..20).map(|i| (i as f32 * 0.37).sin()).collect(),
+            shape: vec![5, 4],
+            y: vec![0, 2, 1, 2, 0],
+        }
+    }
+
+    fn flat(v: Vec<f32>) -> Box<dyn DeviceTensor> {
+        let n = v.len();
+        Box::new(DeviceFlat::<Inner>::new(
+            Tensor::from_data(TensorData::new(v, [n]), &Default::default()),
+            no_address,
+        ))
+    }
+
+    const KEY: StepKey = StepKey {
+        seed: 1,
+        counters: [0, 0, 0],
+    };
+
+    #[test]
+    fn device_buffers_give_the_host_gradients() {
+        let m = model(0.2);
+        let compute = m.on_flex(&Default::default());
+        let params = m.init(3);
+        let mut host = Grads::Host(vec![0.0; m.num_params()]);
+        let mut dev = Grads::Device(flat(vec![0.0; m.num_params()]));
+        let mut losses = Vec::new();
+        let layout = m.layout().clone();
+        // two micro-steps: the device buffer accumulates like the host one
+        for _ in 0..2 {
+            let mut from_host = |u: usize| -> Result<UnitParams, ModelError> {
+                Ok(UnitParams::Host(params[layout.unit_range(u)].to_vec()))
+            };
+            losses.push(
+                compute
+                    .forward_backward(&mut from_host, batch(), KEY, 0.5, &mut host)
+                    .unwrap(),
+            );
+            let mut from_device = |u: usize| -> Result<UnitParams, ModelError> {
+                Ok(UnitParams::Device(flat(
+                    params[layout.unit_range(u)].to_vec(),
+                )))
+            };
+            losses.push(
+                compute
+                    .forward_backward(&mut from_device, batch(), KEY, 0.5, &mut dev)
+                    .unwrap(),
+            );
+        }
+        assert!(losses.iter().all(|l| *l == losses[0]), "{losses:?}");
+        let (h, d) = (host.to_host_vec().unwrap(), dev.to_host_vec().unwrap());
+        assert!(h.iter().any(|g| *g != 0.0));
+        for (a, b) in h.iter().zip(&d) {
+            assert!((a - b).abs() <= 1e-6 * a.abs().max(1.0), "{h:?}\n{d:?}");
+        }
+        // a different dropout key gives a different loss: the masks are drawn and used
+        let mut g = Grads::Host(vec![0.0; m.num_params()]);
+        let mut from_host = |u: usize| -> Result<UnitParams, ModelError> {
+            Ok(UnitParams::Host(params[layout.unit_range(u)].to_vec()))
+        };
+        let other = StepKey {
+            seed: 1,
+            counters: [1, 0, 0],
+        };
+        let l2 = compute
+            .forward_backward(&mut from_host, batch(), other, 0.5, &mut g)
+            .unwrap();
+        assert_ne!(l2, losses[0]);
+    }
+
+    #[test]
+    fn a_wrong_sized_unit_is_an_error() {
+        let m = model(0.0);
+        let compute = m.on_flex(&Default::default());
+        let mut short =
+            |_u: usize| -> Result<UnitParams, ModelError> { Ok(UnitParams::Host(vec![0.0; 3])) };
+        let mut g = Grads::Host(vec![0.0; m.num_params()]);
+        let e = compute
+            .forward_backward(&mut short, batch(), KEY, 1.0, &mut g)
+            .err()
+            .map(|e| e.to_string());
+        assert_eq!(
+            e.as_deref(),
+            Some("unit 0 has 3 parameters, the layout says 30")
+        );
+    }
+
+    #[test]
+    fn training_on_device_parameters_matches_the_host() {
+        let device = Default::default();
+        let m = model(0.0);
+        let compute = m.on_flex(&device);
+        let layout = m.layout().clone();
+        let n = m.num_params();
+        let mut host_opt = Optimizer::new(&OptimConfig {
+            kind: OptimKind::Adamw,
+            weight_decay: 0.01,
+            ..OptimConfig::default()
+        });
+        let mut hp = m.init(5);
+        let mut dev = BurnParams::<Flex>::new(&hp, &host_opt, &device, no_address);
+        for _ in 0..3 {
+            let mut hg = Grads::Host(vec![0.0; n]);
+            let mut from_host = |u: usize| -> Result<UnitParams, ModelError> {
+                Ok(UnitParams::Host(hp[layout.unit_range(u)].to_vec()))
+            };
+            compute
+                .forward_backward(&mut from_host, batch(), KEY, 1.0, &mut hg)
+                .unwrap();
+            let mut g = hg.to_host_vec().unwrap();
+            clip_and_step(&mut host_opt, &mut hp, &mut g, 0.05, Some(0.5));
+
+            let mut dg = Grads::Device(flat(vec![0.0; n]));
+            let mut from_device = |u: usize| -> Result<UnitParams, ModelError> {
+                Ok(UnitParams::Device(dev.slice(layout.unit_range(u))))
+            };
+            compute
+                .forward_backward(&mut from_device, batch(), KEY, 1.0, &mut dg)
+                .unwrap();
+            if let Grads::Device(mut d) = dg {
+                dev.step(d.as_mut(), 0.05, Some(0.5)).unwrap();
+            }
+        }
+        let dp = dev.params().unwrap();
+        assert_ne!(dp, m.init(5));
+        for (a, b) in hp.iter().zip(&dp) {
+            assert!((a - b).abs() <= 1e-5 * a.abs().max(1.0), "{hp:?}\n{dp:?}");
+        }
+        assert_eq!(dev.export().unwrap().steps, 3);
+    }
+}
