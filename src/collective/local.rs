@@ -55,8 +55,6 @@ struct State {
 struct Shared {
     world: usize,
     timeout: Duration,
-    /// Fault injection for tests (`KILN_TEST_STALL=rank:seq`): that rank stalls at that op.
-    stall: Option<(usize, u64)>,
     state: Mutex<State>,
     cv: Condvar,
 }
@@ -83,14 +81,9 @@ pub struct LocalGroup;
 impl LocalGroup {
     /// `world` connected ranks; every op times out after `timeout`.
     pub fn new(world: usize, timeout: Duration) -> Vec<LocalRank> {
-        let stall = std::env::var("KILN_TEST_STALL").ok().and_then(|v| {
-            let (r, s) = v.split_once(':')?;
-            Some((r.trim().parse().ok()?, s.trim().parse().ok()?))
-        });
         let shared = Arc::new(Shared {
             world,
             timeout,
-            stall,
             state: Mutex::new(State {
                 slots: vec![None; world],
                 last_seen: vec![None; world],
@@ -115,7 +108,38 @@ pub struct LocalRank {
     shared: Arc<Shared>,
 }
 
+/// Stops a local group from any thread, like `Collective::abort` on one of its ranks.
+#[derive(Clone)]
+pub struct GroupStopper(Arc<Shared>);
+
+impl GroupStopper {
+    pub fn stop(&self, reason: &str) {
+        let mut st = self.0.lock();
+        st.aborted.get_or_insert_with(|| reason.to_string());
+        self.0.cv.notify_all();
+    }
+}
+
 impl LocalRank {
+    /// A handle that stops this rank's whole group from another thread.
+    pub fn stopper(&self) -> GroupStopper {
+        GroupStopper(Arc::clone(&self.shared))
+    }
+
+    /// Blocks until some rank stops the group (`abort`) and returns the reason: what a rank that
+    /// leaves the group's ops (a fault a test injects through its own collective) does while
+    /// the others time out.
+    pub fn wait_for_abort(&self) -> String {
+        let sh = &self.shared;
+        let mut st = sh.lock();
+        loop {
+            if let Some(reason) = &st.aborted {
+                return reason.clone();
+            }
+            st = sh.cv.wait(st).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
     fn aborted(&self, st: &State, op: OpId) -> Option<CollectiveError> {
         st.aborted.as_ref().map(|reason| CollectiveError::Aborted {
             rank: self.rank,
@@ -161,15 +185,6 @@ impl LocalRank {
         let sh = Arc::clone(&self.shared);
         let deadline = Instant::now() + sh.timeout;
         let mut st = sh.lock();
-        if sh.stall == Some((self.rank, op.seq)) {
-            // Fault injection: this rank never arrives; it waits until the group is stopped.
-            loop {
-                if let Some(e) = self.aborted(&st, op) {
-                    return Err(e);
-                }
-                st = sh.cv.wait(st).unwrap_or_else(|p| p.into_inner());
-            }
-        }
         // Wait until the previous round has been read by everyone.
         while st.result.is_some() {
             if let Some(e) = self.aborted(&st, op) {
@@ -441,8 +456,6 @@ impl Collective for LocalRank {
     }
 
     fn abort(&self, reason: &str) {
-        let mut st = self.shared.lock();
-        st.aborted.get_or_insert_with(|| reason.to_string());
-        self.shared.cv.notify_all();
+        self.stopper().stop(reason);
     }
 }

@@ -19,4 +19,4 @@ pub use api::*;
 #[cfg(test)]
 pub(crate) use device::emulated;
 pub use device::{device_error, DeviceOps, GradsOps};
-pub use local::{LocalGroup, LocalRank};
+pub use local::{GroupStopper, LocalGroup, LocalRank};

@@ -63,6 +63,10 @@ impl Shared {
     fn reason(&self) -> Option<String> {
         self.aborted.lock().ok().and_then(|g| g.clone())
     }
+    /// Stops every rank of this process: each aborts its communicator at its next poll.
+    pub fn stop(&self, reason: &str) {
+        self.set(reason);
+    }
     fn set(&self, reason: &str) {
         if let Ok(mut g) = self.aborted.lock() {
             g.get_or_insert_with(|| reason.to_string());

@@ -39,6 +39,17 @@ impl Wire for f64 {
     }
 }
 
+/// Closes a ring's sockets (see `TcpRing::closer`).
+pub struct RingCloser(Vec<TcpStream>);
+
+impl RingCloser {
+    pub fn close(&self) {
+        for s in &self.0 {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+    }
+}
+
 /// This node's place in the ring of node leaders.
 pub struct TcpRing {
     pub node: usize,
@@ -291,5 +302,17 @@ impl TcpRing {
         for s in [&self.next, &self.prev].into_iter().flatten() {
             let _ = s.shutdown(std::net::Shutdown::Both);
         }
+    }
+
+    /// A handle that closes this ring's sockets from another thread: an op blocked on them
+    /// fails at once (how a node stops when its job is stopped).
+    pub fn closer(&self) -> RingCloser {
+        RingCloser(
+            [&self.next, &self.prev]
+                .into_iter()
+                .flatten()
+                .filter_map(|s| s.try_clone().ok())
+                .collect(),
+        )
     }
 }

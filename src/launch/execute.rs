@@ -378,6 +378,7 @@ pub fn execute(
         node: j.node,
         nnodes: j.nnodes,
         ring: j.ring.take(),
+        stop: std::sync::Arc::clone(&j.stop),
         #[cfg(feature = "cuda")]
         nccl_id,
     });
@@ -445,6 +446,13 @@ pub fn execute(
             ui.info(&format!("rendezvous store refused a connection from {r}"));
         }
     }
+    // a job stopped under this node (a silent node, a lost store) is the cause of whatever the
+    // ranks failed with
+    let stopped = job.as_ref().and_then(|j| j.stop.reason());
+    let result = match (result, stopped) {
+        (Err(_), Some(why)) => Err(Error::Launch(why.into())),
+        (r, _) => r.map_err(Error::from),
+    };
     match result {
         Ok(res) => {
             if primary {
@@ -469,7 +477,6 @@ pub fn execute(
             Ok(())
         }
         Err(e) => {
-            let e = Error::from(e);
             if primary {
                 write_json(&summary_path, &summary("failed", Some(e.to_string()), None))?;
             }

@@ -5,7 +5,7 @@
 use std::io::Read;
 use std::net::{TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::json;
@@ -25,6 +25,54 @@ pub struct Job {
     pub ring: Option<TcpRing>,
     /// Set when this node's training ended: its heartbeats stop counting a lost store as fatal.
     pub done: Arc<AtomicBool>,
+    /// Set by the heartbeats when the job was stopped or node 0's store was lost.
+    pub stop: Arc<JobStop>,
+}
+
+type StopHook = Box<dyn Fn(&str) + Send>;
+
+/// Why the job stopped under this node, and what to do about it: the heartbeat thread records
+/// the reason and runs the hooks the node registered (stop its ranks, close its ring), so the
+/// node's training fails at once and reports the reason, instead of the process exiting from
+/// a thread.
+#[derive(Default)]
+pub struct JobStop {
+    reason: Mutex<Option<String>>,
+    hooks: Mutex<Vec<StopHook>>,
+}
+
+impl JobStop {
+    /// Runs `hook` when the job stops (at once if it already has).
+    pub fn on_stop(&self, hook: impl Fn(&str) + Send + 'static) {
+        match self.reason() {
+            Some(r) => hook(&r),
+            None => self
+                .hooks
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(Box::new(hook)),
+        }
+    }
+
+    /// Records `reason` (the first one wins) and runs the hooks.
+    pub fn stop(&self, reason: &str) {
+        self.reason
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get_or_insert_with(|| reason.to_string());
+        let hooks = std::mem::take(&mut *self.hooks.lock().unwrap_or_else(|p| p.into_inner()));
+        for h in hooks {
+            h(reason);
+        }
+    }
+
+    /// Why the job stopped, if it did.
+    pub fn reason(&self) -> Option<String> {
+        self.reason
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
 }
 
 impl Job {
@@ -137,8 +185,17 @@ pub fn join(c: &Config, nproc: usize, token: &str, round: usize) -> Result<Job, 
         None
     };
     let done = Arc::new(AtomicBool::new(false));
+    let stop = Arc::new(JobStop::default());
     if !heartbeat.is_zero() {
-        start_heartbeats(&addr, token, node, round, heartbeat, Arc::clone(&done))?;
+        start_heartbeats(
+            &addr,
+            token,
+            node,
+            round,
+            heartbeat,
+            Arc::clone(&done),
+            Arc::clone(&stop),
+        )?;
     }
     Ok(Job {
         node,
@@ -147,12 +204,14 @@ pub fn join(c: &Config, nproc: usize, token: &str, round: usize) -> Result<Job, 
         server,
         ring,
         done,
+        stop,
     })
 }
 
 /// Sends this node's heartbeats; when the job is stopped (a node went silent) or node 0's store
-/// disappears while this node still trains, the process exits 1 saying why: the surviving nodes
-/// stop their workers, and an agent with restarts left starts the next round.
+/// disappears while this node still trains, it stops the job under this node (`JobStop`): the
+/// node's training fails saying why, its process exits 1, and an agent with restarts left
+/// starts the next round.
 fn start_heartbeats(
     addr: &str,
     token: &str,
@@ -160,6 +219,7 @@ fn start_heartbeats(
     round: usize,
     every: Duration,
     done: Arc<AtomicBool>,
+    stop: Arc<JobStop>,
 ) -> Result<(), StoreError> {
     let mut client = StoreClient::connect(addr, token, node, round, every)?;
     std::thread::Builder::new()
@@ -174,8 +234,8 @@ fn start_heartbeats(
                     StoreError::Aborted(r) => format!("the job was stopped: {r}"),
                     other => format!("lost node 0's rendezvous store: {other}"),
                 };
-                eprintln!("error: node {node}: {why}");
-                std::process::exit(1);
+                stop.stop(&format!("node {node}: {why}"));
+                return;
             }
             std::thread::sleep(every / 3);
         })?;

@@ -3,9 +3,10 @@
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::Path;
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
+use super::rendezvous::JobStop;
 use crate::backend::{CommKind, Placement, RankBackend};
 use crate::collective::node::NodeRank;
 use crate::collective::tcp::TcpRing;
@@ -51,6 +52,8 @@ pub struct NodeLink {
     pub nnodes: usize,
     /// The TCP ring, used by local rank 0.
     pub ring: Option<TcpRing>,
+    /// Stops this node's ranks when the job is stopped (see `rendezvous::JobStop`).
+    pub stop: Arc<JobStop>,
     /// The job's NCCL unique id (CUDA), shared through the rendezvous store.
     #[cfg(feature = "cuda")]
     pub nccl_id: Option<crate::collective::nccl::Id>,
@@ -77,13 +80,27 @@ pub fn run<B: RankBackend>(
                 None => crate::collective::nccl::new_id().map_err(TrainError::Collective)?,
             };
             let shared = crate::collective::nccl::Shared::new();
+            let stopper = shared.clone();
+            link.stop.on_stop(move |why| stopper.stop(why));
             (0..nproc)
                 .map(|_| RankComm::Nccl(id, shared.clone(), nproc))
                 .collect()
         }
         (_, Some(mut link)) => {
             let mut ring = link.ring.take();
-            LocalGroup::new(nproc, timeout)
+            let group = LocalGroup::new(nproc, timeout);
+            // a stopped job stops every rank here at once, even one blocked on the ring
+            let stopper = group.first().map(|l| l.stopper());
+            let closer = ring.as_ref().map(|r| r.closer());
+            link.stop.on_stop(move |why| {
+                if let Some(c) = &closer {
+                    c.close();
+                }
+                if let Some(s) = &stopper {
+                    s.stop(why);
+                }
+            });
+            group
                 .into_iter()
                 .map(|l| {
                     let r = if l.rank() == 0 { ring.take() } else { None };
@@ -109,6 +126,20 @@ pub fn run<B: RankBackend>(
             .map(RankComm::Local)
             .collect(),
     };
+    run_ranks::<B>(input, placement, threads, logs, node, comms, on_event)
+}
+
+/// Runs one thread per rank of `comms` and waits for all of them.
+fn run_ranks<B: RankBackend>(
+    input: &TrainInput<'_>,
+    placement: &Placement,
+    threads: usize,
+    logs: Option<&Path>,
+    node: usize,
+    comms: Vec<RankComm>,
+    on_event: &mut dyn FnMut(TrainEvent),
+) -> Result<RunResult, TrainError> {
+    let nproc = comms.len();
     let (tx, rx) = mpsc::channel();
     let results: Vec<Result<Outcome, TrainError>> = std::thread::scope(|scope| {
         let handles: Vec<_> = comms
@@ -179,8 +210,24 @@ pub fn run<B: RankBackend>(
     Ok(RunResult { outcome, memory })
 }
 
+/// Like `run`, over the given collectives (one per local rank, in rank order) instead of the
+/// ones the placement calls for: how tests inject faults through a collective of their own.
+pub fn run_with_collectives<B: RankBackend>(
+    input: &TrainInput<'_>,
+    placement: &Placement,
+    threads: usize,
+    logs: Option<&Path>,
+    comms: Vec<Box<dyn Collective>>,
+    on_event: &mut dyn FnMut(TrainEvent),
+) -> Result<RunResult, TrainError> {
+    let comms = comms.into_iter().map(RankComm::Given).collect();
+    run_ranks::<B>(input, placement, threads, logs, 0, comms, on_event)
+}
+
 /// A rank's end of the collective, before it is connected.
 enum RankComm {
+    /// Already connected (given by the caller).
+    Given(Box<dyn Collective>),
     Local(LocalRank),
     Node(NodeRank),
     #[cfg(feature = "cuda")]
@@ -201,6 +248,7 @@ fn connect(
 ) -> Result<Box<dyn Collective>, CollectiveError> {
     let _ = (rank, world, ordinal, timeout);
     match comm {
+        RankComm::Given(c) => Ok(c),
         RankComm::Local(l) => Ok(Box::new(l)),
         RankComm::Node(n) => Ok(Box::new(n)),
         #[cfg(feature = "cuda")]

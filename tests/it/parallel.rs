@@ -2,7 +2,13 @@
 //! accumulation == a larger batch, evaluation is exact for any world size, and a stalled rank
 //! fails the run with the rank and op named.
 
+use std::time::Duration;
+
+use burn::backend::{Autodiff, Flex};
 use kiln::backend;
+use kiln::collective::{
+    Collective, CollectiveError, LocalGroup, LocalRank, OpId, OpKind, ReduceOp,
+};
 use kiln::config;
 use kiln::data;
 use kiln::plan::Plan;
@@ -198,33 +204,145 @@ fn evaluation_is_exact_for_any_world_size() {
     }
 }
 
+/// The test's own collective: rank `rank` of a local group that never reaches op `at` (it
+/// waits there until the group is stopped, as a hung rank would).
+struct Stall {
+    inner: LocalRank,
+    at: u64,
+    seq: u64,
+}
+
+impl Stall {
+    /// Counts the op; at op `at`, stays away until another rank stops the group.
+    fn enter(&mut self, kind: OpKind) -> Result<(), CollectiveError> {
+        let op = OpId {
+            seq: self.seq,
+            kind,
+        };
+        self.seq += 1;
+        if op.seq == self.at {
+            let reason = self.inner.wait_for_abort();
+            return Err(CollectiveError::Aborted {
+                rank: self.inner.rank(),
+                op,
+                reason,
+            });
+        }
+        Ok(())
+    }
+}
+
+impl Collective for Stall {
+    fn rank(&self) -> usize {
+        self.inner.rank()
+    }
+    fn world(&self) -> usize {
+        self.inner.world()
+    }
+    fn all_reduce(&mut self, buf: &mut [f32], op: ReduceOp) -> Result<(), CollectiveError> {
+        self.enter(OpKind::AllReduce)?;
+        self.inner.all_reduce(buf, op)
+    }
+    fn all_reduce_f64(&mut self, buf: &mut [f64], op: ReduceOp) -> Result<(), CollectiveError> {
+        self.enter(OpKind::AllReduce)?;
+        self.inner.all_reduce_f64(buf, op)
+    }
+    fn reduce(
+        &mut self,
+        buf: &mut [f32],
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<(), CollectiveError> {
+        self.enter(OpKind::Reduce)?;
+        self.inner.reduce(buf, op, root)
+    }
+    fn broadcast(&mut self, buf: &mut [f32], root: usize) -> Result<(), CollectiveError> {
+        self.enter(OpKind::Broadcast)?;
+        self.inner.broadcast(buf, root)
+    }
+    fn all_gather(&mut self, send: &[f32], out: &mut [f32]) -> Result<(), CollectiveError> {
+        self.enter(OpKind::AllGather)?;
+        self.inner.all_gather(send, out)
+    }
+    fn all_gather_f64(&mut self, send: &[f64], out: &mut [f64]) -> Result<(), CollectiveError> {
+        self.enter(OpKind::AllGather)?;
+        self.inner.all_gather_f64(send, out)
+    }
+    fn reduce_scatter(
+        &mut self,
+        send: &[f32],
+        out: &mut [f32],
+        op: ReduceOp,
+    ) -> Result<(), CollectiveError> {
+        self.enter(OpKind::ReduceScatter)?;
+        self.inner.reduce_scatter(send, out, op)
+    }
+    fn barrier(&mut self) -> Result<(), CollectiveError> {
+        self.enter(OpKind::Barrier)?;
+        self.inner.barrier()
+    }
+    fn abort(&self, reason: &str) {
+        self.inner.abort(reason)
+    }
+}
+
 #[test]
 fn a_stalled_rank_fails_the_run_naming_rank_and_op() {
     let d = tempfile::tempdir().unwrap();
-    write(d.path(), "t.toml", TINY);
-    let o = kiln_env(
-        d.path(),
-        &[
-            "run",
-            "t.toml",
-            "--quiet",
-            "--set",
-            "strategy.kind=ddp",
-            "--set",
-            "strategy.devices=2",
-            "--set",
-            "strategy.timeout_secs=1",
-        ],
-        &[("KILN_TEST_STALL", "1:3")],
-    );
-    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
-    let e = stderr(&o);
+    let f = write(d.path(), "t.toml", TINY);
+    let sets = [
+        "strategy.kind=ddp",
+        "strategy.devices=2",
+        "strategy.timeout_secs=1",
+    ]
+    .map(String::from);
+    let r = config::load(&f, &[], &sets).unwrap();
+    let c = &r.config;
+    let data = data::load(&r).unwrap();
+    let model = kiln::model::build(&c.model, &data.input_shape()).unwrap();
+    let plan = Plan::new(c, data.train.len(), model.num_params());
+    let input = TrainInput {
+        config: c,
+        plan: &plan,
+        data: &data,
+        model: model.as_ref(),
+        store: None,
+        resume: None,
+    };
+    let placement = backend::resolve(c).unwrap();
+    let mut ranks = LocalGroup::new(2, Duration::from_secs(1)).into_iter();
+    let (r0, r1) = (ranks.next().unwrap(), ranks.next().unwrap());
+    let comms: Vec<Box<dyn Collective>> = vec![
+        Box::new(r0),
+        Box::new(Stall {
+            inner: r1,
+            at: 3,
+            seq: 0,
+        }),
+    ];
+    let logs = d.path().join("logs");
+    std::fs::create_dir_all(&logs).unwrap();
+    let e = kiln::launch::run_with_collectives::<Autodiff<Flex>>(
+        &input,
+        &placement,
+        1,
+        Some(&logs),
+        comms,
+        &mut |_| {},
+    )
+    .err()
+    .map(|e| e.to_string())
+    .unwrap_or_default();
     assert!(
         e.contains("rank 1 never reached all_reduce #3 (last seen: all_reduce #2)"),
         "{e}"
     );
-    let log = std::fs::read_to_string(d.path().join("runs/tiny/logs/rank-0.log")).unwrap();
+    // the cause, not the aborted rank's echo, is what the run reports; it names the way out
+    assert!(e.contains("raise `strategy.timeout_secs`"), "{e}");
+    let log = std::fs::read_to_string(logs.join("rank-0.log")).unwrap();
     assert!(log.contains("error: collective timed out"), "{log}");
+    let log1 = std::fs::read_to_string(logs.join("rank-1.log")).unwrap();
+    assert!(log1.contains("rank 1 stopped in all_reduce #3"), "{log1}");
 }
 
 #[test]
