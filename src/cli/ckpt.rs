@@ -1,11 +1,12 @@
 //! `kiln ckpt list RUN_DIR` and `kiln ckpt verify RUN_DIR`.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use clap::Subcommand;
 
-use crate::checkpoint::{Entry, Store};
+use crate::checkpoint::Entry;
 use crate::error::{Error, Result};
+use crate::launch;
 
 #[derive(Debug, Subcommand)]
 pub enum CkptCommand {
@@ -21,26 +22,6 @@ pub enum CkptCommand {
     },
 }
 
-fn store_of(run_dir: &Path) -> Result<Store> {
-    let cfg = run_dir.join("config.toml");
-    let text = std::fs::read_to_string(&cfg).map_err(|_| {
-        Error::Usage(format!(
-            "`{}` is not a kiln run directory (no config.toml)",
-            run_dir.display()
-        ))
-    })?;
-    let dir = toml::from_str::<toml::Table>(&text)
-        .ok()
-        .and_then(|t| {
-            t.get("checkpoint")?
-                .get("dir")?
-                .as_str()
-                .map(str::to_string)
-        })
-        .unwrap_or_else(|| "checkpoints".into());
-    Ok(Store::new(run_dir.join(dir)))
-}
-
 fn name(e: &Entry) -> String {
     e.path
         .file_name()
@@ -51,7 +32,9 @@ fn name(e: &Entry) -> String {
 pub fn ckpt(cmd: &CkptCommand) -> Result<()> {
     match cmd {
         CkptCommand::List { run_dir } => {
-            let entries = store_of(run_dir)?.list().map_err(Error::Checkpoint)?;
+            let entries = launch::checkpoint_store(run_dir)?
+                .list()
+                .map_err(Error::Checkpoint)?;
             if entries.is_empty() {
                 println!("no checkpoints in {}", run_dir.display());
                 return Ok(());
@@ -67,7 +50,9 @@ pub fn ckpt(cmd: &CkptCommand) -> Result<()> {
             Ok(())
         }
         CkptCommand::Verify { run_dir } => {
-            let entries = store_of(run_dir)?.list().map_err(Error::Checkpoint)?;
+            let entries = launch::checkpoint_store(run_dir)?
+                .list()
+                .map_err(Error::Checkpoint)?;
             let newest = entries.first().ok_or_else(|| {
                 Error::Invalid(format!("no checkpoints in {}", run_dir.display()))
             })?;

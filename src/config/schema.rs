@@ -60,13 +60,6 @@ impl Default for ExperimentConfig {
     }
 }
 
-/// Model family.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum ModelKind {
-    Mlp,
-}
-
 /// Activation between hidden layers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -81,8 +74,8 @@ pub enum Activation {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ModelConfig {
-    /// Model family. Default: `"mlp"`.
-    pub kind: ModelKind,
+    /// Model family: a name in the model registry (built in: `"mlp"`). Default: `"mlp"`.
+    pub kind: String,
     /// Input features. Default: `1000`.
     pub input_size: usize,
     /// Widths of the hidden layers, in order. Default: `[500]`.
@@ -98,7 +91,7 @@ pub struct ModelConfig {
 impl Default for ModelConfig {
     fn default() -> Self {
         ModelConfig {
-            kind: ModelKind::Mlp,
+            kind: "mlp".into(),
             input_size: 1000,
             hidden_sizes: vec![500],
             classes: 10,

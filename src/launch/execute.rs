@@ -102,7 +102,8 @@ fn run_node(a: &RunOptions, r: &Resolved) -> Result<()> {
         return Err(Error::Usage("--resume and --run-dir are single-node options for now; node 0 picks the run directory".into()));
     }
     backend::resolve(c)?;
-    data::load(r)?;
+    let d = data::load(r)?;
+    crate::model::build(r, &d.input_shape())?;
     let (token, generated) =
         crate::launch::rendezvous::token(c, std::env::var("KILN_JOB_TOKEN").ok())
             .map_err(Error::Usage)?;
@@ -293,7 +294,7 @@ pub fn execute(
     let placement = backend::resolve(c)?;
     let be = placement.backend;
     let data = data::load(r)?;
-    let model = crate::model::build(&c.model, &data.input_shape())?;
+    let model = crate::model::build(&r, &data.input_shape())?;
     let plan = Plan::new(c, data.train.len(), model.num_params());
     if let Some(res) = &resume {
         if let Some(l) = &res.loaded {
@@ -446,11 +447,12 @@ pub fn execute(
             ui.info(&format!("rendezvous store refused a connection from {r}"));
         }
     }
-    // a job stopped under this node (a silent node, a lost store) is the cause of whatever the
-    // ranks failed with
+    // a job stopped under this node (a silent node, a lost store) is the cause when the ranks
+    // failed in a collective (stopped, or cut off by the closed ring); any other failure is the
+    // ranks' own
     let stopped = job.as_ref().and_then(|j| j.stop.reason());
     let result = match (result, stopped) {
-        (Err(_), Some(why)) => Err(Error::Launch(why.into())),
+        (Err(TrainError::Collective(_)), Some(why)) => Err(Error::Launch(why.into())),
         (r, _) => r.map_err(Error::from),
     };
     match result {

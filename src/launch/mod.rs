@@ -7,6 +7,8 @@
 //! calling thread; when one rank fails the others are stopped and the root cause is returned.
 //! `run_dir` and `summary` are where a run lives and what it reports.
 
+mod bench;
+mod check;
 mod execute;
 pub mod rendezvous;
 mod resume;
@@ -15,8 +17,12 @@ pub mod store;
 mod summary;
 mod workers;
 
+pub use bench::{bench, BenchEvent};
+pub use check::{check, CheckReport};
 pub use execute::{execute, resume, start, train, RunOptions};
 pub use resume::{config_changes, prepare_resume, Resumption};
-pub use run_dir::{choose_run_dir, is_unfinished, newest_unfinished, stored_config, write_json};
+pub use run_dir::{
+    checkpoint_store, choose_run_dir, is_unfinished, newest_unfinished, stored_config, write_json,
+};
 pub use summary::Summary;
 pub use workers::*;

@@ -37,30 +37,35 @@ type StopHook = Box<dyn Fn(&str) + Send>;
 /// a thread.
 #[derive(Default)]
 pub struct JobStop {
-    reason: Mutex<Option<String>>,
-    hooks: Mutex<Vec<StopHook>>,
+    /// The reason (once stopped) and the hooks still to run, under one lock so that a hook is
+    /// either run by `stop` or, registered after it, at once by `on_stop`.
+    state: Mutex<(Option<String>, Vec<StopHook>)>,
 }
 
 impl JobStop {
+    fn lock(&self) -> std::sync::MutexGuard<'_, (Option<String>, Vec<StopHook>)> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// Runs `hook` when the job stops (at once if it already has).
     pub fn on_stop(&self, hook: impl Fn(&str) + Send + 'static) {
-        match self.reason() {
-            Some(r) => hook(&r),
-            None => self
-                .hooks
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .push(Box::new(hook)),
+        let mut st = self.lock();
+        match st.0.clone() {
+            Some(reason) => {
+                drop(st);
+                hook(&reason);
+            }
+            None => st.1.push(Box::new(hook)),
         }
     }
 
-    /// Records `reason` (the first one wins) and runs the hooks.
+    /// Records `reason` (the first one wins) and runs the hooks registered so far.
     pub fn stop(&self, reason: &str) {
-        self.reason
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get_or_insert_with(|| reason.to_string());
-        let hooks = std::mem::take(&mut *self.hooks.lock().unwrap_or_else(|p| p.into_inner()));
+        let hooks = {
+            let mut st = self.lock();
+            st.0.get_or_insert_with(|| reason.to_string());
+            std::mem::take(&mut st.1)
+        };
         for h in hooks {
             h(reason);
         }
@@ -68,10 +73,7 @@ impl JobStop {
 
     /// Why the job stopped, if it did.
     pub fn reason(&self) -> Option<String> {
-        self.reason
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        self.lock().0.clone()
     }
 }
 
@@ -285,5 +287,35 @@ fn accept_prev(
             }
             Err(e) => return Err(StoreError::Io(e)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicUsize;
+
+    use super::*;
+
+    #[test]
+    fn a_stop_runs_every_hook_once_whenever_it_was_registered() {
+        let stop = JobStop::default();
+        let runs = Arc::new(AtomicUsize::new(0));
+        let r = Arc::clone(&runs);
+        stop.on_stop(move |why| {
+            assert_eq!(why, "node 1: gone");
+            r.fetch_add(1, Ordering::SeqCst);
+        });
+        assert_eq!(stop.reason(), None);
+        stop.stop("node 1: gone");
+        stop.stop("node 2: later");
+        assert_eq!(runs.load(Ordering::SeqCst), 1);
+        assert_eq!(stop.reason().as_deref(), Some("node 1: gone"));
+        // registered after the stop: runs at once, with the first reason
+        let r = Arc::clone(&runs);
+        stop.on_stop(move |why| {
+            assert_eq!(why, "node 1: gone");
+            r.fetch_add(1, Ordering::SeqCst);
+        });
+        assert_eq!(runs.load(Ordering::SeqCst), 2);
     }
 }

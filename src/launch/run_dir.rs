@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
+use crate::checkpoint::Store;
 use crate::config::{Config, Resolved};
 use crate::error::{Error, Result};
 
@@ -88,4 +89,25 @@ pub fn stored_config(r: &Resolved) -> Config {
         .as_deref()
         .map(|v| abs("data.eval_path", v));
     c
+}
+
+/// The checkpoint store of a run directory (`checkpoint.dir` of its `config.toml`).
+pub fn checkpoint_store(run_dir: &Path) -> Result<Store> {
+    let cfg = run_dir.join("config.toml");
+    let text = std::fs::read_to_string(&cfg).map_err(|_| {
+        Error::Usage(format!(
+            "`{}` is not a kiln run directory (no config.toml)",
+            run_dir.display()
+        ))
+    })?;
+    let dir = toml::from_str::<toml::Table>(&text)
+        .ok()
+        .and_then(|t| {
+            t.get("checkpoint")?
+                .get("dir")?
+                .as_str()
+                .map(str::to_string)
+        })
+        .unwrap_or_else(|| "checkpoints".into());
+    Ok(Store::new(run_dir.join(dir)))
 }

@@ -31,15 +31,6 @@ pub struct Batch {
     pub y: Vec<u32>,
 }
 
-impl Batch {
-    pub fn len(&self) -> usize {
-        self.y.len()
-    }
-    pub fn is_empty(&self) -> bool {
-        self.y.is_empty()
-    }
-}
-
 /// A unit's flat parameters: on the host, or in a device buffer (gathered there, or kept there
 /// between steps).
 pub enum UnitParams {
@@ -67,11 +58,22 @@ pub enum ModelError {
         got: usize,
         want: usize,
     },
+    #[error("parameter `{name}` has shape {module:?} in the module but {layout:?} in the layout")]
+    Shape {
+        name: String,
+        module: Vec<usize>,
+        layout: Vec<usize>,
+    },
+    #[error("parameter `{0}` received no gradient (it is not used by the forward, or not a leaf)")]
+    NoGrad(String),
     /// The parameter source failed; the caller holds the reason.
     #[error("the parameters of unit {0} could not be fetched")]
     Params(usize),
     #[error("model `{kind}`: {reason}")]
     Build { kind: String, reason: String },
+    /// A `[model]` value the registry or a family rejects, with its key and source.
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
 }
 
 /// Where the random draws of one micro-step come from (dropout masks): kiln's RNG keyed by the
@@ -161,8 +163,13 @@ pub trait Compute<B: AutodiffBackend> {
         scale: f64,
         grads: &mut Grads,
     ) -> Result<f64, ModelError>;
-    /// Per-sample loss and correctness of the whole flat `params` on `batch` (no dropout).
-    fn evaluate(&self, params: &[f32], batch: Batch) -> Result<EvalOut, ModelError>;
+    /// Per-sample loss and correctness of the whole flat `params` on every batch of `batches`
+    /// (no dropout); the parameters are installed once.
+    fn evaluate(
+        &self,
+        params: &[f32],
+        batches: &mut dyn Iterator<Item = Batch>,
+    ) -> Result<EvalOut, ModelError>;
 }
 
 /// A model as the rest of kiln sees it: a layout, an initialisation, a task, and its compute on

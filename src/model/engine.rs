@@ -2,13 +2,14 @@
 //! micro-step installs the rank's parameters into a clone of the module as leaf tensors, and the
 //! gradients come back with one concatenation.
 //!
-//! Burn 0.21 traps this avoids (see the design notes): parameters are matched by order and path,
-//! never by `ParamId`; a lazy parameter is never initialised (`lazy_shape`, never `consume`), so
+//! Burn 0.21 traps this avoids (see the design notes): parameters are matched by module path,
+//! never by `ParamId` (and checked against the layout's shapes and count); a lazy parameter is never initialised (`lazy_shape`, never `consume`), so
 //! Burn's process-wide RNG is never drawn from; each parameter is its own leaf made from a slice
 //! of the unit's buffer, never a slice of one big autodiff tensor (whose backward would allocate
 //! a full-size zero tensor per slice); the gradients are joined on the device and read with one
 //! `into_data`, not one read per parameter.
 
+use std::collections::HashMap;
 use std::marker::PhantomData;
 use std::sync::Arc;
 
@@ -24,37 +25,54 @@ use super::api::{
 use crate::params::{DeviceFlat, Grads, ParamLayout};
 
 /// A trainable parameter, as opposed to state such as BatchNorm's running statistics (which
-/// Burn visits as initialised parameters that require no gradient). kiln builds modules fresh,
-/// so every trainable parameter is still lazy when it is looked at.
+/// Burn visits as initialised parameters that require no gradient). Asked only of modules on an
+/// autodiff backend, where an initialised trainable parameter requires a gradient.
 fn trainable<B: Backend, const D: usize>(param: &Param<Tensor<B, D>>) -> bool {
     !param.is_initialized() || param.is_require_grad()
 }
 
+/// The module path of the parameter being visited, kept by `enter_module`/`exit_module`.
+#[derive(Default)]
+struct Path(Vec<String>);
+
+impl Path {
+    fn enter(&mut self, name: &str) {
+        self.0.push(name.to_string());
+    }
+    fn exit(&mut self) {
+        self.0.pop();
+    }
+    fn name(&self) -> String {
+        self.0.join(".")
+    }
+}
+
 /// Lists every trainable parameter's path and shape, in visiting order.
 struct LayoutVisitor {
-    path: Vec<String>,
+    path: Path,
     entries: Vec<(String, Vec<usize>)>,
 }
 
 impl<B: Backend> ModuleVisitor<B> for LayoutVisitor {
     fn enter_module(&mut self, name: &str, _container: &str) {
-        self.path.push(name.to_string());
+        self.path.enter(name);
     }
     fn exit_module(&mut self, _name: &str, _container: &str) {
-        self.path.pop();
+        self.path.exit();
     }
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
         if trainable(param) {
             self.entries
-                .push((self.path.join("."), param.lazy_shape().to_vec()));
+                .push((self.path.name(), param.lazy_shape().to_vec()));
         }
     }
 }
 
-/// The flat layout of a module.
-pub fn layout_of<B: Backend, M: Module<B>>(module: &M) -> ParamLayout {
+/// The flat layout of a module on an autodiff backend (so that trainable parameters and state
+/// can be told apart).
+pub fn layout_of<B: AutodiffBackend, M: Module<B>>(module: &M) -> ParamLayout {
     let mut v = LayoutVisitor {
-        path: Vec::new(),
+        path: Path::default(),
         entries: Vec::new(),
     };
     module.visit(&mut v);
@@ -67,12 +85,15 @@ enum Current<B: Backend> {
     Device(Tensor<B, 1>),
 }
 
-/// Replaces every trainable parameter by a tensor from the rank's buffers. `B` is the backend of
-/// the module (autodiff for training: each tensor becomes a leaf that requires a gradient).
+/// Replaces every parameter of the layout, found by its path, by a tensor from the rank's
+/// buffers; anything else (state) stays as it is. `B` is the backend of the module (autodiff
+/// for training: each tensor becomes a leaf that requires a gradient), `I` its inner backend.
 struct Install<'a, B: Backend, I: Backend, L: Lift<B, I>> {
     layout: &'a ParamLayout,
+    index: &'a HashMap<String, usize>,
     unit_of: &'a [usize],
-    next: usize,
+    path: Path,
+    installed: usize,
     unit: Option<(usize, Current<I>)>,
     source: &'a mut dyn FnMut(usize) -> Result<UnitParams, ModelError>,
     device: &'a I::Device,
@@ -105,62 +126,70 @@ impl<B: Backend, I: Backend, L: Lift<B, I>> Install<'_, B, I, L> {
     /// Parameter `i`'s values as a flat inner tensor, fetching its unit first if needed.
     fn take(&mut self, i: usize) -> Result<Tensor<I, 1>, ModelError> {
         let u = self.unit_of[i];
-        if self.unit.as_ref().map(|(cur, _)| *cur) != Some(u) {
-            let want = self.layout.units[u].range.len();
-            let current = match (self.source)(u)? {
-                UnitParams::Host(v) => {
-                    if v.len() != want {
-                        return Err(ModelError::UnitSize {
-                            unit: u,
-                            got: v.len(),
-                            want,
-                        });
-                    }
-                    Current::Host(v)
-                }
-                UnitParams::Device(mut d) => {
-                    if d.len() != want {
-                        return Err(ModelError::UnitSize {
-                            unit: u,
-                            got: d.len(),
-                            want,
-                        });
-                    }
-                    let t = d
-                        .as_any_mut()
+        let want = self.layout.units[u].range.len();
+        let current = match self.unit.take() {
+            Some((cur, c)) if cur == u => c,
+            _ => match (self.source)(u)? {
+                UnitParams::Host(v) if v.len() == want => Current::Host(v),
+                UnitParams::Device(mut d) if d.len() == want => Current::Device(
+                    d.as_any_mut()
                         .downcast_mut::<DeviceFlat<I>>()
                         .ok_or(ModelError::ForeignBuffer)?
                         .tensor
-                        .clone();
-                    Current::Device(t)
-                }
-            };
-            self.unit = Some((u, current));
-        }
+                        .clone(),
+                ),
+                UnitParams::Host(v) => return Err(unit_size(u, v.len(), want)),
+                UnitParams::Device(d) => return Err(unit_size(u, d.len(), want)),
+            },
+        };
         let spec = &self.layout.params[i];
         let base = self.layout.units[u].range.start;
         let rel = spec.offset - base..spec.offset - base + spec.len();
-        Ok(match &self.unit {
-            Some((_, Current::Host(v))) => {
+        let t = match &current {
+            Current::Host(v) => {
                 Tensor::from_data(TensorData::new(v[rel].to_vec(), [spec.len()]), self.device)
             }
-            Some((_, Current::Device(t))) => t.clone().slice(rel),
-            None => return Err(ModelError::Params(u)),
-        })
+            Current::Device(t) => t.clone().slice(rel),
+        };
+        self.unit = Some((u, current));
+        Ok(t)
     }
 }
 
+fn unit_size(unit: usize, got: usize, want: usize) -> ModelError {
+    ModelError::UnitSize { unit, got, want }
+}
+
 impl<B: Backend, I: Backend, L: Lift<B, I>> ModuleMapper<B> for Install<'_, B, I, L> {
+    fn enter_module(&mut self, name: &str, _container: &str) {
+        self.path.enter(name);
+    }
+    fn exit_module(&mut self, _name: &str, _container: &str) {
+        self.path.exit();
+    }
     fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
-        if !trainable(&param) || self.error.is_some() {
+        if self.error.is_some() {
             return param;
         }
-        let i = self.next;
-        self.next += 1;
+        let name = self.path.name();
+        let Some(&i) = self.index.get(&name) else {
+            // state, not a parameter
+            return param;
+        };
+        let shape = param.lazy_shape();
+        if shape.to_vec() != self.layout.params[i].shape {
+            self.error = Some(ModelError::Shape {
+                name,
+                module: shape.to_vec(),
+                layout: self.layout.params[i].shape.clone(),
+            });
+            return param;
+        }
         match self.take(i) {
             Ok(flat) => {
+                self.installed += 1;
                 // reshaped before it becomes a leaf: the parameter itself must be the leaf
-                let t: Tensor<I, D> = flat.reshape(param.lazy_shape());
+                let t: Tensor<I, D> = flat.reshape(shape);
                 Param::initialized(param.id, L::lift(t))
             }
             Err(e) => {
@@ -171,25 +200,27 @@ impl<B: Backend, I: Backend, L: Lift<B, I>> ModuleMapper<B> for Install<'_, B, I
     }
 }
 
-/// Collects every trainable parameter's gradient, flattened, in layout order (zeros where the
-/// forward did not use a parameter).
+/// Collects every layout parameter's gradient, flattened, by path.
 struct GradVisitor<'a, B: AutodiffBackend> {
     tape: &'a <B as AutodiffBackend>::Gradients,
-    out: Vec<Tensor<B::InnerBackend, 1>>,
+    index: &'a HashMap<String, usize>,
+    path: Path,
+    out: Vec<Option<Tensor<B::InnerBackend, 1>>>,
 }
 
 impl<B: AutodiffBackend> ModuleVisitor<B> for GradVisitor<'_, B> {
+    fn enter_module(&mut self, name: &str, _container: &str) {
+        self.path.enter(name);
+    }
+    fn exit_module(&mut self, _name: &str, _container: &str) {
+        self.path.exit();
+    }
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-        if !trainable(param) {
-            return;
+        if let Some(&i) = self.index.get(&self.path.name()) {
+            let t = param.val();
+            let n = t.shape().num_elements();
+            self.out[i] = t.grad(self.tape).map(|g| g.reshape([n]));
         }
-        let t = param.val();
-        let n = t.shape().num_elements();
-        let g = match t.grad(self.tape) {
-            Some(g) => g.reshape([n]),
-            None => Tensor::zeros([n], &t.device()),
-        };
-        self.out.push(g);
     }
 }
 
@@ -204,6 +235,8 @@ fn to_vec<B: Backend, const D: usize>(t: Tensor<B, D>) -> Result<Vec<f32>, Model
 pub struct Engine<F: Family, B: AutodiffBackend> {
     family: Arc<F>,
     layout: ParamLayout,
+    /// Layout index of each parameter path.
+    index: HashMap<String, usize>,
     unit_of: Vec<usize>,
     template: F::Module<B>,
     inner: F::Module<B::InnerBackend>,
@@ -215,17 +248,59 @@ impl<F: Family, B: AutodiffBackend> Engine<F, B> {
         let unit_of = (0..layout.params.len())
             .map(|i| layout.unit_of_param(i))
             .collect();
+        let index = layout
+            .params
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (p.name.clone(), i))
+            .collect();
         Engine {
             template: family.build::<B>(device),
             inner: family.build::<B::InnerBackend>(device),
             family,
             layout: layout.clone(),
+            index,
             unit_of,
             device: device.clone(),
         }
     }
 
-    fn input(&self, batch: &mut Batch) -> TensorData {
+    /// `module` with every layout parameter taken from `source` (as leaves when `L` is `Leaf`).
+    fn install<M: Backend, L: Lift<M, B::InnerBackend>>(
+        &self,
+        module: F::Module<M>,
+        source: &mut dyn FnMut(usize) -> Result<UnitParams, ModelError>,
+    ) -> Result<F::Module<M>, ModelError> {
+        let mut install = Install::<M, B::InnerBackend, L> {
+            layout: &self.layout,
+            index: &self.index,
+            unit_of: &self.unit_of,
+            path: Path::default(),
+            installed: 0,
+            unit: None,
+            source,
+            device: &self.device,
+            error: None,
+            lift: PhantomData,
+        };
+        let module = module.map(&mut install);
+        if let Some(e) = install.error {
+            return Err(e);
+        }
+        if install.installed != self.layout.params.len() {
+            return Err(ModelError::Build {
+                kind: self.family.kind().to_string(),
+                reason: format!(
+                    "the module has {} of the layout's {} parameters",
+                    install.installed,
+                    self.layout.params.len()
+                ),
+            });
+        }
+        Ok(module)
+    }
+
+    fn input(batch: &mut Batch) -> TensorData {
         TensorData::new(std::mem::take(&mut batch.x), batch.shape.clone())
     }
 }
@@ -255,22 +330,8 @@ impl<F: Family, B: AutodiffBackend> Compute<B> for Engine<F, B> {
         grads: &mut Grads,
     ) -> Result<f64, ModelError> {
         let Task::Classification { classes } = self.family.task();
-        let mut install = Install::<B, B::InnerBackend, Leaf> {
-            layout: &self.layout,
-            unit_of: &self.unit_of,
-            next: 0,
-            unit: None,
-            source: params,
-            device: &self.device,
-            error: None,
-            lift: PhantomData,
-        };
-        let module = self.template.clone().map(&mut install);
-        if let Some(e) = install.error.take() {
-            return Err(e);
-        }
-        drop(install);
-        let x = self.input(&mut batch);
+        let module = self.install::<B, Leaf>(self.template.clone(), params)?;
+        let x = Self::input(&mut batch);
         let logits = self
             .family
             .forward(&module, x, &self.device, &mut Forward::train(key));
@@ -282,10 +343,16 @@ impl<F: Family, B: AutodiffBackend> Compute<B> for Engine<F, B> {
         let tape = loss.mul_scalar(scale).backward();
         let mut collect = GradVisitor::<B> {
             tape: &tape,
-            out: Vec::with_capacity(self.layout.params.len()),
+            index: &self.index,
+            path: Path::default(),
+            out: vec![None; self.layout.params.len()],
         };
         module.visit(&mut collect);
-        let flat = Tensor::cat(collect.out, 0);
+        let mut parts = Vec::with_capacity(collect.out.len());
+        for (g, spec) in collect.out.into_iter().zip(&self.layout.params) {
+            parts.push(g.ok_or_else(|| ModelError::NoGrad(spec.name.clone()))?);
+        }
+        let flat = Tensor::cat(parts, 0);
         match grads {
             Grads::Host(host) => {
                 for (a, v) in host.iter_mut().zip(&to_vec(flat)?) {
@@ -301,53 +368,48 @@ impl<F: Family, B: AutodiffBackend> Compute<B> for Engine<F, B> {
         Ok(f64::from(loss_value))
     }
 
-    fn evaluate(&self, params: &[f32], mut batch: Batch) -> Result<EvalOut, ModelError> {
+    fn evaluate(
+        &self,
+        params: &[f32],
+        batches: &mut dyn Iterator<Item = Batch>,
+    ) -> Result<EvalOut, ModelError> {
         let Task::Classification { classes } = self.family.task();
         let mut source = |u: usize| -> Result<UnitParams, ModelError> {
             Ok(UnitParams::Host(params[self.layout.unit_range(u)].to_vec()))
         };
-        let mut install = Install::<B::InnerBackend, B::InnerBackend, Plain> {
-            layout: &self.layout,
-            unit_of: &self.unit_of,
-            next: 0,
-            unit: None,
-            source: &mut source,
-            device: &self.device,
-            error: None,
-            lift: PhantomData,
-        };
-        let module = self.inner.clone().map(&mut install);
-        if let Some(e) = install.error.take() {
-            return Err(e);
-        }
-        drop(install);
-        let x = self.input(&mut batch);
-        let logits = to_vec(
-            self.family
-                .forward(&module, x, &self.device, &mut Forward::eval()),
-        )?;
+        // installed once for every batch
+        let module = self.install::<B::InnerBackend, Plain>(self.inner.clone(), &mut source)?;
         let mut out = EvalOut::default();
-        for (row, &label) in logits.chunks(classes).zip(&batch.y) {
-            let max = row.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
-            let lse = f64::from(max)
-                + row
+        for mut batch in batches {
+            let x = Self::input(&mut batch);
+            let logits =
+                to_vec(
+                    self.family
+                        .forward(&module, x, &self.device, &mut Forward::eval()),
+                )?;
+            for (row, &label) in logits.chunks(classes).zip(&batch.y) {
+                let max = row.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+                let lse = f64::from(max)
+                    + row
+                        .iter()
+                        .map(|&v| f64::from(v - max).exp())
+                        .sum::<f64>()
+                        .ln();
+                out.losses.push(lse - f64::from(row[label as usize]));
+                let pred = row
                     .iter()
-                    .map(|&v| f64::from(v - max).exp())
-                    .sum::<f64>()
-                    .ln();
-            out.losses.push(lse - f64::from(row[label as usize]));
-            let pred = row
-                .iter()
-                .enumerate()
-                .fold(0, |best, (i, &v)| if v > row[best] { i } else { best });
-            out.correct
-                .push(if pred == label as usize { 1.0 } else { 0.0 });
+                    .enumerate()
+                    .fold(0, |best, (i, &v)| if v > row[best] { i } else { best });
+                out.correct
+                    .push(if pred == label as usize { 1.0 } else { 0.0 });
+            }
         }
         Ok(out)
     }
 }
 
-/// A family behind the `Model` trait: its layout is taken once, from a module built on the CPU.
+/// A family behind the `Model` trait: its layout is taken once, from a module built on the CPU
+/// (with autodiff, so that trainable parameters and state can be told apart).
 pub struct FamilyModel<F: Family> {
     family: Arc<F>,
     layout: ParamLayout,
@@ -355,8 +417,8 @@ pub struct FamilyModel<F: Family> {
 
 impl<F: Family> FamilyModel<F> {
     pub fn new(family: F) -> Self {
-        let module = family.build::<NdArray>(&Default::default());
-        let layout = layout_of::<NdArray, _>(&module);
+        let module = family.build::<Autodiff<NdArray>>(&Default::default());
+        let layout = layout_of::<Autodiff<NdArray>, _>(&module);
         FamilyModel {
             family: Arc::new(family),
             layout,
@@ -417,5 +479,128 @@ impl<F: Family> Model for FamilyModel<F> {
         device: &burn::backend::cuda::CudaDevice,
     ) -> Box<dyn Compute<Autodiff<burn::backend::Cuda<burn::tensor::f16>>>> {
         self.engine(device)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The layout and installation rules on a family with state (BatchNorm's running
+    //! statistics), not only parameters.
+
+    use burn::nn::{BatchNorm, BatchNormConfig, Linear, LinearConfig};
+
+    use super::*;
+
+    #[derive(Module, Debug)]
+    struct NetModule<B: Backend> {
+        fc: Linear<B>,
+        norm: BatchNorm<B>,
+    }
+
+    struct Net;
+
+    impl Family for Net {
+        type Module<B: Backend> = NetModule<B>;
+        fn kind(&self) -> &str {
+            "net"
+        }
+        fn task(&self) -> Task {
+            Task::Classification { classes: 3 }
+        }
+        fn build<B: Backend>(&self, device: &B::Device) -> NetModule<B> {
+            NetModule {
+                fc: LinearConfig::new(4, 3).init(device),
+                norm: BatchNormConfig::new(3).init(device),
+            }
+        }
+        fn init(&self, layout: &ParamLayout, _seed: u64) -> Vec<f32> {
+            (0..layout.num_params())
+                .map(|i| (i as f32 * 0.1).sin())
+                .collect()
+        }
+        fn forward<B: Backend>(
+            &self,
+            m: &NetModule<B>,
+            x: TensorData,
+            device: &B::Device,
+            _ctx: &mut Forward,
+        ) -> Tensor<B, 2> {
+            let h = m.fc.forward(Tensor::<B, 2>::from_data(x, device));
+            let [b, c] = h.dims();
+            m.norm.forward(h.reshape([b, c, 1])).reshape([b, c])
+        }
+    }
+
+    #[test]
+    fn running_statistics_are_state_and_every_parameter_is_installed_and_trained() {
+        let m = FamilyModel::new(Net);
+        let names: Vec<_> = m.layout().params.iter().map(|p| p.name.as_str()).collect();
+        assert_eq!(names, ["fc.weight", "fc.bias", "norm.gamma", "norm.beta"]);
+        let units: Vec<_> = m.layout().units.iter().map(|u| u.name.as_str()).collect();
+        assert_eq!(units, ["fc", "norm"]);
+        let compute = m.on_flex(&Default::default());
+        let params = m.init(0);
+        let layout = m.layout().clone();
+        let mut source = |u: usize| -> Result<UnitParams, ModelError> {
+            Ok(UnitParams::Host(params[layout.unit_range(u)].to_vec()))
+        };
+        let mut grads = Grads::Host(vec![0.0; m.num_params()]);
+        let batch = Batch {
+            x: (0..16).map(|i| (i as f32 * 0.7).cos()).collect(),
+            shape: vec![4, 4],
+            y: vec![0, 1, 2, 1],
+        };
+        let loss = compute
+            .forward_backward(
+                &mut source,
+                batch.clone(),
+                StepKey {
+                    seed: 0,
+                    counters: [0; 3],
+                },
+                1.0,
+                &mut grads,
+            )
+            .unwrap();
+        assert!(loss.is_finite());
+        let g = grads.to_host_vec().unwrap();
+        // gamma and beta get gradients like the linear layer does
+        for p in &m.layout().params {
+            assert!(
+                g[p.range()].iter().any(|v| *v != 0.0),
+                "{} has no gradient",
+                p.name
+            );
+        }
+        let out = compute
+            .evaluate(&params, &mut std::iter::once(batch))
+            .unwrap();
+        assert_eq!(out.losses.len(), 4);
+    }
+
+    #[test]
+    fn a_unit_of_the_wrong_size_is_an_error() {
+        let m = FamilyModel::new(Net);
+        let compute = m.on_flex(&Default::default());
+        let mut short =
+            |_u: usize| -> Result<UnitParams, ModelError> { Ok(UnitParams::Host(vec![0.0; 3])) };
+        let mut g = Grads::Host(vec![0.0; m.num_params()]);
+        let batch = Batch {
+            x: vec![0.0; 8],
+            shape: vec![2, 4],
+            y: vec![0, 1],
+        };
+        let key = StepKey {
+            seed: 0,
+            counters: [0; 3],
+        };
+        let e = compute
+            .forward_backward(&mut short, batch, key, 1.0, &mut g)
+            .err()
+            .map(|e| e.to_string());
+        assert_eq!(
+            e.as_deref(),
+            Some("unit 0 has 3 parameters, the layout says 15")
+        );
     }
 }

@@ -16,5 +16,5 @@ pub use api::{
     Batch, Compute, ComputeOn, EvalOut, Family, Forward, Model, ModelError, SharedModel, StepKey,
     Task, UnitParams,
 };
-pub use engine::{layout_of, Engine, FamilyModel};
+pub use engine::FamilyModel;
 pub use registry::{build, Builder, Registry};

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use super::api::{ModelError, SharedModel};
 use super::engine::FamilyModel;
 use super::mlp::Mlp;
-use crate::config::ModelConfig;
+use crate::config::{closest, ModelConfig, Resolved};
 
 /// Builds a model from `[model]` and the shape of one input sample.
 pub type Builder =
@@ -52,30 +52,37 @@ impl Registry {
         self.builders.keys().map(String::as_str).collect()
     }
 
-    /// The model `kind` for `[model]` and samples of shape `input`.
-    pub fn build(
-        &self,
-        kind: &str,
-        c: &ModelConfig,
-        input: &[usize],
-    ) -> Result<SharedModel, ModelError> {
-        match self.builders.get(kind) {
-            Some(b) => b(c, input),
-            None => Err(ModelError::Build {
-                kind: kind.to_string(),
-                reason: format!(
-                    "no such model family; registered: {}",
-                    self.kinds().join(", ")
-                ),
-            }),
-        }
+    /// The builder `model.kind` names. An unknown kind is an error about `model.kind` that
+    /// names its source and the closest registered name.
+    fn builder(&self, r: &Resolved) -> Result<&Builder, ModelError> {
+        let kind = r.config.model.kind.as_str();
+        self.builders.get(kind).ok_or_else(|| {
+            let kinds = self.kinds();
+            let help = match closest(kind, &kinds) {
+                Some(k) => format!("did you mean \"{k}\"? registered: {}", kinds.join(", ")),
+                None => format!("registered: {}", kinds.join(", ")),
+            };
+            r.key_error(
+                "model.kind",
+                format!("`model.kind` = \"{kind}\" is not a registered model family"),
+                Some(help),
+            )
+            .into()
+        })
+    }
+
+    /// Checks that `model.kind` is registered (what a sweep checks of every trial up front).
+    pub fn check(&self, r: &Resolved) -> Result<(), ModelError> {
+        self.builder(r).map(|_| ())
+    }
+
+    /// The model `model.kind` names, for samples of shape `input`.
+    pub fn build(&self, r: &Resolved, input: &[usize]) -> Result<SharedModel, ModelError> {
+        self.builder(r)?(&r.config.model, input)
     }
 }
 
-/// The built-in model `[model]` names, for samples of shape `input`.
-pub fn build(c: &ModelConfig, input: &[usize]) -> Result<SharedModel, ModelError> {
-    let kind = match c.kind {
-        crate::config::ModelKind::Mlp => "mlp",
-    };
-    Registry::builtin().build(kind, c, input)
+/// The built-in model that `[model]` of `r` describes, for samples of shape `input`.
+pub fn build(r: &Resolved, input: &[usize]) -> Result<SharedModel, ModelError> {
+    Registry::builtin().build(r, input)
 }

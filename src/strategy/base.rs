@@ -260,12 +260,12 @@ mod tests {
             .collect()
     }
 
-    /// What a rank saw (gathered layers, then its final parameters), how many gathers ran on the
+    /// What a rank saw (gathered units, then its final parameters), how many gathers ran on the
     /// device, and its checkpoint files.
     type Out = (Vec<f32>, usize, Vec<(String, Vec<u8>)>);
 
     /// Every rank's parameters after two updates from rank-dependent gradients, preceded by the
-    /// layer parameters each step gathered (and how many gathers ran on the device).
+    /// unit parameters each step gathered (and how many gathers ran on the device).
     fn run(c: &Config, layout: &ParamLayout, device: bool) -> Vec<Out> {
         let n = layout.num_params();
         let ranks = LocalGroup::new(c.strategy.devices.count(), Duration::from_secs(20));

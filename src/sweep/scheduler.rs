@@ -66,6 +66,13 @@ pub fn plan(spec: &SweepSpec, env: &[(String, String)]) -> Result<(Config, Vec<P
                 trial.describe()
             ))
         })?;
+        crate::model::Registry::builtin().check(&r).map_err(|e| {
+            Error::Usage(format!(
+                "sweep trial {} ({}): {e}",
+                trial.index,
+                trial.describe()
+            ))
+        })?;
         let id = trial_id(&r.config);
         if let Some(p) = planned.iter().find(|p| p.id == id) {
             return Err(Error::Usage(format!(

@@ -205,21 +205,16 @@ fn evaluate<B: ComputeOn>(
     idx: &[usize],
     batch: usize,
 ) -> Result<(Vec<f64>, Vec<f64>), ModelError> {
-    let (mut losses, mut correct) = (Vec::with_capacity(idx.len()), Vec::with_capacity(idx.len()));
-    for chunk in idx.chunks(batch.max(1)) {
+    let mut batches = idx.chunks(batch.max(1)).map(|chunk| {
         let (x, y) = ds.gather(chunk);
-        let out = compute.evaluate(
-            params,
-            Batch {
-                x,
-                shape: vec![chunk.len(), ds.features],
-                y,
-            },
-        )?;
-        losses.extend(out.losses);
-        correct.extend(out.correct);
-    }
-    Ok((losses, correct))
+        Batch {
+            x,
+            shape: vec![chunk.len(), ds.features],
+            y,
+        }
+    });
+    let out = compute.evaluate(params, &mut batches)?;
+    Ok((out.losses, out.correct))
 }
 
 /// Runs the whole training of one rank. `raw_fn` is how the backend exposes device addresses

@@ -118,7 +118,7 @@ fn the_plan_estimate_equals_what_every_strategy_reports() {
     ] {
         let owned: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
         let r = kiln::config::load(&f, &[], &owned).unwrap();
-        let model = kiln::model::build(&r.config.model, &[r.config.model.input_size]).unwrap();
+        let model = kiln::model::build(&r, &[r.config.model.input_size]).unwrap();
         let est =
             kiln::strategy::estimate(&r.config, model.layout(), r.config.strategy.devices.count());
         assert_eq!(est, train(sets).memory, "{sets:?}");

@@ -56,7 +56,7 @@ pub fn train(sets: &[&str]) -> Trained {
     let r = config::load(&f, &[], &sets).unwrap();
     let c = &r.config;
     let data = data::load(&r).unwrap();
-    let model = kiln::model::build(&c.model, &data.input_shape()).unwrap();
+    let model = kiln::model::build(&r, &data.input_shape()).unwrap();
     let plan = Plan::new(c, data.train.len(), model.num_params());
     let input = TrainInput {
         config: c,
@@ -299,7 +299,7 @@ fn a_stalled_rank_fails_the_run_naming_rank_and_op() {
     let r = config::load(&f, &[], &sets).unwrap();
     let c = &r.config;
     let data = data::load(&r).unwrap();
-    let model = kiln::model::build(&c.model, &data.input_shape()).unwrap();
+    let model = kiln::model::build(&r, &data.input_shape()).unwrap();
     let plan = Plan::new(c, data.train.len(), model.num_params());
     let input = TrainInput {
         config: c,

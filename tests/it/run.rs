@@ -121,3 +121,64 @@ fn accumulation_equals_a_larger_batch() {
         assert!((x - y).abs() < 1e-5, "{a:?} vs {b:?}");
     }
 }
+
+#[test]
+fn an_unknown_model_kind_is_bad_input_naming_key_source_and_the_closest_family() {
+    let d = tempfile::tempdir().unwrap();
+    write(
+        d.path(),
+        "t.toml",
+        &TINY.replace("[model]", "[model]\nkind = \"mpl\""),
+    );
+    let o = kiln(d.path(), &["run", "t.toml", "--quiet"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert_eq!(
+        stderr(&o),
+        "error: `model.kind` = \"mpl\" is not a registered model family\n  --> t.toml:7\n  = help: did you mean \"mlp\"? registered: mlp\n"
+    );
+    assert!(!d.path().join("runs").exists(), "nothing may be written");
+}
+
+/// The parameters after 5 steps, as kiln computed them before models became Burn modules
+/// (hand-written MLP over a flat buffer): the redesign must not change a single bit. If Burn's
+/// kernels change on an upgrade, these change too; say so in CHANGELOG.md.
+#[test]
+fn the_mlp_trains_to_the_same_bits_as_before_the_model_redesign() {
+    let file = root().join("experiments/quickstart.toml");
+    for (sets, want) in [
+        (
+            vec!["model.dropout=0.2"],
+            "4002619cf57c607d3c5fb42265f8dbe5f891434c9b5095009682cc0987016fab",
+        ),
+        (
+            vec![
+                "strategy.kind=\"fsdp\"",
+                "strategy.devices=2",
+                "strategy.unit=\"layer\"",
+                "optim.kind=\"adamw\"",
+            ],
+            "d7fc56b7578133e2b447bd04ac6315cf6076180763d7c30aecf8725902280f85",
+        ),
+    ] {
+        let d = tempfile::tempdir().unwrap();
+        let mut args = vec![
+            "run",
+            file.to_str().unwrap(),
+            "--quiet",
+            "--set",
+            "train.max_steps=5",
+            "--set",
+            "backend.threads=1",
+        ];
+        for s in &sets {
+            args.extend(["--set", s]);
+        }
+        let o = kiln(d.path(), &args);
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        let s: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(d.path().join("runs/quickstart/summary.json")).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(s["params_sha256"], want, "{sets:?}");
+    }
+}

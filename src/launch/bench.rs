@@ -1,0 +1,85 @@
+//! `kiln bench`'s measurement: training throughput of an experiment on each chosen placement
+//! (no run directory, nothing written), the median of several runs each.
+
+use super::execute::train;
+use crate::backend;
+use crate::config::{CpuBackend, Device, Resolved};
+use crate::data;
+use crate::error::Result;
+use crate::plan::Plan;
+use crate::train::TrainInput;
+
+/// What a benchmark reports, as it goes.
+#[derive(Debug, Clone, PartialEq)]
+pub enum BenchEvent {
+    /// Every placement was checked; measuring starts.
+    Plan { describe: String, repeats: usize },
+    /// One placement measured: the median of `repeats` runs.
+    Row {
+        backend: &'static str,
+        threads: usize,
+        steps_per_sec: f64,
+        samples_per_sec: f64,
+    },
+}
+
+/// Measures `r` for `steps` optimizer steps, `repeats` times on each of `cpus` (a CUDA config
+/// measures its GPU placement instead), reporting through `on_event`.
+pub fn bench(
+    mut r: Resolved,
+    steps: usize,
+    repeats: usize,
+    cpus: &[CpuBackend],
+    on_event: &mut dyn FnMut(BenchEvent),
+) -> Result<()> {
+    r.config.train.max_steps = Some(steps);
+    r.config.train.eval_every = 0;
+    let mut data = data::load(&r)?;
+    data.eval = None;
+    let model = crate::model::build(&r, &data.input_shape())?;
+    let plan = Plan::new(&r.config, data.train.len(), model.num_params());
+    let mut configs = Vec::new();
+    if r.config.backend.device == Device::Cuda {
+        configs.push(r.config.clone());
+    } else {
+        for &cpu in cpus {
+            let mut c = r.config.clone();
+            c.backend.cpu = cpu;
+            configs.push(c);
+        }
+    }
+    // every placement checked before anything is reported
+    let mut runs = Vec::new();
+    for c in configs {
+        let placement = backend::resolve(&c)?;
+        runs.push((c, placement));
+    }
+    on_event(BenchEvent::Plan {
+        describe: plan.describe(),
+        repeats,
+    });
+    for (c, placement) in runs {
+        let input = TrainInput {
+            config: &c,
+            plan: &plan,
+            data: &data,
+            model: model.as_ref(),
+            store: None,
+            resume: None,
+        };
+        let mut rates = Vec::with_capacity(repeats);
+        for _ in 0..repeats.max(1) {
+            let out = train(&placement, &input, None, None, &mut |_| {})?.outcome;
+            rates.push(out.steps as f64 / out.wall_seconds.max(1e-9));
+        }
+        rates.sort_by(f64::total_cmp);
+        let median = rates[rates.len() / 2];
+        on_event(BenchEvent::Row {
+            backend: placement.backend.name(),
+            threads: backend::threads(&c.backend, c.strategy.devices.count()),
+            steps_per_sec: median,
+            samples_per_sec: median * plan.global_batch as f64,
+        });
+    }
+    Ok(())
+}
