@@ -1,5 +1,7 @@
-//! Picks the Burn backend, the device of every rank and the collective a run uses, and runs the
-//! training on them.
+//! Layer: backend (beside `train`: above `model`, `params`, `cuda` and `config`).
+//!
+//! Picks the Burn backend, the device of every rank and the collective a run uses (`launch`
+//! runs the training on them).
 //!
 //! CPU: `ndarray` or `flex`; `auto` is the one measured faster on the quickstart workload (see
 //! CHANGELOG.md). CUDA needs the `cuda` feature and a device; without either the error says what

@@ -1,3 +1,5 @@
+//! Layer: cuda (above `params`; below `collective`).
+//!
 //! CUDA and NCCL discovery through cudarc's dynamically loaded libraries: never panics when the
 //! driver, a device or NCCL is missing, so `kiln` can explain what to fix instead.
 //!

@@ -1,3 +1,6 @@
+//! Layer: error (above `train` and `backend`; below `launch`, which converts its own errors
+//! into it).
+//!
 //! The top-level error: every failure maps to an exit code here (0 ok, 1 the run failed,
 //! 2 bad input), and `main` prints it.
 

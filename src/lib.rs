@@ -25,7 +25,6 @@
 //!
 //! A new model family is one `model::Family` impl registered in a `model::Registry`; a new
 //! strategy is one file in `strategy/`; a new transport one `collective::Collective` impl.
-//! The design notes live in the shared design folder (`design/ARCHITECTURE.md`).
 
 pub mod backend;
 pub mod checkpoint;

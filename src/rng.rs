@@ -1,3 +1,5 @@
+//! Layer: rng (a leaf: imports nothing from kiln).
+//!
 //! Kiln's own deterministic random numbers.
 //!
 //! Burn's CPU backends keep one process-wide RNG that worker threads would race on, so every

@@ -1,3 +1,5 @@
+//! Layer: checkpoint (a leaf: imports nothing from kiln).
+//!
 //! Checkpoints that survive crashes and world-size changes: `step-<8 digits>/` directories with
 //! the model (one file per shard for fsdp), optimizer state, `state.json` and a manifest.
 

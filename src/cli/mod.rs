@@ -1,3 +1,5 @@
+//! Layer: cli (the top; only `main` is above it).
+//!
 //! The command line: one file per command. `main` prints errors and maps them to exit codes.
 
 mod args;

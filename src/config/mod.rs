@@ -1,3 +1,5 @@
+//! Layer: config (a leaf: imports nothing from kiln).
+//!
 //! Experiment configuration: schema, the layering stack, validation and rendering.
 
 mod error;

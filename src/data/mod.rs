@@ -1,3 +1,5 @@
+//! Layer: data (above the leaves `config` and `rng`).
+//!
 //! Datasets and the distributed sampler. Nothing downloads at run time: datasets are generated
 //! (synthetic) or read from local files (csv).
 

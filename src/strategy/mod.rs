@@ -1,3 +1,5 @@
+//! Layer: strategy (above `collective`, `params`, `config` and `checkpoint`; never `train`).
+//!
 //! Parallel strategies: where parameters, gradients and optimizer state live, and when ranks
 //! synchronise. The training loop calls the same five methods for every strategy.
 

@@ -1,3 +1,5 @@
+//! Layer: sweep (above `launch`; below `cli`).
+//!
 //! Sweeps: one experiment file plus `[sweep]` expands into trials (grid and random samples), each
 //! checked before any runs; trials run as child `kiln` processes, up to `parallel` at once, each
 //! with its share of the CPU; the ledger makes a re-run skip done trials, resume interrupted ones
