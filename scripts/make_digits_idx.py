@@ -7,9 +7,9 @@ from an installed scikit-learn or from its wheel (no numpy needed):
 
     pip download --no-deps -d /tmp/sk scikit-learn && python3 scripts/make_digits_idx.py /tmp/sk/*.whl
 
-Pixels are scaled from 0..16 to 0..255 (round(v * 255 / 16)). The last 297 images (in file
-order) are held out for evaluation, the first 1500 are for training. The output is byte-for-byte
-reproducible (gzip mtime 0).
+Pixels are scaled from 0..16 to 0..255 (round(v * 255 / 16)). Every 6th image (in file order,
+starting with the first) is held out for evaluation (300 images), the other 1497 are for
+training. The output is byte-for-byte reproducible (gzip mtime 0).
 """
 
 import csv
@@ -22,7 +22,7 @@ from pathlib import Path
 
 MEMBER = "sklearn/datasets/data/digits.csv.gz"
 OUT = Path(__file__).resolve().parent.parent / "experiments" / "data" / "digits"
-TRAIN = 1500
+EVERY = 6
 
 
 def source(arg):
@@ -51,12 +51,14 @@ def main():
     images = [bytes(round(v * 255 / 16) for v in r[:64]) for r in rows]
     labels = [r[64] for r in rows]
     OUT.mkdir(parents=True, exist_ok=True)
-    for name, lo, hi in (("train", 0, TRAIN), ("eval", TRAIN, len(rows))):
-        n = hi - lo
+    held = [i % EVERY == 0 for i in range(len(rows))]
+    for name, keep in (("train", False), ("eval", True)):
+        idx = [i for i in range(len(rows)) if held[i] == keep]
+        n = len(idx)
         write_gz(OUT / f"{name}-images-idx3-ubyte.gz",
-                 struct.pack(">IIII", 0x00000803, n, 8, 8) + b"".join(images[lo:hi]))
+                 struct.pack(">IIII", 0x00000803, n, 8, 8) + b"".join(images[i] for i in idx))
         write_gz(OUT / f"{name}-labels-idx1-ubyte.gz",
-                 struct.pack(">II", 0x00000801, n) + bytes(labels[lo:hi]))
+                 struct.pack(">II", 0x00000801, n) + bytes(labels[i] for i in idx))
         print(f"{name}: {n} images -> {OUT}")
 
 

@@ -74,12 +74,21 @@ pub enum Activation {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ModelConfig {
-    /// Model family: a name in the model registry (built in: `"mlp"`). Default: `"mlp"`.
+    /// Model family: a name in the model registry (built in: `"mlp"`, `"cnn"`). Default:
+    /// `"mlp"`.
     pub kind: String,
-    /// Input features. Default: `1000`.
+    /// mlp: input features. Default: `1000`.
     pub input_size: usize,
-    /// Widths of the hidden layers, in order. Default: `[500]`.
+    /// Widths of the hidden Linear layers, in order (cnn: after the convolutions). Default:
+    /// `[500]`.
     pub hidden_sizes: Vec<usize>,
+    /// cnn: output channels of each stage Conv2d -> ReLU -> MaxPool2d(2), in order; required for
+    /// cnn. Default: `[]`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub channels: Vec<usize>,
+    /// cnn: the (odd) kernel size of every Conv2d, padded to keep the image size. Default: `3`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kernel_size: Option<usize>,
     /// Output classes. Default: `10`.
     pub classes: usize,
     /// Activation after each hidden layer: relu, gelu, tanh, sigmoid. Default: `"relu"`.
@@ -94,6 +103,8 @@ impl Default for ModelConfig {
             kind: "mlp".into(),
             input_size: 1000,
             hidden_sizes: vec![500],
+            channels: Vec::new(),
+            kernel_size: None,
             classes: 10,
             activation: Activation::Relu,
             dropout: 0.0,
@@ -107,14 +118,15 @@ impl Default for ModelConfig {
 pub enum DataKind {
     Synthetic,
     Csv,
+    Idx,
 }
 
 /// `[data]`
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct DataConfig {
-    /// `"synthetic"` (a learnable classification task from a fixed random teacher) or `"csv"`.
-    /// Default: `"synthetic"`.
+    /// `"synthetic"` (a learnable classification task from a fixed random teacher), `"csv"`, or
+    /// `"idx"` (MNIST-style IDX image and label files, raw or `.gz`). Default: `"synthetic"`.
     pub kind: DataKind,
     /// synthetic: training samples. Default: `1000`.
     pub samples: usize,
@@ -122,16 +134,31 @@ pub struct DataConfig {
     pub eval_samples: usize,
     /// synthetic: features per sample. Default: `1000`.
     pub features: usize,
+    /// synthetic: make every sample an image of shape `[C, H, W]` (its C*H*W values replace
+    /// `features`). Default: `[]` (flat samples of `features` values).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub image: Vec<usize>,
     /// Number of classes (csv: labels must be integers in 0..classes). Default: `10`.
     pub classes: usize,
     /// synthetic: seed of the teacher and the samples. Default: `0`.
     pub seed: u64,
-    /// csv: training file, relative to the experiment file that sets it. No default.
+    /// csv: training file; idx: training images. Relative to the experiment file that sets it.
+    /// No default.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub path: Option<String>,
-    /// csv: evaluation file (optional), relative to the experiment file that sets it.
+    /// csv: evaluation file; idx: evaluation images (optional). Relative to the experiment file
+    /// that sets it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub eval_path: Option<String>,
+    /// idx: training labels (IDX1). Relative to the experiment file that sets it. No default.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub labels_path: Option<String>,
+    /// idx: evaluation labels, with `eval_path`. Relative to the experiment file that sets it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub eval_labels_path: Option<String>,
+    /// idx: `[mean, std]` applied to pixels after scaling them to [0, 1]. Default: `[]` (none).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub normalize: Vec<f64>,
     /// csv: the label column, by header name or 0-based index. Default: `"label"`.
     pub label_column: String,
     /// csv: whether the first line is a header. Default: `true`.
@@ -145,10 +172,14 @@ impl Default for DataConfig {
             samples: 1000,
             eval_samples: 200,
             features: 1000,
+            image: Vec::new(),
             classes: 10,
             seed: 0,
             path: None,
             eval_path: None,
+            labels_path: None,
+            eval_labels_path: None,
+            normalize: Vec::new(),
             label_column: "label".into(),
             header: true,
         }

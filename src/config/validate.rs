@@ -64,6 +64,25 @@ fn in_range(
     Ok(())
 }
 
+/// Each path-valued key that is set names an existing file (relative to the file that set it).
+fn files_exist(r: &Resolved, keys: &[(&str, &Option<String>)]) -> Result<(), ConfigError> {
+    for (key, value) in keys {
+        let Some(value) = value else { continue };
+        let resolved = r.path_of(key, value);
+        if !resolved.is_file() {
+            return Err(r.key_error(
+                key,
+                format!(
+                    "`{key}` = \"{value}\": file `{}` not found",
+                    resolved.display()
+                ),
+                Some("paths are relative to the experiment file that sets them".into()),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Checks every value and combination; the first problem is returned.
 pub fn validate(r: &Resolved) -> Result<(), ConfigError> {
     let c = &r.config;
@@ -94,11 +113,30 @@ pub fn validate(r: &Resolved) -> Result<(), ConfigError> {
     in_range(r, "model.dropout", d, (0.0..1.0).contains(&d), "in [0, 1)")?;
 
     at_least(r, "data.classes", c.data.classes, 2)?;
+    match c.data.normalize.as_slice() {
+        [] => {}
+        [_, std] if *std > 0.0 => {}
+        other => {
+            return Err(r.key_error(
+                "data.normalize",
+                format!("`data.normalize` = {other:?} is not [mean, std] with std > 0"),
+                Some("e.g. normalize = [0.1307, 0.3081], or leave it out".into()),
+            ))
+        }
+    }
     match c.data.kind {
         DataKind::Synthetic => {
             at_least(r, "data.samples", c.data.samples, 1)?;
             at_least(r, "data.features", c.data.features, 1)?;
-            if c.data.features != c.model.input_size {
+            if !c.data.image.is_empty() {
+                if c.data.image.len() != 3 || c.data.image.contains(&0) {
+                    return Err(r.key_error(
+                        "data.image",
+                        format!("`data.image` = {:?} is not an image shape", c.data.image),
+                        Some("give [channels, height, width], each at least 1".into()),
+                    ));
+                }
+            } else if c.model.kind == "mlp" && c.data.features != c.model.input_size {
                 return Err(r.key_error(
                     "model.input_size",
                     format!(
@@ -110,7 +148,7 @@ pub fn validate(r: &Resolved) -> Result<(), ConfigError> {
             }
         }
         DataKind::Csv => {
-            let Some(path) = &c.data.path else {
+            if c.data.path.is_none() {
                 return Err(r.key_error(
                     "data.kind",
                     "`data.kind` = \"csv\" needs `data.path`".into(),
@@ -119,24 +157,59 @@ pub fn validate(r: &Resolved) -> Result<(), ConfigError> {
                             .into(),
                     ),
                 ));
-            };
-            for (key, value) in [
-                ("data.path", Some(path)),
-                ("data.eval_path", c.data.eval_path.as_ref()),
+            }
+            files_exist(
+                r,
+                &[
+                    ("data.path", &c.data.path),
+                    ("data.eval_path", &c.data.eval_path),
+                ],
+            )?;
+        }
+        DataKind::Idx => {
+            for (key, value, what) in [
+                (
+                    "data.path",
+                    &c.data.path,
+                    "path = \"train-images-idx3-ubyte.gz\"",
+                ),
+                (
+                    "data.labels_path",
+                    &c.data.labels_path,
+                    "labels_path = \"train-labels-idx1-ubyte.gz\"",
+                ),
             ] {
-                let Some(value) = value else { continue };
-                let resolved = r.path_of(key, value);
-                if !resolved.is_file() {
+                if value.is_none() {
                     return Err(r.key_error(
-                        key,
-                        format!(
-                            "`{key}` = \"{value}\": file `{}` not found",
-                            resolved.display()
-                        ),
-                        Some("paths are relative to the experiment file that sets them".into()),
+                        "data.kind",
+                        format!("`data.kind` = \"idx\" needs `{key}`"),
+                        Some(format!(
+                            "add `{what}` to [data] (relative to the experiment file)"
+                        )),
                     ));
                 }
             }
+            if c.data.eval_path.is_some() != c.data.eval_labels_path.is_some() {
+                let (key, missing) = if c.data.eval_path.is_some() {
+                    ("data.eval_path", "data.eval_labels_path")
+                } else {
+                    ("data.eval_labels_path", "data.eval_path")
+                };
+                return Err(r.key_error(
+                    key,
+                    format!("`{key}` needs `{missing}` too"),
+                    Some("give both evaluation files, or neither".into()),
+                ));
+            }
+            files_exist(
+                r,
+                &[
+                    ("data.path", &c.data.path),
+                    ("data.labels_path", &c.data.labels_path),
+                    ("data.eval_path", &c.data.eval_path),
+                    ("data.eval_labels_path", &c.data.eval_labels_path),
+                ],
+            )?;
         }
     }
     if c.data.classes != c.model.classes {

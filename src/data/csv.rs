@@ -105,5 +105,10 @@ pub fn read(path: &Path, c: &DataConfig) -> Result<Dataset, DataError> {
     if features == 0 {
         return Err(err(1, "no feature columns besides the label".into()));
     }
-    Ok(Dataset { features, x, y })
+    Ok(Dataset {
+        features,
+        shape: vec![features],
+        x,
+        y,
+    })
 }

@@ -1,14 +1,17 @@
 //! The in-memory dataset, data loading and its errors.
 
-use super::{csv, synthetic};
+use super::{csv, idx, synthetic};
 use std::path::PathBuf;
 
 use crate::config::{DataKind, Resolved};
 
-/// A classification dataset held in memory, row-major.
+/// A classification dataset held in memory, row-major: sample i is `x[i * features..]`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Dataset {
+    /// Values per sample (the product of `shape`).
     pub features: usize,
+    /// The shape of one sample: `[features]`, or `[C, H, W]` for images.
+    pub shape: Vec<usize>,
     pub x: Vec<f32>,
     pub y: Vec<u32>,
 }
@@ -44,7 +47,7 @@ pub struct Data {
 impl Data {
     /// The shape of one input sample (what a model is built for).
     pub fn input_shape(&self) -> Vec<usize> {
-        vec![self.train.features]
+        self.train.shape.clone()
     }
 }
 
@@ -96,5 +99,6 @@ pub fn load(r: &Resolved) -> Result<Data, DataError> {
             }
             Ok(Data { train, eval })
         }
+        DataKind::Idx => idx::load(r),
     }
 }

@@ -1,10 +1,11 @@
 //! Layer: data (above the leaves `config` and `rng`).
 //!
 //! Datasets and the distributed sampler. Nothing downloads at run time: datasets are generated
-//! (synthetic) or read from local files (csv).
+//! (synthetic) or read from local files (csv, idx).
 
 mod csv;
 mod dataset;
+mod idx;
 pub mod sampler;
 mod synthetic;
 

@@ -21,7 +21,8 @@ struct Teacher {
     a: Vec<f64>,
 }
 
-fn draw(n: usize, t: &Teacher, features: usize, classes: usize, rng: &mut Rng) -> Dataset {
+fn draw(n: usize, t: &Teacher, shape: &[usize], classes: usize, rng: &mut Rng) -> Dataset {
+    let features: usize = shape.iter().product();
     let mut x = Vec::with_capacity(n * features);
     let mut y = Vec::with_capacity(n);
     let mut row = vec![0f64; features];
@@ -47,11 +48,21 @@ fn draw(n: usize, t: &Teacher, features: usize, classes: usize, rng: &mut Rng) -
         }
         x.extend(row.iter().map(|v| *v as f32));
     }
-    Dataset { features, x, y }
+    Dataset {
+        features,
+        shape: shape.to_vec(),
+        x,
+        y,
+    }
 }
 
 pub fn generate(c: &DataConfig) -> Data {
-    let (f, k) = (c.features, c.classes);
+    let shape = if c.image.is_empty() {
+        vec![c.features]
+    } else {
+        c.image.clone()
+    };
+    let (f, k) = (shape.iter().product::<usize>(), c.classes);
     let latent = LATENT.min(f);
     let mut trng = Rng::stream(c.seed, "synthetic-teacher", &[]);
     let scale = 1.0 / (latent as f64).sqrt();
@@ -63,7 +74,7 @@ pub fn generate(c: &DataConfig) -> Data {
     let train = draw(
         c.samples,
         &teacher,
-        f,
+        &shape,
         k,
         &mut Rng::stream(c.seed, "synthetic-train", &[]),
     );
@@ -71,7 +82,7 @@ pub fn generate(c: &DataConfig) -> Data {
         draw(
             c.eval_samples,
             &teacher,
-            f,
+            &shape,
             k,
             &mut Rng::stream(c.seed, "synthetic-eval", &[]),
         )

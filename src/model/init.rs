@@ -16,3 +16,9 @@ pub fn uniform(rng: &mut Rng, out: &mut [f32], bound: f64) {
         *v = rng.uniform(-bound, bound) as f32;
     }
 }
+
+/// The stream a layer draws from, keyed by its module path (e.g. `convs.0`): stable when other
+/// layers are added or removed.
+pub fn named_stream(seed: u64, path: &str) -> Rng {
+    Rng::stream(seed, &format!("init/{path}"), &[])
+}

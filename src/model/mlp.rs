@@ -8,9 +8,9 @@ use burn::tensor::activation;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
 
-use super::api::{Family, Forward, Task};
+use super::api::{Family, Forward, ModelError, Task};
 use super::init;
-use crate::config::{Activation, ModelConfig};
+use crate::config::{Activation, ModelConfig, Resolved};
 use crate::params::ParamLayout;
 
 /// The module: `layers.0 ... layers.{n-1}` (paths `layers.<i>.weight`, `layers.<i>.bias`).
@@ -29,6 +29,26 @@ pub struct Mlp {
 }
 
 impl Mlp {
+    /// The MLP of `[model]` for samples of shape `input` (flattened: `model.input_size` must be
+    /// their number of values).
+    pub fn for_input(r: &Resolved, input: &[usize]) -> Result<Self, ModelError> {
+        let c = &r.config.model;
+        let values: usize = input.iter().product();
+        if values != c.input_size {
+            return Err(r
+                .key_error(
+                    "model.input_size",
+                    format!(
+                        "`model.input_size` = {} but the data's samples have shape {input:?} ({values} values)",
+                        c.input_size
+                    ),
+                    Some(format!("set `model.input_size = {values}`")),
+                )
+                .into());
+        }
+        Ok(Mlp::new(c))
+    }
+
     pub fn new(c: &ModelConfig) -> Self {
         let mut sizes = vec![c.input_size];
         sizes.extend(&c.hidden_sizes);
@@ -82,6 +102,12 @@ impl Family for Mlp {
         device: &B::Device,
         ctx: &mut Forward,
     ) -> Tensor<B, 2> {
+        // samples of any shape enter flattened
+        let rows = x.shape.first().copied().unwrap_or(0);
+        let x = TensorData {
+            shape: vec![rows, self.sizes[0]].into(),
+            ..x
+        };
         let mut h = Tensor::<B, 2>::from_data(x, device);
         let last = module.layers.len().saturating_sub(1);
         for (l, layer) in module.layers.iter().enumerate() {

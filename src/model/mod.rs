@@ -7,6 +7,7 @@
 //! used; `registry` maps `model.kind` to a builder.
 
 mod api;
+pub mod cnn;
 mod engine;
 pub mod init;
 pub mod mlp;

@@ -4,13 +4,15 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use super::api::{ModelError, SharedModel};
+use super::cnn::Cnn;
 use super::engine::FamilyModel;
 use super::mlp::Mlp;
-use crate::config::{closest, ModelConfig, Resolved};
+use crate::config::{closest, Resolved};
 
-/// Builds a model from `[model]` and the shape of one input sample.
+/// Builds a model from the resolved config (its `[model]` section, with every value's source
+/// for errors) and the shape of one input sample.
 pub type Builder =
-    Box<dyn Fn(&ModelConfig, &[usize]) -> Result<SharedModel, ModelError> + Send + Sync>;
+    Box<dyn Fn(&Resolved, &[usize]) -> Result<SharedModel, ModelError> + Send + Sync>;
 
 /// Model families by name.
 pub struct Registry {
@@ -29,8 +31,11 @@ impl Registry {
         let mut r = Registry {
             builders: BTreeMap::new(),
         };
-        r.register("mlp", |c, _input| {
-            Ok(Arc::new(FamilyModel::new(Mlp::new(c))))
+        r.register("mlp", |r, input| {
+            Ok(Arc::new(FamilyModel::new(Mlp::for_input(r, input)?)))
+        });
+        r.register("cnn", |r, input| {
+            Ok(Arc::new(FamilyModel::new(Cnn::for_input(r, input)?)))
         });
         r
     }
@@ -39,10 +44,7 @@ impl Registry {
     pub fn register(
         &mut self,
         kind: &str,
-        builder: impl Fn(&ModelConfig, &[usize]) -> Result<SharedModel, ModelError>
-            + Send
-            + Sync
-            + 'static,
+        builder: impl Fn(&Resolved, &[usize]) -> Result<SharedModel, ModelError> + Send + Sync + 'static,
     ) {
         self.builders.insert(kind.to_string(), Box::new(builder));
     }
@@ -78,7 +80,7 @@ impl Registry {
 
     /// The model `model.kind` names, for samples of shape `input`.
     pub fn build(&self, r: &Resolved, input: &[usize]) -> Result<SharedModel, ModelError> {
-        self.builder(r)?(&r.config.model, input)
+        self.builder(r)?(r, input)
     }
 }
 

@@ -196,6 +196,14 @@ fn gather_unit(
     Ok(UnitParams::Host(strategy.unit_params(u, range)?))
 }
 
+/// `[rows, ...sample shape]`.
+fn batch_shape(rows: usize, ds: &Dataset) -> Vec<usize> {
+    let mut shape = Vec::with_capacity(1 + ds.shape.len());
+    shape.push(rows);
+    shape.extend(&ds.shape);
+    shape
+}
+
 /// Per-sample losses and correctness of `params` on the rows `idx` of `ds`, in batches of
 /// `batch`.
 fn evaluate<B: ComputeOn>(
@@ -209,7 +217,7 @@ fn evaluate<B: ComputeOn>(
         let (x, y) = ds.gather(chunk);
         Batch {
             x,
-            shape: vec![chunk.len(), ds.features],
+            shape: batch_shape(chunk.len(), ds),
             y,
         }
     });
@@ -346,7 +354,7 @@ pub fn train<B: ComputeOn>(
                 let (x, y) = data.train.gather(idx);
                 let batch = Batch {
                     x,
-                    shape: vec![y.len(), data.train.features],
+                    shape: batch_shape(y.len(), &data.train),
                     y,
                 };
                 let key = StepKey {

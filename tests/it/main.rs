@@ -8,6 +8,7 @@ mod cuda;
 mod experiments;
 mod fsdp;
 mod layers;
+mod models;
 mod nodes;
 mod parallel;
 mod resume;

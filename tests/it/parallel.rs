@@ -50,8 +50,13 @@ pub struct Trained {
 }
 
 pub fn train(sets: &[&str]) -> Trained {
+    train_task(TASK, sets)
+}
+
+/// Trains the experiment `task` with `sets` in process; its final parameters, eval and memory.
+pub fn train_task(task: &str, sets: &[&str]) -> Trained {
     let d = tempfile::tempdir().unwrap();
-    let f = write(d.path(), "task.toml", TASK);
+    let f = write(d.path(), "task.toml", task);
     let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
     let r = config::load(&f, &[], &sets).unwrap();
     let c = &r.config;

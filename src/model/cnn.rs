@@ -1,0 +1,211 @@
+//! `model.kind = "cnn"`: the convolutional net of `shared/bench/torch_baseline.py --model cnn`.
+//! Each stage of `model.channels` is Conv2d(c_in, c, kernel_size, padding = kernel_size / 2) ->
+//! ReLU -> MaxPool2d(2); then flatten -> the hidden Linear layers (`model.hidden_sizes`, each
+//! followed by the activation and dropout) -> `model.classes`. The input shape `[C, H, W]` comes
+//! from the data. Initialisation is PyTorch's default for Conv2d and Linear: weights and biases
+//! U(-1/sqrt(fan_in), 1/sqrt(fan_in)), each layer from its own stream of kiln's RNG keyed by its
+//! path (`convs.0`, `fcs.1`, ...).
+
+use burn::module::Module;
+use burn::nn::conv::{Conv2d, Conv2dConfig};
+use burn::nn::{Linear, LinearConfig, PaddingConfig2d};
+use burn::tensor::backend::Backend;
+use burn::tensor::module::max_pool2d;
+use burn::tensor::{activation, Tensor, TensorData};
+
+use super::api::{Family, Forward, ModelError, Task};
+use super::init;
+use crate::config::{Activation, Resolved};
+use crate::params::ParamLayout;
+
+/// The module: `convs.<i>` (weight `[out, in, k, k]`, bias), then `fcs.<i>` (Burn's Linear
+/// weight is `[in, out]`, PyTorch's transpose).
+#[derive(Module, Debug)]
+pub struct CnnModule<B: Backend> {
+    pub convs: Vec<Conv2d<B>>,
+    pub fcs: Vec<Linear<B>>,
+}
+
+/// The CNN family for one `[model]` section and input shape.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Cnn {
+    /// `[C, H, W]` of one sample.
+    pub input: [usize; 3],
+    pub channels: Vec<usize>,
+    pub kernel_size: usize,
+    /// Widths of the Linear layers after flattening: hidden..., classes.
+    pub linear: Vec<usize>,
+    pub activation: Activation,
+    pub dropout: f64,
+}
+
+impl Cnn {
+    /// The CNN of `[model]` for samples of shape `input` (`[C, H, W]`); every key and the image
+    /// shape are checked against each other here, so a bad combination is bad input.
+    pub fn for_input(r: &Resolved, input: &[usize]) -> Result<Self, ModelError> {
+        let c = &r.config.model;
+        if c.channels.is_empty() || c.channels.contains(&0) {
+            return Err(r
+                .key_error(
+                    "model.channels",
+                    format!(
+                        "`model.channels` = {:?}: a cnn needs at least one stage, each with at least one channel",
+                        c.channels
+                    ),
+                    Some("e.g. channels = [32, 64]".into()),
+                )
+                .into());
+        }
+        let k = c.kernel_size.unwrap_or(3);
+        if k % 2 == 0 {
+            return Err(r
+                .key_error(
+                    "model.kernel_size",
+                    format!("`model.kernel_size` = {k} must be odd (padding keeps the image size)"),
+                    Some("use 3 or 5".into()),
+                )
+                .into());
+        }
+        let &[ch, h, w] = input else {
+            return Err(r
+                .key_error(
+                    "model.kind",
+                    format!(
+                        "`model.kind` = \"cnn\" needs image samples [C, H, W], but the data's samples have shape {input:?}"
+                    ),
+                    Some(
+                        "use image data (`data.kind = \"idx\"`, or `data.image = [C, H, W]` for synthetic)"
+                            .into(),
+                    ),
+                )
+                .into());
+        };
+        let stages = c.channels.len() as u32;
+        let (oh, ow) = (h >> stages, w >> stages);
+        if oh == 0 || ow == 0 {
+            return Err(r
+                .key_error(
+                    "model.channels",
+                    format!(
+                        "{stages} stages halve a {h}x{w} image to nothing (each MaxPool2d(2) halves it)"
+                    ),
+                    Some(format!(
+                        "use at most {} stage(s) for {h}x{w} images",
+                        (h.min(w) as f64).log2().floor() as usize
+                    )),
+                )
+                .into());
+        }
+        let flat = c.channels.last().copied().unwrap_or(ch) * oh * ow;
+        let mut linear = vec![flat];
+        linear.extend(&c.hidden_sizes);
+        linear.push(c.classes);
+        Ok(Cnn {
+            input: [ch, h, w],
+            channels: c.channels.clone(),
+            kernel_size: k,
+            linear,
+            activation: c.activation,
+            dropout: c.dropout,
+        })
+    }
+
+    fn act<B: Backend, const D: usize>(&self, h: Tensor<B, D>) -> Tensor<B, D> {
+        match self.activation {
+            Activation::Relu => activation::relu(h),
+            Activation::Gelu => activation::gelu(h),
+            Activation::Tanh => activation::tanh(h),
+            Activation::Sigmoid => activation::sigmoid(h),
+        }
+    }
+}
+
+impl Family for Cnn {
+    type Module<B: Backend> = CnnModule<B>;
+
+    fn kind(&self) -> &str {
+        "cnn"
+    }
+
+    fn task(&self) -> Task {
+        Task::Classification {
+            classes: *self.linear.last().unwrap_or(&1),
+        }
+    }
+
+    fn build<B: Backend>(&self, device: &B::Device) -> CnnModule<B> {
+        let k = self.kernel_size;
+        let p = k / 2;
+        let mut c_in = self.input[0];
+        let mut convs = Vec::with_capacity(self.channels.len());
+        for &c in &self.channels {
+            convs.push(
+                Conv2dConfig::new([c_in, c], [k, k])
+                    .with_padding(PaddingConfig2d::Explicit(p, p, p, p))
+                    .init(device),
+            );
+            c_in = c;
+        }
+        CnnModule {
+            convs,
+            fcs: self
+                .linear
+                .windows(2)
+                .map(|w| LinearConfig::new(w[0], w[1]).init(device))
+                .collect(),
+        }
+    }
+
+    /// PyTorch's defaults: every parameter of a layer U(-b, b) with b = 1/sqrt(fan_in), where
+    /// fan_in is in*k*k for a Conv2d and in for a Linear.
+    fn init(&self, layout: &ParamLayout, seed: u64) -> Vec<f32> {
+        let mut flat = vec![0f32; layout.num_params()];
+        for unit in &layout.units {
+            let weight = &layout.params[unit.params.start];
+            let fan_in: usize = match weight.shape.as_slice() {
+                // Conv2d [out, in, k, k]
+                [_, rest @ ..] if weight.shape.len() == 4 => rest.iter().product(),
+                // Linear [in, out]
+                [d_in, _] => *d_in,
+                other => other.iter().product(),
+            };
+            let mut rng = init::named_stream(seed, &unit.name);
+            init::uniform(
+                &mut rng,
+                &mut flat[unit.range.clone()],
+                1.0 / (fan_in as f64).sqrt(),
+            );
+        }
+        flat
+    }
+
+    fn forward<B: Backend>(
+        &self,
+        module: &CnnModule<B>,
+        x: TensorData,
+        device: &B::Device,
+        ctx: &mut Forward,
+    ) -> Tensor<B, 2> {
+        let mut h = Tensor::<B, 4>::from_data(x, device);
+        for conv in &module.convs {
+            h = max_pool2d(
+                self.act(conv.forward(h)),
+                [2, 2],
+                [2, 2],
+                [0, 0],
+                [1, 1],
+                false,
+            );
+        }
+        let [n, c, hh, ww] = h.dims();
+        let mut h = h.reshape([n, c * hh * ww]);
+        let last = module.fcs.len().saturating_sub(1);
+        for (l, fc) in module.fcs.iter().enumerate() {
+            h = fc.forward(h);
+            if l < last {
+                h = ctx.dropout(self.act(h), self.dropout);
+            }
+        }
+        h
+    }
+}
