@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
-use super::{bench, check, ckpt, env, init, resume, run, sweep};
+use super::{bench, check, ckpt, env, init, resume, run, sample, sweep};
 
 use crate::config::{self, Resolved};
 use crate::Result;
@@ -40,6 +40,8 @@ pub enum Command {
     Init(init::InitArgs),
     /// Measure training throughput (steps/s, samples/s) on the CPU backends.
     Bench(bench::BenchArgs),
+    /// Generate text from a gpt run's checkpoint (byte-level), streaming it to stdout.
+    Sample(sample::SampleArgs),
 }
 
 /// An experiment file and its overrides.
@@ -71,5 +73,6 @@ pub fn dispatch(cli: Cli) -> Result<()> {
         Command::Env => env::env(),
         Command::Init(a) => init::init(&a),
         Command::Bench(a) => bench::bench(&a),
+        Command::Sample(a) => sample::sample(&a),
     }
 }

@@ -10,6 +10,7 @@ mod env;
 mod init;
 mod resume;
 mod run;
+mod sample;
 mod sweep;
 
 pub use args::*;

@@ -89,6 +89,27 @@ pub struct ModelConfig {
     /// cnn: the (odd) kernel size of every Conv2d, padded to keep the image size. Default: `3`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kernel_size: Option<usize>,
+    /// gpt: vocabulary size (at least 256 for byte-level text). Default: `256`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub vocab_size: Option<usize>,
+    /// gpt: tokens of context (and of each training window). Default: `128`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub block_size: Option<usize>,
+    /// gpt: transformer blocks. Default: `4`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub layers: Option<usize>,
+    /// gpt: attention heads (`dim` must be a multiple). Default: `4`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub heads: Option<usize>,
+    /// gpt: embedding width. Default: `128`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dim: Option<usize>,
+    /// gpt: biases in the Linear and LayerNorm layers. Default: `true`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bias: Option<bool>,
+    /// gpt: the output layer shares the token embedding's weights. Default: `true`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tie_embeddings: Option<bool>,
     /// Output classes. Default: `10`.
     pub classes: usize,
     /// Activation after each hidden layer: relu, gelu, tanh, sigmoid. Default: `"relu"`.
@@ -105,6 +126,13 @@ impl Default for ModelConfig {
             hidden_sizes: vec![500],
             channels: Vec::new(),
             kernel_size: None,
+            vocab_size: None,
+            block_size: None,
+            layers: None,
+            heads: None,
+            dim: None,
+            bias: None,
+            tie_embeddings: None,
             classes: 10,
             activation: Activation::Relu,
             dropout: 0.0,
@@ -119,14 +147,16 @@ pub enum DataKind {
     Synthetic,
     Csv,
     Idx,
+    Text,
 }
 
 /// `[data]`
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct DataConfig {
-    /// `"synthetic"` (a learnable classification task from a fixed random teacher), `"csv"`, or
-    /// `"idx"` (MNIST-style IDX image and label files, raw or `.gz`). Default: `"synthetic"`.
+    /// `"synthetic"` (a learnable classification task from a fixed random teacher), `"csv"`,
+    /// `"idx"` (MNIST-style IDX image and label files, raw or `.gz`), or `"text"` (any file as
+    /// byte-level tokens, for `model.kind = "gpt"`). Default: `"synthetic"`.
     pub kind: DataKind,
     /// synthetic: training samples. Default: `1000`.
     pub samples: usize,
@@ -159,6 +189,14 @@ pub struct DataConfig {
     /// idx: `[mean, std]` applied to pixels after scaling them to [0, 1]. Default: `[]` (none).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub normalize: Vec<f64>,
+    /// text: tokens between the starts of consecutive training windows (each window is
+    /// `model.block_size + 1` tokens). Default: `model.block_size`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stride: Option<usize>,
+    /// text: the fraction at the end of the file held out for evaluation, in [0, 1). Default:
+    /// `0.1`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub eval_fraction: Option<f64>,
     /// csv: the label column, by header name or 0-based index. Default: `"label"`.
     pub label_column: String,
     /// csv: whether the first line is a header. Default: `true`.
@@ -180,6 +218,8 @@ impl Default for DataConfig {
             labels_path: None,
             eval_labels_path: None,
             normalize: Vec::new(),
+            stride: None,
+            eval_fraction: None,
             label_column: "label".into(),
             header: true,
         }

@@ -113,6 +113,10 @@ pub fn validate(r: &Resolved) -> Result<(), ConfigError> {
     in_range(r, "model.dropout", d, (0.0..1.0).contains(&d), "in [0, 1)")?;
 
     at_least(r, "data.classes", c.data.classes, 2)?;
+    if let Some(block) = c.model.block_size {
+        // the data's windows depend on it too, so it is checked before any data is read
+        at_least(r, "model.block_size", block, 1)?;
+    }
     match c.data.normalize.as_slice() {
         [] => {}
         [_, std] if *std > 0.0 => {}
@@ -165,6 +169,35 @@ pub fn validate(r: &Resolved) -> Result<(), ConfigError> {
                     ("data.eval_path", &c.data.eval_path),
                 ],
             )?;
+        }
+        DataKind::Text => {
+            if c.data.path.is_none() {
+                return Err(r.key_error(
+                    "data.kind",
+                    "`data.kind` = \"text\" needs `data.path`".into(),
+                    Some(
+                        "add `path = \"corpus.txt\"` to [data] (relative to the experiment file)"
+                            .into(),
+                    ),
+                ));
+            }
+            files_exist(r, &[("data.path", &c.data.path)])?;
+            if let Some(f) = c.data.eval_fraction {
+                if !(0.0..1.0).contains(&f) {
+                    return Err(r.key_error(
+                        "data.eval_fraction",
+                        format!("`data.eval_fraction` = {f} is out of range: must be in [0, 1)"),
+                        None,
+                    ));
+                }
+            }
+            if c.data.stride == Some(0) {
+                return Err(r.key_error(
+                    "data.stride",
+                    "`data.stride` = 0 is out of range: must be at least 1".into(),
+                    None,
+                ));
+            }
         }
         DataKind::Idx => {
             for (key, value, what) in [

@@ -1,6 +1,6 @@
 //! The in-memory dataset, data loading and its errors.
 
-use super::{csv, idx, synthetic};
+use super::{csv, idx, synthetic, text};
 use std::path::PathBuf;
 
 use crate::config::{DataKind, Resolved};
@@ -100,5 +100,6 @@ pub fn load(r: &Resolved) -> Result<Data, DataError> {
             Ok(Data { train, eval })
         }
         DataKind::Idx => idx::load(r),
+        DataKind::Text => text::load(r),
     }
 }

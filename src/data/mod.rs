@@ -1,12 +1,13 @@
 //! Layer: data (above the leaves `config` and `rng`).
 //!
 //! Datasets and the distributed sampler. Nothing downloads at run time: datasets are generated
-//! (synthetic) or read from local files (csv, idx).
+//! (synthetic) or read from local files (csv, idx, text).
 
 mod csv;
 mod dataset;
 mod idx;
 pub mod sampler;
 mod synthetic;
+mod text;
 
 pub use dataset::*;

@@ -417,10 +417,12 @@ pub fn execute(
             epochs: o.map(|o| o.epochs).unwrap_or(0.0),
             final_loss: o.map(|o| o.final_loss),
             eval_loss: o.and_then(|o| o.eval.map(|e| e.loss())),
-            eval_accuracy: o.and_then(|o| o.eval.map(|e| e.accuracy())),
+            eval_accuracy: o.and_then(|o| o.eval_accuracy()),
+            eval_perplexity: o.and_then(|o| o.eval_perplexity()),
             eval_samples: o.and_then(|o| o.eval.map(|e| e.count)),
             wall_seconds: o.map(|o| o.wall_seconds).unwrap_or(0.0),
             samples_per_sec: o.map(|o| o.samples_per_sec).unwrap_or(0.0),
+            tokens_per_sec: o.and_then(|o| o.tokens_per_sec()),
             world_size: plan.world_size,
             strategy: c.strategy.kind,
             global_batch: plan.global_batch,
@@ -461,13 +463,14 @@ pub fn execute(
                 write_json(&summary_path, &summary("finished", None, Some(&res)))?;
             }
             let out = &res.outcome;
-            let eval = match out.eval {
-                Some(e) => format!(
-                    ", eval loss {:.4}, eval accuracy {:.3}",
-                    e.loss(),
-                    e.accuracy()
-                ),
-                None => String::new(),
+            let eval = match (out.eval, out.eval_accuracy(), out.eval_perplexity()) {
+                (Some(e), Some(acc), _) => {
+                    format!(", eval loss {:.4}, eval accuracy {acc:.3}", e.loss())
+                }
+                (Some(e), None, Some(ppl)) => {
+                    format!(", eval loss {:.4}, eval perplexity {ppl:.3}", e.loss())
+                }
+                _ => String::new(),
             };
             ui::out(&format!(
                 "finished {} steps in {:.1}s: final loss {:.4}{eval}; run dir: {}",

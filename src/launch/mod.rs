@@ -13,6 +13,7 @@ mod execute;
 pub mod rendezvous;
 mod resume;
 mod run_dir;
+mod sample;
 pub mod store;
 mod summary;
 mod workers;
@@ -20,9 +21,10 @@ mod workers;
 pub use bench::{bench, BenchEvent};
 pub use check::{check, CheckReport};
 pub use execute::{execute, resume, start, train, RunOptions};
-pub use resume::{config_changes, prepare_resume, Resumption};
+pub use resume::{choose_checkpoint, config_changes, prepare_resume, Resumption};
 pub use run_dir::{
     checkpoint_store, choose_run_dir, is_unfinished, newest_unfinished, stored_config, write_json,
 };
+pub use sample::{sample, SampleOptions};
 pub use summary::Summary;
 pub use workers::*;

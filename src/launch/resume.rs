@@ -3,7 +3,7 @@
 //! `metrics.jsonl` to it.
 
 use std::fs;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use super::run_dir::stored_config;
 use crate::checkpoint::{self, Loaded, Store};
@@ -96,8 +96,41 @@ pub fn prepare_resume(
     }
 
     let store = Store::new(dir.join(&old.checkpoint.dir));
+    let chosen = choose_checkpoint(&store, from)?;
+    let loaded = match chosen {
+        Some(path) => {
+            let l = checkpoint::load(&path).map_err(Error::Checkpoint)?;
+            if !quiet {
+                ui::note(&format!(
+                    "resuming {} from {} (step {})",
+                    dir.display(),
+                    path.display(),
+                    l.state.step
+                ));
+            }
+            Some(l)
+        }
+        None => {
+            ui::note(&format!(
+                "no verified checkpoint in {}: the run starts over from step 0",
+                store.dir.display()
+            ));
+            None
+        }
+    };
+    trim_metrics(
+        &dir.join("metrics.jsonl"),
+        loaded.as_ref().map(|l| l.state.step).unwrap_or(0),
+    )?;
+    Ok(Resumption { loaded })
+}
+
+/// The checkpoint to continue from: `from` (a name such as `step-00000020`, which must verify),
+/// or the newest one that verifies (saying which newer ones it skips and why); `None` when
+/// there is none.
+pub fn choose_checkpoint(store: &Store, from: Option<&str>) -> Result<Option<PathBuf>> {
     let entries = store.list().map_err(Error::Checkpoint)?;
-    let chosen = match from {
+    Ok(match from {
         Some(name) => {
             let e = entries
                 .iter()
@@ -145,33 +178,7 @@ pub fn prepare_resume(
             }
             pick
         }
-    };
-    let loaded = match chosen {
-        Some(path) => {
-            let l = checkpoint::load(&path).map_err(Error::Checkpoint)?;
-            if !quiet {
-                ui::note(&format!(
-                    "resuming {} from {} (step {})",
-                    dir.display(),
-                    path.display(),
-                    l.state.step
-                ));
-            }
-            Some(l)
-        }
-        None => {
-            ui::note(&format!(
-                "no verified checkpoint in {}: the run starts over from step 0",
-                store.dir.display()
-            ));
-            None
-        }
-    };
-    trim_metrics(
-        &dir.join("metrics.jsonl"),
-        loaded.as_ref().map(|l| l.state.step).unwrap_or(0),
-    )?;
-    Ok(Resumption { loaded })
+    })
 }
 
 /// Keeps the metrics lines up to `step`: the resumed run writes the rest again.

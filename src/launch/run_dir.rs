@@ -82,12 +82,15 @@ pub fn stored_config(r: &Resolved) -> Config {
         let p = r.path_of(key, v);
         p.canonicalize().unwrap_or(p).display().to_string()
     };
-    c.data.path = c.data.path.as_deref().map(|v| abs("data.path", v));
-    c.data.eval_path = c
-        .data
-        .eval_path
-        .as_deref()
-        .map(|v| abs("data.eval_path", v));
+    let d = &mut c.data;
+    for (key, value) in [
+        ("data.path", &mut d.path),
+        ("data.eval_path", &mut d.eval_path),
+        ("data.labels_path", &mut d.labels_path),
+        ("data.eval_labels_path", &mut d.eval_labels_path),
+    ] {
+        *value = value.as_deref().map(|v| abs(key, v));
+    }
     c
 }
 

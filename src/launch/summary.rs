@@ -15,11 +15,19 @@ pub struct Summary {
     pub epochs: f64,
     pub final_loss: Option<f64>,
     pub eval_loss: Option<f64>,
+    /// Classification only.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub eval_accuracy: Option<f64>,
+    /// Language models only: exp(eval_loss).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub eval_perplexity: Option<f64>,
     /// Evaluation samples counted (each exactly once, whatever the world size).
     pub eval_samples: Option<u64>,
     pub wall_seconds: f64,
     pub samples_per_sec: f64,
+    /// Language models only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tokens_per_sec: Option<f64>,
     pub world_size: usize,
     pub strategy: StrategyKind,
     pub global_batch: usize,

@@ -21,9 +21,31 @@ use crate::rng::Rng;
 pub enum Task {
     /// One label per sample: cross-entropy over `classes` logits; accuracy.
     Classification { classes: usize },
+    /// Next-token prediction: each sample is a window of `block + 1` token ids (as values of
+    /// `x`); the model sees the first `block` and predicts each next one, cross-entropy over
+    /// `vocab` logits at every position; perplexity.
+    LanguageModel { vocab: usize, block: usize },
 }
 
-/// One micro-batch: inputs (row-major, `shape[0]` samples) and one target per sample.
+impl Task {
+    /// Logits per row of the model's output.
+    pub fn classes(&self) -> usize {
+        match *self {
+            Task::Classification { classes } => classes,
+            Task::LanguageModel { vocab, .. } => vocab,
+        }
+    }
+    /// Targets predicted per sample (tokens per window for a language model).
+    pub fn targets_per_sample(&self) -> usize {
+        match *self {
+            Task::Classification { .. } => 1,
+            Task::LanguageModel { block, .. } => block,
+        }
+    }
+}
+
+/// One micro-batch: inputs (row-major, `shape[0]` samples) and one target per sample (unused by
+/// a language model, whose targets are the inputs shifted by one).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Batch {
     pub x: Vec<f32>,
@@ -139,7 +161,9 @@ pub trait Family: Send + Sync + 'static {
     /// Initial parameters in `layout`, every one drawn from kiln's RNG keyed by `seed` and a
     /// stable name of the parameter or its layer (see `model::init`).
     fn init(&self, layout: &ParamLayout, seed: u64) -> Vec<f32>;
-    /// Logits `[samples, classes]` for inputs `x`.
+    /// Logits `[rows, classes]` for inputs `x`: one row per sample for classification (`x` is
+    /// f32 data), one row per position (`[samples * block, vocab]`) for a language model (`x` is
+    /// i64 token ids `[samples, block]`).
     fn forward<B: Backend>(
         &self,
         module: &Self::Module<B>,
@@ -170,6 +194,9 @@ pub trait Compute<B: AutodiffBackend> {
         params: &[f32],
         batches: &mut dyn Iterator<Item = Batch>,
     ) -> Result<EvalOut, ModelError>;
+    /// A language model's logits for the token after `context` (at most `block` tokens), with
+    /// the whole flat `params` (no dropout).
+    fn next_logits(&self, params: &[f32], context: &[u32]) -> Result<Vec<f32>, ModelError>;
 }
 
 /// A model as the rest of kiln sees it: a layout, an initialisation, a task, and its compute on

@@ -300,8 +300,27 @@ impl<F: Family, B: AutodiffBackend> Engine<F, B> {
         Ok(module)
     }
 
-    fn input(batch: &mut Batch) -> TensorData {
-        TensorData::new(std::mem::take(&mut batch.x), batch.shape.clone())
+    /// The model's input and the target of each output row: the batch as it is for
+    /// classification; for a language model, each window's first `block` tokens and the `block`
+    /// tokens after them.
+    fn input(&self, batch: &mut Batch) -> (TensorData, Vec<u32>) {
+        match self.family.task() {
+            Task::Classification { .. } => (
+                TensorData::new(std::mem::take(&mut batch.x), batch.shape.clone()),
+                std::mem::take(&mut batch.y),
+            ),
+            Task::LanguageModel { block, .. } => {
+                let rows = batch.shape.first().copied().unwrap_or(0);
+                let width = block + 1;
+                let mut inputs = Vec::with_capacity(rows * block);
+                let mut targets = Vec::with_capacity(rows * block);
+                for w in batch.x.chunks(width) {
+                    inputs.extend(w[..block].iter().map(|&t| t as i64));
+                    targets.extend(w[1..].iter().map(|&t| t as u32));
+                }
+                (TensorData::new(inputs, [rows, block]), targets)
+            }
+        }
     }
 }
 
@@ -329,13 +348,13 @@ impl<F: Family, B: AutodiffBackend> Compute<B> for Engine<F, B> {
         scale: f64,
         grads: &mut Grads,
     ) -> Result<f64, ModelError> {
-        let Task::Classification { classes } = self.family.task();
+        let classes = self.family.task().classes();
         let module = self.install::<B, Leaf>(self.template.clone(), params)?;
-        let x = Self::input(&mut batch);
+        let (x, targets) = self.input(&mut batch);
         let logits = self
             .family
             .forward(&module, x, &self.device, &mut Forward::train(key));
-        let loss = cross_entropy(logits, &batch.y, classes);
+        let loss = cross_entropy(logits, &targets, classes);
         let loss_value = to_vec(loss.clone().inner())?
             .first()
             .copied()
@@ -373,7 +392,8 @@ impl<F: Family, B: AutodiffBackend> Compute<B> for Engine<F, B> {
         params: &[f32],
         batches: &mut dyn Iterator<Item = Batch>,
     ) -> Result<EvalOut, ModelError> {
-        let Task::Classification { classes } = self.family.task();
+        let task = self.family.task();
+        let (classes, per_sample) = (task.classes(), task.targets_per_sample());
         let mut source = |u: usize| -> Result<UnitParams, ModelError> {
             Ok(UnitParams::Host(params[self.layout.unit_range(u)].to_vec()))
         };
@@ -381,13 +401,14 @@ impl<F: Family, B: AutodiffBackend> Compute<B> for Engine<F, B> {
         let module = self.install::<B::InnerBackend, Plain>(self.inner.clone(), &mut source)?;
         let mut out = EvalOut::default();
         for mut batch in batches {
-            let x = Self::input(&mut batch);
+            let (x, targets) = self.input(&mut batch);
             let logits =
                 to_vec(
                     self.family
                         .forward(&module, x, &self.device, &mut Forward::eval()),
                 )?;
-            for (row, &label) in logits.chunks(classes).zip(&batch.y) {
+            let (mut loss, mut right) = (0.0, 0.0);
+            for (i, (row, &label)) in logits.chunks(classes).zip(&targets).enumerate() {
                 let max = row.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
                 let lse = f64::from(max)
                     + row
@@ -395,16 +416,39 @@ impl<F: Family, B: AutodiffBackend> Compute<B> for Engine<F, B> {
                         .map(|&v| f64::from(v - max).exp())
                         .sum::<f64>()
                         .ln();
-                out.losses.push(lse - f64::from(row[label as usize]));
+                loss += lse - f64::from(row[label as usize]);
                 let pred = row
                     .iter()
                     .enumerate()
                     .fold(0, |best, (i, &v)| if v > row[best] { i } else { best });
-                out.correct
-                    .push(if pred == label as usize { 1.0 } else { 0.0 });
+                right += if pred == label as usize { 1.0 } else { 0.0 };
+                // a sample's result: the mean over its targets (one for classification)
+                if (i + 1) % per_sample == 0 {
+                    out.losses.push(loss / per_sample as f64);
+                    out.correct.push(right / per_sample as f64);
+                    (loss, right) = (0.0, 0.0);
+                }
             }
         }
         Ok(out)
+    }
+
+    fn next_logits(&self, params: &[f32], context: &[u32]) -> Result<Vec<f32>, ModelError> {
+        let classes = self.family.task().classes();
+        let mut source = |u: usize| -> Result<UnitParams, ModelError> {
+            Ok(UnitParams::Host(params[self.layout.unit_range(u)].to_vec()))
+        };
+        let module = self.install::<B::InnerBackend, Plain>(self.inner.clone(), &mut source)?;
+        let x = TensorData::new(
+            context.iter().map(|&t| i64::from(t)).collect::<Vec<_>>(),
+            [1, context.len()],
+        );
+        let logits = to_vec(
+            self.family
+                .forward(&module, x, &self.device, &mut Forward::eval()),
+        )?;
+        let start = logits.len().saturating_sub(classes);
+        Ok(logits[start..].to_vec())
     }
 }
 

@@ -9,6 +9,7 @@
 mod api;
 pub mod cnn;
 mod engine;
+pub mod gpt;
 pub mod init;
 pub mod mlp;
 mod registry;

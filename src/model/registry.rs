@@ -6,6 +6,7 @@ use std::sync::Arc;
 use super::api::{ModelError, SharedModel};
 use super::cnn::Cnn;
 use super::engine::FamilyModel;
+use super::gpt::Gpt;
 use super::mlp::Mlp;
 use crate::config::{closest, Resolved};
 
@@ -36,6 +37,9 @@ impl Registry {
         });
         r.register("cnn", |r, input| {
             Ok(Arc::new(FamilyModel::new(Cnn::for_input(r, input)?)))
+        });
+        r.register("gpt", |r, input| {
+            Ok(Arc::new(FamilyModel::new(Gpt::for_input(r, input)?)))
         });
         r
     }

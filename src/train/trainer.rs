@@ -12,7 +12,7 @@ use crate::checkpoint::{
 use crate::collective::CollectiveError;
 use crate::config::Config;
 use crate::data::{Data, Dataset};
-use crate::model::{Batch, Compute, ComputeOn, Model, ModelError, StepKey, UnitParams};
+use crate::model::{Batch, Compute, ComputeOn, Model, ModelError, StepKey, Task, UnitParams};
 use crate::params::{DeviceFlat, DeviceTensor, Grads, RawFn};
 use crate::plan::{DataSplit, Plan};
 use crate::strategy::{Memory, Strategy};
@@ -21,7 +21,8 @@ use crate::strategy::{Memory, Strategy};
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct EvalSums {
     pub loss_sum: f64,
-    pub correct: u64,
+    /// Correct predictions (a language model's samples count the fraction of their tokens).
+    pub correct: f64,
     pub count: u64,
 }
 
@@ -30,7 +31,11 @@ impl EvalSums {
         self.loss_sum / self.count.max(1) as f64
     }
     pub fn accuracy(&self) -> f64 {
-        self.correct as f64 / self.count.max(1) as f64
+        self.correct / self.count.max(1) as f64
+    }
+    /// exp(mean loss): a language model's perplexity.
+    pub fn perplexity(&self) -> f64 {
+        self.loss().exp()
     }
 }
 
@@ -42,10 +47,17 @@ pub struct MetricLine {
     pub loss: f64,
     pub lr: f64,
     pub samples_per_sec: f64,
+    /// A language model's tokens per second (samples/s times the tokens predicted per window).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tokens_per_sec: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub eval_loss: Option<f64>,
+    /// Classification only.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub eval_accuracy: Option<f64>,
+    /// Language models only: exp(eval_loss).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub eval_perplexity: Option<f64>,
 }
 
 /// What the loop reports while it runs (rank 0 only).
@@ -75,8 +87,33 @@ pub struct Outcome {
     pub eval: Option<EvalSums>,
     pub wall_seconds: f64,
     pub samples_per_sec: f64,
+    /// What the model was trained to do (which metrics apply).
+    pub task: Task,
     pub params: Vec<f32>,
     pub memory: Memory,
+}
+
+impl Outcome {
+    /// Tokens per second for a language model.
+    pub fn tokens_per_sec(&self) -> Option<f64> {
+        match self.task {
+            Task::LanguageModel { block, .. } => Some(round4(self.samples_per_sec * block as f64)),
+            Task::Classification { .. } => None,
+        }
+    }
+    /// Evaluation accuracy (classification) or perplexity (language model).
+    pub fn eval_accuracy(&self) -> Option<f64> {
+        match self.task {
+            Task::Classification { .. } => self.eval.map(|e| e.accuracy()),
+            Task::LanguageModel { .. } => None,
+        }
+    }
+    pub fn eval_perplexity(&self) -> Option<f64> {
+        match self.task {
+            Task::LanguageModel { .. } => self.eval.map(|e| e.perplexity()),
+            Task::Classification { .. } => None,
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -245,6 +282,9 @@ pub fn train<B: ComputeOn>(
     let compute = B::compute(model, device);
     let num_params = model.num_params();
     let num_units = model.layout().num_units();
+    let task = model.task();
+    let lm = matches!(task, Task::LanguageModel { .. });
+    let tokens_per_sample = task.targets_per_sample();
     let rank = strategy.rank();
     let world = strategy.world();
     let (mut step, mut pos) = match input.resume {
@@ -433,8 +473,14 @@ pub fn train<B: ComputeOn>(
             loss,
             lr,
             samples_per_sec: round4(sps),
+            tokens_per_sec: lm.then(|| round4(sps * tokens_per_sample as f64)),
             eval_loss: do_eval.then(|| last_eval.map(|e| e.loss())).flatten(),
-            eval_accuracy: do_eval.then(|| last_eval.map(|e| e.accuracy())).flatten(),
+            eval_accuracy: (do_eval && !lm)
+                .then(|| last_eval.map(|e| e.accuracy()))
+                .flatten(),
+            eval_perplexity: (do_eval && lm)
+                .then(|| last_eval.map(|e| e.perplexity()))
+                .flatten(),
         });
         if log {
             window_start = Instant::now();
@@ -482,6 +528,7 @@ pub fn train<B: ComputeOn>(
         eval: last_eval,
         wall_seconds: round4(wall),
         samples_per_sec: round4(samples_total / wall.max(1e-9)),
+        task,
         params,
         memory: strategy.memory(),
     })
@@ -568,7 +615,7 @@ fn reduce_eval(
         // global index i lives on rank i % world at position i / world
         let (r, p) = (i % world, i / world);
         sums.loss_sum += all[r * 2 * per + p];
-        sums.correct += all[r * 2 * per + per + p] as u64;
+        sums.correct += all[r * 2 * per + per + p];
         sums.count += 1;
     }
     Ok(sums)

@@ -198,3 +198,336 @@ classes = 10
     );
     assert!(!d.path().join("runs").exists());
 }
+
+const GPT: &str = r#"
+[experiment]
+seed = 7
+
+[model]
+kind = "gpt"
+vocab_size = 256
+block_size = 32
+layers = 2
+heads = 2
+dim = 32
+
+[data]
+kind = "text"
+path = "corpus.txt"
+eval_fraction = 0.2
+
+[train]
+max_steps = 3
+
+[optim]
+kind = "adamw"
+lr = 0.003
+
+[backend]
+threads = 1
+"#;
+
+/// A few KB of English for the text tests.
+fn corpus(dir: &std::path::Path) {
+    let text = std::fs::read_to_string(root().join("experiments/data/text/rust-book.txt")).unwrap();
+    write(dir, "corpus.txt", &text[..6000]);
+}
+
+/// Trains GPT (in `dir`, which holds the corpus) with `sets`.
+fn train_gpt(sets: &[&str]) -> crate::parallel::Trained {
+    let d = tempfile::tempdir().unwrap();
+    corpus(d.path());
+    let task = GPT.replace("corpus.txt", d.path().join("corpus.txt").to_str().unwrap());
+    train_task(&task, sets)
+}
+
+#[test]
+fn gpt_single_ddp_and_fsdp_by_block_agree() {
+    let single = train_gpt(&["train.batch_size=8"]);
+    for sets in [
+        vec![
+            "train.batch_size=4",
+            "strategy.kind=ddp",
+            "strategy.devices=2",
+        ],
+        vec![
+            "train.batch_size=4",
+            "strategy.kind=fsdp",
+            "strategy.devices=2",
+            "strategy.unit=layer",
+        ],
+    ] {
+        let other = train_gpt(&sets);
+        let d = rel_diff(&single.params, &other.params);
+        assert!(d < 1e-5, "{sets:?}: relative difference {d}");
+        assert!(
+            (single.eval.0 - other.eval.0).abs() < 1e-6 * single.eval.0,
+            "{sets:?}"
+        );
+        assert_eq!(single.eval.2, other.eval.2, "{sets:?}");
+    }
+}
+
+#[test]
+fn gpt_reports_perplexity_and_tokens_per_second() {
+    let d = tempfile::tempdir().unwrap();
+    corpus(d.path());
+    write(d.path(), "t.toml", GPT);
+    let o = kiln(
+        d.path(),
+        &["run", "t.toml", "--quiet", "--set", "train.log_every=1"],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let s: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(d.path().join("runs/experiment/summary.json")).unwrap(),
+    )
+    .unwrap();
+    let (loss, ppl) = (
+        s["eval_loss"].as_f64().unwrap(),
+        s["eval_perplexity"].as_f64().unwrap(),
+    );
+    assert!((ppl - loss.exp()).abs() < 1e-9 * ppl, "{s}");
+    assert!(s.get("eval_accuracy").is_none(), "{s}");
+    // 1200 held-out bytes make 37 non-overlapping windows of 33 tokens
+    assert_eq!(s["eval_samples"], 37);
+    let tps = s["tokens_per_sec"].as_f64().unwrap();
+    let sps = s["samples_per_sec"].as_f64().unwrap();
+    assert!((tps - 32.0 * sps).abs() < 1e-3 * tps, "{s}");
+    let line = crate::common::metric_lines(&d.path().join("runs/experiment")).remove(0);
+    assert!(line["tokens_per_sec"].as_f64().unwrap() > 0.0, "{line}");
+}
+
+#[test]
+fn bad_gpt_and_text_keys_are_bad_input_naming_the_key() {
+    let d = tempfile::tempdir().unwrap();
+    corpus(d.path());
+    write(d.path(), "t.toml", GPT);
+    let run = |sets: &[&str]| {
+        let mut args = vec!["run", "t.toml", "--quiet"];
+        for s in sets {
+            args.extend(["--set", s]);
+        }
+        let o = kiln(d.path(), &args);
+        assert_eq!(o.status.code(), Some(2), "{sets:?}: {}", stderr(&o));
+        assert!(
+            !d.path().join("runs").exists(),
+            "{sets:?}: nothing may be written"
+        );
+        stderr(&o)
+    };
+    assert_eq!(
+        run(&["model.heads=3"]),
+        "error: `model.dim` = 32 is not a multiple of `model.heads` = 3\n  --> t.toml:11\n  = help: every head gets dim / heads channels; change one of them\n"
+    );
+    assert_eq!(
+        run(&["model.block_size=0"]),
+        "error: `model.block_size` = 0 is out of range: must be at least 1\n  --> --set model.block_size=0\n"
+    );
+    assert_eq!(
+        run(&["model.vocab_size=100"]),
+        "error: `model.vocab_size` = 100 is below 256, but byte-level text has 256 token values\n  --> --set model.vocab_size=100\n  = help: set `model.vocab_size = 256` (or more)\n"
+    );
+    // a file shorter than one window gives both lengths
+    let e = run(&["model.block_size=5000"]);
+    assert!(
+        e.contains("the training part has 4800 tokens (bytes), shorter than one window of model.block_size + 1 = 5001"),
+        "{e}"
+    );
+    let e = run(&["data.eval_fraction=1.5"]);
+    assert!(
+        e.starts_with("error: `data.eval_fraction` = 1.5 is out of range"),
+        "{e}"
+    );
+}
+
+/// GPT with dropout, shuffled windows and checkpoints every 2 steps (mid-epoch).
+fn gpt_run_dir(d: &std::path::Path, sets: &[&str]) -> std::path::PathBuf {
+    corpus(d);
+    write(d, "t.toml", GPT);
+    let mut args = vec![
+        "run",
+        "t.toml",
+        "--quiet",
+        "--run-dir",
+        "full",
+        "--set",
+        "model.dropout=0.1",
+        "--set",
+        "train.max_steps=5",
+        "--set",
+        "train.batch_size=4",
+        "--set",
+        "train.log_every=1",
+        "--set",
+        "checkpoint.every_steps=2",
+    ];
+    for s in sets {
+        args.extend(["--set", s]);
+    }
+    let o = kiln(d, &args);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    d.join("full")
+}
+
+fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        if e.file_type().unwrap().is_dir() {
+            copy_dir(&e.path(), &to.join(e.file_name()));
+        } else {
+            std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+        }
+    }
+}
+
+fn summary_of(run: &std::path::Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(run.join("summary.json")).unwrap()).unwrap()
+}
+
+#[test]
+fn gpt_resume_with_dropout_is_bit_exact_under_ddp_and_fsdp() {
+    for sets in [
+        &["strategy.kind=ddp", "strategy.devices=2"][..],
+        &[
+            "strategy.kind=fsdp",
+            "strategy.devices=2",
+            "strategy.unit=layer",
+        ],
+    ] {
+        let d = tempfile::tempdir().unwrap();
+        let full = gpt_run_dir(d.path(), sets);
+        let copy = d.path().join("copy");
+        copy_dir(&full, &copy);
+        let o = kiln(
+            d.path(),
+            &[
+                "resume",
+                copy.to_str().unwrap(),
+                "--quiet",
+                "--from",
+                "step-00000002",
+            ],
+        );
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        let lines = |r: &std::path::Path| {
+            crate::common::metric_lines(r)
+                .iter()
+                .map(|v| (v["step"].clone(), v["loss"].clone()))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(lines(&copy), lines(&full), "{sets:?}");
+        assert_eq!(
+            summary_of(&copy)["params_sha256"],
+            summary_of(&full)["params_sha256"],
+            "{sets:?}"
+        );
+    }
+}
+
+#[test]
+fn resuming_ddp_as_single_uses_every_window_of_the_epoch_once() {
+    use kiln::plan::Plan;
+    let d = tempfile::tempdir().unwrap();
+    let full = gpt_run_dir(
+        d.path(),
+        &[
+            "strategy.kind=ddp",
+            "strategy.devices=2",
+            // 149 windows of 33 tokens: one epoch is 19 steps of 2 x 4 windows
+            "train.max_steps=19",
+            "checkpoint.keep_every=2",
+        ],
+    );
+    // the checkpoint at step 2 is mid-epoch: 2 steps x 2 ranks x 4 windows = 16 windows used
+    let state: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(full.join("checkpoints/step-00000002/state.json")).unwrap(),
+    )
+    .unwrap();
+    let cursor = state["position"]["cursor"].as_u64().unwrap() as usize;
+    assert_eq!(cursor, 16, "{state}");
+    let copy = d.path().join("copy");
+    copy_dir(&full, &copy);
+    let o = kiln(
+        d.path(),
+        &[
+            "resume",
+            copy.to_str().unwrap(),
+            "--quiet",
+            "--from",
+            "step-00000002",
+            "--set",
+            "strategy.kind=single",
+            "--set",
+            "strategy.devices=1",
+            "--set",
+            "train.batch_size=8",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    // the windows before the cursor (ddp's two ranks) and after it (single) are the epoch's,
+    // each once
+    let r = kiln::config::load(&full.join("config.toml"), &[], &[]).unwrap();
+    let data = kiln::data::load(&r).unwrap();
+    let n = data.train.len();
+    let ddp = Plan::new(&r.config, n, 1);
+    let mut seen: Vec<usize> = Vec::new();
+    for rank in 0..2 {
+        seen.extend(&ddp.sampler.indices_from(0, rank, 0)[..cursor / 2]);
+    }
+    let mut c = r.config.clone();
+    c.strategy.kind = kiln::config::StrategyKind::Single;
+    c.strategy.devices = kiln::config::Devices::Count(1);
+    c.train.batch_size = 8;
+    let single = Plan::new(&c, n, 1);
+    seen.extend(single.sampler.indices_from(0, 0, cursor));
+    seen.sort_unstable();
+    seen.dedup();
+    assert_eq!(seen.len(), n, "{n} windows");
+    // and the resumed run stepped through exactly the rest of the epoch
+    let s = summary_of(&copy);
+    let rest = (n - cursor).div_ceil(8);
+    assert_eq!(s["steps"].as_u64().unwrap() as usize, 2 + rest, "{s}");
+}
+
+#[test]
+fn sample_streams_the_same_text_for_a_seed_and_refuses_other_models() {
+    let d = tempfile::tempdir().unwrap();
+    let full = gpt_run_dir(d.path(), &[]);
+    let args = |seed: &str| {
+        vec![
+            "sample".to_string(),
+            full.to_str().unwrap().to_string(),
+            "--prompt".into(),
+            "The ".into(),
+            "--tokens".into(),
+            "40".into(),
+            "--top-k".into(),
+            "10".into(),
+            "--seed".into(),
+            seed.into(),
+        ]
+    };
+    let run = |a: Vec<String>| {
+        let a: Vec<&str> = a.iter().map(String::as_str).collect();
+        kiln(d.path(), &a)
+    };
+    let (a, b, c) = (run(args("1")), run(args("1")), run(args("2")));
+    assert_eq!(a.status.code(), Some(0), "{}", stderr(&a));
+    assert_eq!(a.stdout, b.stdout);
+    assert_ne!(a.stdout, c.stdout);
+    // the prompt, 40 bytes, a newline
+    assert!(a.stdout.starts_with(b"The "));
+    assert_eq!(a.stdout.len(), 4 + 40 + 1);
+    // a classification run is refused
+    write(d.path(), "m.toml", crate::common::TINY);
+    let o = kiln(d.path(), &["run", "m.toml", "--quiet", "--run-dir", "mlp"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let o = kiln(d.path(), &["sample", "mlp", "--prompt", "x"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(o.stdout.is_empty());
+    assert_eq!(
+        stderr(&o),
+        "error: kiln sample generates text from a gpt run, but `mlp` trained model.kind = \"mlp\"\n"
+    );
+}

@@ -1,0 +1,256 @@
+//! `model.kind = "gpt"`: a decoder-only transformer with the layout and initialisation of
+//! `shared/bench/torch_baseline.py --model gpt` (nanoGPT): token plus learned position
+//! embeddings, pre-LayerNorm blocks of causal multi-head self-attention and an MLP of 4*dim with
+//! GELU, a final LayerNorm, and an output layer tied to the token embedding
+//! (`tie_embeddings`). Dropout (kiln's masks) after the embeddings, on the attention weights
+//! and on each residual branch. Initialisation: normal(0, 0.02) for weights and embeddings,
+//! normal(0, 0.02/sqrt(2*layers)) for the residual output projections, zero biases, LayerNorm
+//! scale 1 and shift 0. Each block is one unit, so fsdp `unit = "layer"` gathers one block at
+//! a time.
+
+use burn::module::Module;
+use burn::nn::{Embedding, EmbeddingConfig, LayerNorm, LayerNormConfig, Linear, LinearConfig};
+use burn::tensor::activation::{gelu, softmax};
+use burn::tensor::backend::Backend;
+use burn::tensor::{Int, Tensor, TensorData};
+
+use super::api::{Family, Forward, ModelError, Task};
+use super::init;
+use crate::config::{DataKind, Resolved};
+use crate::params::ParamLayout;
+
+/// One pre-LayerNorm transformer block.
+#[derive(Module, Debug)]
+pub struct BlockModule<B: Backend> {
+    pub ln_1: LayerNorm<B>,
+    /// q, k and v in one projection `[dim, 3 * dim]`.
+    pub c_attn: Linear<B>,
+    /// The attention's output projection (residual).
+    pub c_proj: Linear<B>,
+    pub ln_2: LayerNorm<B>,
+    pub mlp_fc: Linear<B>,
+    /// The MLP's output projection (residual).
+    pub mlp_proj: Linear<B>,
+}
+
+/// The module: `wte`, `wpe`, `blocks.<i>`, `ln_f` (and `lm_head` when not tied).
+#[derive(Module, Debug)]
+pub struct GptModule<B: Backend> {
+    pub wte: Embedding<B>,
+    pub wpe: Embedding<B>,
+    pub blocks: Vec<BlockModule<B>>,
+    pub ln_f: LayerNorm<B>,
+    pub lm_head: Option<Linear<B>>,
+}
+
+/// The GPT family for one `[model]` section.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Gpt {
+    pub vocab: usize,
+    pub block: usize,
+    pub layers: usize,
+    pub heads: usize,
+    pub dim: usize,
+    pub bias: bool,
+    pub tie: bool,
+    pub dropout: f64,
+}
+
+impl Gpt {
+    /// The GPT of `[model]`; its samples must be windows of `block_size + 1` tokens.
+    pub fn for_input(r: &Resolved, input: &[usize]) -> Result<Self, ModelError> {
+        let c = &r.config.model;
+        let g = Gpt {
+            vocab: c.vocab_size.unwrap_or(256),
+            block: c.block_size.unwrap_or(128),
+            layers: c.layers.unwrap_or(4),
+            heads: c.heads.unwrap_or(4),
+            dim: c.dim.unwrap_or(128),
+            bias: c.bias.unwrap_or(true),
+            tie: c.tie_embeddings.unwrap_or(true),
+            dropout: c.dropout,
+        };
+        let err = |key: &str, message: String, help: &str| -> ModelError {
+            r.key_error(key, message, Some(help.to_string())).into()
+        };
+        for (key, v) in [
+            ("model.block_size", g.block),
+            ("model.layers", g.layers),
+            ("model.heads", g.heads),
+            ("model.dim", g.dim),
+            ("model.vocab_size", g.vocab),
+        ] {
+            if v == 0 {
+                return Err(err(
+                    key,
+                    format!("`{key}` = 0 is out of range: must be at least 1"),
+                    "a gpt needs at least one of each",
+                ));
+            }
+        }
+        if g.dim % g.heads != 0 {
+            return Err(err(
+                "model.dim",
+                format!(
+                    "`model.dim` = {} is not a multiple of `model.heads` = {}",
+                    g.dim, g.heads
+                ),
+                "every head gets dim / heads channels; change one of them",
+            ));
+        }
+        if r.config.data.kind == DataKind::Text && g.vocab < 256 {
+            return Err(err(
+                "model.vocab_size",
+                format!(
+                    "`model.vocab_size` = {} is below 256, but byte-level text has 256 token values",
+                    g.vocab
+                ),
+                "set `model.vocab_size = 256` (or more)",
+            ));
+        }
+        if input != [g.block + 1] {
+            return Err(err(
+                "model.kind",
+                format!(
+                    "`model.kind` = \"gpt\" needs windows of model.block_size + 1 = {} tokens, but the data's samples have shape {input:?}",
+                    g.block + 1
+                ),
+                "use `data.kind = \"text\"`",
+            ));
+        }
+        Ok(g)
+    }
+
+    fn ln<B: Backend>(&self, device: &B::Device) -> LayerNorm<B> {
+        LayerNormConfig::new(self.dim)
+            .with_bias(self.bias)
+            .init(device)
+    }
+
+    fn linear<B: Backend>(&self, d_in: usize, d_out: usize, device: &B::Device) -> Linear<B> {
+        LinearConfig::new(d_in, d_out)
+            .with_bias(self.bias)
+            .init(device)
+    }
+
+    fn block<B: Backend>(
+        &self,
+        b: &BlockModule<B>,
+        x: Tensor<B, 3>,
+        ctx: &mut Forward,
+    ) -> Tensor<B, 3> {
+        let [n, t, d] = x.dims();
+        let (h, hd) = (self.heads, d / self.heads);
+        let qkv = b.c_attn.forward(b.ln_1.forward(x.clone()));
+        let split = |i: usize| {
+            qkv.clone()
+                .slice([0..n, 0..t, i * d..(i + 1) * d])
+                .reshape([n, t, h, hd])
+                .swap_dims(1, 2)
+        };
+        let (q, k, v) = (split(0), split(1), split(2));
+        let att = q.matmul(k.swap_dims(2, 3)).div_scalar((hd as f64).sqrt());
+        // causal: position i attends to positions <= i
+        let mask: Vec<f32> = (0..t * t)
+            .map(|i| if i % t > i / t { -1e9 } else { 0.0 })
+            .collect();
+        let mask = Tensor::<B, 4>::from_data(TensorData::new(mask, [1, 1, t, t]), &x.device());
+        let att = ctx.dropout(softmax(att + mask, 3), self.dropout);
+        let y = att.matmul(v).swap_dims(1, 2).reshape([n, t, d]);
+        let x = x + ctx.dropout(b.c_proj.forward(y), self.dropout);
+        let m = b
+            .mlp_proj
+            .forward(gelu(b.mlp_fc.forward(b.ln_2.forward(x.clone()))));
+        x + ctx.dropout(m, self.dropout)
+    }
+}
+
+impl Family for Gpt {
+    type Module<B: Backend> = GptModule<B>;
+
+    fn kind(&self) -> &str {
+        "gpt"
+    }
+
+    fn task(&self) -> Task {
+        Task::LanguageModel {
+            vocab: self.vocab,
+            block: self.block,
+        }
+    }
+
+    fn build<B: Backend>(&self, device: &B::Device) -> GptModule<B> {
+        let d = self.dim;
+        GptModule {
+            wte: EmbeddingConfig::new(self.vocab, d).init(device),
+            wpe: EmbeddingConfig::new(self.block, d).init(device),
+            blocks: (0..self.layers)
+                .map(|_| BlockModule {
+                    ln_1: self.ln(device),
+                    c_attn: self.linear(d, 3 * d, device),
+                    c_proj: self.linear(d, d, device),
+                    ln_2: self.ln(device),
+                    mlp_fc: self.linear(d, 4 * d, device),
+                    mlp_proj: self.linear(4 * d, d, device),
+                })
+                .collect(),
+            ln_f: self.ln(device),
+            lm_head: (!self.tie).then(|| {
+                LinearConfig::new(d, self.vocab)
+                    .with_bias(false)
+                    .init(device)
+            }),
+        }
+    }
+
+    fn init(&self, layout: &ParamLayout, seed: u64) -> Vec<f32> {
+        let mut flat = vec![0f32; layout.num_params()];
+        let residual = 0.02 / ((2 * self.layers) as f64).sqrt();
+        for unit in &layout.units {
+            let mut rng = init::named_stream(seed, &unit.name);
+            for p in &layout.params[unit.params.clone()] {
+                let out = &mut flat[p.range()];
+                let leaf = p.name.rsplit('.').next().unwrap_or("");
+                let layer = p.name.rsplit('.').nth(1).unwrap_or("");
+                match leaf {
+                    // LayerNorm scale
+                    "gamma" => out.fill(1.0),
+                    // LayerNorm shift and Linear biases
+                    "beta" | "bias" => out.fill(0.0),
+                    _ => {
+                        let std = if layer == "c_proj" || layer == "mlp_proj" {
+                            residual
+                        } else {
+                            0.02
+                        };
+                        for v in out {
+                            *v = (std * rng.normal()) as f32;
+                        }
+                    }
+                }
+            }
+        }
+        flat
+    }
+
+    fn forward<B: Backend>(
+        &self,
+        m: &GptModule<B>,
+        x: TensorData,
+        device: &B::Device,
+        ctx: &mut Forward,
+    ) -> Tensor<B, 2> {
+        let idx = Tensor::<B, 2, Int>::from_data(x, device);
+        let [n, t] = idx.dims();
+        let pos = Tensor::<B, 1, Int>::arange(0..t as i64, device).reshape([1, t]);
+        let mut h = ctx.dropout(m.wte.forward(idx) + m.wpe.forward(pos), self.dropout);
+        for b in &m.blocks {
+            h = self.block(b, h, ctx);
+        }
+        let h = m.ln_f.forward(h).reshape([n * t, self.dim]);
+        match &m.lm_head {
+            Some(head) => head.forward(h),
+            None => h.matmul(m.wte.weight.val().transpose()),
+        }
+    }
+}
