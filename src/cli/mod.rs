@@ -8,9 +8,11 @@ mod check;
 mod ckpt;
 mod env;
 mod init;
+mod main;
 mod resume;
 mod run;
 mod sample;
 mod sweep;
 
 pub use args::*;
+pub use main::main_with;

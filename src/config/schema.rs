@@ -70,9 +70,11 @@ pub enum Activation {
     Sigmoid,
 }
 
-/// `[model]`
+/// `[model]`. Keys kiln does not know are kept in `extra`: a model family registered by the
+/// user's own binary reads them with `Resolved::model_keys`; for kiln's own families they are
+/// unknown keys (an error naming the key, its source and the closest key).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
+#[serde(default)]
 pub struct ModelConfig {
     /// Model family: a name in the model registry (built in: `"mlp"`, `"cnn"`). Default:
     /// `"mlp"`.
@@ -110,6 +112,9 @@ pub struct ModelConfig {
     /// gpt: the output layer shares the token embedding's weights. Default: `true`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tie_embeddings: Option<bool>,
+    /// The keys of a family kiln does not know (a user's model). Default: none.
+    #[serde(flatten)]
+    pub extra: std::collections::BTreeMap<String, toml::Value>,
     /// Output classes. Default: `10`.
     pub classes: usize,
     /// Activation after each hidden layer: relu, gelu, tanh, sigmoid. Default: `"relu"`.
@@ -133,6 +138,7 @@ impl Default for ModelConfig {
             dim: None,
             bias: None,
             tie_embeddings: None,
+            extra: Default::default(),
             classes: 10,
             activation: Activation::Relu,
             dropout: 0.0,

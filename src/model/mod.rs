@@ -19,4 +19,4 @@ pub use api::{
     Task, UnitParams,
 };
 pub use engine::FamilyModel;
-pub use registry::{build, Builder, Registry};
+pub use registry::{build, install, registry, Builder, Registry};

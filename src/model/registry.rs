@@ -1,7 +1,7 @@
 //! The registry: `model.kind` -> the builder of that family's `Model`.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use super::api::{ModelError, SharedModel};
 use super::cnn::Cnn;
@@ -17,7 +17,9 @@ pub type Builder =
 
 /// Model families by name.
 pub struct Registry {
-    builders: BTreeMap<String, Builder>,
+    /// Each family's builder, and whether it reads `[model]` keys of its own (else any key
+    /// kiln does not know is an error before its builder runs).
+    builders: BTreeMap<String, (Builder, bool)>,
 }
 
 impl Default for Registry {
@@ -32,25 +34,37 @@ impl Registry {
         let mut r = Registry {
             builders: BTreeMap::new(),
         };
-        r.register("mlp", |r, input| {
-            Ok(Arc::new(FamilyModel::new(Mlp::for_input(r, input)?)))
-        });
-        r.register("cnn", |r, input| {
-            Ok(Arc::new(FamilyModel::new(Cnn::for_input(r, input)?)))
-        });
-        r.register("gpt", |r, input| {
-            Ok(Arc::new(FamilyModel::new(Gpt::for_input(r, input)?)))
-        });
+        let own = |r: &mut Registry, kind: &str, b: Builder| {
+            r.builders.insert(kind.to_string(), (b, false));
+        };
+        own(
+            &mut r,
+            "mlp",
+            Box::new(|r, input| Ok(Arc::new(FamilyModel::new(Mlp::for_input(r, input)?)))),
+        );
+        own(
+            &mut r,
+            "cnn",
+            Box::new(|r, input| Ok(Arc::new(FamilyModel::new(Cnn::for_input(r, input)?)))),
+        );
+        own(
+            &mut r,
+            "gpt",
+            Box::new(|r, input| Ok(Arc::new(FamilyModel::new(Gpt::for_input(r, input)?)))),
+        );
         r
     }
 
-    /// Adds (or replaces) the family `kind`.
+    /// Adds (or replaces) the family `kind`. Its builder gets the resolved config and the
+    /// shape of one input sample; it reads its own `[model]` keys with
+    /// `Resolved::model_keys::<YourKeys>()` and returns `FamilyModel::new(your_family)`.
     pub fn register(
         &mut self,
         kind: &str,
         builder: impl Fn(&Resolved, &[usize]) -> Result<SharedModel, ModelError> + Send + Sync + 'static,
     ) {
-        self.builders.insert(kind.to_string(), Box::new(builder));
+        self.builders
+            .insert(kind.to_string(), (Box::new(builder), true));
     }
 
     /// The registered names, sorted.
@@ -62,7 +76,13 @@ impl Registry {
     /// names its source and the closest registered name.
     fn builder(&self, r: &Resolved) -> Result<&Builder, ModelError> {
         let kind = r.config.model.kind.as_str();
-        self.builders.get(kind).ok_or_else(|| {
+        if let Some((b, own_keys)) = self.builders.get(kind) {
+            if !own_keys {
+                r.no_extra_model_keys()?;
+            }
+            return Ok(b);
+        }
+        Err({
             let kinds = self.kinds();
             let help = match closest(kind, &kinds) {
                 Some(k) => format!("did you mean \"{k}\"? registered: {}", kinds.join(", ")),
@@ -88,7 +108,23 @@ impl Registry {
     }
 }
 
-/// The built-in model that `[model]` of `r` describes, for samples of shape `input`.
+/// The registry of this process: the one `install`ed (by `kiln::cli::main_with`), else the
+/// built-in families.
+static PROCESS: OnceLock<Registry> = OnceLock::new();
+
+/// Makes `registry` the one this process builds models from. Only the first call counts (it
+/// returns false for later ones); call it before anything is built.
+pub fn install(registry: Registry) -> bool {
+    PROCESS.set(registry).is_ok()
+}
+
+/// The registry this process builds models from.
+pub fn registry() -> &'static Registry {
+    PROCESS.get_or_init(Registry::builtin)
+}
+
+/// The model that `[model]` of `r` describes, for samples of shape `input`, from this process's
+/// registry.
 pub fn build(r: &Resolved, input: &[usize]) -> Result<SharedModel, ModelError> {
-    Registry::builtin().build(r, input)
+    registry().build(r, input)
 }

@@ -66,7 +66,7 @@ pub fn plan(spec: &SweepSpec, env: &[(String, String)]) -> Result<(Config, Vec<P
                 trial.describe()
             ))
         })?;
-        crate::model::Registry::builtin().check(&r).map_err(|e| {
+        crate::model::registry().check(&r).map_err(|e| {
             Error::Usage(format!(
                 "sweep trial {} ({}): {e}",
                 trial.index,

@@ -5,6 +5,7 @@ mod collective;
 mod common;
 mod config;
 mod cuda;
+mod custom;
 mod experiments;
 mod fsdp;
 mod layers;

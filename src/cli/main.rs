@@ -1,0 +1,42 @@
+//! The whole command line as a function, for the `kiln` binary and for a user's own binary
+//! that registers model families of its own: `std::process::exit(kiln::cli::main_with(registry))`.
+
+use clap::Parser;
+
+use super::{dispatch, Cli};
+use crate::model::{self, Registry};
+
+/// Runs kiln's command line with the model families of `registry`: parses the arguments, runs
+/// the command, prints an error (if any) and returns the exit code (0 ok, 1 the run failed,
+/// 2 bad input). Sweep trials re-run the same executable, so they see the same families.
+pub fn main_with(registry: Registry) -> i32 {
+    quiet_on_closed_stdout();
+    // NCCL found but not loadable: re-execute with it on the library path, before anything runs
+    #[cfg(feature = "cuda")]
+    if let Some(warning) = crate::cuda::ensure_nccl_loadable() {
+        eprintln!("{warning}");
+    }
+    model::install(registry);
+    let cli = Cli::parse();
+    match dispatch(cli) {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("error: {e}");
+            e.exit_code()
+        }
+    }
+}
+
+/// `kiln ... | head` closes the pipe early; printing then fails, and Rust's `println!` panics.
+/// Stop quietly with 0 instead, as ripgrep does (SIGPIPE stays ignored so that sockets keep
+/// returning errors rather than killing the process).
+fn quiet_on_closed_stdout() {
+    let default_hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let msg = info.payload_as_str().unwrap_or("");
+        if msg.starts_with("failed printing to stdout") && msg.contains("Broken pipe") {
+            std::process::exit(0);
+        }
+        default_hook(info);
+    }));
+}
