@@ -174,6 +174,10 @@ pub struct DataConfig {
     /// `features`). Default: `[]` (flat samples of `features` values).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub image: Vec<usize>,
+    /// synthetic: make every sample a window of `model.block_size + 1` random tokens in
+    /// 0..tokens (for gpt benchmarks). Default: unset.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tokens: Option<usize>,
     /// Number of classes (csv: labels must be integers in 0..classes). Default: `10`.
     pub classes: usize,
     /// synthetic: seed of the teacher and the samples. Default: `0`.
@@ -217,6 +221,7 @@ impl Default for DataConfig {
             eval_samples: 200,
             features: 1000,
             image: Vec::new(),
+            tokens: None,
             classes: 10,
             seed: 0,
             path: None,

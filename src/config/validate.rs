@@ -132,7 +132,9 @@ pub fn validate(r: &Resolved) -> Result<(), ConfigError> {
         DataKind::Synthetic => {
             at_least(r, "data.samples", c.data.samples, 1)?;
             at_least(r, "data.features", c.data.features, 1)?;
-            if !c.data.image.is_empty() {
+            if let Some(t) = c.data.tokens {
+                at_least(r, "data.tokens", t, 1)?;
+            } else if !c.data.image.is_empty() {
                 if c.data.image.len() != 3 || c.data.image.contains(&0) {
                     return Err(r.key_error(
                         "data.image",

@@ -73,7 +73,14 @@ pub enum DataError {
 pub fn load(r: &Resolved) -> Result<Data, DataError> {
     let c = &r.config.data;
     match c.kind {
-        DataKind::Synthetic => Ok(synthetic::generate(c)),
+        DataKind::Synthetic => match c.tokens {
+            Some(vocab) => Ok(synthetic::tokens(
+                c,
+                vocab,
+                r.config.model.block_size.unwrap_or(128).max(1) + 1,
+            )),
+            None => Ok(synthetic::generate(c)),
+        },
         DataKind::Csv => {
             let Some(path) = &c.path else {
                 return Err(DataError::Invalid("data.path is required for csv".into()));

@@ -90,6 +90,27 @@ pub fn generate(c: &DataConfig) -> Data {
     Data { train, eval }
 }
 
+/// Windows of `width` uniformly random tokens in `0..vocab` (a language-model workload for
+/// benchmarks: there is nothing to learn).
+pub fn tokens(c: &DataConfig, vocab: usize, width: usize) -> Data {
+    let draw = |n: usize, purpose: &str| {
+        let mut rng = Rng::stream(c.seed, purpose, &[]);
+        let x: Vec<f32> = (0..n * width)
+            .map(|_| rng.below(vocab.max(1) as u64) as f32)
+            .collect();
+        Dataset {
+            features: width,
+            shape: vec![width],
+            x,
+            y: vec![0; n],
+        }
+    };
+    Data {
+        train: draw(c.samples, "synthetic-tokens-train"),
+        eval: (c.eval_samples > 0).then(|| draw(c.eval_samples, "synthetic-tokens-eval")),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

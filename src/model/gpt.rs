@@ -108,6 +108,16 @@ impl Gpt {
                 "set `model.vocab_size = 256` (or more)",
             ));
         }
+        if let Some(t) = r.config.data.tokens.filter(|&t| t > g.vocab) {
+            return Err(err(
+                "data.tokens",
+                format!(
+                    "`data.tokens` = {t} is above `model.vocab_size` = {}",
+                    g.vocab
+                ),
+                "tokens must be ids below the vocabulary size",
+            ));
+        }
         if input != [g.block + 1] {
             return Err(err(
                 "model.kind",
@@ -115,7 +125,7 @@ impl Gpt {
                     "`model.kind` = \"gpt\" needs windows of model.block_size + 1 = {} tokens, but the data's samples have shape {input:?}",
                     g.block + 1
                 ),
-                "use `data.kind = \"text\"`",
+                "use `data.kind = \"text\"` (or synthetic `data.tokens = 256`)",
             ));
         }
         Ok(g)

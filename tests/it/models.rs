@@ -531,3 +531,26 @@ fn sample_streams_the_same_text_for_a_seed_and_refuses_other_models() {
         "error: kiln sample generates text from a gpt run, but `mlp` trained model.kind = \"mlp\"\n"
     );
 }
+
+#[test]
+fn gpt_under_fsdp_holds_about_half_of_ddps_training_state_per_rank() {
+    let bytes = |t: &crate::parallel::Trained| -> Vec<usize> {
+        t.memory
+            .iter()
+            .map(|m| m.params_bytes + m.grads_bytes + m.optim_bytes)
+            .collect()
+    };
+    let ddp = bytes(&train_gpt(&["strategy.kind=ddp", "strategy.devices=2"]));
+    let fsdp = bytes(&train_gpt(&[
+        "strategy.kind=fsdp",
+        "strategy.devices=2",
+        "strategy.unit=layer",
+    ]));
+    for (d, f) in ddp.iter().zip(&fsdp) {
+        let ratio = *f as f64 / *d as f64;
+        assert!(
+            (0.49..0.52).contains(&ratio),
+            "fsdp {f} B vs ddp {d} B per rank"
+        );
+    }
+}

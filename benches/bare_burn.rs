@@ -1,0 +1,123 @@
+//! Where the CPU time of the cnn and gpt workloads goes: forward + backward of the same Burn
+//! modules in a bare Burn loop (Burn's own parameters, no kiln install, no gradient flattening,
+//! no optimizer), next to kiln's full micro-step. The gap between the two is kiln's overhead;
+//! the rest is Burn's kernels (compare with `torch_baseline.py` for PyTorch's).
+//!
+//!   cargo bench --bench bare_burn
+
+use std::time::Instant;
+
+use burn::backend::{Autodiff, Flex};
+use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::{Tensor, TensorData};
+use kiln::config::load;
+use kiln::model::{Batch, ComputeOn, Family, Forward, StepKey, UnitParams};
+use kiln::params::Grads;
+
+type B = Autodiff<Flex>;
+
+fn time<F: FnMut()>(steps: usize, mut f: F) -> f64 {
+    for _ in 0..2 {
+        f();
+    }
+    let t = Instant::now();
+    for _ in 0..steps {
+        f();
+    }
+    t.elapsed().as_secs_f64() / steps as f64
+}
+
+/// Seconds per micro-step: a bare Burn forward + backward of `family`'s module, and kiln's
+/// micro-step (install, forward, backward, flat gradients) for the same batch.
+fn measure<F: Family>(
+    name: &str,
+    family: F,
+    file: &str,
+    bare_input: TensorData,
+    batch: Batch,
+    steps: usize,
+) {
+    let device = Default::default();
+    let module: F::Module<B> = family.build::<B>(&device);
+    let bare = time(steps, || {
+        let x = bare_input.clone();
+        let logits: Tensor<B, 2> = family.forward(&module, x, &device, &mut Forward::eval());
+        let loss = logits.mean();
+        let _g = <B as AutodiffBackend>::backward(loss.into_primitive().tensor());
+    });
+    let r = load(std::path::Path::new(file), &[], &[]).unwrap();
+    let data = kiln::data::load(&r).unwrap();
+    let model = kiln::model::build(&r, &data.input_shape()).unwrap();
+    let compute = <B as ComputeOn>::compute(model.as_ref(), &device);
+    let params = model.init(0);
+    let layout = model.layout().clone();
+    let kiln_step = time(steps, || {
+        let mut source = |u: usize| Ok(UnitParams::Host(params[layout.unit_range(u)].to_vec()));
+        let mut g = Grads::Host(vec![0.0; params.len()]);
+        let key = StepKey {
+            seed: 0,
+            counters: [0; 3],
+        };
+        compute
+            .forward_backward(&mut source, batch.clone(), key, 1.0, &mut g)
+            .unwrap();
+    });
+    let n = batch.shape[0] as f64;
+    println!(
+        "{name:<4} bare Burn fwd+bwd {:>8.1} samples/s   kiln micro-step {:>8.1} samples/s   kiln overhead {:>5.1}%",
+        n / bare,
+        n / kiln_step,
+        100.0 * (kiln_step - bare) / kiln_step
+    );
+}
+
+fn main() {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let r = load(
+        &std::path::Path::new(root).join("experiments/bench-cnn.toml"),
+        &[],
+        &[],
+    )
+    .unwrap();
+    let cnn = kiln::model::cnn::Cnn::for_input(&r, &[1, 28, 28]).unwrap();
+    let images: Vec<f32> = (0..32 * 28 * 28)
+        .map(|i| ((i * 37) % 255) as f32 / 255.0)
+        .collect();
+    measure(
+        "cnn",
+        cnn,
+        &format!("{root}/experiments/bench-cnn.toml"),
+        TensorData::new(images.clone(), [32, 1, 28, 28]),
+        Batch {
+            x: images,
+            shape: vec![32, 1, 28, 28],
+            y: vec![3; 32],
+        },
+        20,
+    );
+    let r = load(
+        &std::path::Path::new(root).join("experiments/bench-gpt.toml"),
+        &[],
+        &[],
+    )
+    .unwrap();
+    let gpt = kiln::model::gpt::Gpt::for_input(&r, &[129]).unwrap();
+    let tokens: Vec<f32> = (0..8 * 129).map(|i| ((i * 31) % 256) as f32).collect();
+    // the bare loop takes the model's input: 128 token ids per sample
+    let inputs: Vec<i64> = tokens
+        .chunks(129)
+        .flat_map(|w| w[..128].iter().map(|&t| t as i64))
+        .collect();
+    measure(
+        "gpt",
+        gpt,
+        &format!("{root}/experiments/bench-gpt.toml"),
+        TensorData::new(inputs, [8, 128]),
+        Batch {
+            x: tokens,
+            shape: vec![8, 129],
+            y: vec![0; 8],
+        },
+        5,
+    );
+}
