@@ -71,7 +71,55 @@ fn measure<F: Family>(
     );
 }
 
+/// The workloads' heaviest ops alone on Burn flex (milliseconds per call, forward + backward),
+/// the same shapes `torch_ops` times in PyTorch (see CHANGELOG.md).
+fn ops() {
+    use burn::tensor::activation::{gelu, softmax};
+    use burn::tensor::module::{conv2d, max_pool2d};
+    use burn::tensor::ops::ConvOptions;
+    use burn::tensor::Distribution;
+    let d = Default::default();
+    let rand = |shape: Vec<usize>| -> Tensor<B, 4> {
+        Tensor::<B, 4>::random(shape, Distribution::Normal(0.0, 1.0), &d).require_grad()
+    };
+    let ms = |name: &str, f: &mut dyn FnMut()| {
+        println!("{name:<46} {:8.3} ms", 1e3 * time(20, f));
+    };
+    let opts = || ConvOptions::new([1, 1], [1, 1], [1, 1], 1);
+    let (x1, w1) = (rand(vec![32, 1, 28, 28]), rand(vec![32, 1, 3, 3]));
+    let (x2, w2) = (rand(vec![32, 32, 14, 14]), rand(vec![64, 32, 3, 3]));
+    ms("conv2d 1->32 28x28 fwd+bwd", &mut || {
+        let y = conv2d(x1.clone(), w1.clone(), None, opts());
+        let _ = y.sum().backward();
+    });
+    ms("conv2d 32->64 14x14 fwd+bwd", &mut || {
+        let y = conv2d(x2.clone(), w2.clone(), None, opts());
+        let _ = y.sum().backward();
+    });
+    let y = rand(vec![32, 32, 28, 28]);
+    ms("max_pool2d 32x32x28x28 fwd+bwd", &mut || {
+        let _ = max_pool2d(y.clone(), [2, 2], [2, 2], [0, 0], [1, 1], false)
+            .sum()
+            .backward();
+    });
+    let a = rand(vec![1, 1, 1024, 128]);
+    let b = rand(vec![1, 1, 128, 384]);
+    ms("matmul 1024x128 @ 128x384 fwd+bwd", &mut || {
+        let _ = a.clone().matmul(b.clone()).sum().backward();
+    });
+    let (q, k) = (rand(vec![8, 4, 128, 32]), rand(vec![8, 4, 128, 32]));
+    ms("attention scores+softmax 8x4x128x128 fwd+bwd", &mut || {
+        let s = q.clone().matmul(k.clone().swap_dims(2, 3)).div_scalar(5.6);
+        let _ = softmax(s, 3).sum().backward();
+    });
+    let g = rand(vec![1, 1, 1024, 512]);
+    ms("gelu 1024x512 fwd+bwd", &mut || {
+        let _ = gelu(g.clone()).sum().backward();
+    });
+}
+
 fn main() {
+    ops();
     let root = env!("CARGO_MANIFEST_DIR");
     let r = load(
         &std::path::Path::new(root).join("experiments/bench-cnn.toml"),
