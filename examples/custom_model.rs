@@ -75,17 +75,7 @@ impl Family for ResMlp {
 
     /// PyTorch's Linear default, each layer from its own stream keyed by its path.
     fn init(&self, layout: &ParamLayout, seed: u64) -> Vec<f32> {
-        let mut flat = vec![0f32; layout.num_params()];
-        for unit in &layout.units {
-            let fan_in = layout.params[unit.params.start].shape[0];
-            let mut rng = init::named_stream(seed, &unit.name);
-            init::uniform(
-                &mut rng,
-                &mut flat[unit.range.clone()],
-                1.0 / (fan_in as f64).sqrt(),
-            );
-        }
-        flat
+        init::pytorch_default(layout, seed)
     }
 
     fn forward<B: Backend>(

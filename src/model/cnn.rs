@@ -156,27 +156,10 @@ impl Family for Cnn {
         }
     }
 
-    /// PyTorch's defaults: every parameter of a layer U(-b, b) with b = 1/sqrt(fan_in), where
-    /// fan_in is in*k*k for a Conv2d and in for a Linear.
+    /// PyTorch's defaults (`init::pytorch_default`): U(-b, b), b = 1/sqrt(fan_in), where fan_in
+    /// is in*k*k for a Conv2d and in for a Linear.
     fn init(&self, layout: &ParamLayout, seed: u64) -> Vec<f32> {
-        let mut flat = vec![0f32; layout.num_params()];
-        for unit in &layout.units {
-            let weight = &layout.params[unit.params.start];
-            let fan_in: usize = match weight.shape.as_slice() {
-                // Conv2d [out, in, k, k]
-                [_, rest @ ..] if weight.shape.len() == 4 => rest.iter().product(),
-                // Linear [in, out]
-                [d_in, _] => *d_in,
-                other => other.iter().product(),
-            };
-            let mut rng = init::named_stream(seed, &unit.name);
-            init::uniform(
-                &mut rng,
-                &mut flat[unit.range.clone()],
-                1.0 / (fan_in as f64).sqrt(),
-            );
-        }
-        flat
+        init::pytorch_default(layout, seed)
     }
 
     fn forward<B: Backend>(

@@ -54,25 +54,49 @@ pub fn train(sets: &[&str]) -> Trained {
 }
 
 /// Trains the experiment `task` with `sets` in process; its final parameters, eval and memory.
-pub fn train_task(task: &str, sets: &[&str]) -> Trained {
-    let d = tempfile::tempdir().unwrap();
-    let f = write(d.path(), "task.toml", task);
+/// Everything a run of `task` with `sets` needs in process (its config, data, model and plan).
+pub struct Prepared {
+    _dir: tempfile::TempDir,
+    pub r: kiln::config::Resolved,
+    pub data: kiln::data::Data,
+    pub model: kiln::model::SharedModel,
+    pub plan: Plan,
+}
+
+pub fn prepare(task: &str, sets: &[&str]) -> Prepared {
+    let dir = tempfile::tempdir().unwrap();
+    let f = write(dir.path(), "task.toml", task);
     let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
     let r = config::load(&f, &[], &sets).unwrap();
-    let c = &r.config;
     let data = data::load(&r).unwrap();
     let model = kiln::model::build(&r, &data.input_shape()).unwrap();
-    let plan = Plan::new(c, data.train.len(), model.num_params());
-    let input = TrainInput {
-        config: c,
-        plan: &plan,
-        data: &data,
-        model: model.as_ref(),
-        store: None,
-        resume: None,
-    };
-    let placement = backend::resolve(c).unwrap();
-    let res = kiln::launch::train(&placement, &input, None, None, &mut |_| {}).unwrap();
+    let plan = Plan::new(&r.config, data.train.len(), model.num_params());
+    Prepared {
+        _dir: dir,
+        r,
+        data,
+        model,
+        plan,
+    }
+}
+
+impl Prepared {
+    pub fn input(&self) -> TrainInput<'_> {
+        TrainInput {
+            config: &self.r.config,
+            plan: &self.plan,
+            data: &self.data,
+            model: self.model.as_ref(),
+            store: None,
+            resume: None,
+        }
+    }
+}
+
+pub fn train_task(task: &str, sets: &[&str]) -> Trained {
+    let p = prepare(task, sets);
+    let placement = backend::resolve(&p.r.config).unwrap();
+    let res = kiln::launch::train(&placement, &p.input(), None, None, &mut |_| {}).unwrap();
     let e = res.outcome.eval.unwrap();
     Trained {
         params: res.outcome.params,
@@ -293,28 +317,17 @@ impl Collective for Stall {
 
 #[test]
 fn a_stalled_rank_fails_the_run_naming_rank_and_op() {
+    let p = prepare(
+        TINY,
+        &[
+            "strategy.kind=ddp",
+            "strategy.devices=2",
+            "strategy.timeout_secs=1",
+        ],
+    );
+    let input = p.input();
+    let placement = backend::resolve(&p.r.config).unwrap();
     let d = tempfile::tempdir().unwrap();
-    let f = write(d.path(), "t.toml", TINY);
-    let sets = [
-        "strategy.kind=ddp",
-        "strategy.devices=2",
-        "strategy.timeout_secs=1",
-    ]
-    .map(String::from);
-    let r = config::load(&f, &[], &sets).unwrap();
-    let c = &r.config;
-    let data = data::load(&r).unwrap();
-    let model = kiln::model::build(&r, &data.input_shape()).unwrap();
-    let plan = Plan::new(c, data.train.len(), model.num_params());
-    let input = TrainInput {
-        config: c,
-        plan: &plan,
-        data: &data,
-        model: model.as_ref(),
-        store: None,
-        resume: None,
-    };
-    let placement = backend::resolve(c).unwrap();
     let mut ranks = LocalGroup::new(2, Duration::from_secs(1)).into_iter();
     let (r0, r1) = (ranks.next().unwrap(), ranks.next().unwrap());
     let comms: Vec<Box<dyn Collective>> = vec![
