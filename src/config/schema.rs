@@ -76,8 +76,8 @@ pub enum Activation {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct ModelConfig {
-    /// Model family: a name in the model registry (built in: `"mlp"`, `"cnn"`). Default:
-    /// `"mlp"`.
+    /// Model family: a name in the model registry (built in: `"mlp"`, `"cnn"`, `"gpt"`).
+    /// Default: `"mlp"`.
     pub kind: String,
     /// mlp: input features. Default: `1000`.
     pub input_size: usize,

@@ -66,10 +66,15 @@ fn parse(
     let sizes: Vec<usize> = (0..dims)
         .map(|d| be32(bytes, 4 * (1 + d)) as usize)
         .collect();
+    if sizes[0] == 0 {
+        return Err(invalid(path, "holds no items (its count is 0)".into()));
+    }
     if sizes.iter().skip(1).any(|&s| s == 0) {
         return Err(invalid(path, format!("a dimension is 0: {sizes:?}")));
     }
-    let want = sizes.iter().product::<usize>();
+    let Some(want) = sizes.iter().try_fold(1usize, |a, &s| a.checked_mul(s)) else {
+        return Err(invalid(path, format!("header sizes {sizes:?} overflow")));
+    };
     let have = bytes.len() - head;
     if have != want {
         let what = if have < want { "truncated" } else { "too long" };
@@ -253,6 +258,19 @@ mod tests {
         assert_eq!(
             pair(images(2, 0, 2, &[]), labels(&[0, 1]), false).unwrap_err(),
             "i: a dimension is 0: [2, 0, 2]"
+        );
+        assert_eq!(
+            pair(images(0, 2, 2, &[]), labels(&[]), false).unwrap_err(),
+            "i: holds no items (its count is 0)"
+        );
+        assert_eq!(
+            pair(
+                images(u32::MAX, u32::MAX, u32::MAX, &[]),
+                labels(&[0]),
+                false
+            )
+            .unwrap_err(),
+            "i: header sizes [4294967295, 4294967295, 4294967295] overflow"
         );
     }
 }

@@ -1,7 +1,8 @@
 //! `data.kind = "text"`: any file as byte-level tokens (vocabulary 256). Training samples are
 //! windows of `model.block_size + 1` tokens starting every `data.stride` tokens (default
-//! `block_size`); the last `data.eval_fraction` of the file is held out and cut into windows the
-//! same way. A window is a sample like any other: the distributed sampler, the resume cursor and
+//! `block_size`); the last `data.eval_fraction` of the file is held out and cut into windows
+//! every `block_size` tokens (consecutive windows share one token, so every held-out target is
+//! scored once). A window is a sample like any other: the distributed sampler, the resume cursor and
 //! exact evaluation work over windows.
 
 use super::{Data, DataError, Dataset};
@@ -45,7 +46,7 @@ pub fn load(r: &Resolved) -> Result<Data, DataError> {
     let (train, eval) = bytes.split_at(split);
     let short = |part: &str, len: usize| {
         DataError::Invalid(format!(
-            "{}: the {part} has {len} tokens (bytes), shorter than one window of model.block_size + 1 = {width}; use a longer file or a smaller `model.block_size`",
+            "{}: the {part} has {len} tokens (bytes), shorter than one window of model.block_size + 1 = {width}; use a longer file, a smaller `model.block_size`, or (for the held-out part) another `data.eval_fraction`",
             path.display()
         ))
     };
@@ -59,7 +60,7 @@ pub fn load(r: &Resolved) -> Result<Data, DataError> {
                 eval.len(),
             ));
         }
-        // evaluation windows do not overlap: every held-out token is scored at most once
+        // evaluation windows every block tokens: each held-out target is scored once
         Some(windows(eval, width, block))
     } else {
         None

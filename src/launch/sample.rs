@@ -1,6 +1,6 @@
 //! `kiln sample`'s work: text from a gpt run's checkpoint, byte by byte. The context is the last
 //! `block_size` tokens; each next byte is drawn from softmax(logits / temperature), restricted
-//! to the `top_k` most likely when given, by kiln's RNG keyed by the seed and the position, so a
+//! to the `top_k` most likely when given, from one stream of kiln's RNG keyed by the seed, so a
 //! seed always gives the same text.
 
 use std::path::Path;
@@ -67,7 +67,14 @@ pub fn sample(run_dir: &Path, o: &SampleOptions, on_byte: &mut dyn FnMut(u8)) ->
     if o.top_k == Some(0) {
         return Err(Error::Usage("--top-k must be at least 1".into()));
     }
-    let r = config::load(&file, &[], &[])?;
+    // the run's config as stored, without the checks a run makes of its data files: sampling
+    // never reads the data, which may have moved since
+    let figment = config::build_figment(&file, &[], &[])?;
+    let r = config::Resolved {
+        config: config::extract(&figment)?,
+        figment,
+        file: file.clone(),
+    };
     let kind = r.config.model.kind.as_str();
     if kind != "gpt" {
         return Err(Error::Usage(format!(
@@ -82,6 +89,12 @@ pub fn sample(run_dir: &Path, o: &SampleOptions, on_byte: &mut dyn FnMut(u8)) ->
             "the run's model is not a language model".into(),
         ));
     };
+    if vocab < 256 {
+        return Err(Error::Usage(format!(
+            "`{}` has a vocabulary of {vocab} tokens; kiln sample writes bytes and needs 256 (a gpt trained on `data.kind = \"text\"`)",
+            run_dir.display()
+        )));
+    }
     let store = checkpoint_store(run_dir)?;
     let path = choose_checkpoint(&store, o.from.as_deref())?.ok_or_else(|| {
         Error::Usage(format!(
@@ -90,6 +103,14 @@ pub fn sample(run_dir: &Path, o: &SampleOptions, on_byte: &mut dyn FnMut(u8)) ->
         ))
     })?;
     let loaded = checkpoint::load(&path).map_err(Error::Checkpoint)?;
+    if loaded.params.len() != model.num_params() {
+        return Err(Error::Usage(format!(
+            "{} holds {} parameters but the run's model has {}; was config.toml edited?",
+            path.display(),
+            loaded.params.len(),
+            model.num_params()
+        )));
+    }
     let compute =
         <burn::backend::Autodiff<Flex> as ComputeOn>::compute(model.as_ref(), &Default::default());
     let mut context: Vec<u32> = o.prompt.bytes().map(u32::from).collect();
@@ -103,8 +124,9 @@ pub fn sample(run_dir: &Path, o: &SampleOptions, on_byte: &mut dyn FnMut(u8)) ->
     let mut rng = Rng::stream(o.seed, "sample", &[]);
     for _ in 0..o.tokens {
         let window = &context[context.len().saturating_sub(block)..];
-        let logits = compute.next_logits(&loaded.params, window)?;
-        let scaled: Vec<f32> = logits[..vocab.min(256)]
+        let logits = compute.logits(&loaded.params, window)?;
+        let last = &logits[logits.len().saturating_sub(vocab)..];
+        let scaled: Vec<f32> = last[..vocab.min(256)]
             .iter()
             .map(|&l| (f64::from(l) / o.temperature) as f32)
             .collect();

@@ -194,9 +194,10 @@ pub trait Compute<B: AutodiffBackend> {
         params: &[f32],
         batches: &mut dyn Iterator<Item = Batch>,
     ) -> Result<EvalOut, ModelError>;
-    /// A language model's logits for the token after `context` (at most `block` tokens), with
-    /// the whole flat `params` (no dropout).
-    fn next_logits(&self, params: &[f32], context: &[u32]) -> Result<Vec<f32>, ModelError>;
+    /// A language model's logits at every position of `context` (at most `block` tokens,
+    /// `[context.len(), vocab]` row-major; the last row predicts the next token), with the whole
+    /// flat `params` (no dropout).
+    fn logits(&self, params: &[f32], context: &[u32]) -> Result<Vec<f32>, ModelError>;
 }
 
 /// A model as the rest of kiln sees it: a layout, an initialisation, a task, and its compute on

@@ -1,7 +1,8 @@
 //! `model.kind = "cnn"`: the convolutional net of `shared/bench/torch_baseline.py --model cnn`.
 //! Each stage of `model.channels` is Conv2d(c_in, c, kernel_size, padding = kernel_size / 2) ->
-//! ReLU -> MaxPool2d(2); then flatten -> the hidden Linear layers (`model.hidden_sizes`, each
-//! followed by the activation and dropout) -> `model.classes`. The input shape `[C, H, W]` comes
+//! activation (`model.activation`, ReLU by default) -> MaxPool2d(2); then flatten -> the hidden
+//! Linear layers (`model.hidden_sizes`, each followed by the activation and dropout) ->
+//! `model.classes`. The input shape `[C, H, W]` comes
 //! from the data. Initialisation is PyTorch's default for Conv2d and Linear: weights and biases
 //! U(-1/sqrt(fan_in), 1/sqrt(fan_in)), each layer from its own stream of kiln's RNG keyed by its
 //! path (`convs.0`, `fcs.1`, ...).
@@ -81,7 +82,8 @@ impl Cnn {
                 .into());
         };
         let stages = c.channels.len() as u32;
-        let (oh, ow) = (h >> stages, w >> stages);
+        let halve = |v: usize| v.checked_shr(stages).unwrap_or(0);
+        let (oh, ow) = (halve(h), halve(w));
         if oh == 0 || ow == 0 {
             return Err(r
                 .key_error(

@@ -433,8 +433,7 @@ impl<F: Family, B: AutodiffBackend> Compute<B> for Engine<F, B> {
         Ok(out)
     }
 
-    fn next_logits(&self, params: &[f32], context: &[u32]) -> Result<Vec<f32>, ModelError> {
-        let classes = self.family.task().classes();
+    fn logits(&self, params: &[f32], context: &[u32]) -> Result<Vec<f32>, ModelError> {
         let mut source = |u: usize| -> Result<UnitParams, ModelError> {
             Ok(UnitParams::Host(params[self.layout.unit_range(u)].to_vec()))
         };
@@ -443,12 +442,10 @@ impl<F: Family, B: AutodiffBackend> Compute<B> for Engine<F, B> {
             context.iter().map(|&t| i64::from(t)).collect::<Vec<_>>(),
             [1, context.len()],
         );
-        let logits = to_vec(
+        to_vec(
             self.family
                 .forward(&module, x, &self.device, &mut Forward::eval()),
-        )?;
-        let start = logits.len().saturating_sub(classes);
-        Ok(logits[start..].to_vec())
+        )
     }
 }
 

@@ -118,12 +118,14 @@ impl Gpt {
                 "tokens must be ids below the vocabulary size",
             ));
         }
-        if input != [g.block + 1] {
+        let tokens = r.config.data.kind == DataKind::Text || r.config.data.tokens.is_some();
+        if !tokens || input != [g.block + 1] {
             return Err(err(
                 "model.kind",
                 format!(
-                    "`model.kind` = \"gpt\" needs windows of model.block_size + 1 = {} tokens, but the data's samples have shape {input:?}",
-                    g.block + 1
+                    "`model.kind` = \"gpt\" needs token windows of model.block_size + 1 = {} tokens, but the data ({:?}) has samples of shape {input:?}",
+                    g.block + 1,
+                    r.config.data.kind
                 ),
                 "use `data.kind = \"text\"` (or synthetic `data.tokens = 256`)",
             ));
@@ -261,6 +263,43 @@ impl Family for Gpt {
         match &m.lm_head {
             Some(head) => head.forward(h),
             None => h.matmul(m.wte.weight.val().transpose()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The attention is causal: a position's logits depend on the tokens up to it only.
+
+    use burn::backend::{Autodiff, Flex};
+
+    use super::*;
+    use crate::model::{ComputeOn, FamilyModel, Model};
+
+    #[test]
+    fn a_later_token_never_changes_earlier_logits() {
+        let gpt = Gpt {
+            vocab: 256,
+            block: 8,
+            layers: 2,
+            heads: 2,
+            dim: 16,
+            bias: true,
+            tie: true,
+            dropout: 0.0,
+        };
+        let m = FamilyModel::new(gpt);
+        let compute = <Autodiff<Flex> as ComputeOn>::compute(&m, &Default::default());
+        let params = m.init(3);
+        let a = compute.logits(&params, &[7, 8, 9, 10]).unwrap();
+        let b = compute.logits(&params, &[7, 8, 9, 200]).unwrap();
+        assert_eq!(a.len(), 4 * 256);
+        assert_eq!(a[..3 * 256], b[..3 * 256], "positions before the change");
+        assert_ne!(a[3 * 256..], b[3 * 256..], "the changed position");
+        // and a prefix sees exactly what the longer context saw at its positions
+        let c = compute.logits(&params, &[7, 8]).unwrap();
+        for (x, y) in c.iter().zip(&a[..2 * 256]) {
+            assert!((x - y).abs() <= 1e-5 * y.abs().max(1.0), "{x} vs {y}");
         }
     }
 }

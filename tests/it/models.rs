@@ -123,6 +123,10 @@ fn bad_cnn_and_image_keys_are_bad_input_naming_the_key() {
             "error: `data.image` = [2, 8] is not an image shape\n  --> --set data.image=[2,8]\n  = help: give [channels, height, width], each at least 1\n",
         ),
         (
+            &["model.dropout=\"x\""],
+            "error: `model.dropout` has the wrong type: found string \"x\", expected f64\n  --> --set model.dropout=\"x\"\n",
+        ),
+        (
             &["data.normalize=[0.5]"],
             "error: `data.normalize` = [0.5] is not [mean, std] with std > 0\n  --> --set data.normalize=[0.5]\n  = help: e.g. normalize = [0.1307, 0.3081], or leave it out\n",
         ),
