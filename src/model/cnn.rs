@@ -12,10 +12,11 @@ use burn::nn::conv::{Conv2d, Conv2dConfig};
 use burn::nn::{Linear, LinearConfig, PaddingConfig2d};
 use burn::tensor::backend::Backend;
 use burn::tensor::module::max_pool2d;
-use burn::tensor::{activation, Tensor, TensorData};
+use burn::tensor::{Tensor, TensorData};
 
 use super::api::{Family, Forward, ModelError, Task};
 use super::init;
+use super::mlp::activate;
 use crate::config::{Activation, Resolved};
 use crate::params::ParamLayout;
 
@@ -113,12 +114,7 @@ impl Cnn {
     }
 
     fn act<B: Backend, const D: usize>(&self, h: Tensor<B, D>) -> Tensor<B, D> {
-        match self.activation {
-            Activation::Relu => activation::relu(h),
-            Activation::Gelu => activation::gelu(h),
-            Activation::Tanh => activation::tanh(h),
-            Activation::Sigmoid => activation::sigmoid(h),
-        }
+        activate(self.activation, h)
     }
 }
 

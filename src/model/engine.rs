@@ -300,6 +300,14 @@ impl<F: Family, B: AutodiffBackend> Engine<F, B> {
         Ok(module)
     }
 
+    /// The inner-backend module (no autodiff) holding the whole flat `params`.
+    fn inner_with(&self, params: &[f32]) -> Result<F::Module<B::InnerBackend>, ModelError> {
+        let mut source = |u: usize| -> Result<UnitParams, ModelError> {
+            Ok(UnitParams::Host(params[self.layout.unit_range(u)].to_vec()))
+        };
+        self.install::<B::InnerBackend, Plain>(self.inner.clone(), &mut source)
+    }
+
     /// The model's input and the target of each output row: the batch as it is for
     /// classification; for a language model, each window's first `block` tokens and the `block`
     /// tokens after them.
@@ -394,11 +402,8 @@ impl<F: Family, B: AutodiffBackend> Compute<B> for Engine<F, B> {
     ) -> Result<EvalOut, ModelError> {
         let task = self.family.task();
         let (classes, per_sample) = (task.classes(), task.targets_per_sample());
-        let mut source = |u: usize| -> Result<UnitParams, ModelError> {
-            Ok(UnitParams::Host(params[self.layout.unit_range(u)].to_vec()))
-        };
         // installed once for every batch
-        let module = self.install::<B::InnerBackend, Plain>(self.inner.clone(), &mut source)?;
+        let module = self.inner_with(params)?;
         let mut out = EvalOut::default();
         for mut batch in batches {
             let (x, targets) = self.input(&mut batch);
@@ -434,10 +439,7 @@ impl<F: Family, B: AutodiffBackend> Compute<B> for Engine<F, B> {
     }
 
     fn logits(&self, params: &[f32], context: &[u32]) -> Result<Vec<f32>, ModelError> {
-        let mut source = |u: usize| -> Result<UnitParams, ModelError> {
-            Ok(UnitParams::Host(params[self.layout.unit_range(u)].to_vec()))
-        };
-        let module = self.install::<B::InnerBackend, Plain>(self.inner.clone(), &mut source)?;
+        let module = self.inner_with(params)?;
         let x = TensorData::new(
             context.iter().map(|&t| i64::from(t)).collect::<Vec<_>>(),
             [1, context.len()],

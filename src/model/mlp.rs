@@ -13,6 +13,16 @@ use super::init;
 use crate::config::{Activation, ModelConfig, Resolved};
 use crate::params::ParamLayout;
 
+/// `model.activation` applied to `h` (the MLP's and the CNN's hidden layers).
+pub fn activate<B: Backend, const D: usize>(a: Activation, h: Tensor<B, D>) -> Tensor<B, D> {
+    match a {
+        Activation::Relu => activation::relu(h),
+        Activation::Gelu => activation::gelu(h),
+        Activation::Tanh => activation::tanh(h),
+        Activation::Sigmoid => activation::sigmoid(h),
+    }
+}
+
 /// The module: `layers.0 ... layers.{n-1}` (paths `layers.<i>.weight`, `layers.<i>.bias`).
 #[derive(Module, Debug)]
 pub struct MlpModule<B: Backend> {
@@ -113,13 +123,7 @@ impl Family for Mlp {
         for (l, layer) in module.layers.iter().enumerate() {
             h = layer.forward(h);
             if l < last {
-                h = match self.activation {
-                    Activation::Relu => activation::relu(h),
-                    Activation::Gelu => activation::gelu(h),
-                    Activation::Tanh => activation::tanh(h),
-                    Activation::Sigmoid => activation::sigmoid(h),
-                };
-                h = ctx.dropout(h, self.dropout);
+                h = ctx.dropout(activate(self.activation, h), self.dropout);
             }
         }
         h

@@ -2,7 +2,7 @@
 //! time) within 1e-5; the CNN trains on the shipped digits; every bad model or image key is bad
 //! input (exit 2) naming the key, with nothing written.
 
-use crate::common::{kiln, root, stderr, write};
+use crate::common::{copy_dir, kiln, root, stderr, summary, write};
 use crate::parallel::{max_diff, train_task};
 
 const CNN: &str = r#"
@@ -373,22 +373,6 @@ fn gpt_run_dir(d: &std::path::Path, sets: &[&str]) -> std::path::PathBuf {
     d.join("full")
 }
 
-fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for e in std::fs::read_dir(from).unwrap() {
-        let e = e.unwrap();
-        if e.file_type().unwrap().is_dir() {
-            copy_dir(&e.path(), &to.join(e.file_name()));
-        } else {
-            std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
-        }
-    }
-}
-
-fn summary_of(run: &std::path::Path) -> serde_json::Value {
-    serde_json::from_str(&std::fs::read_to_string(run.join("summary.json")).unwrap()).unwrap()
-}
-
 #[test]
 fn gpt_resume_with_dropout_is_bit_exact_under_ddp_and_fsdp() {
     for sets in [
@@ -422,8 +406,8 @@ fn gpt_resume_with_dropout_is_bit_exact_under_ddp_and_fsdp() {
         };
         assert_eq!(lines(&copy), lines(&full), "{sets:?}");
         assert_eq!(
-            summary_of(&copy)["params_sha256"],
-            summary_of(&full)["params_sha256"],
+            summary(&copy)["params_sha256"],
+            summary(&full)["params_sha256"],
             "{sets:?}"
         );
     }
@@ -489,7 +473,7 @@ fn resuming_ddp_as_single_uses_every_window_of_the_epoch_once() {
     seen.dedup();
     assert_eq!(seen.len(), n, "{n} windows");
     // and the resumed run stepped through exactly the rest of the epoch
-    let s = summary_of(&copy);
+    let s = summary(&copy);
     let rest = (n - cursor).div_ceil(8);
     assert_eq!(s["steps"].as_u64().unwrap() as usize, 2 + rest, "{s}");
 }

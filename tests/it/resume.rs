@@ -6,7 +6,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::common::{kiln, kiln_env, losses, metric_lines, root, stderr, write, KILN};
+use crate::common::{
+    copy_dir, kiln, kiln_env, losses, metric_lines, root, stderr, summary, write, KILN,
+};
 
 /// A small task with shuffling, dropout, accumulation and a schedule; checkpoints every 3 steps
 /// (mid-epoch: an epoch is 16 micro-batches of 8 per rank at world 1).
@@ -50,23 +52,6 @@ keep_last = 10
 [backend]
 threads = 1
 "#;
-
-fn summary(run: &Path) -> serde_json::Value {
-    serde_json::from_str(&std::fs::read_to_string(run.join("summary.json")).unwrap()).unwrap()
-}
-
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for e in std::fs::read_dir(from).unwrap() {
-        let e = e.unwrap();
-        let dst = to.join(e.file_name());
-        if e.file_type().unwrap().is_dir() {
-            copy_dir(&e.path(), &dst);
-        } else {
-            std::fs::copy(e.path(), dst).unwrap();
-        }
-    }
-}
 
 /// Runs TASK uninterrupted in `dir/full` with `sets`, returns the run dir.
 fn full_run(dir: &Path, sets: &[&str]) -> PathBuf {
