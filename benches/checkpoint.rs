@@ -1,0 +1,133 @@
+//! Checkpoint save and load of the 8.9M-parameter `fsdp-wide-mlp` with AdamW state, written as
+//! one whole model (ddp, rank 0) and as 2 fsdp shards. `cargo bench --bench checkpoint`.
+//! Save = encode the files, write and fsync them, then state.json, the manifest (sha256 of every
+//! file) and the rename; load = verify the manifest and read the tensors back whole.
+
+use std::time::Instant;
+
+use kiln::checkpoint::{
+    encode_f32, encode_opt, load, DataPosition, Layout, OptState, OptimizerInfo, RngState,
+    SchedulerInfo, State, Store,
+};
+
+const SIZES: [usize; 10] = [512, 1024, 1024, 1024, 1024, 1024, 1024, 1024, 1024, 10];
+
+fn units() -> Vec<(usize, usize)> {
+    let mut out = Vec::new();
+    let mut start = 0;
+    for w in SIZES.windows(2) {
+        let len = w[0] * w[1] + w[1];
+        out.push((start, len));
+        start += len;
+    }
+    out
+}
+
+fn state(n: usize, layout: Layout) -> State {
+    State {
+        step: 1,
+        position: DataPosition {
+            epoch: 0,
+            cursor: 0,
+            segment_start: 0,
+            segment_micro: 0,
+        },
+        accum_position: 0,
+        rng: RngState {
+            init_seed: 0,
+            dropout_seed: 0,
+            sampler_seed: 0,
+            data_seed: 0,
+        },
+        world_size: 2,
+        strategy: "fsdp".into(),
+        micro_batch: 32,
+        grad_accum_steps: 1,
+        num_params: n,
+        params: layout,
+        optimizer: OptimizerInfo {
+            kind: "adamw".into(),
+            steps: 1,
+        },
+        scheduler: SchedulerInfo {
+            kind: "constant".into(),
+            last_step: 1,
+            last_lr: 1e-3,
+        },
+        last_loss: 0.0,
+        config_hash: String::new(),
+        kiln_version: "bench".into(),
+    }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn main() {
+    let units = units();
+    let n: usize = units.iter().map(|u| u.1).sum();
+    let params: Vec<f32> = (0..n).map(|i| (i as f32 * 1e-3).sin()).collect();
+    let opt = OptState {
+        steps: 1,
+        m: params.clone(),
+        v: params.iter().map(|x| x * x).collect(),
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = Store::new(dir.path().to_path_buf());
+    let world = 2;
+    for sharded in [false, true] {
+        let (mut saves, mut loads) = (Vec::new(), Vec::new());
+        for it in (0..5u64).map(|i| i + if sharded { 100 } else { 0 }) {
+            let t = Instant::now();
+            store.begin(it).expect("begin");
+            let layout = if sharded {
+                let mut u3 = Vec::new();
+                for r in 0..world {
+                    let (mut sh, mut m, mut v) = (Vec::new(), Vec::new(), Vec::new());
+                    for &(start, len) in &units {
+                        let shard_len = len.div_ceil(world);
+                        let lo = (r * shard_len).min(len);
+                        let hi = ((r + 1) * shard_len).min(len);
+                        for buf in [(&mut sh, &params), (&mut m, &opt.m), (&mut v, &opt.v)] {
+                            buf.0.extend_from_slice(&buf.1[start + lo..start + hi]);
+                            buf.0.resize(buf.0.len() + shard_len - (hi - lo), 0.0);
+                        }
+                        if r == 0 {
+                            u3.push([start, len, shard_len]);
+                        }
+                    }
+                    let o = OptState { steps: 1, m, v };
+                    store
+                        .write_file(it, &format!("model-rank-{r}.bin"), &encode_f32(&sh))
+                        .expect("w");
+                    store
+                        .write_file(it, &format!("optim-rank-{r}.bin"), &encode_opt(&o))
+                        .expect("w");
+                }
+                Layout::Sharded { world, units: u3 }
+            } else {
+                store
+                    .write_file(it, "model.bin", &encode_f32(&params))
+                    .expect("w");
+                store
+                    .write_file(it, "optim.bin", &encode_opt(&opt))
+                    .expect("w");
+                Layout::Full
+            };
+            store.commit(it, &state(n, layout), 1, 0).expect("commit");
+            saves.push(t.elapsed().as_secs_f64());
+            let t = Instant::now();
+            let l = load(&store.step_dir(it)).expect("load");
+            loads.push(t.elapsed().as_secs_f64());
+            assert_eq!(l.params, params);
+        }
+        println!(
+            "{{\"bench\":\"checkpoint\",\"layout\":\"{}\",\"params\":{n},\"save_s\":{:.4},\"load_s\":{:.4}}}",
+            if sharded { "fsdp-2-shards" } else { "full" },
+            median(saves),
+            median(loads)
+        );
+    }
+}
