@@ -6,8 +6,8 @@
 use std::time::Instant;
 
 use kiln::checkpoint::{
-    encode_f32, encode_opt, load, DataPosition, Layout, OptState, OptimizerInfo, RngState,
-    SchedulerInfo, State, Store,
+    encode_files, load, DataPosition, Layout, OptState, OptimizerInfo, RngState, SchedulerInfo,
+    ShardUnit, State, Store, FORMAT,
 };
 
 const SIZES: [usize; 10] = [512, 1024, 1024, 1024, 1024, 1024, 1024, 1024, 1024, 10];
@@ -25,6 +25,7 @@ fn units() -> Vec<(usize, usize)> {
 
 fn state(n: usize, layout: Layout) -> State {
     State {
+        format: FORMAT.into(),
         step: 1,
         position: DataPosition {
             epoch: 0,
@@ -44,6 +45,7 @@ fn state(n: usize, layout: Layout) -> State {
         micro_batch: 32,
         grad_accum_steps: 1,
         num_params: n,
+        input_shape: vec![512],
         params: layout,
         optimizer: OptimizerInfo {
             kind: "adamw".into(),
@@ -68,6 +70,16 @@ fn median(mut v: Vec<f64>) -> f64 {
 fn main() {
     let units = units();
     let n: usize = units.iter().map(|u| u.1).sum();
+    let specs: Vec<(String, Vec<usize>)> = SIZES
+        .windows(2)
+        .enumerate()
+        .flat_map(|(i, w)| {
+            [
+                (format!("layers.{i}.weight"), vec![w[0], w[1]]),
+                (format!("layers.{i}.bias"), vec![w[1]]),
+            ]
+        })
+        .collect();
     let params: Vec<f32> = (0..n).map(|i| (i as f32 * 1e-3).sin()).collect();
     let opt = OptState {
         steps: 1,
@@ -83,43 +95,52 @@ fn main() {
             let t = Instant::now();
             store.begin(it).expect("begin");
             let layout = if sharded {
-                let mut u3 = Vec::new();
-                for r in 0..world {
-                    let (mut sh, mut m, mut v) = (Vec::new(), Vec::new(), Vec::new());
-                    for &(start, len) in &units {
-                        let shard_len = len.div_ceil(world);
-                        let lo = (r * shard_len).min(len);
-                        let hi = ((r + 1) * shard_len).min(len);
-                        for buf in [(&mut sh, &params), (&mut m, &opt.m), (&mut v, &opt.v)] {
-                            buf.0.extend_from_slice(&buf.1[start + lo..start + hi]);
-                            buf.0.resize(buf.0.len() + shard_len - (hi - lo), 0.0);
-                        }
-                        if r == 0 {
-                            u3.push([start, len, shard_len]);
-                        }
-                    }
-                    let o = OptState { steps: 1, m, v };
-                    store
-                        .write_file(it, &format!("model-rank-{r}.bin"), &encode_f32(&sh))
-                        .expect("w");
-                    store
-                        .write_file(it, &format!("optim-rank-{r}.bin"), &encode_opt(&o))
-                        .expect("w");
+                Layout::Sharded {
+                    world,
+                    units: units
+                        .iter()
+                        .enumerate()
+                        .map(|(i, &(start, len))| ShardUnit {
+                            name: format!("layers.{i}"),
+                            start,
+                            len,
+                            shard_len: len.div_ceil(world),
+                        })
+                        .collect(),
                 }
-                Layout::Sharded { world, units: u3 }
             } else {
-                store
-                    .write_file(it, "model.bin", &encode_f32(&params))
-                    .expect("w");
-                store
-                    .write_file(it, "optim.bin", &encode_opt(&opt))
-                    .expect("w");
                 Layout::Full
             };
+            let ranks = if sharded { world } else { 1 };
+            for r in 0..ranks {
+                let (p, o) = match &layout {
+                    Layout::Full => (params.clone(), opt.clone()), // the snapshot's copy, as in training
+                    Layout::Sharded { units, .. } => {
+                        let part = |b: &[f32]| -> Vec<f32> {
+                            units
+                                .iter()
+                                .flat_map(|u| {
+                                    let own = u.owned(r);
+                                    b[u.start + own.start..u.start + own.end].to_vec()
+                                })
+                                .collect()
+                        };
+                        let o = OptState {
+                            steps: 1,
+                            m: part(&opt.m),
+                            v: part(&opt.v),
+                        };
+                        (part(&params), o)
+                    }
+                };
+                for (name, bytes) in encode_files(&layout, r, &specs, &p, &o).expect("encode") {
+                    store.write_file(it, &name, &bytes).expect("write");
+                }
+            }
             store.commit(it, &state(n, layout), 1, 0).expect("commit");
             saves.push(t.elapsed().as_secs_f64());
             let t = Instant::now();
-            let l = load(&store.step_dir(it)).expect("load");
+            let l = load(&store.step_dir(it), &specs).expect("load");
             loads.push(t.elapsed().as_secs_f64());
             assert_eq!(l.params, params);
         }

@@ -1,10 +1,24 @@
-//! The files of a checkpoint: little-endian f32 buffers with a magic header, the optimizer state,
+//! The files of a checkpoint: safetensors files of the model and the optimizer state, then
 //! `state.json` and `MANIFEST.json`.
+//!
+//! A whole model (`Layout::Full`, written by rank 0) is `model.safetensors`, one tensor per
+//! parameter under its module path, and `optim.safetensors`, the optimizer's state under torch's
+//! names: `exp_avg.<name>` and `exp_avg_sq.<name>` (Adam, AdamW), `momentum_buffer.<name>` (SGD
+//! with momentum). An fsdp rank writes `model-rank-<r>.safetensors` and
+//! `optim-rank-<r>.safetensors`: its part of each unit as a flat tensor `flat.<unit>` (and
+//! `exp_avg.flat.<unit>`, ...); where each part lies is in `state.json` (`params.units`) and in
+//! each file's metadata.
+
+use std::collections::HashMap;
+use std::ops::Range;
 
 use serde::{Deserialize, Serialize};
 
-const F32_MAGIC: &[u8; 8] = b"KILNF32\0";
-const OPT_MAGIC: &[u8; 8] = b"KILNOPT\0";
+use super::tensors::{self, TensorFile};
+
+/// The checkpoint format this kiln writes and reads (`state.json` `format`). Checkpoints without
+/// it were written by kiln 0.1's own binary format (`KILNF32`).
+pub const FORMAT: &str = "safetensors-1";
 
 /// Optimizer state of a whole model or of one rank's shards.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -14,91 +28,298 @@ pub struct OptState {
     pub v: Vec<f32>,
 }
 
-pub fn encode_f32(v: &[f32]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(16 + v.len() * 4);
-    out.extend_from_slice(F32_MAGIC);
-    out.extend_from_slice(&(v.len() as u64).to_le_bytes());
-    for x in v {
-        out.extend_from_slice(&x.to_le_bytes());
+impl OptState {
+    /// Its buffers under torch's names: Adam's first and second moments, or SGD's momentum.
+    fn named(&self) -> Vec<(&'static str, &[f32])> {
+        if !self.v.is_empty() {
+            vec![("exp_avg", &self.m), ("exp_avg_sq", &self.v)]
+        } else if !self.m.is_empty() {
+            vec![("momentum_buffer", &self.m)]
+        } else {
+            Vec::new()
+        }
     }
-    out
 }
 
-fn read_u64(b: &[u8], at: usize) -> Option<u64> {
-    b.get(at..at + 8)
-        .map(|s| u64::from_le_bytes(s.try_into().unwrap_or([0; 8])))
+/// The optimizer buffer a tensor-name prefix fills.
+const OPT_PREFIXES: [(&str, bool); 3] = [
+    ("exp_avg", false),
+    ("exp_avg_sq", true),
+    ("momentum_buffer", false),
+];
+
+/// One fsdp unit in the flat parameter buffer and how it is split over the ranks.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShardUnit {
+    /// The unit's name (`layers.0`, `blocks.3`, or `model` for the whole model).
+    pub name: String,
+    pub start: usize,
+    pub len: usize,
+    /// Elements per rank (the last ranks may own fewer, or none).
+    pub shard_len: usize,
 }
 
-fn read_f32s(b: &[u8], at: usize, n: usize) -> Option<Vec<f32>> {
-    let bytes = b.get(at..at.checked_add(n.checked_mul(4)?)?)?;
-    Some(
-        bytes
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect(),
-    )
-}
+impl ShardUnit {
+    /// The part of the unit (in unit coordinates) that rank `rank` owns.
+    pub fn owned(&self, rank: usize) -> Range<usize> {
+        let lo = (rank * self.shard_len).min(self.len);
+        let hi = ((rank + 1) * self.shard_len).min(self.len);
+        lo..hi
+    }
 
-pub fn decode_f32(b: &[u8]) -> Result<Vec<f32>, String> {
-    if b.get(..8) != Some(F32_MAGIC.as_slice()) {
-        return Err("not a kiln f32 buffer (bad magic)".into());
+    /// The name of its flat shard tensor.
+    pub fn tensor(&self) -> String {
+        format!("flat.{}", self.name)
     }
-    let n = read_u64(b, 8).ok_or("truncated header")? as usize;
-    if b.len() != 16 + n * 4 {
-        return Err(format!(
-            "expected {} bytes for {n} values, found {}",
-            16 + n * 4,
-            b.len()
-        ));
-    }
-    read_f32s(b, 16, n).ok_or_else(|| "truncated data".into())
-}
-
-pub fn encode_opt(o: &OptState) -> Vec<u8> {
-    let mut out = Vec::with_capacity(32 + (o.m.len() + o.v.len()) * 4);
-    out.extend_from_slice(OPT_MAGIC);
-    out.extend_from_slice(&o.steps.to_le_bytes());
-    out.extend_from_slice(&(o.m.len() as u64).to_le_bytes());
-    out.extend_from_slice(&(o.v.len() as u64).to_le_bytes());
-    for x in o.m.iter().chain(&o.v) {
-        out.extend_from_slice(&x.to_le_bytes());
-    }
-    out
-}
-
-pub fn decode_opt(b: &[u8]) -> Result<OptState, String> {
-    if b.get(..8) != Some(OPT_MAGIC.as_slice()) {
-        return Err("not a kiln optimizer file (bad magic)".into());
-    }
-    let steps = read_u64(b, 8).ok_or("truncated header")?;
-    let nm = read_u64(b, 16).ok_or("truncated header")? as usize;
-    let nv = read_u64(b, 24).ok_or("truncated header")? as usize;
-    if b.len() != 32 + (nm + nv) * 4 {
-        return Err(format!(
-            "expected {} bytes, found {}",
-            32 + (nm + nv) * 4,
-            b.len()
-        ));
-    }
-    Ok(OptState {
-        steps,
-        m: read_f32s(b, 32, nm).ok_or("truncated data")?,
-        v: read_f32s(b, 32 + nm * 4, nv).ok_or("truncated data")?,
-    })
 }
 
 /// How the parameters and optimizer state are laid out in the files.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "layout", rename_all = "lowercase")]
 pub enum Layout {
-    /// `model.bin` and `optim.bin` hold the whole model (written by rank 0).
+    /// `model.safetensors` and `optim.safetensors` hold the whole model (written by rank 0).
     Full,
-    /// `model-rank-<r>.bin` and `optim-rank-<r>.bin` hold rank r's shard of every unit, each
-    /// padded to `shard_len`; units are (start, len, shard_len) in the flat parameter buffer.
-    Sharded {
-        world: usize,
-        units: Vec<[usize; 3]>,
-    },
+    /// `model-rank-<r>.safetensors` and `optim-rank-<r>.safetensors` hold rank r's part of every
+    /// unit.
+    Sharded { world: usize, units: Vec<ShardUnit> },
+}
+
+impl Layout {
+    pub fn model_file(&self, rank: usize) -> String {
+        match self {
+            Layout::Full => "model.safetensors".into(),
+            Layout::Sharded { .. } => format!("model-rank-{rank}.safetensors"),
+        }
+    }
+    pub fn optim_file(&self, rank: usize) -> String {
+        match self {
+            Layout::Full => "optim.safetensors".into(),
+            Layout::Sharded { .. } => format!("optim-rank-{rank}.safetensors"),
+        }
+    }
+}
+
+fn metadata(pairs: &[(&str, String)]) -> HashMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.clone()))
+        .collect()
+}
+
+/// The (name, shape, values) tensors of `params` and `opt` for `layout` on `rank`: the whole
+/// model's parameters by `specs` (name and shape of each, in flat order), or each unit's owned
+/// part (`params` and the optimizer buffers then hold the rank's parts of the units, in order).
+fn pieces<'a>(
+    layout: &Layout,
+    rank: usize,
+    specs: &'a [(String, Vec<usize>)],
+    buf: &'a [f32],
+) -> Result<Vec<(String, Vec<usize>, &'a [f32])>, String> {
+    let mut out = Vec::new();
+    let mut off = 0;
+    let mut take = |len: usize| -> Result<&'a [f32], String> {
+        let s = buf.get(off..off + len).ok_or_else(|| {
+            format!(
+                "{} values for the checkpoint, the layout needs more",
+                buf.len()
+            )
+        })?;
+        off += len;
+        Ok(s)
+    };
+    match layout {
+        Layout::Full => {
+            for (name, shape) in specs {
+                out.push((name.clone(), shape.clone(), take(shape.iter().product())?));
+            }
+        }
+        Layout::Sharded { units, .. } => {
+            for u in units {
+                let n = u.owned(rank).len();
+                out.push((u.tensor(), vec![n], take(n)?));
+            }
+        }
+    }
+    if off != buf.len() {
+        return Err(format!(
+            "{} values for the checkpoint, the layout holds {off}",
+            buf.len()
+        ));
+    }
+    Ok(out)
+}
+
+/// The files rank `rank` writes for a checkpoint in `layout`: `params` and `opt` are the whole
+/// model's (rank 0 of `Full`) or the rank's parts of every unit (`Sharded`).
+pub fn encode_files(
+    layout: &Layout,
+    rank: usize,
+    specs: &[(String, Vec<usize>)],
+    params: &[f32],
+    opt: &OptState,
+) -> Result<Vec<(String, Vec<u8>)>, String> {
+    let mut meta = vec![("kiln.format", FORMAT.to_string())];
+    if let Layout::Sharded { world, units } = layout {
+        meta.push(("kiln.rank", rank.to_string()));
+        meta.push(("kiln.world", world.to_string()));
+        meta.push((
+            "kiln.units",
+            serde_json::to_string(units).map_err(|e| e.to_string())?,
+        ));
+    }
+    let model = pieces(layout, rank, specs, params)?;
+    let refs: Vec<(&str, &[usize], &[f32])> = model
+        .iter()
+        .map(|(n, s, d)| (n.as_str(), s.as_slice(), *d))
+        .collect();
+    let model_bytes = tensors::encode(&refs, metadata(&meta))?;
+    let mut named = Vec::new();
+    for (prefix, buf) in opt.named() {
+        for (n, s, d) in pieces(layout, rank, specs, buf)? {
+            named.push((format!("{prefix}.{n}"), s, d));
+        }
+    }
+    let refs: Vec<(&str, &[usize], &[f32])> = named
+        .iter()
+        .map(|(n, s, d)| (n.as_str(), s.as_slice(), *d))
+        .collect();
+    meta.push(("steps", opt.steps.to_string()));
+    let optim_bytes = tensors::encode(&refs, metadata(&meta))?;
+    Ok(vec![
+        (layout.model_file(rank), model_bytes),
+        (layout.optim_file(rank), optim_bytes),
+    ])
+}
+
+/// Fills `out[range]` of each piece from `file`'s tensor `prefix + name`, checking its length;
+/// false when the file has none of them (an optimizer buffer that was not written).
+fn fill(
+    file: &TensorFile,
+    prefix: &str,
+    pieces: &[(String, Range<usize>)],
+    out: &mut [f32],
+) -> Result<bool, String> {
+    let by = file.by_name();
+    let mut found = 0;
+    for (name, range) in pieces {
+        let full = format!("{prefix}{name}");
+        let Some(t) = by.get(full.as_str()) else {
+            continue;
+        };
+        if t.data.len() != range.len() {
+            return Err(format!(
+                "tensor `{full}` has {} values (shape {:?}), expected {}",
+                t.data.len(),
+                t.shape,
+                range.len()
+            ));
+        }
+        out[range.clone()].copy_from_slice(&t.data);
+        found += 1;
+    }
+    match found {
+        0 => Ok(false),
+        n if n == pieces.len() => Ok(true),
+        _ => {
+            let missing: Vec<String> = pieces
+                .iter()
+                .filter(|(name, _)| !by.contains_key(format!("{prefix}{name}").as_str()))
+                .take(5)
+                .map(|(name, _)| format!("`{prefix}{name}`"))
+                .collect();
+            Err(format!("missing tensors {}", missing.join(", ")))
+        }
+    }
+}
+
+/// Where each tensor of rank `rank`'s files goes in the whole flat buffer: (name, range).
+pub(super) fn placements(
+    layout: &Layout,
+    rank: usize,
+    specs: &[(String, Vec<usize>)],
+) -> Vec<(String, Range<usize>)> {
+    match layout {
+        Layout::Full => {
+            let mut off = 0;
+            specs
+                .iter()
+                .map(|(name, shape)| {
+                    let n: usize = shape.iter().product();
+                    off += n;
+                    (name.clone(), off - n..off)
+                })
+                .collect()
+        }
+        Layout::Sharded { units, .. } => units
+            .iter()
+            .map(|u| {
+                let own = u.owned(rank);
+                (u.tensor(), u.start + own.start..u.start + own.end)
+            })
+            .collect(),
+    }
+}
+
+/// A checkpoint's tensors made whole while its ranks' files are read.
+pub(super) struct Whole {
+    pub params: Vec<f32>,
+    pub m: Option<Vec<f32>>,
+    pub v: Option<Vec<f32>>,
+    pub steps: u64,
+}
+
+impl Whole {
+    pub fn new(n: usize) -> Self {
+        Whole {
+            params: vec![0f32; n],
+            m: None,
+            v: None,
+            steps: 0,
+        }
+    }
+
+    /// Reads one rank's model and optimizer files into place.
+    pub fn read(
+        &mut self,
+        model: &TensorFile,
+        optim: &TensorFile,
+        pieces: &[(String, Range<usize>)],
+    ) -> Result<(), String> {
+        if !fill(model, "", pieces, &mut self.params)? && pieces.iter().any(|p| !p.1.is_empty()) {
+            let want: Vec<&str> = pieces.iter().take(3).map(|p| p.0.as_str()).collect();
+            let have: Vec<&str> = model
+                .tensors
+                .iter()
+                .take(3)
+                .map(|t| t.name.as_str())
+                .collect();
+            return Err(format!(
+                "the model file holds none of the model's tensors (wants {} ...; has {} ...)",
+                want.join(", "),
+                have.join(", ")
+            ));
+        }
+        self.steps = optim
+            .metadata
+            .get("steps")
+            .and_then(|s| s.parse().ok())
+            .ok_or("the optimizer file's metadata has no `steps`")?;
+        let n = self.params.len();
+        for (prefix, second) in OPT_PREFIXES {
+            let dotted = format!("{prefix}.");
+            if !optim.tensors.iter().any(|t| t.name.starts_with(&dotted)) {
+                continue;
+            }
+            let buf = if second { &mut self.v } else { &mut self.m };
+            fill(
+                optim,
+                &dotted,
+                pieces,
+                buf.get_or_insert_with(|| vec![0f32; n]),
+            )?;
+        }
+        Ok(())
+    }
 }
 
 /// Where the data stream stands, by a global cursor that any world size can continue from.
@@ -116,6 +337,8 @@ pub struct DataPosition {
 /// `state.json`: everything besides tensors that resume needs.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct State {
+    /// The checkpoint format (`FORMAT`).
+    pub format: String,
     pub step: usize,
     pub position: DataPosition,
     /// Micro-steps into the current accumulation (checkpoints are taken at step boundaries).
@@ -129,6 +352,9 @@ pub struct State {
     pub micro_batch: usize,
     pub grad_accum_steps: usize,
     pub num_params: usize,
+    /// The shape of one input sample, to build the model again without its data (`kiln
+    /// export`).
+    pub input_shape: Vec<usize>,
     pub params: Layout,
     pub optimizer: OptimizerInfo,
     pub scheduler: SchedulerInfo,
@@ -170,25 +396,4 @@ pub struct ManifestEntry {
     pub name: String,
     pub size: u64,
     pub sha256: String,
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn round_trips_and_rejects_damage() {
-        let v = vec![1.5f32, -2.0, 3.25];
-        assert_eq!(decode_f32(&encode_f32(&v)).unwrap(), v);
-        let mut bad = encode_f32(&v);
-        bad.pop();
-        assert!(decode_f32(&bad).is_err());
-        let o = OptState {
-            steps: 7,
-            m: vec![1.0, 2.0],
-            v: vec![3.0, 4.0],
-        };
-        assert_eq!(decode_opt(&encode_opt(&o)).unwrap(), o);
-        assert!(decode_opt(&encode_f32(&v)).is_err());
-    }
 }

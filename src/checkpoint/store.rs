@@ -6,14 +6,17 @@
 //! and the parent directory fsynced. A crash at any moment leaves either the previous set or the
 //! new one: a `.tmp` directory or a `step-N/` whose manifest does not verify is never resumed from.
 
+use std::collections::HashMap;
 use std::fs::{self, File};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
+use rayon::prelude::*;
 use sha2::{Digest, Sha256};
 
-use super::format::{decode_f32, decode_opt, Layout, Manifest, ManifestEntry, OptState, State};
+use super::format::{placements, Layout, Manifest, ManifestEntry, OptState, State, Whole, FORMAT};
 use super::retention;
+use super::tensors::{self, TensorFile};
 
 #[derive(Debug, thiserror::Error)]
 pub enum CheckpointError {
@@ -61,13 +64,16 @@ fn sync_dir(dir: &Path) -> Result<(), CheckpointError> {
     File::open(dir).and_then(|f| f.sync_all()).map_err(io(dir))
 }
 
+fn sha256_hex(bytes: &[u8]) -> String {
+    Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
 fn sha256_file(path: &Path) -> Result<(u64, String), std::io::Error> {
     let bytes = fs::read(path)?;
-    let digest = Sha256::digest(&bytes);
-    Ok((
-        bytes.len() as u64,
-        digest.iter().map(|b| format!("{b:02x}")).collect(),
-    ))
+    Ok((bytes.len() as u64, sha256_hex(&bytes)))
 }
 
 impl Store {
@@ -122,12 +128,15 @@ impl Store {
             .filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
             .collect();
         names.sort();
-        let mut files = Vec::new();
-        for name in names {
-            let p = tmp.join(&name);
-            let (size, sha256) = sha256_file(&p).map_err(io(&p))?;
-            files.push(ManifestEntry { name, size, sha256 });
-        }
+        // hashed in parallel: the checksums are most of a commit's time
+        let files = names
+            .into_par_iter()
+            .map(|name| {
+                let p = tmp.join(&name);
+                let (size, sha256) = sha256_file(&p).map_err(io(&p))?;
+                Ok(ManifestEntry { name, size, sha256 })
+            })
+            .collect::<Result<Vec<_>, CheckpointError>>()?;
         let manifest = serde_json::to_vec_pretty(&Manifest { files }).map_err(|e| {
             CheckpointError::Invalid {
                 path: tmp.clone(),
@@ -218,6 +227,15 @@ impl Store {
 /// Checks a step directory against its manifest: every file present, of the listed size and
 /// sha256, and nothing essential missing.
 pub fn verify(dir: &Path) -> Result<(), String> {
+    verify_read(dir, |_| false).map(|_| ())
+}
+
+/// `verify`, keeping the bytes of the files that `keep` names (read once, checked, returned).
+/// Files are read and hashed in parallel.
+fn verify_read(
+    dir: &Path,
+    keep: impl Fn(&str) -> bool + Sync,
+) -> Result<HashMap<String, Vec<u8>>, String> {
     let text =
         fs::read(dir.join("MANIFEST.json")).map_err(|_| "missing MANIFEST.json".to_string())?;
     let manifest: Manifest =
@@ -225,20 +243,26 @@ pub fn verify(dir: &Path) -> Result<(), String> {
     if !manifest.files.iter().any(|f| f.name == "state.json") {
         return Err("the manifest does not list state.json".into());
     }
-    for f in &manifest.files {
-        let p = dir.join(&f.name);
-        let (size, sha) = sha256_file(&p).map_err(|_| format!("missing file {}", f.name))?;
-        if size != f.size {
-            return Err(format!(
-                "{}: size {size} bytes, manifest says {}",
-                f.name, f.size
-            ));
-        }
-        if sha != f.sha256 {
-            return Err(format!("{}: checksum mismatch", f.name));
-        }
-    }
-    Ok(())
+    let kept = manifest
+        .files
+        .par_iter()
+        .map(|f| {
+            let bytes =
+                fs::read(dir.join(&f.name)).map_err(|_| format!("missing file {}", f.name))?;
+            let (size, sha) = (bytes.len() as u64, sha256_hex(&bytes));
+            if size != f.size {
+                return Err(format!(
+                    "{}: size {size} bytes, manifest says {}",
+                    f.name, f.size
+                ));
+            }
+            if sha != f.sha256 {
+                return Err(format!("{}: checksum mismatch", f.name));
+            }
+            Ok(keep(&f.name).then(|| (f.name.clone(), bytes)))
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    Ok(kept.into_iter().flatten().collect())
 }
 
 fn read(dir: &Path, name: &str) -> Result<Vec<u8>, CheckpointError> {
@@ -253,71 +277,100 @@ fn invalid(dir: &Path, why: String) -> CheckpointError {
     }
 }
 
-/// Loads a verified step directory, reassembling sharded parameters and optimizer state into
-/// whole buffers (so any world size and strategy can take its part).
-pub fn load(dir: &Path) -> Result<Loaded, CheckpointError> {
-    verify(dir).map_err(|why| invalid(dir, why))?;
-    let state: State = serde_json::from_slice(&read(dir, "state.json")?)
-        .map_err(|e| invalid(dir, format!("state.json: {e}")))?;
-    let n = state.num_params;
-    let (params, opt) = match &state.params {
-        Layout::Full => {
-            let params = decode_f32(&read(dir, "model.bin")?)
-                .map_err(|e| invalid(dir, format!("model.bin: {e}")))?;
-            let opt = decode_opt(&read(dir, "optim.bin")?)
-                .map_err(|e| invalid(dir, format!("optim.bin: {e}")))?;
-            (params, opt)
-        }
-        Layout::Sharded { world, units } => {
-            let mut params = vec![0f32; n];
-            let mut opt = OptState::default();
-            let total_shard: usize = units.iter().map(|u| u[2]).sum();
-            for r in 0..*world {
-                let name = format!("model-rank-{r}.bin");
-                let shard = decode_f32(&read(dir, &name)?)
-                    .map_err(|e| invalid(dir, format!("{name}: {e}")))?;
-                let name = format!("optim-rank-{r}.bin");
-                let o = decode_opt(&read(dir, &name)?)
-                    .map_err(|e| invalid(dir, format!("{name}: {e}")))?;
-                if shard.len() != total_shard {
-                    return Err(invalid(
-                        dir,
-                        format!(
-                            "model-rank-{r}.bin has {} values, expected {total_shard}",
-                            shard.len()
-                        ),
-                    ));
-                }
-                opt.steps = o.steps;
-                let has_m = !o.m.is_empty();
-                let has_v = !o.v.is_empty();
-                if r == 0 {
-                    opt.m = if has_m { vec![0f32; n] } else { Vec::new() };
-                    opt.v = if has_v { vec![0f32; n] } else { Vec::new() };
-                }
-                let mut off = 0;
-                for &[start, len, shard_len] in units {
-                    let lo = (r * shard_len).min(len);
-                    let hi = ((r + 1) * shard_len).min(len);
-                    let take = hi - lo;
-                    params[start + lo..start + hi].copy_from_slice(&shard[off..off + take]);
-                    if has_m && o.m.len() == total_shard && opt.m.len() == n {
-                        opt.m[start + lo..start + hi].copy_from_slice(&o.m[off..off + take]);
-                    }
-                    if has_v && o.v.len() == total_shard && opt.v.len() == n {
-                        opt.v[start + lo..start + hi].copy_from_slice(&o.v[off..off + take]);
-                    }
-                    off += shard_len;
-                }
-            }
-            (params, opt)
-        }
-    };
-    if params.len() != n {
+/// Reads `state.json`, refusing a checkpoint of another format with the version that wrote it.
+pub fn read_state(dir: &Path) -> Result<State, CheckpointError> {
+    let bytes = read(dir, "state.json")?;
+    let value: serde_json::Value =
+        serde_json::from_slice(&bytes).map_err(|e| invalid(dir, format!("state.json: {e}")))?;
+    let format = value.get("format").and_then(|f| f.as_str());
+    if format != Some(FORMAT) {
+        let by = value
+            .get("kiln_version")
+            .and_then(|v| v.as_str())
+            .unwrap_or("an unknown version");
+        let what = match format {
+            None => "kiln's old binary format (KILNF32/KILNOPT)".to_string(),
+            Some(f) => format!("format `{f}`"),
+        };
         return Err(invalid(
             dir,
-            format!("{} parameters, state.json says {n}", params.len()),
+            format!(
+                "written by kiln {by} in {what}; this kiln {} reads `{FORMAT}` checkpoints \
+                 only\n  = help: export the weights with the kiln that wrote it (or start the \
+                 run again); to continue from them, set model.init_from to the export",
+                env!("CARGO_PKG_VERSION")
+            ),
         ));
     }
-    Ok(Loaded { state, params, opt })
+    serde_json::from_value(value).map_err(|e| invalid(dir, format!("state.json: {e}")))
+}
+
+/// Loads a verified step directory of a model whose parameters are `specs` (name and shape, in
+/// flat order), reassembling sharded parameters and optimizer state into whole buffers (so any
+/// world size and strategy can take its part).
+pub fn load(dir: &Path, specs: &[(String, Vec<usize>)]) -> Result<Loaded, CheckpointError> {
+    let mut files =
+        verify_read(dir, |name| name.ends_with(".safetensors")).map_err(|why| invalid(dir, why))?;
+    let state = read_state(dir)?;
+    let n: usize = specs.iter().map(|(_, s)| s.iter().product::<usize>()).sum();
+    if state.num_params != n {
+        return Err(invalid(
+            dir,
+            format!(
+                "it holds {} parameters, the model has {n}",
+                state.num_params
+            ),
+        ));
+    }
+    let ranks = match &state.params {
+        Layout::Full => 1,
+        Layout::Sharded { world, units } => {
+            let covered: usize = units.iter().map(|u| u.len).sum();
+            if covered != n || units.iter().any(|u| u.shard_len * world < u.len) {
+                return Err(invalid(
+                    dir,
+                    "state.json's shard units do not cover the model".into(),
+                ));
+            }
+            *world
+        }
+    };
+    let names: Vec<String> = (0..ranks)
+        .flat_map(|r| [state.params.model_file(r), state.params.optim_file(r)])
+        .collect();
+    let bytes: Vec<(String, Vec<u8>)> = names
+        .iter()
+        .map(|name| match files.remove(name) {
+            Some(b) => Ok((name.clone(), b)),
+            None => Err(invalid(
+                dir,
+                format!("{name} is missing (not in the manifest)"),
+            )),
+        })
+        .collect::<Result<_, _>>()?;
+    let mut decoded = bytes
+        .par_iter()
+        .map(|(name, b)| tensors::decode(b).map_err(|e| invalid(dir, format!("{name}: {e}"))))
+        .collect::<Result<Vec<TensorFile>, _>>()?
+        .into_iter();
+    let mut whole = Whole::new(n);
+    for r in 0..ranks {
+        let (mname, oname) = (state.params.model_file(r), state.params.optim_file(r));
+        let (Some(model), Some(optim)) = (decoded.next(), decoded.next()) else {
+            break;
+        };
+        whole
+            .read(&model, &optim, &placements(&state.params, r, specs))
+            .map_err(|e| invalid(dir, format!("{mname}/{oname}: {e}")))?;
+    }
+    let opt = OptState {
+        steps: whole.steps,
+        m: whole.m.unwrap_or_default(),
+        v: whole.v.unwrap_or_default(),
+    };
+    Ok(Loaded {
+        state,
+        params: whole.params,
+        opt,
+    })
 }

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
-use super::{bench, check, ckpt, env, init, resume, run, sample, sweep};
+use super::{bench, check, ckpt, env, export, init, resume, run, sample, sweep};
 
 use crate::config::{self, Resolved};
 use crate::Result;
@@ -29,6 +29,8 @@ pub enum Command {
     Run(run::RunArgs),
     /// Continue a run in place from its newest verified checkpoint.
     Resume(resume::ResumeArgs),
+    /// Write a run's weights as a safetensors file PyTorch (or Burn) loads.
+    Export(export::ExportArgs),
     /// Inspect a run's checkpoints.
     #[command(subcommand)]
     Ckpt(ckpt::CkptCommand),
@@ -68,6 +70,7 @@ pub fn dispatch(cli: Cli) -> Result<()> {
         Command::Check(a) => check::check(&a),
         Command::Run(a) => run::run(&a),
         Command::Resume(a) => resume::resume(&a),
+        Command::Export(a) => export::export(&a),
         Command::Ckpt(c) => ckpt::ckpt(&c),
         Command::Sweep(a) => sweep::sweep(&a),
         Command::Env => env::env(),

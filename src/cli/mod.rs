@@ -7,6 +7,7 @@ mod bench;
 mod check;
 mod ckpt;
 mod env;
+mod export;
 mod init;
 mod main;
 mod resume;

@@ -250,6 +250,7 @@ pub const MODEL_KEYS: &[&str] = &[
     "dim",
     "bias",
     "tie_embeddings",
+    "init_from",
 ];
 
 impl Resolved {

@@ -112,6 +112,13 @@ pub struct ModelConfig {
     /// gpt: the output layer shares the token embedding's weights. Default: `true`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tie_embeddings: Option<bool>,
+    /// Start training from these weights instead of the seeded initialisation: a safetensors
+    /// file from `kiln export` (either format) or PyTorch's
+    /// `safetensors.torch.save_file(model.state_dict(), path)` (f16/bf16/f64 are converted to
+    /// f32). Every tensor must be there with its shape, and nothing else. A relative path is
+    /// relative to the experiment file. Default: none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub init_from: Option<String>,
     /// The keys of a family kiln does not know (a user's model). Default: none.
     #[serde(flatten)]
     pub extra: std::collections::BTreeMap<String, toml::Value>,
@@ -138,6 +145,7 @@ impl Default for ModelConfig {
             dim: None,
             bias: None,
             tie_embeddings: None,
+            init_from: None,
             extra: Default::default(),
             classes: 10,
             activation: Activation::Relu,

@@ -66,6 +66,7 @@ pub fn bench(
             model: model.as_ref(),
             store: None,
             resume: None,
+            init: None,
         };
         let mut rates = Vec::with_capacity(repeats);
         for _ in 0..repeats.max(1) {

@@ -24,6 +24,7 @@ pub fn check(r: &Resolved) -> Result<CheckReport> {
     let placement = backend::resolve(&r.config)?;
     let d = data::load(r)?;
     let model = crate::model::build(r, &d.input_shape())?;
+    super::weights::init_weights(r, model.as_ref())?;
     let plan = Plan::new(&r.config, d.train.len(), model.num_params());
     let memory = strategy::estimate(&r.config, model.layout(), plan.world_size);
     let threads = backend::threads(&r.config.backend, r.config.strategy.devices.count());

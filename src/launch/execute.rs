@@ -217,13 +217,8 @@ fn node_worker(a: &RunOptions, r: &Resolved, token: &str, round: usize) -> Resul
         };
         let from = resume
             .as_ref()
-            .and_then(|res| res.loaded.as_ref())
-            .map(|l| {
-                Store::new(abs.join(&c.checkpoint.dir))
-                    .step_dir(l.state.step as u64)
-                    .display()
-                    .to_string()
-            })
+            .and_then(|res| res.from.as_ref())
+            .map(|(p, _)| p.display().to_string())
             .unwrap_or_default();
         job.client.set("resume_from", &from)?;
         job.client.set("run_dir", &abs.display().to_string())?;
@@ -240,9 +235,12 @@ fn node_worker(a: &RunOptions, r: &Resolved, token: &str, round: usize) -> Resul
         };
         let resume = match v.get(1).filter(|p| !p.is_empty()) {
             Some(p) => Some(Resumption {
-                loaded: Some(crate::checkpoint::load(Path::new(p)).map_err(Error::Checkpoint)?),
+                from: Some((
+                    PathBuf::from(p),
+                    crate::checkpoint::read_state(Path::new(p)).map_err(Error::Checkpoint)?,
+                )),
             }),
-            None if round > 0 => Some(Resumption { loaded: None }),
+            None if round > 0 => Some(Resumption { from: None }),
             None => None,
         };
         (PathBuf::from(&v[0]), resume)
@@ -296,17 +294,27 @@ pub fn execute(
     let data = data::load(r)?;
     let model = crate::model::build(&r, &data.input_shape())?;
     let plan = Plan::new(c, data.train.len(), model.num_params());
-    if let Some(res) = &resume {
-        if let Some(l) = &res.loaded {
-            if l.state.num_params != model.num_params() {
+    let loaded = match resume.as_ref().and_then(|res| res.from.as_ref()) {
+        Some((path, state)) => {
+            if state.num_params != model.num_params() {
                 return Err(Error::Usage(format!(
                     "the checkpoint has {} parameters but the model has {}; the model config changed",
-                    l.state.num_params,
+                    state.num_params,
                     model.num_params()
                 )));
             }
+            Some(
+                crate::checkpoint::load(path, &model.layout().specs())
+                    .map_err(Error::Checkpoint)?,
+            )
         }
-    }
+        None => None,
+    };
+    // a resumed run continues from its checkpoint, not from model.init_from
+    let init = match &loaded {
+        Some(_) => None,
+        None => super::weights::init_weights(r, model.as_ref())?,
+    };
     fs::create_dir_all(run_dir)
         .map_err(|e| Error::io(format!("creating run directory {}", run_dir.display()), e))?;
     let config_hash = config::config_hash(c);
@@ -357,7 +365,7 @@ pub fn execute(
     .map_err(|e| Error::io(format!("opening {}", metrics_path.display()), e))?;
     let mut metrics = BufWriter::new(metrics_file);
     let mut write_err: Option<std::io::Error> = None;
-    let loaded = resume.as_ref().and_then(|r| r.loaded.as_ref());
+    let loaded = loaded.as_ref();
     let first_step = loaded.map(|l| l.state.step).unwrap_or(0);
     let input = TrainInput {
         config: c,
@@ -366,6 +374,7 @@ pub fn execute(
         model: model.as_ref(),
         store: Some(&store),
         resume: loaded,
+        init: init.as_deref(),
     };
     if let Some(note) = &placement.note {
         ui.info(note);

@@ -5,7 +5,8 @@
 //! `workers` runs one thread per rank (device), each with its own sized thread pool, its
 //! strategy over its collective, and its log file. Rank 0's events reach the caller on the
 //! calling thread; when one rank fails the others are stopped and the root cause is returned.
-//! `run_dir` and `summary` are where a run lives and what it reports.
+//! `run_dir` and `summary` are where a run lives and what it reports; `weights` is
+//! `kiln export` and `model.init_from`.
 
 mod bench;
 mod check;
@@ -16,6 +17,7 @@ mod run_dir;
 mod sample;
 pub mod store;
 mod summary;
+mod weights;
 mod workers;
 
 pub use bench::{bench, BenchEvent};
@@ -23,8 +25,10 @@ pub use check::{check, CheckReport};
 pub use execute::{execute, resume, start, train, RunOptions};
 pub use resume::{choose_checkpoint, config_changes, prepare_resume, Resumption};
 pub use run_dir::{
-    checkpoint_store, choose_run_dir, is_unfinished, newest_unfinished, stored_config, write_json,
+    checkpoint_store, choose_run_dir, is_unfinished, newest_unfinished, run_config, stored_config,
+    write_json,
 };
 pub use sample::{sample, SampleOptions};
 pub use summary::Summary;
+pub use weights::{export, init_weights, write_atomic, ExportOptions, ExportReport};
 pub use workers::*;

@@ -6,15 +6,16 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use super::run_dir::stored_config;
-use crate::checkpoint::{self, Loaded, Store};
+use crate::checkpoint::{self, State, Store};
 use crate::config::{Config, Resolved};
 use crate::error::{Error, Result};
 use crate::ui;
 
-/// What a resume starts from: a loaded checkpoint, or nothing (no checkpoint was saved yet: the
-/// run starts over in place).
+/// What a resume starts from: a checkpoint (its directory and state; the tensors are loaded
+/// once the model is built), or nothing (no checkpoint was saved yet: the run starts over in
+/// place).
 pub struct Resumption {
-    pub loaded: Option<Loaded>,
+    pub from: Option<(PathBuf, State)>,
 }
 
 /// Dotted leaf keys and their values (arrays are leaves).
@@ -97,18 +98,18 @@ pub fn prepare_resume(
 
     let store = Store::new(dir.join(&old.checkpoint.dir));
     let chosen = choose_checkpoint(&store, from)?;
-    let loaded = match chosen {
+    let from = match chosen {
         Some(path) => {
-            let l = checkpoint::load(&path).map_err(Error::Checkpoint)?;
+            let state = checkpoint::read_state(&path).map_err(Error::Checkpoint)?;
             if !quiet {
                 ui::note(&format!(
                     "resuming {} from {} (step {})",
                     dir.display(),
                     path.display(),
-                    l.state.step
+                    state.step
                 ));
             }
-            Some(l)
+            Some((path, state))
         }
         None => {
             ui::note(&format!(
@@ -120,9 +121,9 @@ pub fn prepare_resume(
     };
     trim_metrics(
         &dir.join("metrics.jsonl"),
-        loaded.as_ref().map(|l| l.state.step).unwrap_or(0),
+        from.as_ref().map(|f| f.1.step).unwrap_or(0),
     )?;
-    Ok(Resumption { loaded })
+    Ok(Resumption { from })
 }
 
 /// The checkpoint to continue from: `from` (a name such as `step-00000020`, which must verify),

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 
 use crate::checkpoint::Store;
-use crate::config::{Config, Resolved};
+use crate::config::{self, Config, Resolved};
 use crate::error::{Error, Result};
 
 pub fn is_empty_dir(p: &Path) -> bool {
@@ -91,7 +91,30 @@ pub fn stored_config(r: &Resolved) -> Config {
     ] {
         *value = value.as_deref().map(|v| abs(key, v));
     }
+    c.model.init_from = c
+        .model
+        .init_from
+        .as_deref()
+        .map(|v| abs("model.init_from", v));
     c
+}
+
+/// The config of the run in `run_dir` as stored, without the checks a run makes of its data
+/// files (exporting or sampling never reads the data, which may have moved since).
+pub fn run_config(run_dir: &Path) -> Result<Resolved> {
+    let file = run_dir.join("config.toml");
+    if !file.is_file() {
+        return Err(Error::Usage(format!(
+            "`{}` is not a kiln run directory (no config.toml); pass the directory `kiln run` printed",
+            run_dir.display()
+        )));
+    }
+    let figment = config::build_figment(&file, &[], &[])?;
+    Ok(Resolved {
+        config: config::extract(&figment)?,
+        figment,
+        file,
+    })
 }
 
 /// The checkpoint store of a run directory (`checkpoint.dir` of its `config.toml`).

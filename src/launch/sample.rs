@@ -8,9 +8,8 @@ use std::path::Path;
 use burn::backend::Flex;
 
 use super::resume::choose_checkpoint;
-use super::run_dir::checkpoint_store;
+use super::run_dir::{checkpoint_store, run_config};
 use crate::checkpoint;
-use crate::config;
 use crate::error::{Error, Result};
 use crate::model::{ComputeOn, Task};
 use crate::rng::Rng;
@@ -51,13 +50,6 @@ fn draw(logits: &[f32], top_k: Option<usize>, u: f64) -> usize {
 /// Generates `o.tokens` bytes after `o.prompt` from the gpt run in `run_dir`, handing the
 /// prompt's bytes and then each drawn byte to `on_byte`.
 pub fn sample(run_dir: &Path, o: &SampleOptions, on_byte: &mut dyn FnMut(u8)) -> Result<()> {
-    let file = run_dir.join("config.toml");
-    if !file.is_file() {
-        return Err(Error::Usage(format!(
-            "`{}` is not a kiln run directory (no config.toml); pass the directory `kiln run` printed",
-            run_dir.display()
-        )));
-    }
     if !(o.temperature > 0.0 && o.temperature.is_finite()) {
         return Err(Error::Usage(format!(
             "--temperature {} must be above 0 (lower is more predictable)",
@@ -67,14 +59,7 @@ pub fn sample(run_dir: &Path, o: &SampleOptions, on_byte: &mut dyn FnMut(u8)) ->
     if o.top_k == Some(0) {
         return Err(Error::Usage("--top-k must be at least 1".into()));
     }
-    // the run's config as stored, without the checks a run makes of its data files: sampling
-    // never reads the data, which may have moved since
-    let figment = config::build_figment(&file, &[], &[])?;
-    let r = config::Resolved {
-        config: config::extract(&figment)?,
-        figment,
-        file: file.clone(),
-    };
+    let r = run_config(run_dir)?;
     let kind = r.config.model.kind.as_str();
     if kind != "gpt" {
         return Err(Error::Usage(format!(
@@ -102,7 +87,7 @@ pub fn sample(run_dir: &Path, o: &SampleOptions, on_byte: &mut dyn FnMut(u8)) ->
             store.dir.display()
         ))
     })?;
-    let loaded = checkpoint::load(&path).map_err(Error::Checkpoint)?;
+    let loaded = checkpoint::load(&path, &model.layout().specs()).map_err(Error::Checkpoint)?;
     if loaded.params.len() != model.num_params() {
         return Err(Error::Usage(format!(
             "{} holds {} parameters but the run's model has {}; was config.toml edited?",
@@ -124,7 +109,8 @@ pub fn sample(run_dir: &Path, o: &SampleOptions, on_byte: &mut dyn FnMut(u8)) ->
     let mut rng = Rng::stream(o.seed, "sample", &[]);
     for _ in 0..o.tokens {
         let window = &context[context.len().saturating_sub(block)..];
-        let logits = compute.logits(&loaded.params, window)?;
+        let x: Vec<f32> = window.iter().map(|&t| t as f32).collect();
+        let logits = compute.logits(&loaded.params, &x, &[1, x.len()])?;
         let last = &logits[logits.len().saturating_sub(vocab)..];
         let scaled: Vec<f32> = last[..vocab.min(256)]
             .iter()

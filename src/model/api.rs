@@ -171,6 +171,17 @@ pub trait Family: Send + Sync + 'static {
         device: &B::Device,
         ctx: &mut Forward,
     ) -> Tensor<B, 2>;
+    /// The name of parameter `path` in the PyTorch module this family mirrors, given after
+    /// kiln's module-type renames (a norm's `gamma`/`beta` are already `weight`/`bias`). The
+    /// default keeps Burn's path: right for a PyTorch module with the same field names.
+    fn torch_name(&self, path: &str) -> String {
+        path.to_string()
+    }
+    /// PyTorch names that hold a copy of another parameter, as `(alias, torch name)` (a tied
+    /// `lm_head.weight` of `wte.weight`): an export writes both, an import accepts either.
+    fn torch_aliases(&self) -> Vec<(String, String)> {
+        Vec::new()
+    }
 }
 
 /// One micro-step's math on backend `B`, for a model whose parameters live elsewhere.
@@ -194,10 +205,11 @@ pub trait Compute<B: AutodiffBackend> {
         params: &[f32],
         batches: &mut dyn Iterator<Item = Batch>,
     ) -> Result<EvalOut, ModelError>;
-    /// A language model's logits at every position of `context` (at most `block` tokens,
-    /// `[context.len(), vocab]` row-major; the last row predicts the next token), with the whole
-    /// flat `params` (no dropout).
-    fn logits(&self, params: &[f32], context: &[u32]) -> Result<Vec<f32>, ModelError>;
+    /// The logits (row-major `[rows, classes]`, no dropout) of the whole flat `params` for the
+    /// model input `x` of `shape`: samples for classification (one row each); token ids
+    /// `[samples, positions]` (at most `block` positions) for a language model, one row per
+    /// position (the last row of a sample predicts its next token).
+    fn logits(&self, params: &[f32], x: &[f32], shape: &[usize]) -> Result<Vec<f32>, ModelError>;
 }
 
 /// A model as the rest of kiln sees it: a layout, an initialisation, a task, and its compute on
@@ -211,6 +223,10 @@ pub trait Model: Send + Sync {
     fn task(&self) -> Task;
     /// The initial flat parameters for `seed`.
     fn init(&self, seed: u64) -> Vec<f32>;
+    /// See `Family::torch_name`.
+    fn torch_name(&self, path: &str) -> String;
+    /// See `Family::torch_aliases`.
+    fn torch_aliases(&self) -> Vec<(String, String)>;
     #[doc(hidden)]
     fn on_ndarray(
         &self,

@@ -160,6 +160,16 @@ impl Family for Cnn {
         init::pytorch_default(layout, seed)
     }
 
+    /// torch's `nn.Sequential` of `torch_baseline.py`: Conv2d, activation, MaxPool2d per stage,
+    /// Flatten, then Linear and activation (and Dropout when `model.dropout` > 0) per hidden
+    /// layer: `convs.<i>` is module `3i`, `fcs.<j>` module `3 * stages + 1 + 2j` (or `3j`).
+    fn torch_name(&self, path: &str) -> String {
+        let stages = self.channels.len();
+        let per = if self.dropout > 0.0 { 3 } else { 2 };
+        let path = super::portable::renumber(path, "convs", |i| 3 * i);
+        super::portable::renumber(&path, "fcs", |j| 3 * stages + 1 + per * j)
+    }
+
     fn forward<B: Backend>(
         &self,
         module: &CnnModule<B>,

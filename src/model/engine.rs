@@ -47,23 +47,35 @@ impl Path {
     }
 }
 
-/// Lists every trainable parameter's path and shape, in visiting order.
+/// Lists every trainable parameter's path, shape and holding module type, in visiting order.
 struct LayoutVisitor {
     path: Path,
-    entries: Vec<(String, Vec<usize>)>,
+    /// The container type of each level of `path` (`Struct:Linear`, `Vec`, ...).
+    containers: Vec<String>,
+    entries: Vec<(String, Vec<usize>, String)>,
 }
 
 impl<B: Backend> ModuleVisitor<B> for LayoutVisitor {
-    fn enter_module(&mut self, name: &str, _container: &str) {
+    fn enter_module(&mut self, name: &str, container: &str) {
         self.path.enter(name);
+        self.containers.push(container.to_string());
     }
     fn exit_module(&mut self, _name: &str, _container: &str) {
         self.path.exit();
+        self.containers.pop();
     }
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
         if trainable(param) {
+            // Burn's derive enters a field with the type of the struct that has the field
+            let module = self
+                .containers
+                .iter()
+                .rev()
+                .find_map(|c| c.strip_prefix("Struct:"))
+                .unwrap_or("")
+                .to_string();
             self.entries
-                .push((self.path.name(), param.lazy_shape().to_vec()));
+                .push((self.path.name(), param.lazy_shape().to_vec(), module));
         }
     }
 }
@@ -73,10 +85,11 @@ impl<B: Backend> ModuleVisitor<B> for LayoutVisitor {
 pub fn layout_of<B: AutodiffBackend, M: Module<B>>(module: &M) -> ParamLayout {
     let mut v = LayoutVisitor {
         path: Path::default(),
+        containers: Vec::new(),
         entries: Vec::new(),
     };
     module.visit(&mut v);
-    ParamLayout::new(v.entries)
+    ParamLayout::with_modules(v.entries)
 }
 
 /// The current unit's parameters, as inner-backend tensors ready to be sliced per parameter.
@@ -438,12 +451,15 @@ impl<F: Family, B: AutodiffBackend> Compute<B> for Engine<F, B> {
         Ok(out)
     }
 
-    fn logits(&self, params: &[f32], context: &[u32]) -> Result<Vec<f32>, ModelError> {
+    fn logits(&self, params: &[f32], x: &[f32], shape: &[usize]) -> Result<Vec<f32>, ModelError> {
         let module = self.inner_with(params)?;
-        let x = TensorData::new(
-            context.iter().map(|&t| i64::from(t)).collect::<Vec<_>>(),
-            [1, context.len()],
-        );
+        let x = match self.family.task() {
+            Task::Classification { .. } => TensorData::new(x.to_vec(), shape.to_vec()),
+            Task::LanguageModel { .. } => TensorData::new(
+                x.iter().map(|&t| t as i64).collect::<Vec<_>>(),
+                shape.to_vec(),
+            ),
+        };
         to_vec(
             self.family
                 .forward(&module, x, &self.device, &mut Forward::eval()),
@@ -489,6 +505,12 @@ impl<F: Family> Model for FamilyModel<F> {
     }
     fn init(&self, seed: u64) -> Vec<f32> {
         self.family.init(&self.layout, seed)
+    }
+    fn torch_name(&self, path: &str) -> String {
+        self.family.torch_name(path)
+    }
+    fn torch_aliases(&self) -> Vec<(String, String)> {
+        self.family.torch_aliases()
     }
     fn on_ndarray(
         &self,

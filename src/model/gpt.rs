@@ -245,6 +245,22 @@ impl Family for Gpt {
         flat
     }
 
+    /// nanoGPT's names as in `torch_baseline.py`: the block MLP is `mlp.0` and `mlp.2` of an
+    /// `nn.Sequential(Linear, GELU, Linear)`.
+    fn torch_name(&self, path: &str) -> String {
+        path.replacen(".mlp_fc.", ".mlp.0.", 1)
+            .replacen(".mlp_proj.", ".mlp.2.", 1)
+    }
+
+    /// A tied output layer is `lm_head.weight` in PyTorch's state dict too.
+    fn torch_aliases(&self) -> Vec<(String, String)> {
+        if self.tie {
+            vec![("lm_head.weight".into(), "wte.weight".into())]
+        } else {
+            Vec::new()
+        }
+    }
+
     fn forward<B: Backend>(
         &self,
         m: &GptModule<B>,
@@ -291,13 +307,17 @@ mod tests {
         let m = FamilyModel::new(gpt);
         let compute = <Autodiff<Flex> as ComputeOn>::compute(&m, &Default::default());
         let params = m.init(3);
-        let a = compute.logits(&params, &[7, 8, 9, 10]).unwrap();
-        let b = compute.logits(&params, &[7, 8, 9, 200]).unwrap();
+        let a = compute
+            .logits(&params, &[7.0, 8.0, 9.0, 10.0], &[1, 4])
+            .unwrap();
+        let b = compute
+            .logits(&params, &[7.0, 8.0, 9.0, 200.0], &[1, 4])
+            .unwrap();
         assert_eq!(a.len(), 4 * 256);
         assert_eq!(a[..3 * 256], b[..3 * 256], "positions before the change");
         assert_ne!(a[3 * 256..], b[3 * 256..], "the changed position");
         // and a prefix sees exactly what the longer context saw at its positions
-        let c = compute.logits(&params, &[7, 8]).unwrap();
+        let c = compute.logits(&params, &[7.0, 8.0], &[1, 2]).unwrap();
         for (x, y) in c.iter().zip(&a[..2 * 256]) {
             assert!((x - y).abs() <= 1e-5 * y.abs().max(1.0), "{x} vs {y}");
         }

@@ -105,6 +105,13 @@ impl Family for Mlp {
         flat
     }
 
+    /// torch's `nn.Sequential` of `torch_baseline.py`: Linear, activation (and Dropout when
+    /// `model.dropout` > 0) per hidden layer, so `layers.<i>` is module `2i` (or `3i`).
+    fn torch_name(&self, path: &str) -> String {
+        let per = if self.dropout > 0.0 { 3 } else { 2 };
+        super::portable::renumber(path, "layers", |i| i * per)
+    }
+
     fn forward<B: Backend>(
         &self,
         module: &MlpModule<B>,

@@ -12,6 +12,7 @@ mod engine;
 pub mod gpt;
 pub mod init;
 pub mod mlp;
+pub mod portable;
 mod registry;
 
 pub use api::{

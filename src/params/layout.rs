@@ -11,6 +11,9 @@ pub struct ParamSpec {
     pub name: String,
     pub shape: Vec<usize>,
     pub offset: usize,
+    /// The Burn module type that holds it (`Linear`, `LayerNorm`, `Conv2d`, ...), or empty when
+    /// unknown; it decides how the parameter is named and laid out in PyTorch.
+    pub module: String,
 }
 
 impl ParamSpec {
@@ -49,13 +52,24 @@ impl ParamLayout {
     /// The layout of `(path, shape)` pairs in this order. Units are the runs of consecutive
     /// parameters that share `unit_of(path)`.
     pub fn new(entries: Vec<(String, Vec<usize>)>) -> Self {
+        Self::with_modules(
+            entries
+                .into_iter()
+                .map(|(name, shape)| (name, shape, String::new()))
+                .collect(),
+        )
+    }
+
+    /// `new`, with the module type holding each parameter.
+    pub fn with_modules(entries: Vec<(String, Vec<usize>, String)>) -> Self {
         let mut params = Vec::with_capacity(entries.len());
         let mut offset = 0;
-        for (name, shape) in entries {
+        for (name, shape, module) in entries {
             let spec = ParamSpec {
                 name,
                 shape,
                 offset,
+                module,
             };
             offset += spec.len();
             params.push(spec);
@@ -90,6 +104,14 @@ impl ParamLayout {
     /// The flat range of unit `u`.
     pub fn unit_range(&self, u: usize) -> Range<usize> {
         self.units[u].range.clone()
+    }
+
+    /// Every parameter's (name, shape), in flat order.
+    pub fn specs(&self) -> Vec<(String, Vec<usize>)> {
+        self.params
+            .iter()
+            .map(|p| (p.name.clone(), p.shape.clone()))
+            .collect()
     }
 
     /// The unit that parameter `i` belongs to.

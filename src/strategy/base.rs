@@ -5,7 +5,7 @@ use std::ops::Range;
 
 use serde::Serialize;
 
-use crate::checkpoint::{encode_f32, encode_opt, Layout, OptState};
+use crate::checkpoint::{Layout, OptState};
 use crate::collective::{device_error, Collective, CollectiveError, OpKind};
 use crate::config::{Config, OptimKind, Sharding, StrategyKind};
 use crate::params::{DeviceParams, DeviceTensor, Grads, Optimizer, ParamLayout};
@@ -19,11 +19,13 @@ pub struct Memory {
     pub optim_bytes: usize,
 }
 
-/// A rank's part of a checkpoint.
+/// A rank's part of a checkpoint: the whole model and optimizer (rank 0 of a whole-parameter
+/// strategy), the rank's part of every unit (fsdp, in unit order), or nothing.
+#[derive(Debug, Clone, PartialEq)]
 pub struct Snapshot {
     pub layout: Layout,
-    /// (file name, bytes); empty for ranks that write nothing.
-    pub files: Vec<(String, Vec<u8>)>,
+    /// `None` for ranks that write nothing.
+    pub data: Option<(Vec<f32>, OptState)>,
 }
 
 /// The device copy of a whole-parameter strategy's parameters and optimizer (CUDA over NCCL):
@@ -95,16 +97,13 @@ pub(super) fn whole_memory(rank: usize, params: &[f32], optim_bytes: usize) -> M
 
 /// The snapshot of a strategy that holds whole parameters and, on rank 0, the whole optimizer.
 pub(super) fn full_snapshot(rank: usize, params: &[f32], opt: Option<OptState>) -> Snapshot {
-    let files = match (rank, opt) {
-        (0, Some(o)) => vec![
-            ("model.bin".into(), encode_f32(params)),
-            ("optim.bin".into(), encode_opt(&o)),
-        ],
-        _ => Vec::new(),
+    let data = match (rank, opt) {
+        (0, Some(o)) => Some((params.to_vec(), o)),
+        _ => None,
     };
     Snapshot {
         layout: Layout::Full,
-        files,
+        data,
     }
 }
 
@@ -175,7 +174,7 @@ pub trait Strategy {
         Ok(out)
     }
     fn memory(&self) -> Memory;
-    /// The files this rank writes into a checkpoint, and how they are laid out.
+    /// What this rank writes into a checkpoint, and how it is laid out.
     fn snapshot(&mut self) -> Result<Snapshot, CollectiveError>;
     /// Takes the optimizer state from whole (unsharded) buffers, after `init` with the saved
     /// parameters; each strategy keeps its part.
@@ -262,7 +261,7 @@ mod tests {
 
     /// What a rank saw (gathered units, then its final parameters), how many gathers ran on the
     /// device, and its checkpoint files.
-    type Out = (Vec<f32>, usize, Vec<(String, Vec<u8>)>);
+    type Out = (Vec<f32>, usize, Option<(Vec<f32>, OptState)>);
 
     /// Every rank's parameters after two updates from rank-dependent gradients, preceded by the
     /// unit parameters each step gathered (and how many gathers ran on the device).
@@ -313,7 +312,7 @@ mod tests {
                             st.update(grads, 0.1, Some(0.5)).unwrap();
                         }
                         seen.extend(st.params().unwrap());
-                        (seen, on_device, st.snapshot().unwrap().files)
+                        (seen, on_device, st.snapshot().unwrap().data)
                     })
                 })
                 .collect();

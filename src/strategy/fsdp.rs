@@ -12,7 +12,7 @@
 use std::ops::Range;
 
 use super::{full_snapshot, Memory, Snapshot, Strategy};
-use crate::checkpoint::{encode_f32, encode_opt, Layout, OptState};
+use crate::checkpoint::{Layout, OptState, ShardUnit};
 use crate::collective::{device_error, Collective, CollectiveError, GradsOps, OpKind, ReduceOp};
 use crate::config::{Config, FsdpUnit, Sharding};
 use crate::params::{clip_by_norm, sum_squares, DeviceTensor, Grads, Optimizer, ParamLayout};
@@ -20,15 +20,21 @@ use crate::params::{clip_by_norm, sum_squares, DeviceTensor, Grads, Optimizer, P
 /// One flat unit: where it lives in the full parameter buffer and how it is split.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Unit {
+    /// The layout unit's name (`layers.0`), or `model` for the whole model.
+    pub name: String,
     pub range: Range<usize>,
     /// Elements per rank (the padded length divided by the world size).
     pub shard_len: usize,
 }
 
 impl Unit {
-    pub fn new(range: Range<usize>, world: usize) -> Self {
+    pub fn new(name: &str, range: Range<usize>, world: usize) -> Self {
         let shard_len = range.len().div_ceil(world);
-        Unit { range, shard_len }
+        Unit {
+            name: name.to_string(),
+            range,
+            shard_len,
+        }
     }
     pub fn padded_len(&self, world: usize) -> usize {
         self.shard_len * world
@@ -45,9 +51,11 @@ impl Unit {
 /// units (a layer, a block).
 pub fn units(layout: &ParamLayout, unit: FsdpUnit, world: usize) -> Vec<Unit> {
     match unit {
-        FsdpUnit::Model => vec![Unit::new(0..layout.num_params(), world)],
-        FsdpUnit::Layer => (0..layout.num_units())
-            .map(|u| Unit::new(layout.unit_range(u), world))
+        FsdpUnit::Model => vec![Unit::new("model", 0..layout.num_params(), world)],
+        FsdpUnit::Layer => layout
+            .units
+            .iter()
+            .map(|u| Unit::new(&u.name, u.range.clone(), world))
             .collect(),
     }
 }
@@ -280,36 +288,61 @@ impl Strategy for Fsdp {
     fn snapshot(&mut self) -> Result<Snapshot, CollectiveError> {
         let rank = self.rank();
         let steps = self.opts.first().map(|o| o.steps).unwrap_or(0);
-        let concat = |pick: fn(&Optimizer) -> &Vec<f32>, opts: &[Optimizer]| -> Vec<f32> {
-            if opts.iter().any(|o| pick(o).is_empty()) {
+        if self.sharding == Sharding::None {
+            let whole = |pick: fn(&Optimizer) -> &Vec<f32>| -> Vec<f32> {
+                if self.opts.iter().any(|o| pick(o).is_empty()) {
+                    Vec::new()
+                } else {
+                    self.opts
+                        .iter()
+                        .flat_map(|o| pick(o).iter().copied())
+                        .collect()
+                }
+            };
+            let opt = OptState {
+                steps,
+                m: whole(|o| &o.m),
+                v: whole(|o| &o.v),
+            };
+            let params = self.full.clone().unwrap_or_default();
+            return Ok(full_snapshot(rank, &params, Some(opt)));
+        }
+        // each unit's owned part, without the padding of the last ranks
+        let owned = |bufs: &mut dyn Iterator<Item = &Vec<f32>>| -> Vec<f32> {
+            let mut out = Vec::new();
+            for (u, b) in self.units.iter().zip(bufs) {
+                out.extend_from_slice(&b[..u.owned(rank).len().min(b.len())]);
+            }
+            out
+        };
+        let pick = |f: fn(&Optimizer) -> &Vec<f32>| -> Vec<f32> {
+            if self.opts.iter().any(|o| f(o).is_empty()) {
                 Vec::new()
             } else {
-                opts.iter().flat_map(|o| pick(o).iter().copied()).collect()
+                owned(&mut self.opts.iter().map(f))
             }
         };
         let opt = OptState {
             steps,
-            m: concat(|o| &o.m, &self.opts),
-            v: concat(|o| &o.v, &self.opts),
+            m: pick(|o| &o.m),
+            v: pick(|o| &o.v),
         };
-        if self.sharding == Sharding::None {
-            let params = self.full.clone().unwrap_or_default();
-            return Ok(full_snapshot(rank, &params, Some(opt)));
-        }
-        let shards: Vec<f32> = self.shards.iter().flatten().copied().collect();
+        let params = owned(&mut self.shards.iter());
         Ok(Snapshot {
             layout: Layout::Sharded {
                 world: self.world(),
                 units: self
                     .units
                     .iter()
-                    .map(|u| [u.range.start, u.range.len(), u.shard_len])
+                    .map(|u| ShardUnit {
+                        name: u.name.clone(),
+                        start: u.range.start,
+                        len: u.range.len(),
+                        shard_len: u.shard_len,
+                    })
                     .collect(),
             },
-            files: vec![
-                (format!("model-rank-{rank}.bin"), encode_f32(&shards)),
-                (format!("optim-rank-{rank}.bin"), encode_opt(&opt)),
-            ],
+            data: Some((params, opt)),
         })
     }
 
@@ -336,11 +369,11 @@ mod tests {
 
     #[test]
     fn shards_cover_the_unit_with_padding() {
-        let u = Unit::new(10..17, 3); // 7 elements
+        let u = Unit::new("u", 10..17, 3); // 7 elements
         assert_eq!((u.shard_len, u.padded_len(3)), (3, 9));
         assert_eq!(u.owned(0), 0..3);
         assert_eq!(u.owned(2), 6..7);
-        let u = Unit::new(0..2, 4);
+        let u = Unit::new("u", 0..2, 4);
         assert_eq!(u.owned(3), 2..2);
     }
 }

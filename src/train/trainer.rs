@@ -7,7 +7,8 @@ use serde::Serialize;
 
 use super::schedule::lr_at;
 use crate::checkpoint::{
-    CheckpointError, DataPosition, Loaded, OptimizerInfo, RngState, SchedulerInfo, State, Store,
+    encode_files, CheckpointError, DataPosition, Loaded, OptimizerInfo, RngState, SchedulerInfo,
+    State, Store, FORMAT,
 };
 use crate::collective::CollectiveError;
 use crate::config::Config;
@@ -140,6 +141,8 @@ pub struct TrainInput<'a> {
     pub store: Option<&'a Store>,
     /// The checkpoint to continue from.
     pub resume: Option<&'a Loaded>,
+    /// Initial parameters in place of the model's seeded initialisation (`model.init_from`).
+    pub init: Option<&'a [f32]>,
 }
 
 /// Where a rank stands in the data: pass `epoch`, in the segment of it that started at global
@@ -294,7 +297,10 @@ pub fn train<B: ComputeOn>(
             (l.state.step, resume_pos(plan, c, &l.state))
         }
         None => {
-            strategy.init(model.init(c.experiment.seed))?;
+            strategy.init(match input.init {
+                Some(p) => p.to_vec(),
+                None => model.init(c.experiment.seed),
+            })?;
             (
                 0,
                 Pos {
@@ -551,12 +557,26 @@ fn save_checkpoint(
     }
     strategy.barrier()?;
     let snap = strategy.snapshot()?;
-    for (name, bytes) in &snap.files {
-        store.write_file(step as u64, name, bytes)?;
+    if let Some((params, opt)) = &snap.data {
+        let files = encode_files(
+            &snap.layout,
+            rank,
+            &input.model.layout().specs(),
+            params,
+            opt,
+        )
+        .map_err(|why| CheckpointError::Invalid {
+            path: store.dir.clone(),
+            why,
+        })?;
+        for (name, bytes) in &files {
+            store.write_file(step as u64, name, bytes)?;
+        }
     }
     strategy.barrier()?;
     if rank == 0 {
         let state = State {
+            format: FORMAT.to_string(),
             step,
             position,
             accum_position: 0,
@@ -571,6 +591,7 @@ fn save_checkpoint(
             micro_batch: input.plan.micro_batch,
             grad_accum_steps: input.plan.accum,
             num_params: input.model.num_params(),
+            input_shape: input.data.input_shape(),
             params: snap.layout.clone(),
             optimizer: OptimizerInfo {
                 kind: format!("{:?}", c.optim.kind).to_lowercase(),

@@ -105,3 +105,13 @@ pub fn copy_dir(from: &Path, to: &Path) {
         }
     }
 }
+
+/// The whole flat parameters of checkpoint `step_dir` of the run in `run_dir` (shards gathered).
+pub fn checkpoint_params(run_dir: &Path, step_dir: &Path) -> Vec<f32> {
+    let r = kiln::launch::run_config(run_dir).unwrap();
+    let state = kiln::checkpoint::read_state(step_dir).unwrap();
+    let model = kiln::model::build(&r, &state.input_shape).unwrap();
+    kiln::checkpoint::load(step_dir, &model.layout().specs())
+        .unwrap()
+        .params
+}

@@ -7,6 +7,7 @@ mod config;
 mod cuda;
 mod custom;
 mod experiments;
+mod export;
 mod fsdp;
 mod layers;
 mod models;

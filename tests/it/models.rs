@@ -5,7 +5,7 @@
 use crate::common::{copy_dir, kiln, root, stderr, summary, write};
 use crate::parallel::{max_diff, train_task};
 
-const CNN: &str = r#"
+pub(crate) const CNN: &str = r#"
 [experiment]
 seed = 5
 
@@ -203,7 +203,7 @@ classes = 10
     assert!(!d.path().join("runs").exists());
 }
 
-const GPT: &str = r#"
+pub(crate) const GPT: &str = r#"
 [experiment]
 seed = 7
 
@@ -232,7 +232,7 @@ threads = 1
 "#;
 
 /// A few KB of English for the text tests.
-fn corpus(dir: &std::path::Path) {
+pub(crate) fn corpus(dir: &std::path::Path) {
     let text = std::fs::read_to_string(root().join("experiments/data/text/rust-book.txt")).unwrap();
     write(dir, "corpus.txt", &text[..6000]);
 }

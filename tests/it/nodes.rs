@@ -117,12 +117,14 @@ fn equal_to_one_process(nnodes: usize, devices: usize) {
         ],
     );
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-    let one = kiln::checkpoint::load(&d.path().join("one/checkpoints/step-00000005"))
-        .unwrap()
-        .params;
-    let multi = kiln::checkpoint::load(&d.path().join("runs/tiny/checkpoints/step-00000005"))
-        .unwrap()
-        .params;
+    let one = crate::common::checkpoint_params(
+        &d.path().join("one"),
+        &d.path().join("one/checkpoints/step-00000005"),
+    );
+    let multi = crate::common::checkpoint_params(
+        &d.path().join("runs/tiny"),
+        &d.path().join("runs/tiny/checkpoints/step-00000005"),
+    );
     let diff = crate::parallel::max_diff(&one, &multi);
     assert!(diff <= 1e-5, "max |param diff| {diff}");
     // and single with the whole batch
@@ -141,9 +143,10 @@ fn equal_to_one_process(nnodes: usize, devices: usize) {
         ],
     );
     assert_eq!(o.status.code(), Some(0));
-    let single = kiln::checkpoint::load(&d.path().join("single/checkpoints/step-00000005"))
-        .unwrap()
-        .params;
+    let single = crate::common::checkpoint_params(
+        &d.path().join("single"),
+        &d.path().join("single/checkpoints/step-00000005"),
+    );
     let diff = crate::parallel::max_diff(&single, &multi);
     assert!(diff <= 1e-5, "vs single: max |param diff| {diff}");
     assert!(summary_hash(&d.path().join("runs/tiny")).is_string());

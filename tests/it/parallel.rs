@@ -89,6 +89,7 @@ impl Prepared {
             model: self.model.as_ref(),
             store: None,
             resume: None,
+            init: None,
         }
     }
 }

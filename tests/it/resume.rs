@@ -216,7 +216,7 @@ fn a_corrupt_newest_checkpoint_falls_back_to_the_previous_one() {
     let copy = d.path().join("copy");
     copy_dir(&full, &copy);
     // the run saved steps 3, 6, 9, 10; flip one byte of step 10's model
-    let model = copy.join("checkpoints/step-00000010/model.bin");
+    let model = copy.join("checkpoints/step-00000010/model.safetensors");
     let mut bytes = std::fs::read(&model).unwrap();
     let mid = bytes.len() / 2;
     bytes[mid] ^= 0x01;
@@ -224,17 +224,17 @@ fn a_corrupt_newest_checkpoint_falls_back_to_the_previous_one() {
     let o = kiln(d.path(), &["ckpt", "verify", copy.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(1));
     assert!(
-        stderr(&o).contains("step-00000010: model.bin: checksum mismatch"),
+        stderr(&o).contains("step-00000010: model.safetensors: checksum mismatch"),
         "{}",
         stderr(&o)
     );
     let o = kiln(d.path(), &["ckpt", "list", copy.to_str().unwrap()]);
-    assert!(crate::common::stdout(&o).contains("invalid: model.bin: checksum mismatch"));
+    assert!(crate::common::stdout(&o).contains("invalid: model.safetensors: checksum mismatch"));
     let o = kiln(d.path(), &["resume", copy.to_str().unwrap(), "--quiet"]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let e = stderr(&o);
     assert!(
-        e.contains("skipping step-00000010: model.bin: checksum mismatch"),
+        e.contains("skipping step-00000010: model.safetensors: checksum mismatch"),
         "{e}"
     );
     assert_eq!(loss_lines(&copy), loss_lines(&full));

@@ -1,0 +1,132 @@
+#!/usr/bin/env python3
+"""Checks a `kiln export` from PyTorch: loads it into the reference module of
+`shared/bench/torch_baseline.py` (mlp, cnn or gpt, sized from the file) with strict=True, runs a
+forward on the input kiln saved with `--probe`, and compares the logits with kiln's.
+
+  pip install torch safetensors
+  kiln export runs/<run> -o model.safetensors --probe probe.safetensors
+  python3 scripts/check-export.py model.safetensors probe.safetensors
+
+Exit 0 when every logit is within --tol (1e-4) of kiln's, 1 otherwise.
+"""
+import argparse
+import json
+import sys
+
+import torch
+import torch.nn as nn
+from safetensors import safe_open
+from safetensors.torch import load_file
+
+ACTS = {"relu": nn.ReLU, "gelu": nn.GELU, "tanh": nn.Tanh, "sigmoid": nn.Sigmoid}
+
+
+class Block(nn.Module):
+    """torch_baseline.py's nanoGPT block (with optional biases)."""
+
+    def __init__(self, d, h, bias):
+        super().__init__()
+        self.ln_1, self.ln_2, self.h = nn.LayerNorm(d, bias=bias), nn.LayerNorm(d, bias=bias), h
+        self.c_attn, self.c_proj = nn.Linear(d, 3 * d, bias=bias), nn.Linear(d, d, bias=bias)
+        self.mlp = nn.Sequential(nn.Linear(d, 4 * d, bias=bias), nn.GELU(), nn.Linear(4 * d, d, bias=bias))
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.c_attn(self.ln_1(x)).split(d, dim=2)
+        q, k, v = (z.view(b, t, self.h, d // self.h).transpose(1, 2) for z in (q, k, v))
+        y = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.c_proj(y.transpose(1, 2).reshape(b, t, d))
+        return x + self.mlp(self.ln_2(x))
+
+
+class Gpt(nn.Module):
+    def __init__(self, vocab, block, layers, heads, d, bias, tie):
+        super().__init__()
+        self.wte, self.wpe = nn.Embedding(vocab, d), nn.Embedding(block, d)
+        self.blocks = nn.Sequential(*[Block(d, heads, bias) for _ in range(layers)])
+        self.ln_f, self.lm_head = nn.LayerNorm(d, bias=bias), nn.Linear(d, vocab, bias=False)
+        if tie:
+            self.lm_head.weight = self.wte.weight
+
+    def forward(self, idx):
+        pos = torch.arange(idx.shape[1])
+        x = self.ln_f(self.blocks(self.wte(idx) + self.wpe(pos)))
+        return self.lm_head(x).flatten(0, 1)
+
+
+def linears(sd, start):
+    """Indices of the `<i>.weight` 2-d tensors of an nn.Sequential, in order, from `start`."""
+    idx = sorted(int(k.split(".")[0]) for k, v in sd.items() if k.endswith(".weight") and v.dim() == 2)
+    return [i for i in idx if i >= start]
+
+
+def sequential(sd, cfg, input_shape):
+    """The mlp or cnn of torch_baseline.py, as kiln numbers its modules."""
+    act = ACTS[cfg.get("activation", "relu")]
+    drop = cfg.get("dropout", 0.0)
+    mods = {}
+    convs = sorted(int(k.split(".")[0]) for k, v in sd.items() if v.dim() == 4)
+    for i in convs:
+        out_c, in_c, k, _ = sd[f"{i}.weight"].shape
+        mods[i] = nn.Conv2d(in_c, out_c, k, padding=k // 2)
+        mods[i + 1], mods[i + 2] = act(), nn.MaxPool2d(2)
+    start = 0
+    if convs:
+        start = convs[-1] + 3
+        mods[start] = nn.Flatten()
+        start += 1
+    lins = linears(sd, start)
+    for n, i in enumerate(lins):
+        out_f, in_f = sd[f"{i}.weight"].shape
+        mods[i] = nn.Linear(in_f, out_f)
+        if n < len(lins) - 1:
+            mods[i + 1] = act()
+            if drop > 0:
+                mods[i + 2] = nn.Dropout(drop)
+    assert sorted(mods) == list(range(len(mods))), f"module indices {sorted(mods)} leave gaps"
+    return nn.Sequential(*[mods[i] for i in range(len(mods))])
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("export", help="the file `kiln export` wrote (--format pytorch)")
+    p.add_argument("probe", help="the file `kiln export --probe` wrote")
+    p.add_argument("--tol", type=float, default=1e-4)
+    a = p.parse_args()
+
+    with safe_open(a.export, "pt") as f:
+        meta = f.metadata() or {}
+    if meta.get("kiln.format", "pytorch") != "pytorch":
+        sys.exit(f"{a.export} holds {meta.get('kiln.format')} names; export with --format pytorch")
+    kind, cfg = meta["kiln.kind"], json.loads(meta["kiln.model"])
+    input_shape = json.loads(meta["kiln.input_shape"])
+    sd = load_file(a.export)
+    probe = load_file(a.probe)
+    x, want = probe["input"], probe["logits"]
+
+    if kind == "gpt":
+        vocab, d = sd["wte.weight"].shape
+        block = sd["wpe.weight"].shape[0]
+        layers = len({k.split(".")[1] for k in sd if k.startswith("blocks.")})
+        bias = "ln_f.bias" in sd
+        tie = cfg.get("tie_embeddings", True)
+        model = Gpt(vocab, block, layers, cfg.get("heads", 4), d, bias, tie)
+        x = x.long()
+    elif kind in ("mlp", "cnn"):
+        model = sequential(sd, cfg, input_shape)
+    else:
+        sys.exit(f"no PyTorch reference module for model.kind = {kind!r} (built in: mlp, cnn, gpt)")
+
+    missing, unexpected = model.load_state_dict(sd, strict=True)
+    model.eval()
+    with torch.no_grad():
+        got = model(x)
+    diff = (got - want).abs().max().item()
+    ok = got.shape == want.shape and diff <= a.tol
+    print(json.dumps({"kind": kind, "tensors": len(sd), "logits": list(got.shape),
+                      "max_abs_diff": diff, "tol": a.tol, "ok": ok}))
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()

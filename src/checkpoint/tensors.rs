@@ -1,0 +1,203 @@
+//! safetensors files of named f32 tensors, written and read with the `safetensors` crate (the
+//! format PyTorch, Hugging Face and Burn exchange weights in). Reading converts f16, bf16 and
+//! f64 tensors to f32; any other dtype is an error naming the tensor.
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+
+use safetensors::tensor::{Dtype, SafeTensorError, SafeTensors, View};
+
+/// A named tensor, read from a file.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Named {
+    pub name: String,
+    pub shape: Vec<usize>,
+    pub data: Vec<f32>,
+}
+
+/// The tensors of a file, in the file's order, and its `__metadata__`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TensorFile {
+    pub tensors: Vec<Named>,
+    pub metadata: HashMap<String, String>,
+}
+
+impl TensorFile {
+    pub fn get(&self, name: &str) -> Option<&Named> {
+        self.tensors.iter().find(|t| t.name == name)
+    }
+
+    /// Tensors by name.
+    pub fn by_name(&self) -> HashMap<&str, &Named> {
+        self.tensors.iter().map(|t| (t.name.as_str(), t)).collect()
+    }
+}
+
+/// An f32 tensor to write, borrowing its values.
+struct F32View<'a> {
+    shape: Vec<usize>,
+    data: &'a [f32],
+}
+
+impl View for F32View<'_> {
+    fn dtype(&self) -> Dtype {
+        Dtype::F32
+    }
+    fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+    fn data(&self) -> Cow<'_, [u8]> {
+        if cfg!(target_endian = "little") {
+            Cow::Borrowed(bytemuck::cast_slice(self.data))
+        } else {
+            Cow::Owned(self.data.iter().flat_map(|x| x.to_le_bytes()).collect())
+        }
+    }
+    fn data_len(&self) -> usize {
+        std::mem::size_of_val(self.data)
+    }
+}
+
+/// The bytes of a safetensors file holding `tensors` (name, shape, values) and `metadata`.
+/// Every tensor's values must fill its shape.
+pub fn encode(
+    tensors: &[(&str, &[usize], &[f32])],
+    metadata: HashMap<String, String>,
+) -> Result<Vec<u8>, String> {
+    let mut views = Vec::with_capacity(tensors.len());
+    for &(name, shape, data) in tensors {
+        if shape.iter().product::<usize>() != data.len() {
+            return Err(format!(
+                "tensor `{name}`: shape {shape:?} does not hold {} values",
+                data.len()
+            ));
+        }
+        views.push((
+            name,
+            F32View {
+                shape: shape.to_vec(),
+                data,
+            },
+        ));
+    }
+    safetensors::tensor::serialize(views, Some(metadata)).map_err(|e| describe(&e))
+}
+
+/// Reads a safetensors file's bytes: every tensor as f32, and the metadata.
+pub fn decode(bytes: &[u8]) -> Result<TensorFile, String> {
+    let st = SafeTensors::deserialize(bytes).map_err(|e| describe_read(&e, bytes.len()))?;
+    let (_, meta) =
+        SafeTensors::read_metadata(bytes).map_err(|e| describe_read(&e, bytes.len()))?;
+    let metadata = meta.metadata().clone().unwrap_or_default();
+    let mut tensors = Vec::with_capacity(st.len());
+    // in the file's order (by offset), so a reader sees what a writer wrote
+    let mut views: Vec<_> = st.iter().collect();
+    views.sort_by_key(|(_, v)| v.data().as_ptr() as usize);
+    for (name, view) in views {
+        let raw = view.data();
+        let data: Vec<f32> = match view.dtype() {
+            Dtype::F32 => match bytemuck::try_cast_slice::<u8, f32>(&raw) {
+                Ok(v) if cfg!(target_endian = "little") => v.to_vec(),
+                _ => raw
+                    .chunks_exact(4)
+                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                    .collect(),
+            },
+            Dtype::F16 => raw
+                .chunks_exact(2)
+                .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
+                .collect(),
+            Dtype::BF16 => raw
+                .chunks_exact(2)
+                .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
+                .collect(),
+            Dtype::F64 => raw
+                .chunks_exact(8)
+                .map(|c| f64::from_le_bytes(c.try_into().unwrap_or([0; 8])) as f32)
+                .collect(),
+            other => {
+                return Err(format!(
+                    "tensor `{name}` has dtype {other:?}; kiln reads F32, F16, BF16 and F64 \
+                     weights"
+                ))
+            }
+        };
+        tensors.push(Named {
+            name: name.to_string(),
+            shape: view.shape().to_vec(),
+            data,
+        });
+    }
+    Ok(TensorFile { tensors, metadata })
+}
+
+fn describe(e: &SafeTensorError) -> String {
+    format!("safetensors: {e}")
+}
+
+/// What went wrong reading a file of `len` bytes, in words a user can act on.
+fn describe_read(e: &SafeTensorError, len: usize) -> String {
+    use SafeTensorError as E;
+    match e {
+        E::HeaderTooSmall => format!(
+            "not a safetensors file: {len} bytes, too short for the 8-byte header length (truncated?)"
+        ),
+        E::InvalidHeaderLength => format!(
+            "not a safetensors file, or truncated: its header length is larger than the file \
+             ({len} bytes)"
+        ),
+        E::HeaderTooLarge => {
+            "not a safetensors file: its header length is over safetensors' 100 MB limit".into()
+        }
+        E::InvalidHeaderDeserialization(j) if j.to_string().contains("unknown variant") => {
+            format!("a tensor has a dtype safetensors does not know ({j})")
+        }
+        E::InvalidHeaderStart | E::InvalidHeader(_) | E::InvalidHeaderDeserialization(_) => {
+            format!("not a safetensors file: its header is not the expected JSON ({e})")
+        }
+        E::MetadataIncompleteBuffer => format!(
+            "truncated or damaged safetensors file: the tensors' data does not match the file's \
+             length ({len} bytes)"
+        ),
+        E::TensorInvalidInfo | E::InvalidOffset(_) => {
+            format!("damaged safetensors file: a tensor's shape and dtype disagree with its data ({e})")
+        }
+        other => format!("invalid safetensors file: {other}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trips_in_order_with_metadata() {
+        let a = [1.5f32, -2.0, 3.25, 4.0];
+        let b = [7.0f32];
+        let meta = HashMap::from([("step".to_string(), "3".to_string())]);
+        let bytes = encode(&[("z.w", &[2, 2], &a), ("a.b", &[1], &b)], meta.clone()).unwrap();
+        let f = decode(&bytes).unwrap();
+        assert_eq!(f.metadata, meta);
+        let names: Vec<&str> = f.tensors.iter().map(|t| t.name.as_str()).collect();
+        assert_eq!(f.get("z.w").unwrap().data, a);
+        assert_eq!(f.get("z.w").unwrap().shape, vec![2, 2]);
+        assert_eq!(f.get("a.b").unwrap().data, b);
+        assert_eq!(names.len(), 2);
+        assert!(encode(&[("x", &[3], &a)], HashMap::new()).is_err());
+    }
+
+    #[test]
+    fn damage_is_described() {
+        let bytes = encode(&[("w", &[4], &[1.0f32; 4])], HashMap::new()).unwrap();
+        assert!(decode(&bytes[..4]).unwrap_err().contains("too short"));
+        assert!(decode(&bytes[..bytes.len() - 2])
+            .unwrap_err()
+            .contains("truncated"));
+        assert!(decode(b"hello world, not a tensor file")
+            .unwrap_err()
+            .contains("not a safetensors file"));
+        let mut huge = bytes.clone();
+        huge[..8].copy_from_slice(&(1u64 << 20).to_le_bytes());
+        assert!(decode(&huge).unwrap_err().contains("larger than the file"));
+    }
+}

@@ -1,0 +1,66 @@
+//! `kiln export RUN_DIR -o model.safetensors [--from step-N] [--format pytorch|burn]
+//! [--probe probe.safetensors]`.
+
+use std::path::PathBuf;
+
+use clap::{Args, ValueEnum};
+
+use crate::error::Result;
+use crate::launch::{self, ExportOptions};
+use crate::model::portable::WeightFormat;
+use crate::ui;
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum FormatArg {
+    /// PyTorch's state_dict names and layouts (Linear weights [out, in]): load with
+    /// `model.load_state_dict(safetensors.torch.load_file(path))`.
+    Pytorch,
+    /// Burn's module paths and layouts (Linear weights [in, out]), as Burn's
+    /// `SafetensorsStore` writes them.
+    Burn,
+}
+
+#[derive(Debug, Args)]
+pub struct ExportArgs {
+    /// The run directory (it holds config.toml and checkpoints/).
+    pub run_dir: PathBuf,
+    /// The safetensors file to write (replaced atomically if it exists).
+    #[arg(short = 'o', long = "out", value_name = "FILE")]
+    pub out: PathBuf,
+    /// Export this checkpoint (e.g. `step-00000600`) instead of the newest verified one.
+    #[arg(long, value_name = "step-N")]
+    pub from: Option<String>,
+    /// Names and layouts of the tensors.
+    #[arg(long, value_enum, default_value = "pytorch")]
+    pub format: FormatArg,
+    /// Also write a fixed input and kiln's logits for it to this safetensors file (for
+    /// `scripts/check-export.py`).
+    #[arg(long, value_name = "FILE")]
+    pub probe: Option<PathBuf>,
+}
+
+pub fn export(a: &ExportArgs) -> Result<()> {
+    let o = ExportOptions {
+        from: a.from.clone(),
+        out: a.out.clone(),
+        format: match a.format {
+            FormatArg::Pytorch => WeightFormat::PyTorch,
+            FormatArg::Burn => WeightFormat::Burn,
+        },
+        probe: a.probe.clone(),
+    };
+    let rep = launch::export(&a.run_dir, &o)?;
+    ui::out(&format!(
+        "wrote {} ({} tensors, {} bytes, {} names) from {} (step {})",
+        a.out.display(),
+        rep.tensors,
+        rep.bytes,
+        o.format.name(),
+        rep.checkpoint.display(),
+        rep.step
+    ));
+    if let Some(p) = &a.probe {
+        ui::out(&format!("wrote {} (input and logits)", p.display()));
+    }
+    Ok(())
+}

@@ -1,0 +1,342 @@
+//! A model's weights under names and layouts other tools read: PyTorch's (`state_dict` names of
+//! the module the family mirrors; Linear weights `[out, in]`; a norm's `weight`/`bias`) or
+//! Burn's own (module paths; Linear weights `[in, out]`; a norm's `gamma`/`beta`, as Burn's
+//! `SafetensorsStore` writes them). The module-type rules are those of burn-store's
+//! `BurnToPyTorchAdapter`; the family maps the module paths (`Family::torch_name`).
+
+use std::collections::{HashMap, HashSet};
+use std::fmt;
+
+use crate::config::edit_distance;
+use crate::params::ParamSpec;
+
+use super::api::Model;
+
+/// How exported weights are named and laid out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WeightFormat {
+    PyTorch,
+    Burn,
+}
+
+impl WeightFormat {
+    pub fn name(self) -> &'static str {
+        match self {
+            WeightFormat::PyTorch => "pytorch",
+            WeightFormat::Burn => "burn",
+        }
+    }
+}
+
+/// One tensor of the exported weights and the parameter it holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct External {
+    pub name: String,
+    pub shape: Vec<usize>,
+    /// Index into the layout's parameters.
+    pub param: usize,
+    /// Stored transposed (a Linear weight in PyTorch's `[out, in]`).
+    pub transpose: bool,
+    /// A copy of another tensor (a tied weight): written by an export, optional on import.
+    pub alias: bool,
+}
+
+/// `path` with the list index after `list` renumbered: `renumber("layers.2.bias", "layers",
+/// |i| 2 * i)` is `4.bias`. Other paths are returned as they are.
+pub fn renumber(path: &str, list: &str, f: impl Fn(usize) -> usize) -> String {
+    let Some(rest) = path.strip_prefix(list).and_then(|r| r.strip_prefix('.')) else {
+        return path.to_string();
+    };
+    let (index, tail) = rest.split_once('.').unwrap_or((rest, ""));
+    match index.parse::<usize>() {
+        Ok(i) if tail.is_empty() => f(i).to_string(),
+        Ok(i) => format!("{}.{tail}", f(i)),
+        Err(_) => path.to_string(),
+    }
+}
+
+/// Burn's normalisation modules, whose `gamma`/`beta` PyTorch calls `weight`/`bias`.
+const NORMS: [&str; 5] = [
+    "BatchNorm",
+    "LayerNorm",
+    "GroupNorm",
+    "InstanceNorm",
+    "RmsNorm",
+];
+
+fn torch_external(model: &dyn Model, i: usize, p: &ParamSpec) -> External {
+    let (prefix, leaf) = p.name.rsplit_once('.').unwrap_or(("", &p.name));
+    let leaf = match leaf {
+        "gamma" if NORMS.contains(&p.module.as_str()) => "weight",
+        "beta" if NORMS.contains(&p.module.as_str()) => "bias",
+        other => other,
+    };
+    let transpose = p.module == "Linear" && leaf == "weight" && p.shape.len() == 2;
+    let path = if prefix.is_empty() {
+        leaf.to_string()
+    } else {
+        format!("{prefix}.{leaf}")
+    };
+    External {
+        name: model.torch_name(&path),
+        shape: if transpose {
+            vec![p.shape[1], p.shape[0]]
+        } else {
+            p.shape.clone()
+        },
+        param: i,
+        transpose,
+        alias: false,
+    }
+}
+
+/// The tensors of `model`'s weights in `format`, in layout order, aliases last.
+pub fn externals(model: &dyn Model, format: WeightFormat) -> Vec<External> {
+    let layout = model.layout();
+    let mut out: Vec<External> = match format {
+        WeightFormat::Burn => layout
+            .params
+            .iter()
+            .enumerate()
+            .map(|(i, p)| External {
+                name: p.name.clone(),
+                shape: p.shape.clone(),
+                param: i,
+                transpose: false,
+                alias: false,
+            })
+            .collect(),
+        WeightFormat::PyTorch => layout
+            .params
+            .iter()
+            .enumerate()
+            .map(|(i, p)| torch_external(model, i, p))
+            .collect(),
+    };
+    if format == WeightFormat::PyTorch {
+        for (alias, source) in model.torch_aliases() {
+            if let Some(src) = out.iter().find(|e| e.name == source && !e.alias).cloned() {
+                out.push(External {
+                    name: alias,
+                    alias: true,
+                    ..src
+                });
+            }
+        }
+    }
+    out
+}
+
+fn transpose(data: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    let mut out = vec![0f32; data.len()];
+    for r in 0..rows {
+        for c in 0..cols {
+            out[c * rows + r] = data[r * cols + c];
+        }
+    }
+    out
+}
+
+/// The flat parameters `flat` as named tensors `(name, shape, values)` in `format`.
+pub fn export(
+    model: &dyn Model,
+    format: WeightFormat,
+    flat: &[f32],
+) -> Vec<(String, Vec<usize>, Vec<f32>)> {
+    let layout = model.layout();
+    externals(model, format)
+        .into_iter()
+        .map(|e| {
+            let p = &layout.params[e.param];
+            let values = &flat[p.range()];
+            let data = if e.transpose {
+                transpose(values, p.shape[0], p.shape[1])
+            } else {
+                values.to_vec()
+            };
+            (e.name, e.shape, data)
+        })
+        .collect()
+}
+
+/// Why a set of named tensors does not fit a model: every problem at once.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Mismatch {
+    /// (model tensor, closest name in the file).
+    pub missing: Vec<(String, Option<String>)>,
+    /// (file tensor, closest name the model expects).
+    pub unexpected: Vec<(String, Option<String>)>,
+    /// (name, shape in the file, shape the model needs).
+    pub shapes: Vec<(String, Vec<usize>, Vec<usize>)>,
+    /// Tied copies whose values differ.
+    pub differ: Vec<(String, String)>,
+}
+
+impl Mismatch {
+    /// `3 missing, 1 unexpected, 2 wrong shape`: the counts of each kind of problem.
+    pub fn summary(&self) -> String {
+        let mut parts = Vec::new();
+        for (n, what) in [
+            (self.missing.len(), "missing"),
+            (self.unexpected.len(), "unexpected"),
+            (self.shapes.len(), "wrong shape"),
+            (self.differ.len(), "tied copies differ"),
+        ] {
+            if n > 0 {
+                parts.push(format!("{n} {what}"));
+            }
+        }
+        parts.join(", ")
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.missing.is_empty()
+            && self.unexpected.is_empty()
+            && self.shapes.is_empty()
+            && self.differ.is_empty()
+    }
+}
+
+impl fmt::Display for Mismatch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let closest = |c: &Option<String>, side: &str| match c {
+            Some(c) => format!(" (closest {side}: `{c}`)"),
+            None => String::new(),
+        };
+        for (name, c) in &self.missing {
+            writeln!(f, "  missing     `{name}`{}", closest(c, "in the file"))?;
+        }
+        for (name, c) in &self.unexpected {
+            writeln!(f, "  unexpected  `{name}`{}", closest(c, "the model has"))?;
+        }
+        for (name, file, want) in &self.shapes {
+            writeln!(
+                f,
+                "  wrong shape `{name}`: {file:?} in the file, the model needs {want:?}"
+            )?;
+        }
+        for (a, b) in &self.differ {
+            writeln!(
+                f,
+                "  `{a}` and `{b}` are one tied tensor in the model but differ in the file"
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// The name among `candidates` nearest to `name` by edit distance.
+fn nearest(name: &str, candidates: &[&str]) -> Option<String> {
+    candidates
+        .iter()
+        .min_by_key(|c| (edit_distance(name, c), c.len()))
+        .map(|c| c.to_string())
+}
+
+/// The flat parameters of `model` from named tensors (name -> (shape, values)) in `format`:
+/// every tensor the model needs must be there with its shape, and nothing else; a tied copy may
+/// stand for the tensor it copies.
+pub fn import(
+    model: &dyn Model,
+    format: WeightFormat,
+    tensors: &HashMap<&str, (&[usize], &[f32])>,
+) -> Result<Vec<f32>, Mismatch> {
+    let layout = model.layout();
+    let ext = externals(model, format);
+    let mut flat = vec![0f32; layout.num_params()];
+    let mut bad = Mismatch::default();
+    let mut used: HashSet<&str> = HashSet::new();
+    let mut missing: Vec<&External> = Vec::new();
+    for e in ext.iter().filter(|e| !e.alias) {
+        let aliases: Vec<&External> = ext
+            .iter()
+            .filter(|a| a.alias && a.param == e.param)
+            .collect();
+        let found = std::iter::once(e)
+            .chain(aliases.iter().copied())
+            .find_map(|cand| tensors.get(cand.name.as_str()).map(|t| (cand, t)));
+        for a in &aliases {
+            if tensors.contains_key(a.name.as_str()) {
+                used.insert(a.name.as_str());
+            }
+        }
+        let Some((cand, (shape, values))) = found else {
+            missing.push(e);
+            continue;
+        };
+        used.insert(cand.name.as_str());
+        if *shape != e.shape.as_slice() {
+            bad.shapes
+                .push((cand.name.clone(), shape.to_vec(), e.shape.clone()));
+            continue;
+        }
+        let p = &layout.params[e.param];
+        flat[p.range()].copy_from_slice(&if e.transpose {
+            transpose(values, e.shape[0], e.shape[1])
+        } else {
+            values.to_vec()
+        });
+        // both names of a tied tensor: they must agree
+        for a in &aliases {
+            if let Some((s, v)) = tensors.get(a.name.as_str()) {
+                if *s != e.shape.as_slice() {
+                    bad.shapes
+                        .push((a.name.clone(), s.to_vec(), e.shape.clone()));
+                } else if v != values {
+                    bad.differ.push((e.name.clone(), a.name.clone()));
+                }
+            }
+        }
+    }
+    let mut unexpected: Vec<&str> = tensors
+        .keys()
+        .copied()
+        .filter(|n| !used.contains(n))
+        .collect();
+    unexpected.sort();
+    let want: Vec<&str> = missing.iter().map(|e| e.name.as_str()).collect();
+    let all_want: Vec<&str> = ext.iter().map(|e| e.name.as_str()).collect();
+    let all_have: Vec<&str> = tensors.keys().copied().collect();
+    for e in &missing {
+        // the closest of what nothing else claimed, else of everything in the file
+        let pool = if unexpected.is_empty() {
+            &all_have
+        } else {
+            &unexpected
+        };
+        bad.missing.push((e.name.clone(), nearest(&e.name, pool)));
+    }
+    for n in &unexpected {
+        let pool = if want.is_empty() { &all_want } else { &want };
+        bad.unexpected.push((n.to_string(), nearest(n, pool)));
+    }
+    if bad.is_empty() {
+        Ok(flat)
+    } else {
+        Err(bad)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renumbers_list_items_only() {
+        assert_eq!(renumber("layers.2.bias", "layers", |i| 2 * i), "4.bias");
+        assert_eq!(renumber("layers.10", "layers", |i| i + 1), "11");
+        assert_eq!(
+            renumber("layersx.1.bias", "layers", |i| i),
+            "layersx.1.bias"
+        );
+        assert_eq!(renumber("fcs.0.weight", "layers", |i| i), "fcs.0.weight");
+    }
+
+    #[test]
+    fn transposes_row_major() {
+        assert_eq!(
+            transpose(&[1., 2., 3., 4., 5., 6.], 2, 3),
+            [1., 4., 2., 5., 3., 6.]
+        );
+    }
+}

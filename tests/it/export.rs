@@ -1,0 +1,532 @@
+//! Weights any tool reads: `kiln export` writes the run's parameters under PyTorch's (or Burn's)
+//! names and layouts, fsdp shards gathered from the checkpoint files; `model.init_from` starts a
+//! run from such a file (or PyTorch's), and export -> init_from -> export is bit-identical; bad
+//! weight files are exit 2 naming the file, with nothing written; checkpoints are safetensors
+//! files, and one of the old format is refused naming the version that wrote it.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use safetensors::tensor::{Dtype, SafeTensors, TensorView};
+use sha2::{Digest, Sha256};
+
+use crate::common::{kiln, stderr, stdout, write, TINY};
+use crate::models::{corpus, CNN, GPT};
+
+/// A file's tensors as f32: name -> (shape, values).
+fn tensors(path: &Path) -> HashMap<String, (Vec<usize>, Vec<f32>)> {
+    let bytes = std::fs::read(path).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    st.tensors()
+        .into_iter()
+        .map(|(name, v)| {
+            assert_eq!(v.dtype(), Dtype::F32, "{name}");
+            let data = v
+                .data()
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect();
+            (name, (v.shape().to_vec(), data))
+        })
+        .collect()
+}
+
+fn metadata(path: &Path) -> HashMap<String, String> {
+    let bytes = std::fs::read(path).unwrap();
+    let (_, m) = SafeTensors::read_metadata(&bytes).unwrap();
+    m.metadata().clone().unwrap_or_default()
+}
+
+fn transpose(v: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    let mut out = vec![0f32; v.len()];
+    for r in 0..rows {
+        for c in 0..cols {
+            out[c * rows + r] = v[r * cols + c];
+        }
+    }
+    out
+}
+
+fn run(dir: &Path, toml: &str, run_dir: &str, sets: &[&str]) -> PathBuf {
+    let file = write(dir, &format!("{run_dir}.toml"), toml);
+    let mut args = vec![
+        "run",
+        file.to_str().unwrap(),
+        "--quiet",
+        "--run-dir",
+        run_dir,
+    ];
+    for s in sets {
+        args.extend(["--set", s]);
+    }
+    let o = kiln(dir, &args);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    dir.join(run_dir)
+}
+
+fn export(dir: &Path, run: &Path, out: &str, extra: &[&str]) -> PathBuf {
+    let mut args = vec!["export", run.to_str().unwrap(), "-o", out];
+    args.extend(extra);
+    let o = kiln(dir, &args);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(stdout(&o).contains("wrote"), "{}", stdout(&o));
+    dir.join(out)
+}
+
+/// The newest checkpoint directory of a run.
+fn newest_checkpoint(run: &Path) -> PathBuf {
+    let mut steps: Vec<PathBuf> = std::fs::read_dir(run.join("checkpoints"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    steps.sort();
+    steps.pop().unwrap()
+}
+
+#[test]
+fn an_mlp_export_holds_the_runs_parameters_under_torch_and_burn_names() {
+    let d = tempfile::tempdir().unwrap();
+    // single: the checkpoint's model.safetensors holds the parameters by module path
+    let single = run(d.path(), TINY, "single", &["optim.kind=\"adamw\""]);
+    let ckpt = newest_checkpoint(&single);
+    let files: Vec<String> = std::fs::read_dir(&ckpt)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    for f in [
+        "model.safetensors",
+        "optim.safetensors",
+        "state.json",
+        "MANIFEST.json",
+    ] {
+        assert!(files.contains(&f.to_string()), "{files:?}");
+    }
+    let params = tensors(&ckpt.join("model.safetensors"));
+    let optim = tensors(&ckpt.join("optim.safetensors"));
+    let mut names: Vec<&String> = optim.keys().collect();
+    names.sort();
+    assert_eq!(
+        names,
+        [
+            "exp_avg.layers.0.bias",
+            "exp_avg.layers.0.weight",
+            "exp_avg.layers.1.bias",
+            "exp_avg.layers.1.weight",
+            "exp_avg_sq.layers.0.bias",
+            "exp_avg_sq.layers.0.weight",
+            "exp_avg_sq.layers.1.bias",
+            "exp_avg_sq.layers.1.weight"
+        ]
+    );
+    let torch = tensors(&export(d.path(), &single, "torch.safetensors", &[]));
+    let burn = tensors(&export(
+        d.path(),
+        &single,
+        "burn.safetensors",
+        &["--format", "burn"],
+    ));
+    assert_eq!(burn, params, "burn names and layouts are the checkpoint's");
+    let mut names: Vec<&String> = torch.keys().collect();
+    names.sort();
+    assert_eq!(names, ["0.bias", "0.weight", "2.bias", "2.weight"]);
+    for (torch_name, burn_name, [rows, cols]) in [
+        ("0.weight", "layers.0.weight", [8, 16]),
+        ("2.weight", "layers.1.weight", [16, 3]),
+    ] {
+        let (shape, values) = &torch[torch_name];
+        assert_eq!(shape, &vec![cols, rows], "Linear weights are [out, in]");
+        assert_eq!(values, &transpose(&params[burn_name].1, rows, cols));
+    }
+    assert_eq!(torch["0.bias"], params["layers.0.bias"]);
+    assert_eq!(torch["2.bias"], params["layers.1.bias"]);
+    let meta = metadata(&d.path().join("torch.safetensors"));
+    assert_eq!(meta["kiln.step"], "8");
+    assert_eq!(meta["kiln.kind"], "mlp");
+    assert_eq!(meta["kiln.version"], env!("CARGO_PKG_VERSION"));
+    assert!(
+        meta["kiln.model"].contains("\"hidden_sizes\":[16]"),
+        "{meta:?}"
+    );
+
+    // fsdp: the export gathers the shards from the files; each rank's file holds its part
+    let fsdp = run(
+        d.path(),
+        TINY,
+        "fsdp",
+        &[
+            "strategy.kind=\"fsdp\"",
+            "strategy.devices=2",
+            "optim.kind=\"adamw\"",
+        ],
+    );
+    let ckpt = newest_checkpoint(&fsdp);
+    let r0 = tensors(&ckpt.join("model-rank-0.safetensors"));
+    let r1 = tensors(&ckpt.join("model-rank-1.safetensors"));
+    let o0 = tensors(&ckpt.join("optim-rank-0.safetensors"));
+    assert!(o0.contains_key("exp_avg.flat.model"), "{:?}", o0.keys());
+    let mut flat = r0["flat.model"].1.clone();
+    flat.extend(&r1["flat.model"].1);
+    // 8*16 + 16 + 16*3 + 3 parameters, in layout order
+    assert_eq!(flat.len(), 195);
+    let burn = tensors(&export(
+        d.path(),
+        &fsdp,
+        "fsdp-burn.safetensors",
+        &["--format", "burn"],
+    ));
+    let mut joined: Vec<f32> = Vec::new();
+    for n in [
+        "layers.0.weight",
+        "layers.0.bias",
+        "layers.1.weight",
+        "layers.1.bias",
+    ] {
+        joined.extend(&burn[n].1);
+    }
+    assert_eq!(joined, flat);
+}
+
+/// Trains `toml`, exports it with a probe, starts a run from the export with lr = 0 (so the
+/// weights stay as they are), exports that: the tensors and the logits must be identical.
+fn round_trip(toml: &str, sets: &[&str], expect_names: &[&str]) {
+    let d = tempfile::tempdir().unwrap();
+    corpus(d.path());
+    let toml = toml.replace("corpus.txt", d.path().join("corpus.txt").to_str().unwrap());
+    let a = run(d.path(), &toml, "a", sets);
+    let ea = export(
+        d.path(),
+        &a,
+        "a.safetensors",
+        &["--probe", "a-probe.safetensors"],
+    );
+    let ta = tensors(&ea);
+    for n in expect_names {
+        assert!(ta.contains_key(*n), "`{n}` not in {:?}", ta.keys());
+    }
+    let mut sets_b: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+    sets_b.extend([
+        format!("model.init_from=\"{}\"", ea.display()),
+        "optim.kind=\"sgd\"".into(),
+        "optim.lr=0.0".into(),
+        "optim.weight_decay=0.0".into(),
+        "train.max_steps=1".into(),
+    ]);
+    let refs: Vec<&str> = sets_b.iter().map(String::as_str).collect();
+    let b = run(d.path(), &toml, "b", &refs);
+    let eb = export(
+        d.path(),
+        &b,
+        "b.safetensors",
+        &["--probe", "b-probe.safetensors"],
+    );
+    assert_eq!(tensors(&eb), ta, "export -> init_from -> export");
+    let (pa, pb) = (
+        tensors(&d.path().join("a-probe.safetensors")),
+        tensors(&d.path().join("b-probe.safetensors")),
+    );
+    assert_eq!(pa["input"], pb["input"]);
+    let (la, lb) = (&pa["logits"].1, &pb["logits"].1);
+    assert_eq!(la.len(), lb.len());
+    let diff = la
+        .iter()
+        .zip(lb)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0f32, f32::max);
+    assert!(
+        diff <= 1e-6,
+        "logits of the reloaded model differ by {diff}"
+    );
+}
+
+#[test]
+fn cnn_export_round_trips_through_init_from() {
+    round_trip(
+        CNN,
+        &[
+            "strategy.kind=\"fsdp\"",
+            "strategy.devices=2",
+            "strategy.unit=\"layer\"",
+        ],
+        &[
+            "0.weight", "0.bias", "3.weight", "7.weight", "9.weight", "9.bias",
+        ],
+    );
+}
+
+#[test]
+fn gpt_export_round_trips_with_its_tied_head_under_both_names() {
+    round_trip(
+        GPT,
+        &[],
+        &[
+            "wte.weight",
+            "lm_head.weight",
+            "blocks.1.mlp.0.weight",
+            "blocks.1.mlp.2.bias",
+            "blocks.0.ln_1.weight",
+            "ln_f.bias",
+        ],
+    );
+}
+
+/// Writes a safetensors file of `tensors` (name, dtype, shape, raw bytes).
+fn write_raw(path: &Path, tensors: &[(&str, Dtype, Vec<usize>, Vec<u8>)]) {
+    let views: Vec<(&str, TensorView)> = tensors
+        .iter()
+        .map(|(n, dt, s, b)| (*n, TensorView::new(*dt, s.clone(), b).unwrap()))
+        .collect();
+    let bytes = safetensors::tensor::serialize(views, None).unwrap();
+    std::fs::write(path, bytes).unwrap();
+}
+
+fn f32_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+/// The TINY mlp's tensors under PyTorch's names, from an export.
+fn tiny_torch(d: &Path) -> HashMap<String, (Vec<usize>, Vec<f32>)> {
+    let a = run(d, TINY, "a", &[]);
+    tensors(&export(d, &a, "a.safetensors", &[]))
+}
+
+#[test]
+fn init_from_takes_half_precision_and_a_head_under_either_name() {
+    let d = tempfile::tempdir().unwrap();
+    let t = tiny_torch(d.path());
+    // values that f16 and bf16 hold exactly
+    let round = |v: &[f32]| -> Vec<f32> { v.iter().map(|x| (x * 64.0).round() / 64.0).collect() };
+    for (dtype, name) in [(Dtype::F16, "f16"), (Dtype::BF16, "bf16")] {
+        let list: Vec<(&str, Dtype, Vec<usize>, Vec<u8>)> = t
+            .iter()
+            .map(|(n, (s, v))| {
+                let bytes = round(v)
+                    .iter()
+                    .flat_map(|&x| match dtype {
+                        Dtype::F16 => half::f16::from_f32(x).to_le_bytes(),
+                        _ => half::bf16::from_f32(x).to_le_bytes(),
+                    })
+                    .collect();
+                (n.as_str(), dtype, s.clone(), bytes)
+            })
+            .collect();
+        let file = d.path().join(format!("{name}.safetensors"));
+        write_raw(&file, &list);
+        let sets = [
+            format!("model.init_from=\"{}\"", file.display()),
+            "optim.lr=0.0".into(),
+            "train.max_steps=1".into(),
+        ];
+        let refs: Vec<&str> = sets.iter().map(String::as_str).collect();
+        let b = run(d.path(), TINY, name, &refs);
+        let back = tensors(&export(
+            d.path(),
+            &b,
+            &format!("{name}-back.safetensors"),
+            &[],
+        ));
+        for (n, (_, v)) in &t {
+            assert_eq!(back[n].1, round(v), "{name}: {n}");
+        }
+    }
+
+    // a gpt saved the way `safetensors.torch.save_model` saves tied weights: one name only
+    let g = tempfile::tempdir().unwrap();
+    corpus(g.path());
+    let toml = GPT.replace("corpus.txt", g.path().join("corpus.txt").to_str().unwrap());
+    let a = run(g.path(), &toml, "a", &[]);
+    let full = tensors(&export(g.path(), &a, "a.safetensors", &[]));
+    let only_head: Vec<(&str, Dtype, Vec<usize>, Vec<u8>)> = full
+        .iter()
+        .filter(|(n, _)| n.as_str() != "wte.weight")
+        .map(|(n, (s, v))| (n.as_str(), Dtype::F32, s.clone(), f32_bytes(v)))
+        .collect();
+    let file = g.path().join("head-only.safetensors");
+    write_raw(&file, &only_head);
+    let sets = [
+        format!("model.init_from=\"{}\"", file.display()),
+        "optim.lr=0.0".into(),
+        "optim.kind=\"sgd\"".into(),
+        "train.max_steps=1".into(),
+    ];
+    let refs: Vec<&str> = sets.iter().map(String::as_str).collect();
+    let b = run(g.path(), &toml, "b", &refs);
+    assert_eq!(tensors(&export(g.path(), &b, "b.safetensors", &[])), full);
+}
+
+/// `kiln run` of TINY from `file`: exit 2, the file named, no run directory.
+fn refused(d: &Path, file: &Path, wants: &[&str]) {
+    let exp = write(d, "t.toml", TINY);
+    let run_dir = d.join("never");
+    let o = kiln(
+        d,
+        &[
+            "run",
+            exp.to_str().unwrap(),
+            "--quiet",
+            "--run-dir",
+            run_dir.to_str().unwrap(),
+            "--set",
+            &format!("model.init_from=\"{}\"", file.display()),
+        ],
+    );
+    let e = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{e}");
+    assert!(
+        e.contains(&file.display().to_string()),
+        "names the file: {e}"
+    );
+    for w in wants {
+        assert!(e.contains(w), "wants `{w}` in: {e}");
+    }
+    assert!(!run_dir.exists(), "nothing written");
+}
+
+#[test]
+fn bad_weight_files_are_refused_naming_the_file_and_what_is_wrong() {
+    let d = tempfile::tempdir().unwrap();
+    let t = tiny_torch(d.path());
+    let good = std::fs::read(d.path().join("a.safetensors")).unwrap();
+    let p = |n: &str| d.path().join(n);
+
+    refused(
+        d.path(),
+        &p("nope.safetensors"),
+        &["cannot read", "No such file"],
+    );
+    std::fs::write(p("trunc.safetensors"), &good[..good.len() / 2]).unwrap();
+    refused(d.path(), &p("trunc.safetensors"), &["truncated"]);
+    std::fs::write(
+        p("text.safetensors"),
+        b"{\"this is\": \"json, not safetensors\"}",
+    )
+    .unwrap();
+    refused(
+        d.path(),
+        &p("text.safetensors"),
+        &["not a safetensors file"],
+    );
+    let mut big = good.clone();
+    big[..8].copy_from_slice(&(good.len() as u64 * 2).to_le_bytes());
+    std::fs::write(p("big.safetensors"), big).unwrap();
+    refused(
+        d.path(),
+        &p("big.safetensors"),
+        &["header length is larger than the file"],
+    );
+    // a dtype safetensors does not know
+    let header = br#"{"0.weight":{"dtype":"Q4","shape":[1],"data_offsets":[0,1]}}"#;
+    let mut q4 = (header.len() as u64).to_le_bytes().to_vec();
+    q4.extend_from_slice(header);
+    q4.push(0);
+    std::fs::write(p("q4.safetensors"), q4).unwrap();
+    refused(d.path(), &p("q4.safetensors"), &["dtype", "Q4"]);
+    // a dtype safetensors knows but weights are not
+    let mut ints: Vec<(&str, Dtype, Vec<usize>, Vec<u8>)> = t
+        .iter()
+        .map(|(n, (s, v))| (n.as_str(), Dtype::F32, s.clone(), f32_bytes(v)))
+        .collect();
+    ints[0].1 = Dtype::I32;
+    let int_name = ints[0].0.to_string();
+    write_raw(&p("int.safetensors"), &ints);
+    refused(
+        d.path(),
+        &p("int.safetensors"),
+        &[&format!("`{int_name}` has dtype I32")],
+    );
+    // one wrong shape, one missing, one unexpected: all named at once, with the closest name
+    let mut bad: Vec<(&str, Dtype, Vec<usize>, Vec<u8>)> = t
+        .iter()
+        .filter(|(n, _)| n.as_str() != "2.bias")
+        .map(|(n, (s, v))| {
+            let s = if n == "0.weight" {
+                vec![s[1], s[0]]
+            } else {
+                s.clone()
+            };
+            (n.as_str(), Dtype::F32, s, f32_bytes(v))
+        })
+        .collect();
+    bad.push(("2.bais", Dtype::F32, vec![3], f32_bytes(&[0.0; 3])));
+    write_raw(&p("bad.safetensors"), &bad);
+    refused(
+        d.path(),
+        &p("bad.safetensors"),
+        &[
+            "1 missing, 1 unexpected, 1 wrong shape",
+            "missing     `2.bias` (closest in the file: `2.bais`)",
+            "unexpected  `2.bais` (closest the model has: `2.bias`)",
+            "wrong shape `0.weight`: [8, 16] in the file, the model needs [16, 8]",
+        ],
+    );
+}
+
+#[test]
+fn a_checkpoint_of_the_old_format_is_refused_naming_the_version() {
+    let d = tempfile::tempdir().unwrap();
+    let a = run(d.path(), TINY, "a", &["checkpoint.keep_last=1"]);
+    let ckpt = newest_checkpoint(&a);
+    // what kiln 0.1 wrote: no `format` in state.json, KILNF32 files; the manifest verifies
+    let state = std::fs::read_to_string(ckpt.join("state.json")).unwrap();
+    let mut v: serde_json::Value = serde_json::from_str(&state).unwrap();
+    v.as_object_mut().unwrap().remove("format");
+    v["kiln_version"] = "0.0.9".into();
+    let state = serde_json::to_vec_pretty(&v).unwrap();
+    std::fs::write(ckpt.join("state.json"), &state).unwrap();
+    let mut m: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(ckpt.join("MANIFEST.json")).unwrap())
+            .unwrap();
+    for f in m["files"].as_array_mut().unwrap() {
+        if f["name"] == "state.json" {
+            f["size"] = state.len().into();
+            f["sha256"] = Sha256::digest(&state)
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect::<String>()
+                .into();
+        }
+    }
+    std::fs::write(ckpt.join("MANIFEST.json"), serde_json::to_vec(&m).unwrap()).unwrap();
+    let metrics = std::fs::read(a.join("metrics.jsonl")).unwrap();
+    let o = kiln(d.path(), &["resume", a.to_str().unwrap(), "--quiet"]);
+    let e = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{e}");
+    assert!(e.contains("written by kiln 0.0.9"), "{e}");
+    assert!(e.contains("old binary format"), "{e}");
+    assert_eq!(
+        std::fs::read(a.join("metrics.jsonl")).unwrap(),
+        metrics,
+        "nothing changed"
+    );
+    let o = kiln(
+        d.path(),
+        &["export", a.to_str().unwrap(), "-o", "x.safetensors"],
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("written by kiln 0.0.9"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(!d.path().join("x.safetensors").exists());
+}
+
+#[test]
+fn export_refuses_a_missing_directory_for_its_output() {
+    let d = tempfile::tempdir().unwrap();
+    let a = run(d.path(), TINY, "a", &[]);
+    let o = kiln(
+        d.path(),
+        &[
+            "export",
+            a.to_str().unwrap(),
+            "-o",
+            "no/such/dir/m.safetensors",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("`no/such/dir` does not exist"),
+        "{}",
+        stderr(&o)
+    );
+}
