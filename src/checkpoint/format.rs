@@ -266,6 +266,9 @@ pub(super) struct Whole {
     pub m: Option<Vec<f32>>,
     pub v: Option<Vec<f32>>,
     pub steps: u64,
+    /// Ranks read, and in how many of them each kind of optimizer state was found.
+    ranks: usize,
+    seen: [usize; 3],
 }
 
 impl Whole {
@@ -275,7 +278,28 @@ impl Whole {
             m: None,
             v: None,
             steps: 0,
+            ranks: 0,
+            seen: [0; 3],
         }
+    }
+
+    /// The whole parameters and optimizer state, once every rank was read: each kind of
+    /// optimizer state must come from every rank (or none).
+    pub fn finish(self) -> Result<(Vec<f32>, OptState), String> {
+        for ((prefix, _), seen) in OPT_PREFIXES.iter().zip(self.seen) {
+            if seen != 0 && seen != self.ranks {
+                return Err(format!(
+                    "`{prefix}.*` optimizer state is in {seen} of the {} ranks' files",
+                    self.ranks
+                ));
+            }
+        }
+        let opt = OptState {
+            steps: self.steps,
+            m: self.m.unwrap_or_default(),
+            v: self.v.unwrap_or_default(),
+        };
+        Ok((self.params, opt))
     }
 
     /// Reads one rank's model and optimizer files into place.
@@ -305,19 +329,28 @@ impl Whole {
             .and_then(|s| s.parse().ok())
             .ok_or("the optimizer file's metadata has no `steps`")?;
         let n = self.params.len();
-        for (prefix, second) in OPT_PREFIXES {
+        let owns = pieces.iter().any(|p| !p.1.is_empty());
+        for (k, (prefix, second)) in OPT_PREFIXES.into_iter().enumerate() {
             let dotted = format!("{prefix}.");
             if !optim.tensors.iter().any(|t| t.name.starts_with(&dotted)) {
                 continue;
             }
             let buf = if second { &mut self.v } else { &mut self.m };
-            fill(
+            if !fill(
                 optim,
                 &dotted,
                 pieces,
                 buf.get_or_insert_with(|| vec![0f32; n]),
-            )?;
+            )? && owns
+            {
+                return Err(format!(
+                    "the optimizer file's `{dotted}*` tensors are not the model's (wants `{dotted}{}` ...)",
+                    pieces.first().map(|p| p.0.as_str()).unwrap_or("")
+                ));
+            }
+            self.seen[k] += 1;
         }
+        self.ranks += 1;
         Ok(())
     }
 }

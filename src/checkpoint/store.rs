@@ -363,14 +363,163 @@ pub fn load(dir: &Path, specs: &[(String, Vec<usize>)]) -> Result<Loaded, Checkp
             .read(&model, &optim, &placements(&state.params, r, specs))
             .map_err(|e| invalid(dir, format!("{mname}/{oname}: {e}")))?;
     }
-    let opt = OptState {
-        steps: whole.steps,
-        m: whole.m.unwrap_or_default(),
-        v: whole.v.unwrap_or_default(),
-    };
-    Ok(Loaded {
-        state,
-        params: whole.params,
-        opt,
-    })
+    let (params, opt) = whole.finish().map_err(|e| invalid(dir, e))?;
+    Ok(Loaded { state, params, opt })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::checkpoint::ShardUnit;
+    use crate::checkpoint::{encode_files, DataPosition, OptimizerInfo, RngState, SchedulerInfo};
+
+    fn state(n: usize, params: Layout) -> State {
+        State {
+            format: FORMAT.into(),
+            step: 1,
+            position: DataPosition {
+                epoch: 0,
+                cursor: 0,
+                segment_start: 0,
+                segment_micro: 0,
+            },
+            accum_position: 0,
+            rng: RngState {
+                init_seed: 0,
+                dropout_seed: 0,
+                sampler_seed: 0,
+                data_seed: 0,
+            },
+            world_size: 3,
+            strategy: "fsdp".into(),
+            micro_batch: 1,
+            grad_accum_steps: 1,
+            num_params: n,
+            input_shape: vec![2],
+            params,
+            optimizer: OptimizerInfo {
+                kind: "adamw".into(),
+                steps: 1,
+            },
+            scheduler: SchedulerInfo {
+                kind: "constant".into(),
+                last_step: 1,
+                last_lr: 0.1,
+            },
+            last_loss: 0.0,
+            config_hash: String::new(),
+            kiln_version: "test".into(),
+        }
+    }
+
+    /// Two parameters (2x2 and 3) in one unit of 7 over 3 ranks (3, 3, 1) and one of 2 (rank 2
+    /// owns none of it), saved sharded and whole: both load back to the same buffers.
+    #[test]
+    fn shards_and_whole_models_load_back_whole() {
+        let specs = vec![
+            ("a.weight".to_string(), vec![2, 2]),
+            ("a.bias".to_string(), vec![3]),
+            ("b.bias".to_string(), vec![2]),
+        ];
+        let params: Vec<f32> = (0..9).map(|i| i as f32).collect();
+        let opt = OptState {
+            steps: 4,
+            m: params.iter().map(|x| x * 10.0).collect(),
+            v: params.iter().map(|x| x * 100.0).collect(),
+        };
+        let d = tempfile::tempdir().unwrap();
+        let store = Store::new(d.path().to_path_buf());
+        let units = vec![
+            ShardUnit {
+                name: "a".into(),
+                start: 0,
+                len: 7,
+                shard_len: 3,
+            },
+            ShardUnit {
+                name: "b".into(),
+                start: 7,
+                len: 2,
+                shard_len: 1,
+            },
+        ];
+        let sharded = Layout::Sharded { world: 3, units };
+        store.begin(1).unwrap();
+        for r in 0..3 {
+            let Layout::Sharded { units, .. } = &sharded else {
+                unreachable!()
+            };
+            let part = |b: &[f32]| -> Vec<f32> {
+                units
+                    .iter()
+                    .flat_map(|u| {
+                        let own = u.owned(r);
+                        b[u.start + own.start..u.start + own.end].to_vec()
+                    })
+                    .collect()
+            };
+            let o = OptState {
+                steps: 4,
+                m: part(&opt.m),
+                v: part(&opt.v),
+            };
+            for (name, bytes) in encode_files(&sharded, r, &specs, &part(&params), &o).unwrap() {
+                store.write_file(1, &name, &bytes).unwrap();
+            }
+        }
+        store.commit(1, &state(9, sharded.clone()), 5, 0).unwrap();
+        let l = load(&store.step_dir(1), &specs).unwrap();
+        assert_eq!(
+            (l.params.clone(), l.opt.clone()),
+            (params.clone(), opt.clone())
+        );
+
+        store.begin(2).unwrap();
+        for (name, bytes) in encode_files(&Layout::Full, 0, &specs, &params, &opt).unwrap() {
+            store.write_file(2, &name, &bytes).unwrap();
+        }
+        store.commit(2, &state(9, Layout::Full), 5, 0).unwrap();
+        let w = load(&store.step_dir(2), &specs).unwrap();
+        assert_eq!((w.params, w.opt), (params.clone(), opt.clone()));
+
+        // a model of other names is refused, naming the tensors
+        let other = vec![("z".to_string(), vec![9])];
+        let e = load(&store.step_dir(2), &other).unwrap_err().to_string();
+        assert!(e.contains("none of the model's tensors"), "{e}");
+
+        // one rank without its Adam moments: refused, not zeros
+        store.begin(3).unwrap();
+        for r in 0..3 {
+            let Layout::Sharded { units, .. } = &sharded else {
+                unreachable!()
+            };
+            let part = |b: &[f32]| -> Vec<f32> {
+                units
+                    .iter()
+                    .flat_map(|u| {
+                        let own = u.owned(r);
+                        b[u.start + own.start..u.start + own.end].to_vec()
+                    })
+                    .collect()
+            };
+            let o = if r == 1 {
+                OptState {
+                    steps: 4,
+                    ..OptState::default()
+                }
+            } else {
+                OptState {
+                    steps: 4,
+                    m: part(&opt.m),
+                    v: part(&opt.v),
+                }
+            };
+            for (name, bytes) in encode_files(&sharded, r, &specs, &part(&params), &o).unwrap() {
+                store.write_file(3, &name, &bytes).unwrap();
+            }
+        }
+        store.commit(3, &state(9, sharded), 5, 0).unwrap();
+        let e = load(&store.step_dir(3), &specs).unwrap_err().to_string();
+        assert!(e.contains("is in 2 of the 3 ranks' files"), "{e}");
+    }
 }

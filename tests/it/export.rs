@@ -203,6 +203,33 @@ fn round_trip(toml: &str, sets: &[&str], expect_names: &[&str]) {
     for n in expect_names {
         assert!(ta.contains_key(*n), "`{n}` not in {:?}", ta.keys());
     }
+    // every tensor against the run's parameters (read by kiln's checkpoint loader)
+    let flat = crate::common::checkpoint_params(&a, &newest_checkpoint(&a));
+    let r = kiln::launch::run_config(&a).unwrap();
+    let state = kiln::checkpoint::read_state(&newest_checkpoint(&a)).unwrap();
+    let model = kiln::model::build(&r, &state.input_shape).unwrap();
+    let burn = tensors(&export(
+        d.path(),
+        &a,
+        "a-burn.safetensors",
+        &["--format", "burn"],
+    ));
+    assert_eq!(burn.len(), model.layout().params.len());
+    let externals = kiln::model::portable::externals(
+        model.as_ref(),
+        kiln::model::portable::WeightFormat::PyTorch,
+    );
+    assert_eq!(ta.len(), externals.len());
+    for e in &externals {
+        let p = &model.layout().params[e.param];
+        assert_eq!(burn[&p.name], (p.shape.clone(), flat[p.range()].to_vec()));
+        let want = if e.transpose {
+            transpose(&flat[p.range()], p.shape[0], p.shape[1])
+        } else {
+            flat[p.range()].to_vec()
+        };
+        assert_eq!(ta[&e.name], (e.shape.clone(), want), "{}", e.name);
+    }
     let mut sets_b: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
     sets_b.extend([
         format!("model.init_from=\"{}\"", ea.display()),
