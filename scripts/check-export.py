@@ -60,7 +60,7 @@ def linears(sd, start):
     return [i for i in idx if i >= start]
 
 
-def sequential(sd, cfg, input_shape):
+def sequential(sd, cfg, input_shape):  # input_shape: [C, H, W] for a cnn, the features for an mlp
     """The mlp or cnn of torch_baseline.py, as kiln numbers its modules."""
     act = ACTS[cfg.get("activation", "relu")]
     drop = cfg.get("dropout", 0.0)
@@ -114,6 +114,8 @@ def main():
         x = x.long()
     elif kind in ("mlp", "cnn"):
         model = sequential(sd, cfg, input_shape)
+        if kind == "mlp":
+            x = x.flatten(1)  # kiln's mlp takes samples of any shape flattened
     else:
         sys.exit(f"no PyTorch reference module for model.kind = {kind!r} (built in: mlp, cnn, gpt)")
 

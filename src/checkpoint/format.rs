@@ -5,8 +5,8 @@
 //! parameter under its module path, and `optim.safetensors`, the optimizer's state under torch's
 //! names: `exp_avg.<name>` and `exp_avg_sq.<name>` (Adam, AdamW), `momentum_buffer.<name>` (SGD
 //! with momentum). An fsdp rank writes `model-rank-<r>.safetensors` and
-//! `optim-rank-<r>.safetensors`: its part of each unit as a flat tensor `flat.<unit>` (and
-//! `exp_avg.flat.<unit>`, ...); where each part lies is in `state.json` (`params.units`) and in
+//! `optim-rank-<r>.safetensors`: its part of unit i as a flat tensor `flat.<i>.<unit>` (and
+//! `exp_avg.flat.<i>.<unit>`, ...); where each part lies is in `state.json` (`params.units`) and in
 //! each file's metadata.
 
 use std::collections::HashMap;
@@ -67,9 +67,10 @@ impl ShardUnit {
         lo..hi
     }
 
-    /// The name of its flat shard tensor.
-    pub fn tensor(&self) -> String {
-        format!("flat.{}", self.name)
+    /// The name of the flat shard tensor of unit `index` (unit names may repeat in a model of
+    /// the user's: `enc`, `enc.layers.0`, ..., `enc`).
+    pub fn tensor(&self, index: usize) -> String {
+        format!("flat.{index}.{}", self.name)
     }
 }
 
@@ -134,9 +135,9 @@ fn pieces<'a>(
             }
         }
         Layout::Sharded { units, .. } => {
-            for u in units {
+            for (i, u) in units.iter().enumerate() {
                 let n = u.owned(rank).len();
-                out.push((u.tensor(), vec![n], take(n)?));
+                out.push((u.tensor(i), vec![n], take(n)?));
             }
         }
     }
@@ -196,22 +197,20 @@ pub fn encode_files(
 fn fill(
     file: &TensorFile,
     prefix: &str,
-    pieces: &[(String, Range<usize>)],
+    pieces: &[(String, Range<usize>, Vec<usize>)],
     out: &mut [f32],
 ) -> Result<bool, String> {
     let by = file.by_name();
     let mut found = 0;
-    for (name, range) in pieces {
+    for (name, range, shape) in pieces {
         let full = format!("{prefix}{name}");
         let Some(t) = by.get(full.as_str()) else {
             continue;
         };
-        if t.data.len() != range.len() {
+        if t.data.len() != range.len() || &t.shape != shape {
             return Err(format!(
-                "tensor `{full}` has {} values (shape {:?}), expected {}",
-                t.data.len(),
-                t.shape,
-                range.len()
+                "tensor `{full}` has shape {:?}, expected {shape:?}",
+                t.shape
             ));
         }
         out[range.clone()].copy_from_slice(&t.data);
@@ -223,21 +222,21 @@ fn fill(
         _ => {
             let missing: Vec<String> = pieces
                 .iter()
-                .filter(|(name, _)| !by.contains_key(format!("{prefix}{name}").as_str()))
+                .filter(|(name, _, _)| !by.contains_key(format!("{prefix}{name}").as_str()))
                 .take(5)
-                .map(|(name, _)| format!("`{prefix}{name}`"))
+                .map(|(name, _, _)| format!("`{prefix}{name}`"))
                 .collect();
             Err(format!("missing tensors {}", missing.join(", ")))
         }
     }
 }
 
-/// Where each tensor of rank `rank`'s files goes in the whole flat buffer: (name, range).
+/// Where each tensor of rank `rank`'s files goes in the whole flat buffer: (name, range, shape).
 pub(super) fn placements(
     layout: &Layout,
     rank: usize,
     specs: &[(String, Vec<usize>)],
-) -> Vec<(String, Range<usize>)> {
+) -> Vec<(String, Range<usize>, Vec<usize>)> {
     match layout {
         Layout::Full => {
             let mut off = 0;
@@ -246,15 +245,20 @@ pub(super) fn placements(
                 .map(|(name, shape)| {
                     let n: usize = shape.iter().product();
                     off += n;
-                    (name.clone(), off - n..off)
+                    (name.clone(), off - n..off, shape.clone())
                 })
                 .collect()
         }
         Layout::Sharded { units, .. } => units
             .iter()
-            .map(|u| {
+            .enumerate()
+            .map(|(i, u)| {
                 let own = u.owned(rank);
-                (u.tensor(), u.start + own.start..u.start + own.end)
+                (
+                    u.tensor(i),
+                    u.start + own.start..u.start + own.end,
+                    vec![own.len()],
+                )
             })
             .collect(),
     }
@@ -307,7 +311,7 @@ impl Whole {
         &mut self,
         model: &TensorFile,
         optim: &TensorFile,
-        pieces: &[(String, Range<usize>)],
+        pieces: &[(String, Range<usize>, Vec<usize>)],
     ) -> Result<(), String> {
         if !fill(model, "", pieces, &mut self.params)? && pieces.iter().any(|p| !p.1.is_empty()) {
             let want: Vec<&str> = pieces.iter().take(3).map(|p| p.0.as_str()).collect();

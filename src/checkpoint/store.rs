@@ -325,11 +325,36 @@ pub fn load(dir: &Path, specs: &[(String, Vec<usize>)]) -> Result<Loaded, Checkp
     let ranks = match &state.params {
         Layout::Full => 1,
         Layout::Sharded { world, units } => {
-            let covered: usize = units.iter().map(|u| u.len).sum();
-            if covered != n || units.iter().any(|u| u.shard_len * world < u.len) {
+            // units must tile the model in order, each split as fsdp splits it
+            let mut end = 0usize;
+            for u in units {
+                let split = (*world > 0).then(|| u.len.div_ceil(*world));
+                if u.start != end || split != Some(u.shard_len) {
+                    return Err(invalid(
+                        dir,
+                        format!(
+                            "state.json: shard unit `{}` (start {}, len {}, shard_len {}) does not follow the previous unit (ending at {end}) split over {world} ranks",
+                            u.name, u.start, u.len, u.shard_len
+                        ),
+                    ));
+                }
+                end = end
+                    .checked_add(u.len)
+                    .ok_or_else(|| invalid(dir, "state.json: shard units overflow".into()))?;
+            }
+            if end != n {
                 return Err(invalid(
                     dir,
-                    "state.json's shard units do not cover the model".into(),
+                    format!("state.json: shard units cover {end} parameters, the model has {n}"),
+                ));
+            }
+            if world.saturating_mul(2) > files.len() {
+                return Err(invalid(
+                    dir,
+                    format!(
+                        "state.json says {world} ranks, the manifest lists {} safetensors files",
+                        files.len()
+                    ),
                 ));
             }
             *world

@@ -65,7 +65,11 @@ pub fn encode(
     metadata: HashMap<String, String>,
 ) -> Result<Vec<u8>, String> {
     let mut views = Vec::with_capacity(tensors.len());
+    let mut seen = std::collections::HashSet::new();
     for &(name, shape, data) in tensors {
+        if !seen.insert(name) {
+            return Err(format!("two tensors are named `{name}`"));
+        }
         if shape.iter().product::<usize>() != data.len() {
             return Err(format!(
                 "tensor `{name}`: shape {shape:?} does not hold {} values",
@@ -184,6 +188,8 @@ mod tests {
         assert_eq!(f.get("a.b").unwrap().data, b);
         assert_eq!(names.len(), 2);
         assert!(encode(&[("x", &[3], &a)], HashMap::new()).is_err());
+        let dup = encode(&[("x", &[1], &b), ("x", &[1], &b)], HashMap::new());
+        assert!(dup.unwrap_err().contains("two tensors are named `x`"));
     }
 
     #[test]

@@ -103,7 +103,8 @@ fn run_node(a: &RunOptions, r: &Resolved) -> Result<()> {
     }
     backend::resolve(c)?;
     let d = data::load(r)?;
-    crate::model::build(r, &d.input_shape())?;
+    let model = crate::model::build(r, &d.input_shape())?;
+    super::weights::init_weights(r, model.as_ref())?;
     let (token, generated) =
         crate::launch::rendezvous::token(c, std::env::var("KILN_JOB_TOKEN").ok())
             .map_err(Error::Usage)?;
@@ -303,13 +304,28 @@ pub fn execute(
                     model.num_params()
                 )));
             }
-            Some(
-                crate::checkpoint::load(path, &model.layout().specs())
-                    .map_err(Error::Checkpoint)?,
-            )
+            let mut l = crate::checkpoint::load(path, &model.layout().specs())
+                .map_err(Error::Checkpoint)?;
+            // optimizer state of another kind (sgd momentum vs Adam moments) would be misread
+            let kind = format!("{:?}", c.optim.kind).to_lowercase();
+            let family = |k: &str| if k.starts_with("adam") { "adam" } else { "sgd" };
+            if family(&l.state.optimizer.kind) != family(&kind) {
+                ui::note(&format!(
+                    "warning: the checkpoint's optimizer is {} but optim.kind is {kind}: its state is dropped and {kind} starts fresh",
+                    l.state.optimizer.kind
+                ));
+                l.opt = crate::checkpoint::OptState::default();
+            }
+            Some(l)
         }
         None => None,
     };
+    if primary && resume.is_some() {
+        super::resume::trim_metrics(
+            &run_dir.join("metrics.jsonl"),
+            loaded.as_ref().map(|l| l.state.step).unwrap_or(0),
+        )?;
+    }
     // a resumed run continues from its checkpoint, not from model.init_from
     let init = match &loaded {
         Some(_) => None,

@@ -1,6 +1,6 @@
 //! Resuming a run directory: the config change check (`model.*`/`data.*` refused, the rest
 //! listed), the choice of checkpoint (the newest verified one, or `--from`), and trimming
-//! `metrics.jsonl` to it.
+//! `metrics.jsonl` to it (once the checkpoint has loaded).
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -119,10 +119,6 @@ pub fn prepare_resume(
             None
         }
     };
-    trim_metrics(
-        &dir.join("metrics.jsonl"),
-        from.as_ref().map(|f| f.1.step).unwrap_or(0),
-    )?;
     Ok(Resumption { from })
 }
 
@@ -183,7 +179,7 @@ pub fn choose_checkpoint(store: &Store, from: Option<&str>) -> Result<Option<Pat
 }
 
 /// Keeps the metrics lines up to `step`: the resumed run writes the rest again.
-fn trim_metrics(path: &Path, step: usize) -> Result<()> {
+pub(super) fn trim_metrics(path: &Path, step: usize) -> Result<()> {
     let Ok(text) = fs::read_to_string(path) else {
         return Ok(());
     };

@@ -60,7 +60,8 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
     let written = fs::File::create(&tmp)
         .and_then(|mut f| f.write_all(bytes).and_then(|_| f.sync_all()))
-        .and_then(|_| fs::rename(&tmp, path));
+        .and_then(|_| fs::rename(&tmp, path))
+        .and_then(|_| fs::File::open(&dir).and_then(|d| d.sync_all()));
     if let Err(e) = written {
         let _ = fs::remove_file(&tmp);
         return Err(Error::io(format!("writing {}", path.display()), e));
@@ -92,6 +93,22 @@ fn probe_input(task: Task, input_shape: &[usize]) -> (Vec<f32>, Vec<usize>) {
 
 /// Exports the weights of the run in `run_dir` (its newest verified checkpoint, or `o.from`).
 pub fn export(run_dir: &Path, o: &ExportOptions) -> Result<ExportReport> {
+    if o.out.is_dir() {
+        return Err(Error::Usage(format!(
+            "-o `{}` is a directory; give the path of the .safetensors file to write",
+            o.out.display()
+        )));
+    }
+    if let Some(p) = &o.probe {
+        let same = p == &o.out
+            || matches!((p.canonicalize(), o.out.canonicalize()), (Ok(a), Ok(b)) if a == b);
+        if same {
+            return Err(Error::Usage(format!(
+                "--probe and -o are both `{}`; give the probe its own file",
+                p.display()
+            )));
+        }
+    }
     let r = run_config(run_dir)?;
     let store = checkpoint_store(run_dir)?;
     let path = choose_checkpoint(&store, o.from.as_deref())?.ok_or_else(|| {
@@ -127,7 +144,14 @@ pub fn export(run_dir: &Path, o: &ExportOptions) -> Result<ExportReport> {
         .iter()
         .map(|(n, s, d)| (n.as_str(), s.as_slice(), d.as_slice()))
         .collect();
-    let bytes = tensors::encode(&refs, meta.clone()).map_err(Error::Invalid)?;
+    let bytes = tensors::encode(&refs, meta.clone()).map_err(|e| {
+        Error::Usage(format!(
+            "cannot export model `{}`: {e} (a model of your own maps two parameters to one name in `Family::torch_name`?)",
+            model.kind()
+        ))
+    })?;
+    // the model first: a probe never sits next to another model's weights
+    write_atomic(&o.out, &bytes)?;
     if let Some(probe) = &o.probe {
         let (x, shape) = probe_input(model.task(), &state.input_shape);
         let compute = <Autodiff<Flex> as ComputeOn>::compute(model.as_ref(), &Default::default());
@@ -143,7 +167,6 @@ pub fn export(run_dir: &Path, o: &ExportOptions) -> Result<ExportReport> {
         .map_err(Error::Invalid)?;
         write_atomic(probe, &probe_bytes)?;
     }
-    write_atomic(&o.out, &bytes)?;
     Ok(ExportReport {
         checkpoint: path,
         step: state.step,

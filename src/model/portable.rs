@@ -282,7 +282,11 @@ pub fn import(
                 if *s != e.shape.as_slice() {
                     bad.shapes
                         .push((a.name.clone(), s.to_vec(), e.shape.clone()));
-                } else if v != values {
+                } else if v
+                    .iter()
+                    .zip(values.iter())
+                    .any(|(a, b)| a.to_bits() != b.to_bits())
+                {
                     bad.differ.push((e.name.clone(), a.name.clone()));
                 }
             }

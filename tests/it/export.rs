@@ -163,9 +163,9 @@ fn an_mlp_export_holds_the_runs_parameters_under_torch_and_burn_names() {
     let r0 = tensors(&ckpt.join("model-rank-0.safetensors"));
     let r1 = tensors(&ckpt.join("model-rank-1.safetensors"));
     let o0 = tensors(&ckpt.join("optim-rank-0.safetensors"));
-    assert!(o0.contains_key("exp_avg.flat.model"), "{:?}", o0.keys());
-    let mut flat = r0["flat.model"].1.clone();
-    flat.extend(&r1["flat.model"].1);
+    assert!(o0.contains_key("exp_avg.flat.0.model"), "{:?}", o0.keys());
+    let mut flat = r0["flat.0.model"].1.clone();
+    flat.extend(&r1["flat.0.model"].1);
     // 8*16 + 16 + 16*3 + 3 parameters, in layout order
     assert_eq!(flat.len(), 195);
     let burn = tensors(&export(
@@ -556,4 +556,123 @@ fn export_refuses_a_missing_directory_for_its_output() {
         "{}",
         stderr(&o)
     );
+}
+
+#[test]
+fn sgd_momentum_is_saved_under_torchs_name_and_a_switch_to_adam_drops_it() {
+    let d = tempfile::tempdir().unwrap();
+    let a = run(
+        d.path(),
+        TINY,
+        "a",
+        &["optim.momentum=0.9", "checkpoint.every_steps=4"],
+    );
+    let optim = tensors(&newest_checkpoint(&a).join("optim.safetensors"));
+    let mut names: Vec<&String> = optim.keys().collect();
+    names.sort();
+    assert_eq!(
+        names,
+        [
+            "momentum_buffer.layers.0.bias",
+            "momentum_buffer.layers.0.weight",
+            "momentum_buffer.layers.1.bias",
+            "momentum_buffer.layers.1.weight"
+        ]
+    );
+    let before = crate::common::checkpoint_params(&a, &newest_checkpoint(&a));
+    let o = kiln(
+        d.path(),
+        &[
+            "resume",
+            a.to_str().unwrap(),
+            "--quiet",
+            "--from",
+            "step-00000004",
+            "--set",
+            "optim.kind=\"adamw\"",
+        ],
+    );
+    let e = stderr(&o);
+    assert_eq!(o.status.code(), Some(0), "{e}");
+    assert!(
+        e.contains("optimizer is sgd but optim.kind is adamw"),
+        "{e}"
+    );
+    let after = crate::common::checkpoint_params(&a, &newest_checkpoint(&a));
+    assert_ne!(before, after, "adamw moved the parameters");
+}
+
+#[test]
+fn a_resumed_run_continues_from_its_checkpoint_not_from_init_from() {
+    let d = tempfile::tempdir().unwrap();
+    let src = run(d.path(), TINY, "src", &[]);
+    let w = export(d.path(), &src, "w.safetensors", &[]);
+    let b = run(
+        d.path(),
+        TINY,
+        "b",
+        &[
+            &format!("model.init_from=\"{}\"", w.display()),
+            "checkpoint.every_steps=4",
+        ],
+    );
+    let end = crate::common::checkpoint_params(&b, &newest_checkpoint(&b));
+    std::fs::remove_file(&w).unwrap();
+    let o = kiln(
+        d.path(),
+        &[
+            "resume",
+            b.to_str().unwrap(),
+            "--quiet",
+            "--from",
+            "step-00000004",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(
+        crate::common::checkpoint_params(&b, &newest_checkpoint(&b)),
+        end,
+        "the resumed run ends where the uninterrupted one did"
+    );
+}
+
+#[test]
+fn tied_copies_that_differ_are_refused() {
+    let g = tempfile::tempdir().unwrap();
+    corpus(g.path());
+    let toml = GPT.replace("corpus.txt", g.path().join("corpus.txt").to_str().unwrap());
+    let a = run(g.path(), &toml, "a", &[]);
+    let full = tensors(&export(g.path(), &a, "a.safetensors", &[]));
+    let list: Vec<(&str, Dtype, Vec<usize>, Vec<u8>)> = full
+        .iter()
+        .map(|(n, (s, v))| {
+            let mut v = v.clone();
+            if n == "lm_head.weight" {
+                v[0] += 1.0;
+            }
+            (n.as_str(), Dtype::F32, s.clone(), f32_bytes(&v))
+        })
+        .collect();
+    let file = g.path().join("differ.safetensors");
+    write_raw(&file, &list);
+    let exp = write(g.path(), "g.toml", &toml);
+    let o = kiln(
+        g.path(),
+        &[
+            "run",
+            exp.to_str().unwrap(),
+            "--quiet",
+            "--run-dir",
+            "never",
+            "--set",
+            &format!("model.init_from=\"{}\"", file.display()),
+        ],
+    );
+    let e = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{e}");
+    assert!(
+        e.contains("`wte.weight` and `lm_head.weight` are one tied tensor in the model but differ in the file"),
+        "{e}"
+    );
+    assert!(!g.path().join("never").exists());
 }
