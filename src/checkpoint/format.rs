@@ -207,6 +207,11 @@ fn fill(
         let Some(t) = by.get(full.as_str()) else {
             continue;
         };
+        if let Some(dtype) = &t.unsupported {
+            return Err(format!(
+                "tensor `{full}` has dtype {dtype}, not a float type"
+            ));
+        }
         if t.data.len() != range.len() || &t.shape != shape {
             return Err(format!(
                 "tensor `{full}` has shape {:?}, expected {shape:?}",

@@ -26,7 +26,7 @@ pub enum CheckpointError {
         #[source]
         source: std::io::Error,
     },
-    #[error("checkpoint `{path}` is invalid: {why}")]
+    #[error("checkpoint `{path}` is invalid: {why}\n  = help: `kiln ckpt list RUN_DIR` shows every checkpoint; resume from an older one with `--from step-N`")]
     Invalid { path: PathBuf, why: String },
 }
 
@@ -247,8 +247,29 @@ fn verify_read(
         .files
         .par_iter()
         .map(|f| {
-            let bytes =
-                fs::read(dir.join(&f.name)).map_err(|_| format!("missing file {}", f.name))?;
+            if f.name.is_empty() || f.name.contains(['/', '\\']) || f.name == ".." || f.name == "."
+            {
+                return Err(format!(
+                    "MANIFEST.json lists `{}`, which is not a file of this directory",
+                    f.name
+                ));
+            }
+            let path = dir.join(&f.name);
+            // never read a pipe or a device, nor a file of another size than listed
+            match fs::metadata(&path) {
+                Err(_) => return Err(format!("missing file {}", f.name)),
+                Ok(m) if !m.is_file() => return Err(format!("{} is not a regular file", f.name)),
+                Ok(m) if m.len() != f.size => {
+                    return Err(format!(
+                        "{}: size {} bytes, manifest says {}",
+                        f.name,
+                        m.len(),
+                        f.size
+                    ))
+                }
+                Ok(_) => {}
+            }
+            let bytes = fs::read(&path).map_err(|_| format!("missing file {}", f.name))?;
             let (size, sha) = (bytes.len() as u64, sha256_hex(&bytes));
             if size != f.size {
                 return Err(format!(
@@ -389,6 +410,26 @@ pub fn load(dir: &Path, specs: &[(String, Vec<usize>)]) -> Result<Loaded, Checkp
             .map_err(|e| invalid(dir, format!("{mname}/{oname}: {e}")))?;
     }
     let (params, opt) = whole.finish().map_err(|e| invalid(dir, e))?;
+    // the state the checkpoint's optimizer keeps must all be there
+    let kind = state.optimizer.kind.as_str();
+    let adam = kind.starts_with("adam");
+    let lacks = if adam && opt.steps > 0 && (opt.m.is_empty() || opt.v.is_empty()) {
+        Some("exp_avg.* and exp_avg_sq.* (Adam's moments)")
+    } else if !adam && !opt.v.is_empty() {
+        Some("only momentum_buffer.* (it holds exp_avg_sq.*)")
+    } else {
+        None
+    };
+    if let Some(what) = lacks {
+        return Err(invalid(
+            dir,
+            format!(
+                "the optimizer is {kind} after {} steps, but {} should hold {what}",
+                opt.steps,
+                state.params.optim_file(0)
+            ),
+        ));
+    }
     Ok(Loaded { state, params, opt })
 }
 

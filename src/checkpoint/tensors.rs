@@ -12,7 +12,11 @@ use safetensors::tensor::{Dtype, SafeTensorError, SafeTensors, View};
 pub struct Named {
     pub name: String,
     pub shape: Vec<usize>,
+    /// The values as f32; empty when `unsupported` is set.
     pub data: Vec<f32>,
+    /// The dtype of a tensor kiln does not read as weights (`I64`, `BOOL`, ...), kept so that a
+    /// caller can name it among its other findings.
+    pub unsupported: Option<String>,
 }
 
 /// The tensors of a file, in the file's order, and its `__metadata__`.
@@ -87,7 +91,8 @@ pub fn encode(
     safetensors::tensor::serialize(views, Some(metadata)).map_err(|e| describe(&e))
 }
 
-/// Reads a safetensors file's bytes: every tensor as f32, and the metadata.
+/// Reads a safetensors file's bytes: every float tensor as f32 (others are marked
+/// `unsupported`), and the metadata.
 pub fn decode(bytes: &[u8]) -> Result<TensorFile, String> {
     let st = SafeTensors::deserialize(bytes).map_err(|e| describe_read(&e, bytes.len()))?;
     let (_, meta) =
@@ -120,16 +125,20 @@ pub fn decode(bytes: &[u8]) -> Result<TensorFile, String> {
                 .map(|c| f64::from_le_bytes(c.try_into().unwrap_or([0; 8])) as f32)
                 .collect(),
             other => {
-                return Err(format!(
-                    "tensor `{name}` has dtype {other:?}; kiln reads F32, F16, BF16 and F64 \
-                     weights"
-                ))
+                tensors.push(Named {
+                    name: name.to_string(),
+                    shape: view.shape().to_vec(),
+                    data: Vec::new(),
+                    unsupported: Some(format!("{other:?}")),
+                });
+                continue;
             }
         };
         tensors.push(Named {
             name: name.to_string(),
             shape: view.shape().to_vec(),
             data,
+            unsupported: None,
         });
     }
     Ok(TensorFile { tensors, metadata })

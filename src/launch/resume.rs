@@ -173,6 +173,17 @@ pub fn choose_checkpoint(store: &Store, from: Option<&str>) -> Result<Option<Pat
                     )),
                 }
             }
+            // finished checkpoints that all fail verification were damaged: starting over
+            // would train past them and delete them
+            let damaged = entries
+                .iter()
+                .any(|e| !e.path.to_string_lossy().ends_with(".tmp"));
+            if pick.is_none() && damaged {
+                return Err(Error::Usage(format!(
+                    "no checkpoint in {} verifies (each is listed above with why)\n  = help: `kiln ckpt list` shows them; to start this run over, move them away; or start a new run with `kiln run`",
+                    store.dir.display()
+                )));
+            }
             pick
         }
     })

@@ -39,6 +39,47 @@ pub struct ExportReport {
     pub bytes: usize,
 }
 
+/// Where an output file of `flag` goes: its directory must exist, and the path must not be a
+/// directory, a symlink or a special file (it is replaced by a new regular file). Returns the
+/// canonical directory joined with the file name.
+fn output_path(path: &Path, flag: &str) -> Result<PathBuf> {
+    let name = path
+        .file_name()
+        .filter(|_| !path.as_os_str().to_string_lossy().ends_with('/'));
+    let Some(name) = name else {
+        return Err(Error::Usage(format!(
+            "{flag} `{}` names no file; give the path of the .safetensors file to write",
+            path.display()
+        )));
+    };
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let dir = dir.canonicalize().map_err(|_| {
+        Error::Usage(format!(
+            "cannot write `{}`: the directory `{}` does not exist",
+            path.display(),
+            dir.display()
+        ))
+    })?;
+    if let Ok(m) = fs::symlink_metadata(path) {
+        if m.is_dir() {
+            return Err(Error::Usage(format!(
+                "{flag} `{}` is a directory; give the path of the .safetensors file to write",
+                path.display()
+            )));
+        }
+        if !m.is_file() {
+            return Err(Error::Usage(format!(
+                "{flag} `{}` exists and is not a regular file (a symlink, device or pipe); kiln only replaces regular files",
+                path.display()
+            )));
+        }
+    }
+    Ok(dir.join(name))
+}
+
 /// Writes `bytes` to `path` through a temporary file in the same directory, fsynced and renamed,
 /// so `path` is either absent, the previous file or the whole new one.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
@@ -93,27 +134,34 @@ fn probe_input(task: Task, input_shape: &[usize]) -> (Vec<f32>, Vec<usize>) {
 
 /// Exports the weights of the run in `run_dir` (its newest verified checkpoint, or `o.from`).
 pub fn export(run_dir: &Path, o: &ExportOptions) -> Result<ExportReport> {
-    if o.out.is_dir() {
+    // every output is checked before anything is written
+    let out = output_path(&o.out, "-o")?;
+    let probe = o
+        .probe
+        .as_ref()
+        .map(|p| output_path(p, "--probe"))
+        .transpose()?;
+    if probe.as_ref() == Some(&out) {
         return Err(Error::Usage(format!(
-            "-o `{}` is a directory; give the path of the .safetensors file to write",
-            o.out.display()
+            "--probe and -o are both `{}`; give the probe its own file",
+            out.display()
         )));
-    }
-    if let Some(p) = &o.probe {
-        let same = p == &o.out
-            || matches!((p.canonicalize(), o.out.canonicalize()), (Ok(a), Ok(b)) if a == b);
-        if same {
-            return Err(Error::Usage(format!(
-                "--probe and -o are both `{}`; give the probe its own file",
-                p.display()
-            )));
-        }
     }
     let r = run_config(run_dir)?;
     let store = checkpoint_store(run_dir)?;
+    if let Ok(ck) = store.dir.canonicalize() {
+        for p in std::iter::once(&out).chain(probe.as_ref()) {
+            if p.starts_with(&ck) {
+                return Err(Error::Usage(format!(
+                    "`{}` is inside the run's checkpoints; write the export elsewhere",
+                    p.display()
+                )));
+            }
+        }
+    }
     let path = choose_checkpoint(&store, o.from.as_deref())?.ok_or_else(|| {
         Error::Usage(format!(
-            "no verified checkpoint in {}; train with `[checkpoint] at_end = true` (or every_steps)",
+            "no checkpoint in {}; train with `[checkpoint] at_end = true` (or every_steps)",
             store.dir.display()
         ))
     })?;
@@ -151,8 +199,8 @@ pub fn export(run_dir: &Path, o: &ExportOptions) -> Result<ExportReport> {
         ))
     })?;
     // the model first: a probe never sits next to another model's weights
-    write_atomic(&o.out, &bytes)?;
-    if let Some(probe) = &o.probe {
+    write_atomic(&out, &bytes)?;
+    if let Some(probe) = &probe {
         let (x, shape) = probe_input(model.task(), &state.input_shape);
         let compute = <Autodiff<Flex> as ComputeOn>::compute(model.as_ref(), &Default::default());
         let logits = compute.logits(&loaded.params, &x, &shape)?;
@@ -183,6 +231,15 @@ pub fn init_weights(r: &Resolved, model: &dyn Model) -> Result<Option<Vec<f32>>>
     };
     let path = r.path_of("model.init_from", value);
     let shown = path.display();
+    // a pipe or a device (/dev/zero) would be read for ever
+    match fs::metadata(&path) {
+        Ok(m) if !m.is_file() => {
+            return Err(Error::Usage(format!(
+                "model.init_from: `{shown}` is not a regular file\n  = help: give the path of a .safetensors file"
+            )))
+        }
+        _ => {}
+    }
     let bytes = fs::read(&path).map_err(|e| {
         Error::Usage(format!(
             "model.init_from: cannot read `{shown}`: {e}\n  = help: give the path of a .safetensors file (relative paths are relative to the experiment file)"
@@ -200,9 +257,31 @@ pub fn init_weights(r: &Resolved, model: &dyn Model) -> Result<Option<Vec<f32>>>
     let map: HashMap<&str, (&[usize], &[f32])> = file
         .tensors
         .iter()
+        .filter(|t| t.unsupported.is_none())
         .map(|t| (t.name.as_str(), (t.shape.as_slice(), t.data.as_slice())))
         .collect();
-    portable::import(model, format, &map)
+    let other: HashMap<&str, &str> = file
+        .tensors
+        .iter()
+        .filter_map(|t| Some((t.name.as_str(), t.unsupported.as_deref()?)))
+        .collect();
+    // training from NaN or infinite weights is never what was meant
+    let bad: Vec<String> = file
+        .tensors
+        .iter()
+        .filter_map(|t| {
+            let n = t.data.iter().filter(|v| !v.is_finite()).count();
+            (n > 0).then(|| format!("`{}` ({n} of {})", t.name, t.data.len()))
+        })
+        .take(20)
+        .collect();
+    if !bad.is_empty() {
+        return Err(Error::Usage(format!(
+            "model.init_from: `{shown}` holds NaN or infinite values (after conversion to f32) in {}\n  = help: export the weights again from a healthy checkpoint",
+            bad.join(", ")
+        )));
+    }
+    portable::import(model, format, &map, &other)
         .map(Some)
         .map_err(|m| {
             Error::Usage(format!(

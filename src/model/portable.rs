@@ -170,6 +170,8 @@ pub struct Mismatch {
     pub shapes: Vec<(String, Vec<usize>, Vec<usize>)>,
     /// Tied copies whose values differ.
     pub differ: Vec<(String, String)>,
+    /// (name, dtype) of tensors the model needs that are not of a float type.
+    pub dtypes: Vec<(String, String)>,
 }
 
 impl Mismatch {
@@ -181,6 +183,7 @@ impl Mismatch {
             (self.unexpected.len(), "unexpected"),
             (self.shapes.len(), "wrong shape"),
             (self.differ.len(), "tied copies differ"),
+            (self.dtypes.len(), "not a float type"),
         ] {
             if n > 0 {
                 parts.push(format!("{n} {what}"));
@@ -194,27 +197,69 @@ impl Mismatch {
             && self.unexpected.is_empty()
             && self.shapes.is_empty()
             && self.differ.is_empty()
+            && self.dtypes.is_empty()
+    }
+}
+
+/// Lines of each kind shown before "... and N more".
+const SHOWN: usize = 20;
+
+/// A name as shown in a message: long ones are cut.
+fn shown(name: &str) -> String {
+    const MAX: usize = 120;
+    match name.char_indices().nth(MAX) {
+        Some((i, _)) => format!("{}... ({} bytes)", &name[..i], name.len()),
+        None => name.to_string(),
     }
 }
 
 impl fmt::Display for Mismatch {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let closest = |c: &Option<String>, side: &str| match c {
-            Some(c) => format!(" (closest {side}: `{c}`)"),
+            Some(c) => format!(" (closest {side}: `{}`)", shown(c)),
             None => String::new(),
         };
-        for (name, c) in &self.missing {
-            writeln!(f, "  missing     `{name}`{}", closest(c, "in the file"))?;
-        }
-        for (name, c) in &self.unexpected {
-            writeln!(f, "  unexpected  `{name}`{}", closest(c, "the model has"))?;
-        }
-        for (name, file, want) in &self.shapes {
+        let more = |f: &mut fmt::Formatter<'_>, n: usize, what: &str| {
+            if n > SHOWN {
+                writeln!(f, "  ... and {} more {what}", n - SHOWN)
+            } else {
+                Ok(())
+            }
+        };
+        for (name, c) in self.missing.iter().take(SHOWN) {
             writeln!(
                 f,
-                "  wrong shape `{name}`: {file:?} in the file, the model needs {want:?}"
+                "  missing     `{}`{}",
+                shown(name),
+                closest(c, "in the file")
             )?;
         }
+        more(f, self.missing.len(), "missing")?;
+        for (name, c) in self.unexpected.iter().take(SHOWN) {
+            writeln!(
+                f,
+                "  unexpected  `{}`{}",
+                shown(name),
+                closest(c, "the model has")
+            )?;
+        }
+        more(f, self.unexpected.len(), "unexpected")?;
+        for (name, file, want) in self.shapes.iter().take(SHOWN) {
+            writeln!(
+                f,
+                "  wrong shape `{}`: {file:?} in the file, the model needs {want:?}",
+                shown(name)
+            )?;
+        }
+        more(f, self.shapes.len(), "with the wrong shape")?;
+        for (name, dtype) in self.dtypes.iter().take(SHOWN) {
+            writeln!(
+                f,
+                "  wrong dtype `{}`: {dtype}; weights are F32, F16, BF16 or F64",
+                shown(name)
+            )?;
+        }
+        more(f, self.dtypes.len(), "of the wrong dtype")?;
         for (a, b) in &self.differ {
             writeln!(
                 f,
@@ -225,21 +270,29 @@ impl fmt::Display for Mismatch {
     }
 }
 
-/// The name among `candidates` nearest to `name` by edit distance.
+/// The name among `candidates` nearest to `name` by edit distance (names of over 256 bytes,
+/// never a parameter's, are not compared: the distance costs their product).
 fn nearest(name: &str, candidates: &[&str]) -> Option<String> {
+    const LONG: usize = 256;
+    if name.len() > LONG {
+        return None;
+    }
     candidates
         .iter()
+        .filter(|c| c.len() <= LONG)
         .min_by_key(|c| (edit_distance(name, c), c.len()))
         .map(|c| c.to_string())
 }
 
 /// The flat parameters of `model` from named tensors (name -> (shape, values)) in `format`:
 /// every tensor the model needs must be there with its shape, and nothing else; a tied copy may
-/// stand for the tensor it copies.
+/// stand for the tensor it copies. `other` holds the file's tensors of non-float dtypes (name ->
+/// dtype): wrong where the model needs them, unexpected elsewhere.
 pub fn import(
     model: &dyn Model,
     format: WeightFormat,
     tensors: &HashMap<&str, (&[usize], &[f32])>,
+    other: &HashMap<&str, &str>,
 ) -> Result<Vec<f32>, Mismatch> {
     let layout = model.layout();
     let ext = externals(model, format);
@@ -261,7 +314,13 @@ pub fn import(
             }
         }
         let Some((cand, (shape, values))) = found else {
-            missing.push(e);
+            match std::iter::once(e)
+                .chain(aliases.iter().copied())
+                .find_map(|cand| other.get(cand.name.as_str()).map(|d| (cand, d)))
+            {
+                Some((cand, dtype)) => bad.dtypes.push((cand.name.clone(), dtype.to_string())),
+                None => missing.push(e),
+            }
             continue;
         };
         used.insert(cand.name.as_str());
@@ -292,15 +351,17 @@ pub fn import(
             }
         }
     }
+    let claimed: HashSet<&str> = bad.dtypes.iter().map(|d| d.0.as_str()).collect();
     let mut unexpected: Vec<&str> = tensors
         .keys()
+        .chain(other.keys())
         .copied()
-        .filter(|n| !used.contains(n))
+        .filter(|n| !used.contains(n) && !claimed.contains(n))
         .collect();
     unexpected.sort();
     let want: Vec<&str> = missing.iter().map(|e| e.name.as_str()).collect();
     let all_want: Vec<&str> = ext.iter().map(|e| e.name.as_str()).collect();
-    let all_have: Vec<&str> = tensors.keys().copied().collect();
+    let all_have: Vec<&str> = tensors.keys().chain(other.keys()).copied().collect();
     for e in &missing {
         // the closest of what nothing else claimed, else of everything in the file
         let pool = if unexpected.is_empty() {

@@ -458,7 +458,21 @@ fn bad_weight_files_are_refused_naming_the_file_and_what_is_wrong() {
     refused(
         d.path(),
         &p("int.safetensors"),
-        &[&format!("`{int_name}` has dtype I32")],
+        &[&format!("wrong dtype `{int_name}`: I32")],
+    );
+    // a device would be read for ever; NaN weights are never meant
+    refused(d.path(), Path::new("/dev/zero"), &["is not a regular file"]);
+    let mut nan: Vec<(&str, Dtype, Vec<usize>, Vec<u8>)> = t
+        .iter()
+        .map(|(n, (s, v))| (n.as_str(), Dtype::F32, s.clone(), f32_bytes(v)))
+        .collect();
+    let nan_name = nan[0].0.to_string();
+    nan[0].3[..4].copy_from_slice(&f32::NAN.to_le_bytes());
+    write_raw(&p("nan.safetensors"), &nan);
+    refused(
+        d.path(),
+        &p("nan.safetensors"),
+        &["NaN or infinite", &format!("`{nan_name}` (1 of")],
     );
     // one wrong shape, one missing, one unexpected: all named at once, with the closest name
     let mut bad: Vec<(&str, Dtype, Vec<usize>, Vec<u8>)> = t
@@ -538,24 +552,70 @@ fn a_checkpoint_of_the_old_format_is_refused_naming_the_version() {
 }
 
 #[test]
-fn export_refuses_a_missing_directory_for_its_output() {
+fn export_checks_every_output_before_writing_any() {
     let d = tempfile::tempdir().unwrap();
     let a = run(d.path(), TINY, "a", &[]);
-    let o = kiln(
-        d.path(),
-        &[
-            "export",
-            a.to_str().unwrap(),
-            "-o",
-            "no/such/dir/m.safetensors",
-        ],
+    let a = a.to_str().unwrap();
+    let bad = |args: &[&str], want: &str| {
+        let mut all = vec!["export", a];
+        all.extend(args);
+        let o = kiln(d.path(), &all);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
+        assert!(stderr(&o).contains(want), "{args:?}: {}", stderr(&o));
+    };
+    bad(
+        &["-o", "no/such/dir/m.safetensors"],
+        "`no/such/dir` does not exist",
     );
-    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    bad(
+        &["-o", "m.safetensors", "--probe", "nope/p.safetensors"],
+        "`nope` does not exist",
+    );
+    bad(
+        &["-o", "./s.safetensors", "--probe", "s.safetensors"],
+        "give the probe its own file",
+    );
+    bad(
+        &["-o", "a/checkpoints/step-00000008/model.safetensors"],
+        "inside the run's checkpoints",
+    );
+    std::os::unix::fs::symlink("target.safetensors", d.path().join("link.safetensors")).unwrap();
+    bad(&["-o", "link.safetensors"], "not a regular file");
+    assert!(!d.path().join("m.safetensors").exists(), "nothing written");
+    assert!(!d.path().join("s.safetensors").exists(), "nothing written");
     assert!(
-        stderr(&o).contains("`no/such/dir` does not exist"),
-        "{}",
-        stderr(&o)
+        !d.path().join("target.safetensors").exists(),
+        "nothing written"
     );
+}
+
+#[test]
+fn damaged_checkpoints_are_never_trained_over() {
+    let d = tempfile::tempdir().unwrap();
+    let a = run(d.path(), TINY, "a", &["checkpoint.keep_last=1"]);
+    let ckpt = newest_checkpoint(&a);
+    // a manifest naming a file outside its directory is refused, not read
+    let m = std::fs::read_to_string(ckpt.join("MANIFEST.json")).unwrap();
+    std::fs::write(
+        ckpt.join("MANIFEST.json"),
+        m.replacen("\"optim.safetensors\"", "\"/dev/zero\"", 1),
+    )
+    .unwrap();
+    let o = kiln(d.path(), &["ckpt", "list", a.to_str().unwrap()]);
+    assert!(
+        stdout(&o).contains("not a file of this directory"),
+        "{}",
+        stdout(&o)
+    );
+    // the only checkpoint is damaged: resume stops instead of starting over
+    let o = kiln(d.path(), &["resume", a.to_str().unwrap(), "--quiet"]);
+    let e = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{e}");
+    assert!(
+        e.contains("no checkpoint in") && e.contains("verifies"),
+        "{e}"
+    );
+    assert!(ckpt.exists(), "the damaged checkpoint is kept");
 }
 
 #[test]
