@@ -171,6 +171,11 @@ pub trait RankBackend: crate::model::ComputeOn {
     fn raw_fn() -> Option<RawFn<Self::InnerBackend>> {
         None
     }
+    /// Whether the device runs work asynchronously (CUDA streams): the step-time breakdown then
+    /// synchronises it at phase boundaries.
+    fn asynchronous() -> bool {
+        false
+    }
 }
 
 impl RankBackend for Autodiff<NdArray> {
@@ -196,6 +201,9 @@ mod cuda_backends {
     use crate::params::RawFn;
 
     impl RankBackend for Autodiff<Cuda<f32>> {
+        fn asynchronous() -> bool {
+            true
+        }
         fn rank_device(ordinal: usize) -> Self::Device {
             CudaDevice::new(ordinal)
         }
@@ -204,6 +212,9 @@ mod cuda_backends {
         }
     }
     impl RankBackend for Autodiff<Cuda<bf16>> {
+        fn asynchronous() -> bool {
+            true
+        }
         fn rank_device(ordinal: usize) -> Self::Device {
             CudaDevice::new(ordinal)
         }
@@ -212,6 +223,9 @@ mod cuda_backends {
         }
     }
     impl RankBackend for Autodiff<Cuda<f16>> {
+        fn asynchronous() -> bool {
+            true
+        }
         fn rank_device(ordinal: usize) -> Self::Device {
             CudaDevice::new(ordinal)
         }

@@ -20,6 +20,7 @@ pub struct Config {
     pub checkpoint: CheckpointConfig,
     pub sweep: SweepConfig,
     pub launch: LaunchConfig,
+    pub profile: ProfileConfig,
 }
 
 /// Top-level section names, in the order they are printed.
@@ -36,6 +37,7 @@ pub const SECTIONS: &[&str] = &[
     "checkpoint",
     "sweep",
     "launch",
+    "profile",
 ];
 
 /// `[experiment]`
@@ -580,6 +582,53 @@ impl Default for CheckpointConfig {
             dir: "checkpoints".into(),
             auto_resume: false,
         }
+    }
+}
+
+/// `[profile]`: Chrome traces of chosen steps (torch.profiler's schedule): skip `wait` steps,
+/// `warmup` steps more, record `active` steps; `repeat` such cycles (0: until the end).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ProfileConfig {
+    /// Write `trace/rank-<r>.json` and `trace/all.json`. Default: `false`.
+    pub enabled: bool,
+    /// Steps skipped at the start of each cycle. Default: `1`.
+    pub wait: usize,
+    /// Steps run (not recorded) before the recorded ones. Default: `1`.
+    pub warmup: usize,
+    /// Steps recorded per cycle (at least 1). Default: `3`.
+    pub active: usize,
+    /// Cycles; 0 repeats until training ends. Default: `1`.
+    pub repeat: usize,
+    /// Ranks traced; empty means every rank. Default: `[]`.
+    pub ranks: Vec<usize>,
+}
+
+impl Default for ProfileConfig {
+    fn default() -> Self {
+        ProfileConfig {
+            enabled: false,
+            wait: 1,
+            warmup: 1,
+            active: 3,
+            repeat: 1,
+            ranks: Vec::new(),
+        }
+    }
+}
+
+impl ProfileConfig {
+    /// Whether step `i` of this session (0-based) is recorded.
+    pub fn records(&self, i: usize) -> bool {
+        let cycle = self.wait + self.warmup + self.active.max(1);
+        if !self.enabled || (self.repeat > 0 && i >= self.repeat * cycle) {
+            return false;
+        }
+        i % cycle >= self.wait + self.warmup
+    }
+    /// Whether `rank` is traced.
+    pub fn traces(&self, rank: usize) -> bool {
+        self.enabled && (self.ranks.is_empty() || self.ranks.contains(&rank))
     }
 }
 

@@ -86,6 +86,18 @@ fn files_exist(r: &Resolved, keys: &[(&str, &Option<String>)]) -> Result<(), Con
 /// Checks every value and combination; the first problem is returned.
 pub fn validate(r: &Resolved) -> Result<(), ConfigError> {
     let c = &r.config;
+    at_least(r, "profile.active", c.profile.active, 1)?;
+    let world = c.strategy.devices.count() * c.launch.nnodes.max(1);
+    if let Some(bad) = c.profile.ranks.iter().find(|&&rk| rk >= world) {
+        return Err(r.key_error(
+            "profile.ranks",
+            format!("`profile.ranks` names rank {bad}, but the job has {world} ranks (0..{world})"),
+            Some(
+                "list ranks below strategy.devices x launch.nnodes, or leave it empty for all"
+                    .into(),
+            ),
+        ));
+    }
     if c.experiment.name.trim().is_empty() || c.experiment.name.contains(['/', '\\']) {
         return Err(r.key_error(
             "experiment.name",

@@ -433,6 +433,7 @@ pub fn execute(
     if let Some(e) = write_err {
         return Err(Error::io(format!("writing {}", metrics_path.display()), e));
     }
+    let asynchronous = be.name().starts_with("cuda");
     let summary = |status, error: Option<String>, res: Option<&RunResult>| {
         let o = res.map(|r| &r.outcome);
         Summary {
@@ -457,6 +458,13 @@ pub fn execute(
             resumed_from_step: first_step,
             params_sha256: o.map(|o| params_hash(&o.params)),
             memory: res.map(|r| r.memory.clone()).unwrap_or_default(),
+            time: res.map(|r| {
+                super::profile::time_section(
+                    r,
+                    r.outcome.steps.saturating_sub(first_step),
+                    asynchronous,
+                )
+            }),
         }
     };
     if let Some(j) = job.as_mut() {
@@ -486,6 +494,17 @@ pub fn execute(
         Ok(res) => {
             if primary {
                 write_json(&summary_path, &summary("finished", None, Some(&res)))?;
+            }
+            let node = job.as_ref().map(|j| j.node).unwrap_or(0);
+            if let Some(all) = super::profile::write_traces(c, run_dir, &res, node)? {
+                ui::out(&format!(
+                    "trace: {} (open it in https://ui.perfetto.dev or chrome://tracing)",
+                    all.display()
+                ));
+            }
+            let steps = res.outcome.steps.saturating_sub(first_step);
+            if steps > 0 {
+                ui::out(&super::profile::breakdown_line(&res, steps));
             }
             let out = &res.outcome;
             let eval = match (out.eval, out.eval_accuracy(), out.eval_perplexity()) {

@@ -11,6 +11,7 @@
 mod bench;
 mod check;
 mod execute;
+mod profile;
 pub mod rendezvous;
 mod resume;
 mod run_dir;

@@ -40,6 +40,10 @@ pub struct Summary {
     pub params_sha256: Option<String>,
     /// Per rank: bytes held for parameters, gradients and optimizer state.
     pub memory: Vec<Memory>,
+    /// Where the time went: `step_ms`, `clock`, and seconds and fractions per phase, as a mean
+    /// and per rank of this node.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub time: Option<serde_json::Value>,
 }
 
 pub fn params_hash(params: &[f32]) -> String {

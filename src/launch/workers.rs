@@ -21,6 +21,8 @@ pub struct RunResult {
     pub outcome: Outcome,
     /// Every rank's memory, in rank order.
     pub memory: Vec<Memory>,
+    /// Each local rank's (global rank, seconds per phase, profiled spans), in rank order.
+    pub time: Vec<(usize, train::Totals, Vec<train::Span>)>,
 }
 
 struct Sink {
@@ -206,8 +208,16 @@ fn run_ranks<B: RankBackend>(
         return Err(errors.swap_remove(pos));
     }
     let memory = outcomes.iter().map(|o| o.memory).collect();
+    let time = outcomes
+        .iter_mut()
+        .map(|o| (o.memory.rank, o.time, std::mem::take(&mut o.spans)))
+        .collect();
     let outcome = outcomes.swap_remove(0);
-    Ok(RunResult { outcome, memory })
+    Ok(RunResult {
+        outcome,
+        memory,
+        time,
+    })
 }
 
 /// Like `run`, over the given collectives (one per local rank, in rank order) instead of the
@@ -295,9 +305,27 @@ fn rank_main<B: RankBackend>(
     // the strategy lives on the pool thread that trains (it may hold device buffers, which stay
     // on the thread whose stream made them)
     pool.install(move || {
+        let clock = train::Clock::new();
+        if B::asynchronous() {
+            let dev = device.clone();
+            clock.lock().set_sync(Box::new(move || {
+                let _ = <B as burn::tensor::backend::Backend>::sync(&dev);
+            }));
+            sink.log("step-time breakdown: the device is synchronised at each phase boundary (no device events in Burn 0.21), which costs some overlap");
+        } else {
+            sink.log("step-time breakdown: host clock at each phase boundary");
+        }
+        let comm: Box<dyn Collective> = Box::new(train::Timed::new(comm, clock.clone()));
         let mut strategy = strategy::build(input.config, input.model.layout(), comm);
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            train::train::<B>(input, strategy.as_mut(), &device, B::raw_fn(), &mut sink)
+            train::train::<B>(
+                input,
+                strategy.as_mut(),
+                &device,
+                B::raw_fn(),
+                &mut sink,
+                &clock,
+            )
         }))
         .unwrap_or_else(|p| {
             Err(TrainError::Panic {

@@ -184,6 +184,14 @@ pub trait Family: Send + Sync + 'static {
     }
 }
 
+/// Where a micro-step's forward and backward stand.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pass {
+    Forward,
+    Backward,
+    Done,
+}
+
 /// One micro-step's math on backend `B`, for a model whose parameters live elsewhere.
 pub trait Compute<B: AutodiffBackend> {
     /// Forward and backward on one micro-batch: installs each unit's parameters from
@@ -197,6 +205,19 @@ pub trait Compute<B: AutodiffBackend> {
         key: StepKey,
         scale: f64,
         grads: &mut Grads,
+    ) -> Result<f64, ModelError> {
+        self.forward_backward_timed(params, batch, key, scale, grads, &mut |_| {})
+    }
+    /// `forward_backward`, telling `pass` when the forward starts, when the backward starts and
+    /// when both are done (for the step-time breakdown).
+    fn forward_backward_timed(
+        &self,
+        params: &mut dyn FnMut(usize) -> Result<UnitParams, ModelError>,
+        batch: Batch,
+        key: StepKey,
+        scale: f64,
+        grads: &mut Grads,
+        pass: &mut dyn FnMut(Pass),
     ) -> Result<f64, ModelError>;
     /// Per-sample loss and correctness of the whole flat `params` on every batch of `batches`
     /// (no dropout); the parameters are installed once.

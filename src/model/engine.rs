@@ -20,7 +20,7 @@ use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Tensor, TensorData};
 
 use super::api::{
-    Batch, Compute, EvalOut, Family, Forward, Model, ModelError, StepKey, Task, UnitParams,
+    Batch, Compute, EvalOut, Family, Forward, Model, ModelError, Pass, StepKey, Task, UnitParams,
 };
 use crate::params::{DeviceFlat, Grads, ParamLayout};
 
@@ -361,14 +361,16 @@ fn cross_entropy<B: Backend>(logits: Tensor<B, 2>, y: &[u32], classes: usize) ->
 }
 
 impl<F: Family, B: AutodiffBackend> Compute<B> for Engine<F, B> {
-    fn forward_backward(
+    fn forward_backward_timed(
         &self,
         params: &mut dyn FnMut(usize) -> Result<UnitParams, ModelError>,
         mut batch: Batch,
         key: StepKey,
         scale: f64,
         grads: &mut Grads,
+        pass: &mut dyn FnMut(Pass),
     ) -> Result<f64, ModelError> {
+        pass(Pass::Forward);
         let classes = self.family.task().classes();
         let module = self.install::<B, Leaf>(self.template.clone(), params)?;
         let (x, targets) = self.input(&mut batch);
@@ -380,6 +382,7 @@ impl<F: Family, B: AutodiffBackend> Compute<B> for Engine<F, B> {
             .first()
             .copied()
             .unwrap_or(f32::NAN);
+        pass(Pass::Backward);
         let tape = loss.mul_scalar(scale).backward();
         let mut collect = GradVisitor::<B> {
             tape: &tape,
@@ -405,6 +408,7 @@ impl<F: Family, B: AutodiffBackend> Compute<B> for Engine<F, B> {
                 .ok_or(ModelError::ForeignBuffer)?
                 .add(flat),
         }
+        pass(Pass::Done);
         Ok(f64::from(loss_value))
     }
 

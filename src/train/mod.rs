@@ -4,8 +4,12 @@
 //! synchronisation and update, the LR schedule, exact evaluation, checkpoints and metrics events.
 
 pub mod schedule;
+mod timed;
+pub mod timing;
 mod trainer;
 
+pub use timed::Timed;
+pub use timing::{Clock, Phase, Span, Totals};
 pub use trainer::{
     train, EvalSums, MetricLine, Outcome, RankSink, TrainError, TrainEvent, TrainInput,
 };

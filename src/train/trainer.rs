@@ -6,6 +6,7 @@ use std::time::Instant;
 use serde::Serialize;
 
 use super::schedule::lr_at;
+use super::timing::{Clock, Phase, Span, Totals};
 use crate::checkpoint::{
     encode_files, CheckpointError, DataPosition, Loaded, OptimizerInfo, RngState, SchedulerInfo,
     State, Store, FORMAT,
@@ -13,7 +14,7 @@ use crate::checkpoint::{
 use crate::collective::CollectiveError;
 use crate::config::Config;
 use crate::data::{Data, Dataset};
-use crate::model::{Batch, Compute, ComputeOn, Model, ModelError, StepKey, Task, UnitParams};
+use crate::model::{Batch, Compute, ComputeOn, Model, ModelError, Pass, StepKey, Task, UnitParams};
 use crate::params::{DeviceFlat, DeviceTensor, Grads, RawFn};
 use crate::plan::{DataSplit, Plan};
 use crate::strategy::{Memory, Strategy};
@@ -59,6 +60,9 @@ pub struct MetricLine {
     /// Language models only: exp(eval_loss).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub eval_perplexity: Option<f64>,
+    /// This rank's share of the time since the previous logged line, by phase.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub time: Option<serde_json::Value>,
 }
 
 /// What the loop reports while it runs (rank 0 only).
@@ -92,6 +96,10 @@ pub struct Outcome {
     pub task: Task,
     pub params: Vec<f32>,
     pub memory: Memory,
+    /// Seconds per phase over this session's steps.
+    pub time: Totals,
+    /// The profiled steps' spans (empty unless `[profile]` traces this rank).
+    pub spans: Vec<Span>,
 }
 
 impl Outcome {
@@ -274,6 +282,7 @@ pub fn train<B: ComputeOn>(
     device: &B::Device,
     raw_fn: Option<RawFn<B::InnerBackend>>,
     sink: &mut dyn RankSink,
+    clock: &Clock,
 ) -> Result<Outcome, TrainError> {
     let TrainInput {
         config: c,
@@ -368,7 +377,11 @@ pub fn train<B: ComputeOn>(
         DataSplit::Distributed => rank,
         DataSplit::SplitBatch => 0,
     };
+    let tracing = c.profile.traces(rank);
     while step < total {
+        clock
+            .lock()
+            .begin_step(step + 1, tracing && c.profile.records(step - first_step));
         let lr = lr_at(&c.schedule, c.optim.lr, step, total);
         let mut grads = match raw_fn {
             Some(f) => Grads::Device(Box::new(DeviceFlat::<B::InnerBackend>::new(
@@ -397,12 +410,14 @@ pub fn train<B: ComputeOn>(
             let (idx, global) = plan.micro_indices(order, pos.j, rank);
             let weight = strategy.grad_weight(idx.len(), global);
             if !idx.is_empty() {
-                let (x, y) = data.train.gather(idx);
-                let batch = Batch {
-                    x,
-                    shape: batch_shape(y.len(), &data.train),
-                    y,
-                };
+                let batch = clock.time(Phase::Data, || {
+                    let (x, y) = data.train.gather(idx);
+                    Batch {
+                        x,
+                        shape: batch_shape(y.len(), &data.train),
+                        y,
+                    }
+                });
                 let key = StepKey {
                     seed: c.experiment.seed,
                     counters: [step as u64, k as u64, rank as u64],
@@ -415,12 +430,24 @@ pub fn train<B: ComputeOn>(
                         ModelError::Params(u)
                     })
                 };
-                let result = compute.forward_backward(
+                let mut pass = |p: Pass| {
+                    let mut r = clock.lock();
+                    match p {
+                        Pass::Forward => r.enter(Phase::Forward),
+                        Pass::Backward => {
+                            r.exit(None);
+                            r.enter(Phase::Backward)
+                        }
+                        Pass::Done => r.exit(None),
+                    }
+                };
+                let result = compute.forward_backward_timed(
                     &mut unit_params,
                     batch,
                     key,
                     weight / plan.accum as f64,
                     &mut grads,
+                    &mut pass,
                 );
                 let loss = match (result, failed) {
                     (_, Some(e)) => return Err(e.into()),
@@ -438,10 +465,12 @@ pub fn train<B: ComputeOn>(
             pos.j += 1;
             let last_micro = k + 1 == plan.accum || exhausted(pos.normalize(plan));
             if !c.strategy.no_sync && !last_micro {
-                strategy.micro_sync(&mut grads)?;
+                clock.time(Phase::Backward, || strategy.micro_sync(&mut grads))?;
             }
         }
-        strategy.update(grads, lr, c.optim.grad_clip_norm)?;
+        clock.time(Phase::Optimizer, || {
+            strategy.update(grads, lr, c.optim.grad_clip_norm)
+        })?;
         strategy.sum(&mut totals)?;
         // single/ddp weights are 1 per rank: average over ranks; dp weights sum to 1 already
         let per_rank = match plan.split {
@@ -464,16 +493,21 @@ pub fn train<B: ComputeOn>(
             && (is_last || (c.train.eval_every > 0 && done % c.train.eval_every == 0));
         if do_eval {
             if let Some(ds) = &data.eval {
-                let params = strategy.params()?;
-                let (losses, correct) =
-                    evaluate(compute.as_ref(), params, ds, &eval_idx, plan.micro_batch)?;
-                last_eval = Some(reduce_eval(strategy, &losses, &correct, ds.len())?);
+                let sums = clock.time(Phase::Eval, || -> Result<EvalSums, TrainError> {
+                    let params = strategy.params()?;
+                    let (losses, correct) =
+                        evaluate(compute.as_ref(), params, ds, &eval_idx, plan.micro_batch)?;
+                    reduce_eval(strategy, &losses, &correct, ds.len())
+                })?;
+                last_eval = Some(sums);
             }
         }
         let elapsed = window_start.elapsed().as_secs_f64().max(1e-9);
         let sps = window_samples / elapsed;
         let log = is_last || do_eval || done % c.train.log_every == 0;
+        let window = log.then(|| clock.lock().take_window());
         let line = log.then(|| MetricLine {
+            time: window.map(|w| w.fractions_json()),
             step: done,
             epoch: round4(pos.epochs(plan)),
             loss,
@@ -516,7 +550,9 @@ pub fn train<B: ComputeOn>(
                 segment_start: pos.start,
                 segment_micro: pos.j,
             };
-            save_checkpoint(input, strategy, store, done, position, loss, lr)?;
+            clock.time(Phase::Checkpoint, || {
+                save_checkpoint(input, strategy, store, done, position, loss, lr)
+            })?;
             sink.log(&format!("checkpoint step-{done:08} saved"));
             sink.event(TrainEvent::Checkpoint { step: done });
         }
@@ -527,6 +563,10 @@ pub fn train<B: ComputeOn>(
         "finished {step} steps ({} this session) in {wall:.2}s",
         step - first_step
     ));
+    // one lock at a time: the clock's mutex is not reentrant
+    clock.lock().end_step();
+    let time = clock.lock().totals();
+    let spans = clock.lock().take_spans();
     Ok(Outcome {
         steps: step,
         epochs: round4(pos.epochs(plan)),
@@ -537,6 +577,8 @@ pub fn train<B: ComputeOn>(
         task,
         params,
         memory: strategy.memory(),
+        time,
+        spans,
     })
 }
 

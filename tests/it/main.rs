@@ -13,6 +13,7 @@ mod layers;
 mod models;
 mod nodes;
 mod parallel;
+mod profile;
 mod resume;
 mod run;
 mod sweep;

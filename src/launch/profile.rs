@@ -1,0 +1,106 @@
+//! What a run says about where its time went: the `time` section of `summary.json`, the
+//! breakdown line at the end, and the Chrome traces of `[profile]` (`trace/rank-<r>.json` per
+//! rank, `trace/all.json` merging every rank of every node).
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use super::run_dir::write_json;
+use super::workers::RunResult;
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::train::timing::trace_json;
+use crate::train::Totals;
+
+/// The mean of this node's ranks' phase totals.
+pub fn mean_time(res: &RunResult) -> Totals {
+    let all: Vec<Totals> = res.time.iter().map(|t| t.1).collect();
+    Totals::mean(&all)
+}
+
+/// `summary.json`'s `time`: seconds and fractions per rank and as a mean, and the step time.
+pub fn time_section(res: &RunResult, steps: usize, asynchronous: bool) -> Value {
+    let mean = mean_time(res);
+    let ranks: Vec<Value> = res
+        .time
+        .iter()
+        .map(|(rank, t, _)| {
+            json!({"rank": rank, "seconds": t.seconds_json(), "fractions": t.fractions_json()})
+        })
+        .collect();
+    let step_ms = res.outcome.wall_seconds * 1e3 / steps.max(1) as f64;
+    json!({
+        "step_ms": (step_ms * 100.0).round() / 100.0,
+        "clock": if asynchronous { "device synchronised at phase boundaries" } else { "host" },
+        "mean": {"seconds": mean.seconds_json(), "fractions": mean.fractions_json()},
+        "ranks": ranks,
+    })
+}
+
+/// `step 41 ms: data 2%, forward 30%, backward 45%, all_reduce 18%, optimizer 5%`.
+pub fn breakdown_line(res: &RunResult, steps: usize) -> String {
+    let step_ms = res.outcome.wall_seconds * 1e3 / steps.max(1) as f64;
+    format!("step {step_ms:.1} ms: {}", mean_time(res).describe())
+}
+
+fn label(rank: usize, node: usize) -> String {
+    format!("rank {rank} (node {node})")
+}
+
+/// Writes this node's traced ranks to `trace/rank-<r>.json`; node 0 then waits (up to
+/// `launch.rendezvous_timeout_secs`) for every traced rank's file and merges them into
+/// `trace/all.json`. Returns the merged file's path on node 0.
+pub fn write_traces(
+    c: &Config,
+    run_dir: &Path,
+    res: &RunResult,
+    node: usize,
+) -> Result<Option<std::path::PathBuf>> {
+    if !c.profile.enabled {
+        return Ok(None);
+    }
+    let dir = run_dir.join("trace");
+    std::fs::create_dir_all(&dir)
+        .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
+    for (rank, _, spans) in &res.time {
+        if c.profile.traces(*rank) {
+            let trace = trace_json(&[(*rank, label(*rank, node), spans.clone())]);
+            write_json(&dir.join(format!("rank-{rank}.json")), &trace)?;
+        }
+    }
+    if node != 0 {
+        return Ok(None);
+    }
+    let world = c.strategy.devices.count() * c.launch.nnodes.max(1);
+    let wanted: Vec<usize> = (0..world).filter(|r| c.profile.traces(*r)).collect();
+    let deadline = Instant::now() + Duration::from_secs(c.launch.rendezvous_timeout_secs);
+    let mut merged = Vec::new();
+    for rank in wanted {
+        let path = dir.join(format!("rank-{rank}.json"));
+        let trace = loop {
+            match std::fs::read(&path)
+                .ok()
+                .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
+            {
+                Some(v) => break Some(v),
+                None if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(50)),
+                None => break None,
+            }
+        };
+        match trace {
+            Some(v) => merged.extend(v["traceEvents"].as_array().cloned().unwrap_or_default()),
+            None => crate::ui::note(&format!(
+                "warning: {} never appeared; trace/all.json leaves rank {rank} out",
+                path.display()
+            )),
+        }
+    }
+    let all = dir.join("all.json");
+    write_json(
+        &all,
+        &json!({"traceEvents": merged, "displayTimeUnit": "ms"}),
+    )?;
+    Ok(Some(all))
+}

@@ -1,0 +1,142 @@
+//! A rank's collective, timed: each op is a communication phase of the rank's clock, numbered
+//! in call order (every rank calls the same ops in the same order, so the numbers match across
+//! ranks), with its bytes.
+
+use super::timing::{Clock, Phase};
+use crate::collective::{Collective, CollectiveError, DeviceOps, ReduceOp};
+use crate::params::RawBuf;
+
+pub struct Timed {
+    inner: Box<dyn Collective>,
+    clock: Clock,
+}
+
+impl Timed {
+    pub fn new(inner: Box<dyn Collective>, clock: Clock) -> Self {
+        Timed { inner, clock }
+    }
+}
+
+fn raw_bytes(b: &RawBuf) -> usize {
+    b.len * b.dtype.size()
+}
+
+impl Collective for Timed {
+    fn rank(&self) -> usize {
+        self.inner.rank()
+    }
+    fn world(&self) -> usize {
+        self.inner.world()
+    }
+    fn all_reduce(&mut self, buf: &mut [f32], op: ReduceOp) -> Result<(), CollectiveError> {
+        let (c, n) = (self.clock.clone(), std::mem::size_of_val(buf));
+        c.op(Phase::AllReduce, n, || self.inner.all_reduce(buf, op))
+    }
+    fn all_reduce_f64(&mut self, buf: &mut [f64], op: ReduceOp) -> Result<(), CollectiveError> {
+        let (c, n) = (self.clock.clone(), std::mem::size_of_val(buf));
+        c.op(Phase::AllReduce, n, || self.inner.all_reduce_f64(buf, op))
+    }
+    fn reduce(
+        &mut self,
+        buf: &mut [f32],
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<(), CollectiveError> {
+        let (c, n) = (self.clock.clone(), std::mem::size_of_val(buf));
+        c.op(Phase::Reduce, n, || self.inner.reduce(buf, op, root))
+    }
+    fn broadcast(&mut self, buf: &mut [f32], root: usize) -> Result<(), CollectiveError> {
+        let (c, n) = (self.clock.clone(), std::mem::size_of_val(buf));
+        c.op(Phase::Broadcast, n, || self.inner.broadcast(buf, root))
+    }
+    fn all_gather(&mut self, send: &[f32], out: &mut [f32]) -> Result<(), CollectiveError> {
+        let (c, n) = (self.clock.clone(), std::mem::size_of_val(out));
+        c.op(Phase::AllGather, n, || self.inner.all_gather(send, out))
+    }
+    fn all_gather_f64(&mut self, send: &[f64], out: &mut [f64]) -> Result<(), CollectiveError> {
+        let (c, n) = (self.clock.clone(), std::mem::size_of_val(out));
+        c.op(Phase::AllGather, n, || self.inner.all_gather_f64(send, out))
+    }
+    fn reduce_scatter(
+        &mut self,
+        send: &[f32],
+        out: &mut [f32],
+        op: ReduceOp,
+    ) -> Result<(), CollectiveError> {
+        let (c, n) = (self.clock.clone(), std::mem::size_of_val(send));
+        c.op(Phase::ReduceScatter, n, || {
+            self.inner.reduce_scatter(send, out, op)
+        })
+    }
+    fn barrier(&mut self) -> Result<(), CollectiveError> {
+        let c = self.clock.clone();
+        c.op(Phase::Barrier, 0, || self.inner.barrier())
+    }
+    fn abort(&self, reason: &str) {
+        self.inner.abort(reason)
+    }
+    fn device_ops(&mut self) -> Option<&mut dyn DeviceOps> {
+        if self.inner.device_ops().is_some() {
+            Some(self)
+        } else {
+            None
+        }
+    }
+}
+
+impl Timed {
+    fn dev(&mut self) -> Result<&mut dyn DeviceOps, CollectiveError> {
+        let rank = self.inner.rank();
+        self.inner.device_ops().ok_or(CollectiveError::Device {
+            rank,
+            op: crate::collective::OpId {
+                seq: 0,
+                kind: crate::collective::OpKind::AllReduce,
+            },
+            reason: "the collective has no device ops".into(),
+        })
+    }
+}
+
+impl DeviceOps for Timed {
+    fn all_reduce_raw(&mut self, buf: RawBuf, op: ReduceOp) -> Result<(), CollectiveError> {
+        let c = self.clock.clone();
+        c.op(Phase::AllReduce, raw_bytes(&buf), || {
+            self.dev()?.all_reduce_raw(buf, op)
+        })
+    }
+    fn reduce_raw(
+        &mut self,
+        buf: RawBuf,
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<(), CollectiveError> {
+        let c = self.clock.clone();
+        c.op(Phase::Reduce, raw_bytes(&buf), || {
+            self.dev()?.reduce_raw(buf, op, root)
+        })
+    }
+    fn reduce_scatter_raw(
+        &mut self,
+        send: RawBuf,
+        recv: RawBuf,
+        op: ReduceOp,
+    ) -> Result<(), CollectiveError> {
+        let c = self.clock.clone();
+        c.op(Phase::ReduceScatter, raw_bytes(&send), || {
+            self.dev()?.reduce_scatter_raw(send, recv, op)
+        })
+    }
+    fn all_gather_raw(&mut self, send: RawBuf, recv: RawBuf) -> Result<(), CollectiveError> {
+        let c = self.clock.clone();
+        c.op(Phase::AllGather, raw_bytes(&recv), || {
+            self.dev()?.all_gather_raw(send, recv)
+        })
+    }
+    fn broadcast_raw(&mut self, buf: RawBuf, root: usize) -> Result<(), CollectiveError> {
+        let c = self.clock.clone();
+        c.op(Phase::Broadcast, raw_bytes(&buf), || {
+            self.dev()?.broadcast_raw(buf, root)
+        })
+    }
+}

@@ -1,0 +1,146 @@
+//! Where the time goes: every run's summary splits each rank's time by phase (fractions summing
+//! to 1, also on each logged metrics line); `[profile]` writes Chrome trace-event files, one
+//! track per rank, whose collective spans carry op numbers that match across ranks.
+
+use std::collections::BTreeMap;
+
+use serde_json::Value;
+
+use crate::common::{kiln, metric_lines, stderr, stdout, summary, write, TINY};
+
+#[test]
+fn a_ddp_trace_is_valid_trace_event_json_with_matching_ops_on_both_ranks() {
+    let d = tempfile::tempdir().unwrap();
+    write(d.path(), "t.toml", TINY);
+    let o = kiln(
+        d.path(),
+        &[
+            "run",
+            "t.toml",
+            "--quiet",
+            "--run-dir",
+            "r",
+            "--set",
+            "strategy.kind=\"ddp\"",
+            "--set",
+            "strategy.devices=2",
+            "--set",
+            "profile.enabled=true",
+            "--set",
+            "profile.wait=1",
+            "--set",
+            "profile.warmup=1",
+            "--set",
+            "profile.active=2",
+            "--set",
+            "train.eval_every=3",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(stdout(&o).contains("trace/all.json"), "{}", stdout(&o));
+    let line = stdout(&o);
+    assert!(
+        line.contains("ms: ") && line.contains("forward") && line.contains("all_reduce"),
+        "{line}"
+    );
+
+    let run = d.path().join("r");
+    for f in ["rank-0.json", "rank-1.json"] {
+        assert!(run.join("trace").join(f).is_file(), "{f}");
+    }
+    let all: Value =
+        serde_json::from_slice(&std::fs::read(run.join("trace/all.json")).unwrap()).unwrap();
+    let events = all["traceEvents"].as_array().unwrap();
+    // per track: complete events only, with a duration, in time order
+    let mut last: BTreeMap<u64, f64> = BTreeMap::new();
+    // op number -> (name, bytes) per rank
+    let mut ops: BTreeMap<u64, BTreeMap<u64, (String, u64)>> = BTreeMap::new();
+    let mut steps: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
+    for e in events {
+        match e["ph"].as_str().unwrap() {
+            "M" => continue,
+            "X" => {}
+            other => panic!("unexpected phase {other}: {e}"),
+        }
+        let pid = e["pid"].as_u64().unwrap();
+        let ts = e["ts"].as_f64().unwrap();
+        assert!(e["dur"].as_f64().unwrap() >= 0.0, "{e}");
+        let prev = last.insert(pid, ts).unwrap_or(f64::MIN);
+        assert!(
+            ts >= prev,
+            "timestamps go back on rank {pid}: {prev} then {ts}"
+        );
+        if let Some(op) = e["args"]["op"].as_u64() {
+            let entry = (
+                e["name"].as_str().unwrap().to_string(),
+                e["args"]["bytes"].as_u64().unwrap(),
+            );
+            ops.entry(op).or_default().insert(pid, entry);
+        }
+        if e["name"] == "step" {
+            steps
+                .entry(pid)
+                .or_default()
+                .push(e["args"]["step"].as_u64().unwrap());
+        }
+    }
+    assert_eq!(
+        last.keys().copied().collect::<Vec<_>>(),
+        [0, 1],
+        "spans from both ranks"
+    );
+    // wait 1, warmup 1, active 2: steps 3 and 4 are recorded
+    assert_eq!(steps[&0], [3, 4]);
+    assert_eq!(steps[&1], [3, 4]);
+    assert!(ops.len() >= 4, "{ops:?}");
+    for (op, by_rank) in &ops {
+        assert_eq!(by_rank.len(), 2, "op #{op} on both ranks: {by_rank:?}");
+        assert_eq!(
+            by_rank[&0], by_rank[&1],
+            "op #{op} is the same op on both ranks"
+        );
+    }
+    assert!(
+        // TINY's 195 parameters
+        ops.values()
+            .any(|r| r[&0] == ("all_reduce".to_string(), 195 * 4)),
+        "a gradient all-reduce: {ops:?}"
+    );
+    let names: Vec<&str> = events.iter().filter_map(|e| e["name"].as_str()).collect();
+    for n in ["data", "forward", "backward", "optimizer", "eval"] {
+        assert!(names.contains(&n), "a `{n}` span: {names:?}");
+    }
+
+    // the always-on breakdown
+    let s = summary(&run);
+    let time = &s["time"];
+    assert_eq!(time["clock"], "host");
+    assert!(time["step_ms"].as_f64().unwrap() > 0.0);
+    for part in [&time["mean"], &time["ranks"][0], &time["ranks"][1]] {
+        let f = part["fractions"].as_object().unwrap();
+        let total: f64 = f.values().map(|v| v.as_f64().unwrap()).sum();
+        assert!((total - 1.0).abs() < 0.01, "{f:?}");
+        for k in ["forward", "backward", "all_reduce", "optimizer"] {
+            assert!(f.contains_key(k), "{k} in {f:?}");
+        }
+    }
+    for m in metric_lines(&run) {
+        let f = m["time"].as_object().unwrap();
+        assert!(f.contains_key("forward"), "{m}");
+    }
+}
+
+#[test]
+fn profile_keys_are_checked() {
+    let d = tempfile::tempdir().unwrap();
+    write(d.path(), "t.toml", TINY);
+    for (set, want) in [
+        ("profile.active=0", "`profile.active`"),
+        ("profile.ranks=[3]", "names rank 3, but the job has 1 ranks"),
+        ("profile.every=2", "unknown"),
+    ] {
+        let o = kiln(d.path(), &["check", "t.toml", "--set", set]);
+        assert_eq!(o.status.code(), Some(2), "{set}: {}", stderr(&o));
+        assert!(stderr(&o).contains(want), "{set}: {}", stderr(&o));
+    }
+}
