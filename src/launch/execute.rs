@@ -434,9 +434,28 @@ pub fn execute(
         return Err(Error::io(format!("writing {}", metrics_path.display()), e));
     }
     let asynchronous = be.name().starts_with("cuda");
+    let flops_per_sample = model.flops_per_sample();
     let summary = |status, error: Option<String>, res: Option<&RunResult>| {
         let o = res.map(|r| &r.outcome);
+        let flops_per_sec = flops_per_sample
+            .zip(o.map(|o| o.samples_per_sec))
+            .map(|(f, s)| (f * s).round());
+        let (mfu, mfu_note) = match (flops_per_sec, o) {
+            (Some(f), _) => super::profile::mfu(be.name(), f, plan.world_size),
+            (None, None) => (None, None),
+            (None, Some(_)) => (
+                None,
+                Some(format!(
+                    "kiln knows no FLOP count for model.kind = \"{}\"",
+                    model.kind()
+                )),
+            ),
+        };
         Summary {
+            flops_per_sample,
+            flops_per_sec,
+            mfu,
+            mfu_note,
             status,
             error,
             steps: o.map(|o| o.steps).unwrap_or(first_step),

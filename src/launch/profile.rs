@@ -104,3 +104,44 @@ pub fn write_traces(
     )?;
     Ok(Some(all))
 }
+
+/// Peak dense FLOP/s per GPU: (name fragment, bf16/f16 tensor cores, f32 without TF32), from
+/// NVIDIA's data sheets (SXM parts).
+const PEAKS: [(&str, f64, f64); 3] = [
+    ("H200", 989e12, 67e12),
+    ("H100", 989e12, 67e12),
+    ("A100", 312e12, 19.5e12),
+];
+
+/// Model FLOP utilisation: achieved FLOP/s over the peak of the `world` GPUs that ran, or why
+/// there is none. `backend` is the resolved backend's name (`cuda-bf16`, `flex`, ...).
+pub fn mfu(backend: &str, flops_per_sec: f64, world: usize) -> (Option<f64>, Option<String>) {
+    if !backend.starts_with("cuda") {
+        return (
+            None,
+            Some("MFU is reported for GPUs only (there is no peak table for CPUs)".into()),
+        );
+    }
+    #[cfg(feature = "cuda")]
+    {
+        let Some((name, _)) = crate::cuda::gpus().into_iter().next() else {
+            return (None, Some("no GPU name could be read".into()));
+        };
+        let Some(&(_, half, single)) = PEAKS.iter().find(|p| name.contains(p.0)) else {
+            return (
+                None,
+                Some(format!(
+                    "no peak FLOP/s is known for `{name}` (known: A100, H100, H200)"
+                )),
+            );
+        };
+        let peak = if backend == "cuda-f32" { single } else { half };
+        let m = flops_per_sec / (peak * world.max(1) as f64);
+        (Some((m * 1e4).round() / 1e4), None)
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = (flops_per_sec, world, PEAKS);
+        (None, Some("this kiln was built without CUDA".into()))
+    }
+}

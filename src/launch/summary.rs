@@ -40,6 +40,18 @@ pub struct Summary {
     pub params_sha256: Option<String>,
     /// Per rank: bytes held for parameters, gradients and optimizer state.
     pub memory: Vec<Memory>,
+    /// Training FLOPs per sample (forward and backward), for models whose count kiln knows.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub flops_per_sample: Option<f64>,
+    /// Achieved training FLOP/s (`flops_per_sample` x `samples_per_sec`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub flops_per_sec: Option<f64>,
+    /// Model FLOP utilisation against the GPUs' peak (CUDA on A100, H100, H200).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mfu: Option<f64>,
+    /// Why there is no `mfu`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mfu_note: Option<String>,
     /// Where the time went: `step_ms`, `clock`, and seconds and fractions per phase, as a mean
     /// and per rank of this node.
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -182,6 +182,11 @@ pub trait Family: Send + Sync + 'static {
     fn torch_aliases(&self) -> Vec<(String, String)> {
         Vec::new()
     }
+    /// Training FLOPs (forward and backward) per sample, when the family knows them; kiln
+    /// reports FLOP/s (and MFU on a GPU) from it.
+    fn flops_per_sample(&self) -> Option<f64> {
+        None
+    }
 }
 
 /// Where a micro-step's forward and backward stand.
@@ -248,6 +253,8 @@ pub trait Model: Send + Sync {
     fn torch_name(&self, path: &str) -> String;
     /// See `Family::torch_aliases`.
     fn torch_aliases(&self) -> Vec<(String, String)>;
+    /// See `Family::flops_per_sample`.
+    fn flops_per_sample(&self) -> Option<f64>;
     #[doc(hidden)]
     fn on_ndarray(
         &self,

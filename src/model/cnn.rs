@@ -170,6 +170,21 @@ impl Family for Cnn {
         super::portable::renumber(&path, "fcs", |j| 3 * stages + 1 + per * j)
     }
 
+    /// 6 x multiply-adds of the convolutions (at each stage's resolution) and Linear layers.
+    fn flops_per_sample(&self) -> Option<f64> {
+        let [mut c_in, mut h, mut w] = self.input;
+        let k = self.kernel_size;
+        let mut macs = 0usize;
+        for &c in &self.channels {
+            macs += c_in * c * k * k * h * w;
+            (c_in, h, w) = (c, h / 2, w / 2);
+        }
+        // `linear` starts with the flattened width
+        debug_assert_eq!(self.linear.first(), Some(&(c_in * h * w)));
+        macs += self.linear.windows(2).map(|l| l[0] * l[1]).sum::<usize>();
+        Some(6.0 * macs as f64)
+    }
+
     fn forward<B: Backend>(
         &self,
         module: &CnnModule<B>,

@@ -516,6 +516,9 @@ impl<F: Family> Model for FamilyModel<F> {
     fn torch_aliases(&self) -> Vec<(String, String)> {
         self.family.torch_aliases()
     }
+    fn flops_per_sample(&self) -> Option<f64> {
+        self.family.flops_per_sample()
+    }
     fn on_ndarray(
         &self,
         device: &burn::backend::ndarray::NdArrayDevice,

@@ -261,6 +261,15 @@ impl Family for Gpt {
         }
     }
 
+    /// Per token, nanoGPT's estimate: 6 x the multiply-adds of the matrices (12 dim^2 per block
+    /// and the output layer) plus 12 x layers x dim x block for the attention; times `block`
+    /// tokens per sample.
+    fn flops_per_sample(&self) -> Option<f64> {
+        let (d, t) = (self.dim as f64, self.block as f64);
+        let matrices = self.layers as f64 * 12.0 * d * d + d * self.vocab as f64;
+        Some(t * (6.0 * matrices + 12.0 * self.layers as f64 * d * t))
+    }
+
     fn forward<B: Backend>(
         &self,
         m: &GptModule<B>,

@@ -112,6 +112,13 @@ impl Family for Mlp {
         super::portable::renumber(path, "layers", |i| i * per)
     }
 
+    /// 6 x multiply-adds of the Linear layers: a forward's 2 FLOPs per multiply-add, a backward
+    /// twice the forward.
+    fn flops_per_sample(&self) -> Option<f64> {
+        let macs: usize = self.sizes.windows(2).map(|w| w[0] * w[1]).sum();
+        Some(6.0 * macs as f64)
+    }
+
     fn forward<B: Backend>(
         &self,
         module: &MlpModule<B>,

@@ -144,3 +144,50 @@ fn profile_keys_are_checked() {
         assert!(stderr(&o).contains(want), "{set}: {}", stderr(&o));
     }
 }
+
+#[test]
+fn the_summary_reports_training_flops_of_each_built_in_model() {
+    let d = tempfile::tempdir().unwrap();
+    crate::models::corpus(d.path());
+    let gpt =
+        crate::models::GPT.replace("corpus.txt", d.path().join("corpus.txt").to_str().unwrap());
+    // 6 x multiply-adds per sample, by hand:
+    // mlp 8 -> 16 -> 3: 8*16 + 16*3 = 176
+    // cnn [2, 8, 8], 3x3 convs to 3 then 4 channels, pooled to 4x4 then 2x2, 16 -> 8 -> 3:
+    //   2*3*9*64 + 3*4*9*16 + 16*8 + 8*3 = 5336
+    // gpt dim 32, 2 layers, vocab 256, block 32: per token 6 * (2*12*32^2 + 32*256) + 12*2*32*32,
+    //   times 32 tokens
+    for (name, toml, flops) in [
+        ("mlp", TINY.to_string(), 6.0 * 176.0),
+        ("cnn", crate::models::CNN.to_string(), 6.0 * 5336.0),
+        ("gpt", gpt, 32.0 * (6.0 * 32768.0 + 24576.0)),
+    ] {
+        write(d.path(), &format!("{name}.toml"), &toml);
+        let o = kiln(
+            d.path(),
+            &[
+                "run",
+                &format!("{name}.toml"),
+                "--quiet",
+                "--run-dir",
+                name,
+                "--set",
+                "train.max_steps=2",
+            ],
+        );
+        assert_eq!(o.status.code(), Some(0), "{name}: {}", stderr(&o));
+        let s = summary(&d.path().join(name));
+        assert_eq!(s["flops_per_sample"].as_f64(), Some(flops), "{name}");
+        let per_sec = s["flops_per_sec"].as_f64().unwrap();
+        let want = flops * s["samples_per_sec"].as_f64().unwrap();
+        assert!(
+            (per_sec - want).abs() <= 1.0 + want * 1e-6,
+            "{name}: {per_sec} vs {want}"
+        );
+        assert!(s["mfu"].is_null(), "{name}: no MFU on the CPU");
+        assert!(
+            s["mfu_note"].as_str().unwrap().contains("GPUs only"),
+            "{name}"
+        );
+    }
+}
