@@ -39,6 +39,7 @@ pub mod launch;
 pub mod model;
 pub mod params;
 pub mod plan;
+pub mod report;
 pub mod rng;
 pub mod strategy;
 pub mod sweep;

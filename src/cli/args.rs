@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
-use super::{bench, check, ckpt, env, export, init, resume, run, sample, sweep};
+use super::{bench, check, ckpt, env, export, init, report, resume, run, sample, sweep};
 
 use crate::config::{self, Resolved};
 use crate::Result;
@@ -31,6 +31,9 @@ pub enum Command {
     Resume(resume::ResumeArgs),
     /// Write a run's weights as a safetensors file PyTorch (or Burn) loads.
     Export(export::ExportArgs),
+    /// Write one HTML file of plots for runs (overlaid) or a sweep: curves, time per phase,
+    /// memory per rank, ranked trials.
+    Report(report::ReportArgs),
     /// Inspect a run's checkpoints.
     #[command(subcommand)]
     Ckpt(ckpt::CkptCommand),
@@ -71,6 +74,7 @@ pub fn dispatch(cli: Cli) -> Result<()> {
         Command::Run(a) => run::run(&a),
         Command::Resume(a) => resume::resume(&a),
         Command::Export(a) => export::export(&a),
+        Command::Report(a) => report::report(&a),
         Command::Ckpt(c) => ckpt::ckpt(&c),
         Command::Sweep(a) => sweep::sweep(&a),
         Command::Env => env::env(),

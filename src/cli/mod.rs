@@ -10,6 +10,7 @@ mod env;
 mod export;
 mod init;
 mod main;
+mod report;
 mod resume;
 mod run;
 mod sample;

@@ -475,6 +475,19 @@ pub fn read_spec(dir: &Path) -> Result<SweepSpec> {
         .map_err(|e| Error::Usage(format!("{} does not parse: {e}", p.display())))
 }
 
+/// A sweep directory's trials (ranked rows, best first, and each trial's overrides) and its
+/// `[sweep]` section, while it runs or afterwards.
+pub fn results(dir: &Path) -> Result<(Vec<Row>, BTreeMap<String, Record>, SweepConfig)> {
+    let spec = read_spec(dir)?;
+    let env: Vec<(String, String)> = std::env::vars().collect();
+    let base = config::load(&spec.file, &env, &spec.sets)?;
+    let ledger = Ledger {
+        path: dir.join("sweep.jsonl"),
+    };
+    let rows = rows(dir, &ledger, &base.config.sweep);
+    Ok((rows, ledger.latest(), base.config.sweep))
+}
+
 /// The results table of a sweep directory, while it runs or afterwards.
 pub fn status(dir: &Path) -> Result<String> {
     let spec = read_spec(dir)?;

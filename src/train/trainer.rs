@@ -60,6 +60,8 @@ pub struct MetricLine {
     /// Language models only: exp(eval_loss).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub eval_perplexity: Option<f64>,
+    /// When the line was logged: seconds since the Unix epoch (wall-clock plots).
+    pub ts: f64,
     /// This rank's share of the time since the previous logged line, by phase.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub time: Option<serde_json::Value>,
@@ -507,6 +509,10 @@ pub fn train<B: ComputeOn>(
         let log = is_last || do_eval || done % c.train.log_every == 0;
         let window = log.then(|| clock.lock().take_window());
         let line = log.then(|| MetricLine {
+            ts: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| (d.as_secs_f64() * 1e3).round() / 1e3)
+                .unwrap_or(0.0),
             time: window.map(|w| w.fractions_json()),
             step: done,
             epoch: round4(pos.epochs(plan)),

@@ -23,7 +23,8 @@ const LAYERS: &[(&str, u32)] = &[
     ("error", 6),
     ("launch", 7),
     ("sweep", 8),
-    ("cli", 9),
+    ("report", 9),
+    ("cli", 10),
 ];
 
 fn layer(module: &str) -> Option<u32> {

@@ -14,6 +14,7 @@ mod models;
 mod nodes;
 mod parallel;
 mod profile;
+mod report;
 mod resume;
 mod run;
 mod sweep;
