@@ -348,7 +348,10 @@ pub fn execute(
     }
     ui::out(&format!("run dir: {}", run_dir.display()));
 
-    let mut ui = Progress::new(quiet);
+    let mut ui = Progress::new(quiet).with_tokens(match model.task() {
+        crate::model::Task::LanguageModel { block, .. } => Some(block),
+        crate::model::Task::Classification { .. } => None,
+    });
     ui.info(&plan.describe());
     ui.info(&format!(
         "backend: {} ({} threads per rank), strategy {:?} on {} device(s)",
@@ -417,7 +420,7 @@ pub fn execute(
             samples_per_sec,
             line,
         } => {
-            ui.step(step, loss, samples_per_sec);
+            ui.step(step, loss, samples_per_sec, line.is_some());
             if let Some(line) = line {
                 let res = serde_json::to_string(&line)
                     .map_err(std::io::Error::other)

@@ -129,10 +129,12 @@ impl Totals {
         }
         out
     }
-    /// `data 2%, forward 30%, backward 45%, all_reduce 18%, optimizer 5%`.
+    /// `data 2%, forward 30%, backward 45%, all_reduce 18%, optimizer 5%` (phases under 0.5%
+    /// left out).
     pub fn describe(&self) -> String {
         self.fractions()
             .iter()
+            .filter(|(_, f)| *f >= 0.005)
             .map(|(p, f)| format!("{} {:.0}%", p.name(), f * 100.0))
             .collect::<Vec<_>>()
             .join(", ")

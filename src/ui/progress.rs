@@ -4,19 +4,50 @@ use std::io::IsTerminal;
 
 use indicatif::{ProgressBar, ProgressStyle};
 
-/// Progress of one run.
+/// Progress of one run: on a terminal a bar (step/total, loss, samples/s or tokens/s, ETA);
+/// otherwise a plain line at each logged step; nothing with `--quiet`.
 pub struct Progress {
     bar: Option<ProgressBar>,
     quiet: bool,
+    total: usize,
+    first: usize,
+    tokens_per_sample: Option<usize>,
+    started: std::time::Instant,
+}
+
+/// `1h02m`, `3m05s`, `42s`.
+fn duration(secs: f64) -> String {
+    let s = secs.max(0.0).round() as u64;
+    match (s / 3600, (s % 3600) / 60, s % 60) {
+        (0, 0, s) => format!("{s}s"),
+        (0, m, s) => format!("{m}m{s:02}s"),
+        (h, m, _) => format!("{h}h{m:02}m"),
+    }
 }
 
 impl Progress {
     pub fn new(quiet: bool) -> Self {
-        Progress { bar: None, quiet }
+        Progress {
+            bar: None,
+            quiet,
+            total: 0,
+            first: 0,
+            tokens_per_sample: None,
+            started: std::time::Instant::now(),
+        }
+    }
+
+    /// Rates are shown in tokens/s for a language model (`tokens_per_sample` set).
+    pub fn with_tokens(mut self, tokens_per_sample: Option<usize>) -> Self {
+        self.tokens_per_sample = tokens_per_sample;
+        self
     }
 
     /// Starts the bar for `total` steps at `first` (only on a terminal, only when not quiet).
     pub fn start(&mut self, total: usize, first: usize) {
+        self.total = total;
+        self.first = first;
+        self.started = std::time::Instant::now();
         if self.quiet || !std::io::stderr().is_terminal() {
             return;
         }
@@ -30,10 +61,29 @@ impl Progress {
         self.bar = Some(bar);
     }
 
-    pub fn step(&self, step: usize, loss: f64, samples_per_sec: f64) {
+    fn rate(&self, samples_per_sec: f64) -> String {
+        match self.tokens_per_sample {
+            Some(t) => format!("{:.0} tokens/s", samples_per_sec * t as f64),
+            None => format!("{samples_per_sec:.0} samples/s"),
+        }
+    }
+
+    /// A finished step; `logged` when it is a `log_every` step (the lines printed without a
+    /// terminal).
+    pub fn step(&self, step: usize, loss: f64, samples_per_sec: f64, logged: bool) {
         if let Some(b) = &self.bar {
             b.set_position(step as u64);
-            b.set_message(format!("loss {loss:.4}  {samples_per_sec:.0} samples/s"));
+            b.set_message(format!("loss {loss:.4}  {}", self.rate(samples_per_sec)));
+        } else if logged && !self.quiet {
+            let done = step.saturating_sub(self.first).max(1) as f64;
+            let left = self.total.saturating_sub(step) as f64;
+            let eta = self.started.elapsed().as_secs_f64() / done * left;
+            eprintln!(
+                "step {step}/{}  loss {loss:.4}  {}  eta {}",
+                self.total,
+                self.rate(samples_per_sec),
+                duration(eta)
+            );
         }
     }
 
@@ -150,5 +200,17 @@ impl SweepProgress {
         if let Some(o) = self.overall.take() {
             o.finish_and_clear();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::duration;
+
+    #[test]
+    fn durations_read_like_a_clock() {
+        assert_eq!(duration(42.4), "42s");
+        assert_eq!(duration(185.0), "3m05s");
+        assert_eq!(duration(3720.0), "1h02m");
     }
 }

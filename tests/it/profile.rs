@@ -191,3 +191,30 @@ fn the_summary_reports_training_flops_of_each_built_in_model() {
         );
     }
 }
+
+#[test]
+fn without_a_terminal_progress_is_a_line_per_logged_step_and_quiet_is_silent() {
+    let d = tempfile::tempdir().unwrap();
+    write(d.path(), "t.toml", TINY);
+    let o = kiln(
+        d.path(),
+        &[
+            "run",
+            "t.toml",
+            "--run-dir",
+            "a",
+            "--set",
+            "train.log_every=4",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let e = stderr(&o);
+    let lines: Vec<&str> = e.lines().filter(|l| l.starts_with("step ")).collect();
+    assert_eq!(lines.len(), 2, "steps 4 and 8 of 8: {e}");
+    assert!(
+        lines[1].starts_with("step 8/8  loss ") && lines[1].contains(" samples/s  eta "),
+        "{e}"
+    );
+    let o = kiln(d.path(), &["run", "t.toml", "--run-dir", "b", "--quiet"]);
+    assert!(!stderr(&o).contains("step 8/8"), "{}", stderr(&o));
+}
