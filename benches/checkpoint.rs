@@ -1,4 +1,4 @@
-//! Checkpoint save and load of the 8.9M-parameter `fsdp-wide-mlp` with AdamW state, written as
+//! Checkpoint save and load of the 7.9M-parameter `fsdp-wide-mlp` with AdamW state, written as
 //! one whole model (ddp, rank 0) and as 2 fsdp shards. `cargo bench --bench checkpoint`.
 //! Save = encode the files, write and fsync them, then state.json, the manifest (sha256 of every
 //! file) and the rename; load = verify the manifest and read the tensors back whole.
