@@ -82,6 +82,10 @@ fn equal_to_one_process(nnodes: usize, devices: usize) {
         &batch,
         "train.max_steps=5",
         "checkpoint.at_end=true",
+        "profile.enabled=true",
+        "profile.wait=0",
+        "profile.warmup=1",
+        "profile.active=2",
     ];
     let port = free_port();
     let children: Vec<Child> = (0..nnodes)
@@ -96,6 +100,20 @@ fn equal_to_one_process(nnodes: usize, devices: usize) {
     }
     let losses: Vec<String> = outs.iter().map(final_loss).collect();
     assert!(losses.windows(2).all(|w| w[0] == w[1]), "{losses:?}");
+    // node 0 merged every node's ranks into one timeline
+    let all: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(d.path().join("runs/tiny/trace/all.json")).unwrap())
+            .unwrap();
+    let mut pids: Vec<u64> = all["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["name"] == "step")
+        .map(|e| e["pid"].as_u64().unwrap())
+        .collect();
+    pids.sort();
+    pids.dedup();
+    assert_eq!(pids, (0..(nnodes * devices) as u64).collect::<Vec<_>>());
     // one process with every rank
     let world = format!("strategy.devices={}", nnodes * devices);
     let o = kiln(
