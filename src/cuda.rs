@@ -39,6 +39,11 @@ pub fn driver_version() -> Option<(i32, i32)> {
     }
 }
 
+/// The name of GPU `ordinal` (one context, on that GPU only).
+pub fn gpu_name(ordinal: usize) -> Option<String> {
+    cudarc::driver::CudaContext::new(ordinal).ok()?.name().ok()
+}
+
 /// (name, total memory in bytes) of each GPU.
 pub fn gpus() -> Vec<(String, usize)> {
     let n = device_count().unwrap_or(0);

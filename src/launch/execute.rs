@@ -341,6 +341,10 @@ pub fn execute(
         )
         .map_err(|e| Error::io(format!("writing {}/config.toml", run_dir.display()), e))?;
     }
+    if primary && c.profile.enabled {
+        // a resumed run's traces are this session's only (node 0 merges whatever it finds)
+        let _ = fs::remove_dir_all(run_dir.join("trace"));
+    }
     let summary_path = run_dir.join("summary.json");
     if primary && summary_path.exists() {
         fs::remove_file(&summary_path)
@@ -444,7 +448,12 @@ pub fn execute(
             .zip(o.map(|o| o.samples_per_sec))
             .map(|(f, s)| (f * s).round());
         let (mfu, mfu_note) = match (flops_per_sec, o) {
-            (Some(f), _) => super::profile::mfu(be.name(), f, plan.world_size),
+            (Some(f), _) => super::profile::mfu(
+                be.name(),
+                f,
+                plan.world_size,
+                placement.ordinals.first().copied().unwrap_or(0),
+            ),
             (None, None) => (None, None),
             (None, Some(_)) => (
                 None,
@@ -489,6 +498,12 @@ pub fn execute(
             }),
         }
     };
+    // traces before `finish`: a node that has finished has its files on disk for node 0
+    let node = job.as_ref().map(|j| j.node).unwrap_or(0);
+    let traces = result
+        .as_ref()
+        .ok()
+        .map(|res| super::profile::write_traces(c, run_dir, res, node));
     if let Some(j) = job.as_mut() {
         if result.is_ok() {
             j.finish(std::time::Duration::from_secs(
@@ -517,12 +532,14 @@ pub fn execute(
             if primary {
                 write_json(&summary_path, &summary("finished", None, Some(&res)))?;
             }
-            let node = job.as_ref().map(|j| j.node).unwrap_or(0);
-            if let Some(all) = super::profile::write_traces(c, run_dir, &res, node)? {
-                ui::out(&format!(
+            match traces {
+                Some(Ok(Some(all))) => ui::out(&format!(
                     "trace: {} (open it in https://ui.perfetto.dev or chrome://tracing)",
                     all.display()
-                ));
+                )),
+                // the run itself finished: a trace that could not be written is a warning
+                Some(Err(e)) => ui::note(&format!("warning: the trace was not written: {e}")),
+                _ => {}
             }
             let steps = res.outcome.steps.saturating_sub(first_step);
             if steps > 0 {

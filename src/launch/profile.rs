@@ -106,16 +106,25 @@ pub fn write_traces(
 }
 
 /// Peak dense FLOP/s per GPU: (name fragment, bf16/f16 tensor cores, f32 without TF32), from
-/// NVIDIA's data sheets (SXM parts).
-const PEAKS: [(&str, f64, f64); 3] = [
+/// NVIDIA's data sheets; the first fragment the device name contains wins (PCIe parts before
+/// the SXM figures of the same chip).
+const PEAKS: [(&str, f64, f64); 5] = [
     ("H200", 989e12, 67e12),
+    ("H100 PCIe", 756e12, 51e12),
     ("H100", 989e12, 67e12),
     ("A100", 312e12, 19.5e12),
+    ("A100 PCIe", 312e12, 19.5e12),
 ];
 
-/// Model FLOP utilisation: achieved FLOP/s over the peak of the `world` GPUs that ran, or why
-/// there is none. `backend` is the resolved backend's name (`cuda-bf16`, `flex`, ...).
-pub fn mfu(backend: &str, flops_per_sec: f64, world: usize) -> (Option<f64>, Option<String>) {
+/// Model FLOP utilisation: achieved FLOP/s over the peak of the `world` GPUs that ran (named by
+/// GPU `ordinal`, rank 0's), or why there is none. `backend` is the resolved backend's name
+/// (`cuda-bf16`, `flex`, ...).
+pub fn mfu(
+    backend: &str,
+    flops_per_sec: f64,
+    world: usize,
+    ordinal: usize,
+) -> (Option<f64>, Option<String>) {
     if !backend.starts_with("cuda") {
         return (
             None,
@@ -124,8 +133,11 @@ pub fn mfu(backend: &str, flops_per_sec: f64, world: usize) -> (Option<f64>, Opt
     }
     #[cfg(feature = "cuda")]
     {
-        let Some((name, _)) = crate::cuda::gpus().into_iter().next() else {
-            return (None, Some("no GPU name could be read".into()));
+        let Some(name) = crate::cuda::gpu_name(ordinal) else {
+            return (
+                None,
+                Some(format!("the name of GPU {ordinal} could not be read")),
+            );
         };
         let Some(&(_, half, single)) = PEAKS.iter().find(|p| name.contains(p.0)) else {
             return (
@@ -141,7 +153,7 @@ pub fn mfu(backend: &str, flops_per_sec: f64, world: usize) -> (Option<f64>, Opt
     }
     #[cfg(not(feature = "cuda"))]
     {
-        let _ = (flops_per_sec, world, PEAKS);
+        let _ = (flops_per_sec, world, ordinal, PEAKS);
         (None, Some("this kiln was built without CUDA".into()))
     }
 }

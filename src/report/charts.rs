@@ -34,7 +34,8 @@ fn color(i: usize) -> RGBColor {
 /// A range that holds `values` with a margin (never empty, never NaN).
 fn range(values: impl Iterator<Item = f64>, from_zero: bool) -> (f64, f64) {
     let (mut lo, mut hi) = (f64::INFINITY, f64::NEG_INFINITY);
-    for v in values.filter(|v| v.is_finite()) {
+    // beyond +-1e300 the margins overflow (and plotters never finds its ticks)
+    for v in values.filter(|v| plottable(*v)) {
         lo = lo.min(v);
         hi = hi.max(v);
     }
@@ -50,6 +51,11 @@ fn range(values: impl Iterator<Item = f64>, from_zero: bool) -> (f64, f64) {
     }
     let pad = (hi - lo) * 0.05;
     (if from_zero && lo >= 0.0 { lo } else { lo - pad }, hi + pad)
+}
+
+/// A value a chart can place: finite and within +-1e300.
+fn plottable(v: f64) -> bool {
+    v.is_finite() && v.abs() <= 1e300
 }
 
 /// A short number for an axis tick.
@@ -79,7 +85,7 @@ pub fn lines(
             let p = p
                 .iter()
                 .copied()
-                .filter(|(x, y)| x.is_finite() && y.is_finite())
+                .filter(|(x, y)| plottable(*x) && plottable(*y))
                 .collect();
             (l, p)
         })
@@ -145,9 +151,13 @@ pub fn stacked(
     let n = bars.len().max(1);
     let top = bars
         .iter()
-        .map(|b| b.1.iter().filter(|v| v.is_finite()).sum::<f64>())
+        .map(|b| b.1.iter().filter(|v| plottable(**v)).sum::<f64>())
         .fold(0.0f64, f64::max);
-    let top = if top > 0.0 { top * 1.05 } else { 1.0 };
+    let top = if top > 0.0 && plottable(top * 1.05) {
+        top * 1.05
+    } else {
+        1.0
+    };
     let labels: Vec<String> = bars.iter().map(|b| b.0.clone()).collect();
     let mut svg = String::new();
     {
@@ -184,9 +194,9 @@ pub fn stacked(
                 .iter()
                 .enumerate()
                 .filter_map(|(i, (_, vals))| {
-                    let base: f64 = vals[..k].iter().filter(|v| v.is_finite()).sum();
+                    let base: f64 = vals[..k].iter().filter(|v| plottable(**v)).sum();
                     let v = *vals.get(k)?;
-                    (v.is_finite() && v > 0.0).then(|| {
+                    (plottable(v) && v > 0.0).then(|| {
                         Rectangle::new(
                             [(i as f64 - 0.35, base), (i as f64 + 0.35, base + v)],
                             c.filled(),
@@ -226,7 +236,7 @@ pub fn scatter(
     let pts: Vec<(f64, f64, bool)> = points
         .iter()
         .copied()
-        .filter(|(x, y, _)| x.is_finite() && y.is_finite())
+        .filter(|(x, y, _)| plottable(*x) && plottable(*y))
         .collect();
     let (x0, x1) = match categories {
         Some(c) => (-0.5, c.len().max(1) as f64 - 0.5),
@@ -305,6 +315,11 @@ mod tests {
         assert!(a < 2.0 && b > 2.0);
         let (a, b) = range([f64::NAN, 1.0, 3.0].into_iter(), true);
         assert!(a == 0.0 && b > 3.0);
+        let (a, b) = range([1e308, -1e308, 1.75e308, 2.0].into_iter(), false);
+        assert!(
+            a.is_finite() && b.is_finite() && a < 2.0 && b > 2.0,
+            "{a} {b}"
+        );
     }
 
     #[test]

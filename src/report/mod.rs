@@ -59,7 +59,9 @@ fn is_sweep(dir: &Path) -> bool {
 /// Reads a run directory: every `metrics.jsonl` line that parses (the others are counted) and
 /// `summary.json` if it is there and parses.
 pub fn load_run(dir: &Path, name: &str) -> RunData {
-    let text = std::fs::read_to_string(dir.join("metrics.jsonl")).unwrap_or_default();
+    // bytes, not a string: one bad byte must not hide every other line
+    let bytes = std::fs::read(dir.join("metrics.jsonl")).unwrap_or_default();
+    let text = String::from_utf8_lossy(&bytes);
     let mut lines = Vec::new();
     let mut skipped = 0;
     for l in text.lines().filter(|l| !l.trim().is_empty()) {

@@ -479,13 +479,25 @@ pub fn read_spec(dir: &Path) -> Result<SweepSpec> {
 /// `[sweep]` section, while it runs or afterwards.
 pub fn results(dir: &Path) -> Result<(Vec<Row>, BTreeMap<String, Record>, SweepConfig)> {
     let spec = read_spec(dir)?;
-    let env: Vec<(String, String)> = std::env::vars().collect();
-    let base = config::load(&spec.file, &env, &spec.sets)?;
     let ledger = Ledger {
         path: dir.join("sweep.jsonl"),
     };
-    let rows = rows(dir, &ledger, &base.config.sweep);
-    Ok((rows, ledger.latest(), base.config.sweep))
+    let latest = ledger.latest();
+    // the `[sweep]` section as a trial stored it: the directory reads anywhere, even when the
+    // experiment file or its data have moved
+    let stored = latest.keys().find_map(|t| {
+        let text = fs::read_to_string(dir.join(t).join("config.toml")).ok()?;
+        toml::from_str::<Config>(&text).ok().map(|c| c.sweep)
+    });
+    let sweep = match stored {
+        Some(s) => s,
+        None => {
+            let env: Vec<(String, String)> = std::env::vars().collect();
+            config::load(&spec.file, &env, &spec.sets)?.config.sweep
+        }
+    };
+    let rows = rows(dir, &ledger, &sweep);
+    Ok((rows, latest, sweep))
 }
 
 /// The results table of a sweep directory, while it runs or afterwards.

@@ -145,7 +145,7 @@ impl Totals {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Span {
     pub name: &'static str,
-    /// Microseconds since the Unix epoch (a base every rank and node shares).
+    /// Whole microseconds since the Unix epoch (a base every rank and node shares).
     pub ts: f64,
     pub dur: f64,
     /// A collective's op number (the same on every rank) and bytes.
@@ -201,6 +201,21 @@ impl Recorder {
         }
     }
 
+    /// Whole microseconds since the Unix epoch at `t`. Whole numbers are exact in an f64 (at
+    /// 1.8e15 a fraction is not), so a span's end and the next one's start never cross and spans
+    /// nest exactly as they ran.
+    fn micros(&self, t: Instant) -> f64 {
+        (self.origin_us + t.duration_since(self.origin).as_secs_f64() * 1e6).floor()
+    }
+
+    /// Forgets what was measured so far (set-up before the first step).
+    pub fn reset(&mut self) {
+        self.account();
+        self.totals = Totals::default();
+        self.window = Totals::default();
+        self.spans.clear();
+    }
+
     /// Synchronises the device at every phase boundary (CUDA: its kernels run asynchronously).
     pub fn set_sync(&mut self, sync: Box<dyn Fn() + Send>) {
         self.sync = Some(sync);
@@ -234,8 +249,8 @@ impl Recorder {
             (self.ops, b)
         });
         if self.tracing {
-            let ts = self.origin_us + start.duration_since(self.origin).as_secs_f64() * 1e6;
-            let dur = self.last.duration_since(start).as_secs_f64() * 1e6;
+            let ts = self.micros(start);
+            let dur = self.micros(self.last) - ts;
             self.spans.push(Span {
                 name: p.name(),
                 ts,
@@ -257,8 +272,8 @@ impl Recorder {
     /// Closes the span of the current step, if it is traced.
     pub fn end_step(&mut self) {
         if let Some(start) = self.step_start.take() {
-            let ts = self.origin_us + start.duration_since(self.origin).as_secs_f64() * 1e6;
-            let dur = start.elapsed().as_secs_f64() * 1e6;
+            let ts = self.micros(start);
+            let dur = self.micros(Instant::now()) - ts;
             self.spans.push(Span {
                 name: "step",
                 ts,
@@ -341,8 +356,8 @@ pub fn trace_json(ranks: &[(usize, String, Vec<Span>)]) -> Value {
                 args["op"] = json!(op);
                 args["bytes"] = json!(bytes);
             }
-            events.push(json!({"name": s.name, "cat": cat, "ph": "X", "ts": (s.ts * 1e3).round() / 1e3,
-                               "dur": (s.dur * 1e3).round() / 1e3, "pid": rank, "tid": 0, "args": args}));
+            events.push(json!({"name": s.name, "cat": cat, "ph": "X", "ts": s.ts,
+                               "dur": s.dur, "pid": rank, "tid": 0, "args": args}));
         }
     }
     json!({"traceEvents": events, "displayTimeUnit": "ms"})

@@ -380,6 +380,8 @@ pub fn train<B: ComputeOn>(
         DataSplit::SplitBatch => 0,
     };
     let tracing = c.profile.traces(rank);
+    // the breakdown covers the steps, not the set-up (module, initial broadcast, resume load)
+    clock.lock().reset();
     while step < total {
         clock
             .lock()

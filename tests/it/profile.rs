@@ -51,8 +51,10 @@ fn a_ddp_trace_is_valid_trace_event_json_with_matching_ops_on_both_ranks() {
     let all: Value =
         serde_json::from_slice(&std::fs::read(run.join("trace/all.json")).unwrap()).unwrap();
     let events = all["traceEvents"].as_array().unwrap();
-    // per track: complete events only, with a duration, in time order
+    // per track: complete events only, with a duration, in time order, nested (a span that
+    // starts inside another ends inside it)
     let mut last: BTreeMap<u64, f64> = BTreeMap::new();
+    let mut open: BTreeMap<u64, Vec<(f64, String)>> = BTreeMap::new();
     // op number -> (name, bytes) per rank
     let mut ops: BTreeMap<u64, BTreeMap<u64, (String, u64)>> = BTreeMap::new();
     let mut steps: BTreeMap<u64, Vec<u64>> = BTreeMap::new();

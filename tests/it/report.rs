@@ -172,6 +172,8 @@ fn a_sweep_report_ranks_the_trials_marks_the_best_and_plots_each_key() {
         stderr(&o)
     );
     let dir = d.path().join("runs/tiny");
+    // the report reads the sweep from its directory, even once the experiment file is gone
+    std::fs::remove_file(d.path().join("s.toml")).unwrap();
     let html = report(d.path(), &[&dir], "s.html");
     let body = html.trim_start_matches("<!DOCTYPE html>");
     let doc = roxmltree::Document::parse(body).unwrap();
@@ -228,13 +230,17 @@ fn partial_and_bad_input_is_reported_as_it_is_or_refused() {
     // a run without eval, whose last metrics line is half-written and whose summary is gone
     let a = run(d.path(), "a", &["data.eval_samples=0"]);
     let metrics = a.join("metrics.jsonl");
-    let mut text = std::fs::read_to_string(&metrics).unwrap();
-    text.push_str("{\"step\": 9, \"loss\": 0.5, \"ep");
+    let mut text = std::fs::read(&metrics).unwrap();
+    // values a chart cannot place, a byte that is not UTF-8, a half-written last line
+    text.extend_from_slice(b"{\"step\": 9, \"epoch\": 1.0, \"loss\": 1e308}\n");
+    text.extend_from_slice(b"{\"step\": 10, \"epoch\": 1.0, \"loss\": -1.7e308}\n");
+    text.extend_from_slice(b"\xff\xfe\n");
+    text.extend_from_slice(b"{\"step\": 11, \"loss\": 0.5, \"ep");
     std::fs::write(&metrics, text).unwrap();
     std::fs::remove_file(a.join("summary.json")).unwrap();
     let html = report(d.path(), &[&a], "a.html");
     assert!(
-        html.contains("1 line(s) of metrics.jsonl could not be read"),
+        html.contains("2 line(s) of metrics.jsonl could not be read"),
         "skipped line noted"
     );
     assert!(
