@@ -478,6 +478,20 @@ mod tests {
         }
     }
 
+    /// Rank `r`'s part of every unit of `layout` in the whole buffer `b`.
+    fn part(layout: &Layout, r: usize, b: &[f32]) -> Vec<f32> {
+        let Layout::Sharded { units, .. } = layout else {
+            return b.to_vec();
+        };
+        units
+            .iter()
+            .flat_map(|u| {
+                let own = u.owned(r);
+                b[u.start + own.start..u.start + own.end].to_vec()
+            })
+            .collect()
+    }
+
     /// Two parameters (2x2 and 3) in one unit of 7 over 3 ranks (3, 3, 1) and one of 2 (rank 2
     /// owns none of it), saved sharded and whole: both load back to the same buffers.
     #[test]
@@ -512,18 +526,7 @@ mod tests {
         let sharded = Layout::Sharded { world: 3, units };
         store.begin(1).unwrap();
         for r in 0..3 {
-            let Layout::Sharded { units, .. } = &sharded else {
-                unreachable!()
-            };
-            let part = |b: &[f32]| -> Vec<f32> {
-                units
-                    .iter()
-                    .flat_map(|u| {
-                        let own = u.owned(r);
-                        b[u.start + own.start..u.start + own.end].to_vec()
-                    })
-                    .collect()
-            };
+            let part = |b: &[f32]| part(&sharded, r, b);
             let o = OptState {
                 steps: 4,
                 m: part(&opt.m),
@@ -556,18 +559,7 @@ mod tests {
         // one rank without its Adam moments: refused, not zeros
         store.begin(3).unwrap();
         for r in 0..3 {
-            let Layout::Sharded { units, .. } = &sharded else {
-                unreachable!()
-            };
-            let part = |b: &[f32]| -> Vec<f32> {
-                units
-                    .iter()
-                    .flat_map(|u| {
-                        let own = u.owned(r);
-                        b[u.start + own.start..u.start + own.end].to_vec()
-                    })
-                    .collect()
-            };
+            let part = |b: &[f32]| part(&sharded, r, b);
             let o = if r == 1 {
                 OptState {
                     steps: 4,

@@ -53,6 +53,19 @@ fn range(values: impl Iterator<Item = f64>, from_zero: bool) -> (f64, f64) {
     (if from_zero && lo >= 0.0 { lo } else { lo - pad }, hi + pad)
 }
 
+/// Every chart's frame: its title, margins and room for the axis labels.
+fn builder<'a, 'b, DB: DrawingBackend>(
+    area: &'a DrawingArea<DB, plotters::coord::Shift>,
+    title: &'b str,
+) -> ChartBuilder<'a, 'b, DB> {
+    let mut b = ChartBuilder::on(area);
+    b.caption(title, ("sans-serif", 18))
+        .margin(12)
+        .x_label_area_size(42)
+        .y_label_area_size(64);
+    b
+}
+
 /// A value a chart can place: finite and within +-1e300.
 fn plottable(v: f64) -> bool {
     v.is_finite() && v.abs() <= 1e300
@@ -96,11 +109,7 @@ pub fn lines(
     {
         let root = SVGBackend::with_string(&mut svg, SIZE).into_drawing_area();
         root.fill(&WHITE).map_err(err)?;
-        let mut chart = ChartBuilder::on(&root)
-            .caption(title, ("sans-serif", 18))
-            .margin(12)
-            .x_label_area_size(42)
-            .y_label_area_size(64)
+        let mut chart = builder(&root, title)
             .build_cartesian_2d(x0..x1, y0..y1)
             .map_err(err)?;
         chart
@@ -165,11 +174,7 @@ pub fn stacked(
         root.fill(&WHITE).map_err(err)?;
         // the bars on the left, the legend on the right
         let (left, right) = root.split_horizontally(SIZE.0 - 150);
-        let mut chart = ChartBuilder::on(&left)
-            .caption(title, ("sans-serif", 18))
-            .margin(12)
-            .x_label_area_size(42)
-            .y_label_area_size(64)
+        let mut chart = builder(&left, title)
             .build_cartesian_2d(-0.5f64..(n as f64 - 0.5), 0f64..top)
             .map_err(err)?;
         chart
@@ -247,11 +252,7 @@ pub fn scatter(
     {
         let root = SVGBackend::with_string(&mut svg, SIZE).into_drawing_area();
         root.fill(&WHITE).map_err(err)?;
-        let mut chart = ChartBuilder::on(&root)
-            .caption(title, ("sans-serif", 18))
-            .margin(12)
-            .x_label_area_size(42)
-            .y_label_area_size(64)
+        let mut chart = builder(&root, title)
             .build_cartesian_2d(x0..x1, y0..y1)
             .map_err(err)?;
         let cats = categories.map(|c| c.to_vec());

@@ -72,6 +72,18 @@ fn a_ddp_trace_is_valid_trace_event_json_with_matching_ops_on_both_ranks() {
             ts >= prev,
             "timestamps go back on rank {pid}: {prev} then {ts}"
         );
+        let end = ts + e["dur"].as_f64().unwrap();
+        let stack = open.entry(pid).or_default();
+        while stack.last().is_some_and(|(e, _)| *e <= ts) {
+            stack.pop();
+        }
+        if let Some((outer_end, outer)) = stack.last() {
+            assert!(
+                end <= *outer_end,
+                "{e} overlaps the end of `{outer}` on rank {pid}"
+            );
+        }
+        stack.push((end, e["name"].as_str().unwrap().to_string()));
         if let Some(op) = e["args"]["op"].as_u64() {
             let entry = (
                 e["name"].as_str().unwrap().to_string(),
