@@ -1,5 +1,6 @@
 //! The report's charts, drawn with `plotters` into SVG strings.
 
+use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 
 /// A chart's size in pixels.
@@ -64,6 +65,19 @@ fn builder<'a, 'b, DB: DrawingBackend>(
         .x_label_area_size(42)
         .y_label_area_size(64);
     b
+}
+
+/// The legend of a chart's labelled series, top right.
+fn legend<'a, DB: DrawingBackend + 'a>(
+    chart: &mut ChartContext<'a, DB, Cartesian2d<RangedCoordf64, RangedCoordf64>>,
+) -> Result<(), String> {
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperRight)
+        .background_style(WHITE.mix(0.85))
+        .border_style(RGBColor(180, 180, 180))
+        .draw()
+        .map_err(err)
 }
 
 /// A value a chart can place: finite and within +-1e300.
@@ -136,13 +150,7 @@ pub fn lines(
                     .map_err(err)?;
             }
         }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperRight)
-            .background_style(WHITE.mix(0.85))
-            .border_style(RGBColor(180, 180, 180))
-            .draw()
-            .map_err(err)?;
+        legend(&mut chart)?;
         root.present().map_err(err)?;
     }
     Ok(svg)
@@ -293,13 +301,7 @@ pub fn scatter(
             .map_err(err)?
             .label("best")
             .legend(|(x, y)| Circle::new((x + 6, y), 6, color(3).filled()));
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperRight)
-            .background_style(WHITE.mix(0.85))
-            .border_style(RGBColor(180, 180, 180))
-            .draw()
-            .map_err(err)?;
+        legend(&mut chart)?;
         root.present().map_err(err)?;
     }
     Ok(svg)
