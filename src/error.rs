@@ -2,7 +2,7 @@
 //! into it).
 //!
 //! The top-level error: every failure maps to an exit code here (0 ok, 1 the run failed,
-//! 2 bad input), and `main` prints it.
+//! 2 bad input, 75 preempted: stopped by a signal with a checkpoint), and `main` prints it.
 
 use crate::backend::BackendError;
 use crate::config::ConfigError;
@@ -31,6 +31,10 @@ pub enum Error {
     /// A check that found something wrong (exit 1), e.g. `kiln ckpt verify`.
     #[error("{0}")]
     Invalid(String),
+    /// The run stopped at a step boundary because a signal asked it to, with a checkpoint there
+    /// (exit 75, `train::preempt::EXIT_PREEMPTED`).
+    #[error("{0}")]
+    Preempted(String),
     /// A bad command-line argument (exit 2).
     #[error("{0}")]
     Usage(String),
@@ -51,7 +55,8 @@ impl Error {
         }
     }
 
-    /// 2 for bad input (nothing was run), 1 for a run that failed.
+    /// 2 for bad input (nothing was run), 1 for a run that failed, 75 for a run a signal
+    /// stopped with a checkpoint.
     pub fn exit_code(&self) -> i32 {
         match self {
             Error::Config(_)
@@ -61,6 +66,7 @@ impl Error {
             | Error::Usage(_)
             | Error::Checkpoint(_) => 2,
             Error::Train(_) | Error::Io { .. } | Error::Invalid(_) | Error::Launch(_) => 1,
+            Error::Preempted(_) => crate::train::preempt::EXIT_PREEMPTED,
         }
     }
 }

@@ -71,8 +71,14 @@ impl ConfigArgs {
 pub fn dispatch(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Check(a) => check::check(&a),
-        Command::Run(a) => run::run(&a),
-        Command::Resume(a) => resume::resume(&a),
+        Command::Run(a) => {
+            crate::train::preempt::install();
+            run::run(&a)
+        }
+        Command::Resume(a) => {
+            crate::train::preempt::install();
+            resume::resume(&a)
+        }
         Command::Export(a) => export::export(&a),
         Command::Report(a) => report::report(&a),
         Command::Ckpt(c) => ckpt::ckpt(&c),

@@ -8,7 +8,7 @@ use crate::model::{self, Registry};
 
 /// Runs kiln's command line with the model families of `registry`: parses the arguments, runs
 /// the command, prints an error (if any) and returns the exit code (0 ok, 1 the run failed,
-/// 2 bad input). Sweep trials re-run the same executable, so they see the same families.
+/// 2 bad input, 75 stopped by a signal with a checkpoint, 130 a second Ctrl-C). Sweep trials re-run the same executable, so they see the same families.
 pub fn main_with(registry: Registry) -> i32 {
     quiet_on_closed_stdout();
     // NCCL found but not loadable: re-execute with it on the library path, before anything runs
@@ -20,6 +20,10 @@ pub fn main_with(registry: Registry) -> i32 {
     let cli = Cli::parse();
     match dispatch(cli) {
         Ok(()) => 0,
+        Err(e @ crate::Error::Preempted(_)) => {
+            eprintln!("kiln: {e}");
+            e.exit_code()
+        }
         Err(e) => {
             eprintln!("error: {e}");
             e.exit_code()

@@ -1,5 +1,6 @@
 //! `kiln resume RUN_DIR`: continues a run in place from its newest verified checkpoint (or
-//! `--from step-N`). Changes to `model.*` or `data.*` are refused; other changes are allowed and
+//! `--from step-N`); a multi-node run is resumed by running it on every node (node 0 picks the
+//! checkpoint). Changes to `model.*` or `data.*` are refused; other changes are allowed and
 //! listed. Newer checkpoints that do not verify are skipped with the reason.
 
 use std::path::PathBuf;
@@ -22,8 +23,12 @@ pub struct ResumeArgs {
     /// No progress bar and no status lines.
     #[arg(long)]
     pub quiet: bool,
+    #[command(flatten)]
+    pub launch: super::run::LaunchArgs,
 }
 
 pub fn resume(a: &ResumeArgs) -> Result<()> {
-    launch::resume(&a.run_dir, &a.sets, a.from.as_deref(), a.quiet)
+    let mut sets = a.sets.clone();
+    sets.extend(a.launch.sets());
+    launch::resume(&a.run_dir, &sets, a.from.as_deref(), a.quiet)
 }

@@ -23,6 +23,13 @@ pub struct RunArgs {
     /// (a fresh run when there is none): what a preempted job's unchanged command line needs.
     #[arg(long)]
     pub resume: bool,
+    #[command(flatten)]
+    pub launch: LaunchArgs,
+}
+
+/// Where this process sits in a multi-node job (else from torchrun's or Slurm's variables).
+#[derive(Debug, Args, Clone, Default)]
+pub struct LaunchArgs {
     /// Node processes in the job (`launch.nnodes`).
     #[arg(long)]
     pub nnodes: Option<usize>,
@@ -37,10 +44,10 @@ pub struct RunArgs {
     pub master_port: Option<u16>,
 }
 
-impl RunArgs {
-    /// The config arguments with the launch flags as the top layer.
-    fn config_args(&self) -> ConfigArgs {
-        let mut a = self.config.clone();
+impl LaunchArgs {
+    /// The flags as `--set` arguments (the top layer of the config).
+    pub fn sets(&self) -> Vec<String> {
+        let mut out = Vec::new();
         let flags = [
             ("launch.nnodes", self.nnodes.map(|v| v.to_string())),
             ("launch.node_rank", self.node_rank.map(|v| v.to_string())),
@@ -55,9 +62,18 @@ impl RunArgs {
         ];
         for (k, v) in flags {
             if let Some(v) = v {
-                a.sets.push(format!("{k}={v}"));
+                out.push(format!("{k}={v}"));
             }
         }
+        out
+    }
+}
+
+impl RunArgs {
+    /// The config arguments with the launch flags as the top layer.
+    fn config_args(&self) -> ConfigArgs {
+        let mut a = self.config.clone();
+        a.sets.extend(self.launch.sets());
         a
     }
 }

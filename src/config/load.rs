@@ -98,12 +98,26 @@ pub fn build_figment(
             dict: nest(&parts, parse_value(value)),
         });
     }
-    // torchrun (one process per rank: each is one kiln node) and Slurm (one task per node)
+    // torchrun (one process per rank: each is one kiln node) and Slurm: inside an `srun` step
+    // each task is one kiln node (one task per node, or several on one host); outside a step
+    // (a batch script, `salloc`) the allocation's nodes
     let var = |k: &str| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
+    let step_tasks = if var("SLURM_STEP_NUM_TASKS").is_some() {
+        "SLURM_STEP_NUM_TASKS"
+    } else {
+        "SLURM_NTASKS"
+    };
     let launchers: &[(&str, &str)] = if var("WORLD_SIZE").is_some() {
         &[
             ("WORLD_SIZE", "nnodes"),
             ("RANK", "node_rank"),
+            ("MASTER_ADDR", "master_addr"),
+            ("MASTER_PORT", "master_port"),
+        ]
+    } else if var("SLURM_STEP_ID").is_some() && var("SLURM_PROCID").is_some() {
+        &[
+            (step_tasks, "nnodes"),
+            ("SLURM_PROCID", "node_rank"),
             ("MASTER_ADDR", "master_addr"),
             ("MASTER_PORT", "master_port"),
         ]

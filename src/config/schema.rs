@@ -704,7 +704,8 @@ impl Default for SweepConfig {
 
 /// `[launch]`: several node processes (machines, or processes on one machine) in one job. Also set
 /// by `--nnodes/--node-rank/--master-addr/--master-port`, torchrun's `WORLD_SIZE`, `RANK`,
-/// `MASTER_ADDR`, `MASTER_PORT` and Slurm's `SLURM_NNODES`, `SLURM_NODEID`.
+/// `MASTER_ADDR`, `MASTER_PORT` and Slurm's variables (inside `srun`: one kiln node per task,
+/// `SLURM_NTASKS` and `SLURM_PROCID`; outside: `SLURM_NNODES` and `SLURM_NODEID`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct LaunchConfig {

@@ -37,7 +37,15 @@ pub fn start(r: &Resolved, a: &RunOptions) -> Result<()> {
     // Everything that can be bad input is checked before the run directory exists.
     let c = &r.config;
     if c.launch.nnodes > 1 {
-        return run_node(a, r);
+        let target = match (&a.run_dir, a.resume || c.checkpoint.auto_resume) {
+            (Some(_), true) => return Err(Error::Usage(
+                "--resume finds the run directory itself; use `kiln resume DIR` for a given one"
+                    .into(),
+            )),
+            (d, false) => Target::New(d.clone()),
+            (None, true) => Target::Newest,
+        };
+        return run_node(r, &target, a.quiet);
     }
     if a.resume || c.checkpoint.auto_resume {
         if a.run_dir.is_some() {
@@ -85,22 +93,65 @@ pub fn resume(run_dir: &Path, sets: &[String], from: Option<&str>, quiet: bool) 
     let env: Vec<(String, String)> = std::env::vars().collect();
     let r = config::load(&file, &env, sets)?;
     if r.config.launch.nnodes > 1 {
-        return Err(Error::Usage(
-            "this run spans several nodes; resuming multi-node runs is not supported yet (resume it on one node with `--set launch.nnodes=1 --set strategy.devices=N`)".into(),
-        ));
+        // every node runs `kiln resume DIR`; node 0 picks the checkpoint, the others follow
+        return run_node(
+            &r,
+            &Target::Dir(run_dir.to_path_buf(), from.map(str::to_string)),
+            quiet,
+        );
     }
     let res = prepare_resume(&run_dir, &r, from, quiet)?;
     execute(&r, &run_dir, Some(res), quiet, None)
 }
 
+/// Where a multi-node job runs (node 0 decides; the other nodes follow what it publishes).
+enum Target {
+    /// A new run: in this directory (which must not hold a run), or the next free one.
+    New(Option<PathBuf>),
+    /// `--resume`: the newest unfinished run of the experiment, else a new one.
+    Newest,
+    /// `kiln resume DIR [--from step-N]`.
+    Dir(PathBuf, Option<String>),
+}
+
+/// Node 0's run directory, whether it continues a run there, and from which checkpoint
+/// (`None`: the newest verified one). Within a job with restarts the agent has fixed the
+/// directory (`KILN_WORKER_RUN_DIR`) and later rounds always continue.
+fn node0_dir(target: &Target, c: &Config, round: usize) -> Result<(PathBuf, bool, Option<String>)> {
+    if let Some(d) = std::env::var_os("KILN_WORKER_RUN_DIR") {
+        let d = PathBuf::from(d);
+        let started = d.join("config.toml").is_file();
+        let (resume, from) = match target {
+            _ if round > 0 => (true, None),
+            Target::Dir(_, from) => (true, from.clone()),
+            Target::Newest => (started, None),
+            Target::New(_) => (false, None),
+        };
+        return Ok((d, resume, from));
+    }
+    let out = Path::new(&c.experiment.output_dir);
+    Ok(match target {
+        Target::New(Some(d)) if d.exists() && !is_empty_dir(d) => {
+            return Err(Error::Usage(format!(
+                "--run-dir `{}` already holds a run; choose a new directory (kiln never overwrites a run)",
+                d.display()
+            )))
+        }
+        Target::New(Some(d)) => (d.clone(), false, None),
+        Target::New(None) => (choose_run_dir(out, &c.experiment.name), false, None),
+        Target::Newest => match newest_unfinished(out, &c.experiment.name) {
+            Some(d) => (d, true, None),
+            None => (choose_run_dir(out, &c.experiment.name), false, None),
+        },
+        Target::Dir(d, from) => (d.clone(), true, from.clone()),
+    })
+}
+
 /// One node of a multi-node job. With `launch.max_restarts` > 0 this process is the node's
 /// agent: it runs the node's worker as a child and restarts the whole job (every node's agent
 /// does the same) from the newest verified checkpoint when a worker dies.
-fn run_node(a: &RunOptions, r: &Resolved) -> Result<()> {
+fn run_node(r: &Resolved, target: &Target, quiet: bool) -> Result<()> {
     let c = &r.config;
-    if a.resume || a.run_dir.is_some() {
-        return Err(Error::Usage("--resume and --run-dir are single-node options for now; node 0 picks the run directory".into()));
-    }
     backend::resolve(c)?;
     let d = data::load(r)?;
     let model = crate::model::build(r, &d.input_shape())?;
@@ -117,18 +168,18 @@ fn run_node(a: &RunOptions, r: &Resolved) -> Result<()> {
         .ok()
         .and_then(|v| v.parse::<usize>().ok())
     {
-        Some(round) => node_worker(a, r, &token, round),
-        None if c.launch.max_restarts > 0 => node_agent(c, &token),
-        None => node_worker(a, r, &token, 0),
+        Some(round) => node_worker(target, quiet, r, &token, round),
+        None if c.launch.max_restarts > 0 => node_agent(target, c, &token),
+        None => node_worker(target, quiet, r, &token, 0),
     }
 }
 
 /// The agent: runs rounds of the worker until one succeeds or no restarts are left.
-fn node_agent(c: &Config, token: &str) -> Result<()> {
+fn node_agent(target: &Target, c: &Config, token: &str) -> Result<()> {
     let node = c.launch.node_rank;
     let max = c.launch.max_restarts;
     let run_dir = if node == 0 {
-        let dir = choose_run_dir(Path::new(&c.experiment.output_dir), &c.experiment.name);
+        let (dir, _, _) = node0_dir(target, c, 0)?;
         fs::create_dir_all(dir.join("logs"))
             .map_err(|e| Error::io(format!("creating run directory {}", dir.display()), e))?;
         Some(dir.canonicalize().unwrap_or(dir))
@@ -155,11 +206,33 @@ fn node_agent(c: &Config, token: &str) -> Result<()> {
                 });
             }
         }
-        let status = cmd
-            .status()
+        let mut child = cmd
+            .spawn()
             .map_err(|e| Error::io("starting the node's worker", e))?;
+        // a stop request to the agent goes on to its worker as SIGTERM (a second SIGINT to
+        // the worker would stop it at once; SIGTERM never does)
+        let mut forwarded = false;
+        let status = loop {
+            if let Some(s) = child
+                .try_wait()
+                .map_err(|e| Error::io("waiting for the node's worker", e))?
+            {
+                break s;
+            }
+            if !forwarded && crate::train::preempt::requested().is_some() {
+                forwarded = true;
+                // SAFETY: kill(2) on our own child's pid.
+                unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        };
         if status.success() {
             return Ok(());
+        }
+        if status.code() == Some(crate::train::preempt::EXIT_PREEMPTED) {
+            return Err(Error::Preempted(format!(
+                "node {node}: the worker stopped with a checkpoint (preempted); not restarting"
+            )));
         }
         if status.code() == Some(2) {
             return Err(Error::Usage(format!(
@@ -199,20 +272,28 @@ fn node_agent(c: &Config, token: &str) -> Result<()> {
 
 /// The worker of restart round `round`: rendezvous, agree on the run directory (node 0 picks
 /// it) and, after a restart, on the checkpoint to continue from; train.
-fn node_worker(a: &RunOptions, r: &Resolved, token: &str, round: usize) -> Result<()> {
+fn node_worker(
+    target: &Target,
+    quiet: bool,
+    r: &Resolved,
+    token: &str,
+    round: usize,
+) -> Result<()> {
     let c = &r.config;
+    // node 0 checks its directory before it serves the store: bad input stops it early
+    let chosen = if c.launch.node_rank == 0 {
+        Some(node0_dir(target, c, round)?)
+    } else {
+        None
+    };
     let mut job = crate::launch::rendezvous::join(c, c.strategy.devices.count(), token, round)?;
     let t = std::time::Duration::from_secs(c.launch.rendezvous_timeout_secs);
-    let (run_dir, resume) = if job.node == 0 {
-        let dir = match std::env::var_os("KILN_WORKER_RUN_DIR") {
-            Some(d) => PathBuf::from(d),
-            None => choose_run_dir(Path::new(&c.experiment.output_dir), &c.experiment.name),
-        };
+    let (run_dir, resume) = if let Some((dir, resuming, from)) = chosen {
         fs::create_dir_all(&dir)
             .map_err(|e| Error::io(format!("creating run directory {}", dir.display()), e))?;
         let abs = dir.canonicalize().unwrap_or(dir);
-        let resume = if round > 0 {
-            Some(prepare_resume(&abs, r, None, a.quiet)?)
+        let resume = if resuming {
+            Some(prepare_resume(&abs, r, from.as_deref(), quiet)?)
         } else {
             None
         };
@@ -246,7 +327,7 @@ fn node_worker(a: &RunOptions, r: &Resolved, token: &str, round: usize) -> Resul
         };
         (PathBuf::from(&v[0]), resume)
     };
-    execute(r, &run_dir, resume, a.quiet, Some(job))
+    execute(r, &run_dir, resume, quiet, Some(job))
 }
 
 /// Node 0 creates the job's NCCL unique id and publishes it; the other nodes read it.
@@ -464,6 +545,7 @@ pub fn execute(
             ),
         };
         Summary {
+            stopped_by: o.and_then(|o| o.preempted.clone()),
             flops_per_sample,
             flops_per_sec,
             mfu,
@@ -528,6 +610,23 @@ pub fn execute(
         (r, _) => r.map_err(Error::from),
     };
     match result {
+        Ok(res) if res.outcome.preempted.is_some() => {
+            let step = res.outcome.steps;
+            if primary {
+                write_json(&summary_path, &summary("preempted", None, Some(&res)))?;
+            }
+            let why = res.outcome.preempted.clone().unwrap_or_default();
+            let saved = if input.store.is_some() {
+                format!("checkpoint step-{step:08} is saved")
+            } else {
+                "no checkpoint (this run saves none)".into()
+            };
+            Err(Error::Preempted(format!(
+                "stopped at step {step} ({why}): {saved}; run dir: {}\n  = help: continue it with `kiln resume {}`",
+                run_dir.display(),
+                run_dir.display()
+            )))
+        }
         Ok(res) => {
             if primary {
                 write_json(&summary_path, &summary("finished", None, Some(&res)))?;

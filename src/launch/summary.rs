@@ -8,9 +8,14 @@ use crate::strategy::Memory;
 /// `summary.json`.
 #[derive(Debug, Serialize)]
 pub struct Summary {
+    /// "finished", "failed" or "preempted" (stopped by a signal at `steps`, with a checkpoint
+    /// there; `kiln resume` continues it).
     pub status: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// What stopped a preempted run, e.g. "SIGTERM".
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stopped_by: Option<String>,
     pub steps: usize,
     pub epochs: f64,
     pub final_loss: Option<f64>,

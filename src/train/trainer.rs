@@ -102,6 +102,9 @@ pub struct Outcome {
     pub time: Totals,
     /// The profiled steps' spans (empty unless `[profile]` traces this rank).
     pub spans: Vec<Span>,
+    /// Set when a signal stopped the run before its end (at `steps`, with a checkpoint there):
+    /// what asked, e.g. "SIGTERM".
+    pub preempted: Option<String>,
 }
 
 impl Outcome {
@@ -375,6 +378,7 @@ pub fn train<B: ComputeOn>(
     let mut segment: Option<((u64, usize), Vec<usize>)> = None;
     let mut last_loss = f64::NAN;
     let mut last_eval = None;
+    let mut preempted = None;
     let order_rank = match plan.split {
         DataSplit::Distributed => rank,
         DataSplit::SplitBatch => 0,
@@ -394,8 +398,9 @@ pub fn train<B: ComputeOn>(
             ))),
             None => Grads::Host(vec![0f32; num_params]),
         };
-        // [weighted loss, samples] summed over micro-steps, then over ranks
-        let mut totals = [0.0f64, 0.0];
+        // [weighted loss, samples] summed over micro-steps, then over ranks, with a stop
+        // request riding along: every rank sees it at the same step
+        let mut totals = [0.0f64, 0.0, 0.0];
         let mut micro_in_step = 0;
         pos = pos.normalize(plan);
         let epoch_at_start = pos.epoch;
@@ -475,7 +480,9 @@ pub fn train<B: ComputeOn>(
         clock.time(Phase::Optimizer, || {
             strategy.update(grads, lr, c.optim.grad_clip_norm)
         })?;
+        totals[2] = super::preempt::requested().map_or(0.0, |s| s as f64);
         strategy.sum(&mut totals)?;
+        let stop = totals[2] > 0.0;
         // single/ddp weights are 1 per rank: average over ranks; dp weights sum to 1 already
         let per_rank = match plan.split {
             DataSplit::Distributed => world as f64,
@@ -551,7 +558,9 @@ pub fn train<B: ComputeOn>(
         let save = (ck.every_steps > 0 && done % ck.every_steps == 0)
             || epoch_boundary
             || (is_last && ck.at_end);
-        if let (true, Some(store)) = (save, input.store) {
+        // a stop before the end saves the step it stops at (once)
+        let stopping = stop && !is_last;
+        if let (true, Some(store)) = (save || stopping, input.store) {
             let position = DataPosition {
                 epoch: pos.epoch,
                 cursor: plan.cursor(pos.start, pos.j),
@@ -563,6 +572,15 @@ pub fn train<B: ComputeOn>(
             })?;
             sink.log(&format!("checkpoint step-{done:08} saved"));
             sink.event(TrainEvent::Checkpoint { step: done });
+        }
+        if stopping {
+            let why = match super::preempt::requested() {
+                Some(sig) => super::preempt::signal_name(sig).to_string(),
+                None => "a stop request on another rank".to_string(),
+            };
+            sink.log(&format!("stopped at step {done} ({why})"));
+            preempted = Some(why);
+            break;
         }
     }
     let wall = start.elapsed().as_secs_f64();
@@ -587,6 +605,7 @@ pub fn train<B: ComputeOn>(
         memory: strategy.memory(),
         time,
         spans,
+        preempted,
     })
 }
 

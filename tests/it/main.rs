@@ -13,6 +13,7 @@ mod layers;
 mod models;
 mod nodes;
 mod parallel;
+mod preempt;
 mod profile;
 mod report;
 mod resume;

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use crate::common::{kiln, root, stderr, write, KILN, TINY};
 
-fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()

@@ -1,0 +1,275 @@
+//! Preemption: SIGTERM/SIGUSR1/SIGINT stop every rank (on every node) at one step boundary with
+//! a checkpoint, status "preempted" and exit 75; resuming gives the uninterrupted run's losses
+//! bit for bit; a second SIGINT stops at once.
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+
+use crate::common::{kiln, metric_lines, stderr, summary, write, KILN, TINY};
+
+/// Long enough that the signal, sent as training starts, lands well before the end.
+const STEPS: usize = 2000;
+
+fn spawn(dir: &Path, args: &[&str]) -> Child {
+    let mut cmd = Command::new(KILN);
+    cmd.current_dir(dir)
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("KILN_")) {
+        cmd.env_remove(k);
+    }
+    cmd.env("KILN_JOB_TOKEN", "tok");
+    cmd.spawn().unwrap()
+}
+
+/// Waits for the child's "run dir:" line (printed as training starts), then sends `sigs`; the
+/// rest of its stdout is read on a thread.
+fn signal_at_start(child: &mut Child, pid: u32, sigs: &[i32]) -> Stdout {
+    let out = child.stdout.take().unwrap();
+    let mut lines = BufReader::new(out).lines();
+    let mut seen = Vec::new();
+    for l in lines.by_ref() {
+        let l = l.unwrap();
+        let start = l.starts_with("run dir:");
+        seen.push(l);
+        if start {
+            break;
+        }
+    }
+    for s in sigs {
+        // SAFETY: signalling a child process of this test.
+        unsafe { libc::kill(pid as i32, *s) };
+    }
+    std::thread::spawn(move || {
+        seen.extend(lines.map_while(|l| l.ok()));
+        seen
+    })
+}
+
+type Stdout = std::thread::JoinHandle<Vec<String>>;
+
+fn finish(child: Child, stdout: Stdout) -> Output {
+    let mut o = child.wait_with_output().unwrap();
+    o.stdout = stdout.join().unwrap().join("\n").into_bytes();
+    o
+}
+
+fn losses(run: &Path) -> Vec<(u64, f64)> {
+    metric_lines(run)
+        .iter()
+        .map(|v| (v["step"].as_u64().unwrap(), v["loss"].as_f64().unwrap()))
+        .collect()
+}
+
+/// The step a preempted run stopped at: checks its summary, exit code and checkpoint.
+fn check_preempted(o: &Output, run: &Path, by: &str) -> usize {
+    assert_eq!(o.status.code(), Some(75), "{}", stderr(o));
+    let s = summary(run);
+    assert_eq!(s["status"], "preempted", "{s}");
+    assert_eq!(s["stopped_by"], by, "{s}");
+    let step = s["steps"].as_u64().unwrap() as usize;
+    assert!(step > 0 && step < STEPS, "the run was to stop early: {s}");
+    let ck = run.join(format!("checkpoints/step-{step:08}"));
+    assert!(ck.is_dir(), "no checkpoint at the stop step {step}");
+    let e = stderr(o);
+    assert!(
+        e.contains(&format!(
+            "stopped at step {step} ({by}): checkpoint step-{step:08} is saved"
+        )) && e.contains("kiln resume"),
+        "{e}"
+    );
+    let v = kiln(run, &["ckpt", "verify", "."]);
+    assert_eq!(v.status.code(), Some(0), "{}", stderr(&v));
+    let leftovers: Vec<_> = std::fs::read_dir(run.join("checkpoints"))
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".tmp"))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+    step
+}
+
+/// SIGTERM to a run of `sets`, then `kiln resume`: the losses and final parameters equal an
+/// uninterrupted run's bit for bit.
+fn preempt_and_resume(sets: &[&str]) {
+    let d = tempfile::tempdir().unwrap();
+    write(d.path(), "t.toml", TINY);
+    let steps = format!("train.max_steps={STEPS}");
+    let mut args = vec!["run", "t.toml", "--quiet", "--set", &steps];
+    for s in sets {
+        args.extend(["--set", s]);
+    }
+    let reference = d.path().join("ref");
+    let mut a = args.clone();
+    a.extend(["--run-dir", "ref"]);
+    let o = kiln(d.path(), &a);
+    assert!(o.status.success(), "{}", stderr(&o));
+
+    let run = d.path().join("p");
+    let mut a = args.clone();
+    a.extend(["--run-dir", "p"]);
+    let mut child = spawn(d.path(), &a);
+    let pid = child.id();
+    let out = signal_at_start(&mut child, pid, &[libc::SIGTERM]);
+    let o = finish(child, out);
+    let step = check_preempted(&o, &run, "SIGTERM");
+
+    let r = kiln(d.path(), &["resume", "p", "--quiet"]);
+    assert!(r.status.success(), "{}", stderr(&r));
+    let s = summary(&run);
+    assert_eq!(s["status"], "finished");
+    assert_eq!(s["resumed_from_step"], step as u64);
+    assert_eq!(losses(&run), losses(&reference));
+    assert_eq!(s["params_sha256"], summary(&reference)["params_sha256"]);
+}
+
+#[test]
+fn sigterm_stops_a_ddp_run_at_a_step_with_a_checkpoint_and_resume_is_bit_exact() {
+    preempt_and_resume(&[
+        "strategy.kind=ddp",
+        "strategy.devices=2",
+        "train.batch_size=4",
+    ]);
+}
+
+#[test]
+fn sigterm_stops_an_fsdp_run_during_checkpoint_writes_and_resume_is_bit_exact() {
+    // a checkpoint every step: the signal lands in (or next to) a write, which finishes, and the
+    // stop step's checkpoint is not written twice
+    preempt_and_resume(&[
+        "strategy.kind=fsdp",
+        "strategy.devices=2",
+        "train.batch_size=4",
+        "checkpoint.every_steps=1",
+        "checkpoint.keep_last=2",
+    ]);
+}
+
+#[test]
+fn a_second_sigint_stops_at_once() {
+    let d = tempfile::tempdir().unwrap();
+    write(d.path(), "t.toml", TINY);
+    // slow steps (~0.1 s), so that the second Ctrl-C comes while the first is still pending
+    let mut child = spawn(
+        d.path(),
+        &[
+            "run",
+            "t.toml",
+            "--set",
+            "train.max_steps=1000",
+            "--set",
+            "model.hidden_sizes=[1024, 1024]",
+            "--set",
+            "train.batch_size=256",
+            "--set",
+            "data.samples=1024",
+        ],
+    );
+    let pid = child.id();
+    let out = signal_at_start(&mut child, pid, &[libc::SIGINT]);
+    let mut err = BufReader::new(child.stderr.take().unwrap()).lines();
+    let mut seen = Vec::new();
+    for l in err.by_ref() {
+        let l = l.unwrap();
+        let first = l.contains("kiln: interrupted: stopping at the next step boundary");
+        seen.push(l);
+        if first {
+            // SAFETY: signalling a child process of this test.
+            unsafe { libc::kill(pid as i32, libc::SIGINT) };
+            break;
+        }
+    }
+    seen.extend(err.map_while(|l| l.ok()));
+    let o = finish(child, out);
+    let e = seen.join("\n");
+    assert_eq!(o.status.code(), Some(130), "{e}");
+    assert!(e.contains("interrupted again: stopping now"), "{e}");
+    // nothing claims the run finished; `kiln run --resume` finds it
+    assert!(!d.path().join("runs/tiny/summary.json").exists());
+}
+
+#[test]
+fn sigusr1_to_one_node_stops_both_nodes_at_one_step_and_the_job_resumes_bit_exactly() {
+    let d = tempfile::tempdir().unwrap();
+    write(d.path(), "t.toml", TINY);
+    let steps = format!("train.max_steps={}", STEPS / 2);
+    let node = |rank: usize, port: u16, cmd: &[&str], extra: &[&str]| {
+        let mut a: Vec<String> = cmd.iter().map(|s| s.to_string()).collect();
+        let rank = rank.to_string();
+        let port = port.to_string();
+        a.extend(
+            [
+                "--quiet",
+                "--nnodes",
+                "2",
+                "--node-rank",
+                &rank,
+                "--master-addr",
+                "127.0.0.1",
+                "--master-port",
+                &port,
+            ]
+            .map(String::from),
+        );
+        for s in extra {
+            a.extend(["--set".to_string(), s.to_string()]);
+        }
+        let a: Vec<&str> = a.iter().map(String::as_str).collect();
+        spawn(d.path(), &a)
+    };
+    let sets = [steps.as_str(), "strategy.kind=ddp", "train.batch_size=4"];
+    // the uninterrupted two-node job
+    let port = crate::nodes::free_port();
+    let r0 = node(0, port, &["run", "t.toml", "--run-dir", "ref"], &sets);
+    let r1 = node(1, port, &["run", "t.toml"], &sets);
+    for o in [
+        r0.wait_with_output().unwrap(),
+        r1.wait_with_output().unwrap(),
+    ] {
+        assert!(o.status.success(), "{}", stderr(&o));
+    }
+    // the same job with restart agents; SIGUSR1 to node 1's agent only
+    let port = crate::nodes::free_port();
+    let mut with_agents = sets.to_vec();
+    with_agents.push("launch.max_restarts=1");
+    let p0 = node(0, port, &["run", "t.toml", "--run-dir", "p"], &with_agents);
+    let mut p1 = node(1, port, &["run", "t.toml"], &with_agents);
+    let pid = p1.id();
+    let out1 = signal_at_start(&mut p1, pid, &[libc::SIGUSR1]);
+    let o1 = finish(p1, out1);
+    let o0 = p0.wait_with_output().unwrap();
+    assert_eq!(o1.status.code(), Some(75), "{}", stderr(&o1));
+    assert!(
+        stderr(&o1)
+            .contains("node 1: the worker stopped with a checkpoint (preempted); not restarting"),
+        "{}",
+        stderr(&o1)
+    );
+    let run = d.path().join("p");
+    // node 0 was not signalled: it stopped at the same step through the all-reduce
+    let s = summary(&run);
+    assert_eq!(s["stopped_by"], "a stop request on another rank", "{s}");
+    assert_eq!(o0.status.code(), Some(75), "{}", stderr(&o0));
+    let step = s["steps"].as_u64().unwrap() as usize;
+    assert!(step > 0 && step < STEPS / 2, "{s}");
+    assert!(run.join(format!("checkpoints/step-{step:08}")).is_dir());
+
+    // every node resumes the run directory
+    let port = crate::nodes::free_port();
+    let q0 = node(0, port, &["resume", "p"], &[]);
+    let q1 = node(1, port, &["resume", "p"], &[]);
+    for o in [
+        q0.wait_with_output().unwrap(),
+        q1.wait_with_output().unwrap(),
+    ] {
+        assert!(o.status.success(), "{}", stderr(&o));
+    }
+    let s = summary(&run);
+    assert_eq!(s["status"], "finished", "{s}");
+    assert_eq!(s["resumed_from_step"], step as u64);
+    let reference = d.path().join("ref");
+    assert_eq!(losses(&run), losses(&reference));
+    assert_eq!(s["params_sha256"], summary(&reference)["params_sha256"]);
+}
