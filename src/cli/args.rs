@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
-use super::{bench, check, ckpt, env, export, init, report, resume, run, sample, sweep};
+use super::{bench, check, ckpt, env, export, init, report, resume, run, sample, submit, sweep};
 
 use crate::config::{self, Resolved};
 use crate::Result;
@@ -29,6 +29,12 @@ pub enum Command {
     Run(run::RunArgs),
     /// Continue a run in place from its newest verified checkpoint.
     Resume(resume::ResumeArgs),
+    /// Submit an experiment to Slurm: an sbatch script in a new run directory that requeues
+    /// itself after a preemption or before its time limit and continues where it stopped.
+    Submit(submit::SubmitArgs),
+    /// Show a run's state: its Slurm job's (pending, running, requeued, done, failed, why) and
+    /// its own (step, loss, newest checkpoint).
+    Status(submit::StatusArgs),
     /// Write a run's weights as a safetensors file PyTorch (or Burn) loads.
     Export(export::ExportArgs),
     /// Write one HTML file of plots for runs (overlaid) or a sweep: curves, time per phase,
@@ -79,6 +85,8 @@ pub fn dispatch(cli: Cli) -> Result<()> {
             crate::train::preempt::install();
             resume::resume(&a)
         }
+        Command::Submit(a) => submit::submit(&a),
+        Command::Status(a) => submit::status(&a),
         Command::Export(a) => export::export(&a),
         Command::Report(a) => report::report(&a),
         Command::Ckpt(c) => ckpt::ckpt(&c),

@@ -14,6 +14,7 @@ mod report;
 mod resume;
 mod run;
 mod sample;
+mod submit;
 mod sweep;
 
 pub use args::*;

@@ -21,6 +21,9 @@ pub struct Config {
     pub sweep: SweepConfig,
     pub launch: LaunchConfig,
     pub profile: ProfileConfig,
+    /// Left out of the stored config (and so of its hash) while it is all defaults.
+    #[serde(skip_serializing_if = "SlurmConfig::is_default")]
+    pub slurm: SlurmConfig,
 }
 
 /// Top-level section names, in the order they are printed.
@@ -38,6 +41,7 @@ pub const SECTIONS: &[&str] = &[
     "sweep",
     "launch",
     "profile",
+    "slurm",
 ];
 
 /// `[experiment]`
@@ -630,6 +634,100 @@ impl ProfileConfig {
     pub fn traces(&self, rank: usize) -> bool {
         self.enabled && (self.ranks.is_empty() || self.ranks.contains(&rank))
     }
+}
+
+/// `[slurm]`: defaults for `kiln submit` and `kiln sweep --executor slurm` (each also a flag).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SlurmConfig {
+    /// Nodes (`sbatch --nodes`). Default: `1`.
+    pub nodes: usize,
+    /// kiln processes per node, each one kiln node of the job. Default: `1` (one process
+    /// drives all of a node's devices); more is for CPU jobs. Default: `1`.
+    pub tasks_per_node: usize,
+    /// GPUs per node (`--gpus-per-node`). Default: unset (`strategy.devices` on CUDA, none on
+    /// the CPU).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gpus_per_node: Option<usize>,
+    /// CPUs per task (`--cpus-per-task`; also kiln's `backend.threads` budget). Default: unset.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cpus_per_task: Option<usize>,
+    /// Time limit, `HH:MM:SS` or `D-HH:MM:SS` (`--time`). Default: unset (the partition's).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub time: Option<String>,
+    /// Default: unset (the cluster's default partition).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub partition: Option<String>,
+    /// Default: unset.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub account: Option<String>,
+    /// Seconds before the time limit at which Slurm sends SIGUSR1 (`--signal=USR1@N`): kiln
+    /// checkpoints, stops and the job requeues itself. Default: `120`.
+    pub signal_secs: u64,
+    /// Requeue the job after a preemption or a stop before the time limit, and continue it in
+    /// the same run directory (`--requeue`). Default: `true`.
+    pub requeue: bool,
+    /// More `sbatch` options, each written as an `#SBATCH` line. Default: `[]`.
+    pub sbatch_args: Vec<String>,
+}
+
+impl Default for SlurmConfig {
+    fn default() -> Self {
+        SlurmConfig {
+            nodes: 1,
+            tasks_per_node: 1,
+            gpus_per_node: None,
+            cpus_per_task: None,
+            time: None,
+            partition: None,
+            account: None,
+            signal_secs: 120,
+            requeue: true,
+            sbatch_args: Vec::new(),
+        }
+    }
+}
+
+impl SlurmConfig {
+    pub fn is_default(&self) -> bool {
+        *self == SlurmConfig::default()
+    }
+}
+
+/// A Slurm time limit (`MM:SS`, `HH:MM:SS`, `D-HH`, `D-HH:MM` or `D-HH:MM:SS`; not a bare
+/// count of minutes, which reads too easily as hours) in seconds.
+pub fn parse_slurm_time(s: &str) -> Result<u64, String> {
+    let bad = || format!("`{s}` is not a time limit; write HH:MM:SS (e.g. 04:00:00) or D-HH:MM:SS");
+    let (days, rest) = match s.split_once('-') {
+        Some((d, r)) => (d.parse::<u64>().map_err(|_| bad())?, r),
+        None => (0, s),
+    };
+    let parts: Vec<&str> = rest.split(':').collect();
+    if parts
+        .iter()
+        .any(|p| p.is_empty() || !p.bytes().all(|b| b.is_ascii_digit()))
+    {
+        return Err(bad());
+    }
+    let n: Vec<u64> = parts
+        .iter()
+        .map(|p| p.parse().unwrap_or(u64::MAX))
+        .collect();
+    let (h, m, sec) = match (s.contains('-'), n.as_slice()) {
+        (false, [m, sec]) => (0, *m, *sec),
+        (_, [h, m, sec]) => (*h, *m, *sec),
+        (true, [h]) => (*h, 0, 0),
+        (true, [h, m]) => (*h, *m, 0),
+        _ => return Err(bad()),
+    };
+    if m >= 60 || sec >= 60 || (s.contains('-') && h >= 24) {
+        return Err(bad());
+    }
+    let total = days * 86400 + h * 3600 + m * 60 + sec;
+    if total == 0 {
+        return Err(format!("`{s}` is a time limit of zero"));
+    }
+    Ok(total)
 }
 
 /// Whether a sweep metric is minimised or maximised.

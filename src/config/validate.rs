@@ -87,6 +87,7 @@ fn files_exist(r: &Resolved, keys: &[(&str, &Option<String>)]) -> Result<(), Con
 pub fn validate(r: &Resolved) -> Result<(), ConfigError> {
     let c = &r.config;
     at_least(r, "profile.active", c.profile.active, 1)?;
+    validate_slurm(r)?;
     let world = c.strategy.devices.count() * c.launch.nnodes.max(1);
     if let Some(bad) = c.profile.ranks.iter().find(|&&rk| rk >= world) {
         return Err(r.key_error(
@@ -424,5 +425,66 @@ pub fn validate(r: &Resolved) -> Result<(), ConfigError> {
         s.min_lr >= 0.0 && s.min_lr <= o.lr,
         "in [0, optim.lr]",
     )?;
+    Ok(())
+}
+
+/// `[slurm]`: what `kiln submit` would otherwise hand to `sbatch` to refuse.
+fn validate_slurm(r: &Resolved) -> Result<(), ConfigError> {
+    let s = &r.config.slurm;
+    at_least(r, "slurm.nodes", s.nodes, 1)?;
+    at_least(r, "slurm.tasks_per_node", s.tasks_per_node, 1)?;
+    if s.cpus_per_task == Some(0) {
+        return Err(r.key_error(
+            "slurm.cpus_per_task",
+            "`slurm.cpus_per_task` = 0 is out of range: must be at least 1".into(),
+            Some("leave it unset for Slurm's default".into()),
+        ));
+    }
+    if s.signal_secs == 0 {
+        return Err(r.key_error(
+            "slurm.signal_secs",
+            "`slurm.signal_secs` = 0 leaves no time to checkpoint before the time limit".into(),
+            Some("give the seconds a checkpoint needs, with a margin (default 120)".into()),
+        ));
+    }
+    if let Some(t) = &s.time {
+        let secs = super::schema::parse_slurm_time(t)
+            .map_err(|why| r.key_error("slurm.time", format!("`slurm.time`: {why}"), None))?;
+        if secs <= s.signal_secs {
+            return Err(r.key_error(
+                "slurm.time",
+                format!(
+                    "`slurm.time` = \"{t}\" is not longer than `slurm.signal_secs` = {}: the stop signal would come before the job starts",
+                    s.signal_secs
+                ),
+                Some("give a longer time limit or a smaller slurm.signal_secs".into()),
+            ));
+        }
+    }
+    for (key, v) in [
+        ("slurm.partition", &s.partition),
+        ("slurm.account", &s.account),
+    ] {
+        if let Some(v) = v {
+            if v.is_empty() || v.chars().any(|c| c.is_whitespace() || c.is_control()) {
+                return Err(r.key_error(
+                    key,
+                    format!("`{key}` = {v:?} is not a Slurm name"),
+                    Some("names have no spaces; leave it unset for the cluster's default".into()),
+                ));
+            }
+        }
+    }
+    if let Some(bad) = s
+        .sbatch_args
+        .iter()
+        .find(|a| !a.starts_with('-') || a.chars().any(|c| c == '\n' || c == '\r'))
+    {
+        return Err(r.key_error(
+            "slurm.sbatch_args",
+            format!("`slurm.sbatch_args` has {bad:?}, which is not one sbatch option"),
+            Some("give options such as \"--mail-type=END\", one per element".into()),
+        ));
+    }
     Ok(())
 }

@@ -16,6 +16,7 @@ pub mod rendezvous;
 mod resume;
 mod run_dir;
 mod sample;
+pub mod slurm;
 pub mod store;
 mod summary;
 mod weights;

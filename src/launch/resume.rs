@@ -92,7 +92,18 @@ pub fn prepare_resume(
             refused.join("\n")
         )));
     }
-    for (k, a, b) in &changes {
+    // where this job's node 0 listens and which node this is change with every job (a Slurm
+    // requeue, torchrun): not worth a warning
+    let per_job = [
+        "launch.master_addr",
+        "launch.master_port",
+        "launch.node_rank",
+        "launch.token_file",
+    ];
+    for (k, a, b) in changes
+        .iter()
+        .filter(|(k, _, _)| !per_job.contains(&k.as_str()))
+    {
         ui::note(&format!("warning: resuming with `{k}` changed: {a} -> {b}"));
     }
 
@@ -112,10 +123,13 @@ pub fn prepare_resume(
             Some((path, state))
         }
         None => {
-            ui::note(&format!(
-                "no verified checkpoint in {}: the run starts over from step 0",
-                store.dir.display()
-            ));
+            // a run that never started (a submitted job's first start) has nothing to say
+            if dir.join("metrics.jsonl").exists() || store.dir.exists() {
+                ui::note(&format!(
+                    "no verified checkpoint in {}: the run starts over from step 0",
+                    store.dir.display()
+                ));
+            }
             None
         }
     };

@@ -18,4 +18,5 @@ mod profile;
 mod report;
 mod resume;
 mod run;
+mod slurm;
 mod sweep;

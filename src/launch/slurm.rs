@@ -1,0 +1,701 @@
+//! Slurm: `kiln submit` writes an sbatch script into a new run directory and submits it; the
+//! script runs `srun kiln resume RUN_DIR` with one task per kiln node (ranks from Slurm, node
+//! 0's store on the job's first host at a port derived from the job id, the job token in a
+//! user-only file), passes a stop signal on to kiln, and requeues itself when kiln stops with a
+//! checkpoint, so the job continues where it stopped. `kiln status` reads the job's state from
+//! `squeue`, `scontrol` and `sacct`. Sweeps submit their trials as one job array (`array_script`).
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde::{Deserialize, Serialize};
+
+use super::run_dir::{choose_run_dir, stored_config};
+use crate::config::{self, Config, Resolved, SlurmConfig};
+use crate::error::{Error, Result};
+use crate::train::preempt::EXIT_PREEMPTED;
+use crate::ui;
+
+/// What `kiln submit` was asked besides the config (whose `[slurm]` holds the job's shape).
+#[derive(Debug, Clone, Default)]
+pub struct SubmitOptions {
+    /// Print the script (and the sbatch command) and submit nothing.
+    pub dry_run: bool,
+    /// Options given after `--`, passed to `sbatch` as they are.
+    pub extra: Vec<String>,
+}
+
+/// `slurm/job.json` in a submitted run directory.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct JobRecord {
+    pub job_id: String,
+    pub job_name: String,
+    /// Seconds since the Unix epoch.
+    pub submitted: f64,
+    pub script: PathBuf,
+    pub nodes: usize,
+    pub tasks_per_node: usize,
+}
+
+/// Quotes `s` for bash.
+pub fn sh_quote(s: &str) -> String {
+    if !s.is_empty()
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"/._-+=:,@%".contains(&b))
+    {
+        return s.to_string();
+    }
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
+
+/// The `#SBATCH` header lines of a job of this shape.
+fn header(s: &SlurmConfig, name: &str, gpus: Option<usize>, output: &str) -> Vec<String> {
+    let mut h = vec![
+        format!("--job-name={name}"),
+        format!("--nodes={}", s.nodes),
+        format!("--ntasks-per-node={}", s.tasks_per_node),
+    ];
+    if let Some(g) = gpus.filter(|g| *g > 0) {
+        h.push(format!("--gpus-per-node={g}"));
+    }
+    if let Some(c) = s.cpus_per_task {
+        h.push(format!("--cpus-per-task={c}"));
+    }
+    if let Some(t) = &s.time {
+        h.push(format!("--time={t}"));
+    }
+    if let Some(p) = &s.partition {
+        h.push(format!("--partition={p}"));
+    }
+    if let Some(a) = &s.account {
+        h.push(format!("--account={a}"));
+    }
+    h.push(
+        if s.requeue {
+            "--requeue"
+        } else {
+            "--no-requeue"
+        }
+        .into(),
+    );
+    h.push(format!("--signal=USR1@{}", s.signal_secs));
+    h.push("--open-mode=append".into());
+    h.push(format!("--output={output}"));
+    h.extend(s.sbatch_args.iter().cloned());
+    h.into_iter().map(|l| format!("#SBATCH {l}")).collect()
+}
+
+/// GPUs per node: `[slurm] gpus_per_node`, else the experiment's devices on CUDA.
+fn gpus_per_node(c: &Config) -> Option<usize> {
+    c.slurm.gpus_per_node.or(match c.backend.device {
+        crate::config::Device::Cuda => Some(c.strategy.devices.count() * c.slurm.tasks_per_node),
+        crate::config::Device::Cpu => None,
+    })
+}
+
+/// The body that runs `kiln resume "$RUN_DIR"` under srun, passes stop signals on and requeues
+/// after a stop with a checkpoint.
+fn body(kiln: &Path, s: &SlurmConfig, threads: bool) -> String {
+    let threads = if threads {
+        " --set \"backend.threads=${SLURM_CPUS_PER_TASK}\""
+    } else {
+        ""
+    };
+    let requeue = if s.requeue {
+        format!(
+            r#"if [ "$rc" -eq {EXIT_PREEMPTED} ]; then
+  echo "kiln: stopped with a checkpoint; requeueing job $SLURM_JOB_ID to continue in $RUN_DIR"
+  scontrol requeue "$SLURM_JOB_ID" || echo "kiln: scontrol requeue failed: continue with \`kiln resume $RUN_DIR\`"
+fi
+"#
+        )
+    } else {
+        String::new()
+    };
+    format!(
+        r#"KILN={kiln}
+# node 0's rendezvous store: the job's first host, at a port derived from the job id
+MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"
+MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000))
+export MASTER_ADDR MASTER_PORT
+echo "kiln: job $SLURM_JOB_ID (restart ${{SLURM_RESTART_COUNT:-0}}) on $SLURM_JOB_NODELIST: $RUN_DIR"
+# a stop signal sent to this script (a requeue, scancel --signal=USR1 --batch) goes on to kiln
+pid=""
+# shellcheck disable=SC2317  # called from the traps
+forward() {{ if [ -n "$pid" ]; then kill -"$1" "$pid" 2>/dev/null; fi; }}
+trap 'forward USR1' USR1
+trap 'forward TERM' TERM
+# every start, and every start after a requeue, continues from the newest verified checkpoint
+srun --ntasks-per-node={tasks} --kill-on-bad-exit=0 "$KILN" resume "$RUN_DIR" --quiet{threads} &
+pid=$!
+while kill -0 "$pid" 2>/dev/null; do wait "$pid"; done
+wait "$pid"
+rc=$?
+{requeue}exit "$rc"
+"#,
+        kiln = sh_quote(&kiln.display().to_string()),
+        tasks = s.tasks_per_node,
+    )
+}
+
+/// The sbatch script of one run.
+pub fn run_script(c: &Config, kiln: &Path, run_dir: &Path, extra: &[String]) -> String {
+    let s = &c.slurm;
+    let dir = run_dir.display().to_string();
+    let name = format!("kiln-{}", c.experiment.name);
+    let mut out = format!(
+        "#!/bin/bash\n# Written by kiln {} (`kiln submit`): trains `{}` in {dir}.\n",
+        env!("CARGO_PKG_VERSION"),
+        c.experiment.name
+    );
+    for l in header(
+        s,
+        &name,
+        gpus_per_node(c),
+        &format!("{dir}/logs/slurm-%j.out"),
+    ) {
+        out.push_str(&l);
+        out.push('\n');
+    }
+    if !extra.is_empty() {
+        let e: Vec<String> = extra.iter().map(|a| sh_quote(a)).collect();
+        out.push_str(&format!(
+            "# more sbatch options, given on its command line: {}\n",
+            e.join(" ")
+        ));
+    }
+    out.push_str(&format!("\nRUN_DIR={}\n", sh_quote(&dir)));
+    out.push_str(&body(kiln, s, s.cpus_per_task.is_some()));
+    out
+}
+
+/// The sbatch script of a sweep's job array: array index i runs the trial in `dirs[i]`, at
+/// most `parallel` at once.
+pub fn array_script(
+    c: &Config,
+    kiln: &Path,
+    sweep_dir: &Path,
+    trials: &[(usize, PathBuf)],
+    parallel: usize,
+) -> String {
+    let s = &c.slurm;
+    let name = format!(
+        "kiln-sweep-{}",
+        sweep_dir
+            .file_name()
+            .map(|f| f.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    );
+    let indices: Vec<String> = trials.iter().map(|(i, _)| i.to_string()).collect();
+    let mut out = format!(
+        "#!/bin/bash\n# Written by kiln {} (`kiln sweep --executor slurm`): the trials of {}.\n",
+        env!("CARGO_PKG_VERSION"),
+        sweep_dir.display()
+    );
+    out.push_str(&format!(
+        "#SBATCH --array={}%{}\n",
+        indices.join(","),
+        parallel.max(1)
+    ));
+    for l in header(
+        s,
+        &name,
+        gpus_per_node(c),
+        &format!("{}/logs/slurm-%A_%a.out", sweep_dir.display()),
+    ) {
+        out.push_str(&l);
+        out.push('\n');
+    }
+    out.push_str("\ncase \"$SLURM_ARRAY_TASK_ID\" in\n");
+    for (i, d) in trials {
+        out.push_str(&format!(
+            "  {i}) RUN_DIR={} ;;\n",
+            sh_quote(&d.display().to_string())
+        ));
+    }
+    out.push_str(
+        "  *) echo \"kiln: no trial for array index $SLURM_ARRAY_TASK_ID\" >&2; exit 2 ;;\nesac\n",
+    );
+    out.push_str(&body(kiln, s, s.cpus_per_task.is_some()));
+    out
+}
+
+/// Runs `sbatch --parsable [extra] script`: the job id, or exit 2 with sbatch's own message.
+pub fn sbatch(script: &Path, extra: &[String]) -> Result<String> {
+    let out = Command::new("sbatch")
+        .arg("--parsable")
+        .args(extra)
+        .arg(script)
+        .output()
+        .map_err(|e| {
+            Error::Usage(format!(
+                "cannot run `sbatch` ({e}): kiln submits through Slurm's sbatch\n  = help: run this on a machine of the cluster (a login node) with Slurm on PATH; `kiln submit --dry-run` prints the script without it"
+            ))
+        })?;
+    if !out.status.success() {
+        let msg = String::from_utf8_lossy(&out.stderr).trim().to_string();
+        return Err(Error::Usage(format!(
+            "sbatch refused the job: {}",
+            if msg.is_empty() {
+                format!("exit status {}", out.status.code().unwrap_or(-1))
+            } else {
+                msg
+            }
+        )));
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let id = text
+        .trim()
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_string();
+    if id.is_empty() || !id.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(Error::Invalid(format!(
+            "sbatch printed no job id (`{}`)",
+            text.trim()
+        )));
+    }
+    Ok(id)
+}
+
+/// Whether `sbatch` can be run (on PATH).
+pub fn have_sbatch() -> bool {
+    std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).any(|d| d.join("sbatch").is_file()))
+        .unwrap_or(false)
+}
+
+fn now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}
+
+/// Writes `text` to `path` readable by the user only.
+fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)?;
+    f.write_all(text.as_bytes())?;
+    f.sync_all()
+}
+
+fn new_token() -> Result<String> {
+    use std::io::Read;
+    let mut bytes = [0u8; 16];
+    fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut bytes))
+        .map_err(|e| Error::io("generating a job token", e))?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// The kiln executable the job runs (this one).
+fn kiln_exe() -> Result<PathBuf> {
+    let exe = std::env::current_exe().map_err(|e| Error::io("finding the kiln executable", e))?;
+    Ok(exe.canonicalize().unwrap_or(exe))
+}
+
+/// `kiln submit`: checks the experiment as a run on `nodes x tasks_per_node` kiln nodes would,
+/// writes the run directory (config, token, script) and submits the script. With `dry_run`
+/// it prints the script and writes nothing.
+pub fn submit(r: &Resolved, o: &SubmitOptions) -> Result<()> {
+    let c = &r.config;
+    let s = &c.slurm;
+    for a in &o.extra {
+        if a.contains(['\n', '\r']) {
+            return Err(Error::Usage(format!(
+                "the sbatch option {a:?} after `--` holds a line break"
+            )));
+        }
+    }
+    let nnodes = s.nodes * s.tasks_per_node;
+    if s.tasks_per_node > 1 && c.backend.device == crate::config::Device::Cuda {
+        return Err(Error::Usage(format!(
+            "`slurm.tasks_per_node` = {} with backend.device = \"cuda\": one kiln process drives all of a node's GPUs\n  = help: use tasks_per_node = 1 and strategy.devices = the GPUs per node",
+            s.tasks_per_node
+        )));
+    }
+    // the run as the job will see it: its node count and a token file in the run directory
+    let output = Path::new(&c.experiment.output_dir);
+    let out_abs = if output.is_absolute() {
+        output.to_path_buf()
+    } else {
+        std::env::current_dir()
+            .map_err(|e| Error::io("finding the working directory", e))?
+            .join(output)
+    };
+    let run_dir = choose_run_dir(&out_abs, &c.experiment.name);
+    let out_existed = out_abs.exists();
+    let mut job_cfg = r.clone();
+    job_cfg.config.launch.nnodes = nnodes;
+    job_cfg.config.launch.node_rank = 0;
+    let token_path = run_dir.join("slurm/token");
+    if nnodes > 1 {
+        job_cfg.config.launch.token_file = Some(token_path.display().to_string());
+    }
+    config::validate(&job_cfg)?;
+    super::check::check(&job_cfg)?;
+    let kiln = kiln_exe()?;
+    let script = run_script(&job_cfg.config, &kiln, &run_dir, &o.extra);
+    if o.dry_run {
+        let mut cmd = vec!["sbatch".to_string(), "--parsable".into()];
+        cmd.extend(o.extra.iter().map(|a| sh_quote(a)));
+        cmd.push(sh_quote(
+            &run_dir.join("slurm/job.sbatch").display().to_string(),
+        ));
+        ui::note(&format!(
+            "dry run: nothing written or submitted; `{}` would submit this script:",
+            cmd.join(" ")
+        ));
+        print!("{script}");
+        return Ok(());
+    }
+    if !have_sbatch() {
+        return Err(Error::Usage(
+            "`sbatch` is not on PATH: kiln submits through Slurm's sbatch\n  = help: run this on a machine of the cluster (a login node); `kiln submit --dry-run` prints the script without it".into(),
+        ));
+    }
+    // write everything, submit, and take it all back if sbatch refuses
+    let result = (|| -> Result<String> {
+        let slurm_dir = run_dir.join("slurm");
+        fs::create_dir_all(run_dir.join("logs"))
+            .and_then(|_| fs::create_dir_all(&slurm_dir))
+            .map_err(|e| Error::io(format!("creating {}", slurm_dir.display()), e))?;
+        fs::write(
+            run_dir.join("config.toml"),
+            config::to_toml(&stored_config(&job_cfg)),
+        )
+        .map_err(|e| Error::io(format!("writing {}/config.toml", run_dir.display()), e))?;
+        write_private(&token_path, &new_token()?)
+            .map_err(|e| Error::io(format!("writing {}", token_path.display()), e))?;
+        let script_path = slurm_dir.join("job.sbatch");
+        fs::write(&script_path, &script)
+            .map_err(|e| Error::io(format!("writing {}", script_path.display()), e))?;
+        let id = sbatch(&script_path, &o.extra)?;
+        super::write_json(
+            &slurm_dir.join("job.json"),
+            &JobRecord {
+                job_id: id.clone(),
+                job_name: format!("kiln-{}", c.experiment.name),
+                submitted: now(),
+                script: script_path,
+                nodes: s.nodes,
+                tasks_per_node: s.tasks_per_node,
+            },
+        )?;
+        Ok(id)
+    })();
+    match result {
+        Ok(id) => {
+            ui::out(&format!(
+                "submitted Slurm job {id}: {} node(s) x {} task(s); run dir: {}",
+                s.nodes,
+                s.tasks_per_node,
+                run_dir.display()
+            ));
+            ui::note(&format!(
+                "  = `kiln status {}` shows the job; its output is in logs/slurm-{id}.out",
+                run_dir.display()
+            ));
+            Ok(())
+        }
+        Err(e) => {
+            let _ = fs::remove_dir_all(&run_dir);
+            if !out_existed {
+                let _ = fs::remove_dir(&out_abs);
+            }
+            Err(e)
+        }
+    }
+}
+
+/// A job's state as Slurm reports it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct JobState {
+    /// Slurm's word: PENDING, RUNNING, COMPLETED, FAILED, ...
+    pub state: String,
+    pub reason: Option<String>,
+    pub restarts: u32,
+    pub exit_code: Option<String>,
+    pub nodes: Option<String>,
+    pub elapsed: Option<String>,
+}
+
+impl JobState {
+    /// kiln's word for it: pending, running, requeued, done or failed.
+    pub fn word(&self) -> &'static str {
+        let s = self.state.split_whitespace().next().unwrap_or("");
+        match s {
+            "PENDING" | "CONFIGURING" if self.restarts > 0 => "requeued",
+            "PENDING" | "CONFIGURING" => "pending",
+            "RUNNING" | "COMPLETING" | "SUSPENDED" | "STAGE_OUT" | "SIGNALING" => "running",
+            "COMPLETED" => "done",
+            "REQUEUED" | "REQUEUE_HOLD" | "REQUEUE_FED" | "PREEMPTED" | "RESIZING" => "requeued",
+            _ => "failed",
+        }
+    }
+    /// Queued or running: a sweep must not submit the trial again.
+    pub fn live(&self) -> bool {
+        matches!(self.word(), "pending" | "running" | "requeued")
+    }
+}
+
+fn run(cmd: &str, args: &[&str]) -> Option<String> {
+    let out = Command::new(cmd).args(args).output().ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// `key=value` pairs of `scontrol show job -o` output.
+fn scontrol_fields(line: &str) -> std::collections::BTreeMap<String, String> {
+    line.split_whitespace()
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+fn from_scontrol(line: &str) -> Option<JobState> {
+    let f = scontrol_fields(line);
+    let state = f.get("JobState")?.clone();
+    Some(JobState {
+        state,
+        reason: f.get("Reason").filter(|r| *r != "None").cloned(),
+        restarts: f.get("Restarts").and_then(|r| r.parse().ok()).unwrap_or(0),
+        exit_code: f.get("ExitCode").cloned(),
+        nodes: f.get("NodeList").filter(|n| *n != "(null)").cloned(),
+        elapsed: f.get("RunTime").cloned(),
+    })
+}
+
+/// The state of job `id` (`123`, or an array task `123_4`): `scontrol` while the controller
+/// remembers it, else `sacct` (where accounting is on), else `squeue`; `None` when Slurm knows
+/// nothing of it.
+pub fn query(id: &str) -> Option<JobState> {
+    if let Some(out) = run("scontrol", &["show", "job", "-o", id]) {
+        if let Some(s) = out.lines().find_map(from_scontrol) {
+            return Some(s);
+        }
+    }
+    if let Some(out) = run(
+        "sacct",
+        &[
+            "-n",
+            "-P",
+            "-X",
+            "-j",
+            id,
+            "-o",
+            "State,ExitCode,Elapsed,NodeList",
+        ],
+    ) {
+        if let Some(l) = out.lines().find(|l| !l.trim().is_empty()) {
+            let p: Vec<&str> = l.split('|').collect();
+            return Some(JobState {
+                state: p.first().unwrap_or(&"").to_string(),
+                exit_code: p.get(1).map(|s| s.to_string()),
+                elapsed: p.get(2).map(|s| s.to_string()),
+                nodes: p.get(3).map(|s| s.to_string()),
+                ..JobState::default()
+            });
+        }
+    }
+    let out = run("squeue", &["-h", "-j", id, "-o", "%T|%r|%M|%N"])?;
+    let l = out.lines().find(|l| !l.trim().is_empty())?;
+    let p: Vec<&str> = l.split('|').collect();
+    Some(JobState {
+        state: p.first().unwrap_or(&"").to_string(),
+        reason: p.get(1).filter(|r| **r != "None").map(|s| s.to_string()),
+        elapsed: p.get(2).map(|s| s.to_string()),
+        nodes: p.get(3).filter(|n| !n.is_empty()).map(|s| s.to_string()),
+        ..JobState::default()
+    })
+}
+
+/// The states of the tasks of job array `job` still known to the controller, by array index.
+pub fn array_states(job: &str) -> std::collections::BTreeMap<usize, JobState> {
+    let mut out = std::collections::BTreeMap::new();
+    let Some(text) = run("scontrol", &["show", "job", "-o", job]) else {
+        // squeue as a fallback: pending tasks are listed as one line with a range
+        return out;
+    };
+    for line in text.lines() {
+        let f = scontrol_fields(line);
+        let (Some(idx), Some(state)) = (f.get("ArrayTaskId"), from_scontrol(line)) else {
+            continue;
+        };
+        // pending tasks not yet split off are one line: "0,2-3%2" or "1-3"
+        for i in expand_indices(idx.split('%').next().unwrap_or("")) {
+            out.insert(i, state.clone());
+        }
+    }
+    out
+}
+
+/// `0,2-4` -> [0, 2, 3, 4].
+fn expand_indices(s: &str) -> Vec<usize> {
+    let mut v = Vec::new();
+    for part in s.split(',') {
+        match part.split_once('-') {
+            Some((a, b)) => {
+                if let (Ok(a), Ok(b)) = (a.parse::<usize>(), b.parse::<usize>()) {
+                    v.extend(a..=b);
+                }
+            }
+            None => v.extend(part.parse::<usize>().ok()),
+        }
+    }
+    v
+}
+
+/// `kiln status RUN_DIR`: the Slurm job's state (when it was submitted) and the run's own.
+pub fn status(run_dir: &Path) -> Result<String> {
+    if !run_dir.join("config.toml").is_file() {
+        return Err(Error::Usage(format!(
+            "`{}` is not a kiln run directory (no config.toml); pass the directory `kiln submit` or `kiln run` printed",
+            run_dir.display()
+        )));
+    }
+    let mut lines = Vec::new();
+    let job: Option<JobRecord> = fs::read_to_string(run_dir.join("slurm/job.json"))
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok());
+    if let Some(j) = &job {
+        match query(&j.job_id) {
+            Some(st) => {
+                let mut l = format!(
+                    "job {} ({}): {} [{}]",
+                    j.job_id,
+                    j.job_name,
+                    st.word(),
+                    st.state
+                );
+                if let Some(r) = &st.reason {
+                    l.push_str(&format!(", reason: {r}"));
+                }
+                if st.restarts > 0 {
+                    l.push_str(&format!(", requeued {} time(s)", st.restarts));
+                }
+                if let Some(n) = &st.nodes {
+                    l.push_str(&format!(", nodes {n}"));
+                }
+                if let Some(e) = &st.elapsed {
+                    l.push_str(&format!(", run time {e}"));
+                }
+                if st.word() == "failed" {
+                    if let Some(x) = &st.exit_code {
+                        l.push_str(&format!(", exit code {x}"));
+                    }
+                }
+                lines.push(l);
+            }
+            None => lines.push(format!(
+                "job {} ({}): no longer known to Slurm (squeue, scontrol, sacct); the run's own state follows",
+                j.job_id, j.job_name
+            )),
+        }
+    }
+    lines.push(run_line(run_dir));
+    if let Some(j) = &job {
+        lines.push(format!(
+            "log: {}",
+            run_dir
+                .join(format!("logs/slurm-{}.out", j.job_id))
+                .display()
+        ));
+    }
+    Ok(lines.join("\n") + "\n")
+}
+
+/// The run's own state: its summary, else its last metrics line; its newest checkpoint.
+fn run_line(run_dir: &Path) -> String {
+    let summary: Option<serde_json::Value> = fs::read_to_string(run_dir.join("summary.json"))
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok());
+    let last: Option<serde_json::Value> = fs::read_to_string(run_dir.join("metrics.jsonl"))
+        .ok()
+        .and_then(|t| t.lines().last().and_then(|l| serde_json::from_str(l).ok()));
+    let mut l = match &summary {
+        Some(s) => {
+            let status = s["status"].as_str().unwrap_or("?");
+            let mut l = format!("run: {status} at step {}", s["steps"]);
+            if let Some(loss) = s["final_loss"].as_f64() {
+                l.push_str(&format!(", loss {loss:.4}"));
+            }
+            if let Some(by) = s["stopped_by"].as_str() {
+                l.push_str(&format!(" (stopped by {by})"));
+            }
+            if let Some(e) = s["error"].as_str() {
+                l.push_str(&format!(": {}", e.lines().next().unwrap_or("")));
+            }
+            l
+        }
+        None => match &last {
+            Some(m) => format!(
+                "run: in progress or stopped, last logged step {} loss {:.4}",
+                m["step"],
+                m["loss"].as_f64().unwrap_or(f64::NAN)
+            ),
+            None => "run: not started".to_string(),
+        },
+    };
+    if let Ok(store) = super::checkpoint_store(run_dir) {
+        if let Some(e) = store.list().ok().and_then(|v| {
+            v.into_iter()
+                .find(|e| e.status.is_ok() && !e.path.to_string_lossy().ends_with(".tmp"))
+        }) {
+            l.push_str(&format!(
+                "; newest checkpoint {}",
+                e.path
+                    .file_name()
+                    .map(|f| f.to_string_lossy().into_owned())
+                    .unwrap_or_default()
+            ));
+        }
+    }
+    l
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quoting_and_indices() {
+        assert_eq!(sh_quote("/a/b-c_1.toml"), "/a/b-c_1.toml");
+        assert_eq!(sh_quote("a b"), "'a b'");
+        assert_eq!(sh_quote("it's"), r"'it'\''s'");
+        assert_eq!(sh_quote(""), "''");
+        assert_eq!(expand_indices("0,2-4"), vec![0, 2, 3, 4]);
+        assert_eq!(expand_indices("7"), vec![7]);
+    }
+
+    #[test]
+    fn states_in_kiln_words() {
+        let st = |s: &str, restarts| JobState {
+            state: s.into(),
+            restarts,
+            ..JobState::default()
+        };
+        assert_eq!(st("PENDING", 0).word(), "pending");
+        assert_eq!(st("PENDING", 1).word(), "requeued");
+        assert_eq!(st("RUNNING", 0).word(), "running");
+        assert_eq!(st("COMPLETED", 0).word(), "done");
+        assert_eq!(st("CANCELLED by 0", 0).word(), "failed");
+        assert_eq!(st("TIMEOUT", 0).word(), "failed");
+        assert!(st("REQUEUED", 1).live() && !st("COMPLETED", 0).live());
+        let f = from_scontrol("JobId=5 JobName=x JobState=PENDING Reason=BeginTime Restarts=2 ExitCode=0:0 NodeList=(null)").unwrap();
+        assert_eq!(
+            (f.word(), f.reason.as_deref(), f.nodes),
+            ("requeued", Some("BeginTime"), None)
+        );
+    }
+}

@@ -1,0 +1,330 @@
+//! `kiln submit`, `kiln status` and sweeps against a real one-host Slurm (scripts/slurm-up.sh
+//! brings it up; a test that finds none runs the script, and fails saying so when it cannot).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use crate::common::{kiln, kiln_env, metric_lines, root, stderr, stdout, summary, write, TINY};
+
+/// Whether `sinfo` answers with an idle (or busy) node.
+fn slurm_up() -> bool {
+    Command::new("sinfo")
+        .args(["-h", "-o", "%T"])
+        .output()
+        .map(|o| {
+            let s = String::from_utf8_lossy(&o.stdout);
+            o.status.success() && ["idle", "mixed", "alloc"].iter().any(|w| s.contains(w))
+        })
+        .unwrap_or(false)
+}
+
+/// Slurm is up, or this test fails saying how to bring it up.
+fn need_slurm() {
+    static UP: OnceLock<Result<(), String>> = OnceLock::new();
+    let r = UP.get_or_init(|| {
+        if slurm_up() {
+            return Ok(());
+        }
+        let o = Command::new("bash")
+            .arg(root().join("scripts/slurm-up.sh"))
+            .output();
+        match o {
+            Ok(o) if o.status.success() && slurm_up() => Ok(()),
+            Ok(o) => Err(format!(
+                "{}{}",
+                String::from_utf8_lossy(&o.stdout),
+                String::from_utf8_lossy(&o.stderr)
+            )),
+            Err(e) => Err(e.to_string()),
+        }
+    });
+    if let Err(why) = r {
+        panic!(
+            "this test needs a Slurm cluster and `sinfo` finds none; run `scripts/slurm-up.sh` (as root) first.\nIt said: {why}"
+        );
+    }
+}
+
+/// Waits (polling, up to `secs`) until `f` holds.
+fn wait_until(secs: u64, what: &str, mut f: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !f() {
+        assert!(
+            start.elapsed() < Duration::from_secs(secs),
+            "timed out after {secs}s waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn status_of(run: &Path) -> Option<String> {
+    std::fs::read_to_string(run.join("summary.json"))
+        .ok()
+        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+        .and_then(|v| v["status"].as_str().map(str::to_string))
+}
+
+fn job_id(run: &Path) -> String {
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(run.join("slurm/job.json")).unwrap())
+            .unwrap();
+    v["job_id"].as_str().unwrap().to_string()
+}
+
+/// The run directory `kiln submit` printed.
+fn submitted_dir(out: &str) -> PathBuf {
+    PathBuf::from(
+        out.lines()
+            .find_map(|l| l.split("run dir: ").nth(1))
+            .unwrap_or_else(|| panic!("no run dir in {out}"))
+            .trim(),
+    )
+}
+
+/// Waits for a submitted run to finish, showing its Slurm log when it does not.
+fn wait_finished(run: &Path, secs: u64) {
+    let start = Instant::now();
+    while status_of(run).as_deref() != Some("finished") {
+        if start.elapsed() > Duration::from_secs(secs) {
+            let id = job_id(run);
+            let log = std::fs::read_to_string(run.join(format!("logs/slurm-{id}.out")))
+                .unwrap_or_default();
+            let st = stdout(&kiln(run, &["status", "."]));
+            panic!("job {id} did not finish in {secs}s\nstatus: {st}\nlog:\n{log}");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn submit_dry_run_prints_a_script_that_bash_and_shellcheck_accept_and_writes_nothing() {
+    let d = tempfile::tempdir().unwrap();
+    write(
+        d.path(),
+        "t.toml",
+        &format!(
+            "{TINY}\n[strategy]\nkind = \"ddp\"\n\n[slurm]\nnodes = 2\ntime = \"01:30:00\"\nsignal_secs = 300\nsbatch_args = [\"--mail-type=END\"]\n"
+        ),
+    );
+    let o = kiln(
+        d.path(),
+        &[
+            "submit",
+            "t.toml",
+            "--dry-run",
+            "--partition",
+            "gpu",
+            "--cpus-per-task",
+            "4",
+            "--",
+            "--qos",
+            "high prio",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let script = stdout(&o);
+    for line in [
+        "#SBATCH --nodes=2",
+        "#SBATCH --ntasks-per-node=1",
+        "#SBATCH --time=01:30:00",
+        "#SBATCH --partition=gpu",
+        "#SBATCH --cpus-per-task=4",
+        "#SBATCH --requeue",
+        "#SBATCH --signal=USR1@300",
+        "#SBATCH --mail-type=END",
+        "# more sbatch options, given on its command line: --qos 'high prio'",
+        "scontrol show hostnames \"$SLURM_JOB_NODELIST\"",
+        "MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000))",
+        "scontrol requeue \"$SLURM_JOB_ID\"",
+        "resume \"$RUN_DIR\" --quiet --set \"backend.threads=${SLURM_CPUS_PER_TASK}\"",
+    ] {
+        assert!(script.contains(line), "no `{line}` in\n{script}");
+    }
+    assert!(stderr(&o).contains("--qos 'high prio'"), "{}", stderr(&o));
+    assert!(!d.path().join("runs").exists(), "a dry run wrote files");
+    let f = write(d.path(), "job.sbatch", &script);
+    let n = Command::new("bash").arg("-n").arg(&f).output().unwrap();
+    assert!(n.status.success(), "bash -n: {}", stderr(&n));
+    if let Ok(sc) = Command::new("shellcheck").arg(&f).output() {
+        assert!(sc.status.success(), "shellcheck:\n{}", stdout(&sc));
+    }
+}
+
+#[test]
+fn submit_refuses_bad_input_with_exit_2_and_submits_nothing() {
+    let d = tempfile::tempdir().unwrap();
+    write(d.path(), "t.toml", TINY);
+    let bad = |args: &[&str], env: &[(&str, &str)], want: &str| {
+        let mut a = vec!["submit", "t.toml"];
+        a.extend(args);
+        let o = kiln_env(d.path(), &a, env);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
+        assert!(stderr(&o).contains(want), "{args:?}: {}", stderr(&o));
+        assert!(
+            !d.path().join("runs").exists(),
+            "{args:?} left a run directory"
+        );
+    };
+    bad(&[], &[("PATH", "/nonexistent")], "`sbatch` is not on PATH");
+    bad(
+        &["--time", "25:99"],
+        &[],
+        "--time: `25:99` is not a time limit",
+    );
+    bad(&["--time", "1-2-3"], &[], "--time");
+    bad(&["--nodes", "0"], &[], "--nodes 0: give at least 1");
+    bad(
+        &["--partition", "a b"],
+        &[],
+        "--partition \"a b\" is not a Slurm name",
+    );
+    bad(
+        &["--set", "slurm.time=\"00:01:00\""],
+        &[],
+        "`slurm.time` = \"00:01:00\" is not longer than `slurm.signal_secs` = 120",
+    );
+    bad(
+        &["--set", "slurm.sbatch_args=[\"x\"]"],
+        &[],
+        "`slurm.sbatch_args` has \"x\"",
+    );
+    bad(
+        &["--set", "model.hidden_sizes=[0]"],
+        &[],
+        "model.hidden_sizes",
+    );
+    // sbatch's own refusal is shown, and the run directory it would have used is gone
+    need_slurm();
+    bad(
+        &["--partition", "nosuch"],
+        &[],
+        "sbatch refused the job: sbatch: error:",
+    );
+}
+
+#[test]
+fn submit_of_quickstart_ddp_finishes_with_the_local_final_loss() {
+    need_slurm();
+    let d = tempfile::tempdir().unwrap();
+    let file = root().join("experiments/quickstart-ddp.toml");
+    let file = file.to_str().unwrap();
+    let local = kiln(d.path(), &["run", file, "--quiet", "--run-dir", "local"]);
+    assert!(local.status.success(), "{}", stderr(&local));
+    let o = kiln(d.path(), &["submit", file]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let run = submitted_dir(&stdout(&o));
+    assert!(run.is_absolute() && run.join("slurm/job.sbatch").is_file());
+    let token = run.join("slurm/token");
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(
+        std::fs::metadata(&token).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    wait_finished(&run, 180);
+    let (a, b) = (summary(&run), summary(&d.path().join("local")));
+    assert_eq!(a["final_loss"], b["final_loss"]);
+    assert_eq!(a["params_sha256"], b["params_sha256"]);
+    let st = stdout(&kiln(d.path(), &["status", run.to_str().unwrap()]));
+    assert!(
+        st.contains(&format!("job {} (kiln-quickstart-ddp): done", job_id(&run)))
+            && st.contains("run: finished at step"),
+        "{st}"
+    );
+}
+
+/// A two-task job (two kiln nodes over srun on this host) gets SIGUSR1 in its batch script
+/// (`scancel --signal=USR1 --batch`, as before a time limit): kiln checkpoints, the script
+/// requeues the job, the job continues in the same run directory and finishes with the
+/// metrics of an uninterrupted two-node run, bit for bit.
+#[test]
+fn a_stop_signal_checkpoints_requeues_and_the_job_finishes_bit_exactly() {
+    need_slurm();
+    let d = tempfile::tempdir().unwrap();
+    write(d.path(), "t.toml", TINY);
+    let sets = [
+        "train.max_steps=3000",
+        "strategy.kind=ddp",
+        "train.batch_size=4",
+        "train.log_every=10",
+    ];
+    // the uninterrupted reference: two node processes here
+    let port = crate::nodes::free_port().to_string();
+    let node = |rank: &str, dir: Option<&str>| {
+        let mut c = Command::new(crate::common::KILN);
+        c.current_dir(d.path())
+            .args([
+                "run",
+                "t.toml",
+                "--quiet",
+                "--nnodes",
+                "2",
+                "--node-rank",
+                rank,
+            ])
+            .args(["--master-addr", "127.0.0.1", "--master-port", &port])
+            .env("KILN_JOB_TOKEN", "t")
+            .stdout(std::process::Stdio::null());
+        if let Some(dir) = dir {
+            c.args(["--run-dir", dir]);
+        }
+        for s in sets {
+            c.args(["--set", s]);
+        }
+        c.spawn().unwrap()
+    };
+    let (mut a, mut b) = (node("0", Some("ref")), node("1", None));
+    assert!(a.wait().unwrap().success() && b.wait().unwrap().success());
+    let reference = d.path().join("ref");
+
+    let mut args = vec!["submit", "t.toml", "--tasks-per-node", "2"];
+    for s in sets {
+        args.extend(["--set", s]);
+    }
+    let o = kiln(d.path(), &args);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let run = submitted_dir(&stdout(&o));
+    let id = job_id(&run);
+    wait_until(120, "the job's first metrics", || {
+        run.join("metrics.jsonl").is_file() && !metric_lines(&run).is_empty()
+    });
+    let sc = Command::new("scancel")
+        .args(["--signal=USR1", "--batch", &id])
+        .output()
+        .unwrap();
+    assert!(sc.status.success(), "{}", stderr(&sc));
+    // the script requeues the job; Slurm holds a requeued job back for two minutes: release it
+    // sooner (not in the second of the requeue: slurmd refuses that job's credential then)
+    wait_until(60, "the requeue", || {
+        stdout(&kiln(d.path(), &["status", run.to_str().unwrap()])).contains(": requeued")
+    });
+    let preempted = summary(&run);
+    assert_eq!(preempted["status"], "preempted", "{preempted}");
+    assert_eq!(preempted["stopped_by"], "SIGUSR1", "{preempted}");
+    let Some(step) = preempted["steps"].as_u64() else {
+        panic!("{preempted}")
+    };
+    assert!(
+        step < 3000,
+        "the job finished before the signal: {preempted}"
+    );
+    Command::new("scontrol")
+        .args(["update", &format!("JobId={id}"), "StartTime=now+3"])
+        .output()
+        .unwrap();
+    wait_finished(&run, 180);
+    let s = summary(&run);
+    assert_eq!(s["resumed_from_step"], step, "{s}");
+    let log = std::fs::read_to_string(run.join(format!("logs/slurm-{id}.out"))).unwrap();
+    assert!(log.contains(&format!("requeueing job {id}")), "{log}");
+    assert!(log.contains("(restart 1)"), "{log}");
+    let losses = |r: &Path| -> Vec<(u64, f64)> {
+        metric_lines(r)
+            .iter()
+            .map(|v| (v["step"].as_u64().unwrap(), v["loss"].as_f64().unwrap()))
+            .collect()
+    };
+    assert_eq!(losses(&run), losses(&reference));
+    assert_eq!(s["params_sha256"], summary(&reference)["params_sha256"]);
+}
