@@ -27,6 +27,10 @@ pub struct SweepArgs {
     /// No progress view.
     #[arg(long)]
     pub quiet: bool,
+    /// Where the trials run: `local` child processes (the default), or one Slurm job array
+    /// (`slurm`, shaped by `[slurm]`); a resumed sweep keeps the one it was started with.
+    #[arg(long, value_enum)]
+    pub executor: Option<sweep::Executor>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -47,6 +51,7 @@ pub fn sweep(a: &SweepArgs) -> Result<()> {
         (Some(file), None) => SweepSpec {
             file: file.clone(),
             sets: a.sets.clone(),
+            executor: a.executor.unwrap_or_default(),
         },
         (None, Some(dir)) => {
             if !a.sets.is_empty() {
@@ -54,7 +59,11 @@ pub fn sweep(a: &SweepArgs) -> Result<()> {
                     "--set cannot change a sweep being resumed (it would make new trials); start a new sweep instead".into(),
                 ));
             }
-            sweep::read_spec(dir)?
+            let mut spec = sweep::read_spec(dir)?;
+            if let Some(e) = a.executor {
+                spec.executor = e;
+            }
+            spec
         }
         (Some(_), Some(_)) => {
             return Err(Error::Usage(
@@ -70,5 +79,11 @@ pub fn sweep(a: &SweepArgs) -> Result<()> {
     if a.parallel == Some(0) {
         return Err(Error::Usage("--parallel must be at least 1".into()));
     }
-    sweep::run(&spec, a.parallel, a.quiet).map(|_| ())
+    match spec.executor {
+        sweep::Executor::Local => {
+            crate::train::preempt::install();
+            sweep::run(&spec, a.parallel, a.quiet).map(|_| ())
+        }
+        sweep::Executor::Slurm => sweep::submit(&spec, a.parallel).map(|_| ()),
+    }
 }

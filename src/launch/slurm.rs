@@ -79,7 +79,8 @@ fn header(s: &SlurmConfig, name: &str, gpus: Option<usize>, output: &str) -> Vec
         }
         .into(),
     );
-    h.push(format!("--signal=USR1@{}", s.signal_secs));
+    // to the batch script, which passes it on to kiln and knows then to requeue the job
+    h.push(format!("--signal=B:USR1@{}", s.signal_secs));
     h.push("--open-mode=append".into());
     h.push(format!("--output={output}"));
     h.extend(s.sbatch_args.iter().cloned());
@@ -104,7 +105,9 @@ fn body(kiln: &Path, s: &SlurmConfig, threads: bool) -> String {
     };
     let requeue = if s.requeue {
         format!(
-            r#"if [ "$rc" -eq {EXIT_PREEMPTED} ]; then
+            r#"# stopped with a checkpoint before the time limit (USR1): requeue to continue. After
+# SIGTERM Slurm itself requeues (preemption, scontrol requeue) or the job was cancelled.
+if [ "$rc" -eq {EXIT_PREEMPTED} ] && [ "$stop" = USR1 ]; then
   echo "kiln: stopped with a checkpoint; requeueing job $SLURM_JOB_ID to continue in $RUN_DIR"
   scontrol requeue "$SLURM_JOB_ID" || echo "kiln: scontrol requeue failed: continue with \`kiln resume $RUN_DIR\`"
 fi
@@ -120,10 +123,12 @@ MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"
 MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000))
 export MASTER_ADDR MASTER_PORT
 echo "kiln: job $SLURM_JOB_ID (restart ${{SLURM_RESTART_COUNT:-0}}) on $SLURM_JOB_NODELIST: $RUN_DIR"
-# a stop signal sent to this script (a requeue, scancel --signal=USR1 --batch) goes on to kiln
+# a stop signal to this script (USR1 before the time limit or from scancel --signal=USR1
+# --batch; TERM from a requeue, a preemption or scancel) goes on to kiln
 pid=""
-# shellcheck disable=SC2317  # called from the traps
-forward() {{ if [ -n "$pid" ]; then kill -"$1" "$pid" 2>/dev/null; fi; }}
+stop=""
+# shellcheck disable=SC2317,SC2034  # called from the traps; `stop` is read when requeueing
+forward() {{ stop="$1"; if [ -n "$pid" ]; then kill -"$1" "$pid" 2>/dev/null; fi; }}
 trap 'forward USR1' USR1
 trap 'forward TERM' TERM
 # every start, and every start after a requeue, continues from the newest verified checkpoint
@@ -288,6 +293,12 @@ fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
     f.sync_all()
 }
 
+/// Writes a new job token to `path`, readable by the user only.
+pub fn write_token(path: &Path) -> Result<()> {
+    write_private(path, &new_token()?)
+        .map_err(|e| Error::io(format!("writing {}", path.display()), e))
+}
+
 fn new_token() -> Result<String> {
     use std::io::Read;
     let mut bytes = [0u8; 16];
@@ -298,7 +309,7 @@ fn new_token() -> Result<String> {
 }
 
 /// The kiln executable the job runs (this one).
-fn kiln_exe() -> Result<PathBuf> {
+pub fn kiln_exe() -> Result<PathBuf> {
     let exe = std::env::current_exe().map_err(|e| Error::io("finding the kiln executable", e))?;
     Ok(exe.canonicalize().unwrap_or(exe))
 }

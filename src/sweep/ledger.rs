@@ -12,9 +12,26 @@ use serde::{Deserialize, Serialize};
 #[serde(rename_all = "lowercase")]
 pub enum TrialState {
     Pending,
+    /// Submitted to Slurm (in a job array), not started.
+    Queued,
     Running,
+    /// Stopped by a signal with a checkpoint; the next run of the sweep continues it.
+    Preempted,
     Done,
     Failed,
+}
+
+impl TrialState {
+    pub fn word(self) -> &'static str {
+        match self {
+            TrialState::Pending => "pending",
+            TrialState::Queued => "queued",
+            TrialState::Running => "running",
+            TrialState::Preempted => "preempted",
+            TrialState::Done => "done",
+            TrialState::Failed => "failed",
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -29,6 +46,11 @@ pub struct Record {
     pub metric: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub error: Option<String>,
+    /// The Slurm job array and this trial's index in it (`--executor slurm`).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub job: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub array_index: Option<usize>,
     /// Seconds since the Unix epoch.
     pub time: f64,
 }

@@ -9,8 +9,10 @@ mod expand;
 mod ledger;
 mod results;
 mod scheduler;
+mod slurm;
 
 pub use expand::{expand, ExpandError, Trial};
 pub use ledger::{Ledger, Record, TrialState};
 pub use results::{row, sort, to_csv, to_markdown, to_text, Row};
 pub use scheduler::*;
+pub use slurm::{refresh, submit};

@@ -16,6 +16,8 @@ pub struct Row {
     pub wall_seconds: Option<f64>,
     pub samples_per_sec: Option<f64>,
     pub error: Option<String>,
+    /// The Slurm array task running it (`<job>_<index>`), for `--executor slurm`.
+    pub job: Option<String>,
 }
 
 /// Builds a trial's row from its ledger record and its run directory.
@@ -55,6 +57,11 @@ pub fn row(rec: &Record, run_dir: &Path, metric: &str, mode: MetricMode) -> Row 
         wall_seconds: get("wall_seconds"),
         samples_per_sec: get("samples_per_sec"),
         error: rec.error.clone(),
+        job: rec
+            .job
+            .as_ref()
+            .zip(rec.array_index)
+            .map(|(j, i)| format!("{j}_{i}")),
     }
 }
 
@@ -65,8 +72,10 @@ pub fn sort(rows: &mut [Row], mode: MetricMode) {
             (TrialState::Done, Some(m)) if m.is_finite() => 0,
             (TrialState::Done, _) => 1,
             (TrialState::Running, _) => 2,
-            (TrialState::Pending, _) => 3,
-            (TrialState::Failed, _) => 4,
+            (TrialState::Preempted, _) => 3,
+            (TrialState::Queued, _) => 4,
+            (TrialState::Pending, _) => 5,
+            (TrialState::Failed, _) => 6,
         };
         rank(a).cmp(&rank(b)).then_with(|| {
             let (x, y) = (a.metric.unwrap_or(f64::NAN), b.metric.unwrap_or(f64::NAN));
@@ -82,20 +91,15 @@ fn num(v: Option<f64>) -> String {
     v.map(|v| format!("{v:.6}")).unwrap_or_default()
 }
 
-fn status(s: TrialState) -> &'static str {
-    match s {
-        TrialState::Pending => "pending",
-        TrialState::Running => "running",
-        TrialState::Done => "done",
-        TrialState::Failed => "failed",
-    }
-}
-
 fn cells(r: &Row) -> Vec<String> {
+    let status = match (&r.job, r.status) {
+        (Some(j), s) if s != TrialState::Done => format!("{} ({j})", s.word()),
+        (_, s) => s.word().to_string(),
+    };
     vec![
         r.trial.clone(),
         r.overrides.clone(),
-        status(r.status).to_string(),
+        status,
         num(r.metric),
         num(r.best),
         r.steps.map(|s| s.to_string()).unwrap_or_default(),

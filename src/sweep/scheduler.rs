@@ -20,6 +20,19 @@ use crate::ui::SweepProgress;
 pub struct SweepSpec {
     pub file: PathBuf,
     pub sets: Vec<String>,
+    /// Where the trials run: child processes here, or a Slurm job array.
+    #[serde(default)]
+    pub executor: Executor,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Executor {
+    /// Child `kiln` processes on this machine, `parallel` at once.
+    #[default]
+    Local,
+    /// One Slurm job array (`sbatch --array=...%parallel`).
+    Slurm,
 }
 
 /// A checked trial, ready to run.
@@ -28,12 +41,15 @@ pub struct Planned {
     pub trial: Trial,
     pub id: String,
     pub config: Config,
+    /// The config as its run directory stores it (data paths absolute).
+    pub stored: Config,
 }
 
 /// A trial's id: a short hash of its resolved config (the `[sweep]` section aside).
 pub fn trial_id(c: &Config) -> String {
     let mut c = c.clone();
     c.sweep = SweepConfig::default();
+    c.slurm = crate::config::SlurmConfig::default();
     config::config_hash(&c)[..8].to_string()
 }
 
@@ -86,6 +102,7 @@ pub fn plan(spec: &SweepSpec, env: &[(String, String)]) -> Result<(Config, Vec<P
         planned.push(Planned {
             trial,
             id,
+            stored: crate::launch::stored_config(&r),
             config: r.config,
         });
     }
@@ -103,10 +120,10 @@ pub fn sweep_dir(base: &Config) -> PathBuf {
 }
 
 /// Holds `sweep.lock` while a sweep runs in a directory.
-struct Lock(PathBuf);
+pub(super) struct Lock(PathBuf);
 
 impl Lock {
-    fn take(dir: &Path) -> Result<Lock> {
+    pub(super) fn take(dir: &Path) -> Result<Lock> {
         let path = dir.join("sweep.lock");
         if let Ok(pid) = fs::read_to_string(&path) {
             let pid = pid.trim();
@@ -157,11 +174,11 @@ fn gpu_count() -> usize {
     }
 }
 
-fn ledger_io(e: std::io::Error) -> Error {
+pub(super) fn ledger_io(e: std::io::Error) -> Error {
     Error::io("writing sweep.jsonl", e)
 }
 
-fn record(p: &Planned, state: TrialState) -> Record {
+pub(super) fn record(p: &Planned, state: TrialState) -> Record {
     Record {
         trial: p.id.clone(),
         index: p.trial.index,
@@ -175,6 +192,8 @@ fn record(p: &Planned, state: TrialState) -> Record {
         exit: None,
         metric: None,
         error: None,
+        job: None,
+        array_index: None,
         time: now(),
     }
 }
@@ -283,7 +302,7 @@ fn last_progress(run_dir: &Path) -> Option<String> {
 }
 
 /// The rows of every trial the ledger knows, sorted.
-fn rows(dir: &Path, ledger: &Ledger, s: &SweepConfig) -> Vec<Row> {
+pub(super) fn rows(dir: &Path, ledger: &Ledger, s: &SweepConfig) -> Vec<Row> {
     let mut rows: Vec<Row> = ledger
         .latest()
         .values()
@@ -293,7 +312,7 @@ fn rows(dir: &Path, ledger: &Ledger, s: &SweepConfig) -> Vec<Row> {
     rows
 }
 
-fn write_results(dir: &Path, rows: &[Row], metric: &str) -> Result<()> {
+pub(super) fn write_results(dir: &Path, rows: &[Row], metric: &str) -> Result<()> {
     for (name, text) in [
         ("results.csv", to_csv(rows, metric)),
         ("results.md", to_markdown(rows, metric)),
@@ -322,11 +341,16 @@ pub fn run(spec: &SweepSpec, parallel: Option<usize>, quiet: bool) -> Result<Str
             .canonicalize()
             .unwrap_or_else(|_| spec.file.clone()),
         sets: spec.sets.clone(),
+        executor: Executor::Local,
     };
     crate::launch::write_json(&dir.join("sweep.json"), &spec_abs)?;
     let ledger = Ledger {
         path: dir.join("sweep.jsonl"),
     };
+    // trials submitted to Slurm before: never run one here that Slurm still has
+    if ledger.latest().values().any(|r| r.job.is_some()) {
+        super::refresh(&dir, &ledger, &s.metric)?;
+    }
     let latest = ledger.latest();
     let mut failures = ledger.failures();
     for p in &planned {
@@ -340,6 +364,11 @@ pub fn run(spec: &SweepSpec, parallel: Option<usize>, quiet: bool) -> Result<Str
         .iter()
         .filter(|p| match latest.get(&p.id).map(|r| r.state) {
             Some(TrialState::Done) => false,
+            Some(TrialState::Queued | TrialState::Running)
+                if latest.get(&p.id).is_some_and(|r| r.job.is_some()) =>
+            {
+                false
+            }
             Some(TrialState::Failed) => failures.get(&p.id).copied().unwrap_or(0) <= s.retries,
             _ => true,
         })
@@ -363,7 +392,19 @@ pub fn run(spec: &SweepSpec, parallel: Option<usize>, quiet: bool) -> Result<Str
     } else {
         Vec::new()
     };
+    // a stop signal: no new trials; the running ones checkpoint and stop (they get SIGTERM,
+    // which never escalates, even when a Ctrl-C reached them too)
+    let mut stopping = false;
     while !queue.is_empty() || !running.is_empty() {
+        if !stopping && crate::train::preempt::requested().is_some() {
+            stopping = true;
+            queue.clear();
+            for r in &running {
+                // SAFETY: kill(2) on our own child's pid.
+                unsafe { libc::kill(r.child.id() as i32, libc::SIGTERM) };
+            }
+            ui.info("stopping: the running trials checkpoint and stop");
+        }
         while running.len() < parallel {
             let Some(p) = queue.pop() else { break };
             let need = gpus_needed(&p.config);
@@ -422,7 +463,17 @@ pub fn run(spec: &SweepSpec, parallel: Option<usize>, quiet: bool) -> Result<Str
                     .ok()
                     .and_then(|t| serde_json::from_str(&t).ok());
             rec.metric = summary.as_ref().and_then(|v| v[s.metric.as_str()].as_f64());
-            if !status.success() {
+            if status.code() == Some(crate::train::preempt::EXIT_PREEMPTED) {
+                rec.state = TrialState::Preempted;
+                rec.metric = None;
+                rec.error = summary.as_ref().map(|v| {
+                    format!(
+                        "preempted at step {} ({}); continues from there",
+                        v["steps"],
+                        v["stopped_by"].as_str().unwrap_or("a signal")
+                    )
+                });
+            } else if !status.success() {
                 rec.state = TrialState::Failed;
                 rec.error = Some(failure_reason(
                     &run_dir,
@@ -447,6 +498,18 @@ pub fn run(spec: &SweepSpec, parallel: Option<usize>, quiet: bool) -> Result<Str
     let rows = rows(&dir, &ledger, s);
     write_results(&dir, &rows, &s.metric)?;
     let table = to_text(&rows, &s.metric);
+    if stopping {
+        crate::ui::out(&table);
+        let n = rows
+            .iter()
+            .filter(|r| r.status == TrialState::Preempted)
+            .count();
+        return Err(Error::Preempted(format!(
+            "the sweep stopped: {n} trial(s) preempted with a checkpoint; sweep dir: {}\n  = help: continue it with `kiln sweep --resume {}`",
+            dir.display(),
+            dir.display()
+        )));
+    }
     let failed = rows
         .iter()
         .filter(|r| r.status == TrialState::Failed)
@@ -508,17 +571,13 @@ pub fn status(dir: &Path) -> Result<String> {
     let ledger = Ledger {
         path: dir.join("sweep.jsonl"),
     };
+    if spec.executor == Executor::Slurm {
+        super::refresh(dir, &ledger, &base.config.sweep.metric)?;
+    }
     let rows = rows(dir, &ledger, &base.config.sweep);
     let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
     for r in &rows {
-        *counts
-            .entry(match r.status {
-                TrialState::Done => "done",
-                TrialState::Failed => "failed",
-                TrialState::Running => "running",
-                TrialState::Pending => "pending",
-            })
-            .or_insert(0) += 1;
+        *counts.entry(r.status.word()).or_insert(0) += 1;
     }
     let summary: Vec<String> = counts.iter().map(|(k, v)| format!("{v} {k}")).collect();
     Ok(format!(

@@ -132,7 +132,7 @@ fn submit_dry_run_prints_a_script_that_bash_and_shellcheck_accept_and_writes_not
         "#SBATCH --partition=gpu",
         "#SBATCH --cpus-per-task=4",
         "#SBATCH --requeue",
-        "#SBATCH --signal=USR1@300",
+        "#SBATCH --signal=B:USR1@300",
         "#SBATCH --mail-type=END",
         "# more sbatch options, given on its command line: --qos 'high prio'",
         "scontrol show hostnames \"$SLURM_JOB_NODELIST\"",
@@ -327,4 +327,90 @@ fn a_stop_signal_checkpoints_requeues_and_the_job_finishes_bit_exactly() {
     };
     assert_eq!(losses(&run), losses(&reference));
     assert_eq!(s["params_sha256"], summary(&reference)["params_sha256"]);
+}
+
+/// A sweep as one job array: cancelled while its first trial runs, submitted again (only the
+/// trials not done), completed, and a third submission submits nothing.
+#[test]
+fn a_sweep_runs_as_a_job_array_survives_a_cancel_and_never_duplicates_a_trial() {
+    need_slurm();
+    let d = tempfile::tempdir().unwrap();
+    write(d.path(), "t.toml", TINY);
+    write(
+        d.path(),
+        "sw.toml",
+        "extends = [\"t.toml\"]\n[experiment]\nname = \"sw\"\n[train]\nmax_steps = 20000\nlog_every = 100\n[sweep]\nparallel = 1\n[sweep.grid]\n\"optim.lr\" = [0.01, 0.02, 0.05, 0.1]\n",
+    );
+    let sweep = |extra: &[&str]| {
+        let mut a = vec!["sweep", "sw.toml", "--executor", "slurm"];
+        a.extend(extra);
+        let o = kiln(d.path(), &a);
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        stdout(&o)
+    };
+    let dir = d.path().join("runs/sw");
+    let status = || {
+        let o = kiln(d.path(), &["sweep", "status", dir.to_str().unwrap()]);
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        stdout(&o)
+    };
+    let out = sweep(&[]);
+    assert!(
+        out.contains("trial(s) 0,1,2,3 of 4, at most 1 at once"),
+        "{out}"
+    );
+    let job = out
+        .split("job array ")
+        .nth(1)
+        .and_then(|r| r.split(':').next())
+        .unwrap()
+        .to_string();
+    // the ledger knows each trial's job and index
+    let ledger = std::fs::read_to_string(dir.join("sweep.jsonl")).unwrap();
+    for i in 0..4 {
+        assert!(
+            ledger.contains(&format!(
+                "\"state\":\"queued\",\"job\":\"{job}\",\"array_index\":{i}"
+            )),
+            "{ledger}"
+        );
+    }
+    // cancel the array while its first trial runs
+    wait_until(120, "a trial's first metrics", || {
+        std::fs::read_dir(&dir).unwrap().any(|e| {
+            let p = e.unwrap().path();
+            p.join("metrics.jsonl").is_file()
+        })
+    });
+    let c = Command::new("scancel").arg(&job).output().unwrap();
+    assert!(c.status.success(), "{}", stderr(&c));
+    wait_until(60, "the cancelled array to leave the queue", || {
+        let s = status();
+        let counts = s.lines().last().unwrap_or("").to_string();
+        !counts.contains("queued") && !counts.contains("running")
+    });
+    let after_cancel = status();
+    assert!(!after_cancel.contains("4 done"), "{after_cancel}");
+    // submitted again: only what is not done; a trial stopped mid-run continues from its
+    // checkpoint
+    let out = sweep(&["--parallel", "2"]);
+    assert!(out.contains("submitted Slurm job array"), "{out}");
+    let again = sweep(&[]);
+    assert!(
+        again.contains("nothing to submit"),
+        "a live trial was submitted twice: {again}"
+    );
+    wait_until(240, "every trial done", || {
+        status().contains("4 trials: 4 done")
+    });
+    let out = sweep(&[]);
+    assert!(out.contains("nothing to submit"), "{out}");
+    if after_cancel.contains("preempted") {
+        let resumed = std::fs::read_dir(&dir)
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .filter(|e| e.path().join("summary.json").is_file())
+            .any(|e| summary(&e.path())["resumed_from_step"].as_u64() > Some(0));
+        assert!(resumed, "the preempted trial started over: {after_cancel}");
+    }
 }
