@@ -115,6 +115,16 @@ fn preempt_and_resume(sets: &[&str]) {
     let out = signal_at_start(&mut child, pid, &[libc::SIGTERM]);
     let o = finish(child, out);
     let step = check_preempted(&o, &run, "SIGTERM");
+    // `kiln status` of a run that is not a Slurm job: the run's own state
+    let st = kiln(d.path(), &["status", "p"]);
+    assert!(
+        crate::common::stdout(&st).contains(&format!("run: preempted at step {step}, loss"))
+            && crate::common::stdout(&st).contains(&format!(
+                "(stopped by SIGTERM); newest checkpoint step-{step:08}"
+            )),
+        "{}",
+        crate::common::stdout(&st)
+    );
 
     let r = kiln(d.path(), &["resume", "p", "--quiet"]);
     assert!(r.status.success(), "{}", stderr(&r));

@@ -194,3 +194,81 @@ fn a_killed_sweep_continues_every_trial_exactly_once() {
         .count();
     assert!(resumed >= 1, "no trial continued from a checkpoint");
 }
+
+/// SIGTERM to a local sweep: no new trials, the running ones checkpoint and stop (ledger state
+/// `preempted`), exit 75; `--resume` continues them from their checkpoints.
+#[test]
+fn a_signal_stops_a_local_sweep_with_checkpoints_and_resume_continues_them() {
+    let d = tempfile::tempdir().unwrap();
+    let file = sweep_file(
+        d.path(),
+        "grid = { \"optim.lr\" = [0.01, 0.02, 0.05] }\nparallel = 2",
+        "",
+    );
+    let mut child = Command::new(KILN)
+        .current_dir(d.path())
+        .args(["sweep", &file, "--quiet"])
+        .args([
+            "--set",
+            "train.max_steps=50000",
+            "--set",
+            "train.log_every=100",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let dir = d.path().join("runs/tiny");
+    // both parallel trials have started training
+    let start = Instant::now();
+    while !dir.is_dir()
+        || trial_dirs(&dir)
+            .iter()
+            .filter(|t| dir.join(t).join("metrics.jsonl").is_file())
+            .count()
+            < 2
+    {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "trials never started"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // SAFETY: signalling a child process of this test.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let o = child.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(75), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("the sweep stopped: 2 trial(s) preempted with a checkpoint"),
+        "{}",
+        stderr(&o)
+    );
+    let latest: std::collections::BTreeMap<String, serde_json::Value> = ledger(&dir)
+        .into_iter()
+        .map(|r| (r["trial"].as_str().unwrap().to_string(), r))
+        .collect();
+    let states: Vec<&str> = latest
+        .values()
+        .map(|r| r["state"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        states.iter().filter(|s| **s == "preempted").count(),
+        2,
+        "{states:?}"
+    );
+    assert!(
+        states.contains(&"pending"),
+        "the third trial was started: {states:?}"
+    );
+    let o = kiln(
+        d.path(),
+        &["sweep", "--resume", dir.to_str().unwrap(), "--quiet"],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let resumed = trial_dirs(&dir)
+        .iter()
+        .map(|t| crate::common::summary(&dir.join(t)))
+        .filter(|s| s["status"] == "finished" && s["resumed_from_step"].as_u64() > Some(0))
+        .count();
+    assert_eq!(resumed, 2, "{}", stdout(&o));
+}
