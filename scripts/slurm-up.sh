@@ -80,6 +80,9 @@ PartitionName=debug Nodes=$HOST Default=YES MaxTime=INFINITE State=UP OverSubscr
 EOF
 )"
 $SUDO mkdir -p "$CONF_DIR" /var/spool/slurmctld /var/spool/slurmd /var/log/slurm
+if [ -f "$CONF" ] && ! grep -q "written by kiln's scripts/slurm-up.sh" "$CONF"; then
+  die "$CONF exists and was not written by this script: this machine has a Slurm set-up of its own, which is left alone (use it, or move the file away to let this script write a one-host cluster)"
+fi
 if [ -f "$CONF" ] && [ "$(cat "$CONF")" = "$WANT" ]; then
   say "$CONF is up to date ($HOST, $CPUS CPUs)"
   CHANGED=0

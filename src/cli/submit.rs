@@ -77,11 +77,7 @@ fn flag_sets(a: &SubmitArgs) -> Result<Vec<String>> {
         ("--account", "slurm.account", &a.account),
     ] {
         if let Some(v) = v {
-            if v.is_empty()
-                || !v
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || "_-.".contains(c))
-            {
+            if !crate::config::slurm_name_ok(v) {
                 return Err(Error::Usage(format!("{flag} {v:?} is not a Slurm name")));
             }
             sets.push(format!("{key}=\"{v}\""));

@@ -709,10 +709,11 @@ pub fn parse_slurm_time(s: &str) -> Result<u64, String> {
     {
         return Err(bad());
     }
-    let n: Vec<u64> = parts
-        .iter()
-        .map(|p| p.parse().unwrap_or(u64::MAX))
-        .collect();
+    // each part is a few digits: a year is the most any cluster grants
+    if parts.iter().any(|p| p.len() > 6) || days > 3660 {
+        return Err(bad());
+    }
+    let n: Vec<u64> = parts.iter().map(|p| p.parse().unwrap_or(0)).collect();
     let (h, m, sec) = match (s.contains('-'), n.as_slice()) {
         (false, [m, sec]) => (0, *m, *sec),
         (_, [h, m, sec]) => (*h, *m, *sec),
@@ -724,10 +725,35 @@ pub fn parse_slurm_time(s: &str) -> Result<u64, String> {
         return Err(bad());
     }
     let total = days * 86400 + h * 3600 + m * 60 + sec;
+    if total > 3660 * 86400 {
+        return Err(format!("`{s}` is longer than ten years"));
+    }
     if total == 0 {
         return Err(format!("`{s}` is a time limit of zero"));
     }
     Ok(total)
+}
+
+/// Whether `v` is a Slurm partition or account name kiln passes on: letters, digits, `_`, `-`,
+/// `.`, and `,` between partitions.
+pub fn slurm_name_ok(v: &str) -> bool {
+    !v.is_empty()
+        && v.len() <= 200
+        && v.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "_-.,".contains(c))
+        && !v.starts_with(['-', ','])
+}
+
+/// Whether `a` is one sbatch option kiln can write as an `#SBATCH` line: `--name[=value]` or
+/// `-X[value]`, no whitespace, quotes or control characters.
+pub fn sbatch_option_ok(a: &str) -> bool {
+    a.len() >= 2
+        && a.len() <= 500
+        && a.starts_with('-')
+        && a != "--"
+        && !a
+            .chars()
+            .any(|c| c.is_whitespace() || c.is_control() || "'\"\\`$".contains(c))
 }
 
 /// Whether a sweep metric is minimised or maximised.

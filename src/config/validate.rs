@@ -99,14 +99,31 @@ pub fn validate(r: &Resolved) -> Result<(), ConfigError> {
             ),
         ));
     }
-    if c.experiment.name.trim().is_empty() || c.experiment.name.contains(['/', '\\']) {
+    let name = &c.experiment.name;
+    if name.trim().is_empty()
+        || name.contains(['/', '\\'])
+        || name == "."
+        || name == ".."
+        || name.chars().any(char::is_control)
+        || name.len() > 200
+    {
         return Err(r.key_error(
             "experiment.name",
             format!(
                 "`experiment.name` = \"{}\" is not a usable directory name",
                 c.experiment.name
             ),
-            Some("use a non-empty name without `/`".into()),
+            Some("use one directory name: not empty, `.` or `..`, without `/`, `\\` or control characters, at most 200 bytes".into()),
+        ));
+    }
+    if c.experiment.output_dir.chars().any(char::is_control) {
+        return Err(r.key_error(
+            "experiment.output_dir",
+            format!(
+                "`experiment.output_dir` = {:?} holds a control character",
+                c.experiment.output_dir
+            ),
+            Some("give a plain path".into()),
         ));
     }
     at_least(r, "model.input_size", c.model.input_size, 1)?;
@@ -440,6 +457,16 @@ fn validate_slurm(r: &Resolved) -> Result<(), ConfigError> {
             Some("leave it unset for Slurm's default".into()),
         ));
     }
+    if s.signal_secs > 65535 {
+        return Err(r.key_error(
+            "slurm.signal_secs",
+            format!(
+                "`slurm.signal_secs` = {} is out of range: Slurm's --signal takes at most 65535 seconds",
+                s.signal_secs
+            ),
+            None,
+        ));
+    }
     if s.signal_secs == 0 {
         return Err(r.key_error(
             "slurm.signal_secs",
@@ -466,24 +493,32 @@ fn validate_slurm(r: &Resolved) -> Result<(), ConfigError> {
         ("slurm.account", &s.account),
     ] {
         if let Some(v) = v {
-            if v.is_empty() || v.chars().any(|c| c.is_whitespace() || c.is_control()) {
+            if !super::schema::slurm_name_ok(v) {
                 return Err(r.key_error(
                     key,
                     format!("`{key}` = {v:?} is not a Slurm name"),
-                    Some("names have no spaces; leave it unset for the cluster's default".into()),
+                    Some("use letters, digits, `_`, `-`, `.` (and `,` between partitions); leave it unset for the cluster's default".into()),
                 ));
             }
         }
     }
+    if s.gpus_per_node == Some(0) && r.config.backend.device == crate::config::Device::Cuda {
+        return Err(r.key_error(
+            "slurm.gpus_per_node",
+            "`slurm.gpus_per_node` = 0 with backend.device = \"cuda\": the job would get no GPU"
+                .into(),
+            Some("leave it unset (strategy.devices GPUs per node) or give the GPUs".into()),
+        ));
+    }
     if let Some(bad) = s
         .sbatch_args
         .iter()
-        .find(|a| !a.starts_with('-') || a.chars().any(|c| c == '\n' || c == '\r'))
+        .find(|a| !super::schema::sbatch_option_ok(a))
     {
         return Err(r.key_error(
             "slurm.sbatch_args",
             format!("`slurm.sbatch_args` has {bad:?}, which is not one sbatch option"),
-            Some("give options such as \"--mail-type=END\", one per element".into()),
+            Some("give options such as \"--mail-type=END\", one per element, `=` before a value, no spaces or quotes".into()),
         ));
     }
     Ok(())

@@ -188,6 +188,12 @@ fn node_agent(target: &Target, c: &Config, token: &str) -> Result<()> {
     };
     let exe = std::env::current_exe().map_err(|e| Error::io("finding the kiln executable", e))?;
     for round in 0..=max {
+        // asked to stop: no new round (its worker could die of the signal before it handles it)
+        if crate::train::preempt::requested().is_some() {
+            return Err(Error::Preempted(format!(
+                "node {node}: asked to stop; not starting the worker again"
+            )));
+        }
         let mut cmd = std::process::Command::new(&exe);
         cmd.args(std::env::args_os().skip(1))
             .env("KILN_WORKER_ROUND", round.to_string())
@@ -229,9 +235,17 @@ fn node_agent(target: &Target, c: &Config, token: &str) -> Result<()> {
         if status.success() {
             return Ok(());
         }
-        if status.code() == Some(crate::train::preempt::EXIT_PREEMPTED) {
+        if status.code() == Some(crate::train::preempt::EXIT_PREEMPTED)
+            || (crate::train::preempt::requested().is_some() && status.code().is_none())
+        {
             return Err(Error::Preempted(format!(
                 "node {node}: the worker stopped with a checkpoint (preempted); not restarting"
+            )));
+        }
+        if crate::train::preempt::requested().is_some() {
+            return Err(Error::Invalid(format!(
+                "node {node}: the worker exited with status {} while stopping; not restarting",
+                status.code().unwrap_or(-1)
             )));
         }
         if status.code() == Some(2) {

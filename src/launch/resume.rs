@@ -99,6 +99,7 @@ pub fn prepare_resume(
         "launch.master_port",
         "launch.node_rank",
         "launch.token_file",
+        "backend.threads",
     ];
     for (k, a, b) in changes
         .iter()

@@ -49,6 +49,32 @@ pub fn sh_quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', r"'\''"))
 }
 
+/// A job name sbatch takes as it is: letters, digits, `.`, `_`, `-`.
+pub fn job_name(prefix: &str, name: &str) -> String {
+    let clean: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || "._-".contains(c) {
+                c
+            } else {
+                '_'
+            }
+        })
+        .take(100)
+        .collect();
+    format!("{prefix}{clean}")
+}
+
+/// A path as an `#SBATCH` option value: double-quoted, with Slurm's `%` patterns escaped
+/// (`keep` names the patterns meant, e.g. `%j`).
+fn sbatch_path(path: &str, keep: &[&str]) -> String {
+    let mut out = path.replace('%', "%%");
+    for k in keep {
+        out = out.replace(&k.replace('%', "%%"), k);
+    }
+    format!("\"{}\"", out.replace('\\', "\\\\").replace('"', "\\\""))
+}
+
 /// The `#SBATCH` header lines of a job of this shape.
 fn header(s: &SlurmConfig, name: &str, gpus: Option<usize>, output: &str) -> Vec<String> {
     let mut h = vec![
@@ -97,11 +123,19 @@ fn gpus_per_node(c: &Config) -> Option<usize> {
 
 /// The body that runs `kiln resume "$RUN_DIR"` under srun, passes stop signals on and requeues
 /// after a stop with a checkpoint.
-fn body(kiln: &Path, s: &SlurmConfig, threads: bool) -> String {
-    let threads = if threads {
-        " --set \"backend.threads=${SLURM_CPUS_PER_TASK}\""
+fn body(kiln: &Path, s: &SlurmConfig, devices: usize) -> String {
+    // the task's CPUs shared by its ranks (backend.threads is per rank)
+    let (threads_line, srun_cpus, threads) = if s.cpus_per_task.is_some() {
+        (
+            format!(
+                "threads=$(( SLURM_CPUS_PER_TASK / {} ))\n[ \"$threads\" -ge 1 ] || threads=1\n",
+                devices.max(1)
+            ),
+            " --cpus-per-task=\"$SLURM_CPUS_PER_TASK\"",
+            " --set \"backend.threads=$threads\"",
+        )
     } else {
-        ""
+        (String::new(), "", "")
     };
     let requeue = if s.requeue {
         format!(
@@ -132,7 +166,7 @@ forward() {{ stop="$1"; if [ -n "$pid" ]; then kill -"$1" "$pid" 2>/dev/null; fi
 trap 'forward USR1' USR1
 trap 'forward TERM' TERM
 # every start, and every start after a requeue, continues from the newest verified checkpoint
-srun --ntasks-per-node={tasks} --kill-on-bad-exit=0 "$KILN" resume "$RUN_DIR" --quiet{threads} &
+{threads_line}srun --ntasks-per-node={tasks}{srun_cpus} --kill-on-bad-exit=0 "$KILN" resume "$RUN_DIR" --quiet{threads} &
 pid=$!
 while kill -0 "$pid" 2>/dev/null; do wait "$pid"; done
 wait "$pid"
@@ -148,18 +182,15 @@ rc=$?
 pub fn run_script(c: &Config, kiln: &Path, run_dir: &Path, extra: &[String]) -> String {
     let s = &c.slurm;
     let dir = run_dir.display().to_string();
-    let name = format!("kiln-{}", c.experiment.name);
+    let name = job_name("kiln-", &c.experiment.name);
     let mut out = format!(
-        "#!/bin/bash\n# Written by kiln {} (`kiln submit`): trains `{}` in {dir}.\n",
+        "#!/bin/bash\n# Written by kiln {} (`kiln submit`): trains experiment {name} in $RUN_DIR.\n",
         env!("CARGO_PKG_VERSION"),
-        c.experiment.name
     );
-    for l in header(
-        s,
-        &name,
-        gpus_per_node(c),
-        &format!("{dir}/logs/slurm-%j.out"),
-    ) {
+    // the log's directory: the name pattern `%j` is Slurm's, any other `%` is the path's
+    let output = sbatch_path(&format!("{dir}/logs/"), &[]);
+    let output = format!("{}slurm-%j.out\"", &output[..output.len() - 1]);
+    for l in header(s, &name, gpus_per_node(c), &output) {
         out.push_str(&l);
         out.push('\n');
     }
@@ -171,7 +202,7 @@ pub fn run_script(c: &Config, kiln: &Path, run_dir: &Path, extra: &[String]) -> 
         ));
     }
     out.push_str(&format!("\nRUN_DIR={}\n", sh_quote(&dir)));
-    out.push_str(&body(kiln, s, s.cpus_per_task.is_some()));
+    out.push_str(&body(kiln, s, c.strategy.devices.count()));
     out
 }
 
@@ -185,30 +216,26 @@ pub fn array_script(
     parallel: usize,
 ) -> String {
     let s = &c.slurm;
-    let name = format!(
-        "kiln-sweep-{}",
-        sweep_dir
+    let name = job_name(
+        "kiln-sweep-",
+        &sweep_dir
             .file_name()
             .map(|f| f.to_string_lossy().into_owned())
-            .unwrap_or_default()
+            .unwrap_or_default(),
     );
     let indices: Vec<String> = trials.iter().map(|(i, _)| i.to_string()).collect();
     let mut out = format!(
-        "#!/bin/bash\n# Written by kiln {} (`kiln sweep --executor slurm`): the trials of {}.\n",
+        "#!/bin/bash\n# Written by kiln {} (`kiln sweep --executor slurm`): the trials of sweep {name}.\n",
         env!("CARGO_PKG_VERSION"),
-        sweep_dir.display()
     );
     out.push_str(&format!(
         "#SBATCH --array={}%{}\n",
         indices.join(","),
         parallel.max(1)
     ));
-    for l in header(
-        s,
-        &name,
-        gpus_per_node(c),
-        &format!("{}/logs/slurm-%A_%a.out", sweep_dir.display()),
-    ) {
+    let output = sbatch_path(&format!("{}/logs/", sweep_dir.display()), &[]);
+    let output = format!("{}slurm-%A_%a.out\"", &output[..output.len() - 1]);
+    for l in header(s, &name, gpus_per_node(c), &output) {
         out.push_str(&l);
         out.push('\n');
     }
@@ -222,7 +249,7 @@ pub fn array_script(
     out.push_str(
         "  *) echo \"kiln: no trial for array index $SLURM_ARRAY_TASK_ID\" >&2; exit 2 ;;\nesac\n",
     );
-    out.push_str(&body(kiln, s, s.cpus_per_task.is_some()));
+    out.push_str(&body(kiln, s, c.strategy.devices.count()));
     out
 }
 
@@ -343,8 +370,19 @@ pub fn submit(r: &Resolved, o: &SubmitOptions) -> Result<()> {
             .map_err(|e| Error::io("finding the working directory", e))?
             .join(output)
     };
+    if nnodes > 1 && c.strategy.kind == crate::config::StrategyKind::Single {
+        return Err(Error::Usage(format!(
+            "the job has {nnodes} kiln nodes (slurm.nodes / --nodes x slurm.tasks_per_node / --tasks-per-node), but strategy.kind = \"single\" runs in one process\n  = help: use strategy.kind = \"ddp\" or \"fsdp\" across nodes, or one node"
+        )));
+    }
     let run_dir = choose_run_dir(&out_abs, &c.experiment.name);
-    let out_existed = out_abs.exists();
+    // the outermost directory this submission creates: removed again if it fails
+    let created = run_dir
+        .ancestors()
+        .take_while(|a| !a.exists())
+        .last()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| run_dir.clone());
     let mut job_cfg = r.clone();
     job_cfg.config.launch.nnodes = nnodes;
     job_cfg.config.launch.node_rank = 0;
@@ -390,20 +428,29 @@ pub fn submit(r: &Resolved, o: &SubmitOptions) -> Result<()> {
         let script_path = slurm_dir.join("job.sbatch");
         fs::write(&script_path, &script)
             .map_err(|e| Error::io(format!("writing {}", script_path.display()), e))?;
-        let id = sbatch(&script_path, &o.extra)?;
+        sbatch(&script_path, &o.extra)
+    })();
+    // the job is submitted: its directory stays, whatever happens to its record
+    let result = result.and_then(|id| {
         super::write_json(
-            &slurm_dir.join("job.json"),
+            &run_dir.join("slurm/job.json"),
             &JobRecord {
                 job_id: id.clone(),
-                job_name: format!("kiln-{}", c.experiment.name),
+                job_name: job_name("kiln-", &c.experiment.name),
                 submitted: now(),
-                script: script_path,
+                script: run_dir.join("slurm/job.sbatch"),
                 nodes: s.nodes,
                 tasks_per_node: s.tasks_per_node,
             },
-        )?;
-        Ok(id)
-    })();
+        )
+        .map_err(|e| {
+            Error::Invalid(format!(
+                "Slurm job {id} is submitted and runs in {}, but its record could not be written ({e}); `kiln status` will not know the job",
+                run_dir.display()
+            ))
+        })
+        .map(|_| id)
+    });
     match result {
         Ok(id) => {
             ui::out(&format!(
@@ -418,11 +465,9 @@ pub fn submit(r: &Resolved, o: &SubmitOptions) -> Result<()> {
             ));
             Ok(())
         }
+        Err(e @ Error::Invalid(_)) => Err(e),
         Err(e) => {
-            let _ = fs::remove_dir_all(&run_dir);
-            if !out_existed {
-                let _ = fs::remove_dir(&out_abs);
-            }
+            let _ = fs::remove_dir_all(&created);
             Err(e)
         }
     }
@@ -441,15 +486,17 @@ pub struct JobState {
 }
 
 impl JobState {
-    /// kiln's word for it: pending, running, requeued, done or failed.
+    /// kiln's word for it: pending, running, requeued, done, preempted or failed.
     pub fn word(&self) -> &'static str {
         let s = self.state.split_whitespace().next().unwrap_or("");
         match s {
             "PENDING" | "CONFIGURING" if self.restarts > 0 => "requeued",
+            // final where Slurm preempts by cancelling (a requeued job is PENDING again)
+            "PREEMPTED" => "preempted",
             "PENDING" | "CONFIGURING" => "pending",
             "RUNNING" | "COMPLETING" | "SUSPENDED" | "STAGE_OUT" | "SIGNALING" => "running",
             "COMPLETED" => "done",
-            "REQUEUED" | "REQUEUE_HOLD" | "REQUEUE_FED" | "PREEMPTED" | "RESIZING" => "requeued",
+            "REQUEUED" | "REQUEUE_HOLD" | "REQUEUE_FED" | "RESIZING" => "requeued",
             _ => "failed",
         }
     }
@@ -459,11 +506,21 @@ impl JobState {
     }
 }
 
-fn run(cmd: &str, args: &[&str]) -> Option<String> {
-    let out = Command::new(cmd).args(args).output().ok()?;
-    out.status
-        .success()
-        .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+/// Runs a Slurm command: its stdout, or its stderr (or why it could not start) on failure.
+fn run(cmd: &str, args: &[&str]) -> std::result::Result<String, String> {
+    let out = Command::new(cmd)
+        .args(args)
+        .output()
+        .map_err(|e| format!("cannot run `{cmd}`: {e}"))?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(format!(
+            "`{cmd} {}` failed: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
 }
 
 /// `key=value` pairs of `scontrol show job -o` output.
@@ -482,89 +539,51 @@ fn from_scontrol(line: &str) -> Option<JobState> {
         reason: f.get("Reason").filter(|r| *r != "None").cloned(),
         restarts: f.get("Restarts").and_then(|r| r.parse().ok()).unwrap_or(0),
         exit_code: f.get("ExitCode").cloned(),
-        nodes: f.get("NodeList").filter(|n| *n != "(null)").cloned(),
+        nodes: f
+            .get("NodeList")
+            .filter(|n| !n.is_empty() && *n != "(null)")
+            .cloned(),
         elapsed: f.get("RunTime").cloned(),
     })
 }
 
 /// The state of job `id` (`123`, or an array task `123_4`): `scontrol` while the controller
-/// remembers it, else `sacct` (where accounting is on), else `squeue`; `None` when Slurm knows
-/// nothing of it.
-pub fn query(id: &str) -> Option<JobState> {
-    if let Some(out) = run("scontrol", &["show", "job", "-o", id]) {
-        if let Some(s) = out.lines().find_map(from_scontrol) {
-            return Some(s);
+/// remembers it, else `sacct` (where accounting is on). `Ok(None)` only when the controller
+/// answers that it has no such job and accounting knows none either; `Err` when Slurm could not
+/// be asked (then nothing may be concluded, e.g. that a trial is gone).
+pub fn query(id: &str) -> std::result::Result<Option<JobState>, String> {
+    match run("scontrol", &["show", "job", "-o", id]) {
+        Ok(out) => {
+            if let Some(s) = out.lines().find_map(from_scontrol) {
+                return Ok(Some(s));
+            }
         }
+        // the controller answered: it has no such job (any more)
+        Err(e) if e.contains("Invalid job id") => {}
+        Err(e) => return Err(e),
     }
-    if let Some(out) = run(
-        "sacct",
-        &[
-            "-n",
-            "-P",
-            "-X",
-            "-j",
-            id,
-            "-o",
-            "State,ExitCode,Elapsed,NodeList",
-        ],
-    ) {
+    let acct = [
+        "-n",
+        "-P",
+        "-X",
+        "-j",
+        id,
+        "-o",
+        "State,ExitCode,Elapsed,NodeList",
+    ];
+    if let Ok(out) = run("sacct", &acct) {
         if let Some(l) = out.lines().find(|l| !l.trim().is_empty()) {
             let p: Vec<&str> = l.split('|').collect();
-            return Some(JobState {
+            return Ok(Some(JobState {
                 state: p.first().unwrap_or(&"").to_string(),
                 exit_code: p.get(1).map(|s| s.to_string()),
                 elapsed: p.get(2).map(|s| s.to_string()),
-                nodes: p.get(3).map(|s| s.to_string()),
+                nodes: p.get(3).filter(|n| !n.is_empty()).map(|s| s.to_string()),
                 ..JobState::default()
-            });
+            }));
         }
     }
-    let out = run("squeue", &["-h", "-j", id, "-o", "%T|%r|%M|%N"])?;
-    let l = out.lines().find(|l| !l.trim().is_empty())?;
-    let p: Vec<&str> = l.split('|').collect();
-    Some(JobState {
-        state: p.first().unwrap_or(&"").to_string(),
-        reason: p.get(1).filter(|r| **r != "None").map(|s| s.to_string()),
-        elapsed: p.get(2).map(|s| s.to_string()),
-        nodes: p.get(3).filter(|n| !n.is_empty()).map(|s| s.to_string()),
-        ..JobState::default()
-    })
-}
-
-/// The states of the tasks of job array `job` still known to the controller, by array index.
-pub fn array_states(job: &str) -> std::collections::BTreeMap<usize, JobState> {
-    let mut out = std::collections::BTreeMap::new();
-    let Some(text) = run("scontrol", &["show", "job", "-o", job]) else {
-        // squeue as a fallback: pending tasks are listed as one line with a range
-        return out;
-    };
-    for line in text.lines() {
-        let f = scontrol_fields(line);
-        let (Some(idx), Some(state)) = (f.get("ArrayTaskId"), from_scontrol(line)) else {
-            continue;
-        };
-        // pending tasks not yet split off are one line: "0,2-3%2" or "1-3"
-        for i in expand_indices(idx.split('%').next().unwrap_or("")) {
-            out.insert(i, state.clone());
-        }
-    }
-    out
-}
-
-/// `0,2-4` -> [0, 2, 3, 4].
-fn expand_indices(s: &str) -> Vec<usize> {
-    let mut v = Vec::new();
-    for part in s.split(',') {
-        match part.split_once('-') {
-            Some((a, b)) => {
-                if let (Ok(a), Ok(b)) = (a.parse::<usize>(), b.parse::<usize>()) {
-                    v.extend(a..=b);
-                }
-            }
-            None => v.extend(part.parse::<usize>().ok()),
-        }
-    }
-    v
+    Ok(None)
 }
 
 /// `kiln status RUN_DIR`: the Slurm job's state (when it was submitted) and the run's own.
@@ -581,7 +600,11 @@ pub fn status(run_dir: &Path) -> Result<String> {
         .and_then(|t| serde_json::from_str(&t).ok());
     if let Some(j) = &job {
         match query(&j.job_id) {
-            Some(st) => {
+            Err(why) => lines.push(format!(
+                "job {} ({}): Slurm could not be asked: {why}",
+                j.job_id, j.job_name
+            )),
+            Ok(Some(st)) => {
                 let mut l = format!(
                     "job {} ({}): {} [{}]",
                     j.job_id,
@@ -608,7 +631,7 @@ pub fn status(run_dir: &Path) -> Result<String> {
                 }
                 lines.push(l);
             }
-            None => lines.push(format!(
+            Ok(None) => lines.push(format!(
                 "job {} ({}): no longer known to Slurm (squeue, scontrol, sacct); the run's own state follows",
                 j.job_id, j.job_name
             )),
@@ -658,18 +681,20 @@ fn run_line(run_dir: &Path) -> String {
             None => "run: not started".to_string(),
         },
     };
+    // the newest finished checkpoint by name (not verified: that reads every byte; `kiln ckpt
+    // verify` does)
     if let Ok(store) = super::checkpoint_store(run_dir) {
-        if let Some(e) = store.list().ok().and_then(|v| {
-            v.into_iter()
-                .find(|e| e.status.is_ok() && !e.path.to_string_lossy().ends_with(".tmp"))
-        }) {
-            l.push_str(&format!(
-                "; newest checkpoint {}",
-                e.path
-                    .file_name()
-                    .map(|f| f.to_string_lossy().into_owned())
-                    .unwrap_or_default()
-            ));
+        let newest = fs::read_dir(&store.dir).ok().and_then(|d| {
+            d.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| {
+                    n.strip_prefix("step-")
+                        .is_some_and(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
+                })
+                .max()
+        });
+        if let Some(n) = newest {
+            l.push_str(&format!("; newest checkpoint {n}"));
         }
     }
     l
@@ -685,8 +710,6 @@ mod tests {
         assert_eq!(sh_quote("a b"), "'a b'");
         assert_eq!(sh_quote("it's"), r"'it'\''s'");
         assert_eq!(sh_quote(""), "''");
-        assert_eq!(expand_indices("0,2-4"), vec![0, 2, 3, 4]);
-        assert_eq!(expand_indices("7"), vec![7]);
     }
 
     #[test]

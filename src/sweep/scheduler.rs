@@ -43,6 +43,8 @@ pub struct Planned {
     pub config: Config,
     /// The config as its run directory stores it (data paths absolute).
     pub stored: Config,
+    /// Its resolved config (with the source of every value).
+    pub resolved: config::Resolved,
 }
 
 /// A trial's id: a short hash of its resolved config (the `[sweep]` section aside).
@@ -103,7 +105,8 @@ pub fn plan(spec: &SweepSpec, env: &[(String, String)]) -> Result<(Config, Vec<P
             trial,
             id,
             stored: crate::launch::stored_config(&r),
-            config: r.config,
+            config: r.config.clone(),
+            resolved: r,
         });
     }
     Ok((base.config, planned))
@@ -251,6 +254,12 @@ fn spawn(
     cmd.stdin(Stdio::null())
         .stdout(Stdio::from(out))
         .stderr(Stdio::from(err));
+    // its own process group: a Ctrl-C reaches the sweep only, which stops its trials with
+    // SIGTERM once they can take it
+    {
+        use std::os::unix::process::CommandExt;
+        cmd.process_group(0);
+    }
     #[cfg(target_os = "linux")]
     {
         use std::os::unix::process::CommandExt;
@@ -349,7 +358,13 @@ pub fn run(spec: &SweepSpec, parallel: Option<usize>, quiet: bool) -> Result<Str
     };
     // trials submitted to Slurm before: never run one here that Slurm still has
     if ledger.latest().values().any(|r| r.job.is_some()) {
-        super::refresh(&dir, &ledger, &s.metric)?;
+        let unknown = super::refresh(&dir, &ledger, &s.metric)?;
+        if !unknown.is_empty() {
+            return Err(Error::Invalid(format!(
+                "some trials were submitted to Slurm and Slurm could not be asked about them; not running anything here, which could run a trial twice:\n  {}",
+                unknown.join("\n  ")
+            )));
+        }
     }
     let latest = ledger.latest();
     let mut failures = ledger.failures();
@@ -463,7 +478,12 @@ pub fn run(spec: &SweepSpec, parallel: Option<usize>, quiet: bool) -> Result<Str
                     .ok()
                     .and_then(|t| serde_json::from_str(&t).ok());
             rec.metric = summary.as_ref().and_then(|v| v[s.metric.as_str()].as_f64());
-            if status.code() == Some(crate::train::preempt::EXIT_PREEMPTED) {
+            if stopping && status.code().is_none() {
+                // stopped before it could take the signal: it starts again next time
+                rec.state = TrialState::Pending;
+                rec.metric = None;
+                rec.error = Some("stopped by the sweep's stop before it could checkpoint".into());
+            } else if status.code() == Some(crate::train::preempt::EXIT_PREEMPTED) {
                 rec.state = TrialState::Preempted;
                 rec.metric = None;
                 rec.error = summary.as_ref().map(|v| {
@@ -572,7 +592,9 @@ pub fn status(dir: &Path) -> Result<String> {
         path: dir.join("sweep.jsonl"),
     };
     if spec.executor == Executor::Slurm {
-        super::refresh(dir, &ledger, &base.config.sweep.metric)?;
+        for line in super::refresh(dir, &ledger, &base.config.sweep.metric)? {
+            crate::ui::note(&format!("warning: state unknown: {line}"));
+        }
     }
     let rows = rows(dir, &ledger, &base.config.sweep);
     let mut counts: BTreeMap<&str, usize> = BTreeMap::new();

@@ -9,23 +9,26 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use super::scheduler::{ledger_io, plan, record, rows, sweep_dir, write_results, Lock};
-use super::{to_text, Executor, Ledger, Record, SweepSpec, TrialState};
+use super::{to_text, Executor, Ledger, Planned, Record, SweepSpec, TrialState};
 use crate::config;
+use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::launch::slurm::{self as sl, have_sbatch};
 use crate::ui;
 
 /// Brings the ledger up to date for trials submitted to Slurm: done (their summary says
 /// finished), queued or running (Slurm still has them), preempted (stopped with a checkpoint
-/// and no longer queued), or failed (why, from the summary or Slurm).
-pub fn refresh(dir: &Path, ledger: &Ledger, metric: &str) -> Result<()> {
+/// and no longer queued), or failed (why, from the summary or Slurm). A trial Slurm could not
+/// be asked about keeps its state; the returned lines say which and why.
+pub fn refresh(dir: &Path, ledger: &Ledger, metric: &str) -> Result<Vec<String>> {
+    let mut unknown = Vec::new();
     for (id, rec) in ledger.latest() {
         let (Some(job), Some(idx)) = (rec.job.clone(), rec.array_index) else {
             continue;
         };
         if !matches!(
             rec.state,
-            TrialState::Queued | TrialState::Running | TrialState::Preempted
+            TrialState::Queued | TrialState::Running | TrialState::Preempted | TrialState::Failed
         ) {
             continue;
         }
@@ -37,7 +40,20 @@ pub fn refresh(dir: &Path, ledger: &Ledger, metric: &str) -> Result<()> {
             .as_ref()
             .and_then(|s| s["status"].as_str().map(str::to_string));
         let task = format!("{job}_{idx}");
-        let slurm = sl::query(&task);
+        let slurm = match sl::query(&task) {
+            Ok(s) => s,
+            Err(why) => {
+                unknown.push(format!("trial {id} (Slurm task {task}): {why}"));
+                continue;
+            }
+        };
+        // a failed trial changes only when it finished after all or Slurm runs it again
+        if rec.state == TrialState::Failed
+            && status.as_deref() != Some("finished")
+            && !slurm.as_ref().is_some_and(|s| s.live())
+        {
+            continue;
+        }
         let mut next = Record {
             time: rec.time,
             exit: None,
@@ -86,7 +102,7 @@ pub fn refresh(dir: &Path, ledger: &Ledger, metric: &str) -> Result<()> {
             ledger.append(&next).map_err(ledger_io)?;
         }
     }
-    Ok(())
+    Ok(unknown)
 }
 
 /// Submits the trials that are not done, queued or running as one job array.
@@ -114,10 +130,46 @@ pub fn submit(spec: &SweepSpec, parallel: Option<usize>) -> Result<String> {
             .map_err(|e| Error::io("finding the working directory", e))?
             .join(dir)
     };
+    // every trial as its job will run it, checked before anything is written
+    let nnodes = shape.nodes * shape.tasks_per_node;
+    let mut jobs = Vec::with_capacity(planned.len());
+    for p in &planned {
+        let mut r = p.resolved.clone();
+        r.config.launch.nnodes = nnodes;
+        r.config.launch.node_rank = 0;
+        if nnodes > 1 {
+            r.config.launch.token_file =
+                Some(dir.join(&p.id).join("slurm/token").display().to_string());
+        }
+        let named = |e: Error| {
+            Error::Usage(format!(
+                "sweep trial {} ({}) as a Slurm job of {nnodes} kiln node(s): {e}",
+                p.trial.index,
+                p.trial.describe()
+            ))
+        };
+        if nnodes > 1 && r.config.strategy.kind == config::StrategyKind::Single {
+            return Err(named(Error::Usage(
+                "strategy.kind = \"single\" runs in one process; use ddp or fsdp across nodes"
+                    .into(),
+            )));
+        }
+        config::validate(&r).map_err(|e| named(e.into()))?;
+        crate::launch::check(&r).map_err(named)?;
+        jobs.push(crate::launch::stored_config(&r));
+    }
+    // the outermost directory this submission creates: removed again if sbatch refuses
+    let created = dir
+        .ancestors()
+        .take_while(|a| !a.exists())
+        .last()
+        .map(Path::to_path_buf);
     fs::create_dir_all(dir.join("logs"))
         .and_then(|_| fs::create_dir_all(dir.join("slurm")))
         .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
     let _lock = Lock::take(&dir)?;
+    let spec_path = dir.join("sweep.json");
+    let old_spec = fs::read(&spec_path).ok();
     let spec_abs = SweepSpec {
         file: spec
             .file
@@ -126,7 +178,7 @@ pub fn submit(spec: &SweepSpec, parallel: Option<usize>) -> Result<String> {
         sets: spec.sets.clone(),
         executor: Executor::Slurm,
     };
-    crate::launch::write_json(&dir.join("sweep.json"), &spec_abs)?;
+    crate::launch::write_json(&spec_path, &spec_abs)?;
     let ledger = Ledger {
         path: dir.join("sweep.jsonl"),
     };
@@ -138,11 +190,18 @@ pub fn submit(spec: &SweepSpec, parallel: Option<usize>) -> Result<String> {
                 .map_err(ledger_io)?;
         }
     }
-    refresh(&dir, &ledger, &s.metric)?;
+    let unknown = refresh(&dir, &ledger, &s.metric)?;
+    if !unknown.is_empty() {
+        return Err(Error::Invalid(format!(
+            "Slurm could not be asked about trials submitted before; submitting nothing (a live trial could be submitted twice):\n  {}",
+            unknown.join("\n  ")
+        )));
+    }
     let latest = ledger.latest();
-    let todo: Vec<_> = planned
+    let todo: Vec<(&Planned, &Config)> = planned
         .iter()
-        .filter(|p| {
+        .zip(&jobs)
+        .filter(|(p, _)| {
             !matches!(
                 latest.get(&p.id).map(|r| r.state),
                 Some(TrialState::Done | TrialState::Queued | TrialState::Running)
@@ -159,52 +218,67 @@ pub fn submit(spec: &SweepSpec, parallel: Option<usize>) -> Result<String> {
         ));
         return Ok(String::new());
     }
-    // each trial's run directory holds its config (and token) before the array starts
-    let nnodes = shape.nodes * shape.tasks_per_node;
-    let mut created = Vec::new();
+    // each trial's run directory holds its job's config (and token) before the array starts;
+    // written on every submission, so a changed job shape applies to a trial resubmitted
+    let mut made = Vec::new();
     let mut trials: Vec<(usize, PathBuf)> = Vec::new();
-    for p in &todo {
-        let run = dir.join(&p.id);
-        if !run.join("config.toml").is_file() {
+    let mut prepare = || -> Result<()> {
+        for (p, job) in &todo {
+            let run = dir.join(&p.id);
             if !run.exists() {
-                created.push(run.clone());
+                made.push(run.clone());
             }
-            let mut c = p.stored.clone();
-            c.launch.nnodes = nnodes;
-            c.launch.node_rank = 0;
             fs::create_dir_all(run.join("slurm"))
                 .map_err(|e| Error::io(format!("creating {}", run.display()), e))?;
-            if nnodes > 1 {
-                let token = run.join("slurm/token");
-                c.launch.token_file = Some(token.display().to_string());
-                if !token.exists() {
-                    sl::write_token(&token)?;
+            if let Some(token) = &job.launch.token_file {
+                if !Path::new(token).exists() {
+                    sl::write_token(Path::new(token))?;
                 }
             }
-            fs::write(run.join("config.toml"), config::to_toml(&c))
-                .map_err(|e| Error::io(format!("writing {}/config.toml", run.display()), e))?;
+            let cfg = run.join("config.toml");
+            let tmp = run.join("config.toml.tmp");
+            fs::write(&tmp, config::to_toml(job))
+                .and_then(|_| fs::rename(&tmp, &cfg))
+                .map_err(|e| Error::io(format!("writing {}", cfg.display()), e))?;
+            trials.push((p.trial.index, run));
         }
-        trials.push((p.trial.index, run));
-    }
-    let kiln = sl::kiln_exe()?;
-    let script = sl::array_script(&base, &kiln, &dir, &trials, parallel);
+        Ok(())
+    };
+    let prepared = prepare();
     let n = fs::read_dir(dir.join("slurm"))
         .map(|d| d.count())
         .unwrap_or(0);
     let script_path = dir.join(format!("slurm/array-{}.sbatch", n + 1));
-    fs::write(&script_path, &script)
-        .map_err(|e| Error::io(format!("writing {}", script_path.display()), e))?;
-    let id = match sl::sbatch(&script_path, &[]) {
+    let submitted = prepared.and_then(|_| {
+        let kiln = sl::kiln_exe()?;
+        let script = sl::array_script(&base, &kiln, &dir, &trials, parallel);
+        fs::write(&script_path, &script)
+            .map_err(|e| Error::io(format!("writing {}", script_path.display()), e))?;
+        sl::sbatch(&script_path, &[])
+    });
+    let id = match submitted {
         Ok(id) => id,
         Err(e) => {
-            let _ = fs::remove_file(&script_path);
-            for d in created {
-                let _ = fs::remove_dir_all(d);
+            // nothing submitted: take back what this call wrote
+            match &created {
+                Some(c) => {
+                    let _ = fs::remove_dir_all(c);
+                }
+                None => {
+                    let _ = fs::remove_file(&script_path);
+                    for d in &made {
+                        let _ = fs::remove_dir_all(d);
+                    }
+                    let _ = match &old_spec {
+                        Some(old) => fs::write(&spec_path, old),
+                        None => fs::remove_file(&spec_path),
+                    };
+                }
             }
             return Err(e);
         }
     };
-    for p in &todo {
+    for (p, _) in &todo {
         let mut r = record(p, TrialState::Queued);
         r.job = Some(id.clone());
         r.array_index = Some(p.trial.index);

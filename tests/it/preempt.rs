@@ -145,9 +145,9 @@ fn sigterm_stops_a_ddp_run_at_a_step_with_a_checkpoint_and_resume_is_bit_exact()
 }
 
 #[test]
-fn sigterm_stops_an_fsdp_run_during_checkpoint_writes_and_resume_is_bit_exact() {
-    // a checkpoint every step: the signal lands in (or next to) a write, which finishes, and the
-    // stop step's checkpoint is not written twice
+fn sigterm_stops_an_fsdp_run_that_checkpoints_every_step_and_resume_is_bit_exact() {
+    // a checkpoint every step: the signal most likely lands in a write, which finishes; the stop
+    // step already has its checkpoint (writing it again would fail: the step exists)
     preempt_and_resume(&[
         "strategy.kind=fsdp",
         "strategy.devices=2",
@@ -161,7 +161,7 @@ fn sigterm_stops_an_fsdp_run_during_checkpoint_writes_and_resume_is_bit_exact() 
 fn a_second_sigint_stops_at_once() {
     let d = tempfile::tempdir().unwrap();
     write(d.path(), "t.toml", TINY);
-    // slow steps (~0.1 s), so that the second Ctrl-C comes while the first is still pending
+    // slow steps (~0.3 s), so that the second Ctrl-C comes while the first is still pending
     let mut child = spawn(
         d.path(),
         &[
@@ -170,11 +170,11 @@ fn a_second_sigint_stops_at_once() {
             "--set",
             "train.max_steps=1000",
             "--set",
-            "model.hidden_sizes=[1024, 1024]",
+            "model.hidden_sizes=[2048, 2048]",
             "--set",
-            "train.batch_size=256",
+            "train.batch_size=1024",
             "--set",
-            "data.samples=1024",
+            "data.samples=4096",
         ],
     );
     let pid = child.id();

@@ -20,12 +20,24 @@ fn slurm_up() -> bool {
         .unwrap_or(false)
 }
 
-/// Slurm is up, or this test fails saying how to bring it up.
+/// Slurm is up, or this test fails saying how to bring it up. On a fresh machine (no Slurm
+/// installed at all) run as root, it runs scripts/slurm-up.sh itself; a Slurm of the machine's
+/// own is never touched.
 fn need_slurm() {
     static UP: OnceLock<Result<(), String>> = OnceLock::new();
     let r = UP.get_or_init(|| {
         if slurm_up() {
             return Ok(());
+        }
+        let installed = Command::new("sinfo").arg("--version").output().is_ok();
+        // SAFETY: geteuid has no preconditions.
+        let is_root = unsafe { libc::geteuid() } == 0;
+        if installed || !is_root {
+            return Err(if installed {
+                "sinfo finds no idle node".into()
+            } else {
+                "Slurm is not installed, and only root can install it".into()
+            });
         }
         let o = Command::new("bash")
             .arg(root().join("scripts/slurm-up.sh"))
@@ -55,7 +67,16 @@ fn wait_until(secs: u64, what: &str, mut f: impl FnMut() -> bool) {
             start.elapsed() < Duration::from_secs(secs),
             "timed out after {secs}s waiting for {what}"
         );
-        std::thread::sleep(Duration::from_millis(100));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Cancels a Slurm job when dropped (a failed test leaves nothing running).
+struct Cancel(String);
+
+impl Drop for Cancel {
+    fn drop(&mut self) {
+        let _ = Command::new("scancel").arg(&self.0).output();
     }
 }
 
@@ -138,7 +159,8 @@ fn submit_dry_run_prints_a_script_that_bash_and_shellcheck_accept_and_writes_not
         "scontrol show hostnames \"$SLURM_JOB_NODELIST\"",
         "MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000))",
         "scontrol requeue \"$SLURM_JOB_ID\"",
-        "resume \"$RUN_DIR\" --quiet --set \"backend.threads=${SLURM_CPUS_PER_TASK}\"",
+        "threads=$(( SLURM_CPUS_PER_TASK / 1 ))",
+        "srun --ntasks-per-node=1 --cpus-per-task=\"$SLURM_CPUS_PER_TASK\" --kill-on-bad-exit=0 \"$KILN\" resume \"$RUN_DIR\" --quiet --set \"backend.threads=$threads\"",
     ] {
         assert!(script.contains(line), "no `{line}` in\n{script}");
     }
@@ -175,6 +197,33 @@ fn submit_refuses_bad_input_with_exit_2_and_submits_nothing() {
     );
     bad(&["--time", "1-2-3"], &[], "--time");
     bad(&["--nodes", "0"], &[], "--nodes 0: give at least 1");
+    bad(&["--time", "99999999999999999999:00:00"], &[], "--time");
+    bad(
+        &["--nodes", "2"],
+        &[],
+        "but strategy.kind = \"single\" runs in one process",
+    );
+    // a line break in a name or path would end up in the script
+    bad(
+        &["--set", "experiment.name=\"a\\nb\""],
+        &[],
+        "experiment.name",
+    );
+    bad(
+        &["--set", "experiment.output_dir=\"r\\necho x\""],
+        &[],
+        "experiment.output_dir",
+    );
+    bad(
+        &["--set", "slurm.signal_secs=99999999"],
+        &[],
+        "at most 65535",
+    );
+    bad(
+        &["--set", "slurm.account=\"x'y\""],
+        &[],
+        "`slurm.account` = \"x'y\" is not a Slurm name",
+    );
     bad(
         &["--partition", "a b"],
         &[],
@@ -215,6 +264,7 @@ fn submit_of_quickstart_ddp_finishes_with_the_local_final_loss() {
     let o = kiln(d.path(), &["submit", file]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let run = submitted_dir(&stdout(&o));
+    let _cancel = Cancel(job_id(&run));
     assert!(run.is_absolute() && run.join("slurm/job.sbatch").is_file());
     let token = run.join("slurm/token");
     use std::os::unix::fs::PermissionsExt;
@@ -244,7 +294,7 @@ fn a_stop_signal_checkpoints_requeues_and_the_job_finishes_bit_exactly() {
     let d = tempfile::tempdir().unwrap();
     write(d.path(), "t.toml", TINY);
     let sets = [
-        "train.max_steps=3000",
+        "train.max_steps=10000",
         "strategy.kind=ddp",
         "train.batch_size=4",
         "train.log_every=10",
@@ -286,6 +336,7 @@ fn a_stop_signal_checkpoints_requeues_and_the_job_finishes_bit_exactly() {
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let run = submitted_dir(&stdout(&o));
     let id = job_id(&run);
+    let _cancel = Cancel(id.clone());
     wait_until(120, "the job's first metrics", || {
         run.join("metrics.jsonl").is_file() && !metric_lines(&run).is_empty()
     });
@@ -306,7 +357,7 @@ fn a_stop_signal_checkpoints_requeues_and_the_job_finishes_bit_exactly() {
         panic!("{preempted}")
     };
     assert!(
-        step < 3000,
+        step < 10000,
         "the job finished before the signal: {preempted}"
     );
     Command::new("scontrol")
@@ -339,7 +390,7 @@ fn a_sweep_runs_as_a_job_array_survives_a_cancel_and_never_duplicates_a_trial() 
     write(
         d.path(),
         "sw.toml",
-        "extends = [\"t.toml\"]\n[experiment]\nname = \"sw\"\n[train]\nmax_steps = 20000\nlog_every = 100\n[sweep]\nparallel = 1\n[sweep.grid]\n\"optim.lr\" = [0.01, 0.02, 0.05, 0.1]\n",
+        "extends = [\"t.toml\"]\n[experiment]\nname = \"sw\"\n[train]\nmax_steps = 50000\nlog_every = 100\n[sweep]\nparallel = 1\n[sweep.grid]\n\"optim.lr\" = [0.01, 0.02, 0.05, 0.1]\n",
     );
     let sweep = |extra: &[&str]| {
         let mut a = vec!["sweep", "sw.toml", "--executor", "slurm"];
@@ -365,6 +416,7 @@ fn a_sweep_runs_as_a_job_array_survives_a_cancel_and_never_duplicates_a_trial() 
         .and_then(|r| r.split(':').next())
         .unwrap()
         .to_string();
+    let _cancel = Cancel(job.clone());
     // the ledger knows each trial's job and index
     let ledger = std::fs::read_to_string(dir.join("sweep.jsonl")).unwrap();
     for i in 0..4 {
@@ -391,6 +443,8 @@ fn a_sweep_runs_as_a_job_array_survives_a_cancel_and_never_duplicates_a_trial() 
     });
     let after_cancel = status();
     assert!(!after_cancel.contains("4 done"), "{after_cancel}");
+    // the running trial stopped with a checkpoint (and was not requeued: a cancel stays one)
+    assert!(after_cancel.contains("preempted"), "{after_cancel}");
     // submitted again: only what is not done; a trial stopped mid-run continues from its
     // checkpoint
     let out = sweep(&["--parallel", "2"]);
@@ -405,12 +459,10 @@ fn a_sweep_runs_as_a_job_array_survives_a_cancel_and_never_duplicates_a_trial() 
     });
     let out = sweep(&[]);
     assert!(out.contains("nothing to submit"), "{out}");
-    if after_cancel.contains("preempted") {
-        let resumed = std::fs::read_dir(&dir)
-            .unwrap()
-            .filter_map(|e| e.ok())
-            .filter(|e| e.path().join("summary.json").is_file())
-            .any(|e| summary(&e.path())["resumed_from_step"].as_u64() > Some(0));
-        assert!(resumed, "the preempted trial started over: {after_cancel}");
-    }
+    let resumed = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.path().join("summary.json").is_file())
+        .any(|e| summary(&e.path())["resumed_from_step"].as_u64() > Some(0));
+    assert!(resumed, "the preempted trial started over: {after_cancel}");
 }

@@ -205,7 +205,7 @@ fn a_signal_stops_a_local_sweep_with_checkpoints_and_resume_continues_them() {
         "grid = { \"optim.lr\" = [0.01, 0.02, 0.05] }\nparallel = 2",
         "",
     );
-    let mut child = Command::new(KILN)
+    let child = Command::new(KILN)
         .current_dir(d.path())
         .args(["sweep", &file, "--quiet"])
         .args([
