@@ -155,12 +155,13 @@ impl Store {
         self.retain(keep_last, keep_every)
     }
 
-    /// Deletes what the retention policy says, among complete checkpoints only.
+    /// Deletes what the retention policy says, among complete checkpoints whose manifests
+    /// verify only (never a directory kiln did not write, whatever its name).
     pub fn retain(&self, keep_last: usize, keep_every: u64) -> Result<(), CheckpointError> {
         let steps: Vec<u64> = self
             .list()?
             .into_iter()
-            .filter(|e| !e.path.to_string_lossy().ends_with(".tmp"))
+            .filter(|e| !e.path.to_string_lossy().ends_with(".tmp") && e.status.is_ok())
             .map(|e| e.step)
             .collect();
         for step in retention::to_delete(&steps, keep_last, keep_every) {

@@ -32,10 +32,29 @@ fn name(e: &Entry) -> String {
 pub fn ckpt(cmd: &CkptCommand) -> Result<()> {
     match cmd {
         CkptCommand::List { run_dir } => {
-            let entries = launch::checkpoint_store(run_dir)?
-                .list()
-                .map_err(Error::Checkpoint)?;
-            if entries.is_empty() {
+            let store = launch::checkpoint_store(run_dir)?;
+            let entries = store.list().map_err(Error::Checkpoint)?;
+            // checkpoints a resume from an older step set aside (`abandoned-<time>/`)
+            let mut aside: Vec<(String, crate::checkpoint::Entry)> = Vec::new();
+            if let Ok(d) = std::fs::read_dir(&store.dir) {
+                let mut dirs: Vec<_> = d
+                    .filter_map(|e| e.ok())
+                    .filter(|e| e.file_name().to_string_lossy().starts_with("abandoned-"))
+                    .map(|e| e.path())
+                    .collect();
+                dirs.sort();
+                for dir in dirs {
+                    let label = dir
+                        .file_name()
+                        .map(|f| f.to_string_lossy().into_owned())
+                        .unwrap_or_default();
+                    let sub = crate::checkpoint::Store::new(dir);
+                    for e in sub.list().map_err(Error::Checkpoint)? {
+                        aside.push((label.clone(), e));
+                    }
+                }
+            }
+            if entries.is_empty() && aside.is_empty() {
                 println!("no checkpoints in {}", run_dir.display());
                 return Ok(());
             }
@@ -46,6 +65,13 @@ pub fn ckpt(cmd: &CkptCommand) -> Result<()> {
                     Err(why) => format!("invalid: {why}"),
                 };
                 println!("{:<20} {:>12}  {status}", name(e), e.bytes);
+            }
+            for (label, e) in &aside {
+                println!(
+                    "{:<20} {:>12}  abandoned ({label}/): set aside by a resume from an older step",
+                    name(e),
+                    e.bytes
+                );
             }
             Ok(())
         }

@@ -202,6 +202,28 @@ fn collect_files(
         chain.push(canon);
         return Err(ConfigError::ExtendsCycle { chain });
     }
+    // an experiment file is a small regular file: never read a FIFO, a device or a huge file
+    let meta = std::fs::metadata(&canon).map_err(|source| ConfigError::Io {
+        path: file.to_path_buf(),
+        source,
+    })?;
+    const MAX_CONFIG: u64 = 4 << 20;
+    if !meta.is_file() || meta.len() > MAX_CONFIG {
+        return Err(ConfigError::Io {
+            path: file.to_path_buf(),
+            source: std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                if meta.is_file() {
+                    format!(
+                        "{} bytes: an experiment file is at most {MAX_CONFIG} bytes",
+                        meta.len()
+                    )
+                } else {
+                    "not a regular file".to_string()
+                },
+            ),
+        });
+    }
     let text = std::fs::read_to_string(file).map_err(|source| ConfigError::Io {
         path: file.to_path_buf(),
         source,

@@ -221,7 +221,9 @@ pub struct DataConfig {
     /// `0.1`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub eval_fraction: Option<f64>,
-    /// csv: the label column, by header name or 0-based index. Default: `"label"`.
+    /// csv: the label column, by header name or 0-based index (a string or an integer).
+    /// Default: `"label"`.
+    #[serde(deserialize_with = "name_or_index")]
     pub label_column: String,
     /// csv: whether the first line is a header. Default: `true`.
     pub header: bool,
@@ -692,6 +694,24 @@ impl SlurmConfig {
     pub fn is_default(&self) -> bool {
         *self == SlurmConfig::default()
     }
+}
+
+/// A column given by name (`"label"`) or 0-based index (`0` or `"0"`).
+fn name_or_index<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum V {
+        Name(String),
+        Index(u64),
+    }
+    V::deserialize(d)
+        .map(|v| match v {
+            V::Name(s) => s,
+            V::Index(i) => i.to_string(),
+        })
+        .map_err(|_| {
+            serde::de::Error::custom("expected a column name (string) or a 0-based index (integer)")
+        })
 }
 
 /// A Slurm time limit (`MM:SS`, `HH:MM:SS`, `D-HH`, `D-HH:MM` or `D-HH:MM:SS`; not a bare

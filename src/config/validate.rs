@@ -88,6 +88,23 @@ pub fn validate(r: &Resolved) -> Result<(), ConfigError> {
     let c = &r.config;
     at_least(r, "profile.active", c.profile.active, 1)?;
     validate_slurm(r)?;
+    // a week at most: longer waits mean a stuck job, and huge numbers overflow clocks
+    for (key, v) in [
+        ("strategy.timeout_secs", c.strategy.timeout_secs),
+        (
+            "launch.rendezvous_timeout_secs",
+            c.launch.rendezvous_timeout_secs,
+        ),
+        ("launch.heartbeat_secs", c.launch.heartbeat_secs),
+    ] {
+        if v > 604_800 {
+            return Err(r.key_error(
+                key,
+                format!("`{key}` = {v} is out of range: at most 604800 (a week)"),
+                None,
+            ));
+        }
+    }
     let world = c.strategy.devices.count() * c.launch.nnodes.max(1);
     if let Some(bad) = c.profile.ranks.iter().find(|&&rk| rk >= world) {
         return Err(r.key_error(
@@ -115,6 +132,23 @@ pub fn validate(r: &Resolved) -> Result<(), ConfigError> {
             ),
             Some("use one directory name: not empty, `.` or `..`, without `/`, `\\` or control characters, at most 200 bytes".into()),
         ));
+    }
+    {
+        let d = std::path::Path::new(&c.checkpoint.dir);
+        let inside = !c.checkpoint.dir.trim().is_empty()
+            && d.components()
+                .all(|p| matches!(p, std::path::Component::Normal(_)))
+            && !c.checkpoint.dir.chars().any(char::is_control);
+        if !inside {
+            return Err(r.key_error(
+                "checkpoint.dir",
+                format!(
+                    "`checkpoint.dir` = {:?} is not a directory inside the run directory",
+                    c.checkpoint.dir
+                ),
+                Some("give a relative path without `..` or `.`, e.g. \"checkpoints\"".into()),
+            ));
+        }
     }
     if c.experiment.output_dir.chars().any(char::is_control) {
         return Err(r.key_error(
@@ -294,6 +328,64 @@ pub fn validate(r: &Resolved) -> Result<(), ConfigError> {
     }
     at_least(r, "train.batch_size", c.train.batch_size, 1)?;
     at_least(r, "train.grad_accum_steps", c.train.grad_accum_steps, 1)?;
+    // sizes whose products must not wrap (a global batch of 0, a model of 0 bytes)
+    const MAX_SIZE: usize = 1 << 30;
+    for (key, v) in [
+        ("train.batch_size", c.train.batch_size),
+        ("train.grad_accum_steps", c.train.grad_accum_steps),
+        ("strategy.devices", c.strategy.devices.count()),
+        ("launch.nnodes", c.launch.nnodes),
+        ("data.samples", c.data.samples),
+        ("data.eval_samples", c.data.eval_samples),
+        ("data.features", c.data.features),
+        ("model.input_size", c.model.input_size),
+        ("model.classes", c.model.classes),
+    ] {
+        if v > MAX_SIZE {
+            return Err(r.key_error(
+                key,
+                format!("`{key}` = {v} is out of range: at most {MAX_SIZE}"),
+                None,
+            ));
+        }
+    }
+    if let Some((i, h)) = c
+        .model
+        .hidden_sizes
+        .iter()
+        .enumerate()
+        .find(|(_, h)| **h > 1 << 24)
+    {
+        return Err(r.key_error(
+            "model.hidden_sizes",
+            format!(
+                "`model.hidden_sizes[{i}]` = {h} is out of range: at most {}",
+                1 << 24
+            ),
+            None,
+        ));
+    }
+    let global = [
+        c.train.batch_size,
+        c.train.grad_accum_steps,
+        c.strategy.devices.count(),
+        c.launch.nnodes.max(1),
+    ]
+    .iter()
+    .try_fold(1usize, |a, b| a.checked_mul(*b).filter(|v| *v <= MAX_SIZE));
+    if global.is_none() {
+        return Err(r.key_error(
+            "train.batch_size",
+            format!(
+                "the global batch, train.batch_size {} x train.grad_accum_steps {} x strategy.devices {} x launch.nnodes {}, is more than {MAX_SIZE} samples",
+                c.train.batch_size,
+                c.train.grad_accum_steps,
+                c.strategy.devices.count(),
+                c.launch.nnodes
+            ),
+            Some("lower one of them".into()),
+        ));
+    }
     at_least(r, "train.log_every", c.train.log_every, 1)?;
 
     let o = &c.optim;
@@ -415,8 +507,15 @@ pub fn validate(r: &Resolved) -> Result<(), ConfigError> {
         ));
     }
     if l.nnodes > 1 && matches!(st.kind, StrategyKind::Single | StrategyKind::Dp) {
+        // blame the value someone set: the node count when the strategy is the default
+        let kind_is_default =
+            super::describe_source(&r.figment, "strategy.kind") == super::load::DEFAULT_SOURCE;
         return Err(r.key_error(
-            "strategy.kind",
+            if kind_is_default {
+                "launch.nnodes"
+            } else {
+                "strategy.kind"
+            },
             format!(
                 "`strategy.kind` = \"{:?}\" runs in one process, but `launch.nnodes` = {}",
                 st.kind, l.nnodes

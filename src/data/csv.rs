@@ -6,9 +6,10 @@ use std::path::Path;
 use super::{DataError, Dataset};
 use crate::config::DataConfig;
 
-pub fn read(path: &Path, c: &DataConfig) -> Result<Dataset, DataError> {
+pub fn read(path: &Path, c: &DataConfig, key: &'static str) -> Result<Dataset, DataError> {
     let text = std::fs::read_to_string(path).map_err(|source| DataError::Io {
         path: path.to_path_buf(),
+        key,
         source,
     })?;
     let err = |line: usize, message: String| DataError::Parse {
@@ -59,6 +60,16 @@ pub fn read(path: &Path, c: &DataConfig) -> Result<Dataset, DataError> {
     let mut y = Vec::new();
     for (n, line) in lines {
         let cells: Vec<&str> = line.split(',').map(str::trim).collect();
+        // each cell's 1-based character column in the line, for errors
+        let starts: Vec<usize> = line
+            .split(',')
+            .scan(1, |at, cell| {
+                let lead = cell.len() - cell.trim_start().len();
+                let here = *at + cell[..lead].chars().count();
+                *at += cell.chars().count() + 1;
+                Some(here)
+            })
+            .collect();
         let w = *width.get_or_insert(cells.len());
         if cells.len() != w {
             return Err(err(
@@ -94,6 +105,17 @@ pub fn read(path: &Path, c: &DataConfig) -> Result<Dataset, DataError> {
                         format!("column {} value `{cell}` is not a number", i + 1),
                     )
                 })?;
+                if !v.is_finite() {
+                    return Err(DataError::ParseAt {
+                        path: path.to_path_buf(),
+                        line: n,
+                        col: starts.get(i).copied().unwrap_or(1),
+                        message: format!(
+                            "value `{cell}` (field {}) is not finite: NaN and infinity would make the model's parameters NaN\n  = help: drop or fill the missing values first",
+                            i + 1
+                        ),
+                    });
+                }
                 x.push(v);
             }
         }

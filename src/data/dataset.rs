@@ -53,9 +53,11 @@ impl Data {
 
 #[derive(Debug, thiserror::Error)]
 pub enum DataError {
-    #[error("cannot read data file `{path}` (data.path): {source}")]
+    #[error("cannot read data file `{path}` ({key}): {source}")]
     Io {
         path: PathBuf,
+        /// The config key that named the file, e.g. `data.eval_path`.
+        key: &'static str,
         #[source]
         source: std::io::Error,
     },
@@ -63,6 +65,14 @@ pub enum DataError {
     Parse {
         path: PathBuf,
         line: usize,
+        message: String,
+    },
+    /// A bad value at a line and (1-based, in characters) column.
+    #[error("{path}:{line}:{col}: {message}")]
+    ParseAt {
+        path: PathBuf,
+        line: usize,
+        col: usize,
         message: String,
     },
     #[error("{0}")]
@@ -85,9 +95,13 @@ pub fn load(r: &Resolved) -> Result<Data, DataError> {
             let Some(path) = &c.path else {
                 return Err(DataError::Invalid("data.path is required for csv".into()));
             };
-            let train = csv::read(&r.path_of("data.path", path), c)?;
+            let train = csv::read(&r.path_of("data.path", path), c, "data.path")?;
             let eval = match &c.eval_path {
-                Some(p) => Some(csv::read(&r.path_of("data.eval_path", p), c)?),
+                Some(p) => Some(csv::read(
+                    &r.path_of("data.eval_path", p),
+                    c,
+                    "data.eval_path",
+                )?),
                 None => None,
             };
             if let Some(e) = &eval {

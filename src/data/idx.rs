@@ -17,9 +17,10 @@ fn invalid(path: &Path, what: String) -> DataError {
 }
 
 /// The file's bytes, un-gzipped when it ends in `.gz`.
-fn read(path: &Path) -> Result<Vec<u8>, DataError> {
+fn read(path: &Path, key: &'static str) -> Result<Vec<u8>, DataError> {
     let raw = std::fs::read(path).map_err(|source| DataError::Io {
         path: path.to_path_buf(),
+        key,
         source,
     })?;
     if path.extension().is_some_and(|e| e == "gz") {
@@ -89,10 +90,15 @@ fn parse(
 }
 
 /// One images file and its labels file.
-fn read_pair(images: &Path, labels: &Path, c: &DataConfig) -> Result<Dataset, DataError> {
-    let ib = read(images)?;
+fn read_pair(
+    images: &Path,
+    labels: &Path,
+    c: &DataConfig,
+    keys: [&'static str; 2],
+) -> Result<Dataset, DataError> {
+    let ib = read(images, keys[0])?;
     let (isz, ih) = parse(images, &ib, IMAGES, 3)?;
-    let lb = read(labels)?;
+    let lb = read(labels, keys[1])?;
     let (lsz, lh) = parse(labels, &lb, LABELS, 1)?;
     if isz[0] != lsz[0] {
         return Err(invalid(
@@ -146,6 +152,7 @@ pub fn load(r: &Resolved) -> Result<Data, DataError> {
         &path(r, "data.path", &c.path)?,
         &path(r, "data.labels_path", &c.labels_path)?,
         c,
+        ["data.path", "data.labels_path"],
     )?;
     let eval = match (&c.eval_path, &c.eval_labels_path) {
         (None, None) => None,
@@ -155,6 +162,7 @@ pub fn load(r: &Resolved) -> Result<Data, DataError> {
                 &images,
                 &path(r, "data.eval_labels_path", &c.eval_labels_path)?,
                 c,
+                ["data.eval_path", "data.eval_labels_path"],
             )?;
             if e.shape != train.shape {
                 return Err(invalid(
@@ -216,7 +224,7 @@ mod tests {
             classes: 3,
             ..DataConfig::default()
         };
-        read_pair(&ip, &lp, &c).map_err(|e| {
+        read_pair(&ip, &lp, &c, ["data.path", "data.labels_path"]).map_err(|e| {
             e.to_string()
                 .replace(&format!("{}/", d.path().display()), "")
         })

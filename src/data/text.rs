@@ -36,6 +36,7 @@ pub fn load(r: &Resolved) -> Result<Data, DataError> {
     let path = r.path_of("data.path", value);
     let bytes = std::fs::read(&path).map_err(|source| DataError::Io {
         path: path.clone(),
+        key: "data.path",
         source,
     })?;
     let block = r.config.model.block_size.unwrap_or(128).max(1);

@@ -19,6 +19,50 @@ pub struct CheckReport {
     pub threads: usize,
 }
 
+/// Bytes of memory the machine has available (`MemAvailable`), when it says.
+fn available_memory() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kb: u64 = text
+        .lines()
+        .find(|l| l.starts_with("MemAvailable:"))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()?;
+    kb.checked_mul(1024)
+}
+
+/// A CPU run's ranks on this node hold their parameters, gradients and optimizer state (plus
+/// one whole copy of the parameters to start from) in the machine's memory: exit 2, before
+/// anything is allocated, when that is more than it has available.
+pub fn fits(r: &Resolved, memory: &[crate::strategy::Memory]) -> Result<()> {
+    let c = &r.config;
+    if c.backend.device != crate::config::Device::Cpu {
+        return Ok(());
+    }
+    let local = c.strategy.devices.count();
+    let node = c.launch.node_rank;
+    let need = memory
+        .iter()
+        .skip(node * local)
+        .take(local)
+        .chain(memory.first())
+        .map(|m| (m.params_bytes as u128) + (m.grads_bytes as u128) + (m.optim_bytes as u128))
+        .sum::<u128>();
+    let Some(have) = available_memory() else {
+        return Ok(());
+    };
+    if need > have as u128 {
+        return Err(crate::error::Error::Usage(format!(
+            "the model does not fit: its {} rank(s) on this node need {need} bytes ({:.1} GiB: parameters, gradients and optimizer state), but the machine has {have} bytes ({:.1} GiB) available\n  = help: shrink [model] (model.hidden_sizes, ...), use strategy.kind = \"fsdp\" across more devices or nodes, or a machine with more memory",
+            local,
+            need as f64 / (1u64 << 30) as f64,
+            have as f64 / (1u64 << 30) as f64
+        )));
+    }
+    Ok(())
+}
+
 /// Checks `r` the way a run would, without writing anything.
 pub fn check(r: &Resolved) -> Result<CheckReport> {
     let placement = backend::resolve(&r.config)?;
@@ -27,6 +71,7 @@ pub fn check(r: &Resolved) -> Result<CheckReport> {
     super::weights::init_weights(r, model.as_ref())?;
     let plan = Plan::new(&r.config, d.train.len(), model.num_params());
     let memory = strategy::estimate(&r.config, model.layout(), plan.world_size);
+    fits(r, &memory)?;
     let threads = backend::threads(&r.config.backend, r.config.strategy.devices.count());
     Ok(CheckReport {
         placement,

@@ -11,7 +11,10 @@ use std::path::{Path, PathBuf};
 use burn::backend::{Autodiff, Flex, NdArray};
 
 use super::resume::{prepare_resume, Resumption};
-use super::run_dir::{choose_run_dir, is_empty_dir, newest_unfinished, stored_config, write_json};
+use super::run_dir::{
+    claim_run_dir, first_missing, is_empty_dir, lock_run_dir, newest_unfinished, stored_config,
+    write_json,
+};
 use super::summary::{params_hash, Summary};
 use super::{run, NodeLink, RunResult};
 use crate::backend::{self, Placement, Resolved as Backend};
@@ -57,6 +60,7 @@ pub fn start(r: &Resolved, a: &RunOptions) -> Result<()> {
         if let Some(dir) =
             newest_unfinished(Path::new(&c.experiment.output_dir), &c.experiment.name)
         {
+            lock_run_dir(&dir)?;
             let res = prepare_resume(&dir, r, None, a.quiet)?;
             return execute(r, &dir, Some(res), a.quiet, None);
         }
@@ -67,17 +71,31 @@ pub fn start(r: &Resolved, a: &RunOptions) -> Result<()> {
             ));
         }
     }
+    // what claiming the directory creates, removed again when the run is refused as bad input
+    let made = first_missing(
+        &a.run_dir
+            .clone()
+            .unwrap_or_else(|| Path::new(&c.experiment.output_dir).join(&c.experiment.name)),
+    );
     let run_dir = match &a.run_dir {
-        Some(d) if d.exists() && !is_empty_dir(d) => {
-            return Err(Error::Usage(format!(
-                "--run-dir `{}` already holds a run; choose a new directory (kiln never overwrites a run)",
-                d.display()
-            )))
+        Some(d) => {
+            let fresh = !d.exists();
+            lock_run_dir(d)?;
+            if !fresh && !is_empty_dir(d) {
+                return Err(Error::Usage(format!(
+                    "--run-dir `{}` already holds a run; choose a new directory (kiln never overwrites a run)",
+                    d.display()
+                )));
+            }
+            d.clone()
         }
-        Some(d) => d.clone(),
-        None => choose_run_dir(Path::new(&c.experiment.output_dir), &c.experiment.name),
+        None => claim_run_dir(Path::new(&c.experiment.output_dir), &c.experiment.name)?,
     };
-    execute(r, &run_dir, None, a.quiet, None)
+    let result = execute(r, &run_dir, None, a.quiet, None);
+    if result.as_ref().is_err_and(|e| e.exit_code() == 2) {
+        super::run_dir::release_unused(&run_dir, made.as_deref());
+    }
+    result
 }
 
 /// `kiln resume`: continues the run in `run_dir` with `sets` applied, from its newest verified
@@ -93,13 +111,15 @@ pub fn resume(run_dir: &Path, sets: &[String], from: Option<&str>, quiet: bool) 
     let env: Vec<(String, String)> = std::env::vars().collect();
     let r = config::load(&file, &env, sets)?;
     if r.config.launch.nnodes > 1 {
-        // every node runs `kiln resume DIR`; node 0 picks the checkpoint, the others follow
+        // every node runs `kiln resume DIR`; node 0 picks the checkpoint (and holds the
+        // directory), the others follow
         return run_node(
             &r,
             &Target::Dir(run_dir.to_path_buf(), from.map(str::to_string)),
             quiet,
         );
     }
+    lock_run_dir(run_dir)?;
     let res = prepare_resume(&run_dir, &r, from, quiet)?;
     execute(&r, &run_dir, Some(res), quiet, None)
 }
@@ -118,6 +138,7 @@ enum Target {
 /// (`None`: the newest verified one). Within a job with restarts the agent has fixed the
 /// directory (`KILN_WORKER_RUN_DIR`) and later rounds always continue.
 fn node0_dir(target: &Target, c: &Config, round: usize) -> Result<(PathBuf, bool, Option<String>)> {
+    // a worker under its agent: the agent chose (and holds) the directory
     if let Some(d) = std::env::var_os("KILN_WORKER_RUN_DIR") {
         let d = PathBuf::from(d);
         let started = d.join("config.toml").is_file();
@@ -131,19 +152,29 @@ fn node0_dir(target: &Target, c: &Config, round: usize) -> Result<(PathBuf, bool
     }
     let out = Path::new(&c.experiment.output_dir);
     Ok(match target {
-        Target::New(Some(d)) if d.exists() && !is_empty_dir(d) => {
-            return Err(Error::Usage(format!(
-                "--run-dir `{}` already holds a run; choose a new directory (kiln never overwrites a run)",
-                d.display()
-            )))
+        Target::New(Some(d)) => {
+            let fresh = !d.exists();
+            lock_run_dir(d)?;
+            if !fresh && !is_empty_dir(d) {
+                return Err(Error::Usage(format!(
+                    "--run-dir `{}` already holds a run; choose a new directory (kiln never overwrites a run)",
+                    d.display()
+                )));
+            }
+            (d.clone(), false, None)
         }
-        Target::New(Some(d)) => (d.clone(), false, None),
-        Target::New(None) => (choose_run_dir(out, &c.experiment.name), false, None),
+        Target::New(None) => (claim_run_dir(out, &c.experiment.name)?, false, None),
         Target::Newest => match newest_unfinished(out, &c.experiment.name) {
-            Some(d) => (d, true, None),
-            None => (choose_run_dir(out, &c.experiment.name), false, None),
+            Some(d) => {
+                lock_run_dir(&d)?;
+                (d, true, None)
+            }
+            None => (claim_run_dir(out, &c.experiment.name)?, false, None),
         },
-        Target::Dir(d, from) => (d.clone(), true, from.clone()),
+        Target::Dir(d, from) => {
+            lock_run_dir(d)?;
+            (d.clone(), true, from.clone())
+        }
     })
 }
 
@@ -374,6 +405,10 @@ fn share_nccl_id(
     Ok(nccl::Id::uninit(raw))
 }
 
+fn store_of(c: &Config, run_dir: &Path) -> Store {
+    Store::new(run_dir.join(&c.checkpoint.dir))
+}
+
 /// Trains `r` in `run_dir`, fresh or continuing `resume`.
 pub fn execute(
     r: &Resolved,
@@ -385,11 +420,19 @@ pub fn execute(
     let c = &r.config;
     // node 0 (or a single-node run) writes the run's shared files; other nodes their logs
     let primary = job.as_ref().map(|j| j.node == 0).unwrap_or(true);
+    if job.is_none() {
+        // no other kiln process in this directory meanwhile (a no-op when already held)
+        lock_run_dir(run_dir)?;
+    }
     let placement = backend::resolve(c)?;
     let be = placement.backend;
     let data = data::load(r)?;
     let model = crate::model::build(&r, &data.input_shape())?;
     let plan = Plan::new(c, data.train.len(), model.num_params());
+    super::check::fits(
+        r,
+        &crate::strategy::estimate(c, model.layout(), plan.world_size),
+    )?;
     let loaded = match resume.as_ref().and_then(|res| res.from.as_ref()) {
         Some((path, state)) => {
             if state.num_params != model.num_params() {
@@ -415,11 +458,30 @@ pub fn execute(
         }
         None => None,
     };
+    // a run resumed at (or past) its end has nothing to train: every file stays as it is
+    if let Some(l) = &loaded {
+        let (done, limit) = match c.train.max_steps {
+            Some(m) => (l.state.step >= m, format!("train.max_steps = {m}")),
+            None => (
+                l.state.position.epoch >= c.train.epochs as u64,
+                format!("train.epochs = {}", c.train.epochs),
+            ),
+        };
+        if done {
+            if primary {
+                ui::out(&format!(
+                    "{} is already complete at step {} ({limit}): nothing to train\n  = help: raise train.max_steps or train.epochs with --set to train further",
+                    run_dir.display(),
+                    l.state.step
+                ));
+            }
+            return Ok(());
+        }
+    }
     if primary && resume.is_some() {
-        super::resume::trim_metrics(
-            &run_dir.join("metrics.jsonl"),
-            loaded.as_ref().map(|l| l.state.step).unwrap_or(0),
-        )?;
+        let step = loaded.as_ref().map(|l| l.state.step).unwrap_or(0);
+        super::resume::set_aside_newer(&store_of(c, run_dir), step as u64)?;
+        super::resume::trim_metrics(&run_dir.join("metrics.jsonl"), step)?;
     }
     // a resumed run continues from its checkpoint, not from model.init_from
     let init = match &loaded {
@@ -679,7 +741,12 @@ pub fn execute(
         }
         Err(e) => {
             if primary {
-                write_json(&summary_path, &summary("failed", Some(e.to_string()), None))?;
+                let mut s = summary("failed", Some(e.to_string()), None);
+                // a diverged run reached its step
+                if let Error::Train(TrainError::Diverged { step, .. }) = &e {
+                    s.steps = *step;
+                }
+                write_json(&summary_path, &s)?;
             }
             ui::out(&format!("failed; run dir: {}", run_dir.display()));
             Err(e)

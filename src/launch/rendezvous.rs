@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use super::store::{read_frame, write_frame, StoreClient, StoreError, StoreServer};
+use super::store::{write_frame, StoreClient, StoreError, StoreServer};
 use crate::collective::tcp::TcpRing;
 use crate::config::Config;
 
@@ -254,27 +254,48 @@ fn connect_until(addr: &str, deadline: Instant) -> Result<TcpStream, StoreError>
     }
 }
 
-/// Accepts the previous node's ring connection; anything else is dropped.
+/// Accepts the previous node's ring connection. Each connection shows the token and its node
+/// on a thread of its own, within a deadline, so a stranger (silent, trickling, or one of a
+/// flood) never holds up the job; anything else is dropped.
 fn accept_prev(
     listener: &TcpListener,
     token: &str,
     prev: usize,
     deadline: Instant,
 ) -> Result<TcpStream, StoreError> {
+    use super::store::{read_frame_within, same_secret, Pending, HELLO_SECS, MAX_HELLO};
     listener.set_nonblocking(true)?;
+    let (tx, rx) = std::sync::mpsc::channel::<TcpStream>();
+    let pending = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     loop {
+        if let Ok(s) = rx.try_recv() {
+            s.set_read_timeout(None)?;
+            return Ok(s);
+        }
         match listener.accept() {
             Ok((mut s, _)) => {
-                s.set_nonblocking(false)?;
-                s.set_read_timeout(Some(Duration::from_secs(5)))?;
-                let hello = read_frame(&mut s).ok();
-                let ok = hello
-                    .as_ref()
-                    .is_some_and(|h| h["ring"]["token"] == token && h["ring"]["node"] == prev);
-                if ok {
-                    s.set_read_timeout(None)?;
-                    return Ok(s);
-                }
+                let Some(slot) = Pending::enter(&pending) else {
+                    continue; // dropped: too many in their hello
+                };
+                let (tx, token) = (tx.clone(), token.to_string());
+                let _ = std::thread::Builder::new()
+                    .name("kiln-ring-hello".into())
+                    .spawn(move || {
+                        let _slot = slot;
+                        if s.set_nonblocking(false).is_err() {
+                            return;
+                        }
+                        let until = Instant::now() + Duration::from_secs(HELLO_SECS);
+                        let ok = read_frame_within(&mut s, until, MAX_HELLO).is_ok_and(|h| {
+                            h["ring"]["token"]
+                                .as_str()
+                                .is_some_and(|t| same_secret(t, &token))
+                                && h["ring"]["node"] == prev
+                        });
+                        if ok {
+                            let _ = tx.send(s);
+                        }
+                    });
             }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                 if Instant::now() >= deadline {

@@ -223,3 +223,41 @@ pub(super) fn trim_metrics(path: &Path, step: usize) -> Result<()> {
     fs::write(&tmp, kept).map_err(|e| Error::io(format!("writing {}", tmp.display()), e))?;
     fs::rename(&tmp, path).map_err(|e| Error::io(format!("writing {}", path.display()), e))
 }
+
+/// A resume from an older checkpoint branches the run: the newer checkpoints (which retention
+/// would otherwise keep over the new ones, and a later resume would jump back to) move to
+/// `abandoned-<unix seconds>/` beside them, where `kiln ckpt list` shows them.
+pub(super) fn set_aside_newer(store: &Store, step: u64) -> Result<()> {
+    let newer: Vec<_> = store
+        .list()
+        .map_err(Error::Checkpoint)?
+        .into_iter()
+        .filter(|e| e.step > step)
+        .collect();
+    if newer.is_empty() {
+        return Ok(());
+    }
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let aside = store.dir.join(format!("abandoned-{secs}"));
+    fs::create_dir_all(&aside)
+        .map_err(|e| Error::io(format!("creating {}", aside.display()), e))?;
+    let mut names = Vec::new();
+    for e in newer {
+        let Some(name) = e.path.file_name() else {
+            continue;
+        };
+        let to = aside.join(name);
+        fs::rename(&e.path, &to)
+            .map_err(|err| Error::io(format!("moving {} aside", e.path.display()), err))?;
+        names.push(name.to_string_lossy().into_owned());
+    }
+    ui::note(&format!(
+        "resuming from step {step}, an older checkpoint: the newer {} moved to {} (this run branches here)",
+        names.join(", "),
+        aside.display()
+    ));
+    Ok(())
+}

@@ -10,10 +10,9 @@ use crate::checkpoint::Store;
 use crate::config::{self, Config, Resolved};
 use crate::error::{Error, Result};
 
+/// Whether `p` is a directory with nothing in it but (perhaps) a run lock file.
 pub fn is_empty_dir(p: &Path) -> bool {
-    fs::read_dir(p)
-        .map(|mut d| d.next().is_none())
-        .unwrap_or(false)
+    empty_but_lock(p)
 }
 
 /// `<output_dir>/<name>`, or the next free `<name>-2`, `<name>-3`, ... when it holds a run.
@@ -136,4 +135,142 @@ pub fn checkpoint_store(run_dir: &Path) -> Result<Store> {
         })
         .unwrap_or_else(|| "checkpoints".into());
     Ok(Store::new(run_dir.join(dir)))
+}
+
+/// The name of a run directory's lock file (held with `flock` while a kiln process uses it).
+pub const LOCK_FILE: &str = ".kiln.lock";
+
+/// Run directories this process holds, each with its open lock file (released when the process
+/// ends, however it ends).
+static HELD: std::sync::Mutex<Vec<(PathBuf, fs::File)>> = std::sync::Mutex::new(Vec::new());
+
+/// Tries to lock `dir` (which exists): `Ok(None)` when another process holds it.
+fn try_lock(dir: &Path) -> std::io::Result<Option<fs::File>> {
+    use std::io::{Seek, Write};
+    use std::os::unix::io::AsRawFd;
+    let mut f = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(dir.join(LOCK_FILE))?;
+    // SAFETY: flock on a descriptor this function owns.
+    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        let e = std::io::Error::last_os_error();
+        return match e.raw_os_error() {
+            Some(libc::EWOULDBLOCK) => Ok(None),
+            _ => Err(e),
+        };
+    }
+    f.set_len(0)?;
+    f.rewind()?;
+    write!(f, "{}", std::process::id())?;
+    Ok(Some(f))
+}
+
+fn held_key(dir: &Path) -> PathBuf {
+    dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf())
+}
+
+/// Holds `dir` (created when missing) for the rest of this process, so that no other kiln
+/// process runs in it at the same time; exit 2 naming the holder's pid when one does.
+pub fn lock_run_dir(dir: &Path) -> Result<()> {
+    fs::create_dir_all(dir)
+        .map_err(|e| Error::io(format!("creating run directory {}", dir.display()), e))?;
+    let key = held_key(dir);
+    let mut held = HELD.lock().unwrap_or_else(|p| p.into_inner());
+    if held.iter().any(|(p, _)| *p == key) {
+        return Ok(());
+    }
+    match try_lock(dir).map_err(|e| Error::io(format!("locking {}", dir.display()), e))? {
+        Some(f) => {
+            held.push((key, f));
+            Ok(())
+        }
+        None => {
+            let pid = fs::read_to_string(dir.join(LOCK_FILE)).unwrap_or_default();
+            Err(Error::Usage(format!(
+                "run directory `{}` is in use by another kiln process (pid {}); wait for it to finish or stop it",
+                dir.display(),
+                pid.trim()
+            )))
+        }
+    }
+}
+
+/// Whether `dir` holds nothing but (perhaps) a lock file.
+fn empty_but_lock(dir: &Path) -> bool {
+    fs::read_dir(dir)
+        .map(|d| d.filter_map(|e| e.ok()).all(|e| e.file_name() == LOCK_FILE))
+        .unwrap_or(false)
+}
+
+/// The outermost of `dir` and its ancestors that does not exist yet (what creating `dir`
+/// creates), if any.
+pub fn first_missing(dir: &Path) -> Option<PathBuf> {
+    dir.ancestors()
+        .take_while(|a| !a.as_os_str().is_empty() && !a.exists())
+        .last()
+        .map(Path::to_path_buf)
+}
+
+/// After bad input: removes `dir` when it holds nothing but its lock, and the directories up to
+/// `root` that creating it made (a run refused before it wrote anything leaves nothing).
+pub fn release_unused(dir: &Path, root: Option<&Path>) {
+    if !empty_but_lock(dir) {
+        return;
+    }
+    let _ = fs::remove_file(dir.join(LOCK_FILE));
+    let Some(root) = root else {
+        return;
+    };
+    for a in dir.ancestors() {
+        if fs::remove_dir(a).is_err() || a == root {
+            break;
+        }
+    }
+}
+
+/// Creates and locks a new run directory: `<output_dir>/<name>`, or the next free
+/// `<name>-2`, ... Race-free: a directory is taken by creating it (or, when it exists empty, by
+/// locking it), never by checking first.
+pub fn claim_run_dir(output_dir: &Path, name: &str) -> Result<PathBuf> {
+    fs::create_dir_all(output_dir)
+        .map_err(|e| Error::io(format!("creating {}", output_dir.display()), e))?;
+    for i in 1usize.. {
+        let p = if i == 1 {
+            output_dir.join(name)
+        } else {
+            output_dir.join(format!("{name}-{i}"))
+        };
+        match fs::create_dir(&p) {
+            Ok(()) => {
+                lock_run_dir(&p)?;
+                return Ok(p);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                if !p.is_dir() || !empty_but_lock(&p) {
+                    continue;
+                }
+                let key = held_key(&p);
+                match try_lock(&p) {
+                    // still empty once it is ours: nobody else claimed it first
+                    Ok(Some(f)) if empty_but_lock(&p) => {
+                        HELD.lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .push((key, f));
+                        return Ok(p);
+                    }
+                    _ => continue,
+                }
+            }
+            Err(e) => {
+                return Err(Error::io(
+                    format!("creating run directory {}", p.display()),
+                    e,
+                ))
+            }
+        }
+    }
+    unreachable!("the run directory candidates are unbounded")
 }

@@ -11,7 +11,7 @@ use std::process::Command;
 
 use serde::{Deserialize, Serialize};
 
-use super::run_dir::{choose_run_dir, stored_config};
+use super::run_dir::{choose_run_dir, claim_run_dir, stored_config};
 use crate::config::{self, Config, Resolved, SlurmConfig};
 use crate::error::{Error, Result};
 use crate::train::preempt::EXIT_PREEMPTED;
@@ -412,6 +412,24 @@ pub fn submit(r: &Resolved, o: &SubmitOptions) -> Result<()> {
             "`sbatch` is not on PATH: kiln submits through Slurm's sbatch\n  = help: run this on a machine of the cluster (a login node); `kiln submit --dry-run` prints the script without it".into(),
         ));
     }
+    // the directory is claimed by creating it (another submission or run may have taken the
+    // name meanwhile): the script and config name the one claimed
+    let claimed = claim_run_dir(&out_abs, &c.experiment.name)?;
+    let (run_dir, token_path, script) = if claimed == run_dir {
+        (run_dir, token_path, script)
+    } else {
+        let token_path = claimed.join("slurm/token");
+        if nnodes > 1 {
+            job_cfg.config.launch.token_file = Some(token_path.display().to_string());
+        }
+        let script = run_script(&job_cfg.config, &kiln, &claimed, &o.extra);
+        (claimed, token_path, script)
+    };
+    let created = if created.starts_with(&out_abs) && created != out_abs {
+        run_dir.clone()
+    } else {
+        created
+    };
     // write everything, submit, and take it all back if sbatch refuses
     let result = (|| -> Result<String> {
         let slurm_dir = run_dir.join("slurm");

@@ -17,6 +17,85 @@ use serde_json::{json, Value};
 
 /// Largest frame the store accepts.
 const MAX_FRAME: usize = 1 << 20;
+/// Largest first frame (the hello) of a connection that has not shown the token yet.
+pub const MAX_HELLO: usize = 4 << 10;
+/// How long a new connection has for its whole hello (however it trickles in).
+pub const HELLO_SECS: u64 = 5;
+/// Connections still in their hello at once; more are closed at once (a flood of strangers
+/// must not cost node 0 a thread and a buffer each).
+pub const MAX_PENDING: usize = 16;
+
+/// Compares secrets in time independent of where they differ.
+pub fn same_secret(a: &str, b: &str) -> bool {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// Reads one frame of at most `max` bytes that must arrive whole before `deadline` (a peer
+/// sending a byte now and then does not keep the connection).
+pub fn read_frame_within(
+    s: &mut TcpStream,
+    deadline: Instant,
+    max: usize,
+) -> std::io::Result<Value> {
+    let mut fill = |buf: &mut [u8]| -> std::io::Result<()> {
+        let mut got = 0;
+        while got < buf.len() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "the hello did not arrive in time",
+                ));
+            }
+            s.set_read_timeout(Some(left))?;
+            match s.read(&mut buf[got..]) {
+                Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+                Ok(n) => got += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    };
+    let mut len = [0u8; 4];
+    fill(&mut len)?;
+    let n = u32::from_be_bytes(len) as usize;
+    if n > max {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("frame of {n} bytes is too long"),
+        ));
+    }
+    let mut body = vec![0u8; n];
+    fill(&mut body)?;
+    serde_json::from_slice(&body)
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, format!("not JSON: {e}")))
+}
+
+/// Counts connections in their hello; `None` when `MAX_PENDING` already are.
+pub struct Pending(Arc<std::sync::atomic::AtomicUsize>);
+
+impl Pending {
+    pub fn enter(count: &Arc<std::sync::atomic::AtomicUsize>) -> Option<Pending> {
+        use std::sync::atomic::Ordering;
+        let n = count.fetch_add(1, Ordering::SeqCst);
+        if n >= MAX_PENDING {
+            count.fetch_sub(1, Ordering::SeqCst);
+            return None;
+        }
+        Some(Pending(Arc::clone(count)))
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
 
 impl From<StoreError> for crate::error::Error {
     fn from(e: StoreError) -> Self {
@@ -114,16 +193,22 @@ impl StoreServer {
         let local = listener.local_addr()?;
         let state: Arc<(Mutex<Shared>, Condvar)> = Arc::default();
         let st = Arc::clone(&state);
+        let pending = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         std::thread::Builder::new()
             .name("kiln-store".into())
             .spawn(move || {
                 for conn in listener.incoming() {
                     let Ok(conn) = conn else { continue };
+                    let Some(slot) = Pending::enter(&pending) else {
+                        let peer = conn.peer_addr().map(|a| a.to_string()).unwrap_or_default();
+                        reject(&st, &peer, "too many connections still in their hello");
+                        continue;
+                    };
                     let st = Arc::clone(&st);
                     let token = token.clone();
                     let _ = std::thread::Builder::new()
                         .name("kiln-store-conn".into())
-                        .spawn(move || serve(conn, &token, round, &st));
+                        .spawn(move || serve(conn, &token, round, &st, slot));
                 }
             })?;
         if !heartbeat.is_zero() {
@@ -170,19 +255,27 @@ fn reject(st: &(Mutex<Shared>, Condvar), peer: &str, why: &str) {
     }
 }
 
-fn serve(mut conn: TcpStream, token: &str, round: usize, st: &(Mutex<Shared>, Condvar)) {
+fn serve(
+    mut conn: TcpStream,
+    token: &str,
+    round: usize,
+    st: &(Mutex<Shared>, Condvar),
+    slot: Pending,
+) {
     let peer = conn
         .peer_addr()
         .map(|a| a.to_string())
         .unwrap_or_else(|_| "?".into());
-    // a client has a few seconds to say hello; a port scan or a stuck peer is dropped
-    let _ = conn.set_read_timeout(Some(Duration::from_secs(5)));
-    let hello = match read_frame(&mut conn) {
+    // a client has a few seconds for its whole (small) hello; a port scan, a stuck or a
+    // trickling peer is dropped
+    let deadline = Instant::now() + Duration::from_secs(HELLO_SECS);
+    let hello = match read_frame_within(&mut conn, deadline, MAX_HELLO) {
         Ok(v) => v,
         Err(e) => return reject(st, &peer, &format!("no valid hello ({e})")),
     };
+    drop(slot);
     let hello = serde_json::from_value::<Hello>(hello["hello"].clone()).ok();
-    if hello.as_ref().is_none_or(|h| h.token != token) {
+    if hello.as_ref().is_none_or(|h| !same_secret(&h.token, token)) {
         let _ = write_frame(&mut conn, &json!({"error": "bad job token"}));
         return reject(st, &peer, "bad job token");
     }
@@ -225,8 +318,10 @@ fn handle(req: &Value, st: &(Mutex<Shared>, Condvar)) -> Value {
                         .collect()
                 })
                 .unwrap_or_default();
-            let deadline =
-                Instant::now() + Duration::from_millis(req["timeout_ms"].as_u64().unwrap_or(0));
+            // a day at most: any longer wait (or a huge number) is a day
+            let wait = Duration::from_millis(req["timeout_ms"].as_u64().unwrap_or(0))
+                .min(Duration::from_secs(86_400));
+            let deadline = Instant::now() + wait;
             loop {
                 if let Some(r) = &s.aborted {
                     return json!({"aborted": r});

@@ -18,5 +18,6 @@ mod profile;
 mod report;
 mod resume;
 mod run;
+mod safety;
 mod slurm;
 mod sweep;

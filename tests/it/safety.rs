@@ -1,0 +1,438 @@
+//! Nothing lost, nothing escapes: run directory locks, paths that stay inside their parents,
+//! resume from an older checkpoint as a branch, resume of a finished run, bad numbers in data,
+//! and the smaller input errors.
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+use crate::common::{kiln, metric_lines, stderr, stdout, summary, write, KILN, TINY};
+
+fn code(o: &std::process::Output) -> Option<i32> {
+    o.status.code()
+}
+
+/// A long run in `dir/<run_dir>`, returned once it trains (its lock is held).
+fn long_run(dir: &Path, run_dir: &str) -> std::process::Child {
+    let mut child = Command::new(KILN)
+        .current_dir(dir)
+        .args(["run", "t.toml", "--quiet", "--run-dir", run_dir])
+        .args([
+            "--set",
+            "train.max_steps=100000000",
+            "--set",
+            "train.log_every=100000",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let out = child.stdout.take().unwrap();
+    let mut lines = BufReader::new(out).lines();
+    assert!(
+        lines.any(|l| l.is_ok_and(|l| l.starts_with("run dir:"))),
+        "the run never started"
+    );
+    child
+}
+
+#[test]
+fn a_run_directory_in_use_is_refused_naming_the_pid_and_freed_when_its_process_dies() {
+    let d = tempfile::tempdir().unwrap();
+    write(d.path(), "t.toml", TINY);
+    let mut first = long_run(d.path(), "r");
+    let pid = first.id();
+    let o = kiln(d.path(), &["run", "t.toml", "--run-dir", "r"]);
+    assert_eq!(code(&o), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains(&format!(
+            "run directory `r` is in use by another kiln process (pid {pid})"
+        )),
+        "{}",
+        stderr(&o)
+    );
+    let o = kiln(d.path(), &["resume", "r"]);
+    assert_eq!(code(&o), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains(&format!("(pid {pid})")),
+        "{}",
+        stderr(&o)
+    );
+    // SIGKILL: the lock goes with the process
+    first.kill().unwrap();
+    first.wait().unwrap();
+    let o = kiln(d.path(), &["resume", "r", "--set", "train.max_steps=3"]);
+    assert_eq!(code(&o), Some(0), "{}", stderr(&o));
+}
+
+#[test]
+fn concurrent_runs_of_one_experiment_take_different_directories() {
+    let d = tempfile::tempdir().unwrap();
+    write(d.path(), "t.toml", TINY);
+    let spawn = || {
+        Command::new(KILN)
+            .current_dir(d.path())
+            .args(["run", "t.toml", "--quiet"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let runs: Vec<_> = (0..4).map(|_| spawn()).collect();
+    let mut dirs: Vec<String> = runs
+        .into_iter()
+        .map(|c| {
+            let o = c.wait_with_output().unwrap();
+            assert_eq!(code(&o), Some(0), "{}", stderr(&o));
+            stdout(&o)
+                .lines()
+                .find_map(|l| l.strip_prefix("run dir: ").map(str::to_string))
+                .unwrap()
+        })
+        .collect();
+    dirs.sort();
+    dirs.dedup();
+    assert_eq!(dirs.len(), 4, "{dirs:?}");
+    for dir in &dirs {
+        assert_eq!(summary(&d.path().join(dir))["status"], "finished", "{dir}");
+    }
+}
+
+#[test]
+fn run_names_and_checkpoint_dirs_stay_inside_their_parents() {
+    let d = tempfile::tempdir().unwrap();
+    write(d.path(), "t.toml", TINY);
+    let long = "x".repeat(300);
+    for (set, key) in [
+        ("experiment.name=\"..\"", "experiment.name"),
+        ("experiment.name=\".\"", "experiment.name"),
+        ("experiment.name=\"a/b\"", "experiment.name"),
+        (&*format!("experiment.name=\"{long}\""), "experiment.name"),
+        ("checkpoint.dir=\"/tmp/elsewhere\"", "checkpoint.dir"),
+        ("checkpoint.dir=\"../up\"", "checkpoint.dir"),
+        ("checkpoint.dir=\"a/../../b\"", "checkpoint.dir"),
+    ] {
+        let o = kiln(d.path(), &["run", "t.toml", "--set", set]);
+        assert_eq!(code(&o), Some(2), "{set}: {}", stderr(&o));
+        assert!(
+            stderr(&o).contains(&format!("`{key}`")),
+            "{set}: {}",
+            stderr(&o)
+        );
+    }
+    assert!(!d.path().join("runs").exists() && !d.path().join("config.toml").exists());
+    // retention deletes only checkpoints whose manifests verify
+    let o = kiln(
+        d.path(),
+        &[
+            "run",
+            "t.toml",
+            "--run-dir",
+            "r",
+            "--set",
+            "train.max_steps=3",
+        ],
+    );
+    assert_eq!(code(&o), Some(0), "{}", stderr(&o));
+    let foreign = d.path().join("r/checkpoints/step-00000000");
+    std::fs::create_dir_all(&foreign).unwrap();
+    std::fs::write(foreign.join("mine.txt"), "not kiln's").unwrap();
+    let o = kiln(
+        d.path(),
+        &[
+            "resume",
+            "r",
+            "--set",
+            "train.max_steps=6",
+            "--set",
+            "checkpoint.every_steps=1",
+            "--set",
+            "checkpoint.keep_last=1",
+        ],
+    );
+    assert_eq!(code(&o), Some(0), "{}", stderr(&o));
+    assert!(foreign.join("mine.txt").is_file());
+}
+
+/// Step-by-step checkpoints of a 30-step run in `dir/r`.
+fn run_30(dir: &Path) {
+    write(dir, "t.toml", TINY);
+    let o = kiln(
+        dir,
+        &[
+            "run",
+            "t.toml",
+            "--run-dir",
+            "r",
+            "--set",
+            "train.max_steps=30",
+            "--set",
+            "checkpoint.every_steps=10",
+        ],
+    );
+    assert_eq!(code(&o), Some(0), "{}", stderr(&o));
+}
+
+#[test]
+fn resuming_from_an_older_checkpoint_sets_the_newer_ones_aside() {
+    let d = tempfile::tempdir().unwrap();
+    run_30(d.path());
+    let run = d.path().join("r");
+    let before = metric_lines(&run);
+    // refused for a config mismatch: every file as it was
+    let metrics = std::fs::read(run.join("metrics.jsonl")).unwrap();
+    let o = kiln(
+        d.path(),
+        &[
+            "resume",
+            "r",
+            "--from",
+            "step-00000010",
+            "--set",
+            "model.hidden_sizes=[4]",
+        ],
+    );
+    assert_eq!(code(&o), Some(2), "{}", stderr(&o));
+    assert_eq!(std::fs::read(run.join("metrics.jsonl")).unwrap(), metrics);
+    assert!(run.join("checkpoints/step-00000030").is_dir());
+
+    let o = kiln(d.path(), &["resume", "r", "--from", "step-00000010"]);
+    assert_eq!(code(&o), Some(0), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("the newer step-00000030, step-00000020 moved to")
+            || stderr(&o).contains("the newer step-00000020, step-00000030 moved to"),
+        "{}",
+        stderr(&o)
+    );
+    // the branch wrote its own step 20 and 30; the old ones are listed as abandoned
+    let list = stdout(&kiln(d.path(), &["ckpt", "list", "r"]));
+    assert!(list.contains("abandoned (abandoned-"), "{list}");
+    assert_eq!(list.matches("step-00000030").count(), 2, "{list}");
+    assert_eq!(metric_lines(&run), {
+        // same seed and data: the branch retrains the same steps
+        let mut b = before.clone();
+        for (x, y) in b.iter_mut().zip(metric_lines(&run)) {
+            x["ts"] = y["ts"].clone();
+            x["samples_per_sec"] = y["samples_per_sec"].clone();
+            x["time"] = y["time"].clone();
+        }
+        b
+    });
+}
+
+#[test]
+fn resuming_a_finished_run_says_so_and_touches_nothing_unless_the_limit_rises() {
+    let d = tempfile::tempdir().unwrap();
+    run_30(d.path());
+    let run = d.path().join("r");
+    let summary_before = std::fs::read(run.join("summary.json")).unwrap();
+    let metrics_before = std::fs::read(run.join("metrics.jsonl")).unwrap();
+    for extra in [&[][..], &["--set", "train.max_steps=20"][..]] {
+        let mut a = vec!["resume", "r"];
+        a.extend(extra);
+        let o = kiln(d.path(), &a);
+        assert_eq!(code(&o), Some(0), "{}", stderr(&o));
+        assert!(
+            stdout(&o).contains("is already complete at step 30"),
+            "{}",
+            stdout(&o)
+        );
+        assert!(!stdout(&o).contains("NaN"), "{}", stdout(&o));
+        assert_eq!(
+            std::fs::read(run.join("summary.json")).unwrap(),
+            summary_before
+        );
+        assert_eq!(
+            std::fs::read(run.join("metrics.jsonl")).unwrap(),
+            metrics_before
+        );
+    }
+    let o = kiln(d.path(), &["resume", "r", "--set", "train.max_steps=35"]);
+    assert_eq!(code(&o), Some(0), "{}", stderr(&o));
+    let s = summary(&run);
+    assert_eq!(
+        (s["steps"].as_u64(), s["status"].as_str()),
+        (Some(35), Some("finished"))
+    );
+    assert!(s["final_loss"].as_f64().is_some_and(f64::is_finite), "{s}");
+}
+
+#[test]
+fn non_finite_csv_values_are_bad_input_at_file_line_column() {
+    let d = tempfile::tempdir().unwrap();
+    write(d.path(), "d.csv", "a,b,label\n1.0,2.0,0\n3.0, NaN,1\n");
+    write(
+        d.path(),
+        "e.toml",
+        "[model]\ninput_size = 2\nclasses = 2\n[data]\nkind = \"csv\"\npath = \"d.csv\"\nclasses = 2\n",
+    );
+    let o = kiln(d.path(), &["run", "e.toml"]);
+    assert_eq!(code(&o), Some(2), "{}", stderr(&o));
+    let e = stderr(&o);
+    assert!(
+        e.contains("d.csv:3:6: value `NaN` (field 2) is not finite"),
+        "{e}"
+    );
+    std::fs::write(d.path().join("d.csv"), "a,b,label\n1.0,inf,0\n").unwrap();
+    let o = kiln(d.path(), &["run", "e.toml"]);
+    assert_eq!(code(&o), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("d.csv:2:5: value `inf`"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(!d.path().join("runs").exists());
+}
+
+#[test]
+fn small_input_errors_name_the_right_key_and_the_integer_label_column_works() {
+    let d = tempfile::tempdir().unwrap();
+    write(
+        d.path(),
+        "d.csv",
+        "0,1.0,2.0\n1,3.0,4.0\n0,1.5,2.5\n1,3.5,4.5\n",
+    );
+    write(
+        d.path(),
+        "e.toml",
+        "[model]\ninput_size = 2\nclasses = 2\n[data]\nkind = \"csv\"\npath = \"d.csv\"\nheader = false\nlabel_column = 0\nclasses = 2\n[train]\nbatch_size = 2\nmax_steps = 2\n",
+    );
+    let o = kiln(d.path(), &["run", "e.toml", "--quiet"]);
+    assert_eq!(code(&o), Some(0), "{}", stderr(&o));
+    // an eval file that cannot be read is reported as data.eval_path
+    std::fs::write(d.path().join("bad.csv"), [0xffu8, 0xfe, b'\n']).unwrap();
+    let o = kiln(
+        d.path(),
+        &["run", "e.toml", "--set", "data.eval_path=\"bad.csv\""],
+    );
+    assert_eq!(code(&o), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("(data.eval_path)"), "{}", stderr(&o));
+    // the value that was set is blamed, not the default beside it
+    write(d.path(), "t.toml", TINY);
+    let o = kiln(d.path(), &["check", "t.toml", "--set", "launch.nnodes=2"]);
+    assert_eq!(code(&o), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("--> --set launch.nnodes=2"),
+        "{}",
+        stderr(&o)
+    );
+    // sizes that would overflow or exhaust memory, before anything is allocated
+    std::fs::remove_dir_all(d.path().join("runs")).unwrap();
+    for (set, want) in [
+        ("train.grad_accum_steps=1073741824", "the global batch"),
+        (
+            "model.hidden_sizes=[16000000, 16000000]",
+            "the model does not fit",
+        ),
+        ("strategy.timeout_secs=99999999999", "at most 604800"),
+    ] {
+        let o = kiln(
+            d.path(),
+            &[
+                "run",
+                "t.toml",
+                "--set",
+                set,
+                "--set",
+                "train.batch_size=64",
+            ],
+        );
+        assert_eq!(code(&o), Some(2), "{set}: {}", stderr(&o));
+        assert!(stderr(&o).contains(want), "{set}: {}", stderr(&o));
+    }
+    let o = kiln(d.path(), &["check", "/dev/zero"]);
+    assert_eq!(code(&o), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("not a regular file"), "{}", stderr(&o));
+    assert!(!d.path().join("runs").exists());
+}
+
+fn threads() -> usize {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("Threads:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap()
+}
+
+/// Node 0's store under hostile peers on 127.0.0.1: a flood of connections announcing large
+/// frames costs at most a few threads and no large buffers, a trickling peer is dropped at
+/// the hello deadline, and the job's own client is served throughout.
+#[test]
+fn the_rendezvous_store_survives_floods_and_trickling_peers() {
+    use kiln::launch::store::{StoreClient, StoreServer, HELLO_SECS, MAX_PENDING};
+    use std::io::{Read, Write};
+    use std::net::TcpStream;
+    use std::time::{Duration, Instant};
+    let server = StoreServer::start("127.0.0.1:0", "tok".into(), 0, Duration::ZERO).unwrap();
+    let addr = server.addr.to_string();
+    let before = threads();
+    // 200 strangers, each announcing a 1 MiB hello and sending nothing more
+    let flood: Vec<TcpStream> = (0..200)
+        .filter_map(|_| {
+            let mut s = TcpStream::connect(&addr).ok()?;
+            let _ = s.write_all(&(1u32 << 20).to_be_bytes());
+            Some(s)
+        })
+        .collect();
+    let start = Instant::now();
+    // the job's own node still gets in (retrying while the flood holds the hello slots)
+    let mut client = StoreClient::connect(&addr, "tok", 1, 0, Duration::from_secs(30)).unwrap();
+    client.set("k", "v").unwrap();
+    assert!(start.elapsed() < Duration::from_secs(HELLO_SECS * 3));
+    let grown = threads().saturating_sub(before);
+    assert!(
+        grown <= MAX_PENDING + 4,
+        "the flood grew the process by {grown} threads"
+    );
+    drop(flood);
+    // one byte every 300 ms: still dropped when its whole hello is overdue
+    let mut slow = TcpStream::connect(&addr).unwrap();
+    slow.set_read_timeout(Some(Duration::from_millis(300)))
+        .unwrap();
+    let start = Instant::now();
+    let hello = br#"{"hello":{"token":"tok","node":2}}"#;
+    let mut frame = (hello.len() as u32).to_be_bytes().to_vec();
+    frame.extend_from_slice(hello);
+    let mut closed = false;
+    for b in frame.iter().cycle().take(60) {
+        if slow.write_all(&[*b]).is_err() {
+            closed = true;
+            break;
+        }
+        let mut buf = [0u8; 64];
+        match slow.read(&mut buf) {
+            Ok(0) => {
+                closed = true;
+                break;
+            }
+            _ => {}
+        }
+        if start.elapsed() > Duration::from_secs(HELLO_SECS + 4) {
+            break;
+        }
+    }
+    assert!(
+        closed,
+        "a trickling peer kept its connection for {:?}",
+        start.elapsed()
+    );
+    assert!(start.elapsed() < Duration::from_secs(HELLO_SECS + 4));
+    assert!(
+        server
+            .rejected()
+            .iter()
+            .any(|r| r.contains("did not arrive in time") || r.contains("too many connections")),
+        "{:?}",
+        server.rejected()
+    );
+}
+
+#[test]
+fn secrets_compare_equal_only_when_equal() {
+    use kiln::launch::store::same_secret;
+    assert!(same_secret("abc", "abc"));
+    assert!(!same_secret("abc", "abd"));
+    assert!(!same_secret("abc", "ab"));
+    assert!(!same_secret("", "a"));
+}
