@@ -9,6 +9,7 @@ mod custom;
 mod experiments;
 mod export;
 mod fsdp;
+mod fuzz;
 mod layers;
 mod models;
 mod nodes;
