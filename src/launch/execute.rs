@@ -741,12 +741,17 @@ pub fn execute(
         }
         Err(e) => {
             if primary {
+                // a checkpoint cut short (a full disk) leaves no `.tmp` behind
+                let _ = store.clean_tmp();
                 let mut s = summary("failed", Some(e.to_string()), None);
                 // a diverged run reached its step
                 if let Error::Train(TrainError::Diverged { step, .. }) = &e {
                     s.steps = *step;
                 }
-                write_json(&summary_path, &s)?;
+                // the first failure is the error; a summary that cannot be written is said
+                if let Err(w) = write_json(&summary_path, &s) {
+                    ui::note(&format!("warning: the run failed, and {w}"));
+                }
             }
             ui::out(&format!("failed; run dir: {}", run_dir.display()));
             Err(e)

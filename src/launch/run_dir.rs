@@ -69,8 +69,13 @@ pub fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<()> {
         )
     })?;
     let tmp = path.with_extension("json.tmp");
-    fs::write(&tmp, text + "\n").map_err(|e| Error::io(format!("writing {}", tmp.display()), e))?;
-    fs::rename(&tmp, path).map_err(|e| Error::io(format!("writing {}", path.display()), e))
+    // a failed write (a full disk) leaves no `.tmp` behind, and names the file meant
+    let res = fs::write(&tmp, text + "\n").and_then(|_| fs::rename(&tmp, path));
+    if let Err(e) = res {
+        let _ = fs::remove_file(&tmp);
+        return Err(Error::io(format!("writing {}", path.display()), e));
+    }
+    Ok(())
 }
 
 /// The config as stored in a run directory: data paths made absolute, so the run directory can

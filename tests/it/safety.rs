@@ -436,3 +436,80 @@ fn secrets_compare_equal_only_when_equal() {
     assert!(!same_secret("abc", "ab"));
     assert!(!same_secret("", "a"));
 }
+
+/// Unmounts a test's small file system when dropped.
+struct Mount(std::path::PathBuf);
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).output();
+    }
+}
+
+/// A disk that fills up during a run: the error names the file whose write failed first (a
+/// checkpoint file here), no `.tmp` is left behind, and what could not be written is said.
+#[test]
+fn a_full_disk_names_the_file_that_failed_and_leaves_no_tmp() {
+    let d = tempfile::tempdir().unwrap();
+    let m = d.path().join("small");
+    std::fs::create_dir(&m).unwrap();
+    let o = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=300k", "tmpfs"])
+        .arg(&m)
+        .output()
+        .expect("run mount");
+    assert!(
+        o.status.success(),
+        "this test mounts a 300 KiB tmpfs and needs root for it: {}",
+        stderr(&o)
+    );
+    let _mount = Mount(m.clone());
+    write(&m, "t.toml", TINY);
+    let o = kiln(
+        &m,
+        &[
+            "run",
+            "t.toml",
+            "--quiet",
+            "--set",
+            "train.max_steps=100000",
+            "--set",
+            "train.log_every=1",
+            "--set",
+            "checkpoint.every_steps=50",
+            "--set",
+            "model.hidden_sizes=[64]",
+        ],
+    );
+    assert_eq!(code(&o), Some(1), "{}", stderr(&o));
+    let e = stderr(&o);
+    assert!(
+        e.contains("No space left on device")
+            && (e.contains("checkpoints/step-") || e.contains("metrics.jsonl")),
+        "{e}"
+    );
+    assert!(!e.contains(".json.tmp"), "{e}");
+    let run = m.join("runs/tiny");
+    let tmp: Vec<String> = walk(&run)
+        .into_iter()
+        .filter(|p| p.ends_with(".tmp"))
+        .collect();
+    assert!(tmp.is_empty(), "{tmp:?}");
+    // either the failed summary or a word on why it could not be written
+    assert!(
+        run.join("summary.json").is_file() || e.contains("summary.json"),
+        "{e}"
+    );
+}
+
+fn walk(dir: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = e.path();
+        out.push(p.display().to_string());
+        if p.is_dir() {
+            out.extend(walk(&p));
+        }
+    }
+    out
+}
