@@ -135,9 +135,16 @@ pub fn validate(r: &Resolved) -> Result<(), ConfigError> {
     }
     {
         let d = std::path::Path::new(&c.checkpoint.dir);
+        use std::path::Component;
+        let first = d.components().find(|p| matches!(p, Component::Normal(_)));
         let inside = !c.checkpoint.dir.trim().is_empty()
             && d.components()
-                .all(|p| matches!(p, std::path::Component::Normal(_)))
+                .all(|p| matches!(p, Component::Normal(_) | Component::CurDir))
+            && first.is_some()
+            // the run's own directories: `trace/` is replaced on resume
+            && !first.is_some_and(|f| {
+                ["trace", "logs", "slurm"].contains(&f.as_os_str().to_string_lossy().as_ref())
+            })
             && !c.checkpoint.dir.chars().any(char::is_control);
         if !inside {
             return Err(r.key_error(
@@ -146,7 +153,7 @@ pub fn validate(r: &Resolved) -> Result<(), ConfigError> {
                     "`checkpoint.dir` = {:?} is not a directory inside the run directory",
                     c.checkpoint.dir
                 ),
-                Some("give a relative path without `..` or `.`, e.g. \"checkpoints\"".into()),
+                Some("give a relative path without `..`, other than the run's trace/, logs/ and slurm/, e.g. \"checkpoints\"".into()),
             ));
         }
     }
@@ -196,6 +203,19 @@ pub fn validate(r: &Resolved) -> Result<(), ConfigError> {
         DataKind::Synthetic => {
             at_least(r, "data.samples", c.data.samples, 1)?;
             at_least(r, "data.features", c.data.features, 1)?;
+            // the synthetic data is drawn in memory: at most 2^32 values (16 GiB)
+            let values =
+                (c.data.samples as u128 + c.data.eval_samples as u128) * c.data.features as u128;
+            if values > 1u128 << 32 {
+                return Err(r.key_error(
+                    "data.samples",
+                    format!(
+                        "(data.samples {} + data.eval_samples {}) x data.features {} = {values} values ({} bytes) is more synthetic data than kiln draws (at most 2^32 values)",
+                        c.data.samples, c.data.eval_samples, c.data.features, values * 4
+                    ),
+                    Some("use fewer samples or features".into()),
+                ));
+            }
             if let Some(t) = c.data.tokens {
                 at_least(r, "data.tokens", t, 1)?;
             } else if !c.data.image.is_empty() {

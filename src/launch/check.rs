@@ -35,7 +35,7 @@ fn available_memory() -> Option<u64> {
 /// A CPU run's ranks on this node hold their parameters, gradients and optimizer state (plus
 /// one whole copy of the parameters to start from) in the machine's memory: exit 2, before
 /// anything is allocated, when that is more than it has available.
-pub fn fits(r: &Resolved, memory: &[crate::strategy::Memory]) -> Result<()> {
+pub fn fits(r: &Resolved, memory: &[crate::strategy::Memory], num_params: usize) -> Result<()> {
     let c = &r.config;
     if c.backend.device != crate::config::Device::Cpu {
         return Ok(());
@@ -46,9 +46,9 @@ pub fn fits(r: &Resolved, memory: &[crate::strategy::Memory]) -> Result<()> {
         .iter()
         .skip(node * local)
         .take(local)
-        .chain(memory.first())
         .map(|m| (m.params_bytes as u128) + (m.grads_bytes as u128) + (m.optim_bytes as u128))
-        .sum::<u128>();
+        .sum::<u128>()
+        + num_params as u128 * 4;
     let Some(have) = available_memory() else {
         return Ok(());
     };
@@ -71,7 +71,7 @@ pub fn check(r: &Resolved) -> Result<CheckReport> {
     super::weights::init_weights(r, model.as_ref())?;
     let plan = Plan::new(&r.config, d.train.len(), model.num_params());
     let memory = strategy::estimate(&r.config, model.layout(), plan.world_size);
-    fits(r, &memory)?;
+    fits(r, &memory, model.num_params())?;
     let threads = backend::threads(&r.config.backend, r.config.strategy.devices.count());
     Ok(CheckReport {
         placement,

@@ -71,24 +71,10 @@ pub fn start(r: &Resolved, a: &RunOptions) -> Result<()> {
             ));
         }
     }
-    // what claiming the directory creates, removed again when the run is refused as bad input
-    let made = first_missing(
-        &a.run_dir
-            .clone()
-            .unwrap_or_else(|| Path::new(&c.experiment.output_dir).join(&c.experiment.name)),
-    );
-    let run_dir = match &a.run_dir {
-        Some(d) => {
-            let fresh = !d.exists();
-            lock_run_dir(d)?;
-            if !fresh && !is_empty_dir(d) {
-                return Err(Error::Usage(format!(
-                    "--run-dir `{}` already holds a run; choose a new directory (kiln never overwrites a run)",
-                    d.display()
-                )));
-            }
-            d.clone()
-        }
+    // the directory, and what claiming it creates (removed again when the run is refused as
+    // bad input)
+    let (run_dir, made) = match &a.run_dir {
+        Some(d) => (d.clone(), take_run_dir(d)?),
         None => claim_run_dir(Path::new(&c.experiment.output_dir), &c.experiment.name)?,
     };
     let result = execute(r, &run_dir, None, a.quiet, None);
@@ -96,6 +82,33 @@ pub fn start(r: &Resolved, a: &RunOptions) -> Result<()> {
         super::run_dir::release_unused(&run_dir, made.as_deref());
     }
     result
+}
+
+/// `--run-dir DIR` for a new run: refused when it is not a directory or holds a run (checked
+/// before and again after taking its lock); returns what creating it made.
+fn take_run_dir(d: &Path) -> Result<Option<PathBuf>> {
+    let holds = |d: &Path| {
+        Error::Usage(format!(
+            "--run-dir `{}` already holds a run (or is not a directory); choose a new directory (kiln never overwrites a run)",
+            d.display()
+        ))
+    };
+    if d.exists() && !is_empty_dir(d) {
+        if let Some(pid) = super::run_dir::holder(d) {
+            return Err(Error::Usage(format!(
+                "run directory `{}` is in use by another kiln process (pid {pid}); wait for it to finish or stop it",
+                d.display()
+            )));
+        }
+        return Err(holds(d));
+    }
+    let made = first_missing(d);
+    lock_run_dir(d)?;
+    if !is_empty_dir(d) {
+        super::run_dir::unlock_run_dir(d);
+        return Err(holds(d));
+    }
+    Ok(made)
 }
 
 /// `kiln resume`: continues the run in `run_dir` with `sets` applied, from its newest verified
@@ -153,23 +166,16 @@ fn node0_dir(target: &Target, c: &Config, round: usize) -> Result<(PathBuf, bool
     let out = Path::new(&c.experiment.output_dir);
     Ok(match target {
         Target::New(Some(d)) => {
-            let fresh = !d.exists();
-            lock_run_dir(d)?;
-            if !fresh && !is_empty_dir(d) {
-                return Err(Error::Usage(format!(
-                    "--run-dir `{}` already holds a run; choose a new directory (kiln never overwrites a run)",
-                    d.display()
-                )));
-            }
+            take_run_dir(d)?;
             (d.clone(), false, None)
         }
-        Target::New(None) => (claim_run_dir(out, &c.experiment.name)?, false, None),
+        Target::New(None) => (claim_run_dir(out, &c.experiment.name)?.0, false, None),
         Target::Newest => match newest_unfinished(out, &c.experiment.name) {
             Some(d) => {
                 lock_run_dir(&d)?;
                 (d, true, None)
             }
-            None => (claim_run_dir(out, &c.experiment.name)?, false, None),
+            None => (claim_run_dir(out, &c.experiment.name)?.0, false, None),
         },
         Target::Dir(d, from) => {
             lock_run_dir(d)?;
@@ -432,6 +438,7 @@ pub fn execute(
     super::check::fits(
         r,
         &crate::strategy::estimate(c, model.layout(), plan.world_size),
+        model.num_params(),
     )?;
     let loaded = match resume.as_ref().and_then(|res| res.from.as_ref()) {
         Some((path, state)) => {
@@ -458,8 +465,13 @@ pub fn execute(
         }
         None => None,
     };
-    // a run resumed at (or past) its end has nothing to train: every file stays as it is
-    if let Some(l) = &loaded {
+    // a finished run resumed at (or past) its end has nothing to train: every file stays as
+    // it is (one whose summary does not say finished goes on, and gets its summary)
+    let finished = fs::read_to_string(run_dir.join("summary.json"))
+        .ok()
+        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+        .is_some_and(|v| v["status"] == "finished");
+    if let Some(l) = loaded.as_ref().filter(|_| finished) {
         let (done, limit) = match c.train.max_steps {
             Some(m) => (l.state.step >= m, format!("train.max_steps = {m}")),
             None => (
@@ -594,9 +606,10 @@ pub fn execute(
         }
     });
     ui.finish();
-    if let Some(e) = write_err {
-        return Err(Error::io(format!("writing {}", metrics_path.display()), e));
-    }
+    // a metrics file that could not be written (a full disk) fails the run like any error:
+    // the failed summary, no `.tmp` left
+    let metrics_failed =
+        write_err.map(|e| Error::io(format!("writing {}", metrics_path.display()), e));
     let asynchronous = be.name().starts_with("cuda");
     let flops_per_sample = model.flops_per_sample();
     let summary = |status, error: Option<String>, res: Option<&RunResult>| {
@@ -684,6 +697,10 @@ pub fn execute(
     let result = match (result, stopped) {
         (Err(TrainError::Collective(_)), Some(why)) => Err(Error::Launch(why.into())),
         (r, _) => r.map_err(Error::from),
+    };
+    let result = match metrics_failed {
+        Some(e) => Err(e),
+        None => result,
     };
     match result {
         Ok(res) if res.outcome.preempted.is_some() => {

@@ -232,7 +232,11 @@ pub(super) fn set_aside_newer(store: &Store, step: u64) -> Result<()> {
         .list()
         .map_err(Error::Checkpoint)?
         .into_iter()
-        .filter(|e| e.step > step)
+        // finished checkpoints that verify: a `.tmp` one is the store's to clean, a damaged
+        // one was never a step the run reached
+        .filter(|e| {
+            e.step > step && e.status.is_ok() && !e.path.to_string_lossy().ends_with(".tmp")
+        })
         .collect();
     if newer.is_empty() {
         return Ok(());
@@ -241,9 +245,19 @@ pub(super) fn set_aside_newer(store: &Store, step: u64) -> Result<()> {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or(0);
-    let aside = store.dir.join(format!("abandoned-{secs}"));
-    fs::create_dir_all(&aside)
-        .map_err(|e| Error::io(format!("creating {}", aside.display()), e))?;
+    // a directory of its own, even for two branches within a second
+    let mut aside = store.dir.join(format!("abandoned-{secs}"));
+    let mut n = 1;
+    loop {
+        match fs::create_dir(&aside) {
+            Ok(()) => break,
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && n < 1000 => {
+                n += 1;
+                aside = store.dir.join(format!("abandoned-{secs}-{n}"));
+            }
+            Err(e) => return Err(Error::io(format!("creating {}", aside.display()), e)),
+        }
+    }
     let mut names = Vec::new();
     for e in newer {
         let Some(name) = e.path.file_name() else {

@@ -164,6 +164,17 @@ fn try_lock(dir: &Path) -> std::io::Result<Option<fs::File>> {
         let e = std::io::Error::last_os_error();
         return match e.raw_os_error() {
             Some(libc::EWOULDBLOCK) => Ok(None),
+            // file systems without flock (Lustre without -o flock, some NFS): run unlocked
+            Some(libc::ENOSYS | libc::ENOLCK | libc::EOPNOTSUPP) => {
+                static SAID: std::sync::Once = std::sync::Once::new();
+                SAID.call_once(|| {
+                    crate::ui::note(&format!(
+                        "warning: {} does not support file locks ({e}); kiln cannot keep a second process out of this run directory",
+                        dir.display()
+                    ))
+                });
+                Ok(Some(f))
+            }
             _ => Err(e),
         };
     }
@@ -203,6 +214,26 @@ pub fn lock_run_dir(dir: &Path) -> Result<()> {
     }
 }
 
+/// The pid of another process that holds `dir`'s lock, if one does (the lock file is only
+/// read, never created).
+pub fn holder(dir: &Path) -> Option<String> {
+    use std::os::unix::io::AsRawFd;
+    let f = fs::OpenOptions::new()
+        .read(true)
+        .open(dir.join(LOCK_FILE))
+        .ok()?;
+    // SAFETY: flock on a descriptor this function owns; a lock taken here is released when `f`
+    // is dropped below.
+    let busy = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0
+        && std::io::Error::last_os_error().raw_os_error() == Some(libc::EWOULDBLOCK);
+    busy.then(|| {
+        fs::read_to_string(dir.join(LOCK_FILE))
+            .unwrap_or_default()
+            .trim()
+            .to_string()
+    })
+}
+
 /// Whether `dir` holds nothing but (perhaps) a lock file.
 fn empty_but_lock(dir: &Path) -> bool {
     fs::read_dir(dir)
@@ -236,10 +267,21 @@ pub fn release_unused(dir: &Path, root: Option<&Path>) {
     }
 }
 
+/// Lets go of `dir` (another process, e.g. a Slurm job, may take it now).
+pub fn unlock_run_dir(dir: &Path) {
+    let key = held_key(dir);
+    HELD.lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .retain(|(p, _)| *p != key);
+}
+
 /// Creates and locks a new run directory: `<output_dir>/<name>`, or the next free
 /// `<name>-2`, ... Race-free: a directory is taken by creating it (or, when it exists empty, by
-/// locking it), never by checking first.
-pub fn claim_run_dir(output_dir: &Path, name: &str) -> Result<PathBuf> {
+/// locking it), never by checking first; one created by another process that has not locked
+/// it yet is left to that process. Returns the directory and the outermost directory this call
+/// created (for `release_unused`).
+pub fn claim_run_dir(output_dir: &Path, name: &str) -> Result<(PathBuf, Option<PathBuf>)> {
+    let made_output = first_missing(output_dir);
     fs::create_dir_all(output_dir)
         .map_err(|e| Error::io(format!("creating {}", output_dir.display()), e))?;
     for i in 1usize.. {
@@ -250,8 +292,17 @@ pub fn claim_run_dir(output_dir: &Path, name: &str) -> Result<PathBuf> {
         };
         match fs::create_dir(&p) {
             Ok(()) => {
-                lock_run_dir(&p)?;
-                return Ok(p);
+                let key = held_key(&p);
+                match try_lock(&p).map_err(|e| Error::io(format!("locking {}", p.display()), e))? {
+                    Some(f) => {
+                        HELD.lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .push((key, f));
+                        return Ok((p.clone(), made_output.or(Some(p))));
+                    }
+                    // taken (empty) by another process between our create and our lock
+                    None => continue,
+                }
             }
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
                 if !p.is_dir() || !empty_but_lock(&p) {
@@ -264,7 +315,7 @@ pub fn claim_run_dir(output_dir: &Path, name: &str) -> Result<PathBuf> {
                         HELD.lock()
                             .unwrap_or_else(|p| p.into_inner())
                             .push((key, f));
-                        return Ok(p);
+                        return Ok((p, made_output));
                     }
                     _ => continue,
                 }

@@ -414,7 +414,7 @@ pub fn submit(r: &Resolved, o: &SubmitOptions) -> Result<()> {
     }
     // the directory is claimed by creating it (another submission or run may have taken the
     // name meanwhile): the script and config name the one claimed
-    let claimed = claim_run_dir(&out_abs, &c.experiment.name)?;
+    let (claimed, made) = claim_run_dir(&out_abs, &c.experiment.name)?;
     let (run_dir, token_path, script) = if claimed == run_dir {
         (run_dir, token_path, script)
     } else {
@@ -425,13 +425,11 @@ pub fn submit(r: &Resolved, o: &SubmitOptions) -> Result<()> {
         let script = run_script(&job_cfg.config, &kiln, &claimed, &o.extra);
         (claimed, token_path, script)
     };
-    let created = if created.starts_with(&out_abs) && created != out_abs {
-        run_dir.clone()
-    } else {
-        created
-    };
+    let _ = created;
     // write everything, submit, and take it all back if sbatch refuses
     let result = (|| -> Result<String> {
+        // the job (which may start at once) takes the directory's lock, not this process
+        super::run_dir::unlock_run_dir(&run_dir);
         let slurm_dir = run_dir.join("slurm");
         fs::create_dir_all(run_dir.join("logs"))
             .and_then(|_| fs::create_dir_all(&slurm_dir))
@@ -485,7 +483,15 @@ pub fn submit(r: &Resolved, o: &SubmitOptions) -> Result<()> {
         }
         Err(e @ Error::Invalid(_)) => Err(e),
         Err(e) => {
-            let _ = fs::remove_dir_all(&created);
+            // the claimed directory, then (only when empty) what claiming it created above it
+            let _ = fs::remove_dir_all(&run_dir);
+            if let Some(root) = made.filter(|m| *m != run_dir) {
+                for a in run_dir.ancestors().skip(1) {
+                    if fs::remove_dir(a).is_err() || a == root {
+                        break;
+                    }
+                }
+            }
             Err(e)
         }
     }

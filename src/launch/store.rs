@@ -56,6 +56,18 @@ pub fn read_frame_within(
                 Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
                 Ok(n) => got += n,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                // the read timeout is the deadline
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        "the hello did not arrive in time",
+                    ))
+                }
                 Err(e) => return Err(e),
             }
         }
@@ -160,6 +172,8 @@ struct Shared {
     aborted: Option<String>,
     /// Rejected connections, for the log.
     rejected: Vec<String>,
+    /// Connections closed at once because `MAX_PENDING` others were in their hello.
+    busy: usize,
 }
 
 /// The server side (node 0).
@@ -200,8 +214,9 @@ impl StoreServer {
                 for conn in listener.incoming() {
                     let Ok(conn) = conn else { continue };
                     let Some(slot) = Pending::enter(&pending) else {
-                        let peer = conn.peer_addr().map(|a| a.to_string()).unwrap_or_default();
-                        reject(&st, &peer, "too many connections still in their hello");
+                        if let Ok(mut s) = st.0.lock() {
+                            s.busy += 1;
+                        }
                         continue;
                     };
                     let st = Arc::clone(&st);
@@ -244,14 +259,28 @@ impl StoreServer {
         self.state
             .0
             .lock()
-            .map(|s| s.rejected.clone())
+            .map(|s| {
+                let mut r = s.rejected.clone();
+                if s.busy > 0 {
+                    r.push(format!(
+                        "{} connection(s) closed at once: {MAX_PENDING} others were still in their hello",
+                        s.busy
+                    ));
+                }
+                r
+            })
             .unwrap_or_default()
     }
 }
 
 fn reject(st: &(Mutex<Shared>, Condvar), peer: &str, why: &str) {
     if let Ok(mut s) = st.0.lock() {
-        s.rejected.push(format!("{peer}: {why}"));
+        // a flood is summed up, not kept line by line
+        if s.rejected.len() < 100 {
+            s.rejected.push(format!("{peer}: {why}"));
+        } else if s.rejected.len() == 100 {
+            s.rejected.push("... and more refused connections".into());
+        }
     }
 }
 
@@ -318,9 +347,9 @@ fn handle(req: &Value, st: &(Mutex<Shared>, Condvar)) -> Value {
                         .collect()
                 })
                 .unwrap_or_default();
-            // a day at most: any longer wait (or a huge number) is a day
+            // a week at most (the longest timeout a config allows): a huge number is a week
             let wait = Duration::from_millis(req["timeout_ms"].as_u64().unwrap_or(0))
-                .min(Duration::from_secs(86_400));
+                .min(Duration::from_secs(604_800));
             let deadline = Instant::now() + wait;
             loop {
                 if let Some(r) = &s.aborted {

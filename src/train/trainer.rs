@@ -376,7 +376,8 @@ pub fn train<B: ComputeOn>(
     let mut window_samples = 0.0;
     let mut samples_total = 0.0;
     let mut segment: Option<((u64, usize), Vec<usize>)> = None;
-    let mut last_loss = f64::NAN;
+    // a resumed run that has no step left still reports the loss it reached
+    let mut last_loss = input.resume.map_or(f64::NAN, |l| l.state.last_loss);
     let mut last_eval = None;
     let mut preempted = None;
     let order_rank = match plan.split {

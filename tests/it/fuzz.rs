@@ -227,14 +227,22 @@ fn a_layout_that_disagrees_with_the_shards_is_invalid() {
     let r = kiln::launch::run_config(&d.path().join("r")).unwrap();
     let state: serde_json::Value =
         serde_json::from_slice(&std::fs::read(good.join("state.json")).unwrap()).unwrap();
-    let specs = kiln::model::build(&r, &[8]).unwrap().layout().specs();
+    let shape: Vec<usize> = serde_json::from_value(state["input_shape"].clone()).unwrap();
+    let specs = kiln::model::build(&r, &shape).unwrap().layout().specs();
     let work = d.path().join("work");
+    let unit = state["params"]["units"][0].clone();
+    let (len, shard) = (
+        unit["len"].as_u64().unwrap(),
+        unit["shard_len"].as_u64().unwrap(),
+    );
+    let n = state["num_params"].as_u64().unwrap();
+    assert_eq!(state["params"]["world"], 2, "{state}");
     let edits: Vec<(&str, Box<dyn Fn(&mut serde_json::Value)>)> = vec![
         ("world + 1", Box::new(|s| s["params"]["world"] = 3.into())),
         ("world 0", Box::new(|s| s["params"]["world"] = 0.into())),
         (
             "len + 1",
-            Box::new(|s| s["params"]["units"][0]["len"] = 196.into()),
+            Box::new(move |s| s["params"]["units"][0]["len"] = (len + 1).into()),
         ),
         (
             "len 0",
@@ -242,7 +250,7 @@ fn a_layout_that_disagrees_with_the_shards_is_invalid() {
         ),
         (
             "shard_len + 1",
-            Box::new(|s| s["params"]["units"][0]["shard_len"] = 99.into()),
+            Box::new(move |s| s["params"]["units"][0]["shard_len"] = (shard + 1).into()),
         ),
         (
             "shard_len huge",
@@ -256,7 +264,10 @@ fn a_layout_that_disagrees_with_the_shards_is_invalid() {
             "no units",
             Box::new(|s| s["params"]["units"] = serde_json::json!([])),
         ),
-        ("num_params + 1", Box::new(|s| s["num_params"] = 196.into())),
+        (
+            "num_params + 1",
+            Box::new(move |s| s["num_params"] = (n + 1).into()),
+        ),
         (
             "world_size huge",
             Box::new(|s| s["world_size"] = u64::MAX.into()),

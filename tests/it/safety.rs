@@ -78,7 +78,7 @@ fn concurrent_runs_of_one_experiment_take_different_directories() {
             .spawn()
             .unwrap()
     };
-    let runs: Vec<_> = (0..4).map(|_| spawn()).collect();
+    let runs: Vec<_> = (0..8).map(|_| spawn()).collect();
     let mut dirs: Vec<String> = runs
         .into_iter()
         .map(|c| {
@@ -92,7 +92,7 @@ fn concurrent_runs_of_one_experiment_take_different_directories() {
         .collect();
     dirs.sort();
     dirs.dedup();
-    assert_eq!(dirs.len(), 4, "{dirs:?}");
+    assert_eq!(dirs.len(), 8, "{dirs:?}");
     for dir in &dirs {
         assert_eq!(summary(&d.path().join(dir))["status"], "finished", "{dir}");
     }
@@ -196,6 +196,12 @@ fn resuming_from_an_older_checkpoint_sets_the_newer_ones_aside() {
     assert_eq!(std::fs::read(run.join("metrics.jsonl")).unwrap(), metrics);
     assert!(run.join("checkpoints/step-00000030").is_dir());
 
+    // a resume from the newest, with a crash's `.tmp` beside it, is no branch
+    std::fs::create_dir(run.join("checkpoints/step-00000040.tmp")).unwrap();
+    let o = kiln(d.path(), &["resume", "r", "--set", "train.max_steps=30"]);
+    assert_eq!(code(&o), Some(0), "{}", stderr(&o));
+    assert!(!stderr(&o).contains("moved to"), "{}", stderr(&o));
+    std::fs::create_dir_all(run.join("checkpoints/step-00000040.tmp")).unwrap();
     let o = kiln(d.path(), &["resume", "r", "--from", "step-00000010"]);
     assert_eq!(code(&o), Some(0), "{}", stderr(&o));
     assert!(
@@ -208,6 +214,12 @@ fn resuming_from_an_older_checkpoint_sets_the_newer_ones_aside() {
     let list = stdout(&kiln(d.path(), &["ckpt", "list", "r"]));
     assert!(list.contains("abandoned (abandoned-"), "{list}");
     assert_eq!(list.matches("step-00000030").count(), 2, "{list}");
+    assert!(!list.contains(".tmp"), "{list}");
+    // a second branch in the same second gets a directory of its own
+    let o = kiln(d.path(), &["resume", "r", "--from", "step-00000010"]);
+    assert_eq!(code(&o), Some(0), "{}", stderr(&o));
+    let o = kiln(d.path(), &["resume", "r", "--from", "step-00000010"]);
+    assert_eq!(code(&o), Some(0), "{}", stderr(&o));
     assert_eq!(metric_lines(&run), {
         // same seed and data: the branch retrains the same steps
         let mut b = before.clone();
@@ -247,6 +259,19 @@ fn resuming_a_finished_run_says_so_and_touches_nothing_unless_the_limit_rises() 
             metrics_before
         );
     }
+    // a complete checkpoint whose summary is not "finished" (cut short after the checkpoint):
+    // the resume finishes it, with the loss it reached
+    let s = std::fs::read_to_string(run.join("summary.json")).unwrap();
+    std::fs::write(
+        run.join("summary.json"),
+        s.replace("\"finished\"", "\"failed\""),
+    )
+    .unwrap();
+    let o = kiln(d.path(), &["resume", "r"]);
+    assert_eq!(code(&o), Some(0), "{}", stderr(&o));
+    let s = summary(&run);
+    assert_eq!(s["status"], "finished", "{s}");
+    assert!(s["final_loss"].as_f64().is_some_and(f64::is_finite), "{s}");
     let o = kiln(d.path(), &["resume", "r", "--set", "train.max_steps=35"]);
     assert_eq!(code(&o), Some(0), "{}", stderr(&o));
     let s = summary(&run);
@@ -346,13 +371,16 @@ fn small_input_errors_name_the_right_key_and_the_integer_label_column_works() {
     assert!(!d.path().join("runs").exists());
 }
 
-fn threads() -> usize {
-    std::fs::read_to_string("/proc/self/status")
+/// Threads of this process serving store connections (named `kiln-store-conn`).
+fn store_threads() -> usize {
+    std::fs::read_dir("/proc/self/task")
         .unwrap()
-        .lines()
-        .find_map(|l| l.strip_prefix("Threads:"))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| {
+            std::fs::read_to_string(e.path().join("comm"))
+                .is_ok_and(|c| c.trim() == "kiln-store-conn")
+        })
+        .count()
 }
 
 /// Node 0's store under hostile peers on 127.0.0.1: a flood of connections announcing large
@@ -366,7 +394,6 @@ fn the_rendezvous_store_survives_floods_and_trickling_peers() {
     use std::time::{Duration, Instant};
     let server = StoreServer::start("127.0.0.1:0", "tok".into(), 0, Duration::ZERO).unwrap();
     let addr = server.addr.to_string();
-    let before = threads();
     // 200 strangers, each announcing a 1 MiB hello and sending nothing more
     let flood: Vec<TcpStream> = (0..200)
         .filter_map(|_| {
@@ -375,18 +402,26 @@ fn the_rendezvous_store_survives_floods_and_trickling_peers() {
             Some(s)
         })
         .collect();
+    // during the flood: at most MAX_PENDING of the store's connection threads
+    let mut peak = 0;
+    for _ in 0..20 {
+        peak = peak.max(store_threads());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(
+        peak <= MAX_PENDING,
+        "{peak} connection threads during the flood"
+    );
     let start = Instant::now();
     // the job's own node still gets in (retrying while the flood holds the hello slots)
     let mut client = StoreClient::connect(&addr, "tok", 1, 0, Duration::from_secs(30)).unwrap();
     client.set("k", "v").unwrap();
     assert!(start.elapsed() < Duration::from_secs(HELLO_SECS * 3));
-    let grown = threads().saturating_sub(before);
-    assert!(
-        grown <= MAX_PENDING + 4,
-        "the flood grew the process by {grown} threads"
-    );
     drop(flood);
-    // one byte every 300 ms: still dropped when its whole hello is overdue
+    // one byte every 300 ms (to a store of its own, whose log the flood did not fill): still
+    // dropped when its whole hello is overdue
+    let server = StoreServer::start("127.0.0.1:0", "tok".into(), 0, Duration::ZERO).unwrap();
+    let addr = server.addr.to_string();
     let mut slow = TcpStream::connect(&addr).unwrap();
     slow.set_read_timeout(Some(Duration::from_millis(300)))
         .unwrap();
@@ -418,11 +453,12 @@ fn the_rendezvous_store_survives_floods_and_trickling_peers() {
         start.elapsed()
     );
     assert!(start.elapsed() < Duration::from_secs(HELLO_SECS + 4));
+    let local = slow.local_addr().unwrap().to_string();
     assert!(
         server
             .rejected()
             .iter()
-            .any(|r| r.contains("did not arrive in time") || r.contains("too many connections")),
+            .any(|r| r.starts_with(&local) && r.contains("did not arrive in time")),
         "{:?}",
         server.rejected()
     );
