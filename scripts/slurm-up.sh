@@ -72,6 +72,8 @@ SelectTypeParameters=CR_CPU
 ReturnToService=2
 MpiDefault=none
 KillWait=30
+# a loaded 2-core test machine can stall slurmd for seconds: wait longer than the default 10 s
+MessageTimeout=60
 MinJobAge=3600
 SchedulerParameters=bf_interval=1
 JobRequeue=1

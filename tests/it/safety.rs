@@ -12,8 +12,18 @@ fn code(o: &std::process::Output) -> Option<i32> {
     o.status.code()
 }
 
+/// A child process killed when dropped (a failed assertion leaves nothing running).
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// A long run in `dir/<run_dir>`, returned once it trains (its lock is held).
-fn long_run(dir: &Path, run_dir: &str) -> std::process::Child {
+fn long_run(dir: &Path, run_dir: &str) -> KillOnDrop {
     let mut child = Command::new(KILN)
         .current_dir(dir)
         .args(["run", "t.toml", "--quiet", "--run-dir", run_dir])
@@ -29,6 +39,7 @@ fn long_run(dir: &Path, run_dir: &str) -> std::process::Child {
         .unwrap();
     let out = child.stdout.take().unwrap();
     let mut lines = BufReader::new(out).lines();
+    let child = KillOnDrop(child);
     assert!(
         lines.any(|l| l.is_ok_and(|l| l.starts_with("run dir:"))),
         "the run never started"
@@ -41,7 +52,7 @@ fn a_run_directory_in_use_is_refused_naming_the_pid_and_freed_when_its_process_d
     let d = tempfile::tempdir().unwrap();
     write(d.path(), "t.toml", TINY);
     let mut first = long_run(d.path(), "r");
-    let pid = first.id();
+    let pid = first.0.id();
     let o = kiln(d.path(), &["run", "t.toml", "--run-dir", "r"]);
     assert_eq!(code(&o), Some(2), "{}", stderr(&o));
     assert!(
@@ -59,8 +70,8 @@ fn a_run_directory_in_use_is_refused_naming_the_pid_and_freed_when_its_process_d
         stderr(&o)
     );
     // SIGKILL: the lock goes with the process
-    first.kill().unwrap();
-    first.wait().unwrap();
+    first.0.kill().unwrap();
+    first.0.wait().unwrap();
     let o = kiln(d.path(), &["resume", "r", "--set", "train.max_steps=3"]);
     assert_eq!(code(&o), Some(0), "{}", stderr(&o));
 }

@@ -298,6 +298,8 @@ fn a_stop_signal_checkpoints_requeues_and_the_job_finishes_bit_exactly() {
         "strategy.kind=ddp",
         "train.batch_size=4",
         "train.log_every=10",
+        // a loaded test machine can starve a node for seconds
+        "launch.heartbeat_secs=60",
     ];
     // the uninterrupted reference: two node processes here
     let port = crate::nodes::free_port().to_string();
