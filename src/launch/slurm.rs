@@ -376,13 +376,6 @@ pub fn submit(r: &Resolved, o: &SubmitOptions) -> Result<()> {
         )));
     }
     let run_dir = choose_run_dir(&out_abs, &c.experiment.name);
-    // the outermost directory this submission creates: removed again if it fails
-    let created = run_dir
-        .ancestors()
-        .take_while(|a| !a.exists())
-        .last()
-        .map(Path::to_path_buf)
-        .unwrap_or_else(|| run_dir.clone());
     let mut job_cfg = r.clone();
     job_cfg.config.launch.nnodes = nnodes;
     job_cfg.config.launch.node_rank = 0;
@@ -425,7 +418,6 @@ pub fn submit(r: &Resolved, o: &SubmitOptions) -> Result<()> {
         let script = run_script(&job_cfg.config, &kiln, &claimed, &o.extra);
         (claimed, token_path, script)
     };
-    let _ = created;
     // write everything, submit, and take it all back if sbatch refuses
     let result = (|| -> Result<String> {
         // the job (which may start at once) takes the directory's lock, not this process

@@ -159,11 +159,7 @@ pub fn submit(spec: &SweepSpec, parallel: Option<usize>) -> Result<String> {
         jobs.push(crate::launch::stored_config(&r));
     }
     // the outermost directory this submission creates: removed again if sbatch refuses
-    let created = dir
-        .ancestors()
-        .take_while(|a| !a.exists())
-        .last()
-        .map(Path::to_path_buf);
+    let created = crate::launch::first_missing(&dir);
     fs::create_dir_all(dir.join("logs"))
         .and_then(|_| fs::create_dir_all(dir.join("slurm")))
         .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
