@@ -10,6 +10,16 @@ use crate::model::{self, Registry};
 /// the command, prints an error (if any) and returns the exit code (0 ok, 1 the run failed,
 /// 2 bad input, 75 stopped by a signal with a checkpoint, 130 a second Ctrl-C). Sweep trials re-run the same executable, so they see the same families.
 pub fn main_with(registry: Registry) -> i32 {
+    main_with_args(registry, std::env::args_os())
+}
+
+/// `main_with`, on the given arguments (the first is the program name) instead of the
+/// process's: for a program that embeds kiln's command line behind its own.
+pub fn main_with_args<I, T>(registry: Registry, args: I) -> i32
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
     quiet_on_closed_stdout();
     // NCCL found but not loadable: re-execute with it on the library path, before anything runs
     #[cfg(feature = "cuda")]
@@ -17,7 +27,7 @@ pub fn main_with(registry: Registry) -> i32 {
         eprintln!("{warning}");
     }
     model::install(registry);
-    let cli = Cli::parse();
+    let cli = Cli::parse_from(args);
     match dispatch(cli) {
         Ok(()) => 0,
         Err(e @ crate::Error::Preempted(_)) => {

@@ -18,4 +18,4 @@ mod submit;
 mod sweep;
 
 pub use args::*;
-pub use main::main_with;
+pub use main::{main_with, main_with_args};

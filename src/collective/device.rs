@@ -224,6 +224,9 @@ pub(crate) mod emulated {
         fn to_host(&mut self) -> Result<Vec<f32>, String> {
             Ok(self.0.clone())
         }
+        fn non_finite(&self) -> Result<bool, String> {
+            Ok(!crate::params::all_finite(&self.0))
+        }
         fn as_any_mut(&mut self) -> &mut dyn Any {
             self
         }

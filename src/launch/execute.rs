@@ -430,6 +430,11 @@ pub fn execute(
         // no other kiln process in this directory meanwhile (a no-op when already held)
         lock_run_dir(run_dir)?;
     }
+    let rendezvous_t = std::time::Duration::from_secs(c.launch.rendezvous_timeout_secs);
+    let checks = Checks {
+        job: &mut job,
+        passed: false,
+    };
     let placement = backend::resolve(c)?;
     let be = placement.backend;
     let data = data::load(r)?;
@@ -465,6 +470,8 @@ pub fn execute(
         }
         None => None,
     };
+    // every node has what it needs: now node 0 may change files of a resumed run
+    checks.pass(resume.is_some(), rendezvous_t)?;
     // a finished run resumed at (or past) its end has nothing to train: every file stays as
     // it is (one whose summary does not say finished goes on, and gets its summary)
     let finished = fs::read_to_string(run_dir.join("summary.json"))
@@ -486,6 +493,9 @@ pub fn execute(
                     run_dir.display(),
                     l.state.step
                 ));
+            }
+            if let Some(j) = job.as_mut() {
+                j.finish(rendezvous_t);
             }
             return Ok(());
         }
@@ -772,6 +782,62 @@ pub fn execute(
             }
             ui::out(&format!("failed; run dir: {}", run_dir.display()));
             Err(e)
+        }
+    }
+}
+
+/// A node's checks before a multi-node run starts (its data, model, memory and checkpoint).
+/// Dropped before `pass`, it stops the job, so the other nodes fail at once instead of waiting
+/// in their first collective, and node 0 never sets checkpoints aside or trims metrics for a
+/// resume that another node refused.
+struct Checks<'a> {
+    job: &'a mut Option<crate::launch::rendezvous::Job>,
+    passed: bool,
+}
+
+impl Checks<'_> {
+    /// This node's checks passed. Every node says so; node 0 of a resumed run waits until the
+    /// others have said it too.
+    fn pass(mut self, resuming: bool, timeout: std::time::Duration) -> Result<()> {
+        self.passed = true;
+        let Some(j) = self.job.as_mut() else {
+            return Ok(());
+        };
+        if j.node != 0 {
+            j.client.set(&format!("checked/{}", j.node), "ok")?;
+            return Ok(());
+        }
+        if !resuming {
+            return Ok(());
+        }
+        let keys: Vec<String> = (1..j.nnodes).map(|n| format!("checked/{n}")).collect();
+        match j.client.wait(&keys, timeout) {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(missing)) => Err(Error::Launch(
+                format!(
+                    "{} did not finish their checks within launch.rendezvous_timeout_secs = {}s; no file of the run was changed",
+                    missing.join(", ").replace("checked/", "node "),
+                    timeout.as_secs()
+                )
+                .into(),
+            )),
+            Err(e) => Err(Error::Launch(
+                format!("{e}; no file of the run was changed").into(),
+            )),
+        }
+    }
+}
+
+impl Drop for Checks<'_> {
+    fn drop(&mut self) {
+        if self.passed {
+            return;
+        }
+        if let Some(j) = self.job.as_mut() {
+            let _ = j.client.abort(&format!(
+                "node {} refused the run (its error is in its own output)",
+                j.node
+            ));
         }
     }
 }

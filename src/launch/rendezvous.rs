@@ -93,12 +93,18 @@ impl Job {
 /// (`Ok((token, true))`); other nodes must be given it.
 pub fn token(c: &Config, env_token: Option<String>) -> Result<(String, bool), String> {
     if let Some(t) = env_token.filter(|t| !t.trim().is_empty()) {
-        return Ok((t.trim().to_string(), false));
+        return checked_token(t.trim(), "KILN_JOB_TOKEN").map(|t| (t, false));
     }
     if let Some(f) = &c.launch.token_file {
-        return std::fs::read_to_string(f)
-            .map(|t| (t.trim().to_string(), false))
-            .map_err(|e| format!("cannot read the job token from `{f}` (launch.token_file): {e}"));
+        // read at most a little more than a token may be (not all of /dev/zero)
+        let mut text = String::new();
+        std::fs::File::open(f)
+            .and_then(|file| file.take(MAX_TOKEN as u64 + 2).read_to_string(&mut text))
+            .map_err(|e| {
+                format!("cannot read the job token from `{f}` (launch.token_file): {e}")
+            })?;
+        let source = format!("`{f}` (launch.token_file)");
+        return checked_token(text.trim(), &source).map(|t| (t, false));
     }
     if c.launch.node_rank != 0 {
         return Err(format!(
@@ -111,6 +117,29 @@ pub fn token(c: &Config, env_token: Option<String>) -> Result<(String, bool), St
         .and_then(|mut f| f.read_exact(&mut bytes))
         .map_err(|e| format!("cannot generate a job token: {e}"))?;
     Ok((bytes.iter().map(|b| format!("{b:02x}")).collect(), true))
+}
+
+/// The longest job token: well inside a hello (`MAX_HELLO`).
+pub const MAX_TOKEN: usize = 1024;
+
+/// A token of 1 to `MAX_TOKEN` visible ASCII characters, or what is wrong with the one from
+/// `source`.
+fn checked_token(t: &str, source: &str) -> Result<String, String> {
+    let help = "use at most 1024 visible ASCII characters, e.g. `openssl rand -hex 16`";
+    if t.is_empty() {
+        return Err(format!("the job token from {source} is empty; {help}"));
+    }
+    if t.len() > MAX_TOKEN {
+        return Err(format!(
+            "the job token from {source} is longer than {MAX_TOKEN} bytes; {help}"
+        ));
+    }
+    if let Some(c) = t.chars().find(|c| !c.is_ascii_graphic()) {
+        return Err(format!(
+            "the job token from {source} contains {c:?}; {help}"
+        ));
+    }
+    Ok(t.to_string())
 }
 
 /// Joins round `round` (restarts so far) of the job described by `[launch]` with `nproc` ranks
@@ -172,9 +201,21 @@ pub fn join(c: &Config, nproc: usize, token: &str, round: usize) -> Result<Job, 
     }
     let ring = if nnodes > 1 {
         let next_addr = &rings[(node + 1) % nnodes];
-        let mut next = connect_until(next_addr, deadline)?;
-        write_frame(&mut next, &json!({"ring": {"token": token, "node": node}}))?;
-        let prev = accept_prev(&listener, token, (node + nnodes - 1) % nnodes, deadline)?;
+        // the link out waits for the next node's answer while this node answers its previous
+        // one: both at once (in sequence, every node would wait on the next)
+        let prev_node = (node + nnodes - 1) % nnodes;
+        let (next, prev) = std::thread::scope(|sc| {
+            let next = sc.spawn(|| ring_link(next_addr, token, node, deadline));
+            let prev = accept_prev(&listener, token, prev_node, deadline);
+            let next = next.join().unwrap_or_else(|_| {
+                Err(StoreError::Refused {
+                    addr: next_addr.clone(),
+                    why: "the ring link's thread panicked".into(),
+                })
+            });
+            (next, prev)
+        });
+        let (next, prev) = (next?, prev?);
         Some(TcpRing::new(
             node,
             nnodes,
@@ -254,6 +295,40 @@ fn connect_until(addr: &str, deadline: Instant) -> Result<TcpStream, StoreError>
     }
 }
 
+/// Connects this node's ring link to the next node: says the hello and waits for its answer,
+/// connecting again (until `deadline`) when the link is closed first, as it is when strangers
+/// crowd the next node's listener.
+fn ring_link(
+    addr: &str,
+    token: &str,
+    node: usize,
+    deadline: Instant,
+) -> Result<TcpStream, StoreError> {
+    use super::store::{read_frame_within, HELLO_SECS};
+    loop {
+        let mut s = connect_until(addr, deadline)?;
+        let answered = write_frame(&mut s, &json!({"ring": {"token": token, "node": node}}))
+            .and_then(|()| {
+                let until = Instant::now() + Duration::from_secs(HELLO_SECS);
+                read_frame_within(&mut s, until, 64)
+            });
+        match answered {
+            Ok(v) if v["ok"] == json!(true) => {
+                s.set_read_timeout(None)?;
+                return Ok(s);
+            }
+            Ok(v) => {
+                return Err(StoreError::Refused {
+                    addr: addr.to_string(),
+                    why: format!("the ring link was answered with {v}"),
+                })
+            }
+            Err(e) if Instant::now() >= deadline => return Err(StoreError::Io(e)),
+            Err(_) => std::thread::sleep(Duration::from_millis(20)),
+        }
+    }
+}
+
 /// Accepts the previous node's ring connection. Each connection shows the token and its node
 /// on a thread of its own, within a deadline, so a stranger (silent, trickling, or one of a
 /// flood) never holds up the job; anything else is dropped.
@@ -263,10 +338,10 @@ fn accept_prev(
     prev: usize,
     deadline: Instant,
 ) -> Result<TcpStream, StoreError> {
-    use super::store::{read_frame_within, same_secret, Pending, HELLO_SECS, MAX_HELLO};
+    use super::store::{read_frame_within, same_secret, HelloSlots, HELLO_SECS, MAX_HELLO};
     listener.set_nonblocking(true)?;
     let (tx, rx) = std::sync::mpsc::channel::<TcpStream>();
-    let pending = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let slots = Arc::new(HelloSlots::default());
     loop {
         if let Ok(s) = rx.try_recv() {
             s.set_read_timeout(None)?;
@@ -274,8 +349,8 @@ fn accept_prev(
         }
         match listener.accept() {
             Ok((mut s, _)) => {
-                let Some(slot) = Pending::enter(&pending) else {
-                    continue; // dropped: too many in their hello
+                let Some((slot, _)) = slots.enter(&s) else {
+                    continue; // closed: the peer connects again
                 };
                 let (tx, token) = (tx.clone(), token.to_string());
                 let _ = std::thread::Builder::new()
@@ -292,7 +367,8 @@ fn accept_prev(
                                 .is_some_and(|t| same_secret(t, &token))
                                 && h["ring"]["node"] == prev
                         });
-                        if ok {
+                        // the peer waits for this answer, and connects again without it
+                        if ok && write_frame(&mut s, &json!({"ok": true})).is_ok() {
                             let _ = tx.send(s);
                         }
                     });
@@ -316,6 +392,48 @@ mod tests {
     use std::sync::atomic::AtomicUsize;
 
     use super::*;
+
+    /// Item 8 of the safety issue: strangers at the ring listener (a silent flood larger than
+    /// the hello slots, a trickle, a huge frame, a wrong token, the right token from the wrong
+    /// node) neither hold up nor lock out the real peer. Its deadline is shorter than the time
+    /// a stranger may take for its hello, so waiting on any one of them would miss it.
+    #[test]
+    fn the_ring_listener_takes_its_peer_past_strangers_who_stall_trickle_flood_or_lie() {
+        use std::io::{Read, Write};
+
+        use super::super::store::{read_frame, HELLO_SECS, MAX_PENDING};
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let mut strangers: Vec<TcpStream> = (0..2 * MAX_PENDING)
+            .map(|_| TcpStream::connect(&addr).unwrap())
+            .collect();
+        let mut trickle = TcpStream::connect(&addr).unwrap();
+        trickle.write_all(&[0, 0]).unwrap();
+        let mut huge = TcpStream::connect(&addr).unwrap();
+        huge.write_all(&u32::MAX.to_be_bytes()).unwrap();
+        strangers.extend([trickle, huge]);
+        let mut liars = Vec::new();
+        for (token, node) in [("wrong", 0), ("t0k", 2)] {
+            let mut s = TcpStream::connect(&addr).unwrap();
+            write_frame(&mut s, &json!({"ring": {"token": token, "node": node}})).unwrap();
+            liars.push(s);
+        }
+        let deadline = Instant::now() + Duration::from_secs(HELLO_SECS - 2);
+        let peer = std::thread::spawn(move || {
+            let mut s = ring_link(&addr, "t0k", 0, deadline).unwrap();
+            write_frame(&mut s, &json!({"data": 42})).unwrap();
+        });
+        let mut s = accept_prev(&listener, "t0k", 0, deadline).unwrap();
+        assert_eq!(read_frame(&mut s).unwrap()["data"], 42);
+        peer.join().unwrap();
+        // the liars are closed without an answer
+        for mut l in liars {
+            l.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+            let mut b = [0u8; 1];
+            assert!(matches!(l.read(&mut b), Ok(0) | Err(_)));
+        }
+        drop(strangers);
+    }
 
     #[test]
     fn a_stop_runs_every_hook_once_whenever_it_was_registered() {

@@ -88,24 +88,63 @@ pub fn read_frame_within(
         .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, format!("not JSON: {e}")))
 }
 
-/// Counts connections in their hello; `None` when `MAX_PENDING` already are.
-pub struct Pending(Arc<std::sync::atomic::AtomicUsize>);
+/// The connections in their hello, at most `MAX_PENDING`. One more closes the oldest: a real
+/// peer says its hello as soon as it connects, so strangers that hold their slots (silent,
+/// trickling, a flood) can delay a peer by a moment, never lock it out. The threads of closed
+/// connections take a moment to end; while `2 * MAX_PENDING` are alive a new connection is
+/// closed at once (a peer connects again), so a flood never costs more threads than that.
+#[derive(Default)]
+pub struct HelloSlots {
+    open: Mutex<std::collections::VecDeque<(u64, TcpStream)>>,
+    next: std::sync::atomic::AtomicU64,
+    alive: std::sync::atomic::AtomicUsize,
+}
 
-impl Pending {
-    pub fn enter(count: &Arc<std::sync::atomic::AtomicUsize>) -> Option<Pending> {
+/// A connection's place among the `HelloSlots`, given up when dropped.
+pub struct Pending {
+    slots: Arc<HelloSlots>,
+    id: u64,
+}
+
+impl HelloSlots {
+    /// Takes a slot for `conn`, `None` (close it) while too many threads are alive; the second
+    /// value says whether the oldest connection in its hello was closed to make room.
+    pub fn enter(self: &Arc<Self>, conn: &TcpStream) -> Option<(Pending, bool)> {
         use std::sync::atomic::Ordering;
-        let n = count.fetch_add(1, Ordering::SeqCst);
-        if n >= MAX_PENDING {
-            count.fetch_sub(1, Ordering::SeqCst);
+        if self.alive.fetch_add(1, Ordering::SeqCst) >= 2 * MAX_PENDING {
+            self.alive.fetch_sub(1, Ordering::SeqCst);
             return None;
         }
-        Some(Pending(Arc::clone(count)))
+        let id = self.next.fetch_add(1, Ordering::SeqCst);
+        let mut evicted = false;
+        if let Ok(mut open) = self.open.lock() {
+            if open.len() >= MAX_PENDING {
+                if let Some((_, oldest)) = open.pop_front() {
+                    // its reader sees the end of the stream at once and gives up
+                    let _ = oldest.shutdown(std::net::Shutdown::Both);
+                    evicted = true;
+                }
+            }
+            if let Ok(c) = conn.try_clone() {
+                open.push_back((id, c));
+            }
+        }
+        let slot = Pending {
+            slots: Arc::clone(self),
+            id,
+        };
+        Some((slot, evicted))
     }
 }
 
 impl Drop for Pending {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+        if let Ok(mut open) = self.slots.open.lock() {
+            open.retain(|(id, _)| *id != self.id);
+        }
+        self.slots
+            .alive
+            .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
     }
 }
 
@@ -172,7 +211,7 @@ struct Shared {
     aborted: Option<String>,
     /// Rejected connections, for the log.
     rejected: Vec<String>,
-    /// Connections closed at once because `MAX_PENDING` others were in their hello.
+    /// Connections closed in their hello because `MAX_PENDING` newer ones came.
     busy: usize,
 }
 
@@ -207,18 +246,19 @@ impl StoreServer {
         let local = listener.local_addr()?;
         let state: Arc<(Mutex<Shared>, Condvar)> = Arc::default();
         let st = Arc::clone(&state);
-        let pending = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let slots = Arc::new(HelloSlots::default());
         std::thread::Builder::new()
             .name("kiln-store".into())
             .spawn(move || {
                 for conn in listener.incoming() {
                     let Ok(conn) = conn else { continue };
-                    let Some(slot) = Pending::enter(&pending) else {
+                    let slot = slots.enter(&conn);
+                    if slot.as_ref().is_none_or(|(_, evicted)| *evicted) {
                         if let Ok(mut s) = st.0.lock() {
                             s.busy += 1;
                         }
-                        continue;
-                    };
+                    }
+                    let Some((slot, _)) = slot else { continue };
                     let st = Arc::clone(&st);
                     let token = token.clone();
                     let _ = std::thread::Builder::new()
@@ -263,7 +303,7 @@ impl StoreServer {
                 let mut r = s.rejected.clone();
                 if s.busy > 0 {
                     r.push(format!(
-                        "{} connection(s) closed at once: {MAX_PENDING} others were still in their hello",
+                        "{} connection(s) closed before their hello ended: more than {MAX_PENDING} were in their hello at once",
                         s.busy
                     ));
                 }

@@ -69,6 +69,8 @@ pub trait DeviceTensor {
     fn padded(&self, range: Range<usize>, padded: usize) -> Result<Box<dyn DeviceTensor>, String>;
     /// The values as f32 on the host.
     fn to_host(&mut self) -> Result<Vec<f32>, String>;
+    /// Whether any value is NaN or infinite (one reduction on the device, one flag read back).
+    fn non_finite(&self) -> Result<bool, String>;
     fn as_any_mut(&mut self) -> &mut dyn Any;
     /// `params` and the state of `opt` moved to this buffer's device, to stay there between
     /// steps; `None` where that does not apply (parameters below f32 keep f32 masters on the
@@ -148,6 +150,12 @@ impl<B: Backend> DeviceTensor for DeviceFlat<B> {
             .into_vec::<f32>()
             .map_err(|e| format!("reading a device buffer: {e:?}"))
     }
+    fn non_finite(&self) -> Result<bool, String> {
+        let all = self.tensor.clone().is_finite().all().into_data();
+        all.to_vec::<bool>()
+            .map(|v| v.first().is_some_and(|ok| !ok))
+            .map_err(|e| format!("reading a device flag: {e:?}"))
+    }
     fn as_any_mut(&mut self) -> &mut dyn Any {
         self
     }
@@ -179,6 +187,13 @@ impl Grads {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+    /// Whether any value is NaN or infinite.
+    pub fn non_finite(&self) -> Result<bool, String> {
+        match self {
+            Grads::Host(v) => Ok(!all_finite(v)),
+            Grads::Device(d) => d.non_finite(),
+        }
+    }
     /// The gradient on the host (copied from the device when it is there).
     pub fn to_host_vec(self) -> Result<Vec<f32>, String> {
         match self {
@@ -186,4 +201,12 @@ impl Grads {
             Grads::Device(mut d) => d.to_host(),
         }
     }
+}
+
+/// Whether every value is finite: a branch-free scan in blocks (the compiler vectorises the
+/// inner fold), stopping at the first block with a NaN or an infinity.
+pub fn all_finite(values: &[f32]) -> bool {
+    values
+        .chunks(4096)
+        .all(|c| c.iter().fold(true, |ok, v| ok & v.is_finite()))
 }

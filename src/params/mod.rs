@@ -10,7 +10,7 @@ mod device;
 mod layout;
 mod optim;
 
-pub use buffer::{DevDType, DeviceFlat, DeviceTensor, Grads, RawBuf, RawFn};
+pub use buffer::{all_finite, DevDType, DeviceFlat, DeviceTensor, Grads, RawBuf, RawFn};
 pub use device::{BurnParams, DeviceParams};
 pub use layout::{unit_of, ParamLayout, ParamSpec, UnitSpec};
 pub use optim::{clip_and_step, clip_by_norm, clip_coef, sum_squares, Optimizer};

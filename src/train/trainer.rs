@@ -136,8 +136,9 @@ pub enum TrainError {
     Model(#[from] ModelError),
     #[error(transparent)]
     Collective(#[from] CollectiveError),
-    #[error("training diverged: the loss is {loss} at step {step}\n  = help: lower `optim.lr`, set `optim.grad_clip_norm`, or add warm-up (`schedule.warmup_steps`)")]
-    Diverged { step: usize, loss: f64 },
+    /// The loss, the gradient or the parameters stopped being finite at `step`.
+    #[error("training diverged at step {step}: {cause}\n  = help: lower `optim.lr`, set `optim.grad_clip_norm`, or add warm-up (`schedule.warmup_steps`)")]
+    Diverged { step: usize, cause: String },
     #[error(transparent)]
     Checkpoint(#[from] CheckpointError),
     #[error("rank {rank} panicked: {message}")]
@@ -400,8 +401,9 @@ pub fn train<B: ComputeOn>(
             None => Grads::Host(vec![0f32; num_params]),
         };
         // [weighted loss, samples] summed over micro-steps, then over ranks, with a stop
-        // request riding along: every rank sees it at the same step
-        let mut totals = [0.0f64, 0.0, 0.0];
+        // request and the ranks whose gradient is not finite riding along: every rank sees
+        // them at the same step
+        let mut totals = [0.0f64, 0.0, 0.0, 0.0];
         let mut micro_in_step = 0;
         pos = pos.normalize(plan);
         let epoch_at_start = pos.epoch;
@@ -478,10 +480,18 @@ pub fn train<B: ComputeOn>(
                 clock.time(Phase::Backward, || strategy.micro_sync(&mut grads))?;
             }
         }
+        // a NaN or inf in any rank's gradient makes the averaged one non-finite too: found
+        // here, before the optimizer spreads it into the parameters (and a checkpoint)
+        let grad_bad = clock
+            .time(Phase::Optimizer, || grads.non_finite())
+            .map_err(|e| {
+                crate::collective::device_error(rank, crate::collective::OpKind::Update, e)
+            })?;
         clock.time(Phase::Optimizer, || {
             strategy.update(grads, lr, c.optim.grad_clip_norm)
         })?;
         totals[2] = super::preempt::requested().map_or(0.0, |s| s as f64);
+        totals[3] = f64::from(u8::from(grad_bad));
         strategy.sum(&mut totals)?;
         let stop = totals[2] > 0.0;
         // single/ddp weights are 1 per rank: average over ranks; dp weights sum to 1 already
@@ -494,7 +504,23 @@ pub fn train<B: ComputeOn>(
         window_samples += totals[1];
         step += 1;
         if !loss.is_finite() {
-            return Err(TrainError::Diverged { step, loss });
+            return Err(TrainError::Diverged {
+                step,
+                cause: format!("the loss is {loss}"),
+            });
+        }
+        if totals[3] > 0.0 {
+            let on = match (world, totals[3] as usize) {
+                (1, _) => String::new(),
+                (_, 1) => " on 1 rank".to_string(),
+                (_, n) => format!(" on {n} ranks"),
+            };
+            return Err(TrainError::Diverged {
+                step,
+                cause: format!(
+                    "the gradient has NaN or infinite values{on}, while the loss is {loss}"
+                ),
+            });
         }
         last_loss = loss;
         pos = pos.normalize(plan);
@@ -627,6 +653,18 @@ fn save_checkpoint(
     }
     strategy.barrier()?;
     let snap = strategy.snapshot()?;
+    // never a checkpoint of NaN or infinite parameters (an optimizer step that overflowed):
+    // every rank checks its part, and all agree before anything is written
+    let mut bad = [snap.data.as_ref().map_or(0.0, |(p, _)| {
+        f64::from(u8::from(!crate::params::all_finite(p)))
+    })];
+    strategy.sum(&mut bad)?;
+    if bad[0] > 0.0 {
+        return Err(TrainError::Diverged {
+            step,
+            cause: format!("the parameters have NaN or infinite values (the loss is {loss})"),
+        });
+    }
     if let Some((params, opt)) = &snap.data {
         let files = encode_files(
             &snap.layout,
