@@ -27,8 +27,8 @@ pub use check::{check, CheckReport};
 pub use execute::{execute, resume, start, train, RunOptions};
 pub use resume::{choose_checkpoint, config_changes, prepare_resume, Resumption};
 pub use run_dir::{
-    checkpoint_store, choose_run_dir, first_missing, is_unfinished, newest_unfinished, run_config,
-    stored_config, write_json,
+    checkpoint_store, choose_run_dir, first_missing, is_unfinished, newest_unfinished,
+    replace_file, run_config, stored_config, write_json,
 };
 pub use sample::{sample, SampleOptions};
 pub use summary::Summary;

@@ -82,12 +82,16 @@ pub fn prepare_resume(
     let changes = config_changes(&old, &stored_config(r));
     let refused: Vec<String> = changes
         .iter()
-        .filter(|(k, _, _)| k.starts_with("model.") || k.starts_with("data."))
+        // the checkpoints stay where the run keeps them: loading from one directory while
+        // saving (and setting newer ones aside) in another would split the run
+        .filter(|(k, _, _)| {
+            k.starts_with("model.") || k.starts_with("data.") || k == "checkpoint.dir"
+        })
         .map(|(k, a, b)| format!("  `{k}`: {a} -> {b}"))
         .collect();
     if !refused.is_empty() {
         return Err(Error::Usage(format!(
-            "cannot resume `{}` with a different model or data:\n{}\n  = help: undo these changes, or start a new run with `kiln run`",
+            "cannot resume `{}` with a different model, data or checkpoint.dir:\n{}\n  = help: undo these changes, or start a new run with `kiln run`",
             dir.display(),
             refused.join("\n")
         )));

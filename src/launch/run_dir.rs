@@ -68,14 +68,33 @@ pub fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<()> {
             std::io::Error::other(e),
         )
     })?;
-    let tmp = path.with_extension("json.tmp");
-    // a failed write (a full disk) leaves no `.tmp` behind, and names the file meant
-    let res = fs::write(&tmp, text + "\n").and_then(|_| fs::rename(&tmp, path));
-    if let Err(e) = res {
+    // a failed write (a full disk) names the file meant
+    replace_file(path, (text + "\n").as_bytes())
+        .map_err(|e| Error::io(format!("writing {}", path.display()), e))
+}
+
+/// Replaces `path` with `bytes` through a temporary file beside it, fsynced and renamed, so
+/// `path` is the previous file or the whole new one, never a part. A failed write (a full disk)
+/// leaves no temporary file behind.
+pub fn replace_file(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write as _;
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "out".into());
+    let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
+    let written = fs::File::create(&tmp)
+        .and_then(|mut f| f.write_all(bytes).and_then(|_| f.sync_all()))
+        .and_then(|_| fs::rename(&tmp, path))
+        .and_then(|_| fs::File::open(&dir).and_then(|d| d.sync_all()));
+    if written.is_err() {
         let _ = fs::remove_file(&tmp);
-        return Err(Error::io(format!("writing {}", path.display()), e));
     }
-    Ok(())
+    written
 }
 
 /// The config as stored in a run directory: data paths made absolute, so the run directory can

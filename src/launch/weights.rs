@@ -4,7 +4,6 @@
 
 use std::collections::HashMap;
 use std::fs;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use burn::backend::{Autodiff, Flex};
@@ -94,20 +93,8 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
             dir.display()
         )));
     }
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "out".into());
-    let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
-    let written = fs::File::create(&tmp)
-        .and_then(|mut f| f.write_all(bytes).and_then(|_| f.sync_all()))
-        .and_then(|_| fs::rename(&tmp, path))
-        .and_then(|_| fs::File::open(&dir).and_then(|d| d.sync_all()));
-    if let Err(e) = written {
-        let _ = fs::remove_file(&tmp);
-        return Err(Error::io(format!("writing {}", path.display()), e));
-    }
-    Ok(())
+    super::run_dir::replace_file(path, bytes)
+        .map_err(|e| Error::io(format!("writing {}", path.display()), e))
 }
 
 /// The fixed input of a probe: 4 samples of normal values for classification, 4 sequences of

@@ -25,6 +25,23 @@ pub struct SweepSpec {
     pub executor: Executor,
 }
 
+impl SweepSpec {
+    /// Writes the spec as `dir/sweep.json` for `executor`, with the experiment file's absolute
+    /// path (so `--resume DIR` works from anywhere); returns what it wrote.
+    pub(super) fn store(&self, dir: &Path, executor: Executor) -> Result<SweepSpec> {
+        let stored = SweepSpec {
+            file: self
+                .file
+                .canonicalize()
+                .unwrap_or_else(|_| self.file.clone()),
+            sets: self.sets.clone(),
+            executor,
+        };
+        crate::launch::write_json(&dir.join("sweep.json"), &stored)?;
+        Ok(stored)
+    }
+}
+
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum Executor {
@@ -327,9 +344,8 @@ pub(super) fn write_results(dir: &Path, rows: &[Row], metric: &str) -> Result<()
         ("results.md", to_markdown(rows, metric)),
     ] {
         let p = dir.join(name);
-        let tmp = dir.join(format!("{name}.tmp"));
-        fs::write(&tmp, text).map_err(|e| Error::io(format!("writing {}", tmp.display()), e))?;
-        fs::rename(&tmp, &p).map_err(|e| Error::io(format!("writing {}", p.display()), e))?;
+        crate::launch::replace_file(&p, text.as_bytes())
+            .map_err(|e| Error::io(format!("writing {}", p.display()), e))?;
     }
     Ok(())
 }
@@ -344,15 +360,7 @@ pub fn run(spec: &SweepSpec, parallel: Option<usize>, quiet: bool) -> Result<Str
     fs::create_dir_all(dir.join("logs"))
         .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
     let _lock = Lock::take(&dir)?;
-    let spec_abs = SweepSpec {
-        file: spec
-            .file
-            .canonicalize()
-            .unwrap_or_else(|_| spec.file.clone()),
-        sets: spec.sets.clone(),
-        executor: Executor::Local,
-    };
-    crate::launch::write_json(&dir.join("sweep.json"), &spec_abs)?;
+    let spec_abs = spec.store(&dir, Executor::Local)?;
     let ledger = Ledger {
         path: dir.join("sweep.jsonl"),
     };

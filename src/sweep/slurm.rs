@@ -166,15 +166,7 @@ pub fn submit(spec: &SweepSpec, parallel: Option<usize>) -> Result<String> {
     let _lock = Lock::take(&dir)?;
     let spec_path = dir.join("sweep.json");
     let old_spec = fs::read(&spec_path).ok();
-    let spec_abs = SweepSpec {
-        file: spec
-            .file
-            .canonicalize()
-            .unwrap_or_else(|_| spec.file.clone()),
-        sets: spec.sets.clone(),
-        executor: Executor::Slurm,
-    };
-    crate::launch::write_json(&spec_path, &spec_abs)?;
+    spec.store(&dir, Executor::Slurm)?;
     let ledger = Ledger {
         path: dir.join("sweep.jsonl"),
     };

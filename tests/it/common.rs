@@ -15,12 +15,18 @@ pub fn kiln(cwd: &Path, args: &[&str]) -> Output {
     kiln_env(cwd, args, &[])
 }
 
-pub fn kiln_env(cwd: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
-    let mut cmd = Command::new(KILN);
+/// `program args` in `cwd`, without this process's `KILN_` variables (config keys, tokens).
+pub fn clean_cmd(program: &Path, cwd: &Path, args: &[&str]) -> Command {
+    let mut cmd = Command::new(program);
     cmd.current_dir(cwd).args(args);
     for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("KILN_")) {
         cmd.env_remove(k);
     }
+    cmd
+}
+
+pub fn kiln_env(cwd: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut cmd = clean_cmd(Path::new(KILN), cwd, args);
     for (k, v) in env {
         cmd.env(k, v);
     }

@@ -21,14 +21,9 @@ fn custom_binary() -> PathBuf {
 }
 
 fn custom(cwd: &Path, args: &[&str]) -> Output {
-    let mut cmd = Command::new(custom_binary());
-    cmd.args(args).current_dir(cwd);
-    for (k, _) in std::env::vars() {
-        if k.starts_with("KILN_") {
-            cmd.env_remove(k);
-        }
-    }
-    cmd.output().unwrap()
+    crate::common::clean_cmd(&custom_binary(), cwd, args)
+        .output()
+        .unwrap()
 }
 
 const NET: &str = r#"

@@ -12,16 +12,12 @@ use crate::common::{kiln, metric_lines, stderr, summary, write, KILN, TINY};
 const STEPS: usize = 2000;
 
 fn spawn(dir: &Path, args: &[&str]) -> Child {
-    let mut cmd = Command::new(KILN);
-    cmd.current_dir(dir)
-        .args(args)
+    crate::common::clean_cmd(Path::new(KILN), dir, args)
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("KILN_")) {
-        cmd.env_remove(k);
-    }
-    cmd.env("KILN_JOB_TOKEN", "tok");
-    cmd.spawn().unwrap()
+        .stderr(Stdio::piped())
+        .env("KILN_JOB_TOKEN", "tok")
+        .spawn()
+        .unwrap()
 }
 
 /// Waits for the child's "run dir:" line (printed as training starts), then sends `sigs`; the

@@ -265,12 +265,18 @@ fn changing_model_or_data_on_resume_is_refused_naming_the_key() {
             "data.seed=9",
             "--set",
             "optim.lr=0.5",
+            "--set",
+            "checkpoint.dir=\"ck2\"",
         ],
     );
     assert_eq!(o.status.code(), Some(2));
     let e = stderr(&o);
     assert!(e.contains("`model.hidden_sizes`: [32] -> [8]"), "{e}");
     assert!(e.contains("`data.seed`: 0 -> 9"), "{e}");
+    assert!(
+        e.contains("`checkpoint.dir`: \"checkpoints\" -> \"ck2\""),
+        "{e}"
+    );
     assert!(e.contains("cannot resume"), "{e}");
     // allowed changes are listed as warnings
     let o = kiln(

@@ -6,7 +6,7 @@ use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-use crate::common::{kiln, metric_lines, stderr, stdout, summary, write, KILN, TINY};
+use crate::common::{kiln, kiln_env, metric_lines, stderr, stdout, summary, write, KILN, TINY};
 
 fn code(o: &std::process::Output) -> Option<i32> {
     o.status.code()
@@ -675,16 +675,15 @@ fn probe_child() {
 
 /// Runs kiln with the probe family in `dir`.
 fn probe_kiln(dir: &Path, args: &[&str]) -> std::process::Output {
-    let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.args(["--exact", "safety::probe_child", "--ignored", "--nocapture"])
-        .env(PROBE_ARGS, serde_json::to_string(args).unwrap())
-        .current_dir(dir);
-    for (k, _) in std::env::vars() {
-        if k.starts_with("KILN_") {
-            cmd.env_remove(k);
-        }
-    }
-    cmd.output().unwrap()
+    let exe = std::env::current_exe().unwrap();
+    crate::common::clean_cmd(
+        &exe,
+        dir,
+        &["--exact", "safety::probe_child", "--ignored", "--nocapture"],
+    )
+    .env(PROBE_ARGS, serde_json::to_string(args).unwrap())
+    .output()
+    .unwrap()
 }
 
 const PROBE: &str = r#"
@@ -722,58 +721,48 @@ every_steps = 1
 threads = 1
 "#;
 
+/// Runs the probe in `dir/run` with `sets`: it fails at step 1 saying `says`, its summary
+/// says so, and no checkpoint was written.
+fn diverges_at_step_1(d: &Path, run: &str, sets: &[&str], says: &str) {
+    let mut args = vec!["run", "t.toml", "--quiet", "--run-dir", run];
+    for s in sets {
+        args.extend(["--set", s]);
+    }
+    let o = probe_kiln(d, &args);
+    assert_eq!(code(&o), Some(1), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains(&format!("training diverged at step 1: {says}")),
+        "{}",
+        stderr(&o)
+    );
+    let s = summary(&d.join(run));
+    assert_eq!(s["status"], "failed");
+    assert_eq!(s["steps"], 1);
+    let ckpts: Vec<_> = std::fs::read_dir(d.join(run).join("checkpoints"))
+        .map(|r| r.map(|e| e.unwrap().file_name()).collect())
+        .unwrap_or_default();
+    assert!(ckpts.is_empty(), "{ckpts:?}");
+}
+
 /// Item 5: a gradient (or parameters) with NaN or inf stops the run as diverged at that step,
 /// although the loss is finite, and no checkpoint of broken parameters is written.
 #[test]
 fn a_non_finite_gradient_or_parameter_with_a_finite_loss_stops_the_run_as_diverged() {
     let d = tempfile::tempdir().unwrap();
     write(d.path(), "t.toml", PROBE);
-    let o = probe_kiln(d.path(), &["run", "t.toml", "--quiet", "--run-dir", "g"]);
-    assert_eq!(code(&o), Some(1), "{}", stderr(&o));
-    let err = stderr(&o);
-    assert!(
-        err.contains(
-            "training diverged at step 1: the gradient has NaN or infinite values on 2 ranks, while the loss is "
-        ),
-        "{err}"
-    );
-    let s = summary(&d.path().join("g"));
-    assert_eq!(s["status"], "failed");
-    assert_eq!(s["steps"], 1);
-    let ckpts: Vec<_> = std::fs::read_dir(d.path().join("g/checkpoints"))
-        .map(|r| r.map(|e| e.unwrap().file_name()).collect())
-        .unwrap_or_default();
-    assert!(ckpts.is_empty(), "{ckpts:?}");
-
-    // finite gradients, but the SGD step overflows: the step-1 checkpoint is refused
-    let o = probe_kiln(
+    diverges_at_step_1(
         d.path(),
-        &[
-            "run",
-            "t.toml",
-            "--quiet",
-            "--run-dir",
-            "p",
-            "--set",
-            "model.gate=\"scaled\"",
-            "--set",
-            "model.scale=1e30",
-            "--set",
-            "optim.lr=1e10",
-        ],
+        "g",
+        &[],
+        "the gradient has NaN or infinite values on 2 ranks, while the loss is ",
     );
-    assert_eq!(code(&o), Some(1), "{}", stderr(&o));
-    let err = stderr(&o);
-    assert!(
-        err.contains("training diverged at step 1: the parameters have NaN or infinite values"),
-        "{err}"
+    // finite gradients, but the SGD step overflows: the step-1 checkpoint is refused
+    diverges_at_step_1(
+        d.path(),
+        "p",
+        &["model.gate=\"scaled\"", "model.scale=1e30", "optim.lr=1e10"],
+        "the parameters have NaN or infinite values",
     );
-    assert_eq!(summary(&d.path().join("p"))["steps"], 1);
-    let ckpts: Vec<_> = std::fs::read_dir(d.path().join("p/checkpoints"))
-        .map(|r| r.map(|e| e.unwrap().file_name()).collect())
-        .unwrap_or_default();
-    assert!(ckpts.is_empty(), "{ckpts:?}");
-
     // the same model with a sane gate trains and checkpoints as usual
     let o = probe_kiln(
         d.path(),
@@ -801,18 +790,14 @@ fn a_multi_node_resume_that_one_node_refuses_changes_no_file() {
     let d = tempfile::tempdir().unwrap();
     write(d.path(), "t.toml", TINY);
     let node = |rank: &str, port: &str, args: &[&str]| {
-        let mut cmd = Command::new(KILN);
-        cmd.current_dir(d.path())
-            .args(args)
+        crate::common::clean_cmd(Path::new(KILN), d.path(), args)
             .args(["--quiet", "--nnodes", "2", "--node-rank", rank])
             .args(["--master-addr", "127.0.0.1", "--master-port", port])
             .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("KILN_")) {
-            cmd.env_remove(k);
-        }
-        cmd.env("KILN_JOB_TOKEN", "tok");
-        cmd.spawn().unwrap()
+            .stderr(Stdio::piped())
+            .env("KILN_JOB_TOKEN", "tok")
+            .spawn()
+            .unwrap()
     };
     let sets = [
         "--set",
@@ -890,15 +875,21 @@ fn a_job_token_too_long_or_not_plain_text_is_refused_up_front() {
         ),
         ("to ken", "the job token from KILN_JOB_TOKEN contains ' '"),
     ] {
-        let mut cmd = Command::new(KILN);
-        cmd.current_dir(d.path())
-            .args(["run", "t.toml", "--quiet", "--set", "strategy.kind=ddp"])
-            .args(["--nnodes", "2", "--node-rank", "1"])
-            .args(["--master-addr", "127.0.0.1", "--master-port", "9"]);
-        for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("KILN_")) {
-            cmd.env_remove(k);
-        }
-        let o = cmd.env("KILN_JOB_TOKEN", token).output().unwrap();
+        let o = kiln_env(
+            d.path(),
+            &[
+                "run",
+                "t.toml",
+                "--quiet",
+                "--set",
+                "strategy.kind=ddp",
+                "--nnodes",
+                "2",
+                "--node-rank",
+                "1",
+            ],
+            &[("KILN_JOB_TOKEN", token)],
+        );
         assert_eq!(code(&o), Some(2), "{}", stderr(&o));
         assert!(stderr(&o).contains(says), "{}", stderr(&o));
         assert!(

@@ -273,10 +273,15 @@ fn submit_of_quickstart_ddp_finishes_with_the_local_final_loss() {
     let (a, b) = (summary(&run), summary(&d.path().join("local")));
     assert_eq!(a["final_loss"], b["final_loss"]);
     assert_eq!(a["params_sha256"], b["params_sha256"]);
-    let st = stdout(&kiln(d.path(), &["status", run.to_str().unwrap()]));
+    // the summary is written before the job's script ends: Slurm says done a moment later
+    let done = format!("job {} (kiln-quickstart-ddp): done", job_id(&run));
+    let mut st = String::new();
+    wait_until(60, "the job to end", || {
+        st = stdout(&kiln(d.path(), &["status", run.to_str().unwrap()]));
+        st.contains(&done) || st.contains("failed")
+    });
     assert!(
-        st.contains(&format!("job {} (kiln-quickstart-ddp): done", job_id(&run)))
-            && st.contains("run: finished at step"),
+        st.contains(&done) && st.contains("run: finished at step"),
         "{st}"
     );
 }
