@@ -59,6 +59,8 @@ fn state(n: usize, layout: Layout) -> State {
         last_loss: 0.0,
         config_hash: String::new(),
         kiln_version: "bench".into(),
+        early_stopping: None,
+        best: None,
     }
 }
 
@@ -86,7 +88,7 @@ fn main() {
         m: params.clone(),
         v: params.iter().map(|x| x * x).collect(),
     };
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = kiln::testdir::tempdir().expect("tempdir");
     let store = Store::new(dir.path().to_path_buf());
     let world = 2;
     for sharded in [false, true] {

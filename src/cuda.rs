@@ -220,7 +220,7 @@ mod tests {
 
     #[test]
     fn finds_versioned_nccl_in_site_packages_and_the_override_first() {
-        let d = tempfile::tempdir().unwrap();
+        let d = crate::testdir::tempdir().unwrap();
         let site = d.path().join("site");
         let lib = site.join("nvidia/nccl/lib");
         std::fs::create_dir_all(&lib).unwrap();

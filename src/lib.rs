@@ -43,6 +43,8 @@ pub mod report;
 pub mod rng;
 pub mod strategy;
 pub mod sweep;
+#[doc(hidden)]
+pub mod testdir;
 pub mod train;
 pub mod ui;
 

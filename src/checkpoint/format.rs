@@ -403,6 +403,26 @@ pub struct State {
     pub last_loss: f64,
     pub config_hash: String,
     pub kiln_version: String,
+    /// Where `train.early_stopping` stands at this step.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub early_stopping: Option<Watched>,
+    /// The best checkpoint so far (`checkpoint.keep_best`): retention keeps it, `--from best`
+    /// names it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub best: Option<Watched>,
+}
+
+/// A watched evaluation metric: its best value, where it was reached, and the evaluations
+/// since then that did not improve on it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Watched {
+    pub metric: String,
+    /// "min" or "max".
+    pub mode: String,
+    pub best: f64,
+    pub best_step: usize,
+    #[serde(default)]
+    pub bad_evals: usize,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

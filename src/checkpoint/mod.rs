@@ -10,7 +10,7 @@ pub mod tensors;
 
 pub use format::{
     encode_files, DataPosition, Layout, Manifest, OptState, OptimizerInfo, RngState, SchedulerInfo,
-    ShardUnit, State, FORMAT,
+    ShardUnit, State, Watched, FORMAT,
 };
 pub use retention::to_delete;
 pub use store::{load, read_state, verify, CheckpointError, Entry, Loaded, Store};

@@ -152,19 +152,30 @@ impl Store {
         }
         fs::rename(&tmp, &fin).map_err(io(&fin))?;
         sync_dir(&self.dir)?;
-        self.retain(keep_last, keep_every)
+        // the best checkpoint so far is never retention's to delete
+        let best = state.best.as_ref().map(|b| b.best_step as u64);
+        self.retain(keep_last, keep_every, best)
     }
 
     /// Deletes what the retention policy says, among complete checkpoints whose manifests
-    /// verify only (never a directory kiln did not write, whatever its name).
-    pub fn retain(&self, keep_last: usize, keep_every: u64) -> Result<(), CheckpointError> {
+    /// verify only (never a directory kiln did not write, whatever its name), and never step
+    /// `keep` (the best checkpoint).
+    pub fn retain(
+        &self,
+        keep_last: usize,
+        keep_every: u64,
+        keep: Option<u64>,
+    ) -> Result<(), CheckpointError> {
         let steps: Vec<u64> = self
             .list()?
             .into_iter()
             .filter(|e| !e.path.to_string_lossy().ends_with(".tmp") && e.status.is_ok())
             .map(|e| e.step)
             .collect();
-        for step in retention::to_delete(&steps, keep_last, keep_every) {
+        for step in retention::to_delete(&steps, keep_last, keep_every)
+            .into_iter()
+            .filter(|s| Some(*s) != keep)
+        {
             let p = self.step_dir(step);
             fs::remove_dir_all(&p).map_err(io(&p))?;
         }
@@ -476,6 +487,8 @@ mod tests {
             last_loss: 0.0,
             config_hash: String::new(),
             kiln_version: "test".into(),
+            early_stopping: None,
+            best: None,
         }
     }
 
@@ -508,7 +521,7 @@ mod tests {
             m: params.iter().map(|x| x * 10.0).collect(),
             v: params.iter().map(|x| x * 100.0).collect(),
         };
-        let d = tempfile::tempdir().unwrap();
+        let d = crate::testdir::tempdir().unwrap();
         let store = Store::new(d.path().to_path_buf());
         let units = vec![
             ShardUnit {

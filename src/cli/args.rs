@@ -4,7 +4,9 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
-use super::{bench, check, ckpt, env, export, init, report, resume, run, sample, submit, sweep};
+use super::{
+    bench, check, ckpt, env, eval, export, init, report, resume, run, sample, submit, sweep,
+};
 
 use crate::config::{self, Resolved};
 use crate::Result;
@@ -35,6 +37,9 @@ pub enum Command {
     /// Show a run's state: its Slurm job's (pending, running, requeued, done, failed, why) and
     /// its own (step, loss, newest checkpoint).
     Status(submit::StatusArgs),
+    /// Evaluate a run's checkpoint on its evaluation data (or other data of the same shape):
+    /// prints the metrics and keeps them in the run's `evals/`.
+    Eval(eval::EvalArgs),
     /// Write a run's weights as a safetensors file PyTorch (or Burn) loads.
     Export(export::ExportArgs),
     /// Write one HTML file of plots for runs (overlaid) or a sweep: curves, time per phase,
@@ -87,6 +92,7 @@ pub fn dispatch(cli: Cli) -> Result<()> {
         }
         Command::Submit(a) => submit::submit(&a),
         Command::Status(a) => submit::status(&a),
+        Command::Eval(a) => eval::eval(&a),
         Command::Export(a) => export::export(&a),
         Command::Report(a) => report::report(&a),
         Command::Ckpt(c) => ckpt::ckpt(&c),

@@ -16,17 +16,21 @@ pub fn check(a: &ConfigArgs) -> Result<()> {
     println!("# {}", report.plan.describe());
     for m in &report.memory {
         println!(
-            "# memory at rest, rank {}: params {} B, grads {} B, optimizer state {} B",
-            m.rank, m.params_bytes, m.grads_bytes, m.optim_bytes
+            "# memory at rest, rank {}: params {}, grads {}, optimizer state {}",
+            m.rank,
+            crate::ui::bytes(m.params_bytes as u64),
+            crate::ui::bytes(m.grads_bytes as u64),
+            crate::ui::bytes(m.optim_bytes as u64)
         );
     }
     if let Some(note) = &report.placement.note {
         println!("# {note}");
     }
     println!(
-        "# backend: {} with {} threads per rank; config hash {}",
+        "# backend: {} with {} thread{} per rank; config hash {}",
         report.placement.backend.name(),
         report.threads,
+        if report.threads == 1 { "" } else { "s" },
         config::config_hash(&r.config)
     );
     Ok(())

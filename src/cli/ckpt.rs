@@ -58,12 +58,21 @@ pub fn ckpt(cmd: &CkptCommand) -> Result<()> {
                 println!("no checkpoints in {}", run_dir.display());
                 return Ok(());
             }
+            // the best checkpoint (`checkpoint.keep_best`), as the newest one records it
+            let best = entries
+                .iter()
+                .find(|e| e.status.is_ok())
+                .and_then(|e| crate::checkpoint::read_state(&e.path).ok())
+                .and_then(|s| s.best);
             println!("{:<20} {:>12}  status", "checkpoint", "bytes");
             for e in &entries {
-                let status = match &e.status {
+                let mut status = match &e.status {
                     Ok(()) => "valid".to_string(),
                     Err(why) => format!("invalid: {why}"),
                 };
+                if let Some(b) = best.as_ref().filter(|b| b.best_step as u64 == e.step) {
+                    status.push_str(&format!(", best ({} {})", b.metric, b.best));
+                }
                 println!("{:<20} {:>12}  {status}", name(e), e.bytes);
             }
             for (label, e) in &aside {

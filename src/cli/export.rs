@@ -27,7 +27,8 @@ pub struct ExportArgs {
     /// The safetensors file to write (replaced atomically if it exists).
     #[arg(short = 'o', long = "out", value_name = "FILE")]
     pub out: PathBuf,
-    /// Export this checkpoint (e.g. `step-00000600`) instead of the newest verified one.
+    /// Export this checkpoint (e.g. `step-00000600`, or `best`) instead of the newest verified
+    /// one.
     #[arg(long, value_name = "step-N")]
     pub from: Option<String>,
     /// Names and layouts of the tensors.

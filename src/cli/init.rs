@@ -64,6 +64,52 @@ pub fn init(a: &InitArgs) -> Result<()> {
         std::fs::create_dir_all(parent)
             .map_err(|e| Error::io(format!("creating {}", parent.display()), e))?;
     }
+    // the experiment is named after the file (`kiln init my-exp.toml` -> `my-exp`)
+    let stem = path
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let named = !stem.is_empty()
+        && stem.len() <= 200
+        && stem
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+        && !stem.starts_with('.');
+    let text = if named {
+        name_experiment(text, &stem)
+    } else {
+        text.to_string()
+    };
+    // a template that reads a CSV gets a small one beside it (never replacing a file)
+    let data_note = if a.template == "csv" {
+        let dir = path
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(std::path::Path::new("."));
+        let csv = dir.join("train.csv");
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&csv)
+        {
+            Ok(mut f) => {
+                use std::io::Write as _;
+                f.write_all(sample_csv().as_bytes())
+                    .map_err(|e| Error::io(format!("writing {}", csv.display()), e))?;
+                format!(
+                    "\nwrote {} (150 rows: 4 features, 3 classes) for it to train on",
+                    csv.display()
+                )
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => format!(
+                "\n{} exists and is left as it is: the experiment reads it",
+                csv.display()
+            ),
+            Err(e) => return Err(Error::io(format!("creating {}", csv.display()), e)),
+        }
+    } else {
+        String::new()
+    };
     // create_new: refuse to overwrite even if the file appeared meanwhile.
     use std::io::Write;
     let mut f = std::fs::OpenOptions::new()
@@ -74,10 +120,62 @@ pub fn init(a: &InitArgs) -> Result<()> {
     f.write_all(text.as_bytes())
         .map_err(|e| Error::io(format!("writing {}", path.display()), e))?;
     println!(
-        "wrote {} (template `{}`); check it with: kiln check {}",
+        "wrote {} (template `{}`){data_note}\ncheck it with: kiln check {}\nrun it with:   kiln run {}",
         path.display(),
         a.template,
+        path.display(),
         path.display()
     );
     Ok(())
+}
+
+/// The template with `[experiment] name` set to `name`.
+fn name_experiment(text: &str, name: &str) -> String {
+    let mut in_experiment = false;
+    let mut done = false;
+    let mut out = String::with_capacity(text.len());
+    for line in text.split_inclusive('\n') {
+        let t = line.trim_start();
+        if t.starts_with('[') {
+            in_experiment = t.starts_with("[experiment]");
+        }
+        if in_experiment && !done && t.starts_with("name") && t.contains('=') {
+            // keep the comment after the value
+            let comment = line.find('#').map(|i| &line[i..]).unwrap_or("\n");
+            let value = format!("name = \"{name}\"");
+            let pad = 24usize.saturating_sub(value.len()).max(1);
+            out.push_str(&value);
+            if comment.starts_with('#') {
+                out.push_str(&" ".repeat(pad));
+            }
+            out.push_str(comment);
+            if !comment.ends_with('\n') {
+                out.push('\n');
+            }
+            done = true;
+            continue;
+        }
+        out.push_str(line);
+    }
+    out
+}
+
+/// 150 rows of three well-separated classes in 4 features (seeded: always the same file).
+fn sample_csv() -> String {
+    let mut rng = crate::rng::Rng::new(2024);
+    let centers = [
+        [5.0, 3.4, 1.5, 0.2],
+        [5.9, 2.8, 4.3, 1.3],
+        [6.6, 3.0, 5.6, 2.0],
+    ];
+    let mut out = String::from("f0,f1,f2,f3,label\n");
+    for i in 0..150 {
+        let label = i % 3;
+        let row: Vec<String> = centers[label]
+            .iter()
+            .map(|c| format!("{:.2}", c + 0.3 * rng.normal()))
+            .collect();
+        out.push_str(&format!("{},{label}\n", row.join(",")));
+    }
+    out
 }

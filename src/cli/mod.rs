@@ -7,6 +7,7 @@ mod bench;
 mod check;
 mod ckpt;
 mod env;
+mod eval;
 mod export;
 mod init;
 mod main;

@@ -17,7 +17,8 @@ pub struct ResumeArgs {
     /// Override a key for the rest of the run (model.* and data.* cannot change).
     #[arg(long = "set", value_name = "KEY=VALUE")]
     pub sets: Vec<String>,
-    /// Resume from this checkpoint (e.g. `step-00000020`) instead of the newest verified one.
+    /// Resume from this checkpoint (e.g. `step-00000020`, or `best` with `checkpoint.keep_best`)
+    /// instead of the newest verified one.
     #[arg(long, value_name = "step-N")]
     pub from: Option<String>,
     /// No progress bar and no status lines.

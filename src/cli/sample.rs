@@ -13,7 +13,8 @@ use crate::launch::{self, SampleOptions};
 pub struct SampleArgs {
     /// The run directory of a gpt run (it holds config.toml and checkpoints/).
     pub run_dir: PathBuf,
-    /// Sample from this checkpoint (e.g. `step-00000600`) instead of the newest verified one.
+    /// Sample from this checkpoint (e.g. `step-00000600`, or `best`) instead of the newest
+    /// verified one.
     #[arg(long, value_name = "step-N")]
     pub from: Option<String>,
     /// The text to continue.

@@ -23,11 +23,41 @@ pub enum ConfigError {
     BadSet { arg: String, why: String },
     #[error("{0}")]
     Key(KeyError),
+    /// Several keys are wrong: all of them, as rustc reports several errors.
+    #[error("{}", many(.0))]
+    Many(Vec<ConfigError>),
+}
+
+fn many(errors: &[ConfigError]) -> String {
+    let mut out = String::new();
+    for (i, e) in errors.iter().enumerate() {
+        if i > 0 {
+            out.push_str("\n\nerror: ");
+        }
+        out.push_str(&e.to_string());
+    }
+    out.push_str(&format!(
+        "\n\nerror: {} problems in the config; fix them all and run again",
+        errors.len()
+    ));
+    out
+}
+
+impl ConfigError {
+    /// The dotted key the error is about, when it is about one.
+    pub fn key(&self) -> Option<&str> {
+        match self {
+            ConfigError::Key(k) if !k.key.is_empty() => Some(&k.key),
+            _ => None,
+        }
+    }
 }
 
 /// An error about one dotted key.
 #[derive(Debug, Clone, PartialEq)]
 pub struct KeyError {
+    /// The dotted key, e.g. `optim.lr` (empty when the error is about no one key).
+    pub key: String,
     /// What is wrong, e.g. "unknown key `optim.lrr`".
     pub message: String,
     /// Where the offending value came from, e.g. "experiments/a.toml:7" or "--set optim.lr=-1".

@@ -49,21 +49,58 @@ fn to_dict<T: serde::Serialize>(v: &T) -> Dict {
 }
 
 /// Reads `file`, its `extends` chain, the `KILN_` variables among `env` and the `--set` flags, and
-/// returns the validated config. `env` is passed in (not read here) so tests control it.
+/// returns the validated config. `env` is passed in (not read here) so tests control it. Every
+/// key that is wrong is reported, not only the first: after each error the key is set aside (it
+/// takes its default) and the rest is checked again.
 pub fn load(
     file: &Path,
     env: &[(String, String)],
     sets: &[String],
 ) -> Result<Resolved, ConfigError> {
-    let figment = build_figment(file, env, sets)?;
-    let config = extract(&figment)?;
-    let resolved = Resolved {
-        config,
-        figment,
-        file: file.to_path_buf(),
+    let mut errors: Vec<ConfigError> = Vec::new();
+    let mut dropped: Vec<String> = Vec::new();
+    let outcome = loop {
+        let figment = build_figment_without(file, env, sets, &dropped)?;
+        // (error, whether the checks after it stand on their own)
+        let result = match extract(&figment) {
+            // a value that does not parse (wrong type, unknown key or choice): set aside, the
+            // others are judged as they are
+            Err(e) => Err((e, true)),
+            Ok(config) => {
+                let resolved = Resolved {
+                    config,
+                    figment,
+                    file: file.to_path_buf(),
+                };
+                // a value out of its own range is independent of the rest; anything else (a
+                // missing file, two keys that disagree) would only cascade when set aside
+                validate(&resolved).map(|()| resolved).map_err(|e| {
+                    let alone = e.to_string().contains("is out of range");
+                    (e, alone)
+                })
+            }
+        };
+        match result {
+            Ok(r) => break Ok(r),
+            Err((e, alone)) => {
+                let key = e.key().map(str::to_string);
+                // the same key again: setting it aside did not help (it is said already)
+                if key.as_ref().is_some_and(|k| dropped.contains(k)) {
+                    break Err(());
+                }
+                errors.push(e);
+                match key {
+                    Some(k) if alone && errors.len() < 20 => dropped.push(k),
+                    _ => break Err(()),
+                }
+            }
+        }
     };
-    validate(&resolved)?;
-    Ok(resolved)
+    match (outcome, errors.len()) {
+        (Ok(r), 0) => Ok(r),
+        (_, 1) => Err(errors.remove(0)),
+        _ => Err(ConfigError::Many(errors)),
+    }
 }
 
 /// Builds the layered figment without extracting it.
@@ -72,17 +109,44 @@ pub fn build_figment(
     env: &[(String, String)],
     sets: &[String],
 ) -> Result<Figment, ConfigError> {
+    build_figment_without(file, env, sets, &[])
+}
+
+/// `build_figment` with the dotted keys `drop` left out of every layer above the defaults (so
+/// they take their defaults): after an error about a key, the rest of the config can still be
+/// checked, and every error reported at once.
+fn build_figment_without(
+    file: &Path,
+    env: &[(String, String)],
+    sets: &[String],
+    drop: &[String],
+) -> Result<Figment, ConfigError> {
     let mut figment = Figment::new().merge(Layer {
         meta: Metadata::named(DEFAULT_SOURCE),
         dict: to_dict(&Config::default()),
     });
     let mut files = Vec::new();
     collect_files(file, &mut Vec::new(), &mut files)?;
+    // a file's `[sweep] grid` replaces the grid of the files it extends: a grid is one search,
+    // and merging two would silently multiply the trials
+    let has_grid =
+        |d: &Dict| matches!(d.get("sweep"), Some(Value::Dict(_, s)) if s.contains_key("grid"));
+    if let Some(last) = files.iter().rposition(|(_, d)| has_grid(d)) {
+        for (_, dict) in &mut files[..last] {
+            if let Some(Value::Dict(_, sweep)) = dict.get_mut("sweep") {
+                sweep.remove("grid");
+            }
+        }
+    }
     for (path, dict) in files {
-        figment = figment.merge(Layer {
-            meta: Metadata::from(path.display().to_string(), Source::File(path)),
-            dict,
-        });
+        figment = merge_without(
+            figment,
+            drop,
+            Layer {
+                meta: Metadata::from(path.display().to_string(), Source::File(path)),
+                dict,
+            },
+        );
     }
     for (name, value) in env {
         let Some(rest) = name.strip_prefix(ENV_PREFIX) else {
@@ -93,10 +157,14 @@ pub fn build_figment(
         if parts.len() < 2 || !SECTIONS.contains(&parts[0].as_str()) {
             continue;
         }
-        figment = figment.merge(Layer {
-            meta: Metadata::named(format!("environment variable {name}")),
-            dict: nest(&parts, parse_value(value)),
-        });
+        figment = merge_without(
+            figment,
+            drop,
+            Layer {
+                meta: Metadata::named(format!("environment variable {name}")),
+                dict: nest(&parts, parse_value(value)),
+            },
+        );
     }
     // torchrun (one process per rank: each is one kiln node) and Slurm: inside an `srun` step
     // each task is one kiln node (one task per node, or several on one host); outside a step
@@ -137,10 +205,14 @@ pub fn build_figment(
             } else {
                 parse_value(&value)
             };
-            figment = figment.merge(Layer {
-                meta: Metadata::named(format!("environment variable {name}")),
-                dict: nest(&parts, v),
-            });
+            figment = merge_without(
+                figment,
+                drop,
+                Layer {
+                    meta: Metadata::named(format!("environment variable {name}")),
+                    dict: nest(&parts, v),
+                },
+            );
         }
     }
     for arg in sets {
@@ -156,10 +228,14 @@ pub fn build_figment(
             });
         }
         let parts: Vec<String> = key.split('.').map(str::to_string).collect();
-        figment = figment.merge(Layer {
-            meta: Metadata::named(format!("--set {arg}")),
-            dict: nest(&parts, parse_value(value.trim())),
-        });
+        figment = merge_without(
+            figment,
+            drop,
+            Layer {
+                meta: Metadata::named(format!("--set {arg}")),
+                dict: nest(&parts, parse_value(value.trim())),
+            },
+        );
     }
     Ok(figment)
 }
@@ -334,6 +410,7 @@ impl Resolved {
                     None => format!("valid keys in [model]: {}", MODEL_KEYS.join(", ")),
                 };
                 Err(ConfigError::Key(KeyError {
+                    key: key.clone(),
                     message: format!("unknown key `{key}`"),
                     source: describe_source(&self.figment, &key),
                     help: Some(help),
@@ -357,7 +434,7 @@ fn key_error(figment: &Figment, e: figment::Error) -> KeyError {
         .next()
         .unwrap_or_else(|| figment::Error::from("unknown error".to_string()));
     let path = e.path.join(".");
-    match &e.kind {
+    let mut ke = match &e.kind {
         Kind::UnknownField(field, expected) => {
             // figment's path may or may not already end with the unknown field.
             let mut parts = e.path.clone();
@@ -382,43 +459,67 @@ fn key_error(figment: &Figment, e: figment::Error) -> KeyError {
                 None => format!("valid keys in [{path}]: {}", expected.join(", ")),
             };
             KeyError {
+                key: String::new(),
                 message: format!("unknown key `{key}`"),
                 source: describe_source(figment, &key),
                 help: Some(help),
             }
         }
         Kind::UnknownVariant(value, expected) => {
-            let help = match closest(value, expected) {
+            // "ReLU" means relu: the case is the likeliest slip
+            let lower = value.to_ascii_lowercase();
+            let help = match closest(&lower, expected).or_else(|| closest(value, expected)) {
                 Some(c) => format!("did you mean \"{c}\"? allowed: {}", expected.join(", ")),
                 None => format!("allowed: {}", expected.join(", ")),
             };
             KeyError {
+                key: String::new(),
                 message: format!("`{path}` = \"{value}\" is not a known choice"),
                 source: describe_source(figment, &path),
                 help: Some(help),
             }
         }
         Kind::InvalidType(actual, expected) => KeyError {
-            message: format!("`{path}` has the wrong type: found {actual}, expected {expected}"),
+            key: String::new(),
+            message: format!(
+                "`{path}` has the wrong type: found {}, expected {}",
+                toml_words(&actual.to_string()),
+                toml_words(expected)
+            ),
             source: describe_source(figment, &path),
             help: None,
         },
         Kind::InvalidValue(actual, expected) => KeyError {
-            message: format!("`{path}` has an invalid value: found {actual}, expected {expected}"),
+            key: String::new(),
+            message: format!(
+                "`{path}` has an invalid value: found {}, expected {}",
+                toml_words(&actual.to_string()),
+                toml_words(expected)
+            ),
             source: describe_source(figment, &path),
             help: None,
         },
         Kind::InvalidLength(n, expected) => KeyError {
+            key: String::new(),
             message: format!("`{path}` has {n} items, expected {expected}"),
             source: describe_source(figment, &path),
             help: None,
         },
         other => KeyError {
+            key: String::new(),
             message: format!("`{path}`: {other}"),
             source: describe_source(figment, &path),
             help: None,
         },
-    }
+    };
+    ke.key = match &e.kind {
+        Kind::UnknownField(field, _) if e.path.last() != Some(field) && !path.is_empty() => {
+            format!("{path}.{field}")
+        }
+        Kind::UnknownField(field, _) if path.is_empty() => field.clone(),
+        _ => path,
+    };
+    ke
 }
 
 /// Where the value at dotted `key` came from: "file:line", "environment variable X",
@@ -482,5 +583,54 @@ fn normalize(p: &Path) -> PathBuf {
         PathBuf::from(".")
     } else {
         out.iter().collect()
+    }
+}
+
+/// serde's and Rust's type words in TOML's: `usize` is "a non-negative integer", a "signed
+/// int" an "integer", and so on.
+fn toml_words(s: &str) -> String {
+    let words = [
+        ("unsigned int", "integer"),
+        ("signed int", "integer"),
+        ("a map", "a table"),
+        ("map", "table"),
+        ("a sequence", "an array"),
+        ("sequence", "array"),
+        ("a boolean", "a boolean (true or false)"),
+    ];
+    let mut out = s.to_string();
+    for (from, to) in words {
+        if out.contains(from) {
+            out = out.replacen(from, to, 1);
+            break;
+        }
+    }
+    match out.as_str() {
+        "usize" | "u64" | "u32" | "u16" | "u8" => "a non-negative integer".into(),
+        "isize" | "i64" | "i32" | "i16" | "i8" => "an integer".into(),
+        "f64" | "f32" => "a number".into(),
+        "a string" | "string" => "a string".into(),
+        _ => out,
+    }
+}
+
+/// Merges `layer` without the dotted keys `drop`.
+fn merge_without(figment: Figment, drop: &[String], mut layer: Layer) -> Figment {
+    for key in drop {
+        remove_dotted(&mut layer.dict, key);
+    }
+    figment.merge(layer)
+}
+
+fn remove_dotted(dict: &mut Dict, key: &str) {
+    match key.split_once('.') {
+        None => {
+            dict.remove(key);
+        }
+        Some((head, rest)) => {
+            if let Some(Value::Dict(_, d)) = dict.get_mut(head) {
+                remove_dotted(d, rest);
+            }
+        }
     }
 }

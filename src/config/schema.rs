@@ -26,6 +26,15 @@ pub struct Config {
     pub slurm: SlurmConfig,
 }
 
+/// A config choice as the user writes it (`ddp`, not `Ddp`): its serde name.
+pub fn choice_name<T: Serialize>(value: &T) -> String {
+    match serde_json::to_value(value) {
+        Ok(serde_json::Value::String(s)) => s,
+        Ok(other) => other.to_string(),
+        Err(_) => "?".into(),
+    }
+}
+
 /// Top-level section names, in the order they are printed.
 pub const SECTIONS: &[&str] = &[
     "experiment",
@@ -271,6 +280,10 @@ pub struct TrainConfig {
     pub eval_every: usize,
     /// Log a metrics line every N optimizer steps (and always the last). Default: `10`.
     pub log_every: usize,
+    /// `[train.early_stopping]`: stop when the metric stops improving (Lightning's
+    /// EarlyStopping), checked at each evaluation. Default: unset (off).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub early_stopping: Option<EarlyStoppingConfig>,
 }
 
 impl Default for TrainConfig {
@@ -282,7 +295,88 @@ impl Default for TrainConfig {
             grad_accum_steps: 1,
             eval_every: 0,
             log_every: 10,
+            early_stopping: None,
         }
+    }
+}
+
+/// An evaluation metric that early stopping and the best checkpoint watch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EvalMetric {
+    EvalLoss,
+    /// Classification only.
+    EvalAccuracy,
+    /// Language models only.
+    EvalPerplexity,
+}
+
+impl EvalMetric {
+    pub fn name(self) -> &'static str {
+        match self {
+            EvalMetric::EvalLoss => "eval_loss",
+            EvalMetric::EvalAccuracy => "eval_accuracy",
+            EvalMetric::EvalPerplexity => "eval_perplexity",
+        }
+    }
+    /// Which way is better when the config does not say: up for accuracy, down otherwise.
+    pub fn default_mode(self) -> MetricMode {
+        match self {
+            EvalMetric::EvalAccuracy => MetricMode::Max,
+            _ => MetricMode::Min,
+        }
+    }
+}
+
+/// `[train.early_stopping]`: after `patience` evaluations in a row in which `metric` did not
+/// improve on its best by more than `min_delta`, training stops (and saves a checkpoint when
+/// `checkpoint.at_end` is on).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EarlyStoppingConfig {
+    /// eval_loss, eval_accuracy (classification) or eval_perplexity (language model).
+    /// Default: `"eval_loss"`.
+    pub metric: EvalMetric,
+    /// min or max. Default: `"max"` for eval_accuracy, else `"min"`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mode: Option<MetricMode>,
+    /// Evaluations without improvement before stopping. Default: `3`.
+    pub patience: usize,
+    /// The least change that counts as an improvement. Default: `0.0`.
+    pub min_delta: f64,
+}
+
+impl Default for EarlyStoppingConfig {
+    fn default() -> Self {
+        EarlyStoppingConfig {
+            metric: EvalMetric::EvalLoss,
+            mode: None,
+            patience: 3,
+            min_delta: 0.0,
+        }
+    }
+}
+
+impl EarlyStoppingConfig {
+    pub fn mode(&self) -> MetricMode {
+        self.mode.unwrap_or(self.metric.default_mode())
+    }
+}
+
+/// `[checkpoint] keep_best = { metric = "eval_loss", mode = "min" }`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KeepBestConfig {
+    /// eval_loss, eval_accuracy (classification) or eval_perplexity (language model).
+    pub metric: EvalMetric,
+    /// min or max. Default: `"max"` for eval_accuracy, else `"min"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<MetricMode>,
+}
+
+impl KeepBestConfig {
+    pub fn mode(&self) -> MetricMode {
+        self.mode.unwrap_or(self.metric.default_mode())
     }
 }
 
@@ -575,6 +669,10 @@ pub struct CheckpointConfig {
     /// `kiln run` resumes the newest unfinished run of the experiment, as with `--resume`.
     /// Default: `false`.
     pub auto_resume: bool,
+    /// Save a checkpoint at each evaluation that improves this metric; retention never deletes
+    /// the best one, and `--from best` names it. Default: unset.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub keep_best: Option<KeepBestConfig>,
 }
 
 impl Default for CheckpointConfig {
@@ -587,6 +685,7 @@ impl Default for CheckpointConfig {
             keep_every: 0,
             dir: "checkpoints".into(),
             auto_resume: false,
+            keep_best: None,
         }
     }
 }

@@ -13,6 +13,7 @@ impl Resolved {
     /// An error about `key`, naming the source that set it.
     pub fn key_error(&self, key: &str, message: String, help: Option<String>) -> ConfigError {
         ConfigError::Key(KeyError {
+            key: key.to_string(),
             message,
             source: describe_source(&self.figment, key),
             help,
@@ -407,6 +408,29 @@ pub fn validate(r: &Resolved) -> Result<(), ConfigError> {
         ));
     }
     at_least(r, "train.log_every", c.train.log_every, 1)?;
+    if let Some(e) = &c.train.early_stopping {
+        at_least(r, "train.early_stopping.patience", e.patience, 1)?;
+        in_range(
+            r,
+            "train.early_stopping.min_delta",
+            e.min_delta,
+            e.min_delta >= 0.0,
+            "at least 0",
+        )?;
+    }
+    // both watch the metric at each evaluation: with none before the end they could not act
+    for (key, on) in [
+        ("train.early_stopping", c.train.early_stopping.is_some()),
+        ("checkpoint.keep_best", c.checkpoint.keep_best.is_some()),
+    ] {
+        if on && c.train.eval_every == 0 {
+            return Err(r.key_error(
+                "train.eval_every",
+                format!("`{key}` acts at each evaluation, but `train.eval_every` = 0 evaluates only at the end"),
+                Some("set train.eval_every to evaluate every N steps".into()),
+            ));
+        }
+    }
 
     let o = &c.optim;
     in_range(r, "optim.lr", o.lr, o.lr >= 0.0, "at least 0")?;

@@ -202,7 +202,7 @@ mod tests {
     }
 
     fn pair(img: Vec<u8>, lab: Vec<u8>, gz: bool) -> Result<Dataset, String> {
-        let d = tempfile::tempdir().unwrap();
+        let d = crate::testdir::tempdir().unwrap();
         let (ip, lp) = if gz {
             (d.path().join("i.gz"), d.path().join("l.gz"))
         } else {

@@ -54,11 +54,68 @@ pub fn fits(r: &Resolved, memory: &[crate::strategy::Memory], num_params: usize)
     };
     if need > have as u128 {
         return Err(crate::error::Error::Usage(format!(
-            "the model does not fit: its {} rank(s) on this node need {need} bytes ({:.1} GiB: parameters, gradients and optimizer state), but the machine has {have} bytes ({:.1} GiB) available\n  = help: shrink [model] (model.hidden_sizes, ...), use strategy.kind = \"fsdp\" across more devices or nodes, or a machine with more memory",
-            local,
-            need as f64 / (1u64 << 30) as f64,
-            have as f64 / (1u64 << 30) as f64
+            "the model does not fit: its {} on this node need {} ({need} bytes: parameters, gradients and optimizer state), but the machine has {} available\n  = help: shrink [model] (model.hidden_sizes, ...), use strategy.kind = \"fsdp\" across more devices or nodes, or a machine with more memory",
+            if local == 1 { "1 rank".to_string() } else { format!("{local} ranks") },
+            crate::ui::bytes(need.min(u64::MAX as u128) as u64),
+            crate::ui::bytes(have)
         )));
+    }
+    Ok(())
+}
+
+/// The metrics that `train.early_stopping` and `checkpoint.keep_best` watch exist for this
+/// model and data: evaluation data is there, and the metric fits the task (accuracy for a
+/// classifier, perplexity for a language model).
+pub fn watched_metrics(r: &Resolved, task: crate::model::Task, has_eval: bool) -> Result<()> {
+    use crate::config::EvalMetric;
+    let c = &r.config;
+    let watched = [
+        (
+            "train.early_stopping.metric",
+            c.train.early_stopping.as_ref().map(|e| e.metric),
+        ),
+        (
+            "checkpoint.keep_best.metric",
+            c.checkpoint.keep_best.as_ref().map(|b| b.metric),
+        ),
+    ];
+    for (key, metric) in watched {
+        let Some(metric) = metric else { continue };
+        if !has_eval {
+            return Err(r
+                .key_error(
+                    key,
+                    format!(
+                        "`{key}` = \"{}\" needs evaluation data, and this experiment has none",
+                        metric.name()
+                    ),
+                    Some(
+                        "set data.eval_path (csv, idx, text) or data.eval_samples (synthetic)"
+                            .into(),
+                    ),
+                )
+                .into());
+        }
+        let lm = matches!(task, crate::model::Task::LanguageModel { .. });
+        let fits = match metric {
+            EvalMetric::EvalLoss => true,
+            EvalMetric::EvalAccuracy => !lm,
+            EvalMetric::EvalPerplexity => lm,
+        };
+        if !fits {
+            let (what, other) = if lm {
+                ("a language model", "eval_perplexity")
+            } else {
+                ("a classifier", "eval_accuracy")
+            };
+            return Err(r
+                .key_error(
+                    key,
+                    format!("`{key}` = \"{}\" is not measured for {what}", metric.name()),
+                    Some(format!("use \"eval_loss\" or \"{other}\"")),
+                )
+                .into());
+        }
     }
     Ok(())
 }
@@ -68,6 +125,7 @@ pub fn check(r: &Resolved) -> Result<CheckReport> {
     let placement = backend::resolve(&r.config)?;
     let d = data::load(r)?;
     let model = crate::model::build(r, &d.input_shape())?;
+    watched_metrics(r, model.task(), d.eval.is_some())?;
     super::weights::init_weights(r, model.as_ref())?;
     let plan = Plan::new(&r.config, d.train.len(), model.num_params());
     let memory = strategy::estimate(&r.config, model.layout(), plan.world_size);

@@ -15,7 +15,7 @@ use super::run_dir::{
     claim_run_dir, first_missing, is_empty_dir, lock_run_dir, newest_unfinished, stored_config,
     write_json,
 };
-use super::summary::{params_hash, Summary};
+use super::summary::{params_hash, BestSummary, EarlyStopSummary, Summary};
 use super::{run, NodeLink, RunResult};
 use crate::backend::{self, Placement, Resolved as Backend};
 use crate::checkpoint::Store;
@@ -439,6 +439,7 @@ pub fn execute(
     let be = placement.backend;
     let data = data::load(r)?;
     let model = crate::model::build(&r, &data.input_shape())?;
+    super::check::watched_metrics(r, model.task(), data.eval.is_some())?;
     let plan = Plan::new(c, data.train.len(), model.num_params());
     super::check::fits(
         r,
@@ -485,6 +486,20 @@ pub fn execute(
                 l.state.position.epoch >= c.train.epochs as u64,
                 format!("train.epochs = {}", c.train.epochs),
             ),
+        };
+        // a run that early stopping ended is complete while the same patience would end it
+        let stopped = c.train.early_stopping.as_ref().and_then(|e| {
+            let w = l.state.early_stopping.as_ref()?;
+            (w.metric == e.metric.name() && w.bad_evals >= e.patience).then(|| {
+                format!(
+                    "train.early_stopping: {} has not improved for {} evaluations, patience = {}",
+                    w.metric, w.bad_evals, e.patience
+                )
+            })
+        });
+        let (done, limit) = match stopped {
+            Some(why) if !done => (true, why),
+            _ => (done, limit),
         };
         if done {
             if primary {
@@ -536,12 +551,14 @@ pub fn execute(
         crate::model::Task::Classification { .. } => None,
     });
     ui.info(&plan.describe());
+    let threads = backend::threads(&c.backend, c.strategy.devices.count());
     ui.info(&format!(
-        "backend: {} ({} threads per rank), strategy {:?} on {} device(s)",
+        "backend: {} ({threads} thread{} per rank), strategy {} on {} device{}",
         be.name(),
-        backend::threads(&c.backend, c.strategy.devices.count()),
-        c.strategy.kind,
-        plan.world_size
+        if threads == 1 { "" } else { "s" },
+        config::choice_name(&c.strategy.kind),
+        plan.world_size,
+        if plan.world_size == 1 { "" } else { "s" }
     ));
     let logs = run_dir.join("logs");
     fs::create_dir_all(&logs).map_err(|e| Error::io(format!("creating {}", logs.display()), e))?;
@@ -645,6 +662,23 @@ pub fn execute(
         };
         Summary {
             stopped_by: o.and_then(|o| o.preempted.clone()),
+            stopped_early: c
+                .train
+                .early_stopping
+                .as_ref()
+                .map(|_| o.is_some_and(|o| o.stopped_early.is_some())),
+            early_stopping: o.and_then(|o| {
+                o.early_stopping.as_ref().map(|w| EarlyStopSummary {
+                    watched: w.clone(),
+                    stopped_at_step: o.stopped_early,
+                })
+            }),
+            best_checkpoint: o.and_then(|o| {
+                o.best.as_ref().map(|w| BestSummary {
+                    checkpoint: format!("step-{:08}", w.best_step),
+                    watched: w.clone(),
+                })
+            }),
             flops_per_sample,
             flops_per_sec,
             mfu,

@@ -10,6 +10,7 @@
 
 mod bench;
 mod check;
+mod eval;
 mod execute;
 mod profile;
 pub mod rendezvous;
@@ -24,6 +25,7 @@ mod workers;
 
 pub use bench::{bench, BenchEvent};
 pub use check::{check, CheckReport};
+pub use eval::{eval, EvalOptions, EvalReport};
 pub use execute::{execute, resume, start, train, RunOptions};
 pub use resume::{choose_checkpoint, config_changes, prepare_resume, Resumption};
 pub use run_dir::{

@@ -162,11 +162,17 @@ pub fn join(c: &Config, nproc: usize, token: &str, round: usize) -> Result<Job, 
         None
     };
     let mut client = StoreClient::connect(&addr, token, node, round, timeout)?;
-    // the ring listener, on the interface that reaches node 0
-    let local_ip = TcpStream::connect(&addr)
-        .and_then(|s| s.local_addr())
-        .map(|a| a.ip().to_string())
-        .unwrap_or_else(|_| l.master_addr.clone());
+    // the ring listener, on the interface that reaches node 0 (a UDP "connection" picks the
+    // route and sends nothing: a TCP probe would show node 0's store a connection without a
+    // hello, logged as refused)
+    let local_ip = std::net::UdpSocket::bind(if l.master_addr.contains(':') {
+        "[::]:0"
+    } else {
+        "0.0.0.0:0"
+    })
+    .and_then(|u| u.connect(&addr).and_then(|_| u.local_addr()))
+    .map(|a| a.ip().to_string())
+    .unwrap_or_else(|_| l.master_addr.clone());
     let listener = TcpListener::bind(format!("{local_ip}:0"))?;
     let ring_addr = listener.local_addr()?.to_string();
     client.set(&format!("node/{node}/ring"), &ring_addr)?;

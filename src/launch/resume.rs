@@ -146,6 +146,19 @@ pub fn prepare_resume(
 /// there is none.
 pub fn choose_checkpoint(store: &Store, from: Option<&str>) -> Result<Option<PathBuf>> {
     let entries = store.list().map_err(Error::Checkpoint)?;
+    let best_name;
+    let from = match from {
+        Some("best") => {
+            best_name = best_checkpoint(store)?.ok_or_else(|| {
+                Error::Usage(format!(
+                    "no best checkpoint in {}: the run keeps none (set `[checkpoint] keep_best = {{ metric = \"eval_loss\" }}`) or has not evaluated yet",
+                    store.dir.display()
+                ))
+            })?;
+            Some(best_name.as_str())
+        }
+        other => other,
+    };
     Ok(match from {
         Some(name) => {
             let e = entries
@@ -278,4 +291,15 @@ pub(super) fn set_aside_newer(store: &Store, step: u64) -> Result<()> {
         aside.display()
     ));
     Ok(())
+}
+
+/// The name of the best checkpoint (`checkpoint.keep_best`), as the newest verified
+/// checkpoint records it; `None` when the run keeps none.
+pub fn best_checkpoint(store: &Store) -> Result<Option<String>> {
+    let entries = store.list().map_err(Error::Checkpoint)?;
+    let Some(newest) = entries.iter().find(|e| e.status.is_ok()) else {
+        return Ok(None);
+    };
+    let state = checkpoint::read_state(&newest.path).map_err(Error::Checkpoint)?;
+    Ok(state.best.map(|b| format!("step-{:08}", b.best_step)))
 }

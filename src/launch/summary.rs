@@ -16,6 +16,15 @@ pub struct Summary {
     /// What stopped a preempted run, e.g. "SIGTERM".
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stopped_by: Option<String>,
+    /// With `train.early_stopping`: whether it ended the run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stopped_early: Option<bool>,
+    /// With `train.early_stopping`: the best value, its step, and where the run stopped.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub early_stopping: Option<EarlyStopSummary>,
+    /// With `checkpoint.keep_best`: the best checkpoint and its metric.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub best_checkpoint: Option<BestSummary>,
     pub steps: usize,
     pub epochs: f64,
     pub final_loss: Option<f64>,
@@ -61,6 +70,25 @@ pub struct Summary {
     /// and per rank of this node.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub time: Option<serde_json::Value>,
+}
+
+/// `summary.json`'s `early_stopping`.
+#[derive(Debug, Clone, Serialize)]
+pub struct EarlyStopSummary {
+    #[serde(flatten)]
+    pub watched: crate::checkpoint::Watched,
+    /// The step early stopping ended the run at (absent when it ran to its end).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stopped_at_step: Option<usize>,
+}
+
+/// `summary.json`'s `best_checkpoint`.
+#[derive(Debug, Clone, Serialize)]
+pub struct BestSummary {
+    /// Its directory name, e.g. `step-00000040`.
+    pub checkpoint: String,
+    #[serde(flatten)]
+    pub watched: crate::checkpoint::Watched,
 }
 
 pub fn params_hash(params: &[f32]) -> String {

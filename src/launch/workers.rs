@@ -41,7 +41,8 @@ impl RankSink for Sink {
     fn log(&mut self, line: &str) {
         if let Some(f) = &mut self.log {
             // Rank logs are diagnostics: a full disk must not kill the run here.
-            let _ = writeln!(f, "{line}").and_then(|_| f.flush());
+            let now = crate::ui::rfc3339(std::time::SystemTime::now());
+            let _ = writeln!(f, "{now} {line}").and_then(|_| f.flush());
         }
     }
 }
@@ -150,8 +151,12 @@ fn run_ranks<B: RankBackend>(
             .map(|(local, comm)| {
                 let rank = node * nproc + local;
                 let tx = tx.clone();
+                // appended to: a resumed or restarted run keeps every session's lines
                 let log = logs.and_then(|d| {
-                    File::create(d.join(format!("rank-{rank}.log")))
+                    std::fs::OpenOptions::new()
+                        .create(true)
+                        .append(true)
+                        .open(d.join(format!("rank-{rank}.log")))
                         .ok()
                         .map(BufWriter::new)
                 });
@@ -163,6 +168,7 @@ fn run_ranks<B: RankBackend>(
                             events: tx,
                             log,
                         };
+                        sink.log(&session_header(input, rank));
                         if let Some(note) = &placement.note {
                             sink.log(note);
                         }
@@ -353,4 +359,26 @@ fn panic_message(p: &Box<dyn std::any::Any + Send>) -> String {
         .map(|s| s.to_string())
         .or_else(|| p.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "unknown panic".into())
+}
+
+/// The first line of a session in a rank's log: which kiln, which config, where, which process.
+fn session_header(input: &TrainInput<'_>, rank: usize) -> String {
+    let mut host = [0u8; 256];
+    // SAFETY: the buffer is valid for its length; gethostname NUL-terminates within it or
+    // truncates, and we read up to the first NUL only.
+    let ok = unsafe { libc::gethostname(host.as_mut_ptr().cast(), host.len() - 1) } == 0;
+    let host = if ok {
+        let end = host.iter().position(|b| *b == 0).unwrap_or(host.len());
+        String::from_utf8_lossy(&host[..end]).into_owned()
+    } else {
+        "?".to_string()
+    };
+    format!(
+        "=== session: kiln {}, config {}, host {host}, pid {}, rank {rank} of world size {}, from step {} ===",
+        env!("CARGO_PKG_VERSION"),
+        crate::config::config_hash(input.config),
+        std::process::id(),
+        input.plan.world_size,
+        input.resume.map_or(0, |l| l.state.step)
+    )
 }

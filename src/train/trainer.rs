@@ -9,10 +9,10 @@ use super::schedule::lr_at;
 use super::timing::{Clock, Phase, Span, Totals};
 use crate::checkpoint::{
     encode_files, CheckpointError, DataPosition, Loaded, OptimizerInfo, RngState, SchedulerInfo,
-    State, Store, FORMAT,
+    State, Store, Watched, FORMAT,
 };
 use crate::collective::CollectiveError;
-use crate::config::Config;
+use crate::config::{Config, EvalMetric, MetricMode};
 use crate::data::{Data, Dataset};
 use crate::model::{Batch, Compute, ComputeOn, Model, ModelError, Pass, StepKey, Task, UnitParams};
 use crate::params::{DeviceFlat, DeviceTensor, Grads, RawFn};
@@ -105,6 +105,79 @@ pub struct Outcome {
     /// Set when a signal stopped the run before its end (at `steps`, with a checkpoint there):
     /// what asked, e.g. "SIGTERM".
     pub preempted: Option<String>,
+    /// The step at which `train.early_stopping` stopped the run.
+    pub stopped_early: Option<usize>,
+    /// Where `train.early_stopping` and `checkpoint.keep_best` stand at the end.
+    pub early_stopping: Option<Watched>,
+    pub best: Option<Watched>,
+}
+
+/// A metric watched at each evaluation (early stopping, the best checkpoint).
+struct Watch {
+    metric: EvalMetric,
+    mode: MetricMode,
+    min_delta: f64,
+    state: Option<Watched>,
+}
+
+impl Watch {
+    /// Watching `metric`, continuing from `resumed` when it watched the same metric the same way.
+    fn new(
+        metric: EvalMetric,
+        mode: MetricMode,
+        min_delta: f64,
+        resumed: Option<&Watched>,
+    ) -> Watch {
+        let mode_name = mode_name(mode);
+        Watch {
+            metric,
+            mode,
+            min_delta,
+            state: resumed
+                .filter(|w| w.metric == metric.name() && w.mode == mode_name)
+                .cloned(),
+        }
+    }
+    /// Records the value at an evaluation at `step`; whether it improved on the best by more
+    /// than `min_delta` (a NaN never does).
+    fn observe(&mut self, sums: &EvalSums, step: usize) -> bool {
+        let value = match self.metric {
+            EvalMetric::EvalLoss => sums.loss(),
+            EvalMetric::EvalAccuracy => sums.accuracy(),
+            EvalMetric::EvalPerplexity => sums.perplexity(),
+        };
+        let better = match &self.state {
+            None => !value.is_nan(),
+            Some(w) => match self.mode {
+                MetricMode::Min => value < w.best - self.min_delta,
+                MetricMode::Max => value > w.best + self.min_delta,
+            },
+        };
+        match &mut self.state {
+            Some(w) if !better => w.bad_evals += 1,
+            _ if better => {
+                self.state = Some(Watched {
+                    metric: self.metric.name().to_string(),
+                    mode: mode_name(self.mode).to_string(),
+                    best: value,
+                    best_step: step,
+                    bad_evals: 0,
+                })
+            }
+            _ => {}
+        }
+        better
+    }
+    fn bad_evals(&self) -> usize {
+        self.state.as_ref().map_or(0, |w| w.bad_evals)
+    }
+}
+
+fn mode_name(mode: MetricMode) -> &'static str {
+    match mode {
+        MetricMode::Min => "min",
+        MetricMode::Max => "max",
+    }
 }
 
 impl Outcome {
@@ -279,6 +352,33 @@ fn evaluate<B: ComputeOn>(
     Ok((out.losses, out.correct))
 }
 
+/// Evaluates `params` on `ds` exactly as a run of `world` ranks with micro-batches of `batch`
+/// does: rank r's samples r, r + world, ... in its batches, summed in global index order. So
+/// the sums are the bits the run logged (`kiln eval`).
+pub fn evaluate_like_run<B: ComputeOn>(
+    compute: &dyn Compute<B>,
+    params: &[f32],
+    ds: &Dataset,
+    world: usize,
+    batch: usize,
+) -> Result<EvalSums, ModelError> {
+    let world = world.max(1);
+    let per_rank = (0..world)
+        .map(|r| {
+            let idx: Vec<usize> = (r..ds.len()).step_by(world).collect();
+            evaluate(compute, params, ds, &idx, batch)
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut sums = EvalSums::default();
+    for i in 0..ds.len() {
+        let (losses, correct) = &per_rank[i % world];
+        sums.loss_sum += losses[i / world];
+        sums.correct += correct[i / world];
+        sums.count += 1;
+    }
+    Ok(sums)
+}
+
 /// Runs the whole training of one rank. `raw_fn` is how the backend exposes device addresses
 /// (CUDA): with it, and a collective that works on device buffers (NCCL), gradients stay on the
 /// device until they are reduced.
@@ -381,6 +481,24 @@ pub fn train<B: ComputeOn>(
     let mut last_loss = input.resume.map_or(f64::NAN, |l| l.state.last_loss);
     let mut last_eval = None;
     let mut preempted = None;
+    let mut stopped_early = None;
+    let resumed_state = input.resume.map(|l| &l.state);
+    let mut early = c.train.early_stopping.as_ref().map(|e| {
+        Watch::new(
+            e.metric,
+            e.mode(),
+            e.min_delta,
+            resumed_state.and_then(|s| s.early_stopping.as_ref()),
+        )
+    });
+    let mut best = c.checkpoint.keep_best.as_ref().map(|b| {
+        Watch::new(
+            b.metric,
+            b.mode(),
+            0.0,
+            resumed_state.and_then(|s| s.best.as_ref()),
+        )
+    });
     let order_rank = match plan.split {
         DataSplit::Distributed => rank,
         DataSplit::SplitBatch => 0,
@@ -538,6 +656,27 @@ pub fn train<B: ComputeOn>(
                     reduce_eval(strategy, &losses, &correct, ds.len())
                 })?;
                 last_eval = Some(sums);
+                let metric = match task {
+                    Task::LanguageModel { .. } => format!("perplexity {}", sums.perplexity()),
+                    Task::Classification { .. } => format!("accuracy {}", sums.accuracy()),
+                };
+                sink.log(&format!(
+                    "eval at step {done} on {} samples: loss {}, {metric}",
+                    sums.count,
+                    sums.loss()
+                ));
+            }
+        }
+        // what this evaluation means (every rank has the same sums, so decides alike)
+        let mut new_best = false;
+        let mut stop_early = false;
+        if let (true, Some(sums)) = (do_eval, last_eval.as_ref()) {
+            if let Some(w) = best.as_mut() {
+                new_best = w.observe(sums, done);
+            }
+            if let (Some(w), Some(cfg)) = (early.as_mut(), c.train.early_stopping.as_ref()) {
+                w.observe(sums, done);
+                stop_early = w.bad_evals() >= cfg.patience && !is_last;
             }
         }
         let elapsed = window_start.elapsed().as_secs_f64().max(1e-9);
@@ -584,7 +723,8 @@ pub fn train<B: ComputeOn>(
             && pos.epoch % ck.every_epochs as u64 == 0;
         let save = (ck.every_steps > 0 && done % ck.every_steps == 0)
             || epoch_boundary
-            || (is_last && ck.at_end);
+            || ((is_last || stop_early) && ck.at_end)
+            || new_best;
         // a stop before the end saves the step it stops at (once)
         let stopping = stop && !is_last;
         if let (true, Some(store)) = (save || stopping, input.store) {
@@ -595,9 +735,13 @@ pub fn train<B: ComputeOn>(
                 segment_micro: pos.j,
             };
             clock.time(Phase::Checkpoint, || {
-                save_checkpoint(input, strategy, store, done, position, loss, lr)
+                let watched = [&early, &best].map(|w| w.as_ref().and_then(|w| w.state.clone()));
+                save_checkpoint(input, strategy, store, done, position, loss, lr, watched)
             })?;
-            sink.log(&format!("checkpoint step-{done:08} saved"));
+            sink.log(&format!(
+                "checkpoint step-{done:08} saved{}",
+                if new_best { " (the best so far)" } else { "" }
+            ));
             sink.event(TrainEvent::Checkpoint { step: done });
         }
         if stopping {
@@ -607,6 +751,19 @@ pub fn train<B: ComputeOn>(
             };
             sink.log(&format!("stopped at step {done} ({why})"));
             preempted = Some(why);
+            break;
+        }
+        if stop_early {
+            if let (Some(w), Some(cfg)) = (
+                early.as_ref().and_then(|w| w.state.as_ref()),
+                c.train.early_stopping.as_ref(),
+            ) {
+                sink.log(&format!(
+                    "stopped early at step {done}: {} has not improved by more than {} for {} evaluations (best {} at step {})",
+                    w.metric, cfg.min_delta, cfg.patience, w.best, w.best_step
+                ));
+            }
+            stopped_early = Some(done);
             break;
         }
     }
@@ -633,10 +790,14 @@ pub fn train<B: ComputeOn>(
         time,
         spans,
         preempted,
+        stopped_early,
+        early_stopping: early.and_then(|w| w.state),
+        best: best.and_then(|w| w.state),
     })
 }
 
 /// Writes checkpoint `step`: rank 0 opens it, every rank writes its files, rank 0 commits.
+#[allow(clippy::too_many_arguments)]
 fn save_checkpoint(
     input: &TrainInput<'_>,
     strategy: &mut dyn Strategy,
@@ -645,6 +806,7 @@ fn save_checkpoint(
     position: DataPosition,
     loss: f64,
     lr: f64,
+    [early_stopping, best]: [Option<Watched>; 2],
 ) -> Result<(), TrainError> {
     let c = input.config;
     let rank = strategy.rank();
@@ -713,6 +875,8 @@ fn save_checkpoint(
             last_loss: loss,
             config_hash: crate::config::config_hash(c),
             kiln_version: env!("CARGO_PKG_VERSION").to_string(),
+            early_stopping,
+            best,
         };
         store.commit(
             step as u64,

@@ -18,3 +18,72 @@ pub fn out(line: &str) {
 pub fn note(line: &str) {
     eprintln!("{line}");
 }
+
+/// A byte count for people: `512 B`, `3.4 KiB`, `30.1 MiB`, `2.0 GiB`.
+pub fn bytes(n: u64) -> String {
+    const UNITS: [&str; 4] = ["KiB", "MiB", "GiB", "TiB"];
+    if n < 1024 {
+        return format!("{n} B");
+    }
+    let mut v = n as f64 / 1024.0;
+    let mut unit = 0;
+    while v >= 1024.0 && unit + 1 < UNITS.len() {
+        v /= 1024.0;
+        unit += 1;
+    }
+    format!("{v:.1} {}", UNITS[unit])
+}
+
+/// `t` as RFC 3339 in UTC with milliseconds, e.g. `2026-11-30T16:05:09.123Z`.
+pub fn rfc3339(t: std::time::SystemTime) -> String {
+    let (date, ms) = utc_parts(t);
+    let [y, mo, d, h, mi, s] = date;
+    format!("{y:04}-{mo:02}-{d:02}T{h:02}:{mi:02}:{s:02}.{ms:03}Z")
+}
+
+/// `t` in UTC for a file name, e.g. `20261130T160509Z`.
+pub fn compact_utc(t: std::time::SystemTime) -> String {
+    let ([y, mo, d, h, mi, s], _) = utc_parts(t);
+    format!("{y:04}{mo:02}{d:02}T{h:02}{mi:02}{s:02}Z")
+}
+
+/// Year, month, day, hour, minute, second and milliseconds of `t` in UTC (Howard Hinnant's
+/// days-to-civil algorithm; no time zone database needed).
+fn utc_parts(t: std::time::SystemTime) -> ([i64; 6], i64) {
+    let ms_total = t
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0);
+    let (secs, ms) = (ms_total.div_euclid(1000), ms_total.rem_euclid(1000));
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    ([y, m, d, rem / 3600, rem % 3600 / 60, rem % 60], ms)
+}
+
+#[cfg(test)]
+mod time_tests {
+    use std::time::{Duration, UNIX_EPOCH};
+
+    #[test]
+    fn utc_times_match_known_dates() {
+        let t = |s: u64, ms: u64| UNIX_EPOCH + Duration::from_millis(s * 1000 + ms);
+        assert_eq!(super::rfc3339(t(0, 0)), "1970-01-01T00:00:00.000Z");
+        // 2024-02-29 12:34:56.789 (a leap day)
+        assert_eq!(
+            super::rfc3339(t(1_709_210_096, 789)),
+            "2024-02-29T12:34:56.789Z"
+        );
+        assert_eq!(super::compact_utc(t(1_798_761_599, 0)), "20261231T235959Z");
+        assert_eq!(super::bytes(512), "512 B");
+        assert_eq!(super::bytes(31_530_000), "30.1 MiB");
+        assert_eq!(super::bytes(3 << 30), "3.0 GiB");
+    }
+}

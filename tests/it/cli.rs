@@ -5,7 +5,7 @@ use crate::common::{kiln, root, stderr, stdout, write, TINY};
 
 #[test]
 fn acceptance_unknown_key_exits_2_naming_key_file_and_suggestion() {
-    let d = tempfile::tempdir().unwrap();
+    let d = kiln::testdir::tempdir().unwrap();
     write(d.path(), "exp.toml", "[optim]\nlrr = 0.1\n");
     let o = kiln(d.path(), &["check", "exp.toml"]);
     assert_eq!(o.status.code(), Some(2));
@@ -17,7 +17,7 @@ fn acceptance_unknown_key_exits_2_naming_key_file_and_suggestion() {
 
 #[test]
 fn check_prints_sources_and_exits_0() {
-    let d = tempfile::tempdir().unwrap();
+    let d = kiln::testdir::tempdir().unwrap();
     write(d.path(), "t.toml", TINY);
     let o = kiln(d.path(), &["check", "t.toml", "--set", "optim.lr=0.5"]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
@@ -37,7 +37,7 @@ fn check_prints_sources_and_exits_0() {
 
 #[test]
 fn bad_input_exits_2_and_writes_nothing() {
-    let d = tempfile::tempdir().unwrap();
+    let d = kiln::testdir::tempdir().unwrap();
     write(d.path(), "t.toml", TINY);
     let o = kiln(d.path(), &["run", "t.toml", "--set", "train.batch_size=0"]);
     assert_eq!(o.status.code(), Some(2));
@@ -58,7 +58,7 @@ fn bad_input_exits_2_and_writes_nothing() {
 
 #[test]
 fn a_run_that_diverges_exits_1_and_says_why() {
-    let d = tempfile::tempdir().unwrap();
+    let d = kiln::testdir::tempdir().unwrap();
     write(d.path(), "t.toml", TINY);
     let o = kiln(
         d.path(),
@@ -75,7 +75,7 @@ fn a_run_that_diverges_exits_1_and_says_why() {
 
 #[test]
 fn help_and_success_exit_0() {
-    let d = tempfile::tempdir().unwrap();
+    let d = kiln::testdir::tempdir().unwrap();
     for cmd in [
         &["--help"][..],
         &["run", "--help"],
@@ -89,16 +89,19 @@ fn help_and_success_exit_0() {
 
 #[test]
 fn init_writes_templates_and_never_overwrites() {
-    let d = tempfile::tempdir().unwrap();
+    let d = kiln::testdir::tempdir().unwrap();
     let o = kiln(d.path(), &["init", "--list"]);
     assert_eq!(o.status.code(), Some(0));
     assert!(stdout(&o).contains("mlp"));
     let o = kiln(d.path(), &["init", "new/exp.toml"]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    // the template, named after the file
     let written = std::fs::read_to_string(d.path().join("new/exp.toml")).unwrap();
+    let template = std::fs::read_to_string(root().join("templates/mlp.toml")).unwrap();
+    assert!(written.contains("\nname = \"exp\" "), "{written}");
     assert_eq!(
-        written,
-        std::fs::read_to_string(root().join("templates/mlp.toml")).unwrap()
+        written.replace("name = \"exp\" ", "name = \"mlp\" "),
+        template
     );
     assert_eq!(
         kiln(d.path(), &["check", "new/exp.toml"]).status.code(),
@@ -120,10 +123,44 @@ fn init_writes_templates_and_never_overwrites() {
     );
 }
 
+/// `kiln init x.toml && kiln run x.toml` works for every template, each in a directory of its
+/// own (the csv template writes the data it reads).
+#[test]
+fn every_template_checks_and_runs_as_written() {
+    let d = kiln::testdir::tempdir().unwrap();
+    let o = kiln(d.path(), &["init", "--list"]);
+    let names: Vec<String> = stdout(&o)
+        .lines()
+        .filter_map(|l| l.split_whitespace().next().map(str::to_string))
+        .collect();
+    assert!(names.len() >= 2, "{names:?}");
+    for name in &names {
+        let dir = d.path().join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        let o = kiln(&dir, &["init", "my-exp.toml", "--template", name]);
+        assert_eq!(o.status.code(), Some(0), "{name}: {}", stderr(&o));
+        let o = kiln(&dir, &["check", "my-exp.toml"]);
+        assert_eq!(o.status.code(), Some(0), "{name}: {}", stderr(&o));
+        let o = kiln(
+            &dir,
+            &[
+                "run",
+                "my-exp.toml",
+                "--quiet",
+                "--set",
+                "train.max_steps=2",
+            ],
+        );
+        assert_eq!(o.status.code(), Some(0), "{name}: {}", stderr(&o));
+        // the run directory carries the file's name
+        assert!(dir.join("runs/my-exp/summary.json").is_file(), "{name}");
+    }
+}
+
 #[test]
 fn output_into_a_closed_pipe_ends_quietly() {
     // `kiln check x.toml | head -0`: the reader is gone before kiln prints
-    let d = tempfile::tempdir().unwrap();
+    let d = kiln::testdir::tempdir().unwrap();
     crate::common::write(d.path(), "t.toml", crate::common::TINY);
     let (reader, writer) = std::io::pipe().unwrap();
     drop(reader);

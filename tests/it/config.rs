@@ -41,7 +41,7 @@ fn layered(dir: &Path) -> std::path::PathBuf {
 
 #[test]
 fn each_layer_overrides_the_one_below() {
-    let d = tempfile::tempdir().unwrap();
+    let d = kiln::testdir::tempdir().unwrap();
     let file = layered(d.path());
     // built-in default only
     let r = config::load(&file, &[], &[]).unwrap();
@@ -74,7 +74,7 @@ fn each_layer_overrides_the_one_below() {
 
 #[test]
 fn set_values_parse_as_toml_or_plain_strings() {
-    let d = tempfile::tempdir().unwrap();
+    let d = kiln::testdir::tempdir().unwrap();
     let file = write(d.path(), "e.toml", "");
     let r = config::load(
         &file,
@@ -93,7 +93,7 @@ fn set_values_parse_as_toml_or_plain_strings() {
 
 #[test]
 fn extends_chains_resolve_relative_to_each_file() {
-    let d = tempfile::tempdir().unwrap();
+    let d = kiln::testdir::tempdir().unwrap();
     write(
         d.path(),
         "a/root.toml",
@@ -122,7 +122,7 @@ fn extends_chains_resolve_relative_to_each_file() {
 
 #[test]
 fn extends_cycles_are_an_error() {
-    let d = tempfile::tempdir().unwrap();
+    let d = kiln::testdir::tempdir().unwrap();
     let a = write(d.path(), "a.toml", "extends = [\"b.toml\"]\n");
     write(d.path(), "b.toml", "extends = [\"a.toml\"]\n");
     let err = config::load(&a, &[], &[]).unwrap_err();
@@ -148,7 +148,7 @@ fn extends_cycles_are_an_error() {
 
 #[test]
 fn unknown_key_names_key_file_line_and_suggestion() {
-    let d = tempfile::tempdir().unwrap();
+    let d = kiln::testdir::tempdir().unwrap();
     let f = write(d.path(), "bad.toml", "[optim]\nkind = \"sgd\"\nlrr = 0.1\n");
     assert_eq!(
         err_text(&f, &[], &[]),
@@ -173,7 +173,7 @@ fn unknown_key_names_key_file_line_and_suggestion() {
 
 #[test]
 fn unknown_section_from_set_suggests_the_section() {
-    let d = tempfile::tempdir().unwrap();
+    let d = kiln::testdir::tempdir().unwrap();
     let f = write(d.path(), "e.toml", "");
     assert_eq!(
         err_text(&f, &[], &["optimm.lr=1"]),
@@ -183,12 +183,12 @@ fn unknown_section_from_set_suggests_the_section() {
 
 #[test]
 fn wrong_type_names_key_and_source() {
-    let d = tempfile::tempdir().unwrap();
+    let d = kiln::testdir::tempdir().unwrap();
     let f = write(d.path(), "e.toml", "[train]\n\nbatch_size = \"big\"\n");
     assert_eq!(
         err_text(&f, &[], &[]),
         format!(
-            "`train.batch_size` has the wrong type: found string \"big\", expected usize\n  --> {}:3",
+            "`train.batch_size` has the wrong type: found string \"big\", expected a non-negative integer\n  --> {}:3",
             f.display()
         )
     );
@@ -196,7 +196,7 @@ fn wrong_type_names_key_and_source() {
 
 #[test]
 fn out_of_range_values_name_their_source() {
-    let d = tempfile::tempdir().unwrap();
+    let d = kiln::testdir::tempdir().unwrap();
     let f = write(d.path(), "e.toml", "[train]\nbatch_size = 0\n");
     assert_eq!(
         err_text(&f, &[], &[]),
@@ -222,17 +222,20 @@ fn out_of_range_values_name_their_source() {
 
 #[test]
 fn unknown_choice_suggests_the_closest() {
-    let d = tempfile::tempdir().unwrap();
+    let d = kiln::testdir::tempdir().unwrap();
     let f = write(d.path(), "e.toml", "");
     assert_eq!(
         err_text(&f, &[], &["optim.kind=adamm"]),
         "`optim.kind` = \"adamm\" is not a known choice\n  --> --set optim.kind=adamm\n  = help: did you mean \"adam\"? allowed: sgd, adam, adamw"
     );
+    // the case is the likeliest slip: "ReLU" is relu
+    let e = err_text(&f, &[], &["model.activation=\"ReLU\""]);
+    assert!(e.contains("did you mean \"relu\"?"), "{e}");
 }
 
 #[test]
 fn missing_files_are_named() {
-    let d = tempfile::tempdir().unwrap();
+    let d = kiln::testdir::tempdir().unwrap();
     let f = write(
         d.path(),
         "e.toml",
@@ -258,7 +261,7 @@ fn missing_files_are_named() {
 
 #[test]
 fn mismatched_sizes_and_bad_set_flags() {
-    let d = tempfile::tempdir().unwrap();
+    let d = kiln::testdir::tempdir().unwrap();
     let f = write(d.path(), "e.toml", "[data]\nfeatures = 12\n");
     assert_eq!(
         err_text(&f, &[], &[]),
@@ -272,11 +275,69 @@ fn mismatched_sizes_and_bad_set_flags() {
 
 #[test]
 fn toml_syntax_errors_give_the_line() {
-    let d = tempfile::tempdir().unwrap();
+    let d = kiln::testdir::tempdir().unwrap();
     let f = write(d.path(), "e.toml", "[train]\nepochs = = 2\n");
     let text = err_text(&f, &[], &[]);
     assert!(
         text.starts_with(&format!("`{}` is not valid TOML: line 2:", f.display())),
         "{text}"
     );
+}
+
+/// A `[sweep] grid` replaces the grid of the file it extends (a 2-value override is 2 trials,
+/// not the product with the parent's); other `[sweep]` keys still layer.
+#[test]
+fn a_grid_in_an_extending_file_replaces_the_parents_grid() {
+    let d = kiln::testdir::tempdir().unwrap();
+    write(
+        d.path(),
+        "base.toml",
+        "[sweep]\nparallel = 2\nmetric = \"eval_accuracy\"\nmode = \"max\"\ngrid = { \"optim.lr\" = [0.1, 0.01], \"train.batch_size\" = [8, 16] }\n",
+    );
+    write(
+        d.path(),
+        "child.toml",
+        "extends = \"base.toml\"\n[sweep]\ngrid = { \"optim.lr\" = [0.3, 0.03] }\n",
+    );
+    write(d.path(), "plain.toml", "extends = \"base.toml\"\n");
+    let r = config::load(&d.path().join("child.toml"), &[], &[]).unwrap();
+    let grid = &r.config.sweep.grid;
+    assert_eq!(grid.keys().collect::<Vec<_>>(), vec!["optim.lr"]);
+    assert_eq!(grid["optim.lr"].len(), 2);
+    assert_eq!(grid["optim.lr"][0].as_float(), Some(0.3));
+    assert_eq!(r.config.sweep.parallel, 2);
+    assert_eq!(r.config.sweep.metric, "eval_accuracy");
+    // a file without a grid keeps the parent's
+    let r = config::load(&d.path().join("plain.toml"), &[], &[]).unwrap();
+    assert_eq!(r.config.sweep.grid.len(), 2);
+}
+
+/// Every bad key of a file is reported at once, each with its key and source (as rustc reports
+/// several errors), and nothing runs.
+#[test]
+fn three_bad_values_make_one_message_naming_all_three_keys() {
+    let d = kiln::testdir::tempdir().unwrap();
+    let f = write(
+        d.path(),
+        "e.toml",
+        "[train]\nbatch_size = \"big\"\nepochs = 0\n\n[optim]\nlrr = 0.1\n",
+    );
+    let e = err_text(&f, &[], &[]);
+    for want in [
+        "`train.batch_size` has the wrong type",
+        "`train.epochs` = 0 is out of range",
+        "unknown key `optim.lrr`",
+    ] {
+        assert!(e.contains(want), "{want}:\n{e}");
+    }
+    assert!(e.contains(&format!("{}:2", f.display())), "{e}");
+    assert!(e.contains(&format!("{}:3", f.display())), "{e}");
+    assert!(e.contains(&format!("{}:6", f.display())), "{e}");
+    assert!(
+        e.ends_with("3 problems in the config; fix them all and run again"),
+        "{e}"
+    );
+    // one bad value is one error, as before
+    let f = write(d.path(), "one.toml", "[train]\nepochs = 0\n");
+    assert!(!err_text(&f, &[], &[]).contains("problems in the config"));
 }

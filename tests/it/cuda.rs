@@ -5,7 +5,7 @@ use crate::common::{kiln, stderr, stdout, write, TINY};
 
 #[test]
 fn cuda_without_a_device_or_the_feature_is_bad_input() {
-    let d = tempfile::tempdir().unwrap();
+    let d = kiln::testdir::tempdir().unwrap();
     write(d.path(), "t.toml", TINY);
     for cmd in ["check", "run", "bench"] {
         let o = kiln(d.path(), &[cmd, "t.toml", "--set", "backend.device=cuda"]);
@@ -27,7 +27,7 @@ fn cuda_without_a_device_or_the_feature_is_bad_input() {
 
 #[test]
 fn two_ranks_on_one_gpu_with_nccl_is_explained() {
-    let d = tempfile::tempdir().unwrap();
+    let d = kiln::testdir::tempdir().unwrap();
     write(d.path(), "t.toml", TINY);
     let o = kiln(
         d.path(),
@@ -53,7 +53,7 @@ fn two_ranks_on_one_gpu_with_nccl_is_explained() {
 
 #[test]
 fn cuda_only_settings_are_refused_on_the_cpu() {
-    let d = tempfile::tempdir().unwrap();
+    let d = kiln::testdir::tempdir().unwrap();
     write(d.path(), "t.toml", TINY);
     for (set, want) in [
         (
@@ -105,7 +105,7 @@ fn placement_uses_nccl_only_when_every_rank_has_its_own_gpu() {
 
 #[test]
 fn env_reports_and_exits_0() {
-    let d = tempfile::tempdir().unwrap();
+    let d = kiln::testdir::tempdir().unwrap();
     let o = kiln(d.path(), &["env"]);
     assert_eq!(o.status.code(), Some(0));
     let out = stdout(&o);
@@ -133,7 +133,7 @@ mod gpu {
     #[test]
     #[ignore = "needs a CUDA GPU (run `cargo test --release --features cuda -- --ignored` on one)"]
     fn quickstart_on_cuda_matches_the_cpu() {
-        let d = tempfile::tempdir().unwrap();
+        let d = kiln::testdir::tempdir().unwrap();
         let q = root().join("experiments/quickstart.toml");
         let q = q.to_str().unwrap();
         let sets = ["--set", "train.max_steps=10", "--set", "train.log_every=1"];
@@ -163,7 +163,7 @@ mod gpu {
     #[test]
     #[ignore = "needs a CUDA GPU (run `cargo test --release --features cuda -- --ignored` on one)"]
     fn ddp_and_fsdp_world_one_over_nccl_use_device_buffers() {
-        let d = tempfile::tempdir().unwrap();
+        let d = kiln::testdir::tempdir().unwrap();
         write(d.path(), "t.toml", TINY);
         for kind in ["ddp", "fsdp"] {
             let o = kiln(

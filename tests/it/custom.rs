@@ -3,7 +3,7 @@
 //! resumes exactly, runs sweeps, and its own `[model]` keys are validated with key and source.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 
 use crate::common::{stderr, write};
 
@@ -71,7 +71,7 @@ fn run(d: &Path, dir: &str, sets: &[&str]) -> serde_json::Value {
 
 #[test]
 fn a_users_model_trains_alike_under_every_strategy_and_resumes_exactly() {
-    let d = tempfile::tempdir().unwrap();
+    let d = kiln::testdir::tempdir().unwrap();
     write(d.path(), "t.toml", NET);
     let single = run(d.path(), "single", &["train.batch_size=16"]);
     let eval = single["eval_loss"].as_f64().unwrap();
@@ -127,7 +127,7 @@ fn a_users_model_trains_alike_under_every_strategy_and_resumes_exactly() {
 
 #[test]
 fn a_users_model_runs_a_sweep_and_its_keys_are_checked() {
-    let d = tempfile::tempdir().unwrap();
+    let d = kiln::testdir::tempdir().unwrap();
     write(
         d.path(),
         "t.toml",
@@ -138,7 +138,7 @@ fn a_users_model_runs_a_sweep_and_its_keys_are_checked() {
     let table = String::from_utf8_lossy(&o.stdout).into_owned();
     assert_eq!(table.matches("done").count(), 2, "{table}");
     // the family's own keys: unknown, and of the wrong type (nothing written)
-    let d = tempfile::tempdir().unwrap();
+    let d = kiln::testdir::tempdir().unwrap();
     write(d.path(), "t.toml", NET);
     write(
         d.path(),
@@ -158,7 +158,7 @@ fn a_users_model_runs_a_sweep_and_its_keys_are_checked() {
     assert_eq!(o.status.code(), Some(2));
     assert_eq!(
         stderr(&o),
-        "error: `model.width` has the wrong type: found string \"x\", expected usize\n  --> --set model.width=\"x\"\n"
+        "error: `model.width` has the wrong type: found string \"x\", expected a non-negative integer\n  --> --set model.width=\"x\"\n"
     );
     assert!(
         !d.path().join("runs").exists(),

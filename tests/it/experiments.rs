@@ -4,7 +4,7 @@ use crate::common::{kiln, root, stderr};
 
 #[test]
 fn every_experiment_checks_and_runs_two_steps() {
-    let d = tempfile::tempdir().unwrap();
+    let d = kiln::testdir::tempdir().unwrap();
     let mut files: Vec<_> = std::fs::read_dir(root().join("experiments"))
         .unwrap()
         .map(|e| e.unwrap().path())

@@ -85,7 +85,7 @@ fn newest_checkpoint(run: &Path) -> PathBuf {
 
 #[test]
 fn an_mlp_export_holds_the_runs_parameters_under_torch_and_burn_names() {
-    let d = tempfile::tempdir().unwrap();
+    let d = kiln::testdir::tempdir().unwrap();
     // single: the checkpoint's model.safetensors holds the parameters by module path
     let single = run(d.path(), TINY, "single", &["optim.kind=\"adamw\""]);
     let ckpt = newest_checkpoint(&single);
@@ -189,7 +189,7 @@ fn an_mlp_export_holds_the_runs_parameters_under_torch_and_burn_names() {
 /// Trains `toml`, exports it with a probe, starts a run from the export with lr = 0 (so the
 /// weights stay as they are), exports that: the tensors and the logits must be identical.
 fn round_trip(toml: &str, sets: &[&str], expect_names: &[&str]) {
-    let d = tempfile::tempdir().unwrap();
+    let d = kiln::testdir::tempdir().unwrap();
     corpus(d.path());
     let toml = toml.replace("corpus.txt", d.path().join("corpus.txt").to_str().unwrap());
     let a = run(d.path(), &toml, "a", sets);
@@ -318,7 +318,7 @@ fn tiny_torch(d: &Path) -> HashMap<String, (Vec<usize>, Vec<f32>)> {
 
 #[test]
 fn init_from_takes_half_precision_and_a_head_under_either_name() {
-    let d = tempfile::tempdir().unwrap();
+    let d = kiln::testdir::tempdir().unwrap();
     let t = tiny_torch(d.path());
     // values that f16 and bf16 hold exactly
     let round = |v: &[f32]| -> Vec<f32> { v.iter().map(|x| (x * 64.0).round() / 64.0).collect() };
@@ -357,7 +357,7 @@ fn init_from_takes_half_precision_and_a_head_under_either_name() {
     }
 
     // a gpt saved the way `safetensors.torch.save_model` saves tied weights: one name only
-    let g = tempfile::tempdir().unwrap();
+    let g = kiln::testdir::tempdir().unwrap();
     corpus(g.path());
     let toml = GPT.replace("corpus.txt", g.path().join("corpus.txt").to_str().unwrap());
     let a = run(g.path(), &toml, "a", &[]);
@@ -410,7 +410,7 @@ fn refused(d: &Path, file: &Path, wants: &[&str]) {
 
 #[test]
 fn bad_weight_files_are_refused_naming_the_file_and_what_is_wrong() {
-    let d = tempfile::tempdir().unwrap();
+    let d = kiln::testdir::tempdir().unwrap();
     let t = tiny_torch(d.path());
     let good = std::fs::read(d.path().join("a.safetensors")).unwrap();
     let p = |n: &str| d.path().join(n);
@@ -503,7 +503,7 @@ fn bad_weight_files_are_refused_naming_the_file_and_what_is_wrong() {
 
 #[test]
 fn a_checkpoint_of_the_old_format_is_refused_naming_the_version() {
-    let d = tempfile::tempdir().unwrap();
+    let d = kiln::testdir::tempdir().unwrap();
     let a = run(d.path(), TINY, "a", &["checkpoint.keep_last=1"]);
     let ckpt = newest_checkpoint(&a);
     // what kiln 0.1 wrote: no `format` in state.json, KILNF32 files; the manifest verifies
@@ -553,7 +553,7 @@ fn a_checkpoint_of_the_old_format_is_refused_naming_the_version() {
 
 #[test]
 fn export_checks_every_output_before_writing_any() {
-    let d = tempfile::tempdir().unwrap();
+    let d = kiln::testdir::tempdir().unwrap();
     let a = run(d.path(), TINY, "a", &[]);
     let a = a.to_str().unwrap();
     let bad = |args: &[&str], want: &str| {
@@ -591,7 +591,7 @@ fn export_checks_every_output_before_writing_any() {
 
 #[test]
 fn damaged_checkpoints_are_never_trained_over() {
-    let d = tempfile::tempdir().unwrap();
+    let d = kiln::testdir::tempdir().unwrap();
     let a = run(d.path(), TINY, "a", &["checkpoint.keep_last=1"]);
     let ckpt = newest_checkpoint(&a);
     // a manifest naming a file outside its directory is refused, not read
@@ -620,7 +620,7 @@ fn damaged_checkpoints_are_never_trained_over() {
 
 #[test]
 fn sgd_momentum_is_saved_under_torchs_name_and_a_switch_to_adam_drops_it() {
-    let d = tempfile::tempdir().unwrap();
+    let d = kiln::testdir::tempdir().unwrap();
     let a = run(
         d.path(),
         TINY,
@@ -664,7 +664,7 @@ fn sgd_momentum_is_saved_under_torchs_name_and_a_switch_to_adam_drops_it() {
 
 #[test]
 fn a_resumed_run_continues_from_its_checkpoint_not_from_init_from() {
-    let d = tempfile::tempdir().unwrap();
+    let d = kiln::testdir::tempdir().unwrap();
     let src = run(d.path(), TINY, "src", &[]);
     let w = export(d.path(), &src, "w.safetensors", &[]);
     let b = run(
@@ -698,7 +698,7 @@ fn a_resumed_run_continues_from_its_checkpoint_not_from_init_from() {
 
 #[test]
 fn tied_copies_that_differ_are_refused() {
-    let g = tempfile::tempdir().unwrap();
+    let g = kiln::testdir::tempdir().unwrap();
     corpus(g.path());
     let toml = GPT.replace("corpus.txt", g.path().join("corpus.txt").to_str().unwrap());
     let a = run(g.path(), &toml, "a", &[]);

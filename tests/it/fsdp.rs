@@ -87,7 +87,7 @@ fn fsdp_memory_at_rest_is_a_world_fraction_of_ddp() {
 
 #[test]
 fn the_plan_estimate_equals_what_every_strategy_reports() {
-    let d = tempfile::tempdir().unwrap();
+    let d = kiln::testdir::tempdir().unwrap();
     let f = crate::common::write(d.path(), "task.toml", crate::parallel::TASK);
     for sets in [
         &["strategy.kind=single", "optim.kind=adam"][..],

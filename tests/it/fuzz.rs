@@ -56,7 +56,7 @@ fn mutate(rng: &mut Rng, bytes: &mut Vec<u8>, alphabet: &[u8]) {
 
 #[test]
 fn the_config_loader_never_panics_on_mutated_experiment_files() {
-    let d = tempfile::tempdir().unwrap();
+    let d = kiln::testdir::tempdir().unwrap();
     let base = format!(
         "{TINY}\n[strategy]\nkind = \"ddp\"\ndevices = 2\n[checkpoint]\nevery_steps = 5\n[slurm]\ntime = \"01:00:00\"\n"
     );
@@ -127,7 +127,7 @@ fn copy(from: &Path, to: &Path) {
 
 #[test]
 fn the_checkpoint_reader_never_panics_on_mutated_checkpoints() {
-    let d = tempfile::tempdir().unwrap();
+    let d = kiln::testdir::tempdir().unwrap();
     write(d.path(), "t.toml", TINY);
     for (run, sets) in [
         ("whole", vec!["train.max_steps=2"]),
@@ -204,7 +204,7 @@ fn the_checkpoint_reader_never_panics_on_mutated_checkpoints() {
 /// manifest resealed): the load is refused as invalid, never a panic or a wrong model.
 #[test]
 fn a_layout_that_disagrees_with_the_shards_is_invalid() {
-    let d = tempfile::tempdir().unwrap();
+    let d = kiln::testdir::tempdir().unwrap();
     write(d.path(), "t.toml", TINY);
     let o = kiln(
         d.path(),

@@ -6,6 +6,7 @@ mod common;
 mod config;
 mod cuda;
 mod custom;
+mod early;
 mod experiments;
 mod export;
 mod fsdp;

@@ -64,7 +64,7 @@ fn cnn_single_ddp_and_fsdp_by_layer_agree() {
 
 #[test]
 fn the_digits_cnn_learns_the_held_out_digits() {
-    let d = tempfile::tempdir().unwrap();
+    let d = kiln::testdir::tempdir().unwrap();
     let file = root().join("experiments/digits-cnn.toml");
     let o = kiln(
         d.path(),
@@ -88,7 +88,7 @@ fn the_digits_cnn_learns_the_held_out_digits() {
 
 /// Runs `task` with `sets`; asserts exit 2, nothing written, and returns stderr.
 fn refused(task: &str, sets: &[&str]) -> String {
-    let d = tempfile::tempdir().unwrap();
+    let d = kiln::testdir::tempdir().unwrap();
     write(d.path(), "t.toml", task);
     let mut args = vec!["run", "t.toml", "--quiet"];
     for s in sets {
@@ -124,7 +124,7 @@ fn bad_cnn_and_image_keys_are_bad_input_naming_the_key() {
         ),
         (
             &["model.dropout=\"x\""],
-            "error: `model.dropout` has the wrong type: found string \"x\", expected f64\n  --> --set model.dropout=\"x\"\n",
+            "error: `model.dropout` has the wrong type: found string \"x\", expected a number\n  --> --set model.dropout=\"x\"\n",
         ),
         (
             &["data.normalize=[0.5]"],
@@ -149,7 +149,7 @@ fn bad_cnn_and_image_keys_are_bad_input_naming_the_key() {
 
 #[test]
 fn idx_files_that_are_missing_or_bad_are_named() {
-    let d = tempfile::tempdir().unwrap();
+    let d = kiln::testdir::tempdir().unwrap();
     let task = r#"
 [model]
 kind = "cnn"
@@ -239,7 +239,7 @@ pub(crate) fn corpus(dir: &std::path::Path) {
 
 /// Trains GPT (in `dir`, which holds the corpus) with `sets`.
 fn train_gpt(sets: &[&str]) -> crate::parallel::Trained {
-    let d = tempfile::tempdir().unwrap();
+    let d = kiln::testdir::tempdir().unwrap();
     corpus(d.path());
     let task = GPT.replace("corpus.txt", d.path().join("corpus.txt").to_str().unwrap());
     train_task(&task, sets)
@@ -274,7 +274,7 @@ fn gpt_single_ddp_and_fsdp_by_block_agree() {
 
 #[test]
 fn gpt_reports_perplexity_and_tokens_per_second() {
-    let d = tempfile::tempdir().unwrap();
+    let d = kiln::testdir::tempdir().unwrap();
     corpus(d.path());
     write(d.path(), "t.toml", GPT);
     let o = kiln(
@@ -303,7 +303,7 @@ fn gpt_reports_perplexity_and_tokens_per_second() {
 
 #[test]
 fn bad_gpt_and_text_keys_are_bad_input_naming_the_key() {
-    let d = tempfile::tempdir().unwrap();
+    let d = kiln::testdir::tempdir().unwrap();
     corpus(d.path());
     write(d.path(), "t.toml", GPT);
     let run = |sets: &[&str]| {
@@ -383,7 +383,7 @@ fn gpt_resume_with_dropout_is_bit_exact_under_ddp_and_fsdp() {
             "strategy.unit=layer",
         ],
     ] {
-        let d = tempfile::tempdir().unwrap();
+        let d = kiln::testdir::tempdir().unwrap();
         let full = gpt_run_dir(d.path(), sets);
         let copy = d.path().join("copy");
         copy_dir(&full, &copy);
@@ -416,7 +416,7 @@ fn gpt_resume_with_dropout_is_bit_exact_under_ddp_and_fsdp() {
 #[test]
 fn resuming_ddp_as_single_uses_every_window_of_the_epoch_once() {
     use kiln::plan::Plan;
-    let d = tempfile::tempdir().unwrap();
+    let d = kiln::testdir::tempdir().unwrap();
     let full = gpt_run_dir(
         d.path(),
         &[
@@ -480,7 +480,7 @@ fn resuming_ddp_as_single_uses_every_window_of_the_epoch_once() {
 
 #[test]
 fn sample_streams_the_same_text_for_a_seed_and_refuses_other_models() {
-    let d = tempfile::tempdir().unwrap();
+    let d = kiln::testdir::tempdir().unwrap();
     let full = gpt_run_dir(d.path(), &[]);
     let args = |seed: &str| {
         vec![

@@ -71,7 +71,7 @@ fn summary_hash(run: &Path) -> serde_json::Value {
 
 /// nnodes x devices processes vs one process, same global batch: parameters within 1e-5.
 fn equal_to_one_process(nnodes: usize, devices: usize) {
-    let d = tempfile::tempdir().unwrap();
+    let d = kiln::testdir::tempdir().unwrap();
     write(d.path(), "t.toml", TINY);
     let per = 16 / (nnodes * devices);
     let batch = format!("train.batch_size={per}");
@@ -182,7 +182,7 @@ fn two_nodes_of_two_devices_equal_one_process() {
 
 #[test]
 fn wrong_tokens_garbage_and_port_scans_do_not_disturb_the_run() {
-    let d = tempfile::tempdir().unwrap();
+    let d = kiln::testdir::tempdir().unwrap();
     write(d.path(), "t.toml", TINY);
     let port = free_port();
     let sets = [
@@ -228,7 +228,7 @@ fn wrong_tokens_garbage_and_port_scans_do_not_disturb_the_run() {
 
 #[test]
 fn a_node_that_never_arrives_is_named() {
-    let d = tempfile::tempdir().unwrap();
+    let d = kiln::testdir::tempdir().unwrap();
     write(d.path(), "t.toml", TINY);
     let port = free_port();
     let o = node(
@@ -252,7 +252,7 @@ fn a_node_that_never_arrives_is_named() {
 
 #[test]
 fn launch_settings_come_from_flags_torchrun_and_slurm_variables() {
-    let d = tempfile::tempdir().unwrap();
+    let d = kiln::testdir::tempdir().unwrap();
     write(d.path(), "t.toml", TINY);
     let env = |pairs: &[(&str, &str)]| {
         let o = crate::common::kiln_env(
@@ -296,7 +296,7 @@ fn worker_of(agent: u32) -> Option<u32> {
 }
 
 fn restart_job(max_restarts: usize) -> (Output, Output, std::path::PathBuf) {
-    let d = tempfile::tempdir().unwrap().keep();
+    let d = kiln::testdir::tempdir().unwrap().keep();
     write(&d, "t.toml", TINY);
     let port = free_port();
     let restarts = format!("launch.max_restarts={max_restarts}");
@@ -373,7 +373,7 @@ fn without_restarts_a_killed_node_fails_the_job_saying_why() {
 
 #[test]
 fn a_silent_node_is_detected_by_heartbeat() {
-    let d = tempfile::tempdir().unwrap();
+    let d = kiln::testdir::tempdir().unwrap();
     write(d.path(), "t.toml", TINY);
     let port = free_port();
     let sets = [

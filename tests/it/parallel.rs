@@ -56,7 +56,7 @@ pub fn train(sets: &[&str]) -> Trained {
 /// Trains the experiment `task` with `sets` in process; its final parameters, eval and memory.
 /// Everything a run of `task` with `sets` needs in process (its config, data, model and plan).
 pub struct Prepared {
-    _dir: tempfile::TempDir,
+    _dir: kiln::testdir::TempDir,
     pub r: kiln::config::Resolved,
     pub data: kiln::data::Data,
     pub model: kiln::model::SharedModel,
@@ -64,7 +64,7 @@ pub struct Prepared {
 }
 
 pub fn prepare(task: &str, sets: &[&str]) -> Prepared {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = kiln::testdir::tempdir().unwrap();
     let f = write(dir.path(), "task.toml", task);
     let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
     let r = config::load(&f, &[], &sets).unwrap();
@@ -328,7 +328,7 @@ fn a_stalled_rank_fails_the_run_naming_rank_and_op() {
     );
     let input = p.input();
     let placement = backend::resolve(&p.r.config).unwrap();
-    let d = tempfile::tempdir().unwrap();
+    let d = kiln::testdir::tempdir().unwrap();
     let mut ranks = LocalGroup::new(2, Duration::from_secs(1)).into_iter();
     let (r0, r1) = (ranks.next().unwrap(), ranks.next().unwrap());
     let comms: Vec<Box<dyn Collective>> = vec![
@@ -366,7 +366,7 @@ fn a_stalled_rank_fails_the_run_naming_rank_and_op() {
 
 #[test]
 fn ddp_run_writes_rank_logs_and_world_fields() {
-    let d = tempfile::tempdir().unwrap();
+    let d = kiln::testdir::tempdir().unwrap();
     write(d.path(), "t.toml", TINY);
     let o = kiln_env(
         d.path(),
@@ -396,7 +396,7 @@ fn ddp_run_writes_rank_logs_and_world_fields() {
 
 #[test]
 fn dp_keeps_optimizer_state_on_the_main_device_only() {
-    let d = tempfile::tempdir().unwrap();
+    let d = kiln::testdir::tempdir().unwrap();
     write(d.path(), "t.toml", TINY);
     let o = kiln_env(
         d.path(),

@@ -4,7 +4,7 @@
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Output, Stdio};
 
 use crate::common::{kiln, metric_lines, stderr, summary, write, KILN, TINY};
 
@@ -90,7 +90,7 @@ fn check_preempted(o: &Output, run: &Path, by: &str) -> usize {
 /// SIGTERM to a run of `sets`, then `kiln resume`: the losses and final parameters equal an
 /// uninterrupted run's bit for bit.
 fn preempt_and_resume(sets: &[&str]) {
-    let d = tempfile::tempdir().unwrap();
+    let d = kiln::testdir::tempdir().unwrap();
     write(d.path(), "t.toml", TINY);
     let steps = format!("train.max_steps={STEPS}");
     let mut args = vec!["run", "t.toml", "--quiet", "--set", &steps];
@@ -129,6 +129,32 @@ fn preempt_and_resume(sets: &[&str]) {
     assert_eq!(s["resumed_from_step"], step as u64);
     assert_eq!(losses(&run), losses(&reference));
     assert_eq!(s["params_sha256"], summary(&reference)["params_sha256"]);
+    // rank 0's log holds both sessions, each opened by a header, every line timestamped,
+    // and the evaluation at the end
+    let log = std::fs::read_to_string(run.join("logs/rank-0.log")).unwrap();
+    let headers: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains(" === session: kiln "))
+        .collect();
+    assert_eq!(headers.len(), 2, "{log}");
+    assert!(headers[0].contains("from step 0 ===") && headers[0].contains(", pid "));
+    assert!(
+        headers[1].contains(&format!("from step {step} ===")),
+        "{log}"
+    );
+    assert!(log.contains(&format!("resumed at step {step}")), "{log}");
+    assert!(
+        log.contains(&format!("eval at step {STEPS} on 32 samples: loss ")),
+        "{log}"
+    );
+    let stamped = |l: &str| {
+        let b = l.as_bytes();
+        b.len() > 24 && b[4] == b'-' && b[10] == b'T' && &l[23..25] == "Z "
+    };
+    assert!(
+        log.lines().filter(|l| !l.starts_with("  ")).all(stamped),
+        "{log}"
+    );
 }
 
 #[test]
@@ -155,7 +181,7 @@ fn sigterm_stops_an_fsdp_run_that_checkpoints_every_step_and_resume_is_bit_exact
 
 #[test]
 fn a_second_sigint_stops_at_once() {
-    let d = tempfile::tempdir().unwrap();
+    let d = kiln::testdir::tempdir().unwrap();
     write(d.path(), "t.toml", TINY);
     // slow steps (~0.3 s), so that the second Ctrl-C comes while the first is still pending
     let mut child = spawn(
@@ -198,7 +224,7 @@ fn a_second_sigint_stops_at_once() {
 
 #[test]
 fn sigusr1_to_one_node_stops_both_nodes_at_one_step_and_the_job_resumes_bit_exactly() {
-    let d = tempfile::tempdir().unwrap();
+    let d = kiln::testdir::tempdir().unwrap();
     write(d.path(), "t.toml", TINY);
     let steps = format!("train.max_steps={}", STEPS / 2);
     let node = |rank: usize, port: u16, cmd: &[&str], extra: &[&str]| {
@@ -278,4 +304,30 @@ fn sigusr1_to_one_node_stops_both_nodes_at_one_step_and_the_job_resumes_bit_exac
     let reference = d.path().join("ref");
     assert_eq!(losses(&run), losses(&reference));
     assert_eq!(s["params_sha256"], summary(&reference)["params_sha256"]);
+    // rank 0's log holds both sessions, each opened by a header, every line timestamped,
+    // and the evaluation at the end
+    let log = std::fs::read_to_string(run.join("logs/rank-0.log")).unwrap();
+    let headers: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains(" === session: kiln "))
+        .collect();
+    assert_eq!(headers.len(), 2, "{log}");
+    assert!(headers[0].contains("from step 0 ===") && headers[0].contains(", pid "));
+    assert!(
+        headers[1].contains(&format!("from step {step} ===")),
+        "{log}"
+    );
+    assert!(log.contains(&format!("resumed at step {step}")), "{log}");
+    assert!(
+        log.contains(&format!("eval at step {} on 32 samples: loss ", STEPS / 2)),
+        "{log}"
+    );
+    let stamped = |l: &str| {
+        let b = l.as_bytes();
+        b.len() > 24 && b[4] == b'-' && b[10] == b'T' && &l[23..25] == "Z "
+    };
+    assert!(
+        log.lines().filter(|l| !l.starts_with("  ")).all(stamped),
+        "{log}"
+    );
 }

@@ -10,7 +10,7 @@ use crate::common::{kiln, metric_lines, stderr, stdout, summary, write, TINY};
 
 #[test]
 fn a_ddp_trace_is_valid_trace_event_json_with_matching_ops_on_both_ranks() {
-    let d = tempfile::tempdir().unwrap();
+    let d = kiln::testdir::tempdir().unwrap();
     write(d.path(), "t.toml", TINY);
     let o = kiln(
         d.path(),
@@ -146,7 +146,7 @@ fn a_ddp_trace_is_valid_trace_event_json_with_matching_ops_on_both_ranks() {
 
 #[test]
 fn profile_keys_are_checked() {
-    let d = tempfile::tempdir().unwrap();
+    let d = kiln::testdir::tempdir().unwrap();
     write(d.path(), "t.toml", TINY);
     for (set, want) in [
         ("profile.active=0", "`profile.active`"),
@@ -161,7 +161,7 @@ fn profile_keys_are_checked() {
 
 #[test]
 fn the_summary_reports_training_flops_of_each_built_in_model() {
-    let d = tempfile::tempdir().unwrap();
+    let d = kiln::testdir::tempdir().unwrap();
     crate::models::corpus(d.path());
     let gpt =
         crate::models::GPT.replace("corpus.txt", d.path().join("corpus.txt").to_str().unwrap());
@@ -208,7 +208,7 @@ fn the_summary_reports_training_flops_of_each_built_in_model() {
 
 #[test]
 fn without_a_terminal_progress_is_a_line_per_logged_step_and_quiet_is_silent() {
-    let d = tempfile::tempdir().unwrap();
+    let d = kiln::testdir::tempdir().unwrap();
     write(d.path(), "t.toml", TINY);
     let o = kiln(
         d.path(),

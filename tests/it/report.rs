@@ -91,7 +91,7 @@ fn run(dir: &Path, name: &str, sets: &[&str]) -> PathBuf {
 
 #[test]
 fn a_report_of_two_runs_overlays_their_curves_with_labelled_axes_and_a_legend() {
-    let d = tempfile::tempdir().unwrap();
+    let d = kiln::testdir::tempdir().unwrap();
     let a = run(
         d.path(),
         "lr-small",
@@ -158,7 +158,7 @@ fn a_report_of_two_runs_overlays_their_curves_with_labelled_axes_and_a_legend() 
 
 #[test]
 fn a_sweep_report_ranks_the_trials_marks_the_best_and_plots_each_key() {
-    let d = tempfile::tempdir().unwrap();
+    let d = kiln::testdir::tempdir().unwrap();
     write(
         d.path(),
         "s.toml",
@@ -216,7 +216,7 @@ fn a_sweep_report_ranks_the_trials_marks_the_best_and_plots_each_key() {
 
 #[test]
 fn partial_and_bad_input_is_reported_as_it_is_or_refused() {
-    let d = tempfile::tempdir().unwrap();
+    let d = kiln::testdir::tempdir().unwrap();
     // not a run, not a sweep
     std::fs::create_dir_all(d.path().join("empty")).unwrap();
     let o = kiln(d.path(), &["report", "empty"]);

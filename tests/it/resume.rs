@@ -99,7 +99,7 @@ fn resume_is_exact_for_every_strategy() {
             "strategy.sharding=grad_op",
         ],
     ] {
-        let d = tempfile::tempdir().unwrap();
+        let d = kiln::testdir::tempdir().unwrap();
         let full = full_run(d.path(), sets);
         let resumed = resume_copy(d.path(), &full, "step-00000003", &[]);
         assert_eq!(loss_lines(&resumed), loss_lines(&full), "{sets:?}");
@@ -155,7 +155,7 @@ fn resume_under_another_world_size_continues_within_tolerance() {
             ],
         ),
     ] {
-        let d = tempfile::tempdir().unwrap();
+        let d = kiln::testdir::tempdir().unwrap();
         // no dropout: masks are drawn per rank, so they differ under another world size
         let mut b: Vec<&str> = before.to_vec();
         b.push("model.dropout=0");
@@ -211,7 +211,7 @@ fn the_global_cursor_covers_an_epoch_exactly_once_across_world_sizes() {
 
 #[test]
 fn a_corrupt_newest_checkpoint_falls_back_to_the_previous_one() {
-    let d = tempfile::tempdir().unwrap();
+    let d = kiln::testdir::tempdir().unwrap();
     let full = full_run(d.path(), &["strategy.kind=ddp", "strategy.devices=2"]);
     let copy = d.path().join("copy");
     copy_dir(&full, &copy);
@@ -252,7 +252,7 @@ fn a_corrupt_newest_checkpoint_falls_back_to_the_previous_one() {
 
 #[test]
 fn changing_model_or_data_on_resume_is_refused_naming_the_key() {
-    let d = tempfile::tempdir().unwrap();
+    let d = kiln::testdir::tempdir().unwrap();
     let full = full_run(d.path(), &[]);
     let o = kiln(
         d.path(),
@@ -296,7 +296,7 @@ fn changing_model_or_data_on_resume_is_refused_naming_the_key() {
 
 #[test]
 fn run_resume_continues_the_newest_unfinished_run() {
-    let d = tempfile::tempdir().unwrap();
+    let d = kiln::testdir::tempdir().unwrap();
     write(d.path(), "task.toml", TASK);
     let o = kiln(
         d.path(),
@@ -333,7 +333,7 @@ fn wait_for(path: &Path, limit: Duration) -> bool {
 
 #[test]
 fn sigkill_during_checkpoint_writes_always_leaves_a_verified_checkpoint() {
-    let d = tempfile::tempdir().unwrap();
+    let d = kiln::testdir::tempdir().unwrap();
     // ~1M parameters: each checkpoint writes ~12 MB, every step
     write(
         d.path(),
@@ -394,7 +394,7 @@ fn sigkill_during_checkpoint_writes_always_leaves_a_verified_checkpoint() {
 
 #[test]
 fn acceptance_kill_after_step_20_then_resume_matches_uninterrupted() {
-    let d = tempfile::tempdir().unwrap();
+    let d = kiln::testdir::tempdir().unwrap();
     let file = root().join("experiments/quickstart-ddp.toml");
     let f = file.to_str().unwrap();
     let sets = [

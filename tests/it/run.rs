@@ -23,7 +23,7 @@ fn quickstart_30(out: &std::path::Path) -> std::process::Output {
 
 #[test]
 fn quickstart_learns_writes_every_file_and_is_reproducible() {
-    let d = tempfile::tempdir().unwrap();
+    let d = kiln::testdir::tempdir().unwrap();
     let o = quickstart_30(d.path());
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let run = d.path().join("runs/quickstart");
@@ -66,7 +66,7 @@ fn quickstart_learns_writes_every_file_and_is_reproducible() {
 
 #[test]
 fn run_dir_flag_and_seed_change() {
-    let d = tempfile::tempdir().unwrap();
+    let d = kiln::testdir::tempdir().unwrap();
     write(d.path(), "t.toml", TINY);
     let o = kiln(d.path(), &["run", "t.toml", "--quiet", "--run-dir", "mine"]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
@@ -88,7 +88,7 @@ fn run_dir_flag_and_seed_change() {
 #[test]
 fn accumulation_equals_a_larger_batch() {
     // 2 micro-batches of 8 == one batch of 16 (same samples, mean of means)
-    let d = tempfile::tempdir().unwrap();
+    let d = kiln::testdir::tempdir().unwrap();
     write(d.path(), "t.toml", TINY);
     let big = kiln(
         d.path(),
@@ -124,7 +124,7 @@ fn accumulation_equals_a_larger_batch() {
 
 #[test]
 fn an_unknown_model_kind_is_bad_input_naming_key_source_and_the_closest_family() {
-    let d = tempfile::tempdir().unwrap();
+    let d = kiln::testdir::tempdir().unwrap();
     write(
         d.path(),
         "t.toml",
@@ -160,7 +160,7 @@ fn the_mlp_trains_to_the_same_bits_as_before_the_model_redesign() {
             "d7fc56b7578133e2b447bd04ac6315cf6076180763d7c30aecf8725902280f85",
         ),
     ] {
-        let d = tempfile::tempdir().unwrap();
+        let d = kiln::testdir::tempdir().unwrap();
         let mut args = vec![
             "run",
             file.to_str().unwrap(),

@@ -49,7 +49,7 @@ fn long_run(dir: &Path, run_dir: &str) -> KillOnDrop {
 
 #[test]
 fn a_run_directory_in_use_is_refused_naming_the_pid_and_freed_when_its_process_dies() {
-    let d = tempfile::tempdir().unwrap();
+    let d = kiln::testdir::tempdir().unwrap();
     write(d.path(), "t.toml", TINY);
     let mut first = long_run(d.path(), "r");
     let pid = first.0.id();
@@ -78,7 +78,7 @@ fn a_run_directory_in_use_is_refused_naming_the_pid_and_freed_when_its_process_d
 
 #[test]
 fn concurrent_runs_of_one_experiment_take_different_directories() {
-    let d = tempfile::tempdir().unwrap();
+    let d = kiln::testdir::tempdir().unwrap();
     write(d.path(), "t.toml", TINY);
     let spawn = || {
         Command::new(KILN)
@@ -111,7 +111,7 @@ fn concurrent_runs_of_one_experiment_take_different_directories() {
 
 #[test]
 fn run_names_and_checkpoint_dirs_stay_inside_their_parents() {
-    let d = tempfile::tempdir().unwrap();
+    let d = kiln::testdir::tempdir().unwrap();
     write(d.path(), "t.toml", TINY);
     let long = "x".repeat(300);
     for (set, key) in [
@@ -186,7 +186,7 @@ fn run_30(dir: &Path) {
 
 #[test]
 fn resuming_from_an_older_checkpoint_sets_the_newer_ones_aside() {
-    let d = tempfile::tempdir().unwrap();
+    let d = kiln::testdir::tempdir().unwrap();
     run_30(d.path());
     let run = d.path().join("r");
     let before = metric_lines(&run);
@@ -245,7 +245,7 @@ fn resuming_from_an_older_checkpoint_sets_the_newer_ones_aside() {
 
 #[test]
 fn resuming_a_finished_run_says_so_and_touches_nothing_unless_the_limit_rises() {
-    let d = tempfile::tempdir().unwrap();
+    let d = kiln::testdir::tempdir().unwrap();
     run_30(d.path());
     let run = d.path().join("r");
     let summary_before = std::fs::read(run.join("summary.json")).unwrap();
@@ -295,7 +295,7 @@ fn resuming_a_finished_run_says_so_and_touches_nothing_unless_the_limit_rises() 
 
 #[test]
 fn non_finite_csv_values_are_bad_input_at_file_line_column() {
-    let d = tempfile::tempdir().unwrap();
+    let d = kiln::testdir::tempdir().unwrap();
     write(d.path(), "d.csv", "a,b,label\n1.0,2.0,0\n3.0, NaN,1\n");
     write(
         d.path(),
@@ -322,7 +322,7 @@ fn non_finite_csv_values_are_bad_input_at_file_line_column() {
 
 #[test]
 fn small_input_errors_name_the_right_key_and_the_integer_label_column_works() {
-    let d = tempfile::tempdir().unwrap();
+    let d = kiln::testdir::tempdir().unwrap();
     write(
         d.path(),
         "d.csv",
@@ -498,7 +498,7 @@ impl Drop for Mount {
 /// checkpoint file here), no `.tmp` is left behind, and what could not be written is said.
 #[test]
 fn a_full_disk_names_the_file_that_failed_and_leaves_no_tmp() {
-    let d = tempfile::tempdir().unwrap();
+    let d = kiln::testdir::tempdir().unwrap();
     let m = d.path().join("small");
     std::fs::create_dir(&m).unwrap();
     let o = Command::new("mount")
@@ -748,7 +748,7 @@ fn diverges_at_step_1(d: &Path, run: &str, sets: &[&str], says: &str) {
 /// although the loss is finite, and no checkpoint of broken parameters is written.
 #[test]
 fn a_non_finite_gradient_or_parameter_with_a_finite_loss_stops_the_run_as_diverged() {
-    let d = tempfile::tempdir().unwrap();
+    let d = kiln::testdir::tempdir().unwrap();
     write(d.path(), "t.toml", PROBE);
     diverges_at_step_1(
         d.path(),
@@ -787,7 +787,7 @@ fn a_non_finite_gradient_or_parameter_with_a_finite_loss_stops_the_run_as_diverg
 /// match the checkpoint: both nodes fail, and every file of the run is as it was.
 #[test]
 fn a_multi_node_resume_that_one_node_refuses_changes_no_file() {
-    let d = tempfile::tempdir().unwrap();
+    let d = kiln::testdir::tempdir().unwrap();
     write(d.path(), "t.toml", TINY);
     let node = |rank: &str, port: &str, args: &[&str]| {
         crate::common::clean_cmd(Path::new(KILN), d.path(), args)
@@ -865,7 +865,7 @@ fn a_multi_node_resume_that_one_node_refuses_changes_no_file() {
 /// anything connects, naming where it came from.
 #[test]
 fn a_job_token_too_long_or_not_plain_text_is_refused_up_front() {
-    let d = tempfile::tempdir().unwrap();
+    let d = kiln::testdir::tempdir().unwrap();
     write(d.path(), "t.toml", TINY);
     let long = "a".repeat(5000);
     for (token, says) in [

@@ -118,7 +118,7 @@ fn wait_finished(run: &Path, secs: u64) {
 
 #[test]
 fn submit_dry_run_prints_a_script_that_bash_and_shellcheck_accept_and_writes_nothing() {
-    let d = tempfile::tempdir().unwrap();
+    let d = kiln::testdir::tempdir().unwrap();
     write(
         d.path(),
         "t.toml",
@@ -173,7 +173,7 @@ fn submit_dry_run_prints_a_script_that_bash_and_shellcheck_accept_and_writes_not
 
 #[test]
 fn submit_refuses_bad_input_with_exit_2_and_submits_nothing() {
-    let d = tempfile::tempdir().unwrap();
+    let d = kiln::testdir::tempdir().unwrap();
     write(d.path(), "t.toml", TINY);
     let bad = |args: &[&str], env: &[(&str, &str)], want: &str| {
         let mut a = vec!["submit", "t.toml"];
@@ -253,7 +253,7 @@ fn submit_refuses_bad_input_with_exit_2_and_submits_nothing() {
 #[test]
 fn submit_of_quickstart_ddp_finishes_with_the_local_final_loss() {
     need_slurm();
-    let d = tempfile::tempdir().unwrap();
+    let d = kiln::testdir::tempdir().unwrap();
     let file = root().join("experiments/quickstart-ddp.toml");
     let file = file.to_str().unwrap();
     let local = kiln(d.path(), &["run", file, "--quiet", "--run-dir", "local"]);
@@ -293,7 +293,7 @@ fn submit_of_quickstart_ddp_finishes_with_the_local_final_loss() {
 #[test]
 fn a_stop_signal_checkpoints_requeues_and_the_job_finishes_bit_exactly() {
     need_slurm();
-    let d = tempfile::tempdir().unwrap();
+    let d = kiln::testdir::tempdir().unwrap();
     write(d.path(), "t.toml", TINY);
     let sets = [
         "train.max_steps=10000",
@@ -389,7 +389,7 @@ fn a_stop_signal_checkpoints_requeues_and_the_job_finishes_bit_exactly() {
 #[test]
 fn a_sweep_runs_as_a_job_array_survives_a_cancel_and_never_duplicates_a_trial() {
     need_slurm();
-    let d = tempfile::tempdir().unwrap();
+    let d = kiln::testdir::tempdir().unwrap();
     write(d.path(), "t.toml", TINY);
     write(
         d.path(),

@@ -37,7 +37,7 @@ fn trial_dirs(dir: &Path) -> Vec<String> {
 
 #[test]
 fn invalid_keys_or_values_are_rejected_before_any_trial_runs() {
-    let d = tempfile::tempdir().unwrap();
+    let d = kiln::testdir::tempdir().unwrap();
     let f = sweep_file(d.path(), r#"grid = { "optim.lr" = [0.1, -1.0] }"#, "");
     let o = kiln(d.path(), &["sweep", &f]);
     assert_eq!(o.status.code(), Some(2));
@@ -67,7 +67,7 @@ fn invalid_keys_or_values_are_rejected_before_any_trial_runs() {
 
 #[test]
 fn a_parallel_grid_completes_and_a_rerun_starts_nothing() {
-    let d = tempfile::tempdir().unwrap();
+    let d = kiln::testdir::tempdir().unwrap();
     let f = sweep_file(
         d.path(),
         r#"grid = { "optim.lr" = [0.05, 0.2], "optim.momentum" = [0.0, 0.9] }"#,
@@ -99,7 +99,7 @@ fn a_parallel_grid_completes_and_a_rerun_starts_nothing() {
 
 #[test]
 fn a_failing_trial_does_not_stop_the_others() {
-    let d = tempfile::tempdir().unwrap();
+    let d = kiln::testdir::tempdir().unwrap();
     let f = sweep_file(d.path(), r#"grid = { "optim.lr" = [0.05, 1e38, 0.1] }"#, "");
     let o = kiln(d.path(), &["sweep", &f, "--parallel", "2", "--quiet"]);
     assert_eq!(o.status.code(), Some(1));
@@ -123,7 +123,7 @@ fn a_failing_trial_does_not_stop_the_others() {
 
 #[test]
 fn a_killed_sweep_continues_every_trial_exactly_once() {
-    let d = tempfile::tempdir().unwrap();
+    let d = kiln::testdir::tempdir().unwrap();
     let f = sweep_file(
         d.path(),
         r#"grid = { "optim.lr" = [0.01, 0.02, 0.03, 0.04] }"#,
@@ -199,7 +199,7 @@ fn a_killed_sweep_continues_every_trial_exactly_once() {
 /// `preempted`), exit 75; `--resume` continues them from their checkpoints.
 #[test]
 fn a_signal_stops_a_local_sweep_with_checkpoints_and_resume_continues_them() {
-    let d = tempfile::tempdir().unwrap();
+    let d = kiln::testdir::tempdir().unwrap();
     let file = sweep_file(
         d.path(),
         "grid = { \"optim.lr\" = [0.01, 0.02, 0.05] }\nparallel = 2",

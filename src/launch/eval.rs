@@ -1,0 +1,175 @@
+//! `kiln eval`'s work: a checkpoint of a run evaluated on the run's evaluation data (or other
+//! data of the same shape, through `--set data.*`), exactly as the run evaluates: the same
+//! backend, the same per-rank split and batches, the same summation order. On the run's own data
+//! it gives the bits the run logged.
+
+use std::path::{Path, PathBuf};
+
+use burn::backend::{Autodiff, Flex, NdArray};
+use serde::Serialize;
+
+use super::resume::choose_checkpoint;
+use super::run_dir::{checkpoint_store, write_json};
+use crate::backend::{self, RankBackend, Resolved as Backend};
+use crate::checkpoint;
+use crate::config;
+use crate::error::{Error, Result};
+use crate::model::{Model, Task};
+use crate::plan::Plan;
+use crate::train::{evaluate_like_run, EvalSums};
+
+/// What to evaluate.
+#[derive(Debug, Clone, Default)]
+pub struct EvalOptions {
+    /// A checkpoint name (`step-00000040`) or `best`, instead of the newest verified one.
+    pub from: Option<String>,
+    /// `--set` flags: `data.*` keys only (the model is the checkpoint's).
+    pub sets: Vec<String>,
+}
+
+/// `evals/<checkpoint>-<time>.json`, and what `kiln eval` prints.
+#[derive(Debug, Clone, Serialize)]
+pub struct EvalReport {
+    pub checkpoint: String,
+    pub step: usize,
+    pub eval_loss: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub eval_accuracy: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub eval_perplexity: Option<f64>,
+    pub eval_samples: u64,
+    /// The evaluation data: the run's own, or what `--set` named.
+    pub data: serde_json::Value,
+    /// `--set` flags given.
+    pub sets: Vec<String>,
+    /// When (RFC 3339, UTC).
+    pub time: String,
+    /// Where this report was written.
+    #[serde(skip)]
+    pub written: PathBuf,
+}
+
+/// Evaluates a checkpoint of the run in `run_dir` and writes the report to its `evals/`.
+pub fn eval(run_dir: &Path, o: &EvalOptions) -> Result<EvalReport> {
+    for s in &o.sets {
+        let key = s.split('=').next().unwrap_or("").trim();
+        if !key.starts_with("data.") {
+            return Err(Error::Usage(format!(
+                "kiln eval takes only `data.*` settings (the model and its training are the checkpoint's): `--set {s}`\n  = help: evaluate other data with e.g. `--set data.eval_path=\"other.csv\"`"
+            )));
+        }
+    }
+    let file = run_dir.join("config.toml");
+    if !file.is_file() {
+        return Err(Error::Usage(format!(
+            "`{}` is not a kiln run directory (no config.toml); pass the directory `kiln run` printed",
+            run_dir.display()
+        )));
+    }
+    let env: Vec<(String, String)> = std::env::vars().collect();
+    let r = config::load(&file, &env, &o.sets)?;
+    let c = &r.config;
+    let store = checkpoint_store(run_dir)?;
+    let path = choose_checkpoint(&store, o.from.as_deref())?.ok_or_else(|| {
+        Error::Usage(format!(
+            "no verified checkpoint in {}; train with `[checkpoint] at_end = true` (or every_steps)",
+            store.dir.display()
+        ))
+    })?;
+    let state = checkpoint::read_state(&path)?;
+    let data = crate::data::load(&r)?;
+    let ds = data.eval.as_ref().ok_or_else(|| {
+        Error::Usage(format!(
+            "`{}` has no evaluation data\n  = help: name some with --set data.eval_path=\"FILE\" (csv, idx, text) or --set data.eval_samples=N (synthetic)",
+            run_dir.display()
+        ))
+    })?;
+    if data.input_shape() != state.input_shape {
+        return Err(Error::Usage(format!(
+            "the data's samples have shape {:?} but the checkpoint's model takes {:?}; evaluate data of the shape it was trained on",
+            data.input_shape(),
+            state.input_shape
+        )));
+    }
+    let model = crate::model::build(&r, &state.input_shape)?;
+    let loaded = checkpoint::load(&path, &model.layout().specs())?;
+    // the split and batches of the run's own evaluation
+    let plan = Plan::new(c, data.train.len(), model.num_params());
+    let placement = backend::resolve(c)?;
+    let ordinal = placement.ordinals.first().copied().unwrap_or(0);
+    let (world, batch) = (plan.world_size, plan.micro_batch);
+    let params = &loaded.params;
+    let m = model.as_ref();
+    let sums = match placement.backend {
+        Backend::Ndarray => on::<Autodiff<NdArray>>(m, params, ds, world, batch, ordinal),
+        Backend::Flex => on::<Autodiff<Flex>>(m, params, ds, world, batch, ordinal),
+        #[cfg(feature = "cuda")]
+        Backend::Cuda(p) => {
+            use crate::config::Precision;
+            use burn::backend::Cuda;
+            use burn::tensor::{bf16, f16};
+            match p {
+                Precision::F32 => on::<Autodiff<Cuda<f32>>>(m, params, ds, world, batch, ordinal),
+                Precision::Bf16 => on::<Autodiff<Cuda<bf16>>>(m, params, ds, world, batch, ordinal),
+                Precision::F16 => on::<Autodiff<Cuda<f16>>>(m, params, ds, world, batch, ordinal),
+            }
+        }
+    }?;
+    let name = path
+        .file_name()
+        .map(|f| f.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let lm = matches!(model.task(), Task::LanguageModel { .. });
+    let now = std::time::SystemTime::now();
+    let d = &c.data;
+    let mut report = EvalReport {
+        checkpoint: name.clone(),
+        step: state.step,
+        eval_loss: sums.loss(),
+        eval_accuracy: (!lm).then(|| sums.accuracy()),
+        eval_perplexity: lm.then(|| sums.perplexity()),
+        eval_samples: sums.count,
+        data: serde_json::json!({
+            "kind": format!("{:?}", d.kind).to_lowercase(),
+            "eval_path": d.eval_path,
+            "eval_labels_path": d.eval_labels_path,
+            "eval_samples": ds.len(),
+        }),
+        sets: o.sets.clone(),
+        time: crate::ui::rfc3339(now),
+        written: PathBuf::new(),
+    };
+    let dir = run_dir.join("evals");
+    std::fs::create_dir_all(&dir)
+        .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
+    // a second evaluation in the same second gets its own file
+    let stem = format!("{name}-{}", crate::ui::compact_utc(now));
+    let mut out = dir.join(format!("{stem}.json"));
+    let mut n = 2;
+    while out.exists() {
+        out = dir.join(format!("{stem}-{n}.json"));
+        n += 1;
+    }
+    write_json(&out, &report)?;
+    report.written = out;
+    Ok(report)
+}
+
+fn on<B: RankBackend>(
+    model: &dyn Model,
+    params: &[f32],
+    ds: &crate::data::Dataset,
+    world: usize,
+    batch: usize,
+    ordinal: usize,
+) -> Result<EvalSums> {
+    let device = B::rank_device(ordinal);
+    let compute = B::compute(model, &device);
+    Ok(evaluate_like_run(
+        compute.as_ref(),
+        params,
+        ds,
+        world,
+        batch,
+    )?)
+}
