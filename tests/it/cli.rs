@@ -33,6 +33,18 @@ fn check_prints_sources_and_exits_0() {
     assert!(line("batch_size = 8 ").ends_with("# t.toml:19"), "{out}");
     assert!(line("kind = \"sgd\"").ends_with("# default"), "{out}");
     assert!(out.contains("global batch 8"), "{out}");
+    // keys in the schema's order (the README's), not alphabetical: [train] starts with epochs
+    let train: Vec<&str> = out
+        .split("[train]\n")
+        .nth(1)
+        .unwrap_or("")
+        .lines()
+        .take(3)
+        .map(|l| l.split(' ').next().unwrap_or(""))
+        .collect();
+    assert_eq!(train, ["epochs", "batch_size", "grad_accum_steps"], "{out}");
+    // sizes for people
+    assert!(out.contains("# memory at rest, rank 0: params 780 B"), "{out}");
 }
 
 #[test]
