@@ -84,8 +84,11 @@ pub fn load(
             Ok(r) => break Ok(r),
             Err((e, alone)) => {
                 let key = e.key().map(str::to_string);
-                // the same key again: setting it aside did not help (it is said already)
-                if key.as_ref().is_some_and(|k| dropped.contains(k)) {
+                // the same key again (setting it aside did not help: it is said already), or a
+                // problem that may only follow from a key set aside
+                if key.as_ref().is_some_and(|k| dropped.contains(k))
+                    || (!alone && !dropped.is_empty())
+                {
                     break Err(());
                 }
                 errors.push(e);

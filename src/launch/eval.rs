@@ -8,14 +8,13 @@ use std::path::{Path, PathBuf};
 use burn::backend::{Autodiff, Flex, NdArray};
 use serde::Serialize;
 
-use super::resume::choose_checkpoint;
+use super::resume::require_checkpoint;
 use super::run_dir::{checkpoint_store, write_json};
 use crate::backend::{self, RankBackend, Resolved as Backend};
 use crate::checkpoint;
 use crate::config;
 use crate::error::{Error, Result};
 use crate::model::{Model, Task};
-use crate::plan::Plan;
 use crate::train::{evaluate_like_run, EvalSums};
 
 /// What to evaluate.
@@ -59,23 +58,12 @@ pub fn eval(run_dir: &Path, o: &EvalOptions) -> Result<EvalReport> {
             )));
         }
     }
-    let file = run_dir.join("config.toml");
-    if !file.is_file() {
-        return Err(Error::Usage(format!(
-            "`{}` is not a kiln run directory (no config.toml); pass the directory `kiln run` printed",
-            run_dir.display()
-        )));
-    }
+    let file = super::run_dir::run_config_file(run_dir)?;
     let env: Vec<(String, String)> = std::env::vars().collect();
     let r = config::load(&file, &env, &o.sets)?;
     let c = &r.config;
     let store = checkpoint_store(run_dir)?;
-    let path = choose_checkpoint(&store, o.from.as_deref())?.ok_or_else(|| {
-        Error::Usage(format!(
-            "no verified checkpoint in {}; train with `[checkpoint] at_end = true` (or every_steps)",
-            store.dir.display()
-        ))
-    })?;
+    let path = require_checkpoint(&store, o.from.as_deref())?;
     let state = checkpoint::read_state(&path)?;
     let data = crate::data::load(&r)?;
     let ds = data.eval.as_ref().ok_or_else(|| {
@@ -93,11 +81,10 @@ pub fn eval(run_dir: &Path, o: &EvalOptions) -> Result<EvalReport> {
     }
     let model = crate::model::build(&r, &state.input_shape)?;
     let loaded = checkpoint::load(&path, &model.layout().specs())?;
-    // the split and batches of the run's own evaluation
-    let plan = Plan::new(c, data.train.len(), model.num_params());
+    // the split and batches of the run's own evaluation, as the checkpoint records them
     let placement = backend::resolve(c)?;
     let ordinal = placement.ordinals.first().copied().unwrap_or(0);
-    let (world, batch) = (plan.world_size, plan.micro_batch);
+    let (world, batch) = (state.world_size.max(1), state.micro_batch.max(1));
     let params = &loaded.params;
     let m = model.as_ref();
     let sums = match placement.backend {

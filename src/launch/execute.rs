@@ -114,13 +114,7 @@ fn take_run_dir(d: &Path) -> Result<Option<PathBuf>> {
 /// `kiln resume`: continues the run in `run_dir` with `sets` applied, from its newest verified
 /// checkpoint or `from`.
 pub fn resume(run_dir: &Path, sets: &[String], from: Option<&str>, quiet: bool) -> Result<()> {
-    let file = run_dir.join("config.toml");
-    if !file.is_file() {
-        return Err(Error::Usage(format!(
-            "`{}` is not a kiln run directory (no config.toml); pass the directory `kiln run` printed",
-            run_dir.display()
-        )));
-    }
+    let file = super::run_dir::run_config_file(run_dir)?;
     let env: Vec<(String, String)> = std::env::vars().collect();
     let r = config::load(&file, &env, sets)?;
     if r.config.launch.nnodes > 1 {
@@ -490,21 +484,30 @@ pub fn execute(
         // a run that early stopping ended is complete while the same patience would end it
         let stopped = c.train.early_stopping.as_ref().and_then(|e| {
             let w = l.state.early_stopping.as_ref()?;
-            (w.metric == e.metric.name() && w.bad_evals >= e.patience).then(|| {
-                format!(
+            let mode = config::choice_name(&e.mode());
+            (w.metric == e.metric.name() && w.mode == mode && w.bad_evals >= e.patience).then(
+                || {
+                    format!(
                     "train.early_stopping: {} has not improved for {} evaluations, patience = {}",
                     w.metric, w.bad_evals, e.patience
                 )
-            })
+                },
+            )
         });
+        let early = stopped.is_some() && !done;
         let (done, limit) = match stopped {
             Some(why) if !done => (true, why),
             _ => (done, limit),
         };
         if done {
             if primary {
+                let help = if early {
+                    "raise train.early_stopping.patience (or remove train.early_stopping) with --set to train further"
+                } else {
+                    "raise train.max_steps or train.epochs with --set to train further"
+                };
                 ui::out(&format!(
-                    "{} is already complete at step {} ({limit}): nothing to train\n  = help: raise train.max_steps or train.epochs with --set to train further",
+                    "{} is already complete at step {} ({limit}): nothing to train\n  = help: {help}",
                     run_dir.display(),
                     l.state.step
                 ));

@@ -362,7 +362,6 @@ fn accept_prev(
                 let _ = std::thread::Builder::new()
                     .name("kiln-ring-hello".into())
                     .spawn(move || {
-                        let _slot = slot;
                         if s.set_nonblocking(false).is_err() {
                             return;
                         }
@@ -373,6 +372,9 @@ fn accept_prev(
                                 .is_some_and(|t| same_secret(t, &token))
                                 && h["ring"]["node"] == prev
                         });
+                        // out of the hello slots before answering: an eviction now would cut
+                        // the accepted link
+                        drop(slot);
                         // the peer waits for this answer, and connects again without it
                         if ok && write_frame(&mut s, &json!({"ok": true})).is_ok() {
                             let _ = tx.send(s);
@@ -439,6 +441,33 @@ mod tests {
             assert!(matches!(l.read(&mut b), Ok(0) | Err(_)));
         }
         drop(strangers);
+    }
+
+    /// Issue 18: a normal two-node join leaves nothing in node 0's list of refused
+    /// connections (it used to hold each node's probe for its own address, read as intrusions).
+    #[test]
+    fn kilns_own_nodes_leave_nothing_in_the_stores_refused_list() {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let cfg = |node| {
+            let mut c = Config::default();
+            c.launch.nnodes = 2;
+            c.launch.node_rank = node;
+            c.launch.master_addr = "127.0.0.1".into();
+            c.launch.master_port = port;
+            c.launch.heartbeat_secs = 0;
+            c.launch.rendezvous_timeout_secs = 30;
+            c
+        };
+        let (c0, c1) = (cfg(0), cfg(1));
+        let other = std::thread::spawn(move || join(&c1, 1, "tok", 0).map(|j| j.node));
+        let j0 = join(&c0, 1, "tok", 0).unwrap();
+        assert_eq!(other.join().unwrap().unwrap(), 1);
+        assert!(j0.ring.is_some());
+        assert_eq!(j0.server.as_ref().unwrap().rejected(), Vec::<String>::new());
     }
 
     #[test]

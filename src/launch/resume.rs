@@ -303,3 +303,13 @@ pub fn best_checkpoint(store: &Store) -> Result<Option<String>> {
     let state = checkpoint::read_state(&newest.path).map_err(Error::Checkpoint)?;
     Ok(state.best.map(|b| format!("step-{:08}", b.best_step)))
 }
+
+/// `choose_checkpoint`, where having none is an error saying how to get one.
+pub fn require_checkpoint(store: &Store, from: Option<&str>) -> Result<PathBuf> {
+    choose_checkpoint(store, from)?.ok_or_else(|| {
+        Error::Usage(format!(
+            "no verified checkpoint in {}; train with `[checkpoint] at_end = true` (or every_steps)",
+            store.dir.display()
+        ))
+    })
+}

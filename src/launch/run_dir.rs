@@ -122,9 +122,8 @@ pub fn stored_config(r: &Resolved) -> Config {
     c
 }
 
-/// The config of the run in `run_dir` as stored, without the checks a run makes of its data
-/// files (exporting or sampling never reads the data, which may have moved since).
-pub fn run_config(run_dir: &Path) -> Result<Resolved> {
+/// `run_dir/config.toml`, or an error saying `run_dir` is not a run directory.
+pub fn run_config_file(run_dir: &Path) -> Result<PathBuf> {
     let file = run_dir.join("config.toml");
     if !file.is_file() {
         return Err(Error::Usage(format!(
@@ -132,6 +131,13 @@ pub fn run_config(run_dir: &Path) -> Result<Resolved> {
             run_dir.display()
         )));
     }
+    Ok(file)
+}
+
+/// The config of the run in `run_dir` as stored, without the checks a run makes of its data
+/// files (exporting or sampling never reads the data, which may have moved since).
+pub fn run_config(run_dir: &Path) -> Result<Resolved> {
+    let file = run_config_file(run_dir)?;
     let figment = config::build_figment(&file, &[], &[])?;
     Ok(Resolved {
         config: config::extract(&figment)?,

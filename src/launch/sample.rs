@@ -7,7 +7,7 @@ use std::path::Path;
 
 use burn::backend::Flex;
 
-use super::resume::choose_checkpoint;
+use super::resume::require_checkpoint;
 use super::run_dir::{checkpoint_store, run_config};
 use crate::checkpoint;
 use crate::error::{Error, Result};
@@ -81,12 +81,7 @@ pub fn sample(run_dir: &Path, o: &SampleOptions, on_byte: &mut dyn FnMut(u8)) ->
         )));
     }
     let store = checkpoint_store(run_dir)?;
-    let path = choose_checkpoint(&store, o.from.as_deref())?.ok_or_else(|| {
-        Error::Usage(format!(
-            "no verified checkpoint in {}; train with `[checkpoint] at_end = true` (or every_steps)",
-            store.dir.display()
-        ))
-    })?;
+    let path = require_checkpoint(&store, o.from.as_deref())?;
     let loaded = checkpoint::load(&path, &model.layout().specs()).map_err(Error::Checkpoint)?;
     if loaded.params.len() != model.num_params() {
         return Err(Error::Usage(format!(

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use burn::backend::{Autodiff, Flex};
 
-use super::resume::choose_checkpoint;
+use super::resume::require_checkpoint;
 use super::run_dir::{checkpoint_store, run_config};
 use crate::checkpoint::{self, tensors};
 use crate::config::Resolved;
@@ -146,12 +146,7 @@ pub fn export(run_dir: &Path, o: &ExportOptions) -> Result<ExportReport> {
             }
         }
     }
-    let path = choose_checkpoint(&store, o.from.as_deref())?.ok_or_else(|| {
-        Error::Usage(format!(
-            "no checkpoint in {}; train with `[checkpoint] at_end = true` (or every_steps)",
-            store.dir.display()
-        ))
-    })?;
+    let path = require_checkpoint(&store, o.from.as_deref())?;
     let state = checkpoint::read_state(&path)?;
     let model = crate::model::build(&r, &state.input_shape)?;
     let loaded = checkpoint::load(&path, &model.layout().specs())?;

@@ -151,9 +151,11 @@ impl<B: Backend> DeviceTensor for DeviceFlat<B> {
             .map_err(|e| format!("reading a device buffer: {e:?}"))
     }
     fn non_finite(&self) -> Result<bool, String> {
-        let all = self.tensor.clone().is_finite().all().into_data();
-        all.to_vec::<bool>()
-            .map(|v| v.first().is_some_and(|ok| !ok))
+        // read as an integer: a bool tensor's storage differs by backend (bytes on CubeCL)
+        let all = self.tensor.clone().is_finite().all().int().into_data();
+        all.convert::<i64>()
+            .to_vec::<i64>()
+            .map(|v| v.first().is_some_and(|ok| *ok == 0))
             .map_err(|e| format!("reading a device flag: {e:?}"))
     }
     fn as_any_mut(&mut self) -> &mut dyn Any {

@@ -146,13 +146,15 @@ impl Watch {
             EvalMetric::EvalAccuracy => sums.accuracy(),
             EvalMetric::EvalPerplexity => sums.perplexity(),
         };
-        let better = match &self.state {
-            None => !value.is_nan(),
-            Some(w) => match self.mode {
-                MetricMode::Min => value < w.best - self.min_delta,
-                MetricMode::Max => value > w.best + self.min_delta,
-            },
-        };
+        // (a best is always finite: state.json holds it as a JSON number)
+        let better = value.is_finite()
+            && match &self.state {
+                None => true,
+                Some(w) => match self.mode {
+                    MetricMode::Min => value < w.best - self.min_delta,
+                    MetricMode::Max => value > w.best + self.min_delta,
+                },
+            };
         match &mut self.state {
             Some(w) if !better => w.bad_evals += 1,
             _ if better => {
@@ -744,7 +746,8 @@ pub fn train<B: ComputeOn>(
             ));
             sink.event(TrainEvent::Checkpoint { step: done });
         }
-        if stopping {
+        // a stop request at the step early stopping ends the run: the run is complete
+        if stopping && !stop_early {
             let why = match super::preempt::requested() {
                 Some(sig) => super::preempt::signal_name(sig).to_string(),
                 None => "a stop request on another rank".to_string(),

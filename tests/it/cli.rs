@@ -44,7 +44,10 @@ fn check_prints_sources_and_exits_0() {
         .collect();
     assert_eq!(train, ["epochs", "batch_size", "grad_accum_steps"], "{out}");
     // sizes for people
-    assert!(out.contains("# memory at rest, rank 0: params 780 B"), "{out}");
+    assert!(
+        out.contains("# memory at rest, rank 0: params 780 B"),
+        "{out}"
+    );
 }
 
 #[test]

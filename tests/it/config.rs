@@ -340,4 +340,14 @@ fn three_bad_values_make_one_message_naming_all_three_keys() {
     // one bad value is one error, as before
     let f = write(d.path(), "one.toml", "[train]\nepochs = 0\n");
     assert!(!err_text(&f, &[], &[]).contains("problems in the config"));
+    // nothing that only follows from a value set aside: `data.classes` falls back to its
+    // default 10 then, which the user never wrote
+    let f = write(
+        d.path(),
+        "cascade.toml",
+        "[model]\nclasses = 3\n[data]\nclasses = \"3\"\n",
+    );
+    let e = err_text(&f, &[], &[]);
+    assert!(e.contains("`data.classes` has the wrong type"), "{e}");
+    assert!(!e.contains("does not match"), "{e}");
 }

@@ -193,40 +193,28 @@ fn watched_metrics_are_checked_up_front() {
         assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
         assert!(stderr(&o).contains(says), "{}", stderr(&o));
     }
-    let o = kiln(
-        d.path(),
-        &[
-            "check",
-            "t.toml",
-            "--set",
-            "train.eval_every=2",
-            "--set",
-            "train.early_stopping={ metric = \"eval_perplexity\" }",
-        ],
-    );
-    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
-    assert!(
-        stderr(&o).contains("\"eval_perplexity\" is not measured for a classifier"),
-        "{}",
-        stderr(&o)
-    );
-    let o = kiln(
-        d.path(),
-        &[
-            "check",
-            "t.toml",
-            "--set",
-            "train.eval_every=2",
-            "--set",
-            "train.early_stopping={ metric = \"eval_los\" }",
-        ],
-    );
-    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
-    assert!(
-        stderr(&o).contains("did you mean \"eval_loss\""),
-        "{}",
-        stderr(&o)
-    );
+    for (metric, says) in [
+        (
+            "eval_perplexity",
+            "\"eval_perplexity\" is not measured for a classifier",
+        ),
+        ("eval_los", "did you mean \"eval_loss\""),
+    ] {
+        let set = format!("train.early_stopping={{ metric = \"{metric}\" }}");
+        let o = kiln(
+            d.path(),
+            &[
+                "check",
+                "t.toml",
+                "--set",
+                "train.eval_every=2",
+                "--set",
+                &set,
+            ],
+        );
+        assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+        assert!(stderr(&o).contains(says), "{}", stderr(&o));
+    }
     // no keep_best: `--from best` says how to get one
     let o = kiln(d.path(), &["run", "t.toml", "--quiet", "--run-dir", "r"]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));

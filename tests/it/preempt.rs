@@ -87,6 +87,35 @@ fn check_preempted(o: &Output, run: &Path, by: &str) -> usize {
     step
 }
 
+/// Rank 0's log holds both sessions of a run stopped at `step` and resumed, each opened by a
+/// header, every line timestamped, and the evaluation at `end`.
+fn both_sessions_logged(run: &Path, step: usize, end: usize) {
+    let log = std::fs::read_to_string(run.join("logs/rank-0.log")).unwrap();
+    let headers: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains(" === session: kiln "))
+        .collect();
+    assert_eq!(headers.len(), 2, "{log}");
+    assert!(headers[0].contains("from step 0 ===") && headers[0].contains(", pid "));
+    assert!(
+        headers[1].contains(&format!("from step {step} ===")),
+        "{log}"
+    );
+    assert!(log.contains(&format!("resumed at step {step}")), "{log}");
+    assert!(
+        log.contains(&format!("eval at step {end} on 32 samples: loss ")),
+        "{log}"
+    );
+    let stamped = |l: &str| {
+        let b = l.as_bytes();
+        b.len() > 24 && b[4] == b'-' && b[10] == b'T' && &l[23..25] == "Z "
+    };
+    assert!(
+        log.lines().filter(|l| !l.starts_with("  ")).all(stamped),
+        "{log}"
+    );
+}
+
 /// SIGTERM to a run of `sets`, then `kiln resume`: the losses and final parameters equal an
 /// uninterrupted run's bit for bit.
 fn preempt_and_resume(sets: &[&str]) {
@@ -129,32 +158,7 @@ fn preempt_and_resume(sets: &[&str]) {
     assert_eq!(s["resumed_from_step"], step as u64);
     assert_eq!(losses(&run), losses(&reference));
     assert_eq!(s["params_sha256"], summary(&reference)["params_sha256"]);
-    // rank 0's log holds both sessions, each opened by a header, every line timestamped,
-    // and the evaluation at the end
-    let log = std::fs::read_to_string(run.join("logs/rank-0.log")).unwrap();
-    let headers: Vec<&str> = log
-        .lines()
-        .filter(|l| l.contains(" === session: kiln "))
-        .collect();
-    assert_eq!(headers.len(), 2, "{log}");
-    assert!(headers[0].contains("from step 0 ===") && headers[0].contains(", pid "));
-    assert!(
-        headers[1].contains(&format!("from step {step} ===")),
-        "{log}"
-    );
-    assert!(log.contains(&format!("resumed at step {step}")), "{log}");
-    assert!(
-        log.contains(&format!("eval at step {STEPS} on 32 samples: loss ")),
-        "{log}"
-    );
-    let stamped = |l: &str| {
-        let b = l.as_bytes();
-        b.len() > 24 && b[4] == b'-' && b[10] == b'T' && &l[23..25] == "Z "
-    };
-    assert!(
-        log.lines().filter(|l| !l.starts_with("  ")).all(stamped),
-        "{log}"
-    );
+    both_sessions_logged(&run, step, STEPS);
 }
 
 #[test]
@@ -304,30 +308,5 @@ fn sigusr1_to_one_node_stops_both_nodes_at_one_step_and_the_job_resumes_bit_exac
     let reference = d.path().join("ref");
     assert_eq!(losses(&run), losses(&reference));
     assert_eq!(s["params_sha256"], summary(&reference)["params_sha256"]);
-    // rank 0's log holds both sessions, each opened by a header, every line timestamped,
-    // and the evaluation at the end
-    let log = std::fs::read_to_string(run.join("logs/rank-0.log")).unwrap();
-    let headers: Vec<&str> = log
-        .lines()
-        .filter(|l| l.contains(" === session: kiln "))
-        .collect();
-    assert_eq!(headers.len(), 2, "{log}");
-    assert!(headers[0].contains("from step 0 ===") && headers[0].contains(", pid "));
-    assert!(
-        headers[1].contains(&format!("from step {step} ===")),
-        "{log}"
-    );
-    assert!(log.contains(&format!("resumed at step {step}")), "{log}");
-    assert!(
-        log.contains(&format!("eval at step {} on 32 samples: loss ", STEPS / 2)),
-        "{log}"
-    );
-    let stamped = |l: &str| {
-        let b = l.as_bytes();
-        b.len() > 24 && b[4] == b'-' && b[10] == b'T' && &l[23..25] == "Z "
-    };
-    assert!(
-        log.lines().filter(|l| !l.starts_with("  ")).all(stamped),
-        "{log}"
-    );
+    both_sessions_logged(&run, step, STEPS / 2);
 }
