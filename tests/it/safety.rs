@@ -868,28 +868,33 @@ fn a_job_token_too_long_or_not_plain_text_is_refused_up_front() {
     let d = kiln::testdir::tempdir().unwrap();
     write(d.path(), "t.toml", TINY);
     let long = "a".repeat(5000);
-    for (token, says) in [
+    let from_file = "launch.token_file=\"/dev/zero\"";
+    // (token in KILN_JOB_TOKEN, or a --set, and what the error says)
+    for (token, set, says) in [
         (
-            long.as_str(),
+            Some(long.as_str()),
+            None,
             "the job token from KILN_JOB_TOKEN is longer than 1024 bytes",
         ),
-        ("to ken", "the job token from KILN_JOB_TOKEN contains ' '"),
+        (
+            Some("to ken"),
+            None,
+            "the job token from KILN_JOB_TOKEN contains ' '",
+        ),
+        // a token file is read only as far as a token may go
+        (
+            None,
+            Some(from_file),
+            "the job token from `/dev/zero` (launch.token_file) is longer",
+        ),
     ] {
-        let o = kiln_env(
-            d.path(),
-            &[
-                "run",
-                "t.toml",
-                "--quiet",
-                "--set",
-                "strategy.kind=ddp",
-                "--nnodes",
-                "2",
-                "--node-rank",
-                "1",
-            ],
-            &[("KILN_JOB_TOKEN", token)],
-        );
+        let mut args = vec!["run", "t.toml", "--quiet", "--set", "strategy.kind=ddp"];
+        args.extend(["--nnodes", "2", "--node-rank", "1"]);
+        if let Some(set) = set {
+            args.extend(["--set", set]);
+        }
+        let env: Vec<(&str, &str)> = token.map(|t| ("KILN_JOB_TOKEN", t)).into_iter().collect();
+        let o = kiln_env(d.path(), &args, &env);
         assert_eq!(code(&o), Some(2), "{}", stderr(&o));
         assert!(stderr(&o).contains(says), "{}", stderr(&o));
         assert!(
@@ -898,27 +903,4 @@ fn a_job_token_too_long_or_not_plain_text_is_refused_up_front() {
             stderr(&o)
         );
     }
-    // a token file is read only as far as a token may go
-    let o = kiln(
-        d.path(),
-        &[
-            "run",
-            "t.toml",
-            "--quiet",
-            "--set",
-            "strategy.kind=ddp",
-            "--set",
-            "launch.token_file=\"/dev/zero\"",
-            "--nnodes",
-            "2",
-            "--node-rank",
-            "1",
-        ],
-    );
-    assert_eq!(code(&o), Some(2), "{}", stderr(&o));
-    assert!(
-        stderr(&o).contains("the job token from `/dev/zero` (launch.token_file) is longer"),
-        "{}",
-        stderr(&o)
-    );
 }
