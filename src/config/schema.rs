@@ -329,8 +329,8 @@ impl EvalMetric {
 }
 
 /// `[train.early_stopping]`: after `patience` evaluations in a row in which `metric` did not
-/// improve on its best by more than `min_delta`, training stops (and saves a checkpoint when
-/// `checkpoint.at_end` is on).
+/// improve on its best by more than `min_delta`, training stops and saves a checkpoint there
+/// (whatever `checkpoint.at_end` says: a resume must know the run is complete).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct EarlyStoppingConfig {

@@ -725,7 +725,10 @@ pub fn train<B: ComputeOn>(
             && pos.epoch % ck.every_epochs as u64 == 0;
         let save = (ck.every_steps > 0 && done % ck.every_steps == 0)
             || epoch_boundary
-            || ((is_last || stop_early) && ck.at_end)
+            || (is_last && ck.at_end)
+            // the step early stopping ends at is always saved: without it a resume would go
+            // back to an older checkpoint and train what the run decided not to
+            || stop_early
             || new_best;
         // a stop before the end saves the step it stops at (once)
         let stopping = stop && !is_last;

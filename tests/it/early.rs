@@ -81,7 +81,29 @@ fn early_stopping_stops_after_patience_evaluations_without_improvement_and_not_b
     let o = kiln(d.path(), &["resume", "r"]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert!(stdout(&o).contains("is already complete"), "{}", stdout(&o));
+    assert!(
+        stdout(&o).contains("raise train.early_stopping.patience"),
+        "{}",
+        stdout(&o)
+    );
     assert_eq!(summary(&r)["steps"], stop);
+    // the stop step is saved even without `at_end`, so the same holds
+    let o = run(
+        d.path(),
+        "no-end",
+        &[
+            sets[0],
+            sets[1],
+            sets[2],
+            sets[3],
+            "checkpoint.at_end=false",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let no_end = d.path().join("no-end");
+    assert!(no_end.join(format!("checkpoints/step-{stop:08}")).is_dir());
+    let o = kiln(d.path(), &["resume", "no-end"]);
+    assert!(stdout(&o).contains("is already complete"), "{}", stdout(&o));
 }
 
 #[test]
