@@ -59,11 +59,7 @@ pub fn ckpt(cmd: &CkptCommand) -> Result<()> {
                 return Ok(());
             }
             // the best checkpoint (`checkpoint.keep_best`), as the newest one records it
-            let best = entries
-                .iter()
-                .find(|e| e.status.is_ok())
-                .and_then(|e| crate::checkpoint::read_state(&e.path).ok())
-                .and_then(|s| s.best);
+            let best = launch::best_mark(&store).ok().flatten();
             println!("{:<20} {:>12}  status", "checkpoint", "bytes");
             for e in &entries {
                 let mut status = match &e.status {

@@ -27,7 +27,7 @@ pub use bench::{bench, BenchEvent};
 pub use check::{check, CheckReport};
 pub use eval::{eval, EvalOptions, EvalReport};
 pub use execute::{execute, resume, start, train, RunOptions};
-pub use resume::{choose_checkpoint, config_changes, prepare_resume, Resumption};
+pub use resume::{best_mark, choose_checkpoint, config_changes, prepare_resume, Resumption};
 pub use run_dir::{
     checkpoint_store, choose_run_dir, first_missing, is_unfinished, newest_unfinished,
     replace_file, run_config, stored_config, write_json,

@@ -149,7 +149,9 @@ pub fn choose_checkpoint(store: &Store, from: Option<&str>) -> Result<Option<Pat
     let best_name;
     let from = match from {
         Some("best") => {
-            best_name = best_checkpoint(store)?.ok_or_else(|| {
+            best_name = best_mark(store)?
+                .map(|b| format!("step-{:08}", b.best_step))
+                .ok_or_else(|| {
                 Error::Usage(format!(
                     "no best checkpoint in {}: the run keeps none (set `[checkpoint] keep_best = {{ metric = \"eval_loss\" }}`) or has not evaluated yet",
                     store.dir.display()
@@ -293,15 +295,15 @@ pub(super) fn set_aside_newer(store: &Store, step: u64) -> Result<()> {
     Ok(())
 }
 
-/// The name of the best checkpoint (`checkpoint.keep_best`), as the newest verified
-/// checkpoint records it; `None` when the run keeps none.
-pub fn best_checkpoint(store: &Store) -> Result<Option<String>> {
+/// The best checkpoint (`checkpoint.keep_best`) as the newest verified checkpoint records it:
+/// its metric, value and step; `None` when the run keeps none.
+pub fn best_mark(store: &Store) -> Result<Option<checkpoint::Watched>> {
     let entries = store.list().map_err(Error::Checkpoint)?;
     let Some(newest) = entries.iter().find(|e| e.status.is_ok()) else {
         return Ok(None);
     };
     let state = checkpoint::read_state(&newest.path).map_err(Error::Checkpoint)?;
-    Ok(state.best.map(|b| format!("step-{:08}", b.best_step)))
+    Ok(state.best)
 }
 
 /// `choose_checkpoint`, where having none is an error saying how to get one.

@@ -371,14 +371,27 @@ pub fn evaluate_like_run<B: ComputeOn>(
             evaluate(compute, params, ds, &idx, batch)
         })
         .collect::<Result<Vec<_>, _>>()?;
+    Ok(sum_in_global_order(ds.len(), world, |r, p| {
+        (per_rank[r].0[p], per_rank[r].1[p])
+    }))
+}
+
+/// The sums of `n` per-sample (loss, correct) results spread over `world` ranks (global index i
+/// on rank i % world at position i / world, as `get(rank, position)` gives them), added in
+/// global index order: the same bits for every world size.
+fn sum_in_global_order(
+    n: usize,
+    world: usize,
+    get: impl Fn(usize, usize) -> (f64, f64),
+) -> EvalSums {
     let mut sums = EvalSums::default();
-    for i in 0..ds.len() {
-        let (losses, correct) = &per_rank[i % world];
-        sums.loss_sum += losses[i / world];
-        sums.correct += correct[i / world];
+    for i in 0..n {
+        let (loss, correct) = get(i % world, i / world);
+        sums.loss_sum += loss;
+        sums.correct += correct;
         sums.count += 1;
     }
-    Ok(sums)
+    sums
 }
 
 /// Runs the whole training of one rank. `raw_fn` is how the backend exposes device addresses
@@ -909,15 +922,9 @@ fn reduce_eval(
     mine[..losses.len()].copy_from_slice(losses);
     mine[per..per + correct.len()].copy_from_slice(correct);
     let all = strategy.gather(&mine)?;
-    let mut sums = EvalSums::default();
-    for i in 0..n {
-        // global index i lives on rank i % world at position i / world
-        let (r, p) = (i % world, i / world);
-        sums.loss_sum += all[r * 2 * per + p];
-        sums.correct += all[r * 2 * per + per + p];
-        sums.count += 1;
-    }
-    Ok(sums)
+    Ok(sum_in_global_order(n, world, |r, p| {
+        (all[r * 2 * per + p], all[r * 2 * per + per + p])
+    }))
 }
 
 fn round4(v: f64) -> f64 {
