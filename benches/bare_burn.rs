@@ -59,7 +59,13 @@ fn measure<F: Family>(
             counters: [0; 3],
         };
         compute
-            .forward_backward(&mut source, batch.clone(), key, 1.0, &mut g)
+            .forward_backward(
+                &mut source,
+                model.task().input(batch.clone()),
+                key,
+                1.0,
+                &mut g,
+            )
             .unwrap();
     });
     let n = batch.shape[0] as f64;

@@ -235,14 +235,45 @@ mod cuda_backends {
     }
 }
 
-/// Threads each rank's math uses: `backend.threads`, or the cores shared evenly among `ranks`.
-pub fn threads(c: &crate::config::BackendConfig, ranks: usize) -> usize {
+/// Threads each rank's math uses: `backend.threads`, or the cores shared evenly among `ranks`,
+/// less the rank's `loaders` (data loader threads), at least 1.
+pub fn threads(c: &crate::config::BackendConfig, ranks: usize, loaders: usize) -> usize {
     if c.threads > 0 {
         c.threads
     } else {
-        let cores = std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1);
-        (cores / ranks.max(1)).max(1)
+        (cores() / ranks.max(1)).saturating_sub(loaders).max(1)
     }
+}
+
+/// Each rank's share of the CPU in words: "2 threads per rank", or with data loader threads
+/// "1 math thread + 1 data loader thread per rank", and whose cores they are.
+pub fn cpu_split(c: &crate::config::Config) -> String {
+    let ranks = c.strategy.devices.count();
+    let math = threads(&c.backend, ranks, c.data.workers);
+    let s = |n: usize| if n == 1 { "" } else { "s" };
+    let split = match c.data.workers {
+        0 => format!("{math} thread{} per rank", s(math)),
+        w => format!(
+            "{math} math thread{} + {w} data loader thread{} per rank",
+            s(math),
+            s(w)
+        ),
+    };
+    if c.backend.threads > 0 {
+        format!("{split} (backend.threads)")
+    } else {
+        let cores = cores();
+        format!(
+            "{split} ({cores} core{} shared by {ranks} rank{})",
+            s(cores),
+            s(ranks)
+        )
+    }
+}
+
+/// The cores this process may use.
+pub fn cores() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
 }

@@ -27,10 +27,9 @@ pub fn check(a: &ConfigArgs) -> Result<()> {
         println!("# {note}");
     }
     println!(
-        "# backend: {} with {} thread{} per rank; config hash {}",
+        "# backend: {} with {}; config hash {}",
         report.placement.backend.name(),
-        report.threads,
-        if report.threads == 1 { "" } else { "s" },
+        crate::backend::cpu_split(&r.config),
         config::config_hash(&r.config)
     );
     Ok(())

@@ -236,6 +236,33 @@ pub struct DataConfig {
     pub label_column: String,
     /// csv: whether the first line is a header. Default: `true`.
     pub header: bool,
+    /// Loader threads of each rank that assemble the next micro-batches while the rank computes
+    /// (torch `DataLoader(num_workers=N)`); 0 assembles them on the rank's own thread, between
+    /// steps. They come out of the rank's share of the cores. The samples and every loss are the
+    /// same for any value. Default: `0`.
+    pub workers: usize,
+    /// With `workers` > 0: micro-batches each rank has assembled or in assembly ahead of the one
+    /// it computes on (torch `prefetch_factor`, but per rank rather than per worker). Default:
+    /// `2`.
+    pub prefetch: usize,
+    /// `[data.augment]`: random transformations of training images (samples of shape
+    /// `[C, H, W]`), drawn by (experiment seed, epoch, sample index), so the same under any
+    /// number of workers or ranks and across a resume. Evaluation data is never augmented.
+    /// Default: unset (none).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub augment: Option<AugmentConfig>,
+}
+
+/// `[data.augment]`, torchvision's `RandomCrop(size, padding)` then `RandomHorizontalFlip()`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct AugmentConfig {
+    /// Pads each side of the image by this many pixels (with the value of a black pixel, after
+    /// `data.normalize`) and crops a window of the original size at a random offset; 0 off.
+    /// Default: `0`.
+    pub random_crop: usize,
+    /// Mirrors the image left to right with probability 1/2. Default: `false`.
+    pub hflip: bool,
 }
 
 impl Default for DataConfig {
@@ -258,6 +285,9 @@ impl Default for DataConfig {
             eval_fraction: None,
             label_column: "label".into(),
             header: true,
+            workers: 0,
+            prefetch: 2,
+            augment: None,
         }
     }
 }

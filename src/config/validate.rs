@@ -408,6 +408,62 @@ pub fn validate(r: &Resolved) -> Result<(), ConfigError> {
         ));
     }
     at_least(r, "train.log_every", c.train.log_every, 1)?;
+    let d = &c.data;
+    if d.workers > 64 {
+        return Err(r.key_error(
+            "data.workers",
+            format!(
+                "`data.workers` = {} is out of range: at most 64 loader threads per rank",
+                d.workers
+            ),
+            None,
+        ));
+    }
+    if d.workers > 0 {
+        at_least(r, "data.prefetch", d.prefetch, 1)?;
+    }
+    if d.prefetch > 1024 {
+        return Err(r.key_error(
+            "data.prefetch",
+            format!(
+                "`data.prefetch` = {} is out of range: at most 1024 micro-batches ahead",
+                d.prefetch
+            ),
+            None,
+        ));
+    }
+    if let Some(a) = &d.augment {
+        if a.random_crop > 4096 {
+            return Err(r.key_error(
+                "data.augment.random_crop",
+                format!(
+                    "`data.augment.random_crop` = {} is out of range: at most 4096 pixels of padding",
+                    a.random_crop
+                ),
+                None,
+            ));
+        }
+        let images = match d.kind {
+            DataKind::Idx => true,
+            DataKind::Synthetic => d.image.len() == 3 && d.tokens.is_none(),
+            DataKind::Csv | DataKind::Text => false,
+        };
+        if !images {
+            return Err(r.key_error(
+                "data.augment",
+                format!(
+                    "`data.augment` transforms images, but `data.kind` = \"{}\" gives {}",
+                    crate::config::choice_name(&d.kind),
+                    if d.kind == DataKind::Text || d.tokens.is_some() {
+                        "token windows"
+                    } else {
+                        "flat feature rows"
+                    }
+                ),
+                Some("remove [data.augment], or use images (`data.kind = \"idx\"`, or synthetic `data.image = [C, H, W]`)".into()),
+            ));
+        }
+    }
     if let Some(e) = &c.train.early_stopping {
         at_least(r, "train.early_stopping.patience", e.patience, 1)?;
         in_range(

@@ -1,6 +1,6 @@
 //! The in-memory dataset, data loading and its errors.
 
-use super::{csv, idx, synthetic, text};
+use super::{csv, idx, synthetic, text, Augment};
 use std::path::PathBuf;
 
 use crate::config::{DataKind, Resolved};
@@ -32,6 +32,24 @@ impl Dataset {
         for &i in idx {
             x.extend_from_slice(&self.x[i * self.features..(i + 1) * self.features]);
             y.push(self.y[i]);
+        }
+        (x, y)
+    }
+
+    /// `gather`, then each image transformed as `augment` draws it for its sample index in
+    /// `epoch` (training batches).
+    pub fn gather_augmented(
+        &self,
+        idx: &[usize],
+        epoch: u64,
+        augment: Option<&Augment>,
+    ) -> (Vec<f32>, Vec<u32>) {
+        let (mut x, y) = self.gather(idx);
+        if let Some(a) = augment {
+            let mut scratch = Vec::with_capacity(self.features);
+            for (&i, sample) in idx.iter().zip(x.chunks_mut(self.features.max(1))) {
+                a.apply(epoch, i, &self.shape, sample, &mut scratch);
+            }
         }
         (x, y)
     }

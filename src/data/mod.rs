@@ -3,6 +3,7 @@
 //! Datasets and the distributed sampler. Nothing downloads at run time: datasets are generated
 //! (synthetic) or read from local files (csv, idx, text).
 
+mod augment;
 mod csv;
 mod dataset;
 mod idx;
@@ -10,4 +11,5 @@ pub mod sampler;
 mod synthetic;
 mod text;
 
+pub use augment::Augment;
 pub use dataset::*;

@@ -77,7 +77,7 @@ pub fn bench(
         let median = rates[rates.len() / 2];
         on_event(BenchEvent::Row {
             backend: placement.backend.name(),
-            threads: backend::threads(&c.backend, c.strategy.devices.count()),
+            threads: backend::threads(&c.backend, c.strategy.devices.count(), c.data.workers),
             steps_per_sec: median,
             samples_per_sec: median * plan.global_batch as f64,
         });

@@ -130,7 +130,11 @@ pub fn check(r: &Resolved) -> Result<CheckReport> {
     let plan = Plan::new(&r.config, d.train.len(), model.num_params());
     let memory = strategy::estimate(&r.config, model.layout(), plan.world_size);
     fits(r, &memory, model.num_params())?;
-    let threads = backend::threads(&r.config.backend, r.config.strategy.devices.count());
+    let threads = backend::threads(
+        &r.config.backend,
+        r.config.strategy.devices.count(),
+        r.config.data.workers,
+    );
     Ok(CheckReport {
         placement,
         plan,

@@ -554,11 +554,10 @@ pub fn execute(
         crate::model::Task::Classification { .. } => None,
     });
     ui.info(&plan.describe());
-    let threads = backend::threads(&c.backend, c.strategy.devices.count());
     ui.info(&format!(
-        "backend: {} ({threads} thread{} per rank), strategy {} on {} device{}",
+        "backend: {} ({}), strategy {} on {} device{}",
         be.name(),
-        if threads == 1 { "" } else { "s" },
+        backend::cpu_split(c),
         config::choice_name(&c.strategy.kind),
         plan.world_size,
         if plan.world_size == 1 { "" } else { "s" }
@@ -887,7 +886,11 @@ pub fn train(
     link: Option<NodeLink>,
     on_event: &mut dyn FnMut(TrainEvent),
 ) -> std::result::Result<RunResult, TrainError> {
-    let n = backend::threads(&input.config.backend, input.config.strategy.devices.count());
+    let n = backend::threads(
+        &input.config.backend,
+        input.config.strategy.devices.count(),
+        input.config.data.workers,
+    );
     // ndarray's matmul reads its thread count once from the environment.
     if std::env::var_os("MATMUL_NUM_THREADS").is_none() {
         std::env::set_var("MATMUL_NUM_THREADS", n.to_string());

@@ -62,6 +62,9 @@ pub fn config_changes(old: &Config, new: &Config) -> Vec<(String, String, String
         .collect()
 }
 
+/// Data keys that change how batches are made, never which: a resume may change them.
+const LOADER_KEYS: &[&str] = &["data.workers", "data.prefetch"];
+
 /// Checks the config change, picks and loads the checkpoint, and trims `metrics.jsonl` to it.
 pub fn prepare_resume(
     dir: &Path,
@@ -85,7 +88,8 @@ pub fn prepare_resume(
         // the checkpoints stay where the run keeps them: loading from one directory while
         // saving (and setting newer ones aside) in another would split the run
         .filter(|(k, _, _)| {
-            k.starts_with("model.") || k.starts_with("data.") || k == "checkpoint.dir"
+            (k.starts_with("model.") || k.starts_with("data.") || k == "checkpoint.dir")
+                && !LOADER_KEYS.contains(&k.as_str())
         })
         .map(|(k, a, b)| format!("  `{k}`: {a} -> {b}"))
         .collect();
@@ -104,6 +108,8 @@ pub fn prepare_resume(
         "launch.node_rank",
         "launch.token_file",
         "backend.threads",
+        "data.workers",
+        "data.prefetch",
     ];
     for (k, a, b) in changes
         .iter()

@@ -123,13 +123,19 @@ fn gpus_per_node(c: &Config) -> Option<usize> {
 
 /// The body that runs `kiln resume "$RUN_DIR"` under srun, passes stop signals on and requeues
 /// after a stop with a checkpoint.
-fn body(kiln: &Path, s: &SlurmConfig, devices: usize) -> String {
-    // the task's CPUs shared by its ranks (backend.threads is per rank)
+fn body(kiln: &Path, s: &SlurmConfig, devices: usize, loaders: usize) -> String {
+    // the task's CPUs shared by its ranks (backend.threads is per rank), less each rank's data
+    // loader threads
     let (threads_line, srun_cpus, threads) = if s.cpus_per_task.is_some() {
         (
             format!(
-                "threads=$(( SLURM_CPUS_PER_TASK / {} ))\n[ \"$threads\" -ge 1 ] || threads=1\n",
-                devices.max(1)
+                "threads=$(( SLURM_CPUS_PER_TASK / {}{} ))\n[ \"$threads\" -ge 1 ] || threads=1\n",
+                devices.max(1),
+                if loaders > 0 {
+                    format!(" - {loaders}")
+                } else {
+                    String::new()
+                }
             ),
             " --cpus-per-task=\"$SLURM_CPUS_PER_TASK\"",
             " --set \"backend.threads=$threads\"",
@@ -202,7 +208,7 @@ pub fn run_script(c: &Config, kiln: &Path, run_dir: &Path, extra: &[String]) -> 
         ));
     }
     out.push_str(&format!("\nRUN_DIR={}\n", sh_quote(&dir)));
-    out.push_str(&body(kiln, s, c.strategy.devices.count()));
+    out.push_str(&body(kiln, s, c.strategy.devices.count(), c.data.workers));
     out
 }
 
@@ -249,7 +255,7 @@ pub fn array_script(
     out.push_str(
         "  *) echo \"kiln: no trial for array index $SLURM_ARRAY_TASK_ID\" >&2; exit 2 ;;\nesac\n",
     );
-    out.push_str(&body(kiln, s, c.strategy.devices.count()));
+    out.push_str(&body(kiln, s, c.strategy.devices.count(), c.data.workers));
     out
 }
 

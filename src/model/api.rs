@@ -53,6 +53,66 @@ pub struct Batch {
     pub y: Vec<u32>,
 }
 
+/// A micro-batch in the form the model takes, built on the host ahead of the step (by the data
+/// loader's threads when `data.workers` > 0): the input tensor's data, ready to upload, and the
+/// target of each output row with its one-hot rows for the loss.
+#[derive(Debug, Clone)]
+pub struct Input {
+    /// Features `[rows, ...sample shape]` (f32) for classification; the first `block` token ids
+    /// of each window `[rows, block]` (i64) for a language model.
+    pub x: TensorData,
+    /// The target of each output row (one per sample; `block` per window).
+    pub targets: Vec<u32>,
+    /// `[targets, classes]` one-hot rows of `targets` (what cross-entropy multiplies by).
+    pub onehot: TensorData,
+}
+
+impl Input {
+    /// Output rows (targets) the batch has.
+    pub fn rows(&self) -> usize {
+        self.targets.len()
+    }
+}
+
+impl Task {
+    /// `batch` as the model takes it: the batch as it is for classification; for a language
+    /// model, each window's first `block` tokens and the `block` tokens after them.
+    pub fn input(&self, batch: Batch) -> Input {
+        let (x, targets) = self.split(batch);
+        let classes = self.classes();
+        let mut onehot = vec![0f32; targets.len() * classes];
+        for (i, &c) in targets.iter().enumerate() {
+            if (c as usize) < classes {
+                onehot[i * classes + c as usize] = 1.0;
+            }
+        }
+        let rows = targets.len();
+        Input {
+            x,
+            targets,
+            onehot: TensorData::new(onehot, [rows, classes]),
+        }
+    }
+
+    /// The input tensor's data and the targets, without the one-hot rows (for evaluation).
+    pub(crate) fn split(&self, batch: Batch) -> (TensorData, Vec<u32>) {
+        match *self {
+            Task::Classification { .. } => (TensorData::new(batch.x, batch.shape), batch.y),
+            Task::LanguageModel { block, .. } => {
+                let rows = batch.shape.first().copied().unwrap_or(0);
+                let width = block + 1;
+                let mut inputs = Vec::with_capacity(rows * block);
+                let mut targets = Vec::with_capacity(rows * block);
+                for w in batch.x.chunks(width) {
+                    inputs.extend(w[..block].iter().map(|&t| t as i64));
+                    targets.extend(w[1..].iter().map(|&t| t as u32));
+                }
+                (TensorData::new(inputs, [rows, block]), targets)
+            }
+        }
+    }
+}
+
 /// A unit's flat parameters: on the host, or in a device buffer (gathered there, or kept there
 /// between steps).
 pub enum UnitParams {
@@ -206,7 +266,7 @@ pub trait Compute<B: AutodiffBackend> {
     fn forward_backward(
         &self,
         params: &mut dyn FnMut(usize) -> Result<UnitParams, ModelError>,
-        batch: Batch,
+        batch: Input,
         key: StepKey,
         scale: f64,
         grads: &mut Grads,
@@ -218,7 +278,7 @@ pub trait Compute<B: AutodiffBackend> {
     fn forward_backward_timed(
         &self,
         params: &mut dyn FnMut(usize) -> Result<UnitParams, ModelError>,
-        batch: Batch,
+        batch: Input,
         key: StepKey,
         scale: f64,
         grads: &mut Grads,

@@ -20,7 +20,8 @@ use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Tensor, TensorData};
 
 use super::api::{
-    Batch, Compute, EvalOut, Family, Forward, Model, ModelError, Pass, StepKey, Task, UnitParams,
+    Batch, Compute, EvalOut, Family, Forward, Input, Model, ModelError, Pass, StepKey, Task,
+    UnitParams,
 };
 use crate::params::{DeviceFlat, Grads, ParamLayout};
 
@@ -320,40 +321,16 @@ impl<F: Family, B: AutodiffBackend> Engine<F, B> {
         };
         self.install::<B::InnerBackend, Plain>(self.inner.clone(), &mut source)
     }
-
-    /// The model's input and the target of each output row: the batch as it is for
-    /// classification; for a language model, each window's first `block` tokens and the `block`
-    /// tokens after them.
-    fn input(&self, batch: &mut Batch) -> (TensorData, Vec<u32>) {
-        match self.family.task() {
-            Task::Classification { .. } => (
-                TensorData::new(std::mem::take(&mut batch.x), batch.shape.clone()),
-                std::mem::take(&mut batch.y),
-            ),
-            Task::LanguageModel { block, .. } => {
-                let rows = batch.shape.first().copied().unwrap_or(0);
-                let width = block + 1;
-                let mut inputs = Vec::with_capacity(rows * block);
-                let mut targets = Vec::with_capacity(rows * block);
-                for w in batch.x.chunks(width) {
-                    inputs.extend(w[..block].iter().map(|&t| t as i64));
-                    targets.extend(w[1..].iter().map(|&t| t as u32));
-                }
-                (TensorData::new(inputs, [rows, block]), targets)
-            }
-        }
-    }
 }
 
 /// The mean cross-entropy of `logits` for labels `y`, as torch's `cross_entropy` computes it.
-fn cross_entropy<B: Backend>(logits: Tensor<B, 2>, y: &[u32], classes: usize) -> Tensor<B, 1> {
-    let rows = y.len();
-    let mut onehot = vec![0f32; rows * classes];
-    for (i, &c) in y.iter().enumerate() {
-        onehot[i * classes + c as usize] = 1.0;
-    }
-    let onehot =
-        Tensor::<B, 2>::from_data(TensorData::new(onehot, [rows, classes]), &logits.device());
+/// The one-hot rows come prepared with the batch (`Task::input`).
+fn cross_entropy<B: Backend>(
+    logits: Tensor<B, 2>,
+    rows: usize,
+    onehot: TensorData,
+) -> Tensor<B, 1> {
+    let onehot = Tensor::<B, 2>::from_data(onehot, &logits.device());
     (log_softmax(logits, 1) * onehot)
         .sum()
         .neg()
@@ -364,20 +341,19 @@ impl<F: Family, B: AutodiffBackend> Compute<B> for Engine<F, B> {
     fn forward_backward_timed(
         &self,
         params: &mut dyn FnMut(usize) -> Result<UnitParams, ModelError>,
-        mut batch: Batch,
+        batch: Input,
         key: StepKey,
         scale: f64,
         grads: &mut Grads,
         pass: &mut dyn FnMut(Pass),
     ) -> Result<f64, ModelError> {
         pass(Pass::Forward);
-        let classes = self.family.task().classes();
         let module = self.install::<B, Leaf>(self.template.clone(), params)?;
-        let (x, targets) = self.input(&mut batch);
+        let rows = batch.rows();
         let logits = self
             .family
-            .forward(&module, x, &self.device, &mut Forward::train(key));
-        let loss = cross_entropy(logits, &targets, classes);
+            .forward(&module, batch.x, &self.device, &mut Forward::train(key));
+        let loss = cross_entropy(logits, rows, batch.onehot);
         let loss_value = to_vec(loss.clone().inner())?
             .first()
             .copied()
@@ -422,8 +398,8 @@ impl<F: Family, B: AutodiffBackend> Compute<B> for Engine<F, B> {
         // installed once for every batch
         let module = self.inner_with(params)?;
         let mut out = EvalOut::default();
-        for mut batch in batches {
-            let (x, targets) = self.input(&mut batch);
+        for batch in batches {
+            let (x, targets) = task.split(batch);
             let logits =
                 to_vec(
                     self.family
@@ -625,7 +601,7 @@ mod tests {
         let loss = compute
             .forward_backward(
                 &mut source,
-                batch.clone(),
+                m.task().input(batch.clone()),
                 StepKey {
                     seed: 0,
                     counters: [0; 3],
@@ -667,7 +643,7 @@ mod tests {
             counters: [0; 3],
         };
         let e = compute
-            .forward_backward(&mut short, batch, key, 1.0, &mut g)
+            .forward_backward(&mut short, m.task().input(batch), key, 1.0, &mut g)
             .err()
             .map(|e| e.to_string());
         assert_eq!(

@@ -193,7 +193,7 @@ mod engine_tests {
 
     use super::Mlp;
     use crate::config::{ModelConfig, OptimConfig, OptimKind};
-    use crate::model::{Batch, FamilyModel, Model, ModelError, StepKey, UnitParams};
+    use crate::model::{Batch, FamilyModel, Input, Model, ModelError, StepKey, Task, UnitParams};
     use crate::params::{
         clip_and_step, BurnParams, DeviceFlat, DeviceParams, DeviceTensor, Grads, Optimizer, RawBuf,
     };
@@ -220,6 +220,10 @@ mod engine_tests {
             shape: vec![5, 4],
             y: vec![0, 2, 1, 2, 0],
         }
+    }
+
+    fn input() -> Input {
+        Task::Classification { classes: 3 }.input(batch())
     }
 
     fn flat(v: Vec<f32>) -> Box<dyn DeviceTensor> {
@@ -251,7 +255,7 @@ mod engine_tests {
             };
             losses.push(
                 compute
-                    .forward_backward(&mut from_host, batch(), KEY, 0.5, &mut host)
+                    .forward_backward(&mut from_host, input(), KEY, 0.5, &mut host)
                     .unwrap(),
             );
             let mut from_device = |u: usize| -> Result<UnitParams, ModelError> {
@@ -261,7 +265,7 @@ mod engine_tests {
             };
             losses.push(
                 compute
-                    .forward_backward(&mut from_device, batch(), KEY, 0.5, &mut dev)
+                    .forward_backward(&mut from_device, input(), KEY, 0.5, &mut dev)
                     .unwrap(),
             );
         }
@@ -281,7 +285,7 @@ mod engine_tests {
             counters: [1, 0, 0],
         };
         let l2 = compute
-            .forward_backward(&mut from_host, batch(), other, 0.5, &mut g)
+            .forward_backward(&mut from_host, input(), other, 0.5, &mut g)
             .unwrap();
         assert_ne!(l2, losses[0]);
     }
@@ -306,7 +310,7 @@ mod engine_tests {
                 Ok(UnitParams::Host(hp[layout.unit_range(u)].to_vec()))
             };
             compute
-                .forward_backward(&mut from_host, batch(), KEY, 1.0, &mut hg)
+                .forward_backward(&mut from_host, input(), KEY, 1.0, &mut hg)
                 .unwrap();
             let mut g = hg.to_host_vec().unwrap();
             clip_and_step(&mut host_opt, &mut hp, &mut g, 0.05, Some(0.5));
@@ -316,7 +320,7 @@ mod engine_tests {
                 Ok(UnitParams::Device(dev.slice(layout.unit_range(u))))
             };
             compute
-                .forward_backward(&mut from_device, batch(), KEY, 1.0, &mut dg)
+                .forward_backward(&mut from_device, input(), KEY, 1.0, &mut dg)
                 .unwrap();
             if let Grads::Device(mut d) = dg {
                 dev.step(d.as_mut(), 0.05, Some(0.5)).unwrap();

@@ -3,6 +3,7 @@
 //! The step loop of one rank: micro-batches from the sampler, accumulation, the strategy's
 //! synchronisation and update, the LR schedule, exact evaluation, checkpoints and metrics events.
 
+mod loader;
 pub mod preempt;
 pub mod schedule;
 mod timed;

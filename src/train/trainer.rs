@@ -5,6 +5,7 @@ use std::time::Instant;
 
 use serde::Serialize;
 
+use super::loader::{Assembler, Loader, LoaderState, Pos, Source};
 use super::schedule::lr_at;
 use super::timing::{Clock, Phase, Span, Totals};
 use crate::checkpoint::{
@@ -13,7 +14,7 @@ use crate::checkpoint::{
 };
 use crate::collective::CollectiveError;
 use crate::config::{Config, EvalMetric, MetricMode};
-use crate::data::{Data, Dataset};
+use crate::data::{Augment, Data, Dataset};
 use crate::model::{Batch, Compute, ComputeOn, Model, ModelError, Pass, StepKey, Task, UnitParams};
 use crate::params::{DeviceFlat, DeviceTensor, Grads, RawFn};
 use crate::plan::{DataSplit, Plan};
@@ -218,6 +219,9 @@ pub enum TrainError {
     Checkpoint(#[from] CheckpointError),
     #[error("rank {rank} panicked: {message}")]
     Panic { rank: usize, message: String },
+    /// The data loader could not give the next micro-batch.
+    #[error("{0}")]
+    Data(String),
 }
 
 /// Everything the loop needs, built before it starts (shared by all ranks).
@@ -232,34 +236,6 @@ pub struct TrainInput<'a> {
     pub resume: Option<&'a Loaded>,
     /// Initial parameters in place of the model's seeded initialisation (`model.init_from`).
     pub init: Option<&'a [f32]>,
-}
-
-/// Where a rank stands in the data: pass `epoch`, in the segment of it that started at global
-/// position `start`, after `j` micro-batches.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Pos {
-    epoch: u64,
-    start: usize,
-    j: usize,
-}
-
-impl Pos {
-    /// Moves to the next epoch when the segment is used up.
-    fn normalize(mut self, plan: &Plan) -> Pos {
-        while self.j >= plan.segment_micro(self.start) && plan.micro_per_epoch > 0 {
-            self = Pos {
-                epoch: self.epoch + 1,
-                start: 0,
-                j: 0,
-            };
-        }
-        self
-    }
-
-    fn epochs(&self, plan: &Plan) -> f64 {
-        self.epoch as f64
-            + plan.cursor(self.start, self.j) as f64 / plan.train_samples.max(1) as f64
-    }
 }
 
 /// Where a checkpoint's data position continues: exactly (same world, batch and strategy) or by
@@ -491,7 +467,6 @@ pub fn train<B: ComputeOn>(
     let mut window_start = Instant::now();
     let mut window_samples = 0.0;
     let mut samples_total = 0.0;
-    let mut segment: Option<((u64, usize), Vec<usize>)> = None;
     // a resumed run that has no step left still reports the loss it reached
     let mut last_loss = input.resume.map_or(f64::NAN, |l| l.state.last_loss);
     let mut last_eval = None;
@@ -519,273 +494,291 @@ pub fn train<B: ComputeOn>(
         DataSplit::SplitBatch => 0,
     };
     let tracing = c.profile.traces(rank);
+    // the micro-batches this session will take, in the loop's order
+    let source = Source::new(
+        plan,
+        order_rank,
+        rank,
+        pos,
+        (total - step).saturating_mul(plan.accum),
+        c.train.max_steps.is_none().then_some(c.train.epochs as u64),
+    );
+    let assembler = Assembler {
+        data: &data.train,
+        task,
+        augment: Augment::new(&c.data, c.experiment.seed),
+        file: data_file(c),
+        rank,
+    };
+    let loader_state = LoaderState::new(source);
     // the breakdown covers the steps, not the set-up (module, initial broadcast, resume load)
     clock.lock().reset();
-    while step < total {
-        clock
-            .lock()
-            .begin_step(step + 1, tracing && c.profile.records(step - first_step));
-        let lr = lr_at(&c.schedule, c.optim.lr, step, total);
-        let mut grads = match raw_fn {
-            Some(f) => Grads::Device(Box::new(DeviceFlat::<B::InnerBackend>::new(
-                burn::tensor::Tensor::zeros([num_params], device),
-                f,
-            ))),
-            None => Grads::Host(vec![0f32; num_params]),
+    std::thread::scope(|scope| -> Result<(), TrainError> {
+        let mut loader = if c.data.workers > 0 {
+            Loader::threaded(
+                scope,
+                &loader_state,
+                &assembler,
+                c.data.workers,
+                c.data.prefetch,
+            )
+        } else {
+            Loader::inline(&loader_state, &assembler)
         };
-        // [weighted loss, samples] summed over micro-steps, then over ranks, with a stop
-        // request and the ranks whose gradient is not finite riding along: every rank sees
-        // them at the same step
-        let mut totals = [0.0f64, 0.0, 0.0, 0.0];
-        let mut micro_in_step = 0;
-        pos = pos.normalize(plan);
-        let epoch_at_start = pos.epoch;
-        for k in 0..plan.accum {
+        while step < total {
+            clock
+                .lock()
+                .begin_step(step + 1, tracing && c.profile.records(step - first_step));
+            let lr = lr_at(&c.schedule, c.optim.lr, step, total);
+            let mut grads = match raw_fn {
+                Some(f) => Grads::Device(Box::new(DeviceFlat::<B::InnerBackend>::new(
+                    burn::tensor::Tensor::zeros([num_params], device),
+                    f,
+                ))),
+                None => Grads::Host(vec![0f32; num_params]),
+            };
+            // [weighted loss, samples] summed over micro-steps, then over ranks, with a stop
+            // request and the ranks whose gradient is not finite riding along: every rank sees
+            // them at the same step
+            let mut totals = [0.0f64, 0.0, 0.0, 0.0];
+            let mut micro_in_step = 0;
             pos = pos.normalize(plan);
-            if exhausted(pos) {
-                break;
-            }
-            if segment.as_ref().map(|(key, _)| *key) != Some((pos.epoch, pos.start)) {
-                segment = Some((
-                    (pos.epoch, pos.start),
-                    plan.sampler.indices_from(pos.epoch, order_rank, pos.start),
-                ));
-            }
-            let order = segment.as_ref().map(|(_, o)| o.as_slice()).unwrap_or(&[]);
-            let (idx, global) = plan.micro_indices(order, pos.j, rank);
-            let weight = strategy.grad_weight(idx.len(), global);
-            if !idx.is_empty() {
-                let batch = clock.time(Phase::Data, || {
-                    let (x, y) = data.train.gather(idx);
-                    Batch {
-                        x,
-                        shape: batch_shape(y.len(), &data.train),
-                        y,
-                    }
-                });
-                let key = StepKey {
-                    seed: c.experiment.seed,
-                    counters: [step as u64, k as u64, rank as u64],
-                };
-                // a failure to fetch parameters (a collective error) is kept as it is
-                let mut failed = None;
-                let mut unit_params = |u: usize| -> Result<UnitParams, ModelError> {
-                    gather_unit(strategy, model, u, proto.as_deref()).map_err(|e| {
-                        failed = Some(e);
-                        ModelError::Params(u)
-                    })
-                };
-                let mut pass = |p: Pass| {
-                    let mut r = clock.lock();
-                    match p {
-                        Pass::Forward => r.enter(Phase::Forward),
-                        Pass::Backward => {
-                            r.exit(None);
-                            r.enter(Phase::Backward)
+            let epoch_at_start = pos.epoch;
+            for k in 0..plan.accum {
+                pos = pos.normalize(plan);
+                if exhausted(pos) {
+                    break;
+                }
+                let micro = clock
+                    .time(Phase::Data, || loader.next(pos))
+                    .map_err(TrainError::Data)?;
+                let weight = strategy.grad_weight(micro.samples, micro.global);
+                if let Some(batch) = micro.input {
+                    let key = StepKey {
+                        seed: c.experiment.seed,
+                        counters: [step as u64, k as u64, rank as u64],
+                    };
+                    // a failure to fetch parameters (a collective error) is kept as it is
+                    let mut failed = None;
+                    let mut unit_params = |u: usize| -> Result<UnitParams, ModelError> {
+                        gather_unit(strategy, model, u, proto.as_deref()).map_err(|e| {
+                            failed = Some(e);
+                            ModelError::Params(u)
+                        })
+                    };
+                    let mut pass = |p: Pass| {
+                        let mut r = clock.lock();
+                        match p {
+                            Pass::Forward => r.enter(Phase::Forward),
+                            Pass::Backward => {
+                                r.exit(None);
+                                r.enter(Phase::Backward)
+                            }
+                            Pass::Done => r.exit(None),
                         }
-                        Pass::Done => r.exit(None),
+                    };
+                    let result = compute.forward_backward_timed(
+                        &mut unit_params,
+                        batch,
+                        key,
+                        weight / plan.accum as f64,
+                        &mut grads,
+                        &mut pass,
+                    );
+                    let loss = match (result, failed) {
+                        (_, Some(e)) => return Err(e.into()),
+                        (r, None) => r?,
+                    };
+                    totals[0] += loss * weight;
+                } else {
+                    // Ranks run the same collectives even without samples.
+                    for u in 0..num_units {
+                        gather_unit(strategy, model, u, proto.as_deref())?;
                     }
-                };
-                let result = compute.forward_backward_timed(
-                    &mut unit_params,
-                    batch,
-                    key,
-                    weight / plan.accum as f64,
-                    &mut grads,
-                    &mut pass,
-                );
-                let loss = match (result, failed) {
-                    (_, Some(e)) => return Err(e.into()),
-                    (r, None) => r?,
-                };
-                totals[0] += loss * weight;
-            } else {
-                // Ranks run the same collectives even without samples.
-                for u in 0..num_units {
-                    gather_unit(strategy, model, u, proto.as_deref())?;
+                }
+                totals[1] += micro.samples as f64;
+                micro_in_step += 1;
+                pos.j += 1;
+                let last_micro = k + 1 == plan.accum || exhausted(pos.normalize(plan));
+                if !c.strategy.no_sync && !last_micro {
+                    clock.time(Phase::Backward, || strategy.micro_sync(&mut grads))?;
                 }
             }
-            totals[1] += idx.len() as f64;
-            micro_in_step += 1;
-            pos.j += 1;
-            let last_micro = k + 1 == plan.accum || exhausted(pos.normalize(plan));
-            if !c.strategy.no_sync && !last_micro {
-                clock.time(Phase::Backward, || strategy.micro_sync(&mut grads))?;
-            }
-        }
-        // a NaN or inf in any rank's gradient makes the averaged one non-finite too: found
-        // here, before the optimizer spreads it into the parameters (and a checkpoint)
-        let grad_bad = clock
-            .time(Phase::Optimizer, || grads.non_finite())
-            .map_err(|e| {
-                crate::collective::device_error(rank, crate::collective::OpKind::Update, e)
-            })?;
-        clock.time(Phase::Optimizer, || {
-            strategy.update(grads, lr, c.optim.grad_clip_norm)
-        })?;
-        totals[2] = super::preempt::requested().map_or(0.0, |s| s as f64);
-        totals[3] = f64::from(u8::from(grad_bad));
-        strategy.sum(&mut totals)?;
-        let stop = totals[2] > 0.0;
-        // single/ddp weights are 1 per rank: average over ranks; dp weights sum to 1 already
-        let per_rank = match plan.split {
-            DataSplit::Distributed => world as f64,
-            DataSplit::SplitBatch => 1.0,
-        };
-        let loss = totals[0] / per_rank / micro_in_step.max(1) as f64;
-        samples_total += totals[1];
-        window_samples += totals[1];
-        step += 1;
-        if !loss.is_finite() {
-            return Err(TrainError::Diverged {
-                step,
-                cause: format!("the loss is {loss}"),
-            });
-        }
-        if totals[3] > 0.0 {
-            let on = match (world, totals[3] as usize) {
-                (1, _) => String::new(),
-                (_, 1) => " on 1 rank".to_string(),
-                (_, n) => format!(" on {n} ranks"),
-            };
-            return Err(TrainError::Diverged {
-                step,
-                cause: format!(
-                    "the gradient has NaN or infinite values{on}, while the loss is {loss}"
-                ),
-            });
-        }
-        last_loss = loss;
-        pos = pos.normalize(plan);
-
-        let done = step;
-        let is_last = done == total;
-        let do_eval = data.eval.is_some()
-            && (is_last || (c.train.eval_every > 0 && done % c.train.eval_every == 0));
-        if do_eval {
-            if let Some(ds) = &data.eval {
-                let sums = clock.time(Phase::Eval, || -> Result<EvalSums, TrainError> {
-                    let params = strategy.params()?;
-                    let (losses, correct) =
-                        evaluate(compute.as_ref(), params, ds, &eval_idx, plan.micro_batch)?;
-                    reduce_eval(strategy, &losses, &correct, ds.len())
+            // a NaN or inf in any rank's gradient makes the averaged one non-finite too: found
+            // here, before the optimizer spreads it into the parameters (and a checkpoint)
+            let grad_bad = clock
+                .time(Phase::Optimizer, || grads.non_finite())
+                .map_err(|e| {
+                    crate::collective::device_error(rank, crate::collective::OpKind::Update, e)
                 })?;
-                last_eval = Some(sums);
-                let metric = match task {
-                    Task::LanguageModel { .. } => format!("perplexity {}", sums.perplexity()),
-                    Task::Classification { .. } => format!("accuracy {}", sums.accuracy()),
+            clock.time(Phase::Optimizer, || {
+                strategy.update(grads, lr, c.optim.grad_clip_norm)
+            })?;
+            totals[2] = super::preempt::requested().map_or(0.0, |s| s as f64);
+            totals[3] = f64::from(u8::from(grad_bad));
+            strategy.sum(&mut totals)?;
+            let stop = totals[2] > 0.0;
+            // single/ddp weights are 1 per rank: average over ranks; dp weights sum to 1 already
+            let per_rank = match plan.split {
+                DataSplit::Distributed => world as f64,
+                DataSplit::SplitBatch => 1.0,
+            };
+            let loss = totals[0] / per_rank / micro_in_step.max(1) as f64;
+            samples_total += totals[1];
+            window_samples += totals[1];
+            step += 1;
+            if !loss.is_finite() {
+                return Err(TrainError::Diverged {
+                    step,
+                    cause: format!("the loss is {loss}"),
+                });
+            }
+            if totals[3] > 0.0 {
+                let on = match (world, totals[3] as usize) {
+                    (1, _) => String::new(),
+                    (_, 1) => " on 1 rank".to_string(),
+                    (_, n) => format!(" on {n} ranks"),
                 };
+                return Err(TrainError::Diverged {
+                    step,
+                    cause: format!(
+                        "the gradient has NaN or infinite values{on}, while the loss is {loss}"
+                    ),
+                });
+            }
+            last_loss = loss;
+            pos = pos.normalize(plan);
+
+            let done = step;
+            let is_last = done == total;
+            let do_eval = data.eval.is_some()
+                && (is_last || (c.train.eval_every > 0 && done % c.train.eval_every == 0));
+            if do_eval {
+                if let Some(ds) = &data.eval {
+                    let sums = clock.time(Phase::Eval, || -> Result<EvalSums, TrainError> {
+                        let params = strategy.params()?;
+                        let (losses, correct) =
+                            evaluate(compute.as_ref(), params, ds, &eval_idx, plan.micro_batch)?;
+                        reduce_eval(strategy, &losses, &correct, ds.len())
+                    })?;
+                    last_eval = Some(sums);
+                    let metric = match task {
+                        Task::LanguageModel { .. } => format!("perplexity {}", sums.perplexity()),
+                        Task::Classification { .. } => format!("accuracy {}", sums.accuracy()),
+                    };
+                    sink.log(&format!(
+                        "eval at step {done} on {} samples: loss {}, {metric}",
+                        sums.count,
+                        sums.loss()
+                    ));
+                }
+            }
+            // what this evaluation means (every rank has the same sums, so decides alike)
+            let mut new_best = false;
+            let mut stop_early = false;
+            if let (true, Some(sums)) = (do_eval, last_eval.as_ref()) {
+                if let Some(w) = best.as_mut() {
+                    new_best = w.observe(sums, done);
+                }
+                if let (Some(w), Some(cfg)) = (early.as_mut(), c.train.early_stopping.as_ref()) {
+                    w.observe(sums, done);
+                    stop_early = w.bad_evals() >= cfg.patience && !is_last;
+                }
+            }
+            let elapsed = window_start.elapsed().as_secs_f64().max(1e-9);
+            let sps = window_samples / elapsed;
+            let log = is_last || do_eval || done % c.train.log_every == 0;
+            let window = log.then(|| clock.lock().take_window());
+            let line = log.then(|| MetricLine {
+                ts: std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| (d.as_secs_f64() * 1e3).round() / 1e3)
+                    .unwrap_or(0.0),
+                time: window.map(|w| w.fractions_json()),
+                step: done,
+                epoch: round4(pos.epochs(plan)),
+                loss,
+                lr,
+                samples_per_sec: round4(sps),
+                tokens_per_sec: lm.then(|| round4(sps * tokens_per_sample as f64)),
+                eval_loss: do_eval.then(|| last_eval.map(|e| e.loss())).flatten(),
+                eval_accuracy: (do_eval && !lm)
+                    .then(|| last_eval.map(|e| e.accuracy()))
+                    .flatten(),
+                eval_perplexity: (do_eval && lm)
+                    .then(|| last_eval.map(|e| e.perplexity()))
+                    .flatten(),
+            });
+            if log {
+                window_start = Instant::now();
+                window_samples = 0.0;
                 sink.log(&format!(
-                    "eval at step {done} on {} samples: loss {}, {metric}",
-                    sums.count,
-                    sums.loss()
+                    "step {done} loss {loss} lr {lr} samples/s {sps:.1}"
                 ));
             }
-        }
-        // what this evaluation means (every rank has the same sums, so decides alike)
-        let mut new_best = false;
-        let mut stop_early = false;
-        if let (true, Some(sums)) = (do_eval, last_eval.as_ref()) {
-            if let Some(w) = best.as_mut() {
-                new_best = w.observe(sums, done);
-            }
-            if let (Some(w), Some(cfg)) = (early.as_mut(), c.train.early_stopping.as_ref()) {
-                w.observe(sums, done);
-                stop_early = w.bad_evals() >= cfg.patience && !is_last;
-            }
-        }
-        let elapsed = window_start.elapsed().as_secs_f64().max(1e-9);
-        let sps = window_samples / elapsed;
-        let log = is_last || do_eval || done % c.train.log_every == 0;
-        let window = log.then(|| clock.lock().take_window());
-        let line = log.then(|| MetricLine {
-            ts: std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| (d.as_secs_f64() * 1e3).round() / 1e3)
-                .unwrap_or(0.0),
-            time: window.map(|w| w.fractions_json()),
-            step: done,
-            epoch: round4(pos.epochs(plan)),
-            loss,
-            lr,
-            samples_per_sec: round4(sps),
-            tokens_per_sec: lm.then(|| round4(sps * tokens_per_sample as f64)),
-            eval_loss: do_eval.then(|| last_eval.map(|e| e.loss())).flatten(),
-            eval_accuracy: (do_eval && !lm)
-                .then(|| last_eval.map(|e| e.accuracy()))
-                .flatten(),
-            eval_perplexity: (do_eval && lm)
-                .then(|| last_eval.map(|e| e.perplexity()))
-                .flatten(),
-        });
-        if log {
-            window_start = Instant::now();
-            window_samples = 0.0;
-            sink.log(&format!(
-                "step {done} loss {loss} lr {lr} samples/s {sps:.1}"
-            ));
-        }
-        sink.event(TrainEvent::Step {
-            step: done,
-            loss,
-            samples_per_sec: sps,
-            line,
-        });
+            sink.event(TrainEvent::Step {
+                step: done,
+                loss,
+                samples_per_sec: sps,
+                line,
+            });
 
-        let ck = &c.checkpoint;
-        let epoch_boundary = pos.epoch > epoch_at_start
-            && ck.every_epochs > 0
-            && pos.epoch % ck.every_epochs as u64 == 0;
-        let save = (ck.every_steps > 0 && done % ck.every_steps == 0)
+            let ck = &c.checkpoint;
+            let epoch_boundary = pos.epoch > epoch_at_start
+                && ck.every_epochs > 0
+                && pos.epoch % ck.every_epochs as u64 == 0;
+            let save = (ck.every_steps > 0 && done % ck.every_steps == 0)
             || epoch_boundary
             || (is_last && ck.at_end)
             // the step early stopping ends at is always saved: without it a resume would go
             // back to an older checkpoint and train what the run decided not to
             || stop_early
             || new_best;
-        // a stop before the end saves the step it stops at (once)
-        let stopping = stop && !is_last;
-        if let (true, Some(store)) = (save || stopping, input.store) {
-            let position = DataPosition {
-                epoch: pos.epoch,
-                cursor: plan.cursor(pos.start, pos.j),
-                segment_start: pos.start,
-                segment_micro: pos.j,
-            };
-            clock.time(Phase::Checkpoint, || {
-                let watched = [&early, &best].map(|w| w.as_ref().and_then(|w| w.state.clone()));
-                save_checkpoint(input, strategy, store, done, position, loss, lr, watched)
-            })?;
-            sink.log(&format!(
-                "checkpoint step-{done:08} saved{}",
-                if new_best { " (the best so far)" } else { "" }
-            ));
-            sink.event(TrainEvent::Checkpoint { step: done });
-        }
-        // a stop request at the step early stopping ends the run: the run is complete
-        if stopping && !stop_early {
-            let why = match super::preempt::requested() {
-                Some(sig) => super::preempt::signal_name(sig).to_string(),
-                None => "a stop request on another rank".to_string(),
-            };
-            sink.log(&format!("stopped at step {done} ({why})"));
-            preempted = Some(why);
-            break;
-        }
-        if stop_early {
-            if let (Some(w), Some(cfg)) = (
-                early.as_ref().and_then(|w| w.state.as_ref()),
-                c.train.early_stopping.as_ref(),
-            ) {
+            // a stop before the end saves the step it stops at (once)
+            let stopping = stop && !is_last;
+            if let (true, Some(store)) = (save || stopping, input.store) {
+                let position = DataPosition {
+                    epoch: pos.epoch,
+                    cursor: plan.cursor(pos.start, pos.j),
+                    segment_start: pos.start,
+                    segment_micro: pos.j,
+                };
+                clock.time(Phase::Checkpoint, || {
+                    let watched = [&early, &best].map(|w| w.as_ref().and_then(|w| w.state.clone()));
+                    save_checkpoint(input, strategy, store, done, position, loss, lr, watched)
+                })?;
                 sink.log(&format!(
+                    "checkpoint step-{done:08} saved{}",
+                    if new_best { " (the best so far)" } else { "" }
+                ));
+                sink.event(TrainEvent::Checkpoint { step: done });
+            }
+            // a stop request at the step early stopping ends the run: the run is complete
+            if stopping && !stop_early {
+                let why = match super::preempt::requested() {
+                    Some(sig) => super::preempt::signal_name(sig).to_string(),
+                    None => "a stop request on another rank".to_string(),
+                };
+                sink.log(&format!("stopped at step {done} ({why})"));
+                preempted = Some(why);
+                break;
+            }
+            if stop_early {
+                if let (Some(w), Some(cfg)) = (
+                    early.as_ref().and_then(|w| w.state.as_ref()),
+                    c.train.early_stopping.as_ref(),
+                ) {
+                    sink.log(&format!(
                     "stopped early at step {done}: {} has not improved by more than {} for {} evaluations (best {} at step {})",
                     w.metric, cfg.min_delta, cfg.patience, w.best, w.best_step
                 ));
+                }
+                stopped_early = Some(done);
+                break;
             }
-            stopped_early = Some(done);
-            break;
         }
-    }
+        Ok(())
+    })?;
     let wall = start.elapsed().as_secs_f64();
     let params = strategy.params()?.to_vec();
     sink.log(&format!(
@@ -813,6 +806,14 @@ pub fn train<B: ComputeOn>(
         early_stopping: early.and_then(|w| w.state),
         best: best.and_then(|w| w.state),
     })
+}
+
+/// The training data as the config names it, for the loader's errors.
+fn data_file(c: &Config) -> String {
+    match &c.data.path {
+        Some(p) => format!("data.path = {p:?}"),
+        None => format!("the {} data", crate::config::choice_name(&c.data.kind)),
+    }
 }
 
 /// Writes checkpoint `step`: rank 0 opens it, every rank writes its files, rank 0 commits.

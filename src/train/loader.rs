@@ -1,0 +1,538 @@
+//! The data loader of one rank: the micro-batches the step loop will consume, in its order,
+//! assembled (gathered, augmented, turned into the model's input with one-hot targets) either on
+//! the rank's own thread when asked (`data.workers = 0`) or ahead of time by `data.workers`
+//! threads, at most `data.prefetch` micro-batches ahead (torch `DataLoader(num_workers,
+//! prefetch_factor)`).
+//!
+//! The order is never the threads' business: one [`Source`] walks the sampler's positions
+//! exactly as the step loop does and numbers each micro-batch; threads take numbers in turn,
+//! and the loop receives number n as the n-th, whichever thread finished first. Assembly is a
+//! pure function of the micro-batch (augmentation draws by sample index), so every batch, and
+//! every loss, is the same bits for any number of threads. A failure in a thread (a panic while
+//! assembling) reaches the loop as an error naming the samples and the data file; it never
+//! leaves the loop waiting.
+
+use std::collections::BTreeMap;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::{Condvar, Mutex, MutexGuard};
+use std::thread::Scope;
+
+use crate::data::{Augment, Dataset};
+use crate::model::{Batch, Input, Task};
+use crate::plan::Plan;
+
+/// Where a rank stands in the data: pass `epoch`, in the segment of it that started at global
+/// position `start`, after `j` micro-batches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Pos {
+    pub epoch: u64,
+    pub start: usize,
+    pub j: usize,
+}
+
+impl Pos {
+    /// Moves to the next epoch when the segment is used up.
+    pub fn normalize(mut self, plan: &Plan) -> Pos {
+        while self.j >= plan.segment_micro(self.start) && plan.micro_per_epoch > 0 {
+            self = Pos {
+                epoch: self.epoch + 1,
+                start: 0,
+                j: 0,
+            };
+        }
+        self
+    }
+
+    pub fn epochs(&self, plan: &Plan) -> f64 {
+        self.epoch as f64
+            + plan.cursor(self.start, self.j) as f64 / plan.train_samples.max(1) as f64
+    }
+}
+
+/// One micro-batch to assemble: its position, this rank's sample indices and the size of the
+/// whole micro-batch across ranks (split-batch strategies weigh by it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Job {
+    pub pos: Pos,
+    pub idx: Vec<usize>,
+    pub global: usize,
+}
+
+/// The micro-batches of one rank from `pos` on, in the order the step loop consumes them: at
+/// most `left`, and none once `epochs` (when set) are done.
+pub(super) struct Source<'a> {
+    pub plan: &'a Plan,
+    /// Whose sampler order this rank reads (its own, or the global one for split batches).
+    pub order_rank: usize,
+    pub rank: usize,
+    pub pos: Pos,
+    pub left: usize,
+    pub epochs: Option<u64>,
+    segment: Option<((u64, usize), Vec<usize>)>,
+}
+
+impl<'a> Source<'a> {
+    pub fn new(
+        plan: &'a Plan,
+        order_rank: usize,
+        rank: usize,
+        pos: Pos,
+        left: usize,
+        epochs: Option<u64>,
+    ) -> Self {
+        Source {
+            plan,
+            order_rank,
+            rank,
+            pos,
+            left,
+            epochs,
+            segment: None,
+        }
+    }
+}
+
+impl Iterator for Source<'_> {
+    type Item = Job;
+
+    fn next(&mut self) -> Option<Job> {
+        let pos = self.pos.normalize(self.plan);
+        if self.left == 0 || self.epochs.is_some_and(|e| pos.epoch >= e) {
+            return None;
+        }
+        let key = (pos.epoch, pos.start);
+        if self.segment.as_ref().map(|(k, _)| *k) != Some(key) {
+            let order = self
+                .plan
+                .sampler
+                .indices_from(pos.epoch, self.order_rank, pos.start);
+            self.segment = Some((key, order));
+        }
+        let order = self.segment.as_ref().map_or(&[][..], |(_, o)| o.as_slice());
+        let (idx, global) = self.plan.micro_indices(order, pos.j, self.rank);
+        let job = Job {
+            pos,
+            idx: idx.to_vec(),
+            global,
+        };
+        self.pos = Pos {
+            j: pos.j + 1,
+            ..pos
+        };
+        self.left -= 1;
+        Some(job)
+    }
+}
+
+/// A micro-batch ready for the step: `input` is `None` when this rank has no samples in it.
+pub(super) struct Micro {
+    pub pos: Pos,
+    pub samples: usize,
+    pub global: usize,
+    pub input: Option<Input>,
+}
+
+/// How a job becomes the model's input.
+pub(super) struct Assembler<'a> {
+    pub data: &'a Dataset,
+    pub task: Task,
+    pub augment: Option<Augment>,
+    /// The data file, as the config names it, for errors.
+    pub file: String,
+    pub rank: usize,
+}
+
+impl Assembler<'_> {
+    fn assemble(&self, job: Job) -> Micro {
+        let input = (!job.idx.is_empty()).then(|| {
+            let (x, y) = self
+                .data
+                .gather_augmented(&job.idx, job.pos.epoch, self.augment.as_ref());
+            let mut shape = Vec::with_capacity(1 + self.data.shape.len());
+            shape.push(y.len());
+            shape.extend(&self.data.shape);
+            self.task.input(Batch { x, shape, y })
+        });
+        Micro {
+            pos: job.pos,
+            samples: job.idx.len(),
+            global: job.global,
+            input,
+        }
+    }
+
+    /// `assemble`, with a panic turned into an error that names the samples and the file.
+    fn try_assemble(&self, job: Job) -> Result<Micro, String> {
+        let what = self.describe(&job);
+        catch_unwind(AssertUnwindSafe(|| self.assemble(job)))
+            .map_err(|p| format!("{what} failed: {}", panic_text(&p)))
+    }
+
+    fn describe(&self, job: &Job) -> String {
+        let shown: Vec<String> = job.idx.iter().take(8).map(|i| i.to_string()).collect();
+        let more = if job.idx.len() > 8 { ", ..." } else { "" };
+        format!(
+            "rank {}: assembling micro-batch {} of epoch {} (samples {}{more} of {})",
+            self.rank,
+            job.pos.j,
+            job.pos.epoch,
+            shown.join(", "),
+            self.file
+        )
+    }
+}
+
+fn panic_text(p: &Box<dyn std::any::Any + Send>) -> String {
+    p.downcast_ref::<String>()
+        .cloned()
+        .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_else(|| "a panic".into())
+}
+
+struct State<'a> {
+    source: Source<'a>,
+    /// Numbers handed out so far, and taken by the step loop so far.
+    issued: usize,
+    taken: usize,
+    /// The source has nothing more (or failed).
+    finished: bool,
+    closed: bool,
+    done: BTreeMap<usize, Result<Micro, String>>,
+}
+
+struct Shared<'a> {
+    state: Mutex<State<'a>>,
+    /// The step loop waits here for the next number.
+    ready: Condvar,
+    /// Threads wait here for room ahead of the step loop.
+    room: Condvar,
+}
+
+impl<'a> Shared<'a> {
+    fn lock(&self) -> MutexGuard<'_, State<'a>> {
+        // a panic while the lock is held (none is expected) must not stop the others
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Where a loader keeps what its threads share; made before, and outliving, the thread scope.
+pub(super) struct LoaderState<'a>(Shared<'a>);
+
+impl<'a> LoaderState<'a> {
+    pub fn new(source: Source<'a>) -> Self {
+        LoaderState(Shared {
+            state: Mutex::new(State {
+                source,
+                issued: 0,
+                taken: 0,
+                finished: false,
+                closed: false,
+                done: BTreeMap::new(),
+            }),
+            ready: Condvar::new(),
+            room: Condvar::new(),
+        })
+    }
+}
+
+/// The loader of one rank. Dropping it stops its threads (after the batch each is assembling).
+pub(super) struct Loader<'s, 'a> {
+    shared: &'s Shared<'a>,
+    assembler: &'s Assembler<'a>,
+    threaded: bool,
+}
+
+impl<'s, 'a> Loader<'s, 'a> {
+    /// Assembles each micro-batch on the calling thread when it is asked for (`workers = 0`).
+    pub fn inline(state: &'s LoaderState<'a>, assembler: &'s Assembler<'a>) -> Self {
+        Loader {
+            shared: &state.0,
+            assembler,
+            threaded: false,
+        }
+    }
+
+    /// Starts `workers` threads in `scope` that keep up to `ahead` micro-batches assembled or in
+    /// assembly beyond the one the step loop last took.
+    pub fn threaded<'scope, 'env>(
+        scope: &'scope Scope<'scope, 'env>,
+        state: &'s LoaderState<'a>,
+        assembler: &'s Assembler<'a>,
+        workers: usize,
+        ahead: usize,
+    ) -> Self
+    where
+        's: 'scope,
+    {
+        let shared = &state.0;
+        for w in 0..workers.max(1) {
+            let spawned = std::thread::Builder::new()
+                .name(format!("kiln-loader-{}-{w}", assembler.rank))
+                .spawn_scoped(scope, move || work(shared, assembler, ahead.max(1)));
+            if let Err(e) = spawned {
+                let mut st = shared.lock();
+                if w == 0 {
+                    let seq = st.issued;
+                    st.done.insert(
+                        seq,
+                        Err(format!(
+                            "rank {}: cannot start a data loader thread: {e}",
+                            assembler.rank
+                        )),
+                    );
+                    st.issued += 1;
+                    st.finished = true;
+                }
+                break;
+            }
+        }
+        Loader {
+            shared,
+            assembler,
+            threaded: true,
+        }
+    }
+
+    /// The next micro-batch, which must be at `pos` (the step loop's own position).
+    pub fn next(&mut self, pos: Pos) -> Result<Micro, String> {
+        let shared = self.shared;
+        let micro = if self.threaded {
+            let mut st = shared.lock();
+            loop {
+                let seq = st.taken;
+                if let Some(r) = st.done.remove(&seq) {
+                    st.taken += 1;
+                    shared.room.notify_all();
+                    break r?;
+                }
+                if st.finished && st.issued <= seq {
+                    return Err(format!("the data loader has no micro-batch at {pos:?}"));
+                }
+                st = shared.ready.wait(st).unwrap_or_else(|p| p.into_inner());
+            }
+        } else {
+            let job = {
+                let mut st = shared.lock();
+                catch_unwind(AssertUnwindSafe(|| st.source.next())).map_err(|p| {
+                    format!(
+                        "rank {}: the sampler failed: {}",
+                        self.assembler.rank,
+                        panic_text(&p)
+                    )
+                })?
+            };
+            match job {
+                Some(job) => self.assembler.try_assemble(job)?,
+                None => return Err(format!("the data loader has no micro-batch at {pos:?}")),
+            }
+        };
+        if micro.pos != pos {
+            return Err(format!(
+                "the data loader is out of step: it assembled {:?} for {pos:?}",
+                micro.pos
+            ));
+        }
+        Ok(micro)
+    }
+}
+
+impl Drop for Loader<'_, '_> {
+    fn drop(&mut self) {
+        if self.threaded {
+            self.shared.lock().closed = true;
+            self.shared.room.notify_all();
+        }
+    }
+}
+
+/// One loader thread: take the next number while there is room ahead, assemble, hand it in.
+fn work(shared: &Shared<'_>, assembler: &Assembler<'_>, ahead: usize) {
+    loop {
+        let (seq, job) = {
+            let mut st = shared.lock();
+            loop {
+                if st.closed || st.finished {
+                    return;
+                }
+                if st.issued < st.taken + ahead {
+                    break;
+                }
+                st = shared.room.wait(st).unwrap_or_else(|p| p.into_inner());
+            }
+            let seq = st.issued;
+            match catch_unwind(AssertUnwindSafe(|| st.source.next())) {
+                Ok(Some(job)) => {
+                    st.issued += 1;
+                    (seq, job)
+                }
+                Ok(None) => {
+                    st.finished = true;
+                    shared.ready.notify_all();
+                    shared.room.notify_all();
+                    return;
+                }
+                Err(p) => {
+                    st.done.insert(
+                        seq,
+                        Err(format!(
+                            "rank {}: the sampler failed: {}",
+                            assembler.rank,
+                            panic_text(&p)
+                        )),
+                    );
+                    st.issued += 1;
+                    st.finished = true;
+                    shared.ready.notify_all();
+                    shared.room.notify_all();
+                    return;
+                }
+            }
+        };
+        let result = assembler.try_assemble(job);
+        let mut st = shared.lock();
+        st.done.insert(seq, result);
+        shared.ready.notify_all();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+
+    fn plan(samples: usize, batch: usize) -> Plan {
+        let mut c = Config::default();
+        c.train.batch_size = batch;
+        c.data.samples = samples;
+        c.sampler.shuffle = false;
+        Plan::new(&c, samples, 10)
+    }
+
+    fn dataset(n: usize) -> Dataset {
+        Dataset {
+            features: 2,
+            shape: vec![2],
+            x: (0..2 * n).map(|v| v as f32).collect(),
+            y: (0..n).map(|i| (i % 3) as u32).collect(),
+        }
+    }
+
+    fn start() -> Pos {
+        Pos {
+            epoch: 0,
+            start: 0,
+            j: 0,
+        }
+    }
+
+    /// The step loop's walk: every micro-batch's position and first input value, in order.
+    fn drain(loader: &mut Loader<'_, '_>, plan: &Plan, n: usize) -> Vec<(Pos, Vec<f32>)> {
+        let mut pos = start();
+        let mut out = Vec::new();
+        for _ in 0..n {
+            pos = pos.normalize(plan);
+            let m = loader.next(pos).unwrap();
+            let x = m.input.unwrap().x.to_vec::<f32>().unwrap();
+            out.push((m.pos, x));
+            pos.j += 1;
+        }
+        out
+    }
+
+    #[test]
+    fn threads_deliver_the_inline_order_exactly() {
+        let plan = plan(23, 4);
+        let data = dataset(23);
+        let asm = Assembler {
+            data: &data,
+            task: Task::Classification { classes: 3 },
+            augment: None,
+            file: "test data".into(),
+            rank: 0,
+        };
+        let steps = 17; // past an epoch boundary (6 micro-batches an epoch)
+        let inline = LoaderState::new(Source::new(&plan, 0, 0, start(), steps, None));
+        let want = drain(&mut Loader::inline(&inline, &asm), &plan, steps);
+        assert_eq!(want.len(), steps);
+        for (workers, ahead) in [(1, 1), (3, 2), (8, 5)] {
+            let state = LoaderState::new(Source::new(&plan, 0, 0, start(), steps, None));
+            let got = std::thread::scope(|s| {
+                let mut l = Loader::threaded(s, &state, &asm, workers, ahead);
+                drain(&mut l, &plan, steps)
+            });
+            assert_eq!(got, want, "workers {workers}, prefetch {ahead}");
+        }
+    }
+
+    #[test]
+    fn stopping_early_ends_the_threads_and_asking_past_the_end_is_an_error() {
+        let plan = plan(40, 4);
+        let data = dataset(40);
+        let asm = Assembler {
+            data: &data,
+            task: Task::Classification { classes: 3 },
+            augment: None,
+            file: "test data".into(),
+            rank: 0,
+        };
+        let state = LoaderState::new(Source::new(&plan, 0, 0, start(), 3, None));
+        std::thread::scope(|s| {
+            let mut l = Loader::threaded(s, &state, &asm, 2, 2);
+            drain(&mut l, &plan, 3);
+            let e = l
+                .next(Pos {
+                    epoch: 0,
+                    start: 0,
+                    j: 3,
+                })
+                .err()
+                .unwrap();
+            assert!(e.contains("no micro-batch"), "{e}");
+        });
+        // a loop that stops after one batch of many: the scope ends (threads stop)
+        let state = LoaderState::new(Source::new(&plan, 0, 0, start(), 1000, None));
+        std::thread::scope(|s| {
+            let mut l = Loader::threaded(s, &state, &asm, 3, 4);
+            drain(&mut l, &plan, 1);
+        });
+    }
+
+    #[test]
+    fn a_failing_assembly_names_the_samples_and_file_and_never_hangs() {
+        let plan = plan(16, 4);
+        // labels claim 2 features per sample, but the data holds fewer values: gathering the
+        // later samples panics
+        let mut data = dataset(16);
+        data.x.truncate(2 * 9);
+        let asm = Assembler {
+            data: &data,
+            task: Task::Classification { classes: 3 },
+            augment: None,
+            file: "data.path = \"broken.csv\"".into(),
+            rank: 1,
+        };
+        let run = |mut l: Loader<'_, '_>| {
+            let mut pos = start();
+            loop {
+                match l.next(pos) {
+                    Ok(_) => pos.j += 1,
+                    Err(e) => return (pos.j, e),
+                }
+            }
+        };
+        let state = LoaderState::new(Source::new(&plan, 0, 0, start(), 4, None));
+        let (j, inline) = run(Loader::inline(&state, &asm));
+        assert_eq!(j, 2);
+        assert!(
+            inline.starts_with(
+                "rank 1: assembling micro-batch 2 of epoch 0 (samples 8, 9, 10, 11 of data.path = \"broken.csv\") failed: "
+            ),
+            "{inline}"
+        );
+        for workers in [1, 3] {
+            let state = LoaderState::new(Source::new(&plan, 0, 0, start(), 4, None));
+            let got = std::thread::scope(|s| run(Loader::threaded(s, &state, &asm, workers, 2)));
+            assert_eq!(got, (j, inline.clone()));
+        }
+    }
+}
