@@ -50,8 +50,9 @@ pub enum Command {
     Ckpt(ckpt::CkptCommand),
     /// Run every trial of an experiment's `[sweep]`; resumable, with a results table.
     Sweep(sweep::SweepArgs),
-    /// Show kiln's version, backends, CPU threads, CUDA driver, GPUs and NCCL, and what to fix.
-    Env,
+    /// Show kiln's version, backends, CPU threads, CUDA driver, GPUs and NCCL, and what to fix;
+    /// with an experiment file (or run directory), the NCCL variables its run would export.
+    Env(env::EnvArgs),
     /// Write a commented experiment file from a template.
     Init(init::InitArgs),
     /// Measure training throughput (steps/s, samples/s) on the CPU backends.
@@ -97,7 +98,7 @@ pub fn dispatch(cli: Cli) -> Result<()> {
         Command::Report(a) => report::report(&a),
         Command::Ckpt(c) => ckpt::ckpt(&c),
         Command::Sweep(a) => sweep::sweep(&a),
-        Command::Env => env::env(),
+        Command::Env(a) => env::env(&a),
         Command::Init(a) => init::init(&a),
         Command::Bench(a) => bench::bench(&a),
         Command::Sample(a) => sample::sample(&a),

@@ -1,9 +1,37 @@
 //! `kiln env`: what kiln can run on here, and what to fix when something is missing. Always
 //! exits 0.
 
-use crate::error::Result;
+use std::path::PathBuf;
 
-pub fn env() -> Result<()> {
+use clap::Args;
+
+use crate::error::Result;
+use crate::launch::nccl_env;
+
+#[derive(Debug, Args)]
+pub struct EnvArgs {
+    /// An experiment file, or a run directory (its `config.toml`): also show the NCCL variables
+    /// a run of it exports, and where each comes from.
+    pub file: Option<PathBuf>,
+    /// Override a key of FILE, as for `kiln run`.
+    #[arg(long = "set", value_name = "KEY=VALUE", requires = "file")]
+    pub sets: Vec<String>,
+}
+
+pub fn env(a: &EnvArgs) -> Result<()> {
+    // the experiment is read first: a bad file is exit 2 before anything is printed
+    let config = match &a.file {
+        Some(f) => {
+            let file = if f.is_dir() {
+                crate::launch::run_config_file(f)?
+            } else {
+                f.clone()
+            };
+            let env: Vec<(String, String)> = std::env::vars().collect();
+            Some(crate::config::load(&file, &env, &a.sets)?)
+        }
+        None => None,
+    };
     // `main` has already looked for NCCL the way a run does
     println!("kiln {}", env!("CARGO_PKG_VERSION"));
     let cuda = cfg!(feature = "cuda");
@@ -19,7 +47,44 @@ pub fn env() -> Result<()> {
             .unwrap_or(1)
     );
     cuda_report();
+    nccl_vars(
+        config
+            .as_ref()
+            .map(|r| (&r.config, r.file.display().to_string())),
+    );
     Ok(())
+}
+
+/// The NCCL variables in effect, and where each comes from.
+fn nccl_vars(config: Option<(&crate::config::Config, String)>) {
+    let vars = nccl_env::report(config.as_ref().map(|(c, _)| *c));
+    match &config {
+        Some((c, file)) => println!(
+            "nccl variables of a run of {file}{}:",
+            if c.backend.device == crate::config::Device::Cuda {
+                ""
+            } else {
+                " (exported when it runs with backend.device = \"cuda\")"
+            }
+        ),
+        None => println!("nccl variables in this environment:"),
+    }
+    if vars.is_empty() {
+        println!("  none set (NCCL's defaults)");
+    }
+    for (var, value, from) in &vars {
+        let replaces = match std::env::var(var) {
+            Ok(here) if here != *value => format!("; replaces {var}={here} of this environment"),
+            _ => String::new(),
+        };
+        println!("  {var}={value}  ({from}{replaces})");
+    }
+    for (var, suggestion) in nccl_env::unknown_in_environment() {
+        let hint = suggestion
+            .map(|s| format!("; did you mean {s}?"))
+            .unwrap_or_default();
+        println!("  warning: {var} in this environment is not a variable NCCL reads{hint}");
+    }
 }
 
 #[cfg(not(feature = "cuda"))]

@@ -4,6 +4,8 @@
 
 use serde::{Deserialize, Serialize};
 
+pub use super::nccl::NcclConfig;
+
 /// A whole experiment, as resolved from all layers.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
 #[serde(deny_unknown_fields, default)]
@@ -667,6 +669,12 @@ pub struct BackendConfig {
     pub threads: usize,
     /// Float type of the math: f32, or bf16/f16 on CUDA. Default: `"f32"`.
     pub precision: Precision,
+    /// `[backend.nccl]`: NCCL's environment variables for this experiment, exported before
+    /// NCCL loads, the same on every node (node 0's values), and recorded in the run's
+    /// `config.toml` together with any other `NCCL_*` variable the environment had. Default:
+    /// nothing set.
+    #[serde(skip_serializing_if = "NcclConfig::is_default")]
+    pub nccl: NcclConfig,
 }
 
 impl Default for BackendConfig {
@@ -676,6 +684,7 @@ impl Default for BackendConfig {
             cpu: CpuBackend::Auto,
             threads: 0,
             precision: Precision::F32,
+            nccl: NcclConfig::default(),
         }
     }
 }

@@ -408,6 +408,9 @@ pub fn validate(r: &Resolved) -> Result<(), ConfigError> {
         ));
     }
     at_least(r, "train.log_every", c.train.log_every, 1)?;
+    if let Some(p) = c.backend.nccl.problems().into_iter().next() {
+        return Err(r.key_error(&p.key, p.message, p.help));
+    }
     let d = &c.data;
     if d.workers > 64 {
         return Err(r.key_error(

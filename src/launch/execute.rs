@@ -467,6 +467,8 @@ pub fn execute(
     };
     // every node has what it needs: now node 0 may change files of a resumed run
     checks.pass(resume.is_some(), rendezvous_t)?;
+    // the job's NCCL variables, in this process before anything loads NCCL
+    super::nccl_env::export(c, job.as_mut(), rendezvous_t)?;
     // a finished run resumed at (or past) its end has nothing to train: every file stays as
     // it is (one whose summary does not say finished goes on, and gets its summary)
     let finished = fs::read_to_string(run_dir.join("summary.json"))

@@ -12,6 +12,7 @@ mod bench;
 mod check;
 mod eval;
 mod execute;
+pub mod nccl_env;
 mod profile;
 pub mod rendezvous;
 mod resume;
@@ -30,7 +31,7 @@ pub use execute::{execute, resume, start, train, RunOptions};
 pub use resume::{best_mark, choose_checkpoint, config_changes, prepare_resume, Resumption};
 pub use run_dir::{
     checkpoint_store, choose_run_dir, first_missing, is_unfinished, newest_unfinished,
-    replace_file, run_config, stored_config, write_json,
+    replace_file, run_config, run_config_file, stored_config, write_json,
 };
 pub use sample::{sample, SampleOptions};
 pub use summary::Summary;

@@ -100,6 +100,11 @@ pub fn replace_file(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 /// The config as stored in a run directory: data paths made absolute, so the run directory can
 /// be resumed from anywhere.
 pub fn stored_config(r: &Resolved) -> Config {
+    stored_config_with(r, std::env::vars())
+}
+
+/// `stored_config`, with the process environment `env`.
+fn stored_config_with(r: &Resolved, env: impl IntoIterator<Item = (String, String)>) -> Config {
     let mut c = r.config.clone();
     let abs = |key: &str, v: &str| {
         let p = r.path_of(key, v);
@@ -119,6 +124,11 @@ pub fn stored_config(r: &Resolved) -> Config {
         .init_from
         .as_deref()
         .map(|v| abs("model.init_from", v));
+    // a CUDA run records the NCCL variables of its environment too: its config.toml then
+    // reproduces the environment NCCL saw
+    if c.backend.device == crate::config::Device::Cuda {
+        c.backend.nccl = c.backend.nccl.with_environment(env);
+    }
     c
 }
 
@@ -354,4 +364,52 @@ pub fn claim_run_dir(output_dir: &Path, name: &str) -> Result<(PathBuf, Option<P
         }
     }
     unreachable!("the run directory candidates are unbounded")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 19: a CUDA run's config.toml holds its `[backend.nccl]` and the NCCL variables of
+    /// the environment it ran in, so resuming it (which reads config.toml) exports them again.
+    #[test]
+    fn a_cuda_runs_record_reproduces_its_nccl_environment() {
+        let d = crate::testdir::tempdir().unwrap();
+        let file = d.path().join("x.toml");
+        std::fs::write(
+            &file,
+            "[backend]\ndevice = \"cuda\"\n[backend.nccl]\nalgo = \"Ring\"\n",
+        )
+        .unwrap();
+        let r = crate::config::load(&file, &[], &[]).unwrap();
+        let env = [
+            ("NCCL_ALGO", "Tree"),
+            ("NCCL_IB_HCA", "mlx5"),
+            ("HOME", "/h"),
+        ]
+        .map(|(a, b)| (a.to_string(), b.to_string()));
+        let text = crate::config::to_toml(&stored_config_with(&r, env.clone()));
+        let again = d.path().join("config.toml");
+        std::fs::write(&again, &text).unwrap();
+        let back = crate::config::load(&again, &[], &[]).unwrap();
+        let vars: Vec<(String, String)> = back
+            .config
+            .backend
+            .nccl
+            .vars()
+            .into_iter()
+            .map(|(v, x, _)| (v, x))
+            .collect();
+        let want = [("NCCL_ALGO", "Ring"), ("NCCL_IB_HCA", "mlx5")]
+            .map(|(a, b)| (a.to_string(), b.to_string()));
+        assert_eq!(vars, want.to_vec(), "{text}");
+        // a CPU run records no NCCL variables (it never loads NCCL)
+        let mut cpu = r;
+        cpu.config.backend.device = crate::config::Device::Cpu;
+        assert_eq!(
+            stored_config_with(&cpu, env).backend.nccl.vars().len(),
+            1,
+            "only the section's own"
+        );
+    }
 }

@@ -14,6 +14,7 @@ mod fuzz;
 mod layers;
 mod loader;
 mod models;
+mod nccl;
 mod nodes;
 mod parallel;
 mod preempt;

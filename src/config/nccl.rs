@@ -1,0 +1,714 @@
+//! `[backend.nccl]`: NCCL's environment variables as part of the experiment, so they are the
+//! same on every node of a job and recorded with the run, instead of exported by hand in a shell.
+//! The common ones have keys of their own (typed and checked); any other goes under `extra`
+//! by its variable name, which must be one NCCL reads.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::de::{self, Visitor};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use super::error::closest;
+
+/// `[backend.nccl]`. Every key is unset by default: NCCL's own default (or the environment's
+/// value) applies.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct NcclConfig {
+    /// `NCCL_ALGO`: the algorithms NCCL may use, e.g. `"Ring"`, `"Tree,Ring"`, `"^Tree"` or
+    /// `"allreduce:tree;broadcast:ring"` (Ring, Tree, CollnetDirect, CollnetChain, NVLS,
+    /// NVLSTree, PAT).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub algo: Option<String>,
+    /// `NCCL_PROTO`: the protocols, e.g. `"Simple"`, `"LL,LL128"` or `"^LL128"` (LL, LL128,
+    /// Simple).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub proto: Option<String>,
+    /// `NCCL_DEBUG`: version, warn, info, abort or trace.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub debug: Option<NcclDebug>,
+    /// `NCCL_SOCKET_IFNAME`: the network interfaces, e.g. `"eth0"`, `"=ens1f0"`, `"^docker,lo"`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub socket_ifname: Option<String>,
+    /// `NCCL_IB_DISABLE`: true keeps NCCL off InfiniBand/RoCE (sockets instead).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ib_disable: Option<bool>,
+    /// `NCCL_NSOCKS_PERTHREAD`: sockets each helper thread opens, 1 to 64.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub nsocks_perthread: Option<u32>,
+    /// `NCCL_SOCKET_NTHREADS`: helper threads per network connection, 1 to 16 (with
+    /// `nsocks_perthread`, at most 64 sockets).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub socket_nthreads: Option<u32>,
+    /// Any other NCCL variable by name: `extra = { NCCL_BUFFSIZE = 8388608 }` (a string, an
+    /// integer or a boolean, exported as text; booleans as 1 or 0).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub extra: BTreeMap<String, EnvValue>,
+}
+
+/// `backend.nccl.debug`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NcclDebug {
+    Version,
+    Warn,
+    Info,
+    Abort,
+    Trace,
+}
+
+/// A value of `backend.nccl.extra`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EnvValue {
+    Text(String),
+    Int(i64),
+    Bool(bool),
+}
+
+impl EnvValue {
+    /// The value as the environment holds it.
+    pub fn as_env(&self) -> String {
+        match self {
+            EnvValue::Text(s) => s.clone(),
+            EnvValue::Int(i) => i.to_string(),
+            EnvValue::Bool(b) => u8::from(*b).to_string(),
+        }
+    }
+}
+
+impl Serialize for EnvValue {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            EnvValue::Text(v) => s.serialize_str(v),
+            EnvValue::Int(v) => s.serialize_i64(*v),
+            EnvValue::Bool(v) => s.serialize_bool(*v),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for EnvValue {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = EnvValue;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a string, an integer or a boolean")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<EnvValue, E> {
+                Ok(EnvValue::Text(v.to_string()))
+            }
+            fn visit_string<E: de::Error>(self, v: String) -> Result<EnvValue, E> {
+                Ok(EnvValue::Text(v))
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<EnvValue, E> {
+                Ok(EnvValue::Int(v))
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<EnvValue, E> {
+                i64::try_from(v)
+                    .map(EnvValue::Int)
+                    .map_err(|_| E::custom("an integer above 2^63"))
+            }
+            fn visit_bool<E: de::Error>(self, v: bool) -> Result<EnvValue, E> {
+                Ok(EnvValue::Bool(v))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// The keys of their own: (key under `backend.nccl`, variable).
+pub const NAMED: &[(&str, &str)] = &[
+    ("algo", "NCCL_ALGO"),
+    ("proto", "NCCL_PROTO"),
+    ("debug", "NCCL_DEBUG"),
+    ("socket_ifname", "NCCL_SOCKET_IFNAME"),
+    ("ib_disable", "NCCL_IB_DISABLE"),
+    ("nsocks_perthread", "NCCL_NSOCKS_PERTHREAD"),
+    ("socket_nthreads", "NCCL_SOCKET_NTHREADS"),
+];
+
+const ALGOS: &[&str] = &[
+    "Ring",
+    "Tree",
+    "CollnetDirect",
+    "CollnetChain",
+    "NVLS",
+    "NVLSTree",
+    "PAT",
+];
+const PROTOS: &[&str] = &["LL", "LL128", "Simple"];
+
+/// One problem with `[backend.nccl]`: the dotted key, what is wrong, what to do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NcclProblem {
+    pub key: String,
+    pub message: String,
+    pub help: Option<String>,
+}
+
+impl NcclConfig {
+    /// Whether nothing is set (the section is then left out of the stored config and its hash).
+    pub fn is_default(&self) -> bool {
+        *self == NcclConfig::default()
+    }
+
+    /// The variables this section sets: (variable, value, the key that sets it).
+    pub fn vars(&self) -> Vec<(String, String, String)> {
+        let mut out = Vec::new();
+        let mut put = |var: &str, value: Option<String>, key: &str| {
+            if let Some(v) = value {
+                out.push((var.to_string(), v, format!("backend.nccl.{key}")));
+            }
+        };
+        put("NCCL_ALGO", self.algo.clone(), "algo");
+        put("NCCL_PROTO", self.proto.clone(), "proto");
+        put(
+            "NCCL_DEBUG",
+            self.debug.map(|d| format!("{d:?}").to_uppercase()),
+            "debug",
+        );
+        put(
+            "NCCL_SOCKET_IFNAME",
+            self.socket_ifname.clone(),
+            "socket_ifname",
+        );
+        put(
+            "NCCL_IB_DISABLE",
+            self.ib_disable.map(|b| u8::from(b).to_string()),
+            "ib_disable",
+        );
+        put(
+            "NCCL_NSOCKS_PERTHREAD",
+            self.nsocks_perthread.map(|n| n.to_string()),
+            "nsocks_perthread",
+        );
+        put(
+            "NCCL_SOCKET_NTHREADS",
+            self.socket_nthreads.map(|n| n.to_string()),
+            "socket_nthreads",
+        );
+        for (k, v) in &self.extra {
+            out.push((k.clone(), v.as_env(), format!("backend.nccl.extra.{k}")));
+        }
+        out
+    }
+
+    /// Whether the section sets `var`.
+    pub fn sets(&self, var: &str) -> bool {
+        self.vars().iter().any(|(v, _, _)| v == var)
+    }
+
+    /// This section with every known NCCL variable of `env` that it does not set added (under
+    /// its own key where it has one, else under `extra`), so that the record of a run holds the
+    /// whole NCCL environment it saw. Values the section could not hold (an `NCCL_DEBUG` that is
+    /// no level) are left out, and `NCCL_COMM_ID` (a rendezvous address of one job) is never
+    /// recorded.
+    pub fn with_environment(&self, env: impl IntoIterator<Item = (String, String)>) -> Self {
+        let mut out = self.clone();
+        for (var, value) in env {
+            if !KNOWN.contains(&var.as_str()) || var == "NCCL_COMM_ID" || out.sets(&var) {
+                continue;
+            }
+            match var.as_str() {
+                "NCCL_ALGO" => out.algo = Some(value),
+                "NCCL_PROTO" => out.proto = Some(value),
+                "NCCL_SOCKET_IFNAME" => out.socket_ifname = Some(value),
+                "NCCL_DEBUG" => {
+                    out.debug = match value.to_lowercase().as_str() {
+                        "version" => Some(NcclDebug::Version),
+                        "warn" => Some(NcclDebug::Warn),
+                        "info" => Some(NcclDebug::Info),
+                        "abort" => Some(NcclDebug::Abort),
+                        "trace" => Some(NcclDebug::Trace),
+                        _ => None,
+                    }
+                }
+                "NCCL_IB_DISABLE" => {
+                    out.ib_disable = match value.trim() {
+                        "1" => Some(true),
+                        "0" => Some(false),
+                        _ => None,
+                    }
+                }
+                "NCCL_NSOCKS_PERTHREAD" => out.nsocks_perthread = value.trim().parse().ok(),
+                "NCCL_SOCKET_NTHREADS" => out.socket_nthreads = value.trim().parse().ok(),
+                _ => {
+                    out.extra.insert(var, EnvValue::Text(value));
+                }
+            }
+        }
+        out
+    }
+
+    /// Every problem of the section, in key order.
+    pub fn problems(&self) -> Vec<NcclProblem> {
+        let mut out = Vec::new();
+        let mut problem = |key: &str, message: String, help: Option<String>| {
+            out.push(NcclProblem {
+                key: format!("backend.nccl.{key}"),
+                message,
+                help,
+            })
+        };
+        if let Some(a) = &self.algo {
+            if let Err((word, hint)) = check_list(a, ALGOS, true) {
+                problem(
+                    "algo",
+                    format!("`backend.nccl.algo` = {a:?}: `{word}` is not an NCCL algorithm"),
+                    Some(hint),
+                );
+            }
+        }
+        if let Some(p) = &self.proto {
+            if let Err((word, hint)) = check_list(p, PROTOS, true) {
+                problem(
+                    "proto",
+                    format!("`backend.nccl.proto` = {p:?}: `{word}` is not an NCCL protocol"),
+                    Some(hint),
+                );
+            }
+        }
+        if let Some(s) = &self.socket_ifname {
+            if s.trim().is_empty() {
+                problem(
+                    "socket_ifname",
+                    "`backend.nccl.socket_ifname` is empty".into(),
+                    Some("name interface prefixes, e.g. \"eth0\" or \"^docker,lo\"".into()),
+                );
+            }
+        }
+        for (key, value, max) in [
+            ("nsocks_perthread", self.nsocks_perthread, 64),
+            ("socket_nthreads", self.socket_nthreads, 16),
+        ] {
+            if let Some(v) = value.filter(|v| !(1..=max).contains(v)) {
+                problem(
+                    key,
+                    format!("`backend.nccl.{key}` = {v} is out of range: must be 1 to {max}"),
+                    None,
+                );
+            }
+        }
+        if let (Some(s), Some(t)) = (self.nsocks_perthread, self.socket_nthreads) {
+            if s * t > 64 && s <= 64 && t <= 16 {
+                problem(
+                    "nsocks_perthread",
+                    format!(
+                        "`backend.nccl.nsocks_perthread` = {s} x `backend.nccl.socket_nthreads` = {t} is out of range: NCCL allows at most 64 sockets"
+                    ),
+                    None,
+                );
+            }
+        }
+        for (var, value) in &self.extra {
+            let key = format!("extra.{var}");
+            if let Some((own, _)) = NAMED.iter().find(|(_, v)| v == var) {
+                problem(
+                    &key,
+                    format!("`{var}` has a key of its own"),
+                    Some(format!(
+                        "set `backend.nccl.{own}` instead of `backend.nccl.extra.{var}`"
+                    )),
+                );
+            } else if !KNOWN.contains(&var.as_str()) {
+                let hint = match closest(var, KNOWN) {
+                    Some(c) => format!("did you mean `{c}`?"),
+                    None if !var.starts_with("NCCL_") => {
+                        "only NCCL's own variables (NCCL_...) go here; export others in the shell".into()
+                    }
+                    None => "see NCCL's list: https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html".into(),
+                };
+                problem(
+                    &key,
+                    format!("`backend.nccl.extra.{var}`: `{var}` is not a variable NCCL reads"),
+                    Some(hint),
+                );
+            } else if var == "NCCL_COMM_ID" {
+                problem(
+                    &key,
+                    "`NCCL_COMM_ID` is set by kiln's rendezvous for each job".into(),
+                    Some("remove it; kiln shares NCCL's id through its own store".into()),
+                );
+            } else if value.as_env().contains('\0') {
+                problem(&key, format!("`{var}` has a NUL character"), None);
+            }
+        }
+        out
+    }
+}
+
+/// Checks an `NCCL_ALGO`/`NCCL_PROTO` value: `[^]name,name...`, optionally per collective as
+/// `func:list;func:list`. Returns the first unknown name and a hint.
+fn check_list(value: &str, names: &[&str], per_func: bool) -> Result<(), (String, String)> {
+    let parts: Vec<&str> = if per_func {
+        value.split(';').collect()
+    } else {
+        vec![value]
+    };
+    for part in parts {
+        let list = match part.split_once(':') {
+            Some((_func, list)) if per_func => list,
+            _ => part,
+        };
+        let list = list.trim().strip_prefix('^').unwrap_or(list.trim());
+        for word in list.split(',') {
+            let w = word.trim();
+            if !names.iter().any(|n| n.eq_ignore_ascii_case(w)) {
+                let lower: Vec<String> = names.iter().map(|n| n.to_lowercase()).collect();
+                let lower_refs: Vec<&str> = lower.iter().map(|s| s.as_str()).collect();
+                let hint = match closest(&w.to_lowercase(), &lower_refs) {
+                    Some(c) => {
+                        let i = lower_refs.iter().position(|x| *x == c).unwrap_or(0);
+                        format!("did you mean `{}`?", names[i])
+                    }
+                    None => format!("choose from {}", names.join(", ")),
+                };
+                return Err((w.to_string(), hint));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The variables NCCL reads (from NCCL's sources: its `NCCL_PARAM`s, `ncclGetEnv` calls and
+/// documented variables), for `extra` and for recording a run's environment.
+pub const KNOWN: &[&str] = &[
+    "NCCL_ALGO",
+    "NCCL_ALLGATHERV_ENABLE",
+    "NCCL_ALLOC_P2P_NET_LL_BUFFERS",
+    "NCCL_BUFFSIZE",
+    "NCCL_CGA_CLUSTER_SIZE",
+    "NCCL_CHECK_MODE",
+    "NCCL_CHECK_POINTERS",
+    "NCCL_CHUNK_SIZE",
+    "NCCL_COLLNET_ENABLE",
+    "NCCL_COLLNET_NODE_THRESHOLD",
+    "NCCL_COMM_BLOCKING",
+    "NCCL_COMM_ID",
+    "NCCL_COMM_SHRINK_SHARE_RESOURCES",
+    "NCCL_COMM_SPLIT_SHARE_RESOURCES",
+    "NCCL_CONF_FILE",
+    "NCCL_CONNECT_ROUND_MAX_PEERS",
+    "NCCL_CROSS_NIC",
+    "NCCL_CTA_POLICY",
+    "NCCL_CUMEM_ENABLE",
+    "NCCL_CUMEM_HOST_ENABLE",
+    "NCCL_DEBUG",
+    "NCCL_DEBUG_FILE",
+    "NCCL_DEBUG_SUBSYS",
+    "NCCL_DEBUG_TIMESTAMP_FORMAT",
+    "NCCL_DEBUG_TIMESTAMP_LEVELS",
+    "NCCL_DEV_API_JIT",
+    "NCCL_DISABLE_MEM_MANAGER",
+    "NCCL_DMABUF_ENABLE",
+    "NCCL_ELASTIC_BUFFER_REGISTER",
+    "NCCL_ENABLE_VERSION_CHECK",
+    "NCCL_ENV_PLUGIN",
+    "NCCL_GDAKI_USE_RELIABLE_DB",
+    "NCCL_GDRCOPY_ENABLE",
+    "NCCL_GDRCOPY_FIFO_ENABLE",
+    "NCCL_GDRCOPY_FLUSH_ENABLE",
+    "NCCL_GDRCOPY_SYNC_ENABLE",
+    "NCCL_GDR_FLUSH_DISABLE",
+    "NCCL_GIN_ENABLE",
+    "NCCL_GIN_ERROR_QUERY_SEC",
+    "NCCL_GIN_GDAKI_MAX_DEST_RD_ATOMIC",
+    "NCCL_GIN_GDAKI_MAX_QP_RD_ATOMIC",
+    "NCCL_GIN_GDAKI_NIC_HANDLER",
+    "NCCL_GIN_GDAKI_QP_DEPTH",
+    "NCCL_GIN_IB_TC",
+    "NCCL_GIN_NCONNECTIONS",
+    "NCCL_GIN_PLUGIN",
+    "NCCL_GIN_PLUGIN_REF_COUNT",
+    "NCCL_GIN_PROXY_QUEUE_SIZE",
+    "NCCL_GIN_TYPE",
+    "NCCL_GRAPH_DUMP_FILE",
+    "NCCL_GRAPH_DUMP_FILE_RANK",
+    "NCCL_GRAPH_FILE",
+    "NCCL_GRAPH_HELPER_DISABLE",
+    "NCCL_GRAPH_MIXING_SUPPORT",
+    "NCCL_GRAPH_REGISTER",
+    "NCCL_GRAPH_STREAM_ORDERING",
+    "NCCL_GROUP_CUDA_STREAM",
+    "NCCL_HOSTID",
+    "NCCL_IBVERBS_LIB",
+    "NCCL_IB_ADAPTIVE_ROUTING",
+    "NCCL_IB_ADDR_FAMILY",
+    "NCCL_IB_ADDR_RANGE",
+    "NCCL_IB_AR_THRESHOLD",
+    "NCCL_IB_DATA_DIRECT",
+    "NCCL_IB_DEVICE_PCI_ORDER",
+    "NCCL_IB_DISABLE",
+    "NCCL_IB_ECE_ENABLE",
+    "NCCL_IB_FIFO_TC",
+    "NCCL_IB_GID_INDEX",
+    "NCCL_IB_HCA",
+    "NCCL_IB_MERGE_NICS",
+    "NCCL_IB_MERGE_VFS",
+    "NCCL_IB_MQP_RETRY_ALL",
+    "NCCL_IB_MQP_RETRY_CNT",
+    "NCCL_IB_MQP_RETRY_SLEEP_MSEC",
+    "NCCL_IB_OOO_RQ",
+    "NCCL_IB_PCI_RELAXED_ORDERING",
+    "NCCL_IB_PKEY",
+    "NCCL_IB_PREPOST_RECEIVE_WORK_REQUESTS",
+    "NCCL_IB_QPS_PER_CONNECTION",
+    "NCCL_IB_QUERY_PORT_SPEED",
+    "NCCL_IB_RECEIVER_SIDE_MATCHING_SCHEME",
+    "NCCL_IB_RESILIENCY_PORT_FAILOVER",
+    "NCCL_IB_RESILIENCY_PORT_FAILOVER_MAX_ATTEMPTS",
+    "NCCL_IB_RESILIENCY_PORT_FAILOVER_PROBE_DELAY",
+    "NCCL_IB_RESILIENCY_PORT_RECOVERY",
+    "NCCL_IB_RESILIENCY_PORT_RECOVERY_ACK_TIMEOUT",
+    "NCCL_IB_RESILIENCY_PORT_RECOVERY_ALIVE_MSG_BATCH_INTERVAL",
+    "NCCL_IB_RESILIENCY_PORT_RECOVERY_ALIVE_MSG_BATCH_SIZE",
+    "NCCL_IB_RESILIENCY_PORT_RECOVERY_ALIVE_MSG_SEQUENCE_SIZE",
+    "NCCL_IB_RESILIENCY_PORT_RECOVERY_ALIVE_MSG_TIMEOUT",
+    "NCCL_IB_RESILIENCY_PORT_RECOVERY_ATTEMPTS_MAX",
+    "NCCL_IB_RESILIENCY_PORT_RECOVERY_START_DELAY",
+    "NCCL_IB_RETRY_CNT",
+    "NCCL_IB_RETURN_ASYNC_EVENTS",
+    "NCCL_IB_ROCE_VERSION_NUM",
+    "NCCL_IB_ROUTABLE_FLID_GID_INDEX",
+    "NCCL_IB_SL",
+    "NCCL_IB_SPLIT_DATA_ON_QPS",
+    "NCCL_IB_SUBNET_AWARE_ROUTING",
+    "NCCL_IB_SUBNET_PREFIX_LEN",
+    "NCCL_IB_TC",
+    "NCCL_IB_TIMEOUT",
+    "NCCL_IB_USE_INLINE",
+    "NCCL_IB_WARN_RAIL_LOCAL",
+    "NCCL_IGNORE_COLLNET_MISMATCH",
+    "NCCL_IGNORE_CPU_AFFINITY",
+    "NCCL_IGNORE_DISABLED_P2P",
+    "NCCL_IGNORE_NET_MISMATCH",
+    "NCCL_IPC_USE_ABSTRACT_SOCKET",
+    "NCCL_L1_SHARED_MEMORY_CARVEOUT",
+    "NCCL_LAUNCH_MODE",
+    "NCCL_LAUNCH_ORDER_IMPLICIT",
+    "NCCL_LAUNCH_RACE_FATAL",
+    "NCCL_LEGACY_CUDA_REGISTER",
+    "NCCL_LL128_BUFFSIZE",
+    "NCCL_LL128_C2C",
+    "NCCL_LL128_NTHREADS",
+    "NCCL_LL_BUFFSIZE",
+    "NCCL_LOCAL_REGISTER",
+    "NCCL_LSA_TEAM_SIZE",
+    "NCCL_MAX_CTAS",
+    "NCCL_MAX_NCHANNELS",
+    "NCCL_MAX_NRINGS",
+    "NCCL_MAX_P2P_NCHANNELS",
+    "NCCL_MEM_SYNC_DOMAIN",
+    "NCCL_MIN_CTAS",
+    "NCCL_MIN_NCHANNELS",
+    "NCCL_MIN_NRINGS",
+    "NCCL_MIN_P2P_NCHANNELS",
+    "NCCL_MLOPART_RDMA_ENABLE",
+    "NCCL_MNNVL_CLIQUE_ID",
+    "NCCL_MNNVL_CROSS_CLIQUE",
+    "NCCL_MNNVL_ENABLE",
+    "NCCL_MNNVL_RAIL_PER_HOST",
+    "NCCL_MNNVL_SCATTER_NETS_ENABLE",
+    "NCCL_MNNVL_UUID",
+    "NCCL_MULTI_RANK_GPU_ENABLE",
+    "NCCL_MULTI_SEGMENT_REGISTER",
+    "NCCL_NCHANNELS_PER_NET_PEER",
+    "NCCL_NET",
+    "NCCL_NETDEVS_POLICY",
+    "NCCL_NET_DISABLE_INTRA",
+    "NCCL_NET_FORCE_FLUSH",
+    "NCCL_NET_FORCE_MERGE",
+    "NCCL_NET_GDR_C2C",
+    "NCCL_NET_GDR_LEVEL",
+    "NCCL_NET_GDR_MLOPART",
+    "NCCL_NET_GDR_READ",
+    "NCCL_NET_MERGE_LEVEL",
+    "NCCL_NET_MERGE_POLICY",
+    "NCCL_NET_OPTIONAL_RECV_COMPLETION",
+    "NCCL_NET_OVERHEAD",
+    "NCCL_NET_PLUGIN",
+    "NCCL_NET_PLUGIN_REF_COUNT",
+    "NCCL_NET_SHARED_BUFFERS",
+    "NCCL_NET_SHARED_COMMS",
+    "NCCL_NSOCKS_PERTHREAD",
+    "NCCL_NTHREADS",
+    "NCCL_NUM_RMA_CTX",
+    "NCCL_NVB_DISABLE",
+    "NCCL_NVB_PRECONNECT",
+    "NCCL_NVLINK_UTIL_CENTRIC_SCHED_ENABLE",
+    "NCCL_NVLSTREE_MAX_CHUNKSIZE",
+    "NCCL_NVLS_CHUNKSIZE",
+    "NCCL_NVLS_ENABLE",
+    "NCCL_NVLS_NCHANNELS",
+    "NCCL_NVTX_DISABLE",
+    "NCCL_OOB_NET_ENABLE",
+    "NCCL_OOB_NET_IFNAME",
+    "NCCL_P2P_DIRECT_DISABLE",
+    "NCCL_P2P_DISABLE",
+    "NCCL_P2P_EPOCH_ENABLE",
+    "NCCL_P2P_LEVEL",
+    "NCCL_P2P_LL_THRESHOLD",
+    "NCCL_P2P_MAX_PEERS",
+    "NCCL_P2P_NET_CHUNKSIZE",
+    "NCCL_P2P_NVL_CHUNKSIZE",
+    "NCCL_P2P_PCI_CHUNKSIZE",
+    "NCCL_P2P_PER_CHANNEL_NET_BW",
+    "NCCL_P2P_PXN_LEVEL",
+    "NCCL_P2P_READ_ENABLE",
+    "NCCL_P2P_SCHEDULE_GROUP_SIZE",
+    "NCCL_P2P_USE_CUDA_MEMCPY",
+    "NCCL_PAT_ENABLE",
+    "NCCL_PROFILER_PLUGIN",
+    "NCCL_PROGRESS_APPENDOP_FREQ",
+    "NCCL_PROTO",
+    "NCCL_PROXY_APPEND_BATCH_SIZE",
+    "NCCL_PROXY_CPUSET",
+    "NCCL_PROXY_DUMP_SIGNAL",
+    "NCCL_PXN_C2C",
+    "NCCL_PXN_DISABLE",
+    "NCCL_RAS_ADDR",
+    "NCCL_RAS_ENABLE",
+    "NCCL_RAS_TIMEOUT_FACTOR",
+    "NCCL_REPORT_CONNECT_PROGRESS",
+    "NCCL_RMA_DISABLE",
+    "NCCL_RMA_PLUGIN",
+    "NCCL_RMA_PLUGIN_REF_COUNT",
+    "NCCL_RMA_PROXY_DUMP_SIGNAL",
+    "NCCL_RMA_PROXY_QUEUE_SIZE",
+    "NCCL_RUNTIME_CONNECT",
+    "NCCL_SET_CPU_STACK_SIZE",
+    "NCCL_SET_STACK_SIZE",
+    "NCCL_SET_THREAD_NAME",
+    "NCCL_SHADOW_MEMPOOL_MAX_SIZE",
+    "NCCL_SHM_DISABLE",
+    "NCCL_SHM_LOCALITY",
+    "NCCL_SINGLE_PROC_MEM_REG_ENABLE",
+    "NCCL_SOCKET_FAMILY",
+    "NCCL_SOCKET_IFNAME",
+    "NCCL_SOCKET_INLINE",
+    "NCCL_SOCKET_MAGIC",
+    "NCCL_SOCKET_MIN_TASKSIZE",
+    "NCCL_SOCKET_NTHREADS",
+    "NCCL_SOCKET_POLL_TIMEOUT_MSEC",
+    "NCCL_SOCKET_RCVBUF",
+    "NCCL_SOCKET_RETRY_CNT",
+    "NCCL_SOCKET_RETRY_SLEEP_MSEC",
+    "NCCL_SOCKET_SNDBUF",
+    "NCCL_SYM_CE_THRESHOLD",
+    "NCCL_SYM_CTAS",
+    "NCCL_SYM_GIN_KERNELS_ENABLE",
+    "NCCL_SYM_KERNEL",
+    "NCCL_SYM_NOWIN_ENABLE",
+    "NCCL_SYM_REUSE_SYSMEM_HANDLES",
+    "NCCL_SYM_RS_GIN_CHUNK_SIZE",
+    "NCCL_SYM_TMA_ENABLE",
+    "NCCL_THREAD_THRESHOLDS",
+    "NCCL_TOPO_DUMP_FILE",
+    "NCCL_TOPO_DUMP_FILE_RANK",
+    "NCCL_TOPO_FILE",
+    "NCCL_TOPO_SPLIT_MLOPART",
+    "NCCL_TUNER_CONFIG_FILE",
+    "NCCL_TUNER_PLUGIN",
+    "NCCL_UID_STAGGER_RATE",
+    "NCCL_UID_STAGGER_THRESHOLD",
+    "NCCL_UNPACK_DOUBLE_NCHANNELS",
+    "NCCL_WARN_ENABLE_DEBUG_INFO",
+    "NCCL_WIN_ENABLE",
+    "NCCL_WIN_STRIDE",
+    "NCCL_WORK_ARGS_BYTES",
+    "NCCL_WORK_FIFO_BYTES",
+    "NCCL_WORK_FIFO_DEPTH",
+];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn keys(c: &NcclConfig) -> Vec<String> {
+        c.problems().into_iter().map(|p| p.key).collect()
+    }
+
+    #[test]
+    fn named_keys_and_extra_become_variables() {
+        let mut c = NcclConfig {
+            algo: Some("Tree,Ring".into()),
+            debug: Some(NcclDebug::Info),
+            ib_disable: Some(true),
+            nsocks_perthread: Some(4),
+            ..NcclConfig::default()
+        };
+        c.extra
+            .insert("NCCL_BUFFSIZE".into(), EnvValue::Int(8 << 20));
+        let vars: Vec<(String, String)> = c.vars().into_iter().map(|(v, x, _)| (v, x)).collect();
+        let want = [
+            ("NCCL_ALGO", "Tree,Ring"),
+            ("NCCL_DEBUG", "INFO"),
+            ("NCCL_IB_DISABLE", "1"),
+            ("NCCL_NSOCKS_PERTHREAD", "4"),
+            ("NCCL_BUFFSIZE", "8388608"),
+        ];
+        assert_eq!(
+            vars,
+            want.map(|(a, b)| (a.to_string(), b.to_string())).to_vec()
+        );
+        assert!(c.problems().is_empty());
+    }
+
+    #[test]
+    fn bad_values_and_unknown_variables_name_their_key() {
+        let mut c = NcclConfig {
+            algo: Some("allreduce:tree;broadcast:rng".into()),
+            proto: Some("^LL129".into()),
+            nsocks_perthread: Some(0),
+            ..NcclConfig::default()
+        };
+        c.extra
+            .insert("NCCL_SOCKET_NTHREAD".into(), EnvValue::Int(4));
+        c.extra
+            .insert("NCCL_ALGO".into(), EnvValue::Text("Ring".into()));
+        c.extra
+            .insert("TORCH_NCCL_BLOCKING_WAIT".into(), EnvValue::Bool(true));
+        let p = c.problems();
+        assert_eq!(
+            keys(&c),
+            [
+                "backend.nccl.algo",
+                "backend.nccl.proto",
+                "backend.nccl.nsocks_perthread",
+                "backend.nccl.extra.NCCL_ALGO",
+                "backend.nccl.extra.NCCL_SOCKET_NTHREAD",
+                "backend.nccl.extra.TORCH_NCCL_BLOCKING_WAIT",
+            ]
+        );
+        assert_eq!(p[0].help.as_deref(), Some("did you mean `Ring`?"));
+        assert_eq!(p[1].help.as_deref(), Some("did you mean `LL128`?"));
+        assert_eq!(
+            p[4].help.as_deref(),
+            Some("did you mean `NCCL_SOCKET_NTHREADS`?")
+        );
+        assert!(p[5].help.as_deref().unwrap().contains("only NCCL's own"));
+    }
+
+    #[test]
+    fn the_environment_fills_what_the_section_leaves_unset() {
+        let c = NcclConfig {
+            algo: Some("Ring".into()),
+            ..NcclConfig::default()
+        };
+        let env = [
+            ("NCCL_ALGO", "Tree"),
+            ("NCCL_DEBUG", "warn"),
+            ("NCCL_IB_HCA", "mlx5"),
+            ("NCCL_COMM_ID", "10.0.0.1:1234"),
+            ("NCCL_NOT_A_VARIABLE", "1"),
+            ("PATH", "/bin"),
+        ]
+        .map(|(a, b)| (a.to_string(), b.to_string()));
+        let w = c.with_environment(env);
+        assert_eq!(w.algo.as_deref(), Some("Ring"));
+        assert_eq!(w.debug, Some(NcclDebug::Warn));
+        assert_eq!(w.extra.len(), 1);
+        assert_eq!(w.extra["NCCL_IB_HCA"], EnvValue::Text("mlx5".into()));
+    }
+}
