@@ -1,32 +1,60 @@
 #!/usr/bin/env bash
-# kiln's GPU check. Builds nothing: it runs a kiln binary built elsewhere with the `cuda` feature
-# on a machine with an NVIDIA GPU, and prints a summary. Well under 10 minutes on one H200.
+# kiln's GPU check, built for a 10-minute window on a machine with an NVIDIA GPU. It builds
+# nothing: it runs a kiln binary built elsewhere with the `cuda` feature.
 #
-# Carry the binary (the GPU machine needs no Rust toolchain):
 #   cargo build --release --features cuda
-#   mkdir -p .carry && cp target/release/kiln .carry/      # .carry/ is git-ignored
+#   mkdir -p .carry && strip -o .carry/kiln target/release/kiln   # .carry/ is git-ignored
 #   # on the GPU machine, in the repository root:
-#   bash scripts/gpu-check.sh                             # or KILN=/path/to/kiln bash scripts/gpu-check.sh
+#   bash scripts/gpu-check.sh            # or KILN=/path/to/kiln bash scripts/gpu-check.sh
+#   bash scripts/gpu-check.sh --dry-run  # every step with its timeout; needs no GPU
 #
-# NCCL: kiln finds the pip wheel's nvidia/nccl/lib/libnccl.so.2 by itself (see `kiln env`);
-# KILN_NCCL_LIBRARY=/path/to/libnccl.so.2 overrides the search.
+# - A preflight (driver, GPU, toolkit, NVRTC, NCCL) stops early with the reason.
+# - Each step runs under its own `timeout` and prints PASS or FAIL as it ends; a FAIL prints
+#   the tail of the step's output and of its rank log.
+# - Everything is written under $OUT/gpu-check when OUT is set (the device runner brings $OUT
+#   back): metrics, rank logs, summaries, the `kiln env` report, each step's output.
+# - The throughput comparison is last. The timeouts add up to under 540 s (each step is killed
+#   at most 1 s after its timeout).
 set -uo pipefail
 cd "$(dirname "$0")/.."
+DRY=0
+[ "${1:-}" = "--dry-run" ] && DRY=1
 KILN=${KILN:-./.carry/kiln}
-WORK=${WORK:-$(mktemp -d /tmp/kiln-gpu-check.XXXX)}
+if [ -n "${OUT:-}" ]; then WORK=$OUT/gpu-check
+elif [ "$DRY" = 1 ]; then WORK=${WORK:-/tmp/kiln-gpu-check}
+else WORK=${WORK:-$(mktemp -d /tmp/kiln-gpu-check.XXXX)}; fi
+[ "$DRY" = 1 ] || mkdir -p "$WORK"
+# kiln's kernel cache lives with the results, so its size can be checked
+export KILN_CACHE_DIR=${KILN_CACHE_DIR:-$WORK/cache}
 Q=experiments/quickstart.toml
-results=()
 pass=0
 fail=0
+total=0
+n=0
 
-step() { # name, command...
-  local name=$1; shift
-  echo "=== $name"
-  local t0=$(date +%s.%N)
-  if "$@"; then
-    results+=("PASS  $name ($(echo "$(date +%s.%N) - $t0" | bc 2>/dev/null || echo '?')s)"); pass=$((pass+1))
+step() { # timeout-seconds, name, command...
+  local limit=$1 name=$2; shift 2
+  n=$((n + 1)); total=$((total + limit))
+  if [ "$DRY" = 1 ]; then
+    printf 'step %2d  %3ss  %s\n         %s\n' "$n" "$limit" "$name" "$*"
+    return 0
+  fi
+  local log
+  log=$WORK/step-$(printf %02d $n).log
+  local t0=$SECONDS
+  # `timeout` runs programs, not shell functions: each step runs in a child bash that has this
+  # script's functions and variables (exported below)
+  if timeout --kill-after=1 "$limit" bash -c '"$@"' step "$@" >"$log" 2>&1; then
+    printf 'PASS  %2d  %-60s %4ss\n' "$n" "$name" "$((SECONDS - t0))"; pass=$((pass + 1))
   else
-    results+=("FAIL  $name"); fail=$((fail+1))
+    local rc=$?
+    printf 'FAIL  %2d  %-60s %4ss (exit %s%s)\n' "$n" "$name" "$((SECONDS - t0))" "$rc" "$([ "$rc" = 124 ] && echo ", timed out after ${limit}s")"
+    fail=$((fail + 1))
+    echo "----- output (tail)"; tail -n 15 "$log"
+    local rank_log
+    rank_log=$(ls -t "$WORK"/*/logs/rank-0.log 2>/dev/null | head -1)
+    [ -n "$rank_log" ] && { echo "----- $rank_log (tail)"; tail -n 10 "$rank_log"; }
+    echo "-----"
   fi
 }
 
@@ -49,34 +77,44 @@ sys.exit(0 if len(a) == len(b) and worst <= tol else 1)
 PY
 }
 
-[ -x "$KILN" ] || { echo "no kiln binary at $KILN (see the top of this script)"; exit 2; }
-step "kiln env" "$KILN" env
-step "quickstart single on CUDA" run cuda-single backend.device=cuda
-step "quickstart single on CPU" run cpu-single
-step "CUDA vs CPU losses (rel 1e-3)" compare_losses cuda-single cpu-single 1e-3
-step "ddp world 1 over NCCL" run cuda-ddp1 backend.device=cuda strategy.kind=ddp strategy.devices=1 strategy.collective=nccl
-step "ddp world 1: NCCL ran on the device gradient buffers" grep -q "gradients: accumulated and reduced on the device" "$WORK/cuda-ddp1/logs/rank-0.log"
-step "ddp(1) over NCCL == single on CUDA (rel 1e-5)" compare_losses cuda-ddp1 cuda-single 1e-5
-step "fsdp world 1 over NCCL (device all-gather and reduce-scatter)" run cuda-fsdp1 backend.device=cuda strategy.kind=fsdp strategy.devices=1 strategy.collective=nccl strategy.unit=layer
-step "fsdp(1) over NCCL == single on CUDA (rel 1e-5)" compare_losses cuda-fsdp1 cuda-single 1e-5
-step "bf16 ddp world 1 over NCCL" run cuda-bf16-ddp1 backend.device=cuda backend.precision=bf16 strategy.kind=ddp strategy.devices=1 strategy.collective=nccl
-step "single on CUDA keeps parameters and optimizer on the device" grep -q "parameters and optimizer state: on the device" "$WORK/cuda-single/logs/rank-0.log"
-step "CUDA checkpoint at step 15 of 30" run cuda-ckpt backend.device=cuda optim.kind=adamw checkpoint.every_steps=15
-step "CUDA resume from step 15 repeats steps 16-30 (rel 1e-5)" bash -c "cp -r '$WORK/cuda-ckpt' '$WORK/cuda-resumed' && '$KILN' resume '$WORK/cuda-resumed' --from step-00000015 --quiet"
-step "resumed losses == uninterrupted losses" compare_losses cuda-ckpt cuda-resumed 1e-5
-step "dp 2 ranks on one GPU, host collective" run cuda-dp2 backend.device=cuda strategy.kind=dp strategy.devices=2 strategy.collective=host train.batch_size=16
-step "ddp 2 ranks on one GPU, host collective" run cuda-ddp2 backend.device=cuda strategy.kind=ddp strategy.devices=2 strategy.collective=host train.batch_size=16
-step "fsdp 2 ranks on one GPU, host-staged" run cuda-fsdp2 backend.device=cuda strategy.kind=fsdp strategy.devices=2 strategy.collective=host train.batch_size=16
-step "dp(2) == single(32) on CUDA (rel 1e-3)" compare_losses cuda-dp2 cuda-single 1e-3
-step "ddp(2) == single(32) on CUDA (rel 1e-3)" compare_losses cuda-ddp2 cuda-single 1e-3
-step "fsdp(2) == single(32) on CUDA (rel 1e-3)" compare_losses cuda-fsdp2 cuda-single 1e-3
-step "bf16 single on CUDA" run cuda-bf16 backend.device=cuda backend.precision=bf16
-step "two ranks on one GPU with nccl is refused" bash -c "! '$KILN' check $Q --set backend.device=cuda --set strategy.kind=ddp --set strategy.devices=2 --set strategy.collective=nccl"
+preflight() {
+  command -v nvidia-smi >/dev/null || { echo "no nvidia-smi: no NVIDIA driver here"; return 1; }
+  nvidia-smi -L || { echo "nvidia-smi -L failed: the driver sees no GPU"; return 1; }
+  "$KILN" env | tee "$WORK/env.txt"
+  grep -q "^gpu 0: " "$WORK/env.txt" || { echo "kiln sees no GPU (see above)"; return 1; }
+  grep -q "^cuda toolkit: not found" "$WORK/env.txt" && { echo "no CUDA toolkit (see above)"; return 1; }
+  grep -q "^nvrtc: not loadable" "$WORK/env.txt" && { echo "NVRTC does not load (see above)"; return 1; }
+  grep -q "^nccl: not loadable" "$WORK/env.txt" && { echo "NCCL does not load (see above)"; return 1; }
+  return 0
+}
 
-echo "=== throughput: MLP 1024 -> 4096 x 4 -> 10, batch 512, SGD"
-BIG=(--set model.input_size=1024 --set data.features=1024 --set "model.hidden_sizes=[4096,4096,4096,4096]" --set data.samples=8192 --set train.batch_size=512 --set backend.device=cuda)
-"$KILN" bench "$Q" --steps 50 --repeats 3 "${BIG[@]}" | tee "$WORK/kiln-bench.txt"
-python3 - <<'PY' | tee "$WORK/torch-bench.txt"
+cache_filled() { # the first CUDA run left compiled kernels for the next processes
+  local files
+  files=$(find "$KILN_CACHE_DIR" -type f 2>/dev/null | wc -l)
+  echo "kernel cache $KILN_CACHE_DIR: $files files"
+  [ "$files" -gt 0 ]
+}
+
+refused_with_message() { # the nccl placement of two ranks on one GPU is refused, and says why
+  local out
+  out=$("$KILN" check "$Q" --set backend.device=cuda --set strategy.kind=ddp --set "strategy.devices=[0, 0]" --set strategy.collective=nccl 2>&1)
+  local rc=$?
+  echo "$out"
+  [ "$rc" = 2 ] && grep -q "puts two ranks on one GPU, which NCCL refuses" <<<"$out"
+}
+
+diverges_on_the_device() { # a NaN gradient on the GPU (device buffers, NCCL) stops the run
+  local out
+  out=$(run cuda-diverge backend.device=cuda strategy.kind=ddp strategy.devices=1 strategy.collective=nccl optim.lr=1e30 2>&1)
+  local rc=$?
+  echo "$out"
+  [ "$rc" = 1 ] && grep -q "training diverged at step" <<<"$out"
+}
+
+throughput() {
+  local BIG=(--set model.input_size=1024 --set data.features=1024 --set "model.hidden_sizes=[4096,4096,4096,4096]" --set data.samples=8192 --set train.batch_size=512 --set backend.device=cuda)
+  "$KILN" bench "$Q" --steps 50 --repeats 3 "${BIG[@]}"
+  python3 - <<'PY'
 import time
 try:
     import torch, torch.nn as nn
@@ -84,16 +122,15 @@ except ImportError:
     print("pytorch: not installed, skipped"); raise SystemExit(0)
 if not torch.cuda.is_available():
     print("pytorch: no CUDA, skipped"); raise SystemExit(0)
-dev = "cuda"
 sizes = [1024, 4096, 4096, 4096, 4096, 10]
 layers = []
 for i in range(len(sizes) - 1):
     layers.append(nn.Linear(sizes[i], sizes[i + 1]))
     if i < len(sizes) - 2:
         layers.append(nn.ReLU())
-m = nn.Sequential(*layers).to(dev)
+m = nn.Sequential(*layers).to("cuda")
 opt = torch.optim.SGD(m.parameters(), lr=0.01)
-x = torch.randn(512, 1024, device=dev); y = torch.randint(0, 10, (512,), device=dev)
+x = torch.randn(512, 1024, device="cuda"); y = torch.randint(0, 10, (512,), device="cuda")
 loss_fn = nn.CrossEntropyLoss()
 def step():
     opt.zero_grad(set_to_none=True); loss_fn(m(x), y).backward(); opt.step()
@@ -103,9 +140,44 @@ for _ in range(50): step()
 torch.cuda.synchronize(); dt = time.perf_counter() - t
 print(f"pytorch {torch.__version__} eager: {50 / dt:.1f} steps/s, {50 * 512 / dt:.0f} samples/s")
 PY
+}
 
+export KILN WORK Q
+export -f run compare_losses preflight cache_filled refused_with_message diverges_on_the_device throughput
+if [ "$DRY" = 0 ]; then
+  [ -x "$KILN" ] || { echo "no kiln binary at $KILN (see the top of this script)"; exit 2; }
+  echo "work dir: $WORK"
+fi
+step 30 "preflight: driver, GPU, toolkit, NVRTC, NCCL (kiln env)" preflight
+if [ "$DRY" = 0 ] && [ "$fail" -gt 0 ]; then
+  echo "preflight failed: stopping here (the reason is above)"
+  exit 1
+fi
+step 90 "quickstart single on CUDA (compiles the kernels)" run cuda-single backend.device=cuda
+step 5 "the kernel cache holds the compiled kernels" cache_filled
+step 30 "quickstart single on CPU" run cpu-single
+step 5 "CUDA vs CPU losses (rel 1e-3)" compare_losses cuda-single cpu-single 1e-3
+step 5 "single on CUDA keeps parameters and optimizer on the device" grep -q "parameters and optimizer state: on the device" "$WORK/cuda-single/logs/rank-0.log"
+step 40 "ddp world 1 over NCCL" run cuda-ddp1 backend.device=cuda strategy.kind=ddp strategy.devices=1 strategy.collective=nccl
+step 5 "ddp world 1: NCCL ran on the device gradient buffers" grep -q "gradients: accumulated and reduced on the device" "$WORK/cuda-ddp1/logs/rank-0.log"
+step 5 "ddp(1) over NCCL == single on CUDA (rel 1e-5)" compare_losses cuda-ddp1 cuda-single 1e-5
+step 40 "fsdp world 1 over NCCL (device all-gather and reduce-scatter)" run cuda-fsdp1 backend.device=cuda strategy.kind=fsdp strategy.devices=1 strategy.collective=nccl strategy.unit=layer
+step 5 "fsdp(1) over NCCL == single on CUDA (rel 1e-5)" compare_losses cuda-fsdp1 cuda-single 1e-5
+step 40 "bf16 ddp world 1 over NCCL" run cuda-bf16-ddp1 backend.device=cuda backend.precision=bf16 strategy.kind=ddp strategy.devices=1 strategy.collective=nccl
+step 40 "CUDA checkpoint at step 15 of 30" run cuda-ckpt backend.device=cuda optim.kind=adamw checkpoint.every_steps=15
+step 40 "CUDA resume from step 15" bash -c "rm -rf '$WORK/cuda-resumed' && cp -r '$WORK/cuda-ckpt' '$WORK/cuda-resumed' && '$KILN' resume '$WORK/cuda-resumed' --from step-00000015 --quiet"
+step 5 "resumed losses == uninterrupted losses (rel 1e-5)" compare_losses cuda-ckpt cuda-resumed 1e-5
+step 40 "ddp 2 ranks on one GPU, host collective" run cuda-ddp2 backend.device=cuda strategy.kind=ddp strategy.devices=2 strategy.collective=host train.batch_size=16
+step 5 "ddp(2) == single(32) on CUDA (rel 1e-3)" compare_losses cuda-ddp2 cuda-single 1e-3
+step 15 "two ranks on one GPU with nccl is refused, saying why" refused_with_message
+step 30 "a NaN gradient on the device stops the run as diverged" diverges_on_the_device
+step 60 "throughput: MLP 1024 -> 4096 x 4 -> 10, batch 512, SGD; kiln vs PyTorch" throughput
+
+if [ "$DRY" = 1 ]; then
+  echo "$n steps; timeouts add up to ${total}s"
+  exit 0
+fi
 echo
-echo "=== summary ($pass passed, $fail failed; work dir $WORK)"
-printf '%s\n' "${results[@]}"
-grep -h "samples" "$WORK/kiln-bench.txt" "$WORK/torch-bench.txt" 2>/dev/null | tail -3
+echo "=== $pass passed, $fail failed; results in $WORK"
+grep -h "samples" "$WORK"/step-*.log 2>/dev/null | tail -3
 [ "$fail" -eq 0 ]

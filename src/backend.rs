@@ -24,6 +24,8 @@ pub enum BackendError {
     CudaNotCompiled,
     #[error("no CUDA device found; {0}\n  = help: check `nvidia-smi`, the driver (libcuda.so) and CUDA_VISIBLE_DEVICES, or set `backend.device = \"cpu\"` (`kiln env` shows what kiln sees)")]
     NoCudaDevice(String),
+    #[error("no CUDA toolkit found: cubecl compiles kernels with NVRTC against the CUDA headers (include/cuda_runtime.h){0}\n  = help: {1} (`kiln env` shows what kiln sees)")]
+    NoToolkit(String, &'static str),
     #[error("`strategy.devices` names GPU {ordinal} but {found} CUDA device(s) were found\n  = help: list ordinals below {found}, or check CUDA_VISIBLE_DEVICES")]
     NoSuchGpu { ordinal: usize, found: usize },
     #[error("`strategy.collective` = \"nccl\" but ranks share a GPU ({ranks} ranks on {gpus} GPU(s)); NCCL refuses two ranks on one GPU (before NCCL 2.30)\n  = help: set `strategy.collective = \"host\"` for host-staged collectives, or use at most {gpus} devices")]
@@ -109,6 +111,26 @@ fn cuda_placement(c: &Config, world: usize) -> Result<Placement, BackendError> {
             "the driver reports 0 devices".into(),
         ));
     }
+    match crate::cuda::find_toolkit() {
+        Ok(_) if crate::cuda::nvrtc_loadable() => {}
+        // an install kiln's search does not know, where cubecl's own finds the headers
+        _ if crate::cuda::nvrtc_loadable() && crate::cuda::cubecl_finds_headers() => {}
+        Ok(t) => {
+            return Err(BackendError::NoToolkit(
+                format!("; NVRTC at {} does not load", t.nvrtc.display()),
+                crate::cuda::toolkit::HELP,
+            ))
+        }
+        Err(why) => {
+            let tried = if why.is_empty() {
+                String::new()
+            } else {
+                format!("; looked at: {}", why.join("; "))
+            };
+            return Err(BackendError::NoToolkit(tried, crate::cuda::toolkit::HELP));
+        }
+    }
+    crate::cuda::configure_kernels(c.backend.autotune);
     let mut placement = place_on_gpus(c, world, gpus)?;
     if placement.collective == CommKind::Nccl
         && world == 1

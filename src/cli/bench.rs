@@ -41,16 +41,23 @@ pub fn bench(a: &BenchArgs) -> Result<()> {
             )))
         }
     };
-    launch::bench(r, a.steps, a.repeats, &cpus, &mut |ev| match ev {
+    launch::bench(r, a.steps, a.repeats, &cpus, &mut |ev| {
+        match ev {
         BenchEvent::Plan { describe, repeats } => {
             println!("{describe}");
-            println!("backend   threads  steps/s  samples/s  (median of {repeats})");
+            println!("backend   threads  loaders  steps/s  samples/s  data  (median of {repeats})");
         }
         BenchEvent::Row {
             backend,
             threads,
+            loaders,
             steps_per_sec,
             samples_per_sec,
-        } => println!("{backend:<9} {threads:>7}  {steps_per_sec:>7.1}  {samples_per_sec:>9.0}"),
+            data_fraction,
+        } => println!(
+            "{backend:<9} {threads:>7}  {loaders:>7}  {steps_per_sec:>7.2}  {samples_per_sec:>9.1}  {:>3.0}%",
+            100.0 * data_fraction
+        ),
+    }
     })
 }

@@ -120,6 +120,44 @@ fn cuda_report() {
             println!("gpus: none ({why})\n  = help: check `nvidia-smi` and CUDA_VISIBLE_DEVICES")
         }
     }
+    match cuda::find_toolkit() {
+        Ok(t) => println!(
+            "cuda toolkit: {} ({}): include/cuda_runtime.h, {}",
+            t.root.display(),
+            t.from,
+            t.nvrtc.display()
+        ),
+        Err(why) => {
+            println!("cuda toolkit: not found (headers and NVRTC, which compile kiln's kernels)");
+            for w in why {
+                println!("  looked at {w}");
+            }
+            println!("  = help: {}", cuda::toolkit::HELP);
+        }
+    }
+    let driver = cuda::driver_version();
+    match cuda::nvrtc_version() {
+        Some((major, minor)) => {
+            println!("nvrtc: {major}.{minor}");
+            if let Some((dm, dn)) = driver.filter(|&d| (major, minor) > d) {
+                println!("  warning: NVRTC {major}.{minor} is newer than the driver's CUDA {dm}.{dn}: the kernels it compiles will not load");
+                println!("  = help: update the NVIDIA driver, or use NVRTC {dm}.{dn} (`pip install \"nvidia-cuda-nvrtc=={dm}.{dn}.*\"`)");
+            }
+        }
+        None => {
+            println!("nvrtc: not loadable");
+            println!("  = help: {}", cuda::toolkit::HELP);
+        }
+    }
+    let cache = cuda::kernel_cache_dir();
+    println!(
+        "kernel cache: {} (compiled kernels and autotune results; clear it with `rm -rf {}`)",
+        cache.display(),
+        cache.display()
+    );
+    if let Some(done) = cuda::prepared() {
+        println!("environment prepared by kiln (re-executed): {done}");
+    }
     match (cuda::nccl_version(), cuda::find_nccl()) {
         (Some(v), path) => {
             let linked = std::env::var("KILN_NCCL_SHIM")

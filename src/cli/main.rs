@@ -21,9 +21,10 @@ where
     T: Into<std::ffi::OsString> + Clone,
 {
     quiet_on_closed_stdout();
-    // NCCL found but not loadable: re-execute with it on the library path, before anything runs
+    // NCCL and the CUDA toolkit loadable (a re-exec with them on the library path), before any
+    // thread, socket or token exists
     #[cfg(feature = "cuda")]
-    if let Some(warning) = crate::cuda::ensure_nccl_loadable() {
+    if let Some(warning) = crate::cuda::prepare_environment() {
         eprintln!("{warning}");
     }
     model::install(registry);

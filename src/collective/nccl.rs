@@ -75,7 +75,156 @@ impl Shared {
     }
 }
 
-/// An owned communicator; aborted (never waited on) when dropped.
+/// How a communicator is made: started without blocking, then polled (behind a trait, so that
+/// an emulated communicator can stand in for tests).
+trait CommInit {
+    type Comm: Copy;
+    /// Starts creating the communicator.
+    fn start(&self) -> Result<Self::Comm, String>;
+    /// `Ok(true)` when it is ready, `Ok(false)` while it is being made.
+    fn poll(&self, comm: Self::Comm) -> Result<bool, String>;
+    fn abort(&self, comm: Self::Comm);
+}
+
+/// Makes a communicator through `api` within `timeout`: a rank or node that never joins (it
+/// failed after the rendezvous) or a local rank that failed aborts it instead of leaving this
+/// rank blocked in NCCL forever.
+fn init_within<A: CommInit>(
+    api: &A,
+    rank: usize,
+    shared: &Shared,
+    timeout: Duration,
+) -> Result<A::Comm, CollectiveError> {
+    let comm = api.start().map_err(|e| {
+        shared.set(&format!("rank {rank}: NCCL communicator init failed"));
+        device_error(rank, SETUP, format!("communicator init failed: {e}"))
+    })?;
+    let start = Instant::now();
+    let mut pause = Duration::from_micros(100);
+    loop {
+        match api.poll(comm) {
+            Ok(true) => return Ok(comm),
+            Ok(false) => {}
+            Err(e) => {
+                api.abort(comm);
+                shared.set(&format!("rank {rank}: NCCL communicator init failed"));
+                return Err(device_error(
+                    rank,
+                    SETUP,
+                    format!("communicator init failed: {e}"),
+                ));
+            }
+        }
+        if let Some(reason) = shared.reason() {
+            api.abort(comm);
+            return Err(CollectiveError::Aborted {
+                rank,
+                op: SETUP,
+                reason,
+            });
+        }
+        if start.elapsed() >= timeout {
+            api.abort(comm);
+            shared.set(&format!("rank {rank}: NCCL communicator init timed out"));
+            return Err(device_error(
+                rank,
+                SETUP,
+                format!(
+                    "communicator init did not finish within {}s (strategy.timeout_secs): a rank or node of the job never joined; its log says why",
+                    timeout.as_secs()
+                ),
+            ));
+        }
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(Duration::from_millis(20));
+    }
+}
+
+/// `ncclCommInitRankConfig` with `blocking = 0`, polled with `ncclCommGetAsyncError`.
+struct RealInit {
+    id: sys::ncclUniqueId,
+    rank: usize,
+    world: usize,
+}
+
+/// `NCCL_CONFIG_INITIALIZER` with `blocking = 0`: every other field undefined (NCCL's
+/// defaults, or the environment's).
+fn nonblocking_config() -> sys::ncclConfig_t {
+    const UNDEF: i32 = i32::MIN;
+    sys::ncclConfig_t {
+        size: std::mem::size_of::<sys::ncclConfig_t>(),
+        magic: 0xcafe_beef,
+        // the layout of cudarc's `ncclConfig_t` (NCCL 2.30's header)
+        version: 23000,
+        blocking: 0,
+        cgaClusterSize: UNDEF,
+        minCTAs: UNDEF,
+        maxCTAs: UNDEF,
+        netName: std::ptr::null(),
+        splitShare: UNDEF,
+        trafficClass: UNDEF,
+        commName: std::ptr::null(),
+        collnetEnable: UNDEF,
+        CTAPolicy: UNDEF,
+        shrinkShare: UNDEF,
+        nvlsCTAs: UNDEF,
+        nChannelsPerNetPeer: UNDEF,
+        nvlinkCentricSched: UNDEF,
+        graphUsageMode: UNDEF,
+        numRmaCtx: UNDEF,
+        maxP2pPeers: UNDEF,
+    }
+}
+
+impl CommInit for RealInit {
+    type Comm = sys::ncclComm_t;
+
+    fn start(&self) -> Result<sys::ncclComm_t, String> {
+        let mut config = nonblocking_config();
+        let mut comm: sys::ncclComm_t = std::ptr::null_mut();
+        // SAFETY: valid out-pointer and config; rank < world; the id is shared by all ranks.
+        let r = unsafe {
+            sys::ncclCommInitRankConfig(
+                &mut comm,
+                self.world as i32,
+                self.id,
+                self.rank as i32,
+                &mut config,
+            )
+        };
+        match r {
+            sys::ncclResult_t::ncclSuccess | sys::ncclResult_t::ncclInProgress => Ok(comm),
+            e => {
+                if !comm.is_null() {
+                    self.abort(comm);
+                }
+                Err(format!("ncclCommInitRankConfig: {e:?}"))
+            }
+        }
+    }
+
+    fn poll(&self, comm: sys::ncclComm_t) -> Result<bool, String> {
+        let mut state = sys::ncclResult_t::ncclSuccess;
+        // SAFETY: a communicator being made by ncclCommInitRankConfig; valid out-pointer.
+        let r = unsafe { sys::ncclCommGetAsyncError(comm, &mut state) };
+        if r != sys::ncclResult_t::ncclSuccess {
+            return Err(format!("ncclCommGetAsyncError: {r:?}"));
+        }
+        match state {
+            sys::ncclResult_t::ncclSuccess => Ok(true),
+            sys::ncclResult_t::ncclInProgress => Ok(false),
+            e => Err(format!("{e:?}")),
+        }
+    }
+
+    fn abort(&self, comm: sys::ncclComm_t) {
+        // SAFETY: a communicator from ncclCommInitRankConfig, aborted once (the caller drops it).
+        let _ = unsafe { nccl::comm_abort(comm) };
+    }
+}
+
+/// An owned communicator; aborted (never waited on) when dropped. A rank that ends well
+/// finalizes and destroys it instead (`NcclRank`'s drop).
 struct RawComm(sys::ncclComm_t);
 
 impl RawComm {
@@ -130,6 +279,45 @@ pub struct NcclRank {
     world: usize,
     seq: u64,
     timeout: Duration,
+}
+
+impl Drop for NcclRank {
+    /// A rank that ended well finalizes its communicator (its last ops complete, for peers on
+    /// other nodes too) and destroys it; one that failed, or whose process is stopping,
+    /// aborts it. A finalize that does not finish within the timeout is aborted.
+    fn drop(&mut self) {
+        let comm = self.comm.0;
+        if comm.is_null() || self.shared.reason().is_some() {
+            return; // RawComm's drop aborts what is left
+        }
+        // SAFETY: a live communicator, finalized once, then destroyed once.
+        let r = unsafe { sys::ncclCommFinalize(comm) };
+        if !matches!(
+            r,
+            sys::ncclResult_t::ncclSuccess | sys::ncclResult_t::ncclInProgress
+        ) {
+            return;
+        }
+        let start = Instant::now();
+        loop {
+            let mut state = sys::ncclResult_t::ncclSuccess;
+            // SAFETY: as above.
+            let r = unsafe { sys::ncclCommGetAsyncError(comm, &mut state) };
+            if r != sys::ncclResult_t::ncclSuccess || self.shared.reason().is_some() {
+                return; // RawComm's drop aborts it
+            }
+            match state {
+                sys::ncclResult_t::ncclSuccess => break,
+                sys::ncclResult_t::ncclInProgress if start.elapsed() < self.timeout => {
+                    std::thread::sleep(Duration::from_millis(1))
+                }
+                _ => return,
+            }
+        }
+        // SAFETY: finalized above; destroyed once, and never aborted after.
+        unsafe { sys::ncclCommDestroy(comm) };
+        self.comm.0 = std::ptr::null_mut();
+    }
 }
 
 // SAFETY: an NCCL communicator may be used from any thread as long as it is not used by two at
@@ -207,20 +395,14 @@ impl NcclRank {
         drop(guard);
         ctx.bind_to_thread()
             .map_err(|e| device_error(rank, SETUP, format!("GPU {ordinal}: {e:?}")))?;
-        let mut comm = std::mem::MaybeUninit::uninit();
-        let raw_id = sys::ncclUniqueId {
-            internal: *id.internal(),
+        let api = RealInit {
+            id: sys::ncclUniqueId {
+                internal: *id.internal(),
+            },
+            rank,
+            world,
         };
-        // SAFETY: `comm` is a valid out-pointer; rank < world; the id is shared by all ranks.
-        let comm = unsafe {
-            nccl::comm_init_rank(comm.as_mut_ptr(), world as i32, raw_id, rank as i32).map_err(
-                |e| {
-                    shared.set(&format!("rank {rank}: ncclCommInitRank failed"));
-                    device_error(rank, SETUP, format!("ncclCommInitRank: {e:?}"))
-                },
-            )?;
-            comm.assume_init()
-        };
+        let comm = init_within(&api, rank, &shared, timeout)?;
         Ok(NcclRank {
             comm: RawComm(comm),
             ctx,
@@ -296,6 +478,38 @@ impl NcclRank {
         if let Err(e) = f(self.comm.0, self.stream.cu_stream() as _) {
             self.fail(&format!("rank {rank} failed in {op}"));
             return Err(device_error(rank, op, e));
+        }
+        // a non-blocking communicator may return before the op is on the stream
+        // (`ncclInProgress`): wait until it is, then record the event after it
+        let start = Instant::now();
+        loop {
+            let mut state = sys::ncclResult_t::ncclSuccess;
+            // SAFETY: a live communicator and a valid out-pointer.
+            let r = unsafe { sys::ncclCommGetAsyncError(self.comm.0, &mut state) };
+            if r != sys::ncclResult_t::ncclSuccess {
+                state = r;
+            }
+            match state {
+                sys::ncclResult_t::ncclSuccess => break,
+                sys::ncclResult_t::ncclInProgress => {}
+                e => {
+                    self.fail(&format!("rank {rank}: NCCL reported {e:?} in {op}"));
+                    return Err(device_error(rank, op, format!("asynchronous error {e:?}")));
+                }
+            }
+            if let Some(reason) = self.shared.reason() {
+                self.comm.abort();
+                return Err(CollectiveError::Aborted { rank, op, reason });
+            }
+            if start.elapsed() >= self.timeout {
+                self.fail(&format!("rank {rank}: {op} timed out"));
+                return Err(device_error(
+                    rank,
+                    op,
+                    format!("not enqueued within {}s", self.timeout.as_secs()),
+                ));
+            }
+            std::thread::sleep(Duration::from_micros(50));
         }
         let event = self
             .stream
@@ -573,5 +787,85 @@ impl DeviceOps for NcclRank {
                 .map(|_| ())
                 .map_err(|e| format!("ncclBroadcast: {e:?}"))
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::Cell;
+
+    /// A communicator whose init never finishes, or fails after `fail_after` polls.
+    struct Emulated {
+        fail_after: Option<usize>,
+        polls: Cell<usize>,
+        aborted: Cell<usize>,
+    }
+
+    impl CommInit for Emulated {
+        type Comm = ();
+        fn start(&self) -> Result<(), String> {
+            Ok(())
+        }
+        fn poll(&self, _: ()) -> Result<bool, String> {
+            self.polls.set(self.polls.get() + 1);
+            match self.fail_after {
+                Some(n) if self.polls.get() > n => Err("ncclSystemError".into()),
+                _ => Ok(false),
+            }
+        }
+        fn abort(&self, _: ()) {
+            self.aborted.set(self.aborted.get() + 1);
+        }
+    }
+
+    fn emulated(fail_after: Option<usize>) -> Emulated {
+        Emulated {
+            fail_after,
+            polls: Cell::new(0),
+            aborted: Cell::new(0),
+        }
+    }
+
+    #[test]
+    fn an_init_that_never_finishes_is_aborted_at_the_timeout_naming_the_rank() {
+        let api = emulated(None);
+        let shared = Shared::new();
+        let t = Instant::now();
+        let e = init_within(&api, 3, &shared, Duration::from_millis(200))
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(t.elapsed() < Duration::from_secs(5));
+        assert!(
+            e.contains("rank 3") && e.contains("communicator init"),
+            "{e}"
+        );
+        assert!(e.contains("within 0s"), "{e}");
+        assert_eq!(api.aborted.get(), 1);
+        // the other ranks of the process are told
+        assert!(shared.reason().unwrap().contains("rank 3"));
+    }
+
+    #[test]
+    fn a_failed_local_rank_or_a_failed_init_stops_the_wait() {
+        let api = emulated(None);
+        let shared = Shared::new();
+        shared.stop("rank 0 could not start on GPU 0");
+        let e = init_within(&api, 1, &shared, Duration::from_secs(60))
+            .err()
+            .unwrap();
+        assert!(matches!(e, CollectiveError::Aborted { rank: 1, .. }), "{e}");
+        assert_eq!(api.aborted.get(), 1);
+        let api = emulated(Some(3));
+        let e = init_within(&api, 2, &Shared::new(), Duration::from_secs(60))
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            e.contains("rank 2") && e.contains("communicator init failed: ncclSystemError"),
+            "{e}"
+        );
+        assert_eq!(api.aborted.get(), 1);
     }
 }

@@ -117,6 +117,18 @@ impl<'de> Deserialize<'de> for EnvValue {
     }
 }
 
+/// Variables that describe one host or process (or that kiln manages): never recorded from the
+/// environment, never sent to other nodes, refused in `extra`.
+pub const PER_PROCESS: &[&str] = &[
+    "NCCL_COMM_ID",
+    "NCCL_COMM_BLOCKING",
+    "NCCL_HOSTID",
+    "NCCL_RAS_ADDR",
+    "NCCL_MNNVL_UUID",
+    "NCCL_MNNVL_CLIQUE_ID",
+    "NCCL_PROXY_CPUSET",
+];
+
 /// The keys of their own: (key under `backend.nccl`, variable).
 pub const NAMED: &[(&str, &str)] = &[
     ("algo", "NCCL_ALGO"),
@@ -207,9 +219,13 @@ impl NcclConfig {
     pub fn with_environment(&self, env: impl IntoIterator<Item = (String, String)>) -> Self {
         let mut out = self.clone();
         for (var, value) in env {
-            if !KNOWN.contains(&var.as_str()) || var == "NCCL_COMM_ID" || out.sets(&var) {
+            if !KNOWN.contains(&var.as_str())
+                || PER_PROCESS.contains(&var.as_str())
+                || out.sets(&var)
+            {
                 continue;
             }
+            let before = out.clone();
             match var.as_str() {
                 "NCCL_ALGO" => out.algo = Some(value),
                 "NCCL_PROTO" => out.proto = Some(value),
@@ -236,6 +252,10 @@ impl NcclConfig {
                 _ => {
                     out.extra.insert(var, EnvValue::Text(value));
                 }
+            }
+            // a value the section would refuse is not recorded (a resume would fail on it)
+            if out.problems().len() > before.problems().len() {
+                out = before;
             }
         }
         out
@@ -291,7 +311,7 @@ impl NcclConfig {
             }
         }
         if let (Some(s), Some(t)) = (self.nsocks_perthread, self.socket_nthreads) {
-            if s * t > 64 && s <= 64 && t <= 16 {
+            if s <= 64 && t <= 16 && s * t > 64 {
                 problem(
                     "nsocks_perthread",
                     format!(
@@ -329,6 +349,18 @@ impl NcclConfig {
                     &key,
                     "`NCCL_COMM_ID` is set by kiln's rendezvous for each job".into(),
                     Some("remove it; kiln shares NCCL's id through its own store".into()),
+                );
+            } else if var == "NCCL_COMM_BLOCKING" {
+                problem(
+                    &key,
+                    "`NCCL_COMM_BLOCKING` would make communicator init block, and kiln's init timeout (strategy.timeout_secs) could not stop it".into(),
+                    Some("remove it".into()),
+                );
+            } else if PER_PROCESS.contains(&var.as_str()) {
+                problem(
+                    &key,
+                    format!("`{var}` describes one host or process, and [backend.nccl] goes to every node"),
+                    Some("set it in that node's environment instead".into()),
                 );
             } else if value.as_env().contains('\0') {
                 problem(&key, format!("`{var}` has a NUL character"), None);
@@ -703,6 +735,11 @@ mod tests {
             ("NCCL_COMM_ID", "10.0.0.1:1234"),
             ("NCCL_NOT_A_VARIABLE", "1"),
             ("PATH", "/bin"),
+            // one host's, and values the section would refuse: never recorded
+            ("NCCL_HOSTID", "node-a"),
+            ("NCCL_COMM_BLOCKING", "1"),
+            ("NCCL_NSOCKS_PERTHREAD", "128"),
+            ("NCCL_PROTO", "LL129"),
         ]
         .map(|(a, b)| (a.to_string(), b.to_string()));
         let w = c.with_environment(env);
@@ -710,5 +747,7 @@ mod tests {
         assert_eq!(w.debug, Some(NcclDebug::Warn));
         assert_eq!(w.extra.len(), 1);
         assert_eq!(w.extra["NCCL_IB_HCA"], EnvValue::Text("mlx5".into()));
+        assert_eq!((w.nsocks_perthread, w.proto.as_deref()), (None, None));
+        assert!(w.problems().is_empty());
     }
 }

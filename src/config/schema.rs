@@ -567,6 +567,16 @@ pub enum CollectiveKind {
     Nccl,
 }
 
+/// `backend.autotune`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AutotuneLevel {
+    Minimal,
+    Balanced,
+    Extensive,
+    Full,
+}
+
 /// `backend.precision`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -669,6 +679,12 @@ pub struct BackendConfig {
     pub threads: usize,
     /// Float type of the math: f32, or bf16/f16 on CUDA. Default: `"f32"`.
     pub precision: Precision,
+    /// CUDA: how hard cubecl searches for the fastest kernel variant the first time it meets a
+    /// shape: minimal, balanced, extensive or full (its results are cached with the compiled
+    /// kernels, see `kiln env`). Default: unset (cubecl's `balanced`, or
+    /// `CUBECL_AUTOTUNE_LEVEL`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub autotune: Option<AutotuneLevel>,
     /// `[backend.nccl]`: NCCL's environment variables for this experiment, exported before
     /// NCCL loads, the same on every node (node 0's values), and recorded in the run's
     /// `config.toml` together with any other `NCCL_*` variable the environment had. Default:
@@ -684,6 +700,7 @@ impl Default for BackendConfig {
             cpu: CpuBackend::Auto,
             threads: 0,
             precision: Precision::F32,
+            autotune: None,
             nccl: NcclConfig::default(),
         }
     }

@@ -7,7 +7,7 @@ use crate::config::{CpuBackend, Device, Resolved};
 use crate::data;
 use crate::error::Result;
 use crate::plan::Plan;
-use crate::train::TrainInput;
+use crate::train::{Phase, TrainInput};
 
 /// What a benchmark reports, as it goes.
 #[derive(Debug, Clone, PartialEq)]
@@ -18,8 +18,12 @@ pub enum BenchEvent {
     Row {
         backend: &'static str,
         threads: usize,
+        /// Data loader threads per rank (`data.workers`).
+        loaders: usize,
         steps_per_sec: f64,
         samples_per_sec: f64,
+        /// The share of the step time spent waiting for batches (the breakdown's `data`).
+        data_fraction: f64,
     },
 }
 
@@ -68,18 +72,22 @@ pub fn bench(
             resume: None,
             init: None,
         };
-        let mut rates = Vec::with_capacity(repeats);
+        // (steps/s, data share) of each measurement; the median by speed is reported
+        let mut runs = Vec::with_capacity(repeats);
         for _ in 0..repeats.max(1) {
             let out = train(&placement, &input, None, None, &mut |_| {})?.outcome;
-            rates.push(out.steps as f64 / out.wall_seconds.max(1e-9));
+            let data = out.time.get(Phase::Data) / out.time.total().max(1e-12);
+            runs.push((out.steps as f64 / out.wall_seconds.max(1e-9), data));
         }
-        rates.sort_by(f64::total_cmp);
-        let median = rates[rates.len() / 2];
+        runs.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let (median, data_fraction) = runs[runs.len() / 2];
         on_event(BenchEvent::Row {
             backend: placement.backend.name(),
             threads: backend::threads(&c.backend, c.strategy.devices.count(), c.data.workers),
+            loaders: c.data.workers,
             steps_per_sec: median,
             samples_per_sec: median * plan.global_batch as f64,
+            data_fraction,
         });
     }
     Ok(())

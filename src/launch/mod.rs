@@ -31,7 +31,8 @@ pub use execute::{execute, resume, start, train, RunOptions};
 pub use resume::{best_mark, choose_checkpoint, config_changes, prepare_resume, Resumption};
 pub use run_dir::{
     checkpoint_store, choose_run_dir, first_missing, is_unfinished, newest_unfinished,
-    replace_file, run_config, run_config_file, stored_config, write_json,
+    replace_file, run_config, run_config_file, stored_config, stored_config_for_elsewhere,
+    write_json,
 };
 pub use sample::{sample, SampleOptions};
 pub use summary::Summary;

@@ -39,6 +39,10 @@ pub fn export(c: &Config, job: Option<&mut Job>, timeout: Duration) -> Result<()
         return Ok(());
     }
     let (vars, node) = job_vars(c, job, timeout)?;
+    if let Ok(v) = std::env::var("NCCL_COMM_BLOCKING") {
+        ui::note(&format!("warning: NCCL_COMM_BLOCKING={v} in this environment is ignored: kiln creates communicators without blocking, so that strategy.timeout_secs can stop an init that hangs"));
+        std::env::remove_var("NCCL_COMM_BLOCKING");
+    }
     for line in disagreements(node, &vars, std::env::vars()) {
         ui::note(&line);
     }

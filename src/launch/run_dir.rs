@@ -103,6 +103,12 @@ pub fn stored_config(r: &Resolved) -> Config {
     stored_config_with(r, std::env::vars())
 }
 
+/// `stored_config` for a job that runs elsewhere (a Slurm submission): the NCCL variables of
+/// this (login) node's environment are not the job's, so none are recorded.
+pub fn stored_config_for_elsewhere(r: &Resolved) -> Config {
+    stored_config_with(r, std::iter::empty())
+}
+
 /// `stored_config`, with the process environment `env`.
 fn stored_config_with(r: &Resolved, env: impl IntoIterator<Item = (String, String)>) -> Config {
     let mut c = r.config.clone();

@@ -11,7 +11,7 @@ use std::process::Command;
 
 use serde::{Deserialize, Serialize};
 
-use super::run_dir::{choose_run_dir, claim_run_dir, stored_config};
+use super::run_dir::{choose_run_dir, claim_run_dir, stored_config_for_elsewhere};
 use crate::config::{self, Config, Resolved, SlurmConfig};
 use crate::error::{Error, Result};
 use crate::train::preempt::EXIT_PREEMPTED;
@@ -434,7 +434,7 @@ pub fn submit(r: &Resolved, o: &SubmitOptions) -> Result<()> {
             .map_err(|e| Error::io(format!("creating {}", slurm_dir.display()), e))?;
         fs::write(
             run_dir.join("config.toml"),
-            config::to_toml(&stored_config(&job_cfg)),
+            config::to_toml(&stored_config_for_elsewhere(&job_cfg)),
         )
         .map_err(|e| Error::io(format!("writing {}/config.toml", run_dir.display()), e))?;
         write_private(&token_path, &new_token()?)

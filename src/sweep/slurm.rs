@@ -156,7 +156,7 @@ pub fn submit(spec: &SweepSpec, parallel: Option<usize>) -> Result<String> {
         }
         config::validate(&r).map_err(|e| named(e.into()))?;
         crate::launch::check(&r).map_err(named)?;
-        jobs.push(crate::launch::stored_config(&r));
+        jobs.push(crate::launch::stored_config_for_elsewhere(&r));
     }
     // the outermost directory this submission creates: removed again if sbatch refuses
     let created = crate::launch::first_missing(&dir);

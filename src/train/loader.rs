@@ -306,7 +306,10 @@ impl<'s, 'a> Loader<'s, 'a> {
                     break r?;
                 }
                 if st.finished && st.issued <= seq {
-                    return Err(format!("the data loader has no micro-batch at {pos:?}"));
+                    return Err(format!(
+                        "rank {}: the data loader ({}) has no micro-batch at {pos:?}",
+                        self.assembler.rank, self.assembler.file
+                    ));
                 }
                 st = shared.ready.wait(st).unwrap_or_else(|p| p.into_inner());
             }
@@ -323,13 +326,18 @@ impl<'s, 'a> Loader<'s, 'a> {
             };
             match job {
                 Some(job) => self.assembler.try_assemble(job)?,
-                None => return Err(format!("the data loader has no micro-batch at {pos:?}")),
+                None => {
+                    return Err(format!(
+                        "rank {}: the data loader ({}) has no micro-batch at {pos:?}",
+                        self.assembler.rank, self.assembler.file
+                    ))
+                }
             }
         };
         if micro.pos != pos {
             return Err(format!(
-                "the data loader is out of step: it assembled {:?} for {pos:?}",
-                micro.pos
+                "rank {}: the data loader ({}) is out of step: it assembled {:?} for {pos:?}",
+                self.assembler.rank, self.assembler.file, micro.pos
             ));
         }
         Ok(micro)

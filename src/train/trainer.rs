@@ -500,7 +500,7 @@ pub fn train<B: ComputeOn>(
         order_rank,
         rank,
         pos,
-        (total - step).saturating_mul(plan.accum),
+        total.saturating_sub(step).saturating_mul(plan.accum),
         c.train.max_steps.is_none().then_some(c.train.epochs as u64),
     );
     let assembler = Assembler {

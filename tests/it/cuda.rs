@@ -1,10 +1,22 @@
 //! CUDA without a GPU: the errors when CUDA is asked for and cannot run, placement rules, `kiln
 //! env`; and the GPU runs themselves, which skip (are ignored) on machines without one.
 
-use crate::common::{kiln, stderr, stdout, write, TINY};
+use crate::common::{kiln, root, stderr, stdout, write, TINY};
+
+/// Whether this machine has a GPU kiln can use (the driver says so; the feature alone does not).
+fn gpu_here() -> bool {
+    #[cfg(feature = "cuda")]
+    return kiln::cuda::device_count().is_ok_and(|n| n > 0);
+    #[cfg(not(feature = "cuda"))]
+    false
+}
 
 #[test]
 fn cuda_without_a_device_or_the_feature_is_bad_input() {
+    if gpu_here() {
+        eprintln!("skipped: this machine has a GPU (the `gpu` tests run there)");
+        return;
+    }
     let d = kiln::testdir::tempdir().unwrap();
     write(d.path(), "t.toml", TINY);
     for cmd in ["check", "run", "bench"] {
@@ -112,16 +124,57 @@ fn env_reports_and_exits_0() {
     assert!(out.starts_with("kiln "), "{out}");
     assert!(out.contains("cpu threads: "), "{out}");
     if cfg!(feature = "cuda") {
-        assert!(
-            out.contains("cuda driver: ") && out.contains("nccl: "),
-            "{out}"
-        );
+        for part in [
+            "cuda driver: ",
+            "cuda toolkit: ",
+            "nvrtc: ",
+            "kernel cache: ",
+            "nccl: ",
+        ] {
+            assert!(out.contains(part), "{part}: {out}");
+        }
     } else {
         assert!(
             out.contains("rebuild with `cargo build --release --features cuda`"),
             "{out}"
         );
     }
+}
+
+/// `scripts/gpu-check.sh --dry-run` needs no GPU and no binary: it lists every step with its
+/// timeout, and the timeouts fit the device machine's 10-minute command limit with room to
+/// spare.
+#[test]
+fn the_gpu_check_lists_its_steps_within_540_seconds() {
+    let o = std::process::Command::new("bash")
+        .arg(root().join("scripts/gpu-check.sh"))
+        .arg("--dry-run")
+        .env("KILN", "/nonexistent/kiln")
+        .env_remove("OUT")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let out = stdout(&o);
+    let steps: Vec<(u64, &str)> = out
+        .lines()
+        .filter_map(|l| l.strip_prefix("step "))
+        .map(|l| {
+            let mut parts = l.split_whitespace();
+            parts.next();
+            let secs = parts.next().unwrap().trim_end_matches('s').parse().unwrap();
+            (secs, l)
+        })
+        .collect();
+    assert!(steps.len() >= 15, "{out}");
+    let total: u64 = steps.iter().map(|(s, _)| s).sum();
+    assert!(total < 540, "{total}s:\n{out}");
+    assert!(
+        out.contains(&format!("timeouts add up to {total}s")),
+        "{out}"
+    );
+    assert!(steps[0].1.contains("preflight"), "{out}");
+    assert!(steps.last().unwrap().1.contains("throughput"), "{out}");
+    assert!(steps.iter().all(|(s, _)| *s > 0));
 }
 
 /// The GPU runs: ignored (counted as skipped) unless asked for with `--ignored` on a GPU machine.

@@ -410,3 +410,67 @@ fn a_silent_node_is_detected_by_heartbeat() {
     );
     assert!(waited < Duration::from_secs(20), "{waited:?}");
 }
+
+/// Issue 20: kiln re-executes itself (to put NCCL and NVRTC on the library path) at the top of
+/// `main`, before the rendezvous: a node that generated the job token keeps it, and its store
+/// stays up. Forced here on a machine that needs no re-exec.
+#[cfg(feature = "cuda")]
+#[test]
+fn the_cuda_re_exec_comes_before_the_rendezvous_and_keeps_a_generated_token() {
+    use std::io::{BufRead, BufReader};
+    let d = kiln::testdir::tempdir().unwrap();
+    write(d.path(), "t.toml", TINY);
+    let port = free_port().to_string();
+    let args = |n: &str| {
+        vec![
+            "run".to_string(),
+            "t.toml".into(),
+            "--quiet".into(),
+            "--nnodes".into(),
+            "2".into(),
+            "--node-rank".into(),
+            n.into(),
+            "--master-addr".into(),
+            "127.0.0.1".into(),
+            "--master-port".into(),
+            port.clone(),
+            "--set".into(),
+            "strategy.kind=ddp".into(),
+            "--set".into(),
+            "train.max_steps=3".into(),
+        ]
+    };
+    let mut n0 = crate::common::clean_cmd(std::path::Path::new(KILN), d.path(), &[])
+        .args(args("0"))
+        .env("KILN_CUDA_REEXEC", "force")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // node 0 generated a token and printed it (after the re-exec: it is the one in use)
+    let mut lines = BufReader::new(n0.stderr.take().unwrap()).lines();
+    let token = lines
+        .by_ref()
+        .map_while(Result::ok)
+        .find_map(|l| l.strip_prefix("job token: ").map(str::to_string))
+        .expect("node 0 printed its job token");
+    let rest = std::thread::spawn(move || lines.map_while(Result::ok).collect::<Vec<_>>());
+    let n1 = crate::common::clean_cmd(std::path::Path::new(KILN), d.path(), &[])
+        .args(args("1"))
+        .env("KILN_CUDA_REEXEC", "force")
+        .env("KILN_JOB_TOKEN", &token)
+        .output()
+        .unwrap();
+    let o0 = n0.wait_with_output().unwrap();
+    let err0 = rest.join().unwrap().join("\n");
+    assert_eq!(n1.status.code(), Some(0), "node 1: {}", stderr(&n1));
+    assert_eq!(o0.status.code(), Some(0), "node 0: {err0}");
+    assert!(summary_hash(&d.path().join("runs/tiny")).is_string());
+    // both processes are the re-executed ones
+    let env = crate::common::kiln_env(d.path(), &["env"], &[("KILN_CUDA_REEXEC", "force")]);
+    assert!(
+        crate::common::stdout(&env).contains("environment prepared by kiln (re-executed)"),
+        "{}",
+        crate::common::stdout(&env)
+    );
+}
