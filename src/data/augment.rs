@@ -23,8 +23,9 @@ impl Augment {
         if a.random_crop == 0 && !a.hflip {
             return None;
         }
-        let fill = match c.normalize.as_slice() {
-            [mean, std] => ((0.0 - mean) / std) as f32,
+        // `data.normalize` applies to idx images only (synthetic ones are made as they are)
+        let fill = match (c.kind, c.normalize.as_slice()) {
+            (crate::config::DataKind::Idx, [mean, std]) => ((0.0 - mean) / std) as f32,
             _ => 0.0,
         };
         Some(Augment {

@@ -353,8 +353,40 @@ impl Drop for Loader<'_, '_> {
     }
 }
 
+/// Hands in an error for the number a loader thread holds if the thread ends without handing
+/// in its result (a panic outside the assembly): the step loop is told rather than left
+/// waiting for it.
+struct Holding<'s, 'a> {
+    shared: &'s Shared<'a>,
+    seq: Option<usize>,
+    rank: usize,
+}
+
+impl Drop for Holding<'_, '_> {
+    fn drop(&mut self) {
+        if let Some(seq) = self.seq.take() {
+            let mut st = self.shared.lock();
+            st.done.insert(
+                seq,
+                Err(format!(
+                    "rank {}: a data loader thread stopped while assembling micro-batch number {seq}",
+                    self.rank
+                )),
+            );
+            st.finished = true;
+            self.shared.ready.notify_all();
+            self.shared.room.notify_all();
+        }
+    }
+}
+
 /// One loader thread: take the next number while there is room ahead, assemble, hand it in.
 fn work(shared: &Shared<'_>, assembler: &Assembler<'_>, ahead: usize) {
+    let mut holding = Holding {
+        shared,
+        seq: None,
+        rank: assembler.rank,
+    };
     loop {
         let (seq, job) = {
             let mut st = shared.lock();
@@ -396,9 +428,11 @@ fn work(shared: &Shared<'_>, assembler: &Assembler<'_>, ahead: usize) {
                 }
             }
         };
+        holding.seq = Some(seq);
         let result = assembler.try_assemble(job);
         let mut st = shared.lock();
         st.done.insert(seq, result);
+        holding.seq = None;
         shared.ready.notify_all();
     }
 }
