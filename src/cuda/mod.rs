@@ -122,29 +122,9 @@ pub fn nccl_search_dirs(
     dirs
 }
 
-/// The first NCCL library file in `dirs` (`libnccl.so` or a versioned `libnccl.so.N...`).
+/// The NCCL library file in `dirs` (`libnccl.so`, or the newest versioned `libnccl.so.N...`).
 pub fn find_nccl_in(dirs: &[PathBuf]) -> Option<PathBuf> {
-    for d in dirs {
-        let exact = d.join("libnccl.so");
-        if exact.is_file() {
-            return Some(exact);
-        }
-        let mut versioned: Vec<PathBuf> = std::fs::read_dir(d)
-            .into_iter()
-            .flatten()
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| {
-                p.file_name()
-                    .and_then(|f| f.to_str())
-                    .is_some_and(|f| f.starts_with("libnccl.so."))
-            })
-            .collect();
-        versioned.sort();
-        if let Some(p) = versioned.into_iter().next() {
-            return Some(p);
-        }
-    }
-    None
+    toolkit::find_library_in(dirs, "libnccl.so")
 }
 
 /// Finds NCCL on this machine (see the module docs).

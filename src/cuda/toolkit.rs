@@ -67,47 +67,47 @@ pub fn candidates(
 /// first), `/opt/cuda`.
 pub fn system_roots() -> Vec<PathBuf> {
     let mut out = vec![PathBuf::from("/usr/local/cuda")];
-    let mut versions: Vec<PathBuf> = std::fs::read_dir("/usr/local")
-        .into_iter()
-        .flatten()
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| {
-            p.file_name()
-                .and_then(|f| f.to_str())
-                .is_some_and(|f| f.starts_with("cuda-"))
-        })
-        .collect();
-    versions.sort();
+    let mut versions = entries_starting_with(Path::new("/usr/local"), "cuda-");
     versions.reverse();
     out.extend(versions);
     out.push(PathBuf::from("/opt/cuda"));
     out
 }
 
-/// The NVRTC library file in `dirs`: `libnvrtc.so`, else the newest versioned
-/// `libnvrtc.so.N` (never `libnvrtc-builtins`).
-pub fn find_nvrtc_in(dirs: &[PathBuf]) -> Option<PathBuf> {
+/// The entries of `dir` whose names start with `prefix`, sorted.
+pub fn entries_starting_with(dir: &Path, prefix: &str) -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.file_name()
+                .and_then(|f| f.to_str())
+                .is_some_and(|f| f.starts_with(prefix))
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// The shared library `name` (`libnvrtc.so`, `libnccl.so`) in the first of `dirs` that has it:
+/// the exact name, else the newest versioned `name.N...` file.
+pub fn find_library_in(dirs: &[PathBuf], name: &str) -> Option<PathBuf> {
     for d in dirs {
-        let exact = d.join("libnvrtc.so");
+        let exact = d.join(name);
         if exact.is_file() {
             return Some(exact);
         }
-        let mut versioned: Vec<PathBuf> = std::fs::read_dir(d)
-            .into_iter()
-            .flatten()
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| {
-                p.file_name()
-                    .and_then(|f| f.to_str())
-                    .is_some_and(|f| f.starts_with("libnvrtc.so."))
-            })
-            .collect();
-        versioned.sort();
-        if let Some(p) = versioned.pop() {
+        if let Some(p) = entries_starting_with(d, &format!("{name}.")).pop() {
             return Some(p);
         }
     }
     None
+}
+
+/// The NVRTC library file in `dirs` (never `libnvrtc-builtins`).
+pub fn find_nvrtc_in(dirs: &[PathBuf]) -> Option<PathBuf> {
+    find_library_in(dirs, "libnvrtc.so")
 }
 
 /// The first candidate with both the headers and NVRTC, or what each candidate lacked.

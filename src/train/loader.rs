@@ -459,6 +459,16 @@ mod tests {
         }
     }
 
+    fn assembler<'a>(data: &'a Dataset, rank: usize, file: &str) -> Assembler<'a> {
+        Assembler {
+            data,
+            task: Task::Classification { classes: 3 },
+            augment: None,
+            file: file.into(),
+            rank,
+        }
+    }
+
     fn start() -> Pos {
         Pos {
             epoch: 0,
@@ -485,13 +495,7 @@ mod tests {
     fn threads_deliver_the_inline_order_exactly() {
         let plan = plan(23, 4);
         let data = dataset(23);
-        let asm = Assembler {
-            data: &data,
-            task: Task::Classification { classes: 3 },
-            augment: None,
-            file: "test data".into(),
-            rank: 0,
-        };
+        let asm = assembler(&data, 0, "test data");
         let steps = 17; // past an epoch boundary (6 micro-batches an epoch)
         let inline = LoaderState::new(Source::new(&plan, 0, 0, start(), steps, None));
         let want = drain(&mut Loader::inline(&inline, &asm), &plan, steps);
@@ -510,13 +514,7 @@ mod tests {
     fn stopping_early_ends_the_threads_and_asking_past_the_end_is_an_error() {
         let plan = plan(40, 4);
         let data = dataset(40);
-        let asm = Assembler {
-            data: &data,
-            task: Task::Classification { classes: 3 },
-            augment: None,
-            file: "test data".into(),
-            rank: 0,
-        };
+        let asm = assembler(&data, 0, "test data");
         let state = LoaderState::new(Source::new(&plan, 0, 0, start(), 3, None));
         std::thread::scope(|s| {
             let mut l = Loader::threaded(s, &state, &asm, 2, 2);
@@ -546,13 +544,7 @@ mod tests {
         // later samples panics
         let mut data = dataset(16);
         data.x.truncate(2 * 9);
-        let asm = Assembler {
-            data: &data,
-            task: Task::Classification { classes: 3 },
-            augment: None,
-            file: "data.path = \"broken.csv\"".into(),
-            rank: 1,
-        };
+        let asm = assembler(&data, 1, "data.path = \"broken.csv\"");
         let run = |mut l: Loader<'_, '_>| {
             let mut pos = start();
             loop {
