@@ -140,6 +140,19 @@ fn init_within<A: CommInit>(
     }
 }
 
+/// `ncclCommGetAsyncError` of `comm`: its state (`ncclInProgress` while a non-blocking call
+/// is under way), or `Err` with the call's own failure.
+fn async_state(comm: sys::ncclComm_t) -> Result<sys::ncclResult_t, sys::ncclResult_t> {
+    let mut state = sys::ncclResult_t::ncclSuccess;
+    // SAFETY: a communicator from ncclCommInitRankConfig, not yet destroyed; valid out-pointer.
+    let r = unsafe { sys::ncclCommGetAsyncError(comm, &mut state) };
+    if r == sys::ncclResult_t::ncclSuccess {
+        Ok(state)
+    } else {
+        Err(r)
+    }
+}
+
 /// `ncclCommInitRankConfig` with `blocking = 0`, polled with `ncclCommGetAsyncError`.
 struct RealInit {
     id: sys::ncclUniqueId,
@@ -204,12 +217,7 @@ impl CommInit for RealInit {
     }
 
     fn poll(&self, comm: sys::ncclComm_t) -> Result<bool, String> {
-        let mut state = sys::ncclResult_t::ncclSuccess;
-        // SAFETY: a communicator being made by ncclCommInitRankConfig; valid out-pointer.
-        let r = unsafe { sys::ncclCommGetAsyncError(comm, &mut state) };
-        if r != sys::ncclResult_t::ncclSuccess {
-            return Err(format!("ncclCommGetAsyncError: {r:?}"));
-        }
+        let state = async_state(comm).map_err(|r| format!("ncclCommGetAsyncError: {r:?}"))?;
         match state {
             sys::ncclResult_t::ncclSuccess => Ok(true),
             sys::ncclResult_t::ncclInProgress => Ok(false),
@@ -300,11 +308,11 @@ impl Drop for NcclRank {
         }
         let start = Instant::now();
         loop {
-            let mut state = sys::ncclResult_t::ncclSuccess;
-            // SAFETY: as above.
-            let r = unsafe { sys::ncclCommGetAsyncError(comm, &mut state) };
-            if r != sys::ncclResult_t::ncclSuccess || self.shared.reason().is_some() {
+            let Ok(state) = async_state(comm) else {
                 return; // RawComm's drop aborts it
+            };
+            if self.shared.reason().is_some() {
+                return;
             }
             match state {
                 sys::ncclResult_t::ncclSuccess => break,
@@ -483,13 +491,8 @@ impl NcclRank {
         // (`ncclInProgress`): wait until it is, then record the event after it
         let start = Instant::now();
         loop {
-            let mut state = sys::ncclResult_t::ncclSuccess;
-            // SAFETY: a live communicator and a valid out-pointer.
-            let r = unsafe { sys::ncclCommGetAsyncError(self.comm.0, &mut state) };
-            if r != sys::ncclResult_t::ncclSuccess {
-                state = r;
-            }
-            match state {
+            // a failed call counts as the error it returns
+            match async_state(self.comm.0).unwrap_or_else(|r| r) {
                 sys::ncclResult_t::ncclSuccess => break,
                 sys::ncclResult_t::ncclInProgress => {}
                 e => {
@@ -530,9 +533,8 @@ impl NcclRank {
                 self.comm.abort();
                 return Err(CollectiveError::Aborted { rank, op, reason });
             }
-            let mut async_err = sys::ncclResult_t::ncclSuccess;
-            // SAFETY: a live communicator and a valid out-pointer.
-            unsafe { sys::ncclCommGetAsyncError(self.comm.0, &mut async_err) };
+            // (a failed call is read as no error, as before)
+            let async_err = async_state(self.comm.0).unwrap_or(sys::ncclResult_t::ncclSuccess);
             if !matches!(
                 async_err,
                 sys::ncclResult_t::ncclSuccess | sys::ncclResult_t::ncclInProgress
