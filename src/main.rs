@@ -7,6 +7,9 @@ fn main() {
 }
 
 /// Large tensors are allocated and freed every step; the system allocator returns them to the
-/// OS each time (page faults dominated a profile), mimalloc keeps and reuses them.
+/// OS each time (page faults dominated a profile), mimalloc keeps and reuses them. The counting
+/// wrapper attributes every byte to the rank that allocated it (`summary.json`'s
+/// `memory[r].peak_bytes`).
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: kiln::memory::Counting<mimalloc::MiMalloc> =
+    kiln::memory::Counting(mimalloc::MiMalloc);

@@ -224,6 +224,13 @@ pub(crate) mod emulated {
         fn to_host(&mut self) -> Result<Vec<f32>, String> {
             Ok(self.0.clone())
         }
+        fn add_at(&mut self, offset: usize, other: &mut dyn DeviceTensor) -> Result<(), String> {
+            let b = other.to_host()?;
+            for (x, y) in self.0[offset..offset + b.len()].iter_mut().zip(&b) {
+                *x += y;
+            }
+            Ok(())
+        }
         fn non_finite(&self) -> Result<bool, String> {
             Ok(!crate::params::all_finite(&self.0))
         }

@@ -316,6 +316,19 @@ pub struct TrainConfig {
     /// EarlyStopping), checked at each evaluation. Default: unset (off).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub early_stopping: Option<EarlyStoppingConfig>,
+    /// none, or units: the forward keeps only each stage's input and the backward recomputes
+    /// the stage (torch `checkpoint_wrapper` on every block), trading a second forward for the
+    /// activations; fsdp with full sharding needs it for its memory (a kept graph holds the
+    /// gathered parameters). Losses are the same bits either way. Default: `"none"`.
+    pub activation_checkpointing: ActivationCheckpointing,
+}
+
+/// `train.activation_checkpointing`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ActivationCheckpointing {
+    None,
+    Units,
 }
 
 impl Default for TrainConfig {
@@ -328,6 +341,7 @@ impl Default for TrainConfig {
             eval_every: 0,
             log_every: 10,
             early_stopping: None,
+            activation_checkpointing: ActivationCheckpointing::None,
         }
     }
 }

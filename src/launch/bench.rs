@@ -71,6 +71,7 @@ pub fn bench(
             store: None,
             resume: None,
             init: None,
+            keep_params: false,
         };
         // (steps/s, data share) of each measurement; the median by speed is reported
         let mut runs = Vec::with_capacity(repeats);

@@ -15,7 +15,7 @@ use super::run_dir::{
     claim_run_dir, first_missing, is_empty_dir, lock_run_dir, newest_unfinished, stored_config,
     write_json,
 };
-use super::summary::{params_hash, BestSummary, EarlyStopSummary, Summary};
+use super::summary::{BestSummary, EarlyStopSummary, Summary};
 use super::{run, NodeLink, RunResult};
 use crate::backend::{self, Placement, Resolved as Backend};
 use crate::checkpoint::Store;
@@ -598,6 +598,7 @@ pub fn execute(
         store: Some(&store),
         resume: loaded,
         init: init.as_deref(),
+        keep_params: false,
     };
     if let Some(note) = &placement.note {
         ui.info(note);
@@ -706,8 +707,9 @@ pub fn execute(
             num_params: plan.num_params,
             config_hash: config_hash.clone(),
             resumed_from_step: first_step,
-            params_sha256: o.map(|o| params_hash(&o.params)),
+            params_sha256: o.map(|o| o.params_sha256.clone()),
             memory: res.map(|r| r.memory.clone()).unwrap_or_default(),
+            peak_rss_bytes: crate::memory::peak_rss_bytes(),
             time: res.map(|r| {
                 super::profile::time_section(
                     r,

@@ -52,8 +52,12 @@ pub struct Summary {
     pub resumed_from_step: usize,
     /// sha256 of the final parameters (little-endian f32), to compare runs bit for bit.
     pub params_sha256: Option<String>,
-    /// Per rank: bytes held for parameters, gradients and optimizer state.
+    /// Per rank: the model state's bytes (parameters, gradients and optimizer state, by
+    /// formula) and the measured peak (`peak_bytes`).
     pub memory: Vec<Memory>,
+    /// This process's peak resident set size in bytes (node 0's process for a multi-node run).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub peak_rss_bytes: Option<u64>,
     /// Training FLOPs per sample (forward and backward), for models whose count kiln knows.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub flops_per_sample: Option<f64>,
@@ -89,13 +93,4 @@ pub struct BestSummary {
     pub checkpoint: String,
     #[serde(flatten)]
     pub watched: crate::checkpoint::Watched,
-}
-
-pub fn params_hash(params: &[f32]) -> String {
-    use sha2::{Digest, Sha256};
-    let mut h = Sha256::new();
-    for p in params {
-        h.update(p.to_le_bytes());
-    }
-    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
 }

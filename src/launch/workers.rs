@@ -163,6 +163,8 @@ fn run_ranks<B: RankBackend>(
                 std::thread::Builder::new()
                     .name(format!("kiln-rank-{rank}"))
                     .spawn_scoped(scope, move || {
+                        // this rank's bytes, measured (this process's ranks by local index)
+                        crate::memory::attribute(local);
                         let mut sink = Sink {
                             rank,
                             events: tx,

@@ -120,6 +120,93 @@ pub enum UnitParams {
     Device(Box<dyn DeviceTensor>),
 }
 
+/// What passes between the stages of a forward: the batch's data into the first stage, a
+/// tensor of 2, 3 or 4 dimensions between stages (`[rows, features]`, `[samples, positions,
+/// dim]`, `[samples, channels, h, w]`), the logits `[rows, classes]` out of the last.
+#[derive(Debug, Clone)]
+pub enum Act<B: Backend> {
+    Data(TensorData),
+    D2(Tensor<B, 2>),
+    D3(Tensor<B, 3>),
+    D4(Tensor<B, 4>),
+}
+
+impl<B: Backend> Act<B> {
+    /// The logits of the last stage.
+    pub fn into_logits(self) -> Result<Tensor<B, 2>, ModelError> {
+        match self {
+            Act::D2(t) => Ok(t),
+            other => Err(ModelError::Stage(format!(
+                "the last stage must return logits [rows, classes], not {}",
+                other.describe()
+            ))),
+        }
+    }
+    fn describe(&self) -> String {
+        match self {
+            Act::Data(d) => format!("the input data {:?}", d.shape),
+            Act::D2(t) => format!("a tensor {:?}", t.dims()),
+            Act::D3(t) => format!("a tensor {:?}", t.dims()),
+            Act::D4(t) => format!("a tensor {:?}", t.dims()),
+        }
+    }
+}
+
+impl<B: AutodiffBackend> Act<B> {
+    /// The values without their graph.
+    pub fn inner(&self) -> Act<B::InnerBackend> {
+        match self {
+            Act::Data(d) => Act::Data(d.clone()),
+            Act::D2(t) => Act::D2(t.clone().inner()),
+            Act::D3(t) => Act::D3(t.clone().inner()),
+            Act::D4(t) => Act::D4(t.clone().inner()),
+        }
+    }
+    /// `x` as a new leaf of the graph that requires a gradient (data stays data).
+    pub fn leaf(x: Act<B::InnerBackend>) -> Act<B> {
+        match x {
+            Act::Data(d) => Act::Data(d),
+            Act::D2(t) => Act::D2(Tensor::from_inner(t).require_grad()),
+            Act::D3(t) => Act::D3(Tensor::from_inner(t).require_grad()),
+            Act::D4(t) => Act::D4(Tensor::from_inner(t).require_grad()),
+        }
+    }
+    /// `x` on this backend outside the graph (nothing derived from it is tracked).
+    pub fn untracked(x: Act<B::InnerBackend>) -> Act<B> {
+        match x {
+            Act::Data(d) => Act::Data(d),
+            Act::D2(t) => Act::D2(Tensor::from_inner(t)),
+            Act::D3(t) => Act::D3(Tensor::from_inner(t)),
+            Act::D4(t) => Act::D4(Tensor::from_inner(t)),
+        }
+    }
+    /// The gradient of this leaf in `tape`.
+    pub fn grad(&self, tape: &B::Gradients) -> Option<Act<B::InnerBackend>> {
+        match self {
+            Act::Data(_) => None,
+            Act::D2(t) => t.grad(tape).map(Act::D2),
+            Act::D3(t) => t.grad(tape).map(Act::D3),
+            Act::D4(t) => t.grad(tape).map(Act::D4),
+        }
+    }
+    /// `sum(self * g)`: its backward gives the vector-Jacobian product of `g` with the stage
+    /// that computed `self` (the gradient arriving at `self` is `g`, bit for bit).
+    pub fn vjp(self, g: Act<B::InnerBackend>) -> Result<Tensor<B, 1>, ModelError> {
+        Ok(match (self, g) {
+            (Act::D2(y), Act::D2(g)) => (y * Tensor::from_inner(g)).sum(),
+            (Act::D3(y), Act::D3(g)) => (y * Tensor::from_inner(g)).sum(),
+            (Act::D4(y), Act::D4(g)) => (y * Tensor::from_inner(g)).sum(),
+            (y, g) => {
+                return Err(ModelError::Stage(format!(
+                    "a stage's output ({}) and the gradient arriving at it ({}) differ in shape",
+                    y.describe(),
+                    g.describe()
+                )))
+            }
+        })
+    }
+}
+
 /// Per-sample results of an evaluation batch.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct EvalOut {
@@ -148,9 +235,9 @@ pub enum ModelError {
     },
     #[error("parameter `{0}` received no gradient (it is not used by the forward, or not a leaf)")]
     NoGrad(String),
-    /// The parameter source failed; the caller holds the reason.
-    #[error("the parameters of unit {0} could not be fetched")]
-    Params(usize),
+    /// A family's stages do not fit together (a programming error in the family).
+    #[error("model stages: {0}")]
+    Stage(String),
     #[error("model `{kind}`: {reason}")]
     Build { kind: String, reason: String },
     /// A `[model]` value the registry or a family rejects, with its key and source.
@@ -166,7 +253,9 @@ pub struct StepKey {
     pub counters: [u64; 3],
 }
 
-/// What a family's forward may ask for besides its inputs.
+/// What a family's forward may ask for besides its inputs. Cloned at each stage's start, so a
+/// recomputed stage (activation checkpointing) draws the same dropout masks again.
+#[derive(Clone)]
 pub struct Forward {
     rng: Option<Rng>,
 }
@@ -231,6 +320,35 @@ pub trait Family: Send + Sync + 'static {
         device: &B::Device,
         ctx: &mut Forward,
     ) -> Tensor<B, 2>;
+    /// The forward's stages in order, each named by the layout units (`model::units_of`
+    /// lists them: `blocks.0`, `wte`, ...) whose parameters it uses. kiln runs the training
+    /// forward stage by stage and the backward stage by stage in reverse, so fsdp gathers one
+    /// stage's units at a time, a unit's gradient is final (and reduced) as soon as the last
+    /// stage using it is done, and activation checkpointing recomputes one stage at a time. A
+    /// unit may appear in several stages (tied weights: each use gathers it, the gradients are
+    /// summed). Default: one stage with every unit, the whole `forward` (fsdp then gathers the
+    /// whole model before it starts).
+    fn stages(&self, layout: &ParamLayout) -> Vec<Vec<String>> {
+        vec![layout.units.iter().map(|u| u.name.clone()).collect()]
+    }
+    /// Stage `stage` of the forward: the batch's data (`Act::Data`) into stage 0, the previous
+    /// stage's output after it; the last stage returns the logits (`Act::D2`) as `forward`
+    /// does. Only the parameters of the stage's units are installed in `module`. Default (for
+    /// the one default stage): `forward`.
+    fn stage_forward<B: Backend>(
+        &self,
+        module: &Self::Module<B>,
+        stage: usize,
+        x: Act<B>,
+        device: &B::Device,
+        ctx: &mut Forward,
+    ) -> Act<B> {
+        let _ = stage;
+        match x {
+            Act::Data(d) => Act::D2(self.forward(module, d, device, ctx)),
+            other => other,
+        }
+    }
     /// The name of parameter `path` in the PyTorch module this family mirrors, given after
     /// kiln's module-type renames (a norm's `gamma`/`beta` are already `weight`/`bias`). The
     /// default keeps Burn's path: right for a PyTorch module with the same field names.
@@ -249,41 +367,49 @@ pub trait Family: Send + Sync + 'static {
     }
 }
 
-/// Where a micro-step's forward and backward stand.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Pass {
-    Forward,
-    Backward,
-    Done,
+/// Whether stage `stage` of `stages` is recomputed in the backward under activation
+/// checkpointing (`checkpointing`): every stage but the last, whose backward follows its forward
+/// at once (so it keeps its graph).
+pub fn recomputed(stage: usize, stages: usize, checkpointing: bool) -> bool {
+    checkpointing && stage + 1 < stages
 }
 
-/// One micro-step's math on backend `B`, for a model whose parameters live elsewhere.
+/// One micro-step's math on backend `B`, for a model whose parameters live elsewhere, stage by
+/// stage: the caller runs `forward` for every stage in order, then `backward` for every stage in
+/// reverse, handing each the parameters of the stage's units (gathered just before, dropped
+/// right after: a stage holds them only while it computes, or while its graph waits for the
+/// backward when it is not recomputed).
+pub trait MicroStep<B: AutodiffBackend> {
+    /// Stage `stage`'s forward, with the parameters of its units in `Compute::stages` order.
+    fn forward(&mut self, stage: usize, params: Vec<UnitParams>) -> Result<(), ModelError>;
+    /// The unscaled mean loss, once the last stage's forward ran.
+    fn loss(&self) -> f64;
+    /// Stage `stage`'s backward (a vector-Jacobian step on the gradient arriving at its output):
+    /// d(loss * scale)/d(params) of each of its units, flat, in stage order. A recomputed stage
+    /// (`recomputed`) needs its parameters again; any other takes `None`.
+    fn backward(
+        &mut self,
+        stage: usize,
+        params: Option<Vec<UnitParams>>,
+    ) -> Result<Vec<Tensor<B::InnerBackend, 1>>, ModelError>;
+}
+
+/// A model's math on backend `B`, for a model whose parameters live elsewhere.
 pub trait Compute<B: AutodiffBackend> {
-    /// Forward and backward on one micro-batch: installs each unit's parameters from
-    /// `params(unit)` (asked for in unit order, each once, just before it is needed), adds
-    /// d(loss * scale)/d(params) into `grads` (flat, in the layout; on the host, or on the device
-    /// where the backend computed them) and returns the unscaled mean loss.
-    fn forward_backward(
-        &self,
-        params: &mut dyn FnMut(usize) -> Result<UnitParams, ModelError>,
+    /// The layout the parameters come in.
+    fn layout(&self) -> &ParamLayout;
+    /// The forward's stages, in order: the layout units whose parameters each uses.
+    fn stages(&self) -> &[Vec<usize>];
+    /// Starts one micro-step on `batch`, whose gradients are of the loss times `scale`; with
+    /// `checkpointing`, every stage but the last keeps only its input and is recomputed in the
+    /// backward (torch `checkpoint_wrapper`).
+    fn micro<'a>(
+        &'a self,
         batch: Input,
         key: StepKey,
         scale: f64,
-        grads: &mut Grads,
-    ) -> Result<f64, ModelError> {
-        self.forward_backward_timed(params, batch, key, scale, grads, &mut |_| {})
-    }
-    /// `forward_backward`, telling `pass` when the forward starts, when the backward starts and
-    /// when both are done (for the step-time breakdown).
-    fn forward_backward_timed(
-        &self,
-        params: &mut dyn FnMut(usize) -> Result<UnitParams, ModelError>,
-        batch: Input,
-        key: StepKey,
-        scale: f64,
-        grads: &mut Grads,
-        pass: &mut dyn FnMut(Pass),
-    ) -> Result<f64, ModelError>;
+        checkpointing: bool,
+    ) -> Box<dyn MicroStep<B> + 'a>;
     /// Per-sample loss and correctness of the whole flat `params` on every batch of `batches`
     /// (no dropout); the parameters are installed once.
     fn evaluate(
@@ -298,11 +424,70 @@ pub trait Compute<B: AutodiffBackend> {
     fn logits(&self, params: &[f32], x: &[f32], shape: &[usize]) -> Result<Vec<f32>, ModelError>;
 }
 
+/// One whole micro-step in one call (tests, benchmarks): every stage's forward and backward,
+/// each unit's parameters from `params(unit)`, the gradients added into `grads` (flat, in the
+/// layout; a device buffer of backend `B` or the host); returns the unscaled mean loss.
+pub fn forward_backward<B: AutodiffBackend>(
+    compute: &dyn Compute<B>,
+    params: &mut dyn FnMut(usize) -> Result<UnitParams, ModelError>,
+    batch: Input,
+    key: StepKey,
+    scale: f64,
+    grads: &mut Grads,
+    checkpointing: bool,
+) -> Result<f64, ModelError> {
+    let stages = compute.stages().to_vec();
+    let layout = compute.layout().clone();
+    let fetch = |params: &mut dyn FnMut(usize) -> Result<UnitParams, ModelError>,
+                 s: usize|
+     -> Result<Vec<UnitParams>, ModelError> {
+        stages[s].iter().map(|&u| params(u)).collect()
+    };
+    let mut micro = compute.micro(batch, key, scale, checkpointing);
+    for s in 0..stages.len() {
+        micro.forward(s, fetch(params, s)?)?;
+    }
+    for s in (0..stages.len()).rev() {
+        let p = if recomputed(s, stages.len(), checkpointing) {
+            Some(fetch(params, s)?)
+        } else {
+            None
+        };
+        for (&u, g) in stages[s].iter().zip(micro.backward(s, p)?) {
+            let range = layout.unit_range(u);
+            match grads {
+                Grads::Host(host) => {
+                    let g = g
+                        .into_data()
+                        .into_vec::<f32>()
+                        .map_err(|e| ModelError::Data(format!("{e:?}")))?;
+                    for (a, v) in host[range].iter_mut().zip(&g) {
+                        *a += v;
+                    }
+                }
+                Grads::Device(d) => d
+                    .as_any_mut()
+                    .downcast_mut::<crate::params::DeviceFlat<B::InnerBackend>>()
+                    .ok_or(ModelError::ForeignBuffer)?
+                    .add_at(range.start, g),
+            }
+        }
+    }
+    Ok(micro.loss())
+}
+
 /// A model as the rest of kiln sees it: a layout, an initialisation, a task, and its compute on
 /// each backend kiln runs on.
 pub trait Model: Send + Sync {
     fn kind(&self) -> &str;
+    /// Whether the model is sound as built (its stages fit its layout); the registry asks after
+    /// building it.
+    fn check(&self) -> Result<(), ModelError> {
+        Ok(())
+    }
     fn layout(&self) -> &ParamLayout;
+    /// The forward's stages: the layout units each uses (see `Family::stages`).
+    fn stages(&self) -> &[Vec<usize>];
     fn num_params(&self) -> usize {
         self.layout().num_params()
     }

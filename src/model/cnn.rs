@@ -14,7 +14,7 @@ use burn::tensor::backend::Backend;
 use burn::tensor::module::max_pool2d;
 use burn::tensor::{Tensor, TensorData};
 
-use super::api::{Family, Forward, ModelError, Task};
+use super::api::{Act, Family, Forward, ModelError, Task};
 use super::init;
 use super::mlp::activate;
 use crate::config::{Activation, Resolved};
@@ -194,24 +194,75 @@ impl Family for Cnn {
     ) -> Tensor<B, 2> {
         let mut h = Tensor::<B, 4>::from_data(x, device);
         for conv in &module.convs {
-            h = max_pool2d(
-                self.act(conv.forward(h)),
-                [2, 2],
-                [2, 2],
-                [0, 0],
-                [1, 1],
-                false,
-            );
+            h = self.conv(conv, h);
         }
-        let [n, c, hh, ww] = h.dims();
-        let mut h = h.reshape([n, c * hh * ww]);
-        let last = module.fcs.len().saturating_sub(1);
-        for (l, fc) in module.fcs.iter().enumerate() {
-            h = fc.forward(h);
-            if l < last {
-                h = ctx.dropout(self.act(h), self.dropout);
-            }
+        let mut h = flatten(h);
+        for l in 0..module.fcs.len() {
+            h = self.fc(module, l, h, ctx);
         }
         h
+    }
+
+    /// One stage per convolution and per Linear layer.
+    fn stages(&self, layout: &ParamLayout) -> Vec<Vec<String>> {
+        layout.units.iter().map(|u| vec![u.name.clone()]).collect()
+    }
+
+    fn stage_forward<B: Backend>(
+        &self,
+        module: &CnnModule<B>,
+        stage: usize,
+        x: Act<B>,
+        device: &B::Device,
+        ctx: &mut Forward,
+    ) -> Act<B> {
+        let convs = module.convs.len();
+        let x = match x {
+            Act::Data(x) if stage == 0 => Act::D4(Tensor::<B, 4>::from_data(x, device)),
+            x => x,
+        };
+        match x {
+            Act::D4(h) if stage < convs => Act::D4(self.conv(&module.convs[stage], h)),
+            Act::D4(h) if stage == convs => Act::D2(self.fc(module, 0, flatten(h), ctx)),
+            Act::D2(h) if stage > convs => Act::D2(self.fc(module, stage - convs, h, ctx)),
+            // a stage out of place: the engine reports the shapes
+            x => x,
+        }
+    }
+}
+
+/// `[n, c, h, w]` -> `[n, c * h * w]`.
+fn flatten<B: Backend>(h: Tensor<B, 4>) -> Tensor<B, 2> {
+    let [n, c, hh, ww] = h.dims();
+    h.reshape([n, c * hh * ww])
+}
+
+impl Cnn {
+    /// A convolution, its activation and a 2x2 max-pool.
+    fn conv<B: Backend>(&self, conv: &Conv2d<B>, h: Tensor<B, 4>) -> Tensor<B, 4> {
+        max_pool2d(
+            self.act(conv.forward(h)),
+            [2, 2],
+            [2, 2],
+            [0, 0],
+            [1, 1],
+            false,
+        )
+    }
+
+    /// Linear layer `l`, with its activation and dropout unless it is the last.
+    fn fc<B: Backend>(
+        &self,
+        module: &CnnModule<B>,
+        l: usize,
+        h: Tensor<B, 2>,
+        ctx: &mut Forward,
+    ) -> Tensor<B, 2> {
+        let h = module.fcs[l].forward(h);
+        if l + 1 < module.fcs.len() {
+            ctx.dropout(self.act(h), self.dropout)
+        } else {
+            h
+        }
     }
 }

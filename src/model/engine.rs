@@ -20,10 +20,10 @@ use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Tensor, TensorData};
 
 use super::api::{
-    Batch, Compute, EvalOut, Family, Forward, Input, Model, ModelError, Pass, StepKey, Task,
-    UnitParams,
+    recomputed, Act, Batch, Compute, EvalOut, Family, Forward, Input, MicroStep, Model, ModelError,
+    StepKey, Task, UnitParams,
 };
-use crate::params::{DeviceFlat, Grads, ParamLayout};
+use crate::params::{DeviceFlat, ParamLayout};
 
 /// A trainable parameter, as opposed to state such as BatchNorm's running statistics (which
 /// Burn visits as initialised parameters that require no gradient). Asked only of modules on an
@@ -93,24 +93,18 @@ pub fn layout_of<B: AutodiffBackend, M: Module<B>>(module: &M) -> ParamLayout {
     ParamLayout::with_modules(v.entries)
 }
 
-/// The current unit's parameters, as inner-backend tensors ready to be sliced per parameter.
-enum Current<B: Backend> {
-    Host(Vec<f32>),
-    Device(Tensor<B, 1>),
-}
-
-/// Replaces every parameter of the layout, found by its path, by a tensor from the rank's
-/// buffers; anything else (state) stays as it is. `B` is the backend of the module (autodiff
-/// for training: each tensor becomes a leaf that requires a gradient), `I` its inner backend.
+/// Replaces every parameter of the given units, found by its path, by a tensor from the rank's
+/// buffers; anything else (other units' parameters, state) stays as it is. `B` is the backend of
+/// the module (autodiff for training: each tensor becomes a leaf that requires a gradient), `I`
+/// its inner backend.
 struct Install<'a, B: Backend, I: Backend, L: Lift<B, I>> {
     layout: &'a ParamLayout,
     index: &'a HashMap<String, usize>,
     unit_of: &'a [usize],
     path: Path,
     installed: usize,
-    unit: Option<(usize, Current<I>)>,
-    source: &'a mut dyn FnMut(usize) -> Result<UnitParams, ModelError>,
-    device: &'a I::Device,
+    /// Per layout unit: its parameters, when it is being installed.
+    units: Vec<Option<Tensor<I, 1>>>,
     error: Option<ModelError>,
     lift: PhantomData<(B, L)>,
 }
@@ -128,6 +122,15 @@ impl<B: AutodiffBackend> Lift<B, B::InnerBackend> for Leaf {
     }
 }
 
+/// A recomputed stage's first forward: on the autodiff backend (so its values are the bits the
+/// recompute and a kept graph give), but untracked: no graph, nothing saved.
+struct Untracked;
+impl<B: AutodiffBackend> Lift<B, B::InnerBackend> for Untracked {
+    fn lift<const D: usize>(t: Tensor<B::InnerBackend, D>) -> Tensor<B, D> {
+        Tensor::from_inner(t)
+    }
+}
+
 /// Evaluation: the tensor as it is.
 struct Plain;
 impl<B: Backend> Lift<B, B> for Plain {
@@ -136,37 +139,26 @@ impl<B: Backend> Lift<B, B> for Plain {
     }
 }
 
-impl<B: Backend, I: Backend, L: Lift<B, I>> Install<'_, B, I, L> {
-    /// Parameter `i`'s values as a flat inner tensor, fetching its unit first if needed.
-    fn take(&mut self, i: usize) -> Result<Tensor<I, 1>, ModelError> {
-        let u = self.unit_of[i];
-        let want = self.layout.units[u].range.len();
-        let current = match self.unit.take() {
-            Some((cur, c)) if cur == u => c,
-            _ => match (self.source)(u)? {
-                UnitParams::Host(v) if v.len() == want => Current::Host(v),
-                UnitParams::Device(mut d) if d.len() == want => Current::Device(
-                    d.as_any_mut()
-                        .downcast_mut::<DeviceFlat<I>>()
-                        .ok_or(ModelError::ForeignBuffer)?
-                        .tensor
-                        .clone(),
-                ),
-                UnitParams::Host(v) => return Err(unit_size(u, v.len(), want)),
-                UnitParams::Device(d) => return Err(unit_size(u, d.len(), want)),
-            },
-        };
-        let spec = &self.layout.params[i];
-        let base = self.layout.units[u].range.start;
-        let rel = spec.offset - base..spec.offset - base + spec.len();
-        let t = match &current {
-            Current::Host(v) => {
-                Tensor::from_data(TensorData::new(v[rel].to_vec(), [spec.len()]), self.device)
-            }
-            Current::Device(t) => t.clone().slice(rel),
-        };
-        self.unit = Some((u, current));
-        Ok(t)
+/// Unit `u`'s parameters as one flat inner tensor (made once; each parameter is a slice).
+fn unit_tensor<I: Backend>(
+    layout: &ParamLayout,
+    u: usize,
+    p: UnitParams,
+    device: &I::Device,
+) -> Result<Tensor<I, 1>, ModelError> {
+    let want = layout.units[u].range.len();
+    match p {
+        UnitParams::Host(v) if v.len() == want => {
+            Ok(Tensor::from_data(TensorData::new(v, [want]), device))
+        }
+        UnitParams::Device(mut d) if d.len() == want => Ok(d
+            .as_any_mut()
+            .downcast_mut::<DeviceFlat<I>>()
+            .ok_or(ModelError::ForeignBuffer)?
+            .tensor
+            .clone()),
+        UnitParams::Host(v) => Err(unit_size(u, v.len(), want)),
+        UnitParams::Device(d) => Err(unit_size(u, d.len(), want)),
     }
 }
 
@@ -199,25 +191,28 @@ impl<B: Backend, I: Backend, L: Lift<B, I>> ModuleMapper<B> for Install<'_, B, I
             });
             return param;
         }
-        match self.take(i) {
-            Ok(flat) => {
-                self.installed += 1;
-                // reshaped before it becomes a leaf: the parameter itself must be the leaf
-                let t: Tensor<I, D> = flat.reshape(shape);
-                Param::initialized(param.id, L::lift(t))
-            }
-            Err(e) => {
-                self.error = Some(e);
-                param
-            }
-        }
+        let u = self.unit_of[i];
+        let Some(unit) = &self.units[u] else {
+            // a unit of another stage
+            return param;
+        };
+        let spec = &self.layout.params[i];
+        let base = self.layout.units[u].range.start;
+        let rel = spec.offset - base..spec.offset - base + spec.len();
+        self.installed += 1;
+        // reshaped before it becomes a leaf: the parameter itself must be the leaf
+        let t: Tensor<I, D> = unit.clone().slice(rel).reshape(shape);
+        Param::initialized(param.id, L::lift(t))
     }
 }
 
-/// Collects every layout parameter's gradient, flattened, by path.
+/// Collects the gradient of every layout parameter of the chosen units, flattened, by path
+/// (the other units' parameters are never touched: they may be lazy and uninitialised).
 struct GradVisitor<'a, B: AutodiffBackend> {
     tape: &'a <B as AutodiffBackend>::Gradients,
     index: &'a HashMap<String, usize>,
+    unit_of: &'a [usize],
+    units: &'a [bool],
     path: Path,
     out: Vec<Option<Tensor<B::InnerBackend, 1>>>,
 }
@@ -230,7 +225,11 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for GradVisitor<'_, B> {
         self.path.exit();
     }
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-        if let Some(&i) = self.index.get(&self.path.name()) {
+        if let Some(&i) = self
+            .index
+            .get(&self.path.name())
+            .filter(|&&i| self.units[self.unit_of[i]])
+        {
             let t = param.val();
             let n = t.shape().num_elements();
             self.out[i] = t.grad(self.tape).map(|g| g.reshape([n]));
@@ -252,13 +251,56 @@ pub struct Engine<F: Family, B: AutodiffBackend> {
     /// Layout index of each parameter path.
     index: HashMap<String, usize>,
     unit_of: Vec<usize>,
+    /// The layout units of each stage of the forward.
+    stages: Vec<Vec<usize>>,
     template: F::Module<B>,
     inner: F::Module<B::InnerBackend>,
     device: B::Device,
 }
 
+/// The layout units each of `family`'s stages names, checked: every name a unit of the layout,
+/// every unit in some stage, no stage empty.
+pub fn stage_units<F: Family>(family: &F, layout: &ParamLayout) -> Result<Vec<Vec<usize>>, String> {
+    let stages = family.stages(layout);
+    let mut used = vec![false; layout.num_units()];
+    let mut out = Vec::with_capacity(stages.len());
+    for (s, names) in stages.iter().enumerate() {
+        if names.is_empty() {
+            return Err(format!("stage {s} names no unit"));
+        }
+        let mut units = Vec::with_capacity(names.len());
+        for name in names {
+            let Some(u) = layout.units.iter().position(|u| &u.name == name) else {
+                let known: Vec<_> = layout.units.iter().map(|u| u.name.as_str()).collect();
+                return Err(format!(
+                    "stage {s} names unit `{name}`, which the module does not have (its units: {})",
+                    known.join(", ")
+                ));
+            };
+            if units.contains(&u) {
+                return Err(format!("stage {s} names unit `{name}` twice"));
+            }
+            used[u] = true;
+            units.push(u);
+        }
+        out.push(units);
+    }
+    if let Some(u) = used.iter().position(|&x| !x) {
+        return Err(format!(
+            "unit `{}` is in no stage (every unit with parameters must be used)",
+            layout.units[u].name
+        ));
+    }
+    Ok(out)
+}
+
 impl<F: Family, B: AutodiffBackend> Engine<F, B> {
-    pub fn new(family: Arc<F>, layout: &ParamLayout, device: &B::Device) -> Self {
+    pub fn new(
+        family: Arc<F>,
+        layout: &ParamLayout,
+        stages: &[Vec<usize>],
+        device: &B::Device,
+    ) -> Self {
         let unit_of = (0..layout.params.len())
             .map(|i| layout.unit_of_param(i))
             .collect();
@@ -275,25 +317,32 @@ impl<F: Family, B: AutodiffBackend> Engine<F, B> {
             layout: layout.clone(),
             index,
             unit_of,
+            stages: stages.to_vec(),
             device: device.clone(),
         }
     }
 
-    /// `module` with every layout parameter taken from `source` (as leaves when `L` is `Leaf`).
+    /// `module` with every parameter of `units` (layout unit, its parameters) installed (as
+    /// leaves when `L` is `Leaf`); the other units' parameters stay as they are.
     fn install<M: Backend, L: Lift<M, B::InnerBackend>>(
         &self,
         module: F::Module<M>,
-        source: &mut dyn FnMut(usize) -> Result<UnitParams, ModelError>,
+        units: Vec<(usize, UnitParams)>,
     ) -> Result<F::Module<M>, ModelError> {
+        let mut slots: Vec<Option<Tensor<B::InnerBackend, 1>>> =
+            vec![None; self.layout.num_units()];
+        let mut want = 0;
+        for (u, p) in units {
+            want += self.layout.units[u].params.len();
+            slots[u] = Some(unit_tensor(&self.layout, u, p, &self.device)?);
+        }
         let mut install = Install::<M, B::InnerBackend, L> {
             layout: &self.layout,
             index: &self.index,
             unit_of: &self.unit_of,
             path: Path::default(),
             installed: 0,
-            unit: None,
-            source,
-            device: &self.device,
+            units: slots,
             error: None,
             lift: PhantomData,
         };
@@ -301,13 +350,12 @@ impl<F: Family, B: AutodiffBackend> Engine<F, B> {
         if let Some(e) = install.error {
             return Err(e);
         }
-        if install.installed != self.layout.params.len() {
+        if install.installed != want {
             return Err(ModelError::Build {
                 kind: self.family.kind().to_string(),
                 reason: format!(
-                    "the module has {} of the layout's {} parameters",
+                    "the module has {} of the {want} parameters of the units installed",
                     install.installed,
-                    self.layout.params.len()
                 ),
             });
         }
@@ -316,10 +364,241 @@ impl<F: Family, B: AutodiffBackend> Engine<F, B> {
 
     /// The inner-backend module (no autodiff) holding the whole flat `params`.
     fn inner_with(&self, params: &[f32]) -> Result<F::Module<B::InnerBackend>, ModelError> {
-        let mut source = |u: usize| -> Result<UnitParams, ModelError> {
-            Ok(UnitParams::Host(params[self.layout.unit_range(u)].to_vec()))
+        let units = (0..self.layout.num_units())
+            .map(|u| {
+                (
+                    u,
+                    UnitParams::Host(params[self.layout.unit_range(u)].to_vec()),
+                )
+            })
+            .collect();
+        self.install::<B::InnerBackend, Plain>(self.inner.clone(), units)
+    }
+
+    /// Stage `s`'s units paired with `params` (in stage order).
+    fn stage_params(
+        &self,
+        s: usize,
+        params: Vec<UnitParams>,
+    ) -> Result<Vec<(usize, UnitParams)>, ModelError> {
+        let units = &self.stages[s];
+        if params.len() != units.len() {
+            return Err(ModelError::Stage(format!(
+                "stage {s} uses {} units but {} were handed in",
+                units.len(),
+                params.len()
+            )));
+        }
+        Ok(units.iter().copied().zip(params).collect())
+    }
+
+    /// The flat gradient of each unit of stage `s` in `tape`, in stage order.
+    fn stage_grads(
+        &self,
+        s: usize,
+        module: &F::Module<B>,
+        tape: &<B as AutodiffBackend>::Gradients,
+    ) -> Result<Vec<Tensor<B::InnerBackend, 1>>, ModelError> {
+        let mut chosen = vec![false; self.layout.num_units()];
+        for &u in &self.stages[s] {
+            chosen[u] = true;
+        }
+        let mut collect = GradVisitor::<B> {
+            tape,
+            index: &self.index,
+            unit_of: &self.unit_of,
+            units: &chosen,
+            path: Path::default(),
+            out: vec![None; self.layout.params.len()],
         };
-        self.install::<B::InnerBackend, Plain>(self.inner.clone(), &mut source)
+        module.visit(&mut collect);
+        let mut out = Vec::with_capacity(self.stages[s].len());
+        for &u in &self.stages[s] {
+            let range = self.layout.units[u].params.clone();
+            let mut parts = Vec::with_capacity(range.len());
+            for i in range {
+                let spec = &self.layout.params[i];
+                parts.push(
+                    collect.out[i]
+                        .take()
+                        .ok_or_else(|| ModelError::NoGrad(spec.name.clone()))?,
+                );
+            }
+            out.push(if parts.len() == 1 {
+                parts
+                    .pop()
+                    .unwrap_or_else(|| Tensor::zeros([0], &self.device))
+            } else {
+                Tensor::cat(parts, 0)
+            });
+        }
+        Ok(out)
+    }
+}
+
+/// What a stage keeps between its forward and its backward.
+enum Saved<F: Family, B: AutodiffBackend> {
+    /// Nothing yet, or the backward has run.
+    Empty,
+    /// Recomputed: the stage's input and where the dropout stream stood.
+    Input {
+        x: Act<B::InnerBackend>,
+        ctx: Forward,
+    },
+    /// Kept: the module with its leaves, the input leaf and the output (the scaled loss for the
+    /// last stage), with their graph.
+    Graph {
+        module: F::Module<B>,
+        input: Act<B>,
+        output: Output<B>,
+    },
+}
+
+enum Output<B: AutodiffBackend> {
+    Act(Act<B>),
+    Loss(Tensor<B, 1>),
+}
+
+/// One micro-step of an `Engine`, stage by stage.
+struct EngineMicro<'a, F: Family, B: AutodiffBackend> {
+    engine: &'a Engine<F, B>,
+    ctx: Forward,
+    checkpointing: bool,
+    scale: f64,
+    /// The batch's input, until stage 0 takes it.
+    x: Option<TensorData>,
+    rows: usize,
+    onehot: Option<TensorData>,
+    /// The last forward's output (the next stage's input), without its graph.
+    next: Option<Act<B::InnerBackend>>,
+    saved: Vec<Saved<F, B>>,
+    /// The gradient arriving at the output of the stage whose backward is next.
+    grad: Option<Act<B::InnerBackend>>,
+    loss: f64,
+}
+
+impl<F: Family, B: AutodiffBackend> EngineMicro<'_, F, B> {
+    /// The loss of the last stage's logits (scaled for the backward) and its value.
+    fn loss_of(&mut self, logits: Act<B>) -> Result<Tensor<B, 1>, ModelError> {
+        let onehot = self
+            .onehot
+            .take()
+            .ok_or_else(|| ModelError::Stage("the last stage ran twice".into()))?;
+        let loss = cross_entropy(logits.into_logits()?, self.rows, onehot);
+        self.loss = f64::from(
+            to_vec(loss.clone().inner())?
+                .first()
+                .copied()
+                .unwrap_or(f32::NAN),
+        );
+        Ok(loss.mul_scalar(self.scale))
+    }
+
+    /// Stage `s`'s input: the batch for the first stage, the previous stage's output after.
+    fn input(&mut self, s: usize) -> Result<Act<B::InnerBackend>, ModelError> {
+        let x = if s == 0 {
+            self.x.take().map(Act::Data)
+        } else {
+            self.next.take()
+        };
+        x.ok_or_else(|| ModelError::Stage(format!("stage {s} ran out of order")))
+    }
+}
+
+impl<F: Family, B: AutodiffBackend> MicroStep<B> for EngineMicro<'_, F, B> {
+    fn forward(&mut self, s: usize, params: Vec<UnitParams>) -> Result<(), ModelError> {
+        let e = self.engine;
+        let n = e.stages.len();
+        let units = e.stage_params(s, params)?;
+        let x = self.input(s)?;
+        if recomputed(s, n, self.checkpointing) {
+            // no graph (nothing requires a gradient): the stage's parameters are freed with the
+            // module
+            let module = e.install::<B, Untracked>(e.template.clone(), units)?;
+            let ctx = self.ctx.clone();
+            let y = e.family.stage_forward(
+                &module,
+                s,
+                Act::<B>::untracked(x.clone()),
+                &e.device,
+                &mut self.ctx,
+            );
+            self.next = Some(y.inner());
+            self.saved[s] = Saved::Input { x, ctx };
+        } else {
+            let module = e.install::<B, Leaf>(e.template.clone(), units)?;
+            let input = Act::<B>::leaf(x);
+            let y = e
+                .family
+                .stage_forward(&module, s, input.clone(), &e.device, &mut self.ctx);
+            let output = if s + 1 == n {
+                Output::Loss(self.loss_of(y)?)
+            } else {
+                self.next = Some(y.inner());
+                Output::Act(y)
+            };
+            self.saved[s] = Saved::Graph {
+                module,
+                input,
+                output,
+            };
+        }
+        Ok(())
+    }
+
+    fn loss(&self) -> f64 {
+        self.loss
+    }
+
+    fn backward(
+        &mut self,
+        s: usize,
+        params: Option<Vec<UnitParams>>,
+    ) -> Result<Vec<Tensor<B::InnerBackend, 1>>, ModelError> {
+        let e = self.engine;
+        let saved = std::mem::replace(&mut self.saved[s], Saved::Empty);
+        let (module, input, output) = match saved {
+            Saved::Graph {
+                module,
+                input,
+                output,
+            } => (module, input, output),
+            Saved::Input { x, mut ctx } => {
+                let params = params.ok_or_else(|| {
+                    ModelError::Stage(format!("stage {s} is recomputed but got no parameters"))
+                })?;
+                let module =
+                    e.install::<B, Leaf>(e.template.clone(), e.stage_params(s, params)?)?;
+                let input = Act::<B>::leaf(x);
+                let y = e
+                    .family
+                    .stage_forward(&module, s, input.clone(), &e.device, &mut ctx);
+                (module, input, Output::Act(y))
+            }
+            Saved::Empty => {
+                return Err(ModelError::Stage(format!(
+                    "stage {s}'s backward before its forward"
+                )))
+            }
+        };
+        let tape = match output {
+            Output::Loss(loss) => loss.backward(),
+            Output::Act(y) => {
+                let g = self.grad.take().ok_or_else(|| {
+                    ModelError::Stage(format!("stage {s}'s backward out of order"))
+                })?;
+                y.vjp(g)?.backward()
+            }
+        };
+        let grads = e.stage_grads(s, &module, &tape)?;
+        if s > 0 {
+            self.grad = Some(
+                input
+                    .grad(&tape)
+                    .ok_or_else(|| ModelError::NoGrad(format!("the input of stage {s}")))?,
+            );
+        }
+        Ok(grads)
     }
 }
 
@@ -338,54 +617,35 @@ fn cross_entropy<B: Backend>(
 }
 
 impl<F: Family, B: AutodiffBackend> Compute<B> for Engine<F, B> {
-    fn forward_backward_timed(
-        &self,
-        params: &mut dyn FnMut(usize) -> Result<UnitParams, ModelError>,
+    fn layout(&self) -> &ParamLayout {
+        &self.layout
+    }
+
+    fn stages(&self) -> &[Vec<usize>] {
+        &self.stages
+    }
+
+    fn micro<'a>(
+        &'a self,
         batch: Input,
         key: StepKey,
         scale: f64,
-        grads: &mut Grads,
-        pass: &mut dyn FnMut(Pass),
-    ) -> Result<f64, ModelError> {
-        pass(Pass::Forward);
-        let module = self.install::<B, Leaf>(self.template.clone(), params)?;
+        checkpointing: bool,
+    ) -> Box<dyn MicroStep<B> + 'a> {
         let rows = batch.rows();
-        let logits = self
-            .family
-            .forward(&module, batch.x, &self.device, &mut Forward::train(key));
-        let loss = cross_entropy(logits, rows, batch.onehot);
-        let loss_value = to_vec(loss.clone().inner())?
-            .first()
-            .copied()
-            .unwrap_or(f32::NAN);
-        pass(Pass::Backward);
-        let tape = loss.mul_scalar(scale).backward();
-        let mut collect = GradVisitor::<B> {
-            tape: &tape,
-            index: &self.index,
-            path: Path::default(),
-            out: vec![None; self.layout.params.len()],
-        };
-        module.visit(&mut collect);
-        let mut parts = Vec::with_capacity(collect.out.len());
-        for (g, spec) in collect.out.into_iter().zip(&self.layout.params) {
-            parts.push(g.ok_or_else(|| ModelError::NoGrad(spec.name.clone()))?);
-        }
-        let flat = Tensor::cat(parts, 0);
-        match grads {
-            Grads::Host(host) => {
-                for (a, v) in host.iter_mut().zip(&to_vec(flat)?) {
-                    *a += v;
-                }
-            }
-            Grads::Device(d) => d
-                .as_any_mut()
-                .downcast_mut::<DeviceFlat<B::InnerBackend>>()
-                .ok_or(ModelError::ForeignBuffer)?
-                .add(flat),
-        }
-        pass(Pass::Done);
-        Ok(f64::from(loss_value))
+        Box::new(EngineMicro {
+            engine: self,
+            ctx: Forward::train(key),
+            checkpointing,
+            scale,
+            x: Some(batch.x),
+            rows,
+            onehot: Some(batch.onehot),
+            next: None,
+            saved: (0..self.stages.len()).map(|_| Saved::Empty).collect(),
+            grad: None,
+            loss: f64::NAN,
+        })
     }
 
     fn evaluate(
@@ -448,19 +708,30 @@ impl<F: Family, B: AutodiffBackend> Compute<B> for Engine<F, B> {
 }
 
 /// A family behind the `Model` trait: its layout is taken once, from a module built on the CPU
-/// (with autodiff, so that trainable parameters and state can be told apart).
+/// (with autodiff, so that trainable parameters and state can be told apart), and so are its
+/// stages.
 pub struct FamilyModel<F: Family> {
     family: Arc<F>,
     layout: ParamLayout,
+    stages: Vec<Vec<usize>>,
+    /// Why the family's stages were refused (`Model::check` reports it; the model then runs as
+    /// one stage).
+    stage_error: Option<String>,
 }
 
 impl<F: Family> FamilyModel<F> {
     pub fn new(family: F) -> Self {
         let module = family.build::<Autodiff<NdArray>>(&Default::default());
         let layout = layout_of::<Autodiff<NdArray>, _>(&module);
+        let (stages, stage_error) = match stage_units(&family, &layout) {
+            Ok(s) => (s, None),
+            Err(e) => (vec![(0..layout.num_units()).collect()], Some(e)),
+        };
         FamilyModel {
             family: Arc::new(family),
             layout,
+            stages,
+            stage_error,
         }
     }
 
@@ -468,6 +739,7 @@ impl<F: Family> FamilyModel<F> {
         Box::new(Engine::<F, B>::new(
             self.family.clone(),
             &self.layout,
+            &self.stages,
             device,
         ))
     }
@@ -476,6 +748,18 @@ impl<F: Family> FamilyModel<F> {
 impl<F: Family> Model for FamilyModel<F> {
     fn kind(&self) -> &str {
         self.family.kind()
+    }
+    fn check(&self) -> Result<(), ModelError> {
+        match &self.stage_error {
+            Some(reason) => Err(ModelError::Build {
+                kind: self.family.kind().to_string(),
+                reason: format!("`Family::stages`: {reason}"),
+            }),
+            None => Ok(()),
+        }
+    }
+    fn stages(&self) -> &[Vec<usize>] {
+        &self.stages
     }
     fn layout(&self) -> &ParamLayout {
         &self.layout
@@ -535,6 +819,7 @@ mod tests {
     //! The layout and installation rules on a family with state (BatchNorm's running
     //! statistics), not only parameters.
 
+    use crate::params::Grads;
     use burn::nn::{BatchNorm, BatchNormConfig, Linear, LinearConfig};
 
     use super::*;
@@ -598,18 +883,19 @@ mod tests {
             shape: vec![4, 4],
             y: vec![0, 1, 2, 1],
         };
-        let loss = compute
-            .forward_backward(
-                &mut source,
-                m.task().input(batch.clone()),
-                StepKey {
-                    seed: 0,
-                    counters: [0; 3],
-                },
-                1.0,
-                &mut grads,
-            )
-            .unwrap();
+        let loss = crate::model::forward_backward(
+            compute.as_ref(),
+            &mut source,
+            m.task().input(batch.clone()),
+            StepKey {
+                seed: 0,
+                counters: [0; 3],
+            },
+            1.0,
+            &mut grads,
+            false,
+        )
+        .unwrap();
         assert!(loss.is_finite());
         let g = grads.to_host_vec().unwrap();
         // gamma and beta get gradients like the linear layer does
@@ -642,10 +928,17 @@ mod tests {
             seed: 0,
             counters: [0; 3],
         };
-        let e = compute
-            .forward_backward(&mut short, m.task().input(batch), key, 1.0, &mut g)
-            .err()
-            .map(|e| e.to_string());
+        let e = crate::model::forward_backward(
+            compute.as_ref(),
+            &mut short,
+            m.task().input(batch),
+            key,
+            1.0,
+            &mut g,
+            false,
+        )
+        .err()
+        .map(|e| e.to_string());
         assert_eq!(
             e.as_deref(),
             Some("unit 0 has 3 parameters, the layout says 15")

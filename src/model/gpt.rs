@@ -14,7 +14,7 @@ use burn::tensor::activation::{gelu, softmax};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
 
-use super::api::{Family, Forward, ModelError, Task};
+use super::api::{Act, Family, Forward, ModelError, Task};
 use super::init;
 use crate::config::{DataKind, Resolved};
 use crate::params::ParamLayout;
@@ -175,6 +175,30 @@ impl Gpt {
             .forward(gelu(b.mlp_fc.forward(b.ln_2.forward(x.clone()))));
         x + ctx.dropout(m, self.dropout)
     }
+
+    /// Token plus position embeddings of the ids `x` `[samples, positions]`.
+    fn embed<B: Backend>(
+        &self,
+        m: &GptModule<B>,
+        x: TensorData,
+        device: &B::Device,
+        ctx: &mut Forward,
+    ) -> Tensor<B, 3> {
+        let idx = Tensor::<B, 2, Int>::from_data(x, device);
+        let [_, t] = idx.dims();
+        let pos = Tensor::<B, 1, Int>::arange(0..t as i64, device).reshape([1, t]);
+        ctx.dropout(m.wte.forward(idx) + m.wpe.forward(pos), self.dropout)
+    }
+
+    /// The final LayerNorm and the output layer: logits `[samples * positions, vocab]`.
+    fn head<B: Backend>(&self, m: &GptModule<B>, h: Tensor<B, 3>) -> Tensor<B, 2> {
+        let [n, t, _] = h.dims();
+        let h = m.ln_f.forward(h).reshape([n * t, self.dim]);
+        match &m.lm_head {
+            Some(head) => head.forward(h),
+            None => h.matmul(m.wte.weight.val().transpose()),
+        }
+    }
 }
 
 impl Family for Gpt {
@@ -277,17 +301,37 @@ impl Family for Gpt {
         device: &B::Device,
         ctx: &mut Forward,
     ) -> Tensor<B, 2> {
-        let idx = Tensor::<B, 2, Int>::from_data(x, device);
-        let [n, t] = idx.dims();
-        let pos = Tensor::<B, 1, Int>::arange(0..t as i64, device).reshape([1, t]);
-        let mut h = ctx.dropout(m.wte.forward(idx) + m.wpe.forward(pos), self.dropout);
+        let mut h = self.embed(m, x, device, ctx);
         for b in &m.blocks {
             h = self.block(b, h, ctx);
         }
-        let h = m.ln_f.forward(h).reshape([n * t, self.dim]);
-        match &m.lm_head {
-            Some(head) => head.forward(h),
-            None => h.matmul(m.wte.weight.val().transpose()),
+        self.head(m, h)
+    }
+
+    /// The embeddings (`wte`, `wpe`), each block, then the head (`ln_f` and `lm_head`, or `wte`
+    /// again when tied: the tied weight is gathered for both uses and its gradients summed).
+    fn stages(&self, _layout: &ParamLayout) -> Vec<Vec<String>> {
+        let mut stages = vec![vec!["wte".to_string(), "wpe".to_string()]];
+        stages.extend((0..self.layers).map(|i| vec![format!("blocks.{i}")]));
+        let out = if self.tie { "wte" } else { "lm_head" };
+        stages.push(vec!["ln_f".to_string(), out.to_string()]);
+        stages
+    }
+
+    fn stage_forward<B: Backend>(
+        &self,
+        m: &GptModule<B>,
+        stage: usize,
+        x: Act<B>,
+        device: &B::Device,
+        ctx: &mut Forward,
+    ) -> Act<B> {
+        match (stage, x) {
+            (0, Act::Data(x)) => Act::D3(self.embed(m, x, device, ctx)),
+            (s, Act::D3(h)) if s <= self.layers => Act::D3(self.block(&m.blocks[s - 1], h, ctx)),
+            (_, Act::D3(h)) => Act::D2(self.head(m, h)),
+            // a stage out of place: the engine reports the shapes
+            (_, x) => x,
         }
     }
 }

@@ -8,7 +8,7 @@ use burn::tensor::activation;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
 
-use super::api::{Family, Forward, ModelError, Task};
+use super::api::{Act, Family, Forward, ModelError, Task};
 use super::init;
 use crate::config::{Activation, ModelConfig, Resolved};
 use crate::params::ParamLayout;
@@ -126,21 +126,61 @@ impl Family for Mlp {
         device: &B::Device,
         ctx: &mut Forward,
     ) -> Tensor<B, 2> {
-        // samples of any shape enter flattened
+        let mut h = self.input(x, device);
+        for l in 0..module.layers.len() {
+            h = self.layer(module, l, h, ctx);
+        }
+        h
+    }
+
+    /// One stage per layer.
+    fn stages(&self, layout: &ParamLayout) -> Vec<Vec<String>> {
+        layout.units.iter().map(|u| vec![u.name.clone()]).collect()
+    }
+
+    fn stage_forward<B: Backend>(
+        &self,
+        module: &MlpModule<B>,
+        stage: usize,
+        x: Act<B>,
+        device: &B::Device,
+        ctx: &mut Forward,
+    ) -> Act<B> {
+        let h = match x {
+            Act::Data(x) if stage == 0 => self.input(x, device),
+            Act::D2(h) if stage > 0 => h,
+            // a stage out of place: the engine reports the shapes
+            x => return x,
+        };
+        Act::D2(self.layer(module, stage, h, ctx))
+    }
+}
+
+impl Mlp {
+    /// Samples of any shape enter flattened.
+    fn input<B: Backend>(&self, x: TensorData, device: &B::Device) -> Tensor<B, 2> {
         let rows = x.shape.first().copied().unwrap_or(0);
         let x = TensorData {
             shape: vec![rows, self.sizes[0]].into(),
             ..x
         };
-        let mut h = Tensor::<B, 2>::from_data(x, device);
-        let last = module.layers.len().saturating_sub(1);
-        for (l, layer) in module.layers.iter().enumerate() {
-            h = layer.forward(h);
-            if l < last {
-                h = ctx.dropout(activate(self.activation, h), self.dropout);
-            }
+        Tensor::<B, 2>::from_data(x, device)
+    }
+
+    /// Layer `l`, with its activation and dropout unless it is the last.
+    fn layer<B: Backend>(
+        &self,
+        module: &MlpModule<B>,
+        l: usize,
+        h: Tensor<B, 2>,
+        ctx: &mut Forward,
+    ) -> Tensor<B, 2> {
+        let h = module.layers[l].forward(h);
+        if l + 1 < module.layers.len() {
+            ctx.dropout(activate(self.activation, h), self.dropout)
+        } else {
+            h
         }
-        h
     }
 }
 
@@ -254,9 +294,16 @@ mod engine_tests {
                 Ok(UnitParams::Host(params[layout.unit_range(u)].to_vec()))
             };
             losses.push(
-                compute
-                    .forward_backward(&mut from_host, input(), KEY, 0.5, &mut host)
-                    .unwrap(),
+                crate::model::forward_backward(
+                    compute.as_ref(),
+                    &mut from_host,
+                    input(),
+                    KEY,
+                    0.5,
+                    &mut host,
+                    false,
+                )
+                .unwrap(),
             );
             let mut from_device = |u: usize| -> Result<UnitParams, ModelError> {
                 Ok(UnitParams::Device(flat(
@@ -264,9 +311,16 @@ mod engine_tests {
                 )))
             };
             losses.push(
-                compute
-                    .forward_backward(&mut from_device, input(), KEY, 0.5, &mut dev)
-                    .unwrap(),
+                crate::model::forward_backward(
+                    compute.as_ref(),
+                    &mut from_device,
+                    input(),
+                    KEY,
+                    0.5,
+                    &mut dev,
+                    false,
+                )
+                .unwrap(),
             );
         }
         assert!(losses.iter().all(|l| *l == losses[0]), "{losses:?}");
@@ -284,9 +338,16 @@ mod engine_tests {
             seed: 1,
             counters: [1, 0, 0],
         };
-        let l2 = compute
-            .forward_backward(&mut from_host, input(), other, 0.5, &mut g)
-            .unwrap();
+        let l2 = crate::model::forward_backward(
+            compute.as_ref(),
+            &mut from_host,
+            input(),
+            other,
+            0.5,
+            &mut g,
+            false,
+        )
+        .unwrap();
         assert_ne!(l2, losses[0]);
     }
 
@@ -309,9 +370,16 @@ mod engine_tests {
             let mut from_host = |u: usize| -> Result<UnitParams, ModelError> {
                 Ok(UnitParams::Host(hp[layout.unit_range(u)].to_vec()))
             };
-            compute
-                .forward_backward(&mut from_host, input(), KEY, 1.0, &mut hg)
-                .unwrap();
+            crate::model::forward_backward(
+                compute.as_ref(),
+                &mut from_host,
+                input(),
+                KEY,
+                1.0,
+                &mut hg,
+                false,
+            )
+            .unwrap();
             let mut g = hg.to_host_vec().unwrap();
             clip_and_step(&mut host_opt, &mut hp, &mut g, 0.05, Some(0.5));
 
@@ -319,9 +387,16 @@ mod engine_tests {
             let mut from_device = |u: usize| -> Result<UnitParams, ModelError> {
                 Ok(UnitParams::Device(dev.slice(layout.unit_range(u))))
             };
-            compute
-                .forward_backward(&mut from_device, input(), KEY, 1.0, &mut dg)
-                .unwrap();
+            crate::model::forward_backward(
+                compute.as_ref(),
+                &mut from_device,
+                input(),
+                KEY,
+                1.0,
+                &mut dg,
+                false,
+            )
+            .unwrap();
             if let Grads::Device(mut d) = dg {
                 dev.step(d.as_mut(), 0.05, Some(0.5)).unwrap();
             }

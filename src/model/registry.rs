@@ -104,7 +104,9 @@ impl Registry {
 
     /// The model `model.kind` names, for samples of shape `input`.
     pub fn build(&self, r: &Resolved, input: &[usize]) -> Result<SharedModel, ModelError> {
-        self.builder(r)?(r, input)
+        let model = self.builder(r)?(r, input)?;
+        model.check()?;
+        Ok(model)
     }
 }
 

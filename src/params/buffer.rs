@@ -71,6 +71,8 @@ pub trait DeviceTensor {
     fn to_host(&mut self) -> Result<Vec<f32>, String>;
     /// Whether any value is NaN or infinite (one reduction on the device, one flag read back).
     fn non_finite(&self) -> Result<bool, String>;
+    /// Adds `other` (a buffer of the same kind) into elements `offset..offset + other.len()`.
+    fn add_at(&mut self, offset: usize, other: &mut dyn DeviceTensor) -> Result<(), String>;
     fn as_any_mut(&mut self) -> &mut dyn Any;
     /// `params` and the state of `opt` moved to this buffer's device, to stay there between
     /// steps; `None` where that does not apply (parameters below f32 keep f32 masters on the
@@ -104,6 +106,17 @@ impl<B: Backend> DeviceFlat<B> {
     pub fn add(&mut self, other: Tensor<B, 1>) {
         self.guard = None;
         self.tensor = self.tensor.clone() + other;
+    }
+    /// Adds `other` into elements `offset..offset + other.len()` of this buffer.
+    pub fn add_at(&mut self, offset: usize, other: Tensor<B, 1>) {
+        let len = other.dims()[0];
+        if offset == 0 && len == self.len() {
+            return self.add(other);
+        }
+        self.guard = None;
+        let range = offset..offset + len;
+        let sum = self.tensor.clone().slice([range.clone()]) + other;
+        self.tensor = self.tensor.clone().slice_assign([range], sum);
     }
 }
 
@@ -158,6 +171,14 @@ impl<B: Backend> DeviceTensor for DeviceFlat<B> {
             .map(|v| v.first().is_some_and(|ok| *ok == 0))
             .map_err(|e| format!("reading a device flag: {e:?}"))
     }
+    fn add_at(&mut self, offset: usize, other: &mut dyn DeviceTensor) -> Result<(), String> {
+        let other = other
+            .as_any_mut()
+            .downcast_mut::<DeviceFlat<B>>()
+            .ok_or("a device buffer of another backend")?;
+        DeviceFlat::add_at(self, offset, other.tensor.clone());
+        Ok(())
+    }
     fn as_any_mut(&mut self) -> &mut dyn Any {
         self
     }
@@ -194,6 +215,37 @@ impl Grads {
         match self {
             Grads::Host(v) => Ok(!all_finite(v)),
             Grads::Device(d) => d.non_finite(),
+        }
+    }
+    /// Adds `other` into elements `offset..offset + other.len()` (both on the host, or both
+    /// device buffers of one backend).
+    pub fn add_at(&mut self, offset: usize, mut other: Grads) -> Result<(), String> {
+        match (self, &mut other) {
+            (Grads::Host(a), Grads::Host(b)) => {
+                for (x, y) in a[offset..offset + b.len()].iter_mut().zip(b.iter()) {
+                    *x += y;
+                }
+                Ok(())
+            }
+            (Grads::Device(a), Grads::Device(b)) => a.add_at(offset, b.as_mut()),
+            (Grads::Device(a), Grads::Host(b)) => {
+                let mut up = a.upload(b)?;
+                a.add_at(offset, up.as_mut())
+            }
+            (Grads::Host(a), Grads::Device(b)) => {
+                let b = b.to_host()?;
+                for (x, y) in a[offset..offset + b.len()].iter_mut().zip(&b) {
+                    *x += y;
+                }
+                Ok(())
+            }
+        }
+    }
+    /// A zeroed gradient of `len` elements where `like` is (host, or its device).
+    pub fn zeros_like(like: &Grads, len: usize) -> Result<Grads, String> {
+        match like {
+            Grads::Host(_) => Ok(Grads::Host(vec![0.0; len])),
+            Grads::Device(d) => Ok(Grads::Device(d.zeros(len)?)),
         }
     }
     /// The gradient on the host (copied from the device when it is there).

@@ -6,17 +6,25 @@ use std::ops::Range;
 use serde::Serialize;
 
 use crate::checkpoint::{Layout, OptState};
-use crate::collective::{device_error, Collective, CollectiveError, OpKind};
+use crate::collective::{device_error, Collective, CollectiveError, GradsOps, OpKind, ReduceOp};
 use crate::config::{Config, OptimKind, Sharding, StrategyKind};
 use crate::params::{DeviceParams, DeviceTensor, Grads, Optimizer, ParamLayout};
 
-/// Bytes one rank holds for training state (accounting, not measured RSS).
+/// Bytes one rank holds: its model state by formula (parameters, gradients and optimizer state
+/// over the shard lengths it keeps), and its measured peak.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct Memory {
     pub rank: usize,
+    /// Model state: parameters kept between steps.
     pub params_bytes: usize,
+    /// Model state: the gradient the update takes.
     pub grads_bytes: usize,
+    /// Model state: optimizer state.
     pub optim_bytes: usize,
+    /// Measured: the most bytes the rank's threads held at once during training (the counting
+    /// allocator of the `kiln` binary; absent where it is not installed).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub peak_bytes: Option<u64>,
 }
 
 /// A rank's part of a checkpoint: the whole model and optimizer (rank 0 of a whole-parameter
@@ -84,6 +92,66 @@ impl DeviceCopy {
     }
 }
 
+/// A step's whole gradient (single, dp, ddp, fsdp without sharding), made at the first unit
+/// gradient of the step on the host or the device, like the gradients handed in.
+#[derive(Default)]
+pub(super) struct WholeGrads {
+    grads: Option<Grads>,
+}
+
+impl WholeGrads {
+    /// Adds a unit's gradient into `range` of a whole gradient of `len` elements.
+    pub fn add(
+        &mut self,
+        rank: usize,
+        len: usize,
+        range: Range<usize>,
+        grad: Grads,
+    ) -> Result<&mut Grads, CollectiveError> {
+        let err = |e| device_error(rank, OpKind::Update, e);
+        if self.grads.is_none() {
+            if range.len() == len {
+                // the whole model is one unit: its gradient is the whole gradient
+                return Ok(self.grads.insert(grad));
+            }
+            self.grads = Some(Grads::zeros_like(&grad, len).map_err(err)?);
+        }
+        let Some(whole) = self.grads.as_mut() else {
+            return Err(err("no gradient".into()));
+        };
+        whole.add_at(range.start, grad).map_err(err)?;
+        Ok(whole)
+    }
+    /// The step's gradient (zeros on the host if nothing was handed in), leaving none.
+    pub fn take(&mut self, len: usize) -> Grads {
+        self.grads
+            .take()
+            .unwrap_or_else(|| Grads::Host(vec![0.0; len]))
+    }
+    pub fn non_finite(&self) -> Result<bool, String> {
+        self.grads.as_ref().map_or(Ok(false), |g| g.non_finite())
+    }
+}
+
+/// All-reduces (mean) `range` of `grads` in buckets of at most `bucket` elements.
+pub(super) fn all_reduce_buckets(
+    comm: &mut dyn Collective,
+    grads: &mut Grads,
+    range: Range<usize>,
+    bucket: usize,
+) -> Result<(), CollectiveError> {
+    if comm.world() == 1 {
+        return Ok(());
+    }
+    let mut start = range.start;
+    while start < range.end {
+        let end = (start + bucket.max(1)).min(range.end);
+        grads.all_reduce(comm, start..end, ReduceOp::Mean)?;
+        start = end;
+    }
+    Ok(())
+}
+
 /// Memory of a rank holding whole parameters and gradients.
 pub(super) fn whole_memory(rank: usize, params: &[f32], optim_bytes: usize) -> Memory {
     let bytes = std::mem::size_of_val(params);
@@ -92,6 +160,7 @@ pub(super) fn whole_memory(rank: usize, params: &[f32], optim_bytes: usize) -> M
         params_bytes: bytes,
         grads_bytes: bytes,
         optim_bytes,
+        peak_bytes: None,
     }
 }
 
@@ -147,14 +216,31 @@ pub trait Strategy {
     /// The weight of this rank's micro-batch gradient in the step's gradient, given its sample
     /// count and the micro-batch's total across ranks (dp weights by samples, ddp averages).
     fn grad_weight(&self, local_samples: usize, global_samples: usize) -> f64;
-    /// Called after an accumulation micro-step that is not the last of its step when
-    /// `strategy.no_sync = false`: ddp averages the gradients accumulated so far (what torch does
-    /// outside `no_sync`); the final result is the same, only the traffic differs.
-    fn micro_sync(&mut self, _grads: &mut Grads) -> Result<(), CollectiveError> {
+    /// Takes this micro-step's gradient of layout unit `unit` (flat range `range`, already
+    /// weighted), handed over as soon as the backward of the unit's last use is done, in the
+    /// backward's order (the same on every rank). `sync`: this micro-step's gradients are
+    /// synchronised (the last micro-step of the step, or every one with `strategy.no_sync =
+    /// false`): ddp all-reduces the unit's accumulated gradient at once, fsdp reduce-scatters it
+    /// (fsdp does so at every micro-step, keeping only its shard).
+    fn unit_grad(
+        &mut self,
+        unit: usize,
+        range: Range<usize>,
+        grad: Grads,
+        sync: bool,
+    ) -> Result<(), CollectiveError>;
+    /// Whether this rank's gradient so far (its shard, for fsdp) has NaN or infinite values.
+    fn grads_non_finite(&self) -> Result<bool, String>;
+    /// Clips and updates with the gradients the step handed over (and synchronises what is left
+    /// to synchronise).
+    fn update(&mut self, lr: f64, clip: Option<f64>) -> Result<(), CollectiveError>;
+    /// Calls `f` with the full parameters, in flat order, in one or several consecutive pieces
+    /// (fsdp gathers one unit at a time, so no rank holds the whole model for it). Every rank
+    /// takes part.
+    fn visit_params(&mut self, f: &mut dyn FnMut(&[f32])) -> Result<(), CollectiveError> {
+        f(self.params()?);
         Ok(())
     }
-    /// Synchronises the accumulated (weighted) gradients, clips, and updates.
-    fn update(&mut self, grads: Grads, lr: f64, clip: Option<f64>) -> Result<(), CollectiveError>;
     /// Sums `values` over ranks (every rank gets the result); identity for one rank.
     fn sum(&mut self, values: &mut [f64]) -> Result<(), CollectiveError> {
         let comm = self.comm_mut();
@@ -192,7 +278,7 @@ pub trait Strategy {
 pub fn build(c: &Config, layout: &ParamLayout, comm: Box<dyn Collective>) -> Box<dyn Strategy> {
     match c.strategy.kind {
         StrategyKind::Single => Box::new(Single::new(c, layout.num_params(), comm)),
-        StrategyKind::Dp => Box::new(Dp::new(c, comm)),
+        StrategyKind::Dp => Box::new(Dp::new(c, layout.num_params(), comm)),
         StrategyKind::Ddp => Box::new(Ddp::new(c, layout.num_params(), comm)),
         StrategyKind::Fsdp => Box::new(Fsdp::new(c, layout, comm)),
     }
@@ -235,6 +321,7 @@ pub fn estimate(c: &Config, layout: &ParamLayout, world: usize) -> Vec<Memory> {
                 params_bytes,
                 grads_bytes,
                 optim_bytes: optim_elems * state * 4,
+                peak_bytes: None,
             }
         })
         .collect()
@@ -303,13 +390,18 @@ mod tests {
                             let g: Vec<f32> = (0..n)
                                 .map(|i| ((i * 31 + r * 7 + step * 13) % 17) as f32 * 0.01 - 0.08)
                                 .collect();
-                            let mut grads = if device {
-                                Grads::Device(Box::new(HostFlat(g)))
-                            } else {
-                                Grads::Host(g)
-                            };
-                            st.micro_sync(&mut grads).unwrap();
-                            st.update(grads, 0.1, Some(0.5)).unwrap();
+                            // each unit's gradient as its backward would hand it in
+                            for u in (0..layout.num_units()).rev() {
+                                let range = layout.unit_range(u);
+                                let part = g[range.clone()].to_vec();
+                                let grads = if device {
+                                    Grads::Device(Box::new(HostFlat(part)))
+                                } else {
+                                    Grads::Host(part)
+                                };
+                                st.unit_grad(u, range, grads, true).unwrap();
+                            }
+                            st.update(0.1, Some(0.5)).unwrap();
                         }
                         seen.extend(st.params().unwrap());
                         (seen, on_device, st.snapshot().unwrap().data)

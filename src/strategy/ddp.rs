@@ -1,18 +1,23 @@
 //! `ddp`: torch DistributedDataParallel. Rank 0's initial parameters are broadcast; every rank
-//! keeps a full replica and its own optimizer; at the last micro-step of a step the gradients are
-//! averaged by all-reduce in buckets of `bucket_cap_mb` (earlier micro-steps accumulate locally
-//! without communication, like `no_sync`).
+//! keeps a full replica and its own optimizer; at the last micro-step of a step each unit's
+//! gradient is averaged by all-reduce (in buckets of at most `bucket_cap_mb`) as soon as its
+//! backward is done, in the backward's order, as torch's reducer launches a bucket once its
+//! gradients are ready (earlier micro-steps accumulate locally without communication, like
+//! `no_sync`).
 //!
 //! Over a device collective (NCCL) with f32 parameters, the parameters and optimizer state move
 //! to the device at the first forward and stay there: the forward reads them in place and the
 //! update runs there (`DeviceParams`); the host copy is refreshed only when asked for
 //! (evaluation, checkpoints, the end).
 
-use super::{full_snapshot, whole_memory, DeviceCopy, Memory, Snapshot, Strategy};
+use super::{
+    all_reduce_buckets, full_snapshot, whole_memory, DeviceCopy, Memory, Snapshot, Strategy,
+    WholeGrads,
+};
 use crate::checkpoint::OptState;
 use std::ops::Range;
 
-use crate::collective::{device_error, Collective, CollectiveError, GradsOps, OpKind, ReduceOp};
+use crate::collective::{device_error, Collective, CollectiveError, GradsOps, OpKind};
 use crate::config::Config;
 use crate::params::{clip_and_step, DeviceTensor, Grads, Optimizer};
 
@@ -23,6 +28,9 @@ pub struct Ddp {
     bucket_elems: usize,
     /// Parameters and optimizer state on the device, once the forward has asked for them there.
     device: DeviceCopy,
+    num_params: usize,
+    /// The step's gradient, each unit's part averaged across ranks as it is handed in.
+    grads: WholeGrads,
 }
 
 impl Ddp {
@@ -35,6 +43,8 @@ impl Ddp {
             opt: Optimizer::new(&c.optim),
             bucket_elems,
             device: DeviceCopy::default(),
+            num_params,
+            grads: WholeGrads::default(),
         }
     }
 
@@ -76,21 +86,25 @@ impl Strategy for Ddp {
     fn grad_weight(&self, _local: usize, _global: usize) -> f64 {
         1.0
     }
-    fn micro_sync(&mut self, grads: &mut Grads) -> Result<(), CollectiveError> {
-        let n = grads.len();
-        for start in (0..n).step_by(self.bucket_elems) {
-            let bucket = start..(start + self.bucket_elems).min(n);
-            grads.all_reduce(self.comm.as_mut(), bucket, ReduceOp::Mean)?;
+    fn unit_grad(
+        &mut self,
+        _unit: usize,
+        range: Range<usize>,
+        grad: Grads,
+        sync: bool,
+    ) -> Result<(), CollectiveError> {
+        let rank = self.comm.rank();
+        let grads = self.grads.add(rank, self.num_params, range.clone(), grad)?;
+        if sync {
+            all_reduce_buckets(self.comm.as_mut(), grads, range, self.bucket_elems)?;
         }
         Ok(())
     }
-    fn update(
-        &mut self,
-        mut grads: Grads,
-        lr: f64,
-        clip: Option<f64>,
-    ) -> Result<(), CollectiveError> {
-        self.micro_sync(&mut grads)?;
+    fn grads_non_finite(&self) -> Result<bool, String> {
+        self.grads.non_finite()
+    }
+    fn update(&mut self, lr: f64, clip: Option<f64>) -> Result<(), CollectiveError> {
+        let mut grads = self.grads.take(self.num_params);
         let rank = self.comm.rank();
         if let (Some(dev), Grads::Device(g)) = (&mut self.device.dev, &mut grads) {
             dev.step(g.as_mut(), lr, clip)

@@ -10,7 +10,7 @@
 
 use std::ops::Range;
 
-use super::{full_snapshot, whole_memory, DeviceCopy, Memory, Snapshot, Strategy};
+use super::{full_snapshot, whole_memory, DeviceCopy, Memory, Snapshot, Strategy, WholeGrads};
 use crate::checkpoint::OptState;
 use crate::collective::{device_error, Collective, CollectiveError, GradsOps, OpKind, ReduceOp};
 use crate::config::{Config, OptimConfig};
@@ -24,10 +24,13 @@ pub struct Dp {
     optim: OptimConfig,
     /// This replica's parameters (and, on the main device, the optimizer state) on the device.
     device: DeviceCopy,
+    num_params: usize,
+    /// The step's gradient, reduced onto the main device at the update.
+    grads: WholeGrads,
 }
 
 impl Dp {
-    pub fn new(c: &Config, comm: Box<dyn Collective>) -> Self {
+    pub fn new(c: &Config, num_params: usize, comm: Box<dyn Collective>) -> Self {
         let opt = (comm.rank() == 0).then(|| Optimizer::new(&c.optim));
         Dp {
             comm,
@@ -35,6 +38,8 @@ impl Dp {
             opt,
             optim: c.optim.clone(),
             device: DeviceCopy::default(),
+            num_params,
+            grads: WholeGrads::default(),
         }
     }
 
@@ -116,12 +121,23 @@ impl Strategy for Dp {
     fn grad_weight(&self, local: usize, global: usize) -> f64 {
         local as f64 / global.max(1) as f64
     }
-    fn update(
+    fn unit_grad(
         &mut self,
-        mut grads: Grads,
-        lr: f64,
-        clip: Option<f64>,
+        _unit: usize,
+        range: Range<usize>,
+        grad: Grads,
+        _sync: bool,
     ) -> Result<(), CollectiveError> {
+        // DataParallel reduces once, after the backward
+        let rank = self.comm.rank();
+        self.grads.add(rank, self.num_params, range, grad)?;
+        Ok(())
+    }
+    fn grads_non_finite(&self) -> Result<bool, String> {
+        self.grads.non_finite()
+    }
+    fn update(&mut self, lr: f64, clip: Option<f64>) -> Result<(), CollectiveError> {
+        let mut grads = self.grads.take(self.num_params);
         if let (Some(_), Grads::Device(g)) = (&self.device.dev, &mut grads) {
             return self.update_on_device(g.as_mut(), lr, clip);
         }

@@ -1,8 +1,12 @@
 //! `fsdp`: torch FullyShardedDataParallel. The parameters of each unit (the whole model, or one
 //! top-level layer) are flattened into one buffer, padded to a multiple of the world size and
-//! split evenly; rank r owns shard r. A step all-gathers a unit's parameters for forward/backward,
-//! reduce-scatters (mean) the gradients so each rank holds only its shard's gradient, and updates
-//! only the local shard, whose optimizer state exists only there.
+//! split evenly; rank r owns shard r. A step all-gathers a unit's parameters just before a stage
+//! of the forward uses it (and again for its backward when the stage is recomputed), the stage
+//! drops them when it is done, each unit's gradient is reduce-scattered (mean) as soon as its
+//! backward is done so each rank keeps only its shard's gradient, and the update touches only
+//! the local shard, whose optimizer state exists only there. With accumulation every
+//! micro-step's gradient is reduce-scattered (torch FSDP outside `no_sync`): only shards are
+//! accumulated.
 //!
 //! `sharding = "full"` (ZeRO-3) keeps only the shard between steps; `"grad_op"` (ZeRO-2) keeps
 //! the whole parameters and re-gathers them after each update; `"none"` keeps everything whole
@@ -11,7 +15,7 @@
 
 use std::ops::Range;
 
-use super::{full_snapshot, Memory, Snapshot, Strategy};
+use super::{full_snapshot, Memory, Snapshot, Strategy, WholeGrads};
 use crate::checkpoint::{Layout, OptState, ShardUnit};
 use crate::collective::{device_error, Collective, CollectiveError, GradsOps, OpKind, ReduceOp};
 use crate::config::{Config, FsdpUnit, Sharding};
@@ -74,13 +78,40 @@ pub struct Fsdp {
     /// unit = "model" over a device collective: the gathered parameters on the device, for the
     /// current step only.
     device_full: Option<Box<dyn DeviceTensor>>,
+    /// The fsdp unit of each layout unit.
+    unit_of: Vec<usize>,
+    /// Layout units per fsdp unit, and how many of them handed in their gradient this
+    /// micro-step.
+    members: Vec<usize>,
+    arrived: Vec<usize>,
+    /// Per fsdp unit: the micro-step's gradient being assembled (unit = "model": from every
+    /// layout unit), until the unit is complete and reduce-scattered.
+    pending: Vec<Option<Grads>>,
+    /// Per fsdp unit: this rank's shard of the step's reduced gradient, summed over micro-steps.
+    shard_grads: Vec<Option<Vec<f32>>>,
+    /// sharding = "none": the whole gradient.
+    whole: WholeGrads,
 }
 
 impl Fsdp {
     pub fn new(c: &Config, layout: &ParamLayout, comm: Box<dyn Collective>) -> Self {
         let units = units(layout, c.strategy.unit, comm.world());
         let opts = units.iter().map(|_| Optimizer::new(&c.optim)).collect();
+        let unit_of: Vec<usize> = match c.strategy.unit {
+            FsdpUnit::Model => vec![0; layout.num_units()],
+            FsdpUnit::Layer => (0..layout.num_units()).collect(),
+        };
+        let mut members = vec![0; units.len()];
+        for &u in &unit_of {
+            members[u] += 1;
+        }
         Fsdp {
+            unit_of,
+            arrived: vec![0; units.len()],
+            pending: units.iter().map(|_| None).collect(),
+            shard_grads: vec![None; units.len()],
+            members,
+            whole: WholeGrads::default(),
             comm,
             sharding: c.strategy.sharding,
             units,
@@ -214,17 +245,81 @@ impl Strategy for Fsdp {
         1.0
     }
 
-    fn update(
+    fn unit_grad(
         &mut self,
-        mut grads: Grads,
-        lr: f64,
-        clip: Option<f64>,
+        unit: usize,
+        range: Range<usize>,
+        grad: Grads,
+        sync: bool,
     ) -> Result<(), CollectiveError> {
-        self.device_full = None;
+        let rank = self.comm.rank();
+        let i = self.unit_of[unit];
+        self.arrived[i] += 1;
+        let complete = self.arrived[i] == self.members[i];
+        if complete {
+            self.arrived[i] = 0;
+        }
+        let u = &self.units[i];
         if self.sharding == Sharding::None {
-            for u in &self.units {
+            let grads = self.whole.add(rank, self.num_params, range, grad)?;
+            if complete && sync {
                 grads.all_reduce(self.comm.as_mut(), u.range.clone(), ReduceOp::Mean)?;
             }
+            return Ok(());
+        }
+        // the unit's gradient: this layout unit's, or assembled from its layout units
+        let offset = range.start - u.range.start;
+        let pending = match self.pending[i].take() {
+            None if range.len() == u.range.len() => grad,
+            None => {
+                let mut g = Grads::zeros_like(&grad, u.range.len())
+                    .map_err(|e| device_error(rank, OpKind::ReduceScatter, e))?;
+                g.add_at(offset, grad)
+                    .map_err(|e| device_error(rank, OpKind::ReduceScatter, e))?;
+                g
+            }
+            Some(mut g) => {
+                g.add_at(offset, grad)
+                    .map_err(|e| device_error(rank, OpKind::ReduceScatter, e))?;
+                g
+            }
+        };
+        if !complete {
+            self.pending[i] = Some(pending);
+            return Ok(());
+        }
+        // complete: reduce-scatter now; this rank keeps its shard's mean gradient
+        let mut pending = pending;
+        let len = u.range.len();
+        let shard = pending.reduce_scatter_to_host(
+            self.comm.as_mut(),
+            0..len,
+            u.shard_len,
+            ReduceOp::Mean,
+        )?;
+        drop(pending);
+        match &mut self.shard_grads[i] {
+            Some(acc) => acc.iter_mut().zip(&shard).for_each(|(a, b)| *a += b),
+            slot => *slot = Some(shard),
+        }
+        Ok(())
+    }
+
+    fn grads_non_finite(&self) -> Result<bool, String> {
+        if self.sharding == Sharding::None {
+            return self.whole.non_finite();
+        }
+        Ok(self
+            .shard_grads
+            .iter()
+            .flatten()
+            .any(|g| !crate::params::all_finite(g)))
+    }
+
+    fn update(&mut self, lr: f64, clip: Option<f64>) -> Result<(), CollectiveError> {
+        self.device_full = None;
+        if self.sharding == Sharding::None {
+            let grads = self.whole.take(self.num_params);
             let mut grads = grads.into_host(self.comm.rank())?;
             if let Some(max_norm) = clip {
                 let norm = sum_squares(&grads).sqrt();
@@ -237,17 +332,17 @@ impl Strategy for Fsdp {
             }
             return Ok(());
         }
-        // reduce-scatter each unit's gradient: this rank keeps its shard's mean gradient
-        let mut shard_grads = Vec::with_capacity(self.units.len());
-        for u in &self.units {
-            shard_grads.push(grads.reduce_scatter_to_host(
-                self.comm.as_mut(),
-                u.range.clone(),
-                u.shard_len,
-                ReduceOp::Mean,
-            )?);
+        // a unit that got no gradient this step (none can: every unit is in a stage) steps
+        // with zeros
+        let mut shard_grads: Vec<Vec<f32>> = self
+            .shard_grads
+            .iter_mut()
+            .zip(&self.units)
+            .map(|(g, u)| g.take().unwrap_or_else(|| vec![0.0; u.shard_len]))
+            .collect();
+        for p in &mut self.pending {
+            *p = None;
         }
-        drop(grads);
         if let Some(max_norm) = clip {
             // the global norm: every shard's sum of squares, all-reduced
             let mut sq = [shard_grads.iter().map(|g| sum_squares(g)).sum::<f64>()];
@@ -269,6 +364,18 @@ impl Strategy for Fsdp {
         Ok(())
     }
 
+    fn visit_params(&mut self, f: &mut dyn FnMut(&[f32])) -> Result<(), CollectiveError> {
+        if let Some(full) = &self.full {
+            f(full);
+            return Ok(());
+        }
+        // one unit at a time: no rank holds the whole model for this
+        for i in 0..self.units.len() {
+            f(&self.gather_unit(i)?);
+        }
+        Ok(())
+    }
+
     fn memory(&self) -> Memory {
         let whole = self.num_params * 4;
         let shard = self.shard_elems() * 4;
@@ -282,6 +389,7 @@ impl Strategy for Fsdp {
             params_bytes,
             grads_bytes,
             optim_bytes: self.opts.iter().map(|o| o.state_bytes()).sum(),
+            peak_bytes: None,
         }
     }
 

@@ -265,10 +265,17 @@ impl<'s, 'a> Loader<'s, 'a> {
         's: 'scope,
     {
         let shared = &state.0;
+        let memory_key = crate::memory::attributed();
         for w in 0..workers.max(1) {
             let spawned = std::thread::Builder::new()
                 .name(format!("kiln-loader-{}-{w}", assembler.rank))
-                .spawn_scoped(scope, move || work(shared, assembler, ahead.max(1)));
+                .spawn_scoped(scope, move || {
+                    // a loader's bytes count for its rank
+                    if let Some(key) = memory_key {
+                        crate::memory::attribute(key);
+                    }
+                    work(shared, assembler, ahead.max(1))
+                });
             if let Err(e) = spawned {
                 let mut st = shared.lock();
                 if w == 0 {

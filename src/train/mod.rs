@@ -6,6 +6,7 @@
 mod loader;
 pub mod preempt;
 pub mod schedule;
+mod step;
 mod timed;
 pub mod timing;
 mod trainer;

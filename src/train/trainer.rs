@@ -7,6 +7,7 @@ use serde::Serialize;
 
 use super::loader::{Assembler, Loader, LoaderState, Pos, Source};
 use super::schedule::lr_at;
+use super::step::{micro_step, MicroOpts};
 use super::timing::{Clock, Phase, Span, Totals};
 use crate::checkpoint::{
     encode_files, CheckpointError, DataPosition, Loaded, OptimizerInfo, RngState, SchedulerInfo,
@@ -15,8 +16,8 @@ use crate::checkpoint::{
 use crate::collective::CollectiveError;
 use crate::config::{Config, EvalMetric, MetricMode};
 use crate::data::{Augment, Data, Dataset};
-use crate::model::{Batch, Compute, ComputeOn, Model, ModelError, Pass, StepKey, Task, UnitParams};
-use crate::params::{DeviceFlat, DeviceTensor, Grads, RawFn};
+use crate::model::{Batch, Compute, ComputeOn, Model, ModelError, StepKey, Task};
+use crate::params::{DeviceFlat, DeviceTensor, RawFn};
 use crate::plan::{DataSplit, Plan};
 use crate::strategy::{Memory, Strategy};
 
@@ -97,7 +98,11 @@ pub struct Outcome {
     pub samples_per_sec: f64,
     /// What the model was trained to do (which metrics apply).
     pub task: Task,
+    /// The final parameters, on rank 0 when `TrainInput::keep_params` asked for them (empty
+    /// otherwise).
     pub params: Vec<f32>,
+    /// sha256 of the final parameters (f32 little-endian, flat order).
+    pub params_sha256: String,
     pub memory: Memory,
     /// Seconds per phase over this session's steps.
     pub time: Totals,
@@ -236,6 +241,9 @@ pub struct TrainInput<'a> {
     pub resume: Option<&'a Loaded>,
     /// Initial parameters in place of the model's seeded initialisation (`model.init_from`).
     pub init: Option<&'a [f32]>,
+    /// Whether rank 0's `Outcome::params` holds the final parameters (tests, exports); a run
+    /// needs only their hash.
+    pub keep_params: bool,
 }
 
 /// Where a checkpoint's data position continues: exactly (same world, batch and strategy) or by
@@ -282,23 +290,6 @@ pub trait RankSink {
     fn event(&mut self, event: TrainEvent);
     /// A line for this rank's log.
     fn log(&mut self, line: &str);
-}
-
-/// Unit `u`'s parameters for forward/backward: on the device when the strategy keeps or
-/// gathers them there, otherwise on the host.
-fn gather_unit(
-    strategy: &mut dyn Strategy,
-    model: &dyn Model,
-    u: usize,
-    proto: Option<&dyn DeviceTensor>,
-) -> Result<UnitParams, CollectiveError> {
-    let range = model.layout().unit_range(u);
-    if let Some(proto) = proto {
-        if let Some(d) = strategy.unit_params_device(u, range.clone(), proto)? {
-            return Ok(UnitParams::Device(d));
-        }
-    }
-    Ok(UnitParams::Host(strategy.unit_params(u, range)?))
 }
 
 /// `[rows, ...sample shape]`.
@@ -389,8 +380,6 @@ pub fn train<B: ComputeOn>(
         ..
     } = *input;
     let compute = B::compute(model, device);
-    let num_params = model.num_params();
-    let num_units = model.layout().num_units();
     let task = model.task();
     let lm = matches!(task, Task::LanguageModel { .. });
     let tokens_per_sample = task.targets_per_sample();
@@ -463,6 +452,13 @@ pub fn train<B: ComputeOn>(
             f,
         )) as Box<dyn DeviceTensor>
     });
+    // this rank's measured peak counts from here
+    let memory_key = crate::memory::attributed();
+    if let Some(k) = memory_key {
+        crate::memory::reset_peak(k);
+    }
+    let checkpointing =
+        c.train.activation_checkpointing == crate::config::ActivationCheckpointing::Units;
     let start = Instant::now();
     let mut window_start = Instant::now();
     let mut window_samples = 0.0;
@@ -530,13 +526,6 @@ pub fn train<B: ComputeOn>(
                 .lock()
                 .begin_step(step + 1, tracing && c.profile.records(step - first_step));
             let lr = lr_at(&c.schedule, c.optim.lr, step, total);
-            let mut grads = match raw_fn {
-                Some(f) => Grads::Device(Box::new(DeviceFlat::<B::InnerBackend>::new(
-                    burn::tensor::Tensor::zeros([num_params], device),
-                    f,
-                ))),
-                None => Grads::Host(vec![0f32; num_params]),
-            };
             // [weighted loss, samples] summed over micro-steps, then over ranks, with a stop
             // request and the ranks whose gradient is not finite riding along: every rank sees
             // them at the same step
@@ -553,66 +542,36 @@ pub fn train<B: ComputeOn>(
                     .time(Phase::Data, || loader.next(pos))
                     .map_err(TrainError::Data)?;
                 let weight = strategy.grad_weight(micro.samples, micro.global);
-                if let Some(batch) = micro.input {
-                    let key = StepKey {
-                        seed: c.experiment.seed,
-                        counters: [step as u64, k as u64, rank as u64],
-                    };
-                    // a failure to fetch parameters (a collective error) is kept as it is
-                    let mut failed = None;
-                    let mut unit_params = |u: usize| -> Result<UnitParams, ModelError> {
-                        gather_unit(strategy, model, u, proto.as_deref()).map_err(|e| {
-                            failed = Some(e);
-                            ModelError::Params(u)
-                        })
-                    };
-                    let mut pass = |p: Pass| {
-                        let mut r = clock.lock();
-                        match p {
-                            Pass::Forward => r.enter(Phase::Forward),
-                            Pass::Backward => {
-                                r.exit(None);
-                                r.enter(Phase::Backward)
-                            }
-                            Pass::Done => r.exit(None),
-                        }
-                    };
-                    let result = compute.forward_backward_timed(
-                        &mut unit_params,
-                        batch,
-                        key,
-                        weight / plan.accum as f64,
-                        &mut grads,
-                        &mut pass,
-                    );
-                    let loss = match (result, failed) {
-                        (_, Some(e)) => return Err(e.into()),
-                        (r, None) => r?,
-                    };
-                    totals[0] += loss * weight;
-                } else {
-                    // Ranks run the same collectives even without samples.
-                    for u in 0..num_units {
-                        gather_unit(strategy, model, u, proto.as_deref())?;
-                    }
-                }
-                totals[1] += micro.samples as f64;
-                micro_in_step += 1;
+                let samples = micro.samples;
                 pos.j += 1;
                 let last_micro = k + 1 == plan.accum || exhausted(pos.normalize(plan));
-                if !c.strategy.no_sync && !last_micro {
-                    clock.time(Phase::Backward, || strategy.micro_sync(&mut grads))?;
+                let opts = MicroOpts::<B> {
+                    checkpointing,
+                    sync: last_micro || !c.strategy.no_sync,
+                    proto: proto.as_deref(),
+                    raw_fn,
+                };
+                let key = StepKey {
+                    seed: c.experiment.seed,
+                    counters: [step as u64, k as u64, rank as u64],
+                };
+                // ranks without samples run the same collectives
+                let batch = micro.input.map(|b| (b, key, weight / plan.accum as f64));
+                if let Some(loss) = micro_step(compute.as_ref(), strategy, batch, &opts, clock)? {
+                    totals[0] += loss * weight;
                 }
+                totals[1] += samples as f64;
+                micro_in_step += 1;
             }
             // a NaN or inf in any rank's gradient makes the averaged one non-finite too: found
             // here, before the optimizer spreads it into the parameters (and a checkpoint)
             let grad_bad = clock
-                .time(Phase::Optimizer, || grads.non_finite())
+                .time(Phase::Optimizer, || strategy.grads_non_finite())
                 .map_err(|e| {
                     crate::collective::device_error(rank, crate::collective::OpKind::Update, e)
                 })?;
             clock.time(Phase::Optimizer, || {
-                strategy.update(grads, lr, c.optim.grad_clip_norm)
+                strategy.update(lr, c.optim.grad_clip_norm)
             })?;
             totals[2] = super::preempt::requested().map_or(0.0, |s| s as f64);
             totals[3] = f64::from(u8::from(grad_bad));
@@ -780,7 +739,23 @@ pub fn train<B: ComputeOn>(
         Ok(())
     })?;
     let wall = start.elapsed().as_secs_f64();
-    let params = strategy.params()?.to_vec();
+    // the final parameters, a unit at a time (fsdp never holds the whole model for this)
+    let (params, params_sha256) = {
+        use sha2::{Digest, Sha256};
+        let keep = input.keep_params && rank == 0;
+        let mut h = Sha256::new();
+        let mut params = Vec::new();
+        strategy.visit_params(&mut |p| {
+            for v in p {
+                h.update(v.to_le_bytes());
+            }
+            if keep {
+                params.extend_from_slice(p);
+            }
+        })?;
+        let hex: String = h.finalize().iter().map(|b| format!("{b:02x}")).collect();
+        (params, hex)
+    };
     sink.log(&format!(
         "finished {step} steps ({} this session) in {wall:.2}s",
         step - first_step
@@ -798,7 +773,11 @@ pub fn train<B: ComputeOn>(
         samples_per_sec: round4(samples_total / wall.max(1e-9)),
         task,
         params,
-        memory: strategy.memory(),
+        params_sha256,
+        memory: Memory {
+            peak_bytes: memory_key.and_then(crate::memory::peak_bytes),
+            ..strategy.memory()
+        },
         time,
         spans,
         preempted,

@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 /// Each top-level module's layer: a module may import only modules of a lower number.
 const LAYERS: &[(&str, u32)] = &[
     ("rng", 0),
+    ("memory", 0),
     ("config", 0),
     ("ui", 0),
     ("testdir", 0),

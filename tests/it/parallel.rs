@@ -90,6 +90,7 @@ impl Prepared {
             store: None,
             resume: None,
             init: None,
+            keep_params: true,
         }
     }
 }

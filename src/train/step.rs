@@ -1,0 +1,155 @@
+//! One micro-step, unit by unit: the one place that decides what happens when. The model runs
+//! stage by stage (`Compute::stages`: the embeddings, each block or layer, the head); the
+//! strategy is asked for a stage's unit parameters just before the stage computes (fsdp gathers
+//! them, and the stage drops them when it is done), and is handed each unit's gradient as soon
+//! as the backward of the unit's last use is done (ddp all-reduces it, fsdp reduce-scatters it
+//! and keeps its shard). Forward, in stage order:
+//!
+//! ```text
+//! for s in 0..n:   params(s) -> forward(s) -> (drop params unless s keeps its graph)
+//! for s in n-1..0: params(s) again if s is recomputed -> backward(s)
+//!                  -> for each unit of s whose last use this was: strategy.unit_grad(unit)
+//! ```
+//!
+//! A rank without samples in this micro-step runs the same gathers and hands in zero gradients,
+//! so every rank issues the same collectives in the same order.
+
+use super::timing::{Clock, Phase};
+use super::trainer::TrainError;
+use crate::collective::{device_error, CollectiveError, OpKind};
+use crate::model::{recomputed, Compute, ComputeOn, Input, StepKey, UnitParams};
+use crate::params::{DeviceFlat, DeviceTensor, Grads, RawFn};
+use crate::strategy::Strategy;
+
+/// How a micro-step runs.
+pub struct MicroOpts<'a, B: ComputeOn> {
+    /// `train.activation_checkpointing = "units"`: every stage but the last is recomputed.
+    pub checkpointing: bool,
+    /// Whether this micro-step's gradients are synchronised (see `Strategy::unit_grad`).
+    pub sync: bool,
+    /// A device buffer that device gathers are made like (CUDA over NCCL).
+    pub proto: Option<&'a dyn DeviceTensor>,
+    /// How the backend exposes device addresses: with it gradients stay on the device.
+    pub raw_fn: Option<RawFn<B::InnerBackend>>,
+}
+
+/// Unit `u`'s parameters: on the device when the strategy keeps or gathers them there,
+/// otherwise on the host.
+pub fn unit_params(
+    strategy: &mut dyn Strategy,
+    compute_layout: &crate::params::ParamLayout,
+    u: usize,
+    proto: Option<&dyn DeviceTensor>,
+) -> Result<UnitParams, CollectiveError> {
+    let range = compute_layout.unit_range(u);
+    if let Some(proto) = proto {
+        if let Some(d) = strategy.unit_params_device(u, range.clone(), proto)? {
+            return Ok(UnitParams::Device(d));
+        }
+    }
+    Ok(UnitParams::Host(strategy.unit_params(u, range)?))
+}
+
+/// Runs one micro-step on `batch` (`None`: this rank has no samples in it) with its dropout key
+/// and gradient scale; returns the unscaled mean loss when there was a batch.
+pub fn micro_step<B: ComputeOn>(
+    compute: &dyn Compute<B>,
+    strategy: &mut dyn Strategy,
+    batch: Option<(Input, StepKey, f64)>,
+    opts: &MicroOpts<'_, B>,
+    clock: &Clock,
+) -> Result<Option<f64>, TrainError> {
+    let stages = compute.stages();
+    let layout = compute.layout();
+    let n = stages.len();
+    let rank = strategy.rank();
+    let fetch = |strategy: &mut dyn Strategy, s: usize| -> Result<Vec<UnitParams>, TrainError> {
+        stages[s]
+            .iter()
+            .map(|&u| unit_params(strategy, layout, u, opts.proto).map_err(TrainError::from))
+            .collect()
+    };
+    // uses of each unit still to come in the backward (a tied unit is used by two stages)
+    let mut uses = vec![0usize; layout.num_units()];
+    for s in stages {
+        for &u in s {
+            uses[u] += 1;
+        }
+    }
+    let mut micro =
+        batch.map(|(input, key, scale)| compute.micro(input, key, scale, opts.checkpointing));
+    for s in 0..n {
+        let params = fetch(strategy, s)?;
+        if let Some(m) = micro.as_mut() {
+            clock.time(Phase::Forward, || m.forward(s, params))?;
+        }
+    }
+    let loss = micro.as_ref().map(|m| m.loss());
+    let mut pending: Vec<Option<Grads>> = (0..layout.num_units()).map(|_| None).collect();
+    for s in (0..n).rev() {
+        let params = if recomputed(s, n, opts.checkpointing) {
+            Some(fetch(strategy, s)?)
+        } else {
+            None
+        };
+        let grads: Vec<Grads> = match micro.as_mut() {
+            Some(m) => {
+                let tensors = clock.time(Phase::Backward, || m.backward(s, params))?;
+                tensors
+                    .into_iter()
+                    .map(|g| to_grads::<B>(g, opts.raw_fn, rank))
+                    .collect::<Result<_, _>>()?
+            }
+            None => stages[s]
+                .iter()
+                .map(|&u| {
+                    let len = layout.unit_range(u).len();
+                    match opts.proto.filter(|_| opts.raw_fn.is_some()) {
+                        Some(p) => p
+                            .zeros(len)
+                            .map(Grads::Device)
+                            .map_err(|e| device_error(rank, OpKind::Update, e)),
+                        None => Ok(Grads::Host(vec![0.0; len])),
+                    }
+                })
+                .collect::<Result<_, _>>()?,
+        };
+        for (&u, g) in stages[s].iter().zip(grads) {
+            let g = match pending[u].take() {
+                // a tied unit: the later use's gradient (in backward order) is added to the
+                // earlier's, always in this order
+                Some(mut acc) => {
+                    acc.add_at(0, g)
+                        .map_err(|e| device_error(rank, OpKind::Update, e))?;
+                    acc
+                }
+                None => g,
+            };
+            uses[u] -= 1;
+            if uses[u] == 0 {
+                strategy.unit_grad(u, layout.unit_range(u), g, opts.sync)?;
+            } else {
+                pending[u] = Some(g);
+            }
+        }
+    }
+    Ok(loss)
+}
+
+/// A unit's gradient from the backend: on the device when its addresses can be reached (NCCL
+/// reduces it there), else read to the host.
+fn to_grads<B: ComputeOn>(
+    g: burn::tensor::Tensor<B::InnerBackend, 1>,
+    raw_fn: Option<RawFn<B::InnerBackend>>,
+    rank: usize,
+) -> Result<Grads, TrainError> {
+    Ok(match raw_fn {
+        Some(f) => Grads::Device(Box::new(DeviceFlat::new(g, f))),
+        None => Grads::Host(
+            g.into_data()
+                .convert::<f32>()
+                .into_vec::<f32>()
+                .map_err(|e| device_error(rank, OpKind::Update, format!("{e:?}")))?,
+        ),
+    })
+}
