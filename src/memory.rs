@@ -64,6 +64,11 @@ pub fn live_bytes(rank: usize) -> Option<u64> {
         .then(|| SLOTS[rank + 1].live.load(Ordering::Relaxed).max(0) as u64)
 }
 
+/// Bytes held now by threads of no rank.
+pub fn unattributed_live() -> u64 {
+    SLOTS[0].live.load(Ordering::Relaxed).max(0) as u64
+}
+
 /// Starts rank `rank`'s peak again from what it holds now (a new run in the same process).
 pub fn reset_peak(rank: usize) {
     if rank < MAX_RANKS {

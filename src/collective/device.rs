@@ -164,10 +164,15 @@ impl GradsOps for Grads {
                 self.reduce_scatter_to_host(comm, range, shard_len, op)
             }
             Grads::Host(v) => {
-                let mut send = vec![0f32; padded];
-                send[..range.len()].copy_from_slice(&v[range]);
                 let mut out = vec![0f32; shard_len];
-                comm.reduce_scatter(&send, &mut out, op)?;
+                if padded == range.len() {
+                    // no padding: reduce from the gradient itself, no copy
+                    comm.reduce_scatter(&v[range], &mut out, op)?;
+                } else {
+                    let mut send = vec![0f32; padded];
+                    send[..range.len()].copy_from_slice(&v[range]);
+                    comm.reduce_scatter(&send, &mut out, op)?;
+                }
                 Ok(out)
             }
         }

@@ -422,11 +422,28 @@ impl Collective for LocalRank {
         Ok(())
     }
 
+    /// Over shared memory: each rank copies every rank's `send` straight into its `out` (no
+    /// copy in between).
     fn all_gather(&mut self, send: &[f32], out: &mut [f32]) -> Result<(), CollectiveError> {
-        let res = self.exchange(OpKind::AllGather, Payload::F32(send.to_vec()))?;
-        for (chunk, p) in out.chunks_mut(send.len().max(1)).zip(res.iter()) {
-            chunk.copy_from_slice(p.f32());
+        if self.shared.world == 1 {
+            out[..send.len()].copy_from_slice(send);
+            return Ok(());
         }
+        let res = self.exchange(
+            OpKind::AllGather,
+            Payload::Shared(send.as_ptr() as usize, send.len()),
+        )?;
+        let n = send.len();
+        for (chunk, p) in out.chunks_mut(n.max(1)).zip(res.iter()) {
+            if let Payload::Shared(addr, len) = p {
+                // SAFETY: every address is a live `&[f32]` of length `len` (= n, checked by
+                // `exchange`) whose owner stays in this call until `finish_shared` returns;
+                // nobody writes to it during the op
+                let src = unsafe { std::slice::from_raw_parts(*addr as *const f32, *len) };
+                chunk.copy_from_slice(src);
+            }
+        }
+        self.finish_shared();
         Ok(())
     }
 
@@ -444,9 +461,52 @@ impl Collective for LocalRank {
         out: &mut [f32],
         op: ReduceOp,
     ) -> Result<(), CollectiveError> {
-        let res = self.exchange(OpKind::ReduceScatter, Payload::F32(send.to_vec()))?;
+        if self.shared.world == 1 {
+            out.copy_from_slice(&send[..out.len()]);
+            return Ok(());
+        }
+        // over shared memory: rank r reduces chunk r of every rank's `send` (rank order), no copy
+        let res = self.exchange(
+            OpKind::ReduceScatter,
+            Payload::Shared(send.as_ptr() as usize, send.len()),
+        )?;
         let n = out.len();
-        Self::reduce_into(&res, out, self.rank * n..(self.rank + 1) * n, op);
+        let range = self.rank * n..(self.rank + 1) * n;
+        // SAFETY: as in `all_gather`: live, read-only for the op, kept until `finish_shared`
+        let srcs: Vec<&[f32]> = res
+            .iter()
+            .map(|p| match p {
+                Payload::Shared(addr, len) => unsafe {
+                    std::slice::from_raw_parts(*addr as *const f32, *len)
+                },
+                _ => &[][..],
+            })
+            .collect();
+        if srcs.iter().any(|s| s.len() < range.end) {
+            self.finish_shared();
+            return Err(CollectiveError::Size {
+                rank: self.rank,
+                op: OpId {
+                    seq: self.seq - 1,
+                    kind: OpKind::ReduceScatter,
+                },
+                len: send.len(),
+                other: 0,
+                other_len: srcs.first().map_or(0, |s| s.len()),
+            });
+        }
+        out.copy_from_slice(&srcs[0][range.clone()]);
+        for s in &srcs[1..] {
+            for (o, v) in out.iter_mut().zip(&s[range.clone()]) {
+                *o += v;
+            }
+        }
+        if op == ReduceOp::Mean {
+            let w = srcs.len() as f32;
+            out.iter_mut().for_each(|o| *o /= w);
+        }
+        drop(srcs);
+        self.finish_shared();
         Ok(())
     }
 

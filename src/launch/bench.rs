@@ -71,6 +71,7 @@ pub fn bench(
             store: None,
             resume: None,
             init: None,
+            shared_init: Default::default(),
             keep_params: false,
         };
         // (steps/s, data share) of each measurement; the median by speed is reported

@@ -598,6 +598,7 @@ pub fn execute(
         store: Some(&store),
         resume: loaded,
         init: init.as_deref(),
+        shared_init: Default::default(),
         keep_params: false,
     };
     if let Some(note) = &placement.note {

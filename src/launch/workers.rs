@@ -294,9 +294,16 @@ fn rank_main<B: RankBackend>(
             return Err(e.into());
         }
     };
+    // the rank's math threads count for it too
+    let memory_key = crate::memory::attributed();
     let pool = match rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
         .thread_name(move |i| format!("kiln-rank-{rank}-math-{i}"))
+        .start_handler(move |_| {
+            if let Some(key) = memory_key {
+                crate::memory::attribute(key);
+            }
+        })
         .build()
     {
         Ok(p) => p,

@@ -209,7 +209,7 @@ impl<B: Backend, I: Backend, L: Lift<B, I>> ModuleMapper<B> for Install<'_, B, I
 /// Collects the gradient of every layout parameter of the chosen units, flattened, by path
 /// (the other units' parameters are never touched: they may be lazy and uninitialised).
 struct GradVisitor<'a, B: AutodiffBackend> {
-    tape: &'a <B as AutodiffBackend>::Gradients,
+    tape: &'a mut <B as AutodiffBackend>::Gradients,
     index: &'a HashMap<String, usize>,
     unit_of: &'a [usize],
     units: &'a [bool],
@@ -232,7 +232,8 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for GradVisitor<'_, B> {
         {
             let t = param.val();
             let n = t.shape().num_elements();
-            self.out[i] = t.grad(self.tape).map(|g| g.reshape([n]));
+            // taken out of the tape: it is freed as soon as the unit's gradient is joined
+            self.out[i] = t.grad_remove(self.tape).map(|g| g.reshape([n]));
         }
     }
 }
@@ -392,19 +393,21 @@ impl<F: Family, B: AutodiffBackend> Engine<F, B> {
         Ok(units.iter().copied().zip(params).collect())
     }
 
-    /// The flat gradient of each unit of stage `s` in `tape`, in stage order.
+    /// The flat gradient of each unit of stage `s`, taken out of `tape`, in stage order. The
+    /// module (the stage's gathered parameters) is freed before the gradients are joined, so
+    /// the parameters, their gradients and the joined copy never exist at once.
     fn stage_grads(
         &self,
         s: usize,
-        module: &F::Module<B>,
-        tape: &<B as AutodiffBackend>::Gradients,
+        module: F::Module<B>,
+        mut tape: <B as AutodiffBackend>::Gradients,
     ) -> Result<Vec<Tensor<B::InnerBackend, 1>>, ModelError> {
         let mut chosen = vec![false; self.layout.num_units()];
         for &u in &self.stages[s] {
             chosen[u] = true;
         }
         let mut collect = GradVisitor::<B> {
-            tape,
+            tape: &mut tape,
             index: &self.index,
             unit_of: &self.unit_of,
             units: &chosen,
@@ -412,6 +415,9 @@ impl<F: Family, B: AutodiffBackend> Engine<F, B> {
             out: vec![None; self.layout.params.len()],
         };
         module.visit(&mut collect);
+        let mut grads = collect.out;
+        drop(module);
+        drop(tape);
         let mut out = Vec::with_capacity(self.stages[s].len());
         for &u in &self.stages[s] {
             let range = self.layout.units[u].params.clone();
@@ -419,7 +425,7 @@ impl<F: Family, B: AutodiffBackend> Engine<F, B> {
             for i in range {
                 let spec = &self.layout.params[i];
                 parts.push(
-                    collect.out[i]
+                    grads[i]
                         .take()
                         .ok_or_else(|| ModelError::NoGrad(spec.name.clone()))?,
                 );
@@ -590,7 +596,6 @@ impl<F: Family, B: AutodiffBackend> MicroStep<B> for EngineMicro<'_, F, B> {
                 y.vjp(g)?.backward()
             }
         };
-        let grads = e.stage_grads(s, &module, &tape)?;
         if s > 0 {
             self.grad = Some(
                 input
@@ -598,7 +603,8 @@ impl<F: Family, B: AutodiffBackend> MicroStep<B> for EngineMicro<'_, F, B> {
                     .ok_or_else(|| ModelError::NoGrad(format!("the input of stage {s}")))?,
             );
         }
-        Ok(grads)
+        drop(input);
+        e.stage_grads(s, module, tape)
     }
 }
 

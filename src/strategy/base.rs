@@ -189,7 +189,7 @@ pub trait Strategy {
     }
     /// Sets the initial parameters (every rank passes the same seeded init; ddp/dp then make
     /// rank 0's the truth, as torch does).
-    fn init(&mut self, init: Vec<f32>) -> Result<(), CollectiveError>;
+    fn init(&mut self, init: &[f32]) -> Result<(), CollectiveError>;
     /// The full parameters (evaluation, the final result).
     fn params(&mut self) -> Result<&[f32], CollectiveError>;
     /// Unit `unit`'s parameters (the flat `range`) for forward/backward.
@@ -367,7 +367,7 @@ mod tests {
                             Box::new(l)
                         };
                         let mut st = build(c, layout, comm);
-                        st.init(init(n)).unwrap();
+                        st.init(&init(n)).unwrap();
                         let mut seen = Vec::new();
                         let mut on_device = 0;
                         let proto = HostFlat(vec![0.0]);

@@ -63,7 +63,8 @@ impl Strategy for Ddp {
     fn comm_mut(&mut self) -> &mut dyn Collective {
         self.comm.as_mut()
     }
-    fn init(&mut self, mut init: Vec<f32>) -> Result<(), CollectiveError> {
+    fn init(&mut self, init: &[f32]) -> Result<(), CollectiveError> {
+        let mut init = init.to_vec();
         self.comm.broadcast(&mut init, 0)?;
         self.params = init;
         self.device.reset();

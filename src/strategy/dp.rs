@@ -96,8 +96,8 @@ impl Strategy for Dp {
     fn comm_mut(&mut self) -> &mut dyn Collective {
         self.comm.as_mut()
     }
-    fn init(&mut self, init: Vec<f32>) -> Result<(), CollectiveError> {
-        self.params = init;
+    fn init(&mut self, init: &[f32]) -> Result<(), CollectiveError> {
+        self.params = init.to_vec();
         self.device.reset();
         self.replicate()
     }

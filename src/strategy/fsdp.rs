@@ -186,13 +186,31 @@ impl Strategy for Fsdp {
         self.comm.as_mut()
     }
 
-    fn init(&mut self, mut init: Vec<f32>) -> Result<(), CollectiveError> {
+    fn init(&mut self, init: &[f32]) -> Result<(), CollectiveError> {
         // sync_module_states: rank 0's initialisation is the truth
-        self.comm.broadcast(&mut init, 0)?;
-        if self.sharding != Sharding::None {
-            self.shards = self.units.iter().map(|u| self.shard_of(u, &init)).collect();
+        if self.sharding != Sharding::Full {
+            let mut full = init.to_vec();
+            self.comm.broadcast(&mut full, 0)?;
+            if self.sharding == Sharding::GradOp {
+                self.shards = self.units.iter().map(|u| self.shard_of(u, &full)).collect();
+            }
+            self.full = Some(full);
+            return Ok(());
         }
-        self.full = (self.sharding != Sharding::Full).then_some(init);
+        // a unit at a time: no rank makes a copy of the whole model
+        self.full = None;
+        self.shards = Vec::with_capacity(self.units.len());
+        for i in 0..self.units.len() {
+            let range = self.units[i].range.clone();
+            let mut unit = init[range].to_vec();
+            self.comm.broadcast(&mut unit, 0)?;
+            let u = Unit {
+                range: 0..unit.len(),
+                ..self.units[i].clone()
+            };
+            let shard = self.shard_of(&u, &unit);
+            self.shards.push(shard);
+        }
         Ok(())
     }
 

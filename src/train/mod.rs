@@ -14,6 +14,6 @@ mod trainer;
 pub use timed::Timed;
 pub use timing::{Clock, Phase, Span, Totals};
 pub use trainer::{
-    evaluate_like_run, train, EvalSums, MetricLine, Outcome, RankSink, TrainError, TrainEvent,
-    TrainInput,
+    evaluate_like_run, train, EvalSums, MetricLine, Outcome, RankSink, SharedInit, TrainError,
+    TrainEvent, TrainInput,
 };

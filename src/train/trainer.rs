@@ -241,9 +241,32 @@ pub struct TrainInput<'a> {
     pub resume: Option<&'a Loaded>,
     /// Initial parameters in place of the model's seeded initialisation (`model.init_from`).
     pub init: Option<&'a [f32]>,
+    /// The seeded initialisation, made once for the ranks of this process (`SharedInit::default()`).
+    pub shared_init: SharedInit,
     /// Whether rank 0's `Outcome::params` holds the final parameters (tests, exports); a run
     /// needs only their hash.
     pub keep_params: bool,
+}
+
+/// The seeded initial parameters, made by the first rank that asks and shared with the others
+/// of this process while any holds them: the process holds one copy at start, not one per rank.
+#[derive(Default)]
+pub struct SharedInit(std::sync::Mutex<std::sync::Weak<Vec<f32>>>);
+
+impl SharedInit {
+    /// The shared parameters, made with `make` when no rank holds them now.
+    pub fn get(&self, make: impl FnOnce() -> Vec<f32>) -> std::sync::Arc<Vec<f32>> {
+        let mut cell = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(init) = cell.upgrade() {
+            return init;
+        }
+        let init = std::sync::Arc::new(make());
+        *cell = std::sync::Arc::downgrade(&init);
+        init
+    }
 }
 
 /// Where a checkpoint's data position continues: exactly (same world, batch and strategy) or by
@@ -387,15 +410,19 @@ pub fn train<B: ComputeOn>(
     let world = strategy.world();
     let (mut step, mut pos) = match input.resume {
         Some(l) => {
-            strategy.init(l.params.clone())?;
+            strategy.init(&l.params)?;
             strategy.load_optimizer(&l.opt);
             (l.state.step, resume_pos(plan, c, &l.state))
         }
         None => {
-            strategy.init(match input.init {
-                Some(p) => p.to_vec(),
-                None => model.init(c.experiment.seed),
-            })?;
+            match input.init {
+                Some(p) => strategy.init(p)?,
+                None => {
+                    // one seeded initialisation for the process's ranks, freed once they took it
+                    let init = input.shared_init.get(|| model.init(c.experiment.seed));
+                    strategy.init(&init)?;
+                }
+            }
             (
                 0,
                 Pos {

@@ -90,6 +90,7 @@ impl Prepared {
             store: None,
             resume: None,
             init: None,
+            shared_init: Default::default(),
             keep_params: true,
         }
     }
