@@ -15,7 +15,7 @@ use burn::nn::{Linear, LinearConfig};
 use burn::tensor::activation::relu;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
-use kiln::model::{init, Family, FamilyModel, Forward, Registry, Task};
+use kiln::model::{init, Act, Family, FamilyModel, Forward, Registry, Task};
 use kiln::params::ParamLayout;
 use serde::Deserialize;
 
@@ -36,6 +36,15 @@ struct ResMlpKeys {
     /// Residual blocks.
     #[serde(default = "two")]
     depth: usize,
+    /// Whether the family declares its stages (`input`, each block, `head`), so that fsdp
+    /// gathers one at a time and activation checkpointing recomputes one at a time; `false`
+    /// runs the whole forward as one stage (same results, fsdp gathers the whole model).
+    #[serde(default = "yes")]
+    stages: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 fn two() -> usize {
@@ -48,6 +57,27 @@ struct ResMlp {
     depth: usize,
     classes: usize,
     dropout: f64,
+    staged: bool,
+}
+
+impl ResMlp {
+    fn input<B: Backend>(
+        &self,
+        m: &ResMlpModule<B>,
+        x: TensorData,
+        device: &B::Device,
+    ) -> Tensor<B, 2> {
+        let rows = x.shape[0];
+        let x = TensorData {
+            shape: vec![rows, self.features].into(),
+            ..x
+        };
+        relu(m.input.forward(Tensor::<B, 2>::from_data(x, device)))
+    }
+
+    fn block<B: Backend>(&self, b: &Linear<B>, h: Tensor<B, 2>, ctx: &mut Forward) -> Tensor<B, 2> {
+        h.clone() + ctx.dropout(relu(b.forward(h)), self.dropout)
+    }
 }
 
 impl Family for ResMlp {
@@ -85,16 +115,37 @@ impl Family for ResMlp {
         device: &B::Device,
         ctx: &mut Forward,
     ) -> Tensor<B, 2> {
-        let rows = x.shape[0];
-        let x = TensorData {
-            shape: vec![rows, self.features].into(),
-            ..x
-        };
-        let mut h = relu(m.input.forward(Tensor::<B, 2>::from_data(x, device)));
+        let mut h = self.input(m, x, device);
         for b in &m.blocks {
-            h = h.clone() + ctx.dropout(relu(b.forward(h)), self.dropout);
+            h = self.block(b, h, ctx);
         }
         m.head.forward(h)
+    }
+
+    /// One stage per layer: the layout's units are `input`, `blocks.<i>` and `head`.
+    fn stages(&self, layout: &ParamLayout) -> Vec<Vec<String>> {
+        if !self.staged {
+            return vec![layout.units.iter().map(|u| u.name.clone()).collect()];
+        }
+        layout.units.iter().map(|u| vec![u.name.clone()]).collect()
+    }
+
+    fn stage_forward<B: Backend>(
+        &self,
+        m: &ResMlpModule<B>,
+        stage: usize,
+        x: Act<B>,
+        device: &B::Device,
+        ctx: &mut Forward,
+    ) -> Act<B> {
+        match (stage, x) {
+            (0, Act::Data(x)) if !self.staged => Act::D2(self.forward(m, x, device, ctx)),
+            (0, Act::Data(x)) => Act::D2(self.input(m, x, device)),
+            (s, Act::D2(h)) if s <= self.depth => Act::D2(self.block(&m.blocks[s - 1], h, ctx)),
+            (_, Act::D2(h)) => Act::D2(m.head.forward(h)),
+            // out of place: kiln reports the shapes
+            (_, x) => x,
+        }
     }
 }
 
@@ -108,6 +159,7 @@ fn main() {
             depth: keys.depth,
             classes: r.config.model.classes,
             dropout: r.config.model.dropout,
+            staged: keys.stages,
         })))
     });
     std::process::exit(kiln::cli::main_with(registry));

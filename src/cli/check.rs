@@ -23,6 +23,23 @@ pub fn check(a: &ConfigArgs) -> Result<()> {
             crate::ui::bytes(m.optim_bytes as u64)
         );
     }
+    println!(
+        "# while a step computes, each rank also holds {} for what its stages install ({} stages{})",
+        crate::ui::bytes(report.step_bytes as u64),
+        report.stages,
+        if r.config.train.activation_checkpointing == config::ActivationCheckpointing::Units {
+            ", one at a time: activation checkpointing"
+        } else {
+            ", each kept for the backward"
+        }
+    );
+    let c = &r.config;
+    if c.strategy.kind == config::StrategyKind::Fsdp
+        && c.strategy.sharding == config::Sharding::Full
+        && c.train.activation_checkpointing == config::ActivationCheckpointing::None
+    {
+        println!("# note: fsdp with sharding = \"full\" keeps every gathered unit alive until its backward unless train.activation_checkpointing = \"units\" (the recompute frees each unit after its forward)");
+    }
     if let Some(note) = &report.placement.note {
         println!("# {note}");
     }

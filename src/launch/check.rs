@@ -15,6 +15,10 @@ pub struct CheckReport {
     pub plan: Plan,
     /// Bytes each rank would hold at rest.
     pub memory: Vec<Memory>,
+    /// Bytes a rank holds on top while a step computes (`strategy::step_bytes`).
+    pub step_bytes: usize,
+    /// Stages of the model's forward.
+    pub stages: usize,
     /// Math threads per rank.
     pub threads: usize,
 }
@@ -32,10 +36,17 @@ fn available_memory() -> Option<u64> {
     kb.checked_mul(1024)
 }
 
-/// A CPU run's ranks on this node hold their parameters, gradients and optimizer state (plus
-/// one whole copy of the parameters to start from) in the machine's memory: exit 2, before
-/// anything is allocated, when that is more than it has available.
-pub fn fits(r: &Resolved, memory: &[crate::strategy::Memory], num_params: usize) -> Result<()> {
+/// A CPU run's ranks on this node hold their parameters, gradients and optimizer state, and
+/// while a step computes what its stages install (`strategy::step_bytes`), plus one whole copy
+/// of the parameters to start from, in the machine's memory: exit 2, before anything is
+/// allocated, when that is more than it has available.
+pub fn fits(
+    r: &Resolved,
+    memory: &[crate::strategy::Memory],
+    model: &dyn crate::model::Model,
+) -> Result<()> {
+    let num_params = model.num_params();
+    let step = strategy::step_bytes(&r.config, model.layout(), model.stages()) as u128;
     let c = &r.config;
     if c.backend.device != crate::config::Device::Cpu {
         return Ok(());
@@ -46,7 +57,9 @@ pub fn fits(r: &Resolved, memory: &[crate::strategy::Memory], num_params: usize)
         .iter()
         .skip(node * local)
         .take(local)
-        .map(|m| (m.params_bytes as u128) + (m.grads_bytes as u128) + (m.optim_bytes as u128))
+        .map(|m| {
+            (m.params_bytes as u128) + (m.grads_bytes as u128) + (m.optim_bytes as u128) + step
+        })
         .sum::<u128>()
         + num_params as u128 * 4;
     let Some(have) = available_memory() else {
@@ -54,7 +67,7 @@ pub fn fits(r: &Resolved, memory: &[crate::strategy::Memory], num_params: usize)
     };
     if need > have as u128 {
         return Err(crate::error::Error::Usage(format!(
-            "the model does not fit: its {} on this node need {} ({need} bytes: parameters, gradients and optimizer state), but the machine has {} available\n  = help: shrink [model] (model.hidden_sizes, ...), use strategy.kind = \"fsdp\" across more devices or nodes, or a machine with more memory",
+            "the model does not fit: its {} on this node need {} ({need} bytes: parameters, gradients and optimizer state, and what a step's stages install), but the machine has {} available\n  = help: shrink [model] (model.hidden_sizes, ...), use strategy.kind = \"fsdp\" across more devices or nodes, or a machine with more memory",
             if local == 1 { "1 rank".to_string() } else { format!("{local} ranks") },
             crate::ui::bytes(need.min(u64::MAX as u128) as u64),
             crate::ui::bytes(have)
@@ -129,7 +142,8 @@ pub fn check(r: &Resolved) -> Result<CheckReport> {
     super::weights::init_weights(r, model.as_ref())?;
     let plan = Plan::new(&r.config, d.train.len(), model.num_params());
     let memory = strategy::estimate(&r.config, model.layout(), plan.world_size);
-    fits(r, &memory, model.num_params())?;
+    fits(r, &memory, model.as_ref())?;
+    let step_bytes = strategy::step_bytes(&r.config, model.layout(), model.stages());
     let threads = backend::threads(
         &r.config.backend,
         r.config.strategy.devices.count(),
@@ -139,6 +153,8 @@ pub fn check(r: &Resolved) -> Result<CheckReport> {
         placement,
         plan,
         memory,
+        step_bytes,
+        stages: model.stages().len(),
         threads,
     })
 }

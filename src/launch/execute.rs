@@ -438,7 +438,7 @@ pub fn execute(
     super::check::fits(
         r,
         &crate::strategy::estimate(c, model.layout(), plan.world_size),
-        model.num_params(),
+        model.as_ref(),
     )?;
     let loaded = match resume.as_ref().and_then(|res| res.from.as_ref()) {
         Some((path, state)) => {

@@ -950,4 +950,66 @@ mod tests {
             Some("unit 0 has 3 parameters, the layout says 15")
         );
     }
+
+    /// `Net` with the stages it is given.
+    struct Staged(Vec<Vec<String>>);
+
+    impl Family for Staged {
+        type Module<B: Backend> = NetModule<B>;
+        fn kind(&self) -> &str {
+            "staged"
+        }
+        fn task(&self) -> Task {
+            Net.task()
+        }
+        fn build<B: Backend>(&self, device: &B::Device) -> NetModule<B> {
+            Net.build(device)
+        }
+        fn init(&self, layout: &ParamLayout, seed: u64) -> Vec<f32> {
+            Net.init(layout, seed)
+        }
+        fn forward<B: Backend>(
+            &self,
+            m: &NetModule<B>,
+            x: TensorData,
+            device: &B::Device,
+            ctx: &mut Forward,
+        ) -> Tensor<B, 2> {
+            Net.forward(m, x, device, ctx)
+        }
+        fn stages(&self, _layout: &ParamLayout) -> Vec<Vec<String>> {
+            self.0.clone()
+        }
+    }
+
+    #[test]
+    fn stages_that_do_not_fit_the_layout_are_refused_naming_the_family() {
+        let names = |v: &[&[&str]]| -> Vec<Vec<String>> {
+            v.iter()
+                .map(|s| s.iter().map(|n| n.to_string()).collect())
+                .collect()
+        };
+        for (stages, why) in [
+            (
+                names(&[&["fc", "nrom"]]),
+                "stage 0 names unit `nrom`, which the module does not have (its units: fc, norm)",
+            ),
+            (names(&[&["fc"]]), "unit `norm` is in no stage"),
+            (
+                names(&[&["fc", "fc"], &["norm"]]),
+                "stage 0 names unit `fc` twice",
+            ),
+            (names(&[&["fc", "norm"], &[]]), "stage 1 names no unit"),
+        ] {
+            let e = FamilyModel::new(Staged(stages))
+                .check()
+                .unwrap_err()
+                .to_string();
+            assert!(e.starts_with("model `staged`: `Family::stages`: "), "{e}");
+            assert!(e.contains(why), "{e}");
+        }
+        assert!(FamilyModel::new(Staged(names(&[&["fc"], &["norm"]])))
+            .check()
+            .is_ok());
+    }
 }

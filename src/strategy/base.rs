@@ -293,6 +293,27 @@ pub(super) fn state_per_param(c: &Config) -> usize {
     }
 }
 
+/// The bytes a rank holds on top of its model state while a step computes, from the per-unit
+/// figures: the parameters a stage installs and their gradient. With activation checkpointing
+/// one stage's at a time; without it every stage keeps its parameters for the backward (its
+/// graph holds them), so the whole parameters, plus the largest stage's gradient.
+/// (Activations come on top; they depend on the batch.)
+pub fn step_bytes(c: &Config, layout: &ParamLayout, stages: &[Vec<usize>]) -> usize {
+    let stage_bytes =
+        |s: &Vec<usize>| -> usize { s.iter().map(|&u| layout.unit_range(u).len() * 4).sum() };
+    let largest = stages.iter().map(stage_bytes).max().unwrap_or(0);
+    let whole_model_unit = c.strategy.kind == StrategyKind::Fsdp
+        && c.strategy.unit == crate::config::FsdpUnit::Model
+        && c.strategy.sharding == Sharding::Full;
+    let checkpointing =
+        c.train.activation_checkpointing == crate::config::ActivationCheckpointing::Units;
+    if checkpointing && !whole_model_unit {
+        2 * largest
+    } else {
+        layout.num_params() * 4 + largest
+    }
+}
+
 /// The bytes each rank will hold at rest, from the plan alone (`kiln check` prints it; the
 /// strategies report the same numbers after training).
 pub fn estimate(c: &Config, layout: &ParamLayout, world: usize) -> Vec<Memory> {

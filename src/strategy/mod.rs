@@ -1,7 +1,9 @@
 //! Layer: strategy (above `collective`, `params`, `config` and `checkpoint`; never `train`).
 //!
 //! Parallel strategies: where parameters, gradients and optimizer state live, and when ranks
-//! synchronise. The training loop calls the same five methods for every strategy.
+//! synchronise. The step (`train::step`) asks a strategy for each unit's parameters just before a
+//! stage computes and hands it each unit's gradient as soon as the unit's backward is done; what
+//! the strategy does there (copy, gather, all-reduce, reduce-scatter) is its own.
 
 mod base;
 mod ddp;

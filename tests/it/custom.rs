@@ -171,3 +171,47 @@ fn a_users_model_runs_a_sweep_and_its_keys_are_checked() {
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("\"res-mlp\" is not a registered model family"));
 }
+
+#[test]
+fn a_family_with_declared_stages_and_one_without_train_alike_under_fsdp() {
+    let d = kiln::testdir::tempdir().unwrap();
+    write(d.path(), "net.toml", NET);
+    let mut hashes = Vec::new();
+    for stages in ["true", "false"] {
+        let run = format!("run-{stages}");
+        let o = custom(
+            d.path(),
+            &[
+                "run",
+                "net.toml",
+                "--quiet",
+                "--run-dir",
+                &run,
+                "--set",
+                &format!("model.stages={stages}"),
+                "--set",
+                "strategy.kind=\"fsdp\"",
+                "--set",
+                "strategy.devices=2",
+                "--set",
+                "strategy.unit=\"layer\"",
+                "--set",
+                "train.activation_checkpointing=\"units\"",
+            ],
+        );
+        assert_eq!(
+            o.status.code(),
+            Some(0),
+            "stages = {stages}: {}",
+            stderr(&o)
+        );
+        let s: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(d.path().join(&run).join("summary.json")).unwrap(),
+        )
+        .unwrap();
+        assert!(s["final_loss"].as_f64().unwrap().is_finite());
+        hashes.push(s["params_sha256"].clone());
+    }
+    // one stage or one per layer: the same math in the same order
+    assert_eq!(hashes[0], hashes[1]);
+}

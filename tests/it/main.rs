@@ -25,3 +25,4 @@ mod run;
 mod safety;
 mod slurm;
 mod sweep;
+mod units;

@@ -94,6 +94,12 @@ fn resume_is_exact_for_every_strategy() {
         &["strategy.kind=fsdp", "strategy.devices=2"],
         &[
             "strategy.kind=fsdp",
+            "strategy.devices=2",
+            "strategy.unit=layer",
+            "train.activation_checkpointing=units",
+        ],
+        &[
+            "strategy.kind=fsdp",
             "strategy.devices=3",
             "strategy.unit=layer",
             "strategy.sharding=grad_op",
