@@ -3,12 +3,6 @@
 //! printing any error.
 
 fn main() {
-    // mimalloc returns freed pages to the OS at once rather than 10 ms later: the step frees and
-    // reallocates units' buffers all the time, and with several ranks the delayed pages added
-    // up to a tenth of an fsdp run's resident memory (`experiments/bench-memory.toml`)
-    const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
-    // SAFETY: sets one integer option; called before any thread exists
-    unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, 0) };
     std::process::exit(kiln::cli::main_with(kiln::model::Registry::builtin()));
 }
 
