@@ -127,7 +127,7 @@ impl Family for ResMlp {
         if !self.staged {
             return vec![layout.units.iter().map(|u| u.name.clone()).collect()];
         }
-        layout.units.iter().map(|u| vec![u.name.clone()]).collect()
+        kiln::model::stage_per_unit(layout)
     }
 
     fn stage_forward<B: Backend>(

@@ -128,8 +128,7 @@ fn remember(ptr: usize, slot: usize) -> bool {
         let e = &LARGE_BLOCKS[(h + i) & (TABLE - 1)];
         let k = e.key.load(Ordering::Acquire);
         if (k == EMPTY_KEY || k == REMOVED)
-            && e
-                .key
+            && e.key
                 .compare_exchange(k, ptr, Ordering::AcqRel, Ordering::Acquire)
                 .is_ok()
         {
@@ -172,7 +171,9 @@ fn current_slot() -> usize {
 
 /// Counts a new block for this thread's rank.
 fn allocated(ptr: *mut u8, size: usize) {
-    INSTALLED.store(true, Ordering::Relaxed);
+    if !INSTALLED.load(Ordering::Relaxed) {
+        INSTALLED.store(true, Ordering::Relaxed);
+    }
     let slot = current_slot();
     if size >= LARGE {
         remember(ptr as usize, slot);
@@ -182,7 +183,11 @@ fn allocated(ptr: *mut u8, size: usize) {
 
 /// Takes a freed block off the rank that allocated it (large blocks) or this thread's.
 fn freed(ptr: *mut u8, size: usize) {
-    let slot = if size >= LARGE { forget(ptr as usize) } else { None };
+    let slot = if size >= LARGE {
+        forget(ptr as usize)
+    } else {
+        None
+    };
     count(slot.unwrap_or_else(current_slot), -(size as i64));
 }
 

@@ -288,7 +288,31 @@ impl LocalRank {
     }
 }
 
+/// Calls `finish_shared` when dropped: a rank that read or wrote other ranks' buffers leaves
+/// the op only with all of them, whether it returns or unwinds.
+struct Finish<'a>(&'a LocalRank);
+
+impl Drop for Finish<'_> {
+    fn drop(&mut self) {
+        self.0.finish_shared();
+    }
+}
+
 impl LocalRank {
+    /// The error for an output buffer of the wrong length (before anything is exchanged).
+    fn out_size(&self, kind: OpKind, len: usize, want: usize) -> CollectiveError {
+        CollectiveError::Size {
+            rank: self.rank,
+            op: OpId {
+                seq: self.seq,
+                kind,
+            },
+            len,
+            other: self.rank,
+            other_len: want,
+        }
+    }
+
     /// Waits until every rank has finished writing into the shared buffers of this all-reduce.
     /// Deliberately without timeout or abort: after the round was published every rank is
     /// inside plain memory loops that end, and no rank may return (and release its buffer)
@@ -425,14 +449,20 @@ impl Collective for LocalRank {
     /// Over shared memory: each rank copies every rank's `send` straight into its `out` (no
     /// copy in between).
     fn all_gather(&mut self, send: &[f32], out: &mut [f32]) -> Result<(), CollectiveError> {
-        if self.shared.world == 1 {
-            out[..send.len()].copy_from_slice(send);
+        let world = self.shared.world;
+        if out.len() != world * send.len() {
+            return Err(self.out_size(OpKind::AllGather, out.len(), world * send.len()));
+        }
+        if world == 1 {
+            out.copy_from_slice(send);
             return Ok(());
         }
         let res = self.exchange(
             OpKind::AllGather,
             Payload::Shared(send.as_ptr() as usize, send.len()),
         )?;
+        // from here every rank reads the others' buffers: all leave together, even on unwind
+        let _finish = Finish(self);
         let n = send.len();
         for (chunk, p) in out.chunks_mut(n.max(1)).zip(res.iter()) {
             if let Payload::Shared(addr, len) = p {
@@ -443,7 +473,6 @@ impl Collective for LocalRank {
                 chunk.copy_from_slice(src);
             }
         }
-        self.finish_shared();
         Ok(())
     }
 
@@ -461,8 +490,12 @@ impl Collective for LocalRank {
         out: &mut [f32],
         op: ReduceOp,
     ) -> Result<(), CollectiveError> {
-        if self.shared.world == 1 {
-            out.copy_from_slice(&send[..out.len()]);
+        let world = self.shared.world;
+        if send.len() != world * out.len() {
+            return Err(self.out_size(OpKind::ReduceScatter, send.len(), world * out.len()));
+        }
+        if world == 1 {
+            out.copy_from_slice(send);
             return Ok(());
         }
         // over shared memory: rank r reduces chunk r of every rank's `send` (rank order), no copy
@@ -470,6 +503,8 @@ impl Collective for LocalRank {
             OpKind::ReduceScatter,
             Payload::Shared(send.as_ptr() as usize, send.len()),
         )?;
+        // from here every rank reads the others' buffers: all leave together, even on unwind
+        let finish = Finish(self);
         let n = out.len();
         let range = self.rank * n..(self.rank + 1) * n;
         // SAFETY: as in `all_gather`: live, read-only for the op, kept until `finish_shared`
@@ -482,19 +517,6 @@ impl Collective for LocalRank {
                 _ => &[][..],
             })
             .collect();
-        if srcs.iter().any(|s| s.len() < range.end) {
-            self.finish_shared();
-            return Err(CollectiveError::Size {
-                rank: self.rank,
-                op: OpId {
-                    seq: self.seq - 1,
-                    kind: OpKind::ReduceScatter,
-                },
-                len: send.len(),
-                other: 0,
-                other_len: srcs.first().map_or(0, |s| s.len()),
-            });
-        }
         out.copy_from_slice(&srcs[0][range.clone()]);
         for s in &srcs[1..] {
             for (o, v) in out.iter_mut().zip(&s[range.clone()]) {
@@ -506,7 +528,7 @@ impl Collective for LocalRank {
             out.iter_mut().for_each(|o| *o /= w);
         }
         drop(srcs);
-        self.finish_shared();
+        drop(finish);
         Ok(())
     }
 

@@ -367,6 +367,12 @@ pub trait Family: Send + Sync + 'static {
     }
 }
 
+/// One stage per layout unit, in layout order (`Family::stages` of a model whose units run one
+/// after the other: the mlp's layers, the cnn's convolutions and Linear layers).
+pub fn stage_per_unit(layout: &ParamLayout) -> Vec<Vec<String>> {
+    layout.units.iter().map(|u| vec![u.name.clone()]).collect()
+}
+
 /// Whether stage `stage` of `stages` is recomputed in the backward under activation
 /// checkpointing (`checkpointing`): every stage but the last, whose backward follows its forward
 /// at once (so it keeps its graph).
@@ -459,6 +465,7 @@ pub fn forward_backward<B: AutodiffBackend>(
                 Grads::Host(host) => {
                     let g = g
                         .into_data()
+                        .convert::<f32>()
                         .into_vec::<f32>()
                         .map_err(|e| ModelError::Data(format!("{e:?}")))?;
                     for (a, v) in host[range].iter_mut().zip(&g) {

@@ -205,7 +205,7 @@ impl Family for Cnn {
 
     /// One stage per convolution and per Linear layer.
     fn stages(&self, layout: &ParamLayout) -> Vec<Vec<String>> {
-        layout.units.iter().map(|u| vec![u.name.clone()]).collect()
+        super::api::stage_per_unit(layout)
     }
 
     fn stage_forward<B: Backend>(

@@ -135,7 +135,7 @@ impl Family for Mlp {
 
     /// One stage per layer.
     fn stages(&self, layout: &ParamLayout) -> Vec<Vec<String>> {
-        layout.units.iter().map(|u| vec![u.name.clone()]).collect()
+        super::api::stage_per_unit(layout)
     }
 
     fn stage_forward<B: Backend>(

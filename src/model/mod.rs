@@ -16,8 +16,8 @@ pub mod portable;
 mod registry;
 
 pub use api::{
-    forward_backward, recomputed, Act, Batch, Compute, ComputeOn, EvalOut, Family, Forward, Input,
-    MicroStep, Model, ModelError, SharedModel, StepKey, Task, UnitParams,
+    forward_backward, recomputed, stage_per_unit, Act, Batch, Compute, ComputeOn, EvalOut, Family,
+    Forward, Input, MicroStep, Model, ModelError, SharedModel, StepKey, Task, UnitParams,
 };
 pub use engine::FamilyModel;
 pub use registry::{build, install, registry, Builder, Registry};

@@ -115,8 +115,11 @@ impl<B: Backend> DeviceFlat<B> {
         }
         self.guard = None;
         let range = offset..offset + len;
-        let sum = self.tensor.clone().slice([range.clone()]) + other;
-        self.tensor = self.tensor.clone().slice_assign([range], sum);
+        // the only handle on the buffer while it is written, so the backend can do it in place
+        let device = self.tensor.device();
+        let t = std::mem::replace(&mut self.tensor, Tensor::zeros([0], &device));
+        let sum = t.clone().slice([range.clone()]) + other;
+        self.tensor = t.slice_assign([range], sum);
     }
 }
 
