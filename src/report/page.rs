@@ -232,6 +232,30 @@ fn per_rank(out: &mut String, runs: &[RunData]) -> Result<(), String> {
             parts.len(),
             &svg,
         );
+        // what was measured, beside the model state the chart shows
+        let peaks: Vec<String> = mem
+            .iter()
+            .filter_map(|m| {
+                let peak = m["peak_bytes"].as_f64()?;
+                Some(format!(
+                    "rank {} {:.1} MB",
+                    m["rank"].as_u64().unwrap_or(0),
+                    peak / 1e6
+                ))
+            })
+            .collect();
+        let rss = r
+            .summary
+            .as_ref()
+            .and_then(|s| s["peak_rss_bytes"].as_f64())
+            .map(|b| format!("; the process's peak RSS {:.1} MB", b / 1e6))
+            .unwrap_or_default();
+        if !peaks.is_empty() {
+            out.push_str(&format!(
+                "<p class=\"note\">measured peak per rank (counting allocator): {}{rss}</p>\n",
+                peaks.join(", ")
+            ));
+        }
         any = true;
     }
     if !any {

@@ -150,6 +150,12 @@ fn a_report_of_two_runs_overlays_their_curves_with_labelled_axes_and_a_legend() 
             m.texts
         );
     }
+    // the measured peaks beside the model state
+    assert!(
+        html.contains("measured peak per rank (counting allocator): rank 0 ")
+            && html.contains("the process's peak RSS"),
+        "measured peaks"
+    );
     // the default output is in the run directory
     let o = kiln(d.path(), &["report", a.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
