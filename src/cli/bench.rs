@@ -45,7 +45,7 @@ pub fn bench(a: &BenchArgs) -> Result<()> {
         match ev {
         BenchEvent::Plan { describe, repeats } => {
             println!("{describe}");
-            println!("backend   threads  loaders  steps/s  samples/s  data  (median of {repeats})");
+            println!("backend   threads  loaders  steps/s  samples/s  data  peak/rank  (median of {repeats}; peak: the largest rank's, measured)");
         }
         BenchEvent::Row {
             backend,
@@ -54,9 +54,11 @@ pub fn bench(a: &BenchArgs) -> Result<()> {
             steps_per_sec,
             samples_per_sec,
             data_fraction,
+            peak_bytes,
         } => println!(
-            "{backend:<9} {threads:>7}  {loaders:>7}  {steps_per_sec:>7.2}  {samples_per_sec:>9.1}  {:>3.0}%",
-            100.0 * data_fraction
+            "{backend:<9} {threads:>7}  {loaders:>7}  {steps_per_sec:>7.2}  {samples_per_sec:>9.1}  {:>3.0}%  {:>9}",
+            100.0 * data_fraction,
+            peak_bytes.map_or("-".to_string(), crate::ui::bytes)
         ),
     }
     })

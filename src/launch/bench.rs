@@ -24,6 +24,8 @@ pub enum BenchEvent {
         samples_per_sec: f64,
         /// The share of the step time spent waiting for batches (the breakdown's `data`).
         data_fraction: f64,
+        /// The largest rank's measured peak bytes (the counting allocator; none without it).
+        peak_bytes: Option<u64>,
     },
 }
 
@@ -76,8 +78,11 @@ pub fn bench(
         };
         // (steps/s, data share) of each measurement; the median by speed is reported
         let mut runs = Vec::with_capacity(repeats);
+        let mut peak = None;
         for _ in 0..repeats.max(1) {
-            let out = train(&placement, &input, None, None, &mut |_| {})?.outcome;
+            let res = train(&placement, &input, None, None, &mut |_| {})?;
+            peak = res.memory.iter().filter_map(|m| m.peak_bytes).max().max(peak);
+            let out = res.outcome;
             let data = out.time.get(Phase::Data) / out.time.total().max(1e-12);
             runs.push((out.steps as f64 / out.wall_seconds.max(1e-9), data));
         }
@@ -90,6 +95,7 @@ pub fn bench(
             steps_per_sec: median,
             samples_per_sec: median * plan.global_batch as f64,
             data_fraction,
+            peak_bytes: peak,
         });
     }
     Ok(())
