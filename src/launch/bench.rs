@@ -81,7 +81,12 @@ pub fn bench(
         let mut peak = None;
         for _ in 0..repeats.max(1) {
             let res = train(&placement, &input, None, None, &mut |_| {})?;
-            peak = res.memory.iter().filter_map(|m| m.peak_bytes).max().max(peak);
+            peak = res
+                .memory
+                .iter()
+                .filter_map(|m| m.peak_bytes)
+                .max()
+                .max(peak);
             let out = res.outcome;
             let data = out.time.get(Phase::Data) / out.time.total().max(1e-12);
             runs.push((out.steps as f64 / out.wall_seconds.max(1e-9), data));

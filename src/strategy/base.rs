@@ -234,6 +234,10 @@ pub trait Strategy {
     /// Clips and updates with the gradients the step handed over (and synchronises what is left
     /// to synchronise).
     fn update(&mut self, lr: f64, clip: Option<f64>) -> Result<(), CollectiveError>;
+    /// Frees whole parameters that `params` gathered (fsdp with full sharding), so that the
+    /// steps after an evaluation hold only shards again; nothing for strategies that keep
+    /// whole parameters.
+    fn release_params(&mut self) {}
     /// Calls `f` with the full parameters, in flat order, in one or several consecutive pieces
     /// (fsdp gathers one unit at a time, so no rank holds the whole model for it). Every rank
     /// takes part.

@@ -382,6 +382,13 @@ impl Strategy for Fsdp {
         Ok(())
     }
 
+    fn release_params(&mut self) {
+        if self.sharding == Sharding::Full {
+            self.full = None;
+            self.device_full = None;
+        }
+    }
+
     fn visit_params(&mut self, f: &mut dyn FnMut(&[f32])) -> Result<(), CollectiveError> {
         if let Some(full) = &self.full {
             f(full);

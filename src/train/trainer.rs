@@ -645,6 +645,8 @@ pub fn train<B: ComputeOn>(
                         let params = strategy.params()?;
                         let (losses, correct) =
                             evaluate(compute.as_ref(), params, ds, &eval_idx, plan.micro_batch)?;
+                        // fsdp: the whole parameters were gathered for this; not for the steps
+                        strategy.release_params();
                         reduce_eval(strategy, &losses, &correct, ds.len())
                     })?;
                     last_eval = Some(sums);
