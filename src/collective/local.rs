@@ -274,18 +274,34 @@ impl LocalRank {
         }
     }
 
-    fn reduce_into(res: &[Payload], out: &mut [f32], range: std::ops::Range<usize>, op: ReduceOp) {
-        out.copy_from_slice(&res[0].f32()[range.clone()]);
-        for p in &res[1..] {
-            for (o, v) in out.iter_mut().zip(&p.f32()[range.clone()]) {
+    /// `range` of every rank's buffer reduced into `out`, in rank order.
+    fn reduce_into(srcs: &[&[f32]], out: &mut [f32], range: std::ops::Range<usize>, op: ReduceOp) {
+        out.copy_from_slice(&srcs[0][range.clone()]);
+        for s in &srcs[1..] {
+            for (o, v) in out.iter_mut().zip(&s[range.clone()]) {
                 *o += v;
             }
         }
         if op == ReduceOp::Mean {
-            let w = res.len() as f32;
+            let w = srcs.len() as f32;
             out.iter_mut().for_each(|o| *o /= w);
         }
     }
+}
+
+/// The other ranks' buffers of a shared-memory op, for reading.
+fn shared_reads(res: &[Payload]) -> Vec<&[f32]> {
+    res.iter()
+        .map(|p| match p {
+            // SAFETY: every address is a live `&[f32]` of length `len` (the lengths were checked
+            // equal by `exchange`) whose owner stays in the op until every rank passed
+            // `finish_shared` (a `Finish` guard); nobody writes to it during the op
+            Payload::Shared(addr, len) => unsafe {
+                std::slice::from_raw_parts(*addr as *const f32, *len)
+            },
+            _ => &[][..],
+        })
+        .collect()
 }
 
 /// Calls `finish_shared` when dropped: a rank that read or wrote other ranks' buffers leaves
@@ -416,7 +432,8 @@ impl Collective for LocalRank {
     ) -> Result<(), CollectiveError> {
         let res = self.exchange(OpKind::Reduce, Payload::F32(buf.to_vec()))?;
         if self.rank == root {
-            Self::reduce_into(&res, buf, 0..buf.len(), op);
+            let srcs: Vec<&[f32]> = res.iter().map(Payload::f32).collect();
+            Self::reduce_into(&srcs, buf, 0..buf.len(), op);
         }
         Ok(())
     }
@@ -463,15 +480,8 @@ impl Collective for LocalRank {
         )?;
         // from here every rank reads the others' buffers: all leave together, even on unwind
         let _finish = Finish(self);
-        let n = send.len();
-        for (chunk, p) in out.chunks_mut(n.max(1)).zip(res.iter()) {
-            if let Payload::Shared(addr, len) = p {
-                // SAFETY: every address is a live `&[f32]` of length `len` (= n, checked by
-                // `exchange`) whose owner stays in this call until `finish_shared` returns;
-                // nobody writes to it during the op
-                let src = unsafe { std::slice::from_raw_parts(*addr as *const f32, *len) };
-                chunk.copy_from_slice(src);
-            }
+        for (chunk, src) in out.chunks_mut(send.len().max(1)).zip(shared_reads(&res)) {
+            chunk.copy_from_slice(src);
         }
         Ok(())
     }
@@ -507,26 +517,8 @@ impl Collective for LocalRank {
         let finish = Finish(self);
         let n = out.len();
         let range = self.rank * n..(self.rank + 1) * n;
-        // SAFETY: as in `all_gather`: live, read-only for the op, kept until `finish_shared`
-        let srcs: Vec<&[f32]> = res
-            .iter()
-            .map(|p| match p {
-                Payload::Shared(addr, len) => unsafe {
-                    std::slice::from_raw_parts(*addr as *const f32, *len)
-                },
-                _ => &[][..],
-            })
-            .collect();
-        out.copy_from_slice(&srcs[0][range.clone()]);
-        for s in &srcs[1..] {
-            for (o, v) in out.iter_mut().zip(&s[range.clone()]) {
-                *o += v;
-            }
-        }
-        if op == ReduceOp::Mean {
-            let w = srcs.len() as f32;
-            out.iter_mut().for_each(|o| *o /= w);
-        }
+        let srcs = shared_reads(&res);
+        Self::reduce_into(&srcs, out, range, op);
         drop(srcs);
         drop(finish);
         Ok(())

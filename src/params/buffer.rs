@@ -222,25 +222,19 @@ impl Grads {
     }
     /// Adds `other` into elements `offset..offset + other.len()` (both on the host, or both
     /// device buffers of one backend).
-    pub fn add_at(&mut self, offset: usize, mut other: Grads) -> Result<(), String> {
-        match (self, &mut other) {
-            (Grads::Host(a), Grads::Host(b)) => {
-                for (x, y) in a[offset..offset + b.len()].iter_mut().zip(b.iter()) {
-                    *x += y;
-                }
-                Ok(())
-            }
-            (Grads::Device(a), Grads::Device(b)) => a.add_at(offset, b.as_mut()),
-            (Grads::Device(a), Grads::Host(b)) => {
-                let mut up = a.upload(b)?;
-                a.add_at(offset, up.as_mut())
-            }
-            (Grads::Host(a), Grads::Device(b)) => {
-                let b = b.to_host()?;
+    pub fn add_at(&mut self, offset: usize, other: Grads) -> Result<(), String> {
+        match (self, other) {
+            (Grads::Host(a), other) => {
+                let b = other.to_host_vec()?;
                 for (x, y) in a[offset..offset + b.len()].iter_mut().zip(&b) {
                     *x += y;
                 }
                 Ok(())
+            }
+            (Grads::Device(a), Grads::Device(mut b)) => a.add_at(offset, b.as_mut()),
+            (Grads::Device(a), Grads::Host(b)) => {
+                let mut up = a.upload(&b)?;
+                a.add_at(offset, up.as_mut())
             }
         }
     }

@@ -92,8 +92,8 @@ impl DeviceCopy {
     }
 }
 
-/// A step's whole gradient (single, dp, ddp, fsdp without sharding), made at the first unit
-/// gradient of the step on the host or the device, like the gradients handed in.
+/// A step's whole gradient (single, dp, ddp, fsdp without sharding; and an fsdp unit's, from its
+/// layout units), made at the first unit gradient handed in, on the host or the device like it.
 #[derive(Default)]
 pub(super) struct WholeGrads {
     grads: Option<Grads>,
@@ -109,18 +109,14 @@ impl WholeGrads {
         grad: Grads,
     ) -> Result<&mut Grads, CollectiveError> {
         let err = |e| device_error(rank, OpKind::Update, e);
-        if self.grads.is_none() {
-            if range.len() == len {
-                // the whole model is one unit: its gradient is the whole gradient
-                return Ok(self.grads.insert(grad));
-            }
-            self.grads = Some(Grads::zeros_like(&grad, len).map_err(err)?);
-        }
-        let Some(whole) = self.grads.as_mut() else {
-            return Err(err("no gradient".into()));
+        let mut whole = match self.grads.take() {
+            Some(g) => g,
+            // one unit covers it all: its gradient is the whole gradient
+            None if range.len() == len => return Ok(self.grads.insert(grad)),
+            None => Grads::zeros_like(&grad, len).map_err(err)?,
         };
         whole.add_at(range.start, grad).map_err(err)?;
-        Ok(whole)
+        Ok(self.grads.insert(whole))
     }
     /// The step's gradient (zeros on the host if nothing was handed in), leaving none.
     pub fn take(&mut self, len: usize) -> Grads {

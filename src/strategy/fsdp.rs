@@ -86,7 +86,7 @@ pub struct Fsdp {
     arrived: Vec<usize>,
     /// Per fsdp unit: the micro-step's gradient being assembled (unit = "model": from every
     /// layout unit), until the unit is complete and reduce-scattered.
-    pending: Vec<Option<Grads>>,
+    pending: Vec<WholeGrads>,
     /// Per fsdp unit: this rank's shard of the step's reduced gradient, summed over micro-steps.
     shard_grads: Vec<Option<Vec<f32>>>,
     /// sharding = "none": the whole gradient.
@@ -108,7 +108,7 @@ impl Fsdp {
         Fsdp {
             unit_of,
             arrived: vec![0; units.len()],
-            pending: units.iter().map(|_| None).collect(),
+            pending: units.iter().map(|_| WholeGrads::default()).collect(),
             shard_grads: vec![None; units.len()],
             members,
             whole: WholeGrads::default(),
@@ -286,29 +286,14 @@ impl Strategy for Fsdp {
             return Ok(());
         }
         // the unit's gradient: this layout unit's, or assembled from its layout units
+        let len = u.range.len();
         let offset = range.start - u.range.start;
-        let pending = match self.pending[i].take() {
-            None if range.len() == u.range.len() => grad,
-            None => {
-                let mut g = Grads::zeros_like(&grad, u.range.len())
-                    .map_err(|e| device_error(rank, OpKind::ReduceScatter, e))?;
-                g.add_at(offset, grad)
-                    .map_err(|e| device_error(rank, OpKind::ReduceScatter, e))?;
-                g
-            }
-            Some(mut g) => {
-                g.add_at(offset, grad)
-                    .map_err(|e| device_error(rank, OpKind::ReduceScatter, e))?;
-                g
-            }
-        };
+        self.pending[i].add(rank, len, offset..offset + range.len(), grad)?;
         if !complete {
-            self.pending[i] = Some(pending);
             return Ok(());
         }
         // complete: reduce-scatter now; this rank keeps its shard's mean gradient
-        let mut pending = pending;
-        let len = u.range.len();
+        let mut pending = self.pending[i].take(len);
         let shard = pending.reduce_scatter_to_host(
             self.comm.as_mut(),
             0..len,
@@ -358,8 +343,8 @@ impl Strategy for Fsdp {
             .zip(&self.units)
             .map(|(g, u)| g.take().unwrap_or_else(|| vec![0.0; u.shard_len]))
             .collect();
-        for p in &mut self.pending {
-            *p = None;
+        for (p, u) in self.pending.iter_mut().zip(&self.units) {
+            p.take(u.range.len());
         }
         if let Some(max_norm) = clip {
             // the global norm: every shard's sum of squares, all-reduced

@@ -37,11 +37,11 @@ pub struct MicroOpts<'a, B: ComputeOn> {
 /// otherwise on the host.
 pub fn unit_params(
     strategy: &mut dyn Strategy,
-    compute_layout: &crate::params::ParamLayout,
+    layout: &crate::params::ParamLayout,
     u: usize,
     proto: Option<&dyn DeviceTensor>,
 ) -> Result<UnitParams, CollectiveError> {
-    let range = compute_layout.unit_range(u);
+    let range = layout.unit_range(u);
     if let Some(proto) = proto {
         if let Some(d) = strategy.unit_params_device(u, range.clone(), proto)? {
             return Ok(UnitParams::Device(d));
