@@ -58,15 +58,16 @@ fn measure<F: Family>(
             seed: 0,
             counters: [0; 3],
         };
-        compute
-            .forward_backward(
-                &mut source,
-                model.task().input(batch.clone()),
-                key,
-                1.0,
-                &mut g,
-            )
-            .unwrap();
+        kiln::model::forward_backward(
+            compute.as_ref(),
+            &mut source,
+            model.task().input(batch.clone()),
+            key,
+            1.0,
+            &mut g,
+            false,
+        )
+        .unwrap();
     });
     let n = batch.shape[0] as f64;
     println!(

@@ -13,6 +13,7 @@ mod local;
 #[cfg(feature = "cuda")]
 pub mod nccl;
 pub mod node;
+mod overlap;
 pub mod tcp;
 
 pub use api::*;
@@ -20,3 +21,4 @@ pub use api::*;
 pub(crate) use device::emulated;
 pub use device::{device_error, DeviceOps, GradsOps};
 pub use local::{GroupStopper, LocalGroup, LocalRank};
+pub use overlap::{on_comm_thread, Overlapped, Pending, WaitHook};

@@ -641,6 +641,12 @@ pub struct StrategyConfig {
     /// ddp: skip communication on accumulation micro-steps before the last (torch `no_sync`).
     /// Default: `true`.
     pub no_sync: bool,
+    /// ddp and fsdp: communication runs on a thread beside the compute (ddp all-reduces each
+    /// unit's buckets as soon as its backward is done, fsdp prefetches the next unit's
+    /// all-gather and reduce-scatters behind the backward); `false` runs every op where the
+    /// step reaches it, for comparison and debugging. Results are the same bits either way.
+    /// Host collectives only (over NCCL ops run in step order). Default: `true`.
+    pub overlap: bool,
     /// fsdp: full, grad_op or none. Default: `"full"`.
     pub sharding: Sharding,
     /// fsdp: model or layer. Default: `"model"`.
@@ -656,6 +662,7 @@ impl Default for StrategyConfig {
             timeout_secs: 300,
             bucket_cap_mb: 25.0,
             no_sync: true,
+            overlap: true,
             sharding: Sharding::Full,
             unit: FsdpUnit::Model,
         }

@@ -11,13 +11,20 @@ use super::run_dir::write_json;
 use super::workers::RunResult;
 use crate::config::Config;
 use crate::error::{Error, Result};
-use crate::train::timing::trace_json;
+use crate::train::timing::{comm_seconds, trace_json};
 use crate::train::Totals;
 
 /// The mean of this node's ranks' phase totals.
 pub fn mean_time(res: &RunResult) -> Totals {
-    let all: Vec<Totals> = res.time.iter().map(|t| t.1).collect();
+    let all: Vec<Totals> = res.time.iter().map(|t| t.main).collect();
     Totals::mean(&all)
+}
+
+/// `{"total_s", "exposed_s"}`: communication seconds wherever they ran, and the part the
+/// compute spent in them or waiting for them.
+fn comm_json(main: &Totals, comm: &Totals) -> Value {
+    let (total, exposed) = comm_seconds(main, comm);
+    json!({"total_s": (total * 1e4).round() / 1e4, "exposed_s": (exposed * 1e4).round() / 1e4})
 }
 
 /// `summary.json`'s `time`: seconds and fractions per rank and as a mean, and the step time.
@@ -26,23 +33,40 @@ pub fn time_section(res: &RunResult, steps: usize, asynchronous: bool) -> Value 
     let ranks: Vec<Value> = res
         .time
         .iter()
-        .map(|(rank, t, _)| {
-            json!({"rank": rank, "seconds": t.seconds_json(), "fractions": t.fractions_json()})
+        .map(|t| {
+            json!({"rank": t.rank, "seconds": t.main.seconds_json(),
+                   "fractions": t.main.fractions_json(), "comm": comm_json(&t.main, &t.comm)})
         })
         .collect();
+    let comm_mean = Totals::mean(&res.time.iter().map(|t| t.comm).collect::<Vec<_>>());
     let step_ms = res.outcome.wall_seconds * 1e3 / steps.max(1) as f64;
     json!({
         "step_ms": (step_ms * 100.0).round() / 100.0,
         "clock": if asynchronous { "device synchronised at phase boundaries" } else { "host" },
-        "mean": {"seconds": mean.seconds_json(), "fractions": mean.fractions_json()},
+        "mean": {"seconds": mean.seconds_json(), "fractions": mean.fractions_json(),
+                 "comm": comm_json(&mean, &comm_mean)},
         "ranks": ranks,
     })
 }
 
-/// `step 41 ms: data 2%, forward 30%, backward 45%, all_reduce 18%, optimizer 5%`.
+/// `step 41 ms: data 2%, forward 30%, backward 45%, all_reduce 18%, optimizer 5%`, and when
+/// communication ran beside the compute, how much of it the compute waited for:
+/// `; communication 12.0 ms per step, 1.5 ms exposed`.
 pub fn breakdown_line(res: &RunResult, steps: usize) -> String {
     let step_ms = res.outcome.wall_seconds * 1e3 / steps.max(1) as f64;
-    format!("step {step_ms:.1} ms: {}", mean_time(res).describe())
+    let mean = mean_time(res);
+    let comm_mean = Totals::mean(&res.time.iter().map(|t| t.comm).collect::<Vec<_>>());
+    let mut line = format!("step {step_ms:.1} ms: {}", mean.describe());
+    if comm_mean.total() > 0.0 {
+        let (total, exposed) = comm_seconds(&mean, &comm_mean);
+        let per = |s: f64| s * 1e3 / steps.max(1) as f64;
+        line.push_str(&format!(
+            "; communication {:.1} ms per step, {:.1} ms exposed",
+            per(total),
+            per(exposed)
+        ));
+    }
+    line
 }
 
 fn label(rank: usize, node: usize) -> String {
@@ -64,9 +88,10 @@ pub fn write_traces(
     let dir = run_dir.join("trace");
     std::fs::create_dir_all(&dir)
         .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
-    for (rank, _, spans) in &res.time {
+    for t in &res.time {
+        let rank = &t.rank;
         if c.profile.traces(*rank) {
-            let trace = trace_json(&[(*rank, label(*rank, node), spans.clone())]);
+            let trace = trace_json(&[(*rank, label(*rank, node), t.spans.clone())]);
             write_json(&dir.join(format!("rank-{rank}.json")), &trace)?;
         }
     }

@@ -21,8 +21,20 @@ pub struct RunResult {
     pub outcome: Outcome,
     /// Every rank's memory, in rank order.
     pub memory: Vec<Memory>,
-    /// Each local rank's (global rank, seconds per phase, profiled spans), in rank order.
-    pub time: Vec<(usize, train::Totals, Vec<train::Span>)>,
+    /// Each local rank's time, in rank order.
+    pub time: Vec<RankTime>,
+}
+
+/// Where one rank's time went.
+#[derive(Debug)]
+pub struct RankTime {
+    pub rank: usize,
+    /// Seconds per phase of the compute thread.
+    pub main: train::Totals,
+    /// Seconds per op of the communication thread (`strategy.overlap`).
+    pub comm: train::Totals,
+    /// The profiled spans of both.
+    pub spans: Vec<train::Span>,
 }
 
 struct Sink {
@@ -218,7 +230,12 @@ fn run_ranks<B: RankBackend>(
     let memory = outcomes.iter().map(|o| o.memory).collect();
     let time = outcomes
         .iter_mut()
-        .map(|o| (o.memory.rank, o.time, std::mem::take(&mut o.spans)))
+        .map(|o| RankTime {
+            rank: o.memory.rank,
+            main: o.time,
+            comm: o.comm_time,
+            spans: std::mem::take(&mut o.spans),
+        })
         .collect();
     let outcome = outcomes.swap_remove(0);
     Ok(RunResult {
@@ -331,7 +348,12 @@ fn rank_main<B: RankBackend>(
             sink.log("step-time breakdown: host clock at each phase boundary");
         }
         let comm: Box<dyn Collective> = Box::new(train::Timed::new(comm, clock.clone()));
-        let mut strategy = strategy::build(input.config, input.model.layout(), comm);
+        let mut strategy = strategy::build(
+            input.config,
+            input.model.layout(),
+            comm,
+            Some(train::wait_hook(&clock)),
+        );
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             train::train::<B>(
                 input,

@@ -6,7 +6,10 @@ use std::ops::Range;
 use serde::Serialize;
 
 use crate::checkpoint::{Layout, OptState};
-use crate::collective::{device_error, Collective, CollectiveError, GradsOps, OpKind, ReduceOp};
+use crate::collective::Pending;
+use crate::collective::{
+    device_error, Collective, CollectiveError, GradsOps, OpKind, Overlapped, ReduceOp, WaitHook,
+};
 use crate::config::{Config, OptimKind, Sharding, StrategyKind};
 use crate::params::{DeviceParams, DeviceTensor, Grads, Optimizer, ParamLayout};
 
@@ -127,6 +130,88 @@ impl WholeGrads {
     pub fn non_finite(&self) -> Result<bool, String> {
         self.grads.as_ref().map_or(Ok(false), |g| g.non_finite())
     }
+    /// The host gradient's `range`, when there is one.
+    pub fn host_range(&self, range: Range<usize>) -> Option<&[f32]> {
+        match &self.grads {
+            Some(Grads::Host(v)) => Some(&v[range]),
+            _ => None,
+        }
+    }
+    /// Writes `values` over `range` of a host whole gradient of `len` elements (made on the
+    /// host when there is none).
+    pub fn set_host(
+        &mut self,
+        rank: usize,
+        len: usize,
+        range: Range<usize>,
+        values: &[f32],
+    ) -> Result<(), CollectiveError> {
+        let g = self
+            .grads
+            .get_or_insert_with(|| Grads::Host(vec![0.0; len]));
+        match g {
+            Grads::Host(v) => {
+                v[range].copy_from_slice(values);
+                Ok(())
+            }
+            Grads::Device(_) => Err(device_error(
+                rank,
+                OpKind::AllReduce,
+                "a host-reduced unit gradient met a device gradient".into(),
+            )),
+        }
+    }
+}
+
+/// Unit gradients whose reduction runs beside the compute, oldest first: each comes back as
+/// `(what it belongs to, the reduced values)`.
+pub(super) struct InFlight<K> {
+    queue: std::collections::VecDeque<(K, Pending<Result<Vec<f32>, CollectiveError>>)>,
+}
+
+impl<K> Default for InFlight<K> {
+    fn default() -> Self {
+        InFlight {
+            queue: Default::default(),
+        }
+    }
+}
+
+impl<K> InFlight<K> {
+    pub fn push(&mut self, key: K, p: Pending<Result<Vec<f32>, CollectiveError>>) {
+        self.queue.push_back((key, p));
+    }
+    /// Whether a reduction of `key` is still out.
+    pub fn holds(&self, key: &K) -> bool
+    where
+        K: PartialEq,
+    {
+        self.queue.iter().any(|(k, _)| k == key)
+    }
+    /// Hands `done` the reductions that have finished, in submission order; with `all`, waits
+    /// for every one.
+    pub fn collect(
+        &mut self,
+        comm: &mut Overlapped,
+        all: bool,
+        mut done: impl FnMut(K, Vec<f32>) -> Result<(), CollectiveError>,
+    ) -> Result<(), CollectiveError> {
+        while let Some((key, p)) = self.queue.pop_front() {
+            let values = if all {
+                comm.wait(p)?
+            } else {
+                match p.try_take() {
+                    Ok(r) => r?,
+                    Err(p) => {
+                        self.queue.push_front((key, p));
+                        return Ok(());
+                    }
+                }
+            };
+            done(key, values)?;
+        }
+        Ok(())
+    }
 }
 
 /// All-reduces (mean) `range` of `grads` in buckets of at most `bucket` elements.
@@ -225,8 +310,16 @@ pub trait Strategy {
         grad: Grads,
         sync: bool,
     ) -> Result<(), CollectiveError>;
-    /// Whether this rank's gradient so far (its shard, for fsdp) has NaN or infinite values.
-    fn grads_non_finite(&self) -> Result<bool, String>;
+    /// Unit `unit`'s parameters will be asked for next (after the ones asked for now): fsdp
+    /// starts gathering them beside the compute (torch `forward_prefetch`,
+    /// `BackwardPrefetch.BACKWARD_PRE`). Every rank makes the same calls.
+    fn prefetch(&mut self, unit: usize, range: Range<usize>) -> Result<(), CollectiveError> {
+        let _ = (unit, range);
+        Ok(())
+    }
+    /// Whether this rank's gradient so far (its shard, for fsdp) has NaN or infinite values
+    /// (waiting for the reductions still running).
+    fn grads_non_finite(&mut self) -> Result<bool, CollectiveError>;
     /// Clips and updates with the gradients the step handed over (and synchronises what is left
     /// to synchronise).
     fn update(&mut self, lr: f64, clip: Option<f64>) -> Result<(), CollectiveError>;
@@ -274,13 +367,20 @@ pub trait Strategy {
     }
 }
 
-/// Builds one rank's strategy for a model of `layout`.
-pub fn build(c: &Config, layout: &ParamLayout, comm: Box<dyn Collective>) -> Box<dyn Strategy> {
+/// Builds one rank's strategy for a model of `layout`. ddp and fsdp run their communication
+/// beside the compute with `strategy.overlap` (`wait` times the compute's waits for it).
+pub fn build(
+    c: &Config,
+    layout: &ParamLayout,
+    comm: Box<dyn Collective>,
+    wait: Option<WaitHook>,
+) -> Box<dyn Strategy> {
+    let overlapped = |comm| Overlapped::new(comm, c.strategy.overlap, wait.clone());
     match c.strategy.kind {
-        StrategyKind::Single => Box::new(Single::new(c, layout.num_params(), comm)),
+        StrategyKind::Single => Box::new(Single::new(c, layout.num_params(), overlapped(comm))),
         StrategyKind::Dp => Box::new(Dp::new(c, layout.num_params(), comm)),
-        StrategyKind::Ddp => Box::new(Ddp::new(c, layout.num_params(), comm)),
-        StrategyKind::Fsdp => Box::new(Fsdp::new(c, layout, comm)),
+        StrategyKind::Ddp => Box::new(Ddp::new(c, layout.num_params(), overlapped(comm))),
+        StrategyKind::Fsdp => Box::new(Fsdp::new(c, layout, overlapped(comm))),
     }
 }
 
@@ -387,7 +487,7 @@ mod tests {
                         } else {
                             Box::new(l)
                         };
-                        let mut st = build(c, layout, comm);
+                        let mut st = build(c, layout, comm, None);
                         st.init(&init(n)).unwrap();
                         let mut seen = Vec::new();
                         let mut on_device = 0;

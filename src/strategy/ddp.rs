@@ -5,24 +5,30 @@
 //! gradients are ready (earlier micro-steps accumulate locally without communication, like
 //! `no_sync`).
 //!
+//! With `strategy.overlap` (host collectives) a unit's all-reduce runs on the rank's
+//! communication thread while the backward goes on to the next unit; the update waits for the
+//! last one. The buckets and their order are the same either way, so are the bits.
+//!
 //! Over a device collective (NCCL) with f32 parameters, the parameters and optimizer state move
 //! to the device at the first forward and stay there: the forward reads them in place and the
 //! update runs there (`DeviceParams`); the host copy is refreshed only when asked for
 //! (evaluation, checkpoints, the end).
 
 use super::{
-    all_reduce_buckets, full_snapshot, whole_memory, DeviceCopy, Memory, Snapshot, Strategy,
-    WholeGrads,
+    all_reduce_buckets, full_snapshot, whole_memory, DeviceCopy, InFlight, Memory, Snapshot,
+    Strategy, WholeGrads,
 };
 use crate::checkpoint::OptState;
 use std::ops::Range;
 
-use crate::collective::{device_error, Collective, CollectiveError, GradsOps, OpKind};
+use crate::collective::{
+    device_error, Collective, CollectiveError, GradsOps, OpKind, Overlapped, ReduceOp,
+};
 use crate::config::Config;
 use crate::params::{clip_and_step, DeviceTensor, Grads, Optimizer};
 
 pub struct Ddp {
-    comm: Box<dyn Collective>,
+    comm: Overlapped,
     params: Vec<f32>,
     opt: Optimizer,
     bucket_elems: usize,
@@ -31,10 +37,12 @@ pub struct Ddp {
     num_params: usize,
     /// The step's gradient, each unit's part averaged across ranks as it is handed in.
     grads: WholeGrads,
+    /// Units whose all-reduce runs beside the compute: their flat ranges.
+    inflight: InFlight<Range<usize>>,
 }
 
 impl Ddp {
-    pub fn new(c: &Config, num_params: usize, comm: Box<dyn Collective>) -> Self {
+    pub fn new(c: &Config, num_params: usize, comm: Overlapped) -> Self {
         let bucket_elems = ((c.strategy.bucket_cap_mb * 1024.0 * 1024.0 / 4.0) as usize)
             .clamp(1, num_params.max(1));
         Ddp {
@@ -45,7 +53,18 @@ impl Ddp {
             device: DeviceCopy::default(),
             num_params,
             grads: WholeGrads::default(),
+            inflight: InFlight::default(),
         }
+    }
+
+    /// Writes the all-reduces that have finished (`all`: every one, waiting) into the step's
+    /// gradient.
+    fn collect(&mut self, all: bool) -> Result<(), CollectiveError> {
+        let (rank, len) = (self.comm.rank(), self.num_params);
+        let grads = &mut self.grads;
+        self.inflight.collect(&mut self.comm, all, |range, values| {
+            grads.set_host(rank, len, range, &values)
+        })
     }
 
     /// Brings `params` and `opt` up to date with the device.
@@ -58,10 +77,10 @@ impl Ddp {
 
 impl Strategy for Ddp {
     fn comm(&self) -> &dyn Collective {
-        self.comm.as_ref()
+        &self.comm
     }
     fn comm_mut(&mut self) -> &mut dyn Collective {
-        self.comm.as_mut()
+        &mut self.comm
     }
     fn init(&mut self, init: &[f32]) -> Result<(), CollectiveError> {
         let mut init = init.to_vec();
@@ -82,7 +101,7 @@ impl Strategy for Ddp {
     ) -> Result<Option<Box<dyn DeviceTensor>>, CollectiveError> {
         Ok(self
             .device
-            .slice(self.comm.as_mut(), &self.params, &self.opt, proto, range))
+            .slice(&mut self.comm, &self.params, &self.opt, proto, range))
     }
     fn grad_weight(&self, _local: usize, _global: usize) -> f64 {
         1.0
@@ -95,16 +114,45 @@ impl Strategy for Ddp {
         sync: bool,
     ) -> Result<(), CollectiveError> {
         let rank = self.comm.rank();
-        let grads = self.grads.add(rank, self.num_params, range.clone(), grad)?;
-        if sync {
-            all_reduce_buckets(self.comm.as_mut(), grads, range, self.bucket_elems)?;
+        match grad {
+            // beside the compute: the unit's gradient (plus what earlier micro-steps
+            // accumulated) goes to the communication thread and comes back averaged
+            Grads::Host(mut g) if sync && self.comm.overlaps() => {
+                // (`no_sync = false`) the previous micro-step's reduction of this unit first
+                if self.inflight.holds(&range) {
+                    self.collect(true)?;
+                }
+                if let Some(acc) = self.grads.host_range(range.clone()) {
+                    g.iter_mut().zip(acc).for_each(|(a, b)| *a += b);
+                }
+                let bucket = self.bucket_elems.max(1);
+                let p = self.comm.submit(OpKind::AllReduce, move |c| {
+                    for chunk in g.chunks_mut(bucket) {
+                        c.all_reduce(chunk, ReduceOp::Mean)?;
+                    }
+                    Ok(g)
+                });
+                self.inflight.push(range, p);
+                self.collect(false)
+            }
+            grad => {
+                let grads = self.grads.add(rank, self.num_params, range.clone(), grad)?;
+                if sync {
+                    all_reduce_buckets(&mut self.comm, grads, range, self.bucket_elems)?;
+                }
+                Ok(())
+            }
         }
-        Ok(())
     }
-    fn grads_non_finite(&self) -> Result<bool, String> {
-        self.grads.non_finite()
+    fn grads_non_finite(&mut self) -> Result<bool, CollectiveError> {
+        self.collect(true)?;
+        let rank = self.comm.rank();
+        self.grads
+            .non_finite()
+            .map_err(|e| device_error(rank, OpKind::Update, e))
     }
     fn update(&mut self, lr: f64, clip: Option<f64>) -> Result<(), CollectiveError> {
+        self.collect(true)?;
         let mut grads = self.grads.take(self.num_params);
         let rank = self.comm.rank();
         if let (Some(dev), Grads::Device(g)) = (&mut self.device.dev, &mut grads) {

@@ -133,8 +133,11 @@ impl Strategy for Dp {
         self.grads.add(rank, self.num_params, range, grad)?;
         Ok(())
     }
-    fn grads_non_finite(&self) -> Result<bool, String> {
-        self.grads.non_finite()
+    fn grads_non_finite(&mut self) -> Result<bool, CollectiveError> {
+        let rank = self.comm.rank();
+        self.grads
+            .non_finite()
+            .map_err(|e| device_error(rank, OpKind::Update, e))
     }
     fn update(&mut self, lr: f64, clip: Option<f64>) -> Result<(), CollectiveError> {
         let mut grads = self.grads.take(self.num_params);

@@ -12,12 +12,20 @@
 //! the whole parameters and re-gathers them after each update; `"none"` keeps everything whole
 //! and all-reduces gradients (like ddp). Padding is zero and stays zero under every optimizer, so
 //! it is invisible in results.
+//!
+//! With `strategy.overlap` (host collectives) the step's `prefetch` calls start the next unit's
+//! all-gather on the rank's communication thread while the current unit computes, in the
+//! forward and in a recomputing backward (torch `forward_prefetch`, `BACKWARD_PRE`), and each
+//! unit's reduce-scatter runs there while the backward goes on; the update waits for the last.
+//! One more unit's parameters are alive at a time, as in torch; the bits are the same.
 
 use std::ops::Range;
 
-use super::{full_snapshot, Memory, Snapshot, Strategy, WholeGrads};
+use super::{full_snapshot, InFlight, Memory, Snapshot, Strategy, WholeGrads};
 use crate::checkpoint::{Layout, OptState, ShardUnit};
-use crate::collective::{device_error, Collective, CollectiveError, GradsOps, OpKind, ReduceOp};
+use crate::collective::{
+    device_error, Collective, CollectiveError, GradsOps, OpKind, Overlapped, Pending, ReduceOp,
+};
 use crate::config::{Config, FsdpUnit, Sharding};
 use crate::params::{clip_by_norm, sum_squares, DeviceTensor, Grads, Optimizer, ParamLayout};
 
@@ -65,7 +73,7 @@ pub fn units(layout: &ParamLayout, unit: FsdpUnit, world: usize) -> Vec<Unit> {
 }
 
 pub struct Fsdp {
-    comm: Box<dyn Collective>,
+    comm: Overlapped,
     sharding: Sharding,
     units: Vec<Unit>,
     num_params: usize,
@@ -91,10 +99,14 @@ pub struct Fsdp {
     shard_grads: Vec<Option<Vec<f32>>>,
     /// sharding = "none": the whole gradient.
     whole: WholeGrads,
+    /// Per fsdp unit: its all-gather started by `prefetch`, until the step asks for it.
+    prefetched: Vec<Option<Pending<Result<Vec<f32>, CollectiveError>>>>,
+    /// Reduce-scatters running beside the compute: the fsdp unit each shard belongs to.
+    inflight: InFlight<usize>,
 }
 
 impl Fsdp {
-    pub fn new(c: &Config, layout: &ParamLayout, comm: Box<dyn Collective>) -> Self {
+    pub fn new(c: &Config, layout: &ParamLayout, comm: Overlapped) -> Self {
         let units = units(layout, c.strategy.unit, comm.world());
         let opts = units.iter().map(|_| Optimizer::new(&c.optim)).collect();
         let unit_of: Vec<usize> = match c.strategy.unit {
@@ -112,6 +124,8 @@ impl Fsdp {
             shard_grads: vec![None; units.len()],
             members,
             whole: WholeGrads::default(),
+            prefetched: units.iter().map(|_| None).collect(),
+            inflight: InFlight::default(),
             comm,
             sharding: c.strategy.sharding,
             units,
@@ -173,6 +187,16 @@ impl Fsdp {
         Ok(full)
     }
 
+    /// Adds the reduce-scatters that have finished (`all`: every one, waiting) into the shards'
+    /// gradients, in the order they were started.
+    fn collect(&mut self, all: bool) -> Result<(), CollectiveError> {
+        let shard_grads = &mut self.shard_grads;
+        self.inflight.collect(&mut self.comm, all, |i, shard| {
+            add_shard(&mut shard_grads[i], shard);
+            Ok(())
+        })
+    }
+
     fn shard_elems(&self) -> usize {
         self.units.iter().map(|u| u.shard_len).sum()
     }
@@ -180,10 +204,10 @@ impl Fsdp {
 
 impl Strategy for Fsdp {
     fn comm(&self) -> &dyn Collective {
-        self.comm.as_ref()
+        &self.comm
     }
     fn comm_mut(&mut self) -> &mut dyn Collective {
-        self.comm.as_mut()
+        &mut self.comm
     }
 
     fn init(&mut self, init: &[f32]) -> Result<(), CollectiveError> {
@@ -232,9 +256,36 @@ impl Strategy for Fsdp {
         match self.units.len() {
             // unit = "model": gather everything once; it stays until the update reshards
             1 => Ok(self.params()?[range].to_vec()),
-            // unit = "layer": gather only this unit, hand it straight to the autodiff graph
-            _ => self.gather_unit(unit),
+            // unit = "layer": gather only this unit (or take the gather `prefetch` started),
+            // hand it straight to the autodiff graph
+            _ => match self.prefetched[unit].take() {
+                Some(p) => self.comm.wait(p),
+                None => self.gather_unit(unit),
+            },
         }
+    }
+
+    fn prefetch(&mut self, unit: usize, _range: Range<usize>) -> Result<(), CollectiveError> {
+        let worth = self.comm.overlaps() && self.full.is_none() && self.units.len() > 1;
+        if !worth || self.prefetched[unit].is_some() {
+            return Ok(());
+        }
+        let (shard, padded, len) = {
+            let u = &self.units[unit];
+            (
+                self.shards[unit].clone(),
+                u.padded_len(self.comm.world()),
+                u.range.len(),
+            )
+        };
+        let p = self.comm.submit(OpKind::AllGather, move |c| {
+            let mut out = vec![0f32; padded];
+            c.all_gather(&shard, &mut out)?;
+            out.truncate(len);
+            Ok(out)
+        });
+        self.prefetched[unit] = Some(p);
+        Ok(())
     }
 
     fn unit_params_device(
@@ -281,7 +332,7 @@ impl Strategy for Fsdp {
         if self.sharding == Sharding::None {
             let grads = self.whole.add(rank, self.num_params, range, grad)?;
             if complete && sync {
-                grads.all_reduce(self.comm.as_mut(), u.range.clone(), ReduceOp::Mean)?;
+                grads.all_reduce(&mut self.comm, u.range.clone(), ReduceOp::Mean)?;
             }
             return Ok(());
         }
@@ -292,26 +343,41 @@ impl Strategy for Fsdp {
         if !complete {
             return Ok(());
         }
-        // complete: reduce-scatter now; this rank keeps its shard's mean gradient
-        let mut pending = self.pending[i].take(len);
-        let shard = pending.reduce_scatter_to_host(
-            self.comm.as_mut(),
-            0..len,
-            u.shard_len,
-            ReduceOp::Mean,
-        )?;
-        drop(pending);
-        match &mut self.shard_grads[i] {
-            Some(acc) => acc.iter_mut().zip(&shard).for_each(|(a, b)| *a += b),
-            slot => *slot = Some(shard),
+        // complete: reduce-scatter now (or beside the compute); this rank keeps its shard's
+        // mean gradient
+        let shard_len = u.shard_len;
+        let pending = self.pending[i].take(len);
+        match pending {
+            Grads::Host(g) if self.comm.overlaps() => {
+                let p = self.comm.submit(OpKind::ReduceScatter, move |c| {
+                    Grads::Host(g).reduce_scatter_to_host(c, 0..len, shard_len, ReduceOp::Mean)
+                });
+                self.inflight.push(i, p);
+                self.collect(false)
+            }
+            mut pending => {
+                let shard = pending.reduce_scatter_to_host(
+                    &mut self.comm,
+                    0..len,
+                    shard_len,
+                    ReduceOp::Mean,
+                )?;
+                drop(pending);
+                add_shard(&mut self.shard_grads[i], shard);
+                Ok(())
+            }
         }
-        Ok(())
     }
 
-    fn grads_non_finite(&self) -> Result<bool, String> {
+    fn grads_non_finite(&mut self) -> Result<bool, CollectiveError> {
+        let rank = self.comm.rank();
         if self.sharding == Sharding::None {
-            return self.whole.non_finite();
+            return self
+                .whole
+                .non_finite()
+                .map_err(|e| device_error(rank, OpKind::Update, e));
         }
+        self.collect(true)?;
         Ok(self
             .shard_grads
             .iter()
@@ -320,6 +386,10 @@ impl Strategy for Fsdp {
     }
 
     fn update(&mut self, lr: f64, clip: Option<f64>) -> Result<(), CollectiveError> {
+        self.collect(true)?;
+        // a gather started for a unit the step never asked for is of parameters this update
+        // replaces
+        self.prefetched.iter_mut().for_each(|p| *p = None);
         self.device_full = None;
         if self.sharding == Sharding::None {
             let grads = self.whole.take(self.num_params);
@@ -478,6 +548,14 @@ impl Strategy for Fsdp {
                 );
             }
         }
+    }
+}
+
+/// Adds a micro-step's reduced shard into the step's (the first one is it).
+fn add_shard(acc: &mut Option<Vec<f32>>, shard: Vec<f32>) {
+    match acc {
+        Some(acc) => acc.iter_mut().zip(&shard).for_each(|(a, b)| *a += b),
+        slot => *slot = Some(shard),
     }
 }
 

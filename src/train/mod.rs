@@ -12,7 +12,7 @@ pub mod timing;
 mod trainer;
 
 pub use timed::Timed;
-pub use timing::{Clock, Phase, Span, Totals};
+pub use timing::{wait_hook, Clock, Phase, Span, Totals};
 pub use trainer::{
     evaluate_like_run, train, EvalSums, MetricLine, Outcome, RankSink, SharedInit, TrainError,
     TrainEvent, TrainInput,

@@ -6,10 +6,17 @@
 //! and keeps its shard). Forward, in stage order:
 //!
 //! ```text
-//! for s in 0..n:   params(s) -> forward(s) -> (drop params unless s keeps its graph)
-//! for s in n-1..0: params(s) again if s is recomputed -> backward(s)
+//! for s in 0..n:   params(s) -> prefetch(s+1) -> forward(s) -> (drop params unless s keeps
+//!                  its graph)
+//! for s in n-1..0: params(s) again if s is recomputed -> prefetch(s-1) if it is recomputed
+//!                  -> backward(s)
 //!                  -> for each unit of s whose last use this was: strategy.unit_grad(unit)
 //! ```
+//!
+//! `prefetch` and `unit_grad` start communication that, with `strategy.overlap`, runs on the
+//! rank's communication thread while the next stage computes: fsdp's next all-gather, ddp's
+//! all-reduce and fsdp's reduce-scatter of the unit just finished. The strategy waits for it
+//! where it needs the result (the next `params`, the update).
 //!
 //! A rank without samples in this micro-step runs the same gathers and hands in zero gradients,
 //! so every rank issues the same collectives in the same order.
@@ -69,6 +76,12 @@ pub fn micro_step<B: ComputeOn>(
             .map(|&u| unit_params(strategy, layout, u, opts.proto).map_err(TrainError::from))
             .collect()
     };
+    let prefetch = |strategy: &mut dyn Strategy, s: usize| -> Result<(), TrainError> {
+        for &u in &stages[s] {
+            strategy.prefetch(u, layout.unit_range(u))?;
+        }
+        Ok(())
+    };
     // uses of each unit still to come in the backward (a tied unit is used by two stages)
     let mut uses = vec![0usize; layout.num_units()];
     for s in stages {
@@ -80,6 +93,9 @@ pub fn micro_step<B: ComputeOn>(
         batch.map(|(input, key, scale)| compute.micro(input, key, scale, opts.checkpointing));
     for s in 0..n {
         let params = fetch(strategy, s)?;
+        if s + 1 < n {
+            prefetch(strategy, s + 1)?;
+        }
         if let Some(m) = micro.as_mut() {
             clock.time(Phase::Forward, || m.forward(s, params))?;
         }
@@ -92,6 +108,9 @@ pub fn micro_step<B: ComputeOn>(
         } else {
             None
         };
+        if s > 0 && recomputed(s - 1, n, opts.checkpointing) {
+            prefetch(strategy, s - 1)?;
+        }
         let grads: Vec<Grads> = match micro.as_mut() {
             Some(m) => {
                 let tensors = clock.time(Phase::Backward, || m.backward(s, params))?;

@@ -27,11 +27,14 @@ pub enum Phase {
     Broadcast,
     Reduce,
     Barrier,
+    /// The compute waiting for communication that runs beside it (`strategy.overlap`): the
+    /// part of that communication the compute could not hide.
+    Wait,
     /// Anything else: logging, metrics, the loop itself.
     Other,
 }
 
-pub const PHASES: [Phase; 13] = [
+pub const PHASES: [Phase; 14] = [
     Phase::Data,
     Phase::Forward,
     Phase::Backward,
@@ -44,6 +47,7 @@ pub const PHASES: [Phase; 13] = [
     Phase::Broadcast,
     Phase::Reduce,
     Phase::Barrier,
+    Phase::Wait,
     Phase::Other,
 ];
 
@@ -62,6 +66,7 @@ impl Phase {
             Phase::Broadcast => "broadcast",
             Phase::Reduce => "reduce",
             Phase::Barrier => "barrier",
+            Phase::Wait => "comm_wait",
             Phase::Other => "other",
         }
     }
@@ -74,6 +79,7 @@ impl Phase {
                 | Phase::Broadcast
                 | Phase::Reduce
                 | Phase::Barrier
+                | Phase::Wait
         )
     }
     fn index(self) -> usize {
@@ -83,7 +89,7 @@ impl Phase {
 
 /// Seconds per phase.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct Totals(pub [f64; 13]);
+pub struct Totals(pub [f64; 14]);
 
 impl Totals {
     pub fn total(&self) -> f64 {
@@ -152,6 +158,8 @@ pub struct Span {
     pub op: Option<(u64, usize)>,
     /// The step the span belongs to.
     pub step: usize,
+    /// 0: the rank's compute thread; 1: its communication thread (`strategy.overlap`).
+    pub track: u8,
 }
 
 /// One rank's clock.
@@ -167,9 +175,12 @@ pub struct Recorder {
     step: usize,
     /// When the current step began, while it is traced.
     step_start: Option<Instant>,
-    ops: u64,
+    /// Collective ops closed so far, shared by a rank's two recorders: one numbering per rank.
+    ops: Arc<std::sync::atomic::AtomicU64>,
     /// Waits for the device's queued work, so device phases are charged where they run.
     sync: Option<Box<dyn Fn() + Send>>,
+    /// The trace track its spans go on.
+    track: u8,
 }
 
 impl Default for Recorder {
@@ -196,8 +207,19 @@ impl Recorder {
             spans: Vec::new(),
             step: 0,
             step_start: None,
-            ops: 0,
+            ops: Arc::default(),
             sync: None,
+            track: 0,
+        }
+    }
+
+    /// A recorder for the communication thread of the rank `main` records (trace track 1,
+    /// the same op numbering).
+    pub fn comm_track(main: &Recorder) -> Self {
+        Recorder {
+            track: 1,
+            ops: Arc::clone(&main.ops),
+            ..Recorder::new()
         }
     }
 
@@ -245,8 +267,8 @@ impl Recorder {
             return;
         };
         let op = bytes.map(|b| {
-            self.ops += 1;
-            (self.ops, b)
+            let n = self.ops.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+            (n, b)
         });
         if self.tracing {
             let ts = self.micros(start);
@@ -257,6 +279,7 @@ impl Recorder {
                 dur,
                 op,
                 step: self.step,
+                track: self.track,
             });
         }
     }
@@ -280,6 +303,7 @@ impl Recorder {
                 dur,
                 op: None,
                 step: self.step,
+                track: self.track,
             });
         }
         self.tracing = false;
@@ -301,16 +325,42 @@ impl Recorder {
     }
 }
 
-/// A recorder shared by the step loop and the rank's collective.
-#[derive(Clone, Default)]
-pub struct Clock(Arc<Mutex<Recorder>>);
+/// A rank's clock: the recorder of its compute thread (the step loop, and the collective ops
+/// it runs itself) and the recorder of its communication thread (ops submitted to run beside
+/// the compute). A collective op is charged to whichever thread runs it.
+#[derive(Clone)]
+pub struct Clock {
+    main: Arc<Mutex<Recorder>>,
+    comm: Arc<Mutex<Recorder>>,
+}
+
+impl Default for Clock {
+    fn default() -> Self {
+        let main = Recorder::new();
+        let comm = Recorder::comm_track(&main);
+        Clock {
+            main: Arc::new(Mutex::new(main)),
+            comm: Arc::new(Mutex::new(comm)),
+        }
+    }
+}
+
+fn lock_recorder(m: &Mutex<Recorder>) -> MutexGuard<'_, Recorder> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
 
 impl Clock {
     pub fn new() -> Self {
         Clock::default()
     }
+    /// The compute thread's recorder.
     pub fn lock(&self) -> MutexGuard<'_, Recorder> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner())
+        lock_recorder(&self.main)
+    }
+    /// The communication thread's recorder: its totals are the communication that ran beside
+    /// the compute.
+    pub fn comm(&self) -> MutexGuard<'_, Recorder> {
+        lock_recorder(&self.comm)
     }
     /// Runs `f` as phase `p`.
     pub fn time<T>(&self, p: Phase, f: impl FnOnce() -> T) -> T {
@@ -319,13 +369,66 @@ impl Clock {
         self.lock().exit(None);
         out
     }
-    /// Runs `f` as collective op `p` on `bytes`.
+    /// Runs `f` as collective op `p` on `bytes`, on the track of the thread that runs it.
     pub fn op<T>(&self, p: Phase, bytes: usize, f: impl FnOnce() -> T) -> T {
-        self.lock().enter(p);
+        let rec = if crate::collective::on_comm_thread() {
+            &self.comm
+        } else {
+            &self.main
+        };
+        lock_recorder(rec).enter(p);
         let out = f();
-        self.lock().exit(Some(bytes));
+        lock_recorder(rec).exit(Some(bytes));
         out
     }
+    /// Forgets what was measured so far, on both tracks.
+    pub fn reset(&self) {
+        self.lock().reset();
+        self.comm().reset();
+    }
+    /// The step now running on both tracks, and whether its spans are kept.
+    pub fn begin_step(&self, step: usize, tracing: bool) {
+        self.lock().begin_step(step, tracing);
+        // the communication track has no step span of its own
+        let mut c = self.comm();
+        c.end_step();
+        c.step = step;
+        c.tracing = tracing;
+    }
+    pub fn end_step(&self) {
+        self.lock().end_step();
+        self.comm().tracing = false;
+    }
+    /// Both tracks' spans.
+    pub fn take_spans(&self) -> Vec<Span> {
+        let mut spans = self.lock().take_spans();
+        spans.extend(self.comm().take_spans());
+        spans
+    }
+}
+
+/// Times the compute's waits for communication running beside it as `Phase::Wait`.
+pub fn wait_hook(clock: &Clock) -> crate::collective::WaitHook {
+    let clock = clock.clone();
+    Arc::new(move |_kind, wait: &mut dyn FnMut()| clock.time(Phase::Wait, wait))
+}
+
+/// The communication figures of a rank: `total` seconds of communication, wherever it ran, and
+/// `exposed` seconds of them the compute spent in it or waiting for it. Without overlap the
+/// two are equal.
+pub fn comm_seconds(main: &Totals, comm: &Totals) -> (f64, f64) {
+    let on_main: f64 = PHASES
+        .iter()
+        .filter(|p| p.is_comm())
+        .map(|p| main.get(*p))
+        .sum();
+    let inline = on_main - main.get(Phase::Wait);
+    let beside: f64 = PHASES
+        .iter()
+        .filter(|p| p.is_comm())
+        .map(|p| comm.get(*p))
+        .sum();
+    (inline + beside, on_main)
 }
 
 /// Chrome trace-event JSON (`{"traceEvents": [...]}`) of ranks' spans: one track per rank
@@ -342,6 +445,14 @@ pub fn trace_json(ranks: &[(usize, String, Vec<Span>)]) -> Value {
             json!({"name": "process_sort_index", "ph": "M", "pid": rank, "tid": 0,
                            "args": {"sort_index": rank}}),
         );
+        for (tid, name) in [(0, "compute"), (1, "communication")] {
+            if tid == 0 || spans.iter().any(|s| s.track == tid) {
+                events.push(
+                    json!({"name": "thread_name", "ph": "M", "pid": rank, "tid": tid,
+                                   "args": {"name": name}}),
+                );
+            }
+        }
         let mut spans: Vec<&Span> = spans.iter().collect();
         // by start; an enclosing span before the spans it contains
         spans.sort_by(|a, b| a.ts.total_cmp(&b.ts).then(b.dur.total_cmp(&a.dur)));
@@ -357,7 +468,7 @@ pub fn trace_json(ranks: &[(usize, String, Vec<Span>)]) -> Value {
                 args["bytes"] = json!(bytes);
             }
             events.push(json!({"name": s.name, "cat": cat, "ph": "X", "ts": s.ts,
-                               "dur": s.dur, "pid": rank, "tid": 0, "args": args}));
+                               "dur": s.dur, "pid": rank, "tid": s.track, "args": args}));
         }
     }
     json!({"traceEvents": events, "displayTimeUnit": "ms"})

@@ -104,8 +104,11 @@ pub struct Outcome {
     /// sha256 of the final parameters (f32 little-endian, flat order).
     pub params_sha256: String,
     pub memory: Memory,
-    /// Seconds per phase over this session's steps.
+    /// Seconds per phase over this session's steps (the compute thread's: communication there
+    /// is the exposed part).
     pub time: Totals,
+    /// Seconds per collective op on the rank's communication thread (`strategy.overlap`).
+    pub comm_time: Totals,
     /// The profiled steps' spans (empty unless `[profile]` traces this rank).
     pub spans: Vec<Span>,
     /// Set when a signal stopped the run before its end (at `steps`, with a checkpoint there):
@@ -535,7 +538,7 @@ pub fn train<B: ComputeOn>(
     };
     let loader_state = LoaderState::new(source);
     // the breakdown covers the steps, not the set-up (module, initial broadcast, resume load)
-    clock.lock().reset();
+    clock.reset();
     std::thread::scope(|scope| -> Result<(), TrainError> {
         let mut loader = if c.data.workers > 0 {
             Loader::threaded(
@@ -549,9 +552,7 @@ pub fn train<B: ComputeOn>(
             Loader::inline(&loader_state, &assembler)
         };
         while step < total {
-            clock
-                .lock()
-                .begin_step(step + 1, tracing && c.profile.records(step - first_step));
+            clock.begin_step(step + 1, tracing && c.profile.records(step - first_step));
             let lr = lr_at(&c.schedule, c.optim.lr, step, total);
             // [weighted loss, samples] summed over micro-steps, then over ranks, with a stop
             // request and the ranks whose gradient is not finite riding along: every rank sees
@@ -592,11 +593,7 @@ pub fn train<B: ComputeOn>(
             }
             // a NaN or inf in any rank's gradient makes the averaged one non-finite too: found
             // here, before the optimizer spreads it into the parameters (and a checkpoint)
-            let grad_bad = clock
-                .time(Phase::Optimizer, || strategy.grads_non_finite())
-                .map_err(|e| {
-                    crate::collective::device_error(rank, crate::collective::OpKind::Update, e)
-                })?;
+            let grad_bad = clock.time(Phase::Optimizer, || strategy.grads_non_finite())?;
             clock.time(Phase::Optimizer, || {
                 strategy.update(lr, c.optim.grad_clip_norm)
             })?;
@@ -790,9 +787,10 @@ pub fn train<B: ComputeOn>(
         step - first_step
     ));
     // one lock at a time: the clock's mutex is not reentrant
-    clock.lock().end_step();
+    clock.end_step();
     let time = clock.lock().totals();
-    let spans = clock.lock().take_spans();
+    let comm_time = clock.comm().totals();
+    let spans = clock.take_spans();
     Ok(Outcome {
         steps: step,
         epochs: round4(pos.epochs(plan)),
@@ -808,6 +806,7 @@ pub fn train<B: ComputeOn>(
             ..strategy.memory()
         },
         time,
+        comm_time,
         spans,
         preempted,
         stopped_early,

@@ -51,10 +51,13 @@ fn a_ddp_trace_is_valid_trace_event_json_with_matching_ops_on_both_ranks() {
     let all: Value =
         serde_json::from_slice(&std::fs::read(run.join("trace/all.json")).unwrap()).unwrap();
     let events = all["traceEvents"].as_array().unwrap();
-    // per track: complete events only, with a duration, in time order, nested (a span that
-    // starts inside another ends inside it)
-    let mut last: BTreeMap<u64, f64> = BTreeMap::new();
-    let mut open: BTreeMap<u64, Vec<(f64, String)>> = BTreeMap::new();
+    // per track (a rank's compute thread, tid 0, and its communication thread, tid 1):
+    // complete events only, with a duration, in time order, nested (a span that starts inside
+    // another ends inside it)
+    let mut last: BTreeMap<(u64, u64), f64> = BTreeMap::new();
+    let mut open: BTreeMap<(u64, u64), Vec<(f64, String)>> = BTreeMap::new();
+    // op number -> the track it ran on
+    let mut op_track: BTreeMap<u64, u64> = BTreeMap::new();
     // op number -> (name, bytes) per rank
     let mut ops: BTreeMap<u64, BTreeMap<u64, (String, u64)>> = BTreeMap::new();
     let mut steps: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
@@ -65,15 +68,16 @@ fn a_ddp_trace_is_valid_trace_event_json_with_matching_ops_on_both_ranks() {
             other => panic!("unexpected phase {other}: {e}"),
         }
         let pid = e["pid"].as_u64().unwrap();
+        let tid = e["tid"].as_u64().unwrap();
         let ts = e["ts"].as_f64().unwrap();
         assert!(e["dur"].as_f64().unwrap() >= 0.0, "{e}");
-        let prev = last.insert(pid, ts).unwrap_or(f64::MIN);
+        let prev = last.insert((pid, tid), ts).unwrap_or(f64::MIN);
         assert!(
             ts >= prev,
-            "timestamps go back on rank {pid}: {prev} then {ts}"
+            "timestamps go back on rank {pid} track {tid}: {prev} then {ts}"
         );
         let end = ts + e["dur"].as_f64().unwrap();
-        let stack = open.entry(pid).or_default();
+        let stack = open.entry((pid, tid)).or_default();
         while stack.last().is_some_and(|(e, _)| *e <= ts) {
             stack.pop();
         }
@@ -90,6 +94,7 @@ fn a_ddp_trace_is_valid_trace_event_json_with_matching_ops_on_both_ranks() {
                 e["args"]["bytes"].as_u64().unwrap(),
             );
             ops.entry(op).or_default().insert(pid, entry);
+            op_track.insert(op, tid);
         }
         if e["name"] == "step" {
             steps
@@ -100,8 +105,8 @@ fn a_ddp_trace_is_valid_trace_event_json_with_matching_ops_on_both_ranks() {
     }
     assert_eq!(
         last.keys().copied().collect::<Vec<_>>(),
-        [0, 1],
-        "spans from both ranks"
+        [(0, 0), (0, 1), (1, 0), (1, 1)],
+        "compute and communication spans from both ranks"
     );
     // wait 1, warmup 1, active 2: steps 3 and 4 are recorded
     assert_eq!(steps[&0], [3, 4]);
@@ -121,6 +126,22 @@ fn a_ddp_trace_is_valid_trace_event_json_with_matching_ops_on_both_ranks() {
         sizes.windows(2).any(|w| w == [51 * 4, 144 * 4]),
         "per-unit gradient all-reduces, last unit first: {ops:?}"
     );
+    // (strategy.overlap) the gradient all-reduces ran on the communication thread; the loss
+    // and stop flags (f64, 32 bytes) where the step reached them
+    for (op, (name, bytes)) in ops.iter().map(|(op, r)| (op, &r[&0])) {
+        let expected = match bytes {
+            32 => 0,
+            b if [51 * 4, 144 * 4].contains(b) => 1,
+            _ => continue,
+        };
+        assert_eq!(op_track[op], expected, "op #{op} {name} {bytes} bytes");
+    }
+    let threads: Vec<&str> = events
+        .iter()
+        .filter(|e| e["name"] == "thread_name")
+        .filter_map(|e| e["args"]["name"].as_str())
+        .collect();
+    assert!(threads.contains(&"communication"), "{threads:?}");
     let names: Vec<&str> = events.iter().filter_map(|e| e["name"].as_str()).collect();
     for n in ["data", "forward", "backward", "optimizer", "eval"] {
         assert!(names.contains(&n), "a `{n}` span: {names:?}");
@@ -138,6 +159,13 @@ fn a_ddp_trace_is_valid_trace_event_json_with_matching_ops_on_both_ranks() {
         for k in ["forward", "backward", "all_reduce", "optimizer"] {
             assert!(f.contains_key(k), "{k} in {f:?}");
         }
+        // all the communication, and the time the compute spent in it or waiting for it (which
+        // includes handing results between threads, so on a busy machine it can be the larger)
+        let (total, exposed) = (
+            part["comm"]["total_s"].as_f64().unwrap(),
+            part["comm"]["exposed_s"].as_f64().unwrap(),
+        );
+        assert!(total > 0.0 && exposed > 0.0, "{part}");
     }
     for m in metric_lines(&run) {
         let f = m["time"].as_object().unwrap();

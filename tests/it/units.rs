@@ -1,6 +1,6 @@
 //! The unit-by-unit engine: for mlp, cnn and gpt (tied and untied embeddings), single == ddp(2)
 //! == fsdp(2) == fsdp(4) by layer within 1e-5, with and without activation checkpointing, and
-//! activation checkpointing changes no bit; a user's family trains under fsdp(2) with its
+//! neither activation checkpointing nor overlap (`strategy.overlap`) changes a bit; a user's family trains under fsdp(2) with its
 //! declared stages and as one stage, to the same bits; each rank's peak is measured.
 
 use crate::common::{kiln, stderr, summary, write, TINY};
@@ -40,8 +40,12 @@ fn strategies_agree(task: &str, quarter: usize, extra: &[&str]) {
                 "strategy.unit=layer".into(),
                 format!("train.activation_checkpointing={ac}"),
             ]);
-            let d = rel_diff(&single, &run(&sets));
+            let overlapped = run(&sets);
+            let d = rel_diff(&single, &overlapped);
             assert!(d < 1e-5, "{sets:?}: relative difference {d}");
+            let mut inline = sets.clone();
+            inline.push("strategy.overlap=false".into());
+            assert!(overlapped == run(&inline), "{sets:?}: overlap changed bits");
         }
     }
 }

@@ -1,0 +1,384 @@
+//! A rank's collective with a communication thread beside the compute (`strategy.overlap`).
+//!
+//! `submit` queues an op on the rank's communication thread and returns at once with a
+//! `Pending` result; `wait` blocks until it is done (that wait is the communication the compute
+//! could not hide). Queued ops run one after another in submission order, and every other use
+//! of the collective (the `Collective` methods of `Overlapped`) first waits for the queue to
+//! empty, so a rank's ops keep one order whichever thread runs them: the order every rank
+//! issues.
+//!
+//! Without overlap (`strategy.overlap = false`), or over a collective that works on device
+//! buffers (NCCL: its overlap is a second stream, not a thread), `submit` runs the op at once on
+//! the caller's thread: the same ops in the same order, nothing beside the compute.
+
+use std::cell::Cell;
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+
+use super::{Collective, CollectiveError, DeviceOps, OpId, OpKind, ReduceOp};
+
+thread_local! {
+    static COMM_THREAD: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Whether the calling thread is a rank's communication thread (its ops go on the trace's
+/// communication track).
+pub fn on_comm_thread() -> bool {
+    COMM_THREAD.with(|c| c.get())
+}
+
+/// How the compute's waits for queued ops are timed: called with the op's kind and the wait.
+pub type WaitHook = Arc<dyn Fn(OpKind, &mut dyn FnMut()) + Send + Sync>;
+
+type Job = Box<dyn FnOnce(&mut dyn Collective) + Send>;
+
+/// The result of a submitted op.
+pub struct Pending<T> {
+    kind: OpKind,
+    state: PendingState<T>,
+}
+
+enum PendingState<T> {
+    Ready(T),
+    Queued(mpsc::Receiver<T>),
+}
+
+impl<T> Pending<T> {
+    /// The result if the op has finished, else the pending op back.
+    pub fn try_take(self) -> Result<T, Pending<T>> {
+        match self.state {
+            PendingState::Ready(t) => Ok(t),
+            PendingState::Queued(rx) => match rx.try_recv() {
+                Ok(t) => Ok(t),
+                Err(mpsc::TryRecvError::Empty) => Err(Pending {
+                    kind: self.kind,
+                    state: PendingState::Queued(rx),
+                }),
+                // the thread is gone: `wait` says so
+                Err(mpsc::TryRecvError::Disconnected) => Err(Pending {
+                    kind: self.kind,
+                    state: PendingState::Queued(rx),
+                }),
+            },
+        }
+    }
+}
+
+struct Worker {
+    tx: Option<mpsc::Sender<Job>>,
+    handle: Option<JoinHandle<()>>,
+    /// Jobs submitted and not yet known to be done.
+    queued: usize,
+}
+
+pub struct Overlapped {
+    rank: usize,
+    world: usize,
+    inner: Arc<Mutex<Box<dyn Collective>>>,
+    worker: Option<Worker>,
+    wait_hook: Option<WaitHook>,
+    /// Set when the thread died under a job (a panic): every later op fails with it.
+    broken: Option<String>,
+}
+
+fn lock(m: &Mutex<Box<dyn Collective>>) -> MutexGuard<'_, Box<dyn Collective>> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Overlapped {
+    /// `overlap`: run submitted ops on a communication thread (refused for collectives with
+    /// device ops, and pointless for a world of one). `wait_hook` times the compute's waits.
+    pub fn new(mut inner: Box<dyn Collective>, overlap: bool, wait_hook: Option<WaitHook>) -> Self {
+        let (rank, world) = (inner.rank(), inner.world());
+        let threaded = overlap && world > 1 && inner.device_ops().is_none();
+        let inner = Arc::new(Mutex::new(inner));
+        let worker = threaded.then(|| {
+            let (tx, rx) = mpsc::channel::<Job>();
+            let shared = Arc::clone(&inner);
+            let memory_key = crate::memory::attributed();
+            let handle = std::thread::Builder::new()
+                .name(format!("kiln-rank-{rank}-comm"))
+                .spawn(move || {
+                    COMM_THREAD.with(|c| c.set(true));
+                    if let Some(k) = memory_key {
+                        crate::memory::attribute(k);
+                    }
+                    for job in rx {
+                        let mut c = lock(&shared);
+                        job(c.as_mut());
+                    }
+                })
+                .ok();
+            Worker {
+                tx: handle.is_some().then_some(tx),
+                handle,
+                queued: 0,
+            }
+        });
+        Overlapped {
+            rank,
+            world,
+            inner,
+            worker: worker.filter(|w| w.handle.is_some()),
+            wait_hook,
+            broken: None,
+        }
+    }
+
+    /// Whether submitted ops run beside the compute.
+    pub fn overlaps(&self) -> bool {
+        self.worker.is_some()
+    }
+
+    fn broken_error(&self, kind: OpKind) -> CollectiveError {
+        CollectiveError::Aborted {
+            rank: self.rank,
+            op: OpId { seq: 0, kind },
+            reason: self
+                .broken
+                .clone()
+                .unwrap_or_else(|| "the communication thread stopped".into()),
+        }
+    }
+
+    /// Queues `f` (an op of kind `kind`) behind the ops already submitted; without a thread it
+    /// runs now.
+    pub fn submit<T: Send + 'static>(
+        &mut self,
+        kind: OpKind,
+        f: impl FnOnce(&mut dyn Collective) -> Result<T, CollectiveError> + Send + 'static,
+    ) -> Pending<Result<T, CollectiveError>> {
+        let Some(w) = self.worker.as_mut() else {
+            let mut c = lock(&self.inner);
+            return Pending {
+                kind,
+                state: PendingState::Ready(f(c.as_mut())),
+            };
+        };
+        let (tx, rx) = mpsc::channel();
+        let job: Job = Box::new(move |c| {
+            let _ = tx.send(f(c));
+        });
+        let sent = w.tx.as_ref().is_some_and(|t| t.send(job).is_ok());
+        if !sent {
+            self.broken
+                .get_or_insert_with(|| "the communication thread stopped".into());
+            return Pending {
+                kind,
+                state: PendingState::Ready(Err(self.broken_error(kind))),
+            };
+        }
+        w.queued += 1;
+        Pending {
+            kind,
+            state: PendingState::Queued(rx),
+        }
+    }
+
+    /// The result of a submitted op, waiting for it when it is still running (timed by the
+    /// wait hook).
+    pub fn wait<T>(
+        &mut self,
+        p: Pending<Result<T, CollectiveError>>,
+    ) -> Result<T, CollectiveError> {
+        let kind = p.kind;
+        let rx = match p.state {
+            PendingState::Ready(t) => return t,
+            PendingState::Queued(rx) => rx,
+        };
+        let got = match rx.try_recv() {
+            Ok(t) => Some(t),
+            Err(_) => {
+                let mut got = None;
+                let mut wait = || got = rx.recv().ok();
+                match &self.wait_hook {
+                    Some(h) => h(kind, &mut wait),
+                    None => wait(),
+                }
+                got
+            }
+        };
+        if let Some(w) = self.worker.as_mut() {
+            w.queued = w.queued.saturating_sub(1);
+        }
+        match got {
+            Some(t) => t,
+            None => {
+                self.broken
+                    .get_or_insert_with(|| "the communication thread panicked".into());
+                Err(self.broken_error(kind))
+            }
+        }
+    }
+
+    /// Waits until every submitted op has run (their results stay with their `Pending`s).
+    pub fn drain(&mut self) -> Result<(), CollectiveError> {
+        let queued = self.worker.as_ref().map_or(0, |w| w.queued);
+        if queued == 0 || self.worker.is_none() {
+            return Ok(());
+        }
+        let p = self.submit(OpKind::Barrier, |_| Ok(()));
+        self.wait(p)?;
+        if let Some(w) = self.worker.as_mut() {
+            // the ops before this marker are done too
+            w.queued = 0;
+        }
+        Ok(())
+    }
+
+    /// The collective, once every queued op has run.
+    fn now(
+        &mut self,
+        kind: OpKind,
+    ) -> Result<MutexGuard<'_, Box<dyn Collective>>, CollectiveError> {
+        if self.broken.is_some() {
+            return Err(self.broken_error(kind));
+        }
+        self.drain()?;
+        Ok(lock(&self.inner))
+    }
+}
+
+impl Drop for Overlapped {
+    fn drop(&mut self) {
+        if let Some(mut w) = self.worker.take() {
+            // the queued ops finish (or fail) before their buffers go
+            drop(w.tx.take());
+            if let Some(h) = w.handle.take() {
+                let _ = h.join();
+            }
+        }
+    }
+}
+
+impl Collective for Overlapped {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+    fn world(&self) -> usize {
+        self.world
+    }
+    fn all_reduce(&mut self, buf: &mut [f32], op: ReduceOp) -> Result<(), CollectiveError> {
+        self.now(OpKind::AllReduce)?.all_reduce(buf, op)
+    }
+    fn all_reduce_f64(&mut self, buf: &mut [f64], op: ReduceOp) -> Result<(), CollectiveError> {
+        self.now(OpKind::AllReduce)?.all_reduce_f64(buf, op)
+    }
+    fn reduce(
+        &mut self,
+        buf: &mut [f32],
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<(), CollectiveError> {
+        self.now(OpKind::Reduce)?.reduce(buf, op, root)
+    }
+    fn broadcast(&mut self, buf: &mut [f32], root: usize) -> Result<(), CollectiveError> {
+        self.now(OpKind::Broadcast)?.broadcast(buf, root)
+    }
+    fn all_gather(&mut self, send: &[f32], out: &mut [f32]) -> Result<(), CollectiveError> {
+        self.now(OpKind::AllGather)?.all_gather(send, out)
+    }
+    fn all_gather_f64(&mut self, send: &[f64], out: &mut [f64]) -> Result<(), CollectiveError> {
+        self.now(OpKind::AllGather)?.all_gather_f64(send, out)
+    }
+    fn reduce_scatter(
+        &mut self,
+        send: &[f32],
+        out: &mut [f32],
+        op: ReduceOp,
+    ) -> Result<(), CollectiveError> {
+        self.now(OpKind::ReduceScatter)?
+            .reduce_scatter(send, out, op)
+    }
+    fn barrier(&mut self) -> Result<(), CollectiveError> {
+        self.now(OpKind::Barrier)?.barrier()
+    }
+    /// Waits for the op the thread is in, if any (it ends: every rank issues it, or it fails
+    /// when another rank stopped), then stops the group.
+    fn abort(&self, reason: &str) {
+        lock(&self.inner).abort(reason);
+    }
+    fn device_ops(&mut self) -> Option<&mut dyn DeviceOps> {
+        if self.worker.is_some() {
+            return None;
+        }
+        // no thread: the collective is only ever used from here; the guard is not needed
+        // for a `&mut` borrow of the box inside the Arc we hold the only use of
+        Arc::get_mut(&mut self.inner)
+            .map(|m| m.get_mut().unwrap_or_else(|p| p.into_inner()))
+            .and_then(|c| c.device_ops())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::collective::LocalGroup;
+    use std::time::Duration;
+
+    #[test]
+    fn submitted_ops_keep_the_order_of_every_rank() {
+        for overlap in [false, true] {
+            let ranks = LocalGroup::new(2, Duration::from_secs(20));
+            let out: Vec<Vec<f32>> = std::thread::scope(|s| {
+                let hs: Vec<_> = ranks
+                    .into_iter()
+                    .map(|l| {
+                        s.spawn(move || {
+                            let r = l.rank() as f32;
+                            let mut c = Overlapped::new(Box::new(l), overlap, None);
+                            assert_eq!(c.overlaps(), overlap);
+                            let a = c.submit(OpKind::AllReduce, move |c| {
+                                let mut v = vec![r + 1.0; 3];
+                                c.all_reduce(&mut v, ReduceOp::Sum)?;
+                                Ok(v)
+                            });
+                            let b = c.submit(OpKind::AllGather, move |c| {
+                                let mut out = vec![0.0; 2];
+                                c.all_gather(&[r * 10.0], &mut out)?;
+                                Ok(out)
+                            });
+                            // a synchronous op after queued ones waits for them
+                            let mut x = [r];
+                            c.all_reduce(&mut x, ReduceOp::Sum).unwrap();
+                            let mut all = c.wait(b).unwrap();
+                            all.extend(c.wait(a).unwrap());
+                            all.push(x[0]);
+                            all
+                        })
+                    })
+                    .collect();
+                hs.into_iter().map(|h| h.join().unwrap()).collect()
+            });
+            assert_eq!(out[0], vec![0.0, 10.0, 3.0, 3.0, 3.0, 1.0]);
+            assert_eq!(out[0], out[1]);
+        }
+    }
+
+    #[test]
+    fn a_failed_op_is_the_error_of_its_wait() {
+        let ranks = LocalGroup::new(2, Duration::from_secs(20));
+        let errs: Vec<String> = std::thread::scope(|s| {
+            let hs: Vec<_> = ranks
+                .into_iter()
+                .map(|l| {
+                    s.spawn(move || {
+                        let r = l.rank();
+                        let mut c = Overlapped::new(Box::new(l), true, None);
+                        // sizes differ: both ranks' waits say so
+                        let p = c.submit(OpKind::AllReduce, move |c| {
+                            let mut v = vec![0.0; 2 + r];
+                            c.all_reduce(&mut v, ReduceOp::Sum)
+                        });
+                        c.wait(p).unwrap_err().to_string()
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for e in errs {
+            assert!(e.contains("size mismatch"), "{e}");
+        }
+    }
+}
