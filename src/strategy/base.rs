@@ -163,10 +163,13 @@ impl WholeGrads {
     }
 }
 
+/// A unit's reduction (or gather) running beside the compute: its values when it is done.
+pub(super) type Reduced = Pending<Result<Vec<f32>, CollectiveError>>;
+
 /// Unit gradients whose reduction runs beside the compute, oldest first: each comes back as
 /// `(what it belongs to, the reduced values)`.
 pub(super) struct InFlight<K> {
-    queue: std::collections::VecDeque<(K, Pending<Result<Vec<f32>, CollectiveError>>)>,
+    queue: std::collections::VecDeque<(K, Reduced)>,
 }
 
 impl<K> Default for InFlight<K> {
@@ -178,7 +181,7 @@ impl<K> Default for InFlight<K> {
 }
 
 impl<K> InFlight<K> {
-    pub fn push(&mut self, key: K, p: Pending<Result<Vec<f32>, CollectiveError>>) {
+    pub fn push(&mut self, key: K, p: Reduced) {
         self.queue.push_back((key, p));
     }
     /// Whether a reduction of `key` is still out.

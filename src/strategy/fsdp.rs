@@ -21,10 +21,10 @@
 
 use std::ops::Range;
 
-use super::{full_snapshot, InFlight, Memory, Snapshot, Strategy, WholeGrads};
+use super::{full_snapshot, InFlight, Memory, Reduced, Snapshot, Strategy, WholeGrads};
 use crate::checkpoint::{Layout, OptState, ShardUnit};
 use crate::collective::{
-    device_error, Collective, CollectiveError, GradsOps, OpKind, Overlapped, Pending, ReduceOp,
+    device_error, Collective, CollectiveError, GradsOps, OpKind, Overlapped, ReduceOp,
 };
 use crate::config::{Config, FsdpUnit, Sharding};
 use crate::params::{clip_by_norm, sum_squares, DeviceTensor, Grads, Optimizer, ParamLayout};
@@ -100,7 +100,7 @@ pub struct Fsdp {
     /// sharding = "none": the whole gradient.
     whole: WholeGrads,
     /// Per fsdp unit: its all-gather started by `prefetch`, until the step asks for it.
-    prefetched: Vec<Option<Pending<Result<Vec<f32>, CollectiveError>>>>,
+    prefetched: Vec<Option<Reduced>>,
     /// Reduce-scatters running beside the compute: the fsdp unit each shard belongs to.
     inflight: InFlight<usize>,
 }

@@ -3,17 +3,20 @@
 //! The step loop of one rank: micro-batches from the sampler, accumulation, the strategy's
 //! synchronisation and update, the LR schedule, exact evaluation, checkpoints and metrics events.
 
+mod eval;
 mod loader;
 pub mod preempt;
+mod save;
 pub mod schedule;
 mod step;
 mod timed;
 pub mod timing;
 mod trainer;
+mod watch;
 
+pub use eval::{evaluate_like_run, EvalSums};
 pub use timed::Timed;
 pub use timing::{wait_hook, Clock, Phase, Span, Totals};
 pub use trainer::{
-    evaluate_like_run, train, EvalSums, MetricLine, Outcome, RankSink, SharedInit, TrainError,
-    TrainEvent, TrainInput,
+    train, MetricLine, Outcome, RankSink, SharedInit, TrainError, TrainEvent, TrainInput,
 };

@@ -1,0 +1,118 @@
+//! Exact evaluation: every sample counted once, whatever the world size. Rank r takes the eval
+//! samples r, r + world, ...; the per-sample results are gathered and summed in global index
+//! order, so the sums are the same bits for every world size (and `kiln eval` reproduces them).
+
+use super::trainer::TrainError;
+use crate::data::Dataset;
+use crate::model::{Batch, Compute, ComputeOn, ModelError};
+use crate::strategy::Strategy;
+
+/// Exact evaluation totals: every sample counted once.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct EvalSums {
+    pub loss_sum: f64,
+    /// Correct predictions (a language model's samples count the fraction of their tokens).
+    pub correct: f64,
+    pub count: u64,
+}
+
+impl EvalSums {
+    pub fn loss(&self) -> f64 {
+        self.loss_sum / self.count.max(1) as f64
+    }
+    pub fn accuracy(&self) -> f64 {
+        self.correct / self.count.max(1) as f64
+    }
+    /// exp(mean loss): a language model's perplexity.
+    pub fn perplexity(&self) -> f64 {
+        self.loss().exp()
+    }
+}
+
+/// `[rows, ...sample shape]`.
+fn batch_shape(rows: usize, ds: &Dataset) -> Vec<usize> {
+    let mut shape = Vec::with_capacity(1 + ds.shape.len());
+    shape.push(rows);
+    shape.extend(&ds.shape);
+    shape
+}
+
+/// Per-sample losses and correctness of `params` on the rows `idx` of `ds`, in batches of
+/// `batch`.
+pub(super) fn evaluate<B: ComputeOn>(
+    compute: &dyn Compute<B>,
+    params: &[f32],
+    ds: &Dataset,
+    idx: &[usize],
+    batch: usize,
+) -> Result<(Vec<f64>, Vec<f64>), ModelError> {
+    let mut batches = idx.chunks(batch.max(1)).map(|chunk| {
+        let (x, y) = ds.gather(chunk);
+        Batch {
+            x,
+            shape: batch_shape(chunk.len(), ds),
+            y,
+        }
+    });
+    let out = compute.evaluate(params, &mut batches)?;
+    Ok((out.losses, out.correct))
+}
+
+/// Evaluates `params` on `ds` exactly as a run of `world` ranks with micro-batches of `batch`
+/// does: rank r's samples r, r + world, ... in its batches, summed in global index order. So
+/// the sums are the bits the run logged (`kiln eval`).
+pub fn evaluate_like_run<B: ComputeOn>(
+    compute: &dyn Compute<B>,
+    params: &[f32],
+    ds: &Dataset,
+    world: usize,
+    batch: usize,
+) -> Result<EvalSums, ModelError> {
+    let world = world.max(1);
+    let per_rank = (0..world)
+        .map(|r| {
+            let idx: Vec<usize> = (r..ds.len()).step_by(world).collect();
+            evaluate(compute, params, ds, &idx, batch)
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(sum_in_global_order(ds.len(), world, |r, p| {
+        (per_rank[r].0[p], per_rank[r].1[p])
+    }))
+}
+
+/// The sums of `n` per-sample (loss, correct) results spread over `world` ranks (global index i
+/// on rank i % world at position i / world, as `get(rank, position)` gives them), added in
+/// global index order: the same bits for every world size.
+fn sum_in_global_order(
+    n: usize,
+    world: usize,
+    get: impl Fn(usize, usize) -> (f64, f64),
+) -> EvalSums {
+    let mut sums = EvalSums::default();
+    for i in 0..n {
+        let (loss, correct) = get(i % world, i / world);
+        sums.loss_sum += loss;
+        sums.correct += correct;
+        sums.count += 1;
+    }
+    sums
+}
+
+/// Gathers every rank's per-sample results and sums them in global index order, so the totals
+/// are identical for every world size.
+pub(super) fn reduce_eval(
+    strategy: &mut dyn Strategy,
+    losses: &[f64],
+    correct: &[f64],
+    n: usize,
+) -> Result<EvalSums, TrainError> {
+    let world = strategy.world();
+    let per = n.div_ceil(world);
+    let mut mine = vec![f64::NAN; 2 * per];
+    mine[..losses.len()].copy_from_slice(losses);
+    mine[per..per + correct.len()].copy_from_slice(correct);
+    let all = strategy.gather(&mine)?;
+    Ok(sum_in_global_order(n, world, |r, p| {
+        (all[r * 2 * per + p], all[r * 2 * per + per + p])
+    }))
+}
