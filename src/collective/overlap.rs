@@ -12,6 +12,7 @@
 //! the caller's thread: the same ops in the same order, nothing beside the compute.
 
 use std::cell::Cell;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
@@ -68,8 +69,9 @@ impl<T> Pending<T> {
 struct Worker {
     tx: Option<mpsc::Sender<Job>>,
     handle: Option<JoinHandle<()>>,
-    /// Jobs submitted and not yet known to be done.
-    queued: usize,
+    /// Jobs submitted, and jobs the thread has finished (each bumps it).
+    submitted: u64,
+    completed: Arc<AtomicU64>,
 }
 
 pub struct Overlapped {
@@ -78,8 +80,11 @@ pub struct Overlapped {
     inner: Arc<Mutex<Box<dyn Collective>>>,
     worker: Option<Worker>,
     wait_hook: Option<WaitHook>,
-    /// Set when the thread died under a job (a panic): every later op fails with it.
+    /// Set when the thread could not start or died under a job: every later op fails with it.
     broken: Option<String>,
+    /// The first failure of a queued op (or an abort): the ops queued after it fail at once
+    /// with it instead of each waiting out the timeout.
+    failed: Arc<Mutex<Option<String>>>,
 }
 
 fn lock(m: &Mutex<Box<dyn Collective>>) -> MutexGuard<'_, Box<dyn Collective>> {
@@ -93,11 +98,12 @@ impl Overlapped {
         let (rank, world) = (inner.rank(), inner.world());
         let threaded = overlap && world > 1 && inner.device_ops().is_none();
         let inner = Arc::new(Mutex::new(inner));
-        let worker = threaded.then(|| {
+        let mut broken = None;
+        let worker = if threaded {
             let (tx, rx) = mpsc::channel::<Job>();
             let shared = Arc::clone(&inner);
             let memory_key = crate::memory::attributed();
-            let handle = std::thread::Builder::new()
+            let spawned = std::thread::Builder::new()
                 .name(format!("kiln-rank-{rank}-comm"))
                 .spawn(move || {
                     COMM_THREAD.with(|c| c.set(true));
@@ -108,27 +114,41 @@ impl Overlapped {
                         let mut c = lock(&shared);
                         job(c.as_mut());
                     }
-                })
-                .ok();
-            Worker {
-                tx: handle.is_some().then_some(tx),
-                handle,
-                queued: 0,
+                });
+            match spawned {
+                Ok(handle) => Some(Worker {
+                    tx: Some(tx),
+                    handle: Some(handle),
+                    submitted: 0,
+                    completed: Arc::default(),
+                }),
+                Err(e) => {
+                    // never a silent fallback: this rank's ops would run in another order
+                    // than the others'
+                    broken = Some(format!(
+                        "rank {rank} could not start its communication thread ({e}); set `strategy.overlap = false` to run without one"
+                    ));
+                    None
+                }
             }
-        });
+        } else {
+            None
+        };
         Overlapped {
             rank,
             world,
             inner,
-            worker: worker.filter(|w| w.handle.is_some()),
+            worker,
             wait_hook,
-            broken: None,
+            broken,
+            failed: Arc::default(),
         }
     }
 
-    /// Whether submitted ops run beside the compute.
+    /// Whether submitted ops run beside the compute (also when the thread could not start:
+    /// the ops then fail, in the same places on every rank).
     pub fn overlaps(&self) -> bool {
-        self.worker.is_some()
+        self.worker.is_some() || self.broken.is_some()
     }
 
     fn broken_error(&self, kind: OpKind) -> CollectiveError {
@@ -149,6 +169,12 @@ impl Overlapped {
         kind: OpKind,
         f: impl FnOnce(&mut dyn Collective) -> Result<T, CollectiveError> + Send + 'static,
     ) -> Pending<Result<T, CollectiveError>> {
+        if self.broken.is_some() {
+            return Pending {
+                kind,
+                state: PendingState::Ready(Err(self.broken_error(kind))),
+            };
+        }
         let Some(w) = self.worker.as_mut() else {
             let mut c = lock(&self.inner);
             return Pending {
@@ -157,8 +183,41 @@ impl Overlapped {
             };
         };
         let (tx, rx) = mpsc::channel();
+        let (rank, failed, completed) = (
+            self.rank,
+            Arc::clone(&self.failed),
+            Arc::clone(&w.completed),
+        );
         let job: Job = Box::new(move |c| {
-            let _ = tx.send(f(c));
+            let earlier = failed.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            let r = match earlier {
+                Some(reason) => Err(CollectiveError::Aborted {
+                    rank,
+                    op: OpId { seq: 0, kind },
+                    reason,
+                }),
+                None => std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(c)))
+                    .unwrap_or_else(|p| {
+                        let msg = p
+                            .downcast_ref::<&str>()
+                            .map(|s| s.to_string())
+                            .or_else(|| p.downcast_ref::<String>().cloned())
+                            .unwrap_or_else(|| "unknown panic".into());
+                        Err(CollectiveError::Aborted {
+                            rank,
+                            op: OpId { seq: 0, kind },
+                            reason: format!("the communication thread panicked in {kind}: {msg}"),
+                        })
+                    }),
+            };
+            if let Err(e) = &r {
+                failed
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .get_or_insert_with(|| format!("an earlier op failed: {e}"));
+            }
+            completed.fetch_add(1, Ordering::Release);
+            let _ = tx.send(r);
         });
         let sent = w.tx.as_ref().is_some_and(|t| t.send(job).is_ok());
         if !sent {
@@ -169,7 +228,7 @@ impl Overlapped {
                 state: PendingState::Ready(Err(self.broken_error(kind))),
             };
         }
-        w.queued += 1;
+        w.submitted += 1;
         Pending {
             kind,
             state: PendingState::Queued(rx),
@@ -199,9 +258,6 @@ impl Overlapped {
                 got
             }
         };
-        if let Some(w) = self.worker.as_mut() {
-            w.queued = w.queued.saturating_sub(1);
-        }
         match got {
             Some(t) => t,
             None => {
@@ -214,17 +270,17 @@ impl Overlapped {
 
     /// Waits until every submitted op has run (their results stay with their `Pending`s).
     pub fn drain(&mut self) -> Result<(), CollectiveError> {
-        let queued = self.worker.as_ref().map_or(0, |w| w.queued);
-        if queued == 0 || self.worker.is_none() {
+        let idle = self
+            .worker
+            .as_ref()
+            .is_none_or(|w| w.completed.load(Ordering::Acquire) >= w.submitted);
+        if idle {
             return Ok(());
         }
+        // ops run in order: when this marker is done, so is every op before it
+        // (behind a failed op the marker fails too, saying so: nothing runs after a failure)
         let p = self.submit(OpKind::Barrier, |_| Ok(()));
-        self.wait(p)?;
-        if let Some(w) = self.worker.as_mut() {
-            // the ops before this marker are done too
-            w.queued = 0;
-        }
-        Ok(())
+        self.wait(p)
     }
 
     /// The collective, once every queued op has run.
@@ -297,6 +353,11 @@ impl Collective for Overlapped {
     /// Waits for the op the thread is in, if any (it ends: every rank issues it, or it fails
     /// when another rank stopped), then stops the group.
     fn abort(&self, reason: &str) {
+        // the queued ops fail at once instead of running
+        self.failed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get_or_insert_with(|| reason.to_string());
         lock(&self.inner).abort(reason);
     }
     fn device_ops(&mut self) -> Option<&mut dyn DeviceOps> {

@@ -57,7 +57,8 @@ pub fn breakdown_line(res: &RunResult, steps: usize) -> String {
     let mean = mean_time(res);
     let comm_mean = Totals::mean(&res.time.iter().map(|t| t.comm).collect::<Vec<_>>());
     let mut line = format!("step {step_ms:.1} ms: {}", mean.describe());
-    if comm_mean.total() > 0.0 {
+    // only when communication ran beside the compute
+    if comm_mean.fractions().iter().any(|(p, _)| p.is_comm()) {
         let (total, exposed) = comm_seconds(&mean, &comm_mean);
         let per = |s: f64| s * 1e3 / steps.max(1) as f64;
         line.push_str(&format!(

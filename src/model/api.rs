@@ -380,6 +380,14 @@ pub fn recomputed(stage: usize, stages: usize, checkpointing: bool) -> bool {
     checkpointing && stage + 1 < stages
 }
 
+/// One batch's evaluation, stage by stage (`Compute::eval_batch`).
+pub trait StagedEval {
+    /// Runs stage `stage` (stages in order) on its units' parameters, in stage order.
+    fn forward(&mut self, stage: usize, params: Vec<UnitParams>) -> Result<(), ModelError>;
+    /// Adds the batch's per-sample results to `out`, once the last stage ran.
+    fn finish(self: Box<Self>, out: &mut EvalOut) -> Result<(), ModelError>;
+}
+
 /// One micro-step's math on backend `B`, for a model whose parameters live elsewhere, stage by
 /// stage: the caller runs `forward` for every stage in order, then `backward` for every stage in
 /// reverse, handing each the parameters of the stage's units (gathered just before, dropped
@@ -423,6 +431,10 @@ pub trait Compute<B: AutodiffBackend> {
         params: &[f32],
         batches: &mut dyn Iterator<Item = Batch>,
     ) -> Result<EvalOut, ModelError>;
+    /// The evaluation of one batch stage by stage, as `evaluate` computes it (the same bits):
+    /// the caller hands each stage its units' parameters just before it runs (fsdp gathers
+    /// them; they are freed after the stage), so no rank holds the whole model.
+    fn eval_batch<'a>(&'a self, batch: Batch) -> Box<dyn StagedEval + 'a>;
     /// The logits (row-major `[rows, classes]`, no dropout) of the whole flat `params` for the
     /// model input `x` of `shape`: samples for classification (one row each); token ids
     /// `[samples, positions]` (at most `block` positions) for a language model, one row per

@@ -21,7 +21,7 @@ use burn::tensor::{Tensor, TensorData};
 
 use super::api::{
     recomputed, Act, Batch, Compute, EvalOut, Family, Forward, Input, MicroStep, Model, ModelError,
-    StepKey, Task, UnitParams,
+    StagedEval, StepKey, Task, UnitParams,
 };
 use crate::params::{DeviceFlat, ParamLayout};
 
@@ -243,6 +243,70 @@ fn to_vec<B: Backend, const D: usize>(t: Tensor<B, D>) -> Result<Vec<f32>, Model
         .convert::<f32>()
         .into_vec::<f32>()
         .map_err(|e| ModelError::Data(format!("{e:?}")))
+}
+
+/// Adds each sample's loss and correctness of `logits` (`[rows, classes]`) against `targets`
+/// to `out`: a sample's result is the mean over its targets (one for classification).
+fn score(task: &Task, logits: &[f32], targets: &[u32], out: &mut EvalOut) {
+    let (classes, per_sample) = (task.classes(), task.targets_per_sample());
+    let (mut loss, mut right) = (0.0, 0.0);
+    for (i, (row, &label)) in logits.chunks(classes).zip(targets).enumerate() {
+        let max = row.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+        let lse = f64::from(max)
+            + row
+                .iter()
+                .map(|&v| f64::from(v - max).exp())
+                .sum::<f64>()
+                .ln();
+        loss += lse - f64::from(row[label as usize]);
+        let pred = row
+            .iter()
+            .enumerate()
+            .fold(0, |best, (i, &v)| if v > row[best] { i } else { best });
+        right += if pred == label as usize { 1.0 } else { 0.0 };
+        if (i + 1) % per_sample == 0 {
+            out.losses.push(loss / per_sample as f64);
+            out.correct.push(right / per_sample as f64);
+            (loss, right) = (0.0, 0.0);
+        }
+    }
+}
+
+/// One batch's evaluation, stage by stage, on the inner backend.
+struct EngineEval<'a, F: Family, B: AutodiffBackend> {
+    engine: &'a Engine<F, B>,
+    /// The next stage's input (the batch, then each stage's output).
+    act: Option<Act<B::InnerBackend>>,
+    targets: Vec<u32>,
+    ctx: Forward,
+}
+
+impl<F: Family, B: AutodiffBackend> StagedEval for EngineEval<'_, F, B> {
+    fn forward(&mut self, s: usize, params: Vec<UnitParams>) -> Result<(), ModelError> {
+        let e = self.engine;
+        let units = e.stage_params(s, params)?;
+        let input = self
+            .act
+            .take()
+            .ok_or_else(|| ModelError::Stage(format!("stage {s} ran out of order")))?;
+        // only this stage's parameters; freed with the module after it
+        let module = e.install::<B::InnerBackend, Plain>(e.inner.clone(), units)?;
+        self.act = Some(
+            e.family
+                .stage_forward(&module, s, input, &e.device, &mut self.ctx),
+        );
+        Ok(())
+    }
+
+    fn finish(self: Box<Self>, out: &mut EvalOut) -> Result<(), ModelError> {
+        let logits = self
+            .act
+            .ok_or_else(|| ModelError::Stage("the evaluation ran no stage".into()))?
+            .into_logits()?;
+        let task = self.engine.family.task();
+        score(&task, &to_vec(logits)?, &self.targets, out);
+        Ok(())
+    }
 }
 
 /// A family's compute on backend `B`.
@@ -660,7 +724,6 @@ impl<F: Family, B: AutodiffBackend> Compute<B> for Engine<F, B> {
         batches: &mut dyn Iterator<Item = Batch>,
     ) -> Result<EvalOut, ModelError> {
         let task = self.family.task();
-        let (classes, per_sample) = (task.classes(), task.targets_per_sample());
         // installed once for every batch
         let module = self.inner_with(params)?;
         let mut out = EvalOut::default();
@@ -671,30 +734,20 @@ impl<F: Family, B: AutodiffBackend> Compute<B> for Engine<F, B> {
                     self.family
                         .forward(&module, x, &self.device, &mut Forward::eval()),
                 )?;
-            let (mut loss, mut right) = (0.0, 0.0);
-            for (i, (row, &label)) in logits.chunks(classes).zip(&targets).enumerate() {
-                let max = row.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
-                let lse = f64::from(max)
-                    + row
-                        .iter()
-                        .map(|&v| f64::from(v - max).exp())
-                        .sum::<f64>()
-                        .ln();
-                loss += lse - f64::from(row[label as usize]);
-                let pred = row
-                    .iter()
-                    .enumerate()
-                    .fold(0, |best, (i, &v)| if v > row[best] { i } else { best });
-                right += if pred == label as usize { 1.0 } else { 0.0 };
-                // a sample's result: the mean over its targets (one for classification)
-                if (i + 1) % per_sample == 0 {
-                    out.losses.push(loss / per_sample as f64);
-                    out.correct.push(right / per_sample as f64);
-                    (loss, right) = (0.0, 0.0);
-                }
-            }
+            score(&task, &logits, &targets, &mut out);
         }
         Ok(out)
+    }
+
+    fn eval_batch<'a>(&'a self, batch: Batch) -> Box<dyn StagedEval + 'a> {
+        let task = self.family.task();
+        let (x, targets) = task.split(batch);
+        Box::new(EngineEval {
+            engine: self,
+            act: Some(Act::Data(x)),
+            targets,
+            ctx: Forward::eval(),
+        })
     }
 
     fn logits(&self, params: &[f32], x: &[f32], shape: &[usize]) -> Result<Vec<f32>, ModelError> {

@@ -17,7 +17,8 @@ mod registry;
 
 pub use api::{
     forward_backward, recomputed, stage_per_unit, Act, Batch, Compute, ComputeOn, EvalOut, Family,
-    Forward, Input, MicroStep, Model, ModelError, SharedModel, StepKey, Task, UnitParams,
+    Forward, Input, MicroStep, Model, ModelError, SharedModel, StagedEval, StepKey, Task,
+    UnitParams,
 };
 pub use engine::FamilyModel;
 pub use registry::{build, install, registry, Builder, Registry};

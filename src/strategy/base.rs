@@ -326,6 +326,12 @@ pub trait Strategy {
     /// Clips and updates with the gradients the step handed over (and synchronises what is left
     /// to synchronise).
     fn update(&mut self, lr: f64, clip: Option<f64>) -> Result<(), CollectiveError>;
+    /// Whether no rank holds the whole parameters between steps and a unit can be gathered on
+    /// its own (fsdp with full sharding by layer): evaluation then runs stage by stage on
+    /// `unit_params` instead of asking for `params`.
+    fn shards_params(&self) -> bool {
+        false
+    }
     /// Frees whole parameters that `params` gathered (fsdp with full sharding), so that the
     /// steps after an evaluation hold only shards again; nothing for strategies that keep
     /// whole parameters.

@@ -122,8 +122,12 @@ impl Strategy for Ddp {
                 if self.inflight.holds(&range) {
                     self.collect(true)?;
                 }
-                if let Some(acc) = self.grads.host_range(range.clone()) {
-                    g.iter_mut().zip(acc).for_each(|(a, b)| *a += b);
+                match self.grads.host_range(range.clone()) {
+                    Some(acc) => g.iter_mut().zip(acc).for_each(|(a, b)| *a += b),
+                    // what the whole gradient's zeros plus this would be, to the sign of a
+                    // zero (`overlap = false` adds into zeros unless the unit is the model)
+                    None if range.len() != self.num_params => g.iter_mut().for_each(|a| *a += 0.0),
+                    None => {}
                 }
                 let bucket = self.bucket_elems.max(1);
                 let p = self.comm.submit(OpKind::AllReduce, move |c| {

@@ -278,8 +278,10 @@ impl Strategy for Fsdp {
                 u.range.len(),
             )
         };
+        // the buffers are made here and freed here: the communication thread's allocator
+        // keeps nothing of them
+        let mut out = vec![0f32; padded];
         let p = self.comm.submit(OpKind::AllGather, move |c| {
-            let mut out = vec![0f32; padded];
             c.all_gather(&shard, &mut out)?;
             out.truncate(len);
             Ok(out)
@@ -349,8 +351,20 @@ impl Strategy for Fsdp {
         let pending = self.pending[i].take(len);
         match pending {
             Grads::Host(g) if self.comm.overlaps() => {
+                // padded and given its shard here, so the communication thread allocates
+                // nothing (its allocator would keep what it made)
+                let padded = shard_len * self.comm.world();
+                let send = if padded == len {
+                    g
+                } else {
+                    let mut send = vec![0f32; padded];
+                    send[..len].copy_from_slice(&g);
+                    send
+                };
+                let mut out = vec![0f32; shard_len];
                 let p = self.comm.submit(OpKind::ReduceScatter, move |c| {
-                    Grads::Host(g).reduce_scatter_to_host(c, 0..len, shard_len, ReduceOp::Mean)
+                    c.reduce_scatter(&send, &mut out, ReduceOp::Mean)?;
+                    Ok(out)
                 });
                 self.inflight.push(i, p);
                 self.collect(false)
@@ -435,6 +449,10 @@ impl Strategy for Fsdp {
             _ => None,
         };
         Ok(())
+    }
+
+    fn shards_params(&self) -> bool {
+        self.sharding == Sharding::Full && self.units.len() > 1 && self.full.is_none()
     }
 
     fn release_params(&mut self) {

@@ -3,8 +3,9 @@
 //! order, so the sums are the same bits for every world size (and `kiln eval` reproduces them).
 
 use super::trainer::TrainError;
+use crate::collective::CollectiveError;
 use crate::data::Dataset;
-use crate::model::{Batch, Compute, ComputeOn, ModelError};
+use crate::model::{Batch, Compute, ComputeOn, EvalOut, ModelError, UnitParams};
 use crate::strategy::Strategy;
 
 /// Exact evaluation totals: every sample counted once.
@@ -55,6 +56,56 @@ pub(super) fn evaluate<B: ComputeOn>(
         }
     });
     let out = compute.evaluate(params, &mut batches)?;
+    Ok((out.losses, out.correct))
+}
+
+/// Like `evaluate`, stage by stage with each stage's units from the strategy (fsdp gathers
+/// them just before the stage and frees them after; the next stage's gather is started
+/// beside the compute), so no rank holds the whole model. Every rank runs `batches` batches
+/// (the most any rank has): a rank past its last one takes part in the gathers without
+/// computing. The same bits as `evaluate`.
+pub(super) fn evaluate_by_units<B: ComputeOn>(
+    compute: &dyn Compute<B>,
+    strategy: &mut dyn Strategy,
+    ds: &Dataset,
+    idx: &[usize],
+    batch: usize,
+    batches: usize,
+) -> Result<(Vec<f64>, Vec<f64>), TrainError> {
+    let (layout, stages) = (compute.layout(), compute.stages());
+    let mut out = EvalOut::default();
+    let mut chunks = idx.chunks(batch.max(1));
+    for _ in 0..batches {
+        let mut eval = chunks.next().map(|chunk| {
+            let (x, y) = ds.gather(chunk);
+            compute.eval_batch(Batch {
+                x,
+                shape: batch_shape(chunk.len(), ds),
+                y,
+            })
+        });
+        for (s, units) in stages.iter().enumerate() {
+            let params = units
+                .iter()
+                .map(|&u| {
+                    Ok(UnitParams::Host(
+                        strategy.unit_params(u, layout.unit_range(u))?,
+                    ))
+                })
+                .collect::<Result<Vec<_>, CollectiveError>>()?;
+            if let Some(next) = stages.get(s + 1) {
+                for &u in next {
+                    strategy.prefetch(u, layout.unit_range(u))?;
+                }
+            }
+            if let Some(e) = eval.as_mut() {
+                e.forward(s, params)?;
+            }
+        }
+        if let Some(e) = eval {
+            e.finish(&mut out)?;
+        }
+    }
     Ok((out.losses, out.correct))
 }
 

@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use super::eval::{evaluate, reduce_eval, EvalSums};
+use super::eval::{evaluate, evaluate_by_units, reduce_eval, EvalSums};
 use super::loader::{Assembler, Loader, LoaderState, Pos, Source};
 use super::schedule::lr_at;
 use super::step::{micro_step, MicroOpts};
@@ -518,13 +518,20 @@ impl<'a, B: ComputeOn> Trainer<'a, B> {
         };
         let micro_batch = self.input.plan.micro_batch;
         let (compute, strategy, idx) = (self.compute.as_ref(), &mut *self.strategy, &self.eval_idx);
+        // the most batches any rank has (rank 0 has the most samples)
+        let batches = ds.len().div_ceil(self.world).div_ceil(micro_batch.max(1));
         let sums = self
             .clock
             .time(Phase::Eval, || -> Result<EvalSums, TrainError> {
-                let params = strategy.params()?;
-                let (losses, correct) = evaluate(compute, params, ds, idx, micro_batch)?;
-                // fsdp: the whole parameters were gathered for this; not for the steps
-                strategy.release_params();
+                let (losses, correct) = if strategy.shards_params() {
+                    evaluate_by_units(compute, strategy, ds, idx, micro_batch, batches)?
+                } else {
+                    let params = strategy.params()?;
+                    let out = evaluate(compute, params, ds, idx, micro_batch)?;
+                    // fsdp by model: the whole parameters were gathered for this; not for the steps
+                    strategy.release_params();
+                    out
+                };
                 reduce_eval(strategy, &losses, &correct, ds.len())
             })?;
         let metric = match self.task {

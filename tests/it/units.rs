@@ -102,3 +102,39 @@ fn every_rank_reports_a_measured_peak_that_holds_its_model_state() {
         }
     }
 }
+
+/// fsdp with full sharding by layer evaluates stage by stage (no rank gathers the whole
+/// model): its evaluation is the same bits as the whole-model evaluation of its final
+/// parameters, for a gpt (tied embeddings) and an mlp whose eval set splits unevenly over the
+/// ranks (one rank runs a gather-only batch at the end).
+#[test]
+fn fsdp_evaluates_stage_by_stage_to_the_whole_models_bits() {
+    use burn::backend::{Autodiff, Flex};
+    use kiln::model::ComputeOn;
+    let d = kiln::testdir::tempdir().unwrap();
+    corpus(d.path());
+    let gpt = GPT.replace("corpus.txt", d.path().join("corpus.txt").to_str().unwrap());
+    // TASK: 203 eval samples, 102 on rank 0 in batches of 101: two batches there, one on rank 1
+    for (task, batch) in [(gpt.as_str(), 2), (TASK, 101)] {
+        let sets = [
+            "strategy.kind=fsdp",
+            "strategy.devices=2",
+            "strategy.unit=layer",
+            "train.activation_checkpointing=units",
+        ];
+        let mut sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+        sets.push(format!("train.batch_size={batch}"));
+        let refs: Vec<&str> = sets.iter().map(String::as_str).collect();
+        let trained = train_task(task, &refs);
+        let p = crate::parallel::prepare(task, &refs);
+        let compute = <Autodiff<Flex> as ComputeOn>::compute(p.model.as_ref(), &Default::default());
+        let ds = p.data.eval.as_ref().unwrap();
+        let whole = kiln::train::evaluate_like_run(compute.as_ref(), &trained.params, ds, 2, batch)
+            .unwrap();
+        assert_eq!(
+            (whole.loss(), whole.accuracy(), whole.count),
+            trained.eval,
+            "{task}"
+        );
+    }
+}
