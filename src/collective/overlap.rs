@@ -292,6 +292,18 @@ impl Overlapped {
             return Err(self.broken_error(kind));
         }
         self.drain()?;
+        let failed = self
+            .failed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        if let Some(reason) = failed {
+            return Err(CollectiveError::Aborted {
+                rank: self.rank,
+                op: OpId { seq: 0, kind },
+                reason,
+            });
+        }
         Ok(lock(&self.inner))
     }
 }
@@ -441,5 +453,41 @@ mod tests {
         for e in errs {
             assert!(e.contains("size mismatch"), "{e}");
         }
+    }
+
+    #[test]
+    fn ops_queued_behind_a_failed_one_fail_at_once_without_touching_the_link() {
+        // rank 1 never takes part: rank 0's first op times out, and the two queued behind it
+        // fail at once (not after a timeout each), saying why
+        let mut ranks = LocalGroup::new(2, Duration::from_secs(1)).into_iter();
+        let (r0, _r1) = (ranks.next().unwrap(), ranks.next().unwrap());
+        let mut c = Overlapped::new(Box::new(r0), true, None);
+        let p: Vec<_> = (0..3)
+            .map(|_| {
+                c.submit(OpKind::AllReduce, |c| {
+                    let mut v = vec![1.0f32; 4];
+                    c.all_reduce(&mut v, ReduceOp::Sum)
+                })
+            })
+            .collect();
+        let start = std::time::Instant::now();
+        let errs: Vec<String> = p
+            .into_iter()
+            .map(|p| c.wait(p).unwrap_err().to_string())
+            .collect();
+        assert!(errs[0].contains("timed out"), "{errs:?}");
+        for e in &errs[1..] {
+            assert!(e.contains("an earlier op failed"), "{e}");
+        }
+        // one timeout (1 s), not three
+        assert!(
+            start.elapsed() < Duration::from_millis(2500),
+            "{:?}",
+            start.elapsed()
+        );
+        // and a synchronous op after them says so too
+        let mut x = [0.0f32];
+        let e = c.all_reduce(&mut x, ReduceOp::Sum).unwrap_err().to_string();
+        assert!(e.contains("an earlier op failed"), "{e}");
     }
 }
