@@ -278,8 +278,8 @@ impl Strategy for Fsdp {
                 u.range.len(),
             )
         };
-        // the buffers are made here and freed here: the communication thread's allocator
-        // keeps nothing of them
+        // the output buffer is made here, on the compute thread that frees it: the
+        // communication thread's allocator keeps nothing of it
         let mut out = vec![0f32; padded];
         let p = self.comm.submit(OpKind::AllGather, move |c| {
             c.all_gather(&shard, &mut out)?;

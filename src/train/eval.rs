@@ -60,8 +60,8 @@ pub(super) fn evaluate<B: ComputeOn>(
 }
 
 /// Like `evaluate`, stage by stage with each stage's units from the strategy (fsdp gathers
-/// them just before the stage and frees them after; the next stage's gather is started
-/// beside the compute), so no rank holds the whole model. Every rank runs `batches` batches
+/// them just before the stage and frees them after; the next stage's gather, or the next
+/// batch's first, is started beside the compute), so no rank holds the whole model. Every rank runs `batches` batches
 /// (the most any rank has): a rank past its last one takes part in the gathers without
 /// computing. The same bits as `evaluate`.
 pub(super) fn evaluate_by_units<B: ComputeOn>(
@@ -75,7 +75,7 @@ pub(super) fn evaluate_by_units<B: ComputeOn>(
     let (layout, stages) = (compute.layout(), compute.stages());
     let mut out = EvalOut::default();
     let mut chunks = idx.chunks(batch.max(1));
-    for _ in 0..batches {
+    for b in 0..batches {
         let mut eval = chunks.next().map(|chunk| {
             let (x, y) = ds.gather(chunk);
             compute.eval_batch(Batch {
@@ -93,7 +93,12 @@ pub(super) fn evaluate_by_units<B: ComputeOn>(
                     ))
                 })
                 .collect::<Result<Vec<_>, CollectiveError>>()?;
-            if let Some(next) = stages.get(s + 1) {
+            // the next stage's units, or the next batch's first stage's (not for a model of
+            // one stage: that would be a second whole model)
+            let next = stages
+                .get(s + 1)
+                .or_else(|| (b + 1 < batches && stages.len() > 1).then(|| &stages[0]));
+            if let Some(next) = next {
                 for &u in next {
                     strategy.prefetch(u, layout.unit_range(u))?;
                 }
