@@ -52,17 +52,22 @@ impl<T> Pending<T> {
             PendingState::Ready(t) => Ok(t),
             PendingState::Queued(rx) => match rx.try_recv() {
                 Ok(t) => Ok(t),
-                Err(mpsc::TryRecvError::Empty) => Err(Pending {
-                    kind: self.kind,
-                    state: PendingState::Queued(rx),
-                }),
-                // the thread is gone: `wait` says so
-                Err(mpsc::TryRecvError::Disconnected) => Err(Pending {
+                // still running, or the thread is gone (`wait` says so)
+                Err(_) => Err(Pending {
                     kind: self.kind,
                     state: PendingState::Queued(rx),
                 }),
             },
         }
+    }
+}
+
+/// `rank`'s op of `kind` did not run, for `reason`.
+fn aborted(rank: usize, kind: OpKind, reason: String) -> CollectiveError {
+    CollectiveError::Aborted {
+        rank,
+        op: OpId { seq: 0, kind },
+        reason,
     }
 }
 
@@ -152,14 +157,12 @@ impl Overlapped {
     }
 
     fn broken_error(&self, kind: OpKind) -> CollectiveError {
-        CollectiveError::Aborted {
-            rank: self.rank,
-            op: OpId { seq: 0, kind },
-            reason: self
-                .broken
-                .clone()
-                .unwrap_or_else(|| "the communication thread stopped".into()),
-        }
+        let reason = self.broken.clone();
+        aborted(
+            self.rank,
+            kind,
+            reason.unwrap_or_else(|| "the communication thread stopped".into()),
+        )
     }
 
     /// Queues `f` (an op of kind `kind`) behind the ops already submitted; without a thread it
@@ -191,11 +194,7 @@ impl Overlapped {
         let job: Job = Box::new(move |c| {
             let earlier = failed.lock().unwrap_or_else(|p| p.into_inner()).clone();
             let r = match earlier {
-                Some(reason) => Err(CollectiveError::Aborted {
-                    rank,
-                    op: OpId { seq: 0, kind },
-                    reason,
-                }),
+                Some(reason) => Err(aborted(rank, kind, reason)),
                 None => std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(c)))
                     .unwrap_or_else(|p| {
                         let msg = p
@@ -203,11 +202,8 @@ impl Overlapped {
                             .map(|s| s.to_string())
                             .or_else(|| p.downcast_ref::<String>().cloned())
                             .unwrap_or_else(|| "unknown panic".into());
-                        Err(CollectiveError::Aborted {
-                            rank,
-                            op: OpId { seq: 0, kind },
-                            reason: format!("the communication thread panicked in {kind}: {msg}"),
-                        })
+                        let why = format!("the communication thread panicked in {kind}: {msg}");
+                        Err(aborted(rank, kind, why))
                     }),
             };
             if let Err(e) = &r {
@@ -298,11 +294,7 @@ impl Overlapped {
             .unwrap_or_else(|p| p.into_inner())
             .clone();
         if let Some(reason) = failed {
-            return Err(CollectiveError::Aborted {
-                rank: self.rank,
-                op: OpId { seq: 0, kind },
-                reason,
-            });
+            return Err(aborted(self.rank, kind, reason));
         }
         Ok(lock(&self.inner))
     }
