@@ -4,14 +4,14 @@
 //! each; prints the medians, their ratio, and from a traced step how much of the communication
 //! track's time lies inside backward spans.
 //!
-//!   cargo bench --bench overlap                   # 10 and 25 ms per op
+//!   cargo bench --bench overlap                   # 20 ms per op
 //!   cargo bench --bench overlap -- --delay-ms 4,40
 //!
 //! The traced step of the last run with overlap is written to
 //! `target/bench-overlap/<ddp|fsdp>-<delay>ms.json` (open it in Perfetto or chrome://tracing:
 //! each rank's communication thread is its own track).
 //!
-//! The experiment is `experiments/bench-overlap.toml` (a gpt of 4 blocks of width 192, batch 4,
+//! The experiment is `experiments/bench-overlap.toml` (a gpt of 8 blocks of width 192, batch 4,
 //! one rank per core).
 
 use std::time::Duration;
@@ -180,7 +180,7 @@ fn main() {
                 })
                 .collect()
         })
-        .unwrap_or_else(|| vec![10, 25]);
+        .unwrap_or_else(|| vec![20]);
     for delay_ms in delays {
         bench(delay_ms);
     }

@@ -130,6 +130,10 @@ impl WholeGrads {
     pub fn non_finite(&self) -> Result<bool, String> {
         self.grads.as_ref().map_or(Ok(false), |g| g.non_finite())
     }
+    /// The gradient so far, if any was handed in.
+    pub fn get_mut(&mut self) -> Option<&mut Grads> {
+        self.grads.as_mut()
+    }
     /// The host gradient's `range`, when there is one.
     pub fn host_range(&self, range: Range<usize>) -> Option<&[f32]> {
         match &self.grads {
@@ -184,12 +188,9 @@ impl<K> InFlight<K> {
     pub fn push(&mut self, key: K, p: Reduced) {
         self.queue.push_back((key, p));
     }
-    /// Whether a reduction of `key` is still out.
-    pub fn holds(&self, key: &K) -> bool
-    where
-        K: PartialEq,
-    {
-        self.queue.iter().any(|(k, _)| k == key)
+    /// Whether a reduction whose key passes `f` is still out.
+    pub fn holds_any(&self, f: impl Fn(&K) -> bool) -> bool {
+        self.queue.iter().any(|(k, _)| f(k))
     }
     /// Hands `done` the reductions that have finished, in submission order; with `all`, waits
     /// for every one.
@@ -313,11 +314,27 @@ pub trait Strategy {
         grad: Grads,
         sync: bool,
     ) -> Result<(), CollectiveError>;
-    /// Unit `unit`'s parameters will be asked for next (after the ones asked for now): fsdp
-    /// starts gathering them beside the compute (torch `forward_prefetch`,
-    /// `BackwardPrefetch.BACKWARD_PRE`). Every rank makes the same calls.
-    fn prefetch(&mut self, unit: usize, range: Range<usize>) -> Result<(), CollectiveError> {
-        let _ = (unit, range);
+    /// The gradients of the units whose last use was the stage whose backward just ended (in
+    /// stage order), handed over together: ddp all-reduces them in one op and fsdp
+    /// reduce-scatters them in one, as torch's reducer fills a bucket from the gradients ready
+    /// at once. By default, one `unit_grad` each.
+    fn unit_grads(
+        &mut self,
+        grads: Vec<(usize, Range<usize>, Grads)>,
+        sync: bool,
+    ) -> Result<(), CollectiveError> {
+        for (unit, range, grad) in grads {
+            self.unit_grad(unit, range, grad, sync)?;
+        }
+        Ok(())
+    }
+    /// The units of one stage (each with its flat range) will be asked for next, after the
+    /// ones asked for now: fsdp starts gathering them, in one all-gather for the stage, beside
+    /// the compute (torch `forward_prefetch`, `BackwardPrefetch.BACKWARD_PRE`). A stage that
+    /// nothing prefetched is announced just before it is asked for. Every rank makes the same
+    /// calls.
+    fn prefetch(&mut self, units: &[(usize, Range<usize>)]) -> Result<(), CollectiveError> {
+        let _ = units;
         Ok(())
     }
     /// Whether this rank's gradient so far (its shard, for fsdp) has NaN or infinite values

@@ -37,8 +37,9 @@ pub struct Ddp {
     num_params: usize,
     /// The step's gradient, each unit's part averaged across ranks as it is handed in.
     grads: WholeGrads,
-    /// Units whose all-reduce runs beside the compute: their flat ranges.
-    inflight: InFlight<Range<usize>>,
+    /// Units whose all-reduce runs beside the compute (those handed in together share one):
+    /// their flat ranges.
+    inflight: InFlight<Vec<Range<usize>>>,
 }
 
 impl Ddp {
@@ -62,9 +63,16 @@ impl Ddp {
     fn collect(&mut self, all: bool) -> Result<(), CollectiveError> {
         let (rank, len) = (self.comm.rank(), self.num_params);
         let grads = &mut self.grads;
-        self.inflight.collect(&mut self.comm, all, |range, values| {
-            grads.set_host(rank, len, range, &values)
-        })
+        self.inflight
+            .collect(&mut self.comm, all, |ranges, values| {
+                let mut at = 0;
+                for range in ranges {
+                    let n = range.len();
+                    grads.set_host(rank, len, range, &values[at..at + n])?;
+                    at += n;
+                }
+                Ok(())
+            })
     }
 
     /// Brings `params` and `opt` up to date with the device.
@@ -108,45 +116,86 @@ impl Strategy for Ddp {
     }
     fn unit_grad(
         &mut self,
-        _unit: usize,
+        unit: usize,
         range: Range<usize>,
         grad: Grads,
         sync: bool,
     ) -> Result<(), CollectiveError> {
+        self.unit_grads(vec![(unit, range, grad)], sync)
+    }
+    fn unit_grads(
+        &mut self,
+        grads: Vec<(usize, Range<usize>, Grads)>,
+        sync: bool,
+    ) -> Result<(), CollectiveError> {
         let rank = self.comm.rank();
-        match grad {
-            // beside the compute: the unit's gradient (plus what earlier micro-steps
-            // accumulated) goes to the communication thread and comes back averaged
-            Grads::Host(mut g) if sync && self.comm.overlaps() => {
-                // (`no_sync = false`) the previous micro-step's reduction of this unit first
-                if self.inflight.holds(&range) {
-                    self.collect(true)?;
-                }
-                match self.grads.host_range(range.clone()) {
-                    Some(acc) => g.iter_mut().zip(acc).for_each(|(a, b)| *a += b),
-                    // what the whole gradient's zeros plus this would be, to the sign of a
-                    // zero (`overlap = false` adds into zeros unless the unit is the model)
-                    None if range.len() != self.num_params => g.iter_mut().for_each(|a| *a += 0.0),
-                    None => {}
-                }
-                let bucket = self.bucket_elems.max(1);
-                let p = self.comm.submit(OpKind::AllReduce, move |c| {
-                    for chunk in g.chunks_mut(bucket) {
-                        c.all_reduce(chunk, ReduceOp::Mean)?;
-                    }
-                    Ok(g)
-                });
-                self.inflight.push(range, p);
-                self.collect(false)
+        let beside = sync
+            && self.comm.overlaps()
+            && grads.iter().all(|(_, _, g)| matches!(g, Grads::Host(_)));
+        if !beside {
+            let mut ranges = Vec::with_capacity(grads.len());
+            for (_, range, grad) in grads {
+                self.grads.add(rank, self.num_params, range.clone(), grad)?;
+                ranges.push(range);
             }
-            grad => {
-                let grads = self.grads.add(rank, self.num_params, range.clone(), grad)?;
-                if sync {
-                    all_reduce_buckets(&mut self.comm, grads, range, self.bucket_elems)?;
+            if sync {
+                // units that lie side by side go in the same buckets, as they do beside the
+                // compute
+                ranges.sort_by_key(|r| r.start);
+                let mut merged: Vec<Range<usize>> = Vec::with_capacity(ranges.len());
+                for r in ranges {
+                    match merged.last_mut() {
+                        Some(m) if m.end == r.start => m.end = r.end,
+                        _ => merged.push(r),
+                    }
                 }
-                Ok(())
+                if let Some(grads) = self.grads.get_mut() {
+                    for r in merged {
+                        all_reduce_buckets(&mut self.comm, grads, r, self.bucket_elems)?;
+                    }
+                }
+            }
+            return Ok(());
+        }
+        // beside the compute: the units' gradients (plus what earlier micro-steps accumulated)
+        // go to the communication thread side by side, in one op, and come back averaged
+        let ranges: Vec<Range<usize>> = grads.iter().map(|(_, r, _)| r.clone()).collect();
+        // (`no_sync = false`) the previous micro-step's reduction of these units first
+        if self.inflight.holds_any(|k: &Vec<Range<usize>>| {
+            k.iter()
+                .any(|a| ranges.iter().any(|b| a.start < b.end && b.start < a.end))
+        }) {
+            self.collect(true)?;
+        }
+        let total: usize = ranges.iter().map(|r| r.len()).sum();
+        let mut send: Vec<f32> = Vec::new();
+        for (_, range, grad) in grads {
+            let Grads::Host(mut g) = grad else {
+                continue;
+            };
+            match self.grads.host_range(range.clone()) {
+                Some(acc) => g.iter_mut().zip(acc).for_each(|(a, b)| *a += b),
+                // what the whole gradient's zeros plus this would be, to the sign of a zero
+                // (`overlap = false` adds into zeros unless the unit is the model)
+                None if range.len() != self.num_params => g.iter_mut().for_each(|a| *a += 0.0),
+                None => {}
+            }
+            if ranges.len() == 1 {
+                send = g;
+            } else {
+                send.reserve_exact(total - send.len());
+                send.extend_from_slice(&g);
             }
         }
+        let bucket = self.bucket_elems.max(1);
+        let p = self.comm.submit(OpKind::AllReduce, move |c| {
+            for chunk in send.chunks_mut(bucket) {
+                c.all_reduce(chunk, ReduceOp::Mean)?;
+            }
+            Ok(send)
+        });
+        self.inflight.push(ranges, p);
+        self.collect(false)
     }
     fn grads_non_finite(&mut self) -> Result<bool, CollectiveError> {
         self.collect(true)?;

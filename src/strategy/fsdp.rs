@@ -13,11 +13,17 @@
 //! and all-reduces gradients (like ddp). Padding is zero and stays zero under every optimizer, so
 //! it is invisible in results.
 //!
-//! With `strategy.overlap` (host collectives) the step's `prefetch` calls start the next unit's
-//! all-gather on the rank's communication thread while the current unit computes, in the
+//! With `strategy.overlap` (host collectives) the step's `prefetch` calls start the next stage's
+//! all-gather on the rank's communication thread while the current stage computes, in the
 //! forward and in a recomputing backward (torch `forward_prefetch`, `BACKWARD_PRE`), and each
-//! unit's reduce-scatter runs there while the backward goes on; the update waits for the last.
-//! One more unit's parameters are alive at a time, as in torch; the bits are the same.
+//! stage's reduce-scatter runs there while the backward goes on; the update waits for the last.
+//! One more stage's parameters are alive at a time, as in torch; the bits are the same.
+//!
+//! The units of a stage (the gpt's `wte` and `wpe`) travel together, with overlap or without:
+//! one all-gather of the rank's shards side by side, one reduce-scatter of the units'
+//! gradients laid out so that each rank receives its shard of each (torch FSDP2 copies a
+//! module's parameters in and out of one buffer the same way). Each element is reduced as on
+//! its own, so the bits do not change.
 
 use std::ops::Range;
 
@@ -99,10 +105,13 @@ pub struct Fsdp {
     shard_grads: Vec<Option<Vec<f32>>>,
     /// sharding = "none": the whole gradient.
     whole: WholeGrads,
-    /// Per fsdp unit: its all-gather started by `prefetch`, until the step asks for it.
-    prefetched: Vec<Option<Reduced>>,
-    /// Reduce-scatters running beside the compute: the fsdp unit each shard belongs to.
-    inflight: InFlight<usize>,
+    /// All-gathers started by `prefetch`, oldest first: the fsdp units each gathers together,
+    /// until the step asks for them.
+    ahead: std::collections::VecDeque<(Vec<usize>, Reduced)>,
+    /// Per fsdp unit: its gathered parameters, split from a gather of several, until asked for.
+    ready: Vec<Option<Vec<f32>>>,
+    /// Reduce-scatters running beside the compute: the fsdp units whose shards come back.
+    inflight: InFlight<Vec<usize>>,
 }
 
 impl Fsdp {
@@ -124,7 +133,8 @@ impl Fsdp {
             shard_grads: vec![None; units.len()],
             members,
             whole: WholeGrads::default(),
-            prefetched: units.iter().map(|_| None).collect(),
+            ahead: Default::default(),
+            ready: vec![None; units.len()],
             inflight: InFlight::default(),
             comm,
             sharding: c.strategy.sharding,
@@ -190,11 +200,91 @@ impl Fsdp {
     /// Adds the reduce-scatters that have finished (`all`: every one, waiting) into the shards'
     /// gradients, in the order they were started.
     fn collect(&mut self, all: bool) -> Result<(), CollectiveError> {
-        let shard_grads = &mut self.shard_grads;
-        self.inflight.collect(&mut self.comm, all, |i, shard| {
-            add_shard(&mut shard_grads[i], shard);
+        let (shard_grads, units) = (&mut self.shard_grads, &self.units);
+        self.inflight.collect(&mut self.comm, all, |group, shards| {
+            if let [i] = group[..] {
+                add_shard(&mut shard_grads[i], shards);
+                return Ok(());
+            }
+            // the units' shards side by side
+            let mut at = 0;
+            for i in group {
+                let len = units[i].shard_len;
+                add_shard(&mut shard_grads[i], shards[at..at + len].to_vec());
+                at += len;
+            }
             Ok(())
         })
+    }
+
+    /// Splits the all-gather of `group`'s shards side by side (rank by rank) into each unit's
+    /// parameters, kept until asked for.
+    fn split_gathered(&mut self, group: &[usize], gathered: Vec<f32>) {
+        if let [i] = group[..] {
+            self.ready[i] = Some(gathered);
+            return;
+        }
+        let world = self.comm.world();
+        let block: usize = group.iter().map(|&i| self.units[i].shard_len).sum();
+        let mut at = 0;
+        for &i in group {
+            let u = &self.units[i];
+            let mut whole = Vec::with_capacity(u.padded_len(world));
+            for r in 0..world {
+                let from = r * block + at;
+                whole.extend_from_slice(&gathered[from..from + u.shard_len]);
+            }
+            whole.truncate(u.range.len());
+            at += u.shard_len;
+            self.ready[i] = Some(whole);
+        }
+    }
+
+    /// The parameters of fsdp unit `i` from a gather `prefetch` started, if one holds it.
+    fn take_ahead(&mut self, i: usize) -> Result<Option<Vec<f32>>, CollectiveError> {
+        if let Some(v) = self.ready[i].take() {
+            return Ok(Some(v));
+        }
+        let Some(k) = self.ahead.iter().position(|(g, _)| g.contains(&i)) else {
+            return Ok(None);
+        };
+        let Some((group, p)) = self.ahead.remove(k) else {
+            return Ok(None);
+        };
+        let gathered = self.comm.wait(p)?;
+        self.split_gathered(&group, gathered);
+        Ok(self.ready[i].take())
+    }
+
+    /// Reduce-scatters the host gradients of several whole fsdp units in one op: rank r's part
+    /// of the buffer holds the r-th shard of each unit, side by side.
+    fn reduce_scatter_together(
+        &mut self,
+        group: Vec<usize>,
+        grads: Vec<Vec<f32>>,
+    ) -> Result<(), CollectiveError> {
+        let world = self.comm.world();
+        let block: usize = group.iter().map(|&i| self.units[i].shard_len).sum();
+        // made here, on the compute thread that frees it (see `unit_grad`)
+        let mut send = vec![0f32; block * world];
+        let mut at = 0;
+        for (&i, g) in group.iter().zip(&grads) {
+            let u = &self.units[i];
+            for r in 0..world {
+                let own = u.owned(r);
+                let to = r * block + at;
+                send[to..to + own.len()].copy_from_slice(&g[own]);
+            }
+            at += u.shard_len;
+        }
+        drop(grads);
+        let mut out = vec![0f32; block];
+        let p = self.comm.submit(OpKind::ReduceScatter, move |c| {
+            c.reduce_scatter(&send, &mut out, ReduceOp::Mean)?;
+            Ok(out)
+        });
+        self.inflight.push(group, p);
+        self.collect(false)
     }
 
     fn shard_elems(&self) -> usize {
@@ -258,35 +348,53 @@ impl Strategy for Fsdp {
             1 => Ok(self.params()?[range].to_vec()),
             // unit = "layer": gather only this unit (or take the gather `prefetch` started),
             // hand it straight to the autodiff graph
-            _ => match self.prefetched[unit].take() {
-                Some(p) => self.comm.wait(p),
+            _ => match self.take_ahead(self.unit_of[unit])? {
+                Some(p) => Ok(p),
                 None => self.gather_unit(unit),
             },
         }
     }
 
-    fn prefetch(&mut self, unit: usize, _range: Range<usize>) -> Result<(), CollectiveError> {
-        let worth = self.comm.overlaps() && self.full.is_none() && self.units.len() > 1;
-        if !worth || self.prefetched[unit].is_some() {
+    fn prefetch(&mut self, units: &[(usize, Range<usize>)]) -> Result<(), CollectiveError> {
+        // whole parameters need no gather; unit = "model" gathers once, when asked; over a
+        // device collective the gather happens on the device, when asked
+        if self.full.is_some() || self.units.len() == 1 || self.comm.device_ops().is_some() {
             return Ok(());
         }
-        let (shard, padded, len) = {
-            let u = &self.units[unit];
-            (
-                self.shards[unit].clone(),
-                u.padded_len(self.comm.world()),
-                u.range.len(),
-            )
+        let mut group: Vec<usize> = Vec::with_capacity(units.len());
+        for &(u, _) in units {
+            let i = self.unit_of[u];
+            let held = self.ready[i].is_some() || self.ahead.iter().any(|(g, _)| g.contains(&i));
+            if !held && !group.contains(&i) {
+                group.push(i);
+            }
+        }
+        // one unit is gathered ahead only beside the compute (inline it would be the same
+        // gather, just earlier); several go together either way
+        if group.is_empty() || (group.len() == 1 && !self.comm.overlaps()) {
+            return Ok(());
+        }
+        let world = self.comm.world();
+        let block: usize = group.iter().map(|&i| self.units[i].shard_len).sum();
+        let mut send = Vec::with_capacity(block);
+        for &i in &group {
+            send.extend_from_slice(&self.shards[i]);
+        }
+        let one = match group[..] {
+            [i] => Some(self.units[i].range.len()),
+            _ => None,
         };
         // the output buffer is made here, on the compute thread that frees it: the
         // communication thread's allocator keeps nothing of it
-        let mut out = vec![0f32; padded];
+        let mut out = vec![0f32; block * world];
         let p = self.comm.submit(OpKind::AllGather, move |c| {
-            c.all_gather(&shard, &mut out)?;
-            out.truncate(len);
+            c.all_gather(&send, &mut out)?;
+            if let Some(len) = one {
+                out.truncate(len);
+            }
             Ok(out)
         });
-        self.prefetched[unit] = Some(p);
+        self.ahead.push_back((group, p));
         Ok(())
     }
 
@@ -366,7 +474,7 @@ impl Strategy for Fsdp {
                     c.reduce_scatter(&send, &mut out, ReduceOp::Mean)?;
                     Ok(out)
                 });
-                self.inflight.push(i, p);
+                self.inflight.push(vec![i], p);
                 self.collect(false)
             }
             mut pending => {
@@ -381,6 +489,36 @@ impl Strategy for Fsdp {
                 Ok(())
             }
         }
+    }
+
+    fn unit_grads(
+        &mut self,
+        grads: Vec<(usize, Range<usize>, Grads)>,
+        sync: bool,
+    ) -> Result<(), CollectiveError> {
+        // several whole units (unit = "layer", sharded) on the host: one reduce-scatter
+        let together = grads.len() > 1
+            && self.sharding != Sharding::None
+            && self.units.len() > 1
+            && grads.iter().all(|(u, r, g)| {
+                matches!(g, Grads::Host(v) if v.len() == r.len())
+                    && self.units[self.unit_of[*u]].range == *r
+            });
+        if !together {
+            for (unit, range, grad) in grads {
+                self.unit_grad(unit, range, grad, sync)?;
+            }
+            return Ok(());
+        }
+        let mut group = Vec::with_capacity(grads.len());
+        let mut host = Vec::with_capacity(grads.len());
+        for (u, _, g) in grads {
+            group.push(self.unit_of[u]);
+            if let Grads::Host(v) = g {
+                host.push(v);
+            }
+        }
+        self.reduce_scatter_together(group, host)
     }
 
     fn grads_non_finite(&mut self) -> Result<bool, CollectiveError> {
@@ -403,7 +541,8 @@ impl Strategy for Fsdp {
         self.collect(true)?;
         // a gather started for a unit the step never asked for is of parameters this update
         // replaces
-        self.prefetched.iter_mut().for_each(|p| *p = None);
+        self.ahead.clear();
+        self.ready.iter_mut().for_each(|p| *p = None);
         self.device_full = None;
         if self.sharding == Sharding::None {
             let grads = self.whole.take(self.num_params);

@@ -6,17 +6,19 @@
 //! and keeps its shard). Forward, in stage order:
 //!
 //! ```text
+//! prefetch(0)
 //! for s in 0..n:   params(s) -> prefetch(s+1) -> forward(s) -> (drop params unless s keeps
 //!                  its graph)
 //! for s in n-1..0: params(s) again if s is recomputed -> prefetch(s-1) if it is recomputed
 //!                  -> backward(s)
-//!                  -> for each unit of s whose last use this was: strategy.unit_grad(unit)
+//!                  -> strategy.unit_grads(the units of s whose last use this was)
 //! ```
 //!
-//! `prefetch` and `unit_grad` start communication that, with `strategy.overlap`, runs on the
+//! `prefetch` and `unit_grads` start communication that, with `strategy.overlap`, runs on the
 //! rank's communication thread while the next stage computes: fsdp's next all-gather, ddp's
-//! all-reduce and fsdp's reduce-scatter of the unit just finished. The strategy waits for it
-//! where it needs the result (the next `params`, the update).
+//! all-reduce and fsdp's reduce-scatter of the units just finished. Each is one op per stage
+//! (a stage's units travel together). The strategy waits for it where it needs the result
+//! (the next `params`, the update).
 //!
 //! A rank without samples in this micro-step runs the same gathers and hands in zero gradients,
 //! so every rank issues the same collectives in the same order.
@@ -77,10 +79,11 @@ pub fn micro_step<B: ComputeOn>(
             .collect()
     };
     let prefetch = |strategy: &mut dyn Strategy, s: usize| -> Result<(), TrainError> {
-        for &u in &stages[s] {
-            strategy.prefetch(u, layout.unit_range(u))?;
-        }
-        Ok(())
+        let units: Vec<_> = stages[s]
+            .iter()
+            .map(|&u| (u, layout.unit_range(u)))
+            .collect();
+        Ok(strategy.prefetch(&units)?)
     };
     // uses of each unit still to come in the backward (a tied unit is used by two stages)
     let mut uses = vec![0usize; layout.num_units()];
@@ -91,10 +94,22 @@ pub fn micro_step<B: ComputeOn>(
     }
     let mut micro =
         batch.map(|(input, key, scale)| compute.micro(input, key, scale, opts.checkpointing));
+    // the last recomputed stage's backward comes right after the head's: when the strategy
+    // gathers, its parameters are kept from the forward instead of gathered again (torch FSDP2
+    // leaves the last module unsharded after its forward the same way)
+    let keep = (opts.checkpointing && n >= 2 && strategy.shards_params()).then(|| n - 2);
+    let mut kept: Option<Vec<UnitParams>> = None;
+    if n > 0 {
+        prefetch(strategy, 0)?;
+    }
     for s in 0..n {
         let params = fetch(strategy, s)?;
         if s + 1 < n {
             prefetch(strategy, s + 1)?;
+        }
+        if keep == Some(s) {
+            // (on every rank, with samples or not: they all skip the same gather)
+            kept = host_copy(&params);
         }
         if let Some(m) = micro.as_mut() {
             clock.time(Phase::Forward, || m.forward(s, params))?;
@@ -103,12 +118,16 @@ pub fn micro_step<B: ComputeOn>(
     let loss = micro.as_ref().map(|m| m.loss());
     let mut pending: Vec<Option<Grads>> = (0..layout.num_units()).map(|_| None).collect();
     for s in (0..n).rev() {
-        let params = if recomputed(s, n, opts.checkpointing) {
+        let params = if keep == Some(s) && kept.is_some() {
+            kept.take()
+        } else if recomputed(s, n, opts.checkpointing) {
             Some(fetch(strategy, s)?)
         } else {
             None
         };
-        if s > 0 && recomputed(s - 1, n, opts.checkpointing) {
+        // (the kept stage needs no gather)
+        let held = s > 0 && keep == Some(s - 1) && kept.is_some();
+        if s > 0 && recomputed(s - 1, n, opts.checkpointing) && !held {
             prefetch(strategy, s - 1)?;
         }
         let grads: Vec<Grads> = match micro.as_mut() {
@@ -133,6 +152,7 @@ pub fn micro_step<B: ComputeOn>(
                 })
                 .collect::<Result<_, _>>()?,
         };
+        let mut done = Vec::with_capacity(stages[s].len());
         for (&u, g) in stages[s].iter().zip(grads) {
             let g = match pending[u].take() {
                 // a tied unit: the later use's gradient (in backward order) is added to the
@@ -146,13 +166,27 @@ pub fn micro_step<B: ComputeOn>(
             };
             uses[u] -= 1;
             if uses[u] == 0 {
-                strategy.unit_grad(u, layout.unit_range(u), g, opts.sync)?;
+                done.push((u, layout.unit_range(u), g));
             } else {
                 pending[u] = Some(g);
             }
         }
+        if !done.is_empty() {
+            strategy.unit_grads(done, opts.sync)?;
+        }
     }
     Ok(loss)
+}
+
+/// A copy of host parameters (`None` when any is on the device).
+fn host_copy(params: &[UnitParams]) -> Option<Vec<UnitParams>> {
+    params
+        .iter()
+        .map(|p| match p {
+            UnitParams::Host(v) => Some(UnitParams::Host(v.clone())),
+            UnitParams::Device(_) => None,
+        })
+        .collect()
 }
 
 /// A unit's gradient from the backend: on the device when its addresses can be reached (NCCL

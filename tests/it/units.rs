@@ -138,3 +138,63 @@ fn fsdp_evaluates_stage_by_stage_to_the_whole_models_bits() {
         );
     }
 }
+
+/// The collectives of one traced step of rank 0 by name (both tracks), in a run of `task`.
+fn step_ops(task: &str, sets: &[&str]) -> std::collections::BTreeMap<&'static str, usize> {
+    let mut all = vec![
+        "profile.enabled=true",
+        "profile.wait=1",
+        "profile.warmup=0",
+        "profile.active=1",
+        "profile.repeat=1",
+        "data.eval_fraction=0.0",
+    ];
+    all.extend_from_slice(sets);
+    let p = crate::parallel::prepare(task, &all);
+    let placement = kiln::backend::resolve(&p.r.config).unwrap();
+    let res = kiln::launch::train(&placement, &p.input(), None, None, &mut |_| {}).unwrap();
+    let mut ops = std::collections::BTreeMap::new();
+    for s in &res.time[0].spans {
+        if s.op.is_some() && s.step == 2 {
+            *ops.entry(s.name).or_default() += 1;
+        }
+    }
+    ops
+}
+
+#[test]
+fn a_stages_units_travel_in_one_collective_and_the_last_recomputed_stage_is_not_gathered_twice() {
+    let d = kiln::testdir::tempdir().unwrap();
+    corpus(d.path());
+    let task = GPT.replace("corpus.txt", d.path().join("corpus.txt").to_str().unwrap());
+    // stages: [wte, wpe], blocks.0, blocks.1, [ln_f, wte]
+    let n = 4;
+    for overlap in ["true", "false"] {
+        let o = format!("strategy.overlap={overlap}");
+        let base = ["strategy.devices=2", "strategy.unit=layer", o.as_str()];
+        let fsdp = |ac: &str| {
+            let ac = format!("train.activation_checkpointing={ac}");
+            let mut sets = vec!["strategy.kind=fsdp", ac.as_str()];
+            sets.extend_from_slice(&base);
+            step_ops(&task, &sets)
+        };
+        // one gather per stage in the forward; with checkpointing again for each recomputed
+        // stage but the last, whose forward gather is kept; one reduce-scatter per stage whose
+        // units are done (the tied `wte` with `wpe`, in stage 0)
+        let ops = fsdp("none");
+        assert_eq!(ops.get("all_gather"), Some(&n), "{overlap}: {ops:?}");
+        assert_eq!(ops.get("reduce_scatter"), Some(&n), "{overlap}: {ops:?}");
+        let ops = fsdp("units");
+        assert_eq!(
+            ops.get("all_gather"),
+            Some(&(n + n - 2)),
+            "{overlap}: {ops:?}"
+        );
+        assert_eq!(ops.get("reduce_scatter"), Some(&n), "{overlap}: {ops:?}");
+        // ddp: one all-reduce per stage whose units are done, and the step's totals
+        let mut sets = vec!["strategy.kind=ddp"];
+        sets.extend_from_slice(&base);
+        let ops = step_ops(&task, &sets);
+        assert_eq!(ops.get("all_reduce"), Some(&(n + 1)), "{overlap}: {ops:?}");
+    }
+}
