@@ -21,7 +21,7 @@
 //! | 3 | `collective` | all-reduce, broadcast, all-gather, reduce-scatter over local, TCP or NCCL |
 //! | 2 | `model`, `plan`, `cuda` | the `Model` trait and families (Burn modules); batch arithmetic; CUDA/NCCL discovery |
 //! | 1 | `params`, `data` | flat layout, host/device buffers, optimizers, clipping; datasets and the sampler |
-//! | 0 | `config`, `checkpoint`, `ui`, `rng`, `memory` | leaves: import nothing from kiln; `memory` counts each rank's allocated bytes |
+//! | 0 | `config`, `checkpoint`, `ui`, `rng`, `memory`, `panic` | leaves: import nothing from kiln; `memory` counts each rank's allocated bytes; `panic` words a caught panic |
 //!
 //! A new model family is one `model::Family` impl registered in a `model::Registry`; a new
 //! strategy is one file in `strategy/`; a new transport one `collective::Collective` impl.
@@ -38,6 +38,7 @@ pub mod error;
 pub mod launch;
 pub mod memory;
 pub mod model;
+pub mod panic;
 pub mod params;
 pub mod plan;
 pub mod report;

@@ -197,11 +197,7 @@ impl Overlapped {
                 Some(reason) => Err(aborted(rank, kind, reason)),
                 None => std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(c)))
                     .unwrap_or_else(|p| {
-                        let msg = p
-                            .downcast_ref::<&str>()
-                            .map(|s| s.to_string())
-                            .or_else(|| p.downcast_ref::<String>().cloned())
-                            .unwrap_or_else(|| "unknown panic".into());
+                        let msg = crate::panic::message(p.as_ref());
                         let why = format!("the communication thread panicked in {kind}: {msg}");
                         Err(aborted(rank, kind, why))
                     }),

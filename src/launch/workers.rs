@@ -201,7 +201,7 @@ fn run_ranks<B: RankBackend>(
                 Ok(h) => h.join().unwrap_or_else(|p| {
                     Err(TrainError::Panic {
                         rank,
-                        message: panic_message(&p),
+                        message: crate::panic::message(p.as_ref()),
                     })
                 }),
                 Err(e) => Err(TrainError::Panic {
@@ -367,7 +367,7 @@ fn rank_main<B: RankBackend>(
         .unwrap_or_else(|p| {
             Err(TrainError::Panic {
                 rank,
-                message: panic_message(&p),
+                message: crate::panic::message(p.as_ref()),
             })
         });
         if let Err(e) = &result {
@@ -383,13 +383,6 @@ fn rank_main<B: RankBackend>(
 
 fn first_line(s: &str) -> &str {
     s.lines().next().unwrap_or(s)
-}
-
-fn panic_message(p: &Box<dyn std::any::Any + Send>) -> String {
-    p.downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| p.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "unknown panic".into())
 }
 
 /// The first line of a session in a rank's log: which kiln, which config, where, which process.

@@ -165,7 +165,7 @@ impl Assembler<'_> {
     fn try_assemble(&self, job: Job) -> Result<Micro, String> {
         let what = self.describe(&job);
         catch_unwind(AssertUnwindSafe(|| self.assemble(job)))
-            .map_err(|p| format!("{what} failed: {}", panic_text(&p)))
+            .map_err(|p| format!("{what} failed: {}", crate::panic::message(p.as_ref())))
     }
 
     fn describe(&self, job: &Job) -> String {
@@ -180,13 +180,6 @@ impl Assembler<'_> {
             self.file
         )
     }
-}
-
-fn panic_text(p: &Box<dyn std::any::Any + Send>) -> String {
-    p.downcast_ref::<String>()
-        .cloned()
-        .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
-        .unwrap_or_else(|| "a panic".into())
 }
 
 struct State<'a> {
@@ -327,7 +320,7 @@ impl<'s, 'a> Loader<'s, 'a> {
                     format!(
                         "rank {}: the sampler failed: {}",
                         self.assembler.rank,
-                        panic_text(&p)
+                        crate::panic::message(p.as_ref())
                     )
                 })?
             };
@@ -424,7 +417,7 @@ fn work(shared: &Shared<'_>, assembler: &Assembler<'_>, ahead: usize) {
                         Err(format!(
                             "rank {}: the sampler failed: {}",
                             assembler.rank,
-                            panic_text(&p)
+                            crate::panic::message(p.as_ref())
                         )),
                     );
                     st.issued += 1;

@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 const LAYERS: &[(&str, u32)] = &[
     ("rng", 0),
     ("memory", 0),
+    ("panic", 0),
     ("config", 0),
     ("ui", 0),
     ("testdir", 0),
