@@ -28,33 +28,34 @@ pub enum BackendError {
     NoToolkit(String, &'static str),
     #[error("`strategy.devices` names GPU {ordinal} but {found} CUDA device(s) were found\n  = help: list ordinals below {found}, or check CUDA_VISIBLE_DEVICES")]
     NoSuchGpu { ordinal: usize, found: usize },
+    #[error("kiln was built without wgpu support, but `backend.device` = \"wgpu\"\n  = help: rebuild with `cargo build --release --features wgpu`, or set `backend.device = \"cpu\"`")]
+    WgpuNotCompiled,
+    #[error("no wgpu adapter {wanted}; wgpu sees {found}\n  = help: install a Vulkan driver (on Debian or Ubuntu, `apt-get install mesa-vulkan-drivers` gives lavapipe, a software one), choose another `backend.adapter`, or set `backend.device = \"cpu\"` (`kiln env` lists the adapters)")]
+    NoAdapter { wanted: String, found: String },
     #[error("`strategy.collective` = \"nccl\" but ranks share a GPU ({ranks} ranks on {gpus} GPU(s)); NCCL refuses two ranks on one GPU (before NCCL 2.30)\n  = help: set `strategy.collective = \"host\"` for host-staged collectives, or use at most {gpus} devices")]
     SharedGpu { ranks: usize, gpus: usize },
 }
 
-/// The concrete backend a config resolves to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Resolved {
-    Ndarray,
-    Flex,
-    #[cfg(feature = "cuda")]
-    Cuda(Precision),
-}
-
-impl Resolved {
-    pub fn name(&self) -> &'static str {
-        match self {
-            Resolved::Ndarray => "ndarray",
-            Resolved::Flex => "flex",
-            #[cfg(feature = "cuda")]
-            Resolved::Cuda(Precision::F32) => "cuda-f32",
-            #[cfg(feature = "cuda")]
-            Resolved::Cuda(Precision::Bf16) => "cuda-bf16",
-            #[cfg(feature = "cuda")]
-            Resolved::Cuda(Precision::F16) => "cuda-f16",
+macro_rules! resolved {
+    ($($(#[$a:meta])* $v:ident = $name:literal => $ty:ty),* $(,)?) => {
+        /// The concrete backend a config resolves to: one per entry of
+        /// `model::for_each_backend!`.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        pub enum Resolved {
+            $($(#[$a])* $v,)*
         }
-    }
+
+        impl Resolved {
+            /// Its name in logs and `summary.json` (`flex`, `cuda-bf16`, `wgpu`).
+            pub fn name(&self) -> &'static str {
+                match self {
+                    $($(#[$a])* Resolved::$v => $name,)*
+                }
+            }
+        }
+    };
 }
+crate::model::for_each_backend!(resolved);
 
 /// How the ranks of this node talk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -95,6 +96,113 @@ pub fn resolve(c: &Config) -> Result<Placement, BackendError> {
             note: None,
         }),
         Device::Cuda => cuda_placement(c, world),
+        Device::Wgpu => wgpu_placement(c, world),
+    }
+}
+
+#[cfg(not(feature = "wgpu"))]
+fn wgpu_placement(_c: &Config, _world: usize) -> Result<Placement, BackendError> {
+    Err(BackendError::WgpuNotCompiled)
+}
+
+/// Every rank on the one adapter `backend.adapter` picks, reducing through the host.
+#[cfg(feature = "wgpu")]
+fn wgpu_placement(c: &Config, world: usize) -> Result<Placement, BackendError> {
+    let adapters = wgpu_adapters::list();
+    let kind = wgpu_adapters::kind(c.backend.adapter);
+    if !adapters.iter().any(|a| kind.is_none_or(|k| a.kind == k)) {
+        let found = if adapters.is_empty() {
+            "none".to_string()
+        } else {
+            adapters
+                .iter()
+                .map(|a| a.to_string())
+                .collect::<Vec<_>>()
+                .join("; ")
+        };
+        let wanted = match c.backend.adapter {
+            crate::config::Adapter::Auto => "at all".to_string(),
+            other => format!(
+                "of kind `{}` (backend.adapter)",
+                format!("{other:?}").to_lowercase()
+            ),
+        };
+        return Err(BackendError::NoAdapter { wanted, found });
+    }
+    Ok(Placement {
+        backend: Resolved::Wgpu,
+        ordinals: vec![0; world],
+        collective: CommKind::Host,
+        note: (world > 1)
+            .then(|| "collective: host-staged (wgpu has no device collective)".to_string()),
+    })
+}
+
+/// The adapters wgpu sees (`kiln env`, and the check before a wgpu run).
+#[cfg(feature = "wgpu")]
+pub mod wgpu_adapters {
+    use crate::config::Adapter;
+
+    /// One adapter: its name, kind and graphics API.
+    #[derive(Debug, Clone)]
+    pub struct AdapterLine {
+        pub name: String,
+        pub kind: wgpu::DeviceType,
+        pub api: wgpu::Backend,
+        pub driver: String,
+    }
+
+    impl std::fmt::Display for AdapterLine {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "{} ({:?}, {:?}", self.name, self.kind, self.api)?;
+            if !self.driver.is_empty() {
+                write!(f, ", {}", self.driver)?;
+            }
+            write!(f, ")")
+        }
+    }
+
+    /// The device kind `adapter` asks for (`None`: any).
+    pub fn kind(adapter: Adapter) -> Option<wgpu::DeviceType> {
+        match adapter {
+            Adapter::Auto => None,
+            Adapter::Cpu => Some(wgpu::DeviceType::Cpu),
+            Adapter::Discrete => Some(wgpu::DeviceType::DiscreteGpu),
+            Adapter::Integrated => Some(wgpu::DeviceType::IntegratedGpu),
+        }
+    }
+
+    /// Every adapter of every graphics API wgpu was built with.
+    pub fn list() -> Vec<AdapterLine> {
+        let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle());
+        block_on(instance.enumerate_adapters(wgpu::Backends::all()))
+            .into_iter()
+            .map(|a| {
+                let i = a.get_info();
+                AdapterLine {
+                    name: i.name,
+                    kind: i.device_type,
+                    api: i.backend,
+                    driver: [i.driver, i.driver_info]
+                        .into_iter()
+                        .filter(|s| !s.is_empty())
+                        .collect::<Vec<_>>()
+                        .join(" "),
+                }
+            })
+            .collect()
+    }
+
+    /// Runs a future that native wgpu completes without waiting (adapter enumeration).
+    fn block_on<T>(f: impl std::future::Future<Output = T>) -> T {
+        let mut f = std::pin::pin!(f);
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        loop {
+            if let std::task::Poll::Ready(t) = f.as_mut().poll(&mut cx) {
+                return t;
+            }
+            std::thread::yield_now();
+        }
     }
 }
 
@@ -171,7 +279,11 @@ pub fn place_on_gpus(c: &Config, world: usize, gpus: usize) -> Result<Placement,
         (CollectiveKind::Host, _) => (CommKind::Host, Some("collective: host-staged (strategy.collective = \"host\")".into())),
     };
     #[cfg(feature = "cuda")]
-    let backend = Resolved::Cuda(c.backend.precision);
+    let backend = match c.backend.precision {
+        Precision::F32 => Resolved::CudaF32,
+        Precision::Bf16 => Resolved::CudaBf16,
+        Precision::F16 => Resolved::CudaF16,
+    };
     #[cfg(not(feature = "cuda"))]
     let backend = {
         let _ = Precision::F32;
@@ -187,7 +299,8 @@ pub fn place_on_gpus(c: &Config, world: usize, gpus: usize) -> Result<Placement,
 
 /// Backends kiln runs on, with the device of a rank.
 pub trait RankBackend: crate::model::ComputeOn {
-    fn rank_device(ordinal: usize) -> Self::Device;
+    /// The device of the rank placed on device `ordinal` (0 for CPU ranks).
+    fn rank_device(c: &crate::config::BackendConfig, ordinal: usize) -> Self::Device;
     /// How to reach the device address of a flat tensor, for backends whose buffers a device
     /// collective can use (CUDA); `None` keeps gradients on the host.
     fn raw_fn() -> Option<RawFn<Self::InnerBackend>> {
@@ -201,14 +314,31 @@ pub trait RankBackend: crate::model::ComputeOn {
 }
 
 impl RankBackend for Autodiff<NdArray> {
-    fn rank_device(_ordinal: usize) -> Self::Device {
+    fn rank_device(_c: &crate::config::BackendConfig, _ordinal: usize) -> Self::Device {
         Default::default()
     }
 }
 
 impl RankBackend for Autodiff<Flex> {
-    fn rank_device(_ordinal: usize) -> Self::Device {
+    fn rank_device(_c: &crate::config::BackendConfig, _ordinal: usize) -> Self::Device {
         Default::default()
+    }
+}
+
+/// wgpu: every rank on the adapter `backend.adapter` chose (checked by `resolve`).
+#[cfg(feature = "wgpu")]
+impl RankBackend for Autodiff<burn::backend::Wgpu> {
+    fn rank_device(c: &crate::config::BackendConfig, _ordinal: usize) -> Self::Device {
+        use burn::backend::wgpu::WgpuDevice;
+        match c.adapter {
+            crate::config::Adapter::Auto => WgpuDevice::DefaultDevice,
+            crate::config::Adapter::Cpu => WgpuDevice::Cpu,
+            crate::config::Adapter::Discrete => WgpuDevice::DiscreteGpu(0),
+            crate::config::Adapter::Integrated => WgpuDevice::IntegratedGpu(0),
+        }
+    }
+    fn asynchronous() -> bool {
+        true
     }
 }
 
@@ -226,7 +356,7 @@ mod cuda_backends {
         fn asynchronous() -> bool {
             true
         }
-        fn rank_device(ordinal: usize) -> Self::Device {
+        fn rank_device(_c: &crate::config::BackendConfig, ordinal: usize) -> Self::Device {
             CudaDevice::new(ordinal)
         }
         fn raw_fn() -> Option<RawFn<Self::InnerBackend>> {
@@ -237,7 +367,7 @@ mod cuda_backends {
         fn asynchronous() -> bool {
             true
         }
-        fn rank_device(ordinal: usize) -> Self::Device {
+        fn rank_device(_c: &crate::config::BackendConfig, ordinal: usize) -> Self::Device {
             CudaDevice::new(ordinal)
         }
         fn raw_fn() -> Option<RawFn<Self::InnerBackend>> {
@@ -248,7 +378,7 @@ mod cuda_backends {
         fn asynchronous() -> bool {
             true
         }
-        fn rank_device(ordinal: usize) -> Self::Device {
+        fn rank_device(_c: &crate::config::BackendConfig, ordinal: usize) -> Self::Device {
             CudaDevice::new(ordinal)
         }
         fn raw_fn() -> Option<RawFn<Self::InnerBackend>> {

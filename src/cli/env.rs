@@ -40,6 +40,9 @@ pub fn env(a: &EnvArgs) -> Result<()> {
         crate::backend::AUTO_CPU_NAME,
         if cuda { ", cuda (f32, bf16, f16)" } else { "" }
     );
+    if cfg!(feature = "wgpu") {
+        println!("  and wgpu (f32)");
+    }
     println!(
         "cpu threads: {}",
         std::thread::available_parallelism()
@@ -47,6 +50,7 @@ pub fn env(a: &EnvArgs) -> Result<()> {
             .unwrap_or(1)
     );
     cuda_report();
+    wgpu_report();
     nccl_vars(
         config
             .as_ref()
@@ -84,6 +88,26 @@ fn nccl_vars(config: Option<(&crate::config::Config, String)>) {
             .map(|s| format!("; did you mean {s}?"))
             .unwrap_or_default();
         println!("  warning: {var} in this environment is not a variable NCCL reads{hint}");
+    }
+}
+
+#[cfg(not(feature = "wgpu"))]
+fn wgpu_report() {
+    println!("wgpu: not compiled in");
+    println!("  = help: rebuild with `cargo build --release --features wgpu` to train through Vulkan, Metal or DX12 (AMD, Intel, Apple GPUs, or a software driver)");
+}
+
+#[cfg(feature = "wgpu")]
+fn wgpu_report() {
+    let adapters = crate::backend::wgpu_adapters::list();
+    if adapters.is_empty() {
+        println!("wgpu adapters: none");
+        println!("  = help: install a Vulkan driver (on Debian or Ubuntu, `apt-get install mesa-vulkan-drivers` gives lavapipe, a software one that runs on the CPU)");
+        return;
+    }
+    println!("wgpu adapters (backend.device = \"wgpu\", backend.adapter picks one):");
+    for a in adapters {
+        println!("  {a}");
     }
 }
 

@@ -675,6 +675,23 @@ impl Default for StrategyConfig {
 pub enum Device {
     Cpu,
     Cuda,
+    /// Burn's wgpu backend (the `wgpu` feature): Vulkan, Metal or DX12, on a GPU or on a
+    /// software driver (Mesa's lavapipe).
+    Wgpu,
+}
+
+/// Which wgpu adapter the ranks compute on (`backend.device = "wgpu"`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Adapter {
+    /// wgpu's default choice (a discrete GPU, else an integrated one, else a software one).
+    Auto,
+    /// A software adapter (on Linux, Mesa's lavapipe).
+    Cpu,
+    /// The first discrete GPU.
+    Discrete,
+    /// The first integrated GPU.
+    Integrated,
 }
 
 /// Which Burn CPU backend runs the math.
@@ -691,8 +708,12 @@ pub enum CpuBackend {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct BackendConfig {
-    /// cpu or cuda (needs the `cuda` feature). Default: `"cpu"`.
+    /// cpu, cuda (needs the `cuda` feature) or wgpu (needs the `wgpu` feature). Default:
+    /// `"cpu"`.
     pub device: Device,
+    /// wgpu: the adapter, auto, cpu (a software one such as lavapipe), discrete or integrated.
+    /// Default: `"auto"`.
+    pub adapter: Adapter,
     /// CPU backend: auto, ndarray or flex. Default: `"auto"`.
     pub cpu: CpuBackend,
     /// CPU threads for the math of each rank; 0 shares the cores evenly among the ranks.
@@ -718,6 +739,7 @@ impl Default for BackendConfig {
     fn default() -> Self {
         BackendConfig {
             device: Device::Cpu,
+            adapter: Adapter::Auto,
             cpu: CpuBackend::Auto,
             threads: 0,
             precision: Precision::F32,

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use super::error::{ConfigError, KeyError};
 use super::load::{describe_source, Resolved};
 use super::schema::{
-    CollectiveKind, DataKind, Device, Devices, OptimKind, Precision, StrategyKind,
+    Adapter, CollectiveKind, DataKind, Device, Devices, OptimKind, Precision, StrategyKind,
 };
 
 impl Resolved {
@@ -559,7 +559,36 @@ pub fn validate(r: &Resolved) -> Result<(), ConfigError> {
     }
 
     let cuda = c.backend.device == Device::Cuda;
-    if !cuda && c.backend.precision != Precision::F32 {
+    let wgpu = c.backend.device == Device::Wgpu;
+    if c.backend.adapter != Adapter::Auto && !wgpu {
+        return Err(r.key_error(
+            "backend.adapter",
+            "`backend.adapter` chooses a wgpu adapter, but `backend.device` is not \"wgpu\"".into(),
+            Some("set `backend.device = \"wgpu\"`, or remove `backend.adapter`".into()),
+        ));
+    }
+    if wgpu && c.backend.precision != Precision::F32 {
+        return Err(r.key_error(
+            "backend.precision",
+            format!(
+                "`backend.precision` = \"{:?}\" is not available on wgpu yet",
+                c.backend.precision
+            )
+            .to_lowercase(),
+            Some("wgpu trains in f32 for now: remove the key, or train bf16/f16 on CUDA".into()),
+        ));
+    }
+    if wgpu && st.collective == CollectiveKind::Nccl {
+        return Err(r.key_error(
+            "strategy.collective",
+            "`strategy.collective` = \"nccl\" needs CUDA; wgpu has no NCCL".into(),
+            Some(
+                "wgpu ranks reduce through the host: use `collective = \"host\"` (or \"auto\")"
+                    .into(),
+            ),
+        ));
+    }
+    if !cuda && !wgpu && c.backend.precision != Precision::F32 {
         return Err(r.key_error(
             "backend.precision",
             format!(

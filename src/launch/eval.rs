@@ -5,7 +5,6 @@
 
 use std::path::{Path, PathBuf};
 
-use burn::backend::{Autodiff, Flex, NdArray};
 use serde::Serialize;
 
 use super::resume::require_checkpoint;
@@ -87,21 +86,15 @@ pub fn eval(run_dir: &Path, o: &EvalOptions) -> Result<EvalReport> {
     let (world, batch) = (state.world_size.max(1), state.micro_batch.max(1));
     let params = &loaded.params;
     let m = model.as_ref();
-    let sums = match placement.backend {
-        Backend::Ndarray => on::<Autodiff<NdArray>>(m, params, ds, world, batch, ordinal),
-        Backend::Flex => on::<Autodiff<Flex>>(m, params, ds, world, batch, ordinal),
-        #[cfg(feature = "cuda")]
-        Backend::Cuda(p) => {
-            use crate::config::Precision;
-            use burn::backend::Cuda;
-            use burn::tensor::{bf16, f16};
-            match p {
-                Precision::F32 => on::<Autodiff<Cuda<f32>>>(m, params, ds, world, batch, ordinal),
-                Precision::Bf16 => on::<Autodiff<Cuda<bf16>>>(m, params, ds, world, batch, ordinal),
-                Precision::F16 => on::<Autodiff<Cuda<f16>>>(m, params, ds, world, batch, ordinal),
+    let be = &c.backend;
+    macro_rules! dispatch {
+        ($($(#[$a:meta])* $v:ident = $name:literal => $ty:ty),* $(,)?) => {
+            match placement.backend {
+                $($(#[$a])* Backend::$v => on::<$ty>(m, params, ds, world, batch, be, ordinal),)*
             }
-        }
-    }?;
+        };
+    }
+    let sums = crate::model::for_each_backend!(dispatch)?;
     let name = path
         .file_name()
         .map(|f| f.to_string_lossy().into_owned())
@@ -148,9 +141,10 @@ fn on<B: RankBackend>(
     ds: &crate::data::Dataset,
     world: usize,
     batch: usize,
+    be: &crate::config::BackendConfig,
     ordinal: usize,
 ) -> Result<EvalSums> {
-    let device = B::rank_device(ordinal);
+    let device = B::rank_device(be, ordinal);
     let compute = B::compute(model, &device);
     Ok(evaluate_like_run(
         compute.as_ref(),

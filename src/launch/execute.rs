@@ -8,8 +8,6 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
-use burn::backend::{Autodiff, Flex, NdArray};
-
 use super::resume::{prepare_resume, Resumption};
 use super::run_dir::{
     claim_run_dir, first_missing, is_empty_dir, lock_run_dir, newest_unfinished, stored_config,
@@ -900,25 +898,12 @@ pub fn train(
     if std::env::var_os("MATMUL_NUM_THREADS").is_none() {
         std::env::set_var("MATMUL_NUM_THREADS", n.to_string());
     }
-    match placement.backend {
-        Backend::Ndarray => run::<Autodiff<NdArray>>(input, placement, n, logs, link, on_event),
-        Backend::Flex => run::<Autodiff<Flex>>(input, placement, n, logs, link, on_event),
-        #[cfg(feature = "cuda")]
-        Backend::Cuda(p) => {
-            use crate::config::Precision;
-            use burn::backend::Cuda;
-            use burn::tensor::{bf16, f16};
-            match p {
-                Precision::F32 => {
-                    run::<Autodiff<Cuda<f32>>>(input, placement, n, logs, link, on_event)
-                }
-                Precision::Bf16 => {
-                    run::<Autodiff<Cuda<bf16>>>(input, placement, n, logs, link, on_event)
-                }
-                Precision::F16 => {
-                    run::<Autodiff<Cuda<f16>>>(input, placement, n, logs, link, on_event)
-                }
+    macro_rules! dispatch {
+        ($($(#[$a:meta])* $v:ident = $name:literal => $ty:ty),* $(,)?) => {
+            match placement.backend {
+                $($(#[$a])* Backend::$v => run::<$ty>(input, placement, n, logs, link, on_event),)*
             }
-        }
+        };
     }
+    crate::model::for_each_backend!(dispatch)
 }

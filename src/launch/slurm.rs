@@ -117,7 +117,7 @@ fn header(s: &SlurmConfig, name: &str, gpus: Option<usize>, output: &str) -> Vec
 fn gpus_per_node(c: &Config) -> Option<usize> {
     c.slurm.gpus_per_node.or(match c.backend.device {
         crate::config::Device::Cuda => Some(c.strategy.devices.count() * c.slurm.tasks_per_node),
-        crate::config::Device::Cpu => None,
+        crate::config::Device::Cpu | crate::config::Device::Wgpu => None,
     })
 }
 

@@ -333,7 +333,7 @@ fn rank_main<B: RankBackend>(
             return Err(err);
         }
     };
-    let device = B::rank_device(ordinal);
+    let device = B::rank_device(&input.config.backend, ordinal);
     // the strategy lives on the pool thread that trains (it may hold device buffers, which stay
     // on the thread whose stream made them)
     pool.install(move || {

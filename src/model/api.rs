@@ -3,15 +3,9 @@
 
 use std::sync::Arc;
 
-use burn::backend::{Autodiff, Flex, NdArray};
 use burn::module::Module;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Tensor, TensorData};
-
-#[cfg(feature = "cuda")]
-use burn::backend::{cuda::CudaDevice, Cuda};
-#[cfg(feature = "cuda")]
-use burn::tensor::{bf16, f16};
 
 use crate::params::{DeviceTensor, Grads, ParamLayout};
 use crate::rng::Rng;
@@ -519,59 +513,36 @@ pub trait Model: Send + Sync {
     fn torch_aliases(&self) -> Vec<(String, String)>;
     /// See `Family::flops_per_sample`.
     fn flops_per_sample(&self) -> Option<f64>;
+    /// The model's compute on backend `backend` (the `TypeId` of one of
+    /// `model::for_each_backend!`'s types) for `device` (its device), as a
+    /// `Box<dyn Compute<B>>` in a `Box<dyn Any>`; `None` for a type the list lacks.
+    /// `ComputeOn::compute` asks, typed.
     #[doc(hidden)]
-    fn on_ndarray(
+    fn compute_erased(
         &self,
-        device: &burn::backend::ndarray::NdArrayDevice,
-    ) -> Box<dyn Compute<Autodiff<NdArray>>>;
-    #[doc(hidden)]
-    fn on_flex(&self, device: &burn::backend::flex::FlexDevice)
-        -> Box<dyn Compute<Autodiff<Flex>>>;
-    #[cfg(feature = "cuda")]
-    #[doc(hidden)]
-    fn on_cuda_f32(&self, device: &CudaDevice) -> Box<dyn Compute<Autodiff<Cuda<f32>>>>;
-    #[cfg(feature = "cuda")]
-    #[doc(hidden)]
-    fn on_cuda_bf16(&self, device: &CudaDevice) -> Box<dyn Compute<Autodiff<Cuda<bf16>>>>;
-    #[cfg(feature = "cuda")]
-    #[doc(hidden)]
-    fn on_cuda_f16(&self, device: &CudaDevice) -> Box<dyn Compute<Autodiff<Cuda<f16>>>>;
+        backend: std::any::TypeId,
+        device: &dyn std::any::Any,
+    ) -> Option<Box<dyn std::any::Any>>;
 }
 
-/// The backends a model can be computed on.
+/// The backends a model can be computed on: every Burn autodiff backend; a model computes on
+/// the ones in `model::for_each_backend!`.
 pub trait ComputeOn: AutodiffBackend {
     fn compute(model: &dyn Model, device: &Self::Device) -> Box<dyn Compute<Self>>;
 }
 
-impl ComputeOn for Autodiff<NdArray> {
+impl<B: AutodiffBackend> ComputeOn for B {
     fn compute(model: &dyn Model, device: &Self::Device) -> Box<dyn Compute<Self>> {
-        model.on_ndarray(device)
-    }
-}
-
-impl ComputeOn for Autodiff<Flex> {
-    fn compute(model: &dyn Model, device: &Self::Device) -> Box<dyn Compute<Self>> {
-        model.on_flex(device)
-    }
-}
-
-#[cfg(feature = "cuda")]
-mod cuda_compute {
-    use super::*;
-
-    impl ComputeOn for Autodiff<Cuda<f32>> {
-        fn compute(model: &dyn Model, device: &Self::Device) -> Box<dyn Compute<Self>> {
-            model.on_cuda_f32(device)
-        }
-    }
-    impl ComputeOn for Autodiff<Cuda<bf16>> {
-        fn compute(model: &dyn Model, device: &Self::Device) -> Box<dyn Compute<Self>> {
-            model.on_cuda_bf16(device)
-        }
-    }
-    impl ComputeOn for Autodiff<Cuda<f16>> {
-        fn compute(model: &dyn Model, device: &Self::Device) -> Box<dyn Compute<Self>> {
-            model.on_cuda_f16(device)
+        let erased = model
+            .compute_erased(std::any::TypeId::of::<B>(), device)
+            .and_then(|c| c.downcast::<Box<dyn Compute<B>>>().ok());
+        match erased {
+            Some(c) => *c,
+            None => panic!(
+                "model `{}` has no compute on {}: the backend is not in `model::for_each_backend!`",
+                model.kind(),
+                std::any::type_name::<B>()
+            ),
         }
     }
 }

@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use std::marker::PhantomData;
 use std::sync::Arc;
 
-use burn::backend::{Autodiff, Flex, NdArray};
+use burn::backend::{Autodiff, NdArray};
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
 use burn::tensor::activation::log_softmax;
 use burn::tensor::backend::{AutodiffBackend, Backend};
@@ -794,6 +794,15 @@ impl<F: Family> FamilyModel<F> {
         }
     }
 
+    /// `engine` for a device behind `Any`, boxed again as `Any` (`Model::compute_erased`).
+    fn erased_engine<B: AutodiffBackend>(
+        &self,
+        device: &dyn std::any::Any,
+    ) -> Option<Box<dyn std::any::Any>> {
+        let device = device.downcast_ref::<B::Device>()?;
+        Some(Box::new(self.engine::<B>(device)))
+    }
+
     fn engine<B: AutodiffBackend>(&self, device: &B::Device) -> Box<dyn Compute<B>> {
         Box::new(Engine::<F, B>::new(
             self.family.clone(),
@@ -838,38 +847,23 @@ impl<F: Family> Model for FamilyModel<F> {
     fn flops_per_sample(&self) -> Option<f64> {
         self.family.flops_per_sample()
     }
-    fn on_ndarray(
+    fn compute_erased(
         &self,
-        device: &burn::backend::ndarray::NdArrayDevice,
-    ) -> Box<dyn Compute<Autodiff<NdArray>>> {
-        self.engine(device)
-    }
-    fn on_flex(
-        &self,
-        device: &burn::backend::flex::FlexDevice,
-    ) -> Box<dyn Compute<Autodiff<Flex>>> {
-        self.engine(device)
-    }
-    #[cfg(feature = "cuda")]
-    fn on_cuda_f32(
-        &self,
-        device: &burn::backend::cuda::CudaDevice,
-    ) -> Box<dyn Compute<Autodiff<burn::backend::Cuda<f32>>>> {
-        self.engine(device)
-    }
-    #[cfg(feature = "cuda")]
-    fn on_cuda_bf16(
-        &self,
-        device: &burn::backend::cuda::CudaDevice,
-    ) -> Box<dyn Compute<Autodiff<burn::backend::Cuda<burn::tensor::bf16>>>> {
-        self.engine(device)
-    }
-    #[cfg(feature = "cuda")]
-    fn on_cuda_f16(
-        &self,
-        device: &burn::backend::cuda::CudaDevice,
-    ) -> Box<dyn Compute<Autodiff<burn::backend::Cuda<burn::tensor::f16>>>> {
-        self.engine(device)
+        backend: std::any::TypeId,
+        device: &dyn std::any::Any,
+    ) -> Option<Box<dyn std::any::Any>> {
+        macro_rules! engines {
+            ($($(#[$a:meta])* $v:ident = $name:literal => $ty:ty),* $(,)?) => {
+                $(
+                    $(#[$a])*
+                    if backend == std::any::TypeId::of::<$ty>() {
+                        return self.erased_engine::<$ty>(device);
+                    }
+                )*
+            };
+        }
+        super::backends::for_each_backend!(engines);
+        None
     }
 }
 
@@ -930,7 +924,11 @@ mod tests {
         assert_eq!(names, ["fc.weight", "fc.bias", "norm.gamma", "norm.beta"]);
         let units: Vec<_> = m.layout().units.iter().map(|u| u.name.as_str()).collect();
         assert_eq!(units, ["fc", "norm"]);
-        let compute = m.on_flex(&Default::default());
+        let compute =
+            <burn::backend::Autodiff<burn::backend::Flex> as crate::model::ComputeOn>::compute(
+                &m,
+                &Default::default(),
+            );
         let params = m.init(0);
         let layout = m.layout().clone();
         let mut source = |u: usize| -> Result<UnitParams, ModelError> {
@@ -974,7 +972,11 @@ mod tests {
     #[test]
     fn a_unit_of_the_wrong_size_is_an_error() {
         let m = FamilyModel::new(Net);
-        let compute = m.on_flex(&Default::default());
+        let compute =
+            <burn::backend::Autodiff<burn::backend::Flex> as crate::model::ComputeOn>::compute(
+                &m,
+                &Default::default(),
+            );
         let mut short =
             |_u: usize| -> Result<UnitParams, ModelError> { Ok(UnitParams::Host(vec![0.0; 3])) };
         let mut g = Grads::Host(vec![0.0; m.num_params()]);

@@ -282,7 +282,11 @@ mod engine_tests {
     #[test]
     fn device_buffers_give_the_host_gradients() {
         let m = model(0.2);
-        let compute = m.on_flex(&Default::default());
+        let compute =
+            <burn::backend::Autodiff<burn::backend::Flex> as crate::model::ComputeOn>::compute(
+                &m,
+                &Default::default(),
+            );
         let params = m.init(3);
         let mut host = Grads::Host(vec![0.0; m.num_params()]);
         let mut dev = Grads::Device(flat(vec![0.0; m.num_params()]));
@@ -355,7 +359,10 @@ mod engine_tests {
     fn training_on_device_parameters_matches_the_host() {
         let device = Default::default();
         let m = model(0.0);
-        let compute = m.on_flex(&device);
+        let compute =
+            <burn::backend::Autodiff<burn::backend::Flex> as crate::model::ComputeOn>::compute(
+                &m, &device,
+            );
         let layout = m.layout().clone();
         let n = m.num_params();
         let mut host_opt = Optimizer::new(&OptimConfig {

@@ -7,6 +7,7 @@
 //! used; `registry` maps `model.kind` to a builder.
 
 mod api;
+pub(crate) mod backends;
 pub mod cnn;
 mod engine;
 pub mod gpt;
@@ -20,5 +21,6 @@ pub use api::{
     Forward, Input, MicroStep, Model, ModelError, SharedModel, StagedEval, StepKey, Task,
     UnitParams,
 };
+pub(crate) use backends::for_each_backend;
 pub use engine::FamilyModel;
 pub use registry::{build, install, registry, Builder, Registry};

@@ -174,11 +174,12 @@ struct Running {
     gpus: Vec<usize>,
 }
 
-/// GPUs a trial needs: its device count on CUDA, none on the CPU.
+/// GPUs a trial needs: its device count on CUDA, none on the CPU (and on wgpu, whose ranks
+/// share one adapter that kiln does not count).
 fn gpus_needed(c: &Config) -> usize {
     match c.backend.device {
         crate::config::Device::Cuda => c.strategy.devices.count(),
-        crate::config::Device::Cpu => 0,
+        crate::config::Device::Cpu | crate::config::Device::Wgpu => 0,
     }
 }
 

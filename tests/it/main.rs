@@ -26,3 +26,4 @@ mod safety;
 mod slurm;
 mod sweep;
 mod units;
+mod wgpu;

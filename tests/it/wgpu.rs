@@ -1,0 +1,159 @@
+//! The wgpu backend. Without the `wgpu` feature: the errors. With it, on the adapter
+//! `backend.adapter = "cpu"` finds (Mesa's lavapipe in CI, `scripts/vulkan-up.sh` installs it):
+//! mlp, cnn and gpt train like flex, ddp(2) and fsdp(2) like wgpu single, resume is exact, and
+//! bad input is refused naming the key.
+
+use crate::common::{kiln, stderr, stdout, write, TINY};
+
+#[test]
+fn wgpu_refusals_name_the_key() {
+    let d = kiln::testdir::tempdir().unwrap();
+    write(d.path(), "t.toml", TINY);
+    let check = |sets: &[&str]| {
+        let mut args = vec!["check", "t.toml"];
+        for s in sets {
+            args.extend(["--set", s]);
+        }
+        let o = kiln(d.path(), &args);
+        assert_eq!(o.status.code(), Some(2), "{sets:?}: {}", stderr(&o));
+        assert_eq!(
+            stdout(&o),
+            "",
+            "{sets:?}: nothing is printed before the error"
+        );
+        stderr(&o)
+    };
+    let e = check(&["backend.adapter=cpu"]);
+    assert!(
+        e.contains("`backend.adapter`") && e.contains("backend.device = \"wgpu\""),
+        "{e}"
+    );
+    let e = check(&[
+        "backend.device=wgpu",
+        "strategy.kind=ddp",
+        "strategy.devices=2",
+        "strategy.collective=nccl",
+    ]);
+    assert!(
+        e.contains("`strategy.collective` = \"nccl\" needs CUDA; wgpu has no NCCL"),
+        "{e}"
+    );
+    let e = check(&["backend.device=wgpu", "backend.precision=bf16"]);
+    assert!(
+        e.contains("`backend.precision` = \"bf16\" is not available on wgpu"),
+        "{e}"
+    );
+    if !cfg!(feature = "wgpu") {
+        let e = check(&["backend.device=wgpu"]);
+        assert_eq!(
+            e,
+            "error: kiln was built without wgpu support, but `backend.device` = \"wgpu\"\n  = help: rebuild with `cargo build --release --features wgpu`, or set `backend.device = \"cpu\"`\n"
+        );
+    }
+    assert!(!d.path().join("runs").exists());
+}
+
+#[cfg(feature = "wgpu")]
+mod on_wgpu {
+    use crate::common::{copy_dir, kiln, metric_lines, stderr, summary, write};
+    use crate::models::{corpus, CNN, GPT};
+    use crate::parallel::{prepare, TASK};
+
+    const ON: [&str; 2] = ["backend.device=wgpu", "backend.adapter=cpu"];
+
+    /// The final training loss and the eval loss of `task` with `sets`, in process.
+    fn losses(task: &str, sets: &[String]) -> (f64, f64) {
+        let refs: Vec<&str> = sets.iter().map(String::as_str).collect();
+        let p = prepare(task, &refs);
+        let placement = kiln::backend::resolve(&p.r.config).unwrap();
+        let res = kiln::launch::train(&placement, &p.input(), None, None, &mut |_| {}).unwrap();
+        let eval = res.outcome.eval.expect("an eval set").loss();
+        (res.outcome.final_loss, eval)
+    }
+
+    fn rel(a: f64, b: f64) -> f64 {
+        (a - b).abs() / b.abs().max(1e-12)
+    }
+
+    #[test]
+    fn every_family_trains_like_flex_and_ddp_and_fsdp_like_wgpu_single() {
+        let d = kiln::testdir::tempdir().unwrap();
+        corpus(d.path());
+        let gpt = GPT.replace("corpus.txt", d.path().join("corpus.txt").to_str().unwrap());
+        let families = [
+            ("mlp", TASK, 4, Some("model.dropout=0.0")),
+            ("cnn", CNN, 4, None),
+            ("gpt", gpt.as_str(), 2, None),
+        ];
+        for (name, task, quarter, own) in families {
+            let sets = |world: usize, extra: &[&str]| -> Vec<String> {
+                let mut v = vec![
+                    "train.max_steps=5".to_string(),
+                    format!("train.batch_size={}", quarter * 4 / world),
+                ];
+                v.extend(own.map(String::from));
+                v.extend(extra.iter().map(|s| s.to_string()));
+                v
+            };
+            let flex = losses(task, &sets(1, &[]));
+            let single = losses(task, &sets(1, &ON));
+            assert!(
+                rel(single.0, flex.0) < 1e-3 && rel(single.1, flex.1) < 1e-3,
+                "{name}: wgpu {single:?} vs flex {flex:?}"
+            );
+            for kind in ["ddp", "fsdp"] {
+                let k = format!("strategy.kind={kind}");
+                let mut extra = vec![k.as_str(), "strategy.devices=2", "strategy.unit=layer"];
+                extra.extend(ON);
+                let got = losses(task, &sets(2, &extra));
+                assert!(
+                    rel(got.0, single.0) < 1e-4 && rel(got.1, single.1) < 1e-4,
+                    "{name} {kind}(2): {got:?} vs wgpu single {single:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn resume_on_wgpu_is_bit_identical_to_the_uninterrupted_run() {
+        let d = kiln::testdir::tempdir().unwrap();
+        write(d.path(), "task.toml", TASK);
+        let mut args = vec!["run", "task.toml", "--quiet", "--run-dir", "full"];
+        let sets = [
+            "backend.device=wgpu",
+            "backend.adapter=cpu",
+            "train.max_steps=6",
+            "train.log_every=1",
+            "checkpoint.every_steps=3",
+        ];
+        for s in &sets {
+            args.extend(["--set", s]);
+        }
+        let o = kiln(d.path(), &args);
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        let full = d.path().join("full");
+        let copy = d.path().join("resumed");
+        copy_dir(&full, &copy);
+        let o = kiln(
+            d.path(),
+            &[
+                "resume",
+                copy.to_str().unwrap(),
+                "--quiet",
+                "--from",
+                "step-00000003",
+            ],
+        );
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        let lines = |r: &std::path::Path| -> Vec<(u64, f64)> {
+            metric_lines(r)
+                .iter()
+                .map(|v| (v["step"].as_u64().unwrap(), v["loss"].as_f64().unwrap()))
+                .collect()
+        };
+        assert_eq!(lines(&copy), lines(&full));
+        let (a, b) = (summary(&full), summary(&copy));
+        assert_eq!(a["params_sha256"], b["params_sha256"]);
+        assert_eq!(a["backend"], "wgpu", "{a}");
+    }
+}
