@@ -328,12 +328,11 @@ pub trait Strategy {
         }
         Ok(())
     }
-    /// The units of one stage (each with its flat range) will be asked for next, after the
-    /// ones asked for now: fsdp starts gathering them, in one all-gather for the stage, beside
+    /// The layout units of one stage will be asked for next, after the ones asked for now: fsdp starts gathering them, in one all-gather for the stage, beside
     /// the compute (torch `forward_prefetch`, `BackwardPrefetch.BACKWARD_PRE`). A stage that
     /// nothing prefetched is announced just before it is asked for. Every rank makes the same
     /// calls.
-    fn prefetch(&mut self, units: &[(usize, Range<usize>)]) -> Result<(), CollectiveError> {
+    fn prefetch(&mut self, units: &[usize]) -> Result<(), CollectiveError> {
         let _ = units;
         Ok(())
     }

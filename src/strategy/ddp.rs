@@ -167,8 +167,13 @@ impl Strategy for Ddp {
         }) {
             self.collect(true)?;
         }
-        let total: usize = ranges.iter().map(|r| r.len()).sum();
-        let mut send: Vec<f32> = Vec::new();
+        // one unit's gradient is sent as it is; several are copied side by side
+        let total = if ranges.len() > 1 {
+            ranges.iter().map(|r| r.len()).sum()
+        } else {
+            0
+        };
+        let mut send: Vec<f32> = Vec::with_capacity(total);
         for (_, range, grad) in grads {
             let Grads::Host(mut g) = grad else {
                 continue;
@@ -183,7 +188,6 @@ impl Strategy for Ddp {
             if ranges.len() == 1 {
                 send = g;
             } else {
-                send.reserve_exact(total - send.len());
                 send.extend_from_slice(&g);
             }
         }

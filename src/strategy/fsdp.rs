@@ -245,10 +245,8 @@ impl Fsdp {
         if let Some(v) = self.ready[i].take() {
             return Ok(Some(v));
         }
-        let Some(k) = self.ahead.iter().position(|(g, _)| g.contains(&i)) else {
-            return Ok(None);
-        };
-        let Some((group, p)) = self.ahead.remove(k) else {
+        let at = self.ahead.iter().position(|(g, _)| g.contains(&i));
+        let Some((group, p)) = at.and_then(|k| self.ahead.remove(k)) else {
             return Ok(None);
         };
         let gathered = self.comm.wait(p)?;
@@ -355,14 +353,14 @@ impl Strategy for Fsdp {
         }
     }
 
-    fn prefetch(&mut self, units: &[(usize, Range<usize>)]) -> Result<(), CollectiveError> {
+    fn prefetch(&mut self, units: &[usize]) -> Result<(), CollectiveError> {
         // whole parameters need no gather; unit = "model" gathers once, when asked; over a
         // device collective the gather happens on the device, when asked
         if self.full.is_some() || self.units.len() == 1 || self.comm.device_ops().is_some() {
             return Ok(());
         }
         let mut group: Vec<usize> = Vec::with_capacity(units.len());
-        for &(u, _) in units {
+        for &u in units {
             let i = self.unit_of[u];
             let held = self.ready[i].is_some() || self.ahead.iter().any(|(g, _)| g.contains(&i));
             if !held && !group.contains(&i) {

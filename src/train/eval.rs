@@ -87,8 +87,7 @@ pub(super) fn evaluate_by_units<B: ComputeOn>(
         for (s, units) in stages.iter().enumerate() {
             // a stage that no earlier one prefetched is announced just before it is asked for
             if s == 0 && (b == 0 || stages.len() == 1) {
-                let first: Vec<_> = units.iter().map(|&u| (u, layout.unit_range(u))).collect();
-                strategy.prefetch(&first)?;
+                strategy.prefetch(units)?;
             }
             let params = units
                 .iter()
@@ -104,8 +103,7 @@ pub(super) fn evaluate_by_units<B: ComputeOn>(
                 .get(s + 1)
                 .or_else(|| (b + 1 < batches && stages.len() > 1).then(|| &stages[0]));
             if let Some(next) = next {
-                let units: Vec<_> = next.iter().map(|&u| (u, layout.unit_range(u))).collect();
-                strategy.prefetch(&units)?;
+                strategy.prefetch(next)?;
             }
             if let Some(e) = eval.as_mut() {
                 e.forward(s, params)?;

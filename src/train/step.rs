@@ -79,11 +79,7 @@ pub fn micro_step<B: ComputeOn>(
             .collect()
     };
     let prefetch = |strategy: &mut dyn Strategy, s: usize| -> Result<(), TrainError> {
-        let units: Vec<_> = stages[s]
-            .iter()
-            .map(|&u| (u, layout.unit_range(u)))
-            .collect();
-        Ok(strategy.prefetch(&units)?)
+        Ok(strategy.prefetch(&stages[s])?)
     };
     // uses of each unit still to come in the backward (a tied unit is used by two stages)
     let mut uses = vec![0usize; layout.num_units()];
@@ -118,12 +114,10 @@ pub fn micro_step<B: ComputeOn>(
     let loss = micro.as_ref().map(|m| m.loss());
     let mut pending: Vec<Option<Grads>> = (0..layout.num_units()).map(|_| None).collect();
     for s in (0..n).rev() {
-        let params = if keep == Some(s) && kept.is_some() {
-            kept.take()
-        } else if recomputed(s, n, opts.checkpointing) {
-            Some(fetch(strategy, s)?)
-        } else {
-            None
+        let params = match kept.take_if(|_| keep == Some(s)) {
+            Some(p) => Some(p),
+            None if recomputed(s, n, opts.checkpointing) => Some(fetch(strategy, s)?),
+            None => None,
         };
         // (the kept stage needs no gather)
         let held = s > 0 && keep == Some(s - 1) && kept.is_some();

@@ -112,6 +112,28 @@ pub fn copy_dir(from: &Path, to: &Path) {
     }
 }
 
+/// Copies the run `full` into `dir`, resumes the copy from checkpoint `from` with `sets`
+/// (asserting it succeeds), and returns the copy.
+pub fn resume_copy(dir: &Path, full: &Path, from: &str, sets: &[&str]) -> PathBuf {
+    let copy = dir.join(format!("resumed-{from}"));
+    copy_dir(full, &copy);
+    let mut args = vec!["resume", copy.to_str().unwrap(), "--quiet", "--from", from];
+    for s in sets {
+        args.extend(["--set", s]);
+    }
+    let o = kiln(dir, &args);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    copy
+}
+
+/// `(step, loss)` of every line of a run's `metrics.jsonl`.
+pub fn loss_lines(run: &Path) -> Vec<(u64, f64)> {
+    metric_lines(run)
+        .iter()
+        .map(|v| (v["step"].as_u64().unwrap(), v["loss"].as_f64().unwrap()))
+        .collect()
+}
+
 /// The whole flat parameters of checkpoint `step_dir` of the run in `run_dir` (shards gathered).
 pub fn checkpoint_params(run_dir: &Path, step_dir: &Path) -> Vec<f32> {
     let r = kiln::launch::run_config(run_dir).unwrap();

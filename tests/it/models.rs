@@ -2,7 +2,7 @@
 //! time) within 1e-5; the CNN trains on the shipped digits; every bad model or image key is bad
 //! input (exit 2) naming the key, with nothing written.
 
-use crate::common::{copy_dir, kiln, root, stderr, summary, write};
+use crate::common::{copy_dir, kiln, loss_lines, resume_copy, root, stderr, summary, write};
 use crate::parallel::{max_diff, train_task};
 
 pub(crate) const CNN: &str = r#"
@@ -385,26 +385,8 @@ fn gpt_resume_with_dropout_is_bit_exact_under_ddp_and_fsdp() {
     ] {
         let d = kiln::testdir::tempdir().unwrap();
         let full = gpt_run_dir(d.path(), sets);
-        let copy = d.path().join("copy");
-        copy_dir(&full, &copy);
-        let o = kiln(
-            d.path(),
-            &[
-                "resume",
-                copy.to_str().unwrap(),
-                "--quiet",
-                "--from",
-                "step-00000002",
-            ],
-        );
-        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-        let lines = |r: &std::path::Path| {
-            crate::common::metric_lines(r)
-                .iter()
-                .map(|v| (v["step"].clone(), v["loss"].clone()))
-                .collect::<Vec<_>>()
-        };
-        assert_eq!(lines(&copy), lines(&full), "{sets:?}");
+        let copy = resume_copy(d.path(), &full, "step-00000002", &[]);
+        assert_eq!(loss_lines(&copy), loss_lines(&full), "{sets:?}");
         assert_eq!(
             summary(&copy)["params_sha256"],
             summary(&full)["params_sha256"],

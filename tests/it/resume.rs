@@ -7,7 +7,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::common::{
-    copy_dir, kiln, kiln_env, losses, metric_lines, root, stderr, summary, write, KILN,
+    copy_dir, kiln, kiln_env, loss_lines, losses, resume_copy, root, stderr, summary, write, KILN,
 };
 
 /// A small task with shuffling, dropout, accumulation and a schedule; checkpoints every 3 steps
@@ -63,26 +63,6 @@ fn full_run(dir: &Path, sets: &[&str]) -> PathBuf {
     let o = kiln(dir, &args);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     dir.join("full")
-}
-
-/// Copies the run, resumes the copy from `from` with `sets`, returns the copy.
-fn resume_copy(dir: &Path, full: &Path, from: &str, sets: &[&str]) -> PathBuf {
-    let copy = dir.join(format!("resumed-{from}"));
-    copy_dir(full, &copy);
-    let mut args = vec!["resume", copy.to_str().unwrap(), "--quiet", "--from", from];
-    for s in sets {
-        args.extend(["--set", s]);
-    }
-    let o = kiln(dir, &args);
-    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-    copy
-}
-
-fn loss_lines(run: &Path) -> Vec<(u64, f64)> {
-    metric_lines(run)
-        .iter()
-        .map(|v| (v["step"].as_u64().unwrap(), v["loss"].as_f64().unwrap()))
-        .collect()
 }
 
 #[test]

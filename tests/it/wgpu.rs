@@ -55,7 +55,7 @@ fn wgpu_refusals_name_the_key() {
 
 #[cfg(feature = "wgpu")]
 mod on_wgpu {
-    use crate::common::{copy_dir, kiln, metric_lines, stderr, summary, write};
+    use crate::common::{kiln, loss_lines, resume_copy, stderr, summary, write};
     use crate::models::{corpus, CNN, GPT};
     use crate::parallel::{prepare, TASK};
 
@@ -132,26 +132,8 @@ mod on_wgpu {
         let o = kiln(d.path(), &args);
         assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
         let full = d.path().join("full");
-        let copy = d.path().join("resumed");
-        copy_dir(&full, &copy);
-        let o = kiln(
-            d.path(),
-            &[
-                "resume",
-                copy.to_str().unwrap(),
-                "--quiet",
-                "--from",
-                "step-00000003",
-            ],
-        );
-        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-        let lines = |r: &std::path::Path| -> Vec<(u64, f64)> {
-            metric_lines(r)
-                .iter()
-                .map(|v| (v["step"].as_u64().unwrap(), v["loss"].as_f64().unwrap()))
-                .collect()
-        };
-        assert_eq!(lines(&copy), lines(&full));
+        let copy = resume_copy(d.path(), &full, "step-00000003", &[]);
+        assert_eq!(loss_lines(&copy), loss_lines(&full));
         let (a, b) = (summary(&full), summary(&copy));
         assert_eq!(a["params_sha256"], b["params_sha256"]);
         assert_eq!(a["backend"], "wgpu", "{a}");
