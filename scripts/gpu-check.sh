@@ -77,6 +77,23 @@ sys.exit(0 if len(a) == len(b) and worst <= tol else 1)
 PY
 }
 
+stays_on_device() { # dir: the parameters crossed to the device once, no gradient or optimizer
+  # state crossed at all (summary.json's host_transfers, counted by the engine)
+  python3 - "$WORK/$1/summary.json" <<'PY'
+import json, sys
+s = json.load(open(sys.argv[1]))
+once = 4 * s["num_params"]
+ok = True
+for m in s["memory"]:
+    t = m.get("host_transfers")
+    print(f"rank {m['rank']}: {t}")
+    ok = ok and t is not None and t["params_to_device"] == once and t["grads_to_host"] == 0 \
+        and t["grads_to_device"] == 0 and t["state_to_device"] == 0
+print(f"expected: params_to_device == {once} (one copy), no gradient or optimizer state to the device or gradient to the host")
+sys.exit(0 if ok else 1)
+PY
+}
+
 preflight() {
   command -v nvidia-smi >/dev/null || { echo "no nvidia-smi: no NVIDIA driver here"; return 1; }
   nvidia-smi -L || { echo "nvidia-smi -L failed: the driver sees no GPU"; return 1; }
@@ -143,7 +160,7 @@ PY
 }
 
 export KILN WORK Q
-export -f run compare_losses preflight cache_filled refused_with_message diverges_on_the_device throughput
+export -f run compare_losses stays_on_device preflight cache_filled refused_with_message diverges_on_the_device throughput
 if [ "$DRY" = 0 ]; then
   [ -x "$KILN" ] || { echo "no kiln binary at $KILN (see the top of this script)"; exit 2; }
   echo "work dir: $WORK"
@@ -157,15 +174,18 @@ step 90 "quickstart single on CUDA (compiles the kernels)" run cuda-single backe
 step 5 "the kernel cache holds the compiled kernels" cache_filled
 step 30 "quickstart single on CPU" run cpu-single
 step 5 "CUDA vs CPU losses (rel 1e-3)" compare_losses cuda-single cpu-single 1e-3
-step 5 "single on CUDA keeps parameters and optimizer on the device" grep -q "parameters and optimizer state: on the device" "$WORK/cuda-single/logs/rank-0.log"
-step 40 "ddp world 1 over NCCL" run cuda-ddp1 backend.device=cuda strategy.kind=ddp strategy.devices=1 strategy.collective=nccl
-step 5 "ddp world 1: NCCL ran on the device gradient buffers" grep -q "gradients: accumulated and reduced on the device" "$WORK/cuda-ddp1/logs/rank-0.log"
+step 5 "single on CUDA: parameters, gradients, optimizer stay on the device (counted)" stays_on_device cuda-single
+step 30 "single on CUDA with strategy.offload=cpu" run cuda-offload backend.device=cuda strategy.offload=cpu
+step 5 "offload == device-resident (rel 1e-5)" compare_losses cuda-offload cuda-single 1e-5
+step 30 "ddp world 1 over NCCL" run cuda-ddp1 backend.device=cuda strategy.kind=ddp strategy.devices=1 strategy.collective=nccl
+step 5 "ddp world 1 over NCCL: nothing but the first copy crossed (counted)" stays_on_device cuda-ddp1
 step 5 "ddp(1) over NCCL == single on CUDA (rel 1e-5)" compare_losses cuda-ddp1 cuda-single 1e-5
-step 40 "fsdp world 1 over NCCL (device all-gather and reduce-scatter)" run cuda-fsdp1 backend.device=cuda strategy.kind=fsdp strategy.devices=1 strategy.collective=nccl strategy.unit=layer
+step 30 "fsdp world 1 over NCCL (device all-gather and reduce-scatter)" run cuda-fsdp1 backend.device=cuda strategy.kind=fsdp strategy.devices=1 strategy.collective=nccl strategy.unit=layer
 step 5 "fsdp(1) over NCCL == single on CUDA (rel 1e-5)" compare_losses cuda-fsdp1 cuda-single 1e-5
-step 40 "bf16 ddp world 1 over NCCL" run cuda-bf16-ddp1 backend.device=cuda backend.precision=bf16 strategy.kind=ddp strategy.devices=1 strategy.collective=nccl
-step 40 "CUDA checkpoint at step 15 of 30" run cuda-ckpt backend.device=cuda optim.kind=adamw checkpoint.every_steps=15
-step 40 "CUDA resume from step 15" bash -c "rm -rf '$WORK/cuda-resumed' && cp -r '$WORK/cuda-ckpt' '$WORK/cuda-resumed' && '$KILN' resume '$WORK/cuda-resumed' --from step-00000015 --quiet"
+step 5 "fsdp(1): shards, gradient shards, optimizer on the device (counted)" stays_on_device cuda-fsdp1
+step 30 "bf16 ddp world 1 over NCCL" run cuda-bf16-ddp1 backend.device=cuda backend.precision=bf16 strategy.kind=ddp strategy.devices=1 strategy.collective=nccl
+step 35 "CUDA checkpoint at step 15 of 30" run cuda-ckpt backend.device=cuda optim.kind=adamw checkpoint.every_steps=15
+step 35 "CUDA resume from step 15" bash -c "rm -rf '$WORK/cuda-resumed' && cp -r '$WORK/cuda-ckpt' '$WORK/cuda-resumed' && '$KILN' resume '$WORK/cuda-resumed' --from step-00000015 --quiet"
 step 5 "resumed losses == uninterrupted losses (rel 1e-5)" compare_losses cuda-ckpt cuda-resumed 1e-5
 step 40 "ddp 2 ranks on one GPU, host collective" run cuda-ddp2 backend.device=cuda strategy.kind=ddp strategy.devices=2 strategy.collective=host train.batch_size=16
 step 5 "ddp(2) == single(32) on CUDA (rel 1e-3)" compare_losses cuda-ddp2 cuda-single 1e-3

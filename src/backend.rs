@@ -301,8 +301,10 @@ pub fn place_on_gpus(c: &Config, world: usize, gpus: usize) -> Result<Placement,
 pub trait RankBackend: crate::model::ComputeOn {
     /// The device of the rank placed on device `ordinal` (0 for CPU ranks).
     fn rank_device(c: &crate::config::BackendConfig, ordinal: usize) -> Self::Device;
-    /// How to reach the device address of a flat tensor, for backends whose buffers a device
-    /// collective can use (CUDA); `None` keeps gradients on the host.
+    /// Device backends (CUDA, wgpu): how to reach the device address of a flat tensor, for a
+    /// device collective (CUDA; wgpu buffers have none, `params::no_address`). With it the
+    /// step keeps parameters, gradients and optimizer state on the device. `None`: a CPU
+    /// backend, everything on the host.
     fn raw_fn() -> Option<RawFn<Self::InnerBackend>> {
         None
     }
@@ -336,6 +338,9 @@ impl RankBackend for Autodiff<burn::backend::Wgpu> {
             crate::config::Adapter::Discrete => WgpuDevice::DiscreteGpu(0),
             crate::config::Adapter::Integrated => WgpuDevice::IntegratedGpu(0),
         }
+    }
+    fn raw_fn() -> Option<RawFn<Self::InnerBackend>> {
+        Some(crate::params::no_address::<Self::InnerBackend>)
     }
     fn asynchronous() -> bool {
         true

@@ -9,7 +9,8 @@
 use std::ops::Range;
 
 use super::{Collective, CollectiveError, OpId, OpKind, ReduceOp};
-use crate::params::{Grads, RawBuf};
+use crate::params::transfers::{record, Moved};
+use crate::params::{DeviceTensor, Grads, RawBuf};
 
 /// Collective ops on raw device buffers. Each call has finished (results readable by the
 /// backend) when it returns.
@@ -60,6 +61,16 @@ pub trait GradsOps {
         op: ReduceOp,
         root: usize,
     ) -> Result<Vec<f32>, CollectiveError>;
+    /// Reduce-scatters `range` of a device gradient (zero-padded to `world * shard_len`): this
+    /// rank's chunk of the reduction, in a device buffer (host-staged without a device
+    /// collective).
+    fn reduce_scatter_device(
+        &mut self,
+        comm: &mut dyn Collective,
+        range: Range<usize>,
+        shard_len: usize,
+        op: ReduceOp,
+    ) -> Result<Box<dyn DeviceTensor>, CollectiveError>;
     /// Reduce-scatters `range` (zero-padded to `world * shard_len`): this rank's chunk of the
     /// reduction, on the host.
     fn reduce_scatter_to_host(
@@ -87,18 +98,22 @@ impl GradsOps for Grads {
         match self {
             Grads::Host(v) => comm.all_reduce(&mut v[range], op),
             Grads::Device(d) => {
-                let raw = d
-                    .raw()
-                    .map_err(|e| device_error(rank, OpKind::AllReduce, e))?;
                 match comm.device_ops() {
-                    Some(ops) => ops.all_reduce_raw(raw.slice(range), op),
-                    None => {
-                        // no device collective: bring the gradient over once, then stay on the host
-                        let host = d
-                            .to_host()
+                    Some(ops) => {
+                        let raw = d
+                            .raw()
                             .map_err(|e| device_error(rank, OpKind::AllReduce, e))?;
-                        *self = Grads::Host(host);
-                        self.all_reduce(comm, range, op)
+                        ops.all_reduce_raw(raw.slice(range), op)
+                    }
+                    None => {
+                        // host-staged: the range to the host, reduced there, written back (the
+                        // gradient stays on the device, where the update runs)
+                        let err = |e| device_error(rank, OpKind::AllReduce, e);
+                        let mut host = d.slice(range.clone()).to_host().map_err(err)?;
+                        record(Moved::GradsToHost, host.len());
+                        comm.all_reduce(&mut host, op)?;
+                        record(Moved::GradsToDevice, host.len());
+                        d.write_at(range.start, &host).map_err(err)
                     }
                 }
             }
@@ -118,6 +133,7 @@ impl GradsOps for Grads {
                 if let Some(ops) = comm.device_ops() {
                     ops.reduce_raw(raw, op, root)?;
                 }
+                record(Moved::GradsToHost, d.len());
                 d.to_host()
                     .map_err(|e| device_error(rank, OpKind::Reduce, e))
             }
@@ -127,6 +143,42 @@ impl GradsOps for Grads {
                 Ok(v)
             }
         }
+    }
+
+    fn reduce_scatter_device(
+        &mut self,
+        comm: &mut dyn Collective,
+        range: Range<usize>,
+        shard_len: usize,
+        op: ReduceOp,
+    ) -> Result<Box<dyn DeviceTensor>, CollectiveError> {
+        let rank = comm.rank();
+        let err = |e: String| device_error(rank, OpKind::ReduceScatter, e);
+        let Grads::Device(d) = self else {
+            return Err(err("a host gradient where a device one was expected".into()));
+        };
+        let padded = shard_len * comm.world();
+        if comm.world() == 1 && padded == range.len() {
+            // one rank: its shard is the unit
+            return Ok(d.slice(range));
+        }
+        if comm.device_ops().is_none() {
+            let mut host = d.slice(range.clone()).to_host().map_err(err)?;
+            record(Moved::GradsToHost, host.len());
+            host.resize(padded, 0.0);
+            let mut out = vec![0f32; shard_len];
+            comm.reduce_scatter(&host, &mut out, op)?;
+            record(Moved::GradsToDevice, out.len());
+            return d.upload(&out).map_err(err);
+        }
+        let mut send = d.padded(range, padded).map_err(err)?;
+        let mut recv = d.zeros(shard_len).map_err(err)?;
+        let (send_raw, recv_raw) = (send.raw().map_err(err)?, recv.raw().map_err(err)?);
+        if let Some(ops) = comm.device_ops() {
+            ops.reduce_scatter_raw(send_raw, recv_raw, op)?;
+        }
+        drop(send);
+        Ok(recv)
     }
 
     fn reduce_scatter_to_host(
@@ -156,10 +208,12 @@ impl GradsOps for Grads {
                     ops.reduce_scatter_raw(send_raw, recv_raw, op)?;
                 }
                 drop(send);
+                record(Moved::GradsToHost, shard_len);
                 recv.to_host().map_err(err)
             }
             Grads::Device(d) => {
                 let host = d.to_host().map_err(err)?;
+                record(Moved::GradsToHost, host.len());
                 *self = Grads::Host(host);
                 self.reduce_scatter_to_host(comm, range, shard_len, op)
             }
@@ -187,7 +241,7 @@ pub(crate) mod emulated {
     use std::any::Any;
 
     use super::*;
-    use crate::params::{clip_and_step, DevDType, DeviceParams, DeviceTensor, Optimizer};
+    use crate::params::{DevDType, DeviceParams, DeviceTensor, Optimizer};
 
     pub struct HostFlat(pub Vec<f32>);
 
@@ -229,6 +283,10 @@ pub(crate) mod emulated {
         fn to_host(&mut self) -> Result<Vec<f32>, String> {
             Ok(self.0.clone())
         }
+        fn write_at(&mut self, offset: usize, values: &[f32]) -> Result<(), String> {
+            self.0[offset..offset + values.len()].copy_from_slice(values);
+            Ok(())
+        }
         fn add_at(&mut self, offset: usize, other: &mut dyn DeviceTensor) -> Result<(), String> {
             let b = other.to_host()?;
             for (x, y) in self.0[offset..offset + b.len()].iter_mut().zip(&b) {
@@ -238,6 +296,9 @@ pub(crate) mod emulated {
         }
         fn non_finite(&self) -> Result<bool, String> {
             Ok(!crate::params::all_finite(&self.0))
+        }
+        fn sum_squares(&self) -> Result<f64, String> {
+            Ok(crate::params::sum_squares(&self.0))
         }
         fn as_any_mut(&mut self) -> &mut dyn Any {
             self
@@ -254,14 +315,17 @@ pub(crate) mod emulated {
         fn slice(&self, range: Range<usize>) -> Box<dyn DeviceTensor> {
             Box::new(HostFlat(self.0[range].to_vec()))
         }
-        fn step(
+        fn step_scaled(
             &mut self,
             grads: &mut dyn DeviceTensor,
             lr: f64,
-            clip: Option<f64>,
+            coef: Option<f64>,
         ) -> Result<(), String> {
             let mut g = grads.to_host()?;
-            clip_and_step(&mut self.1, &mut self.0, &mut g, lr, clip);
+            if let Some(c) = coef {
+                g.iter_mut().for_each(|v| *v *= c as f32);
+            }
+            self.1.step(&mut self.0, &g, lr);
             Ok(())
         }
         fn params(&mut self) -> Result<Vec<f32>, String> {

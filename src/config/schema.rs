@@ -612,6 +612,19 @@ pub enum Sharding {
     None,
 }
 
+/// Where a device backend keeps the parameters and optimizer state between steps (torch FSDP
+/// `CPUOffload`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Offload {
+    /// On the device, where the update runs: a step moves no parameter or optimizer state
+    /// across the host boundary.
+    None,
+    /// On the host, where the optimizer runs: parameters are uploaded for each forward and
+    /// gradients read back (saves device memory, costs transfers). The same numbers.
+    Cpu,
+}
+
 /// fsdp: what is flattened and gathered together.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -651,6 +664,10 @@ pub struct StrategyConfig {
     pub sharding: Sharding,
     /// fsdp: model or layer. Default: `"model"`.
     pub unit: FsdpUnit,
+    /// Device backends (cuda, wgpu): none (parameters and optimizer state stay on the device)
+    /// or cpu (kept on the host, like torch's CPU offload). Nothing changes on the CPU.
+    /// Default: `"none"`.
+    pub offload: Offload,
 }
 
 impl Default for StrategyConfig {
@@ -665,6 +682,7 @@ impl Default for StrategyConfig {
             overlap: true,
             sharding: Sharding::Full,
             unit: FsdpUnit::Model,
+            offload: Offload::None,
         }
     }
 }

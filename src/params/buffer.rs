@@ -12,6 +12,7 @@ use burn::tensor::{DType, Tensor, TensorData};
 
 use super::device::{BurnParams, DeviceParams};
 use super::optim::Optimizer;
+use super::transfers::{record, Moved};
 
 /// Element type of a device buffer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -69,8 +70,13 @@ pub trait DeviceTensor {
     fn padded(&self, range: Range<usize>, padded: usize) -> Result<Box<dyn DeviceTensor>, String>;
     /// The values as f32 on the host.
     fn to_host(&mut self) -> Result<Vec<f32>, String>;
+    /// The sum of the squared values (one reduction on the device, one scalar read back).
+    fn sum_squares(&self) -> Result<f64, String>;
     /// Whether any value is NaN or infinite (one reduction on the device, one flag read back).
     fn non_finite(&self) -> Result<bool, String>;
+    /// Writes `values` over elements `offset..offset + values.len()` (a host-staged
+    /// collective's result coming back).
+    fn write_at(&mut self, offset: usize, values: &[f32]) -> Result<(), String>;
     /// Adds `other` (a buffer of the same kind) into elements `offset..offset + other.len()`.
     fn add_at(&mut self, offset: usize, other: &mut dyn DeviceTensor) -> Result<(), String>;
     fn as_any_mut(&mut self) -> &mut dyn Any;
@@ -84,7 +90,13 @@ pub trait DeviceTensor {
 /// value keeps whatever guards the address alive until the op is done.
 pub type RawFn<B> = fn(&Tensor<B, 1>) -> Result<(RawBuf, Box<dyn Any>), String>;
 
-/// A flat Burn tensor on a backend that exposes device addresses.
+/// The `RawFn` of a device backend whose buffers a device collective cannot address (wgpu):
+/// its collectives are host-staged.
+pub fn no_address<B: Backend>(_: &Tensor<B, 1>) -> Result<(RawBuf, Box<dyn Any>), String> {
+    Err("this backend's buffers have no device address (NCCL needs CUDA buffers)".into())
+}
+
+/// A flat Burn tensor on a device backend (its raw address, where it has one, for NCCL).
 pub struct DeviceFlat<B: Backend> {
     pub tensor: Tensor<B, 1>,
     raw_fn: RawFn<B>,
@@ -166,6 +178,11 @@ impl<B: Backend> DeviceTensor for DeviceFlat<B> {
             .into_vec::<f32>()
             .map_err(|e| format!("reading a device buffer: {e:?}"))
     }
+    fn sum_squares(&self) -> Result<f64, String> {
+        use burn::tensor::ElementConversion;
+        let t = self.tensor.clone();
+        Ok(t.clone().mul(t).sum().into_scalar().elem())
+    }
     fn non_finite(&self) -> Result<bool, String> {
         // read as an integer: a bool tensor's storage differs by backend (bytes on CubeCL)
         let all = self.tensor.clone().is_finite().all().int().into_data();
@@ -173,6 +190,17 @@ impl<B: Backend> DeviceTensor for DeviceFlat<B> {
             .to_vec::<i64>()
             .map(|v| v.first().is_some_and(|ok| *ok == 0))
             .map_err(|e| format!("reading a device flag: {e:?}"))
+    }
+    fn write_at(&mut self, offset: usize, values: &[f32]) -> Result<(), String> {
+        self.guard = None;
+        let device = self.tensor.device();
+        let range = offset..offset + values.len();
+        let part =
+            Tensor::<B, 1>::from_data(TensorData::new(values.to_vec(), [values.len()]), &device);
+        // the only handle on the buffer while it is written, so the backend can do it in place
+        let t = std::mem::replace(&mut self.tensor, Tensor::zeros([0], &device));
+        self.tensor = t.slice_assign([range], part);
+        Ok(())
     }
     fn add_at(&mut self, offset: usize, other: &mut dyn DeviceTensor) -> Result<(), String> {
         let other = other
@@ -233,6 +261,7 @@ impl Grads {
             }
             (Grads::Device(a), Grads::Device(mut b)) => a.add_at(offset, b.as_mut()),
             (Grads::Device(a), Grads::Host(b)) => {
+                record(Moved::GradsToDevice, b.len());
                 let mut up = a.upload(&b)?;
                 a.add_at(offset, up.as_mut())
             }
@@ -249,7 +278,10 @@ impl Grads {
     pub fn to_host_vec(self) -> Result<Vec<f32>, String> {
         match self {
             Grads::Host(v) => Ok(v),
-            Grads::Device(mut d) => d.to_host(),
+            Grads::Device(mut d) => {
+                record(Moved::GradsToHost, d.len());
+                d.to_host()
+            }
         }
     }
 }

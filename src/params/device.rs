@@ -7,10 +7,11 @@
 use std::ops::Range;
 
 use burn::tensor::backend::Backend;
-use burn::tensor::{ElementConversion, Tensor, TensorData};
+use burn::tensor::{Tensor, TensorData};
 
 use super::buffer::{DeviceFlat, DeviceTensor, RawBuf, RawFn};
 use super::optim::{clip_coef, Optimizer};
+use super::transfers::{record, Moved};
 use crate::checkpoint::OptState;
 use crate::config::OptimKind;
 
@@ -25,6 +26,20 @@ pub trait DeviceParams {
         grads: &mut dyn DeviceTensor,
         lr: f64,
         clip: Option<f64>,
+    ) -> Result<(), String> {
+        let coef = match clip {
+            Some(max_norm) => clip_coef(grads.sum_squares()?.sqrt(), max_norm),
+            None => None,
+        };
+        self.step_scaled(grads, lr, coef)
+    }
+    /// One optimizer step at `lr` with `grads` scaled by `coef` first (clipping by a norm
+    /// computed elsewhere: fsdp's over every rank's shards).
+    fn step_scaled(
+        &mut self,
+        grads: &mut dyn DeviceTensor,
+        lr: f64,
+        coef: Option<f64>,
     ) -> Result<(), String>;
     /// The parameters on the host.
     fn params(&mut self) -> Result<Vec<f32>, String>;
@@ -63,6 +78,8 @@ fn download<B: Backend>(t: &Tensor<B, 1>) -> Result<Vec<f32>, String> {
 impl<B: Backend> BurnParams<B> {
     /// Uploads `params` and the state of `opt`.
     pub fn new(params: &[f32], opt: &Optimizer, device: &B::Device, raw_fn: RawFn<B>) -> Self {
+        record(Moved::ParamsToDevice, params.len());
+        record(Moved::StateToDevice, opt.m.len() + opt.v.len());
         let state = |v: &[f32]| (!v.is_empty()).then(|| upload::<B>(v, device));
         let mut hyper = opt.clone();
         hyper.m = Vec::new();
@@ -86,11 +103,11 @@ impl<B: Backend> DeviceParams for BurnParams<B> {
         ))
     }
 
-    fn step(
+    fn step_scaled(
         &mut self,
         grads: &mut dyn DeviceTensor,
         lr: f64,
-        clip: Option<f64>,
+        coef: Option<f64>,
     ) -> Result<(), String> {
         let mut g = grads
             .as_any_mut()
@@ -98,11 +115,8 @@ impl<B: Backend> DeviceParams for BurnParams<B> {
             .ok_or("the gradient buffer belongs to another backend")?
             .tensor
             .clone();
-        if let Some(max_norm) = clip {
-            let sq: f64 = g.clone().mul(g.clone()).sum().into_scalar().elem();
-            if let Some(coef) = clip_coef(sq.sqrt(), max_norm) {
-                g = g.mul_scalar(coef as f32);
-            }
+        if let Some(coef) = coef {
+            g = g.mul_scalar(coef as f32);
         }
         self.guard = None;
         let o = &mut self.opt;
@@ -155,6 +169,7 @@ impl<B: Backend> DeviceParams for BurnParams<B> {
     }
 
     fn params(&mut self) -> Result<Vec<f32>, String> {
+        record(Moved::ParamsToHost, self.params.dims()[0]);
         download(&self.params)
     }
 
@@ -165,7 +180,11 @@ impl<B: Backend> DeviceParams for BurnParams<B> {
     }
 
     fn export(&mut self) -> Result<OptState, String> {
-        let host = |t: &Option<Tensor<B, 1>>| t.as_ref().map(download).unwrap_or(Ok(Vec::new()));
+        let host = |t: &Option<Tensor<B, 1>>| {
+            let v = t.as_ref().map(download).unwrap_or(Ok(Vec::new()))?;
+            record(Moved::StateToHost, v.len());
+            Ok::<_, String>(v)
+        };
         Ok(OptState {
             steps: self.opt.steps,
             m: host(&self.m)?,

@@ -9,11 +9,15 @@ mod buffer;
 mod device;
 mod layout;
 mod optim;
+pub mod transfers;
 
-pub use buffer::{all_finite, DevDType, DeviceFlat, DeviceTensor, Grads, RawBuf, RawFn};
+pub use buffer::{
+    all_finite, no_address, DevDType, DeviceFlat, DeviceTensor, Grads, RawBuf, RawFn,
+};
 pub use device::{BurnParams, DeviceParams};
 pub use layout::{unit_of, ParamLayout, ParamSpec, UnitSpec};
 pub use optim::{clip_and_step, clip_by_norm, clip_coef, sum_squares, Optimizer};
+pub use transfers::{Moved, Transfers};
 
 /// An optimizer's state as checkpoints store it (defined with the checkpoint format).
 pub use crate::checkpoint::OptState;

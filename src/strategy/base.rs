@@ -11,7 +11,7 @@ use crate::collective::{
     device_error, Collective, CollectiveError, GradsOps, OpKind, Overlapped, ReduceOp, WaitHook,
 };
 use crate::config::{Config, OptimKind, Sharding, StrategyKind};
-use crate::params::{DeviceParams, DeviceTensor, Grads, Optimizer, ParamLayout};
+use crate::params::{DeviceParams, DeviceTensor, Grads, Optimizer, ParamLayout, Transfers};
 
 /// Bytes one rank holds: its model state by formula (parameters, gradients and optimizer state
 /// over the shard lengths it keeps), and its measured peak.
@@ -28,6 +28,10 @@ pub struct Memory {
     /// allocator of the `kiln` binary; absent where it is not installed).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub peak_bytes: Option<u64>,
+    /// Measured on a device backend: the bytes this rank's thread moved between the host and
+    /// the device over the session, by kind (absent on the CPU).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub host_transfers: Option<Transfers>,
 }
 
 /// A rank's part of a checkpoint: the whole model and optimizer (rank 0 of a whole-parameter
@@ -39,47 +43,59 @@ pub struct Snapshot {
     pub data: Option<(Vec<f32>, OptState)>,
 }
 
-/// The device copy of a whole-parameter strategy's parameters and optimizer (CUDA over NCCL):
-/// made at the first forward that asks for it, ahead of the host copy once it has stepped.
+/// The device copy of a whole-parameter strategy's parameters and optimizer (a device backend
+/// without `strategy.offload`): made at the first forward that asks for it, ahead of the host
+/// copy once it has stepped.
 #[derive(Default)]
 pub(super) struct DeviceCopy {
     pub dev: Option<Box<dyn DeviceParams>>,
-    /// Whether the host copy lags behind `dev`.
-    pub stale: bool,
+    /// Whether the host parameters lag behind `dev`.
+    stale: bool,
+    /// Whether the host optimizer state lags behind `dev`.
+    stale_state: bool,
 }
 
 impl DeviceCopy {
     /// Elements `range` of the device copy, made from `params` and `opt` first; `None` when the
-    /// collective or the buffer type cannot keep parameters on the device.
+    /// buffer type cannot keep parameters on the device (below f32: f32 masters on the host).
     pub fn slice(
         &mut self,
-        comm: &mut dyn Collective,
         params: &[f32],
         opt: &Optimizer,
         proto: &dyn DeviceTensor,
         range: Range<usize>,
     ) -> Option<Box<dyn DeviceTensor>> {
         if self.dev.is_none() {
-            comm.device_ops()?;
             self.dev = proto.device_params(params, opt);
         }
         self.dev.as_ref().map(|d| d.slice(range))
     }
 
-    /// Refreshes `params` (and `opt`, where the rank has one) from the device when they lag.
+    /// The device copy has stepped: the host copy lags.
+    pub fn stepped(&mut self) {
+        self.stale = true;
+        self.stale_state = true;
+    }
+
+    /// Refreshes `params` (and `opt`, when given: checkpoints, leaving the device) from the
+    /// device when they lag.
     pub fn sync(
         &mut self,
         rank: usize,
         params: &mut Vec<f32>,
         opt: Option<&mut Optimizer>,
     ) -> Result<(), CollectiveError> {
-        if let (true, Some(dev)) = (self.stale, &mut self.dev) {
-            let err = |e| device_error(rank, OpKind::Update, e);
+        let Some(dev) = &mut self.dev else {
+            return Ok(());
+        };
+        let err = |e| device_error(rank, OpKind::Update, e);
+        if self.stale {
             *params = dev.params().map_err(err)?;
-            if let Some(opt) = opt {
-                opt.import_whole(&dev.export().map_err(err)?);
-            }
             self.stale = false;
+        }
+        if let (true, Some(opt)) = (self.stale_state, opt) {
+            opt.import_whole(&dev.export().map_err(err)?);
+            self.stale_state = false;
         }
         Ok(())
     }
@@ -88,10 +104,19 @@ impl DeviceCopy {
     pub fn reset(&mut self) {
         self.dev = None;
         self.stale = false;
+        self.stale_state = false;
     }
 
     pub fn state_bytes(&self) -> Option<usize> {
         self.dev.as_ref().map(|d| d.state_bytes())
+    }
+
+    /// `Strategy::placement` of a whole-parameter strategy.
+    pub fn placement(&self, steps: &str) -> String {
+        match &self.dev {
+            Some(_) => format!("parameters and optimizer state: on the device, where {steps} (read to the host only for evaluation, checkpoints and the end)"),
+            None => format!("parameters and optimizer state: on the host, where {steps} (parameters uploaded for each forward)"),
+        }
     }
 }
 
@@ -141,9 +166,9 @@ impl WholeGrads {
             _ => None,
         }
     }
-    /// Writes `values` over `range` of a host whole gradient of `len` elements (made on the
-    /// host when there is none).
-    pub fn set_host(
+    /// Writes `values` (a reduction's result) over `range` of the whole gradient of `len`
+    /// elements (made on the host when there is none; written back when it is on the device).
+    pub fn set(
         &mut self,
         rank: usize,
         len: usize,
@@ -158,11 +183,11 @@ impl WholeGrads {
                 v[range].copy_from_slice(values);
                 Ok(())
             }
-            Grads::Device(_) => Err(device_error(
-                rank,
-                OpKind::AllReduce,
-                "a host-reduced unit gradient met a device gradient".into(),
-            )),
+            Grads::Device(d) => {
+                crate::params::transfers::record(crate::params::Moved::GradsToDevice, values.len());
+                d.write_at(range.start, values)
+                    .map_err(|e| device_error(rank, OpKind::AllReduce, e))
+            }
         }
     }
 }
@@ -246,6 +271,7 @@ pub(super) fn whole_memory(rank: usize, params: &[f32], optim_bytes: usize) -> M
         grads_bytes: bytes,
         optim_bytes,
         peak_bytes: None,
+        host_transfers: None,
     }
 }
 
@@ -298,6 +324,13 @@ pub trait Strategy {
         let _ = (unit, range, proto);
         Ok(None)
     }
+    /// The rank computes on a device backend and keeps its model state there (no
+    /// `strategy.offload`): buffers like `proto`. fsdp moves its shards and their optimizer
+    /// state to the device now; the whole-parameter strategies make their device copy at the
+    /// first forward.
+    fn keep_on_device(&mut self, proto: &dyn DeviceTensor) {
+        let _ = proto;
+    }
     /// The weight of this rank's micro-batch gradient in the step's gradient, given its sample
     /// count and the micro-batch's total across ranks (dp weights by samples, ddp averages).
     fn grad_weight(&self, local_samples: usize, global_samples: usize) -> f64;
@@ -342,6 +375,16 @@ pub trait Strategy {
     /// Clips and updates with the gradients the step handed over (and synchronises what is left
     /// to synchronise).
     fn update(&mut self, lr: f64, clip: Option<f64>) -> Result<(), CollectiveError>;
+    /// Where this rank keeps its parameters and optimizer state now, in words (the rank log
+    /// of a device run says it after the first step).
+    fn placement(&mut self) -> String {
+        "parameters and optimizer state: on the host, where the update runs (parameters uploaded for each forward)".into()
+    }
+    /// Whether this rank's parameters are on the device now (`keep_on_device`, or a device
+    /// copy made): evaluation then reads them there.
+    fn resident(&self) -> bool {
+        false
+    }
     /// Whether no rank holds the whole parameters between steps and a unit can be gathered on
     /// its own (fsdp with full sharding by layer): evaluation then runs stage by stage on
     /// `unit_params` instead of asking for `params`.
@@ -468,6 +511,7 @@ pub fn estimate(c: &Config, layout: &ParamLayout, world: usize) -> Vec<Memory> {
                 grads_bytes,
                 optim_bytes: optim_elems * state * 4,
                 peak_bytes: None,
+                host_transfers: None,
             }
         })
         .collect()
@@ -496,9 +540,20 @@ mod tests {
     /// device, and its checkpoint files.
     type Out = (Vec<f32>, usize, Option<(Vec<f32>, OptState)>);
 
+    /// Where a test's gradients and collective ops are.
+    #[derive(Clone, Copy, PartialEq, Debug)]
+    enum Path {
+        Host,
+        /// Device buffers and a device collective (NCCL).
+        Device,
+        /// Device buffers and a host collective (wgpu, CUDA without NCCL): host-staged.
+        Staged,
+    }
+
     /// Every rank's parameters after two updates from rank-dependent gradients, preceded by the
     /// unit parameters each step gathered (and how many gathers ran on the device).
-    fn run(c: &Config, layout: &ParamLayout, device: bool) -> Vec<Out> {
+    fn run(c: &Config, layout: &ParamLayout, path: Path) -> Vec<Out> {
+        let device = path != Path::Host;
         let n = layout.num_params();
         let ranks = LocalGroup::new(c.strategy.devices.count(), Duration::from_secs(20));
         std::thread::scope(|s| {
@@ -507,7 +562,7 @@ mod tests {
                 .map(|l| {
                     s.spawn(move || {
                         let r = l.rank();
-                        let comm: Box<dyn Collective> = if device {
+                        let comm: Box<dyn Collective> = if path == Path::Device {
                             Box::new(Emulated(Box::new(l)))
                         } else {
                             Box::new(l)
@@ -517,6 +572,9 @@ mod tests {
                         let mut seen = Vec::new();
                         let mut on_device = 0;
                         let proto = HostFlat(vec![0.0]);
+                        if device {
+                            st.keep_on_device(&proto);
+                        }
                         for step in 0..2 {
                             for u in 0..layout.num_units() {
                                 let range = layout.unit_range(u);
@@ -590,8 +648,8 @@ mod tests {
             // 10 elements per bucket: several all-reduces over slices of one device buffer
             c.strategy.bucket_cap_mb = 40.0 / (1024.0 * 1024.0);
             c.optim.kind = OptimKind::Adamw;
-            let host = run(&c, &layout, false);
-            let device = run(&c, &layout, true);
+            let host = run(&c, &layout, Path::Host);
+            let device = run(&c, &layout, Path::Device);
             let values = |r: &[Out]| r.iter().map(|o| o.0.clone()).collect::<Vec<_>>();
             let files = |r: &[Out]| r.iter().map(|o| o.2.clone()).collect::<Vec<_>>();
             assert!(
@@ -620,6 +678,25 @@ mod tests {
                 device.iter().all(|o| o.1 == gathers),
                 "{kind:?} {sharding:?} {unit:?}"
             );
+            // host-staged, beside the compute or not: the same bits; single, ddp and fully
+            // sharded fsdp keep their parameters on the device (dp keeps its on the host there)
+            for overlap in [true, false] {
+                c.strategy.overlap = overlap;
+                let before = crate::params::transfers::counted();
+                let staged = run(&c, &layout, Path::Staged);
+                let what = format!("staged, overlap {overlap}: {kind:?} {sharding:?} {unit:?}");
+                assert!(files(&host) == files(&staged), "{what}: checkpoints differ");
+                assert_eq!(values(&host), values(&staged), "{what}");
+                let resident = match kind {
+                    StrategyKind::Single | StrategyKind::Ddp => true,
+                    StrategyKind::Fsdp => sharding == Sharding::Full,
+                    StrategyKind::Dp => false,
+                };
+                let gathers = if resident { 2 * 2 } else { 0 };
+                assert!(staged.iter().all(|o| o.1 == gathers), "{what}");
+                // (counted on the ranks' threads, not this one)
+                assert_eq!(crate::params::transfers::counted(), before);
+            }
         }
     }
 }

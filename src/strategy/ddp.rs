@@ -25,6 +25,7 @@ use crate::collective::{
     device_error, Collective, CollectiveError, GradsOps, OpKind, Overlapped, ReduceOp,
 };
 use crate::config::Config;
+use crate::params::transfers::{record, Moved};
 use crate::params::{clip_and_step, DeviceTensor, Grads, Optimizer};
 
 pub struct Ddp {
@@ -68,18 +69,67 @@ impl Ddp {
                 let mut at = 0;
                 for range in ranges {
                     let n = range.len();
-                    grads.set_host(rank, len, range, &values[at..at + n])?;
+                    grads.set(rank, len, range, &values[at..at + n])?;
                     at += n;
                 }
                 Ok(())
             })
     }
 
-    /// Brings `params` and `opt` up to date with the device.
-    fn sync_host(&mut self) -> Result<(), CollectiveError> {
+    /// All-reduces `send` (the gradients of `ranges`, side by side) on the communication thread.
+    fn submit(
+        &mut self,
+        mut send: Vec<f32>,
+        ranges: Vec<Range<usize>>,
+    ) -> Result<(), CollectiveError> {
+        let bucket = self.bucket_elems.max(1);
+        let p = self.comm.submit(OpKind::AllReduce, move |c| {
+            for chunk in send.chunks_mut(bucket) {
+                c.all_reduce(chunk, ReduceOp::Mean)?;
+            }
+            Ok(send)
+        });
+        self.inflight.push(ranges, p);
+        self.collect(false)
+    }
+
+    /// Device gradients beside the compute, host-staged: accumulated into the step's gradient
+    /// on the device, their ranges read to the host side by side and all-reduced there; the
+    /// averages are written back as they arrive (`collect`).
+    fn submit_device(
+        &mut self,
+        grads: Vec<(usize, Range<usize>, Grads)>,
+        ranges: Vec<Range<usize>>,
+    ) -> Result<(), CollectiveError> {
         let rank = self.comm.rank();
-        self.device
-            .sync(rank, &mut self.params, Some(&mut self.opt))
+        let err = |e| device_error(rank, OpKind::AllReduce, e);
+        for (_, range, grad) in grads {
+            self.grads.add(rank, self.num_params, range, grad)?;
+        }
+        let Some(Grads::Device(whole)) = self.grads.get_mut() else {
+            return Err(err("a device unit gradient met a host gradient".into()));
+        };
+        let mut send = Vec::with_capacity(ranges.iter().map(|r| r.len()).sum());
+        for r in &ranges {
+            send.extend(whole.slice(r.clone()).to_host().map_err(err)?);
+        }
+        record(Moved::GradsToHost, send.len());
+        self.submit(send, ranges)
+    }
+
+    /// Brings `params` and `opt` up to date with the device.
+    /// (`with_state`: the optimizer state too, for a checkpoint or the host update.)
+    fn sync_host(&mut self, with_state: bool) -> Result<(), CollectiveError> {
+        let rank = self.comm.rank();
+        self.device.sync(
+            rank,
+            &mut self.params,
+            if with_state {
+                Some(&mut self.opt)
+            } else {
+                None
+            },
+        )
     }
 }
 
@@ -98,7 +148,7 @@ impl Strategy for Ddp {
         Ok(())
     }
     fn params(&mut self) -> Result<&[f32], CollectiveError> {
-        self.sync_host()?;
+        self.sync_host(false)?;
         Ok(&self.params)
     }
     fn unit_params_device(
@@ -107,9 +157,7 @@ impl Strategy for Ddp {
         range: Range<usize>,
         proto: &dyn DeviceTensor,
     ) -> Result<Option<Box<dyn DeviceTensor>>, CollectiveError> {
-        Ok(self
-            .device
-            .slice(&mut self.comm, &self.params, &self.opt, proto, range))
+        Ok(self.device.slice(&self.params, &self.opt, proto, range))
     }
     fn grad_weight(&self, _local: usize, _global: usize) -> f64 {
         1.0
@@ -129,9 +177,10 @@ impl Strategy for Ddp {
         sync: bool,
     ) -> Result<(), CollectiveError> {
         let rank = self.comm.rank();
-        let beside = sync
-            && self.comm.overlaps()
-            && grads.iter().all(|(_, _, g)| matches!(g, Grads::Host(_)));
+        let host = grads.iter().all(|(_, _, g)| matches!(g, Grads::Host(_)));
+        // device gradients go beside the compute host-staged; over NCCL they are reduced in
+        // step order, where they are
+        let beside = sync && self.comm.overlaps() && (host || self.comm.device_ops().is_none());
         if !beside {
             let mut ranges = Vec::with_capacity(grads.len());
             for (_, range, grad) in grads {
@@ -167,6 +216,9 @@ impl Strategy for Ddp {
         }) {
             self.collect(true)?;
         }
+        if !host {
+            return self.submit_device(grads, ranges);
+        }
         // one unit's gradient is sent as it is; several are copied side by side
         let total = if ranges.len() > 1 {
             ranges.iter().map(|r| r.len()).sum()
@@ -191,15 +243,7 @@ impl Strategy for Ddp {
                 send.extend_from_slice(&g);
             }
         }
-        let bucket = self.bucket_elems.max(1);
-        let p = self.comm.submit(OpKind::AllReduce, move |c| {
-            for chunk in send.chunks_mut(bucket) {
-                c.all_reduce(chunk, ReduceOp::Mean)?;
-            }
-            Ok(send)
-        });
-        self.inflight.push(ranges, p);
-        self.collect(false)
+        self.submit(send, ranges)
     }
     fn grads_non_finite(&mut self) -> Result<bool, CollectiveError> {
         self.collect(true)?;
@@ -215,14 +259,20 @@ impl Strategy for Ddp {
         if let (Some(dev), Grads::Device(g)) = (&mut self.device.dev, &mut grads) {
             dev.step(g.as_mut(), lr, clip)
                 .map_err(|e| device_error(rank, OpKind::Update, e))?;
-            self.device.stale = true;
+            self.device.stepped();
             return Ok(());
         }
-        self.sync_host()?;
+        self.sync_host(true)?;
         self.device.reset();
         let mut grads = grads.into_host(rank)?;
         clip_and_step(&mut self.opt, &mut self.params, &mut grads, lr, clip);
         Ok(())
+    }
+    fn resident(&self) -> bool {
+        self.device.dev.is_some()
+    }
+    fn placement(&mut self) -> String {
+        self.device.placement("the update runs")
     }
     fn memory(&self) -> Memory {
         let optim = self
@@ -232,7 +282,7 @@ impl Strategy for Ddp {
         whole_memory(self.rank(), &self.params, optim)
     }
     fn snapshot(&mut self) -> Result<Snapshot, CollectiveError> {
-        self.sync_host()?;
+        self.sync_host(true)?;
         Ok(full_snapshot(
             self.rank(),
             &self.params,

@@ -44,9 +44,14 @@ impl Dp {
     }
 
     /// Brings `params` and `opt` up to date with the device.
-    fn sync_host(&mut self) -> Result<(), CollectiveError> {
+    /// (`with_state`: the optimizer state too, for a checkpoint or the host update.)
+    fn sync_host(&mut self, with_state: bool) -> Result<(), CollectiveError> {
         let rank = self.comm.rank();
-        self.device.sync(rank, &mut self.params, self.opt.as_mut())
+        self.device.sync(
+            rank,
+            &mut self.params,
+            if with_state { self.opt.as_mut() } else { None },
+        )
     }
 
     /// The device path of `update`: reduce onto the main device, step there, broadcast back.
@@ -74,7 +79,7 @@ impl Dp {
         if world > 1 {
             ops.broadcast_raw(dev.raw().map_err(err)?, 0)?;
         }
-        self.device.stale = true;
+        self.device.stepped();
         Ok(())
     }
 }
@@ -102,7 +107,7 @@ impl Strategy for Dp {
         self.replicate()
     }
     fn params(&mut self) -> Result<&[f32], CollectiveError> {
-        self.sync_host()?;
+        self.sync_host(false)?;
         Ok(&self.params)
     }
     fn unit_params_device(
@@ -111,12 +116,15 @@ impl Strategy for Dp {
         range: Range<usize>,
         proto: &dyn DeviceTensor,
     ) -> Result<Option<Box<dyn DeviceTensor>>, CollectiveError> {
+        // the reduction to the main device and the broadcast back run on device buffers only
+        // over a device collective; host-staged, the replicas take host parameters each step
+        if self.comm.device_ops().is_none() {
+            return Ok(None);
+        }
         // replicas get the optimizer's settings only; they never step
         let replica = Optimizer::new(&self.optim);
         let opt = self.opt.as_ref().unwrap_or(&replica);
-        Ok(self
-            .device
-            .slice(self.comm.as_mut(), &self.params, opt, proto, range))
+        Ok(self.device.slice(&self.params, opt, proto, range))
     }
     fn grad_weight(&self, local: usize, global: usize) -> f64 {
         local as f64 / global.max(1) as f64
@@ -144,7 +152,7 @@ impl Strategy for Dp {
         if let (Some(_), Grads::Device(g)) = (&self.device.dev, &mut grads) {
             return self.update_on_device(g.as_mut(), lr, clip);
         }
-        self.sync_host()?;
+        self.sync_host(true)?;
         self.device.reset();
         let mut grads = if self.comm.world() > 1 {
             grads.reduce_to_host(self.comm.as_mut(), ReduceOp::Sum, 0)?
@@ -156,6 +164,12 @@ impl Strategy for Dp {
         }
         self.replicate()
     }
+    fn resident(&self) -> bool {
+        self.device.dev.is_some()
+    }
+    fn placement(&mut self) -> String {
+        self.device.placement("the main device's update runs")
+    }
     fn memory(&self) -> Memory {
         let optim = self
             .device
@@ -164,7 +178,7 @@ impl Strategy for Dp {
         whole_memory(self.rank(), &self.params, optim)
     }
     fn snapshot(&mut self) -> Result<Snapshot, CollectiveError> {
-        self.sync_host()?;
+        self.sync_host(true)?;
         Ok(full_snapshot(
             self.rank(),
             &self.params,

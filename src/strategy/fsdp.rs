@@ -33,7 +33,9 @@ use crate::collective::{
     device_error, Collective, CollectiveError, GradsOps, OpKind, Overlapped, ReduceOp,
 };
 use crate::config::{Config, FsdpUnit, Sharding};
-use crate::params::{clip_by_norm, sum_squares, DeviceTensor, Grads, Optimizer, ParamLayout};
+use crate::params::{
+    clip_by_norm, sum_squares, DeviceParams, DeviceTensor, Grads, Optimizer, ParamLayout,
+};
 
 /// One flat unit: where it lives in the full parameter buffer and how it is split.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -112,6 +114,20 @@ pub struct Fsdp {
     ready: Vec<Option<Vec<f32>>>,
     /// Reduce-scatters running beside the compute: the fsdp units whose shards come back.
     inflight: InFlight<Vec<usize>>,
+    /// sharding = "full" on a device backend (`keep_on_device`): per unit, this rank's shard
+    /// and its optimizer state on the device, where the update runs (empty: on the host).
+    dev: Vec<Box<dyn DeviceParams>>,
+    /// Per unit: this rank's shard of the step's reduced gradient, on the device.
+    dev_grads: Vec<Option<Box<dyn DeviceTensor>>>,
+    /// Whether `shards` (and `opts`) lag behind `dev`.
+    stale: Stale,
+}
+
+/// What of the host copy lags behind the device shards.
+#[derive(Default, Clone, Copy)]
+struct Stale {
+    params: bool,
+    state: bool,
 }
 
 impl Fsdp {
@@ -144,7 +160,110 @@ impl Fsdp {
             full: None,
             opts,
             device_full: None,
+            dev: Vec::new(),
+            dev_grads: Vec::new(),
+            stale: Stale::default(),
         }
+    }
+
+    /// Brings the host shards (`with_state`: and their optimizer state) up to date with the
+    /// device shards.
+    fn sync_host(&mut self, with_state: bool) -> Result<(), CollectiveError> {
+        let rank = self.comm.rank();
+        let err = |e| device_error(rank, OpKind::Update, e);
+        if self.stale.params {
+            for (shard, d) in self.shards.iter_mut().zip(&mut self.dev) {
+                *shard = d.params().map_err(err)?;
+            }
+            self.stale.params = false;
+        }
+        if with_state && self.stale.state {
+            for (opt, d) in self.opts.iter_mut().zip(&mut self.dev) {
+                opt.import_whole(&d.export().map_err(err)?);
+            }
+            self.stale.state = false;
+        }
+        Ok(())
+    }
+
+    /// Forgets the device shards: the host copy is the truth again.
+    fn reset_device(&mut self) {
+        self.dev.clear();
+        self.dev_grads.clear();
+        self.stale = Stale::default();
+        self.device_full = None;
+    }
+
+    /// All-gathers unit `i` from the device shards into a new device buffer like `proto`
+    /// (unpadded): with one rank its shard is the unit; over NCCL on the device; otherwise
+    /// host-staged (the shard read to the host, the unit written back).
+    fn gather_from_device(
+        &mut self,
+        i: usize,
+        proto: &dyn DeviceTensor,
+    ) -> Result<Box<dyn DeviceTensor>, CollectiveError> {
+        let rank = self.comm.rank();
+        let world = self.comm.world();
+        let err = |e: String| device_error(rank, OpKind::AllGather, e);
+        let (len, padded) = (self.units[i].range.len(), self.units[i].padded_len(world));
+        if world == 1 {
+            return Ok(self.dev[i].slice(0..len));
+        }
+        if self.comm.device_ops().is_some() {
+            let send = self.dev[i].raw().map_err(err)?;
+            let mut recv = proto.zeros(padded).map_err(err)?;
+            let recv_raw = recv.raw().map_err(err)?;
+            if let Some(ops) = self.comm.device_ops() {
+                ops.all_gather_raw(send, recv_raw)?;
+            }
+            return Ok(recv.slice(0..len));
+        }
+        let shard = self.dev[i].params().map_err(err)?;
+        let mut out = vec![0f32; padded];
+        self.comm.all_gather(&shard, &mut out)?;
+        out.truncate(len);
+        crate::params::transfers::record(crate::params::Moved::ParamsToDevice, len);
+        proto.upload(&out).map_err(err)
+    }
+
+    /// The device path of `update`: the shards' gradients clipped by their global norm, then
+    /// each shard's optimizer step, on the device.
+    fn update_on_device(&mut self, lr: f64, clip: Option<f64>) -> Result<(), CollectiveError> {
+        let rank = self.comm.rank();
+        let err = |e| device_error(rank, OpKind::Update, e);
+        let mut grads = Vec::with_capacity(self.units.len());
+        for (i, u) in self.units.iter().enumerate() {
+            // a unit that got no gradient this step (none can: every unit is in a stage)
+            // steps with zeros
+            grads.push(match self.dev_grads[i].take() {
+                Some(g) => g,
+                None => self.dev[i].slice(0..0).zeros(u.shard_len).map_err(err)?,
+            });
+        }
+        for (p, u) in self.pending.iter_mut().zip(&self.units) {
+            p.take(u.range.len());
+        }
+        let coef = match clip {
+            Some(max_norm) => {
+                let mut sq = [0.0f64];
+                for g in &grads {
+                    sq[0] += g.sum_squares().map_err(err)?;
+                }
+                self.comm.all_reduce_f64(&mut sq, ReduceOp::Sum)?;
+                crate::params::clip_coef(sq[0].sqrt(), max_norm)
+            }
+            None => None,
+        };
+        for (d, g) in self.dev.iter_mut().zip(&mut grads) {
+            d.step_scaled(g.as_mut(), lr, coef).map_err(err)?;
+        }
+        self.stale = Stale {
+            params: true,
+            state: true,
+        };
+        // whole parameters an evaluation gathered are of the parameters this update replaced
+        self.full = None;
+        Ok(())
     }
 
     /// All-gathers unit `i` into a new device buffer like `proto` (unpadded).
@@ -157,6 +276,7 @@ impl Fsdp {
         let world = self.comm.world();
         let u = &self.units[i];
         let err = |e: String| device_error(rank, OpKind::AllGather, e);
+        crate::params::transfers::record(crate::params::Moved::ParamsToDevice, u.shard_len);
         let mut send = proto.upload(&self.shards[i]).map_err(err)?;
         let mut recv = proto.zeros(u.padded_len(world)).map_err(err)?;
         let (send_raw, recv_raw) = (send.raw().map_err(err)?, recv.raw().map_err(err)?);
@@ -299,6 +419,7 @@ impl Strategy for Fsdp {
     }
 
     fn init(&mut self, init: &[f32]) -> Result<(), CollectiveError> {
+        self.reset_device();
         // sync_module_states: rank 0's initialisation is the truth
         if self.sharding != Sharding::Full {
             let mut full = init.to_vec();
@@ -326,7 +447,22 @@ impl Strategy for Fsdp {
         Ok(())
     }
 
+    fn keep_on_device(&mut self, proto: &dyn DeviceTensor) {
+        if self.sharding != Sharding::Full || !self.dev.is_empty() {
+            return;
+        }
+        for (shard, opt) in self.shards.iter().zip(&self.opts) {
+            match proto.device_params(shard, opt) {
+                Some(d) => self.dev.push(d),
+                // below f32: the f32 masters stay on the host
+                None => return self.reset_device(),
+            }
+        }
+        self.dev_grads = self.units.iter().map(|_| None).collect();
+    }
+
     fn params(&mut self) -> Result<&[f32], CollectiveError> {
+        self.sync_host(false)?;
         if self.full.is_none() {
             self.full = Some(self.gather_all()?);
         }
@@ -341,6 +477,7 @@ impl Strategy for Fsdp {
         if let Some(full) = &self.full {
             return Ok(full[range].to_vec());
         }
+        self.sync_host(false)?;
         match self.units.len() {
             // unit = "model": gather everything once; it stays until the update reshards
             1 => Ok(self.params()?[range].to_vec()),
@@ -356,7 +493,11 @@ impl Strategy for Fsdp {
     fn prefetch(&mut self, units: &[usize]) -> Result<(), CollectiveError> {
         // whole parameters need no gather; unit = "model" gathers once, when asked; over a
         // device collective the gather happens on the device, when asked
-        if self.full.is_some() || self.units.len() == 1 || self.comm.device_ops().is_some() {
+        if self.full.is_some()
+            || self.units.len() == 1
+            || self.comm.device_ops().is_some()
+            || !self.dev.is_empty()
+        {
             return Ok(());
         }
         let mut group: Vec<usize> = Vec::with_capacity(units.len());
@@ -403,7 +544,22 @@ impl Strategy for Fsdp {
         proto: &dyn DeviceTensor,
     ) -> Result<Option<Box<dyn DeviceTensor>>, CollectiveError> {
         // whole parameters on the host (grad_op, none) need no gather
-        if self.full.is_some() || self.comm.device_ops().is_none() {
+        if self.full.is_some() {
+            return Ok(None);
+        }
+        if !self.dev.is_empty() {
+            return match self.units.len() {
+                // unit = "model": gathered once per step; layers are slices of it
+                1 => {
+                    if self.device_full.is_none() {
+                        self.device_full = Some(self.gather_from_device(0, proto)?);
+                    }
+                    Ok(self.device_full.as_ref().map(|d| d.slice(range)))
+                }
+                _ => Ok(Some(self.gather_from_device(unit, proto)?)),
+            };
+        }
+        if self.comm.device_ops().is_none() {
             return Ok(None);
         }
         match self.units.len() {
@@ -455,6 +611,28 @@ impl Strategy for Fsdp {
         // mean gradient
         let shard_len = u.shard_len;
         let pending = self.pending[i].take(len);
+        if !self.dev.is_empty() {
+            let mut pending = pending;
+            if let Grads::Host(v) = &pending {
+                // (a unit no micro-step handed a device gradient: its zeros)
+                crate::params::transfers::record(crate::params::Moved::GradsToDevice, v.len());
+                let up = self.dev[i]
+                    .slice(0..0)
+                    .upload(v)
+                    .map_err(|e| device_error(rank, OpKind::ReduceScatter, e))?;
+                pending = Grads::Device(up);
+            }
+            let mut shard =
+                pending.reduce_scatter_device(&mut self.comm, 0..len, shard_len, ReduceOp::Mean)?;
+            drop(pending);
+            match &mut self.dev_grads[i] {
+                Some(acc) => acc
+                    .add_at(0, shard.as_mut())
+                    .map_err(|e| device_error(rank, OpKind::Update, e))?,
+                none => *none = Some(shard),
+            }
+            return Ok(());
+        }
         match pending {
             Grads::Host(g) if self.comm.overlaps() => {
                 // padded and given its shard here, so the communication thread allocates
@@ -528,6 +706,13 @@ impl Strategy for Fsdp {
                 .map_err(|e| device_error(rank, OpKind::Update, e));
         }
         self.collect(true)?;
+        for g in self.dev_grads.iter().flatten() {
+            if g.non_finite()
+                .map_err(|e| device_error(rank, OpKind::Update, e))?
+            {
+                return Ok(true);
+            }
+        }
         Ok(self
             .shard_grads
             .iter()
@@ -542,6 +727,9 @@ impl Strategy for Fsdp {
         self.ahead.clear();
         self.ready.iter_mut().for_each(|p| *p = None);
         self.device_full = None;
+        if !self.dev.is_empty() {
+            return self.update_on_device(lr, clip);
+        }
         if self.sharding == Sharding::None {
             let grads = self.whole.take(self.num_params);
             let mut grads = grads.into_host(self.comm.rank())?;
@@ -600,6 +788,7 @@ impl Strategy for Fsdp {
     }
 
     fn visit_params(&mut self, f: &mut dyn FnMut(&[f32])) -> Result<(), CollectiveError> {
+        self.sync_host(false)?;
         if let Some(full) = &self.full {
             f(full);
             return Ok(());
@@ -609,6 +798,34 @@ impl Strategy for Fsdp {
             f(&self.gather_unit(i)?);
         }
         Ok(())
+    }
+
+    fn resident(&self) -> bool {
+        !self.dev.is_empty()
+    }
+    fn placement(&mut self) -> String {
+        if !self.dev.is_empty() {
+            let gathered = if self.comm.world() == 1 {
+                "one rank's shard is its unit (nothing to gather)"
+            } else if self.comm.device_ops().is_some() {
+                "all-gathered on the device for the forward"
+            } else {
+                "all-gathered host-staged for the forward (the shard read to the host, the unit written back)"
+            };
+            return format!("parameters: shards on the device, {gathered}; optimizer state: on the device shard, where the update runs (read to the host only for evaluation, checkpoints and the end)");
+        }
+        let gathered = if self.comm.device_ops().is_some() && self.sharding == Sharding::Full {
+            "all-gathered into device buffers for the forward"
+        } else {
+            "gathered on the host and uploaded for each forward"
+        };
+        format!(
+            "parameters: {} on the host, {gathered}; optimizer state: on the host shard, where the update runs",
+            match self.sharding {
+                Sharding::Full => "shards",
+                Sharding::GradOp | Sharding::None => "whole",
+            }
+        )
     }
 
     fn memory(&self) -> Memory {
@@ -623,12 +840,18 @@ impl Strategy for Fsdp {
             rank: self.rank(),
             params_bytes,
             grads_bytes,
-            optim_bytes: self.opts.iter().map(|o| o.state_bytes()).sum(),
+            optim_bytes: if self.dev.is_empty() {
+                self.opts.iter().map(|o| o.state_bytes()).sum()
+            } else {
+                self.dev.iter().map(|d| d.state_bytes()).sum()
+            },
             peak_bytes: None,
+            host_transfers: None,
         }
     }
 
     fn snapshot(&mut self) -> Result<Snapshot, CollectiveError> {
+        self.sync_host(true)?;
         let rank = self.rank();
         let steps = self.opts.first().map(|o| o.steps).unwrap_or(0);
         if self.sharding == Sharding::None {
@@ -690,6 +913,8 @@ impl Strategy for Fsdp {
     }
 
     fn load_optimizer(&mut self, opt: &OptState) {
+        // device shards (if any) are made again from the host state
+        self.reset_device();
         let rank = self.rank();
         for (u, o) in self.units.iter().zip(&mut self.opts) {
             if self.sharding == Sharding::None {

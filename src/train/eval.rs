@@ -6,6 +6,7 @@ use super::trainer::TrainError;
 use crate::collective::CollectiveError;
 use crate::data::Dataset;
 use crate::model::{Batch, Compute, ComputeOn, EvalOut, ModelError, UnitParams};
+use crate::params::transfers::{record, Moved};
 use crate::strategy::Strategy;
 
 /// Exact evaluation totals: every sample counted once.
@@ -71,6 +72,8 @@ pub(super) fn evaluate_by_units<B: ComputeOn>(
     idx: &[usize],
     batch: usize,
     batches: usize,
+    device: bool,
+    proto: Option<&dyn crate::params::DeviceTensor>,
 ) -> Result<(Vec<f64>, Vec<f64>), TrainError> {
     let (layout, stages) = (compute.layout(), compute.stages());
     let mut out = EvalOut::default();
@@ -89,13 +92,10 @@ pub(super) fn evaluate_by_units<B: ComputeOn>(
             if s == 0 && (b == 0 || stages.len() == 1) {
                 strategy.prefetch(units)?;
             }
+            // where the strategy keeps them (on the device, read in place)
             let params = units
                 .iter()
-                .map(|&u| {
-                    Ok(UnitParams::Host(
-                        strategy.unit_params(u, layout.unit_range(u))?,
-                    ))
-                })
+                .map(|&u| super::step::unit_params(strategy, layout, u, proto))
                 .collect::<Result<Vec<_>, CollectiveError>>()?;
             // the next stage's units, or the next batch's first stage's (not for a model of
             // one stage: that would be a second whole model)
@@ -106,6 +106,13 @@ pub(super) fn evaluate_by_units<B: ComputeOn>(
                 strategy.prefetch(next)?;
             }
             if let Some(e) = eval.as_mut() {
+                if device {
+                    for p in &params {
+                        if let UnitParams::Host(v) = p {
+                            record(Moved::ParamsToDevice, v.len());
+                        }
+                    }
+                }
                 e.forward(s, params)?;
             }
         }

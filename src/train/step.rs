@@ -27,6 +27,7 @@ use super::timing::{Clock, Phase};
 use super::trainer::TrainError;
 use crate::collective::{device_error, CollectiveError, OpKind};
 use crate::model::{recomputed, Compute, ComputeOn, Input, StepKey, UnitParams};
+use crate::params::transfers::{record, Moved};
 use crate::params::{DeviceFlat, DeviceTensor, Grads, RawFn};
 use crate::strategy::Strategy;
 
@@ -38,8 +39,12 @@ pub struct MicroOpts<'a, B: ComputeOn> {
     pub sync: bool,
     /// A device buffer that device gathers are made like (CUDA over NCCL).
     pub proto: Option<&'a dyn DeviceTensor>,
-    /// How the backend exposes device addresses: with it gradients stay on the device.
+    /// Device buffers for this backend's gradients (and their addresses where a device
+    /// collective can use them): with it gradients stay on the device.
     pub raw_fn: Option<RawFn<B::InnerBackend>>,
+    /// The backend computes on a device (CUDA, wgpu): host parameters handed to it and
+    /// gradients read from it are counted as host transfers (`params::transfers`).
+    pub device: bool,
 }
 
 /// Unit `u`'s parameters: on the device when the strategy keeps or gathers them there,
@@ -108,10 +113,16 @@ pub fn micro_step<B: ComputeOn>(
             kept = host_copy(&params);
         }
         if let Some(m) = micro.as_mut() {
+            count_uploads(&params, opts.device);
             clock.time(Phase::Forward, || m.forward(s, params))?;
         }
     }
     let loss = micro.as_ref().map(|m| m.loss());
+    // gradients stay on the device where the update runs there, or NCCL reduces them there;
+    // otherwise they go to the host at once, where the strategy reduces and steps
+    let raw_fn = opts
+        .raw_fn
+        .filter(|_| strategy.resident() || strategy.comm_mut().device_ops().is_some());
     let mut pending: Vec<Option<Grads>> = (0..layout.num_units()).map(|_| None).collect();
     for s in (0..n).rev() {
         let params = match kept.take_if(|_| keep == Some(s)) {
@@ -126,17 +137,20 @@ pub fn micro_step<B: ComputeOn>(
         }
         let grads: Vec<Grads> = match micro.as_mut() {
             Some(m) => {
+                if let Some(p) = &params {
+                    count_uploads(p, opts.device);
+                }
                 let tensors = clock.time(Phase::Backward, || m.backward(s, params))?;
                 tensors
                     .into_iter()
-                    .map(|g| to_grads::<B>(g, opts.raw_fn, rank))
+                    .map(|g| to_grads::<B>(g, raw_fn, opts.device, rank))
                     .collect::<Result<_, _>>()?
             }
             None => stages[s]
                 .iter()
                 .map(|&u| {
                     let len = layout.unit_range(u).len();
-                    match opts.proto.filter(|_| opts.raw_fn.is_some()) {
+                    match opts.proto.filter(|_| raw_fn.is_some()) {
                         Some(p) => p
                             .zeros(len)
                             .map(Grads::Device)
@@ -172,6 +186,17 @@ pub fn micro_step<B: ComputeOn>(
     Ok(loss)
 }
 
+/// Counts the host parameters a device backend is about to upload.
+fn count_uploads(params: &[UnitParams], device: bool) {
+    if device {
+        for p in params {
+            if let UnitParams::Host(v) = p {
+                record(Moved::ParamsToDevice, v.len());
+            }
+        }
+    }
+}
+
 /// A copy of host parameters (`None` when any is on the device).
 fn host_copy(params: &[UnitParams]) -> Option<Vec<UnitParams>> {
     params
@@ -183,15 +208,27 @@ fn host_copy(params: &[UnitParams]) -> Option<Vec<UnitParams>> {
         .collect()
 }
 
-/// A unit's gradient from the backend: on the device when its addresses can be reached (NCCL
-/// reduces it there), else read to the host.
+/// A unit's gradient from the backend: on the device when the step keeps gradients there
+/// (NCCL reduces them in place; otherwise host-staged collectives write back), else read to
+/// the host.
 fn to_grads<B: ComputeOn>(
     g: burn::tensor::Tensor<B::InnerBackend, 1>,
     raw_fn: Option<RawFn<B::InnerBackend>>,
+    device: bool,
     rank: usize,
 ) -> Result<Grads, TrainError> {
     Ok(match raw_fn {
         Some(f) => Grads::Device(Box::new(DeviceFlat::new(g, f))),
+        None if device => {
+            let g = Grads::Host(
+                g.into_data()
+                    .convert::<f32>()
+                    .into_vec::<f32>()
+                    .map_err(|e| device_error(rank, OpKind::Update, format!("{e:?}")))?,
+            );
+            record(Moved::GradsToHost, g.len());
+            g
+        }
         None => Grads::Host(
             g.into_data()
                 .convert::<f32>()

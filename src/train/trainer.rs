@@ -261,9 +261,14 @@ struct Trainer<'a, B: ComputeOn> {
     first_step: usize,
     total: usize,
     checkpointing: bool,
-    /// A device buffer that device gathers are made like (CUDA over NCCL).
+    /// A device buffer that device copies are made like (a device backend without
+    /// `strategy.offload`).
     proto: Option<Box<dyn DeviceTensor>>,
     raw_fn: Option<RawFn<B::InnerBackend>>,
+    /// The backend computes on a device: host transfers are counted and reported.
+    device: bool,
+    /// This thread's transfer counts when the rank started.
+    transfers_start: crate::params::Transfers,
     /// This rank's evaluation samples: r, r + world, ... (no padding).
     eval_idx: Vec<usize>,
     tracing: bool,
@@ -334,16 +339,19 @@ impl<'a, B: ComputeOn> Trainer<'a, B> {
                 plan.cursor(pos.start, pos.j)
             ));
         }
-        let raw_fn = raw_fn.filter(|_| strategy.comm_mut().device_ops().is_some());
-        if raw_fn.is_some() {
-            log_device_placement(c, sink);
-        }
+        let transfers_start = crate::params::transfers::counted();
+        let on_device = raw_fn.is_some();
+        // torch's CPU offload keeps parameters, gradients and optimizer state on the host
+        let raw_fn = raw_fn.filter(|_| c.strategy.offload == crate::config::Offload::None);
         let proto: Option<Box<dyn DeviceTensor>> = raw_fn.map(|f| {
             Box::new(DeviceFlat::<B::InnerBackend>::new(
                 burn::tensor::Tensor::zeros([1], device),
                 f,
             )) as Box<dyn DeviceTensor>
         });
+        if let Some(p) = &proto {
+            strategy.keep_on_device(p.as_ref());
+        }
         let resumed = input.resume.map(|l| &l.state);
         let early = c.train.early_stopping.as_ref().map(|e| {
             Watch::new(
@@ -374,6 +382,8 @@ impl<'a, B: ComputeOn> Trainer<'a, B> {
                 == crate::config::ActivationCheckpointing::Units,
             proto,
             raw_fn,
+            device: on_device,
+            transfers_start,
             eval_idx: data
                 .eval
                 .as_ref()
@@ -440,6 +450,7 @@ impl<'a, B: ComputeOn> Trainer<'a, B> {
                 sync: last_micro || !c.strategy.no_sync,
                 proto: self.proto.as_deref(),
                 raw_fn: self.raw_fn,
+                device: self.device,
             };
             let key = StepKey {
                 seed: c.experiment.seed,
@@ -503,12 +514,30 @@ impl<'a, B: ComputeOn> Trainer<'a, B> {
         }
         self.last_loss = loss;
         self.pos = self.pos.normalize(plan);
+        if self.device && step == first_step + 1 {
+            self.log_placement();
+        }
         Ok(Stepped {
             loss,
             lr,
             stop: totals[2] > 0.0,
             epoch_at_start,
         })
+    }
+
+    /// Where the rank keeps what on its device backend, as the first step left it (rank logs).
+    fn log_placement(&mut self) {
+        let grads = match (self.raw_fn.is_some(), self.strategy.comm_mut().device_ops().is_some()) {
+            (true, true) => "gradients: on the device, reduced there by NCCL",
+            (true, false) if self.world > 1 => {
+                "gradients: on the device; collectives host-staged (read to the host, reduced there, written back)"
+            }
+            (true, false) => "gradients: on the device",
+            (false, _) => "gradients: read to the host after each unit's backward (strategy.offload = \"cpu\")",
+        };
+        self.sink.log(grads);
+        let placement = self.strategy.placement();
+        self.sink.log(&placement);
     }
 
     /// Evaluates the current parameters exactly (every rank takes part).
@@ -518,15 +547,35 @@ impl<'a, B: ComputeOn> Trainer<'a, B> {
         };
         let micro_batch = self.input.plan.micro_batch;
         let (compute, strategy, idx) = (self.compute.as_ref(), &mut *self.strategy, &self.eval_idx);
+        let device = self.device;
+        let proto = self.proto.as_deref();
         // the most batches any rank has (rank 0 has the most samples)
         let batches = ds.len().div_ceil(self.world).div_ceil(micro_batch.max(1));
         let sums = self
             .clock
             .time(Phase::Eval, || -> Result<EvalSums, TrainError> {
-                let (losses, correct) = if strategy.shards_params() {
-                    evaluate_by_units(compute, strategy, ds, idx, micro_batch, batches)?
+                // parameters kept on the device are read there, unit by unit
+                let by_units = strategy.shards_params() || (proto.is_some() && strategy.resident());
+                let (losses, correct) = if by_units {
+                    evaluate_by_units(
+                        compute,
+                        strategy,
+                        ds,
+                        idx,
+                        micro_batch,
+                        batches,
+                        device,
+                        proto,
+                    )
+                    .inspect(|_| strategy.release_params())?
                 } else {
                     let params = strategy.params()?;
+                    if device {
+                        crate::params::transfers::record(
+                            crate::params::Moved::ParamsToDevice,
+                            params.len(),
+                        );
+                    }
                     let out = evaluate(compute, params, ds, idx, micro_batch)?;
                     // fsdp by model: the whole parameters were gathered for this; not for the steps
                     strategy.release_params();
@@ -693,6 +742,19 @@ impl<'a, B: ComputeOn> Trainer<'a, B> {
             self.step,
             self.step - self.first_step
         ));
+        let transfers = crate::params::transfers::counted().since(&self.transfers_start);
+        if self.device {
+            let b = crate::ui::bytes;
+            self.sink.log(&format!(
+                "host transfers: parameters {} to the device, {} back; optimizer state {} to the device, {} back; gradients {} to the host, {} back",
+                b(transfers.params_to_device),
+                b(transfers.params_to_host),
+                b(transfers.state_to_device),
+                b(transfers.state_to_host),
+                b(transfers.grads_to_host),
+                b(transfers.grads_to_device),
+            ));
+        }
         let clock = self.clock;
         clock.end_step();
         // one lock at a time: the clock's mutexes are not reentrant
@@ -715,6 +777,7 @@ impl<'a, B: ComputeOn> Trainer<'a, B> {
             params_sha256,
             memory: Memory {
                 peak_bytes: memory_key.and_then(crate::memory::peak_bytes),
+                host_transfers: self.device.then_some(transfers),
                 ..self.strategy.memory()
             },
             time,
@@ -726,22 +789,6 @@ impl<'a, B: ComputeOn> Trainer<'a, B> {
             best: self.best.and_then(|w| w.state),
         })
     }
-}
-
-/// Where a device run keeps what (rank logs).
-fn log_device_placement(c: &Config, sink: &mut dyn RankSink) {
-    use crate::config::{Precision, Sharding, StrategyKind};
-    sink.log("gradients: accumulated and reduced on the device (NCCL on the backend's buffers)");
-    let f32_params = c.backend.precision == Precision::F32;
-    sink.log(match c.strategy.kind {
-        StrategyKind::Single | StrategyKind::Ddp | StrategyKind::Dp if f32_params => {
-            "parameters and optimizer state: on the device, where the update runs (copied to the host for evaluation and checkpoints)"
-        }
-        StrategyKind::Fsdp if c.strategy.sharding == Sharding::Full => {
-            "parameters: shards on the host, all-gathered into device buffers for the forward; the optimizer runs on the host shard"
-        }
-        _ => "parameters: on the host, where the optimizer runs (uploaded for each forward)",
-    });
 }
 
 /// Runs the whole training of one rank. `raw_fn` is how the backend exposes device addresses

@@ -241,7 +241,7 @@ mod gpu {
             // NCCL reduced the backward pass's own buffers, not host copies
             let log = std::fs::read_to_string(d.path().join(kind).join("logs/rank-0.log")).unwrap();
             assert!(
-                log.contains("gradients: accumulated and reduced on the device"),
+                log.contains("gradients: on the device, reduced there by NCCL"),
                 "{log}"
             );
         }

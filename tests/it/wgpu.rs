@@ -114,6 +114,116 @@ mod on_wgpu {
         }
     }
 
+    /// Each rank's host transfers and the run's final and eval losses.
+    fn transfers(sets: &[&str]) -> (Vec<kiln::params::Transfers>, f64, f64, usize) {
+        let p = prepare(TASK, sets);
+        let placement = kiln::backend::resolve(&p.r.config).unwrap();
+        let res = kiln::launch::train(&placement, &p.input(), None, None, &mut |_| {}).unwrap();
+        let t = res
+            .memory
+            .iter()
+            .map(|m| m.host_transfers.expect("counted on a device backend"))
+            .collect();
+        let eval = res.outcome.eval.expect("an eval set").loss();
+        (t, res.outcome.final_loss, eval, p.model.num_params())
+    }
+
+    #[test]
+    fn parameters_and_optimizer_state_stay_on_the_device_and_offload_is_the_same_run() {
+        // 5 steps of sgd with momentum, an evaluation at the end
+        let n4 = |t: &(Vec<kiln::params::Transfers>, f64, f64, usize)| (t.3 * 4) as u64;
+        let mut on = ON.to_vec();
+        on.push("train.batch_size=16");
+        let single = transfers(&on);
+        let b = n4(&single);
+        let t = single.0[0];
+        // one copy to the device at the first forward, one back at the end (the evaluation
+        // reads them on the device); no gradient or optimizer state crosses, so no step moved
+        // anything
+        assert_eq!((t.params_to_device, t.params_to_host), (b, b), "{t:?}");
+        assert_eq!(
+            (
+                t.state_to_device,
+                t.state_to_host,
+                t.grads_to_host,
+                t.grads_to_device
+            ),
+            (0, 0, 0, 0),
+            "{t:?}"
+        );
+        // ddp(2): the gradients are host-staged (read, all-reduced on the host, written back)
+        // once a step; the parameters stay
+        let ddp = transfers(&[
+            ON[0],
+            ON[1],
+            "strategy.kind=ddp",
+            "strategy.devices=2",
+            "train.batch_size=8",
+        ]);
+        for t in &ddp.0 {
+            assert_eq!((t.params_to_device, t.params_to_host), (b, b), "{t:?}");
+            assert_eq!(
+                (t.grads_to_host, t.grads_to_device),
+                (5 * b, 5 * b),
+                "{t:?}"
+            );
+        }
+        // fsdp: each rank's shards and their optimizer state on the device; one rank's shard
+        // is its unit (nothing moves a step), two ranks gather and reduce-scatter host-staged
+        let fsdp1 = transfers(&[
+            ON[0],
+            ON[1],
+            "train.batch_size=16",
+            "strategy.kind=fsdp",
+            "strategy.unit=layer",
+        ]);
+        assert_eq!(fsdp1.0, single.0, "fsdp(1) moves what single moves");
+        assert!(
+            rel(fsdp1.1, single.1) < 1e-6,
+            "fsdp(1) {} vs single {}",
+            fsdp1.1,
+            single.1
+        );
+        let fsdp2 = transfers(&[
+            ON[0],
+            ON[1],
+            "train.batch_size=8",
+            "strategy.kind=fsdp",
+            "strategy.devices=2",
+            "strategy.unit=layer",
+        ]);
+        for t in &fsdp2.0 {
+            assert_eq!((t.state_to_device, t.state_to_host), (0, 0), "{t:?}");
+            assert_eq!(t.grads_to_host, 5 * b, "{t:?}");
+        }
+        assert!(
+            rel(fsdp2.1, single.1) < 1e-4,
+            "fsdp(2) {} vs single {}",
+            fsdp2.1,
+            single.1
+        );
+        // torch's CPU offload: parameters uploaded for each forward, gradients read back for
+        // the host optimizer; the same run
+        on.push("strategy.offload=cpu");
+        let off = transfers(&on);
+        let t = off.0[0];
+        assert_eq!(
+            (t.params_to_device, t.grads_to_host),
+            (6 * b, 5 * b),
+            "{t:?}"
+        );
+        assert_eq!(t.params_to_host, 0, "{t:?}");
+        for (a, b, what) in [(off.1, single.1, "loss"), (off.2, single.2, "eval loss")] {
+            assert!(rel(a, b) < 1e-5, "offload {what} {a} vs on the device {b}");
+        }
+        assert!(
+            rel(ddp.1, single.1) < 1e-4,
+            "ddp {} vs single {}",
+            ddp.1,
+            single.1
+        );
+    }
+
     #[test]
     fn resume_on_wgpu_is_bit_identical_to_the_uninterrupted_run() {
         let d = kiln::testdir::tempdir().unwrap();
@@ -132,6 +242,14 @@ mod on_wgpu {
         let o = kiln(d.path(), &args);
         assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
         let full = d.path().join("full");
+        // the log says where things are, as the first step left them
+        let log = std::fs::read_to_string(full.join("logs/rank-0.log")).unwrap();
+        assert!(
+            log.contains("parameters and optimizer state: on the device, where the update runs")
+                && log.contains("gradients: on the device\n")
+                && log.contains("host transfers: parameters "),
+            "{log}"
+        );
         let copy = resume_copy(d.path(), &full, "step-00000003", &[]);
         assert_eq!(loss_lines(&copy), loss_lines(&full));
         let (a, b) = (summary(&full), summary(&copy));
