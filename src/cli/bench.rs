@@ -18,8 +18,8 @@ pub struct BenchArgs {
     /// Measurements per backend (the median is reported).
     #[arg(long, default_value_t = 3)]
     pub repeats: usize,
-    /// Which CPU backends: all, ndarray or flex (a config with `backend.device = "cuda"` measures
-    /// its GPU placement instead).
+    /// Which CPU backends: all, ndarray or flex (a config with `backend.device = "cuda"` or
+    /// `"wgpu"` measures its device placement instead).
     #[arg(long, default_value = "all")]
     pub cpu: String,
 }

@@ -29,8 +29,8 @@ pub enum BenchEvent {
     },
 }
 
-/// Measures `r` for `steps` optimizer steps, `repeats` times on each of `cpus` (a CUDA config
-/// measures its GPU placement instead), reporting through `on_event`.
+/// Measures `r` for `steps` optimizer steps, `repeats` times on each of `cpus` (a CUDA or wgpu
+/// config measures its device placement instead), reporting through `on_event`.
 pub fn bench(
     mut r: Resolved,
     steps: usize,
@@ -45,7 +45,7 @@ pub fn bench(
     let model = crate::model::build(&r, &data.input_shape())?;
     let plan = Plan::new(&r.config, data.train.len(), model.num_params());
     let mut configs = Vec::new();
-    if r.config.backend.device == Device::Cuda {
+    if r.config.backend.device != Device::Cpu {
         configs.push(r.config.clone());
     } else {
         for &cpu in cpus {

@@ -320,17 +320,35 @@ impl Fsdp {
     /// Adds the reduce-scatters that have finished (`all`: every one, waiting) into the shards'
     /// gradients, in the order they were started.
     fn collect(&mut self, all: bool) -> Result<(), CollectiveError> {
+        let rank = self.comm.rank();
         let (shard_grads, units) = (&mut self.shard_grads, &self.units);
+        let (dev, dev_grads) = (&self.dev, &mut self.dev_grads);
+        let mut add = |i: usize, shard: Vec<f32>| -> Result<(), CollectiveError> {
+            if dev.is_empty() {
+                add_shard(&mut shard_grads[i], shard);
+                return Ok(());
+            }
+            // device shards: the host-staged reduction's shard written back
+            let err = |e| device_error(rank, OpKind::ReduceScatter, e);
+            crate::params::transfers::record(crate::params::Moved::GradsToDevice, shard.len());
+            let mut up = dev[i].slice(0..0).upload(&shard).map_err(err)?;
+            match &mut dev_grads[i] {
+                Some(acc) => acc.add_at(0, up.as_mut()).map_err(err),
+                none => {
+                    *none = Some(up);
+                    Ok(())
+                }
+            }
+        };
         self.inflight.collect(&mut self.comm, all, |group, shards| {
             if let [i] = group[..] {
-                add_shard(&mut shard_grads[i], shards);
-                return Ok(());
+                return add(i, shards);
             }
             // the units' shards side by side
             let mut at = 0;
             for i in group {
                 let len = units[i].shard_len;
-                add_shard(&mut shard_grads[i], shards[at..at + len].to_vec());
+                add(i, shards[at..at + len].to_vec())?;
                 at += len;
             }
             Ok(())
@@ -493,10 +511,11 @@ impl Strategy for Fsdp {
     fn prefetch(&mut self, units: &[usize]) -> Result<(), CollectiveError> {
         // whole parameters need no gather; unit = "model" gathers once, when asked; over a
         // device collective the gather happens on the device, when asked
+        // device shards of one rank need no gather
         if self.full.is_some()
             || self.units.len() == 1
             || self.comm.device_ops().is_some()
-            || !self.dev.is_empty()
+            || (!self.dev.is_empty() && self.comm.world() == 1)
         {
             return Ok(());
         }
@@ -517,7 +536,15 @@ impl Strategy for Fsdp {
         let block: usize = group.iter().map(|&i| self.units[i].shard_len).sum();
         let mut send = Vec::with_capacity(block);
         for &i in &group {
-            send.extend_from_slice(&self.shards[i]);
+            if self.dev.is_empty() {
+                send.extend_from_slice(&self.shards[i]);
+            } else {
+                // host-staged: the device shard read to the host
+                let shard = self.dev[i]
+                    .params()
+                    .map_err(|e| device_error(self.comm.rank(), OpKind::AllGather, e))?;
+                send.extend_from_slice(&shard);
+            }
         }
         let one = match group[..] {
             [i] => Some(self.units[i].range.len()),
@@ -556,7 +583,21 @@ impl Strategy for Fsdp {
                     }
                     Ok(self.device_full.as_ref().map(|d| d.slice(range)))
                 }
-                _ => Ok(Some(self.gather_from_device(unit, proto)?)),
+                _ => match self.take_ahead(unit)? {
+                    // a gather `prefetch` started beside the compute: written to the device
+                    Some(p) => {
+                        crate::params::transfers::record(
+                            crate::params::Moved::ParamsToDevice,
+                            p.len(),
+                        );
+                        let rank = self.comm.rank();
+                        proto
+                            .upload(&p)
+                            .map(Some)
+                            .map_err(|e| device_error(rank, OpKind::AllGather, e))
+                    }
+                    None => Ok(Some(self.gather_from_device(unit, proto)?)),
+                },
             };
         }
         if self.comm.device_ops().is_none() {
@@ -611,6 +652,27 @@ impl Strategy for Fsdp {
         // mean gradient
         let shard_len = u.shard_len;
         let pending = self.pending[i].take(len);
+        let staged = self.comm.world() > 1 && self.comm.device_ops().is_none();
+        if !self.dev.is_empty() && staged && self.comm.overlaps() {
+            // host-staged beside the compute: the unit's gradient read to the host here, its
+            // shard written back when the reduce-scatter is collected
+            let err = |e| device_error(rank, OpKind::ReduceScatter, e);
+            let mut send = match pending {
+                Grads::Device(mut d) => {
+                    crate::params::transfers::record(crate::params::Moved::GradsToHost, len);
+                    d.to_host().map_err(err)?
+                }
+                Grads::Host(v) => v,
+            };
+            send.resize(shard_len * self.comm.world(), 0.0);
+            let mut out = vec![0f32; shard_len];
+            let p = self.comm.submit(OpKind::ReduceScatter, move |c| {
+                c.reduce_scatter(&send, &mut out, ReduceOp::Mean)?;
+                Ok(out)
+            });
+            self.inflight.push(vec![i], p);
+            return self.collect(false);
+        }
         if !self.dev.is_empty() {
             let mut pending = pending;
             if let Grads::Host(v) = &pending {

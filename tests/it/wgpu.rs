@@ -114,6 +114,32 @@ mod on_wgpu {
         }
     }
 
+    #[test]
+    fn a_device_gradient_is_non_finite_exactly_when_a_value_is() {
+        // bench-cnn's first gradient (421,642 finite values) was reported non-finite on
+        // lavapipe by `is_finite().all()`; the check is a float sum now
+        use burn::backend::wgpu::{Wgpu, WgpuDevice};
+        use burn::tensor::{Tensor, TensorData};
+        use kiln::params::{no_address, DeviceFlat, DeviceTensor};
+        let n = 421_642;
+        let v: Vec<f32> = (0..n)
+            .map(|i| ((i % 97) as f32 - 48.0) * if i % 5 == 0 { 1e-30 } else { 1e-3 })
+            .collect();
+        let flat = |v: &[f32]| {
+            let t =
+                Tensor::<Wgpu, 1>::from_data(TensorData::new(v.to_vec(), [n]), &WgpuDevice::Cpu);
+            DeviceFlat::new(t, no_address::<Wgpu>)
+        };
+        assert!(!flat(&v).non_finite().unwrap());
+        for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+            for at in [0, n / 2, n - 1] {
+                let mut w = v.clone();
+                w[at] = bad;
+                assert!(flat(&w).non_finite().unwrap(), "{bad} at {at}");
+            }
+        }
+    }
+
     /// Each rank's host transfers and the run's final and eval losses.
     fn transfers(sets: &[&str]) -> (Vec<kiln::params::Transfers>, f64, f64, usize) {
         let p = prepare(TASK, sets);
