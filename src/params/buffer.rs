@@ -179,22 +179,12 @@ impl<B: Backend> DeviceTensor for DeviceFlat<B> {
             .map_err(|e| format!("reading a device buffer: {e:?}"))
     }
     fn sum_squares(&self) -> Result<f64, String> {
-        use burn::tensor::ElementConversion;
-        let t = self.tensor.clone();
-        Ok(t.clone().mul(t).sum().into_scalar().elem())
+        Ok(chunked_sum(&self.tensor, |t| t.clone().mul(t)))
     }
     fn non_finite(&self) -> Result<bool, String> {
-        // x * 0 is 0 for every finite x and NaN for NaN and the infinities: one float sum, one
-        // scalar read (no bool tensor: `is_finite().all()` reported a finite cnn gradient of
-        // 421k values as non-finite on wgpu)
-        use burn::tensor::ElementConversion;
-        let s: f64 = self
-            .tensor
-            .clone()
-            .mul_scalar(0.0)
-            .sum()
-            .into_scalar()
-            .elem();
+        // x * 0 is 0 for every finite x and NaN for NaN and the infinities: float sums, one
+        // scalar read (no bool tensor)
+        let s = chunked_sum(&self.tensor, |t| t.mul_scalar(0.0));
         Ok(!s.is_finite())
     }
     fn write_at(&mut self, offset: usize, values: &[f32]) -> Result<(), String> {
@@ -229,6 +219,33 @@ impl<B: Backend> DeviceTensor for DeviceFlat<B> {
             )) as Box<dyn DeviceParams>
         })
     }
+}
+
+/// Elements per reduction in `chunked_sum`.
+const REDUCE_CHUNK: usize = 1 << 15;
+
+/// The sum of `f(t)`, reduced in slices of at most `REDUCE_CHUNK` elements whose sums are
+/// summed the same way, read back as one scalar. Burn 0.21's wgpu reductions covered only the
+/// first 131,072 elements of a 421,642-element tensor on lavapipe (a finite gradient then read
+/// as non-finite, a NaN past them went unseen, clipping norms came out short); reductions of
+/// this size are exact there, and cost a few more launches elsewhere.
+fn chunked_sum<B: Backend>(t: &Tensor<B, 1>, f: impl Fn(Tensor<B, 1>) -> Tensor<B, 1>) -> f64 {
+    use burn::tensor::ElementConversion;
+    let n = t.dims()[0];
+    if n <= REDUCE_CHUNK {
+        return f(t.clone()).sum().into_scalar().elem();
+    }
+    let mut parts: Vec<Tensor<B, 1>> = (0..n)
+        .step_by(REDUCE_CHUNK)
+        .map(|s| f(t.clone().slice([s..(s + REDUCE_CHUNK).min(n)])).sum())
+        .collect();
+    while parts.len() > REDUCE_CHUNK {
+        parts = parts
+            .chunks(REDUCE_CHUNK)
+            .map(|c| Tensor::cat(c.to_vec(), 0).sum())
+            .collect();
+    }
+    Tensor::cat(parts, 0).sum().into_scalar().elem()
 }
 
 /// A step's accumulated gradient: flat, in the model's layout.

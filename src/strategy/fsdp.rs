@@ -211,12 +211,7 @@ impl Fsdp {
         }
         if self.comm.device_ops().is_some() {
             let send = self.dev[i].raw().map_err(err)?;
-            let mut recv = proto.zeros(padded).map_err(err)?;
-            let recv_raw = recv.raw().map_err(err)?;
-            if let Some(ops) = self.comm.device_ops() {
-                ops.all_gather_raw(send, recv_raw)?;
-            }
-            return Ok(recv.slice(0..len));
+            return self.nccl_gather(send, i, proto);
         }
         let shard = self.dev[i].params().map_err(err)?;
         let mut out = vec![0f32; padded];
@@ -273,19 +268,36 @@ impl Fsdp {
         proto: &dyn DeviceTensor,
     ) -> Result<Box<dyn DeviceTensor>, CollectiveError> {
         let rank = self.comm.rank();
-        let world = self.comm.world();
-        let u = &self.units[i];
         let err = |e: String| device_error(rank, OpKind::AllGather, e);
-        crate::params::transfers::record(crate::params::Moved::ParamsToDevice, u.shard_len);
+        crate::params::transfers::record(
+            crate::params::Moved::ParamsToDevice,
+            self.units[i].shard_len,
+        );
         let mut send = proto.upload(&self.shards[i]).map_err(err)?;
-        let mut recv = proto.zeros(u.padded_len(world)).map_err(err)?;
-        let (send_raw, recv_raw) = (send.raw().map_err(err)?, recv.raw().map_err(err)?);
-        let len = u.range.len();
+        let send_raw = send.raw().map_err(err)?;
+        let gathered = self.nccl_gather(send_raw, i, proto);
+        drop(send);
+        gathered
+    }
+
+    /// All-gathers unit `i` over the device collective from this rank's shard at `send` (alive
+    /// until this returns) into a new device buffer like `proto` (unpadded).
+    fn nccl_gather(
+        &mut self,
+        send: crate::params::RawBuf,
+        i: usize,
+        proto: &dyn DeviceTensor,
+    ) -> Result<Box<dyn DeviceTensor>, CollectiveError> {
+        let rank = self.comm.rank();
+        let err = |e: String| device_error(rank, OpKind::AllGather, e);
+        let u = &self.units[i];
+        let (len, padded) = (u.range.len(), u.padded_len(self.comm.world()));
+        let mut recv = proto.zeros(padded).map_err(err)?;
+        let recv_raw = recv.raw().map_err(err)?;
         match self.comm.device_ops() {
-            Some(ops) => ops.all_gather_raw(send_raw, recv_raw)?,
+            Some(ops) => ops.all_gather_raw(send, recv_raw)?,
             None => return Err(err("no device collective".into())),
         }
-        drop(send);
         Ok(recv.slice(0..len))
     }
 
