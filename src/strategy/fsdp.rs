@@ -192,6 +192,10 @@ impl Fsdp {
         self.dev_grads.clear();
         self.stale = Stale::default();
         self.device_full = None;
+        // gathers and reductions of the state being replaced
+        self.ahead.clear();
+        self.ready.iter_mut().for_each(|p| *p = None);
+        self.inflight = InFlight::default();
     }
 
     /// All-gathers unit `i` from the device shards into a new device buffer like `proto`
