@@ -10,7 +10,7 @@ use std::ops::Range;
 
 use super::{Collective, CollectiveError, OpId, OpKind, ReduceOp};
 use crate::params::transfers::{record, Moved};
-use crate::params::{DeviceTensor, Grads, RawBuf};
+use crate::params::{grads_to_host, DeviceTensor, Grads, RawBuf};
 
 /// Collective ops on raw device buffers. Each call has finished (results readable by the
 /// backend) when it returns.
@@ -109,8 +109,7 @@ impl GradsOps for Grads {
                         // host-staged: the range to the host, reduced there, written back (the
                         // gradient stays on the device, where the update runs)
                         let err = |e| device_error(rank, OpKind::AllReduce, e);
-                        let mut host = d.slice(range.clone()).to_host().map_err(err)?;
-                        record(Moved::GradsToHost, host.len());
+                        let mut host = grads_to_host(d.as_ref(), range.clone()).map_err(err)?;
                         comm.all_reduce(&mut host, op)?;
                         record(Moved::GradsToDevice, host.len());
                         d.write_at(range.start, &host).map_err(err)
@@ -163,8 +162,7 @@ impl GradsOps for Grads {
             return Ok(d.slice(range));
         }
         if comm.device_ops().is_none() {
-            let mut host = d.slice(range.clone()).to_host().map_err(err)?;
-            record(Moved::GradsToHost, host.len());
+            let mut host = grads_to_host(d.as_ref(), range.clone()).map_err(err)?;
             host.resize(padded, 0.0);
             let mut out = vec![0f32; shard_len];
             comm.reduce_scatter(&host, &mut out, op)?;

@@ -248,6 +248,14 @@ fn chunked_sum<B: Backend>(t: &Tensor<B, 1>, f: impl Fn(Tensor<B, 1>) -> Tensor<
     Tensor::cat(parts, 0).sum().into_scalar().elem()
 }
 
+/// Elements `range` of a device gradient read to the host (a host-staged collective, a host
+/// update), counted as such.
+pub fn grads_to_host(d: &dyn DeviceTensor, range: Range<usize>) -> Result<Vec<f32>, String> {
+    let v = d.slice(range).to_host()?;
+    record(Moved::GradsToHost, v.len());
+    Ok(v)
+}
+
 /// A step's accumulated gradient: flat, in the model's layout.
 pub enum Grads {
     Host(Vec<f32>),

@@ -25,8 +25,7 @@ use crate::collective::{
     device_error, Collective, CollectiveError, GradsOps, OpKind, Overlapped, ReduceOp,
 };
 use crate::config::Config;
-use crate::params::transfers::{record, Moved};
-use crate::params::{clip_and_step, DeviceTensor, Grads, Optimizer};
+use crate::params::{clip_and_step, grads_to_host, DeviceTensor, Grads, Optimizer};
 
 pub struct Ddp {
     comm: Overlapped,
@@ -111,9 +110,8 @@ impl Ddp {
         };
         let mut send = Vec::with_capacity(ranges.iter().map(|r| r.len()).sum());
         for r in &ranges {
-            send.extend(whole.slice(r.clone()).to_host().map_err(err)?);
+            send.extend(grads_to_host(whole.as_ref(), r.clone()).map_err(err)?);
         }
-        record(Moved::GradsToHost, send.len());
         self.submit(send, ranges)
     }
 

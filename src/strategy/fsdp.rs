@@ -347,14 +347,8 @@ impl Fsdp {
             // device shards: the host-staged reduction's shard written back
             let err = |e| device_error(rank, OpKind::ReduceScatter, e);
             crate::params::transfers::record(crate::params::Moved::GradsToDevice, shard.len());
-            let mut up = dev[i].slice(0..0).upload(&shard).map_err(err)?;
-            match &mut dev_grads[i] {
-                Some(acc) => acc.add_at(0, up.as_mut()).map_err(err),
-                none => {
-                    *none = Some(up);
-                    Ok(())
-                }
-            }
+            let up = dev[i].slice(0..0).upload(&shard).map_err(err)?;
+            add_device_shard(&mut dev_grads[i], up).map_err(err)
         };
         self.inflight.collect(&mut self.comm, all, |group, shards| {
             if let [i] = group[..] {
@@ -668,29 +662,17 @@ impl Strategy for Fsdp {
         // mean gradient
         let shard_len = u.shard_len;
         let pending = self.pending[i].take(len);
+        let mut pending = pending;
         let staged = self.comm.world() > 1 && self.comm.device_ops().is_none();
         if !self.dev.is_empty() && staged && self.comm.overlaps() {
-            // host-staged beside the compute: the unit's gradient read to the host here, its
-            // shard written back when the reduce-scatter is collected
-            let err = |e| device_error(rank, OpKind::ReduceScatter, e);
-            let mut send = match pending {
-                Grads::Device(mut d) => {
-                    crate::params::transfers::record(crate::params::Moved::GradsToHost, len);
-                    d.to_host().map_err(err)?
-                }
-                Grads::Host(v) => v,
-            };
-            send.resize(shard_len * self.comm.world(), 0.0);
-            let mut out = vec![0f32; shard_len];
-            let p = self.comm.submit(OpKind::ReduceScatter, move |c| {
-                c.reduce_scatter(&send, &mut out, ReduceOp::Mean)?;
-                Ok(out)
-            });
-            self.inflight.push(vec![i], p);
-            return self.collect(false);
-        }
-        if !self.dev.is_empty() {
-            let mut pending = pending;
+            // host-staged beside the compute: the unit's gradient read to the host here and
+            // reduce-scattered like a host one; `collect` writes its shard back
+            if let Grads::Device(d) = &pending {
+                let err = |e| device_error(rank, OpKind::ReduceScatter, e);
+                pending =
+                    Grads::Host(crate::params::grads_to_host(d.as_ref(), 0..len).map_err(err)?);
+            }
+        } else if !self.dev.is_empty() {
             if let Grads::Host(v) = &pending {
                 // (a unit no micro-step handed a device gradient: its zeros)
                 crate::params::transfers::record(crate::params::Moved::GradsToDevice, v.len());
@@ -700,16 +682,11 @@ impl Strategy for Fsdp {
                     .map_err(|e| device_error(rank, OpKind::ReduceScatter, e))?;
                 pending = Grads::Device(up);
             }
-            let mut shard =
+            let shard =
                 pending.reduce_scatter_device(&mut self.comm, 0..len, shard_len, ReduceOp::Mean)?;
             drop(pending);
-            match &mut self.dev_grads[i] {
-                Some(acc) => acc
-                    .add_at(0, shard.as_mut())
-                    .map_err(|e| device_error(rank, OpKind::Update, e))?,
-                none => *none = Some(shard),
-            }
-            return Ok(());
+            return add_device_shard(&mut self.dev_grads[i], shard)
+                .map_err(|e| device_error(rank, OpKind::Update, e));
         }
         match pending {
             Grads::Host(g) if self.comm.overlaps() => {
@@ -1005,6 +982,20 @@ impl Strategy for Fsdp {
                     u.shard_len,
                 );
             }
+        }
+    }
+}
+
+/// Adds a micro-step's reduced shard on the device into the step's (the first one is it).
+fn add_device_shard(
+    acc: &mut Option<Box<dyn DeviceTensor>>,
+    mut shard: Box<dyn DeviceTensor>,
+) -> Result<(), String> {
+    match acc {
+        Some(acc) => acc.add_at(0, shard.as_mut()),
+        slot => {
+            *slot = Some(shard);
+            Ok(())
         }
     }
 }
