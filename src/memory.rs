@@ -191,10 +191,191 @@ fn freed(ptr: *mut u8, size: usize) {
     count(slot.unwrap_or_else(current_slot), -(size as i64));
 }
 
-// SAFETY: every call goes to the inner allocator unchanged; the counting only reads sizes and
-// addresses.
+/// Blocks of at least this many bytes are mapped from the OS for themselves and unmapped when
+/// freed (Linux), so the resident set follows what the ranks hold: any allocator that keeps freed
+/// pages for reuse keeps the high-water mark of a step's short-lived large buffers (fsdp's
+/// gathered units and their gradients) resident for the rest of the run.
+#[cfg(target_os = "linux")]
+const MAPPED: usize = 1 << 20;
+#[cfg(target_os = "linux")]
+const PAGE: usize = 4096;
+/// Mapped blocks of at least this size ask for transparent huge pages (fewer page faults).
+#[cfg(target_os = "linux")]
+const HUGE: usize = 2 << 20;
+
+#[cfg(target_os = "linux")]
+fn mapped(layout: Layout) -> bool {
+    layout.size() >= MAPPED && layout.align() <= PAGE
+}
+
+#[cfg(target_os = "linux")]
+fn map(size: usize) -> *mut u8 {
+    let huge = size >= HUGE;
+    // huge blocks start on a huge page: mapped with room to spare, the ends cut off
+    let len = if huge { size + HUGE } else { size };
+    // SAFETY: an anonymous private mapping of `len` bytes; nothing else is touched
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return std::ptr::null_mut();
+    }
+    if !huge {
+        return p.cast();
+    }
+    let start = p as usize;
+    let aligned = (start + HUGE - 1) & !(HUGE - 1);
+    let end = (aligned + size + PAGE - 1) & !(PAGE - 1);
+    // SAFETY: both ranges lie inside the mapping just made, outside the block handed out
+    unsafe {
+        if aligned > start {
+            libc::munmap(p, aligned - start);
+        }
+        if start + len > end {
+            libc::munmap(end as *mut libc::c_void, start + len - end);
+        }
+        // a kernel without transparent huge pages ignores the advice
+        libc::madvise(aligned as *mut libc::c_void, size, libc::MADV_HUGEPAGE);
+    }
+    aligned as *mut u8
+}
+
+#[cfg(target_os = "linux")]
+fn unmap(ptr: *mut u8, size: usize) {
+    // SAFETY: `ptr` is a mapping of `size` bytes made by `map` (or `mremap`)
+    unsafe { libc::munmap(ptr.cast(), size) };
+}
+
+/// Freed mappings kept for the next block of the same size, newest last: the same shapes come
+/// back every step (a forward's activations, a unit's gradient), and a kept mapping is reused
+/// without the kernel zeroing it again (page faults cost a tenth of a small gpt's step). At
+/// most `CACHE_BYTES` are kept, so the resident set stays within that of what the ranks hold.
+#[cfg(target_os = "linux")]
+struct Cache {
+    blocks: [(usize, usize); CACHE_SLOTS],
+    len: usize,
+    bytes: usize,
+}
+
+#[cfg(target_os = "linux")]
+const CACHE_SLOTS: usize = 32;
+#[cfg(target_os = "linux")]
+const CACHE_BYTES: usize = 8 << 20;
+
+#[cfg(target_os = "linux")]
+static CACHE: std::sync::Mutex<Cache> = std::sync::Mutex::new(Cache {
+    blocks: [(0, 0); CACHE_SLOTS],
+    len: 0,
+    bytes: 0,
+});
+
+#[cfg(target_os = "linux")]
+fn cache() -> std::sync::MutexGuard<'static, Cache> {
+    // (nothing panics while holding it)
+    CACHE.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// The mapping's length: whole pages.
+#[cfg(target_os = "linux")]
+fn pages(size: usize) -> usize {
+    (size + PAGE - 1) & !(PAGE - 1)
+}
+
+/// A block of `size` bytes: a kept mapping of the same length (`zeroed`: cleared), or a new one.
+#[cfg(target_os = "linux")]
+fn take(size: usize, zeroed: bool) -> *mut u8 {
+    let len = pages(size);
+    let kept = {
+        let mut c = cache();
+        let n = c.len;
+        match (0..n).rev().find(|&i| c.blocks[i].1 == len) {
+            Some(i) => {
+                let (ptr, _) = c.blocks[i];
+                c.blocks.copy_within(i + 1..n, i);
+                c.len -= 1;
+                c.bytes -= len;
+                Some(ptr as *mut u8)
+            }
+            None => None,
+        }
+    };
+    match kept {
+        Some(p) => {
+            if zeroed {
+                // SAFETY: a mapping of `len >= size` bytes that nothing else holds
+                unsafe { std::ptr::write_bytes(p, 0, size) };
+            }
+            p
+        }
+        None => map(size),
+    }
+}
+
+/// Frees mapped block `ptr` of `size` bytes: kept for reuse, oldest kept ones unmapped to make
+/// room (or this one, when it alone is too large).
+#[cfg(target_os = "linux")]
+fn give(ptr: *mut u8, size: usize) {
+    let len = pages(size);
+    if len > CACHE_BYTES {
+        unmap(ptr, size);
+        return;
+    }
+    let mut evicted = [(0usize, 0usize); CACHE_SLOTS];
+    let mut out = 0;
+    {
+        let mut c = cache();
+        while c.len > 0 && (c.len == CACHE_SLOTS || c.bytes + len > CACHE_BYTES) {
+            let oldest = c.blocks[0];
+            let n = c.len;
+            c.blocks.copy_within(1..n, 0);
+            c.len -= 1;
+            c.bytes -= oldest.1;
+            evicted[out] = oldest;
+            out += 1;
+        }
+        let n = c.len;
+        c.blocks[n] = (ptr as usize, len);
+        c.len += 1;
+        c.bytes += len;
+    }
+    // unmapped outside the lock
+    for &(p, l) in &evicted[..out] {
+        unmap(p as *mut u8, l);
+    }
+}
+
+/// Mapping `ptr` of `old` bytes (made by `map`) grown or shrunk to `new` bytes, moved if need
+/// be (the kernel moves the pages, nothing is copied); null when the kernel refuses.
+#[cfg(target_os = "linux")]
+fn remap(ptr: *mut u8, old: usize, new: usize) -> *mut u8 {
+    // SAFETY: `ptr` is a mapping of `old` bytes
+    let q = unsafe { libc::mremap(ptr.cast(), old, new, libc::MREMAP_MAYMOVE) };
+    if q == libc::MAP_FAILED {
+        std::ptr::null_mut()
+    } else {
+        q.cast()
+    }
+}
+
+// SAFETY: every call goes to the inner allocator unchanged, or (large blocks, Linux) to a
+// mapping of its own that is page-aligned, zeroed and at least `layout.size()` long; the counting
+// only reads sizes and addresses.
 unsafe impl<A: GlobalAlloc> GlobalAlloc for Counting<A> {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        #[cfg(target_os = "linux")]
+        let p = if mapped(layout) {
+            take(layout.size(), false)
+        } else {
+            unsafe { self.0.alloc(layout) }
+        };
+        #[cfg(not(target_os = "linux"))]
         let p = unsafe { self.0.alloc(layout) };
         if !p.is_null() {
             allocated(p, layout.size());
@@ -203,6 +384,13 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for Counting<A> {
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        #[cfg(target_os = "linux")]
+        let p = if mapped(layout) {
+            take(layout.size(), true)
+        } else {
+            unsafe { self.0.alloc_zeroed(layout) }
+        };
+        #[cfg(not(target_os = "linux"))]
         let p = unsafe { self.0.alloc_zeroed(layout) };
         if !p.is_null() {
             allocated(p, layout.size());
@@ -212,10 +400,41 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for Counting<A> {
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         freed(ptr, layout.size());
+        #[cfg(target_os = "linux")]
+        if mapped(layout) {
+            give(ptr, layout.size());
+            return;
+        }
         unsafe { self.0.dealloc(ptr, layout) }
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        // SAFETY (for the layouts below): `realloc`'s contract gives a valid size for the alignment
+        let new_layout = unsafe { Layout::from_size_align_unchecked(new_size, layout.align()) };
+        #[cfg(target_os = "linux")]
+        if mapped(layout) || mapped(new_layout) {
+            // forgotten before the move: once the old block is gone, another thread may get `ptr`
+            freed(ptr, layout.size());
+            let p = if mapped(layout) && mapped(new_layout) {
+                remap(ptr, layout.size(), new_size)
+            } else {
+                let q = unsafe { self.alloc_inner(new_layout) };
+                if !q.is_null() {
+                    // SAFETY: both blocks hold at least the smaller size and do not overlap
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(ptr, q, layout.size().min(new_size));
+                        self.dealloc_inner(ptr, layout);
+                    }
+                }
+                q
+            };
+            if p.is_null() {
+                allocated(ptr, layout.size());
+            } else {
+                allocated(p, new_size);
+            }
+            return p;
+        }
         // forgotten before the inner call: once it returns, another thread may get `ptr`
         freed(ptr, layout.size());
         let p = unsafe { self.0.realloc(ptr, layout, new_size) };
@@ -226,5 +445,68 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for Counting<A> {
             allocated(p, new_size);
         }
         p
+    }
+}
+
+#[cfg(target_os = "linux")]
+impl<A: GlobalAlloc> Counting<A> {
+    /// A block from the mapping or the inner allocator, uncounted.
+    unsafe fn alloc_inner(&self, layout: Layout) -> *mut u8 {
+        if mapped(layout) {
+            take(layout.size(), false)
+        } else {
+            unsafe { self.0.alloc(layout) }
+        }
+    }
+
+    /// Frees a block of `alloc_inner`, uncounted.
+    unsafe fn dealloc_inner(&self, ptr: *mut u8, layout: Layout) {
+        if mapped(layout) {
+            give(ptr, layout.size());
+        } else {
+            unsafe { self.0.dealloc(ptr, layout) }
+        }
+    }
+}
+
+#[cfg(all(test, target_os = "linux"))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mapped_blocks_are_zeroed_aligned_and_keep_their_bytes_when_resized() {
+        for size in [MAPPED, MAPPED + 3, HUGE - 1, HUGE, 3 * HUGE + 12_345] {
+            let p = map(size);
+            assert!(!p.is_null());
+            assert_eq!(p as usize % PAGE, 0, "{size}");
+            if size >= HUGE {
+                assert_eq!(p as usize % HUGE, 0, "{size}: starts on a huge page");
+            }
+            // SAFETY: `p` is a fresh mapping of `size` bytes
+            let block = unsafe { std::slice::from_raw_parts_mut(p, size) };
+            assert!(block.iter().all(|&b| b == 0), "{size}: zeroed");
+            for (i, b) in block.iter_mut().enumerate() {
+                *b = (i % 251) as u8;
+            }
+            let grown = remap(p, size, 2 * size + 1);
+            assert!(!grown.is_null());
+            // SAFETY: the grown mapping holds the old bytes first
+            let kept = unsafe { std::slice::from_raw_parts(grown, size) };
+            assert!(kept.iter().enumerate().all(|(i, &b)| b == (i % 251) as u8));
+            let shrunk = remap(grown, 2 * size + 1, MAPPED);
+            // SAFETY: the shrunk mapping holds the first MAPPED bytes
+            let kept = unsafe { std::slice::from_raw_parts(shrunk, MAPPED) };
+            assert!(kept.iter().enumerate().all(|(i, &b)| b == (i % 251) as u8));
+            unmap(shrunk, MAPPED);
+        }
+    }
+
+    #[test]
+    fn only_large_page_aligned_blocks_are_mapped() {
+        let at = |size, align| Layout::from_size_align(size, align).unwrap();
+        assert!(mapped(at(MAPPED, 8)));
+        assert!(mapped(at(MAPPED, PAGE)));
+        assert!(!mapped(at(MAPPED - 1, 8)));
+        assert!(!mapped(at(MAPPED, 2 * PAGE)));
     }
 }
