@@ -369,6 +369,14 @@ pub trait Strategy {
         let _ = units;
         Ok(())
     }
+    /// Told before each micro-step: the update it leads to (`lr`, `clip`), and whether it is
+    /// the step's `last` (its gradients are the step's final ones). fsdp with full sharding
+    /// steps each unit's shard as soon as its final gradient shard is reduced, and frees the
+    /// gradient (torchtitan's `early_step_in_backward`), where nothing needs the whole gradient
+    /// first (no clipping); the parameters come out the same bits.
+    fn before_micro(&mut self, lr: f64, clip: Option<f64>, last: bool) {
+        let _ = (lr, clip, last);
+    }
     /// Whether this rank's gradient so far (its shard, for fsdp) has NaN or infinite values
     /// (waiting for the reductions still running).
     fn grads_non_finite(&mut self) -> Result<bool, CollectiveError>;
@@ -696,6 +704,102 @@ mod tests {
                 assert!(staged.iter().all(|o| o.1 == gathers), "{what}");
                 // (counted on the ranks' threads, not this one)
                 assert_eq!(crate::params::transfers::counted(), before);
+            }
+        }
+    }
+
+    /// Every rank's parameters after each of two steps, fsdp by layer, with the update run
+    /// where `early` puts it: in the backward (each unit as its reduced gradient is back) or
+    /// after it; and, per step, whether the parameters had changed before `update` ran.
+    fn run_fsdp(
+        c: &Config,
+        layout: &ParamLayout,
+        early: bool,
+        accum: usize,
+        nan: bool,
+    ) -> Vec<(Vec<f32>, Vec<bool>, bool)> {
+        let n = layout.num_params();
+        let ranks = LocalGroup::new(c.strategy.devices.count(), Duration::from_secs(20));
+        std::thread::scope(|s| {
+            let handles: Vec<_> = ranks
+                .into_iter()
+                .map(|l| {
+                    s.spawn(move || {
+                        let r = l.rank();
+                        let mut st = build(c, layout, Box::new(l), None);
+                        st.init(&init(n)).unwrap();
+                        let (mut out, mut moved, mut bad) = (Vec::new(), Vec::new(), false);
+                        for step in 0..2 {
+                            let before = st.params().unwrap().to_vec();
+                            st.release_params();
+                            for k in 0..accum {
+                                let last = k + 1 == accum;
+                                // clipping needs the whole gradient first: the late update
+                                st.before_micro(0.1, (!early).then_some(1e9), last);
+                                for u in 0..layout.num_units() {
+                                    st.unit_params(u, layout.unit_range(u)).unwrap();
+                                }
+                                for u in (0..layout.num_units()).rev() {
+                                    let range = layout.unit_range(u);
+                                    let mut g: Vec<f32> = range
+                                        .clone()
+                                        .map(|i| {
+                                            ((i * 31 + r * 7 + step * 13 + k * 5) % 17) as f32
+                                                * 0.01
+                                                - 0.08
+                                        })
+                                        .collect();
+                                    if nan && r == 1 && step == 1 && u == 0 {
+                                        g[3] = f32::NAN;
+                                    }
+                                    st.unit_grad(u, range, Grads::Host(g), true).unwrap();
+                                }
+                            }
+                            bad |= st.grads_non_finite().unwrap();
+                            let now = st.params().unwrap().to_vec();
+                            st.release_params();
+                            moved.push(now != before);
+                            st.update(0.1, (!early).then_some(1e9)).unwrap();
+                            out.extend(st.params().unwrap());
+                            st.release_params();
+                        }
+                        (out, moved, bad)
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        })
+    }
+
+    #[test]
+    fn fsdp_steps_each_unit_in_the_backward_with_the_bits_of_the_update_after_it() {
+        let layout = ParamLayout::new(vec![
+            ("layers.0.weight".into(), vec![5, 7]),
+            ("layers.0.bias".into(), vec![7]),
+            ("layers.1.weight".into(), vec![7, 3]),
+            ("layers.1.bias".into(), vec![3]),
+        ]);
+        for overlap in [false, true] {
+            for accum in [1, 3] {
+                let mut c = Config::default();
+                c.strategy.kind = StrategyKind::Fsdp;
+                c.strategy.unit = FsdpUnit::Layer;
+                c.strategy.devices = Devices::Count(2);
+                c.strategy.overlap = overlap;
+                c.optim.kind = OptimKind::Adamw;
+                let what = format!("overlap {overlap}, accum {accum}");
+                let early = run_fsdp(&c, &layout, true, accum, false);
+                let late = run_fsdp(&c, &layout, false, accum, false);
+                for (e, l) in early.iter().zip(&late) {
+                    assert_eq!(e.0, l.0, "{what}: the same bits");
+                    assert_eq!(e.1, [true, true], "{what}: stepped in the backward");
+                    assert_eq!(l.1, [false, false], "{what}: stepped in the update");
+                    assert!(!e.2 && !l.2);
+                }
+                assert_ne!(early[0].0[..layout.num_params()], init(layout.num_params()));
+                // a NaN in a rank's gradient is still found before the step is taken as good
+                let nan = run_fsdp(&c, &layout, true, accum, true);
+                assert!(nan.iter().any(|o| o.2), "{what}: the NaN went unseen");
             }
         }
     }

@@ -112,8 +112,16 @@ pub struct Fsdp {
     ahead: std::collections::VecDeque<(Vec<usize>, Reduced)>,
     /// Per fsdp unit: its gathered parameters, split from a gather of several, until asked for.
     ready: Vec<Option<Vec<f32>>>,
-    /// Reduce-scatters running beside the compute: the fsdp units whose shards come back.
-    inflight: InFlight<Vec<usize>>,
+    /// Reduce-scatters running beside the compute: the fsdp units whose shards come back, and
+    /// the learning rate to step them with as soon as they are back (`early`).
+    inflight: InFlight<(Vec<usize>, Option<f64>)>,
+    /// The learning rate of the update this micro-step leads to, when its gradients are the
+    /// step's final ones and each unit steps as soon as its shard is reduced (`before_micro`).
+    early: Option<f64>,
+    /// Per fsdp unit: whether it stepped early this step; and whether a gradient it stepped
+    /// with had NaN or infinite values.
+    stepped: Vec<bool>,
+    stepped_non_finite: bool,
     /// sharding = "full" on a device backend (`keep_on_device`): per unit, this rank's shard
     /// and its optimizer state on the device, where the update runs (empty: on the host).
     dev: Vec<Box<dyn DeviceParams>>,
@@ -152,6 +160,9 @@ impl Fsdp {
             ahead: Default::default(),
             ready: vec![None; units.len()],
             inflight: InFlight::default(),
+            early: None,
+            stepped: vec![false; units.len()],
+            stepped_non_finite: false,
             comm,
             sharding: c.strategy.sharding,
             units,
@@ -196,6 +207,9 @@ impl Fsdp {
         self.ahead.clear();
         self.ready.iter_mut().for_each(|p| *p = None);
         self.inflight = InFlight::default();
+        self.early = None;
+        self.stepped.iter_mut().for_each(|d| *d = false);
+        self.stepped_non_finite = false;
     }
 
     /// All-gathers unit `i` from the device shards into a new device buffer like `proto`
@@ -350,7 +364,11 @@ impl Fsdp {
             let up = dev[i].slice(0..0).upload(&shard).map_err(err)?;
             add_device_shard(&mut dev_grads[i], up).map_err(err)
         };
-        self.inflight.collect(&mut self.comm, all, |group, shards| {
+        let mut early = Vec::new();
+        self.inflight.collect(&mut self.comm, all, |(group, lr), shards| {
+            if let Some(lr) = lr {
+                early.extend(group.iter().map(|&i| (i, lr)));
+            }
             if let [i] = group[..] {
                 return add(i, shards);
             }
@@ -362,7 +380,36 @@ impl Fsdp {
                 at += len;
             }
             Ok(())
+        })?;
+        for (i, lr) in early {
+            self.step_unit(i, lr);
+        }
+        Ok(())
+    }
+
+    /// The learning rate to step a unit with as soon as its gradient shard is reduced, if this
+    /// micro-step's gradients are final and the update needs nothing of the whole gradient:
+    /// host shards, full sharding by layer (a unit = "model" gathers once a step anyway).
+    fn early(&self) -> Option<f64> {
+        self.early.filter(|_| {
+            self.sharding == Sharding::Full
+                && self.dev.is_empty()
+                && self.units.len() > 1
+                && self.full.is_none()
         })
+    }
+
+    /// Steps fsdp unit `i`'s shard with its final gradient shard, which is freed: the update
+    /// `update` would make (each unit has its own optimizer state), only earlier.
+    fn step_unit(&mut self, i: usize, lr: f64) {
+        let g = self.shard_grads[i]
+            .take()
+            .unwrap_or_else(|| vec![0.0; self.units[i].shard_len]);
+        if !crate::params::all_finite(&g) {
+            self.stepped_non_finite = true;
+        }
+        self.opts[i].step(&mut self.shards[i], &g, lr);
+        self.stepped[i] = true;
     }
 
     /// Splits the all-gather of `group`'s shards side by side (rank by rank) into each unit's
@@ -429,7 +476,8 @@ impl Fsdp {
             c.reduce_scatter(&send, &mut out, ReduceOp::Mean)?;
             Ok(out)
         });
-        self.inflight.push(group, p);
+        let lr = self.early();
+        self.inflight.push((group, lr), p);
         self.collect(false)
     }
 
@@ -705,7 +753,8 @@ impl Strategy for Fsdp {
                     c.reduce_scatter(&send, &mut out, ReduceOp::Mean)?;
                     Ok(out)
                 });
-                self.inflight.push(vec![i], p);
+                let lr = self.early();
+                self.inflight.push((vec![i], lr), p);
                 self.collect(false)
             }
             mut pending => {
@@ -717,6 +766,9 @@ impl Strategy for Fsdp {
                 )?;
                 drop(pending);
                 add_shard(&mut self.shard_grads[i], shard);
+                if let Some(lr) = self.early() {
+                    self.step_unit(i, lr);
+                }
                 Ok(())
             }
         }
@@ -752,6 +804,11 @@ impl Strategy for Fsdp {
         self.reduce_scatter_together(group, host)
     }
 
+    fn before_micro(&mut self, lr: f64, clip: Option<f64>, last: bool) {
+        // clipping scales by the norm of the whole gradient: only known after the backward
+        self.early = (last && clip.is_none()).then_some(lr);
+    }
+
     fn grads_non_finite(&mut self) -> Result<bool, CollectiveError> {
         let rank = self.comm.rank();
         if self.sharding == Sharding::None {
@@ -768,11 +825,12 @@ impl Strategy for Fsdp {
                 return Ok(true);
             }
         }
-        Ok(self
-            .shard_grads
-            .iter()
-            .flatten()
-            .any(|g| !crate::params::all_finite(g)))
+        Ok(self.stepped_non_finite
+            || self
+                .shard_grads
+                .iter()
+                .flatten()
+                .any(|g| !crate::params::all_finite(g)))
     }
 
     fn update(&mut self, lr: f64, clip: Option<f64>) -> Result<(), CollectiveError> {
@@ -800,12 +858,19 @@ impl Strategy for Fsdp {
             return Ok(());
         }
         // a unit that got no gradient this step (none can: every unit is in a stage) steps
-        // with zeros
+        // with zeros; a unit that stepped in the backward (`early`) is done
+        let stepped = std::mem::replace(&mut self.stepped, vec![false; self.units.len()]);
+        self.stepped_non_finite = false;
+        self.early = None;
         let mut shard_grads: Vec<Vec<f32>> = self
             .shard_grads
             .iter_mut()
             .zip(&self.units)
-            .map(|(g, u)| g.take().unwrap_or_else(|| vec![0.0; u.shard_len]))
+            .zip(&stepped)
+            .map(|((g, u), &done)| match done {
+                true => Vec::new(),
+                false => g.take().unwrap_or_else(|| vec![0.0; u.shard_len]),
+            })
             .collect();
         for (p, u) in self.pending.iter_mut().zip(&self.units) {
             p.take(u.range.len());
@@ -819,8 +884,16 @@ impl Strategy for Fsdp {
                 clip_by_norm(g, norm, max_norm);
             }
         }
-        for ((shard, g), opt) in self.shards.iter_mut().zip(&shard_grads).zip(&mut self.opts) {
-            opt.step(shard, g, lr);
+        for (((shard, g), opt), done) in self
+            .shards
+            .iter_mut()
+            .zip(&shard_grads)
+            .zip(&mut self.opts)
+            .zip(stepped)
+        {
+            if !done {
+                opt.step(shard, g, lr);
+            }
         }
         self.full = match self.sharding {
             // ZeRO-2: parameters stay whole between steps

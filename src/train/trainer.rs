@@ -445,6 +445,8 @@ impl<'a, B: ComputeOn> Trainer<'a, B> {
             let weight = self.strategy.grad_weight(micro.samples, micro.global);
             self.pos.j += 1;
             let last_micro = k + 1 == plan.accum || self.exhausted(self.pos.normalize(plan));
+            self.strategy
+                .before_micro(lr, c.optim.grad_clip_norm, last_micro);
             let opts = MicroOpts::<B> {
                 checkpointing: self.checkpointing,
                 sync: last_micro || !c.strategy.no_sync,
