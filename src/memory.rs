@@ -205,7 +205,25 @@ const HUGE: usize = 2 << 20;
 
 #[cfg(target_os = "linux")]
 fn mapped(layout: Layout) -> bool {
-    layout.size() >= MAPPED && layout.align() <= PAGE
+    layout.size() >= MAPPED && layout.align() <= PAGE && pages_of_4k()
+}
+
+/// Whether the kernel's pages are 4 KiB, which the mappings' arithmetic assumes (on a kernel
+/// with 16 or 64 KiB pages every block stays with the inner allocator). Asked once.
+#[cfg(target_os = "linux")]
+fn pages_of_4k() -> bool {
+    // 0: not asked yet; 1: yes; 2: no
+    static KNOWN: AtomicUsize = AtomicUsize::new(0);
+    match KNOWN.load(Ordering::Relaxed) {
+        1 => true,
+        2 => false,
+        _ => {
+            // SAFETY: sysconf reads a constant of the system
+            let ok = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } == PAGE as libc::c_long;
+            KNOWN.store(if ok { 1 } else { 2 }, Ordering::Relaxed);
+            ok
+        }
+    }
 }
 
 #[cfg(target_os = "linux")]
@@ -213,20 +231,26 @@ fn map(size: usize) -> *mut u8 {
     let huge = size >= HUGE;
     // huge blocks start on a huge page: mapped with room to spare, the ends cut off
     let len = if huge { size + HUGE } else { size };
-    // SAFETY: an anonymous private mapping of `len` bytes; nothing else is touched
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        )
+    let anon = |len: usize| {
+        // SAFETY: an anonymous private mapping of `len` bytes; nothing else is touched
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        (p != libc::MAP_FAILED).then_some(p)
     };
-    if p == libc::MAP_FAILED {
-        return std::ptr::null_mut();
-    }
+    let p = match anon(len) {
+        Some(p) => p,
+        // without the room to align it, a plain mapping
+        None if huge => return anon(size).map_or(std::ptr::null_mut(), |p| p.cast()),
+        None => return std::ptr::null_mut(),
+    };
     if !huge {
         return p.cast();
     }
@@ -409,31 +433,36 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for Counting<A> {
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        // SAFETY (for the layouts below): `realloc`'s contract gives a valid size for the alignment
-        let new_layout = unsafe { Layout::from_size_align_unchecked(new_size, layout.align()) };
         #[cfg(target_os = "linux")]
-        if mapped(layout) || mapped(new_layout) {
-            // forgotten before the move: once the old block is gone, another thread may get `ptr`
-            freed(ptr, layout.size());
-            let p = if mapped(layout) && mapped(new_layout) {
-                remap(ptr, layout.size(), new_size)
-            } else {
-                let q = unsafe { self.alloc_inner(new_layout) };
-                if !q.is_null() {
-                    // SAFETY: both blocks hold at least the smaller size and do not overlap
-                    unsafe {
-                        std::ptr::copy_nonoverlapping(ptr, q, layout.size().min(new_size));
-                        self.dealloc_inner(ptr, layout);
-                    }
+        {
+            // SAFETY: `realloc`'s contract gives a valid size for the alignment
+            let new_layout = unsafe { Layout::from_size_align_unchecked(new_size, layout.align()) };
+            if mapped(layout) && mapped(new_layout) {
+                // forgotten before the move: once the old block is gone, another thread may
+                // get `ptr`
+                freed(ptr, layout.size());
+                let p = remap(ptr, layout.size(), new_size);
+                if !p.is_null() {
+                    allocated(p, new_size);
+                    return p;
                 }
-                q
-            };
-            if p.is_null() {
+                // the kernel would not move it: the old block stays, copied below
                 allocated(ptr, layout.size());
-            } else {
-                allocated(p, new_size);
             }
-            return p;
+            if mapped(layout) || mapped(new_layout) {
+                let q = unsafe { self.alloc_inner(new_layout) };
+                if q.is_null() {
+                    // the old block stays
+                    return q;
+                }
+                // both blocks count while both exist
+                allocated(q, new_size);
+                // SAFETY: both blocks hold at least the smaller size and do not overlap
+                unsafe { std::ptr::copy_nonoverlapping(ptr, q, layout.size().min(new_size)) };
+                freed(ptr, layout.size());
+                unsafe { self.dealloc_inner(ptr, layout) };
+                return q;
+            }
         }
         // forgotten before the inner call: once it returns, another thread may get `ptr`
         freed(ptr, layout.size());
@@ -494,6 +523,7 @@ mod tests {
             let kept = unsafe { std::slice::from_raw_parts(grown, size) };
             assert!(kept.iter().enumerate().all(|(i, &b)| b == (i % 251) as u8));
             let shrunk = remap(grown, 2 * size + 1, MAPPED);
+            assert!(!shrunk.is_null());
             // SAFETY: the shrunk mapping holds the first MAPPED bytes
             let kept = unsafe { std::slice::from_raw_parts(shrunk, MAPPED) };
             assert!(kept.iter().enumerate().all(|(i, &b)| b == (i % 251) as u8));

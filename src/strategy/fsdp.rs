@@ -867,11 +867,22 @@ impl Strategy for Fsdp {
             .iter_mut()
             .zip(&self.units)
             .zip(&stepped)
-            .map(|((g, u), &done)| match done {
-                true => Vec::new(),
-                false => g.take().unwrap_or_else(|| vec![0.0; u.shard_len]),
+            .map(|((g, u), &done)| {
+                let g = g.take();
+                match done {
+                    // (its gradient went with its step; nothing arrives after it)
+                    true => {
+                        debug_assert!(g.is_none(), "a gradient arrived after its unit stepped");
+                        Vec::new()
+                    }
+                    false => g.unwrap_or_else(|| vec![0.0; u.shard_len]),
+                }
             })
             .collect();
+        debug_assert!(
+            clip.is_none() || !stepped.contains(&true),
+            "clipping after units stepped early"
+        );
         for (p, u) in self.pending.iter_mut().zip(&self.units) {
             p.take(u.range.len());
         }
