@@ -83,8 +83,12 @@ mod allocator_options {
                 "libmimalloc-sys moved: check ARENA_EAGER_COMMIT and PURGE_DELAY against its mimalloc.h"
             );
             // SAFETY: reads two options
-            let (purge, eager) =
-                unsafe { (mi_option_get(super::PURGE_DELAY), mi_option_get(super::ARENA_EAGER_COMMIT)) };
+            let (purge, eager) = unsafe {
+                (
+                    mi_option_get(super::PURGE_DELAY),
+                    mi_option_get(super::ARENA_EAGER_COMMIT),
+                )
+            };
             if std::env::var_os("MIMALLOC_PURGE_DELAY").is_none() {
                 assert_eq!(purge, 100);
             }

@@ -256,7 +256,7 @@ fn map(size: usize) -> *mut u8 {
     }
     let start = p as usize;
     let aligned = (start + HUGE - 1) & !(HUGE - 1);
-    let end = (aligned + size + PAGE - 1) & !(PAGE - 1);
+    let end = aligned + pages(size);
     // SAFETY: both ranges lie inside the mapping just made, outside the block handed out
     unsafe {
         if aligned > start {
@@ -303,7 +303,9 @@ static CACHE: std::sync::Mutex<Cache> = std::sync::Mutex::new(Cache {
 #[cfg(target_os = "linux")]
 fn cache() -> std::sync::MutexGuard<'static, Cache> {
     // (nothing panics while holding it)
-    CACHE.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    CACHE
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// The mapping's length: whole pages.
@@ -393,14 +395,7 @@ fn remap(ptr: *mut u8, old: usize, new: usize) -> *mut u8 {
 // only reads sizes and addresses.
 unsafe impl<A: GlobalAlloc> GlobalAlloc for Counting<A> {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        #[cfg(target_os = "linux")]
-        let p = if mapped(layout) {
-            take(layout.size(), false)
-        } else {
-            unsafe { self.0.alloc(layout) }
-        };
-        #[cfg(not(target_os = "linux"))]
-        let p = unsafe { self.0.alloc(layout) };
+        let p = unsafe { self.alloc_inner(layout, false) };
         if !p.is_null() {
             allocated(p, layout.size());
         }
@@ -408,14 +403,7 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for Counting<A> {
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        #[cfg(target_os = "linux")]
-        let p = if mapped(layout) {
-            take(layout.size(), true)
-        } else {
-            unsafe { self.0.alloc_zeroed(layout) }
-        };
-        #[cfg(not(target_os = "linux"))]
-        let p = unsafe { self.0.alloc_zeroed(layout) };
+        let p = unsafe { self.alloc_inner(layout, true) };
         if !p.is_null() {
             allocated(p, layout.size());
         }
@@ -424,12 +412,7 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for Counting<A> {
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         freed(ptr, layout.size());
-        #[cfg(target_os = "linux")]
-        if mapped(layout) {
-            give(ptr, layout.size());
-            return;
-        }
-        unsafe { self.0.dealloc(ptr, layout) }
+        unsafe { self.dealloc_inner(ptr, layout) }
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
@@ -450,7 +433,7 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for Counting<A> {
                 allocated(ptr, layout.size());
             }
             if mapped(layout) || mapped(new_layout) {
-                let q = unsafe { self.alloc_inner(new_layout) };
+                let q = unsafe { self.alloc_inner(new_layout, false) };
                 if q.is_null() {
                     // the old block stays
                     return q;
@@ -477,12 +460,16 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for Counting<A> {
     }
 }
 
-#[cfg(target_os = "linux")]
 impl<A: GlobalAlloc> Counting<A> {
-    /// A block from the mapping or the inner allocator, uncounted.
-    unsafe fn alloc_inner(&self, layout: Layout) -> *mut u8 {
+    /// A block from its own mapping (large ones, Linux) or the inner allocator (`zeroed`:
+    /// cleared), uncounted.
+    unsafe fn alloc_inner(&self, layout: Layout, zeroed: bool) -> *mut u8 {
+        #[cfg(target_os = "linux")]
         if mapped(layout) {
-            take(layout.size(), false)
+            return take(layout.size(), zeroed);
+        }
+        if zeroed {
+            unsafe { self.0.alloc_zeroed(layout) }
         } else {
             unsafe { self.0.alloc(layout) }
         }
@@ -490,11 +477,12 @@ impl<A: GlobalAlloc> Counting<A> {
 
     /// Frees a block of `alloc_inner`, uncounted.
     unsafe fn dealloc_inner(&self, ptr: *mut u8, layout: Layout) {
+        #[cfg(target_os = "linux")]
         if mapped(layout) {
             give(ptr, layout.size());
-        } else {
-            unsafe { self.0.dealloc(ptr, layout) }
+            return;
         }
+        unsafe { self.0.dealloc(ptr, layout) }
     }
 }
 

@@ -534,7 +534,7 @@ mod tests {
 
     use super::*;
     use crate::collective::emulated::{Emulated, HostFlat};
-    use crate::collective::LocalGroup;
+    use crate::collective::{LocalGroup, LocalRank};
     use crate::config::{Devices, FsdpUnit, OptimKind};
 
     /// Deterministic initial parameters.
@@ -542,6 +542,30 @@ mod tests {
         (0..n)
             .map(|i| ((i * 37) % 23) as f32 * 0.02 - 0.2)
             .collect()
+    }
+
+    /// An MLP 5 -> 7 -> 3: 5*7+7+7*3+3 = 66 parameters, units of 42 and 24, not multiples of 4.
+    fn mlp_layout() -> ParamLayout {
+        ParamLayout::new(vec![
+            ("layers.0.weight".into(), vec![5, 7]),
+            ("layers.0.bias".into(), vec![7]),
+            ("layers.1.weight".into(), vec![7, 3]),
+            ("layers.1.bias".into(), vec![3]),
+        ])
+    }
+
+    /// `rank` run on a thread per rank of `c`'s world, over a local group; the results in rank
+    /// order.
+    fn on_ranks<T: Send>(c: &Config, rank: impl Fn(LocalRank) -> T + Sync) -> Vec<T> {
+        let ranks = LocalGroup::new(c.strategy.devices.count(), Duration::from_secs(20));
+        let rank = &rank;
+        std::thread::scope(|s| {
+            let handles: Vec<_> = ranks
+                .into_iter()
+                .map(|l| s.spawn(move || rank(l)))
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        })
     }
 
     /// What a rank saw (gathered units, then its final parameters), how many gathers ran on the
@@ -563,77 +587,61 @@ mod tests {
     fn run(c: &Config, layout: &ParamLayout, path: Path) -> Vec<Out> {
         let device = path != Path::Host;
         let n = layout.num_params();
-        let ranks = LocalGroup::new(c.strategy.devices.count(), Duration::from_secs(20));
-        std::thread::scope(|s| {
-            let handles: Vec<_> = ranks
-                .into_iter()
-                .map(|l| {
-                    s.spawn(move || {
-                        let r = l.rank();
-                        let comm: Box<dyn Collective> = if path == Path::Device {
-                            Box::new(Emulated(Box::new(l)))
-                        } else {
-                            Box::new(l)
-                        };
-                        let mut st = build(c, layout, comm, None);
-                        st.init(&init(n)).unwrap();
-                        let mut seen = Vec::new();
-                        let mut on_device = 0;
-                        let proto = HostFlat(vec![0.0]);
-                        if device {
-                            st.keep_on_device(&proto);
+        on_ranks(c, |l| {
+            let r = l.rank();
+            let comm: Box<dyn Collective> = if path == Path::Device {
+                Box::new(Emulated(Box::new(l)))
+            } else {
+                Box::new(l)
+            };
+            let mut st = build(c, layout, comm, None);
+            st.init(&init(n)).unwrap();
+            let mut seen = Vec::new();
+            let mut on_device = 0;
+            let proto = HostFlat(vec![0.0]);
+            if device {
+                st.keep_on_device(&proto);
+            }
+            for step in 0..2 {
+                for u in 0..layout.num_units() {
+                    let range = layout.unit_range(u);
+                    let d = if device {
+                        st.unit_params_device(u, range.clone(), &proto).unwrap()
+                    } else {
+                        None
+                    };
+                    match d {
+                        Some(mut d) => {
+                            on_device += 1;
+                            seen.extend(d.to_host().unwrap());
                         }
-                        for step in 0..2 {
-                            for u in 0..layout.num_units() {
-                                let range = layout.unit_range(u);
-                                let d = if device {
-                                    st.unit_params_device(u, range.clone(), &proto).unwrap()
-                                } else {
-                                    None
-                                };
-                                match d {
-                                    Some(mut d) => {
-                                        on_device += 1;
-                                        seen.extend(d.to_host().unwrap());
-                                    }
-                                    None => seen.extend(st.unit_params(u, range).unwrap()),
-                                }
-                            }
-                            let g: Vec<f32> = (0..n)
-                                .map(|i| ((i * 31 + r * 7 + step * 13) % 17) as f32 * 0.01 - 0.08)
-                                .collect();
-                            // each unit's gradient as its backward would hand it in
-                            for u in (0..layout.num_units()).rev() {
-                                let range = layout.unit_range(u);
-                                let part = g[range.clone()].to_vec();
-                                let grads = if device {
-                                    Grads::Device(Box::new(HostFlat(part)))
-                                } else {
-                                    Grads::Host(part)
-                                };
-                                st.unit_grad(u, range, grads, true).unwrap();
-                            }
-                            st.update(0.1, Some(0.5)).unwrap();
-                        }
-                        seen.extend(st.params().unwrap());
-                        (seen, on_device, st.snapshot().unwrap().data)
-                    })
-                })
-                .collect();
-            handles.into_iter().map(|h| h.join().unwrap()).collect()
+                        None => seen.extend(st.unit_params(u, range).unwrap()),
+                    }
+                }
+                let g: Vec<f32> = (0..n)
+                    .map(|i| ((i * 31 + r * 7 + step * 13) % 17) as f32 * 0.01 - 0.08)
+                    .collect();
+                // each unit's gradient as its backward would hand it in
+                for u in (0..layout.num_units()).rev() {
+                    let range = layout.unit_range(u);
+                    let part = g[range.clone()].to_vec();
+                    let grads = if device {
+                        Grads::Device(Box::new(HostFlat(part)))
+                    } else {
+                        Grads::Host(part)
+                    };
+                    st.unit_grad(u, range, grads, true).unwrap();
+                }
+                st.update(0.1, Some(0.5)).unwrap();
+            }
+            seen.extend(st.params().unwrap());
+            (seen, on_device, st.snapshot().unwrap().data)
         })
     }
 
     #[test]
     fn device_gradients_give_the_host_results() {
-        // an MLP 5 -> 7 -> 3: 5*7+7+7*3+3 = 66 parameters, units of 42 and 24, not multiples
-        // of 4
-        let layout = ParamLayout::new(vec![
-            ("layers.0.weight".into(), vec![5, 7]),
-            ("layers.0.bias".into(), vec![7]),
-            ("layers.1.weight".into(), vec![7, 3]),
-            ("layers.1.bias".into(), vec![3]),
-        ]);
+        let layout = mlp_layout();
         let mut cases = Vec::new();
         for kind in [StrategyKind::Single, StrategyKind::Dp, StrategyKind::Ddp] {
             cases.push((kind, Sharding::Full, FsdpUnit::Model, 3));
@@ -719,66 +727,50 @@ mod tests {
         nan: bool,
     ) -> Vec<(Vec<f32>, Vec<bool>, bool)> {
         let n = layout.num_params();
-        let ranks = LocalGroup::new(c.strategy.devices.count(), Duration::from_secs(20));
-        std::thread::scope(|s| {
-            let handles: Vec<_> = ranks
-                .into_iter()
-                .map(|l| {
-                    s.spawn(move || {
-                        let r = l.rank();
-                        let mut st = build(c, layout, Box::new(l), None);
-                        st.init(&init(n)).unwrap();
-                        let (mut out, mut moved, mut bad) = (Vec::new(), Vec::new(), false);
-                        for step in 0..2 {
-                            let before = st.params().unwrap().to_vec();
-                            st.release_params();
-                            for k in 0..accum {
-                                let last = k + 1 == accum;
-                                // clipping needs the whole gradient first: the late update
-                                st.before_micro(0.1, (!early).then_some(1e9), last);
-                                for u in 0..layout.num_units() {
-                                    st.unit_params(u, layout.unit_range(u)).unwrap();
-                                }
-                                for u in (0..layout.num_units()).rev() {
-                                    let range = layout.unit_range(u);
-                                    let mut g: Vec<f32> = range
-                                        .clone()
-                                        .map(|i| {
-                                            ((i * 31 + r * 7 + step * 13 + k * 5) % 17) as f32
-                                                * 0.01
-                                                - 0.08
-                                        })
-                                        .collect();
-                                    if nan && r == 1 && step == 1 && u == 0 {
-                                        g[3] = f32::NAN;
-                                    }
-                                    st.unit_grad(u, range, Grads::Host(g), true).unwrap();
-                                }
-                            }
-                            bad |= st.grads_non_finite().unwrap();
-                            let now = st.params().unwrap().to_vec();
-                            st.release_params();
-                            moved.push(now != before);
-                            st.update(0.1, (!early).then_some(1e9)).unwrap();
-                            out.extend(st.params().unwrap());
-                            st.release_params();
+        on_ranks(c, |l| {
+            let r = l.rank();
+            let mut st = build(c, layout, Box::new(l), None);
+            st.init(&init(n)).unwrap();
+            let (mut out, mut moved, mut bad) = (Vec::new(), Vec::new(), false);
+            for step in 0..2 {
+                let before = st.params().unwrap().to_vec();
+                st.release_params();
+                for k in 0..accum {
+                    let last = k + 1 == accum;
+                    // clipping needs the whole gradient first: the late update
+                    st.before_micro(0.1, (!early).then_some(1e9), last);
+                    for u in 0..layout.num_units() {
+                        st.unit_params(u, layout.unit_range(u)).unwrap();
+                    }
+                    for u in (0..layout.num_units()).rev() {
+                        let range = layout.unit_range(u);
+                        let mut g: Vec<f32> = range
+                            .clone()
+                            .map(|i| {
+                                ((i * 31 + r * 7 + step * 13 + k * 5) % 17) as f32 * 0.01 - 0.08
+                            })
+                            .collect();
+                        if nan && r == 1 && step == 1 && u == 0 {
+                            g[3] = f32::NAN;
                         }
-                        (out, moved, bad)
-                    })
-                })
-                .collect();
-            handles.into_iter().map(|h| h.join().unwrap()).collect()
+                        st.unit_grad(u, range, Grads::Host(g), true).unwrap();
+                    }
+                }
+                bad |= st.grads_non_finite().unwrap();
+                let now = st.params().unwrap().to_vec();
+                st.release_params();
+                moved.push(now != before);
+                st.update(0.1, (!early).then_some(1e9)).unwrap();
+                out.extend(st.params().unwrap());
+                st.release_params();
+            }
+            (out, moved, bad)
         })
     }
 
     #[test]
     fn fsdp_steps_each_unit_in_the_backward_with_the_bits_of_the_update_after_it() {
-        let layout = ParamLayout::new(vec![
-            ("layers.0.weight".into(), vec![5, 7]),
-            ("layers.0.bias".into(), vec![7]),
-            ("layers.1.weight".into(), vec![7, 3]),
-            ("layers.1.bias".into(), vec![3]),
-        ]);
+        let layout = mlp_layout();
         for overlap in [false, true] {
             for accum in [1, 3] {
                 let mut c = Config::default();

@@ -365,22 +365,23 @@ impl Fsdp {
             add_device_shard(&mut dev_grads[i], up).map_err(err)
         };
         let mut early = Vec::new();
-        self.inflight.collect(&mut self.comm, all, |(group, lr), shards| {
-            if let Some(lr) = lr {
-                early.extend(group.iter().map(|&i| (i, lr)));
-            }
-            if let [i] = group[..] {
-                return add(i, shards);
-            }
-            // the units' shards side by side
-            let mut at = 0;
-            for i in group {
-                let len = units[i].shard_len;
-                add(i, shards[at..at + len].to_vec())?;
-                at += len;
-            }
-            Ok(())
-        })?;
+        self.inflight
+            .collect(&mut self.comm, all, |(group, lr), shards| {
+                if let Some(lr) = lr {
+                    early.extend(group.iter().map(|&i| (i, lr)));
+                }
+                if let [i] = group[..] {
+                    return add(i, shards);
+                }
+                // the units' shards side by side
+                let mut at = 0;
+                for i in group {
+                    let len = units[i].shard_len;
+                    add(i, shards[at..at + len].to_vec())?;
+                    at += len;
+                }
+                Ok(())
+            })?;
         for (i, lr) in early {
             self.step_unit(i, lr);
         }
@@ -709,8 +710,7 @@ impl Strategy for Fsdp {
         // complete: reduce-scatter now (or beside the compute); this rank keeps its shard's
         // mean gradient
         let shard_len = u.shard_len;
-        let pending = self.pending[i].take(len);
-        let mut pending = pending;
+        let mut pending = self.pending[i].take(len);
         let staged = self.comm.world() > 1 && self.comm.device_ops().is_none();
         if !self.dev.is_empty() && staged && self.comm.overlaps() {
             // host-staged beside the compute: the unit's gradient read to the host here and
