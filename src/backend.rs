@@ -32,6 +32,14 @@ pub enum BackendError {
     WgpuNotCompiled,
     #[error("no wgpu adapter {wanted}; wgpu sees {found}\n  = help: install a Vulkan driver (on Debian or Ubuntu, `apt-get install mesa-vulkan-drivers` gives lavapipe, a software one), choose another `backend.adapter`, or set `backend.device = \"cpu\"` (`kiln env` lists the adapters)")]
     NoAdapter { wanted: String, found: String },
+    #[error(
+        "`backend.precision` = \"{precision}\": {device} cannot compute in it\n  = help: {help}"
+    )]
+    Precision {
+        precision: String,
+        device: String,
+        help: String,
+    },
     #[error("`strategy.collective` = \"nccl\" but ranks share a GPU ({ranks} ranks on {gpus} GPU(s)); NCCL refuses two ranks on one GPU (before NCCL 2.30)\n  = help: set `strategy.collective = \"host\"` for host-staged collectives, or use at most {gpus} devices")]
     SharedGpu { ranks: usize, gpus: usize },
 }
@@ -46,7 +54,7 @@ macro_rules! resolved {
         }
 
         impl Resolved {
-            /// Its name in logs and `summary.json` (`flex`, `cuda-bf16`, `wgpu`).
+            /// Its name in logs and `summary.json` (`flex`, `cuda`, `wgpu`).
             pub fn name(&self) -> &'static str {
                 match self {
                     $($(#[$a])* Resolved::$v => $name,)*
@@ -128,6 +136,19 @@ fn wgpu_placement(c: &Config, world: usize) -> Result<Placement, BackendError> {
             ),
         };
         return Err(BackendError::NoAdapter { wanted, found });
+    }
+    if c.backend.precision != Precision::F32 {
+        use burn::tensor::backend::Backend;
+        type W = Autodiff<burn::backend::Wgpu>;
+        let device = <W as RankBackend>::rank_device(&c.backend, 0);
+        let dtype = crate::params::float_dtype(c.backend.precision);
+        if !<W as Backend>::supports_dtype(&device, dtype.into()) {
+            return Err(BackendError::Precision {
+                precision: crate::config::choice_name(&c.backend.precision),
+                device: "this wgpu adapter".into(),
+                help: "use `backend.precision = \"f16\"` where the adapter has shader f16, or \"f32\"; bf16 needs CUDA (or flex on the CPU)".into(),
+            });
+        }
     }
     Ok(Placement {
         backend: Resolved::Wgpu,
@@ -279,16 +300,9 @@ pub fn place_on_gpus(c: &Config, world: usize, gpus: usize) -> Result<Placement,
         (CollectiveKind::Host, _) => (CommKind::Host, Some("collective: host-staged (strategy.collective = \"host\")".into())),
     };
     #[cfg(feature = "cuda")]
-    let backend = match c.backend.precision {
-        Precision::F32 => Resolved::CudaF32,
-        Precision::Bf16 => Resolved::CudaBf16,
-        Precision::F16 => Resolved::CudaF16,
-    };
+    let backend = Resolved::Cuda;
     #[cfg(not(feature = "cuda"))]
-    let backend = {
-        let _ = Precision::F32;
-        Resolved::Flex
-    };
+    let backend = Resolved::Flex;
     Ok(Placement {
         backend,
         ordinals,
@@ -312,6 +326,35 @@ pub trait RankBackend: crate::model::ComputeOn {
     /// synchronises it at phase boundaries.
     fn asynchronous() -> bool {
         false
+    }
+    /// Makes `precision` the dtype every float tensor created on `device` gets by default (the
+    /// model's activations, masks and the compute copy of its parameters), before the rank
+    /// creates any; kiln's master buffers ask for f32 explicitly. Burn keeps one setting per
+    /// device and process, fixed once set: a second rank on the device (or a restarted
+    /// session) finds it set, which is fine when it is the same dtype.
+    fn prepare(device: &Self::Device, precision: Precision) -> Result<(), String> {
+        use burn::tensor::backend::Backend;
+        use burn::tensor::Element;
+        let want = crate::params::float_dtype(precision);
+        if !<Self as Backend>::supports_dtype(device, want.into()) {
+            return Err(format!(
+                "`backend.precision` = \"{}\": this device cannot compute in {want:?}",
+                crate::config::choice_name(&precision)
+            ));
+        }
+        let int = <Self::IntElem as Element>::dtype();
+        if burn::tensor::set_default_dtypes::<Self>(device, want, int).is_ok() {
+            return Ok(());
+        }
+        let have = burn::tensor::get_device_settings::<Self>(device).float_dtype;
+        if have == want {
+            Ok(())
+        } else {
+            Err(format!(
+                "`backend.precision` = \"{}\": this process already computes in {have:?} on the device (one precision per process and device)",
+                crate::config::choice_name(&precision)
+            ))
+        }
     }
 }
 
@@ -348,47 +391,15 @@ impl RankBackend for Autodiff<burn::backend::Wgpu> {
 }
 
 #[cfg(feature = "cuda")]
-mod cuda_backends {
-    use burn::backend::cuda::CudaDevice;
-    use burn::backend::{Autodiff, Cuda};
-    use burn::tensor::{bf16, f16};
-
-    use super::RankBackend;
-
-    use crate::params::RawFn;
-
-    impl RankBackend for Autodiff<Cuda<f32>> {
-        fn asynchronous() -> bool {
-            true
-        }
-        fn rank_device(_c: &crate::config::BackendConfig, ordinal: usize) -> Self::Device {
-            CudaDevice::new(ordinal)
-        }
-        fn raw_fn() -> Option<RawFn<Self::InnerBackend>> {
-            Some(crate::cuda::raw_buf::<f32>)
-        }
+impl RankBackend for Autodiff<burn::backend::Cuda<f32>> {
+    fn asynchronous() -> bool {
+        true
     }
-    impl RankBackend for Autodiff<Cuda<bf16>> {
-        fn asynchronous() -> bool {
-            true
-        }
-        fn rank_device(_c: &crate::config::BackendConfig, ordinal: usize) -> Self::Device {
-            CudaDevice::new(ordinal)
-        }
-        fn raw_fn() -> Option<RawFn<Self::InnerBackend>> {
-            Some(crate::cuda::raw_buf::<bf16>)
-        }
+    fn rank_device(_c: &crate::config::BackendConfig, ordinal: usize) -> Self::Device {
+        burn::backend::cuda::CudaDevice::new(ordinal)
     }
-    impl RankBackend for Autodiff<Cuda<f16>> {
-        fn asynchronous() -> bool {
-            true
-        }
-        fn rank_device(_c: &crate::config::BackendConfig, ordinal: usize) -> Self::Device {
-            CudaDevice::new(ordinal)
-        }
-        fn raw_fn() -> Option<RawFn<Self::InnerBackend>> {
-            Some(crate::cuda::raw_buf::<f16>)
-        }
+    fn raw_fn() -> Option<RawFn<Self::InnerBackend>> {
+        Some(crate::cuda::raw_buf::<f32>)
     }
 }
 

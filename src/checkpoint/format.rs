@@ -410,6 +410,21 @@ pub struct State {
     /// names it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub best: Option<Watched>,
+    /// f16's dynamic loss scale at this step (`backend.precision = "f16"`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loss_scale: Option<LossScaleState>,
+}
+
+/// Where f16's dynamic loss scaling stands (torch `GradScaler`'s `scale` and `_growth_tracker`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LossScaleState {
+    /// The scale the next step runs with.
+    pub scale: f64,
+    /// Steps in a row without an overflow since the scale last changed.
+    pub growth_tracker: u64,
+    /// Steps skipped so far because their gradient overflowed.
+    pub skipped_steps: u64,
 }
 
 /// A watched evaluation metric: its best value, where it was reached, and the evaluations

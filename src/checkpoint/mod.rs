@@ -9,8 +9,8 @@ mod store;
 pub mod tensors;
 
 pub use format::{
-    encode_files, DataPosition, Layout, Manifest, OptState, OptimizerInfo, RngState, SchedulerInfo,
-    ShardUnit, State, Watched, FORMAT,
+    encode_files, DataPosition, Layout, LossScaleState, Manifest, OptState, OptimizerInfo,
+    RngState, SchedulerInfo, ShardUnit, State, Watched, FORMAT,
 };
 pub use retention::to_delete;
 pub use store::{load, read_state, verify, CheckpointError, Entry, Loaded, Store};

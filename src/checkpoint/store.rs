@@ -335,7 +335,20 @@ pub fn read_state(dir: &Path) -> Result<State, CheckpointError> {
             ),
         ));
     }
-    serde_json::from_value(value).map_err(|e| invalid(dir, format!("state.json: {e}")))
+    let state: State =
+        serde_json::from_value(value).map_err(|e| invalid(dir, format!("state.json: {e}")))?;
+    if let Some(ls) = &state.loss_scale {
+        if !(ls.scale > 0.0 && ls.scale <= f64::from(f32::MAX)) {
+            return Err(invalid(
+                dir,
+                format!(
+                    "state.json: `loss_scale.scale` = {} is not a loss scale (a positive number within f32's range)",
+                    ls.scale
+                ),
+            ));
+        }
+    }
+    Ok(state)
 }
 
 /// Loads a verified step directory of a model whose parameters are `specs` (name and shape, in
@@ -489,6 +502,7 @@ mod tests {
             kiln_version: "test".into(),
             early_stopping: None,
             best: None,
+            loss_scale: None,
         }
     }
 

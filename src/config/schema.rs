@@ -600,6 +600,42 @@ pub enum Precision {
     F16,
 }
 
+/// `[backend.loss_scale]`: with `backend.precision = "f16"` the loss is multiplied by a scale
+/// before the backward, so that small gradients do not flush to zero in f16, and each gradient
+/// is divided by it again in f32. A step whose gradient has an infinite or NaN value (on any
+/// rank) is skipped and the scale multiplied by `backoff_factor`; after `growth_interval`
+/// steps in a row without one it is multiplied by `growth_factor` (torch `GradScaler`). The
+/// scale and its count are saved in checkpoints.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LossScaleConfig {
+    /// The first scale. Default: `65536` (2^16).
+    pub init_scale: f64,
+    /// Greater than 1. Default: `2`.
+    pub growth_factor: f64,
+    /// Between 0 and 1. Default: `0.5`.
+    pub backoff_factor: f64,
+    /// Steps in a row without an overflow before the scale grows, at least 1. Default: `2000`.
+    pub growth_interval: u64,
+}
+
+impl Default for LossScaleConfig {
+    fn default() -> Self {
+        LossScaleConfig {
+            init_scale: 65536.0,
+            growth_factor: 2.0,
+            backoff_factor: 0.5,
+            growth_interval: 2000,
+        }
+    }
+}
+
+impl LossScaleConfig {
+    pub fn is_default(&self) -> bool {
+        *self == LossScaleConfig::default()
+    }
+}
+
 /// fsdp: what is sharded (torch `ShardingStrategy`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -668,6 +704,12 @@ pub struct StrategyConfig {
     /// or cpu (kept on the host, like torch's CPU offload). Nothing changes on the CPU.
     /// Default: `"none"`.
     pub offload: Offload,
+    /// dp, ddp and fsdp: the dtype gradients are reduced in, f32, bf16 or f16 (torch FSDP's
+    /// `reduce_dtype`). Each unit's gradient is rounded to it as it is handed to the
+    /// reduction, so the reduction sums the values a reduction in that dtype would send; the
+    /// sum itself is taken in f32 and the collectives carry f32 (no bytes saved yet).
+    /// Default: `"f32"`.
+    pub reduce_dtype: Precision,
 }
 
 impl Default for StrategyConfig {
@@ -683,6 +725,7 @@ impl Default for StrategyConfig {
             sharding: Sharding::Full,
             unit: FsdpUnit::Model,
             offload: Offload::None,
+            reduce_dtype: Precision::F32,
         }
     }
 }
@@ -737,8 +780,17 @@ pub struct BackendConfig {
     /// CPU threads for the math of each rank; 0 shares the cores evenly among the ranks.
     /// Default: `0`.
     pub threads: usize,
-    /// Float type of the math: f32, or bf16/f16 on CUDA. Default: `"f32"`.
+    /// The compute dtype: f32, bf16 or f16 (CUDA, flex, and wgpu where the adapter has it).
+    /// Below f32 it is mixed precision, like torch's autocast with FSDP's
+    /// `MixedPrecisionPolicy`: the parameters and optimizer state stay f32 (the masters), each
+    /// unit's parameters are cast to this dtype as it is installed, activations are in it, the
+    /// loss is taken in f32 and the gradients come back in f32. f16 turns on dynamic loss
+    /// scaling (`[backend.loss_scale]`). Default: `"f32"`.
     pub precision: Precision,
+    /// `[backend.loss_scale]`: f16's dynamic loss scaling (torch `GradScaler`). Default: torch's
+    /// values.
+    #[serde(skip_serializing_if = "LossScaleConfig::is_default")]
+    pub loss_scale: LossScaleConfig,
     /// CUDA: how hard cubecl searches for the fastest kernel variant the first time it meets a
     /// shape: minimal, balanced, extensive or full (its results are cached with the compiled
     /// kernels, see `kiln env`). Default: unset (cubecl's `balanced`, or
@@ -761,6 +813,7 @@ impl Default for BackendConfig {
             cpu: CpuBackend::Auto,
             threads: 0,
             precision: Precision::F32,
+            loss_scale: LossScaleConfig::default(),
             autotune: None,
             nccl: NcclConfig::default(),
         }

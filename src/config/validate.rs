@@ -6,7 +6,8 @@ use std::path::PathBuf;
 use super::error::{ConfigError, KeyError};
 use super::load::{describe_source, Resolved};
 use super::schema::{
-    Adapter, CollectiveKind, DataKind, Device, Devices, OptimKind, Precision, StrategyKind,
+    choice_name, Adapter, CollectiveKind, CpuBackend, DataKind, Device, Devices, OptimKind,
+    Precision, StrategyKind,
 };
 
 impl Resolved {
@@ -567,17 +568,6 @@ pub fn validate(r: &Resolved) -> Result<(), ConfigError> {
             Some("set `backend.device = \"wgpu\"`, or remove `backend.adapter`".into()),
         ));
     }
-    if wgpu && c.backend.precision != Precision::F32 {
-        return Err(r.key_error(
-            "backend.precision",
-            format!(
-                "`backend.precision` = \"{:?}\" is not available on wgpu yet",
-                c.backend.precision
-            )
-            .to_lowercase(),
-            Some("wgpu trains in f32 for now: remove the key, or train bf16/f16 on CUDA".into()),
-        ));
-    }
     if wgpu && st.collective == CollectiveKind::Nccl {
         return Err(r.key_error(
             "strategy.collective",
@@ -588,15 +578,65 @@ pub fn validate(r: &Resolved) -> Result<(), ConfigError> {
             ),
         ));
     }
-    if !cuda && !wgpu && c.backend.precision != Precision::F32 {
+    let ls = &c.backend.loss_scale;
+    if c.backend.precision != Precision::F16 && !ls.is_default() {
+        return Err(r.key_error(
+            "backend.loss_scale",
+            format!(
+                "`[backend.loss_scale]` applies to `backend.precision` = \"f16\" only, not \"{}\"",
+                choice_name(&c.backend.precision)
+            ),
+            Some("remove `[backend.loss_scale]`, or set `backend.precision = \"f16\"` (bf16 and f32 need no loss scaling)".into()),
+        ));
+    }
+    in_range(
+        r,
+        "backend.loss_scale.init_scale",
+        ls.init_scale,
+        ls.init_scale > 0.0 && ls.init_scale <= 1e30,
+        "greater than 0 and at most 1e30",
+    )?;
+    in_range(
+        r,
+        "backend.loss_scale.growth_factor",
+        ls.growth_factor,
+        ls.growth_factor > 1.0 && ls.growth_factor <= 1e6,
+        "greater than 1 (and at most 1e6)",
+    )?;
+    in_range(
+        r,
+        "backend.loss_scale.backoff_factor",
+        ls.backoff_factor,
+        ls.backoff_factor > 0.0 && ls.backoff_factor < 1.0,
+        "between 0 and 1",
+    )?;
+    at_least(
+        r,
+        "backend.loss_scale.growth_interval",
+        ls.growth_interval as usize,
+        1,
+    )?;
+    if st.kind == StrategyKind::Single && st.reduce_dtype != Precision::F32 {
+        return Err(r.key_error(
+            "strategy.reduce_dtype",
+            format!(
+                "`strategy.reduce_dtype` = \"{}\" sets the dtype of the gradient reduction, which `strategy.kind` = \"single\" does not have",
+                choice_name(&st.reduce_dtype)
+            ),
+            Some("remove it, or use dp, ddp or fsdp".into()),
+        ));
+    }
+    if c.backend.device == Device::Cpu
+        && c.backend.cpu == CpuBackend::Ndarray
+        && c.backend.precision != Precision::F32
+    {
         return Err(r.key_error(
             "backend.precision",
             format!(
-                "`backend.precision` = \"{:?}\" needs `backend.device` = \"cuda\"",
-                c.backend.precision
-            )
-            .to_lowercase(),
-            Some("the CPU backends train in f32; remove the key or train on CUDA".into()),
+                "`backend.precision` = \"{}\" needs a backend that computes in it; ndarray computes in f32 only",
+                choice_name(&c.backend.precision)
+            ),
+            Some("set `backend.cpu = \"flex\"` (or \"auto\"), or remove `backend.precision`".into()),
         ));
     }
     if !cuda && st.collective == CollectiveKind::Nccl {

@@ -145,6 +145,7 @@ fn on<B: RankBackend>(
     ordinal: usize,
 ) -> Result<EvalSums> {
     let device = B::rank_device(be, ordinal);
+    B::prepare(&device, be.precision).map_err(crate::error::Error::Usage)?;
     let compute = B::compute(model, &device);
     Ok(evaluate_like_run(
         compute.as_ref(),

@@ -651,6 +651,7 @@ pub fn execute(
         let (mfu, mfu_note) = match (flops_per_sec, o) {
             (Some(f), _) => super::profile::mfu(
                 be.name(),
+                c.backend.precision,
                 f,
                 plan.world_size,
                 placement.ordinals.first().copied().unwrap_or(0),
@@ -703,6 +704,8 @@ pub fn execute(
             strategy: c.strategy.kind,
             global_batch: plan.global_batch,
             backend: be.name(),
+            precision: c.backend.precision,
+            loss_scale: o.and_then(|o| o.loss_scale.clone()),
             num_params: plan.num_params,
             config_hash: config_hash.clone(),
             resumed_from_step: first_step,

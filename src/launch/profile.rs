@@ -144,9 +144,10 @@ const PEAKS: [(&str, f64, f64); 5] = [
 
 /// Model FLOP utilisation: achieved FLOP/s over the peak of the `world` GPUs that ran (named by
 /// GPU `ordinal`, rank 0's), or why there is none. `backend` is the resolved backend's name
-/// (`cuda-bf16`, `flex`, ...).
+/// (`cuda`, `flex`, ...); the peak is the one of its compute dtype `precision`.
 pub fn mfu(
     backend: &str,
+    precision: crate::config::Precision,
     flops_per_sec: f64,
     world: usize,
     ordinal: usize,
@@ -173,13 +174,16 @@ pub fn mfu(
                 )),
             );
         };
-        let peak = if backend == "cuda-f32" { single } else { half };
+        let peak = match precision {
+            crate::config::Precision::F32 => single,
+            _ => half,
+        };
         let m = flops_per_sec / (peak * world.max(1) as f64);
         (Some((m * 1e4).round() / 1e4), None)
     }
     #[cfg(not(feature = "cuda"))]
     {
-        let _ = (flops_per_sec, world, ordinal, PEAKS);
+        let _ = (flops_per_sec, world, ordinal, PEAKS, precision);
         (None, Some("this kiln was built without CUDA".into()))
     }
 }

@@ -46,6 +46,13 @@ pub struct Summary {
     pub strategy: StrategyKind,
     pub global_batch: usize,
     pub backend: &'static str,
+    /// The compute dtype (`backend.precision`): f32, bf16 or f16 (parameters and optimizer
+    /// state are f32 masters below f32).
+    pub precision: crate::config::Precision,
+    /// f16's dynamic loss scaling at the end: the scale, its count of good steps and the steps
+    /// it skipped (their gradient overflowed).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub loss_scale: Option<crate::checkpoint::LossScaleState>,
     pub num_params: usize,
     pub config_hash: String,
     /// The step this session started from (0 unless resumed).

@@ -334,6 +334,12 @@ fn rank_main<B: RankBackend>(
         }
     };
     let device = B::rank_device(&input.config.backend, ordinal);
+    if let Err(why) = B::prepare(&device, input.config.backend.precision) {
+        let err = TrainError::Backend { rank, reason: why };
+        sink.log(&format!("error: {err}"));
+        comm.abort(&err.to_string());
+        return Err(err);
+    }
     // the strategy lives on the pool thread that trains (it may hold device buffers, which stay
     // on the thread whose stream made them)
     pool.install(move || {

@@ -393,7 +393,7 @@ pub trait MicroStep<B: AutodiffBackend> {
     /// The unscaled mean loss, once the last stage's forward ran.
     fn loss(&self) -> f64;
     /// Stage `stage`'s backward (a vector-Jacobian step on the gradient arriving at its output):
-    /// d(loss * scale)/d(params) of each of its units, flat, in stage order. A recomputed stage
+    /// d(loss * scale)/d(params) of each of its units, flat, in f32, in stage order. A recomputed stage
     /// (`recomputed`) needs its parameters again; any other takes `None`.
     fn backward(
         &mut self,
@@ -410,12 +410,16 @@ pub trait Compute<B: AutodiffBackend> {
     fn stages(&self) -> &[Vec<usize>];
     /// Starts one micro-step on `batch`, whose gradients are of the loss times `scale`; with
     /// `checkpointing`, every stage but the last keeps only its input and is recomputed in the
-    /// backward (torch `checkpoint_wrapper`).
+    /// backward (torch `checkpoint_wrapper`). `loss_scale` (f16's dynamic loss scaling, else 1)
+    /// multiplies the loss for the backward, so that small gradients survive the compute
+    /// dtype, and divides each unit's gradient again once it is f32: the gradients handed out
+    /// are of the loss times `scale` either way (non-finite where the scaled ones overflowed).
     fn micro<'a>(
         &'a self,
         batch: Input,
         key: StepKey,
         scale: f64,
+        loss_scale: f64,
         checkpointing: bool,
     ) -> Box<dyn MicroStep<B> + 'a>;
     /// Per-sample loss and correctness of the whole flat `params` on every batch of `batches`
@@ -455,7 +459,7 @@ pub fn forward_backward<B: AutodiffBackend>(
      -> Result<Vec<UnitParams>, ModelError> {
         stages[s].iter().map(|&u| params(u)).collect()
     };
-    let mut micro = compute.micro(batch, key, scale, checkpointing);
+    let mut micro = compute.micro(batch, key, scale, 1.0, checkpointing);
     for s in 0..stages.len() {
         micro.forward(s, fetch(params, s)?)?;
     }

@@ -5,6 +5,10 @@
 //!
 //! `for_each_backend!(m)` calls macro `m` once with every entry, each as
 //! `#[cfg(..)] Variant = "name" => BurnAutodiffType`, comma-separated.
+//!
+//! The compute dtype (`backend.precision`) is not part of the type: Burn 0.21's tensors carry
+//! their dtype at run time, so each rank sets its device's default float dtype
+//! (`backend::RankBackend::prepare`) and one type per backend serves f32, bf16 and f16.
 
 macro_rules! for_each_backend {
     ($m:ident) => {
@@ -14,11 +18,7 @@ macro_rules! for_each_backend {
             #[cfg(all())]
             Flex = "flex" => ::burn::backend::Autodiff<::burn::backend::Flex>,
             #[cfg(feature = "cuda")]
-            CudaF32 = "cuda-f32" => ::burn::backend::Autodiff<::burn::backend::Cuda<f32>>,
-            #[cfg(feature = "cuda")]
-            CudaBf16 = "cuda-bf16" => ::burn::backend::Autodiff<::burn::backend::Cuda<::burn::tensor::bf16>>,
-            #[cfg(feature = "cuda")]
-            CudaF16 = "cuda-f16" => ::burn::backend::Autodiff<::burn::backend::Cuda<::burn::tensor::f16>>,
+            Cuda = "cuda" => ::burn::backend::Autodiff<::burn::backend::Cuda<f32>>,
             #[cfg(feature = "wgpu")]
             Wgpu = "wgpu" => ::burn::backend::Autodiff<::burn::backend::Wgpu>,
         }

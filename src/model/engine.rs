@@ -17,7 +17,7 @@ use burn::backend::{Autodiff, NdArray};
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
 use burn::tensor::activation::log_softmax;
 use burn::tensor::backend::{AutodiffBackend, Backend};
-use burn::tensor::{Tensor, TensorData};
+use burn::tensor::{DType, FloatDType, Tensor, TensorData};
 
 use super::api::{
     recomputed, Act, Batch, Compute, EvalOut, Family, Forward, Input, MicroStep, Model, ModelError,
@@ -139,24 +139,28 @@ impl<B: Backend> Lift<B, B> for Plain {
     }
 }
 
-/// Unit `u`'s parameters as one flat inner tensor (made once; each parameter is a slice).
+/// Unit `u`'s parameters as one flat inner tensor in the compute dtype `dtype` (made once; each
+/// parameter is a slice): the compute copy of the f32 masters, cast as it is installed.
 fn unit_tensor<I: Backend>(
     layout: &ParamLayout,
     u: usize,
     p: UnitParams,
     device: &I::Device,
+    dtype: FloatDType,
 ) -> Result<Tensor<I, 1>, ModelError> {
     let want = layout.units[u].range.len();
     match p {
-        UnitParams::Host(v) if v.len() == want => {
-            Ok(Tensor::from_data(TensorData::new(v, [want]), device))
-        }
+        UnitParams::Host(v) if v.len() == want => Ok(Tensor::from_data(
+            TensorData::new(v, [want]),
+            (device, DType::from(dtype)),
+        )),
         UnitParams::Device(mut d) if d.len() == want => Ok(d
             .as_any_mut()
             .downcast_mut::<DeviceFlat<I>>()
             .ok_or(ModelError::ForeignBuffer)?
             .tensor
-            .clone()),
+            .clone()
+            .cast(dtype)),
         UnitParams::Host(v) => Err(unit_size(u, v.len(), want)),
         UnitParams::Device(d) => Err(unit_size(u, d.len(), want)),
     }
@@ -321,6 +325,10 @@ pub struct Engine<F: Family, B: AutodiffBackend> {
     template: F::Module<B>,
     inner: F::Module<B::InnerBackend>,
     device: B::Device,
+    /// The compute dtype: the device's default float dtype (`backend.precision`, set by
+    /// `backend::RankBackend::prepare`). Parameters come in f32 and are cast to it; gradients
+    /// go out in f32.
+    dtype: FloatDType,
 }
 
 /// The layout units each of `family`'s stages names, checked: every name a unit of the layout,
@@ -384,6 +392,7 @@ impl<F: Family, B: AutodiffBackend> Engine<F, B> {
             unit_of,
             stages: stages.to_vec(),
             device: device.clone(),
+            dtype: burn::tensor::get_device_settings::<B::InnerBackend>(device).float_dtype,
         }
     }
 
@@ -399,7 +408,7 @@ impl<F: Family, B: AutodiffBackend> Engine<F, B> {
         let mut want = 0;
         for (u, p) in units {
             want += self.layout.units[u].params.len();
-            slots[u] = Some(unit_tensor(&self.layout, u, p, &self.device)?);
+            slots[u] = Some(unit_tensor(&self.layout, u, p, &self.device, self.dtype)?);
         }
         let mut install = Install::<M, B::InnerBackend, L> {
             layout: &self.layout,
@@ -457,14 +466,16 @@ impl<F: Family, B: AutodiffBackend> Engine<F, B> {
         Ok(units.iter().copied().zip(params).collect())
     }
 
-    /// The flat gradient of each unit of stage `s`, taken out of `tape`, in stage order. The
-    /// module (the stage's gathered parameters) is freed before the gradients are joined, so
-    /// the parameters, their gradients and the joined copy never exist at once.
+    /// The flat gradient of each unit of stage `s`, taken out of `tape`, in f32 (times
+    /// `unscale`, unless it is 1), in stage order. The module (the stage's gathered parameters)
+    /// is freed before the gradients are joined, so the parameters, their gradients and the
+    /// joined copy never exist at once.
     fn stage_grads(
         &self,
         s: usize,
         module: F::Module<B>,
         mut tape: <B as AutodiffBackend>::Gradients,
+        unscale: f64,
     ) -> Result<Vec<Tensor<B::InnerBackend, 1>>, ModelError> {
         let mut chosen = vec![false; self.layout.num_units()];
         for &u in &self.stages[s] {
@@ -494,12 +505,18 @@ impl<F: Family, B: AutodiffBackend> Engine<F, B> {
                         .ok_or_else(|| ModelError::NoGrad(spec.name.clone()))?,
                 );
             }
-            out.push(if parts.len() == 1 {
+            let g = if parts.len() == 1 {
                 parts
                     .pop()
                     .unwrap_or_else(|| Tensor::zeros([0], &self.device))
             } else {
                 Tensor::cat(parts, 0)
+            }
+            .cast(FloatDType::F32);
+            out.push(if unscale == 1.0 {
+                g
+            } else {
+                g.mul_scalar(unscale)
             });
         }
         Ok(out)
@@ -535,6 +552,8 @@ struct EngineMicro<'a, F: Family, B: AutodiffBackend> {
     ctx: Forward,
     checkpointing: bool,
     scale: f64,
+    /// f16's loss scale (`Compute::micro`), else 1.
+    loss_scale: f64,
     /// The batch's input, until stage 0 takes it.
     x: Option<TensorData>,
     rows: usize,
@@ -561,7 +580,7 @@ impl<F: Family, B: AutodiffBackend> EngineMicro<'_, F, B> {
                 .copied()
                 .unwrap_or(f32::NAN),
         );
-        Ok(loss.mul_scalar(self.scale))
+        Ok(loss.mul_scalar(self.scale * self.loss_scale))
     }
 
     /// Stage `s`'s input: the batch for the first stage, the previous stage's output after.
@@ -668,18 +687,20 @@ impl<F: Family, B: AutodiffBackend> MicroStep<B> for EngineMicro<'_, F, B> {
             );
         }
         drop(input);
-        e.stage_grads(s, module, tape)
+        e.stage_grads(s, module, tape, 1.0 / self.loss_scale)
     }
 }
 
-/// The mean cross-entropy of `logits` for labels `y`, as torch's `cross_entropy` computes it.
-/// The one-hot rows come prepared with the batch (`Task::input`).
+/// The mean cross-entropy of `logits` for labels `y`, as torch's `cross_entropy` computes it,
+/// in f32 whatever the compute dtype (as under torch's autocast). The one-hot rows come
+/// prepared with the batch (`Task::input`).
 fn cross_entropy<B: Backend>(
     logits: Tensor<B, 2>,
     rows: usize,
     onehot: TensorData,
 ) -> Tensor<B, 1> {
-    let onehot = Tensor::<B, 2>::from_data(onehot, &logits.device());
+    let logits = logits.cast(FloatDType::F32);
+    let onehot = Tensor::<B, 2>::from_data(onehot, (&logits.device(), DType::F32));
     (log_softmax(logits, 1) * onehot)
         .sum()
         .neg()
@@ -700,6 +721,7 @@ impl<F: Family, B: AutodiffBackend> Compute<B> for Engine<F, B> {
         batch: Input,
         key: StepKey,
         scale: f64,
+        loss_scale: f64,
         checkpointing: bool,
     ) -> Box<dyn MicroStep<B> + 'a> {
         let rows = batch.rows();
@@ -708,6 +730,7 @@ impl<F: Family, B: AutodiffBackend> Compute<B> for Engine<F, B> {
             ctx: Forward::train(key),
             checkpointing,
             scale,
+            loss_scale,
             x: Some(batch.x),
             rows,
             onehot: Some(batch.onehot),

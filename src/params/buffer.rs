@@ -96,6 +96,32 @@ pub fn no_address<B: Backend>(_: &Tensor<B, 1>) -> Result<(RawBuf, Box<dyn Any>)
     Err("this backend's buffers have no device address (NCCL needs CUDA buffers)".into())
 }
 
+/// The Burn float dtype of a `backend.precision` or `strategy.reduce_dtype`.
+pub fn float_dtype(p: crate::config::Precision) -> burn::tensor::FloatDType {
+    use crate::config::Precision;
+    use burn::tensor::FloatDType;
+    match p {
+        Precision::F32 => FloatDType::F32,
+        Precision::Bf16 => FloatDType::BF16,
+        Precision::F16 => FloatDType::F16,
+    }
+}
+
+/// `len` zeros in f32 on `device`. Master buffers (parameters, gradients, optimizer state, the
+/// buffers collectives write) are f32 whatever the compute dtype (`backend.precision`, the
+/// device's default float dtype): they are always made with this and `master_upload`.
+pub fn master_zeros<B: Backend>(len: usize, device: &B::Device) -> Tensor<B, 1> {
+    Tensor::zeros([len], (device, DType::F32))
+}
+
+/// `values` in f32 on `device` (see `master_zeros`).
+pub fn master_upload<B: Backend>(values: &[f32], device: &B::Device) -> Tensor<B, 1> {
+    Tensor::from_data(
+        TensorData::new(values.to_vec(), [values.len()]),
+        (device, DType::F32),
+    )
+}
+
 /// A flat Burn tensor on a device backend (its raw address, where it has one, for NCCL).
 pub struct DeviceFlat<B: Backend> {
     pub tensor: Tensor<B, 1>,
@@ -129,7 +155,7 @@ impl<B: Backend> DeviceFlat<B> {
         let range = offset..offset + len;
         // the only handle on the buffer while it is written, so the backend can do it in place
         let device = self.tensor.device();
-        let t = std::mem::replace(&mut self.tensor, Tensor::zeros([0], &device));
+        let t = std::mem::replace(&mut self.tensor, master_zeros(0, &device));
         let sum = t.clone().slice([range.clone()]) + other;
         self.tensor = t.slice_assign([range], sum);
     }
@@ -145,12 +171,10 @@ impl<B: Backend> DeviceTensor for DeviceFlat<B> {
         Ok(raw)
     }
     fn zeros(&self, len: usize) -> Result<Box<dyn DeviceTensor>, String> {
-        let t = Tensor::<B, 1>::zeros([len], &self.tensor.device());
-        Ok(self.wrap(t))
+        Ok(self.wrap(master_zeros(len, &self.tensor.device())))
     }
     fn upload(&self, values: &[f32]) -> Result<Box<dyn DeviceTensor>, String> {
-        let data = TensorData::new(values.to_vec(), [values.len()]);
-        Ok(self.wrap(Tensor::from_data(data, &self.tensor.device())))
+        Ok(self.wrap(master_upload(values, &self.tensor.device())))
     }
     fn slice(&self, range: Range<usize>) -> Box<dyn DeviceTensor> {
         self.wrap(self.tensor.clone().slice([range]))
@@ -159,10 +183,7 @@ impl<B: Backend> DeviceTensor for DeviceFlat<B> {
         let device = self.tensor.device();
         let part = self.tensor.clone().slice([range.clone()]);
         let t = if padded > range.len() {
-            Tensor::cat(
-                vec![part, Tensor::zeros([padded - range.len()], &device)],
-                0,
-            )
+            Tensor::cat(vec![part, master_zeros(padded - range.len(), &device)], 0)
         } else {
             // a copy, never a view: the collective writes its own buffers
             part.mul_scalar(1.0)
@@ -191,10 +212,9 @@ impl<B: Backend> DeviceTensor for DeviceFlat<B> {
         self.guard = None;
         let device = self.tensor.device();
         let range = offset..offset + values.len();
-        let part =
-            Tensor::<B, 1>::from_data(TensorData::new(values.to_vec(), [values.len()]), &device);
+        let part = master_upload::<B>(values, &device);
         // the only handle on the buffer while it is written, so the backend can do it in place
-        let t = std::mem::replace(&mut self.tensor, Tensor::zeros([0], &device));
+        let t = std::mem::replace(&mut self.tensor, master_zeros(0, &device));
         self.tensor = t.slice_assign([range], part);
         Ok(())
     }

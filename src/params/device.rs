@@ -7,7 +7,7 @@
 use std::ops::Range;
 
 use burn::tensor::backend::Backend;
-use burn::tensor::{Tensor, TensorData};
+use burn::tensor::Tensor;
 
 use super::buffer::{DeviceFlat, DeviceTensor, RawBuf, RawFn};
 use super::optim::{clip_coef, Optimizer};
@@ -64,7 +64,7 @@ pub struct BurnParams<B: Backend> {
 }
 
 fn upload<B: Backend>(values: &[f32], device: &B::Device) -> Tensor<B, 1> {
-    Tensor::from_data(TensorData::new(values.to_vec(), [values.len()]), device)
+    super::buffer::master_upload(values, device)
 }
 
 fn download<B: Backend>(t: &Tensor<B, 1>) -> Result<Vec<f32>, String> {
@@ -154,7 +154,7 @@ impl<B: Backend> DeviceParams for BurnParams<B> {
                 } else {
                     (p.clone(), g + p.mul_scalar(wd))
                 };
-                let zeros = || Tensor::<B, 1>::zeros(p.dims(), &p.device());
+                let zeros = || super::buffer::master_zeros::<B>(p.dims()[0], &p.device());
                 let m = self.m.take().unwrap_or_else(zeros).mul_scalar(b1)
                     + g.clone().mul_scalar(1.0 - b1);
                 let v = self.v.take().unwrap_or_else(zeros).mul_scalar(b2)

@@ -12,7 +12,8 @@ mod optim;
 pub mod transfers;
 
 pub use buffer::{
-    all_finite, grads_to_host, no_address, DevDType, DeviceFlat, DeviceTensor, Grads, RawBuf, RawFn,
+    all_finite, float_dtype, grads_to_host, master_upload, master_zeros, no_address, DevDType,
+    DeviceFlat, DeviceTensor, Grads, RawBuf, RawFn,
 };
 pub use device::{BurnParams, DeviceParams};
 pub use layout::{unit_of, ParamLayout, ParamSpec, UnitSpec};

@@ -369,13 +369,15 @@ pub trait Strategy {
         let _ = units;
         Ok(())
     }
-    /// Told before each micro-step: the update it leads to (`lr`, `clip`), and whether it is
-    /// the step's `last` (its gradients are the step's final ones). fsdp with full sharding
-    /// steps each unit's shard as soon as its final gradient shard is reduced, and frees the
-    /// gradient (torchtitan's `early_step_in_backward`), where nothing needs the whole gradient
-    /// first (no clipping); the parameters come out the same bits.
-    fn before_micro(&mut self, lr: f64, clip: Option<f64>, last: bool) {
-        let _ = (lr, clip, last);
+    /// Told before each micro-step: the update it leads to (`lr`, `clip`), whether it is the
+    /// step's `last` (its gradients are the step's final ones), and whether the step may be
+    /// skipped (`skippable`: f16's loss scaling skips a step whose gradient overflowed). fsdp
+    /// with full sharding steps each unit's shard as soon as its final gradient shard is
+    /// reduced, and frees the gradient (torchtitan's `early_step_in_backward`), where nothing
+    /// needs the whole gradient first (no clipping, no skipping); the parameters come out the
+    /// same bits.
+    fn before_micro(&mut self, lr: f64, clip: Option<f64>, last: bool, skippable: bool) {
+        let _ = (lr, clip, last, skippable);
     }
     /// Whether this rank's gradient so far (its shard, for fsdp) has NaN or infinite values
     /// (waiting for the reductions still running).
@@ -383,6 +385,11 @@ pub trait Strategy {
     /// Clips and updates with the gradients the step handed over (and synchronises what is left
     /// to synchronise).
     fn update(&mut self, lr: f64, clip: Option<f64>) -> Result<(), CollectiveError>;
+    /// Drops the gradients the step handed over without an update (f16's loss scaling skips a
+    /// step whose gradient overflowed, as torch's `GradScaler.step` does): the parameters and
+    /// optimizer state stay as they are, and the next step starts from no gradient. Every rank
+    /// calls it at the same step (its reductions still running finish first).
+    fn discard_grads(&mut self) -> Result<(), CollectiveError>;
     /// Where this rank keeps its parameters and optimizer state now, in words (the rank log
     /// of a device run says it after the first step).
     fn placement(&mut self) -> String {
@@ -738,7 +745,7 @@ mod tests {
                 for k in 0..accum {
                     let last = k + 1 == accum;
                     // clipping needs the whole gradient first: the late update
-                    st.before_micro(0.1, (!early).then_some(1e9), last);
+                    st.before_micro(0.1, (!early).then_some(1e9), last, false);
                     for u in 0..layout.num_units() {
                         st.unit_params(u, layout.unit_range(u)).unwrap();
                     }

@@ -266,6 +266,11 @@ impl Strategy for Ddp {
         clip_and_step(&mut self.opt, &mut self.params, &mut grads, lr, clip);
         Ok(())
     }
+    fn discard_grads(&mut self) -> Result<(), CollectiveError> {
+        self.collect(true)?;
+        self.grads.take(self.num_params);
+        Ok(())
+    }
     fn resident(&self) -> bool {
         self.device.dev.is_some()
     }

@@ -164,6 +164,11 @@ impl Strategy for Dp {
         }
         self.replicate()
     }
+    fn discard_grads(&mut self) -> Result<(), CollectiveError> {
+        // (reduced only at the update: nothing is in flight)
+        self.grads.take(self.num_params);
+        Ok(())
+    }
     fn resident(&self) -> bool {
         self.device.dev.is_some()
     }

@@ -804,9 +804,10 @@ impl Strategy for Fsdp {
         self.reduce_scatter_together(group, host)
     }
 
-    fn before_micro(&mut self, lr: f64, clip: Option<f64>, last: bool) {
-        // clipping scales by the norm of the whole gradient: only known after the backward
-        self.early = (last && clip.is_none()).then_some(lr);
+    fn before_micro(&mut self, lr: f64, clip: Option<f64>, last: bool, skippable: bool) {
+        // clipping scales by the norm of the whole gradient, and whether the step is skipped
+        // depends on every unit's: both are known only after the backward
+        self.early = (last && clip.is_none() && !skippable).then_some(lr);
     }
 
     fn grads_non_finite(&mut self) -> Result<bool, CollectiveError> {
@@ -912,6 +913,31 @@ impl Strategy for Fsdp {
             // ZeRO-3: reshard, free the whole parameters
             _ => None,
         };
+        Ok(())
+    }
+
+    fn discard_grads(&mut self) -> Result<(), CollectiveError> {
+        self.collect(true)?;
+        debug_assert!(
+            !self.stepped.contains(&true),
+            "a skippable step stepped units early"
+        );
+        // what `update` forgets, less the update itself
+        self.ahead.clear();
+        self.ready.iter_mut().for_each(|p| *p = None);
+        self.device_full = None;
+        self.early = None;
+        self.stepped.iter_mut().for_each(|d| *d = false);
+        self.stepped_non_finite = false;
+        self.shard_grads.iter_mut().for_each(|g| *g = None);
+        self.dev_grads.iter_mut().for_each(|g| *g = None);
+        for (p, u) in self.pending.iter_mut().zip(&self.units) {
+            p.take(u.range.len());
+        }
+        self.whole.take(self.num_params);
+        if self.sharding == Sharding::Full {
+            self.full = None;
+        }
         Ok(())
     }
 

@@ -7,6 +7,7 @@ mod eval;
 mod loader;
 pub mod preempt;
 mod save;
+mod scaler;
 pub mod schedule;
 mod step;
 mod timed;
@@ -15,6 +16,7 @@ mod trainer;
 mod watch;
 
 pub use eval::{evaluate_like_run, EvalSums};
+pub use scaler::LossScaler;
 pub use timed::Timed;
 pub use timing::{wait_hook, Clock, Phase, Span, Totals};
 pub use trainer::{

@@ -3,8 +3,8 @@
 
 use super::trainer::{TrainError, TrainInput};
 use crate::checkpoint::{
-    encode_files, CheckpointError, DataPosition, OptimizerInfo, RngState, SchedulerInfo, State,
-    Store, Watched, FORMAT,
+    encode_files, CheckpointError, DataPosition, LossScaleState, OptimizerInfo, RngState,
+    SchedulerInfo, State, Store, Watched, FORMAT,
 };
 use crate::config::Config;
 use crate::strategy::Strategy;
@@ -42,6 +42,7 @@ pub(super) fn save_checkpoint(
     loss: f64,
     lr: f64,
     [early_stopping, best]: [Option<Watched>; 2],
+    loss_scale: Option<LossScaleState>,
 ) -> Result<(), TrainError> {
     let c = input.config;
     let rank = strategy.rank();
@@ -112,6 +113,7 @@ pub(super) fn save_checkpoint(
             kiln_version: env!("CARGO_PKG_VERSION").to_string(),
             early_stopping,
             best,
+            loss_scale,
         };
         store.commit(
             step as u64,

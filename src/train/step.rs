@@ -45,6 +45,11 @@ pub struct MicroOpts<'a, B: ComputeOn> {
     /// The backend computes on a device (CUDA, wgpu): host parameters handed to it and
     /// gradients read from it are counted as host transfers (`params::transfers`).
     pub device: bool,
+    /// f16's dynamic loss scale (`train::LossScaler`), else 1.
+    pub loss_scale: f64,
+    /// `strategy.reduce_dtype` below f32: each unit's gradient is rounded to it before it is
+    /// handed to the strategy's reduction.
+    pub reduce_dtype: Option<burn::tensor::FloatDType>,
 }
 
 /// Unit `u`'s parameters: on the device when the strategy keeps or gathers them there,
@@ -93,8 +98,9 @@ pub fn micro_step<B: ComputeOn>(
             uses[u] += 1;
         }
     }
-    let mut micro =
-        batch.map(|(input, key, scale)| compute.micro(input, key, scale, opts.checkpointing));
+    let mut micro = batch.map(|(input, key, scale)| {
+        compute.micro(input, key, scale, opts.loss_scale, opts.checkpointing)
+    });
     // the last recomputed stage's backward comes right after the head's: when the strategy
     // gathers, its parameters are kept from the forward instead of gathered again (torch FSDP2
     // leaves the last module unsharded after its forward the same way)
@@ -143,6 +149,10 @@ pub fn micro_step<B: ComputeOn>(
                 let tensors = clock.time(Phase::Backward, || m.backward(s, params))?;
                 tensors
                     .into_iter()
+                    .map(|g| match opts.reduce_dtype {
+                        Some(d) => g.cast(d).cast(burn::tensor::FloatDType::F32),
+                        None => g,
+                    })
                     .map(|g| to_grads::<B>(g, raw_fn, opts.device, rank))
                     .collect::<Result<_, _>>()?
             }

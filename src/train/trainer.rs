@@ -9,11 +9,14 @@ use serde::Serialize;
 
 use super::eval::{evaluate, evaluate_by_units, reduce_eval, EvalSums};
 use super::loader::{Assembler, Loader, LoaderState, Pos, Source};
+use super::scaler::LossScaler;
 use super::schedule::lr_at;
 use super::step::{micro_step, MicroOpts};
 use super::timing::{Clock, Phase, Span, Totals};
 use super::watch::Watch;
-use crate::checkpoint::{CheckpointError, DataPosition, Loaded, State, Store, Watched};
+use crate::checkpoint::{
+    CheckpointError, DataPosition, Loaded, LossScaleState, State, Store, Watched,
+};
 use crate::collective::CollectiveError;
 use crate::config::Config;
 use crate::data::{Augment, Data};
@@ -41,6 +44,12 @@ pub struct MetricLine {
     /// Language models only: exp(eval_loss).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub eval_perplexity: Option<f64>,
+    /// f16's dynamic loss scale the step ran with (`backend.precision = "f16"`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub loss_scale: Option<f64>,
+    /// Set on a step f16's loss scaling skipped (its gradient overflowed: no update).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub skipped: bool,
     /// When the line was logged: seconds since the Unix epoch (wall-clock plots).
     pub ts: f64,
     /// This rank's share of the time since the previous logged line, by phase.
@@ -98,6 +107,8 @@ pub struct Outcome {
     /// Where `train.early_stopping` and `checkpoint.keep_best` stand at the end.
     pub early_stopping: Option<Watched>,
     pub best: Option<Watched>,
+    /// f16's loss scale at the end, with the steps it skipped.
+    pub loss_scale: Option<LossScaleState>,
 }
 
 impl Outcome {
@@ -134,6 +145,9 @@ pub enum TrainError {
     Diverged { step: usize, cause: String },
     #[error(transparent)]
     Checkpoint(#[from] CheckpointError),
+    /// The rank's device cannot run the config (a precision it lacks).
+    #[error("rank {rank}: {reason}")]
+    Backend { rank: usize, reason: String },
     #[error("rank {rank} panicked: {message}")]
     Panic { rank: usize, message: String },
     /// The data loader could not give the next micro-batch.
@@ -231,6 +245,9 @@ pub trait RankSink {
 struct Stepped {
     loss: f64,
     lr: f64,
+    /// The loss scale it ran with (f16), and whether its gradient overflowed so it was skipped.
+    loss_scale: Option<f64>,
+    skipped: bool,
     /// A rank was asked to stop (a signal), seen by every rank at this step.
     stop: bool,
     /// The epoch the step began in.
@@ -279,6 +296,8 @@ struct Trainer<'a, B: ComputeOn> {
     last_eval: Option<EvalSums>,
     early: Option<Watch>,
     best: Option<Watch>,
+    /// f16's dynamic loss scaling.
+    scaler: Option<LossScaler>,
 }
 
 impl<'a, B: ComputeOn> Trainer<'a, B> {
@@ -345,7 +364,7 @@ impl<'a, B: ComputeOn> Trainer<'a, B> {
         let raw_fn = raw_fn.filter(|_| c.strategy.offload == crate::config::Offload::None);
         let proto: Option<Box<dyn DeviceTensor>> = raw_fn.map(|f| {
             Box::new(DeviceFlat::<B::InnerBackend>::new(
-                burn::tensor::Tensor::zeros([1], device),
+                crate::params::master_zeros(1, device),
                 f,
             )) as Box<dyn DeviceTensor>
         });
@@ -369,7 +388,14 @@ impl<'a, B: ComputeOn> Trainer<'a, B> {
                 resumed.and_then(|s| s.best.as_ref()),
             )
         });
+        let scaler = (c.backend.precision == crate::config::Precision::F16).then(|| {
+            LossScaler::new(
+                &c.backend.loss_scale,
+                resumed.and_then(|s| s.loss_scale.as_ref()),
+            )
+        });
         Ok(Trainer {
+            scaler,
             compute: B::compute(model, device),
             task: model.task(),
             rank,
@@ -445,14 +471,21 @@ impl<'a, B: ComputeOn> Trainer<'a, B> {
             let weight = self.strategy.grad_weight(micro.samples, micro.global);
             self.pos.j += 1;
             let last_micro = k + 1 == plan.accum || self.exhausted(self.pos.normalize(plan));
-            self.strategy
-                .before_micro(lr, c.optim.grad_clip_norm, last_micro);
+            self.strategy.before_micro(
+                lr,
+                c.optim.grad_clip_norm,
+                last_micro,
+                self.scaler.is_some(),
+            );
             let opts = MicroOpts::<B> {
                 checkpointing: self.checkpointing,
                 sync: last_micro || !c.strategy.no_sync,
                 proto: self.proto.as_deref(),
                 raw_fn: self.raw_fn,
                 device: self.device,
+                loss_scale: self.scaler.as_ref().map_or(1.0, |s| s.scale()),
+                reduce_dtype: (c.strategy.reduce_dtype != crate::config::Precision::F32)
+                    .then(|| crate::params::float_dtype(c.strategy.reduce_dtype)),
             };
             let key = StepKey {
                 seed: c.experiment.seed,
@@ -474,14 +507,12 @@ impl<'a, B: ComputeOn> Trainer<'a, B> {
             micro_in_step += 1;
         }
         // a NaN or inf in any rank's gradient makes the averaged one non-finite too: found
-        // here, before the optimizer spreads it into the parameters (and a checkpoint)
+        // here, and agreed on by every rank, before the optimizer spreads it into the
+        // parameters (and a checkpoint), or f16's loss scaling skips the step
         let strategy = &mut *self.strategy;
         let grad_bad = self
             .clock
             .time(Phase::Optimizer, || strategy.grads_non_finite())?;
-        self.clock.time(Phase::Optimizer, || {
-            strategy.update(lr, c.optim.grad_clip_norm)
-        })?;
         totals[2] = super::preempt::requested().map_or(0.0, |s| s as f64);
         totals[3] = f64::from(u8::from(grad_bad));
         self.strategy.sum(&mut totals)?;
@@ -496,12 +527,33 @@ impl<'a, B: ComputeOn> Trainer<'a, B> {
         self.step += 1;
         let step = self.step;
         if !loss.is_finite() {
-            return Err(TrainError::Diverged {
-                step,
-                cause: format!("the loss is {loss}"),
-            });
+            // (a loss scale cannot help: it acts on the backward only)
+            let cause = match self.scaler {
+                Some(_) => format!("the loss is {loss} (the f16 forward overflowed; bf16 has f32's range: `backend.precision = \"bf16\"`)"),
+                None => format!("the loss is {loss}"),
+            };
+            return Err(TrainError::Diverged { step, cause });
         }
-        if totals[3] > 0.0 {
+        let loss_scale = self.scaler.as_ref().map(|s| s.scale());
+        let skipped = totals[3] > 0.0 && self.scaler.is_some();
+        if let Some(scaler) = self.scaler.as_mut() {
+            scaler.update(skipped);
+        }
+        let strategy = &mut *self.strategy;
+        if skipped {
+            self.clock
+                .time(Phase::Optimizer, || strategy.discard_grads())?;
+            self.sink.log(&format!(
+                "step {step} skipped: the gradient overflowed at loss scale {}; the scale is now {}",
+                loss_scale.unwrap_or(1.0),
+                self.scaler.as_ref().map_or(1.0, |s| s.scale())
+            ));
+        } else if totals[3] == 0.0 {
+            self.clock.time(Phase::Optimizer, || {
+                strategy.update(lr, c.optim.grad_clip_norm)
+            })?;
+        }
+        if totals[3] > 0.0 && !skipped {
             let on = match (self.world, totals[3] as usize) {
                 (1, _) => String::new(),
                 (_, 1) => " on 1 rank".to_string(),
@@ -522,6 +574,8 @@ impl<'a, B: ComputeOn> Trainer<'a, B> {
         Ok(Stepped {
             loss,
             lr,
+            loss_scale,
+            skipped,
             stop: totals[2] > 0.0,
             epoch_at_start,
         })
@@ -639,9 +693,10 @@ impl<'a, B: ComputeOn> Trainer<'a, B> {
             let watched =
                 [&self.early, &self.best].map(|w| w.as_ref().and_then(|w| w.state.clone()));
             let (input, strategy) = (self.input, &mut *self.strategy);
+            let scale = self.scaler.as_ref().map(|s| s.state().clone());
             self.clock.time(Phase::Checkpoint, || {
                 super::save::save_checkpoint(
-                    input, strategy, store, done, position, s.loss, s.lr, watched,
+                    input, strategy, store, done, position, s.loss, s.lr, watched, scale,
                 )
             })?;
             self.sink.log(&format!(
@@ -698,6 +753,8 @@ impl<'a, B: ComputeOn> Trainer<'a, B> {
             eval_loss: eval.map(|e| e.loss()),
             eval_accuracy: eval.filter(|_| !lm).map(|e| e.accuracy()),
             eval_perplexity: eval.filter(|_| lm).map(|e| e.perplexity()),
+            loss_scale: s.loss_scale,
+            skipped: s.skipped,
         });
         if log {
             self.window_start = Instant::now();
@@ -789,6 +846,7 @@ impl<'a, B: ComputeOn> Trainer<'a, B> {
             stopped_early,
             early_stopping: self.early.and_then(|w| w.state),
             best: self.best.and_then(|w| w.state),
+            loss_scale: self.scaler.map(|s| s.state().clone()),
         })
     }
 }

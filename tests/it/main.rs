@@ -17,6 +17,7 @@ mod models;
 mod nccl;
 mod nodes;
 mod parallel;
+mod precision;
 mod preempt;
 mod profile;
 mod report;
