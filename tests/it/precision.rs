@@ -12,7 +12,7 @@ use crate::common::{kiln, metric_lines, resume_copy, root, stderr, summary, writ
 use crate::models::{corpus, CNN, GPT};
 
 /// Runs `file` (in `dir`) into `dir/<name>` with `sets`, asserting it succeeds.
-fn run(dir: &Path, file: &str, name: &str, sets: &[&str]) -> PathBuf {
+pub(crate) fn run(dir: &Path, file: &str, name: &str, sets: &[&str]) -> PathBuf {
     let out = dir.join(name);
     let mut args = vec!["run", file, "--quiet", "--run-dir", out.to_str().unwrap()];
     for s in sets {
@@ -23,7 +23,7 @@ fn run(dir: &Path, file: &str, name: &str, sets: &[&str]) -> PathBuf {
     out
 }
 
-fn losses(run: &Path) -> Vec<f64> {
+pub(crate) fn losses(run: &Path) -> Vec<f64> {
     metric_lines(run)
         .iter()
         .map(|v| v["loss"].as_f64().unwrap())
@@ -101,7 +101,7 @@ fn every_family_trains_in_bf16_and_f16_within_2e_2_of_f32_with_f32_masters() {
 /// The blobs CSV with one far outlier (sample 50): with `shuffle = false` and a global batch of
 /// 16 it is in step 4, whose f16 gradient overflows at a loss scale of 2^16 while its forward
 /// stays finite.
-fn outlier_experiment(dir: &Path) -> &'static str {
+pub(crate) fn outlier_experiment(dir: &Path) -> &'static str {
     let csv = std::fs::read_to_string(root().join("experiments/data/blobs.csv")).unwrap();
     let mut rows: Vec<&str> = csv.lines().collect();
     rows[1 + 50] = "3000,-3000,3000,-3000,1";
@@ -141,8 +141,21 @@ keep_last = 5
     "f16.toml"
 }
 
+/// The loss scale and skip of each step of `outlier_experiment`: 3 good steps grow the scale to
+/// 2^17 for step 4, whose gradient overflows: skipped, backed off to 2^16; 3 good steps again,
+/// and it grows after step 7.
+pub(crate) const OUTLIER_SCALES: [(f64, bool); 7] = [
+    (65536.0, false),
+    (65536.0, false),
+    (65536.0, false),
+    (131072.0, true),
+    (65536.0, false),
+    (65536.0, false),
+    (65536.0, false),
+];
+
 /// `(loss_scale, skipped)` of each metrics line.
-fn scales(run: &Path) -> Vec<(f64, bool)> {
+pub(crate) fn scales(run: &Path) -> Vec<(f64, bool)> {
     metric_lines(run)
         .iter()
         .map(|v| {
@@ -158,17 +171,7 @@ fn scales(run: &Path) -> Vec<(f64, bool)> {
 fn f16_loss_scaling_skips_the_overflowing_step_and_resumes_with_the_saved_scale() {
     let d = kiln::testdir::tempdir().unwrap();
     let file = outlier_experiment(d.path());
-    // 3 good steps grow the scale to 2^17 for step 4, whose gradient overflows: skipped, backed
-    // off to 2^16; 3 good steps again, and it grows after step 7
-    let want = [
-        (65536.0, false),
-        (65536.0, false),
-        (65536.0, false),
-        (131072.0, true),
-        (65536.0, false),
-        (65536.0, false),
-        (65536.0, false),
-    ];
+    let want = OUTLIER_SCALES;
     let single = run(d.path(), file, "single", &[]);
     assert_eq!(scales(&single), want);
     let s = summary(&single);

@@ -285,4 +285,64 @@ mod on_wgpu {
         assert_eq!(a["params_sha256"], b["params_sha256"]);
         assert_eq!(a["backend"], "wgpu", "{a}");
     }
+
+    /// f16 on lavapipe (which has no bf16: `backend.precision = "bf16"` is refused naming the
+    /// key), through the binary (the in-process tests hold the adapter's dtype at f32): a run
+    /// ends within 2e-2 of f32 with its f32 masters and optimizer state on the device (the
+    /// parameters cross once); an f16 gradient overflow skips exactly its step and backs the
+    /// scale off, and a resume from before it is bit-identical.
+    #[test]
+    fn f16_trains_with_f32_masters_on_the_device_and_skips_an_overflowing_step() {
+        use crate::precision::{losses, outlier_experiment, run, scales, OUTLIER_SCALES};
+        let d = kiln::testdir::tempdir().unwrap();
+        write(d.path(), "t.toml", crate::common::TINY);
+        let steps = ["train.max_steps=20", "train.epochs=3"];
+        // the f32 reference on flex (wgpu's f32 equals it within 1e-6: the test above)
+        let want = losses(&run(d.path(), "t.toml", "f32", &steps));
+        let mut sets = steps.to_vec();
+        sets.extend(ON);
+        sets.push("backend.precision=f16");
+        let r = run(d.path(), "t.toml", "f16", &sets);
+        let got = losses(&r);
+        let (a, b) = (got.last().unwrap(), want.last().unwrap());
+        assert!((a - b).abs() <= 2e-2 * b.abs(), "f16 {a} vs f32 {b}");
+        assert_ne!(got, want);
+        let s = summary(&r);
+        assert_eq!(s["precision"], "f16");
+        let n = s["num_params"].as_u64().unwrap();
+        let t = &s["memory"][0]["host_transfers"];
+        // f32 masters: the parameters went to the device once (4 bytes each) and came back for
+        // the end; no gradient and no optimizer state crossed
+        assert_eq!(t["params_to_device"].as_u64(), Some(4 * n), "{t}");
+        assert_eq!(t["grads_to_host"].as_u64(), Some(0), "{t}");
+        assert_eq!(t["state_to_device"].as_u64(), Some(0), "{t}");
+        let o = kiln(
+            d.path(),
+            &[
+                "check",
+                "t.toml",
+                "--set",
+                ON[0],
+                "--set",
+                "backend.precision=bf16",
+            ],
+        );
+        assert_eq!(o.status.code(), Some(2));
+        assert!(
+            stderr(&o)
+                .contains("`backend.precision` = \"bf16\": this wgpu adapter cannot compute in it"),
+            "{}",
+            stderr(&o)
+        );
+        let file = outlier_experiment(d.path());
+        let full = run(d.path(), file, "overflow", &ON);
+        assert_eq!(scales(&full), OUTLIER_SCALES);
+        let copy = resume_copy(d.path(), &full, "step-00000003", &[]);
+        assert_eq!(scales(&copy), OUTLIER_SCALES);
+        assert_eq!(loss_lines(&copy), loss_lines(&full));
+        assert_eq!(
+            summary(&copy)["params_sha256"],
+            summary(&full)["params_sha256"]
+        );
+    }
 }
