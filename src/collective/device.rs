@@ -12,9 +12,84 @@ use super::{Collective, CollectiveError, OpId, OpKind, ReduceOp};
 use crate::params::transfers::{record, Moved};
 use crate::params::{grads_to_host, DeviceTensor, Grads, RawBuf};
 
-/// Collective ops on raw device buffers. Each call has finished (results readable by the
-/// backend) when it returns.
+/// One collective op on raw device buffers, to run beside the compute (`DeviceOps::start`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RawOp {
+    /// In place: every rank ends with the reduction.
+    AllReduce { buf: RawBuf, op: ReduceOp },
+    /// `send` (world x `recv.len`) reduced across ranks; rank r keeps chunk r in `recv`.
+    ReduceScatter {
+        send: RawBuf,
+        recv: RawBuf,
+        op: ReduceOp,
+    },
+    /// `recv` (world x `send.len`) holds every rank's `send`, in rank order.
+    AllGather { send: RawBuf, recv: RawBuf },
+}
+
+impl RawOp {
+    pub fn kind(&self) -> OpKind {
+        match self {
+            RawOp::AllReduce { .. } => OpKind::AllReduce,
+            RawOp::ReduceScatter { .. } => OpKind::ReduceScatter,
+            RawOp::AllGather { .. } => OpKind::AllGather,
+        }
+    }
+    /// The bytes the op moves (its larger buffer).
+    pub fn bytes(&self) -> usize {
+        let b = |r: &RawBuf| r.len * r.dtype.size();
+        match self {
+            RawOp::AllReduce { buf, .. } => b(buf),
+            RawOp::ReduceScatter { send, .. } => b(send),
+            RawOp::AllGather { recv, .. } => b(recv),
+        }
+    }
+}
+
+/// An op `DeviceOps::start` started: its ticket (tickets grow in start order) and kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Started {
+    pub ticket: u64,
+    pub kind: OpKind,
+}
+
+/// Collective ops on raw device buffers. Each synchronous call has finished (results readable
+/// by the backend) when it returns; `start` runs an op beside the compute.
 pub trait DeviceOps {
+    /// Starts `op` and returns without waiting for it: on NCCL it is queued on the
+    /// communicator's own stream, after every op started before it, while the caller goes on
+    /// queueing compute on the backend's stream. The buffers' writes must have finished (their
+    /// `raw` waits for them), and the buffers must stay alive and untouched until `wait` has
+    /// returned for the op. A collective without a stream of its own runs it now. Ops finish in
+    /// the order they were started, and before any synchronous op issued after them.
+    fn start(&mut self, op: RawOp) -> Result<Started, CollectiveError> {
+        let kind = op.kind();
+        self.run_raw(op)?;
+        Ok(Started { ticket: 0, kind })
+    }
+    /// Waits until `op` (and every op started before it) has finished. Returns the started
+    /// ops that finished since the last report with their time on the device, where the
+    /// collective measures it (NCCL: CUDA events around each op).
+    fn wait(
+        &mut self,
+        op: Started,
+    ) -> Result<Vec<(Started, std::time::Duration)>, CollectiveError> {
+        let _ = op;
+        Ok(Vec::new())
+    }
+    /// Whether `op` has finished, without waiting (a failure shows in `wait`).
+    fn is_done(&mut self, op: Started) -> bool {
+        let _ = op;
+        true
+    }
+    /// Runs `op` now, synchronously.
+    fn run_raw(&mut self, op: RawOp) -> Result<(), CollectiveError> {
+        match op {
+            RawOp::AllReduce { buf, op } => self.all_reduce_raw(buf, op),
+            RawOp::ReduceScatter { send, recv, op } => self.reduce_scatter_raw(send, recv, op),
+            RawOp::AllGather { send, recv } => self.all_gather_raw(send, recv),
+        }
+    }
     /// In place: every rank ends with the reduction.
     fn all_reduce_raw(&mut self, buf: RawBuf, op: ReduceOp) -> Result<(), CollectiveError>;
     /// In place: `root` ends with the reduction; the others' buffers are unspecified afterwards.
@@ -292,6 +367,11 @@ pub(crate) mod emulated {
             }
             Ok(())
         }
+        fn set_at(&mut self, offset: usize, other: &mut dyn DeviceTensor) -> Result<(), String> {
+            let b = other.to_host()?;
+            self.0[offset..offset + b.len()].copy_from_slice(&b);
+            Ok(())
+        }
         fn non_finite(&self) -> Result<bool, String> {
             Ok(!crate::params::all_finite(&self.0))
         }
@@ -340,18 +420,65 @@ pub(crate) mod emulated {
         }
     }
 
-    /// A host collective that also takes `HostFlat` addresses as device buffers.
-    pub struct Emulated(pub Box<dyn Collective>);
+    /// A host collective that also takes `HostFlat` addresses as device buffers. Ops started
+    /// beside the compute (`DeviceOps::start`) are deferred, as on NCCL's own stream: they run
+    /// in start order when waited for, or before any synchronous op (never when merely asked
+    /// whether they are done), so a strategy that reads a result before waiting for it, or
+    /// frees a buffer in flight, gets other bits than the host path.
+    pub struct Emulated {
+        inner: Box<dyn Collective>,
+        deferred: std::collections::VecDeque<(u64, RawOp)>,
+        tickets: u64,
+    }
+
+    impl Emulated {
+        pub fn new(inner: Box<dyn Collective>) -> Self {
+            Emulated {
+                inner,
+                deferred: Default::default(),
+                tickets: 0,
+            }
+        }
+        /// Runs the deferred ops up to `ticket` (all: `u64::MAX`), in order.
+        fn flush(&mut self, ticket: u64) -> Result<(), CollectiveError> {
+            while self.deferred.front().is_some_and(|(t, _)| *t <= ticket) {
+                if let Some((_, op)) = self.deferred.pop_front() {
+                    self.run_raw(op)?;
+                }
+            }
+            Ok(())
+        }
+    }
 
     // SAFETY (all three): a `RawBuf` here always comes from a live `HostFlat` of f32 on this
-    // thread, which the caller keeps alive and does not touch during the call.
+    // thread, which the caller keeps alive and does not touch during the call (or, for a
+    // started op, until it has waited for it).
     fn view<'a>(b: RawBuf) -> &'a mut [f32] {
         unsafe { std::slice::from_raw_parts_mut(b.ptr as *mut f32, b.len) }
     }
 
     impl DeviceOps for Emulated {
+        fn start(&mut self, op: RawOp) -> Result<Started, CollectiveError> {
+            self.tickets += 1;
+            self.deferred.push_back((self.tickets, op));
+            Ok(Started {
+                ticket: self.tickets,
+                kind: op.kind(),
+            })
+        }
+        fn wait(
+            &mut self,
+            op: Started,
+        ) -> Result<Vec<(Started, std::time::Duration)>, CollectiveError> {
+            self.flush(op.ticket)?;
+            Ok(Vec::new())
+        }
+        fn is_done(&mut self, op: Started) -> bool {
+            !self.deferred.iter().any(|(t, _)| *t <= op.ticket)
+        }
         fn all_reduce_raw(&mut self, buf: RawBuf, op: ReduceOp) -> Result<(), CollectiveError> {
-            self.0.all_reduce(view(buf), op)
+            self.flush(u64::MAX)?;
+            self.inner.all_reduce(view(buf), op)
         }
         fn reduce_raw(
             &mut self,
@@ -359,7 +486,8 @@ pub(crate) mod emulated {
             op: ReduceOp,
             root: usize,
         ) -> Result<(), CollectiveError> {
-            self.0.reduce(view(buf), op, root)
+            self.flush(u64::MAX)?;
+            self.inner.reduce(view(buf), op, root)
         }
         fn reduce_scatter_raw(
             &mut self,
@@ -367,30 +495,35 @@ pub(crate) mod emulated {
             recv: RawBuf,
             op: ReduceOp,
         ) -> Result<(), CollectiveError> {
+            self.flush(u64::MAX)?;
             let send = view(send).to_vec();
-            self.0.reduce_scatter(&send, view(recv), op)
+            self.inner.reduce_scatter(&send, view(recv), op)
         }
         fn all_gather_raw(&mut self, send: RawBuf, recv: RawBuf) -> Result<(), CollectiveError> {
+            self.flush(u64::MAX)?;
             let send = view(send).to_vec();
-            self.0.all_gather(&send, view(recv))
+            self.inner.all_gather(&send, view(recv))
         }
         fn broadcast_raw(&mut self, buf: RawBuf, root: usize) -> Result<(), CollectiveError> {
-            self.0.broadcast(view(buf), root)
+            self.flush(u64::MAX)?;
+            self.inner.broadcast(view(buf), root)
         }
     }
 
     impl Collective for Emulated {
         fn rank(&self) -> usize {
-            self.0.rank()
+            self.inner.rank()
         }
         fn world(&self) -> usize {
-            self.0.world()
+            self.inner.world()
         }
         fn all_reduce(&mut self, buf: &mut [f32], op: ReduceOp) -> Result<(), CollectiveError> {
-            self.0.all_reduce(buf, op)
+            self.flush(u64::MAX)?;
+            self.inner.all_reduce(buf, op)
         }
         fn all_reduce_f64(&mut self, buf: &mut [f64], op: ReduceOp) -> Result<(), CollectiveError> {
-            self.0.all_reduce_f64(buf, op)
+            self.flush(u64::MAX)?;
+            self.inner.all_reduce_f64(buf, op)
         }
         fn reduce(
             &mut self,
@@ -398,16 +531,20 @@ pub(crate) mod emulated {
             op: ReduceOp,
             root: usize,
         ) -> Result<(), CollectiveError> {
-            self.0.reduce(buf, op, root)
+            self.flush(u64::MAX)?;
+            self.inner.reduce(buf, op, root)
         }
         fn broadcast(&mut self, buf: &mut [f32], root: usize) -> Result<(), CollectiveError> {
-            self.0.broadcast(buf, root)
+            self.flush(u64::MAX)?;
+            self.inner.broadcast(buf, root)
         }
         fn all_gather(&mut self, send: &[f32], out: &mut [f32]) -> Result<(), CollectiveError> {
-            self.0.all_gather(send, out)
+            self.flush(u64::MAX)?;
+            self.inner.all_gather(send, out)
         }
         fn all_gather_f64(&mut self, send: &[f64], out: &mut [f64]) -> Result<(), CollectiveError> {
-            self.0.all_gather_f64(send, out)
+            self.flush(u64::MAX)?;
+            self.inner.all_gather_f64(send, out)
         }
         fn reduce_scatter(
             &mut self,
@@ -415,13 +552,15 @@ pub(crate) mod emulated {
             out: &mut [f32],
             op: ReduceOp,
         ) -> Result<(), CollectiveError> {
-            self.0.reduce_scatter(send, out, op)
+            self.flush(u64::MAX)?;
+            self.inner.reduce_scatter(send, out, op)
         }
         fn barrier(&mut self) -> Result<(), CollectiveError> {
-            self.0.barrier()
+            self.flush(u64::MAX)?;
+            self.inner.barrier()
         }
         fn abort(&self, reason: &str) {
-            self.0.abort(reason)
+            self.inner.abort(reason)
         }
         fn device_ops(&mut self) -> Option<&mut dyn DeviceOps> {
             Some(self)

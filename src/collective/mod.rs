@@ -19,6 +19,6 @@ pub mod tcp;
 pub use api::*;
 #[cfg(test)]
 pub(crate) use device::emulated;
-pub use device::{device_error, DeviceOps, GradsOps};
+pub use device::{device_error, DeviceOps, GradsOps, RawOp, Started};
 pub use local::{GroupStopper, LocalGroup, LocalRank};
 pub use overlap::{on_comm_thread, Overlapped, Pending, WaitHook};

@@ -22,7 +22,7 @@ use cudarc::nccl::sys;
 
 pub use cudarc::nccl::safe::Id;
 
-use super::{Collective, CollectiveError, DeviceOps, OpId, OpKind, ReduceOp};
+use super::{Collective, CollectiveError, DeviceOps, OpId, OpKind, RawOp, ReduceOp, Started};
 use crate::params::{DevDType, RawBuf};
 
 fn device_error(rank: usize, op: OpId, message: String) -> CollectiveError {
@@ -277,6 +277,15 @@ impl HostElem for f64 {
     const NCCL: sys::ncclDataType_t = sys::ncclDataType_t::ncclFloat64;
 }
 
+/// An op queued on a rank's stream: its number and kind, CUDA events before and after it, and
+/// when it was queued (its timeout counts from there).
+struct Queued {
+    op: OpId,
+    begin: cudarc::driver::CudaEvent,
+    end: cudarc::driver::CudaEvent,
+    since: Instant,
+}
+
 /// One rank's NCCL communicator and its stream.
 pub struct NcclRank {
     comm: RawComm,
@@ -287,6 +296,12 @@ pub struct NcclRank {
     world: usize,
     seq: u64,
     timeout: Duration,
+    /// Ops `start`ed and not yet waited for, by ticket, oldest first (they finish in this
+    /// order: one stream).
+    started: std::collections::VecDeque<(u64, Queued)>,
+    tickets: u64,
+    /// Started ops found finished (with their device time) since `wait` last reported.
+    finished: Vec<(Started, Duration)>,
 }
 
 impl Drop for NcclRank {
@@ -420,6 +435,9 @@ impl NcclRank {
             world,
             seq: 0,
             timeout,
+            started: Default::default(),
+            tickets: 0,
+            finished: Vec::new(),
         })
     }
 
@@ -462,12 +480,13 @@ impl NcclRank {
         self.comm.abort();
     }
 
-    /// Enqueues `f` on this rank's stream, then waits for it: done, aborted, failed or timed out.
-    fn run(
+    /// Enqueues `f` on this rank's stream between two timing events: the op it is, and the
+    /// events. An error aborts the communicator.
+    fn enqueue(
         &mut self,
         kind: OpKind,
         f: impl FnOnce(sys::ncclComm_t, sys::cudaStream_t) -> Result<(), String>,
-    ) -> Result<(), CollectiveError> {
+    ) -> Result<Queued, CollectiveError> {
         let op = self.next(kind);
         let rank = self.rank;
         if let Some(reason) = self.shared.reason() {
@@ -483,6 +502,11 @@ impl NcclRank {
         self.ctx
             .bind_to_thread()
             .map_err(|e| device_error(rank, op, format!("{e:?}")))?;
+        let timing = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+        let begin = self
+            .stream
+            .record_event(timing)
+            .map_err(|e| device_error(rank, op, format!("cuEventRecord: {e:?}")))?;
         if let Err(e) = f(self.comm.0, self.stream.cu_stream() as _) {
             self.fail(&format!("rank {rank} failed in {op}"));
             return Err(device_error(rank, op, e));
@@ -514,15 +538,29 @@ impl NcclRank {
             }
             std::thread::sleep(Duration::from_micros(50));
         }
-        let event = self
+        let end = self
             .stream
-            .record_event(None)
+            .record_event(timing)
             .map_err(|e| device_error(rank, op, format!("cuEventRecord: {e:?}")))?;
-        let start = Instant::now();
+        Ok(Queued {
+            op,
+            begin,
+            end,
+            since: Instant::now(),
+        })
+    }
+
+    /// Waits for a queued op: done, aborted, failed or timed out (counted from when it was
+    /// queued); its time on the GPU.
+    fn finish(&mut self, q: &Queued) -> Result<Duration, CollectiveError> {
+        let (rank, op) = (self.rank, q.op);
         let mut polls = 0u32;
         loop {
-            match event.try_is_complete() {
-                Ok(true) => return Ok(()),
+            match q.end.try_is_complete() {
+                Ok(true) => {
+                    let ms = q.begin.elapsed_ms(&q.end).unwrap_or(0.0);
+                    return Ok(Duration::from_secs_f64(f64::from(ms.max(0.0)) / 1e3));
+                }
                 Ok(false) => {}
                 Err(e) => {
                     self.fail(&format!("rank {rank} failed in {op}"));
@@ -546,7 +584,7 @@ impl NcclRank {
                     format!("asynchronous error {async_err:?}"),
                 ));
             }
-            if start.elapsed() > self.timeout {
+            if q.since.elapsed() > self.timeout {
                 let secs = self.timeout.as_secs();
                 self.fail(&format!("rank {rank} timed out in {op}"));
                 return Err(CollectiveError::Timeout {
@@ -565,6 +603,25 @@ impl NcclRank {
                 std::thread::sleep(Duration::from_micros(50));
             }
         }
+    }
+
+    /// Enqueues `f` on this rank's stream, then waits for it (and so for every op started
+    /// before it): done, aborted, failed or timed out.
+    fn run(
+        &mut self,
+        kind: OpKind,
+        f: impl FnOnce(sys::ncclComm_t, sys::cudaStream_t) -> Result<(), String>,
+    ) -> Result<(), CollectiveError> {
+        let q = self.enqueue(kind, f)?;
+        self.finish(&q)?;
+        // the ops started before it are done too (one stream): timed for the next `wait`
+        for (ticket, q) in std::mem::take(&mut self.started) {
+            let ms = q.begin.elapsed_ms(&q.end).unwrap_or(0.0);
+            let d = Duration::from_secs_f64(f64::from(ms.max(0.0)) / 1e3);
+            let kind = q.op.kind;
+            self.finished.push((Started { ticket, kind }, d));
+        }
+        Ok(())
     }
 
     /// Copies `send` to the GPU, runs `f(send ptr, recv ptr)`, copies `recv` back.
@@ -726,6 +783,73 @@ impl Collective for NcclRank {
 }
 
 impl DeviceOps for NcclRank {
+    fn start(&mut self, op: RawOp) -> Result<Started, CollectiveError> {
+        let kind = op.kind();
+        let q = match op {
+            RawOp::AllReduce { buf, op } => self.enqueue(kind, |comm, st| unsafe {
+                let p = buf.ptr as *mut std::ffi::c_void;
+                nccl::all_reduce(p, p, buf.len, nccl_dtype(buf.dtype), nccl_op(op), comm, st)
+                    .map(|_| ())
+                    .map_err(|e| format!("ncclAllReduce: {e:?}"))
+            })?,
+            RawOp::ReduceScatter { send, recv, op } => {
+                self.check_split(kind, send, recv)?;
+                self.enqueue(kind, |comm, st| unsafe {
+                    let (s, r) = (
+                        send.ptr as *const std::ffi::c_void,
+                        recv.ptr as *mut std::ffi::c_void,
+                    );
+                    let (dt, o) = (nccl_dtype(send.dtype), nccl_op(op));
+                    nccl::reduce_scatter(s, r, recv.len, dt, o, comm, st)
+                        .map(|_| ())
+                        .map_err(|e| format!("ncclReduceScatter: {e:?}"))
+                })?
+            }
+            RawOp::AllGather { send, recv } => {
+                self.check_split(kind, recv, send)?;
+                self.enqueue(kind, |comm, st| unsafe {
+                    let (s, r) = (
+                        send.ptr as *const std::ffi::c_void,
+                        recv.ptr as *mut std::ffi::c_void,
+                    );
+                    nccl::all_gather(s, r, send.len, nccl_dtype(send.dtype), comm, st)
+                        .map(|_| ())
+                        .map_err(|e| format!("ncclAllGather: {e:?}"))
+                })?
+            }
+        };
+        self.tickets += 1;
+        let ticket = self.tickets;
+        self.started.push_back((ticket, q));
+        Ok(Started { ticket, kind })
+    }
+
+    fn wait(&mut self, op: Started) -> Result<Vec<(Started, Duration)>, CollectiveError> {
+        // in order: an op is done only when those before it are (one stream)
+        while self.started.front().is_some_and(|(t, _)| *t <= op.ticket) {
+            let Some((ticket, q)) = self.started.pop_front() else {
+                break;
+            };
+            let d = self.finish(&q)?;
+            self.finished.push((
+                Started {
+                    ticket,
+                    kind: q.op.kind,
+                },
+                d,
+            ));
+        }
+        Ok(std::mem::take(&mut self.finished))
+    }
+
+    fn is_done(&mut self, op: Started) -> bool {
+        match self.started.iter().find(|(t, _)| *t == op.ticket) {
+            // (a failure shows in `wait`)
+            Some((_, q)) => q.end.try_is_complete().unwrap_or(true),
+            None => true,
+        }
+    }
+
     fn all_reduce_raw(&mut self, buf: RawBuf, op: ReduceOp) -> Result<(), CollectiveError> {
         self.run(OpKind::AllReduce, |comm, st| unsafe {
             let p = buf.ptr as *mut std::ffi::c_void;

@@ -82,6 +82,8 @@ struct Worker {
 pub struct Overlapped {
     rank: usize,
     world: usize,
+    /// `strategy.overlap` as asked.
+    overlap: bool,
     inner: Arc<Mutex<Box<dyn Collective>>>,
     worker: Option<Worker>,
     wait_hook: Option<WaitHook>,
@@ -142,6 +144,7 @@ impl Overlapped {
         Overlapped {
             rank,
             world,
+            overlap,
             inner,
             worker,
             wait_hook,
@@ -154,6 +157,13 @@ impl Overlapped {
     /// the ops then fail, in the same places on every rank).
     pub fn overlaps(&self) -> bool {
         self.worker.is_some() || self.broken.is_some()
+    }
+
+    /// Whether ops on device buffers run beside the compute: `strategy.overlap` over a
+    /// collective with device ops (NCCL's own stream, `DeviceOps::start`) and more than one
+    /// rank.
+    pub fn overlaps_on_device(&mut self) -> bool {
+        self.overlap && self.world > 1 && self.device_ops().is_some()
     }
 
     fn broken_error(&self, kind: OpKind) -> CollectiveError {

@@ -692,9 +692,9 @@ pub struct StrategyConfig {
     pub no_sync: bool,
     /// ddp and fsdp: communication runs on a thread beside the compute (ddp all-reduces each
     /// unit's buckets as soon as its backward is done, fsdp prefetches the next unit's
-    /// all-gather and reduce-scatters behind the backward); `false` runs every op where the
-    /// step reaches it, for comparison and debugging. Results are the same bits either way.
-    /// Host collectives only (over NCCL ops run in step order). Default: `true`.
+    /// all-gather and reduce-scatters behind the backward); over NCCL the ops run on NCCL's own
+    /// CUDA stream instead of a thread. `false` runs every op where the step reaches it, for
+    /// comparison and debugging. Results are the same bits either way. Default: `true`.
     pub overlap: bool,
     /// fsdp: full, grad_op or none. Default: `"full"`.
     pub sharding: Sharding,

@@ -79,6 +79,9 @@ pub trait DeviceTensor {
     fn write_at(&mut self, offset: usize, values: &[f32]) -> Result<(), String>;
     /// Adds `other` (a buffer of the same kind) into elements `offset..offset + other.len()`.
     fn add_at(&mut self, offset: usize, other: &mut dyn DeviceTensor) -> Result<(), String>;
+    /// Writes `other` (a buffer of the same kind) over elements `offset..offset + other.len()`
+    /// (a reduction that ran beside the compute, coming back).
+    fn set_at(&mut self, offset: usize, other: &mut dyn DeviceTensor) -> Result<(), String>;
     fn as_any_mut(&mut self) -> &mut dyn Any;
     /// `params` and the state of `opt` moved to this buffer's device, to stay there between
     /// steps; `None` where that does not apply (parameters below f32 keep f32 masters on the
@@ -224,6 +227,21 @@ impl<B: Backend> DeviceTensor for DeviceFlat<B> {
             .downcast_mut::<DeviceFlat<B>>()
             .ok_or("a device buffer of another backend")?;
         DeviceFlat::add_at(self, offset, other.tensor.clone());
+        Ok(())
+    }
+    fn set_at(&mut self, offset: usize, other: &mut dyn DeviceTensor) -> Result<(), String> {
+        let part = other
+            .as_any_mut()
+            .downcast_mut::<DeviceFlat<B>>()
+            .ok_or("a device buffer of another backend")?
+            .tensor
+            .clone();
+        self.guard = None;
+        let device = self.tensor.device();
+        let range = offset..offset + part.dims()[0];
+        // the only handle on the buffer while it is written, so the backend can do it in place
+        let t = std::mem::replace(&mut self.tensor, master_zeros(0, &device));
+        self.tensor = t.slice_assign([range], part);
         Ok(())
     }
     fn as_any_mut(&mut self) -> &mut dyn Any {

@@ -597,7 +597,7 @@ mod tests {
         on_ranks(c, |l| {
             let r = l.rank();
             let comm: Box<dyn Collective> = if path == Path::Device {
-                Box::new(Emulated(Box::new(l)))
+                Box::new(Emulated::new(Box::new(l)))
             } else {
                 Box::new(l)
             };
@@ -610,6 +610,8 @@ mod tests {
                 st.keep_on_device(&proto);
             }
             for step in 0..2 {
+                // as the step asks: the next unit announced before this one computes
+                st.prefetch(&[0]).unwrap();
                 for u in 0..layout.num_units() {
                     let range = layout.unit_range(u);
                     let d = if device {
@@ -617,13 +619,17 @@ mod tests {
                     } else {
                         None
                     };
-                    match d {
+                    let params = match d {
                         Some(mut d) => {
                             on_device += 1;
-                            seen.extend(d.to_host().unwrap());
+                            d.to_host().unwrap()
                         }
-                        None => seen.extend(st.unit_params(u, range).unwrap()),
+                        None => st.unit_params(u, range).unwrap(),
+                    };
+                    if u + 1 < layout.num_units() {
+                        st.prefetch(&[u + 1]).unwrap();
                     }
+                    seen.extend(params);
                 }
                 let g: Vec<f32> = (0..n)
                     .map(|i| ((i * 31 + r * 7 + step * 13) % 17) as f32 * 0.01 - 0.08)
@@ -672,8 +678,18 @@ mod tests {
             c.strategy.bucket_cap_mb = 40.0 / (1024.0 * 1024.0);
             c.optim.kind = OptimKind::Adamw;
             let host = run(&c, &layout, Path::Host);
+            // over a device collective (NCCL), its ops beside the compute (deferred until waited
+            // for, as on NCCL's own stream) or in step order: the same bits
+            c.strategy.overlap = false;
+            let inline = run(&c, &layout, Path::Device);
+            c.strategy.overlap = true;
             let device = run(&c, &layout, Path::Device);
             let values = |r: &[Out]| r.iter().map(|o| o.0.clone()).collect::<Vec<_>>();
+            assert_eq!(
+                values(&inline),
+                values(&device),
+                "{kind:?} {sharding:?} {unit:?}: device ops beside the compute"
+            );
             let files = |r: &[Out]| r.iter().map(|o| o.2.clone()).collect::<Vec<_>>();
             assert!(
                 files(&host) == files(&device),

@@ -7,7 +7,10 @@
 //!
 //! With `strategy.overlap` (host collectives) a unit's all-reduce runs on the rank's
 //! communication thread while the backward goes on to the next unit; the update waits for the
-//! last one. The buckets and their order are the same either way, so are the bits.
+//! last one. The buckets and their order are the same either way, so are the bits. Over NCCL
+//! the device gradient's all-reduce runs on NCCL's own stream instead (`DeviceOps::start`, on
+//! a copy of the stage's ranges, written back when it is done) while the backward of the
+//! next stage is queued on the compute stream.
 //!
 //! Over a device collective (NCCL) with f32 parameters, the parameters and optimizer state move
 //! to the device at the first forward and stay there: the forward reads them in place and the
@@ -22,7 +25,8 @@ use crate::checkpoint::OptState;
 use std::ops::Range;
 
 use crate::collective::{
-    device_error, Collective, CollectiveError, GradsOps, OpKind, Overlapped, ReduceOp,
+    device_error, Collective, CollectiveError, GradsOps, OpKind, Overlapped, RawOp, ReduceOp,
+    Started,
 };
 use crate::config::Config;
 use crate::params::{clip_and_step, grads_to_host, DeviceTensor, Grads, Optimizer};
@@ -40,6 +44,9 @@ pub struct Ddp {
     /// Units whose all-reduce runs beside the compute (those handed in together share one):
     /// their flat ranges.
     inflight: InFlight<Vec<Range<usize>>>,
+    /// Over NCCL with `strategy.overlap`: ranges of the step's gradient being all-reduced on
+    /// NCCL's stream, each in a copy of its own (kept alive until it is done), oldest first.
+    dev_inflight: std::collections::VecDeque<(Range<usize>, Box<dyn DeviceTensor>, Started)>,
 }
 
 impl Ddp {
@@ -55,7 +62,63 @@ impl Ddp {
             num_params,
             grads: WholeGrads::default(),
             inflight: InFlight::default(),
+            dev_inflight: Default::default(),
         }
+    }
+
+    /// Starts the all-reduce of `range` of the step's device gradient on NCCL's stream, in
+    /// buckets as `all_reduce_buckets` makes them (the same ops, so the same bits), on a copy:
+    /// the backward goes on adding the next units into the step's gradient meanwhile.
+    fn start_device(&mut self, range: Range<usize>) -> Result<(), CollectiveError> {
+        let rank = self.comm.rank();
+        let err = |e| device_error(rank, OpKind::AllReduce, e);
+        let Some(Grads::Device(whole)) = self.grads.get_mut() else {
+            return Err(err("a host gradient on the device path".into()));
+        };
+        let mut buf = whole.padded(range.clone(), range.len()).map_err(err)?;
+        let raw = buf.raw().map_err(err)?;
+        let bucket = self.bucket_elems.max(1);
+        let ops = self
+            .comm
+            .device_ops()
+            .ok_or_else(|| err("no device collective".into()))?;
+        let mut last = None;
+        let mut start = 0;
+        while start < range.len() {
+            let end = (start + bucket).min(range.len());
+            last = Some(ops.start(RawOp::AllReduce {
+                buf: raw.slice(start..end),
+                op: ReduceOp::Mean,
+            })?);
+            start = end;
+        }
+        if let Some(started) = last {
+            self.dev_inflight.push_back((range, buf, started));
+        }
+        self.collect_device(false)
+    }
+
+    /// Writes the NCCL all-reduces that have finished (`all`: every one, waiting) into the
+    /// step's gradient, oldest first.
+    fn collect_device(&mut self, all: bool) -> Result<(), CollectiveError> {
+        let rank = self.comm.rank();
+        let err = |e| device_error(rank, OpKind::AllReduce, e);
+        while let Some(&(_, _, started)) = self.dev_inflight.front() {
+            let Some(ops) = self.comm.device_ops() else {
+                return Err(err("no device collective".into()));
+            };
+            if !all && !ops.is_done(started) {
+                break;
+            }
+            ops.wait(started)?;
+            let Some((range, mut buf, _)) = self.dev_inflight.pop_front() else {
+                break;
+            };
+            if let Some(Grads::Device(whole)) = self.grads.get_mut() {
+                whole.set_at(range.start, buf.as_mut()).map_err(err)?;
+            }
+        }
+        Ok(())
     }
 
     /// Writes the all-reduces that have finished (`all`: every one, waiting) into the step's
@@ -175,6 +238,15 @@ impl Strategy for Ddp {
         sync: bool,
     ) -> Result<(), CollectiveError> {
         let rank = self.comm.rank();
+        // (`no_sync = false`) the previous micro-step's reductions on NCCL's stream come back
+        // before anything is added to the ranges they write
+        if self.dev_inflight.iter().any(|(a, _, _)| {
+            grads
+                .iter()
+                .any(|(_, b, _)| a.start < b.end && b.start < a.end)
+        }) {
+            self.collect_device(true)?;
+        }
         let host = grads.iter().all(|(_, _, g)| matches!(g, Grads::Host(_)));
         // device gradients go beside the compute host-staged; over NCCL they are reduced in
         // step order, where they are
@@ -196,7 +268,12 @@ impl Strategy for Ddp {
                         _ => merged.push(r),
                     }
                 }
-                if let Some(grads) = self.grads.get_mut() {
+                // over NCCL, beside the compute on its own stream
+                if !host && self.comm.overlaps_on_device() {
+                    for r in merged {
+                        self.start_device(r)?;
+                    }
+                } else if let Some(grads) = self.grads.get_mut() {
                     for r in merged {
                         all_reduce_buckets(&mut self.comm, grads, r, self.bucket_elems)?;
                     }
@@ -245,6 +322,7 @@ impl Strategy for Ddp {
     }
     fn grads_non_finite(&mut self) -> Result<bool, CollectiveError> {
         self.collect(true)?;
+        self.collect_device(true)?;
         let rank = self.comm.rank();
         self.grads
             .non_finite()
@@ -252,6 +330,7 @@ impl Strategy for Ddp {
     }
     fn update(&mut self, lr: f64, clip: Option<f64>) -> Result<(), CollectiveError> {
         self.collect(true)?;
+        self.collect_device(true)?;
         let mut grads = self.grads.take(self.num_params);
         let rank = self.comm.rank();
         if let (Some(dev), Grads::Device(g)) = (&mut self.device.dev, &mut grads) {
@@ -268,6 +347,7 @@ impl Strategy for Ddp {
     }
     fn discard_grads(&mut self) -> Result<(), CollectiveError> {
         self.collect(true)?;
+        self.collect_device(true)?;
         self.grads.take(self.num_params);
         Ok(())
     }

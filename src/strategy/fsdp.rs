@@ -19,6 +19,12 @@
 //! stage's reduce-scatter runs there while the backward goes on; the update waits for the last.
 //! One more stage's parameters are alive at a time, as in torch; the bits are the same.
 //!
+//! Over NCCL with device shards the same overlap runs on NCCL's own stream (`DeviceOps::start`):
+//! `prefetch` queues the next stage's all-gathers into device buffers, and each unit's
+//! reduce-scatter is queued as its backward ends, while the compute goes on on the backend's
+//! stream; a unit's gather is waited for when the stage asks for it, the reduce-scatters when
+//! the update needs them (one op per unit there; the same ops as without overlap).
+//!
 //! The units of a stage (the gpt's `wte` and `wpe`) travel together, with overlap or without:
 //! one all-gather of the rank's shards side by side, one reduce-scatter of the units'
 //! gradients laid out so that each rank receives its shard of each (torch FSDP2 copies a
@@ -30,7 +36,8 @@ use std::ops::Range;
 use super::{full_snapshot, InFlight, Memory, Reduced, Snapshot, Strategy, WholeGrads};
 use crate::checkpoint::{Layout, OptState, ShardUnit};
 use crate::collective::{
-    device_error, Collective, CollectiveError, GradsOps, OpKind, Overlapped, ReduceOp,
+    device_error, Collective, CollectiveError, GradsOps, OpKind, Overlapped, RawOp, ReduceOp,
+    Started,
 };
 use crate::config::{Config, FsdpUnit, Sharding};
 use crate::params::{
@@ -129,6 +136,12 @@ pub struct Fsdp {
     dev_grads: Vec<Option<Box<dyn DeviceTensor>>>,
     /// Whether `shards` (and `opts`) lag behind `dev`.
     stale: Stale,
+    /// Over NCCL with `strategy.overlap`: all-gathers `prefetch` queued on NCCL's stream, each
+    /// unit's padded buffer (alive until the gather is done), oldest first.
+    dev_ahead: std::collections::VecDeque<(usize, Box<dyn DeviceTensor>, Started)>,
+    /// ... and reduce-scatters queued as units' backwards ended: the unit, its padded gradient
+    /// and its shard's buffer (both alive until done), oldest first.
+    dev_inflight: std::collections::VecDeque<(usize, [Box<dyn DeviceTensor>; 2], Started)>,
 }
 
 /// What of the host copy lags behind the device shards.
@@ -174,7 +187,91 @@ impl Fsdp {
             dev: Vec::new(),
             dev_grads: Vec::new(),
             stale: Stale::default(),
+            dev_ahead: Default::default(),
+            dev_inflight: Default::default(),
         }
+    }
+
+    /// The reduce-scatters queued on NCCL's stream that finished (`all`: every one, waiting)
+    /// added to their shards' gradients, oldest first.
+    fn collect_device(&mut self, all: bool) -> Result<(), CollectiveError> {
+        let rank = self.comm.rank();
+        while let Some(&(_, _, started)) = self.dev_inflight.front() {
+            let Some(ops) = self.comm.device_ops() else {
+                break;
+            };
+            if !all && !ops.is_done(started) {
+                break;
+            }
+            ops.wait(started)?;
+            if let Some((i, [send, shard], _)) = self.dev_inflight.pop_front() {
+                drop(send);
+                add_device_shard(&mut self.dev_grads[i], shard)
+                    .map_err(|e| device_error(rank, OpKind::ReduceScatter, e))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Forgets the gathers `prefetch` queued on NCCL's stream (of parameters an update
+    /// replaces, or that the step never asked for), once they are done: their buffers stay
+    /// alive until then.
+    fn drop_ahead(&mut self) -> Result<(), CollectiveError> {
+        if let Some(&(_, _, started)) = self.dev_ahead.back() {
+            if let Some(ops) = self.comm.device_ops() {
+                ops.wait(started)?;
+            }
+        }
+        self.dev_ahead.clear();
+        Ok(())
+    }
+
+    /// Queues the all-gather of fsdp unit `i` from its device shard on NCCL's stream.
+    fn start_gather(&mut self, i: usize) -> Result<(), CollectiveError> {
+        let rank = self.comm.rank();
+        let err = |e: String| device_error(rank, OpKind::AllGather, e);
+        let padded = self.units[i].padded_len(self.comm.world());
+        let send = self.dev[i].raw().map_err(err)?;
+        let mut recv = self.dev[i].slice(0..0).zeros(padded).map_err(err)?;
+        let recv_raw = recv.raw().map_err(err)?;
+        let ops = self
+            .comm
+            .device_ops()
+            .ok_or_else(|| err("no device collective".into()))?;
+        let started = ops.start(RawOp::AllGather {
+            send,
+            recv: recv_raw,
+        })?;
+        self.dev_ahead.push_back((i, recv, started));
+        Ok(())
+    }
+
+    /// Queues the reduce-scatter (mean) of fsdp unit `i`'s device gradient on NCCL's stream.
+    fn start_reduce_scatter(
+        &mut self,
+        i: usize,
+        grad: &dyn DeviceTensor,
+    ) -> Result<(), CollectiveError> {
+        let rank = self.comm.rank();
+        let err = |e: String| device_error(rank, OpKind::ReduceScatter, e);
+        let u = &self.units[i];
+        let (len, shard_len) = (u.range.len(), u.shard_len);
+        let mut send = grad
+            .padded(0..len, shard_len * self.comm.world())
+            .map_err(err)?;
+        let mut shard = grad.zeros(shard_len).map_err(err)?;
+        let (send_raw, shard_raw) = (send.raw().map_err(err)?, shard.raw().map_err(err)?);
+        let ops = self
+            .comm
+            .device_ops()
+            .ok_or_else(|| err("no device collective".into()))?;
+        let started = ops.start(RawOp::ReduceScatter {
+            send: send_raw,
+            recv: shard_raw,
+            op: ReduceOp::Mean,
+        })?;
+        self.dev_inflight.push_back((i, [send, shard], started));
+        self.collect_device(false)
     }
 
     /// Brings the host shards (`with_state`: and their optimizer state) up to date with the
@@ -199,6 +296,19 @@ impl Fsdp {
 
     /// Forgets the device shards: the host copy is the truth again.
     fn reset_device(&mut self) {
+        // what is queued on NCCL's stream finishes before its buffers go (a failure there is
+        // the collective's, and shows at its next op)
+        let last = self
+            .dev_ahead
+            .iter()
+            .map(|q| q.2)
+            .chain(self.dev_inflight.iter().map(|q| q.2))
+            .max_by_key(|s| s.ticket);
+        if let (Some(last), Some(ops)) = (last, self.comm.device_ops()) {
+            let _ = ops.wait(last);
+        }
+        self.dev_ahead.clear();
+        self.dev_inflight.clear();
         self.dev.clear();
         self.dev_grads.clear();
         self.stale = Stale::default();
@@ -436,6 +546,26 @@ impl Fsdp {
         }
     }
 
+    /// Fsdp unit `i` of the device shards, gathered host-staged: from a gather `prefetch`
+    /// started beside the compute (written to the device), or now.
+    fn unit_params_device_staged(
+        &mut self,
+        i: usize,
+        proto: &dyn DeviceTensor,
+    ) -> Result<Option<Box<dyn DeviceTensor>>, CollectiveError> {
+        match self.take_ahead(i)? {
+            Some(p) => {
+                crate::params::transfers::record(crate::params::Moved::ParamsToDevice, p.len());
+                let rank = self.comm.rank();
+                proto
+                    .upload(&p)
+                    .map(Some)
+                    .map_err(|e| device_error(rank, OpKind::AllGather, e))
+            }
+            None => Ok(Some(self.gather_from_device(i, proto)?)),
+        }
+    }
+
     /// The parameters of fsdp unit `i` from a gather `prefetch` started, if one holds it.
     fn take_ahead(&mut self, i: usize) -> Result<Option<Vec<f32>>, CollectiveError> {
         if let Some(v) = self.ready[i].take() {
@@ -568,6 +698,20 @@ impl Strategy for Fsdp {
     }
 
     fn prefetch(&mut self, units: &[usize]) -> Result<(), CollectiveError> {
+        // over NCCL with device shards: queued on NCCL's stream, waited for when asked
+        if self.full.is_none()
+            && self.units.len() > 1
+            && !self.dev.is_empty()
+            && self.comm.overlaps_on_device()
+        {
+            for &u in units {
+                let i = self.unit_of[u];
+                if !self.dev_ahead.iter().any(|(j, _, _)| *j == i) {
+                    self.start_gather(i)?;
+                }
+            }
+            return Ok(());
+        }
         // whole parameters need no gather; unit = "model" gathers once, when asked; over a
         // device collective the gather happens on the device, when asked
         // device shards of one rank need no gather
@@ -642,20 +786,18 @@ impl Strategy for Fsdp {
                     }
                     Ok(self.device_full.as_ref().map(|d| d.slice(range)))
                 }
-                _ => match self.take_ahead(unit)? {
-                    // a gather `prefetch` started beside the compute: written to the device
-                    Some(p) => {
-                        crate::params::transfers::record(
-                            crate::params::Moved::ParamsToDevice,
-                            p.len(),
-                        );
-                        let rank = self.comm.rank();
-                        proto
-                            .upload(&p)
-                            .map(Some)
-                            .map_err(|e| device_error(rank, OpKind::AllGather, e))
+                _ => match self.dev_ahead.iter().position(|(j, _, _)| *j == unit) {
+                    // a gather `prefetch` queued on NCCL's stream
+                    Some(k) => {
+                        let started = self.dev_ahead[k].2;
+                        if let Some(ops) = self.comm.device_ops() {
+                            ops.wait(started)?;
+                        }
+                        let len = self.units[unit].range.len();
+                        let taken = self.dev_ahead.remove(k);
+                        Ok(taken.map(|(_, recv, _)| recv.slice(0..len)))
                     }
-                    None => Ok(Some(self.gather_from_device(unit, proto)?)),
+                    None => self.unit_params_device_staged(unit, proto),
                 },
             };
         }
@@ -729,6 +871,10 @@ impl Strategy for Fsdp {
                     .upload(v)
                     .map_err(|e| device_error(rank, OpKind::ReduceScatter, e))?;
                 pending = Grads::Device(up);
+            }
+            if let (true, Grads::Device(d)) = (self.comm.overlaps_on_device(), &pending) {
+                // on NCCL's stream, beside the backward of the next units
+                return self.start_reduce_scatter(i, d.as_ref());
             }
             let shard =
                 pending.reduce_scatter_device(&mut self.comm, 0..len, shard_len, ReduceOp::Mean)?;
@@ -819,6 +965,7 @@ impl Strategy for Fsdp {
                 .map_err(|e| device_error(rank, OpKind::Update, e));
         }
         self.collect(true)?;
+        self.collect_device(true)?;
         for g in self.dev_grads.iter().flatten() {
             if g.non_finite()
                 .map_err(|e| device_error(rank, OpKind::Update, e))?
@@ -836,8 +983,10 @@ impl Strategy for Fsdp {
 
     fn update(&mut self, lr: f64, clip: Option<f64>) -> Result<(), CollectiveError> {
         self.collect(true)?;
+        self.collect_device(true)?;
         // a gather started for a unit the step never asked for is of parameters this update
         // replaces
+        self.drop_ahead()?;
         self.ahead.clear();
         self.ready.iter_mut().for_each(|p| *p = None);
         self.device_full = None;
@@ -918,6 +1067,8 @@ impl Strategy for Fsdp {
 
     fn discard_grads(&mut self) -> Result<(), CollectiveError> {
         self.collect(true)?;
+        self.collect_device(true)?;
+        self.drop_ahead()?;
         debug_assert!(
             !self.stepped.contains(&true),
             "a skippable step stepped units early"

@@ -3,17 +3,26 @@
 //! ranks), with its bytes.
 
 use super::timing::{Clock, Phase};
-use crate::collective::{Collective, CollectiveError, DeviceOps, ReduceOp};
+use std::time::{Duration, Instant};
+
+use crate::collective::{Collective, CollectiveError, DeviceOps, RawOp, ReduceOp, Started};
 use crate::params::RawBuf;
 
 pub struct Timed {
     inner: Box<dyn Collective>,
     clock: Clock,
+    /// Device ops started beside the compute and not yet waited for: ticket, phase, bytes,
+    /// op number and when it was queued.
+    beside: Vec<(u64, Phase, usize, u64, Instant)>,
 }
 
 impl Timed {
     pub fn new(inner: Box<dyn Collective>, clock: Clock) -> Self {
-        Timed { inner, clock }
+        Timed {
+            inner,
+            clock,
+            beside: Vec::new(),
+        }
     }
 }
 
@@ -99,6 +108,39 @@ impl Timed {
 }
 
 impl DeviceOps for Timed {
+    /// Queues the op (that is quick; it gets the next op number, in start order like every
+    /// rank's), remembering it for `wait`.
+    fn start(&mut self, op: RawOp) -> Result<Started, CollectiveError> {
+        let started = self.dev()?.start(op)?;
+        let n = self.clock.next_op();
+        self.beside.push((
+            started.ticket,
+            Phase::of_op(op.kind()),
+            op.bytes(),
+            n,
+            Instant::now(),
+        ));
+        Ok(started)
+    }
+    /// The compute's wait for the op is `Phase::Wait` (exposed communication); the op's own
+    /// time on the device goes on the communication track, as the ops a communication thread
+    /// runs beside the compute do.
+    fn wait(&mut self, op: Started) -> Result<Vec<(Started, Duration)>, CollectiveError> {
+        let c = self.clock.clone();
+        let done = c.time(Phase::Wait, || self.dev()?.wait(op))?;
+        for (finished, time) in &done {
+            if let Some(i) = self.beside.iter().position(|b| b.0 == finished.ticket) {
+                let (_, phase, bytes, n, queued) = self.beside.remove(i);
+                c.comm().record_beside(phase, queued, *time, (n, bytes));
+            }
+        }
+        // (a collective that measures nothing: the ops are done, untimed)
+        self.beside.retain(|b| b.0 > op.ticket);
+        Ok(done)
+    }
+    fn is_done(&mut self, op: Started) -> bool {
+        self.dev().map(|d| d.is_done(op)).unwrap_or(true)
+    }
     fn all_reduce_raw(&mut self, buf: RawBuf, op: ReduceOp) -> Result<(), CollectiveError> {
         let c = self.clock.clone();
         c.op(Phase::AllReduce, raw_bytes(&buf), || {

@@ -52,6 +52,19 @@ pub const PHASES: [Phase; 14] = [
 ];
 
 impl Phase {
+    /// The phase of a collective op of `kind`.
+    pub fn of_op(kind: crate::collective::OpKind) -> Phase {
+        use crate::collective::OpKind;
+        match kind {
+            OpKind::AllReduce => Phase::AllReduce,
+            OpKind::AllGather => Phase::AllGather,
+            OpKind::ReduceScatter => Phase::ReduceScatter,
+            OpKind::Broadcast => Phase::Broadcast,
+            OpKind::Reduce => Phase::Reduce,
+            OpKind::Barrier => Phase::Barrier,
+            _ => Phase::Other,
+        }
+    }
     pub fn name(self) -> &'static str {
         match self {
             Phase::Data => "data",
@@ -314,6 +327,32 @@ impl Recorder {
         self.totals
     }
 
+    /// A collective op that ran beside the compute on the device (NCCL's own stream): its
+    /// device time `dur` counts for phase `p`, and with tracing it is a span from `queued` (when
+    /// the compute queued it; the device ran it then or later) carrying its op number and bytes.
+    pub fn record_beside(
+        &mut self,
+        p: Phase,
+        queued: Instant,
+        dur: std::time::Duration,
+        op: (u64, usize),
+    ) {
+        let secs = dur.as_secs_f64();
+        self.totals.0[p.index()] += secs;
+        self.window.0[p.index()] += secs;
+        if self.tracing {
+            let ts = self.micros(queued);
+            self.spans.push(Span {
+                name: p.name(),
+                ts,
+                dur: (secs * 1e6).round(),
+                op: Some(op),
+                step: self.step,
+                track: self.track,
+            });
+        }
+    }
+
     /// The totals since the last call.
     pub fn take_window(&mut self) -> Totals {
         self.account();
@@ -380,6 +419,13 @@ impl Clock {
         let out = f();
         lock_recorder(rec).exit(Some(bytes));
         out
+    }
+    /// The next collective op number (ops numbered in call order, the same on every rank).
+    pub fn next_op(&self) -> u64 {
+        self.lock()
+            .ops
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            + 1
     }
     /// Forgets what was measured so far, on both tracks.
     pub fn reset(&self) {
