@@ -47,6 +47,7 @@ pub fn bench(a: &BenchArgs) -> Result<()> {
             println!("{describe}");
             println!("backend   threads  loaders  steps/s  samples/s  data  peak/rank  (median of {repeats}; peak: the largest rank's, measured)");
         }
+        BenchEvent::Skipped { backend, why } => println!("{backend:<9} skipped: {why}"),
         BenchEvent::Row {
             backend,
             threads,

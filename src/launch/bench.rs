@@ -14,6 +14,8 @@ use crate::train::{Phase, TrainInput};
 pub enum BenchEvent {
     /// Every placement was checked; measuring starts.
     Plan { describe: String, repeats: usize },
+    /// A backend left out, and why.
+    Skipped { backend: &'static str, why: String },
     /// One placement measured: the median of `repeats` runs.
     Row {
         backend: &'static str,
@@ -45,10 +47,23 @@ pub fn bench(
     let model = crate::model::build(&r, &data.input_shape())?;
     let plan = Plan::new(&r.config, data.train.len(), model.num_params());
     let mut configs = Vec::new();
+    let mut skipped = Vec::new();
     if r.config.backend.device != Device::Cpu {
         configs.push(r.config.clone());
     } else {
+        let half = r.config.backend.precision != crate::config::Precision::F32;
         for &cpu in cpus {
+            // ndarray computes in f32 only
+            if half && cpu == CpuBackend::Ndarray {
+                if cpus.len() == 1 {
+                    return Err(crate::Error::Usage(format!(
+                        "--cpu ndarray: ndarray computes in f32 only, but `backend.precision` = \"{}\"; use --cpu flex, or leave `backend.precision` unset",
+                        crate::config::choice_name(&r.config.backend.precision)
+                    )));
+                }
+                skipped.push("ndarray");
+                continue;
+            }
             let mut c = r.config.clone();
             c.backend.cpu = cpu;
             configs.push(c);
@@ -64,6 +79,15 @@ pub fn bench(
         describe: plan.describe(),
         repeats,
     });
+    for backend in skipped {
+        on_event(BenchEvent::Skipped {
+            backend,
+            why: format!(
+                "it computes in f32 only (backend.precision = \"{}\")",
+                crate::config::choice_name(&r.config.backend.precision)
+            ),
+        });
+    }
     for (c, placement) in runs {
         let input = TrainInput {
             config: &c,
