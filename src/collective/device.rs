@@ -422,9 +422,11 @@ pub(crate) mod emulated {
 
     /// A host collective that also takes `HostFlat` addresses as device buffers. Ops started
     /// beside the compute (`DeviceOps::start`) are deferred, as on NCCL's own stream: they run
-    /// in start order when waited for, or before any synchronous op (never when merely asked
-    /// whether they are done), so a strategy that reads a result before waiting for it, or
-    /// frees a buffer in flight, gets other bits than the host path.
+    /// in start order when waited for (up to the one waited for, no further), before any
+    /// synchronous op, or when asked whether they are done while a later one is pending (so
+    /// the early collection of a strategy runs too; the newest op is never done before it is
+    /// waited for). A strategy that reads a result before waiting for it, or frees a buffer in
+    /// flight, gets other bits than the host path.
     pub struct Emulated {
         inner: Box<dyn Collective>,
         deferred: std::collections::VecDeque<(u64, RawOp)>,
@@ -443,10 +445,24 @@ pub(crate) mod emulated {
         fn flush(&mut self, ticket: u64) -> Result<(), CollectiveError> {
             while self.deferred.front().is_some_and(|(t, _)| *t <= ticket) {
                 if let Some((_, op)) = self.deferred.pop_front() {
-                    self.run_raw(op)?;
+                    self.run_now(op)?;
                 }
             }
             Ok(())
+        }
+        /// `op` on the host collective, now (nothing else flushed).
+        fn run_now(&mut self, op: RawOp) -> Result<(), CollectiveError> {
+            match op {
+                RawOp::AllReduce { buf, op } => self.inner.all_reduce(view(buf), op),
+                RawOp::ReduceScatter { send, recv, op } => {
+                    let send = view(send).to_vec();
+                    self.inner.reduce_scatter(&send, view(recv), op)
+                }
+                RawOp::AllGather { send, recv } => {
+                    let send = view(send).to_vec();
+                    self.inner.all_gather(&send, view(recv))
+                }
+            }
         }
     }
 
@@ -474,6 +490,10 @@ pub(crate) mod emulated {
             Ok(Vec::new())
         }
         fn is_done(&mut self, op: Started) -> bool {
+            if op.ticket < self.tickets {
+                // (every rank asks at the same points, so they run the same ops in one order)
+                return self.flush(op.ticket).is_ok();
+            }
             !self.deferred.iter().any(|(t, _)| *t <= op.ticket)
         }
         fn all_reduce_raw(&mut self, buf: RawBuf, op: ReduceOp) -> Result<(), CollectiveError> {

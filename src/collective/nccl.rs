@@ -286,6 +286,15 @@ struct Queued {
     since: Instant,
 }
 
+impl Queued {
+    /// The op's time on the GPU, between its events (once both have completed; 0 when CUDA
+    /// cannot say).
+    fn device_time(&self) -> Duration {
+        let ms = self.begin.elapsed_ms(&self.end).unwrap_or(0.0);
+        Duration::from_secs_f64(f64::from(ms.max(0.0)) / 1e3)
+    }
+}
+
 /// One rank's NCCL communicator and its stream.
 pub struct NcclRank {
     comm: RawComm,
@@ -557,10 +566,7 @@ impl NcclRank {
         let mut polls = 0u32;
         loop {
             match q.end.try_is_complete() {
-                Ok(true) => {
-                    let ms = q.begin.elapsed_ms(&q.end).unwrap_or(0.0);
-                    return Ok(Duration::from_secs_f64(f64::from(ms.max(0.0)) / 1e3));
-                }
+                Ok(true) => return Ok(q.device_time()),
                 Ok(false) => {}
                 Err(e) => {
                     self.fail(&format!("rank {rank} failed in {op}"));
@@ -616,10 +622,9 @@ impl NcclRank {
         self.finish(&q)?;
         // the ops started before it are done too (one stream): timed for the next `wait`
         for (ticket, q) in std::mem::take(&mut self.started) {
-            let ms = q.begin.elapsed_ms(&q.end).unwrap_or(0.0);
-            let d = Duration::from_secs_f64(f64::from(ms.max(0.0)) / 1e3);
             let kind = q.op.kind;
-            self.finished.push((Started { ticket, kind }, d));
+            self.finished
+                .push((Started { ticket, kind }, q.device_time()));
         }
         Ok(())
     }

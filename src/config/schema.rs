@@ -705,9 +705,10 @@ pub struct StrategyConfig {
     /// Default: `"none"`.
     pub offload: Offload,
     /// dp, ddp and fsdp: the dtype gradients are reduced in, f32, bf16 or f16 (torch FSDP's
-    /// `reduce_dtype`). Each unit's gradient is rounded to it as it is handed to the
-    /// reduction, so the reduction sums the values a reduction in that dtype would send; the
-    /// sum itself is taken in f32 and the collectives carry f32 (no bytes saved yet).
+    /// `reduce_dtype`). Each unit's gradient is rounded to it as it comes out of the backward
+    /// (still loss-scaled under f16), so the reduction sums the values a reduction in that
+    /// dtype would send; the sum itself is taken in f32 and the collectives carry f32 (no
+    /// bytes saved yet).
     /// Default: `"f32"`.
     pub reduce_dtype: Precision,
 }

@@ -408,18 +408,14 @@ pub trait Compute<B: AutodiffBackend> {
     fn layout(&self) -> &ParamLayout;
     /// The forward's stages, in order: the layout units whose parameters each uses.
     fn stages(&self) -> &[Vec<usize>];
-    /// Starts one micro-step on `batch`, whose gradients are of the loss times `scale`; with
+    /// Starts one micro-step on `batch`, whose gradients are scaled as `grads` says; with
     /// `checkpointing`, every stage but the last keeps only its input and is recomputed in the
-    /// backward (torch `checkpoint_wrapper`). `loss_scale` (f16's dynamic loss scaling, else 1)
-    /// multiplies the loss for the backward, so that small gradients survive the compute
-    /// dtype, and divides each unit's gradient again once it is f32: the gradients handed out
-    /// are of the loss times `scale` either way (non-finite where the scaled ones overflowed).
+    /// backward (torch `checkpoint_wrapper`).
     fn micro<'a>(
         &'a self,
         batch: Input,
         key: StepKey,
-        scale: f64,
-        loss_scale: f64,
+        grads: GradScale,
         checkpointing: bool,
     ) -> Box<dyn MicroStep<B> + 'a>;
     /// Per-sample loss and correctness of the whole flat `params` on every batch of `batches`
@@ -438,6 +434,32 @@ pub trait Compute<B: AutodiffBackend> {
     /// `[samples, positions]` (at most `block` positions) for a language model, one row per
     /// position (the last row of a sample predicts its next token).
     fn logits(&self, params: &[f32], x: &[f32], shape: &[usize]) -> Result<Vec<f32>, ModelError>;
+}
+
+/// How a micro-step's gradients come out of `Compute::micro`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct GradScale {
+    /// The gradients are of the loss times this (the micro-batch's weight in the step).
+    pub weight: f64,
+    /// f16's dynamic loss scale (else 1): it multiplies the loss for the backward, so that small
+    /// gradients survive the compute dtype, and each unit's gradient is divided by it again once
+    /// it is f32, so the gradients handed out are of the loss times `weight` either way
+    /// (non-finite where the scaled ones overflowed).
+    pub loss_scale: f64,
+    /// `strategy.reduce_dtype` below f32: each unit's gradient is rounded to it, while still
+    /// scaled (so f16's loss scale protects it there too), before it is unscaled.
+    pub round_to: Option<burn::tensor::FloatDType>,
+}
+
+impl GradScale {
+    /// Gradients of the loss times `weight`, in f32, nothing else.
+    pub fn plain(weight: f64) -> Self {
+        GradScale {
+            weight,
+            loss_scale: 1.0,
+            round_to: None,
+        }
+    }
 }
 
 /// One whole micro-step in one call (tests, benchmarks): every stage's forward and backward,
@@ -459,7 +481,7 @@ pub fn forward_backward<B: AutodiffBackend>(
      -> Result<Vec<UnitParams>, ModelError> {
         stages[s].iter().map(|&u| params(u)).collect()
     };
-    let mut micro = compute.micro(batch, key, scale, 1.0, checkpointing);
+    let mut micro = compute.micro(batch, key, GradScale::plain(scale), checkpointing);
     for s in 0..stages.len() {
         micro.forward(s, fetch(params, s)?)?;
     }

@@ -20,8 +20,8 @@ use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{DType, FloatDType, Tensor, TensorData};
 
 use super::api::{
-    recomputed, Act, Batch, Compute, EvalOut, Family, Forward, Input, MicroStep, Model, ModelError,
-    StagedEval, StepKey, Task, UnitParams,
+    recomputed, Act, Batch, Compute, EvalOut, Family, Forward, GradScale, Input, MicroStep, Model,
+    ModelError, StagedEval, StepKey, Task, UnitParams,
 };
 use crate::params::{DeviceFlat, ParamLayout};
 
@@ -466,8 +466,9 @@ impl<F: Family, B: AutodiffBackend> Engine<F, B> {
         Ok(units.iter().copied().zip(params).collect())
     }
 
-    /// The flat gradient of each unit of stage `s`, taken out of `tape`, in f32 (times
-    /// `unscale`, unless it is 1), in stage order. The module (the stage's gathered parameters)
+    /// The flat gradient of each unit of stage `s`, taken out of `tape`, in f32 (rounded to
+    /// `scale.round_to` and divided by `scale.loss_scale` first, where they are set), in stage
+    /// order. The module (the stage's gathered parameters)
     /// is freed before the gradients are joined, so the parameters, their gradients and the
     /// joined copy never exist at once.
     fn stage_grads(
@@ -475,7 +476,7 @@ impl<F: Family, B: AutodiffBackend> Engine<F, B> {
         s: usize,
         module: F::Module<B>,
         mut tape: <B as AutodiffBackend>::Gradients,
-        unscale: f64,
+        scale: GradScale,
     ) -> Result<Vec<Tensor<B::InnerBackend, 1>>, ModelError> {
         let mut chosen = vec![false; self.layout.num_units()];
         for &u in &self.stages[s] {
@@ -513,10 +514,14 @@ impl<F: Family, B: AutodiffBackend> Engine<F, B> {
                 Tensor::cat(parts, 0)
             }
             .cast(FloatDType::F32);
-            out.push(if unscale == 1.0 {
+            let g = match scale.round_to {
+                Some(d) => g.cast(d).cast(FloatDType::F32),
+                None => g,
+            };
+            out.push(if scale.loss_scale == 1.0 {
                 g
             } else {
-                g.mul_scalar(unscale)
+                g.mul_scalar(1.0 / scale.loss_scale)
             });
         }
         Ok(out)
@@ -551,9 +556,7 @@ struct EngineMicro<'a, F: Family, B: AutodiffBackend> {
     engine: &'a Engine<F, B>,
     ctx: Forward,
     checkpointing: bool,
-    scale: f64,
-    /// f16's loss scale (`Compute::micro`), else 1.
-    loss_scale: f64,
+    grads: GradScale,
     /// The batch's input, until stage 0 takes it.
     x: Option<TensorData>,
     rows: usize,
@@ -580,7 +583,7 @@ impl<F: Family, B: AutodiffBackend> EngineMicro<'_, F, B> {
                 .copied()
                 .unwrap_or(f32::NAN),
         );
-        Ok(loss.mul_scalar(self.scale * self.loss_scale))
+        Ok(loss.mul_scalar(self.grads.weight * self.grads.loss_scale))
     }
 
     /// Stage `s`'s input: the batch for the first stage, the previous stage's output after.
@@ -687,7 +690,7 @@ impl<F: Family, B: AutodiffBackend> MicroStep<B> for EngineMicro<'_, F, B> {
             );
         }
         drop(input);
-        e.stage_grads(s, module, tape, 1.0 / self.loss_scale)
+        e.stage_grads(s, module, tape, self.grads)
     }
 }
 
@@ -720,8 +723,7 @@ impl<F: Family, B: AutodiffBackend> Compute<B> for Engine<F, B> {
         &'a self,
         batch: Input,
         key: StepKey,
-        scale: f64,
-        loss_scale: f64,
+        grads: GradScale,
         checkpointing: bool,
     ) -> Box<dyn MicroStep<B> + 'a> {
         let rows = batch.rows();
@@ -729,8 +731,7 @@ impl<F: Family, B: AutodiffBackend> Compute<B> for Engine<F, B> {
             engine: self,
             ctx: Forward::train(key),
             checkpointing,
-            scale,
-            loss_scale,
+            grads,
             x: Some(batch.x),
             rows,
             onehot: Some(batch.onehot),

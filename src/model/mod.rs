@@ -18,8 +18,8 @@ mod registry;
 
 pub use api::{
     forward_backward, recomputed, stage_per_unit, Act, Batch, Compute, ComputeOn, EvalOut, Family,
-    Forward, Input, MicroStep, Model, ModelError, SharedModel, StagedEval, StepKey, Task,
-    UnitParams,
+    Forward, GradScale, Input, MicroStep, Model, ModelError, SharedModel, StagedEval, StepKey,
+    Task, UnitParams,
 };
 pub(crate) use backends::for_each_backend;
 pub use engine::FamilyModel;

@@ -84,8 +84,8 @@ pub trait DeviceTensor {
     fn set_at(&mut self, offset: usize, other: &mut dyn DeviceTensor) -> Result<(), String>;
     fn as_any_mut(&mut self) -> &mut dyn Any;
     /// `params` and the state of `opt` moved to this buffer's device, to stay there between
-    /// steps; `None` where that does not apply (parameters below f32 keep f32 masters on the
-    /// host).
+    /// steps; `None` for a buffer that is not f32 (the masters are f32 whatever the compute
+    /// dtype, so kiln's own buffers always are).
     fn device_params(&self, params: &[f32], opt: &Optimizer) -> Option<Box<dyn DeviceParams>>;
 }
 

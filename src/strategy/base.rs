@@ -57,7 +57,7 @@ pub(super) struct DeviceCopy {
 
 impl DeviceCopy {
     /// Elements `range` of the device copy, made from `params` and `opt` first; `None` when the
-    /// buffer type cannot keep parameters on the device (below f32: f32 masters on the host).
+    /// buffer cannot keep the f32 masters (`DeviceTensor::device_params`).
     pub fn slice(
         &mut self,
         params: &[f32],
@@ -361,8 +361,10 @@ pub trait Strategy {
         }
         Ok(())
     }
-    /// The layout units of one stage will be asked for next, after the ones asked for now: fsdp starts gathering them, in one all-gather for the stage, beside
-    /// the compute (torch `forward_prefetch`, `BackwardPrefetch.BACKWARD_PRE`). A stage that
+    /// The layout units of one stage will be asked for next, after the ones asked for now: fsdp
+    /// starts gathering them beside the compute (torch `forward_prefetch`,
+    /// `BackwardPrefetch.BACKWARD_PRE`): in one all-gather for the stage on a communication
+    /// thread, one per unit on NCCL's stream. A stage that
     /// nothing prefetched is announced just before it is asked for. Every rank makes the same
     /// calls.
     fn prefetch(&mut self, units: &[usize]) -> Result<(), CollectiveError> {

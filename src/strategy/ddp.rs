@@ -194,6 +194,18 @@ impl Ddp {
     }
 }
 
+impl Drop for Ddp {
+    fn drop(&mut self) {
+        // a failed step leaves all-reduces in flight: their buffers outlive them (an aborted
+        // communicator returns at once)
+        if let Some(&(_, _, last)) = self.dev_inflight.back() {
+            if let Some(ops) = self.comm.device_ops() {
+                let _ = ops.wait(last);
+            }
+        }
+    }
+}
+
 impl Strategy for Ddp {
     fn comm(&self) -> &dyn Collective {
         &self.comm

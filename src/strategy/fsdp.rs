@@ -144,6 +144,13 @@ pub struct Fsdp {
     dev_inflight: std::collections::VecDeque<(usize, [Box<dyn DeviceTensor>; 2], Started)>,
 }
 
+impl Drop for Fsdp {
+    fn drop(&mut self) {
+        // (a failed step leaves ops in flight: their buffers outlive them)
+        self.settle_device_queue();
+    }
+}
+
 /// What of the host copy lags behind the device shards.
 #[derive(Default, Clone, Copy)]
 struct Stale {
@@ -295,9 +302,9 @@ impl Fsdp {
     }
 
     /// Forgets the device shards: the host copy is the truth again.
-    fn reset_device(&mut self) {
-        // what is queued on NCCL's stream finishes before its buffers go (a failure there is
-        // the collective's, and shows at its next op)
+    /// Waits for everything queued on NCCL's stream before its buffers go (a failure there is
+    /// the collective's: it shows at its next op, and an aborted communicator returns at once).
+    fn settle_device_queue(&mut self) {
         let last = self
             .dev_ahead
             .iter()
@@ -309,6 +316,10 @@ impl Fsdp {
         }
         self.dev_ahead.clear();
         self.dev_inflight.clear();
+    }
+
+    fn reset_device(&mut self) {
+        self.settle_device_queue();
         self.dev.clear();
         self.dev_grads.clear();
         self.stale = Stale::default();
@@ -661,7 +672,7 @@ impl Strategy for Fsdp {
         for (shard, opt) in self.shards.iter().zip(&self.opts) {
             match proto.device_params(shard, opt) {
                 Some(d) => self.dev.push(d),
-                // below f32: the f32 masters stay on the host
+                // (not an f32 buffer: the masters stay on the host)
                 None => return self.reset_device(),
             }
         }
@@ -786,19 +797,22 @@ impl Strategy for Fsdp {
                     }
                     Ok(self.device_full.as_ref().map(|d| d.slice(range)))
                 }
-                _ => match self.dev_ahead.iter().position(|(j, _, _)| *j == unit) {
-                    // a gather `prefetch` queued on NCCL's stream
-                    Some(k) => {
-                        let started = self.dev_ahead[k].2;
-                        if let Some(ops) = self.comm.device_ops() {
-                            ops.wait(started)?;
+                _ => {
+                    let i = self.unit_of[unit];
+                    match self.dev_ahead.iter().position(|(j, _, _)| *j == i) {
+                        // a gather `prefetch` queued on NCCL's stream
+                        Some(k) => {
+                            let started = self.dev_ahead[k].2;
+                            if let Some(ops) = self.comm.device_ops() {
+                                ops.wait(started)?;
+                            }
+                            let len = self.units[i].range.len();
+                            let taken = self.dev_ahead.remove(k);
+                            Ok(taken.map(|(_, recv, _)| recv.slice(0..len)))
                         }
-                        let len = self.units[unit].range.len();
-                        let taken = self.dev_ahead.remove(k);
-                        Ok(taken.map(|(_, recv, _)| recv.slice(0..len)))
+                        None => self.unit_params_device_staged(i, proto),
                     }
-                    None => self.unit_params_device_staged(unit, proto),
-                },
+                }
             };
         }
         if self.comm.device_ops().is_none() {

@@ -9,6 +9,9 @@
 use crate::checkpoint::LossScaleState;
 use crate::config::LossScaleConfig;
 
+/// 2^-24, f16's smallest subnormal.
+const MIN_SCALE: f64 = 5.960_464_477_539_063e-8;
+
 /// The loss scale of a run with `backend.precision = "f16"`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LossScaler {
@@ -53,6 +56,13 @@ impl LossScaler {
         }
     }
 
+    /// Whether the scale has backed off below f16's smallest subnormal (2^-24): a gradient
+    /// that still overflows there overflows whatever the scale (a NaN or an infinity in the
+    /// data or the parameters), and the run stops as diverged instead of skipping forever.
+    pub fn exhausted(&self) -> bool {
+        self.state.scale < MIN_SCALE
+    }
+
     /// What a checkpoint keeps.
     pub fn state(&self) -> &LossScaleState {
         &self.state
@@ -93,5 +103,13 @@ mod tests {
         b.update(false);
         assert_eq!(a, b);
         assert_eq!(a.scale(), 2048.0);
+        // overflowing at every scale: exhausted once below 2^-24, after 35 halvings of 2^10
+        let mut s = LossScaler::new(&cfg, None);
+        let mut skips = 0;
+        while !s.exhausted() {
+            s.update(true);
+            skips += 1;
+        }
+        assert_eq!((skips, s.scale()), (35, 2f64.powi(-25)));
     }
 }

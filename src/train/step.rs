@@ -26,7 +26,7 @@
 use super::timing::{Clock, Phase};
 use super::trainer::TrainError;
 use crate::collective::{device_error, CollectiveError, OpKind};
-use crate::model::{recomputed, Compute, ComputeOn, Input, StepKey, UnitParams};
+use crate::model::{recomputed, Compute, ComputeOn, GradScale, Input, StepKey, UnitParams};
 use crate::params::transfers::{record, Moved};
 use crate::params::{DeviceFlat, DeviceTensor, Grads, RawFn};
 use crate::strategy::Strategy;
@@ -45,11 +45,9 @@ pub struct MicroOpts<'a, B: ComputeOn> {
     /// The backend computes on a device (CUDA, wgpu): host parameters handed to it and
     /// gradients read from it are counted as host transfers (`params::transfers`).
     pub device: bool,
-    /// f16's dynamic loss scale (`train::LossScaler`), else 1.
-    pub loss_scale: f64,
-    /// `strategy.reduce_dtype` below f32: each unit's gradient is rounded to it before it is
-    /// handed to the strategy's reduction.
-    pub reduce_dtype: Option<burn::tensor::FloatDType>,
+    /// f16's dynamic loss scale and `strategy.reduce_dtype` (the micro-batch's weight comes
+    /// with its batch).
+    pub grads: GradScale,
 }
 
 /// Unit `u`'s parameters: on the device when the strategy keeps or gathers them there,
@@ -99,7 +97,11 @@ pub fn micro_step<B: ComputeOn>(
         }
     }
     let mut micro = batch.map(|(input, key, scale)| {
-        compute.micro(input, key, scale, opts.loss_scale, opts.checkpointing)
+        let grads = GradScale {
+            weight: scale,
+            ..opts.grads
+        };
+        compute.micro(input, key, grads, opts.checkpointing)
     });
     // the last recomputed stage's backward comes right after the head's: when the strategy
     // gathers, its parameters are kept from the forward instead of gathered again (torch FSDP2
@@ -149,10 +151,6 @@ pub fn micro_step<B: ComputeOn>(
                 let tensors = clock.time(Phase::Backward, || m.backward(s, params))?;
                 tensors
                     .into_iter()
-                    .map(|g| match opts.reduce_dtype {
-                        Some(d) => g.cast(d).cast(burn::tensor::FloatDType::F32),
-                        None => g,
-                    })
                     .map(|g| to_grads::<B>(g, raw_fn, opts.device, rank))
                     .collect::<Result<_, _>>()?
             }

@@ -483,9 +483,12 @@ impl<'a, B: ComputeOn> Trainer<'a, B> {
                 proto: self.proto.as_deref(),
                 raw_fn: self.raw_fn,
                 device: self.device,
-                loss_scale: self.scaler.as_ref().map_or(1.0, |s| s.scale()),
-                reduce_dtype: (c.strategy.reduce_dtype != crate::config::Precision::F32)
-                    .then(|| crate::params::float_dtype(c.strategy.reduce_dtype)),
+                grads: crate::model::GradScale {
+                    weight: 1.0,
+                    loss_scale: self.scaler.as_ref().map_or(1.0, |s| s.scale()),
+                    round_to: (c.strategy.reduce_dtype != crate::config::Precision::F32)
+                        .then(|| crate::params::float_dtype(c.strategy.reduce_dtype)),
+                },
             };
             let key = StepKey {
                 seed: c.experiment.seed,
@@ -539,14 +542,24 @@ impl<'a, B: ComputeOn> Trainer<'a, B> {
         if let Some(scaler) = self.scaler.as_mut() {
             scaler.update(skipped);
         }
+        let scale_now = self.scaler.as_ref().map_or(1.0, |s| s.scale());
+        if skipped && self.scaler.as_ref().is_some_and(|s| s.exhausted()) {
+            // no scale fixes a gradient that overflows at every one (a NaN in the parameters or
+            // the data): the run stops instead of skipping forever
+            return Err(TrainError::Diverged {
+                step,
+                cause: format!(
+                    "the f16 gradient overflowed at every loss scale down to {scale_now:e}; no scale helps (is there a NaN or an infinity in the data?)"
+                ),
+            });
+        }
         let strategy = &mut *self.strategy;
         if skipped {
             self.clock
                 .time(Phase::Optimizer, || strategy.discard_grads())?;
             self.sink.log(&format!(
-                "step {step} skipped: the gradient overflowed at loss scale {}; the scale is now {}",
+                "step {step} skipped: the gradient overflowed at loss scale {}; the scale is now {scale_now}",
                 loss_scale.unwrap_or(1.0),
-                self.scaler.as_ref().map_or(1.0, |s| s.scale())
             ));
         } else if totals[3] == 0.0 {
             self.clock.time(Phase::Optimizer, || {
