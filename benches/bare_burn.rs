@@ -144,7 +144,7 @@ fn main() {
         &format!("{root}/experiments/bench-cnn.toml"),
         TensorData::new(images.clone(), [32, 1, 28, 28]),
         Batch {
-            x: images,
+            x: kiln::data::Values::F32(images),
             shape: vec![32, 1, 28, 28],
             y: vec![3; 32],
         },
@@ -169,7 +169,7 @@ fn main() {
         &format!("{root}/experiments/bench-gpt.toml"),
         TensorData::new(inputs, [8, 128]),
         Batch {
-            x: tokens,
+            x: kiln::data::Values::Tokens(tokens.iter().map(|&t| t as u32).collect()),
             shape: vec![8, 129],
             y: vec![0; 8],
         },

@@ -61,6 +61,7 @@ fn state(n: usize, layout: Layout) -> State {
         kiln_version: "bench".into(),
         early_stopping: None,
         best: None,
+        loss_scale: None,
     }
 }
 

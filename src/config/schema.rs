@@ -179,6 +179,16 @@ pub enum DataKind {
     Csv,
     Idx,
     Text,
+    /// nanoGPT's token files: little-endian `u16` (or `u32`) ids, mapped.
+    Tokens,
+}
+
+/// `data.dtype`: the element type of a token file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TokenFileDtype {
+    U16,
+    U32,
 }
 
 /// `[data]`
@@ -186,9 +196,14 @@ pub enum DataKind {
 #[serde(deny_unknown_fields, default)]
 pub struct DataConfig {
     /// `"synthetic"` (a learnable classification task from a fixed random teacher), `"csv"`,
-    /// `"idx"` (MNIST-style IDX image and label files, raw or `.gz`), or `"text"` (any file as
-    /// byte-level tokens, for `model.kind = "gpt"`). Default: `"synthetic"`.
+    /// `"idx"` (MNIST-style IDX image and label files, raw or `.gz`), `"text"` (any file as
+    /// byte-level tokens, for `model.kind = "gpt"`) or `"tokens"` (nanoGPT's token files,
+    /// memory-mapped, for `model.kind = "gpt"`). Default: `"synthetic"`.
     pub kind: DataKind,
+    /// tokens: the file's element type, `"u16"` (nanoGPT's `prepare.py`) or `"u32"` (for
+    /// vocabularies over 65,535). Default: `"u16"`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dtype: Option<TokenFileDtype>,
     /// synthetic: training samples. Default: `1000`.
     pub samples: usize,
     /// synthetic: evaluation samples (drawn from the same teacher). Default: `200`.
@@ -224,12 +239,12 @@ pub struct DataConfig {
     /// idx: `[mean, std]` applied to pixels after scaling them to [0, 1]. Default: `[]` (none).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub normalize: Vec<f64>,
-    /// text: tokens between the starts of consecutive training windows (each window is
+    /// text, tokens: tokens between the starts of consecutive training windows (each window is
     /// `model.block_size + 1` tokens). Default: `model.block_size`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stride: Option<usize>,
-    /// text: the fraction at the end of the file held out for evaluation, in [0, 1). Default:
-    /// `0.1`.
+    /// text, tokens: the fraction at the end of the file held out for evaluation, in [0, 1)
+    /// (tokens: without `data.eval_path`). Default: `0.1`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub eval_fraction: Option<f64>,
     /// csv: the label column, by header name or 0-based index (a string or an integer).
@@ -271,6 +286,7 @@ impl Default for DataConfig {
     fn default() -> Self {
         DataConfig {
             kind: DataKind::Synthetic,
+            dtype: None,
             samples: 1000,
             eval_samples: 200,
             features: 1000,

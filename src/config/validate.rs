@@ -201,6 +201,13 @@ pub fn validate(r: &Resolved) -> Result<(), ConfigError> {
             ))
         }
     }
+    if c.data.dtype.is_some() && c.data.kind != DataKind::Tokens {
+        return Err(r.key_error(
+            "data.dtype",
+            "`data.dtype` is the element type of a token file (`data.kind = \"tokens\"`)".into(),
+            Some("remove it, or set `data.kind = \"tokens\"`".into()),
+        ));
+    }
     match c.data.kind {
         DataKind::Synthetic => {
             at_least(r, "data.samples", c.data.samples, 1)?;
@@ -258,18 +265,45 @@ pub fn validate(r: &Resolved) -> Result<(), ConfigError> {
                 ],
             )?;
         }
-        DataKind::Text => {
+        DataKind::Text | DataKind::Tokens => {
+            let (kind, example) = match c.data.kind {
+                DataKind::Text => ("text", "corpus.txt"),
+                _ => ("tokens", "train.bin"),
+            };
             if c.data.path.is_none() {
                 return Err(r.key_error(
                     "data.kind",
-                    "`data.kind` = \"text\" needs `data.path`".into(),
-                    Some(
-                        "add `path = \"corpus.txt\"` to [data] (relative to the experiment file)"
-                            .into(),
-                    ),
+                    format!("`data.kind` = \"{kind}\" needs `data.path`"),
+                    Some(format!(
+                        "add `path = \"{example}\"` to [data] (relative to the experiment file)"
+                    )),
                 ));
             }
-            files_exist(r, &[("data.path", &c.data.path)])?;
+            if c.data.kind == DataKind::Tokens {
+                files_exist(
+                    r,
+                    &[
+                        ("data.path", &c.data.path),
+                        ("data.eval_path", &c.data.eval_path),
+                    ],
+                )?;
+                if c.data.eval_path.is_some() && c.data.eval_fraction.is_some() {
+                    return Err(r.key_error(
+                        "data.eval_fraction",
+                        "`data.eval_fraction` holds out the end of `data.path`, but `data.eval_path` is set too".into(),
+                        Some("keep one of them".into()),
+                    ));
+                }
+            } else {
+                files_exist(r, &[("data.path", &c.data.path)])?;
+                if c.data.eval_path.is_some() {
+                    return Err(r.key_error(
+                        "data.eval_path",
+                        "`data.kind` = \"text\" holds out the end of `data.path` (`data.eval_fraction`); it has no `data.eval_path`".into(),
+                        Some("remove `data.eval_path`, or `kiln tokenize` both files and use `data.kind = \"tokens\"`".into()),
+                    ));
+                }
+            }
             if let Some(f) = c.data.eval_fraction {
                 if !(0.0..1.0).contains(&f) {
                     return Err(r.key_error(
@@ -450,7 +484,7 @@ pub fn validate(r: &Resolved) -> Result<(), ConfigError> {
         let images = match d.kind {
             DataKind::Idx => true,
             DataKind::Synthetic => d.image.len() == 3 && d.tokens.is_none(),
-            DataKind::Csv | DataKind::Text => false,
+            DataKind::Csv | DataKind::Text | DataKind::Tokens => false,
         };
         if !images {
             return Err(r.key_error(
@@ -458,7 +492,7 @@ pub fn validate(r: &Resolved) -> Result<(), ConfigError> {
                 format!(
                     "`data.augment` transforms images, but `data.kind` = \"{}\" gives {}",
                     crate::config::choice_name(&d.kind),
-                    if d.kind == DataKind::Text || d.tokens.is_some() {
+                    if matches!(d.kind, DataKind::Text | DataKind::Tokens) || d.tokens.is_some() {
                         "token windows"
                     } else {
                         "flat feature rows"

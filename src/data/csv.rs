@@ -127,10 +127,5 @@ pub fn read(path: &Path, c: &DataConfig, key: &'static str) -> Result<Dataset, D
     if features == 0 {
         return Err(err(1, "no feature columns besides the label".into()));
     }
-    Ok(Dataset {
-        features,
-        shape: vec![features],
-        x,
-        y,
-    })
+    Ok(Dataset::rows(vec![features], x, y))
 }

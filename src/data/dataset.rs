@@ -1,39 +1,128 @@
 //! The in-memory dataset, data loading and its errors.
 
-use super::{csv, idx, synthetic, text, Augment};
+use super::tokens::Windows;
+use super::{csv, idx, synthetic, text, tokens, Augment};
 use std::path::PathBuf;
 
 use crate::config::{DataKind, Resolved};
 
-/// A classification dataset held in memory, row-major: sample i is `x[i * features..]`.
+/// The input values of a batch: feature values, or token ids (integers from the file to the
+/// model: a language model's inputs never pass through f32).
 #[derive(Debug, Clone, PartialEq)]
+pub enum Values {
+    F32(Vec<f32>),
+    Tokens(Vec<u32>),
+}
+
+impl Values {
+    pub fn len(&self) -> usize {
+        match self {
+            Values::F32(v) => v.len(),
+            Values::Tokens(v) => v.len(),
+        }
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// A dataset's samples.
+#[derive(Debug, Clone)]
+pub enum Samples {
+    /// Rows of feature values held in memory, row-major (sample i is `x[i * features..]`), with
+    /// a label each.
+    Rows { x: Vec<f32>, y: Vec<u32> },
+    /// Token windows (a language model's samples; no labels: the targets are the window
+    /// shifted by one).
+    Windows(Windows),
+}
+
+/// A dataset: samples of one shape.
+#[derive(Debug, Clone)]
 pub struct Dataset {
     /// Values per sample (the product of `shape`).
     pub features: usize,
-    /// The shape of one sample: `[features]`, or `[C, H, W]` for images.
+    /// The shape of one sample: `[features]`, `[C, H, W]` for images, `[block + 1]` for token
+    /// windows.
     pub shape: Vec<usize>,
-    pub x: Vec<f32>,
-    pub y: Vec<u32>,
+    pub samples: Samples,
+}
+
+impl PartialEq for Dataset {
+    /// The same shape and the same values (token windows: the same windows of the same store).
+    fn eq(&self, other: &Self) -> bool {
+        self.shape == other.shape
+            && match (&self.samples, &other.samples) {
+                (Samples::Rows { x: a, y: b }, Samples::Rows { x: c, y: d }) => a == c && b == d,
+                (Samples::Windows(a), Samples::Windows(b)) => {
+                    std::sync::Arc::ptr_eq(&a.store, &b.store)
+                        && (a.offset, a.count, a.width, a.stride)
+                            == (b.offset, b.count, b.width, b.stride)
+                }
+                _ => false,
+            }
+    }
 }
 
 impl Dataset {
+    /// Feature rows `x` of `shape` with labels `y`.
+    pub fn rows(shape: Vec<usize>, x: Vec<f32>, y: Vec<u32>) -> Self {
+        Dataset {
+            features: shape.iter().product(),
+            shape,
+            samples: Samples::Rows { x, y },
+        }
+    }
+
+    /// Token windows.
+    pub fn windows(w: Windows) -> Self {
+        Dataset {
+            features: w.width,
+            shape: vec![w.width],
+            samples: Samples::Windows(w),
+        }
+    }
+
     pub fn len(&self) -> usize {
-        self.y.len()
+        match &self.samples {
+            Samples::Rows { y, .. } => y.len(),
+            Samples::Windows(w) => w.count,
+        }
     }
 
     pub fn is_empty(&self) -> bool {
-        self.y.is_empty()
+        self.len() == 0
     }
 
-    /// Gathers the rows at `idx` into a contiguous batch.
-    pub fn gather(&self, idx: &[usize]) -> (Vec<f32>, Vec<u32>) {
-        let mut x = Vec::with_capacity(idx.len() * self.features);
-        let mut y = Vec::with_capacity(idx.len());
-        for &i in idx {
-            x.extend_from_slice(&self.x[i * self.features..(i + 1) * self.features]);
-            y.push(self.y[i]);
+    /// The feature rows and labels (in-memory row datasets; `None` for token windows).
+    pub fn rows_ref(&self) -> Option<(&[f32], &[u32])> {
+        match &self.samples {
+            Samples::Rows { x, y } => Some((x, y)),
+            Samples::Windows(_) => None,
         }
-        (x, y)
+    }
+
+    /// Gathers the samples at `idx` into a contiguous batch, with their labels (zeros for
+    /// token windows). Errors only for a token file whose ids are checked as they are read.
+    pub fn gather(&self, idx: &[usize]) -> Result<(Values, Vec<u32>), DataError> {
+        match &self.samples {
+            Samples::Rows { x: data, y: labels } => {
+                let mut x = Vec::with_capacity(idx.len() * self.features);
+                let mut y = Vec::with_capacity(idx.len());
+                for &i in idx {
+                    x.extend_from_slice(&data[i * self.features..(i + 1) * self.features]);
+                    y.push(labels[i]);
+                }
+                Ok((Values::F32(x), y))
+            }
+            Samples::Windows(w) => {
+                let mut x = Vec::with_capacity(idx.len() * w.width);
+                for &i in idx {
+                    w.read(i, &mut x)?;
+                }
+                Ok((Values::Tokens(x), vec![0; idx.len()]))
+            }
+        }
     }
 
     /// `gather`, then each image transformed as `augment` draws it for its sample index in
@@ -43,15 +132,15 @@ impl Dataset {
         idx: &[usize],
         epoch: u64,
         augment: Option<&Augment>,
-    ) -> (Vec<f32>, Vec<u32>) {
-        let (mut x, y) = self.gather(idx);
-        if let Some(a) = augment {
+    ) -> Result<(Values, Vec<u32>), DataError> {
+        let (mut x, y) = self.gather(idx)?;
+        if let (Some(a), Values::F32(x)) = (augment, &mut x) {
             let mut scratch = Vec::with_capacity(self.features);
             for (&i, sample) in idx.iter().zip(x.chunks_mut(self.features.max(1))) {
                 a.apply(epoch, i, &self.shape, sample, &mut scratch);
             }
         }
-        (x, y)
+        Ok((x, y))
     }
 }
 
@@ -140,5 +229,6 @@ pub fn load(r: &Resolved) -> Result<Data, DataError> {
         }
         DataKind::Idx => idx::load(r),
         DataKind::Text => text::load(r),
+        DataKind::Tokens => tokens::load(r),
     }
 }

@@ -129,12 +129,7 @@ fn read_pair(
         .iter()
         .map(|&p| (f32::from(p) / 255.0 - mean) / std)
         .collect();
-    Ok(Dataset {
-        features: isz[1] * isz[2],
-        shape: vec![1, isz[1], isz[2]],
-        x,
-        y,
-    })
+    Ok(Dataset::rows(vec![1, isz[1], isz[2]], x, y))
 }
 
 fn path(r: &Resolved, key: &str, value: &Option<String>) -> Result<PathBuf, DataError> {
@@ -235,8 +230,10 @@ mod tests {
         for gz in [false, true] {
             let ds = pair(images(2, 1, 2, &[0, 255, 51, 102]), labels(&[2, 0]), gz).unwrap();
             assert_eq!(ds.shape, [1, 1, 2]);
-            assert_eq!(ds.x, [0.0, 1.0, 0.2, 0.4]);
-            assert_eq!(ds.y, [2, 0]);
+            assert_eq!(
+                ds.rows_ref(),
+                Some((&[0.0, 1.0, 0.2, 0.4][..], &[2, 0][..]))
+            );
         }
     }
 

@@ -9,6 +9,7 @@ const LATENT: usize = 16;
 /// Standard deviation of the per-feature noise.
 const NOISE: f64 = 0.5;
 
+use super::tokens::{TokenStore, Windows};
 use super::{Data, Dataset};
 use crate::config::DataConfig;
 use crate::rng::Rng;
@@ -48,12 +49,7 @@ fn draw(n: usize, t: &Teacher, shape: &[usize], classes: usize, rng: &mut Rng) -
         }
         x.extend(row.iter().map(|v| *v as f32));
     }
-    Dataset {
-        features,
-        shape: shape.to_vec(),
-        x,
-        y,
-    }
+    Dataset::rows(shape.to_vec(), x, y)
 }
 
 pub fn generate(c: &DataConfig) -> Data {
@@ -95,15 +91,11 @@ pub fn generate(c: &DataConfig) -> Data {
 pub fn tokens(c: &DataConfig, vocab: usize, width: usize) -> Data {
     let draw = |n: usize, purpose: &str| {
         let mut rng = Rng::stream(c.seed, purpose, &[]);
-        let x: Vec<f32> = (0..n * width)
-            .map(|_| rng.below(vocab.max(1) as u64) as f32)
+        let ids: Vec<u32> = (0..n * width)
+            .map(|_| rng.below(vocab.max(1) as u64) as u32)
             .collect();
-        Dataset {
-            features: width,
-            shape: vec![width],
-            x,
-            y: vec![0; n],
-        }
+        let store = std::sync::Arc::new(TokenStore::Ids(ids));
+        Dataset::windows(Windows::over(store, 0, n * width, width, width, vocab))
     };
     Data {
         train: draw(c.samples, "synthetic-tokens-train"),
@@ -126,9 +118,11 @@ mod tests {
         let a = generate(&c);
         let b = generate(&c);
         assert_eq!(a.train, b.train);
+        let (x, y) = a.train.rows_ref().unwrap();
         for k in 0..3 {
-            assert!(a.train.y.contains(&k));
+            assert!(y.contains(&k));
         }
-        assert_ne!(a.train.x[..8], a.eval.as_ref().unwrap().x[..8]);
+        let (ex, _) = a.eval.as_ref().unwrap().rows_ref().unwrap();
+        assert_ne!(x[..8], ex[..8]);
     }
 }

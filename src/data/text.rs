@@ -3,28 +3,13 @@
 //! `block_size`); the last `data.eval_fraction` of the file is held out and cut into windows
 //! every `block_size` tokens (consecutive windows share one token, so every held-out target is
 //! scored once). A window is a sample like any other: the distributed sampler, the resume cursor and
-//! exact evaluation work over windows.
+//! exact evaluation work over windows. The bytes are held once; windows are read from them.
 
+use std::sync::Arc;
+
+use super::tokens::{TokenStore, Windows};
 use super::{Data, DataError, Dataset};
 use crate::config::Resolved;
-
-/// Windows of `width` tokens every `stride` tokens of `tokens`.
-fn windows(tokens: &[u8], width: usize, stride: usize) -> Dataset {
-    let starts: Vec<usize> = (0..)
-        .map(|i| i * stride)
-        .take_while(|s| s + width <= tokens.len())
-        .collect();
-    let mut x = Vec::with_capacity(starts.len() * width);
-    for &s in &starts {
-        x.extend(tokens[s..s + width].iter().map(|&t| f32::from(t)));
-    }
-    Dataset {
-        features: width,
-        shape: vec![width],
-        x,
-        y: vec![0; starts.len()],
-    }
-}
 
 pub fn load(r: &Resolved) -> Result<Data, DataError> {
     let c = &r.config.data;
@@ -40,49 +25,62 @@ pub fn load(r: &Resolved) -> Result<Data, DataError> {
         source,
     })?;
     let block = r.config.model.block_size.unwrap_or(128).max(1);
+    let store = Arc::new(TokenStore::Bytes(bytes));
+    split(
+        store,
+        &path.display().to_string(),
+        block,
+        c.stride.unwrap_or(block),
+        c.eval_fraction.unwrap_or(0.1),
+        256,
+        "tokens (bytes)",
+    )
+}
+
+/// Training windows (every `stride` tokens) over the head of `store` and evaluation windows
+/// (every `block` tokens) over its last `fraction`, each `block + 1` tokens; `what` names the
+/// file in errors, `unit` its tokens.
+pub fn split(
+    store: Arc<TokenStore>,
+    what: &str,
+    block: usize,
+    stride: usize,
+    fraction: f64,
+    vocab: usize,
+    unit: &str,
+) -> Result<Data, DataError> {
     let width = block + 1;
-    let stride = c.stride.unwrap_or(block).max(1);
-    let fraction = c.eval_fraction.unwrap_or(0.1);
-    let split = bytes.len() - (bytes.len() as f64 * fraction).round() as usize;
-    let (train, eval) = bytes.split_at(split);
-    let short = |part: &str, len: usize| {
+    let len = store.len();
+    let at = len - (len as f64 * fraction).round() as usize;
+    let short = |part: &str, n: usize| {
         DataError::Invalid(format!(
-            "{}: the {part} has {len} tokens (bytes), shorter than one window of model.block_size + 1 = {width}; use a longer file, a smaller `model.block_size`, or (for the held-out part) another `data.eval_fraction`",
-            path.display()
+            "{what}: the {part} has {n} {unit}, shorter than one window of model.block_size + 1 = {width}; use a longer file, a smaller `model.block_size`, or (for the held-out part) another `data.eval_fraction`"
         ))
     };
-    if train.len() < width {
-        return Err(short("training part", train.len()));
+    if at < width {
+        return Err(short("training part", at));
     }
     let eval = if fraction > 0.0 {
-        if eval.len() < width {
+        if len - at < width {
             return Err(short(
                 &format!("held-out part (data.eval_fraction = {fraction})"),
-                eval.len(),
+                len - at,
             ));
         }
         // evaluation windows every block tokens: each held-out target is scored once
-        Some(windows(eval, width, block))
+        Some(Dataset::windows(Windows::over(
+            store.clone(),
+            at,
+            len,
+            width,
+            block,
+            vocab,
+        )))
     } else {
         None
     };
     Ok(Data {
-        train: windows(train, width, stride),
+        train: Dataset::windows(Windows::over(store, 0, at, width, stride, vocab)),
         eval,
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn windows_start_every_stride_and_stay_inside() {
-        let t: Vec<u8> = (0..10).collect();
-        let w = windows(&t, 4, 3);
-        assert_eq!(w.len(), 3);
-        assert_eq!(w.x[4..8], [3.0, 4.0, 5.0, 6.0]);
-        assert_eq!(w.shape, [4]);
-        assert_eq!(windows(&t, 11, 1).len(), 0);
-    }
 }

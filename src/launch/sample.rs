@@ -104,8 +104,8 @@ pub fn sample(run_dir: &Path, o: &SampleOptions, on_byte: &mut dyn FnMut(u8)) ->
     let mut rng = Rng::stream(o.seed, "sample", &[]);
     for _ in 0..o.tokens {
         let window = &context[context.len().saturating_sub(block)..];
-        let x: Vec<f32> = window.iter().map(|&t| t as f32).collect();
-        let logits = compute.logits(&loaded.params, &x, &[1, x.len()])?;
+        let x = crate::data::Values::Tokens(window.to_vec());
+        let logits = compute.logits(&loaded.params, &x, &[1, window.len()])?;
         let last = &logits[logits.len().saturating_sub(vocab)..];
         let scaled: Vec<f32> = last[..vocab.min(256)]
             .iter()

@@ -185,7 +185,8 @@ pub fn export(run_dir: &Path, o: &ExportOptions) -> Result<ExportReport> {
     if let Some(probe) = &probe {
         let (x, shape) = probe_input(model.task(), &state.input_shape);
         let compute = <Autodiff<Flex> as ComputeOn>::compute(model.as_ref(), &Default::default());
-        let logits = compute.logits(&loaded.params, &x, &shape)?;
+        let logits =
+            compute.logits(&loaded.params, &crate::data::Values::F32(x.clone()), &shape)?;
         let classes = model.task().classes();
         let probe_bytes = tensors::encode(
             &[

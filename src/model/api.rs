@@ -7,6 +7,7 @@ use burn::module::Module;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Tensor, TensorData};
 
+pub use crate::data::Values;
 use crate::params::{DeviceTensor, Grads, ParamLayout};
 use crate::rng::Rng;
 
@@ -38,18 +39,20 @@ impl Task {
     }
 }
 
-/// One micro-batch: inputs (row-major, `shape[0]` samples) and one target per sample (unused by
-/// a language model, whose targets are the inputs shifted by one).
+/// One micro-batch: inputs (row-major, `shape[0]` samples: feature values, or token windows)
+/// and one target per sample (unused by a language model, whose targets are the inputs shifted
+/// by one).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Batch {
-    pub x: Vec<f32>,
+    pub x: Values,
     pub shape: Vec<usize>,
     pub y: Vec<u32>,
 }
 
 /// A micro-batch in the form the model takes, built on the host ahead of the step (by the data
 /// loader's threads when `data.workers` > 0): the input tensor's data, ready to upload, and the
-/// target of each output row with its one-hot rows for the loss.
+/// target class of each output row (the loss picks each row's log-probability of its target on
+/// the device: nothing on the host grows with the number of classes).
 #[derive(Debug, Clone)]
 pub struct Input {
     /// Features `[rows, ...sample shape]` (f32) for classification; the first `block` token ids
@@ -57,8 +60,6 @@ pub struct Input {
     pub x: TensorData,
     /// The target of each output row (one per sample; `block` per window).
     pub targets: Vec<u32>,
-    /// `[targets, classes]` one-hot rows of `targets` (what cross-entropy multiplies by).
-    pub onehot: TensorData,
 }
 
 impl Input {
@@ -73,33 +74,34 @@ impl Task {
     /// model, each window's first `block` tokens and the `block` tokens after them.
     pub fn input(&self, batch: Batch) -> Input {
         let (x, targets) = self.split(batch);
-        let classes = self.classes();
-        let mut onehot = vec![0f32; targets.len() * classes];
-        for (i, &c) in targets.iter().enumerate() {
-            if (c as usize) < classes {
-                onehot[i * classes + c as usize] = 1.0;
-            }
-        }
-        let rows = targets.len();
-        Input {
-            x,
-            targets,
-            onehot: TensorData::new(onehot, [rows, classes]),
-        }
+        Input { x, targets }
     }
 
-    /// The input tensor's data and the targets, without the one-hot rows (for evaluation).
+    /// The input tensor's data and the targets.
     pub(crate) fn split(&self, batch: Batch) -> (TensorData, Vec<u32>) {
         match *self {
-            Task::Classification { .. } => (TensorData::new(batch.x, batch.shape), batch.y),
+            Task::Classification { .. } => {
+                let x = match batch.x {
+                    Values::F32(v) => TensorData::new(v, batch.shape),
+                    Values::Tokens(v) => TensorData::new(
+                        v.into_iter().map(|t| t as f32).collect::<Vec<_>>(),
+                        batch.shape,
+                    ),
+                };
+                (x, batch.y)
+            }
             Task::LanguageModel { block, .. } => {
                 let rows = batch.shape.first().copied().unwrap_or(0);
                 let width = block + 1;
+                let tokens: Vec<u32> = match batch.x {
+                    Values::Tokens(v) => v,
+                    Values::F32(v) => v.into_iter().map(|t| t as u32).collect(),
+                };
                 let mut inputs = Vec::with_capacity(rows * block);
                 let mut targets = Vec::with_capacity(rows * block);
-                for w in batch.x.chunks(width) {
-                    inputs.extend(w[..block].iter().map(|&t| t as i64));
-                    targets.extend(w[1..].iter().map(|&t| t as u32));
+                for w in tokens.chunks(width) {
+                    inputs.extend(w[..block].iter().map(|&t| i64::from(t)));
+                    targets.extend_from_slice(&w[1..]);
                 }
                 (TensorData::new(inputs, [rows, block]), targets)
             }
@@ -433,7 +435,7 @@ pub trait Compute<B: AutodiffBackend> {
     /// model input `x` of `shape`: samples for classification (one row each); token ids
     /// `[samples, positions]` (at most `block` positions) for a language model, one row per
     /// position (the last row of a sample predicts its next token).
-    fn logits(&self, params: &[f32], x: &[f32], shape: &[usize]) -> Result<Vec<f32>, ModelError>;
+    fn logits(&self, params: &[f32], x: &Values, shape: &[usize]) -> Result<Vec<f32>, ModelError>;
 }
 
 /// How a micro-step's gradients come out of `Compute::micro`.

@@ -17,11 +17,11 @@ use burn::backend::{Autodiff, NdArray};
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
 use burn::tensor::activation::log_softmax;
 use burn::tensor::backend::{AutodiffBackend, Backend};
-use burn::tensor::{DType, FloatDType, Tensor, TensorData};
+use burn::tensor::{DType, FloatDType, Int, Tensor, TensorData};
 
 use super::api::{
     recomputed, Act, Batch, Compute, EvalOut, Family, Forward, GradScale, Input, MicroStep, Model,
-    ModelError, StagedEval, StepKey, Task, UnitParams,
+    ModelError, StagedEval, StepKey, Task, UnitParams, Values,
 };
 use crate::params::{DeviceFlat, ParamLayout};
 
@@ -249,31 +249,49 @@ fn to_vec<B: Backend, const D: usize>(t: Tensor<B, D>) -> Result<Vec<f32>, Model
         .map_err(|e| ModelError::Data(format!("{e:?}")))
 }
 
+/// `targets` as a `[rows, 1]` index tensor on `device`.
+fn target_index<B: Backend>(targets: &[u32], device: &B::Device) -> Tensor<B, 2, Int> {
+    let ids: Vec<i64> = targets.iter().map(|&t| i64::from(t)).collect();
+    Tensor::from_data(TensorData::new(ids, [targets.len(), 1]), device)
+}
+
 /// Adds each sample's loss and correctness of `logits` (`[rows, classes]`) against `targets`
-/// to `out`: a sample's result is the mean over its targets (one for classification).
-fn score(task: &Task, logits: &[f32], targets: &[u32], out: &mut EvalOut) {
-    let (classes, per_sample) = (task.classes(), task.targets_per_sample());
-    let (mut loss, mut right) = (0.0, 0.0);
-    for (i, (row, &label)) in logits.chunks(classes).zip(targets).enumerate() {
-        let max = row.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
-        let lse = f64::from(max)
-            + row
-                .iter()
-                .map(|&v| f64::from(v - max).exp())
-                .sum::<f64>()
-                .ln();
-        loss += lse - f64::from(row[label as usize]);
-        let pred = row
-            .iter()
-            .enumerate()
-            .fold(0, |best, (i, &v)| if v > row[best] { i } else { best });
-        right += if pred == label as usize { 1.0 } else { 0.0 };
+/// to `out`: a sample's result is the mean over its targets (one for classification). Each
+/// row's loss (its log-probability of its target, in f32) and whether its argmax is the target
+/// are taken on the device; only a value per row comes back, so nothing on the host grows with
+/// the number of classes (GPT-2's 50,257).
+fn score<B: Backend>(
+    task: &Task,
+    logits: Tensor<B, 2>,
+    targets: &[u32],
+    out: &mut EvalOut,
+) -> Result<(), ModelError> {
+    let per_sample = task.targets_per_sample();
+    let rows = targets.len();
+    let logits = logits.cast(FloatDType::F32);
+    let idx = target_index::<B>(targets, &logits.device());
+    let picked = log_softmax(logits.clone(), 1)
+        .gather(1, idx.clone())
+        .reshape([rows]);
+    // (a float, not a bool tensor: CubeCL cannot read bools back)
+    let right = logits
+        .argmax(1)
+        .equal(idx)
+        .float()
+        .cast(FloatDType::F32)
+        .reshape([rows]);
+    let (picked, right) = (to_vec(picked)?, to_vec(right)?);
+    let (mut loss, mut hits) = (0.0, 0.0);
+    for (i, (p, r)) in picked.iter().zip(&right).enumerate() {
+        loss -= f64::from(*p);
+        hits += f64::from(*r);
         if (i + 1) % per_sample == 0 {
             out.losses.push(loss / per_sample as f64);
-            out.correct.push(right / per_sample as f64);
-            (loss, right) = (0.0, 0.0);
+            out.correct.push(hits / per_sample as f64);
+            (loss, hits) = (0.0, 0.0);
         }
     }
+    Ok(())
 }
 
 /// One batch's evaluation, stage by stage, on the inner backend.
@@ -308,8 +326,7 @@ impl<F: Family, B: AutodiffBackend> StagedEval for EngineEval<'_, F, B> {
             .ok_or_else(|| ModelError::Stage("the evaluation ran no stage".into()))?
             .into_logits()?;
         let task = self.engine.family.task();
-        score(&task, &to_vec(logits)?, &self.targets, out);
-        Ok(())
+        score(&task, logits, &self.targets, out)
     }
 }
 
@@ -559,8 +576,8 @@ struct EngineMicro<'a, F: Family, B: AutodiffBackend> {
     grads: GradScale,
     /// The batch's input, until stage 0 takes it.
     x: Option<TensorData>,
-    rows: usize,
-    onehot: Option<TensorData>,
+    /// The target of each output row, until the last stage takes them.
+    targets: Option<Vec<u32>>,
     /// The last forward's output (the next stage's input), without its graph.
     next: Option<Act<B::InnerBackend>>,
     saved: Vec<Saved<F, B>>,
@@ -572,11 +589,11 @@ struct EngineMicro<'a, F: Family, B: AutodiffBackend> {
 impl<F: Family, B: AutodiffBackend> EngineMicro<'_, F, B> {
     /// The loss of the last stage's logits (scaled for the backward) and its value.
     fn loss_of(&mut self, logits: Act<B>) -> Result<Tensor<B, 1>, ModelError> {
-        let onehot = self
-            .onehot
+        let targets = self
+            .targets
             .take()
             .ok_or_else(|| ModelError::Stage("the last stage ran twice".into()))?;
-        let loss = cross_entropy(logits.into_logits()?, self.rows, onehot);
+        let loss = cross_entropy(logits.into_logits()?, &targets);
         self.loss = f64::from(
             to_vec(loss.clone().inner())?
                 .first()
@@ -694,20 +711,18 @@ impl<F: Family, B: AutodiffBackend> MicroStep<B> for EngineMicro<'_, F, B> {
     }
 }
 
-/// The mean cross-entropy of `logits` for labels `y`, as torch's `cross_entropy` computes it,
-/// in f32 whatever the compute dtype (as under torch's autocast). The one-hot rows come
-/// prepared with the batch (`Task::input`).
-fn cross_entropy<B: Backend>(
-    logits: Tensor<B, 2>,
-    rows: usize,
-    onehot: TensorData,
-) -> Tensor<B, 1> {
+/// The mean cross-entropy of `logits` for the class `targets` of their rows, as torch's
+/// `cross_entropy` computes it, in f32 whatever the compute dtype (as under torch's autocast):
+/// each row's log-probability of its target is picked on the device (no one-hot rows: nothing
+/// of the size rows x classes is made on the host).
+fn cross_entropy<B: Backend>(logits: Tensor<B, 2>, targets: &[u32]) -> Tensor<B, 1> {
     let logits = logits.cast(FloatDType::F32);
-    let onehot = Tensor::<B, 2>::from_data(onehot, (&logits.device(), DType::F32));
-    (log_softmax(logits, 1) * onehot)
+    let idx = target_index::<B>(targets, &logits.device());
+    log_softmax(logits, 1)
+        .gather(1, idx)
         .sum()
         .neg()
-        .div_scalar(rows as f64)
+        .div_scalar(targets.len() as f64)
 }
 
 impl<F: Family, B: AutodiffBackend> Compute<B> for Engine<F, B> {
@@ -726,15 +741,13 @@ impl<F: Family, B: AutodiffBackend> Compute<B> for Engine<F, B> {
         grads: GradScale,
         checkpointing: bool,
     ) -> Box<dyn MicroStep<B> + 'a> {
-        let rows = batch.rows();
         Box::new(EngineMicro {
             engine: self,
             ctx: Forward::train(key),
             checkpointing,
             grads,
             x: Some(batch.x),
-            rows,
-            onehot: Some(batch.onehot),
+            targets: Some(batch.targets),
             next: None,
             saved: (0..self.stages.len()).map(|_| Saved::Empty).collect(),
             grad: None,
@@ -753,12 +766,10 @@ impl<F: Family, B: AutodiffBackend> Compute<B> for Engine<F, B> {
         let mut out = EvalOut::default();
         for batch in batches {
             let (x, targets) = task.split(batch);
-            let logits =
-                to_vec(
-                    self.family
-                        .forward(&module, x, &self.device, &mut Forward::eval()),
-                )?;
-            score(&task, &logits, &targets, &mut out);
+            let logits = self
+                .family
+                .forward(&module, x, &self.device, &mut Forward::eval());
+            score(&task, logits, &targets, &mut out)?;
         }
         Ok(out)
     }
@@ -774,12 +785,22 @@ impl<F: Family, B: AutodiffBackend> Compute<B> for Engine<F, B> {
         })
     }
 
-    fn logits(&self, params: &[f32], x: &[f32], shape: &[usize]) -> Result<Vec<f32>, ModelError> {
+    fn logits(&self, params: &[f32], x: &Values, shape: &[usize]) -> Result<Vec<f32>, ModelError> {
         let module = self.inner_with(params)?;
-        let x = match self.family.task() {
-            Task::Classification { .. } => TensorData::new(x.to_vec(), shape.to_vec()),
-            Task::LanguageModel { .. } => TensorData::new(
-                x.iter().map(|&t| t as i64).collect::<Vec<_>>(),
+        let x = match (self.family.task(), x) {
+            (Task::Classification { .. }, Values::F32(v)) => {
+                TensorData::new(v.clone(), shape.to_vec())
+            }
+            (Task::Classification { .. }, Values::Tokens(v)) => TensorData::new(
+                v.iter().map(|&t| t as f32).collect::<Vec<_>>(),
+                shape.to_vec(),
+            ),
+            (Task::LanguageModel { .. }, Values::Tokens(v)) => TensorData::new(
+                v.iter().map(|&t| i64::from(t)).collect::<Vec<_>>(),
+                shape.to_vec(),
+            ),
+            (Task::LanguageModel { .. }, Values::F32(v)) => TensorData::new(
+                v.iter().map(|&t| t as i64).collect::<Vec<_>>(),
                 shape.to_vec(),
             ),
         };
@@ -960,7 +981,7 @@ mod tests {
         };
         let mut grads = Grads::Host(vec![0.0; m.num_params()]);
         let batch = Batch {
-            x: (0..16).map(|i| (i as f32 * 0.7).cos()).collect(),
+            x: Values::F32((0..16).map(|i| (i as f32 * 0.7).cos()).collect()),
             shape: vec![4, 4],
             y: vec![0, 1, 2, 1],
         };
@@ -1005,7 +1026,7 @@ mod tests {
             |_u: usize| -> Result<UnitParams, ModelError> { Ok(UnitParams::Host(vec![0.0; 3])) };
         let mut g = Grads::Host(vec![0.0; m.num_params()]);
         let batch = Batch {
-            x: vec![0.0; 8],
+            x: Values::F32(vec![0.0; 8]),
             shape: vec![2, 4],
             y: vec![0, 1],
         };

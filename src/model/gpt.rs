@@ -54,6 +54,62 @@ pub struct Gpt {
     pub bias: bool,
     pub tie: bool,
     pub dropout: f64,
+    /// The causal masks made so far, one per backend, device, length and dtype.
+    pub masks: MaskCache,
+}
+
+/// Causal masks built once per shape on the device (a step of a gpt reuses them instead of
+/// uploading one per block and forward).
+#[derive(Default, Clone)]
+pub struct MaskCache(
+    std::sync::Arc<
+        std::sync::Mutex<
+            std::collections::HashMap<
+                (std::any::TypeId, String, usize, String),
+                Box<dyn std::any::Any + Send>,
+            >,
+        >,
+    >,
+);
+
+impl std::fmt::Debug for MaskCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("MaskCache")
+    }
+}
+
+impl PartialEq for MaskCache {
+    /// (a cache: any two are equal)
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl MaskCache {
+    /// The additive causal mask `[1, 1, t, t]` (0 where position i may attend to j <= i, -1e9
+    /// above the diagonal) in the device's float dtype, made once.
+    fn get<B: Backend>(&self, t: usize, device: &B::Device) -> Tensor<B, 4> {
+        let dtype = burn::tensor::get_device_settings::<B>(device).float_dtype;
+        let key = (
+            std::any::TypeId::of::<B>(),
+            format!("{device:?}"),
+            t,
+            format!("{dtype:?}"),
+        );
+        let mut cache = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(m) = cache
+            .get(&key)
+            .and_then(|m| m.downcast_ref::<Tensor<B, 4>>())
+        {
+            return m.clone();
+        }
+        let mask: Vec<f32> = (0..t * t)
+            .map(|i| if i % t > i / t { -1e9 } else { 0.0 })
+            .collect();
+        let mask = Tensor::<B, 4>::from_data(TensorData::new(mask, [1, 1, t, t]), device);
+        cache.insert(key, Box::new(mask.clone()));
+        mask
+    }
 }
 
 impl Gpt {
@@ -69,6 +125,7 @@ impl Gpt {
             bias: c.bias.unwrap_or(true),
             tie: c.tie_embeddings.unwrap_or(true),
             dropout: c.dropout,
+            masks: MaskCache::default(),
         };
         let err = |key: &str, message: String, help: &str| -> ModelError {
             r.key_error(key, message, Some(help.to_string())).into()
@@ -118,7 +175,8 @@ impl Gpt {
                 "tokens must be ids below the vocabulary size",
             ));
         }
-        let tokens = r.config.data.kind == DataKind::Text || r.config.data.tokens.is_some();
+        let tokens = matches!(r.config.data.kind, DataKind::Text | DataKind::Tokens)
+            || r.config.data.tokens.is_some();
         if !tokens || input != [g.block + 1] {
             return Err(err(
                 "model.kind",
@@ -127,7 +185,7 @@ impl Gpt {
                     g.block + 1,
                     r.config.data.kind
                 ),
-                "use `data.kind = \"text\"` (or synthetic `data.tokens = 256`)",
+                "use `data.kind = \"text\"` or `\"tokens\"` (or synthetic `data.tokens = 256`)",
             ));
         }
         Ok(g)
@@ -163,10 +221,7 @@ impl Gpt {
         let (q, k, v) = (split(0), split(1), split(2));
         let att = q.matmul(k.swap_dims(2, 3)).div_scalar((hd as f64).sqrt());
         // causal: position i attends to positions <= i
-        let mask: Vec<f32> = (0..t * t)
-            .map(|i| if i % t > i / t { -1e9 } else { 0.0 })
-            .collect();
-        let mask = Tensor::<B, 4>::from_data(TensorData::new(mask, [1, 1, t, t]), &x.device());
+        let mask = self.masks.get::<B>(t, &x.device());
         let att = ctx.dropout(softmax(att + mask, 3), self.dropout);
         let y = att.matmul(v).swap_dims(1, 2).reshape([n, t, d]);
         let x = x + ctx.dropout(b.c_proj.forward(y), self.dropout);
@@ -343,6 +398,7 @@ mod tests {
     use burn::backend::{Autodiff, Flex};
 
     use super::*;
+    use crate::data::Values;
     use crate::model::{ComputeOn, FamilyModel, Model};
 
     #[test]
@@ -356,21 +412,24 @@ mod tests {
             bias: true,
             tie: true,
             dropout: 0.0,
+            masks: MaskCache::default(),
         };
         let m = FamilyModel::new(gpt);
         let compute = <Autodiff<Flex> as ComputeOn>::compute(&m, &Default::default());
         let params = m.init(3);
         let a = compute
-            .logits(&params, &[7.0, 8.0, 9.0, 10.0], &[1, 4])
+            .logits(&params, &Values::Tokens(vec![7, 8, 9, 10]), &[1, 4])
             .unwrap();
         let b = compute
-            .logits(&params, &[7.0, 8.0, 9.0, 200.0], &[1, 4])
+            .logits(&params, &Values::Tokens(vec![7, 8, 9, 200]), &[1, 4])
             .unwrap();
         assert_eq!(a.len(), 4 * 256);
         assert_eq!(a[..3 * 256], b[..3 * 256], "positions before the change");
         assert_ne!(a[3 * 256..], b[3 * 256..], "the changed position");
         // and a prefix sees exactly what the longer context saw at its positions
-        let c = compute.logits(&params, &[7.0, 8.0], &[1, 2]).unwrap();
+        let c = compute
+            .logits(&params, &Values::Tokens(vec![7, 8]), &[1, 2])
+            .unwrap();
         for (x, y) in c.iter().zip(&a[..2 * 256]) {
             assert!((x - y).abs() <= 1e-5 * y.abs().max(1.0), "{x} vs {y}");
         }

@@ -256,7 +256,7 @@ mod engine_tests {
 
     fn batch() -> Batch {
         Batch {
-            x: (0..20).map(|i| (i as f32 * 0.37).sin()).collect(),
+            x: crate::data::Values::F32((0..20).map(|i| (i as f32 * 0.37).sin()).collect()),
             shape: vec![5, 4],
             y: vec![0, 2, 1, 2, 0],
         }

@@ -1,7 +1,7 @@
 //! The plan arithmetic.
 
 use crate::config::{Config, StrategyKind};
-use crate::data::sampler::Sampler;
+use crate::data::sampler::{Sampler, Segment};
 
 /// How a step's samples are divided among ranks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,6 +50,8 @@ impl Plan {
             shuffle: c.sampler.shuffle,
             seed: c.sampler.seed,
             drop_last: c.sampler.drop_last,
+            // token files: windows can number billions, so no order is held in memory
+            lazy: c.data.kind == crate::config::DataKind::Tokens,
         };
         let per_step = match split {
             DataSplit::Distributed => micro_batch,
@@ -78,25 +80,27 @@ impl Plan {
         }
     }
 
-    /// Rank `rank`'s sample indices of micro-batch `j` in an epoch whose sampler order (for this
-    /// rank under `Distributed`, global under `SplitBatch`) is `order`; also the size of the
-    /// whole micro-batch across ranks.
-    pub fn micro_indices<'a>(
-        &self,
-        order: &'a [usize],
-        j: usize,
-        rank: usize,
-    ) -> (&'a [usize], usize) {
+    /// Rank `rank`'s sample indices of micro-batch `j` of an epoch segment `seg` (of the
+    /// sampler's world: the ranks under `Distributed`, one under `SplitBatch`); also the size of
+    /// the whole micro-batch across ranks (`SplitBatch`).
+    pub fn micro_indices(&self, seg: &Segment, j: usize, rank: usize) -> (Vec<usize>, usize) {
         let b = self.micro_batch;
-        let clamp = |lo: usize, hi: usize| &order[lo.min(order.len())..hi.min(order.len())];
         match self.split {
-            DataSplit::Distributed => (clamp(j * b, (j + 1) * b), 0),
+            DataSplit::Distributed => {
+                let n = seg.per_rank();
+                let ks = (j * b).min(n)..((j + 1) * b).min(n);
+                (ks.map(|k| seg.of_rank(rank, k)).collect(), 0)
+            }
             DataSplit::SplitBatch => {
-                let whole = clamp(j * b * self.world_size, (j + 1) * b * self.world_size);
-                let chunk = whole.len().div_ceil(self.world_size);
-                let lo = (rank * chunk).min(whole.len());
-                let hi = ((rank + 1) * chunk).min(whole.len());
-                (&whole[lo..hi], whole.len())
+                let (lo, hi) = (
+                    (j * b * self.world_size).min(seg.total),
+                    ((j + 1) * b * self.world_size).min(seg.total),
+                );
+                let whole = hi - lo;
+                let chunk = whole.div_ceil(self.world_size);
+                let a = lo + (rank * chunk).min(whole);
+                let z = lo + ((rank + 1) * chunk).min(whole);
+                ((a..z).map(|q| seg.global(q)).collect(), whole)
             }
         }
     }
@@ -164,10 +168,14 @@ mod tests {
         c.train.batch_size = 4;
         let p = Plan::new(&c, 30, 1);
         assert_eq!(p.micro_per_epoch, 3);
-        let order: Vec<usize> = (0..30).collect();
-        assert_eq!(p.micro_indices(&order, 1, 2), (&order[20..24], 12));
+        let seg = Sampler {
+            shuffle: false,
+            ..p.sampler
+        }
+        .segment_of(0, 0);
+        assert_eq!(p.micro_indices(&seg, 1, 2), ((20..24).collect(), 12));
         // the last global batch has 6 samples: chunks of 2
-        assert_eq!(p.micro_indices(&order, 2, 0), (&order[24..26], 6));
-        assert_eq!(p.micro_indices(&order, 2, 2), (&order[28..30], 6));
+        assert_eq!(p.micro_indices(&seg, 2, 0), ((24..26).collect(), 6));
+        assert_eq!(p.micro_indices(&seg, 2, 2), ((28..30).collect(), 6));
     }
 }

@@ -48,15 +48,25 @@ pub(super) fn evaluate<B: ComputeOn>(
     idx: &[usize],
     batch: usize,
 ) -> Result<(Vec<f64>, Vec<f64>), ModelError> {
-    let mut batches = idx.chunks(batch.max(1)).map(|chunk| {
-        let (x, y) = ds.gather(chunk);
-        Batch {
-            x,
-            shape: batch_shape(chunk.len(), ds),
-            y,
-        }
-    });
+    // (a token file's ids are checked as they are read: the first bad one stops the batches)
+    let mut failed = None;
+    let mut batches = idx
+        .chunks(batch.max(1))
+        .map_while(|chunk| match ds.gather(chunk) {
+            Ok((x, y)) => Some(Batch {
+                x,
+                shape: batch_shape(chunk.len(), ds),
+                y,
+            }),
+            Err(e) => {
+                failed = Some(e);
+                None
+            }
+        });
     let out = compute.evaluate(params, &mut batches)?;
+    if let Some(e) = failed {
+        return Err(ModelError::Data(format!("evaluation data: {e}")));
+    }
     Ok((out.losses, out.correct))
 }
 
@@ -79,14 +89,19 @@ pub(super) fn evaluate_by_units<B: ComputeOn>(
     let mut out = EvalOut::default();
     let mut chunks = idx.chunks(batch.max(1));
     for b in 0..batches {
-        let mut eval = chunks.next().map(|chunk| {
-            let (x, y) = ds.gather(chunk);
-            compute.eval_batch(Batch {
-                x,
-                shape: batch_shape(chunk.len(), ds),
-                y,
-            })
-        });
+        let mut eval = match chunks.next() {
+            Some(chunk) => {
+                let (x, y) = ds
+                    .gather(chunk)
+                    .map_err(|e| TrainError::Data(format!("evaluation data: {e}")))?;
+                Some(compute.eval_batch(Batch {
+                    x,
+                    shape: batch_shape(chunk.len(), ds),
+                    y,
+                }))
+            }
+            None => None,
+        };
         for (s, units) in stages.iter().enumerate() {
             // a stage that no earlier one prefetched is announced just before it is asked for
             if s == 0 && (b == 0 || stages.len() == 1) {

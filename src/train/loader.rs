@@ -62,27 +62,17 @@ pub(super) struct Job {
 /// most `left`, and none once `epochs` (when set) are done.
 pub(super) struct Source<'a> {
     pub plan: &'a Plan,
-    /// Whose sampler order this rank reads (its own, or the global one for split batches).
-    pub order_rank: usize,
     pub rank: usize,
     pub pos: Pos,
     pub left: usize,
     pub epochs: Option<u64>,
-    segment: Option<((u64, usize), Vec<usize>)>,
+    segment: Option<((u64, usize), crate::data::sampler::Segment)>,
 }
 
 impl<'a> Source<'a> {
-    pub fn new(
-        plan: &'a Plan,
-        order_rank: usize,
-        rank: usize,
-        pos: Pos,
-        left: usize,
-        epochs: Option<u64>,
-    ) -> Self {
+    pub fn new(plan: &'a Plan, rank: usize, pos: Pos, left: usize, epochs: Option<u64>) -> Self {
         Source {
             plan,
-            order_rank,
             rank,
             pos,
             left,
@@ -102,19 +92,14 @@ impl Iterator for Source<'_> {
         }
         let key = (pos.epoch, pos.start);
         if self.segment.as_ref().map(|(k, _)| *k) != Some(key) {
-            let order = self
-                .plan
-                .sampler
-                .indices_from(pos.epoch, self.order_rank, pos.start);
-            self.segment = Some((key, order));
+            let seg = self.plan.sampler.segment_of(pos.epoch, pos.start);
+            self.segment = Some((key, seg));
         }
-        let order = self.segment.as_ref().map_or(&[][..], |(_, o)| o.as_slice());
-        let (idx, global) = self.plan.micro_indices(order, pos.j, self.rank);
-        let job = Job {
-            pos,
-            idx: idx.to_vec(),
-            global,
+        let (idx, global) = match self.segment.as_ref() {
+            Some((_, seg)) => self.plan.micro_indices(seg, pos.j, self.rank),
+            None => (Vec::new(), 0),
         };
+        let job = Job { pos, idx, global };
         self.pos = Pos {
             j: pos.j + 1,
             ..pos
@@ -143,29 +128,38 @@ pub(super) struct Assembler<'a> {
 }
 
 impl Assembler<'_> {
-    fn assemble(&self, job: Job) -> Micro {
-        let input = (!job.idx.is_empty()).then(|| {
-            let (x, y) = self
-                .data
-                .gather_augmented(&job.idx, job.pos.epoch, self.augment.as_ref());
+    fn assemble(&self, job: Job) -> Result<Micro, crate::data::DataError> {
+        let input = if job.idx.is_empty() {
+            None
+        } else {
+            let (x, y) =
+                self.data
+                    .gather_augmented(&job.idx, job.pos.epoch, self.augment.as_ref())?;
             let mut shape = Vec::with_capacity(1 + self.data.shape.len());
             shape.push(y.len());
             shape.extend(&self.data.shape);
-            self.task.input(Batch { x, shape, y })
-        });
-        Micro {
+            Some(self.task.input(Batch { x, shape, y }))
+        };
+        Ok(Micro {
             pos: job.pos,
             samples: job.idx.len(),
             global: job.global,
             input,
-        }
+        })
     }
 
-    /// `assemble`, with a panic turned into an error that names the samples and the file.
+    /// `assemble`, with an error or a panic turned into an error that names the samples and
+    /// the file.
     fn try_assemble(&self, job: Job) -> Result<Micro, String> {
         let what = self.describe(&job);
-        catch_unwind(AssertUnwindSafe(|| self.assemble(job)))
-            .map_err(|p| format!("{what} failed: {}", crate::panic::message(p.as_ref())))
+        match catch_unwind(AssertUnwindSafe(|| self.assemble(job))) {
+            Ok(Ok(m)) => Ok(m),
+            Ok(Err(e)) => Err(format!("{what} failed: {e}")),
+            Err(p) => Err(format!(
+                "{what} failed: {}",
+                crate::panic::message(p.as_ref())
+            )),
+        }
     }
 
     fn describe(&self, job: &Job) -> String {
@@ -451,12 +445,11 @@ mod tests {
     }
 
     fn dataset(n: usize) -> Dataset {
-        Dataset {
-            features: 2,
-            shape: vec![2],
-            x: (0..2 * n).map(|v| v as f32).collect(),
-            y: (0..n).map(|i| (i % 3) as u32).collect(),
-        }
+        Dataset::rows(
+            vec![2],
+            (0..2 * n).map(|v| v as f32).collect(),
+            (0..n).map(|i| (i % 3) as u32).collect(),
+        )
     }
 
     fn assembler<'a>(data: &'a Dataset, rank: usize, file: &str) -> Assembler<'a> {
@@ -497,11 +490,11 @@ mod tests {
         let data = dataset(23);
         let asm = assembler(&data, 0, "test data");
         let steps = 17; // past an epoch boundary (6 micro-batches an epoch)
-        let inline = LoaderState::new(Source::new(&plan, 0, 0, start(), steps, None));
+        let inline = LoaderState::new(Source::new(&plan, 0, start(), steps, None));
         let want = drain(&mut Loader::inline(&inline, &asm), &plan, steps);
         assert_eq!(want.len(), steps);
         for (workers, ahead) in [(1, 1), (3, 2), (8, 5)] {
-            let state = LoaderState::new(Source::new(&plan, 0, 0, start(), steps, None));
+            let state = LoaderState::new(Source::new(&plan, 0, start(), steps, None));
             let got = std::thread::scope(|s| {
                 let mut l = Loader::threaded(s, &state, &asm, workers, ahead);
                 drain(&mut l, &plan, steps)
@@ -515,7 +508,7 @@ mod tests {
         let plan = plan(40, 4);
         let data = dataset(40);
         let asm = assembler(&data, 0, "test data");
-        let state = LoaderState::new(Source::new(&plan, 0, 0, start(), 3, None));
+        let state = LoaderState::new(Source::new(&plan, 0, start(), 3, None));
         std::thread::scope(|s| {
             let mut l = Loader::threaded(s, &state, &asm, 2, 2);
             drain(&mut l, &plan, 3);
@@ -530,7 +523,7 @@ mod tests {
             assert!(e.contains("no micro-batch"), "{e}");
         });
         // a loop that stops after one batch of many: the scope ends (threads stop)
-        let state = LoaderState::new(Source::new(&plan, 0, 0, start(), 1000, None));
+        let state = LoaderState::new(Source::new(&plan, 0, start(), 1000, None));
         std::thread::scope(|s| {
             let mut l = Loader::threaded(s, &state, &asm, 3, 4);
             drain(&mut l, &plan, 1);
@@ -543,7 +536,9 @@ mod tests {
         // labels claim 2 features per sample, but the data holds fewer values: gathering the
         // later samples panics
         let mut data = dataset(16);
-        data.x.truncate(2 * 9);
+        if let crate::data::Samples::Rows { x, .. } = &mut data.samples {
+            x.truncate(2 * 9);
+        }
         let asm = assembler(&data, 1, "data.path = \"broken.csv\"");
         let run = |mut l: Loader<'_, '_>| {
             let mut pos = start();
@@ -554,7 +549,7 @@ mod tests {
                 }
             }
         };
-        let state = LoaderState::new(Source::new(&plan, 0, 0, start(), 4, None));
+        let state = LoaderState::new(Source::new(&plan, 0, start(), 4, None));
         let (j, inline) = run(Loader::inline(&state, &asm));
         assert_eq!(j, 2);
         assert!(
@@ -564,7 +559,7 @@ mod tests {
             "{inline}"
         );
         for workers in [1, 3] {
-            let state = LoaderState::new(Source::new(&plan, 0, 0, start(), 4, None));
+            let state = LoaderState::new(Source::new(&plan, 0, start(), 4, None));
             let got = std::thread::scope(|s| run(Loader::threaded(s, &state, &asm, workers, 2)));
             assert_eq!(got, (j, inline.clone()));
         }

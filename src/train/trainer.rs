@@ -883,14 +883,9 @@ pub fn train<B: ComputeOn>(
     if let Some(k) = memory_key {
         crate::memory::reset_peak(k);
     }
-    let order_rank = match plan.split {
-        DataSplit::Distributed => t.rank,
-        DataSplit::SplitBatch => 0,
-    };
     // the micro-batches this session will take, in the loop's order
     let source = Source::new(
         plan,
-        order_rank,
         t.rank,
         t.pos,
         t.total.saturating_sub(t.step).saturating_mul(plan.accum),

@@ -26,5 +26,6 @@ mod run;
 mod safety;
 mod slurm;
 mod sweep;
+mod tokens;
 mod units;
 mod wgpu;
