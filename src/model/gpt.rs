@@ -59,17 +59,22 @@ pub struct Gpt {
 }
 
 /// Causal masks built once per shape on the device (a step of a gpt reuses them instead of
-/// uploading one per block and forward).
+/// uploading one per block and forward), one per thread: a rank's autodiff graphs never share
+/// a tensor with another rank's.
 #[derive(Default, Clone)]
 pub struct MaskCache(
     std::sync::Arc<
-        std::sync::Mutex<
-            std::collections::HashMap<
-                (std::any::TypeId, String, usize, String),
-                Box<dyn std::any::Any + Send>,
-            >,
-        >,
+        std::sync::Mutex<std::collections::HashMap<MaskKey, Box<dyn std::any::Any + Send>>>,
     >,
+);
+
+/// Backend, thread, device, length and dtype of a cached mask.
+type MaskKey = (
+    std::any::TypeId,
+    std::thread::ThreadId,
+    String,
+    usize,
+    String,
 );
 
 impl std::fmt::Debug for MaskCache {
@@ -92,6 +97,7 @@ impl MaskCache {
         let dtype = burn::tensor::get_device_settings::<B>(device).float_dtype;
         let key = (
             std::any::TypeId::of::<B>(),
+            std::thread::current().id(),
             format!("{device:?}"),
             t,
             format!("{dtype:?}"),
