@@ -6,6 +6,7 @@ use clap::{Args, Parser, Subcommand};
 
 use super::{
     bench, check, ckpt, env, eval, export, init, report, resume, run, sample, submit, sweep,
+    tokenize,
 };
 
 use crate::config::{self, Resolved};
@@ -57,8 +58,10 @@ pub enum Command {
     Init(init::InitArgs),
     /// Measure training throughput (steps/s, samples/s) on the CPU backends.
     Bench(bench::BenchArgs),
-    /// Generate text from a gpt run's checkpoint (byte-level), streaming it to stdout.
+    /// Generate text from a gpt run's checkpoint, streaming it to stdout.
     Sample(sample::SampleArgs),
+    /// Tokenize a text file into nanoGPT-format token files (`data.kind = "tokens"`).
+    Tokenize(tokenize::TokenizeArgs),
 }
 
 /// An experiment file and its overrides.
@@ -102,5 +105,6 @@ pub fn dispatch(cli: Cli) -> Result<()> {
         Command::Init(a) => init::init(&a),
         Command::Bench(a) => bench::bench(&a),
         Command::Sample(a) => sample::sample(&a),
+        Command::Tokenize(a) => tokenize::tokenize(&a),
     }
 }

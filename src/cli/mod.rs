@@ -17,6 +17,7 @@ mod run;
 mod sample;
 mod submit;
 mod sweep;
+mod tokenize;
 
 pub use args::*;
 pub use main::{main_with, main_with_args};

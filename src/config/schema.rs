@@ -183,6 +183,10 @@ pub enum DataKind {
     Tokens,
 }
 
+fn is_bytes(s: &String) -> bool {
+    s == "bytes"
+}
+
 /// `data.dtype`: the element type of a token file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -204,6 +208,12 @@ pub struct DataConfig {
     /// vocabularies over 65,535). Default: `"u16"`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub dtype: Option<TokenFileDtype>,
+    /// text, tokens: `"bytes"` (each byte a token), `"gpt2"` (GPT-2's BPE) or the path of a
+    /// Hugging Face `tokenizer.json`; text files are tokenized with it as they load, and
+    /// `kiln sample` encodes the prompt and decodes the output with it (a token file's ids must
+    /// come from it: `kiln tokenize`). Default: `"bytes"`.
+    #[serde(skip_serializing_if = "is_bytes")]
+    pub tokenizer: String,
     /// synthetic: training samples. Default: `1000`.
     pub samples: usize,
     /// synthetic: evaluation samples (drawn from the same teacher). Default: `200`.
@@ -287,6 +297,7 @@ impl Default for DataConfig {
         DataConfig {
             kind: DataKind::Synthetic,
             dtype: None,
+            tokenizer: "bytes".into(),
             samples: 1000,
             eval_samples: 200,
             features: 1000,

@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use super::error::{ConfigError, KeyError};
+use super::error::{closest, ConfigError, KeyError};
 use super::load::{describe_source, Resolved};
 use super::schema::{
     choice_name, Adapter, CollectiveKind, CpuBackend, DataKind, Device, Devices, OptimKind,
@@ -200,6 +200,32 @@ pub fn validate(r: &Resolved) -> Result<(), ConfigError> {
                 Some("e.g. normalize = [0.1307, 0.3081], or leave it out".into()),
             ))
         }
+    }
+    if c.data.tokenizer != "bytes" && !matches!(c.data.kind, DataKind::Text | DataKind::Tokens) {
+        return Err(r.key_error(
+            "data.tokenizer",
+            format!(
+                "`data.tokenizer` tokenizes text for a language model, but `data.kind` = \"{}\"",
+                choice_name(&c.data.kind)
+            ),
+            Some("remove it, or use `data.kind = \"text\"` (or \"tokens\")".into()),
+        ));
+    }
+    let tok = c.data.tokenizer.as_str();
+    if !matches!(tok, "bytes" | "gpt2") && !r.path_of("data.tokenizer", tok).is_file() {
+        let near = closest(tok, &["bytes", "gpt2"])
+            .map(|k| format!("did you mean \"{k}\"? "))
+            .unwrap_or_default();
+        return Err(r.key_error(
+            "data.tokenizer",
+            format!(
+                "`data.tokenizer` = \"{tok}\" is neither \"bytes\", \"gpt2\" nor a tokenizer.json file (`{}` not found)",
+                r.path_of("data.tokenizer", tok).display()
+            ),
+            Some(format!(
+                "{near}a tokenizer.json path is relative to the experiment file that sets it"
+            )),
+        ));
     }
     if c.data.dtype.is_some() && c.data.kind != DataKind::Tokens {
         return Err(r.key_error(

@@ -10,6 +10,7 @@ mod idx;
 pub mod sampler;
 mod synthetic;
 mod text;
+pub mod tokenizer;
 pub mod tokens;
 
 pub use augment::Augment;

@@ -4,6 +4,8 @@
 //! every `block_size` tokens (consecutive windows share one token, so every held-out target is
 //! scored once). A window is a sample like any other: the distributed sampler, the resume cursor and
 //! exact evaluation work over windows. The bytes are held once; windows are read from them.
+//! With another `data.tokenizer` (GPT-2's BPE, a `tokenizer.json`) the file is tokenized as it
+//! loads and the windows are of its ids.
 
 use std::sync::Arc;
 
@@ -25,15 +27,33 @@ pub fn load(r: &Resolved) -> Result<Data, DataError> {
         source,
     })?;
     let block = r.config.model.block_size.unwrap_or(128).max(1);
-    let store = Arc::new(TokenStore::Bytes(bytes));
+    let vocab = r.config.model.vocab_size.unwrap_or(256);
+    let (store, unit) = if c.tokenizer == "bytes" {
+        (TokenStore::Bytes(bytes), "tokens (bytes)")
+    } else {
+        // tokenized once, as it loads
+        let t = super::tokenizer::from_config(r)?;
+        if t.vocab_size() > vocab {
+            return Err(DataError::Invalid(format!(
+                "`data.tokenizer` = \"{}\" has {} tokens, but `model.vocab_size` = {vocab}; set `model.vocab_size = {}` (or more, e.g. a multiple of 64)",
+                c.tokenizer,
+                t.vocab_size(),
+                t.vocab_size()
+            )));
+        }
+        let (ids, _) = t
+            .encode(&bytes)
+            .map_err(|e| DataError::Invalid(format!("{}: {e}", path.display())))?;
+        (TokenStore::Ids(ids), "tokens")
+    };
     split(
-        store,
+        Arc::new(store),
         &path.display().to_string(),
         block,
         c.stride.unwrap_or(block),
         c.eval_fraction.unwrap_or(0.1),
-        256,
-        "tokens (bytes)",
+        vocab,
+        unit,
     )
 }
 

@@ -21,6 +21,7 @@ mod sample;
 pub mod slurm;
 pub mod store;
 mod summary;
+mod tokenize;
 mod weights;
 mod workers;
 
@@ -36,5 +37,6 @@ pub use run_dir::{
 };
 pub use sample::{sample, SampleOptions};
 pub use summary::Summary;
+pub use tokenize::{tokenize, TokenizeOptions, TokenizeReport};
 pub use weights::{export, init_weights, write_atomic, ExportOptions, ExportReport};
 pub use workers::*;

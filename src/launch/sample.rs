@@ -1,17 +1,25 @@
-//! `kiln sample`'s work: text from a gpt run's checkpoint, byte by byte. The context is the last
-//! `block_size` tokens; each next byte is drawn from softmax(logits / temperature), restricted
-//! to the `top_k` most likely when given, from one stream of kiln's RNG keyed by the seed, so a
-//! seed always gives the same text.
+//! `kiln sample`'s work: text from a gpt run's checkpoint on the run's backend (CPU, CUDA or
+//! wgpu), encoded and decoded with the run's tokenizer (`data.tokenizer`). The parameters are
+//! installed once; each new token runs one position against the keys and values cached for the
+//! context (`--no-cache`: the whole context again, for comparison). When the context fills the
+//! block, it drops to its last `block / 2` tokens (the same with the cache or without, so both
+//! give the same tokens). Each next token is drawn from softmax(logits / temperature) (greedy at
+//! temperature 0), restricted to the `top_k` most likely and to the smallest set whose
+//! probability reaches `top_p`, from one stream of kiln's RNG keyed by the seed, so a seed
+//! always gives the same text. Generation stops at the tokenizer's end-of-text token (unless
+//! told not to), at a stop sequence, or after `tokens` tokens.
 
 use std::path::Path;
-
-use burn::backend::Flex;
+use std::time::Instant;
 
 use super::resume::require_checkpoint;
 use super::run_dir::{checkpoint_store, run_config};
+use crate::backend::RankBackend;
 use crate::checkpoint;
+use crate::data::tokenizer::Tokenizer;
 use crate::error::{Error, Result};
-use crate::model::{ComputeOn, Task};
+use crate::model::gpt::{Decoder, Gpt};
+use crate::model::FamilyModel;
 use crate::rng::Rng;
 
 /// How to sample.
@@ -20,23 +28,59 @@ pub struct SampleOptions {
     /// A checkpoint name (`step-00000600`) instead of the newest verified one.
     pub from: Option<String>,
     pub prompt: String,
+    /// Tokens to generate at most.
     pub tokens: usize,
+    /// 0: greedy (the most likely token each time).
     pub temperature: f64,
     pub top_k: Option<usize>,
+    /// Nucleus sampling: the smallest set of most likely tokens whose probability reaches it.
+    pub top_p: Option<f64>,
+    /// Stop once the output ends with one of these.
+    pub stop: Vec<String>,
+    /// Go on past the tokenizer's end-of-text token.
+    pub ignore_eos: bool,
     pub seed: u64,
+    /// The KV cache (default); off: the whole context runs for every token.
+    pub cache: bool,
+}
+
+/// What a sample did.
+#[derive(Debug, Clone)]
+pub struct SampleReport {
+    pub tokens: usize,
+    /// Seconds spent generating (after the prompt's prefill and the set-up).
+    pub seconds: f64,
+    /// Why it stopped before `tokens`: "end of text" or the stop sequence.
+    pub stopped: Option<String>,
+    /// The backend it ran on.
+    pub backend: &'static str,
 }
 
 /// The index drawn from `logits` (already divided by the temperature), keeping the `top_k`
-/// largest, with `u` uniform in [0, 1).
-fn draw(logits: &[f32], top_k: Option<usize>, u: f64) -> usize {
+/// largest and then the smallest prefix whose probability reaches `top_p`, with `u` uniform in
+/// [0, 1).
+fn draw(logits: &[f32], top_k: Option<usize>, top_p: Option<f64>, u: f64) -> usize {
     let mut order: Vec<usize> = (0..logits.len()).collect();
     order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
     order.truncate(top_k.unwrap_or(logits.len()).clamp(1, logits.len().max(1)));
     let max = f64::from(logits[order[0]]);
-    let weights: Vec<f64> = order
+    let mut weights: Vec<f64> = order
         .iter()
         .map(|&i| (f64::from(logits[i]) - max).exp())
         .collect();
+    if let Some(p) = top_p {
+        let total: f64 = weights.iter().sum();
+        let mut acc = 0.0;
+        let keep = weights
+            .iter()
+            .position(|w| {
+                acc += w / total;
+                acc >= p
+            })
+            .map_or(weights.len(), |i| i + 1);
+        weights.truncate(keep);
+        order.truncate(keep);
+    }
     let mut target = u * weights.iter().sum::<f64>();
     for (&i, w) in order.iter().zip(&weights) {
         if target < *w {
@@ -47,17 +91,34 @@ fn draw(logits: &[f32], top_k: Option<usize>, u: f64) -> usize {
     order[order.len() - 1]
 }
 
-/// Generates `o.tokens` bytes after `o.prompt` from the gpt run in `run_dir`, handing the
-/// prompt's bytes and then each drawn byte to `on_byte`.
-pub fn sample(run_dir: &Path, o: &SampleOptions, on_byte: &mut dyn FnMut(u8)) -> Result<()> {
-    if !(o.temperature > 0.0 && o.temperature.is_finite()) {
+/// The most likely index (the first of equals).
+fn argmax(logits: &[f32]) -> usize {
+    logits
+        .iter()
+        .enumerate()
+        .fold(0, |best, (i, &v)| if v > logits[best] { i } else { best })
+}
+
+/// Generates up to `o.tokens` tokens after `o.prompt` from the gpt run in `run_dir`, handing
+/// the prompt's bytes and then each new token's bytes to `on_bytes`.
+pub fn sample(
+    run_dir: &Path,
+    o: &SampleOptions,
+    on_bytes: &mut dyn FnMut(&[u8]),
+) -> Result<SampleReport> {
+    if !(o.temperature >= 0.0 && o.temperature.is_finite()) {
         return Err(Error::Usage(format!(
-            "--temperature {} must be above 0 (lower is more predictable)",
+            "--temperature {} must be 0 (greedy) or above (lower is more predictable)",
             o.temperature
         )));
     }
     if o.top_k == Some(0) {
         return Err(Error::Usage("--top-k must be at least 1".into()));
+    }
+    if let Some(p) = o.top_p {
+        if !(p > 0.0 && p <= 1.0) {
+            return Err(Error::Usage(format!("--top-p {p} must be in (0, 1]")));
+        }
     }
     let r = run_config(run_dir)?;
     let kind = r.config.model.kind.as_str();
@@ -68,54 +129,125 @@ pub fn sample(run_dir: &Path, o: &SampleOptions, on_byte: &mut dyn FnMut(u8)) ->
         )));
     }
     let block = r.config.model.block_size.unwrap_or(128);
-    let model = crate::model::build(&r, &[block + 1])?;
-    let Task::LanguageModel { vocab, .. } = model.task() else {
-        return Err(Error::Usage(
-            "the run's model is not a language model".into(),
-        ));
-    };
-    if vocab < 256 {
+    let gpt = Gpt::for_input(&r, &[block + 1])?;
+    let tokenizer =
+        crate::data::tokenizer::from_config(&r).map_err(|e| Error::Usage(e.to_string()))?;
+    if tokenizer.vocab_size() > gpt.vocab {
         return Err(Error::Usage(format!(
-            "`{}` has a vocabulary of {vocab} tokens; kiln sample writes bytes and needs 256 (a gpt trained on `data.kind = \"text\"`)",
-            run_dir.display()
+            "`{}` has a vocabulary of {} tokens, fewer than its tokenizer `{}` makes ({})",
+            run_dir.display(),
+            gpt.vocab,
+            tokenizer.name(),
+            tokenizer.vocab_size()
         )));
     }
+    let family = FamilyModel::new(gpt.clone());
     let store = checkpoint_store(run_dir)?;
     let path = require_checkpoint(&store, o.from.as_deref())?;
-    let loaded = checkpoint::load(&path, &model.layout().specs()).map_err(Error::Checkpoint)?;
-    if loaded.params.len() != model.num_params() {
-        return Err(Error::Usage(format!(
-            "{} holds {} parameters but the run's model has {}; was config.toml edited?",
-            path.display(),
-            loaded.params.len(),
-            model.num_params()
-        )));
+    let loaded =
+        checkpoint::load(&path, &family_layout(&family).specs()).map_err(Error::Checkpoint)?;
+    let placement = crate::backend::resolve(&r.config)?;
+    macro_rules! dispatch {
+        ($($(#[$a:meta])* $v:ident = $name:literal => $ty:ty),* $(,)?) => {
+            match placement.backend {
+                $($(#[$a])* crate::backend::Resolved::$v => generate::<$ty>(
+                    &r.config.backend, placement.ordinals.first().copied().unwrap_or(0),
+                    &family, &loaded.params, &tokenizer, o, on_bytes, $name),)*
+            }
+        };
     }
-    let compute =
-        <burn::backend::Autodiff<Flex> as ComputeOn>::compute(model.as_ref(), &Default::default());
-    let mut context: Vec<u32> = o.prompt.bytes().map(u32::from).collect();
+    crate::model::for_each_backend!(dispatch)
+}
+
+fn family_layout(f: &FamilyModel<Gpt>) -> &crate::params::ParamLayout {
+    use crate::model::Model;
+    f.layout()
+}
+
+/// `sample` on backend `B`.
+#[allow(clippy::too_many_arguments)]
+fn generate<B: RankBackend>(
+    be: &crate::config::BackendConfig,
+    ordinal: usize,
+    family: &FamilyModel<Gpt>,
+    params: &[f32],
+    tokenizer: &Tokenizer,
+    o: &SampleOptions,
+    on_bytes: &mut dyn FnMut(&[u8]),
+    backend: &'static str,
+) -> Result<SampleReport> {
+    let device = B::rank_device(be, ordinal);
+    B::prepare(&device, be.precision).map_err(Error::Usage)?;
+    let gpt = family.family();
+    let module = family.module_with::<B::InnerBackend>(params, &device)?;
+    let mut dec = Decoder::new(gpt, module, device, o.cache);
+    let (mut context, _) = tokenizer
+        .encode(o.prompt.as_bytes())
+        .map_err(|e| Error::Usage(format!("--prompt: {e}")))?;
+    on_bytes(o.prompt.as_bytes());
     if context.is_empty() {
-        // nothing to continue: start from a newline, as a new paragraph would
-        context.push(u32::from(b'\n'));
+        // nothing to continue: a new document (GPT-2's end-of-text) or a new paragraph
+        context.push(tokenizer.eot().unwrap_or(u32::from(b'\n')));
     }
-    for &b in o.prompt.as_bytes() {
-        on_byte(b);
+    let block = gpt.block;
+    if context.len() > block {
+        context.drain(..context.len() - block);
     }
+    let vocab = tokenizer.vocab_size();
     let mut rng = Rng::stream(o.seed, "sample", &[]);
-    for _ in 0..o.tokens {
-        let window = &context[context.len().saturating_sub(block)..];
-        let x = crate::data::Values::Tokens(window.to_vec());
-        let logits = compute.logits(&loaded.params, &x, &[1, window.len()])?;
-        let last = &logits[logits.len().saturating_sub(vocab)..];
-        let scaled: Vec<f32> = last[..vocab.min(256)]
-            .iter()
-            .map(|&l| (f64::from(l) / o.temperature) as f32)
-            .collect();
-        let next = draw(&scaled, o.top_k, rng.next_f64());
-        context.push(next as u32);
-        on_byte(next as u8);
+    let mut logits = dec.prefill(&context)?;
+    let start = Instant::now();
+    let mut out: Vec<u8> = Vec::new();
+    let mut stopped = None;
+    let mut made = 0;
+    while made < o.tokens {
+        // (a padded vocabulary's extra rows are never drawn)
+        let row = &logits[..vocab.min(logits.len())];
+        let next = if o.temperature == 0.0 {
+            argmax(row)
+        } else {
+            let scaled: Vec<f32> = row
+                .iter()
+                .map(|&l| (f64::from(l) / o.temperature) as f32)
+                .collect();
+            draw(&scaled, o.top_k, o.top_p, rng.next_f64())
+        } as u32;
+        made += 1;
+        if !o.ignore_eos && tokenizer.eot() == Some(next) {
+            stopped = Some("end of text".to_string());
+            break;
+        }
+        let bytes = tokenizer.decode(&[next]).map_err(Error::Usage)?;
+        on_bytes(&bytes);
+        out.extend_from_slice(&bytes);
+        if let Some(s) = o.stop.iter().find(|s| out.ends_with(s.as_bytes())) {
+            stopped = Some(format!("stop sequence {s:?}"));
+            break;
+        }
+        if made == o.tokens {
+            break;
+        }
+        logits = if dec.len() >= block {
+            // the context is full: drop to its last half, then this token
+            let mut ctx = dec_context(&dec, block / 2);
+            ctx.push(next);
+            dec.prefill(&ctx)?
+        } else {
+            dec.step(next)?
+        };
     }
-    Ok(())
+    Ok(SampleReport {
+        tokens: made,
+        seconds: start.elapsed().as_secs_f64(),
+        stopped,
+        backend,
+    })
+}
+
+/// The last `keep` ids of the decoder's context.
+fn dec_context<B: burn::tensor::backend::Backend>(dec: &Decoder<'_, B>, keep: usize) -> Vec<u32> {
+    let c = dec.context();
+    c[c.len().saturating_sub(keep)..].to_vec()
 }
 
 #[cfg(test)]
@@ -125,10 +257,15 @@ mod tests {
     #[test]
     fn draws_follow_the_weights_and_top_k() {
         let logits = [0.0f32, 2.0, 1.0, -5.0];
-        assert_eq!(draw(&logits, Some(1), 0.99), 1);
+        assert_eq!(draw(&logits, Some(1), None, 0.99), 1);
         // top 2 of e^2, e^1: below e^2/(e^2+e) is index 1, above is 2
-        assert_eq!(draw(&logits, Some(2), 0.5), 1);
-        assert_eq!(draw(&logits, Some(2), 0.9), 2);
-        assert_eq!(draw(&logits, None, 0.0), 1);
+        assert_eq!(draw(&logits, Some(2), None, 0.5), 1);
+        assert_eq!(draw(&logits, Some(2), None, 0.9), 2);
+        assert_eq!(draw(&logits, None, None, 0.0), 1);
+        // top-p: p(1) = e^2 / (1 + e^2 + e + e^-5) = 0.665, so 0.6 keeps index 1 alone and 0.7
+        // adds index 2 (0.245 more)
+        assert_eq!(draw(&logits, None, Some(0.6), 0.99), 1);
+        assert_eq!(draw(&logits, None, Some(0.7), 0.99), 2);
+        assert_eq!(argmax(&[0.0, 3.0, 3.0, 1.0]), 1);
     }
 }

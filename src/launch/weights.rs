@@ -41,13 +41,13 @@ pub struct ExportReport {
 /// Where an output file of `flag` goes: its directory must exist, and the path must not be a
 /// directory, a symlink or a special file (it is replaced by a new regular file). Returns the
 /// canonical directory joined with the file name.
-fn output_path(path: &Path, flag: &str) -> Result<PathBuf> {
+pub(super) fn output_path(path: &Path, flag: &str) -> Result<PathBuf> {
     let name = path
         .file_name()
         .filter(|_| !path.as_os_str().to_string_lossy().ends_with('/'));
     let Some(name) = name else {
         return Err(Error::Usage(format!(
-            "{flag} `{}` names no file; give the path of the .safetensors file to write",
+            "{flag} `{}` names no file; give the path of the file to write",
             path.display()
         )));
     };
@@ -65,7 +65,7 @@ fn output_path(path: &Path, flag: &str) -> Result<PathBuf> {
     if let Ok(m) = fs::symlink_metadata(path) {
         if m.is_dir() {
             return Err(Error::Usage(format!(
-                "{flag} `{}` is a directory; give the path of the .safetensors file to write",
+                "{flag} `{}` is a directory; give the path of the file to write",
                 path.display()
             )));
         }

@@ -839,6 +839,22 @@ impl<F: Family> FamilyModel<F> {
         }
     }
 
+    /// The family itself.
+    pub fn family(&self) -> &F {
+        &self.family
+    }
+
+    /// The family's module on backend `B` (no autodiff) holding the flat `params`, for
+    /// inference outside the step (sampling).
+    pub fn module_with<B: Backend>(
+        &self,
+        params: &[f32],
+        device: &B::Device,
+    ) -> Result<F::Module<B>, ModelError> {
+        Engine::<F, Autodiff<B>>::new(self.family.clone(), &self.layout, &self.stages, device)
+            .inner_with(params)
+    }
+
     /// `engine` for a device behind `Any`, boxed again as `Any` (`Model::compute_erased`).
     fn erased_engine<B: AutodiffBackend>(
         &self,

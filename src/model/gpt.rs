@@ -161,7 +161,10 @@ impl Gpt {
                 "every head gets dim / heads channels; change one of them",
             ));
         }
-        if r.config.data.kind == DataKind::Text && g.vocab < 256 {
+        if r.config.data.kind == DataKind::Text
+            && r.config.data.tokenizer == "bytes"
+            && g.vocab < 256
+        {
             return Err(err(
                 "model.vocab_size",
                 format!(
@@ -215,6 +218,20 @@ impl Gpt {
         x: Tensor<B, 3>,
         ctx: &mut Forward,
     ) -> Tensor<B, 3> {
+        self.block_kv(b, x, None, ctx).0
+    }
+
+    /// Block `b` on `x` `[n, t, dim]`, the positions after those whose keys and values `past`
+    /// holds (`[n, heads, p, hd]` each; none: `x` starts the sequence, and its positions attend
+    /// causally among themselves; with `past`, `x` is one position that attends to all). Also
+    /// returns the keys and values of every position so far (a decoder's cache).
+    fn block_kv<B: Backend>(
+        &self,
+        b: &BlockModule<B>,
+        x: Tensor<B, 3>,
+        past: Option<(Tensor<B, 4>, Tensor<B, 4>)>,
+        ctx: &mut Forward,
+    ) -> (Tensor<B, 3>, (Tensor<B, 4>, Tensor<B, 4>)) {
         let [n, t, d] = x.dims();
         let (h, hd) = (self.heads, d / self.heads);
         let qkv = b.c_attn.forward(b.ln_1.forward(x.clone()));
@@ -225,16 +242,30 @@ impl Gpt {
                 .swap_dims(1, 2)
         };
         let (q, k, v) = (split(0), split(1), split(2));
-        let att = q.matmul(k.swap_dims(2, 3)).div_scalar((hd as f64).sqrt());
-        // causal: position i attends to positions <= i
-        let mask = self.masks.get::<B>(t, &x.device());
-        let att = ctx.dropout(softmax(att + mask, 3), self.dropout);
-        let y = att.matmul(v).swap_dims(1, 2).reshape([n, t, d]);
+        let (k, v, causal) = match past {
+            Some((pk, pv)) => (
+                Tensor::cat(vec![pk, k], 2),
+                Tensor::cat(vec![pv, v], 2),
+                false,
+            ),
+            None => (k, v, true),
+        };
+        let att = q
+            .matmul(k.clone().swap_dims(2, 3))
+            .div_scalar((hd as f64).sqrt());
+        let att = if causal {
+            // position i attends to positions <= i
+            att + self.masks.get::<B>(t, &x.device())
+        } else {
+            att
+        };
+        let att = ctx.dropout(softmax(att, 3), self.dropout);
+        let y = att.matmul(v.clone()).swap_dims(1, 2).reshape([n, t, d]);
         let x = x + ctx.dropout(b.c_proj.forward(y), self.dropout);
         let m = b
             .mlp_proj
             .forward(gelu(b.mlp_fc.forward(b.ln_2.forward(x.clone()))));
-        x + ctx.dropout(m, self.dropout)
+        (x + ctx.dropout(m, self.dropout), (k, v))
     }
 
     /// Token plus position embeddings of the ids `x` `[samples, positions]`.
@@ -245,9 +276,22 @@ impl Gpt {
         device: &B::Device,
         ctx: &mut Forward,
     ) -> Tensor<B, 3> {
+        self.embed_at(m, x, 0, device, ctx)
+    }
+
+    /// `embed` of ids at positions `from`, `from + 1`, ...
+    fn embed_at<B: Backend>(
+        &self,
+        m: &GptModule<B>,
+        x: TensorData,
+        from: usize,
+        device: &B::Device,
+        ctx: &mut Forward,
+    ) -> Tensor<B, 3> {
         let idx = Tensor::<B, 2, Int>::from_data(x, device);
         let [_, t] = idx.dims();
-        let pos = Tensor::<B, 1, Int>::arange(0..t as i64, device).reshape([1, t]);
+        let pos =
+            Tensor::<B, 1, Int>::arange(from as i64..(from + t) as i64, device).reshape([1, t]);
         ctx.dropout(m.wte.forward(idx) + m.wpe.forward(pos), self.dropout)
     }
 
@@ -259,6 +303,121 @@ impl Gpt {
             Some(head) => head.forward(h),
             None => h.matmul(m.wte.weight.val().transpose()),
         }
+    }
+}
+
+/// Generation from a gpt whose parameters are installed once: `prefill` runs a context through
+/// the model (keeping every block's keys and values with `cache`), `step` appends one token and
+/// runs only its position against the cached keys and values (a KV cache); without `cache`
+/// each `step` runs the whole context again, for comparison. Logits of the last position, f32.
+pub struct Decoder<'a, B: Backend> {
+    gpt: &'a Gpt,
+    module: GptModule<B>,
+    device: B::Device,
+    cache: bool,
+    /// The ids so far.
+    context: Vec<u32>,
+    /// Per block: keys and values of every position of `context` (with `cache`).
+    kv: Vec<(Tensor<B, 4>, Tensor<B, 4>)>,
+}
+
+impl<'a, B: Backend> Decoder<'a, B> {
+    pub fn new(gpt: &'a Gpt, module: GptModule<B>, device: B::Device, cache: bool) -> Self {
+        Decoder {
+            gpt,
+            module,
+            device,
+            cache,
+            context: Vec::new(),
+            kv: Vec::new(),
+        }
+    }
+
+    /// The ids of the context now.
+    pub fn context(&self) -> &[u32] {
+        &self.context
+    }
+
+    /// Positions in the context now.
+    pub fn len(&self) -> usize {
+        self.context.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.context.is_empty()
+    }
+
+    /// Starts again from `ids` (at most `block` of them): the logits after the last.
+    pub fn prefill(&mut self, ids: &[u32]) -> Result<Vec<f32>, ModelError> {
+        self.context = ids.to_vec();
+        self.run_all()
+    }
+
+    /// Appends `id` (the context must be shorter than `block`): the logits after it.
+    pub fn step(&mut self, id: u32) -> Result<Vec<f32>, ModelError> {
+        if self.context.len() >= self.gpt.block {
+            return Err(ModelError::Stage(format!(
+                "the context is full ({} positions): prefill a shorter one",
+                self.gpt.block
+            )));
+        }
+        self.context.push(id);
+        if !self.cache || self.kv.is_empty() {
+            return self.run_all();
+        }
+        let (g, m) = (self.gpt, &self.module);
+        let at = self.context.len() - 1;
+        let mut ctx = Forward::eval();
+        let mut x = g.embed_at(
+            m,
+            TensorData::new(vec![i64::from(id)], [1, 1]),
+            at,
+            &self.device,
+            &mut ctx,
+        );
+        for (b, kv) in m.blocks.iter().zip(self.kv.iter_mut()) {
+            let past = kv.clone();
+            let (y, next) = g.block_kv(b, x, Some(past), &mut ctx);
+            *kv = next;
+            x = y;
+        }
+        self.logits_of(x)
+    }
+
+    /// The whole context through the model (keeping the keys and values with `cache`).
+    fn run_all(&mut self) -> Result<Vec<f32>, ModelError> {
+        let (g, m) = (self.gpt, &self.module);
+        let t = self.context.len();
+        if t == 0 || t > g.block {
+            return Err(ModelError::Stage(format!(
+                "a context of {t} positions (1 to {} fit)",
+                g.block
+            )));
+        }
+        let ids: Vec<i64> = self.context.iter().map(|&i| i64::from(i)).collect();
+        let mut ctx = Forward::eval();
+        let mut x = g.embed_at(m, TensorData::new(ids, [1, t]), 0, &self.device, &mut ctx);
+        self.kv.clear();
+        for b in &m.blocks {
+            let (y, kv) = g.block_kv(b, x, None, &mut ctx);
+            if self.cache {
+                self.kv.push(kv);
+            }
+            x = y;
+        }
+        self.logits_of(x)
+    }
+
+    /// The logits after the last position of `h` `[1, t, dim]`.
+    fn logits_of(&self, h: Tensor<B, 3>) -> Result<Vec<f32>, ModelError> {
+        let [n, t, d] = h.dims();
+        let last = h.slice([0..n, t - 1..t, 0..d]);
+        self.gpt
+            .head(&self.module, last)
+            .into_data()
+            .convert::<f32>()
+            .into_vec::<f32>()
+            .map_err(|e| ModelError::Data(format!("{e:?}")))
     }
 }
 

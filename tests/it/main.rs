@@ -12,6 +12,7 @@ mod export;
 mod fsdp;
 mod fuzz;
 mod layers;
+mod lm;
 mod loader;
 mod models;
 mod nccl;

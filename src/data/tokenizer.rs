@@ -1,0 +1,197 @@
+//! Tokenizers (`data.tokenizer`): bytes (each byte a token, vocabulary 256), GPT-2's byte-level
+//! BPE (`"gpt2"`, r50k: the vocabulary ships inside the `tiktoken-rs` crate, so it works
+//! offline) and Hugging Face `tokenizer.json` files (the `tokenizers` crate, without its
+//! download feature). Text is bytes here: the byte-level ones encode any bytes, valid UTF-8 or
+//! not, and decode them back unchanged.
+
+use std::path::{Path, PathBuf};
+
+/// A tokenizer.
+pub enum Tokenizer {
+    Bytes,
+    /// GPT-2's BPE, with the token of each single byte (for bytes that are not UTF-8).
+    Gpt2 {
+        bpe: Box<tiktoken_rs::CoreBPE>,
+        byte_token: [u32; 256],
+    },
+    HuggingFace {
+        tokenizer: Box<tokenizers::Tokenizer>,
+        path: PathBuf,
+    },
+}
+
+impl std::fmt::Debug for Tokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.name())
+    }
+}
+
+/// The tokenizer `data.tokenizer` names (a path relative to the file that set it).
+pub fn from_config(r: &crate::config::Resolved) -> Result<Tokenizer, super::DataError> {
+    let spec = &r.config.data.tokenizer;
+    let loaded = match spec.as_str() {
+        "bytes" | "gpt2" => Tokenizer::load(spec, Path::new(".")),
+        path => {
+            let p = r.path_of("data.tokenizer", path);
+            Tokenizer::load(&p.to_string_lossy(), Path::new("."))
+        }
+    };
+    loaded.map_err(|e| super::DataError::Invalid(format!("`data.tokenizer`: {e}")))
+}
+
+/// GPT-2's end-of-text token.
+pub const GPT2_EOT: u32 = 50256;
+
+impl Tokenizer {
+    /// `spec`: `"bytes"`, `"gpt2"`, or the path of a `tokenizer.json` (relative paths against
+    /// `base`).
+    pub fn load(spec: &str, base: &Path) -> Result<Self, String> {
+        match spec {
+            "bytes" => Ok(Tokenizer::Bytes),
+            "gpt2" => {
+                let bpe = tiktoken_rs::r50k_base().map_err(|e| format!("GPT-2's BPE: {e}"))?;
+                // GPT-2 has a token for every single byte
+                let mut byte_token = [u32::MAX; 256];
+                for rank in 0..GPT2_EOT {
+                    if let Ok(b) = bpe.decode_bytes(&[rank]) {
+                        if let [one] = b[..] {
+                            byte_token[usize::from(one)] = rank;
+                        }
+                    }
+                }
+                if byte_token.contains(&u32::MAX) {
+                    return Err("GPT-2's BPE lacks a token for some byte".into());
+                }
+                Ok(Tokenizer::Gpt2 {
+                    bpe: Box::new(bpe),
+                    byte_token,
+                })
+            }
+            path => {
+                let p = base.join(path);
+                if !p.is_file() {
+                    return Err(format!(
+                        "`{path}` is neither \"bytes\", \"gpt2\" nor a tokenizer.json file ({} not found)",
+                        p.display()
+                    ));
+                }
+                let t = tokenizers::Tokenizer::from_file(&p).map_err(|e| {
+                    format!(
+                        "{}: not a tokenizer.json Hugging Face's `tokenizers` reads: {e}",
+                        p.display()
+                    )
+                })?;
+                Ok(Tokenizer::HuggingFace {
+                    tokenizer: Box::new(t),
+                    path: p,
+                })
+            }
+        }
+    }
+
+    /// How it is named in config and messages.
+    pub fn name(&self) -> String {
+        match self {
+            Tokenizer::Bytes => "bytes".into(),
+            Tokenizer::Gpt2 { .. } => "gpt2".into(),
+            Tokenizer::HuggingFace { path, .. } => path.display().to_string(),
+        }
+    }
+
+    /// Token ids run from 0 to this (exclusive).
+    pub fn vocab_size(&self) -> usize {
+        match self {
+            Tokenizer::Bytes => 256,
+            Tokenizer::Gpt2 { .. } => GPT2_EOT as usize + 1,
+            Tokenizer::HuggingFace { tokenizer, .. } => tokenizer.get_vocab_size(true),
+        }
+    }
+
+    /// The end-of-text token, where the tokenizer has one.
+    pub fn eot(&self) -> Option<u32> {
+        match self {
+            Tokenizer::Bytes => None,
+            Tokenizer::Gpt2 { .. } => Some(GPT2_EOT),
+            Tokenizer::HuggingFace { tokenizer, .. } => ["<|endoftext|>", "</s>", "<eos>"]
+                .iter()
+                .find_map(|t| tokenizer.token_to_id(t)),
+        }
+    }
+
+    /// The ids of `text` (special-token text is ordinary text, as nanoGPT's `encode_ordinary`).
+    /// Bytes that are not UTF-8: their byte tokens (GPT-2, bytes); for a `tokenizer.json`, each
+    /// invalid run is replaced by U+FFFD, and counted in the second value.
+    pub fn encode(&self, text: &[u8]) -> Result<(Vec<u32>, usize), String> {
+        match self {
+            Tokenizer::Bytes => Ok((text.iter().map(|&b| u32::from(b)).collect(), 0)),
+            Tokenizer::Gpt2 { bpe, byte_token } => {
+                let mut ids = Vec::with_capacity(text.len() / 3);
+                for chunk in text.utf8_chunks() {
+                    if !chunk.valid().is_empty() {
+                        ids.extend(bpe.encode_ordinary(chunk.valid()));
+                    }
+                    ids.extend(chunk.invalid().iter().map(|&b| byte_token[usize::from(b)]));
+                }
+                Ok((ids, 0))
+            }
+            Tokenizer::HuggingFace { tokenizer, .. } => {
+                let replaced = text
+                    .utf8_chunks()
+                    .filter(|c| !c.invalid().is_empty())
+                    .count();
+                let s = String::from_utf8_lossy(text);
+                let enc = tokenizer
+                    .encode(s.as_ref(), false)
+                    .map_err(|e| format!("tokenizing: {e}"))?;
+                Ok((enc.get_ids().to_vec(), replaced))
+            }
+        }
+    }
+
+    /// The bytes of `ids` (an id outside the vocabulary is an error naming it).
+    pub fn decode(&self, ids: &[u32]) -> Result<Vec<u8>, String> {
+        match self {
+            Tokenizer::Bytes => ids
+                .iter()
+                .map(|&t| u8::try_from(t).map_err(|_| format!("token {t} is not a byte")))
+                .collect(),
+            Tokenizer::Gpt2 { bpe, .. } => bpe
+                .decode_bytes(ids)
+                .map_err(|e| format!("GPT-2 cannot decode: {e:?}")),
+            Tokenizer::HuggingFace { tokenizer, .. } => tokenizer
+                .decode(ids, false)
+                .map(String::into_bytes)
+                .map_err(|e| format!("decoding: {e}")),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gpt2_ids_are_gpt2s_and_any_bytes_round_trip() {
+        let t = Tokenizer::load("gpt2", Path::new(".")).unwrap();
+        assert_eq!(t.vocab_size(), 50257);
+        // GPT-2's own ids (tiktoken / transformers' GPT2TokenizerFast)
+        for (text, ids) in [("Hello world", &[15496u32, 995][..]), (" the", &[262])] {
+            assert_eq!(t.encode(text.as_bytes()).unwrap().0, ids, "{text:?}");
+        }
+        for bytes in [
+            "naïve café, 日本語 🦀\n\ttabs".as_bytes().to_vec(),
+            vec![0xff, b'a', 0xc3, b' ', 0x80, 0xfe, 0x00, b'z'],
+            (0..=255u8).collect(),
+        ] {
+            let (ids, _) = t.encode(&bytes).unwrap();
+            assert!(ids.iter().all(|&i| i < 50257));
+            assert_eq!(t.decode(&ids).unwrap(), bytes);
+        }
+        let b = Tokenizer::load("bytes", Path::new(".")).unwrap();
+        assert_eq!(b.encode(&[0xff, 7]).unwrap().0, [255, 7]);
+        assert!(b.decode(&[300]).is_err());
+        assert!(Tokenizer::load("gtp2", Path::new("."))
+            .unwrap_err()
+            .contains("neither \"bytes\", \"gpt2\" nor a tokenizer.json"));
+    }
+}

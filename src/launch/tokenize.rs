@@ -1,0 +1,253 @@
+//! `kiln tokenize`'s work: a text file to nanoGPT-format token files (flat little-endian `u16`
+//! ids, `u32` for vocabularies over 65,536), the training file and, with an eval fraction, the
+//! held-out end of the text in a second file. The text is read mapped and tokenized in pieces
+//! cut where a line ends and the next begins with a non-space (a place no tokenizer here joins
+//! across), and the ids are written as they come: memory does not grow with the file. Both
+//! files appear whole or not at all (written beside, then renamed).
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use crate::data::tokenizer::Tokenizer;
+use crate::error::{Error, Result};
+
+/// What to tokenize, with what, and where to.
+#[derive(Debug, Clone)]
+pub struct TokenizeOptions {
+    pub input: PathBuf,
+    /// The training file.
+    pub out: PathBuf,
+    /// `bytes`, `gpt2` or a `tokenizer.json` path.
+    pub tokenizer: String,
+    /// The end of the text held out for evaluation, in [0, 1).
+    pub eval_fraction: Option<f64>,
+    /// Where the held-out ids go (default: `val.bin` beside a `train.bin`, else
+    /// `<stem>.val.<ext>`).
+    pub eval_out: Option<PathBuf>,
+}
+
+/// What was written.
+#[derive(Debug, Clone)]
+pub struct TokenizeReport {
+    pub train: (PathBuf, usize),
+    pub eval: Option<(PathBuf, usize)>,
+    pub vocab: usize,
+    pub dtype: &'static str,
+    /// The largest id written.
+    pub max_id: u32,
+    /// Invalid UTF-8 runs a `tokenizer.json` saw replaced by U+FFFD.
+    pub replaced: usize,
+}
+
+/// The held-out file beside `out`: `val.bin` for a `train.bin`, else `<stem>.val.<ext>`.
+fn eval_path_for(out: &Path) -> PathBuf {
+    let stem = out.file_stem().map(|s| s.to_string_lossy().into_owned());
+    let ext = out.extension().map(|e| e.to_string_lossy().into_owned());
+    let name = match (stem.as_deref(), ext.as_deref()) {
+        (Some("train"), Some(e)) => format!("val.{e}"),
+        (Some(s), Some(e)) => format!("{s}.val.{e}"),
+        (Some(s), None) => format!("{s}.val"),
+        _ => "val.bin".into(),
+    };
+    out.with_file_name(name)
+}
+
+/// Where `text` may be cut into pieces tokenized apart, at or after `at`: just after a newline
+/// between two bytes that are not whitespace. GPT-2's pre-tokenizer makes such a newline a
+/// piece of its own whether the text goes on or ends there (a run of whitespace at the end of
+/// a piece would join, so the newline must be alone).
+fn cut_after(text: &[u8], at: usize) -> usize {
+    let mut i = at.clamp(1, text.len().max(1));
+    while i < text.len() {
+        if text[i] == b'\n'
+            && !text[i - 1].is_ascii_whitespace()
+            && text.get(i + 1).is_some_and(|b| !b.is_ascii_whitespace())
+        {
+            return i + 1;
+        }
+        i += 1;
+    }
+    text.len()
+}
+
+/// Hands `sink` the ids of `text`, tokenized in pieces of about `piece` bytes (cut by
+/// `cut_after`), with the invalid UTF-8 runs each piece had replaced.
+fn encode_pieces(
+    t: &Tokenizer,
+    text: &[u8],
+    piece: usize,
+    sink: &mut dyn FnMut(&[u32], usize) -> Result<()>,
+) -> Result<()> {
+    let mut start = 0;
+    while start < text.len() {
+        let end = cut_after(text, start.saturating_add(piece));
+        let (ids, r) = t.encode(&text[start..end]).map_err(Error::Usage)?;
+        sink(&ids, r)?;
+        start = end;
+    }
+    Ok(())
+}
+
+/// Tokenizes `o.input` into `o.out` (and the held-out file).
+pub fn tokenize(o: &TokenizeOptions) -> Result<TokenizeReport> {
+    if let Some(f) = o.eval_fraction {
+        if !(0.0..1.0).contains(&f) {
+            return Err(Error::Usage(format!(
+                "--eval-fraction {f} is out of range: give a fraction in [0, 1)"
+            )));
+        }
+    }
+    let t = Tokenizer::load(&o.tokenizer, Path::new("."))
+        .map_err(|e| Error::Usage(format!("--tokenizer: {e}")))?;
+    let out = super::weights::output_path(&o.out, "-o")?;
+    let eval_out = match o.eval_fraction.filter(|f| *f > 0.0) {
+        Some(_) => {
+            let p = o.eval_out.clone().unwrap_or_else(|| eval_path_for(&o.out));
+            let p = super::weights::output_path(&p, "--eval-out")?;
+            if p == out {
+                return Err(Error::Usage(format!(
+                    "the held-out ids would go to `{}`, the training file; give --eval-out another path",
+                    p.display()
+                )));
+            }
+            Some(p)
+        }
+        None => None,
+    };
+    let vocab = t.vocab_size();
+    let wide = vocab > 1 << 16;
+    let size = if wide { 4 } else { 2 };
+    // the input is bad input when it cannot be read
+    let unreadable = |e: std::io::Error| {
+        Error::Usage(format!(
+            "cannot read the text file `{}`: {e}",
+            o.input.display()
+        ))
+    };
+    let file = std::fs::File::open(&o.input).map_err(unreadable)?;
+    if !file.metadata().map_err(unreadable)?.is_file() {
+        return Err(Error::Usage(format!(
+            "`{}` is not a regular file; give the text file to tokenize",
+            o.input.display()
+        )));
+    }
+    // SAFETY: read-only map of a file kiln does not change; one changed under it is the
+    // writer's to answer for, as for any reader.
+    let map = unsafe { memmap2::Mmap::map(&file) }.map_err(unreadable)?;
+    let text: &[u8] = &map;
+    // the ids, written beside the training file as they come
+    let tmp = out.with_file_name(format!(
+        ".{}.kiln-tmp",
+        out.file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    ));
+    let io = |what: &Path| {
+        let what = what.display().to_string();
+        move |e| Error::io(format!("writing {what}"), e)
+    };
+    let mut w = std::io::BufWriter::new(std::fs::File::create(&tmp).map_err(io(&tmp))?);
+    let (mut count, mut max_id, mut replaced) = (0usize, 0u32, 0usize);
+    let written = (|| -> Result<()> {
+        // (a tokenizer.json's pre-tokenizer is not known: its text goes in one piece)
+        let piece = match t {
+            Tokenizer::HuggingFace { .. } => usize::MAX / 2,
+            _ => 8 << 20,
+        };
+        encode_pieces(&t, text, piece, &mut |ids, r| {
+            replaced += r;
+            for &id in ids {
+                max_id = max_id.max(id);
+                if wide {
+                    w.write_all(&id.to_le_bytes()).map_err(io(&tmp))?;
+                } else {
+                    w.write_all(&(id as u16).to_le_bytes()).map_err(io(&tmp))?;
+                }
+                count += 1;
+            }
+            Ok(())
+        })
+        .map_err(|e| match e {
+            Error::Usage(m) => Error::Usage(format!("{}: {m}", o.input.display())),
+            e => e,
+        })?;
+        w.flush().map_err(io(&tmp))?;
+        Ok(())
+    })();
+    let finish = (|| -> Result<TokenizeReport> {
+        written?;
+        let f = w.into_inner().map_err(|e| io(&tmp)(e.into_error()))?;
+        let held = o
+            .eval_fraction
+            .map_or(0, |frac| (count as f64 * frac).round() as usize);
+        let eval = match &eval_out {
+            Some(p) => {
+                // the tail of the ids, copied to the held-out file, then cut from the training
+                let bytes = std::fs::read(&tmp).map_err(io(&tmp))?;
+                let at = (count - held) * size;
+                super::weights::write_atomic(p, &bytes[at..])?;
+                f.set_len(at as u64).map_err(io(&tmp))?;
+                Some((p.clone(), held))
+            }
+            None => None,
+        };
+        f.sync_all().map_err(io(&tmp))?;
+        drop(f);
+        std::fs::rename(&tmp, &out).map_err(io(&out))?;
+        Ok(TokenizeReport {
+            train: (out.clone(), count - held),
+            eval,
+            vocab,
+            dtype: if wide { "u32" } else { "u16" },
+            max_id,
+            replaced,
+        })
+    })();
+    if finish.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    finish
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pieces_are_cut_where_a_line_starts_with_a_non_space() {
+        let t = b"ab\n  cd\nef\n\ngh\nij";
+        assert_eq!(cut_after(t, 0), 8);
+        // not after a blank line: "\n\n" at the end of a piece would be one token
+        assert_eq!(cut_after(t, 9), 15);
+        assert_eq!(cut_after(t, 16), t.len());
+        assert_eq!(
+            eval_path_for(Path::new("d/train.bin")),
+            Path::new("d/val.bin")
+        );
+        assert_eq!(
+            eval_path_for(Path::new("d/book.bin")),
+            Path::new("d/book.val.bin")
+        );
+    }
+
+    #[test]
+    fn gpt2_ids_in_pieces_are_the_ids_of_the_whole_text() {
+        let text = std::fs::read(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("experiments/data/text/rust-book.txt"),
+        )
+        .unwrap();
+        let text = &text[..40_000];
+        let t = Tokenizer::load("gpt2", Path::new(".")).unwrap();
+        let whole = t.encode(text).unwrap().0;
+        let mut pieces = Vec::new();
+        let mut n = 0;
+        encode_pieces(&t, text, 300, &mut |ids, _| {
+            pieces.extend_from_slice(ids);
+            n += 1;
+            Ok(())
+        })
+        .unwrap();
+        assert!(n > 50, "{n} pieces");
+        assert_eq!(pieces, whole);
+    }
+}

@@ -1,0 +1,270 @@
+//! Language models past bytes: `kiln tokenize` writes nanoGPT token files with GPT-2's BPE
+//! (the ids of the whole text, split where `data.eval_fraction` splits), a text file tokenized
+//! as it loads trains to the bits of its token files, and `kiln sample` encodes and decodes with
+//! the run's tokenizer, with a KV cache that gives the tokens of running the whole context.
+
+use std::path::Path;
+
+use crate::common::{kiln, root, stderr, stdout, summary, write};
+use crate::models::GPT;
+
+/// The book's first 20,000 bytes.
+fn book(dir: &Path) -> Vec<u8> {
+    let text = std::fs::read(root().join("experiments/data/text/rust-book.txt")).unwrap();
+    let text = text[..20_000].to_vec();
+    std::fs::write(dir.join("book.txt"), &text).unwrap();
+    text
+}
+
+fn ok(dir: &Path, args: &[&str]) -> std::process::Output {
+    let o = kiln(dir, args);
+    assert_eq!(o.status.code(), Some(0), "{args:?}: {}", stderr(&o));
+    o
+}
+
+fn u16s(p: &Path) -> Vec<u32> {
+    std::fs::read(p)
+        .unwrap()
+        .chunks(2)
+        .map(|b| u32::from(u16::from_le_bytes([b[0], b[1]])))
+        .collect()
+}
+
+/// A small gpt over GPT-2's vocabulary.
+fn gpt2_experiment(dir: &Path) {
+    let task = GPT
+        .replace("vocab_size = 256", "vocab_size = 50257")
+        .replace("dim = 32", "dim = 16")
+        .replace("corpus.txt", "book.txt");
+    write(dir, "gpt2.toml", &task);
+}
+
+#[test]
+fn tokenized_files_hold_gpt2_ids_and_train_like_the_text_tokenized_as_it_loads() {
+    let d = kiln::testdir::tempdir().unwrap();
+    let text = book(d.path());
+    let o = ok(
+        d.path(),
+        &[
+            "tokenize",
+            "book.txt",
+            "-o",
+            "train.bin",
+            "--eval-fraction",
+            "0.2",
+        ],
+    );
+    let out = stdout(&o);
+    assert!(out.contains("vocab_size = 50257"), "{out}");
+    assert!(
+        out.contains("dtype = \"u16\"") && out.contains("tokenizer = \"gpt2\""),
+        "{out}"
+    );
+    let t = kiln::data::tokenizer::Tokenizer::load("gpt2", Path::new(".")).unwrap();
+    let (ids, _) = t.encode(&text).unwrap();
+    let (train, val) = (
+        u16s(&d.path().join("train.bin")),
+        u16s(&d.path().join("val.bin")),
+    );
+    let held = (ids.len() as f64 * 0.2).round() as usize;
+    assert_eq!(train, ids[..ids.len() - held]);
+    assert_eq!(val, ids[ids.len() - held..]);
+    assert_eq!(t.decode(&[train.clone(), val].concat()).unwrap(), text);
+    // the text, tokenized as it loads, trains to the bits of the token files
+    gpt2_experiment(d.path());
+    let base = [
+        "--quiet",
+        "--set",
+        "sampler.shuffle=false",
+        "--set",
+        "data.tokenizer=\"gpt2\"",
+    ];
+    let mut a = vec!["run", "gpt2.toml", "--run-dir", "text"];
+    a.extend(base);
+    ok(d.path(), &a);
+    let mut a = vec![
+        "run",
+        "gpt2.toml",
+        "--run-dir",
+        "files",
+        "--set",
+        "data.kind=\"tokens\"",
+        "--set",
+        "data.path=\"train.bin\"",
+    ];
+    a.extend(base);
+    // (eval_fraction of the text is the held-out file here)
+    let split = GPT
+        .replace("vocab_size = 256", "vocab_size = 50257")
+        .replace("dim = 32", "dim = 16")
+        .replace("eval_fraction = 0.2", "eval_path = \"val.bin\"");
+    write(d.path(), "gpt2.toml", &split);
+    ok(d.path(), &a);
+    let (x, y) = (
+        summary(&d.path().join("text")),
+        summary(&d.path().join("files")),
+    );
+    assert_eq!(x["params_sha256"], y["params_sha256"]);
+    assert_eq!(x["eval_loss"], y["eval_loss"]);
+    // refusals: exit 2, nothing written
+    for (args, want) in [
+        (
+            &[
+                "tokenize",
+                "book.txt",
+                "-o",
+                "x.bin",
+                "--eval-fraction",
+                "1",
+            ][..],
+            "--eval-fraction 1 is out of range",
+        ),
+        (
+            &["tokenize", "nope.txt", "-o", "x.bin"][..],
+            "cannot read the text file `nope.txt`",
+        ),
+        (
+            &["tokenize", "book.txt", "-o", "x.bin", "--tokenizer", "gtp2"][..],
+            "--tokenizer: `gtp2` is neither \"bytes\", \"gpt2\" nor a tokenizer.json file",
+        ),
+    ] {
+        let o = kiln(d.path(), args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
+        assert!(stderr(&o).contains(want), "{args:?}: {}", stderr(&o));
+    }
+    assert!(!d.path().join("x.bin").exists());
+    let o = kiln(
+        d.path(),
+        &["check", "gpt2.toml", "--set", "data.tokenizer=\"gtp2\""],
+    );
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("did you mean \"gpt2\"?"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+#[test]
+fn sampling_with_the_kv_cache_gives_the_tokens_of_the_whole_context() {
+    let d = kiln::testdir::tempdir().unwrap();
+    book(d.path());
+    write(
+        d.path(),
+        "t.toml",
+        &GPT.replace("corpus.txt", "book.txt")
+            .replace("max_steps = 3", "max_steps = 20"),
+    );
+    ok(
+        d.path(),
+        &["run", "t.toml", "--quiet", "--run-dir", "bytes"],
+    );
+    let sample = |extra: &[&str]| {
+        let mut a = vec!["sample", "bytes", "--prompt", "fn main", "--tokens", "100"];
+        a.extend(extra);
+        ok(d.path(), &a).stdout
+    };
+    // past the block (32): the context drops to its last half and is run again, both ways
+    for args in [
+        &["--temperature", "0"][..],
+        &["--temperature", "0.9", "--top-p", "0.9", "--seed", "4"][..],
+    ] {
+        let cached = sample(args);
+        let mut no = args.to_vec();
+        no.push("--no-cache");
+        assert_eq!(cached, sample(&no), "{args:?}");
+        assert_eq!(cached.len(), "fn main".len() + 100 + 1, "{args:?}");
+    }
+    // a stop sequence ends the text there
+    let greedy = sample(&["--temperature", "0"]);
+    let text = String::from_utf8_lossy(&greedy[7..]).into_owned();
+    let stop: String = text.chars().skip(10).take(3).collect();
+    let o = ok(
+        d.path(),
+        &[
+            "sample",
+            "bytes",
+            "--prompt",
+            "fn main",
+            "--tokens",
+            "100",
+            "--temperature",
+            "0",
+            "--stop",
+            &stop,
+        ],
+    );
+    let got = String::from_utf8_lossy(&o.stdout).into_owned();
+    let got = got.strip_suffix('\n').unwrap_or(&got);
+    assert!(got.ends_with(&stop), "{got:?} ends with {stop:?}");
+    assert!(got.len() < greedy.len());
+    assert!(
+        stderr(&o).contains("stopped at stop sequence"),
+        "{}",
+        stderr(&o)
+    );
+    for (args, want) in [
+        (&["--top-p", "0"][..], "--top-p 0 must be in (0, 1]"),
+        (
+            &["--temperature=-1"][..],
+            "--temperature -1 must be 0 (greedy) or above",
+        ),
+    ] {
+        let mut a = vec!["sample", "bytes"];
+        a.extend(args);
+        let o = kiln(d.path(), &a);
+        assert_eq!(o.status.code(), Some(2));
+        assert!(stderr(&o).contains(want), "{}", stderr(&o));
+    }
+}
+
+#[test]
+fn a_gpt2_run_samples_through_its_tokenizer() {
+    let d = kiln::testdir::tempdir().unwrap();
+    book(d.path());
+    gpt2_experiment(d.path());
+    ok(
+        d.path(),
+        &[
+            "run",
+            "gpt2.toml",
+            "--quiet",
+            "--run-dir",
+            "g",
+            "--set",
+            "data.tokenizer=\"gpt2\"",
+        ],
+    );
+    let a = ok(
+        d.path(),
+        &[
+            "sample",
+            "g",
+            "--prompt",
+            "Hello world",
+            "--tokens",
+            "12",
+            "--temperature",
+            "0",
+            "--ignore-eos",
+        ],
+    );
+    let b = ok(
+        d.path(),
+        &[
+            "sample",
+            "g",
+            "--prompt",
+            "Hello world",
+            "--tokens",
+            "12",
+            "--temperature",
+            "0",
+            "--ignore-eos",
+            "--no-cache",
+        ],
+    );
+    assert_eq!(a.stdout, b.stdout);
+    assert!(a.stdout.starts_with(b"Hello world"));
+    assert!(stderr(&a).starts_with("12 tokens in "), "{}", stderr(&a));
+}
