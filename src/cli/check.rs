@@ -34,6 +34,15 @@ pub fn check(a: &ConfigArgs) -> Result<()> {
         }
     );
     let c = &r.config;
+    if c.optim.weight_decay != 0.0 {
+        println!(
+            "# weight decay {} (optim.decay = \"{}\"): {} parameters decayed, {} not",
+            c.optim.weight_decay,
+            config::choice_name(&c.decay_rule()),
+            report.decayed,
+            report.undecayed
+        );
+    }
     if c.strategy.kind == config::StrategyKind::Fsdp
         && c.strategy.sharding == config::Sharding::Full
         && c.train.activation_checkpointing == config::ActivationCheckpointing::None

@@ -18,13 +18,20 @@ pub enum FormatArg {
     /// Burn's module paths and layouts (Linear weights [in, out]), as Burn's
     /// `SafetensorsStore` writes them.
     Burn,
+    /// A gpt as Hugging Face's `GPT2LMHeadModel`: `-o` is a directory that gets
+    /// model.safetensors and config.json, for `GPT2LMHeadModel.from_pretrained(DIR)`.
+    #[value(name = "hf-gpt2")]
+    HfGpt2,
+    /// A gpt as nanoGPT's `GPT` state dict (Linear weights [out, in]).
+    Nanogpt,
 }
 
 #[derive(Debug, Args)]
 pub struct ExportArgs {
     /// The run directory (it holds config.toml and checkpoints/).
     pub run_dir: PathBuf,
-    /// The safetensors file to write (replaced atomically if it exists).
+    /// The safetensors file to write (replaced atomically if it exists); for `--format hf-gpt2`
+    /// the directory to write (made if it does not exist).
     #[arg(short = 'o', long = "out", value_name = "FILE")]
     pub out: PathBuf,
     /// Export this checkpoint (e.g. `step-00000600`, or `best`) instead of the newest verified
@@ -47,6 +54,8 @@ pub fn export(a: &ExportArgs) -> Result<()> {
         format: match a.format {
             FormatArg::Pytorch => WeightFormat::PyTorch,
             FormatArg::Burn => WeightFormat::Burn,
+            FormatArg::HfGpt2 => WeightFormat::HfGpt2,
+            FormatArg::Nanogpt => WeightFormat::NanoGpt,
         },
         probe: a.probe.clone(),
     };

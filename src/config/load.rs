@@ -365,7 +365,9 @@ pub const MODEL_KEYS: &[&str] = &[
     "dim",
     "bias",
     "tie_embeddings",
+    "gelu",
     "init_from",
+    "init_format",
 ];
 
 impl Resolved {

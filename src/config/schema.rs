@@ -87,6 +87,24 @@ pub enum Activation {
     Sigmoid,
 }
 
+/// `model.gelu`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GeluKind {
+    Exact,
+    Tanh,
+}
+
+/// `model.init_format`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum InitFormat {
+    Auto,
+    Kiln,
+    HfGpt2,
+    Nanogpt,
+}
+
 /// `[model]`. Keys kiln does not know are kept in `extra`: a model family registered by the
 /// user's own binary reads them with `Resolved::model_keys`; for kiln's own families they are
 /// unknown keys (an error naming the key, its source and the closest key).
@@ -129,6 +147,10 @@ pub struct ModelConfig {
     /// gpt: the output layer shares the token embedding's weights. Default: `true`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tie_embeddings: Option<bool>,
+    /// gpt: the MLP's GELU, `"exact"` (erf; nanoGPT's and PyTorch's `nn.GELU()`) or `"tanh"`
+    /// (the tanh approximation: GPT-2's, Hugging Face's `gelu_new`). Default: `"exact"`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gelu: Option<GeluKind>,
     /// Start training from these weights instead of the seeded initialisation: a safetensors
     /// file from `kiln export` (either format) or PyTorch's
     /// `safetensors.torch.save_file(model.state_dict(), path)` (f16/bf16/f64 are converted to
@@ -136,6 +158,14 @@ pub struct ModelConfig {
     /// relative to the experiment file. Default: none.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub init_from: Option<String>,
+    /// The names and layouts `init_from` holds: `"auto"` (kiln's exports by their metadata,
+    /// gpt files by their names and shapes), `"kiln"` (a `kiln export`, either format),
+    /// `"hf-gpt2"` (Hugging Face's `GPT2LMHeadModel`: `transformer.h.<i>.attn.c_attn.weight`,
+    /// Conv1D weights `[in, out]`) or `"nanogpt"` (nanoGPT's `GPT`: the same names, Linear
+    /// weights `[out, in]`, a `_orig_mod.` prefix of `torch.compile` taken off). Default:
+    /// `"auto"`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub init_format: Option<InitFormat>,
     /// The keys of a family kiln does not know (a user's model). Default: none.
     #[serde(flatten)]
     pub extra: std::collections::BTreeMap<String, toml::Value>,
@@ -162,7 +192,9 @@ impl Default for ModelConfig {
             dim: None,
             bias: None,
             tie_embeddings: None,
+            gelu: None,
             init_from: None,
+            init_format: None,
             extra: Default::default(),
             classes: 10,
             activation: Activation::Relu,
@@ -483,6 +515,30 @@ pub struct OptimConfig {
     /// Clip the global gradient norm to this value. Default: unset (no clipping).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub grad_clip_norm: Option<f64>,
+    /// Which parameters `weight_decay` applies to: `"matrices"` (those of two or more
+    /// dimensions: weights and embeddings, not biases or norms; nanoGPT's and torchtitan's
+    /// rule) or `"all"`. Default: `"matrices"` for gpt, `"all"` for the others.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub decay: Option<DecayRule>,
+}
+
+/// `optim.decay`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DecayRule {
+    Matrices,
+    All,
+}
+
+impl Config {
+    /// `optim.decay`, or its default for the model.
+    pub fn decay_rule(&self) -> DecayRule {
+        self.optim.decay.unwrap_or(if self.model.kind == "gpt" {
+            DecayRule::Matrices
+        } else {
+            DecayRule::All
+        })
+    }
 }
 
 impl Default for OptimConfig {
@@ -496,6 +552,7 @@ impl Default for OptimConfig {
             betas: [0.9, 0.999],
             eps: 1e-8,
             grad_clip_norm: None,
+            decay: None,
         }
     }
 }

@@ -21,6 +21,9 @@ pub struct CheckReport {
     pub stages: usize,
     /// Math threads per rank.
     pub threads: usize,
+    /// Parameters weight decay applies to and spares (`optim.decay`).
+    pub decayed: usize,
+    pub undecayed: usize,
 }
 
 /// Bytes of memory the machine has available (`MemAvailable`), when it says.
@@ -149,6 +152,12 @@ pub fn check(r: &Resolved) -> Result<CheckReport> {
         r.config.strategy.devices.count(),
         r.config.data.workers,
     );
+    let undecayed: usize = model
+        .layout()
+        .no_decay(r.config.decay_rule())
+        .iter()
+        .map(|r| r.len())
+        .sum();
     Ok(CheckReport {
         placement,
         plan,
@@ -156,5 +165,7 @@ pub fn check(r: &Resolved) -> Result<CheckReport> {
         step_bytes,
         stages: model.stages().len(),
         threads,
+        decayed: model.num_params() - undecayed,
+        undecayed,
     })
 }

@@ -52,18 +52,17 @@ fn eval_path_for(out: &Path) -> PathBuf {
     out.with_file_name(name)
 }
 
-/// Where `text` may be cut into pieces tokenized apart, at or after `at`: just after a newline
-/// between two bytes that are not whitespace. GPT-2's pre-tokenizer makes such a newline a
-/// piece of its own whether the text goes on or ends there (a run of whitespace at the end of
-/// a piece would join, so the newline must be alone).
-fn cut_after(text: &[u8], at: usize) -> usize {
-    let mut i = at.clamp(1, text.len().max(1));
-    while i < text.len() {
-        if text[i] == b'\n'
-            && !text[i - 1].is_ascii_whitespace()
-            && text.get(i + 1).is_some_and(|b| !b.is_ascii_whitespace())
-        {
-            return i + 1;
+/// Where `text` may be cut into pieces tokenized apart, at or after `at`: just before a newline
+/// that a byte other than whitespace follows. GPT-2's pre-tokenizer splits a run of
+/// whitespace before a word into the run less its last character and that character (here the
+/// newline, which no word takes as a prefix), so the run's end falls at the cut whether the
+/// text goes on or not; the newline then starts the next piece as it would start its own
+/// token.
+fn cut_at(text: &[u8], at: usize) -> usize {
+    let mut i = at.max(1);
+    while i + 1 < text.len() {
+        if text[i] == b'\n' && !text[i + 1].is_ascii_whitespace() {
+            return i;
         }
         i += 1;
     }
@@ -71,7 +70,7 @@ fn cut_after(text: &[u8], at: usize) -> usize {
 }
 
 /// Hands `sink` the ids of `text`, tokenized in pieces of about `piece` bytes (cut by
-/// `cut_after`), with the invalid UTF-8 runs each piece had replaced.
+/// `cut_at`), with the invalid UTF-8 runs each piece had replaced.
 fn encode_pieces(
     t: &Tokenizer,
     text: &[u8],
@@ -80,7 +79,7 @@ fn encode_pieces(
 ) -> Result<()> {
     let mut start = 0;
     while start < text.len() {
-        let end = cut_after(text, start.saturating_add(piece));
+        let end = cut_at(text, start.saturating_add(piece));
         let (ids, r) = t.encode(&text[start..end]).map_err(Error::Usage)?;
         sink(&ids, r)?;
         start = end;
@@ -216,10 +215,11 @@ mod tests {
     #[test]
     fn pieces_are_cut_where_a_line_starts_with_a_non_space() {
         let t = b"ab\n  cd\nef\n\ngh\nij";
-        assert_eq!(cut_after(t, 0), 8);
-        // not after a blank line: "\n\n" at the end of a piece would be one token
-        assert_eq!(cut_after(t, 9), 15);
-        assert_eq!(cut_after(t, 16), t.len());
+        // before a newline a word follows: "ab\n  cd" | "\nef\n" | "\ngh" | "\nij"
+        assert_eq!(cut_at(t, 0), 7);
+        assert_eq!(cut_at(t, 8), 11);
+        assert_eq!(cut_at(t, 12), 14);
+        assert_eq!(cut_at(t, 15), t.len());
         assert_eq!(
             eval_path_for(Path::new("d/train.bin")),
             Path::new("d/val.bin")

@@ -11,6 +11,7 @@ use burn::backend::{Autodiff, Flex};
 use super::resume::require_checkpoint;
 use super::run_dir::{checkpoint_store, run_config};
 use crate::checkpoint::{self, tensors};
+use crate::config::InitFormat;
 use crate::config::Resolved;
 use crate::error::{Error, Result};
 use crate::model::portable::{self, WeightFormat};
@@ -36,6 +37,74 @@ pub struct ExportReport {
     pub step: usize,
     pub tensors: usize,
     pub bytes: usize,
+}
+
+/// The directory a Hugging Face export goes to (`-o DIR`): made if it does not exist (its parent
+/// must), never a file or a symlink.
+fn hf_dir(path: &Path) -> Result<PathBuf> {
+    match fs::symlink_metadata(path) {
+        Ok(m) if m.is_dir() => Ok(path.to_path_buf()),
+        Ok(_) => Err(Error::Usage(format!(
+            "-o `{}` is not a directory; --format hf-gpt2 writes a directory (model.safetensors and config.json) that `GPT2LMHeadModel.from_pretrained` loads",
+            path.display()
+        ))),
+        Err(_) => {
+            let parent = match path.parent() {
+                Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+                _ => PathBuf::from("."),
+            };
+            if !parent.is_dir() {
+                return Err(Error::Usage(format!(
+                    "cannot write `{}`: the directory `{}` does not exist",
+                    path.display(),
+                    parent.display()
+                )));
+            }
+            Ok(path.to_path_buf())
+        }
+    }
+}
+
+/// Hugging Face's `config.json` of the gpt run `r` (a `GPT2LMHeadModel`), or why it has none.
+fn gpt2_config(r: &Resolved, model: &dyn Model) -> Result<String> {
+    let m = &r.config.model;
+    if model.kind() != "gpt" {
+        return Err(Error::Usage(format!(
+            "--format hf-gpt2 writes a gpt's weights, but the run trained model.kind = \"{}\"",
+            model.kind()
+        )));
+    }
+    if m.bias == Some(false) {
+        return Err(Error::Usage(
+            "--format hf-gpt2: GPT-2 has biases in every Linear and LayerNorm, but the run set `model.bias = false`; export --format nanogpt (or pytorch) instead".into(),
+        ));
+    }
+    let dropout = m.dropout;
+    let vocab = m.vocab_size.unwrap_or(256);
+    let config = serde_json::json!({
+        "architectures": ["GPT2LMHeadModel"],
+        "model_type": "gpt2",
+        "vocab_size": vocab,
+        "n_positions": m.block_size.unwrap_or(128),
+        "n_ctx": m.block_size.unwrap_or(128),
+        "n_embd": m.dim.unwrap_or(128),
+        "n_layer": m.layers.unwrap_or(4),
+        "n_head": m.heads.unwrap_or(4),
+        "n_inner": null,
+        "activation_function": if m.gelu == Some(crate::config::GeluKind::Tanh) { "gelu_new" } else { "gelu" },
+        "resid_pdrop": dropout,
+        "embd_pdrop": dropout,
+        "attn_pdrop": dropout,
+        "layer_norm_epsilon": 1e-5,
+        "initializer_range": 0.02,
+        "scale_attn_weights": true,
+        "tie_word_embeddings": m.tie_embeddings.unwrap_or(true),
+        // GPT-2's end-of-text, where the vocabulary has it
+        "bos_token_id": (vocab > 50256).then_some(50256),
+        "eos_token_id": (vocab > 50256).then_some(50256),
+        "torch_dtype": "float32",
+    });
+    Ok(serde_json::to_string_pretty(&config).unwrap_or_default() + "\n")
 }
 
 /// Where an output file of `flag` goes: its directory must exist, and the path must not be a
@@ -122,7 +191,13 @@ fn probe_input(task: Task, input_shape: &[usize]) -> (Vec<f32>, Vec<usize>) {
 /// Exports the weights of the run in `run_dir` (its newest verified checkpoint, or `o.from`).
 pub fn export(run_dir: &Path, o: &ExportOptions) -> Result<ExportReport> {
     // every output is checked before anything is written
-    let out = output_path(&o.out, "-o")?;
+    let hf_dir = (o.format == WeightFormat::HfGpt2)
+        .then(|| hf_dir(&o.out))
+        .transpose()?;
+    let out = match &hf_dir {
+        Some(d) => d.join("model.safetensors"),
+        None => output_path(&o.out, "-o")?,
+    };
     let probe = o
         .probe
         .as_ref()
@@ -149,6 +224,17 @@ pub fn export(run_dir: &Path, o: &ExportOptions) -> Result<ExportReport> {
     let path = require_checkpoint(&store, o.from.as_deref())?;
     let state = checkpoint::read_state(&path)?;
     let model = crate::model::build(&r, &state.input_shape)?;
+    let hf_config = match &hf_dir {
+        Some(_) => Some(gpt2_config(&r, model.as_ref())?),
+        None if o.format.gpt2_names() && model.kind() != "gpt" => {
+            return Err(Error::Usage(format!(
+                "--format {} writes a gpt's weights, but the run trained model.kind = \"{}\"",
+                o.format.name(),
+                model.kind()
+            )))
+        }
+        None => None,
+    };
     let loaded = checkpoint::load(&path, &model.layout().specs())?;
     let named = portable::export(model.as_ref(), o.format, &loaded.params);
     let model_json = serde_json::to_string(&r.config.model).unwrap_or_default();
@@ -166,7 +252,7 @@ pub fn export(run_dir: &Path, o: &ExportOptions) -> Result<ExportReport> {
     .into_iter()
     .map(|(k, v)| (k.to_string(), v))
     .collect();
-    if o.format == WeightFormat::PyTorch {
+    if o.format != WeightFormat::Burn {
         // what `transformers` and `safetensors.torch` write
         meta.insert("format".into(), "pt".into());
     }
@@ -181,6 +267,11 @@ pub fn export(run_dir: &Path, o: &ExportOptions) -> Result<ExportReport> {
         ))
     })?;
     // the model first: a probe never sits next to another model's weights
+    if let (Some(dir), Some(config)) = (&hf_dir, &hf_config) {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
+        write_atomic(&dir.join("config.json"), config.as_bytes())?;
+    }
     write_atomic(&out, &bytes)?;
     if let Some(probe) = &probe {
         let (x, shape) = probe_input(model.task(), &state.input_shape);
@@ -204,6 +295,52 @@ pub fn export(run_dir: &Path, o: &ExportOptions) -> Result<ExportReport> {
         tensors: named.len(),
         bytes: bytes.len(),
     })
+}
+
+/// The format of an `init_from` file: as `model.init_format` says, or (`auto`) kiln's export
+/// metadata, else for a gpt GPT-2's names (Hugging Face's when `c_attn` is `[dim, 3 dim]`,
+/// Conv1D's layout; nanoGPT's when it is `[3 dim, dim]`), else PyTorch's names.
+fn init_format(
+    asked: InitFormat,
+    file: &tensors::TensorFile,
+    model: &dyn Model,
+) -> std::result::Result<WeightFormat, String> {
+    let kiln = || match file.metadata.get("kiln.format").map(String::as_str) {
+        Some("burn") => WeightFormat::Burn,
+        Some("hf-gpt2") => WeightFormat::HfGpt2,
+        Some("nanogpt") => WeightFormat::NanoGpt,
+        _ => WeightFormat::PyTorch,
+    };
+    let gpt2 = |f: WeightFormat| {
+        if model.kind() == "gpt" {
+            Ok(f)
+        } else {
+            Err(format!(
+                "{} names are a gpt's, but the model is `{}`",
+                f.name(),
+                model.kind()
+            ))
+        }
+    };
+    match asked {
+        InitFormat::Kiln => Ok(kiln()),
+        InitFormat::HfGpt2 => gpt2(WeightFormat::HfGpt2),
+        InitFormat::Nanogpt => gpt2(WeightFormat::NanoGpt),
+        InitFormat::Auto => {
+            if file.metadata.contains_key("kiln.format") || model.kind() != "gpt" {
+                return Ok(kiln());
+            }
+            let attn = file.tensors.iter().find(|t| {
+                let n = t.name.strip_prefix("_orig_mod.").unwrap_or(&t.name);
+                n.starts_with("transformer.h.") && n.ends_with(".attn.c_attn.weight")
+            });
+            Ok(match attn.map(|t| t.shape.as_slice()) {
+                Some([a, b]) if *b == 3 * *a => WeightFormat::HfGpt2,
+                Some([a, b]) if *a == 3 * *b => WeightFormat::NanoGpt,
+                _ => kiln(),
+            })
+        }
+    }
 }
 
 /// The parameters `model.init_from` names, checked against `model` (every problem in one
@@ -233,25 +370,38 @@ pub fn init_weights(r: &Resolved, model: &dyn Model) -> Result<Option<Vec<f32>>>
             "model.init_from: `{shown}`: {e}\n  = help: give a file written by `kiln export` or by PyTorch's `safetensors.torch.save_file`"
         ))
     })?;
-    let format = match file.metadata.get("kiln.format").map(String::as_str) {
-        Some("burn") => WeightFormat::Burn,
-        _ => WeightFormat::PyTorch,
+    let asked = r.config.model.init_format.unwrap_or(InitFormat::Auto);
+    let format = init_format(asked, &file, model).map_err(|why| {
+        Error::Usage(format!(
+            "model.init_format: `{shown}`: {why}\n  = help: set `model.init_format` to the file's format (\"kiln\", \"hf-gpt2\" or \"nanogpt\")"
+        ))
+    })?;
+    // nanoGPT's compiled models prefix every name; GPT-2 files carry attention masks
+    let name_of = |n: &str| -> String {
+        match format {
+            WeightFormat::NanoGpt => n.strip_prefix("_orig_mod.").unwrap_or(n).to_string(),
+            _ => n.to_string(),
+        }
     };
-    let map: HashMap<&str, (&[usize], &[f32])> = file
+    let kept: Vec<(String, &tensors::Named)> = file
         .tensors
         .iter()
-        .filter(|t| t.unsupported.is_none())
-        .map(|t| (t.name.as_str(), (t.shape.as_slice(), t.data.as_slice())))
+        .map(|t| (name_of(&t.name), t))
+        .filter(|(n, _)| !(format.gpt2_names() && portable::gpt2_buffer(n)))
         .collect();
-    let other: HashMap<&str, &str> = file
-        .tensors
+    let map: HashMap<&str, (&[usize], &[f32])> = kept
         .iter()
-        .filter_map(|t| Some((t.name.as_str(), t.unsupported.as_deref()?)))
+        .filter(|(_, t)| t.unsupported.is_none())
+        .map(|(n, t)| (n.as_str(), (t.shape.as_slice(), t.data.as_slice())))
+        .collect();
+    let other: HashMap<&str, &str> = kept
+        .iter()
+        .filter_map(|(n, t)| Some((n.as_str(), t.unsupported.as_deref()?)))
         .collect();
     // training from NaN or infinite weights is never what was meant
-    let bad: Vec<String> = file
-        .tensors
+    let bad: Vec<String> = kept
         .iter()
+        .map(|(_, t)| *t)
         .filter_map(|t| {
             let n = t.data.iter().filter(|v| !v.is_finite()).count();
             (n > 0).then(|| format!("`{}` ({n} of {})", t.name, t.data.len()))

@@ -19,6 +19,14 @@ use super::init;
 use crate::config::{DataKind, Resolved};
 use crate::params::ParamLayout;
 
+/// GELU's tanh approximation, `0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))` (GPT-2's
+/// `gelu_new`, PyTorch's `GELU(approximate="tanh")`).
+pub fn gelu_tanh<B: Backend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D> {
+    let c = (2.0 / std::f64::consts::PI).sqrt();
+    let inner = (x.clone() + x.clone().powi_scalar(3).mul_scalar(0.044715)).mul_scalar(c);
+    x.mul_scalar(0.5) * inner.tanh().add_scalar(1.0)
+}
+
 /// One pre-LayerNorm transformer block.
 #[derive(Module, Debug)]
 pub struct BlockModule<B: Backend> {
@@ -53,6 +61,8 @@ pub struct Gpt {
     pub dim: usize,
     pub bias: bool,
     pub tie: bool,
+    /// The MLP's GELU is the tanh approximation (GPT-2's `gelu_new`), not the exact one.
+    pub gelu_tanh: bool,
     pub dropout: f64,
     /// The causal masks made so far, one per backend, device, length and dtype.
     pub masks: MaskCache,
@@ -130,6 +140,7 @@ impl Gpt {
             dim: c.dim.unwrap_or(128),
             bias: c.bias.unwrap_or(true),
             tie: c.tie_embeddings.unwrap_or(true),
+            gelu_tanh: c.gelu == Some(crate::config::GeluKind::Tanh),
             dropout: c.dropout,
             masks: MaskCache::default(),
         };
@@ -262,9 +273,12 @@ impl Gpt {
         let att = ctx.dropout(softmax(att, 3), self.dropout);
         let y = att.matmul(v.clone()).swap_dims(1, 2).reshape([n, t, d]);
         let x = x + ctx.dropout(b.c_proj.forward(y), self.dropout);
-        let m = b
-            .mlp_proj
-            .forward(gelu(b.mlp_fc.forward(b.ln_2.forward(x.clone()))));
+        let h = b.mlp_fc.forward(b.ln_2.forward(x.clone()));
+        let m = b.mlp_proj.forward(if self.gelu_tanh {
+            gelu_tanh(h)
+        } else {
+            gelu(h)
+        });
         (x + ctx.dropout(m, self.dropout), (k, v))
     }
 
@@ -576,6 +590,7 @@ mod tests {
             dim: 16,
             bias: true,
             tie: true,
+            gelu_tanh: false,
             dropout: 0.0,
             masks: MaskCache::default(),
         };

@@ -17,6 +17,11 @@ use super::api::Model;
 pub enum WeightFormat {
     PyTorch,
     Burn,
+    /// Hugging Face's `GPT2LMHeadModel` (gpt only): `transformer.h.<i>.attn.c_attn.weight`,
+    /// Conv1D weights `[in, out]`, the output layer `lm_head.weight` `[vocab, dim]`.
+    HfGpt2,
+    /// nanoGPT's `GPT` (gpt only): the same names, Linear weights `[out, in]`.
+    NanoGpt,
 }
 
 impl WeightFormat {
@@ -24,8 +29,45 @@ impl WeightFormat {
         match self {
             WeightFormat::PyTorch => "pytorch",
             WeightFormat::Burn => "burn",
+            WeightFormat::HfGpt2 => "hf-gpt2",
+            WeightFormat::NanoGpt => "nanogpt",
         }
     }
+    /// Whether it names a gpt's tensors as GPT-2 does (Hugging Face or nanoGPT).
+    pub fn gpt2_names(self) -> bool {
+        matches!(self, WeightFormat::HfGpt2 | WeightFormat::NanoGpt)
+    }
+}
+
+/// GPT-2's name of a kiln gpt parameter (norm leaves already `weight`/`bias`): `wte.weight` is
+/// `transformer.wte.weight`, `blocks.3.mlp_fc.bias` is `transformer.h.3.mlp.c_fc.bias`.
+fn gpt2_name(path: &str) -> String {
+    if let Some(rest) = path.strip_prefix("blocks.") {
+        let (i, tail) = rest.split_once('.').unwrap_or((rest, ""));
+        let tail = if let Some(t) = tail.strip_prefix("c_attn.") {
+            format!("attn.c_attn.{t}")
+        } else if let Some(t) = tail.strip_prefix("c_proj.") {
+            format!("attn.c_proj.{t}")
+        } else if let Some(t) = tail.strip_prefix("mlp_fc.") {
+            format!("mlp.c_fc.{t}")
+        } else if let Some(t) = tail.strip_prefix("mlp_proj.") {
+            format!("mlp.c_proj.{t}")
+        } else {
+            tail.to_string()
+        };
+        return format!("transformer.h.{i}.{tail}");
+    }
+    match path {
+        "lm_head.weight" => path.to_string(),
+        other => format!("transformer.{other}"),
+    }
+}
+
+/// The buffers (not parameters) GPT-2 files may hold: the attention's causal mask
+/// (`attn.bias`, `attn.masked_bias`), skipped on import.
+pub fn gpt2_buffer(name: &str) -> bool {
+    name.starts_with("transformer.h.")
+        && (name.ends_with(".attn.bias") || name.ends_with(".attn.masked_bias"))
 }
 
 /// One tensor of the exported weights and the parameter it holds.
@@ -93,6 +135,49 @@ fn torch_external(model: &dyn Model, i: usize, p: &ParamSpec) -> External {
 /// The tensors of `model`'s weights in `format`, in layout order, aliases last.
 pub fn externals(model: &dyn Model, format: WeightFormat) -> Vec<External> {
     let layout = model.layout();
+    if format.gpt2_names() {
+        let mut out: Vec<External> = layout
+            .params
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                let e = torch_external(model, i, p);
+                // the path as kiln names it, norm leaves renamed
+                let (prefix, leaf) = p.name.rsplit_once('.').unwrap_or(("", &p.name));
+                let leaf = e.name.rsplit('.').next().unwrap_or(leaf);
+                let path = format!("{prefix}.{leaf}");
+                // Hugging Face's Conv1D keeps Burn's [in, out]; its lm_head and every nanoGPT
+                // Linear are PyTorch's [out, in]
+                let transpose =
+                    e.transpose && (format == WeightFormat::NanoGpt || p.name == "lm_head.weight");
+                External {
+                    name: gpt2_name(&path),
+                    shape: if transpose {
+                        vec![p.shape[1], p.shape[0]]
+                    } else {
+                        p.shape.clone()
+                    },
+                    param: i,
+                    transpose,
+                    alias: false,
+                }
+            })
+            .collect();
+        if let Some(src) = out
+            .iter()
+            .find(|e| e.name == "transformer.wte.weight")
+            .cloned()
+            .filter(|_| !out.iter().any(|e| e.name == "lm_head.weight"))
+        {
+            // a tied output layer: `lm_head.weight` is the token embedding
+            out.push(External {
+                name: "lm_head.weight".into(),
+                alias: true,
+                ..src
+            });
+        }
+        return out;
+    }
     let mut out: Vec<External> = match format {
         WeightFormat::Burn => layout
             .params
@@ -106,7 +191,7 @@ pub fn externals(model: &dyn Model, format: WeightFormat) -> Vec<External> {
                 alias: false,
             })
             .collect(),
-        WeightFormat::PyTorch => layout
+        _ => layout
             .params
             .iter()
             .enumerate()
@@ -395,6 +480,28 @@ mod tests {
             "layersx.1.bias"
         );
         assert_eq!(renumber("fcs.0.weight", "layers", |i| i), "fcs.0.weight");
+    }
+
+    #[test]
+    fn gpt_names_are_gpt2s() {
+        for (kiln, hf) in [
+            ("wte.weight", "transformer.wte.weight"),
+            ("ln_f.bias", "transformer.ln_f.bias"),
+            ("blocks.0.ln_1.weight", "transformer.h.0.ln_1.weight"),
+            (
+                "blocks.11.c_attn.weight",
+                "transformer.h.11.attn.c_attn.weight",
+            ),
+            ("blocks.2.c_proj.bias", "transformer.h.2.attn.c_proj.bias"),
+            ("blocks.2.mlp_fc.weight", "transformer.h.2.mlp.c_fc.weight"),
+            ("blocks.2.mlp_proj.bias", "transformer.h.2.mlp.c_proj.bias"),
+            ("lm_head.weight", "lm_head.weight"),
+        ] {
+            assert_eq!(gpt2_name(kiln), hf);
+        }
+        assert!(gpt2_buffer("transformer.h.3.attn.bias"));
+        assert!(gpt2_buffer("transformer.h.3.attn.masked_bias"));
+        assert!(!gpt2_buffer("transformer.h.3.attn.c_attn.bias"));
     }
 
     #[test]

@@ -58,6 +58,8 @@ pub struct BurnParams<B: Backend> {
     v: Option<Tensor<B, 1>>,
     /// Hyperparameters and the step count (its own buffers stay empty).
     opt: Optimizer,
+    /// The weight decay of each element, where some get none (`Optimizer::no_decay`).
+    decay: Option<Tensor<B, 1>>,
     raw_fn: RawFn<B>,
     /// Keeps the address from `raw` valid until the parameters change.
     guard: Option<Box<dyn std::any::Any>>,
@@ -84,10 +86,19 @@ impl<B: Backend> BurnParams<B> {
         let mut hyper = opt.clone();
         hyper.m = Vec::new();
         hyper.v = Vec::new();
+        let decay = (!opt.no_decay.is_empty() && opt.weight_decay != 0.0).then(|| {
+            let mut wd = vec![opt.weight_decay; params.len()];
+            for r in &opt.no_decay {
+                let r = r.start.min(wd.len())..r.end.min(wd.len());
+                wd[r].fill(0.0);
+            }
+            upload::<B>(&wd, device)
+        });
         BurnParams {
             params: upload(params, device),
             m: state(&opt.m),
             v: state(&opt.v),
+            decay,
             opt: hyper,
             raw_fn,
             guard: None,
@@ -124,13 +135,18 @@ impl<B: Backend> DeviceParams for BurnParams<B> {
         let lr = lr as f32;
         let wd = o.weight_decay;
         let p = self.params.clone();
+        // wd * p, per element where some elements get no decay
+        let decayed = |p: Tensor<B, 1>| match &self.decay {
+            Some(w) => p * w.clone(),
+            None => p.mul_scalar(wd),
+        };
         match o.kind {
             OptimKind::Sgd if o.momentum == 0.0 => {
-                self.params = p.clone() - (g + p.mul_scalar(wd)).mul_scalar(lr);
+                self.params = p.clone() - (g + decayed(p)).mul_scalar(lr);
             }
             OptimKind::Sgd => {
                 let mu = o.momentum;
-                let d = g + p.clone().mul_scalar(wd);
+                let d = g + decayed(p.clone());
                 let b = match self.m.take() {
                     None => d.clone(),
                     Some(b) => b.mul_scalar(mu) + d.clone(),
@@ -149,10 +165,13 @@ impl<B: Backend> DeviceParams for BurnParams<B> {
                 let bc1 = 1.0 - b1.powi(t);
                 let bc2_sqrt = (1.0 - b2.powi(t)).sqrt();
                 let step_size = lr / bc1;
-                let (p, g) = if o.kind == OptimKind::Adamw {
-                    (p.mul_scalar(1.0 - lr * wd), g)
-                } else {
-                    (p.clone(), g + p.mul_scalar(wd))
+                let (p, g) = match (o.kind, &self.decay) {
+                    (OptimKind::Adamw, None) => (p.mul_scalar(1.0 - lr * wd), g),
+                    // 1 - lr * wd per element, as the host computes it
+                    (OptimKind::Adamw, Some(w)) => {
+                        (p * w.clone().mul_scalar(-lr).add_scalar(1.0), g)
+                    }
+                    _ => (p.clone(), g + decayed(p)),
                 };
                 let zeros = || super::buffer::master_zeros::<B>(p.dims()[0], &p.device());
                 let m = self.m.take().unwrap_or_else(zeros).mul_scalar(b1)
@@ -229,7 +248,12 @@ mod tests {
             (OptimKind::Adam, 0.0, false, 0.01),
             (OptimKind::Adamw, 0.0, false, 0.05),
         ] {
-            for clip in [None, Some(1.0)] {
+            for (clip, no_decay) in [
+                (None, vec![]),
+                (Some(1.0), vec![]),
+                // biases and norms spared (optim.decay = "matrices")
+                (None, vec![3..100, 500..501, 998..1000]),
+            ] {
                 let cfg = OptimConfig {
                     kind,
                     momentum,
@@ -237,7 +261,7 @@ mod tests {
                     weight_decay: wd,
                     ..OptimConfig::default()
                 };
-                let mut host = Optimizer::new(&cfg);
+                let mut host = Optimizer::new(&cfg).with_no_decay(no_decay.clone());
                 let mut hp = init.clone();
                 // the device state starts from one host step (as after a resume)
                 host.step(&mut hp, &grad(0), 0.1);
@@ -252,8 +276,9 @@ mod tests {
                     let mut dg = DeviceFlat::<Flex>::new(upload(&grad(s), &device), no_address);
                     dev.step(&mut dg, 0.1, clip).unwrap();
                 }
-                let what =
-                    format!("{kind:?} momentum {momentum} nesterov {nesterov} clip {clip:?}");
+                let what = format!(
+                    "{kind:?} momentum {momentum} nesterov {nesterov} clip {clip:?} no decay {no_decay:?}"
+                );
                 let dp = dev.params().unwrap();
                 // clipping sums squares in f32 on the device, f64 on the host
                 let tol = if clip.is_some() { 1e-6 } else { 0.0 };

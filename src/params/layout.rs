@@ -49,6 +49,23 @@ pub struct ParamLayout {
 }
 
 impl ParamLayout {
+    /// The flat ranges of the parameters weight decay spares under `rule` (`matrices`: those
+    /// of fewer than two dimensions), merged, in order.
+    pub fn no_decay(&self, rule: crate::config::DecayRule) -> Vec<std::ops::Range<usize>> {
+        let mut out: Vec<std::ops::Range<usize>> = Vec::new();
+        if rule == crate::config::DecayRule::All {
+            return out;
+        }
+        for p in self.params.iter().filter(|p| p.shape.len() < 2) {
+            let r = p.range();
+            match out.last_mut() {
+                Some(last) if last.end == r.start => last.end = r.end,
+                _ => out.push(r),
+            }
+        }
+        out
+    }
+
     /// The layout of `(path, shape)` pairs in this order. Units are the runs of consecutive
     /// parameters that share `unit_of(path)`.
     pub fn new(entries: Vec<(String, Vec<usize>)>) -> Self {

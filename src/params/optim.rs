@@ -21,6 +21,9 @@ pub struct Optimizer {
     pub m: Vec<f32>,
     /// Adam's second moment. Empty for SGD.
     pub v: Vec<f32>,
+    /// Ranges of the buffer this optimizer steps that get no weight decay (sorted, disjoint):
+    /// `optim.decay = "matrices"` exempts biases, norms and other 1-D parameters.
+    pub no_decay: Vec<std::ops::Range<usize>>,
 }
 
 impl Optimizer {
@@ -35,7 +38,14 @@ impl Optimizer {
             steps: 0,
             m: Vec::new(),
             v: Vec::new(),
+            no_decay: Vec::new(),
         }
+    }
+
+    /// This optimizer with `no_decay` (buffer ranges without weight decay).
+    pub fn with_no_decay(mut self, no_decay: Vec<std::ops::Range<usize>>) -> Self {
+        self.no_decay = no_decay;
+        self
     }
 
     /// The state to checkpoint.
@@ -73,17 +83,40 @@ impl Optimizer {
         (self.m.len() + self.v.len()) * std::mem::size_of::<f32>()
     }
 
+    /// The buffer's segments in order, each with the weight decay it gets (`no_decay` ranges
+    /// none).
+    fn segments(&self, len: usize) -> Vec<(std::ops::Range<usize>, f32)> {
+        let mut out = Vec::with_capacity(2 * self.no_decay.len() + 1);
+        let mut at = 0;
+        for r in &self.no_decay {
+            let (s, e) = (r.start.min(len), r.end.min(len));
+            if s > at {
+                out.push((at..s, self.weight_decay));
+            }
+            if e > s.max(at) {
+                out.push((s.max(at)..e, 0.0));
+            }
+            at = at.max(e);
+        }
+        if at < len {
+            out.push((at..len, self.weight_decay));
+        }
+        out
+    }
+
     /// One update of `params` by `grads` at learning rate `lr`.
     pub fn step(&mut self, params: &mut [f32], grads: &[f32], lr: f64) {
         debug_assert_eq!(params.len(), grads.len());
         let lr = lr as f32;
-        let wd = self.weight_decay;
         self.steps += 1;
+        let segments = self.segments(params.len());
         match self.kind {
             OptimKind::Sgd => {
                 if self.momentum == 0.0 {
-                    for (p, g) in params.iter_mut().zip(grads) {
-                        *p -= lr * (g + wd * *p);
+                    for (r, wd) in segments {
+                        for (p, g) in params[r.clone()].iter_mut().zip(&grads[r]) {
+                            *p -= lr * (g + wd * *p);
+                        }
                     }
                     return;
                 }
@@ -92,11 +125,14 @@ impl Optimizer {
                 if first {
                     self.m = vec![0.0; params.len()];
                 }
-                for ((p, g), b) in params.iter_mut().zip(grads).zip(self.m.iter_mut()) {
-                    let d = g + wd * *p;
-                    *b = if first { d } else { mu * *b + d };
-                    let upd = if self.nesterov { d + mu * *b } else { *b };
-                    *p -= lr * upd;
+                for (r, wd) in segments {
+                    let m = &mut self.m[r.clone()];
+                    for ((p, g), b) in params[r.clone()].iter_mut().zip(&grads[r]).zip(m) {
+                        let d = g + wd * *p;
+                        *b = if first { d } else { mu * *b + d };
+                        let upd = if self.nesterov { d + mu * *b } else { *b };
+                        *p -= lr * upd;
+                    }
                 }
             }
             OptimKind::Adam | OptimKind::Adamw => {
@@ -110,22 +146,25 @@ impl Optimizer {
                 let bc2_sqrt = (1.0 - b2.powi(t)).sqrt();
                 let step_size = lr / bc1;
                 let decoupled = self.kind == OptimKind::Adamw;
-                for (((p, g), m), v) in params
-                    .iter_mut()
-                    .zip(grads)
-                    .zip(self.m.iter_mut())
-                    .zip(self.v.iter_mut())
-                {
-                    let g = if decoupled {
-                        *p *= 1.0 - lr * wd;
-                        *g
-                    } else {
-                        g + wd * *p
-                    };
-                    *m = b1 * *m + (1.0 - b1) * g;
-                    *v = b2 * *v + (1.0 - b2) * g * g;
-                    let denom = v.sqrt() / bc2_sqrt + self.eps;
-                    *p -= step_size * *m / denom;
+                let eps = self.eps;
+                for (r, wd) in segments {
+                    for (((p, g), m), v) in params[r.clone()]
+                        .iter_mut()
+                        .zip(&grads[r.clone()])
+                        .zip(self.m[r.clone()].iter_mut())
+                        .zip(self.v[r].iter_mut())
+                    {
+                        let g = if decoupled {
+                            *p *= 1.0 - lr * wd;
+                            *g
+                        } else {
+                            g + wd * *p
+                        };
+                        *m = b1 * *m + (1.0 - b1) * g;
+                        *v = b2 * *v + (1.0 - b2) * g * g;
+                        let denom = v.sqrt() / bc2_sqrt + eps;
+                        *p -= step_size * *m / denom;
+                    }
                 }
             }
         }
@@ -213,6 +252,26 @@ mod tests {
         o.step(&mut p, &[0.0], 0.1);
         // p *= 1 - 0.1*0.5, zero gradient moves nothing else
         assert!((p[0] - 1.9).abs() < 1e-6);
+    }
+
+    #[test]
+    fn undecayed_ranges_get_no_weight_decay_and_the_rest_is_unchanged() {
+        for kind in [OptimKind::Sgd, OptimKind::Adam, OptimKind::Adamw] {
+            let grads = [0.3f32, -0.2, 0.1, 0.4, -0.5, 0.25];
+            let mut all = opt(kind, 0.9, false, 0.5);
+            let mut part = opt(kind, 0.9, false, 0.5).with_no_decay(vec![1..3, 5..6]);
+            let mut none = opt(kind, 0.9, false, 0.0);
+            let (mut a, mut b, mut c) = ([1.0f32; 6], [1.0f32; 6], [1.0f32; 6]);
+            for _ in 0..3 {
+                all.step(&mut a, &grads, 0.1);
+                part.step(&mut b, &grads, 0.1);
+                none.step(&mut c, &grads, 0.1);
+            }
+            for i in 0..6 {
+                let want = if matches!(i, 1 | 2 | 5) { c[i] } else { a[i] };
+                assert_eq!(b[i].to_bits(), want.to_bits(), "{kind:?} [{i}]");
+            }
+        }
     }
 
     #[test]

@@ -461,12 +461,32 @@ pub fn build(
     wait: Option<WaitHook>,
 ) -> Box<dyn Strategy> {
     let overlapped = |comm| Overlapped::new(comm, c.strategy.overlap, wait.clone());
+    // weight decay spares these parameters (`optim.decay`)
+    let no_decay = layout.no_decay(c.decay_rule());
+    let whole = || Optimizer::new(&c.optim).with_no_decay(no_decay.clone());
     match c.strategy.kind {
-        StrategyKind::Single => Box::new(Single::new(c, layout.num_params(), overlapped(comm))),
-        StrategyKind::Dp => Box::new(Dp::new(c, layout.num_params(), comm)),
-        StrategyKind::Ddp => Box::new(Ddp::new(c, layout.num_params(), overlapped(comm))),
-        StrategyKind::Fsdp => Box::new(Fsdp::new(c, layout, overlapped(comm))),
+        StrategyKind::Single => Box::new(Single::new(
+            c,
+            layout.num_params(),
+            whole(),
+            overlapped(comm),
+        )),
+        StrategyKind::Dp => Box::new(Dp::new(c, layout.num_params(), whole(), comm)),
+        StrategyKind::Ddp => Box::new(Ddp::new(c, layout.num_params(), whole(), overlapped(comm))),
+        StrategyKind::Fsdp => Box::new(Fsdp::new(c, layout, &no_decay, overlapped(comm))),
     }
+}
+
+/// The parts of `ranges` inside `window`, shifted to start from `window.start` (the undecayed
+/// ranges of a buffer that holds `window` of the flat parameters).
+pub(super) fn within(ranges: &[Range<usize>], window: Range<usize>) -> Vec<Range<usize>> {
+    ranges
+        .iter()
+        .filter_map(|r| {
+            let (s, e) = (r.start.max(window.start), r.end.min(window.end));
+            (s < e).then(|| s - window.start..e - window.start)
+        })
+        .collect()
 }
 
 /// Optimizer state elements per parameter element.

@@ -50,13 +50,14 @@ pub struct Ddp {
 }
 
 impl Ddp {
-    pub fn new(c: &Config, num_params: usize, comm: Overlapped) -> Self {
+    /// `opt`: the optimizer of the whole parameters (its undecayed ranges set).
+    pub fn new(c: &Config, num_params: usize, opt: Optimizer, comm: Overlapped) -> Self {
         let bucket_elems = ((c.strategy.bucket_cap_mb * 1024.0 * 1024.0 / 4.0) as usize)
             .clamp(1, num_params.max(1));
         Ddp {
             comm,
             params: Vec::new(),
-            opt: Optimizer::new(&c.optim),
+            opt,
             bucket_elems,
             device: DeviceCopy::default(),
             num_params,

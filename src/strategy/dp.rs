@@ -30,8 +30,9 @@ pub struct Dp {
 }
 
 impl Dp {
-    pub fn new(c: &Config, num_params: usize, comm: Box<dyn Collective>) -> Self {
-        let opt = (comm.rank() == 0).then(|| Optimizer::new(&c.optim));
+    /// `opt`: the main device's optimizer of the whole parameters (its undecayed ranges set).
+    pub fn new(c: &Config, num_params: usize, opt: Optimizer, comm: Box<dyn Collective>) -> Self {
+        let opt = (comm.rank() == 0).then_some(opt);
         Dp {
             comm,
             params: Vec::new(),

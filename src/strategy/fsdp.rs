@@ -159,9 +159,29 @@ struct Stale {
 }
 
 impl Fsdp {
-    pub fn new(c: &Config, layout: &ParamLayout, comm: Overlapped) -> Self {
+    /// `no_decay`: the flat ranges weight decay spares (`optim.decay`).
+    pub fn new(
+        c: &Config,
+        layout: &ParamLayout,
+        no_decay: &[Range<usize>],
+        comm: Overlapped,
+    ) -> Self {
         let units = units(layout, c.strategy.unit, comm.world());
-        let opts = units.iter().map(|_| Optimizer::new(&c.optim)).collect();
+        let rank = comm.rank();
+        // each optimizer steps its unit's shard (sharding = "none": the whole unit)
+        let opts = units
+            .iter()
+            .map(|u| {
+                let window = match c.strategy.sharding {
+                    Sharding::None => u.range.clone(),
+                    _ => {
+                        let own = u.owned(rank);
+                        u.range.start + own.start..u.range.start + own.end
+                    }
+                };
+                Optimizer::new(&c.optim).with_no_decay(super::base::within(no_decay, window))
+            })
+            .collect();
         let unit_of: Vec<usize> = match c.strategy.unit {
             FsdpUnit::Model => vec![0; layout.num_units()],
             FsdpUnit::Layer => (0..layout.num_units()).collect(),

@@ -268,3 +268,72 @@ fn a_gpt2_run_samples_through_its_tokenizer() {
     assert!(a.stdout.starts_with(b"Hello world"));
     assert!(stderr(&a).starts_with("12 tokens in "), "{}", stderr(&a));
 }
+
+#[test]
+fn weight_decay_spares_biases_and_norms_of_a_gpt_on_every_strategy() {
+    let d = kiln::testdir::tempdir().unwrap();
+    crate::models::corpus(d.path());
+    write(d.path(), "t.toml", GPT);
+    let run = |name: &str, sets: &[&str]| -> serde_json::Value {
+        let mut a = vec![
+            "run",
+            "t.toml",
+            "--quiet",
+            "--run-dir",
+            name,
+            "--set",
+            "optim.weight_decay=0.5",
+        ];
+        for s in sets {
+            a.extend(["--set", s]);
+        }
+        ok(d.path(), &a);
+        summary(&d.path().join(name))
+    };
+    let single = run("single", &["train.batch_size=8"]);
+    let all = run("all", &["train.batch_size=8", "optim.decay=\"all\""]);
+    assert_ne!(single["params_sha256"], all["params_sha256"]);
+    for (name, sets) in [
+        (
+            "ddp",
+            &[
+                "train.batch_size=4",
+                "strategy.kind=ddp",
+                "strategy.devices=2",
+            ][..],
+        ),
+        (
+            "fsdp",
+            &[
+                "train.batch_size=4",
+                "strategy.kind=fsdp",
+                "strategy.devices=2",
+                "strategy.unit=layer",
+            ][..],
+        ),
+        (
+            "fsdp-model",
+            &[
+                "train.batch_size=4",
+                "strategy.kind=fsdp",
+                "strategy.devices=2",
+            ][..],
+        ),
+    ] {
+        let s = run(name, sets);
+        let (a, b) = (
+            single["final_loss"].as_f64().unwrap(),
+            s["final_loss"].as_f64().unwrap(),
+        );
+        assert!((a - b).abs() <= 1e-5 * a, "{name}: {b} vs single {a}");
+    }
+    let o = ok(
+        d.path(),
+        &["check", "t.toml", "--set", "optim.weight_decay=0.5"],
+    );
+    assert!(
+        stdout(&o).contains("(optim.decay = \"matrices\"): ") && stdout(&o).contains(" not"),
+        "{}",
+        stdout(&o)
+    );
+}

@@ -11,6 +11,7 @@ mod experiments;
 mod export;
 mod fsdp;
 mod fuzz;
+mod hf;
 mod layers;
 mod lm;
 mod loader;

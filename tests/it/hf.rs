@@ -1,0 +1,232 @@
+//! Hugging Face GPT-2 and nanoGPT weights in and out. `tests/fixtures/hf-gpt2` is a small
+//! `GPT2LMHeadModel` that transformers initialised and saved (`scripts/make-hf-gpt2-fixture.py`
+//! regenerates it byte for byte), with its logits and loss on fixed ids: kiln loads it with
+//! `model.init_from` and computes the same loss; a trained run exports to Hugging Face's
+//! layout (a directory with config.json) and to nanoGPT's, and both load back to the same
+//! parameters.
+
+use std::path::Path;
+
+use burn::backend::{Autodiff, Flex};
+use kiln::data::Values;
+use kiln::model::ComputeOn;
+
+use crate::common::{kiln, root, stderr, write};
+
+/// The fixture's GPT-2 as a kiln experiment (data: the fixture's ids as a token file).
+fn experiment(dir: &Path, ids: &[u32]) {
+    let bytes: Vec<u8> = ids.iter().flat_map(|&i| (i as u16).to_le_bytes()).collect();
+    std::fs::write(dir.join("ids.bin"), bytes).unwrap();
+    let model = root().join("tests/fixtures/hf-gpt2/model.safetensors");
+    write(
+        dir,
+        "gpt2.toml",
+        &format!(
+            r#"[model]
+kind = "gpt"
+vocab_size = 300
+block_size = 32
+layers = 2
+heads = 4
+dim = 32
+gelu = "tanh"
+init_from = "{}"
+
+[data]
+kind = "tokens"
+path = "ids.bin"
+eval_fraction = 0.0
+
+[train]
+batch_size = 1
+max_steps = 5
+
+[optim]
+kind = "adamw"
+lr = 0.01
+
+[backend]
+threads = 1
+"#,
+            model.display()
+        ),
+    );
+}
+
+/// The fixture's ids (2 x 32), logits (2 x 32 x 300) and loss.
+fn expected() -> (Vec<u32>, Vec<f32>, f64) {
+    let bytes = std::fs::read(root().join("tests/fixtures/hf-gpt2/expected.safetensors")).unwrap();
+    let f = kiln::checkpoint::tensors::decode(&bytes).unwrap();
+    let ids = f
+        .get("ids")
+        .unwrap()
+        .data
+        .iter()
+        .map(|&v| v as u32)
+        .collect();
+    let logits = f.get("logits").unwrap().data.clone();
+    let meta: serde_json::Value = serde_json::from_str(&f.metadata["expected"]).unwrap();
+    let loss = meta["loss"].as_str().unwrap().parse().unwrap();
+    (ids, logits, loss)
+}
+
+/// The model of `gpt2.toml` in `dir` and the parameters `init_from` gives it.
+fn loaded(dir: &Path) -> (kiln::model::SharedModel, Vec<f32>) {
+    let r = kiln::config::load(&dir.join("gpt2.toml"), &[], &[]).unwrap();
+    let model = kiln::model::build(&r, &[33]).unwrap();
+    let params = kiln::launch::init_weights(&r, model.as_ref())
+        .unwrap()
+        .unwrap();
+    (model, params)
+}
+
+/// The mean cross-entropy of each position's logits for the next id, over the rows of `ids`
+/// (transformers' `labels = ids` loss).
+fn next_token_loss(logits: &[f32], ids: &[u32], rows: usize, vocab: usize) -> f64 {
+    let t = ids.len() / rows;
+    let mut sum = 0.0;
+    for r in 0..rows {
+        for p in 0..t - 1 {
+            let row = &logits[(r * t + p) * vocab..(r * t + p + 1) * vocab];
+            let max = row.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+            let lse = f64::from(max)
+                + row
+                    .iter()
+                    .map(|&v| f64::from(v - max).exp())
+                    .sum::<f64>()
+                    .ln();
+            sum += lse - f64::from(row[ids[r * t + p + 1] as usize]);
+        }
+    }
+    sum / (rows * (t - 1)) as f64
+}
+
+#[test]
+fn a_transformers_gpt2_loads_and_gives_its_logits_and_loss() {
+    let d = kiln::testdir::tempdir().unwrap();
+    let (ids, want, loss) = expected();
+    experiment(d.path(), &ids);
+    let (model, params) = loaded(d.path());
+    let compute = <Autodiff<Flex> as ComputeOn>::compute(model.as_ref(), &Default::default());
+    let mut logits = Vec::new();
+    for row in ids.chunks(32) {
+        logits.extend(
+            compute
+                .logits(&params, &Values::Tokens(row.to_vec()), &[1, 32])
+                .unwrap(),
+        );
+    }
+    let worst = logits
+        .iter()
+        .zip(&want)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    assert!(worst < 1e-4, "largest logit difference {worst}");
+    let got = next_token_loss(&logits, &ids, 2, 300);
+    assert!(
+        (got - loss).abs() <= 1e-4 * loss,
+        "loss {got} against transformers' {loss}"
+    );
+    // the exact GELU is another model: the same weights give other logits
+    let exact = d.path().join("exact.toml");
+    std::fs::write(
+        &exact,
+        std::fs::read_to_string(d.path().join("gpt2.toml"))
+            .unwrap()
+            .replace("gelu = \"tanh\"\n", ""),
+    )
+    .unwrap();
+    let r = kiln::config::load(&exact, &[], &[]).unwrap();
+    let other = kiln::model::build(&r, &[33]).unwrap();
+    let c = <Autodiff<Flex> as ComputeOn>::compute(other.as_ref(), &Default::default());
+    let l = c
+        .logits(&params, &Values::Tokens(ids[..32].to_vec()), &[1, 32])
+        .unwrap();
+    assert_ne!(l, logits[..32 * 300]);
+}
+
+#[test]
+fn trained_weights_export_to_hugging_face_and_nanogpt_and_load_back() {
+    let d = kiln::testdir::tempdir().unwrap();
+    let (ids, _, _) = expected();
+    experiment(d.path(), &ids);
+    let o = kiln(
+        d.path(),
+        &["run", "gpt2.toml", "--quiet", "--run-dir", "run"],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let ckpt = d.path().join("run/checkpoints/step-00000005");
+    let trained = crate::common::checkpoint_params(&d.path().join("run"), &ckpt);
+    for (format, out, file) in [
+        ("hf-gpt2", "hf", "hf/model.safetensors"),
+        ("nanogpt", "nano.safetensors", "nano.safetensors"),
+    ] {
+        let o = kiln(
+            d.path(),
+            &[
+                "export",
+                "run",
+                "--format",
+                format,
+                "-o",
+                out,
+                "--probe",
+                "probe.safetensors",
+            ],
+        );
+        assert_eq!(o.status.code(), Some(0), "{format}: {}", stderr(&o));
+        // loads back under the auto-detected format to the trained parameters
+        let toml = std::fs::read_to_string(d.path().join("gpt2.toml")).unwrap();
+        let old = root().join("tests/fixtures/hf-gpt2/model.safetensors");
+        let again = toml.replace(
+            &format!("init_from = \"{}\"", old.display()),
+            &format!("init_from = \"{file}\""),
+        );
+        write(d.path(), "again.toml", &again);
+        let r = kiln::config::load(&d.path().join("again.toml"), &[], &[]).unwrap();
+        let model = kiln::model::build(&r, &[33]).unwrap();
+        let params = kiln::launch::init_weights(&r, model.as_ref())
+            .unwrap()
+            .unwrap();
+        assert_eq!(params, trained, "{format}");
+    }
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(d.path().join("hf/config.json")).unwrap())
+            .unwrap();
+    for (k, v) in [
+        ("model_type", serde_json::json!("gpt2")),
+        ("n_embd", 32.into()),
+        ("n_layer", 2.into()),
+        ("n_head", 4.into()),
+        ("n_positions", 32.into()),
+        ("vocab_size", 300.into()),
+        ("activation_function", "gelu_new".into()),
+        ("tie_word_embeddings", true.into()),
+    ] {
+        assert_eq!(config[k], v, "{k}");
+    }
+    // the wrong model for the file: every tensor named, with both shapes; and a file of
+    // another family's names is refused for a gpt format
+    let toml = std::fs::read_to_string(d.path().join("gpt2.toml")).unwrap();
+    write(
+        d.path(),
+        "small.toml",
+        &toml.replace("dim = 32", "dim = 16"),
+    );
+    let o = kiln(d.path(), &["check", "small.toml"]);
+    let o = if o.status.code() == Some(0) {
+        kiln(
+            d.path(),
+            &["run", "small.toml", "--quiet", "--run-dir", "small"],
+        )
+    } else {
+        o
+    };
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let e = stderr(&o);
+    assert!(
+        e.contains("wrong shape `transformer.wte.weight`: [300, 32] in the file, the model needs [300, 16]"),
+        "{e}"
+    );
+    assert!(!d.path().join("small").exists());
+}
