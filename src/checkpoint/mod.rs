@@ -13,4 +13,4 @@ pub use format::{
     RngState, SchedulerInfo, ShardUnit, State, Watched, FORMAT,
 };
 pub use retention::to_delete;
-pub use store::{load, read_state, verify, CheckpointError, Entry, Loaded, Store};
+pub use store::{load, read_state, step_of, verify, CheckpointError, Entry, Loaded, Store};

@@ -148,7 +148,7 @@ impl Store {
         let fin = self.step_dir(step);
         if fin.exists() {
             // an older save of the same step (e.g. before a resume): replace it
-            fs::remove_dir_all(&fin).map_err(io(&fin))?;
+            remove_checkpoint(&fin)?;
         }
         fs::rename(&tmp, &fin).map_err(io(&fin))?;
         sync_dir(&self.dir)?;
@@ -176,20 +176,60 @@ impl Store {
             .into_iter()
             .filter(|s| Some(*s) != keep)
         {
-            let p = self.step_dir(step);
-            fs::remove_dir_all(&p).map_err(io(&p))?;
+            remove_checkpoint(&self.step_dir(step))?;
         }
         Ok(())
     }
 
-    /// Removes unfinished `.tmp` directories left by a crash.
+    /// Removes unfinished `.tmp` directories left by a crash (and a file under such a name).
     pub fn clean_tmp(&self) -> Result<(), CheckpointError> {
-        for e in self.list()? {
-            if e.path.to_string_lossy().ends_with(".tmp") {
-                fs::remove_dir_all(&e.path).map_err(io(&e.path))?;
+        let Ok(rd) = fs::read_dir(&self.dir) else {
+            return Ok(());
+        };
+        for e in rd.filter_map(|e| e.ok()) {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if !step_of(&name).is_some_and(|(tmp, _)| tmp) {
+                continue;
             }
+            let p = e.path();
+            let is_dir = fs::symlink_metadata(&p).is_ok_and(|m| m.is_dir());
+            let removed = if is_dir {
+                fs::remove_dir_all(&p)
+            } else {
+                fs::remove_file(&p)
+            };
+            removed.map_err(|e| CheckpointError::Io {
+                path: p.clone(),
+                source: std::io::Error::new(
+                    e.kind(),
+                    format!("cannot remove this unfinished checkpoint ({e}); remove it yourself: it is what an interrupted save left"),
+                ),
+            })?;
         }
         Ok(())
+    }
+
+    /// Entries named `step-...` that are not checkpoints kiln reads: a name other than `step-`
+    /// and exactly 8 digits (and perhaps `.tmp`), or not a directory. `list` skips them; the
+    /// caller says so.
+    pub fn strays(&self) -> Vec<PathBuf> {
+        let Ok(rd) = fs::read_dir(&self.dir) else {
+            return Vec::new();
+        };
+        let mut out: Vec<PathBuf> = rd
+            .filter_map(|e| e.ok())
+            .filter(|e| {
+                let name = e.file_name().to_string_lossy().into_owned();
+                // an unfinished `.tmp` is `clean_tmp`'s
+                name.starts_with("step-")
+                    && !step_of(&name).is_some_and(|(tmp, _)| tmp)
+                    && (step_of(&name).is_none()
+                        || !fs::symlink_metadata(e.path()).is_ok_and(|m| m.is_dir()))
+            })
+            .map(|e| e.path())
+            .collect();
+        out.sort();
+        out
     }
 
     /// Every step directory (finished or `.tmp`), newest first, each verified.
@@ -201,17 +241,15 @@ impl Store {
         for e in fs::read_dir(&self.dir).map_err(io(&self.dir))? {
             let e = e.map_err(io(&self.dir))?;
             let name = e.file_name().to_string_lossy().into_owned();
-            let Some(rest) = name.strip_prefix("step-") else {
-                continue;
-            };
-            let (num, tmp) = match rest.strip_suffix(".tmp") {
-                Some(n) => (n, true),
-                None => (rest, false),
-            };
-            let Ok(step) = num.parse::<u64>() else {
+            // `step-` and exactly 8 digits, a directory (not a link): anything else is not
+            // kiln's (`strays` names them)
+            let Some((tmp, step)) = step_of(&name) else {
                 continue;
             };
             let path = e.path();
+            if !fs::symlink_metadata(&path).is_ok_and(|m| m.is_dir()) {
+                continue;
+            }
             let bytes = fs::read_dir(&path)
                 .map(|d| {
                     d.filter_map(|f| f.ok()?.metadata().ok())
@@ -233,6 +271,35 @@ impl Store {
         }
         out.sort_by(|a, b| b.step.cmp(&a.step).then(a.path.cmp(&b.path)));
         Ok(out)
+    }
+}
+
+/// `(unfinished, step)` of a checkpoint directory's name: `step-` and exactly 8 ASCII digits,
+/// perhaps followed by `.tmp`; `None` for any other name (`step-+3`, `step-3`, `step-00000003x`).
+pub fn step_of(name: &str) -> Option<(bool, u64)> {
+    let rest = name.strip_prefix("step-")?;
+    let (num, tmp) = match rest.strip_suffix(".tmp") {
+        Some(n) => (n, true),
+        None => (rest, false),
+    };
+    if num.len() != 8 || !num.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    Some((tmp, num.parse().ok()?))
+}
+
+/// Removes a checkpoint directory: renamed aside first (`.deleting-step-N`), so a reader never
+/// finds a half-deleted checkpoint under its name.
+fn remove_checkpoint(p: &Path) -> Result<(), CheckpointError> {
+    let name = p
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let aside = p.with_file_name(format!(".deleting-{name}-{}", std::process::id()));
+    match fs::rename(p, &aside) {
+        Ok(()) => fs::remove_dir_all(&aside).map_err(io(&aside)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(_) => fs::remove_dir_all(p).map_err(io(p)),
     }
 }
 
@@ -310,6 +377,99 @@ fn invalid(dir: &Path, why: String) -> CheckpointError {
     }
 }
 
+/// The most ranks a checkpoint may say wrote it (a `world_size` past it is not a run's).
+pub const MAX_WORLD: usize = 1 << 20;
+
+/// `state.json`'s fields against each other, the layout and the directory's name: what no
+/// run writes is refused (a step other than the directory's, a world of a billion ranks, an
+/// unknown strategy), before a resume, an evaluation or an export acts on it. Positions that
+/// need the data (a cursor past the samples) are the run's to check (`check_position`).
+fn check_state(dir: &Path, s: &State) -> Result<(), String> {
+    const MAX: usize = 1 << 30;
+    let name = dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    if s.step == 0 {
+        return Err("`step` = 0, but a checkpoint is saved after a step".into());
+    }
+    if let Some((_, n)) = step_of(&name) {
+        if n != s.step as u64 {
+            return Err(format!(
+                "`step` = {} but the directory is {name}: the two must agree",
+                s.step
+            ));
+        }
+    }
+    if !(1..=MAX_WORLD).contains(&s.world_size) {
+        return Err(format!(
+            "`world_size` = {} is not a number of ranks (1 to {MAX_WORLD})",
+            s.world_size
+        ));
+    }
+    const STRATEGIES: [&str; 4] = ["single", "dp", "ddp", "fsdp"];
+    if !STRATEGIES.contains(&s.strategy.as_str()) {
+        return Err(format!(
+            "`strategy` = {:?} is not one of {}",
+            s.strategy,
+            STRATEGIES.join(", ")
+        ));
+    }
+    if s.strategy == "single" && s.world_size != 1 {
+        return Err(format!(
+            "`strategy` = \"single\" with `world_size` = {}",
+            s.world_size
+        ));
+    }
+    if let super::Layout::Sharded { world, .. } = &s.params {
+        if *world != s.world_size || s.strategy != "fsdp" {
+            return Err(format!(
+                "the parameters are sharded over {world} ranks, but `world_size` = {} and `strategy` = {:?}",
+                s.world_size, s.strategy
+            ));
+        }
+    }
+    for (key, v) in [
+        ("micro_batch", s.micro_batch),
+        ("grad_accum_steps", s.grad_accum_steps),
+    ] {
+        if !(1..=MAX).contains(&v) {
+            return Err(format!("`{key}` = {v} is out of range (1 to {MAX})"));
+        }
+    }
+    if s.accum_position >= s.grad_accum_steps {
+        return Err(format!(
+            "`accum_position` = {} is not below `grad_accum_steps` = {}",
+            s.accum_position, s.grad_accum_steps
+        ));
+    }
+    if s.optimizer.steps > s.step as u64 || s.scheduler.last_step > s.step {
+        return Err(format!(
+            "`optimizer.steps` = {} and `scheduler.last_step` = {} cannot pass `step` = {}",
+            s.optimizer.steps, s.scheduler.last_step, s.step
+        ));
+    }
+    // each micro-batch ends one epoch at most
+    let micro = (s.step as u64).saturating_mul(s.grad_accum_steps as u64);
+    if s.position.epoch > micro.saturating_add(1) {
+        return Err(format!(
+            "`position.epoch` = {} is more epochs than the {micro} micro-batches of {} steps could pass",
+            s.position.epoch, s.step
+        ));
+    }
+    for (key, w) in [("best", &s.best), ("early_stopping", &s.early_stopping)] {
+        if let Some(w) = w {
+            if w.best_step > s.step || !w.best.is_finite() {
+                return Err(format!(
+                    "`{key}` ({} = {} at step {}) is not of a step up to {}",
+                    w.metric, w.best, w.best_step, s.step
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Reads `state.json`, refusing a checkpoint of another format with the version that wrote it.
 pub fn read_state(dir: &Path) -> Result<State, CheckpointError> {
     let bytes = read(dir, "state.json")?;
@@ -337,6 +497,7 @@ pub fn read_state(dir: &Path) -> Result<State, CheckpointError> {
     }
     let state: State =
         serde_json::from_value(value).map_err(|e| invalid(dir, format!("state.json: {e}")))?;
+    check_state(dir, &state).map_err(|why| invalid(dir, format!("state.json: {why}")))?;
     if let Some(ls) = &state.loss_scale {
         if !(ls.scale > 0.0 && ls.scale <= f64::from(f32::MAX)) {
             return Err(invalid(
@@ -435,6 +596,35 @@ pub fn load(dir: &Path, specs: &[(String, Vec<usize>)]) -> Result<Loaded, Checkp
             .map_err(|e| invalid(dir, format!("{mname}/{oname}: {e}")))?;
     }
     let (params, opt) = whole.finish().map_err(|e| invalid(dir, e))?;
+    // no run saves a weight or a moment that is not finite (a diverged step is never applied)
+    for (what, values) in [
+        ("parameter", &params),
+        ("exp_avg / momentum", &opt.m),
+        ("exp_avg_sq", &opt.v),
+    ] {
+        if let Some(i) = values.iter().position(|v| !v.is_finite()) {
+            let mut at = i;
+            let name = specs
+                .iter()
+                .find(|(_, shape)| {
+                    let n: usize = shape.iter().product();
+                    if at < n {
+                        true
+                    } else {
+                        at -= n;
+                        false
+                    }
+                })
+                .map_or("?", |(n, _)| n.as_str());
+            return Err(invalid(
+                dir,
+                format!(
+                    "{what} `{name}` holds {} (element {at}); a checkpoint's values are finite",
+                    values[i]
+                ),
+            ));
+        }
+    }
     // the state the checkpoint's optimizer keeps must all be there
     let kind = state.optimizer.kind.as_str();
     let adam = kind.starts_with("adam");
@@ -564,7 +754,17 @@ mod tests {
                 store.write_file(1, &name, &bytes).unwrap();
             }
         }
-        store.commit(1, &state(9, sharded.clone()), 5, 0).unwrap();
+        store
+            .commit(
+                1,
+                &State {
+                    step: 1,
+                    ..state(9, sharded.clone())
+                },
+                5,
+                0,
+            )
+            .unwrap();
         let l = load(&store.step_dir(1), &specs).unwrap();
         assert_eq!(
             (l.params.clone(), l.opt.clone()),
@@ -575,7 +775,17 @@ mod tests {
         for (name, bytes) in encode_files(&Layout::Full, 0, &specs, &params, &opt).unwrap() {
             store.write_file(2, &name, &bytes).unwrap();
         }
-        store.commit(2, &state(9, Layout::Full), 5, 0).unwrap();
+        store
+            .commit(
+                2,
+                &State {
+                    step: 2,
+                    ..state(9, Layout::Full)
+                },
+                5,
+                0,
+            )
+            .unwrap();
         let w = load(&store.step_dir(2), &specs).unwrap();
         assert_eq!((w.params, w.opt), (params.clone(), opt.clone()));
 
@@ -604,7 +814,17 @@ mod tests {
                 store.write_file(3, &name, &bytes).unwrap();
             }
         }
-        store.commit(3, &state(9, sharded), 5, 0).unwrap();
+        store
+            .commit(
+                3,
+                &State {
+                    step: 3,
+                    ..state(9, sharded)
+                },
+                5,
+                0,
+            )
+            .unwrap();
         let e = load(&store.step_dir(3), &specs).unwrap_err().to_string();
         assert!(e.contains("is in 2 of the 3 ranks' files"), "{e}");
     }

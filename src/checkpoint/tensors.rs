@@ -91,9 +91,45 @@ pub fn encode(
     safetensors::tensor::serialize(views, Some(metadata)).map_err(|e| describe(&e))
 }
 
+/// A name the header's JSON object has twice (JSON parsers keep one of them silently, so the
+/// file would read as whichever came first or last); `None` when each is once or the header
+/// does not parse (the safetensors reader then says why).
+fn duplicate_name(bytes: &[u8]) -> Option<String> {
+    use serde::de::{Deserializer as _, IgnoredAny, MapAccess, Visitor};
+    struct Keys;
+    impl<'de> Visitor<'de> for Keys {
+        type Value = Option<String>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a JSON object")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Option<String>, A::Error> {
+            let mut seen = std::collections::HashSet::new();
+            while let Some(key) = map.next_key::<String>()? {
+                map.next_value::<IgnoredAny>()?;
+                if !seen.insert(key.clone()) {
+                    return Ok(Some(key));
+                }
+            }
+            Ok(None)
+        }
+    }
+    let n = u64::from_le_bytes(bytes.get(..8)?.try_into().ok()?);
+    let end = 8usize.checked_add(usize::try_from(n).ok()?)?;
+    let header = bytes.get(8..end)?;
+    serde_json::Deserializer::from_slice(header)
+        .deserialize_map(Keys)
+        .ok()
+        .flatten()
+}
+
 /// Reads a safetensors file's bytes: every float tensor as f32 (others are marked
 /// `unsupported`), and the metadata.
 pub fn decode(bytes: &[u8]) -> Result<TensorFile, String> {
+    if let Some(name) = duplicate_name(bytes) {
+        return Err(format!(
+            "the header names tensor `{name}` twice; a safetensors file names each tensor once"
+        ));
+    }
     let st = SafeTensors::deserialize(bytes).map_err(|e| describe_read(&e, bytes.len()))?;
     let (_, meta) =
         SafeTensors::read_metadata(bytes).map_err(|e| describe_read(&e, bytes.len()))?;

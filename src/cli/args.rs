@@ -64,6 +64,24 @@ pub enum Command {
     Tokenize(tokenize::TokenizeArgs),
 }
 
+impl Command {
+    /// Whether the command only reads and prints: then a reader that closes the pipe early
+    /// (`kiln ckpt list RUN | head`) ends it with success. A command that trains or writes
+    /// files exits 1 when its stdout fails, after it has finished its work.
+    pub fn reads_only(&self) -> bool {
+        match self {
+            Command::Check(_)
+            | Command::Status(_)
+            | Command::Ckpt(_)
+            | Command::Env(_)
+            | Command::Sample(_) => true,
+            Command::Init(a) => a.list,
+            Command::Sweep(a) => a.command.is_some(),
+            _ => false,
+        }
+    }
+}
+
 /// An experiment file and its overrides.
 #[derive(Debug, Args, Clone)]
 pub struct ConfigArgs {

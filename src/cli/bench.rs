@@ -44,10 +44,10 @@ pub fn bench(a: &BenchArgs) -> Result<()> {
     launch::bench(r, a.steps, a.repeats, &cpus, &mut |ev| {
         match ev {
         BenchEvent::Plan { describe, repeats } => {
-            println!("{describe}");
-            println!("backend   threads  loaders  steps/s  samples/s  data  peak/rank  (median of {repeats}; peak: the largest rank's, measured)");
+            crate::outln!("{describe}");
+            crate::outln!("backend   threads  loaders  steps/s  samples/s  data  peak/rank  (median of {repeats}; peak: the largest rank's, measured)");
         }
-        BenchEvent::Skipped { backend, why } => println!("{backend:<9} skipped: {why}"),
+        BenchEvent::Skipped { backend, why } => crate::outln!("{backend:<9} skipped: {why}"),
         BenchEvent::Row {
             backend,
             threads,
@@ -56,7 +56,7 @@ pub fn bench(a: &BenchArgs) -> Result<()> {
             samples_per_sec,
             data_fraction,
             peak_bytes,
-        } => println!(
+        } => crate::outln!(
             "{backend:<9} {threads:>7}  {loaders:>7}  {steps_per_sec:>7.2}  {samples_per_sec:>9.1}  {:>3.0}%  {:>9}",
             100.0 * data_fraction,
             peak_bytes.map_or("-".to_string(), crate::ui::bytes)

@@ -7,15 +7,15 @@ use crate::{config, launch, Result};
 pub fn check(a: &ConfigArgs) -> Result<()> {
     let r = a.resolve()?;
     let report = launch::check(&r)?;
-    println!(
+    crate::outln!(
         "# {} resolved: each value is followed by its source",
         a.file.display()
     );
-    print!("{}", config::annotated(&r));
-    println!();
-    println!("# {}", report.plan.describe());
+    crate::ui::out_raw(&config::annotated(&r));
+    crate::outln!();
+    crate::outln!("# {}", report.plan.describe());
     for m in &report.memory {
-        println!(
+        crate::outln!(
             "# memory at rest, rank {}: params {}, grads {}, optimizer state {}",
             m.rank,
             crate::ui::bytes(m.params_bytes as u64),
@@ -23,7 +23,7 @@ pub fn check(a: &ConfigArgs) -> Result<()> {
             crate::ui::bytes(m.optim_bytes as u64)
         );
     }
-    println!(
+    crate::outln!(
         "# while a step computes, each rank also holds {} for what its stages install ({} stages{})",
         crate::ui::bytes(report.step_bytes as u64),
         report.stages,
@@ -35,7 +35,7 @@ pub fn check(a: &ConfigArgs) -> Result<()> {
     );
     let c = &r.config;
     if c.optim.weight_decay != 0.0 {
-        println!(
+        crate::outln!(
             "# weight decay {} (optim.decay = \"{}\"): {} parameters decayed, {} not",
             c.optim.weight_decay,
             config::choice_name(&c.decay_rule()),
@@ -47,12 +47,12 @@ pub fn check(a: &ConfigArgs) -> Result<()> {
         && c.strategy.sharding == config::Sharding::Full
         && c.train.activation_checkpointing == config::ActivationCheckpointing::None
     {
-        println!("# note: fsdp with sharding = \"full\" keeps every gathered unit alive until its backward unless train.activation_checkpointing = \"units\" (the recompute frees each unit after its forward)");
+        crate::outln!("# note: fsdp with sharding = \"full\" keeps every gathered unit alive until its backward unless train.activation_checkpointing = \"units\" (the recompute frees each unit after its forward)");
     }
     if let Some(note) = &report.placement.note {
-        println!("# {note}");
+        crate::outln!("# {note}");
     }
-    println!(
+    crate::outln!(
         "# backend: {} with {}; config hash {}",
         report.placement.backend.name(),
         crate::backend::cpu_split(&r.config),

@@ -34,12 +34,20 @@ pub fn ckpt(cmd: &CkptCommand) -> Result<()> {
         CkptCommand::List { run_dir } => {
             let store = launch::checkpoint_store(run_dir)?;
             let entries = store.list().map_err(Error::Checkpoint)?;
+            for p in store.strays() {
+                crate::ui::note(&format!(
+                    "warning: skipping `{}`: not a checkpoint kiln wrote (checkpoints are directories named step- and 8 digits)",
+                    p.display()
+                ));
+            }
             // checkpoints a resume from an older step set aside (`abandoned-<time>/`)
             let mut aside: Vec<(String, crate::checkpoint::Entry)> = Vec::new();
             if let Ok(d) = std::fs::read_dir(&store.dir) {
                 let mut dirs: Vec<_> = d
                     .filter_map(|e| e.ok())
                     .filter(|e| e.file_name().to_string_lossy().starts_with("abandoned-"))
+                    // a file under that name is not a store kiln set aside
+                    .filter(|e| std::fs::symlink_metadata(e.path()).is_ok_and(|m| m.is_dir()))
                     .map(|e| e.path())
                     .collect();
                 dirs.sort();
@@ -55,12 +63,12 @@ pub fn ckpt(cmd: &CkptCommand) -> Result<()> {
                 }
             }
             if entries.is_empty() && aside.is_empty() {
-                println!("no checkpoints in {}", run_dir.display());
+                crate::outln!("no checkpoints in {}", run_dir.display());
                 return Ok(());
             }
             // the best checkpoint (`checkpoint.keep_best`), as the newest one records it
             let best = launch::best_mark(&store).ok().flatten();
-            println!("{:<20} {:>12}  status", "checkpoint", "bytes");
+            crate::outln!("{:<20} {:>12}  status", "checkpoint", "bytes");
             for e in &entries {
                 let mut status = match &e.status {
                     Ok(()) => "valid".to_string(),
@@ -69,10 +77,10 @@ pub fn ckpt(cmd: &CkptCommand) -> Result<()> {
                 if let Some(b) = best.as_ref().filter(|b| b.best_step as u64 == e.step) {
                     status.push_str(&format!(", best ({} {})", b.metric, b.best));
                 }
-                println!("{:<20} {:>12}  {status}", name(e), e.bytes);
+                crate::outln!("{:<20} {:>12}  {status}", name(e), e.bytes);
             }
             for (label, e) in &aside {
-                println!(
+                crate::outln!(
                     "{:<20} {:>12}  abandoned ({label}/): set aside by a resume from an older step",
                     name(e),
                     e.bytes
@@ -81,18 +89,29 @@ pub fn ckpt(cmd: &CkptCommand) -> Result<()> {
             Ok(())
         }
         CkptCommand::Verify { run_dir } => {
-            let entries = launch::checkpoint_store(run_dir)?
-                .list()
-                .map_err(Error::Checkpoint)?;
-            let newest = entries.first().ok_or_else(|| {
-                Error::Invalid(format!("no checkpoints in {}", run_dir.display()))
-            })?;
-            match &newest.status {
-                Ok(()) => {
-                    println!("{}: valid", name(newest));
-                    Ok(())
-                }
-                Err(why) => Err(Error::Invalid(format!("{}: {why}", name(newest)))),
+            let store = launch::checkpoint_store(run_dir)?;
+            // while a kiln process holds the run, the `.tmp` checkpoint is the save under way,
+            // and retention may delete the newest one as it is read: take the newest finished
+            // one, and look again when the one read is gone
+            let live = launch::holder(run_dir).is_some();
+            let mut tries = 0;
+            loop {
+                tries += 1;
+                let entries = store.list().map_err(Error::Checkpoint)?;
+                let newest = entries
+                    .iter()
+                    .find(|e| !(live && e.path.to_string_lossy().ends_with(".tmp")))
+                    .ok_or_else(|| {
+                        Error::Invalid(format!("no checkpoints in {}", run_dir.display()))
+                    })?;
+                return match &newest.status {
+                    Ok(()) => {
+                        crate::outln!("{}: valid", name(newest));
+                        Ok(())
+                    }
+                    Err(_) if !newest.path.exists() && tries < 20 => continue,
+                    Err(why) => Err(Error::Invalid(format!("{}: {why}", name(newest)))),
+                };
             }
         }
     }

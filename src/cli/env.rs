@@ -33,17 +33,17 @@ pub fn env(a: &EnvArgs) -> Result<()> {
         None => None,
     };
     // `main` has already looked for NCCL the way a run does
-    println!("kiln {}", env!("CARGO_PKG_VERSION"));
+    crate::outln!("kiln {}", env!("CARGO_PKG_VERSION"));
     let cuda = cfg!(feature = "cuda");
-    println!(
+    crate::outln!(
         "backends: ndarray, flex (cpu; default {}){}",
         crate::backend::AUTO_CPU_NAME,
         if cuda { ", cuda (f32, bf16, f16)" } else { "" }
     );
     if cfg!(feature = "wgpu") {
-        println!("  and wgpu (f32)");
+        crate::outln!("  and wgpu (f32)");
     }
-    println!(
+    crate::outln!(
         "cpu threads: {}",
         std::thread::available_parallelism()
             .map(|n| n.get())
@@ -63,7 +63,7 @@ pub fn env(a: &EnvArgs) -> Result<()> {
 fn nccl_vars(config: Option<(&crate::config::Config, String)>) {
     let vars = nccl_env::report(config.as_ref().map(|(c, _)| *c));
     match &config {
-        Some((c, file)) => println!(
+        Some((c, file)) => crate::outln!(
             "nccl variables of a run of {file}{}:",
             if c.backend.device == crate::config::Device::Cuda {
                 ""
@@ -71,50 +71,50 @@ fn nccl_vars(config: Option<(&crate::config::Config, String)>) {
                 " (exported when it runs with backend.device = \"cuda\")"
             }
         ),
-        None => println!("nccl variables in this environment:"),
+        None => crate::outln!("nccl variables in this environment:"),
     }
     if vars.is_empty() {
-        println!("  none set (NCCL's defaults)");
+        crate::outln!("  none set (NCCL's defaults)");
     }
     for (var, value, from) in &vars {
         let replaces = match std::env::var(var) {
             Ok(here) if here != *value => format!("; replaces {var}={here} of this environment"),
             _ => String::new(),
         };
-        println!("  {var}={value}  ({from}{replaces})");
+        crate::outln!("  {var}={value}  ({from}{replaces})");
     }
     for (var, suggestion) in nccl_env::unknown_in_environment() {
         let hint = suggestion
             .map(|s| format!("; did you mean {s}?"))
             .unwrap_or_default();
-        println!("  warning: {var} in this environment is not a variable NCCL reads{hint}");
+        crate::outln!("  warning: {var} in this environment is not a variable NCCL reads{hint}");
     }
 }
 
 #[cfg(not(feature = "wgpu"))]
 fn wgpu_report() {
-    println!("wgpu: not compiled in");
-    println!("  = help: rebuild with `cargo build --release --features wgpu` to train through Vulkan, Metal or DX12 (AMD, Intel, Apple GPUs, or a software driver)");
+    crate::outln!("wgpu: not compiled in");
+    crate::outln!("  = help: rebuild with `cargo build --release --features wgpu` to train through Vulkan, Metal or DX12 (AMD, Intel, Apple GPUs, or a software driver)");
 }
 
 #[cfg(feature = "wgpu")]
 fn wgpu_report() {
     let adapters = crate::backend::wgpu_adapters::list();
     if adapters.is_empty() {
-        println!("wgpu adapters: none");
-        println!("  = help: install a Vulkan driver (on Debian or Ubuntu, `apt-get install mesa-vulkan-drivers` gives lavapipe, a software one that runs on the CPU)");
+        crate::outln!("wgpu adapters: none");
+        crate::outln!("  = help: install a Vulkan driver (on Debian or Ubuntu, `apt-get install mesa-vulkan-drivers` gives lavapipe, a software one that runs on the CPU)");
         return;
     }
-    println!("wgpu adapters (backend.device = \"wgpu\", backend.adapter picks one):");
+    crate::outln!("wgpu adapters (backend.device = \"wgpu\", backend.adapter picks one):");
     for a in adapters {
-        println!("  {a}");
+        crate::outln!("  {a}");
     }
 }
 
 #[cfg(not(feature = "cuda"))]
 fn cuda_report() {
-    println!("cuda: not compiled in");
-    println!(
+    crate::outln!("cuda: not compiled in");
+    crate::outln!(
         "  = help: rebuild with `cargo build --release --features cuda` to train on NVIDIA GPUs"
     );
 }
@@ -122,65 +122,69 @@ fn cuda_report() {
 #[cfg(feature = "cuda")]
 fn cuda_report() {
     use crate::cuda;
-    println!("cuda bindings: CUDA 13.0 (cudarc feature cuda-13000; needs a driver for CUDA 13.0+, i.e. 580 or newer)");
+    crate::outln!("cuda bindings: CUDA 13.0 (cudarc feature cuda-13000; needs a driver for CUDA 13.0+, i.e. 580 or newer)");
     match cuda::driver_version() {
-        Some((major, minor)) => println!("cuda driver: CUDA {major}.{minor}"),
+        Some((major, minor)) => crate::outln!("cuda driver: CUDA {major}.{minor}"),
         None => {
-            println!("cuda driver: not found (libcuda.so could not be loaded)");
-            println!("  = help: install the NVIDIA driver, or check that libcuda.so is on the library path");
+            crate::outln!("cuda driver: not found (libcuda.so could not be loaded)");
+            crate::outln!("  = help: install the NVIDIA driver, or check that libcuda.so is on the library path");
         }
     }
     match cuda::device_count() {
-        Ok(0) => println!("gpus: none\n  = help: check `nvidia-smi` and CUDA_VISIBLE_DEVICES"),
+        Ok(0) => crate::outln!("gpus: none\n  = help: check `nvidia-smi` and CUDA_VISIBLE_DEVICES"),
         Ok(_) => {
             for (i, (name, mem)) in cuda::gpus().iter().enumerate() {
-                println!(
+                crate::outln!(
                     "gpu {i}: {name} ({:.1} GiB)",
                     *mem as f64 / (1u64 << 30) as f64
                 );
             }
         }
         Err(why) => {
-            println!("gpus: none ({why})\n  = help: check `nvidia-smi` and CUDA_VISIBLE_DEVICES")
+            crate::outln!(
+                "gpus: none ({why})\n  = help: check `nvidia-smi` and CUDA_VISIBLE_DEVICES"
+            )
         }
     }
     match cuda::find_toolkit() {
-        Ok(t) => println!(
+        Ok(t) => crate::outln!(
             "cuda toolkit: {} ({}): include/cuda_runtime.h, {}",
             t.root.display(),
             t.from,
             t.nvrtc.display()
         ),
         Err(why) => {
-            println!("cuda toolkit: not found (headers and NVRTC, which compile kiln's kernels)");
+            crate::outln!(
+                "cuda toolkit: not found (headers and NVRTC, which compile kiln's kernels)"
+            );
             for w in why {
-                println!("  looked at {w}");
+                crate::outln!("  looked at {w}");
             }
-            println!("  = help: {}", cuda::toolkit::HELP);
+            crate::outln!("  = help: {}", cuda::toolkit::HELP);
         }
     }
     let driver = cuda::driver_version();
     match cuda::nvrtc_version() {
         Some((major, minor)) => {
-            println!("nvrtc: {major}.{minor}");
+            crate::outln!("nvrtc: {major}.{minor}");
             if let Some((dm, dn)) = driver.filter(|&d| (major, minor) > d) {
-                println!("  warning: NVRTC {major}.{minor} is newer than the driver's CUDA {dm}.{dn}: the kernels it compiles will not load");
-                println!("  = help: update the NVIDIA driver, or use NVRTC {dm}.{dn} (`pip install \"nvidia-cuda-nvrtc=={dm}.{dn}.*\"`)");
+                crate::outln!("  warning: NVRTC {major}.{minor} is newer than the driver's CUDA {dm}.{dn}: the kernels it compiles will not load");
+                crate::outln!("  = help: update the NVIDIA driver, or use NVRTC {dm}.{dn} (`pip install \"nvidia-cuda-nvrtc=={dm}.{dn}.*\"`)");
             }
         }
         None => {
-            println!("nvrtc: not loadable");
-            println!("  = help: {}", cuda::toolkit::HELP);
+            crate::outln!("nvrtc: not loadable");
+            crate::outln!("  = help: {}", cuda::toolkit::HELP);
         }
     }
     let cache = cuda::kernel_cache_dir();
-    println!(
+    crate::outln!(
         "kernel cache: {} (compiled kernels and autotune results; clear it with `rm -rf {}`)",
         cache.display(),
         cache.display()
     );
     if let Some(done) = cuda::prepared() {
-        println!("environment prepared by kiln (re-executed): {done}");
+        crate::outln!("environment prepared by kiln (re-executed): {done}");
     }
     match (cuda::nccl_version(), cuda::find_nccl()) {
         (Some(v), path) => {
@@ -190,11 +194,11 @@ fn cuda_report() {
             let at = path
                 .map(|p| format!(" ({})", p.display()))
                 .unwrap_or_default();
-            println!("nccl: {v}{at}{linked}");
+            crate::outln!("nccl: {v}{at}{linked}");
         }
         (None, _) => {
-            println!("nccl: not loadable");
-            println!("  = help: {}", cuda::nccl_hint());
+            crate::outln!("nccl: not loadable");
+            crate::outln!("  = help: {}", cuda::nccl_hint());
         }
     }
 }

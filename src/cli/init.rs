@@ -36,7 +36,7 @@ pub struct InitArgs {
 pub fn init(a: &InitArgs) -> Result<()> {
     if a.list {
         for (name, about, _) in TEMPLATES {
-            println!("{name:<8} {about}");
+            crate::outln!("{name:<8} {about}");
         }
         return Ok(());
     }
@@ -54,9 +54,15 @@ pub fn init(a: &InitArgs) -> Result<()> {
             names.join(", ")
         )));
     };
-    if path.exists() {
+    // a dangling symbolic link exists too (`exists` follows it and says no)
+    if std::fs::symlink_metadata(path).is_ok() {
+        let what = if path.exists() {
+            "already exists"
+        } else {
+            "is a symbolic link to nothing"
+        };
         return Err(Error::Usage(format!(
-            "`{}` already exists; kiln init never overwrites a file: choose another path",
+            "`{}` {what}; kiln init never overwrites a file: choose another path",
             path.display()
         )));
     }
@@ -116,10 +122,16 @@ pub fn init(a: &InitArgs) -> Result<()> {
         .write(true)
         .create_new(true)
         .open(path)
-        .map_err(|e| Error::io(format!("creating {}", path.display()), e))?;
+        .map_err(|e| match e.kind() {
+            std::io::ErrorKind::AlreadyExists => Error::Usage(format!(
+                "`{}` already exists; kiln init never overwrites a file: choose another path",
+                path.display()
+            )),
+            _ => Error::io(format!("creating {}", path.display()), e),
+        })?;
     f.write_all(text.as_bytes())
         .map_err(|e| Error::io(format!("writing {}", path.display()), e))?;
-    println!(
+    crate::outln!(
         "wrote {} (template `{}`){data_note}\ncheck it with: kiln check {}\nrun it with:   kiln run {}",
         path.display(),
         a.template,

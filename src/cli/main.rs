@@ -20,37 +20,59 @@ where
     I: IntoIterator<Item = T>,
     T: Into<std::ffi::OsString> + Clone,
 {
-    quiet_on_closed_stdout();
+    model::install(registry);
+    let cli = Cli::parse_from(args);
+    let reads_only = cli.command.reads_only();
+    quiet_on_closed_stdout(reads_only);
     // NCCL and the CUDA toolkit loadable (a re-exec with them on the library path), before any
     // thread, socket or token exists
     #[cfg(feature = "cuda")]
     if let Some(warning) = crate::cuda::prepare_environment() {
         eprintln!("{warning}");
     }
-    model::install(registry);
-    let cli = Cli::parse_from(args);
-    match dispatch(cli) {
-        Ok(()) => 0,
+    let result = dispatch(cli);
+    // stdout that failed (a full disk, a closed pipe): the work is done and its files are
+    // whole; a read-only command whose reader stopped reading succeeded, any other says so
+    let stdout = crate::ui::stdout_error()
+        .filter(|(kind, _)| !(reads_only && *kind == std::io::ErrorKind::BrokenPipe))
+        .map(|(_, why)| why);
+    match result {
+        Ok(()) => match stdout {
+            None => 0,
+            Some(why) => {
+                eprintln!("error: writing to stdout failed: {why}\n  = help: the command finished its work, but what it printed was lost; check where stdout goes (a full disk, a closed pipe)");
+                1
+            }
+        },
         Err(e @ crate::Error::Preempted(_)) => {
             eprintln!("kiln: {e}");
             e.exit_code()
         }
         Err(e) => {
             eprintln!("error: {e}");
+            if let Some(why) = stdout {
+                eprintln!("error: writing to stdout failed as well: {why}");
+            }
             e.exit_code()
         }
     }
 }
 
-/// `kiln ... | head` closes the pipe early; printing then fails, and Rust's `println!` panics.
-/// Stop quietly with 0 instead, as ripgrep does (SIGPIPE stays ignored so that sockets keep
-/// returning errors rather than killing the process).
-fn quiet_on_closed_stdout() {
+/// A `println!` left anywhere (a dependency's) that fails panics; the panic then ends the
+/// process as `ui::out` would: a read-only command whose reader closed the pipe (`| head`)
+/// quietly with 0, as ripgrep does, anything else with exit 1 naming stdout, never a panic
+/// message. (SIGPIPE stays ignored so that sockets keep returning errors rather than killing
+/// the process.)
+fn quiet_on_closed_stdout(reads_only: bool) {
     let default_hook = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {
         let msg = info.payload_as_str().unwrap_or("");
-        if msg.starts_with("failed printing to stdout") && msg.contains("Broken pipe") {
-            std::process::exit(0);
+        if msg.starts_with("failed printing to stdout") {
+            if reads_only && msg.contains("Broken pipe") {
+                std::process::exit(0);
+            }
+            eprintln!("error: writing to stdout failed: {msg}");
+            std::process::exit(1);
         }
         default_hook(info);
     }));

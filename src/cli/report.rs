@@ -21,10 +21,9 @@ pub struct ReportArgs {
 pub fn report(a: &ReportArgs) -> Result<()> {
     let input = report::load(&a.dirs)?;
     let html = report::render(&input)?;
-    let out = a
-        .out
-        .clone()
-        .unwrap_or_else(|| report::default_output(&a.dirs));
+    let default = report::default_output(&a.dirs);
+    let out = a.out.clone().unwrap_or_else(|| default.clone());
+    launch::refuse_inside_run(&out, "-o", Some(&default))?;
     launch::write_atomic(&out, html.as_bytes())?;
     ui::out(&format!("wrote {} ({} bytes)", out.display(), html.len()));
     Ok(())

@@ -100,6 +100,6 @@ pub fn submit(a: &SubmitArgs) -> Result<()> {
 }
 
 pub fn status(a: &StatusArgs) -> Result<()> {
-    print!("{}", slurm::status(&a.run_dir)?);
+    crate::ui::out_raw(&slurm::status(&a.run_dir)?);
     Ok(())
 }

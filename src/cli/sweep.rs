@@ -44,7 +44,7 @@ pub enum SweepCommand {
 
 pub fn sweep(a: &SweepArgs) -> Result<()> {
     if let Some(SweepCommand::Status { dir }) = &a.command {
-        print!("{}", sweep::status(dir)?);
+        crate::ui::out_raw(&sweep::status(dir)?);
         return Ok(());
     }
     let spec = match (&a.file, &a.resume) {

@@ -14,4 +14,4 @@ pub use load::{build_figment, describe_source, extract, find_line, load, Resolve
 pub use nccl::{EnvValue, NcclDebug, KNOWN as KNOWN_NCCL_VARS};
 pub use schema::*;
 pub use show::{annotated, config_hash, to_toml};
-pub use validate::validate;
+pub use validate::{checkpoint_dir_inside, validate, MAX_TRIALS, SWEEP_METRICS};

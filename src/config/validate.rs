@@ -71,18 +71,53 @@ fn files_exist(r: &Resolved, keys: &[(&str, &Option<String>)]) -> Result<(), Con
     for (key, value) in keys {
         let Some(value) = value else { continue };
         let resolved = r.path_of(key, value);
-        if !resolved.is_file() {
-            return Err(r.key_error(
-                key,
-                format!(
-                    "`{key}` = \"{value}\": file `{}` not found",
-                    resolved.display()
-                ),
-                Some("paths are relative to the experiment file that sets them".into()),
-            ));
+        match std::fs::metadata(&resolved) {
+            Ok(m) if m.is_file() => {}
+            Ok(m) => {
+                let what = if m.is_dir() {
+                    "a directory"
+                } else {
+                    "a FIFO, socket or device"
+                };
+                return Err(r.key_error(
+                    key,
+                    format!(
+                        "`{key}` = \"{value}\": `{}` is not a regular file (it is {what})",
+                        resolved.display()
+                    ),
+                    Some("give the path of the data file itself".into()),
+                ));
+            }
+            Err(_) => {
+                return Err(r.key_error(
+                    key,
+                    format!(
+                        "`{key}` = \"{value}\": file `{}` not found",
+                        resolved.display()
+                    ),
+                    Some("paths are relative to the experiment file that sets them".into()),
+                ))
+            }
         }
     }
     Ok(())
+}
+
+/// Whether `checkpoint.dir` = `dir` names a directory inside the run directory: relative,
+/// without `..`, not the run's own `trace/`, `logs/` or `slurm/` (`trace/` is replaced on
+/// resume).
+pub fn checkpoint_dir_inside(dir: &str) -> bool {
+    use std::path::Component;
+    let d = std::path::Path::new(dir);
+    let first = d.components().find(|p| matches!(p, Component::Normal(_)));
+    !dir.trim().is_empty()
+        && d.components()
+            .all(|p| matches!(p, Component::Normal(_) | Component::CurDir))
+        && first.is_some()
+        && !first.is_some_and(|f| {
+            ["trace", "logs", "slurm"].contains(&f.as_os_str().to_string_lossy().as_ref())
+        })
+        && !dir.chars().any(char::is_control)
 }
 
 /// Checks every value and combination; the first problem is returned.
@@ -136,19 +171,7 @@ pub fn validate(r: &Resolved) -> Result<(), ConfigError> {
         ));
     }
     {
-        let d = std::path::Path::new(&c.checkpoint.dir);
-        use std::path::Component;
-        let first = d.components().find(|p| matches!(p, Component::Normal(_)));
-        let inside = !c.checkpoint.dir.trim().is_empty()
-            && d.components()
-                .all(|p| matches!(p, Component::Normal(_) | Component::CurDir))
-            && first.is_some()
-            // the run's own directories: `trace/` is replaced on resume
-            && !first.is_some_and(|f| {
-                ["trace", "logs", "slurm"].contains(&f.as_os_str().to_string_lossy().as_ref())
-            })
-            && !c.checkpoint.dir.chars().any(char::is_control);
-        if !inside {
+        if !checkpoint_dir_inside(&c.checkpoint.dir) {
             return Err(r.key_error(
                 "checkpoint.dir",
                 format!(
@@ -192,11 +215,13 @@ pub fn validate(r: &Resolved) -> Result<(), ConfigError> {
     }
     match c.data.normalize.as_slice() {
         [] => {}
-        [_, std] if *std > 0.0 => {}
+        [mean, std] if *std > 0.0 && std.is_finite() && mean.is_finite() => {}
         other => {
             return Err(r.key_error(
                 "data.normalize",
-                format!("`data.normalize` = {other:?} is not [mean, std] with std > 0"),
+                format!(
+                    "`data.normalize` = {other:?} is not [mean, std] with std > 0, both finite"
+                ),
                 Some("e.g. normalize = [0.1307, 0.3081], or leave it out".into()),
             ))
         }
@@ -591,6 +616,44 @@ pub fn validate(r: &Resolved) -> Result<(), ConfigError> {
 
     let st = &c.strategy;
     at_least(r, "strategy.devices", st.devices.count(), 1)?;
+    // ranks on the CPU (or a wgpu adapter) are threads of this process, each with a replica,
+    // its buffers and its thread pool: beyond these, a run takes the machine's memory before
+    // it trains
+    if c.backend.device != Device::Cuda && st.devices.count() > MAX_HOST_RANKS {
+        return Err(r.key_error(
+            "strategy.devices",
+            format!(
+                "`strategy.devices` = {} is out of range: at most {MAX_HOST_RANKS} ranks per node on the {}",
+                st.devices.count(),
+                if c.backend.device == Device::Wgpu { "wgpu adapter" } else { "CPU" }
+            ),
+            Some("CPU ranks share this machine's cores; use launch.nnodes for more ranks, or a few devices".into()),
+        ));
+    }
+    if c.backend.threads > MAX_THREADS {
+        return Err(r.key_error(
+            "backend.threads",
+            format!(
+                "`backend.threads` = {} is out of range: at most {MAX_THREADS} threads per rank",
+                c.backend.threads
+            ),
+            Some("leave it 0 to share this machine's cores among the ranks".into()),
+        ));
+    }
+    if c.backend.device != Device::Cuda
+        && st.devices.count().saturating_mul(c.backend.threads.max(1)) > MAX_HOST_THREADS
+    {
+        return Err(r.key_error(
+            "backend.threads",
+            format!(
+                "`backend.threads` = {} for each of `strategy.devices` = {} ranks is {} math threads, more than {MAX_HOST_THREADS}",
+                c.backend.threads,
+                st.devices.count(),
+                st.devices.count().saturating_mul(c.backend.threads)
+            ),
+            Some("leave backend.threads 0 to share this machine's cores among the ranks".into()),
+        ));
+    }
     at_least(r, "strategy.timeout_secs", st.timeout_secs as usize, 1)?;
     in_range(
         r,
@@ -773,6 +836,74 @@ pub fn validate(r: &Resolved) -> Result<(), ConfigError> {
         s.min_lr >= 0.0 && s.min_lr <= o.lr,
         "in [0, optim.lr]",
     )?;
+    validate_sweep(r)?;
+    Ok(())
+}
+
+/// Ranks per node on the CPU or a wgpu adapter (threads of one process).
+pub const MAX_HOST_RANKS: usize = 256;
+/// `backend.threads`: math threads of one rank.
+pub const MAX_THREADS: usize = 1024;
+/// Math threads of all ranks of a node on the CPU.
+pub const MAX_HOST_THREADS: usize = 4096;
+/// Trials of one sweep (the grid's product times the random samples).
+pub const MAX_TRIALS: usize = 10_000;
+
+/// The numbers of `summary.json` a sweep can rank its trials by.
+pub const SWEEP_METRICS: &[&str] = &[
+    "eval_loss",
+    "final_loss",
+    "eval_accuracy",
+    "eval_perplexity",
+    "samples_per_sec",
+    "tokens_per_sec",
+    "wall_seconds",
+    "steps",
+    "epochs",
+    "peak_rss_bytes",
+    "flops_per_sec",
+    "mfu",
+];
+
+/// `[sweep]`: the number of trials bounded before any is expanded, and a metric a trial's
+/// summary has.
+fn validate_sweep(r: &Resolved) -> Result<(), ConfigError> {
+    let s = &r.config.sweep;
+    if !SWEEP_METRICS.contains(&s.metric.as_str()) {
+        let hint = match closest(&s.metric, SWEEP_METRICS) {
+            Some(m) => format!("did you mean `{m}`? "),
+            None => String::new(),
+        };
+        return Err(r.key_error(
+            "sweep.metric",
+            format!(
+                "`sweep.metric` = {:?} is not a number a trial's summary.json has",
+                s.metric
+            ),
+            Some(format!("{hint}one of: {}", SWEEP_METRICS.join(", "))),
+        ));
+    }
+    let grid = s
+        .grid
+        .values()
+        .try_fold(1usize, |a, v| a.checked_mul(v.len().max(1)));
+    let samples = s.random.as_ref().map_or(1, |x| x.samples.max(1));
+    let trials = grid.and_then(|g| g.checked_mul(samples));
+    if trials.is_none_or(|t| t > MAX_TRIALS) {
+        let key = if s.random.as_ref().is_some_and(|x| x.samples > MAX_TRIALS) {
+            "sweep.random.samples"
+        } else {
+            "sweep.grid"
+        };
+        return Err(r.key_error(
+            key,
+            format!(
+                "the sweep has {} trials, more than {MAX_TRIALS}",
+                trials.map_or("too many to count".to_string(), |t| t.to_string()),
+            ),
+            Some("search fewer values per key (or a random search with fewer samples), then narrow it around the best trials".into()),
+        ));
+    }
     Ok(())
 }
 

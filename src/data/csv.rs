@@ -7,10 +7,12 @@ use super::{DataError, Dataset};
 use crate::config::DataConfig;
 
 pub fn read(path: &Path, c: &DataConfig, key: &'static str) -> Result<Dataset, DataError> {
-    let text = std::fs::read_to_string(path).map_err(|source| DataError::Io {
-        path: path.to_path_buf(),
-        key,
-        source,
+    let text = String::from_utf8(super::read_bounded(path, key)?).map_err(|e| {
+        DataError::Invalid(format!(
+            "{} ({key}): not UTF-8 text (byte {} is not); a CSV file is text",
+            path.display(),
+            e.utf8_error().valid_up_to()
+        ))
     })?;
     let err = |line: usize, message: String| DataError::Parse {
         path: path.to_path_buf(),
@@ -32,6 +34,21 @@ pub fn read(path: &Path, c: &DataConfig, key: &'static str) -> Result<Dataset, D
             .split(',')
             .map(|s| s.trim().trim_matches('"'))
             .collect();
+        if let Some((i, name)) = cols
+            .iter()
+            .enumerate()
+            .find(|(i, h)| cols[..*i].contains(h))
+        {
+            let first = cols.iter().position(|h| h == name).unwrap_or(0);
+            return Err(err(
+                n,
+                format!(
+                    "column name `{name}` appears twice (columns {} and {}); name each column once",
+                    first + 1,
+                    i + 1
+                ),
+            ));
+        }
         if let Some(pos) = cols.iter().position(|h| *h == c.label_column) {
             label_idx = Some(pos);
         }
@@ -85,9 +102,16 @@ pub fn read(path: &Path, c: &DataConfig, key: &'static str) -> Result<Dataset, D
         }
         for (i, cell) in cells.iter().enumerate() {
             if i == label_idx {
-                let label: u32 = cell
-                    .parse()
-                    .map_err(|_| err(n, format!("label `{cell}` is not a non-negative integer")))?;
+                let label: u32 = cell.parse().map_err(|e: std::num::ParseIntError| {
+                    let why = match e.kind() {
+                        std::num::IntErrorKind::PosOverflow => format!(
+                            "label `{cell}` is too large: labels are 0..data.classes = {}",
+                            c.classes
+                        ),
+                        _ => format!("label `{cell}` is not a non-negative integer"),
+                    };
+                    err(n, why)
+                })?;
                 if label as usize >= c.classes {
                     return Err(err(
                         n,

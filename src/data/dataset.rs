@@ -2,7 +2,7 @@
 
 use super::tokens::Windows;
 use super::{csv, idx, synthetic, text, tokens, Augment};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use crate::config::{DataKind, Resolved};
 
@@ -184,6 +184,63 @@ pub enum DataError {
     },
     #[error("{0}")]
     Invalid(String),
+}
+
+/// The most bytes a data file read whole into memory may have (text, CSV, IDX): 2 GiB. A
+/// larger corpus is `kiln tokenize`d into a token file (`data.kind = "tokens"`, memory-mapped).
+pub const MAX_READ_BYTES: u64 = 2 << 30;
+
+/// The most bytes read from a file whose size the file system does not say (0 bytes).
+pub const MAX_UNSIZED_BYTES: u64 = 64 << 20;
+
+/// A data file's bytes, read whole, refused past `MAX_READ_BYTES` before they are all read (a
+/// file whose size the file system does not know, such as `/proc/self/pagemap`, included).
+pub fn read_bounded(path: &Path, key: &'static str) -> Result<Vec<u8>, DataError> {
+    use std::io::Read as _;
+    let io = |source| DataError::Io {
+        path: path.to_path_buf(),
+        key,
+        source,
+    };
+    let f = std::fs::File::open(path).map_err(io)?;
+    let size = f.metadata().map_err(io)?.len();
+    // a file that says it is empty but is not (/proc, sysfs) is read up to 64 MiB
+    let cap = if size > 0 {
+        MAX_READ_BYTES
+    } else {
+        MAX_UNSIZED_BYTES
+    };
+    let too_big = || {
+        DataError::Invalid(format!(
+            "{} ({key}) holds more than {} MiB, which kiln reads whole into memory{}; for a large text corpus, `kiln tokenize` it and train with data.kind = \"tokens\" (memory-mapped)",
+            path.display(),
+            cap >> 20,
+            if size > 0 { "" } else { " (its size is unknown: the file system says 0 bytes)" }
+        ))
+    };
+    if size > cap {
+        return Err(too_big());
+    }
+    let mut out = Vec::with_capacity(size as usize);
+    // in aligned chunks of 1 MiB (pseudo-files such as /proc/self/pagemap refuse reads of
+    // other sizes), until the end or past the bound
+    let mut f = f;
+    let mut chunk = vec![0u8; 1 << 20];
+    loop {
+        let n = match f.read(&mut chunk) {
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(io(e)),
+        };
+        if n == 0 {
+            break;
+        }
+        out.extend_from_slice(&chunk[..n]);
+        if out.len() as u64 > cap {
+            return Err(too_big());
+        }
+    }
+    Ok(out)
 }
 
 /// Loads the data the config describes.

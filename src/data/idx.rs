@@ -16,21 +16,65 @@ fn invalid(path: &Path, what: String) -> DataError {
     DataError::Invalid(format!("{}: {what}", path.display()))
 }
 
-/// The file's bytes, un-gzipped when it ends in `.gz`.
-fn read(path: &Path, key: &'static str) -> Result<Vec<u8>, DataError> {
-    let raw = std::fs::read(path).map_err(|source| DataError::Io {
-        path: path.to_path_buf(),
-        key,
-        source,
-    })?;
-    if path.extension().is_some_and(|e| e == "gz") {
-        let mut out = Vec::new();
-        flate2::read::GzDecoder::new(raw.as_slice())
-            .read_to_end(&mut out)
-            .map_err(|e| invalid(path, format!("not a readable gzip file ({e})")))?;
-        return Ok(out);
+/// The file's bytes, un-gzipped when they start with gzip's magic bytes (whatever the name:
+/// `.gz`, `.GZ` or none). A gzip file is inflated only as far as its IDX header says (plus one
+/// byte, to tell "too long"), so a small file that inflates to gigabytes is refused after a
+/// few bytes; members one after another (what `cat a.gz b.gz` makes) are read as one stream,
+/// and bytes after the last member that are not gzip are refused.
+fn read(path: &Path, key: &'static str, magic: u32, dims: usize) -> Result<Vec<u8>, DataError> {
+    let raw = super::read_bounded(path, key)?;
+    if !raw.starts_with(&[0x1f, 0x8b]) {
+        return Ok(raw);
     }
-    Ok(raw)
+    let gz_error = |e: std::io::Error| {
+        invalid(
+            path,
+            format!("not a readable gzip file ({e}); a gzip file holds gzip members only, with nothing after the last"),
+        )
+    };
+    let mut z = flate2::read::MultiGzDecoder::new(raw.as_slice());
+    let head = 4 * (1 + dims);
+    let mut out = Vec::with_capacity(head);
+    (&mut z)
+        .take(head as u64)
+        .read_to_end(&mut out)
+        .map_err(gz_error)?;
+    if out.len() < head || be32(&out, 0) != magic {
+        return Ok(out); // `parse` says it is truncated, or of another kind
+    }
+    let want = (0..dims)
+        .map(|d| be32(&out, 4 * (1 + d)) as u64)
+        .try_fold(1u64, |a, s| a.checked_mul(s));
+    // DEFLATE inflates at most ~1032:1: a header that promises more than the file could hold
+    // is truncated, whatever the inflated bytes are
+    let most = (raw.len() as u64).saturating_mul(1032);
+    let Some(want) = want.filter(|w| *w <= most) else {
+        return Err(invalid(
+            path,
+            format!(
+                "truncated: its header says {:?} but {} gzip bytes cannot hold that much",
+                (0..dims)
+                    .map(|d| be32(&out, 4 * (1 + d)))
+                    .collect::<Vec<_>>(),
+                raw.len()
+            ),
+        ));
+    };
+    // the payload and one byte more, at most
+    (&mut z)
+        .take(want + 1)
+        .read_to_end(&mut out)
+        .map_err(gz_error)?;
+    if out.len() as u64 == head as u64 + want {
+        // exactly the payload: the stream must end here (another member, or nothing)
+        let mut probe = [0u8; 1];
+        match z.read(&mut probe) {
+            Ok(0) => {}
+            Ok(_) => out.push(probe[0]), // too long: `parse` says so
+            Err(e) => return Err(gz_error(e)),
+        }
+    }
+    Ok(out)
 }
 
 fn be32(b: &[u8], at: usize) -> u32 {
@@ -77,12 +121,20 @@ fn parse(
         return Err(invalid(path, format!("header sizes {sizes:?} overflow")));
     };
     let have = bytes.len() - head;
-    if have != want {
-        let what = if have < want { "truncated" } else { "too long" };
+    if have < want {
         return Err(invalid(
             path,
             format!(
-                "{what}: the header says {sizes:?} ({want} bytes of data) but the file has {have}"
+                "truncated: the header says {sizes:?} ({want} bytes of data) but the file has {have}"
+            ),
+        ));
+    }
+    if have > want {
+        // a gzip file is inflated one byte past the header's size at most: "more" is all it knows
+        return Err(invalid(
+            path,
+            format!(
+                "too long: the header says {sizes:?} ({want} bytes of data) but the file has more"
             ),
         ));
     }
@@ -96,9 +148,9 @@ fn read_pair(
     c: &DataConfig,
     keys: [&'static str; 2],
 ) -> Result<Dataset, DataError> {
-    let ib = read(images, keys[0])?;
+    let ib = read(images, keys[0], IMAGES, 3)?;
     let (isz, ih) = parse(images, &ib, IMAGES, 3)?;
-    let lb = read(labels, keys[1])?;
+    let lb = read(labels, keys[1], LABELS, 1)?;
     let (lsz, lh) = parse(labels, &lb, LABELS, 1)?;
     if isz[0] != lsz[0] {
         return Err(invalid(
@@ -235,6 +287,63 @@ mod tests {
                 Some((&[0.0, 1.0, 0.2, 0.4][..], &[2, 0][..]))
             );
         }
+    }
+
+    fn gzip(b: &[u8]) -> Vec<u8> {
+        let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        std::io::Write::write_all(&mut e, b).unwrap();
+        e.finish().unwrap()
+    }
+
+    fn read_bytes(name: &str, bytes: &[u8]) -> Result<Dataset, String> {
+        let d = crate::testdir::tempdir().unwrap();
+        let (ip, lp) = (d.path().join(name), d.path().join("l"));
+        std::fs::write(&ip, bytes).unwrap();
+        std::fs::write(&lp, labels(&[0, 1])).unwrap();
+        let c = DataConfig {
+            classes: 3,
+            ..DataConfig::default()
+        };
+        read_pair(&ip, &lp, &c, ["data.path", "data.labels_path"]).map_err(|e| {
+            e.to_string()
+                .replace(&format!("{}/", d.path().display()), "")
+        })
+    }
+
+    /// Issue 30: gzip by its magic bytes under any name, members one after another read as
+    /// one stream, garbage after the last refused, and a small file that inflates to far more
+    /// than its header says refused without inflating it.
+    #[test]
+    fn gzip_is_read_by_content_in_members_and_bounded_by_the_header() {
+        let img = images(2, 1, 2, &[0, 255, 51, 102]);
+        let want = Some((&[0.0, 1.0, 0.2, 0.4][..], &[0, 1][..]));
+        for name in ["i.GZ", "i", "i.gz"] {
+            let ds = read_bytes(name, &gzip(&img)).unwrap();
+            assert_eq!(ds.rows_ref(), want, "{name}");
+        }
+        // `cat a.gz b.gz`: two members
+        let mut two = gzip(&img[..9]);
+        two.extend(gzip(&img[9..]));
+        assert_eq!(read_bytes("i.gz", &two).unwrap().rows_ref(), want);
+        // bytes after the stream that are not a gzip member
+        let mut trailing = gzip(&img);
+        trailing.extend(b"garbage!");
+        let e = read_bytes("i.gz", &trailing).unwrap_err();
+        assert!(e.starts_with("i.gz: not a readable gzip file"), "{e}");
+        // 16 MB of zeros after a header for 2 images of 1x2: inflated 1 byte past the header
+        let mut bomb = img.clone();
+        bomb.extend(vec![0u8; 16 << 20]);
+        let e = read_bytes("i.gz", &gzip(&bomb)).unwrap_err();
+        assert_eq!(
+            e,
+            "i.gz: too long: the header says [2, 1, 2] (4 bytes of data) but the file has more"
+        );
+        // a header promising more than the gzip bytes could hold
+        let e = read_bytes("i.gz", &gzip(&images(60000, 4000, 4000, &[]))).unwrap_err();
+        assert!(
+            e.contains("truncated: its header says [60000, 4000, 4000]"),
+            "{e}"
+        );
     }
 
     #[test]

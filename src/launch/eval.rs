@@ -7,7 +7,6 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-use super::resume::require_checkpoint;
 use super::run_dir::{checkpoint_store, write_json};
 use crate::backend::{self, RankBackend, Resolved as Backend};
 use crate::checkpoint;
@@ -62,8 +61,13 @@ pub fn eval(run_dir: &Path, o: &EvalOptions) -> Result<EvalReport> {
     let r = config::load(&file, &env, &o.sets)?;
     let c = &r.config;
     let store = checkpoint_store(run_dir)?;
-    let path = require_checkpoint(&store, o.from.as_deref())?;
-    let state = checkpoint::read_state(&path)?;
+    let (path, (state, model, loaded)) =
+        super::resume::read_checkpoint(&store, o.from.as_deref(), |p| {
+            let state = checkpoint::read_state(p)?;
+            let model = crate::model::build(&r, &state.input_shape)?;
+            let loaded = checkpoint::load(p, &model.layout().specs())?;
+            Ok((state, model, loaded))
+        })?;
     let data = crate::data::load(&r)?;
     let ds = data.eval.as_ref().ok_or_else(|| {
         Error::Usage(format!(
@@ -78,8 +82,6 @@ pub fn eval(run_dir: &Path, o: &EvalOptions) -> Result<EvalReport> {
             state.input_shape
         )));
     }
-    let model = crate::model::build(&r, &state.input_shape)?;
-    let loaded = checkpoint::load(&path, &model.layout().specs())?;
     // the split and batches of the run's own evaluation, as the checkpoint records them
     let placement = backend::resolve(c)?;
     let ordinal = placement.ordinals.first().copied().unwrap_or(0);
@@ -119,6 +121,7 @@ pub fn eval(run_dir: &Path, o: &EvalOptions) -> Result<EvalReport> {
         time: crate::ui::rfc3339(now),
         written: PathBuf::new(),
     };
+    super::run_dir::refuse_links(run_dir, &c.checkpoint.dir)?;
     let dir = run_dir.join("evals");
     std::fs::create_dir_all(&dir)
         .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;

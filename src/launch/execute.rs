@@ -4,7 +4,7 @@
 //! id exchange), and `execute`, which trains and writes `config.toml`, `metrics.jsonl`,
 //! `summary.json`, `logs/` and checkpoints.
 
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, OpenOptions};
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
@@ -112,6 +112,9 @@ fn take_run_dir(d: &Path) -> Result<Option<PathBuf>> {
 /// `kiln resume`: continues the run in `run_dir` with `sets` applied, from its newest verified
 /// checkpoint or `from`.
 pub fn resume(run_dir: &Path, sets: &[String], from: Option<&str>, quiet: bool) -> Result<()> {
+    // before its config.toml is read through a link (the checkpoint directory is checked once
+    // the config names it)
+    super::run_dir::refuse_links(run_dir, "")?;
     let file = super::run_dir::run_config_file(run_dir)?;
     let env: Vec<(String, String)> = std::env::vars().collect();
     let r = config::load(&file, &env, sets)?;
@@ -301,11 +304,10 @@ fn node_agent(target: &Target, c: &Config, token: &str) -> Result<()> {
         ui::note(&line);
         if let Some(d) = &run_dir {
             use std::io::Write as _;
-            if let Ok(mut f) = OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(d.join("logs/restarts.log"))
-            {
+            if let Ok(mut f) = super::run_dir::open_no_follow(
+                OpenOptions::new().create(true).append(true),
+                &d.join("logs/restarts.log"),
+            ) {
                 let _ = writeln!(f, "{line}");
             }
         }
@@ -403,6 +405,73 @@ fn share_nccl_id(
     Ok(nccl::Id::uninit(raw))
 }
 
+/// The data position of a checkpoint against the data it resumes on: a cursor past the
+/// training samples, or more micro-batches into a segment than it has, is no run's (it would
+/// skip an epoch silently).
+fn check_position(
+    c: &Config,
+    plan: &Plan,
+    s: &crate::checkpoint::State,
+    path: &Path,
+) -> Result<()> {
+    let p = &s.position;
+    let n = plan.train_samples;
+    let same = s.world_size == plan.world_size
+        && s.micro_batch == plan.micro_batch
+        && s.strategy == config::choice_name(&c.strategy.kind);
+    let why = if p.cursor > n || p.segment_start > n || p.segment_start > p.cursor {
+        Some(format!(
+            "`position` (cursor {}, segment_start {}) is not within the {n} training samples",
+            p.cursor, p.segment_start
+        ))
+    } else if same && p.segment_micro > plan.segment_micro(p.segment_start) {
+        Some(format!(
+            "`position.segment_micro` = {} is past the {} micro-batches of its segment",
+            p.segment_micro,
+            plan.segment_micro(p.segment_start)
+        ))
+    } else {
+        None
+    };
+    match why {
+        Some(why) => Err(Error::Checkpoint(
+            crate::checkpoint::CheckpointError::Invalid {
+                path: path.to_path_buf(),
+                why: format!("state.json: {why}"),
+            },
+        )),
+        None => Ok(()),
+    }
+}
+
+/// What a run checks in its directory before it changes anything there: no symbolic link
+/// where it writes, no entry in `checkpoints/` under a checkpoint's name that is not one (a
+/// file `step-00000010` would fail the save at step 10, after the steps were trained), and the
+/// unfinished `.tmp` checkpoints of an interrupted save removed. Other `step-*` names are not
+/// kiln's: they are left alone, with a warning.
+fn preflight(run_dir: &Path, checkpoint_dir: &str) -> Result<()> {
+    super::run_dir::refuse_links(run_dir, checkpoint_dir)?;
+    let store = Store::new(run_dir.join(checkpoint_dir));
+    for p in store.strays() {
+        let name = p
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        if crate::checkpoint::step_of(&name).is_some_and(|(tmp, _)| !tmp) {
+            return Err(Error::Usage(format!(
+                "`{}` has a checkpoint's name but is not a checkpoint directory; saving that step would fail\n  = help: move it out of {}",
+                p.display(),
+                store.dir.display()
+            )));
+        }
+        ui::note(&format!(
+            "warning: skipping `{}`: not a checkpoint kiln wrote (checkpoints are directories named step- and 8 digits)",
+            p.display()
+        ));
+    }
+    store.clean_tmp().map_err(Error::Checkpoint)
+}
+
 fn store_of(c: &Config, run_dir: &Path) -> Store {
     Store::new(run_dir.join(&c.checkpoint.dir))
 }
@@ -449,6 +518,7 @@ pub fn execute(
             }
             let mut l = crate::checkpoint::load(path, &model.layout().specs())
                 .map_err(Error::Checkpoint)?;
+            check_position(c, &plan, &l.state, path)?;
             // optimizer state of another kind (sgd momentum vs Adam moments) would be misread
             let kind = format!("{:?}", c.optim.kind).to_lowercase();
             let family = |k: &str| if k.starts_with("adam") { "adam" } else { "sgd" };
@@ -518,6 +588,11 @@ pub fn execute(
             return Ok(());
         }
     }
+    if primary {
+        // everything a run changes is checked before the first change, so that a check that
+        // fails leaves a finished run's files as they were
+        preflight(run_dir, &c.checkpoint.dir)?;
+    }
     if primary && resume.is_some() {
         let step = loaded.as_ref().map(|l| l.state.step).unwrap_or(0);
         super::resume::set_aside_newer(&store_of(c, run_dir), step as u64)?;
@@ -532,9 +607,9 @@ pub fn execute(
         .map_err(|e| Error::io(format!("creating run directory {}", run_dir.display()), e))?;
     let config_hash = config::config_hash(c);
     if primary {
-        fs::write(
-            run_dir.join("config.toml"),
-            config::to_toml(&stored_config(r)),
+        super::run_dir::replace_file(
+            &run_dir.join("config.toml"),
+            config::to_toml(&stored_config(r)).as_bytes(),
         )
         .map_err(|e| Error::io(format!("writing {}/config.toml", run_dir.display()), e))?;
     }
@@ -565,29 +640,26 @@ pub fn execute(
     let logs = run_dir.join("logs");
     fs::create_dir_all(&logs).map_err(|e| Error::io(format!("creating {}", logs.display()), e))?;
     let store = Store::new(run_dir.join(&c.checkpoint.dir));
-    if primary {
-        store
-            .clean_tmp()
-            .map_err(|e| Error::io("cleaning unfinished checkpoints", std::io::Error::other(e)))?;
-    }
     let metrics_path = if primary {
         run_dir.join("metrics.jsonl")
     } else {
         PathBuf::from("/dev/null")
     };
     let metrics_file = if resume.is_some() || !primary {
-        OpenOptions::new()
-            .append(true)
-            .create(true)
-            .open(&metrics_path)
+        super::run_dir::open_no_follow(OpenOptions::new().append(true).create(true), &metrics_path)
     } else {
-        File::create(&metrics_path)
+        super::run_dir::open_no_follow(
+            OpenOptions::new().write(true).create(true).truncate(true),
+            &metrics_path,
+        )
     }
-    .map_err(|e| Error::io(format!("opening {}", metrics_path.display()), e))?;
+    .map_err(|e| super::run_dir::open_error("opening", &metrics_path, e))?;
     let mut metrics = BufWriter::new(metrics_file);
     let mut write_err: Option<std::io::Error> = None;
     let loaded = loaded.as_ref();
     let first_step = loaded.map(|l| l.state.step).unwrap_or(0);
+    // the step and epoch the run got to, for the summary of a run that fails
+    let mut reached: (Option<usize>, Option<f64>) = (None, None);
     let input = TrainInput {
         config: c,
         plan: &plan,
@@ -625,7 +697,9 @@ pub fn execute(
             line,
         } => {
             ui.step(step, loss, samples_per_sec, line.is_some());
+            reached.0 = Some(step);
             if let Some(line) = line {
+                reached.1 = Some(line.epoch);
                 let res = serde_json::to_string(&line)
                     .map_err(std::io::Error::other)
                     .and_then(|s| writeln!(metrics, "{s}"))
@@ -690,8 +764,14 @@ pub fn execute(
             mfu_note,
             status,
             error,
-            steps: o.map(|o| o.steps).unwrap_or(first_step),
-            epochs: o.map(|o| o.epochs).unwrap_or(0.0),
+            steps: o
+                .map(|o| o.steps)
+                .unwrap_or(reached.0.unwrap_or(first_step)),
+            epochs: o.map(|o| o.epochs).unwrap_or(
+                reached
+                    .1
+                    .unwrap_or(loaded.map_or(0.0, |l| l.state.position.epoch as f64)),
+            ),
             final_loss: o.map(|o| o.final_loss),
             eval_loss: o.and_then(|o| o.eval.map(|e| e.loss())),
             eval_accuracy: o.and_then(|o| o.eval_accuracy()),

@@ -31,9 +31,9 @@ pub use eval::{eval, EvalOptions, EvalReport};
 pub use execute::{execute, resume, start, train, RunOptions};
 pub use resume::{best_mark, choose_checkpoint, config_changes, prepare_resume, Resumption};
 pub use run_dir::{
-    checkpoint_store, choose_run_dir, first_missing, is_unfinished, newest_unfinished,
-    replace_file, run_config, run_config_file, stored_config, stored_config_for_elsewhere,
-    write_json,
+    checkpoint_store, choose_run_dir, enclosing_run, first_missing, holder, is_unfinished,
+    newest_unfinished, refuse_inside_run, replace_file, run_config, run_config_file, stored_config,
+    stored_config_for_elsewhere, write_json,
 };
 pub use sample::{sample, SampleOptions};
 pub use summary::Summary;

@@ -151,7 +151,30 @@ pub fn prepare_resume(
 /// or the newest one that verifies (saying which newer ones it skips and why); `None` when
 /// there is none.
 pub fn choose_checkpoint(store: &Store, from: Option<&str>) -> Result<Option<PathBuf>> {
-    let entries = store.list().map_err(Error::Checkpoint)?;
+    choose(store, from, false)
+}
+
+/// `choose_checkpoint` for a resume (`reading` false: every skipped checkpoint is said, and
+/// when none verifies the way to start over is given) or for a command that only reads one
+/// (`reading` true: an unfinished `.tmp` is the save a live run is writing, passed over
+/// quietly, and a reader is never told to move checkpoints away).
+fn choose(store: &Store, from: Option<&str>, reading: bool) -> Result<Option<PathBuf>> {
+    let mut entries = store.list().map_err(Error::Checkpoint)?;
+    // a reader of a live run: a checkpoint that failed to verify because retention took it
+    // away meanwhile is not damaged; look again (a few times) without it
+    for _ in 0..20 {
+        if !reading
+            || !entries
+                .iter()
+                .any(|e| e.status.is_err() && !e.path.exists())
+        {
+            break;
+        }
+        entries = store.list().map_err(Error::Checkpoint)?;
+    }
+    if reading {
+        entries.retain(|e| e.status.is_ok() || e.path.exists());
+    }
     let best_name;
     let from = match from {
         Some("best") => {
@@ -204,6 +227,7 @@ pub fn choose_checkpoint(store: &Store, from: Option<&str>) -> Result<Option<Pat
                         pick = Some(e.path.clone());
                         break;
                     }
+                    Err(_) if reading && e.path.to_string_lossy().ends_with(".tmp") => {}
                     Err(why) => ui::note(&format!(
                         "skipping {}: {why}",
                         e.path
@@ -218,6 +242,12 @@ pub fn choose_checkpoint(store: &Store, from: Option<&str>) -> Result<Option<Pat
             let damaged = entries
                 .iter()
                 .any(|e| !e.path.to_string_lossy().ends_with(".tmp"));
+            if pick.is_none() && damaged && reading {
+                return Err(Error::Usage(format!(
+                    "no checkpoint in {} verifies (each is listed above with why)\n  = help: `kiln ckpt list` shows them",
+                    store.dir.display()
+                )));
+            }
             if pick.is_none() && damaged {
                 return Err(Error::Usage(format!(
                     "no checkpoint in {} verifies (each is listed above with why)\n  = help: `kiln ckpt list` shows them; to start this run over, move them away; or start a new run with `kiln run`",
@@ -244,9 +274,8 @@ pub(super) fn trim_metrics(path: &Path, step: usize) -> Result<()> {
         })
         .map(|l| format!("{l}\n"))
         .collect();
-    let tmp = path.with_extension("jsonl.tmp");
-    fs::write(&tmp, kept).map_err(|e| Error::io(format!("writing {}", tmp.display()), e))?;
-    fs::rename(&tmp, path).map_err(|e| Error::io(format!("writing {}", path.display()), e))
+    super::run_dir::replace_file(path, kept.as_bytes())
+        .map_err(|e| Error::io(format!("writing {}", path.display()), e))
 }
 
 /// A resume from an older checkpoint branches the run: the newer checkpoints (which retention
@@ -312,9 +341,29 @@ pub fn best_mark(store: &Store) -> Result<Option<checkpoint::Watched>> {
     Ok(state.best)
 }
 
-/// `choose_checkpoint`, where having none is an error saying how to get one.
+/// The checkpoint a reader (eval, export, sample) takes, read by `read`: when a live run's
+/// retention deletes it while it is read (a run with `keep_last` saves and deletes while the
+/// reader works), the newest one is chosen and read again.
+pub fn read_checkpoint<T>(
+    store: &Store,
+    from: Option<&str>,
+    mut read: impl FnMut(&Path) -> Result<T>,
+) -> Result<(PathBuf, T)> {
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        let path = require_checkpoint(store, from)?;
+        match read(&path) {
+            // gone meanwhile (retention renames a checkpoint away before it deletes it)
+            Err(_) if tries < 20 && !path.exists() => continue,
+            other => return other.map(|t| (path, t)),
+        }
+    }
+}
+
+/// `choose_checkpoint` for a reader, where having none is an error saying how to get one.
 pub fn require_checkpoint(store: &Store, from: Option<&str>) -> Result<PathBuf> {
-    choose_checkpoint(store, from)?.ok_or_else(|| {
+    choose(store, from, true)?.ok_or_else(|| {
         Error::Usage(format!(
             "no verified checkpoint in {}; train with `[checkpoint] at_end = true` (or every_steps)",
             store.dir.display()

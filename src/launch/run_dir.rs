@@ -87,7 +87,13 @@ pub fn replace_file(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| "out".into());
     let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
-    let written = fs::File::create(&tmp)
+    // a stale temporary file (or a link planted under its name) is removed, never written
+    // through: `create_new` does not follow links
+    let _ = fs::remove_file(&tmp);
+    let written = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&tmp)
         .and_then(|mut f| f.write_all(bytes).and_then(|_| f.sync_all()))
         .and_then(|_| fs::rename(&tmp, path))
         .and_then(|_| fs::File::open(&dir).and_then(|d| d.sync_all()));
@@ -180,7 +186,65 @@ pub fn checkpoint_store(run_dir: &Path) -> Result<Store> {
                 .map(str::to_string)
         })
         .unwrap_or_else(|| "checkpoints".into());
-    Ok(Store::new(run_dir.join(dir)))
+    // a hand-edited config.toml must not send a reader (or retention) outside the run
+    let outside = || {
+        Error::Usage(format!(
+            "`{}`: `checkpoint.dir` = {dir:?} is not a directory inside the run directory\n  = help: give a relative path without `..` (the run's checkpoints are where it saved them, e.g. \"checkpoints\")",
+            cfg.display()
+        ))
+    };
+    if !config::checkpoint_dir_inside(&dir) {
+        return Err(outside());
+    }
+    let store = run_dir.join(&dir);
+    if let (Ok(run), Ok(at)) = (run_dir.canonicalize(), store.canonicalize()) {
+        if !at.starts_with(&run) {
+            return Err(outside());
+        }
+    }
+    Ok(Store::new(store))
+}
+
+/// The run (or sweep) directory `dir` lies in, if any: the nearest of `dir` and its ancestors
+/// that holds a run's `config.toml` with its lock, metrics or summary, or a sweep's
+/// `sweep.json` with its ledger.
+pub fn enclosing_run(dir: &Path) -> Option<PathBuf> {
+    let dir = dir.canonicalize().ok()?;
+    dir.ancestors()
+        .find(|a| {
+            let has = |n: &str| a.join(n).exists();
+            (has("config.toml") && (has(LOCK_FILE) || has("metrics.jsonl") || has("summary.json")))
+                || (has("sweep.json") && has("sweep.jsonl"))
+        })
+        .map(Path::to_path_buf)
+}
+
+/// Refuses an output file (`-o`) inside a run or sweep directory, whose files it could
+/// replace (`kiln report RUN -o RUN/metrics.jsonl`); `allowed` is the one file there a command
+/// writes by design (`kiln report RUN`'s `RUN/report.html`).
+pub fn refuse_inside_run(path: &Path, flag: &str, allowed: Option<&Path>) -> Result<()> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let Some(run) = enclosing_run(&dir) else {
+        return Ok(());
+    };
+    let canonical = |p: &Path| -> Option<PathBuf> {
+        let parent = match p.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        Some(parent.canonicalize().ok()?.join(p.file_name()?))
+    };
+    if allowed.is_some_and(|a| canonical(a).is_some() && canonical(a) == canonical(path)) {
+        return Ok(());
+    }
+    Err(Error::Usage(format!(
+        "{flag} `{}` is inside the run directory `{}`, whose files kiln does not write over\n  = help: write it outside the run directory",
+        path.display(),
+        run.display()
+    )))
 }
 
 /// The name of a run directory's lock file (held with `flock` while a kiln process uses it).
@@ -190,16 +254,85 @@ pub const LOCK_FILE: &str = ".kiln.lock";
 /// ends, however it ends).
 static HELD: std::sync::Mutex<Vec<(PathBuf, fs::File)>> = std::sync::Mutex::new(Vec::new());
 
+/// `opts` opening `path` without following a symbolic link in its last component (a link
+/// there is `ELOOP`): kiln never writes through a link inside a run directory, where a planted
+/// `.kiln.lock -> ~/.ssh/authorized_keys` would otherwise be truncated.
+pub fn open_no_follow(opts: &mut fs::OpenOptions, path: &Path) -> std::io::Result<fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    opts.custom_flags(libc::O_NOFOLLOW).open(path)
+}
+
+/// The error for a symbolic link where kiln writes in a run directory (exit 2).
+pub fn link_refused(path: &Path) -> Error {
+    Error::Usage(format!(
+        "`{}` is a symbolic link; kiln does not write through links inside a run directory\n  = help: replace it with the file or directory itself (or remove it), then run again",
+        path.display()
+    ))
+}
+
+/// An error opening `path` for writing: a link (`ELOOP` under `O_NOFOLLOW`) is refused with
+/// exit 2 naming it, anything else is an I/O error saying what was being done.
+pub fn open_error(what: &str, path: &Path, e: std::io::Error) -> Error {
+    if e.raw_os_error() == Some(libc::ELOOP) {
+        link_refused(path)
+    } else {
+        Error::io(format!("{what} {}", path.display()), e)
+    }
+}
+
+/// The names in a run directory that kiln writes or replaces (files and directories): none may
+/// be a symbolic link. `checkpoint_dir` is the run's `checkpoint.dir`, relative to `dir`.
+pub fn refuse_links(dir: &Path, checkpoint_dir: &str) -> Result<()> {
+    let is_link = |p: &Path| {
+        fs::symlink_metadata(p)
+            .map(|m| m.file_type().is_symlink())
+            .unwrap_or(false)
+    };
+    let mut paths: Vec<PathBuf> = [
+        LOCK_FILE,
+        "config.toml",
+        "metrics.jsonl",
+        "summary.json",
+        "report.html",
+        "logs",
+        "evals",
+        "trace",
+        "slurm",
+    ]
+    .iter()
+    .map(|n| dir.join(n))
+    .collect();
+    // the checkpoint directory and each directory on the way to it
+    let mut at = dir.to_path_buf();
+    for part in Path::new(checkpoint_dir).components() {
+        at.push(part);
+        paths.push(at.clone());
+    }
+    for sub in ["logs", "evals", "trace", "slurm"] {
+        if let Ok(rd) = fs::read_dir(dir.join(sub)) {
+            if !is_link(&dir.join(sub)) {
+                paths.extend(rd.filter_map(|e| e.ok()).map(|e| e.path()));
+            }
+        }
+    }
+    match paths.iter().find(|p| is_link(p)) {
+        Some(p) => Err(link_refused(p)),
+        None => Ok(()),
+    }
+}
+
 /// Tries to lock `dir` (which exists): `Ok(None)` when another process holds it.
 fn try_lock(dir: &Path) -> std::io::Result<Option<fs::File>> {
     use std::io::{Seek, Write};
     use std::os::unix::io::AsRawFd;
-    let mut f = fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(dir.join(LOCK_FILE))?;
+    let mut f = open_no_follow(
+        fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false),
+        &dir.join(LOCK_FILE),
+    )?;
     // SAFETY: flock on a descriptor this function owns.
     if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
         let e = std::io::Error::last_os_error();
@@ -239,13 +372,13 @@ pub fn lock_run_dir(dir: &Path) -> Result<()> {
     if held.iter().any(|(p, _)| *p == key) {
         return Ok(());
     }
-    match try_lock(dir).map_err(|e| Error::io(format!("locking {}", dir.display()), e))? {
+    match try_lock(dir).map_err(|e| open_error("locking", &dir.join(LOCK_FILE), e))? {
         Some(f) => {
             held.push((key, f));
             Ok(())
         }
         None => {
-            let pid = fs::read_to_string(dir.join(LOCK_FILE)).unwrap_or_default();
+            let pid = read_pid(dir);
             Err(Error::Usage(format!(
                 "run directory `{}` is in use by another kiln process (pid {}); wait for it to finish or stop it",
                 dir.display(),
@@ -259,20 +392,27 @@ pub fn lock_run_dir(dir: &Path) -> Result<()> {
 /// read, never created).
 pub fn holder(dir: &Path) -> Option<String> {
     use std::os::unix::io::AsRawFd;
-    let f = fs::OpenOptions::new()
-        .read(true)
-        .open(dir.join(LOCK_FILE))
-        .ok()?;
+    let f = open_no_follow(fs::OpenOptions::new().read(true), &dir.join(LOCK_FILE)).ok()?;
     // SAFETY: flock on a descriptor this function owns; a lock taken here is released when `f`
     // is dropped below.
     let busy = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0
         && std::io::Error::last_os_error().raw_os_error() == Some(libc::EWOULDBLOCK);
-    busy.then(|| {
-        fs::read_to_string(dir.join(LOCK_FILE))
-            .unwrap_or_default()
-            .trim()
-            .to_string()
-    })
+    busy.then(|| read_pid(dir))
+}
+
+/// The pid a lock file holds (never read through a link, and at most a few bytes of it).
+fn read_pid(dir: &Path) -> String {
+    use std::io::Read as _;
+    let mut text = String::new();
+    if let Ok(f) = open_no_follow(fs::OpenOptions::new().read(true), &dir.join(LOCK_FILE)) {
+        let _ = f.take(32).read_to_string(&mut text);
+    }
+    let pid = text.trim();
+    if pid.bytes().all(|b| b.is_ascii_digit()) {
+        pid.to_string()
+    } else {
+        "unknown".into()
+    }
 }
 
 /// Whether `dir` holds nothing but (perhaps) a lock file.
@@ -334,7 +474,7 @@ pub fn claim_run_dir(output_dir: &Path, name: &str) -> Result<(PathBuf, Option<P
         match fs::create_dir(&p) {
             Ok(()) => {
                 let key = held_key(&p);
-                match try_lock(&p).map_err(|e| Error::io(format!("locking {}", p.display()), e))? {
+                match try_lock(&p).map_err(|e| open_error("locking", &p.join(LOCK_FILE), e))? {
                     Some(f) => {
                         HELD.lock()
                             .unwrap_or_else(|p| p.into_inner())

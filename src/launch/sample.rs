@@ -12,7 +12,6 @@
 use std::path::Path;
 use std::time::Instant;
 
-use super::resume::require_checkpoint;
 use super::run_dir::{checkpoint_store, run_config};
 use crate::backend::RankBackend;
 use crate::checkpoint;
@@ -143,9 +142,9 @@ pub fn sample(
     }
     let family = FamilyModel::new(gpt.clone());
     let store = checkpoint_store(run_dir)?;
-    let path = require_checkpoint(&store, o.from.as_deref())?;
-    let loaded =
-        checkpoint::load(&path, &family_layout(&family).specs()).map_err(Error::Checkpoint)?;
+    let (_, loaded) = super::resume::read_checkpoint(&store, o.from.as_deref(), |p| {
+        checkpoint::load(p, &family_layout(&family).specs()).map_err(Error::Checkpoint)
+    })?;
     let placement = crate::backend::resolve(&r.config)?;
     macro_rules! dispatch {
         ($($(#[$a:meta])* $v:ident = $name:literal => $ty:ty),* $(,)?) => {
@@ -206,11 +205,25 @@ fn generate<B: RankBackend>(
         let next = if o.temperature == 0.0 {
             argmax(row)
         } else {
-            let scaled: Vec<f32> = row
+            let mut scaled: Vec<f32> = row
                 .iter()
                 .map(|&l| (f64::from(l) / o.temperature) as f32)
                 .collect();
-            draw(&scaled, o.top_k, o.top_p, rng.next_f64())
+            if scaled.iter().any(|v| !v.is_finite()) {
+                // a tiny temperature overflows f32 (1e-45 drew the least likely token): shifted
+                // by the largest logit first, in f64, the others become -inf (probability 0),
+                // never +inf, which tends to greedy as the temperature does
+                let top = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                scaled = row
+                    .iter()
+                    .map(|&l| ((f64::from(l) - f64::from(top)) / o.temperature) as f32)
+                    .collect();
+            }
+            if scaled.iter().any(|v| v.is_nan()) || !scaled.iter().any(|v| v.is_finite()) {
+                argmax(row)
+            } else {
+                draw(&scaled, o.top_k, o.top_p, rng.next_f64())
+            }
         } as u32;
         made += 1;
         if !o.ignore_eos && tokenizer.eot() == Some(next) {

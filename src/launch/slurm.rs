@@ -403,7 +403,7 @@ pub fn submit(r: &Resolved, o: &SubmitOptions) -> Result<()> {
             "dry run: nothing written or submitted; `{}` would submit this script:",
             cmd.join(" ")
         ));
-        print!("{script}");
+        crate::ui::out_raw(&script);
         return Ok(());
     }
     if !have_sbatch() {
@@ -432,9 +432,9 @@ pub fn submit(r: &Resolved, o: &SubmitOptions) -> Result<()> {
         fs::create_dir_all(run_dir.join("logs"))
             .and_then(|_| fs::create_dir_all(&slurm_dir))
             .map_err(|e| Error::io(format!("creating {}", slurm_dir.display()), e))?;
-        fs::write(
-            run_dir.join("config.toml"),
-            config::to_toml(&stored_config_for_elsewhere(&job_cfg)),
+        super::run_dir::replace_file(
+            &run_dir.join("config.toml"),
+            config::to_toml(&stored_config_for_elsewhere(&job_cfg)).as_bytes(),
         )
         .map_err(|e| Error::io(format!("writing {}/config.toml", run_dir.display()), e))?;
         write_private(&token_path, &new_token()?)

@@ -8,7 +8,6 @@ use std::path::{Path, PathBuf};
 
 use burn::backend::{Autodiff, Flex};
 
-use super::resume::require_checkpoint;
 use super::run_dir::{checkpoint_store, run_config};
 use crate::checkpoint::{self, tensors};
 use crate::config::InitFormat;
@@ -43,7 +42,11 @@ pub struct ExportReport {
 /// must), never a file or a symlink.
 fn hf_dir(path: &Path) -> Result<PathBuf> {
     match fs::symlink_metadata(path) {
-        Ok(m) if m.is_dir() => Ok(path.to_path_buf()),
+        Ok(m) if m.is_dir() => {
+            // the files it writes are inside `path`
+            super::run_dir::refuse_inside_run(&path.join("model.safetensors"), "-o", None)?;
+            Ok(path.to_path_buf())
+        }
         Ok(_) => Err(Error::Usage(format!(
             "-o `{}` is not a directory; --format hf-gpt2 writes a directory (model.safetensors and config.json) that `GPT2LMHeadModel.from_pretrained` loads",
             path.display()
@@ -60,6 +63,7 @@ fn hf_dir(path: &Path) -> Result<PathBuf> {
                     parent.display()
                 )));
             }
+            super::run_dir::refuse_inside_run(path, "-o", None)?;
             Ok(path.to_path_buf())
         }
     }
@@ -145,6 +149,7 @@ pub(super) fn output_path(path: &Path, flag: &str) -> Result<PathBuf> {
             )));
         }
     }
+    super::run_dir::refuse_inside_run(path, flag, None)?;
     Ok(dir.join(name))
 }
 
@@ -211,19 +216,13 @@ pub fn export(run_dir: &Path, o: &ExportOptions) -> Result<ExportReport> {
     }
     let r = run_config(run_dir)?;
     let store = checkpoint_store(run_dir)?;
-    if let Ok(ck) = store.dir.canonicalize() {
-        for p in std::iter::once(&out).chain(probe.as_ref()) {
-            if p.starts_with(&ck) {
-                return Err(Error::Usage(format!(
-                    "`{}` is inside the run's checkpoints; write the export elsewhere",
-                    p.display()
-                )));
-            }
-        }
-    }
-    let path = require_checkpoint(&store, o.from.as_deref())?;
-    let state = checkpoint::read_state(&path)?;
-    let model = crate::model::build(&r, &state.input_shape)?;
+    let (path, (state, model, loaded)) =
+        super::resume::read_checkpoint(&store, o.from.as_deref(), |p| {
+            let state = checkpoint::read_state(p)?;
+            let model = crate::model::build(&r, &state.input_shape)?;
+            let loaded = checkpoint::load(p, &model.layout().specs())?;
+            Ok((state, model, loaded))
+        })?;
     let hf_config = match &hf_dir {
         Some(_) => Some(gpt2_config(&r, model.as_ref())?),
         None if o.format.gpt2_names() && model.kind() != "gpt" => {
@@ -235,7 +234,6 @@ pub fn export(run_dir: &Path, o: &ExportOptions) -> Result<ExportReport> {
         }
         None => None,
     };
-    let loaded = checkpoint::load(&path, &model.layout().specs())?;
     let named = portable::export(model.as_ref(), o.format, &loaded.params);
     let model_json = serde_json::to_string(&r.config.model).unwrap_or_default();
     let mut meta: HashMap<String, String> = [

@@ -165,12 +165,12 @@ fn run_ranks<B: RankBackend>(
                 let tx = tx.clone();
                 // appended to: a resumed or restarted run keeps every session's lines
                 let log = logs.and_then(|d| {
-                    std::fs::OpenOptions::new()
-                        .create(true)
-                        .append(true)
-                        .open(d.join(format!("rank-{rank}.log")))
-                        .ok()
-                        .map(BufWriter::new)
+                    crate::launch::run_dir::open_no_follow(
+                        std::fs::OpenOptions::new().create(true).append(true),
+                        &d.join(format!("rank-{rank}.log")),
+                    )
+                    .ok()
+                    .map(BufWriter::new)
                 });
                 std::thread::Builder::new()
                     .name(format!("kiln-rank-{rank}"))

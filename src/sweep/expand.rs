@@ -39,6 +39,8 @@ pub enum ExpandError {
     Empty,
     #[error("`sweep.grid.\"{0}\"` has no values\n  = help: list at least one value")]
     EmptyAxis(String),
+    #[error("the sweep has more than {0} trials\n  = help: search fewer values per key (or fewer random samples)")]
+    TooMany(usize),
     #[error("`sweep.random.space.\"{key}\"`: {why}")]
     BadDistribution { key: String, why: String },
 }
@@ -74,6 +76,17 @@ fn sample(d: &Distribution, key: &str, rng: &mut Rng) -> Result<toml::Value, Exp
 pub fn expand(s: &SweepConfig) -> Result<Vec<Trial>, ExpandError> {
     if s.grid.is_empty() && s.random.is_none() {
         return Err(ExpandError::Empty);
+    }
+    // counted before anything is allocated: a grid of 6 keys x 10 values, or a billion random
+    // samples, is refused here rather than by the memory it would take
+    let max = crate::config::MAX_TRIALS;
+    let count = s
+        .grid
+        .values()
+        .try_fold(1usize, |a, v| a.checked_mul(v.len().max(1)))
+        .and_then(|g| g.checked_mul(s.random.as_ref().map_or(1, |r| r.samples.max(1))));
+    if count.is_none_or(|n| n > max) {
+        return Err(ExpandError::TooMany(max));
     }
     let mut points: Vec<Vec<(String, toml::Value)>> = vec![Vec::new()];
     for (key, values) in &s.grid {

@@ -139,6 +139,18 @@ pub fn sweep_dir(base: &Config) -> PathBuf {
     Path::new(&base.experiment.output_dir).join(name)
 }
 
+/// Refuses a sweep directory that holds a run (`config.toml`, no `sweep.json`): the sweep's
+/// files and its trials would be written into the run, over its report.
+pub(super) fn refuse_run_dir(dir: &Path) -> Result<()> {
+    if dir.join("config.toml").exists() && !dir.join("sweep.json").exists() {
+        return Err(Error::Usage(format!(
+            "`{}` holds a run, not a sweep; the sweep would write over its files\n  = help: name the sweep with `--set sweep.name=\"...\"` (or `[sweep] name`), or move the run away",
+            dir.display()
+        )));
+    }
+    Ok(())
+}
+
 /// Holds `sweep.lock` while a sweep runs in a directory.
 pub(super) struct Lock(PathBuf);
 
@@ -358,6 +370,7 @@ pub fn run(spec: &SweepSpec, parallel: Option<usize>, quiet: bool) -> Result<Str
     let s = &base.sweep;
     let parallel = parallel.unwrap_or(s.parallel).max(1);
     let dir = sweep_dir(&base);
+    refuse_run_dir(&dir)?;
     fs::create_dir_all(dir.join("logs"))
         .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
     let _lock = Lock::take(&dir)?;

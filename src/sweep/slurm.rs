@@ -130,6 +130,7 @@ pub fn submit(spec: &SweepSpec, parallel: Option<usize>) -> Result<String> {
             .map_err(|e| Error::io("finding the working directory", e))?
             .join(dir)
     };
+    super::scheduler::refuse_run_dir(&dir)?;
     // every trial as its job will run it, checked before anything is written
     let nnodes = shape.nodes * shape.tasks_per_node;
     let mut jobs = Vec::with_capacity(planned.len());

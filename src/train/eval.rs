@@ -148,7 +148,9 @@ pub fn evaluate_like_run<B: ComputeOn>(
     world: usize,
     batch: usize,
 ) -> Result<EvalSums, ModelError> {
-    let world = world.max(1);
+    // ranks past the last sample hold nothing: with more ranks than samples each rank holds one
+    // sample either way, so the sums are the same bits
+    let world = world.clamp(1, ds.len().max(1));
     let per_rank = (0..world)
         .map(|r| {
             let idx: Vec<usize> = (r..ds.len()).step_by(world).collect();

@@ -11,7 +11,46 @@ pub use progress::*;
 
 /// A result line, on stdout (printed even when quiet: scripts read it).
 pub fn out(line: &str) {
-    println!("{line}");
+    out_raw(&format!("{line}\n"));
+}
+
+/// `text` on stdout as it is (no newline added). A failed write (a closed pipe, a full disk)
+/// never panics: the first error is kept for `stdout_error` and later writes are skipped, so
+/// that a run whose stdout went away still finishes and keeps its files; `main` then says so
+/// and exits non-zero (or 0 for a read-only command whose reader closed the pipe, as `| head`
+/// does).
+pub fn out_raw(text: &str) {
+    use std::io::Write as _;
+    let mut failed = STDOUT_ERROR.lock().unwrap_or_else(|p| p.into_inner());
+    if failed.is_some() {
+        return;
+    }
+    let mut lock = std::io::stdout().lock();
+    if let Err(e) = lock.write_all(text.as_bytes()).and_then(|_| lock.flush()) {
+        *failed = Some(e);
+    }
+}
+
+static STDOUT_ERROR: std::sync::Mutex<Option<std::io::Error>> = std::sync::Mutex::new(None);
+
+/// The first error writing to stdout, if any: its kind and message.
+pub fn stdout_error() -> Option<(std::io::ErrorKind, String)> {
+    STDOUT_ERROR
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .as_ref()
+        .map(|e| (e.kind(), e.to_string()))
+}
+
+/// `println!` through `ui::out`: never panics on a failed write (see `out_raw`).
+#[macro_export]
+macro_rules! outln {
+    () => {
+        $crate::ui::out("")
+    };
+    ($($t:tt)*) => {
+        $crate::ui::out(&format!($($t)*))
+    };
 }
 
 /// A note or warning for the person at the terminal, on stderr.

@@ -577,7 +577,7 @@ fn export_checks_every_output_before_writing_any() {
     );
     bad(
         &["-o", "a/checkpoints/step-00000008/model.safetensors"],
-        "inside the run's checkpoints",
+        "is inside the run directory",
     );
     std::os::unix::fs::symlink("target.safetensors", d.path().join("link.safetensors")).unwrap();
     bad(&["-o", "link.safetensors"], "not a regular file");

@@ -95,7 +95,7 @@ fn the_config_loader_never_panics_on_mutated_experiment_files() {
 }
 
 /// Rewrites the manifest so the mutated files verify, which sends them to the parsers.
-fn reseal(dir: &Path) {
+pub(crate) fn reseal(dir: &Path) {
     use sha2::{Digest, Sha256};
     let mut files = Vec::new();
     let mut names: Vec<String> = std::fs::read_dir(dir)

@@ -177,6 +177,9 @@ fn sampling_with_the_kv_cache_gives_the_tokens_of_the_whole_context() {
     }
     // a stop sequence ends the text there
     let greedy = sample(&["--temperature", "0"]);
+    // issue 30: a temperature so small that the scaled logits overflow f32 is greedy, not
+    // the least likely token every time
+    assert_eq!(sample(&["--temperature", "1e-45"]), greedy);
     let text = String::from_utf8_lossy(&greedy[7..]).into_owned();
     let stop: String = text.chars().skip(10).take(3).collect();
     let o = ok(

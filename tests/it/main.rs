@@ -12,6 +12,7 @@ mod export;
 mod fsdp;
 mod fuzz;
 mod hf;
+mod hostile;
 mod layers;
 mod lm;
 mod loader;

@@ -128,7 +128,7 @@ fn bad_cnn_and_image_keys_are_bad_input_naming_the_key() {
         ),
         (
             &["data.normalize=[0.5]"],
-            "error: `data.normalize` = [0.5] is not [mean, std] with std > 0\n  --> --set data.normalize=[0.5]\n  = help: e.g. normalize = [0.1307, 0.3081], or leave it out\n",
+            "error: `data.normalize` = [0.5] is not [mean, std] with std > 0, both finite\n  --> --set data.normalize=[0.5]\n  = help: e.g. normalize = [0.1307, 0.3081], or leave it out\n",
         ),
     ];
     for (sets, want) in cases {
