@@ -188,7 +188,8 @@ impl Store {
         };
         for e in rd.filter_map(|e| e.ok()) {
             let name = e.file_name().to_string_lossy().into_owned();
-            if !step_of(&name).is_some_and(|(tmp, _)| tmp) {
+            // and what a deletion interrupted by a crash left (`remove_checkpoint`)
+            if !step_of(&name).is_some_and(|(tmp, _)| tmp) && !name.starts_with(".deleting-") {
                 continue;
             }
             let p = e.path();
@@ -207,6 +208,17 @@ impl Store {
             })?;
         }
         Ok(())
+    }
+
+    /// Whether a save or a deletion is under way (or was interrupted): a `step-N.tmp` or a
+    /// `.deleting-` entry is there.
+    pub fn is_changing(&self) -> bool {
+        fs::read_dir(&self.dir).is_ok_and(|rd| {
+            rd.filter_map(|e| e.ok()).any(|e| {
+                let n = e.file_name().to_string_lossy().into_owned();
+                n.starts_with(".deleting-") || step_of(&n).is_some_and(|(tmp, _)| tmp)
+            })
+        })
     }
 
     /// Entries named `step-...` that are not checkpoints kiln reads: a name other than `step-`
@@ -306,7 +318,12 @@ fn remove_checkpoint(p: &Path) -> Result<(), CheckpointError> {
 /// Checks a step directory against its manifest: every file present, of the listed size and
 /// sha256, and nothing essential missing.
 pub fn verify(dir: &Path) -> Result<(), String> {
-    verify_read(dir, |_| false).map(|_| ())
+    verify_read(dir, |_| false)?;
+    // the manifest holds; `state.json`'s fields must too
+    read_state(dir).map(|_| ()).map_err(|e| match e {
+        CheckpointError::Invalid { why, .. } => why,
+        other => other.to_string(),
+    })
 }
 
 /// `verify`, keeping the bytes of the files that `keep` names (read once, checked, returned).
@@ -449,11 +466,12 @@ fn check_state(dir: &Path, s: &State) -> Result<(), String> {
             s.optimizer.steps, s.scheduler.last_step, s.step
         ));
     }
-    // each micro-batch ends one epoch at most
-    let micro = (s.step as u64).saturating_mul(s.grad_accum_steps as u64);
-    if s.position.epoch > micro.saturating_add(1) {
+    // each micro-batch ends one epoch at most, and a step has at most MAX micro-batches (a
+    // resume may have changed the accumulation since: the bound is the largest there is)
+    let most = (s.step as u64).saturating_mul(MAX as u64).saturating_add(1);
+    if s.position.epoch > most {
         return Err(format!(
-            "`position.epoch` = {} is more epochs than the {micro} micro-batches of {} steps could pass",
+            "`position.epoch` = {} is more epochs than {} steps could pass",
             s.position.epoch, s.step
         ));
     }
@@ -596,12 +614,8 @@ pub fn load(dir: &Path, specs: &[(String, Vec<usize>)]) -> Result<Loaded, Checkp
             .map_err(|e| invalid(dir, format!("{mname}/{oname}: {e}")))?;
     }
     let (params, opt) = whole.finish().map_err(|e| invalid(dir, e))?;
-    // no run saves a weight or a moment that is not finite (a diverged step is never applied)
-    for (what, values) in [
-        ("parameter", &params),
-        ("exp_avg / momentum", &opt.m),
-        ("exp_avg_sq", &opt.v),
-    ] {
+    // no run saves a weight that is not finite (a diverged step is never applied)
+    for (what, values) in [("parameter", &params)] {
         if let Some(i) = values.iter().position(|v| !v.is_finite()) {
             let mut at = i;
             let name = specs

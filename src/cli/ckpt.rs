@@ -47,7 +47,16 @@ pub fn ckpt(cmd: &CkptCommand) -> Result<()> {
                     .filter_map(|e| e.ok())
                     .filter(|e| e.file_name().to_string_lossy().starts_with("abandoned-"))
                     // a file under that name is not a store kiln set aside
-                    .filter(|e| std::fs::symlink_metadata(e.path()).is_ok_and(|m| m.is_dir()))
+                    .filter(|e| {
+                        let dir = std::fs::symlink_metadata(e.path()).is_ok_and(|m| m.is_dir());
+                        if !dir {
+                            crate::ui::note(&format!(
+                                "warning: skipping `{}`: not a directory of checkpoints a resume set aside",
+                                e.path().display()
+                            ));
+                        }
+                        dir
+                    })
                     .map(|e| e.path())
                     .collect();
                 dirs.sort();
@@ -98,18 +107,34 @@ pub fn ckpt(cmd: &CkptCommand) -> Result<()> {
             loop {
                 tries += 1;
                 let entries = store.list().map_err(Error::Checkpoint)?;
-                let newest = entries
+                let Some(newest) = entries
                     .iter()
                     .find(|e| !(live && e.path.to_string_lossy().ends_with(".tmp")))
-                    .ok_or_else(|| {
-                        Error::Invalid(format!("no checkpoints in {}", run_dir.display()))
-                    })?;
+                else {
+                    // a listing made while a save and a deletion renamed their directories
+                    if live && tries < 100 && store.is_changing() {
+                        std::thread::sleep(std::time::Duration::from_millis(10));
+                        continue;
+                    }
+                    return Err(Error::Invalid(format!(
+                        "no checkpoints in {}",
+                        run_dir.display()
+                    )));
+                };
                 return match &newest.status {
                     Ok(()) => {
                         crate::outln!("{}: valid", name(newest));
                         Ok(())
                     }
-                    Err(_) if !newest.path.exists() && tries < 20 => continue,
+                    // deleted by retention, or renamed into place, while it was read
+                    Err(_)
+                        if live
+                            && tries < 100
+                            && (!newest.path.exists() || store.is_changing()) =>
+                    {
+                        std::thread::sleep(std::time::Duration::from_millis(10));
+                        continue;
+                    }
                     Err(why) => Err(Error::Invalid(format!("{}: {why}", name(newest)))),
                 };
             }

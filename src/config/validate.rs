@@ -863,6 +863,12 @@ pub const SWEEP_METRICS: &[&str] = &[
     "peak_rss_bytes",
     "flops_per_sec",
     "mfu",
+    "flops_per_sample",
+    "num_params",
+    "global_batch",
+    "world_size",
+    "eval_samples",
+    "resumed_from_step",
 ];
 
 /// `[sweep]`: the number of trials bounded before any is expanded, and a metric a trial's

@@ -7,7 +7,7 @@ use super::{DataError, Dataset};
 use crate::config::DataConfig;
 
 pub fn read(path: &Path, c: &DataConfig, key: &'static str) -> Result<Dataset, DataError> {
-    let text = String::from_utf8(super::read_bounded(path, key)?).map_err(|e| {
+    let text = String::from_utf8(super::read_bounded(path, key, None)?).map_err(|e| {
         DataError::Invalid(format!(
             "{} ({key}): not UTF-8 text (byte {} is not); a CSV file is text",
             path.display(),

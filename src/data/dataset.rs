@@ -186,16 +186,21 @@ pub enum DataError {
     Invalid(String),
 }
 
-/// The most bytes a data file read whole into memory may have (text, CSV, IDX): 2 GiB. A
-/// larger corpus is `kiln tokenize`d into a token file (`data.kind = "tokens"`, memory-mapped).
-pub const MAX_READ_BYTES: u64 = 2 << 30;
+/// The most bytes of a text file read whole into memory: 2 GiB. A larger corpus is `kiln
+/// tokenize`d into a token file (`data.kind = "tokens"`, memory-mapped).
+pub const MAX_TEXT_BYTES: u64 = 2 << 30;
 
 /// The most bytes read from a file whose size the file system does not say (0 bytes).
 pub const MAX_UNSIZED_BYTES: u64 = 64 << 20;
 
-/// A data file's bytes, read whole, refused past `MAX_READ_BYTES` before they are all read (a
-/// file whose size the file system does not know, such as `/proc/self/pagemap`, included).
-pub fn read_bounded(path: &Path, key: &'static str) -> Result<Vec<u8>, DataError> {
+/// A data file's bytes, read whole: refused past `cap` (text: `MAX_TEXT_BYTES`; others: the
+/// file's own size bounds them), and past `MAX_UNSIZED_BYTES` for a file whose size the file
+/// system does not know (such as `/proc/self/pagemap`), before they are all read.
+pub fn read_bounded(
+    path: &Path,
+    key: &'static str,
+    cap: Option<u64>,
+) -> Result<Vec<u8>, DataError> {
     use std::io::Read as _;
     let io = |source| DataError::Io {
         path: path.to_path_buf(),
@@ -205,23 +210,33 @@ pub fn read_bounded(path: &Path, key: &'static str) -> Result<Vec<u8>, DataError
     let f = std::fs::File::open(path).map_err(io)?;
     let size = f.metadata().map_err(io)?.len();
     // a file that says it is empty but is not (/proc, sysfs) is read up to 64 MiB
+    let text = cap.is_some();
     let cap = if size > 0 {
-        MAX_READ_BYTES
+        cap.unwrap_or(u64::MAX)
     } else {
         MAX_UNSIZED_BYTES
     };
     let too_big = || {
         DataError::Invalid(format!(
-            "{} ({key}) holds more than {} MiB, which kiln reads whole into memory{}; for a large text corpus, `kiln tokenize` it and train with data.kind = \"tokens\" (memory-mapped)",
+            "{} ({key}) holds more than {} MiB, which kiln reads whole into memory{}{}",
             path.display(),
             cap >> 20,
-            if size > 0 { "" } else { " (its size is unknown: the file system says 0 bytes)" }
+            if size > 0 {
+                ""
+            } else {
+                " (its size is unknown: the file system says 0 bytes)"
+            },
+            if text {
+                "; for a large text corpus, `kiln tokenize` it and train with data.kind = \"tokens\" (memory-mapped)"
+            } else {
+                ""
+            }
         ))
     };
     if size > cap {
         return Err(too_big());
     }
-    let mut out = Vec::with_capacity(size as usize);
+    let mut out = Vec::with_capacity(size.min(cap) as usize);
     // in aligned chunks of 1 MiB (pseudo-files such as /proc/self/pagemap refuse reads of
     // other sizes), until the end or past the bound
     let mut f = f;

@@ -22,7 +22,7 @@ fn invalid(path: &Path, what: String) -> DataError {
 /// few bytes; members one after another (what `cat a.gz b.gz` makes) are read as one stream,
 /// and bytes after the last member that are not gzip are refused.
 fn read(path: &Path, key: &'static str, magic: u32, dims: usize) -> Result<Vec<u8>, DataError> {
-    let raw = super::read_bounded(path, key)?;
+    let raw = super::read_bounded(path, key, None)?;
     if !raw.starts_with(&[0x1f, 0x8b]) {
         return Ok(raw);
     }
@@ -256,14 +256,7 @@ mod tests {
             (d.path().join("i"), d.path().join("l"))
         };
         let write = |p: &Path, b: Vec<u8>| {
-            let b = if gz {
-                let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
-                std::io::Write::write_all(&mut e, &b).unwrap();
-                e.finish().unwrap()
-            } else {
-                b
-            };
-            std::fs::write(p, b).unwrap();
+            std::fs::write(p, if gz { gzip(&b) } else { b }).unwrap();
         };
         write(&ip, img);
         write(&lp, lab);

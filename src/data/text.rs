@@ -21,7 +21,7 @@ pub fn load(r: &Resolved) -> Result<Data, DataError> {
         ));
     };
     let path = r.path_of("data.path", value);
-    let bytes = super::read_bounded(&path, "data.path")?;
+    let bytes = super::read_bounded(&path, "data.path", Some(super::MAX_TEXT_BYTES))?;
     let block = r.config.model.block_size.unwrap_or(128).max(1);
     let vocab = r.config.model.vocab_size.unwrap_or(256);
     let (store, unit) = if c.tokenizer == "bytes" {

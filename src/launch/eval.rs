@@ -9,7 +9,6 @@ use serde::Serialize;
 
 use super::run_dir::{checkpoint_store, write_json};
 use crate::backend::{self, RankBackend, Resolved as Backend};
-use crate::checkpoint;
 use crate::config;
 use crate::error::{Error, Result};
 use crate::model::{Model, Task};
@@ -61,13 +60,12 @@ pub fn eval(run_dir: &Path, o: &EvalOptions) -> Result<EvalReport> {
     let r = config::load(&file, &env, &o.sets)?;
     let c = &r.config;
     let store = checkpoint_store(run_dir)?;
+    // the one place it writes: evals/ and its files are never written through a link
+    if std::fs::symlink_metadata(run_dir.join("evals")).is_ok_and(|m| m.file_type().is_symlink()) {
+        return Err(super::run_dir::link_refused(&run_dir.join("evals")));
+    }
     let (path, (state, model, loaded)) =
-        super::resume::read_checkpoint(&store, o.from.as_deref(), |p| {
-            let state = checkpoint::read_state(p)?;
-            let model = crate::model::build(&r, &state.input_shape)?;
-            let loaded = checkpoint::load(p, &model.layout().specs())?;
-            Ok((state, model, loaded))
-        })?;
+        super::resume::read_model_checkpoint(&store, o.from.as_deref(), &r)?;
     let data = crate::data::load(&r)?;
     let ds = data.eval.as_ref().ok_or_else(|| {
         Error::Usage(format!(
@@ -121,7 +119,6 @@ pub fn eval(run_dir: &Path, o: &EvalOptions) -> Result<EvalReport> {
         time: crate::ui::rfc3339(now),
         written: PathBuf::new(),
     };
-    super::run_dir::refuse_links(run_dir, &c.checkpoint.dir)?;
     let dir = run_dir.join("evals");
     std::fs::create_dir_all(&dir)
         .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;

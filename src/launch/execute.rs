@@ -445,10 +445,9 @@ fn check_position(
 }
 
 /// What a run checks in its directory before it changes anything there: no symbolic link
-/// where it writes, no entry in `checkpoints/` under a checkpoint's name that is not one (a
-/// file `step-00000010` would fail the save at step 10, after the steps were trained), and the
-/// unfinished `.tmp` checkpoints of an interrupted save removed. Other `step-*` names are not
-/// kiln's: they are left alone, with a warning.
+/// where it writes, and no entry in `checkpoints/` under a checkpoint's name that is not one
+/// (a file `step-00000010` would fail the save at step 10, after the steps were trained).
+/// Other `step-*` names are not kiln's: they are left alone, with a warning.
 fn preflight(run_dir: &Path, checkpoint_dir: &str) -> Result<()> {
     super::run_dir::refuse_links(run_dir, checkpoint_dir)?;
     let store = Store::new(run_dir.join(checkpoint_dir));
@@ -469,7 +468,7 @@ fn preflight(run_dir: &Path, checkpoint_dir: &str) -> Result<()> {
             p.display()
         ));
     }
-    store.clean_tmp().map_err(Error::Checkpoint)
+    Ok(())
 }
 
 fn store_of(c: &Config, run_dir: &Path) -> Store {
@@ -533,6 +532,12 @@ pub fn execute(
         }
         None => None,
     };
+    if primary {
+        // everything a run changes is checked before the first change (and before the other
+        // nodes are told to go on), so that a check that fails leaves a finished run's files
+        // as they were
+        preflight(run_dir, &c.checkpoint.dir)?;
+    }
     // every node has what it needs: now node 0 may change files of a resumed run
     checks.pass(resume.is_some(), rendezvous_t)?;
     // the job's NCCL variables, in this process before anything loads NCCL
@@ -589,9 +594,11 @@ pub fn execute(
         }
     }
     if primary {
-        // everything a run changes is checked before the first change, so that a check that
-        // fails leaves a finished run's files as they were
-        preflight(run_dir, &c.checkpoint.dir)?;
+        // the unfinished checkpoints of an interrupted save (or deletion), before any file
+        // of the run changes: one that cannot be removed stops the run here
+        store_of(c, run_dir)
+            .clean_tmp()
+            .map_err(Error::Checkpoint)?;
     }
     if primary && resume.is_some() {
         let step = loaded.as_ref().map(|l| l.state.step).unwrap_or(0);

@@ -161,15 +161,18 @@ pub fn choose_checkpoint(store: &Store, from: Option<&str>) -> Result<Option<Pat
 fn choose(store: &Store, from: Option<&str>, reading: bool) -> Result<Option<PathBuf>> {
     let mut entries = store.list().map_err(Error::Checkpoint)?;
     // a reader of a live run: a checkpoint that failed to verify because retention took it
-    // away meanwhile is not damaged; look again (a few times) without it
-    for _ in 0..20 {
-        if !reading
-            || !entries
-                .iter()
-                .any(|e| e.status.is_err() && !e.path.exists())
-        {
+    // away meanwhile is not damaged, and a listing made while a save renamed its `.tmp` into
+    // place and retention renamed the old one away can hold no finished checkpoint: look
+    // again (for a second at most) while the store is changing
+    for _ in 0..100 {
+        let vanished = entries
+            .iter()
+            .any(|e| e.status.is_err() && !e.path.exists());
+        let none = !entries.iter().any(|e| e.status.is_ok());
+        if !reading || !(vanished || (none && store.is_changing())) {
             break;
         }
+        std::thread::sleep(std::time::Duration::from_millis(10));
         entries = store.list().map_err(Error::Checkpoint)?;
     }
     if reading {
@@ -359,6 +362,24 @@ pub fn read_checkpoint<T>(
             other => return other.map(|t| (path, t)),
         }
     }
+}
+
+/// `read_checkpoint` of a whole checkpoint: its state, the model of `r` built for the
+/// checkpoint's input shape, and its tensors.
+pub(super) fn read_model_checkpoint(
+    store: &Store,
+    from: Option<&str>,
+    r: &Resolved,
+) -> Result<(
+    PathBuf,
+    (State, crate::model::SharedModel, checkpoint::Loaded),
+)> {
+    read_checkpoint(store, from, |p| {
+        let state = checkpoint::read_state(p)?;
+        let model = crate::model::build(r, &state.input_shape)?;
+        let loaded = checkpoint::load(p, &model.layout().specs())?;
+        Ok((state, model, loaded))
+    })
 }
 
 /// `choose_checkpoint` for a reader, where having none is an error saying how to get one.

@@ -196,13 +196,9 @@ pub fn checkpoint_store(run_dir: &Path) -> Result<Store> {
     if !config::checkpoint_dir_inside(&dir) {
         return Err(outside());
     }
-    let store = run_dir.join(&dir);
-    if let (Ok(run), Ok(at)) = (run_dir.canonicalize(), store.canonicalize()) {
-        if !at.starts_with(&run) {
-            return Err(outside());
-        }
-    }
-    Ok(Store::new(store))
+    // (a `checkpoints/` that is a link, to a scratch disk say, is read through; a run never
+    // writes through it: `refuse_links`)
+    Ok(Store::new(run_dir.join(dir)))
 }
 
 /// The run (or sweep) directory `dir` lies in, if any: the nearest of `dir` and its ancestors
@@ -213,7 +209,8 @@ pub fn enclosing_run(dir: &Path) -> Option<PathBuf> {
     dir.ancestors()
         .find(|a| {
             let has = |n: &str| a.join(n).exists();
-            (has("config.toml") && (has(LOCK_FILE) || has("metrics.jsonl") || has("summary.json")))
+            // every run directory kiln made has its lock file
+            (has("config.toml") && has(LOCK_FILE) && (has("metrics.jsonl") || has("summary.json")))
                 || (has("sweep.json") && has("sweep.jsonl"))
         })
         .map(Path::to_path_buf)
@@ -293,11 +290,9 @@ pub fn refuse_links(dir: &Path, checkpoint_dir: &str) -> Result<()> {
         "config.toml",
         "metrics.jsonl",
         "summary.json",
-        "report.html",
         "logs",
         "evals",
         "trace",
-        "slurm",
     ]
     .iter()
     .map(|n| dir.join(n))
@@ -308,7 +303,7 @@ pub fn refuse_links(dir: &Path, checkpoint_dir: &str) -> Result<()> {
         at.push(part);
         paths.push(at.clone());
     }
-    for sub in ["logs", "evals", "trace", "slurm"] {
+    for sub in ["logs", "evals", "trace"] {
         if let Ok(rd) = fs::read_dir(dir.join(sub)) {
             if !is_link(&dir.join(sub)) {
                 paths.extend(rd.filter_map(|e| e.ok()).map(|e| e.path()));

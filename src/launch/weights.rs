@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use burn::backend::{Autodiff, Flex};
 
 use super::run_dir::{checkpoint_store, run_config};
-use crate::checkpoint::{self, tensors};
+use crate::checkpoint::tensors;
 use crate::config::InitFormat;
 use crate::config::Resolved;
 use crate::error::{Error, Result};
@@ -217,12 +217,7 @@ pub fn export(run_dir: &Path, o: &ExportOptions) -> Result<ExportReport> {
     let r = run_config(run_dir)?;
     let store = checkpoint_store(run_dir)?;
     let (path, (state, model, loaded)) =
-        super::resume::read_checkpoint(&store, o.from.as_deref(), |p| {
-            let state = checkpoint::read_state(p)?;
-            let model = crate::model::build(&r, &state.input_shape)?;
-            let loaded = checkpoint::load(p, &model.layout().specs())?;
-            Ok((state, model, loaded))
-        })?;
+        super::resume::read_model_checkpoint(&store, o.from.as_deref(), &r)?;
     let hf_config = match &hf_dir {
         Some(_) => Some(gpt2_config(&r, model.as_ref())?),
         None if o.format.gpt2_names() && model.kind() != "gpt" => {

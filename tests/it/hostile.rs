@@ -30,6 +30,10 @@ fn finished(dir: &Path) -> PathBuf {
 /// kiln with `args`, under an address-space limit of `bytes` (set in the child before exec).
 fn limited(dir: &Path, args: &[&str], bytes: u64) -> Output {
     let mut cmd = clean_cmd(Path::new(KILN), dir, args);
+    // the address space a process reserves grows with the machine's cores (thread stacks,
+    // glibc's arenas): bounded here, so that the limit means the same on any runner
+    cmd.env("MALLOC_ARENA_MAX", "2")
+        .env("RAYON_NUM_THREADS", "1");
     // SAFETY: setrlimit is async-signal-safe; nothing else runs between fork and exec
     unsafe {
         cmd.pre_exec(move || {
@@ -282,24 +286,41 @@ fn with_state(d: &Path, run: &Path, name: &str, field: &str, value: serde_json::
     to
 }
 
-/// kiln `args`, killed when it runs past `secs`.
+/// kiln `args`, killed when it runs past `secs` (its output read as it comes, so that a
+/// talkative child never blocks on a full pipe).
 fn within(dir: &Path, args: &[&str], secs: u64) -> Output {
+    use std::io::Read as _;
     let mut child = clean_cmd(Path::new(KILN), dir, args)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
+    let drain = |mut r: Box<dyn std::io::Read + Send>| {
+        std::thread::spawn(move || {
+            let mut v = Vec::new();
+            let _ = r.read_to_end(&mut v);
+            v
+        })
+    };
+    let out = drain(Box::new(child.stdout.take().unwrap()));
+    let err = drain(Box::new(child.stderr.take().unwrap()));
     let start = std::time::Instant::now();
-    loop {
-        if child.try_wait().unwrap().is_some() {
-            return child.wait_with_output().unwrap();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
         }
         if start.elapsed().as_secs() >= secs {
             let _ = child.kill();
-            let o = child.wait_with_output().unwrap();
-            panic!("{args:?} ran past {secs} s: {}", stderr(&o));
+            let _ = child.wait();
+            let e = String::from_utf8_lossy(&err.join().unwrap()).into_owned();
+            panic!("{args:?} ran past {secs} s: {e}");
         }
         std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    Output {
+        status,
+        stdout: out.join().unwrap(),
+        stderr: err.join().unwrap(),
     }
 }
 
@@ -343,9 +364,19 @@ fn state_json_fields_are_checked_before_anything_acts_on_them() {
     for field in &fields {
         for v in &values {
             let copy = with_state(d.path(), &run, "fuzzed", field, v.clone());
+            // from this checkpoint (without `--from`, a resume falls back to the newest one
+            // that verifies, step 6, as it does for any damaged checkpoint)
             let o = within(
                 d.path(),
-                &["resume", "fuzzed", "--quiet", "--set", "train.epochs=2"],
+                &[
+                    "resume",
+                    "fuzzed",
+                    "--quiet",
+                    "--from",
+                    "step-00000008",
+                    "--set",
+                    "train.epochs=2",
+                ],
                 20,
             );
             let err = stderr(&o);
@@ -361,11 +392,16 @@ fn state_json_fields_are_checked_before_anything_acts_on_them() {
                         .collect();
                     let want: Vec<u64> = (1..=steps.len() as u64).collect();
                     assert_eq!(steps, want, "{field} = {v}: {err}");
-                    assert!(steps.len() > 8, "{field} = {v}: {err}");
+                    // an epoch past train.epochs (which no check can tell from one that many
+                    // tiny micro-batches reached) is a complete run: nothing trains
+                    let complete = crate::common::stdout(&o).contains("is already complete");
+                    assert!(steps.len() > 8 || complete, "{field} = {v}: {err}");
                 }
                 Some(2) => {
                     assert!(
-                        err.contains("is invalid") || err.contains("the checkpoint has"),
+                        err.contains("is invalid")
+                            || err.contains("cannot be resumed from: state.json")
+                            || err.contains("the checkpoint has"),
                         "{field} = {v}: {err}"
                     );
                     invalid += 1;
@@ -413,8 +449,15 @@ fn state_json_fields_are_checked_before_anything_acts_on_them() {
     ] {
         with_state(d.path(), &run, "named", field, v.clone());
         for args in [
-            &["resume", "named", "--set", "train.epochs=2"][..],
-            &["eval", "named"][..],
+            &[
+                "resume",
+                "named",
+                "--from",
+                "step-00000008",
+                "--set",
+                "train.epochs=2",
+            ][..],
+            &["eval", "named", "--from", "step-00000008"][..],
         ] {
             let o = within(d.path(), args, 20);
             let err = stderr(&o);
@@ -424,8 +467,13 @@ fn state_json_fields_are_checked_before_anything_acts_on_them() {
             assert_eq!(o.status.code(), Some(2), "{field} {args:?}: {err}");
             assert!(err.contains(says), "{field} {args:?}: {err}");
         }
-        // the checkpoint resumed from is never set aside
+        // the checkpoint resumed from is never set aside, and `ckpt verify` says it is invalid
         assert!(d.path().join("named/checkpoints/step-00000008").is_dir());
+        if field != "position.segment_micro" {
+            let o = within(d.path(), &["ckpt", "verify", "named"], 20);
+            assert_eq!(o.status.code(), Some(1), "{field}: {}", stderr(&o));
+            assert!(stderr(&o).contains(says), "{field}: {}", stderr(&o));
+        }
     }
 }
 
