@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Checks a `kiln export` from PyTorch: loads it into the reference module of
-`shared/bench/torch_baseline.py` (mlp, cnn or gpt, sized from the file) with strict=True, runs a
+`scripts/torch_reference.py` (mlp, cnn or gpt, sized from the file) with strict=True, runs a
 forward on the input kiln saved with `--probe`, and compares the logits with kiln's.
 
   pip install torch safetensors
@@ -11,6 +11,7 @@ Exit 0 when every logit is within --tol (1e-4) of kiln's, 1 otherwise.
 """
 import argparse
 import json
+import os
 import sys
 
 import torch
@@ -18,41 +19,8 @@ import torch.nn as nn
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-ACTS = {"relu": nn.ReLU, "gelu": nn.GELU, "tanh": nn.Tanh, "sigmoid": nn.Sigmoid}
-
-
-class Block(nn.Module):
-    """torch_baseline.py's nanoGPT block (with optional biases)."""
-
-    def __init__(self, d, h, bias):
-        super().__init__()
-        self.ln_1, self.ln_2, self.h = nn.LayerNorm(d, bias=bias), nn.LayerNorm(d, bias=bias), h
-        self.c_attn, self.c_proj = nn.Linear(d, 3 * d, bias=bias), nn.Linear(d, d, bias=bias)
-        self.mlp = nn.Sequential(nn.Linear(d, 4 * d, bias=bias), nn.GELU(), nn.Linear(4 * d, d, bias=bias))
-
-    def forward(self, x):
-        b, t, d = x.shape
-        q, k, v = self.c_attn(self.ln_1(x)).split(d, dim=2)
-        q, k, v = (z.view(b, t, self.h, d // self.h).transpose(1, 2) for z in (q, k, v))
-        y = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.c_proj(y.transpose(1, 2).reshape(b, t, d))
-        return x + self.mlp(self.ln_2(x))
-
-
-class Gpt(nn.Module):
-    def __init__(self, vocab, block, layers, heads, d, bias, tie):
-        super().__init__()
-        self.wte, self.wpe = nn.Embedding(vocab, d), nn.Embedding(block, d)
-        self.blocks = nn.Sequential(*[Block(d, heads, bias) for _ in range(layers)])
-        self.ln_f, self.lm_head = nn.LayerNorm(d, bias=bias), nn.Linear(d, vocab, bias=False)
-        if tie:
-            self.lm_head.weight = self.wte.weight
-
-    def forward(self, idx):
-        pos = torch.arange(idx.shape[1])
-        x = self.ln_f(self.blocks(self.wte(idx) + self.wpe(pos)))
-        return self.lm_head(x).flatten(0, 1)
-
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from torch_reference import ACTS, Gpt  # noqa: E402  (kiln's families as PyTorch modules)
 
 def linears(sd, start):
     """Indices of the `<i>.weight` 2-d tensors of an nn.Sequential, in order, from `start`."""
@@ -61,7 +29,7 @@ def linears(sd, start):
 
 
 def sequential(sd, cfg, input_shape):  # input_shape: [C, H, W] for a cnn, the features for an mlp
-    """The mlp or cnn of torch_baseline.py, as kiln numbers its modules."""
+    """The mlp or cnn of torch_reference.py, as kiln numbers its modules."""
     act = ACTS[cfg.get("activation", "relu")]
     drop = cfg.get("dropout", 0.0)
     mods = {}
@@ -110,7 +78,7 @@ def main():
         layers = len({k.split(".")[1] for k in sd if k.startswith("blocks.")})
         bias = "ln_f.bias" in sd
         tie = cfg.get("tie_embeddings", True)
-        model = Gpt(vocab, block, layers, cfg.get("heads", 4), d, bias, tie)
+        model = Gpt(vocab, block, layers, cfg.get("heads", 4), d, bias=bias, tie=tie)
         x = x.long()
     elif kind in ("mlp", "cnn"):
         model = sequential(sd, cfg, input_shape)

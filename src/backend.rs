@@ -276,7 +276,11 @@ fn cuda_placement(c: &Config, world: usize) -> Result<Placement, BackendError> {
 
 /// Ranks onto `gpus` GPUs: ordinals, and NCCL unless ranks share a GPU.
 pub fn place_on_gpus(c: &Config, world: usize, gpus: usize) -> Result<Placement, BackendError> {
-    let ordinals = c.strategy.devices.ordinals(gpus);
+    // a process a launcher started for one GPU (torchrun's LOCAL_RANK) takes that GPU
+    let ordinals = match (c.launch.local_rank, &c.strategy.devices) {
+        (Some(l), crate::config::Devices::Count(1)) => vec![l],
+        _ => c.strategy.devices.ordinals(gpus),
+    };
     if let Some(&ordinal) = ordinals.iter().find(|&&o| o >= gpus) {
         return Err(BackendError::NoSuchGpu {
             ordinal,

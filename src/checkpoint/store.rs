@@ -454,10 +454,11 @@ fn check_state(dir: &Path, s: &State) -> Result<(), String> {
             return Err(format!("`{key}` = {v} is out of range (1 to {MAX})"));
         }
     }
-    if s.accum_position >= s.grad_accum_steps {
+    // a checkpoint is saved between steps, where no micro-batch of the next is accumulated
+    if s.accum_position != 0 {
         return Err(format!(
-            "`accum_position` = {} is not below `grad_accum_steps` = {}",
-            s.accum_position, s.grad_accum_steps
+            "`accum_position` = {}, but a checkpoint is saved between steps (at 0)",
+            s.accum_position
         ));
     }
     if s.optimizer.steps > s.step as u64 || s.scheduler.last_step > s.step {

@@ -16,6 +16,11 @@ pub struct EnvArgs {
     /// Override a key of FILE, as for `kiln run`.
     #[arg(long = "set", value_name = "KEY=VALUE", requires = "file")]
     pub sets: Vec<String>,
+    /// Print the record a run keeps in its `env.json` for this machine (and FILE), as JSON:
+    /// kiln's build, Burn, rustc, OS, CPU, memory, GPUs, driver, CUDA, NVRTC, NCCL, adapters,
+    /// host, command line, variables.
+    #[arg(long)]
+    pub json: bool,
 }
 
 pub fn env(a: &EnvArgs) -> Result<()> {
@@ -32,8 +37,19 @@ pub fn env(a: &EnvArgs) -> Result<()> {
         }
         None => None,
     };
+    if a.json {
+        let v = crate::launch::record::record(config.as_ref());
+        crate::outln!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+        return Ok(());
+    }
     // `main` has already looked for NCCL the way a run does
-    crate::outln!("kiln {}", env!("CARGO_PKG_VERSION"));
+    crate::outln!(
+        "kiln {} ({}, Burn {}, {})",
+        env!("CARGO_PKG_VERSION"),
+        env!("KILN_GIT_COMMIT"),
+        env!("KILN_BURN_VERSION"),
+        env!("KILN_RUSTC")
+    );
     let cuda = cfg!(feature = "cuda");
     crate::outln!(
         "backends: ndarray, flex (cpu; default {}){}",

@@ -178,12 +178,17 @@ fn build_figment_without(
     } else {
         "SLURM_NTASKS"
     };
+    // torchrun's agent (`torchrun --no-python ... kiln run`): one process per device, each a
+    // kiln node of one device; the agent holds MASTER_PORT, so kiln's store takes the port after
+    let torchrun = var("WORLD_SIZE").is_some()
+        && (var("TORCHELASTIC_RUN_ID").is_some() || var("LOCAL_RANK").is_some());
     let launchers: &[(&str, &str)] = if var("WORLD_SIZE").is_some() {
         &[
             ("WORLD_SIZE", "nnodes"),
             ("RANK", "node_rank"),
             ("MASTER_ADDR", "master_addr"),
             ("MASTER_PORT", "master_port"),
+            ("LOCAL_RANK", "local_rank"),
         ]
     } else if var("SLURM_STEP_ID").is_some() && var("SLURM_PROCID").is_some() {
         &[
@@ -203,20 +208,86 @@ fn build_figment_without(
     for (name, key) in launchers {
         if let Some(value) = var(name) {
             let parts = vec!["launch".to_string(), key.to_string()];
-            let v = if *key == "master_addr" {
-                Value::from(value.clone())
-            } else {
-                parse_value(&value)
+            let (v, source) = match *key {
+                "master_addr" => (Value::from(value.clone()), format!("environment variable {name}")),
+                "master_port" if torchrun => match value.trim().parse::<u16>() {
+                    Ok(p) if p < u16::MAX => (
+                        Value::from(p + 1),
+                        format!("environment variable {name} + 1 (torchrun's agent serves its own store on {name})"),
+                    ),
+                    _ => (parse_value(&value), format!("environment variable {name}")),
+                },
+                _ => (parse_value(&value), format!("environment variable {name}")),
             };
             figment = merge_without(
                 figment,
                 drop,
                 Layer {
-                    meta: Metadata::named(format!("environment variable {name}")),
+                    meta: Metadata::named(source),
                     dict: nest(&parts, v),
                 },
             );
         }
+    }
+    // inside an `srun` step without MASTER_ADDR / MASTER_PORT (what Lightning does): node 0 is
+    // the first host of the step's node list, the port is derived from the job and step ids
+    let in_step = var("WORLD_SIZE").is_none()
+        && var("SLURM_STEP_ID").is_some()
+        && var("SLURM_PROCID").is_some();
+    if in_step {
+        let nodelist = var("SLURM_STEP_NODELIST").or_else(|| var("SLURM_JOB_NODELIST"));
+        let derived = [
+            (
+                "master_addr",
+                var("MASTER_ADDR")
+                    .is_none()
+                    .then(|| nodelist.as_deref().and_then(first_host))
+                    .flatten()
+                    .map(Value::from),
+                "the first host of SLURM_STEP_NODELIST",
+            ),
+            (
+                "master_port",
+                var("MASTER_PORT")
+                    .is_none()
+                    .then(|| {
+                        let id = |k: &str| var(k).and_then(|v| v.trim().parse::<u64>().ok());
+                        Some(
+                            20000
+                                + (id("SLURM_JOB_ID")? + id("SLURM_STEP_ID").unwrap_or(0)) % 20000,
+                        )
+                    })
+                    .flatten()
+                    .map(Value::from),
+                "20000 + (SLURM_JOB_ID + SLURM_STEP_ID) % 20000",
+            ),
+        ];
+        for (key, value, source) in derived {
+            if let Some(v) = value {
+                figment = merge_without(
+                    figment,
+                    drop,
+                    Layer {
+                        meta: Metadata::named(source),
+                        dict: nest(&["launch".to_string(), key.to_string()], v),
+                    },
+                );
+            }
+        }
+    }
+    if torchrun {
+        // each process torchrun starts is one kiln node of one device (its LOCAL_RANK's GPU)
+        figment = merge_without(
+            figment,
+            drop,
+            Layer {
+                meta: Metadata::named("torchrun (one device per process)"),
+                dict: nest(
+                    &["strategy".to_string(), "devices".to_string()],
+                    Value::from(1u64),
+                ),
+            },
+        );
     }
     for arg in sets {
         let (key, value) = arg.split_once('=').ok_or_else(|| ConfigError::BadSet {
@@ -241,6 +312,44 @@ fn build_figment_without(
         );
     }
     Ok(figment)
+}
+
+/// The first host of a Slurm host list (`node[01-04,07],gpu5` -> `node01`; `rack[1-2]-n[3-4]`
+/// -> `rack1-n3`), as `scontrol show hostnames` would list it first.
+pub fn first_host(list: &str) -> Option<String> {
+    // the first entry: up to a comma outside brackets
+    let mut depth = 0;
+    let end = list
+        .char_indices()
+        .find(|&(_, ch)| {
+            match ch {
+                '[' => depth += 1,
+                ']' => depth -= 1,
+                _ => {}
+            }
+            ch == ',' && depth == 0
+        })
+        .map_or(list.len(), |(i, _)| i);
+    let entry = list[..end].trim();
+    let mut out = String::new();
+    let mut rest = entry;
+    while let Some(open) = rest.find('[') {
+        out.push_str(&rest[..open]);
+        let close = rest[open..].find(']')? + open;
+        let first = rest[open + 1..close]
+            .split(',')
+            .next()?
+            .split('-')
+            .next()?
+            .trim();
+        if first.is_empty() || !first.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        out.push_str(first);
+        rest = &rest[close + 1..];
+    }
+    out.push_str(rest);
+    (!out.is_empty()).then_some(out)
 }
 
 /// Parses a value as TOML (`0.1`, `true`, `[1, 2]`, `"x"`), else takes it as a plain string.
@@ -636,6 +745,27 @@ fn remove_dotted(dict: &mut Dict, key: &str) {
             if let Some(Value::Dict(_, d)) = dict.get_mut(head) {
                 remove_dotted(d, rest);
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::first_host;
+
+    /// Issue 31: node 0 of an srun step is the first host `scontrol show hostnames` lists.
+    #[test]
+    fn the_first_host_of_a_slurm_host_list() {
+        for (list, want) in [
+            ("node01", Some("node01")),
+            ("node[01-04,07],gpu5", Some("node01")),
+            ("gpu5,node[01-04]", Some("gpu5")),
+            ("node[7,3-4]", Some("node7")),
+            ("rack[1-2]-n[03-04]", Some("rack1-n03")),
+            ("a[x-y]", None),
+            ("", None),
+        ] {
+            assert_eq!(first_host(list).as_deref(), want, "{list}");
         }
     }
 }

@@ -25,7 +25,8 @@ pub struct NcclConfig {
     /// Simple).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub proto: Option<String>,
-    /// `NCCL_DEBUG`: version, warn, info, abort or trace.
+    /// `NCCL_DEBUG`: VERSION, WARN, INFO, ABORT or TRACE, in any case (NCCL reads its values
+    /// without regard to case); stored as NCCL spells them.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub debug: Option<NcclDebug>,
     /// `NCCL_SOCKET_IFNAME`: the network interfaces, e.g. `"eth0"`, `"=ens1f0"`, `"^docker,lo"`.
@@ -48,14 +49,54 @@ pub struct NcclConfig {
 }
 
 /// `backend.nccl.debug`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum NcclDebug {
     Version,
     Warn,
     Info,
     Abort,
     Trace,
+}
+
+impl NcclDebug {
+    const ALL: [(&'static str, NcclDebug); 5] = [
+        ("VERSION", NcclDebug::Version),
+        ("WARN", NcclDebug::Warn),
+        ("INFO", NcclDebug::Info),
+        ("ABORT", NcclDebug::Abort),
+        ("TRACE", NcclDebug::Trace),
+    ];
+
+    /// The value as NCCL's documentation spells it (`INFO`).
+    pub fn name(self) -> &'static str {
+        Self::ALL
+            .iter()
+            .find(|(_, d)| *d == self)
+            .map_or("WARN", |(n, _)| n)
+    }
+
+    /// `value` in any case, as NCCL reads it.
+    pub fn parse(value: &str) -> Option<NcclDebug> {
+        Self::ALL
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(value.trim()))
+            .map(|(_, d)| *d)
+    }
+}
+
+impl Serialize for NcclDebug {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.name())
+    }
+}
+
+impl<'de> Deserialize<'de> for NcclDebug {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        NcclDebug::parse(&s).ok_or_else(|| {
+            de::Error::unknown_variant(&s, &["VERSION", "WARN", "INFO", "ABORT", "TRACE"])
+        })
+    }
 }
 
 /// A value of `backend.nccl.extra`.
@@ -177,7 +218,7 @@ impl NcclConfig {
         put("NCCL_PROTO", self.proto.clone(), "proto");
         put(
             "NCCL_DEBUG",
-            self.debug.map(|d| format!("{d:?}").to_uppercase()),
+            self.debug.map(|d| d.name().to_string()),
             "debug",
         );
         put(
@@ -230,16 +271,7 @@ impl NcclConfig {
                 "NCCL_ALGO" => out.algo = Some(value),
                 "NCCL_PROTO" => out.proto = Some(value),
                 "NCCL_SOCKET_IFNAME" => out.socket_ifname = Some(value),
-                "NCCL_DEBUG" => {
-                    out.debug = match value.to_lowercase().as_str() {
-                        "version" => Some(NcclDebug::Version),
-                        "warn" => Some(NcclDebug::Warn),
-                        "info" => Some(NcclDebug::Info),
-                        "abort" => Some(NcclDebug::Abort),
-                        "trace" => Some(NcclDebug::Trace),
-                        _ => None,
-                    }
-                }
+                "NCCL_DEBUG" => out.debug = NcclDebug::parse(&value),
                 "NCCL_IB_DISABLE" => {
                     out.ib_disable = match value.trim() {
                         "1" => Some(true),

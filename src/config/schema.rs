@@ -24,8 +24,27 @@ pub struct Config {
     pub launch: LaunchConfig,
     pub profile: ProfileConfig,
     /// Left out of the stored config (and so of its hash) while it is all defaults.
+    #[serde(skip_serializing_if = "LogConfig::is_default")]
+    pub log: LogConfig,
+    /// Left out of the stored config (and so of its hash) while it is all defaults.
     #[serde(skip_serializing_if = "SlurmConfig::is_default")]
     pub slurm: SlurmConfig,
+}
+
+/// `[log]`: where a run's metrics go besides `metrics.jsonl`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogConfig {
+    /// Also write TensorBoard event files (`tb/events.out.tfevents.<time>.<host>` in the run
+    /// directory: every number of `metrics.jsonl` by step; `tensorboard --logdir runs`).
+    /// Default: `false`.
+    pub tensorboard: bool,
+}
+
+impl LogConfig {
+    pub fn is_default(&self) -> bool {
+        *self == LogConfig::default()
+    }
 }
 
 /// A config choice as the user writes it (`ddp`, not `Ddp`): its serde name.
@@ -52,6 +71,7 @@ pub const SECTIONS: &[&str] = &[
     "sweep",
     "launch",
     "profile",
+    "log",
     "slurm",
 ];
 
@@ -1213,8 +1233,14 @@ pub struct LaunchConfig {
     pub node_rank: usize,
     /// Address of node 0's rendezvous store (it binds only this address). Default: `"127.0.0.1"`.
     pub master_addr: String,
-    /// Port of the rendezvous store. Default: `29500`.
+    /// Port of the rendezvous store. Default: `29500`. Under torchrun, `MASTER_PORT` + 1
+    /// (torchrun's agent serves its own store on `MASTER_PORT`).
     pub master_port: u16,
+    /// The GPU of a process that a launcher starts one per GPU (torchrun's `LOCAL_RANK`): the
+    /// process is one node of one device, GPU `local_rank` (of those `CUDA_VISIBLE_DEVICES`
+    /// shows). Default: unset.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub local_rank: Option<usize>,
     /// File holding the job token (else `KILN_JOB_TOKEN`; node 0 generates one when neither is
     /// set). Default: unset.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -1235,6 +1261,7 @@ impl Default for LaunchConfig {
             node_rank: 0,
             master_addr: "127.0.0.1".into(),
             master_port: 29500,
+            local_rank: None,
             token_file: None,
             rendezvous_timeout_secs: 300,
             max_restarts: 0,

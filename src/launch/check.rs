@@ -39,6 +39,46 @@ fn available_memory() -> Option<u64> {
     kb.checked_mul(1024)
 }
 
+/// What to change when a CPU run does not fit: the ranks of one node share its memory, so more
+/// devices there never help; sharding does when several ranks hold a replica each, and more
+/// nodes do for fsdp.
+fn fit_advice(kind: crate::config::StrategyKind, local: usize) -> String {
+    use crate::config::StrategyKind;
+    let shard = match kind {
+        StrategyKind::Ddp | StrategyKind::Dp if local > 1 => format!(
+            "use strategy.kind = \"fsdp\" (its {local} ranks here then hold one copy of the model state between them, not one each)"
+        ),
+        StrategyKind::Fsdp => "run fsdp over more nodes (launch.nnodes; the ranks of one machine share its memory, so more devices here do not help)".into(),
+        _ => "use strategy.kind = \"fsdp\" over several nodes (launch.nnodes; the ranks of one machine share its memory, so more devices here do not help)".into(),
+    };
+    format!("shrink [model] (model.hidden_sizes, ...), {shard}, or a machine with more memory")
+}
+
+#[cfg(test)]
+mod fit_tests {
+    use super::fit_advice;
+    use crate::config::StrategyKind;
+
+    /// Issue 31: the advice fits the strategy; more devices on one CPU host is never it.
+    #[test]
+    fn the_fit_advice_never_suggests_more_devices_on_one_host() {
+        let ddp = fit_advice(StrategyKind::Ddp, 4);
+        assert!(
+            ddp.contains("strategy.kind = \"fsdp\" (its 4 ranks here"),
+            "{ddp}"
+        );
+        for (kind, local) in [
+            (StrategyKind::Fsdp, 4),
+            (StrategyKind::Single, 1),
+            (StrategyKind::Ddp, 1),
+        ] {
+            let a = fit_advice(kind, local);
+            assert!(a.contains("launch.nnodes"), "{kind:?}: {a}");
+            assert!(!a.contains("more devices or"), "{kind:?}: {a}");
+        }
+    }
+}
+
 /// A CPU run's ranks on this node hold their parameters, gradients and optimizer state, and
 /// while a step computes what its stages install (`strategy::step_bytes`), plus one whole copy
 /// of the parameters to start from, in the machine's memory: exit 2, before anything is
@@ -70,10 +110,11 @@ pub fn fits(
     };
     if need > have as u128 {
         return Err(crate::error::Error::Usage(format!(
-            "the model does not fit: its {} on this node need {} ({need} bytes: parameters, gradients and optimizer state, and what a step's stages install), but the machine has {} available\n  = help: shrink [model] (model.hidden_sizes, ...), use strategy.kind = \"fsdp\" across more devices or nodes, or a machine with more memory",
+            "the model does not fit: its {} on this node need {} ({need} bytes: parameters, gradients and optimizer state, and what a step's stages install), but the machine has {} available\n  = help: {}",
             if local == 1 { "1 rank".to_string() } else { format!("{local} ranks") },
             crate::ui::bytes(need.min(u64::MAX as u128) as u64),
-            crate::ui::bytes(have)
+            crate::ui::bytes(have),
+            fit_advice(c.strategy.kind, local)
         )));
     }
     Ok(())

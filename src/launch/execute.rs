@@ -37,6 +37,23 @@ pub struct RunOptions {
 pub fn start(r: &Resolved, a: &RunOptions) -> Result<()> {
     // Everything that can be bad input is checked before the run directory exists.
     let c = &r.config;
+    // torchrun restarting its worker group (`--max-restarts`): the group continues the run the
+    // first round started, from its newest verified checkpoint
+    let restarted = std::env::var("TORCHELASTIC_RESTART_COUNT")
+        .ok()
+        .and_then(|n| n.trim().parse::<u64>().ok())
+        .is_some_and(|n| n > 0);
+    if c.launch.nnodes > 1 && restarted {
+        if let Some(d) = &a.run_dir {
+            if d.join("config.toml").is_file() {
+                return run_node(r, &Target::Dir(d.clone(), None), a.quiet);
+            }
+        }
+    }
+    let a = &RunOptions {
+        resume: a.resume || (restarted && a.run_dir.is_none()),
+        ..a.clone()
+    };
     if c.launch.nnodes > 1 {
         let target = match (&a.run_dir, a.resume || c.checkpoint.auto_resume) {
             (Some(_), true) => return Err(Error::Usage(
@@ -483,6 +500,19 @@ pub fn execute(
     quiet: bool,
     mut job: Option<crate::launch::rendezvous::Job>,
 ) -> Result<()> {
+    // the random streams of a resumed run are the checkpoint's (its `rng`), whatever seeds
+    // the config now says: a resume continues the run it resumes, bit for bit
+    let restored;
+    let r = match resume.as_ref().and_then(|res| res.from.as_ref()) {
+        Some((_, state)) => match super::resume::restore_seeds(r, &state.rng) {
+            Some(x) => {
+                restored = x;
+                &restored
+            }
+            None => r,
+        },
+        None => r,
+    };
     let c = &r.config;
     // node 0 (or a single-node run) writes the run's shared files; other nodes their logs
     let primary = job.as_ref().map(|j| j.node == 0).unwrap_or(true);
@@ -620,6 +650,10 @@ pub fn execute(
         )
         .map_err(|e| Error::io(format!("writing {}/config.toml", run_dir.display()), e))?;
     }
+    if primary {
+        // what produced this session of the run (a resume appends its own)
+        super::record::append_session(run_dir, r, be.name())?;
+    }
     if primary && c.profile.enabled {
         // a resumed run's traces are this session's only (node 0 merges whatever it finds)
         let _ = fs::remove_dir_all(run_dir.join("trace"));
@@ -665,6 +699,26 @@ pub fn execute(
     let mut write_err: Option<std::io::Error> = None;
     let loaded = loaded.as_ref();
     let first_step = loaded.map(|l| l.state.step).unwrap_or(0);
+    // TensorBoard's event file of this session (`[log] tensorboard`); one that cannot be
+    // written is said once and left, the run goes on (metrics.jsonl has every line)
+    let mut tb = if primary && c.log.tensorboard {
+        match super::tensorboard::EventWriter::create(
+            run_dir,
+            &super::record::hostname(),
+            loaded.map(|l| l.state.step + 1),
+        ) {
+            Ok(w) => Some(w),
+            Err(e) => {
+                ui::note(&format!(
+                    "warning: cannot write TensorBoard events in {}/tb: {e}; metrics.jsonl has every line",
+                    run_dir.display()
+                ));
+                None
+            }
+        }
+    } else {
+        None
+    };
     // the step and epoch the run got to, for the summary of a run that fails
     let mut reached: (Option<usize>, Option<f64>) = (None, None);
     let input = TrainInput {
@@ -707,6 +761,18 @@ pub fn execute(
             reached.0 = Some(step);
             if let Some(line) = line {
                 reached.1 = Some(line.epoch);
+                let failed = tb.as_mut().and_then(|w| {
+                    let json = serde_json::to_value(&line).unwrap_or_default();
+                    w.line(&json)
+                        .err()
+                        .map(|e| (w.path().display().to_string(), e))
+                });
+                if let Some((path, e)) = failed {
+                    ui::note(&format!(
+                        "warning: writing {path} failed ({e}); no more TensorBoard events this session"
+                    ));
+                    tb = None;
+                }
                 let res = serde_json::to_string(&line)
                     .map_err(std::io::Error::other)
                     .and_then(|s| writeln!(metrics, "{s}"))

@@ -132,8 +132,8 @@ pub fn write_traces(
 }
 
 /// Peak dense FLOP/s per GPU: (name fragment, bf16/f16 tensor cores, f32 without TF32), from
-/// NVIDIA's data sheets; the first fragment the device name contains wins (PCIe parts before
-/// the SXM figures of the same chip).
+/// NVIDIA's data sheets; the longest fragment the device name contains wins (`peak_for`), so a
+/// PCIe part takes its own entry whatever the order here.
 const PEAKS: [(&str, f64, f64); 5] = [
     ("H200", 989e12, 67e12),
     ("H100 PCIe", 756e12, 51e12),
@@ -141,6 +141,17 @@ const PEAKS: [(&str, f64, f64); 5] = [
     ("A100", 312e12, 19.5e12),
     ("A100 PCIe", 312e12, 19.5e12),
 ];
+
+/// The entry of `PEAKS` for a device named `name`: the longest fragment it contains (the
+/// exact part, `A100 PCIe`, before its chip, `A100`).
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+fn peak_for(name: &str) -> Option<(&'static str, f64, f64)> {
+    PEAKS
+        .iter()
+        .filter(|p| name.contains(p.0))
+        .max_by_key(|p| p.0.len())
+        .copied()
+}
 
 /// Model FLOP utilisation: achieved FLOP/s over the peak of the `world` GPUs that ran (named by
 /// GPU `ordinal`, rank 0's), or why there is none. `backend` is the resolved backend's name
@@ -166,7 +177,7 @@ pub fn mfu(
                 Some(format!("the name of GPU {ordinal} could not be read")),
             );
         };
-        let Some(&(_, half, single)) = PEAKS.iter().find(|p| name.contains(p.0)) else {
+        let Some((_, half, single)) = peak_for(&name) else {
             return (
                 None,
                 Some(format!(
@@ -185,5 +196,29 @@ pub fn mfu(
     {
         let _ = (flops_per_sec, world, ordinal, PEAKS, precision);
         (None, Some("this kiln was built without CUDA".into()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 31: every entry of the peak table can be chosen, the exact part before its chip.
+    #[test]
+    fn each_gpu_takes_its_own_peak_entry() {
+        for (name, want) in [
+            ("NVIDIA A100-SXM4-80GB", "A100"),
+            ("NVIDIA A100 PCIe 40GB", "A100 PCIe"),
+            ("NVIDIA H100 PCIe", "H100 PCIe"),
+            ("NVIDIA H100 80GB HBM3", "H100"),
+            ("NVIDIA H200", "H200"),
+        ] {
+            assert_eq!(peak_for(name).map(|p| p.0), Some(want), "{name}");
+        }
+        assert_eq!(peak_for("NVIDIA GeForce RTX 4090"), None);
+        // every entry is reachable
+        for p in PEAKS {
+            assert_eq!(peak_for(&format!("NVIDIA {}", p.0)).map(|q| q.0), Some(p.0));
+        }
     }
 }

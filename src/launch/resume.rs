@@ -106,6 +106,7 @@ pub fn prepare_resume(
         "launch.master_addr",
         "launch.master_port",
         "launch.node_rank",
+        "launch.local_rank",
         "launch.token_file",
         "backend.threads",
         "data.workers",
@@ -260,6 +261,37 @@ fn choose(store: &Store, from: Option<&str>, reading: bool) -> Result<Option<Pat
             pick
         }
     })
+}
+
+/// `r` with the seeds of a checkpoint's random streams (`state.json`'s `rng`) when the config
+/// says other ones, saying which; `None` when they agree. The data's own seed (`data.seed`) is
+/// a data key a resume cannot change.
+pub(super) fn restore_seeds(r: &Resolved, rng: &checkpoint::RngState) -> Option<Resolved> {
+    let c = &r.config;
+    let mut changed = Vec::new();
+    if c.experiment.seed != rng.init_seed || c.experiment.seed != rng.dropout_seed {
+        changed.push(format!(
+            "experiment.seed = {} (the config says {})",
+            rng.dropout_seed, c.experiment.seed
+        ));
+    }
+    if c.sampler.seed != rng.sampler_seed {
+        changed.push(format!(
+            "sampler.seed = {} (the config says {})",
+            rng.sampler_seed, c.sampler.seed
+        ));
+    }
+    if changed.is_empty() {
+        return None;
+    }
+    ui::note(&format!(
+        "warning: the checkpoint's random streams are restored: {}; a new run (`kiln run`) takes other seeds",
+        changed.join(", ")
+    ));
+    let mut out = r.clone();
+    out.config.experiment.seed = rng.dropout_seed;
+    out.config.sampler.seed = rng.sampler_seed;
+    Some(out)
 }
 
 /// Keeps the metrics lines up to `step`: the resumed run writes the rest again.

@@ -290,9 +290,11 @@ pub fn refuse_links(dir: &Path, checkpoint_dir: &str) -> Result<()> {
         "config.toml",
         "metrics.jsonl",
         "summary.json",
+        "env.json",
         "logs",
         "evals",
         "trace",
+        "tb",
     ]
     .iter()
     .map(|n| dir.join(n))
@@ -303,7 +305,7 @@ pub fn refuse_links(dir: &Path, checkpoint_dir: &str) -> Result<()> {
         at.push(part);
         paths.push(at.clone());
     }
-    for sub in ["logs", "evals", "trace"] {
+    for sub in ["logs", "evals", "trace", "tb"] {
         if let Ok(rd) = fs::read_dir(dir.join(sub)) {
             if !is_link(&dir.join(sub)) {
                 paths.extend(rd.filter_map(|e| e.ok()).map(|e| e.path()));

@@ -1,4 +1,4 @@
-//! `model.kind = "cnn"`: the convolutional net of `shared/bench/torch_baseline.py --model cnn`.
+//! `model.kind = "cnn"`: the convolutional net of `scripts/torch_reference.py`'s `cnn`.
 //! Each stage of `model.channels` is Conv2d(c_in, c, kernel_size, padding = kernel_size / 2) ->
 //! activation (`model.activation`, ReLU by default) -> MaxPool2d(2); then flatten -> the hidden
 //! Linear layers (`model.hidden_sizes`, each followed by the activation and dropout) ->

@@ -1,5 +1,5 @@
 //! `model.kind = "gpt"`: a decoder-only transformer with the layout and initialisation of
-//! `shared/bench/torch_baseline.py --model gpt` (nanoGPT): token plus learned position
+//! `scripts/torch_reference.py`'s `Gpt` (nanoGPT): token plus learned position
 //! embeddings, pre-LayerNorm blocks of causal multi-head self-attention and an MLP of 4*dim with
 //! GELU, a final LayerNorm, and an output layer tied to the token embedding
 //! (`tie_embeddings`). Dropout (kiln's masks) after the embeddings, on the attention weights

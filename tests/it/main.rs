@@ -30,5 +30,6 @@ mod safety;
 mod slurm;
 mod sweep;
 mod tokens;
+mod tools;
 mod units;
 mod wgpu;

@@ -86,6 +86,36 @@ fn kiln_env_shows_each_nccl_variable_and_its_source() {
     ] {
         assert!(out.lines().any(|l| l == line), "missing {line:?} in\n{out}");
     }
+    // issue 31: NCCL's values in any case, as NCCL reads them; exported as NCCL spells them
+    for value in ["INFO", "Info", "info"] {
+        let o = kiln(
+            d.path(),
+            &[
+                "env",
+                "x.toml",
+                "--set",
+                &format!("backend.nccl.debug=\"{value}\""),
+            ],
+        );
+        assert_eq!(o.status.code(), Some(0), "{value}: {}", stderr(&o));
+        assert!(
+            stdout(&o)
+                .lines()
+                .any(|l| l == "  NCCL_DEBUG=INFO  (backend.nccl.debug)"),
+            "{value}: {}",
+            stdout(&o)
+        );
+    }
+    let o = kiln(
+        d.path(),
+        &["check", "x.toml", "--set", "backend.nccl.debug=\"LOUD\""],
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("VERSION, WARN, INFO, ABORT"),
+        "{}",
+        stderr(&o)
+    );
     // a bad file is exit 2 before anything is printed
     write(d.path(), "bad.toml", "[backend.nccl]\nalgo = 3\n");
     let o = kiln(d.path(), &["env", "bad.toml"]);

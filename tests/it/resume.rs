@@ -420,3 +420,38 @@ fn acceptance_kill_after_step_20_then_resume_matches_uninterrupted() {
     assert_eq!(tail(&killed).len(), 20);
     assert_eq!(tail(&killed), tail(&d.path().join("full")));
 }
+
+/// Issue 31: the checkpoint's random streams (`state.json`'s `rng`) are restored on resume:
+/// a resume given other seeds (dropout and shuffle) still continues the run bit for bit, and
+/// says the checkpoint's seeds apply.
+#[test]
+fn a_resume_restores_the_checkpoints_random_streams() {
+    let d = kiln::testdir::tempdir().unwrap();
+    let full = full_run(d.path(), &[]);
+    let copy = d.path().join("reseeded");
+    copy_dir(&full, &copy);
+    let o = kiln(
+        d.path(),
+        &[
+            "resume",
+            copy.to_str().unwrap(),
+            "--quiet",
+            "--from",
+            "step-00000003",
+            "--set",
+            "experiment.seed=99",
+            "--set",
+            "sampler.seed=7",
+        ],
+    );
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    assert!(
+        err.contains("the checkpoint's random streams are restored: experiment.seed = 5 (the config says 99), sampler.seed = 0 (the config says 7)"),
+        "{err}"
+    );
+    assert_eq!(loss_lines(&copy), loss_lines(&full));
+    // the run's record keeps the seeds it ran with
+    let cfg = std::fs::read_to_string(copy.join("config.toml")).unwrap();
+    assert!(cfg.contains("seed = 5"), "{cfg}");
+}

@@ -470,3 +470,38 @@ fn a_sweep_runs_as_a_job_array_survives_a_cancel_and_never_duplicates_a_trial() 
         .any(|e| summary(&e.path())["resumed_from_step"].as_u64() > Some(0));
     assert!(resumed, "the preempted trial started over: {after_cancel}");
 }
+
+/// Issue 31: `srun -n 2 kiln run FILE` with no MASTER_ADDR, MASTER_PORT or token: node 0 is
+/// the first host of the step's node list, the port comes from the job and step ids, and the
+/// two tasks are one job with the losses of a two-device run.
+#[test]
+fn srun_alone_starts_a_two_node_job() {
+    need_slurm();
+    let d = kiln::testdir::tempdir().unwrap();
+    crate::tools::ddp_reference(d.path(), 2);
+    let mut cmd = crate::common::clean_cmd(
+        Path::new("srun"),
+        d.path(),
+        &[
+            "-n",
+            "2",
+            "--overcommit",
+            "--time=5",
+            crate::common::KILN,
+            "run",
+            "t.toml",
+            "--quiet",
+        ],
+    );
+    for v in ["MASTER_ADDR", "MASTER_PORT", "KILN_JOB_TOKEN"] {
+        cmd.env_remove(v);
+    }
+    let o = cmd.output().unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    let run = d.path().join("runs/tiny");
+    assert_eq!(
+        crate::common::losses(&run),
+        crate::common::losses(&d.path().join("ref"))
+    );
+    assert_eq!(summary(&run)["world_size"], 2);
+}
