@@ -34,13 +34,24 @@ fn main() {
         "cargo:rustc-env=KILN_BURN_VERSION={}",
         burn.unwrap_or_else(|| "unknown".into())
     );
-    // a new commit (or a checkout) is another build; so is another lock file
-    for p in [".git/HEAD", ".git/packed-refs", "Cargo.lock"] {
-        println!("cargo:rerun-if-changed={p}");
-    }
-    if let Ok(head) = std::fs::read_to_string(".git/HEAD") {
+    // a new commit (or a checkout) is another build; so is another lock file. Only files that
+    // exist are named (cargo takes a missing one as changed, and would run this every build);
+    // `git rev-parse --git-path` finds them in a worktree or submodule too.
+    println!("cargo:rerun-if-changed=Cargo.lock");
+    let git_path = |p: &str| out(Command::new("git").args(["rev-parse", "--git-path", p]));
+    let mut watch = vec![git_path("HEAD")];
+    if let Some(head) = watch[0]
+        .as_ref()
+        .and_then(|h| std::fs::read_to_string(h).ok())
+    {
         if let Some(r) = head.trim().strip_prefix("ref: ") {
-            println!("cargo:rerun-if-changed=.git/{r}");
+            watch.push(git_path(r));
+        }
+    }
+    watch.push(git_path("packed-refs"));
+    for p in watch.into_iter().flatten() {
+        if std::path::Path::new(&p).exists() {
+            println!("cargo:rerun-if-changed={p}");
         }
     }
 }

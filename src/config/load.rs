@@ -231,10 +231,7 @@ fn build_figment_without(
     }
     // inside an `srun` step without MASTER_ADDR / MASTER_PORT (what Lightning does): node 0 is
     // the first host of the step's node list, the port is derived from the job and step ids
-    let in_step = var("WORLD_SIZE").is_none()
-        && var("SLURM_STEP_ID").is_some()
-        && var("SLURM_PROCID").is_some();
-    if in_step {
+    if bare_srun(&var) {
         let nodelist = var("SLURM_STEP_NODELIST").or_else(|| var("SLURM_JOB_NODELIST"));
         let derived = [
             (
@@ -263,7 +260,12 @@ fn build_figment_without(
             ),
         ];
         for (key, value, source) in derived {
-            if let Some(v) = value {
+            // a value the file, the environment (`KILN_LAUNCH__...`) or an earlier layer set
+            // wins: only what nobody set is derived
+            let unset = figment
+                .find_metadata(&format!("launch.{key}"))
+                .is_none_or(|m| m.name == DEFAULT_SOURCE);
+            if let Some(v) = value.filter(|_| unset) {
                 figment = merge_without(
                     figment,
                     drop,
@@ -275,8 +277,13 @@ fn build_figment_without(
             }
         }
     }
-    if torchrun {
-        // each process torchrun starts is one kiln node of one device (its LOCAL_RANK's GPU)
+    let several_local = var("LOCAL_WORLD_SIZE")
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .is_none_or(|n| n > 1);
+    if torchrun && several_local {
+        // each process torchrun starts is one kiln node of one device (its LOCAL_RANK's GPU);
+        // with one process per host (`--nproc-per-node 1`) the process keeps the file's
+        // devices, kiln's own one-process-per-node layout
         figment = merge_without(
             figment,
             drop,
@@ -312,6 +319,21 @@ fn build_figment_without(
         );
     }
     Ok(figment)
+}
+
+/// Whether this process is a task of an `srun` step of several tasks that nobody gave a
+/// rendezvous address (`MASTER_ADDR`): a bare `srun kiln run`, whose node 0 and port kiln
+/// derives from the step (and whose job token `launch::rendezvous` derives).
+pub fn bare_srun(var: &dyn Fn(&str) -> Option<String>) -> bool {
+    let tasks = var("SLURM_STEP_NUM_TASKS")
+        .or_else(|| var("SLURM_NTASKS"))
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .unwrap_or(1);
+    var("WORLD_SIZE").is_none()
+        && var("MASTER_ADDR").is_none()
+        && var("SLURM_STEP_ID").is_some()
+        && var("SLURM_PROCID").is_some()
+        && tasks > 1
 }
 
 /// The first host of a Slurm host list (`node[01-04,07],gpu5` -> `node01`; `rack[1-2]-n[3-4]`

@@ -10,7 +10,9 @@ mod show;
 mod validate;
 
 pub use error::{closest, edit_distance, ConfigError, KeyError};
-pub use load::{build_figment, describe_source, extract, find_line, load, Resolved, ENV_PREFIX};
+pub use load::{
+    bare_srun, build_figment, describe_source, extract, find_line, load, Resolved, ENV_PREFIX,
+};
 pub use nccl::{EnvValue, NcclDebug, KNOWN as KNOWN_NCCL_VARS};
 pub use schema::*;
 pub use show::{annotated, config_hash, to_toml};

@@ -46,13 +46,18 @@ pub fn gpu_name(ordinal: usize) -> Option<String> {
     cudarc::driver::CudaContext::new(ordinal).ok()?.name().ok()
 }
 
-/// (name, total memory in bytes) of each GPU.
+/// (name, total memory in bytes) of each GPU, asked of the driver without making a context
+/// on any (a context would take memory, and on a GPU in exclusive-process mode the GPU itself,
+/// from the rank it belongs to).
 pub fn gpus() -> Vec<(String, usize)> {
+    use cudarc::driver::result::device;
     let n = device_count().unwrap_or(0);
     (0..n)
         .filter_map(|i| {
-            let ctx = cudarc::driver::CudaContext::new(i).ok()?;
-            Some((ctx.name().ok()?, ctx.total_mem().ok()?))
+            let dev = device::get(i as i32).ok()?;
+            // SAFETY: `dev` is a device handle the driver just gave
+            let mem = unsafe { device::total_mem(dev) }.ok()?;
+            Some((device::get_name(dev).ok()?, mem))
         })
         .collect()
 }

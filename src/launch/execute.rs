@@ -43,12 +43,17 @@ pub fn start(r: &Resolved, a: &RunOptions) -> Result<()> {
         .ok()
         .and_then(|n| n.trim().parse::<u64>().ok())
         .is_some_and(|n| n > 0);
-    if c.launch.nnodes > 1 && restarted {
-        if let Some(d) = &a.run_dir {
-            if d.join("config.toml").is_file() {
-                return run_node(r, &Target::Dir(d.clone(), None), a.quiet);
-            }
+    if let Some(d) = a
+        .run_dir
+        .as_ref()
+        .filter(|d| restarted && d.join("config.toml").is_file())
+    {
+        if c.launch.nnodes > 1 {
+            return run_node(r, &Target::Dir(d.clone(), None), a.quiet);
         }
+        lock_run_dir(d)?;
+        let res = prepare_resume(d, r, None, a.quiet)?;
+        return execute(r, d, Some(res), a.quiet, None);
     }
     let a = &RunOptions {
         resume: a.resume || (restarted && a.run_dir.is_none()),

@@ -70,6 +70,11 @@ pub fn machine() -> Value {
             .ok()
             .map(|kb| kb * 1024)
     });
+    // x86's name, else what other architectures call it
+    let cpu_model = ["model name", "Model", "cpu model", "Processor", "cpu"]
+        .iter()
+        .find_map(|k| proc_field("/proc/cpuinfo", k))
+        .unwrap_or_else(|| "unknown".into());
     json!({
         "os": {
             "name": std::env::consts::OS,
@@ -78,7 +83,7 @@ pub fn machine() -> Value {
             "kernel": kernel,
         },
         "cpu": {
-            "model": proc_field("/proc/cpuinfo", "model name"),
+            "model": cpu_model,
             "cores": crate::backend::cores(),
         },
         "memory_bytes": memory,

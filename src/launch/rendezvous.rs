@@ -89,35 +89,40 @@ impl Job {
     }
 }
 
-/// Under torchrun or inside an `srun` step, the token every process of the job derives alike
-/// from what the launcher gives them all (torchrun: its run id, master address and port, world
-/// size, restart count; Slurm: the job and step ids, the node list and the task count): no
-/// other step is needed. It keeps a process of another job (or an earlier round) out, not a
+/// Under torchrun or a bare `srun` (no `MASTER_ADDR`: `config::bare_srun`), the token every
+/// process of the job derives alike from what the launcher gives them all (torchrun: its run
+/// id, master address and port, world size; Slurm: the job and step ids, the node list and the
+/// task count): no other step is needed. (torchrun's restart count is left out: an agent that
+/// joins an elastic job late counts from 0.) It keeps a process of another job (or an earlier round) out, not a
 /// hostile one on the network; for that, set `KILN_JOB_TOKEN` or `[launch] token_file` on
 /// every host, as with kiln's own launch.
 pub fn launcher_token(env: impl Fn(&str) -> Option<String>) -> Option<String> {
     use sha2::{Digest, Sha256};
     let get = |k: &str| env(k).unwrap_or_default();
-    let parts: Vec<String> = if let Some(id) = env("TORCHELASTIC_RUN_ID") {
-        vec![
-            "kiln-torchrun".into(),
-            id,
-            get("MASTER_ADDR"),
-            get("MASTER_PORT"),
-            get("WORLD_SIZE"),
-            get("TORCHELASTIC_RESTART_COUNT"),
-        ]
-    } else if let (Some(job), Some(step)) = (env("SLURM_JOB_ID"), env("SLURM_STEP_ID")) {
-        vec![
-            "kiln-srun".into(),
-            job,
-            step,
-            get("SLURM_STEP_NODELIST"),
-            get("SLURM_STEP_NUM_TASKS"),
-        ]
-    } else {
-        return None;
-    };
+    let parts: Vec<String> =
+        if let (Some(id), Some(_)) = (env("TORCHELASTIC_RUN_ID"), env("WORLD_SIZE")) {
+            vec![
+                "kiln-torchrun".into(),
+                id,
+                get("MASTER_ADDR"),
+                get("MASTER_PORT"),
+                get("WORLD_SIZE"),
+            ]
+        } else if let (true, Some(job), Some(step)) = (
+            crate::config::bare_srun(&|k: &str| env(k)),
+            env("SLURM_JOB_ID"),
+            env("SLURM_STEP_ID"),
+        ) {
+            vec![
+                "kiln-srun".into(),
+                job,
+                step,
+                get("SLURM_STEP_NODELIST"),
+                get("SLURM_STEP_NUM_TASKS"),
+            ]
+        } else {
+            return None;
+        };
     let digest = Sha256::digest(parts.join("\n").as_bytes());
     Some(digest[..16].iter().map(|b| format!("{b:02x}")).collect())
 }
@@ -446,6 +451,83 @@ mod tests {
     use std::sync::atomic::AtomicUsize;
 
     use super::*;
+
+    /// Issue 31: torchrun's processes (and a bare srun's tasks) derive one token alike, the
+    /// restart count aside; any other process derives none (node 0 generates and prints it),
+    /// and a given token always wins.
+    #[test]
+    fn launchers_give_every_process_the_same_token_and_only_launchers_do() {
+        fn env<'a>(pairs: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
+            move |k: &str| {
+                pairs
+                    .iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| v.to_string())
+            }
+        }
+        let torch = [
+            ("TORCHELASTIC_RUN_ID", "abc"),
+            ("WORLD_SIZE", "4"),
+            ("MASTER_ADDR", "10.0.0.1"),
+            ("MASTER_PORT", "29500"),
+        ];
+        let a = launcher_token(env(&[
+            ("TORCHELASTIC_RUN_ID", "abc"),
+            ("WORLD_SIZE", "4"),
+            ("MASTER_ADDR", "10.0.0.1"),
+            ("MASTER_PORT", "29500"),
+            ("RANK", "3"),
+            ("TORCHELASTIC_RESTART_COUNT", "2"),
+        ]));
+        assert!(a.is_some());
+        assert_eq!(a, launcher_token(env(&torch)));
+        assert_ne!(
+            a,
+            launcher_token(env(&[
+                ("TORCHELASTIC_RUN_ID", "abd"),
+                ("WORLD_SIZE", "4"),
+                ("MASTER_ADDR", "10.0.0.1"),
+                ("MASTER_PORT", "29500"),
+            ]))
+        );
+        let srun = [
+            ("SLURM_JOB_ID", "7"),
+            ("SLURM_STEP_ID", "0"),
+            ("SLURM_PROCID", "1"),
+            ("SLURM_STEP_NUM_TASKS", "2"),
+            ("SLURM_STEP_NODELIST", "n[1-2]"),
+        ];
+        assert!(launcher_token(env(&srun)).is_some());
+        // an srun step given MASTER_ADDR, or of one task, or no launcher at all: none
+        for pairs in [
+            &[
+                ("SLURM_JOB_ID", "7"),
+                ("SLURM_STEP_ID", "0"),
+                ("SLURM_PROCID", "1"),
+                ("SLURM_STEP_NUM_TASKS", "2"),
+                ("MASTER_ADDR", "n1"),
+            ][..],
+            &[
+                ("SLURM_JOB_ID", "7"),
+                ("SLURM_STEP_ID", "0"),
+                ("SLURM_PROCID", "0"),
+                ("SLURM_STEP_NUM_TASKS", "1"),
+            ][..],
+            &[][..],
+        ] {
+            assert_eq!(launcher_token(env(pairs)), None, "{pairs:?}");
+        }
+        // KILN_JOB_TOKEN wins over a launcher's
+        let c = Config::default();
+        assert_eq!(
+            token_with(&c, Some("given".into()), env(&torch)).unwrap(),
+            ("given".to_string(), false)
+        );
+        assert_eq!(
+            token_with(&c, None, env(&torch)).unwrap(),
+            (a.unwrap(), false)
+        );
+    }
 
     /// Item 8 of the safety issue: strangers at the ring listener (a silent flood larger than
     /// the hello slots, a trickle, a huge frame, a wrong token, the right token from the wrong

@@ -82,6 +82,18 @@ fn placement_uses_nccl_only_when_every_rank_has_its_own_gpu() {
     use kiln::backend::{place_on_gpus, BackendError, CommKind};
     use kiln::config::{CollectiveKind, Config, Devices};
     let mut c = Config::default();
+    // issue 31: a process torchrun started for LOCAL_RANK 3 takes GPU 3 (its one device)
+    c.strategy.devices = Devices::Count(1);
+    c.launch.local_rank = Some(3);
+    assert_eq!(place_on_gpus(&c, 1, 4).unwrap().ordinals, vec![3]);
+    assert!(matches!(
+        place_on_gpus(&c, 1, 2),
+        Err(BackendError::NoSuchGpu {
+            ordinal: 3,
+            found: 2
+        })
+    ));
+    c.launch.local_rank = None;
     c.strategy.devices = Devices::Count(2);
     let p = place_on_gpus(&c, 2, 2).unwrap();
     assert_eq!((p.ordinals, p.collective), (vec![0, 1], CommKind::Nccl));

@@ -192,9 +192,16 @@ fn torchrun_group(
 fn a_torchrun_group_is_one_job_and_a_restarted_group_resumes() {
     let d = kiln::testdir::tempdir().unwrap();
     ddp_reference(d.path(), 4);
-    // torchrun's agent: its store listens on MASTER_PORT the whole time
-    let agent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = agent.local_addr().unwrap().port();
+    // torchrun's agent: its store listens on MASTER_PORT the whole time (a port whose next,
+    // kiln's, is free too)
+    let (agent, port) = (0..100)
+        .find_map(|_| {
+            let agent = std::net::TcpListener::bind("127.0.0.1:0").ok()?;
+            let port = agent.local_addr().ok()?.port();
+            std::net::TcpListener::bind(("127.0.0.1", port.checked_add(1)?)).ok()?;
+            Some((agent, port))
+        })
+        .unwrap();
     let group = torchrun_group(d.path(), &["run", "t.toml", "--quiet"], port, 0);
     for (rank, c) in group.into_iter().enumerate() {
         let o = c.wait_with_output().unwrap();
@@ -368,4 +375,11 @@ fn tensorboard_reads_every_metric_at_its_step() {
     let o = kiln(d.path(), &["report", "run"]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert_eq!(std::fs::read_dir(run.join("tb")).unwrap().count(), 3);
+    // and TensorBoard reads past the cut file: the third session's steps, each once
+    let tb = tensorboard_scalars(&python, &run);
+    let steps: Vec<u64> = tb["loss"].iter().map(|(s, _)| *s).collect();
+    assert_eq!(steps.last(), Some(&24), "{steps:?}");
+    let mut once = steps.clone();
+    once.dedup();
+    assert_eq!(once, steps, "a step twice");
 }
