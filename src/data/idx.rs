@@ -260,14 +260,17 @@ mod tests {
         };
         write(&ip, img);
         write(&lp, lab);
+        read_in(d.path(), &ip, &lp)
+    }
+
+    /// `read_pair` of the files `ip` and `lp` in `dir` (3 classes), its error without `dir`.
+    fn read_in(dir: &Path, ip: &Path, lp: &Path) -> Result<Dataset, String> {
         let c = DataConfig {
             classes: 3,
             ..DataConfig::default()
         };
-        read_pair(&ip, &lp, &c, ["data.path", "data.labels_path"]).map_err(|e| {
-            e.to_string()
-                .replace(&format!("{}/", d.path().display()), "")
-        })
+        read_pair(ip, lp, &c, ["data.path", "data.labels_path"])
+            .map_err(|e| e.to_string().replace(&format!("{}/", dir.display()), ""))
     }
 
     #[test]
@@ -293,14 +296,7 @@ mod tests {
         let (ip, lp) = (d.path().join(name), d.path().join("l"));
         std::fs::write(&ip, bytes).unwrap();
         std::fs::write(&lp, labels(&[0, 1])).unwrap();
-        let c = DataConfig {
-            classes: 3,
-            ..DataConfig::default()
-        };
-        read_pair(&ip, &lp, &c, ["data.path", "data.labels_path"]).map_err(|e| {
-            e.to_string()
-                .replace(&format!("{}/", d.path().display()), "")
-        })
+        read_in(d.path(), &ip, &lp)
     }
 
     /// Issue 30: gzip by its magic bytes under any name, members one after another read as

@@ -83,6 +83,24 @@ pub struct External {
     pub alias: bool,
 }
 
+impl External {
+    /// Parameter `param` (`p` of the layout) stored under `name`, transposed or not (a
+    /// transposed matrix's shape is swapped), not an alias.
+    fn stored(name: String, p: &ParamSpec, param: usize, transpose: bool) -> External {
+        External {
+            name,
+            shape: if transpose {
+                vec![p.shape[1], p.shape[0]]
+            } else {
+                p.shape.clone()
+            },
+            param,
+            transpose,
+            alias: false,
+        }
+    }
+}
+
 /// `path` with the list index after `list` renumbered: `renumber("layers.2.bias", "layers",
 /// |i| 2 * i)` is `4.bias`. Other paths are returned as they are.
 pub fn renumber(path: &str, list: &str, f: impl Fn(usize) -> usize) -> String {
@@ -119,17 +137,7 @@ fn torch_external(model: &dyn Model, i: usize, p: &ParamSpec) -> External {
     } else {
         format!("{prefix}.{leaf}")
     };
-    External {
-        name: model.torch_name(&path),
-        shape: if transpose {
-            vec![p.shape[1], p.shape[0]]
-        } else {
-            p.shape.clone()
-        },
-        param: i,
-        transpose,
-        alias: false,
-    }
+    External::stored(model.torch_name(&path), p, i, transpose)
 }
 
 /// The tensors of `model`'s weights in `format`, in layout order, aliases last.
@@ -150,17 +158,7 @@ pub fn externals(model: &dyn Model, format: WeightFormat) -> Vec<External> {
                 // Linear are PyTorch's [out, in]
                 let transpose =
                     e.transpose && (format == WeightFormat::NanoGpt || p.name == "lm_head.weight");
-                External {
-                    name: gpt2_name(&path),
-                    shape: if transpose {
-                        vec![p.shape[1], p.shape[0]]
-                    } else {
-                        p.shape.clone()
-                    },
-                    param: i,
-                    transpose,
-                    alias: false,
-                }
+                External::stored(gpt2_name(&path), p, i, transpose)
             })
             .collect();
         if let Some(src) = out

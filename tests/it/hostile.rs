@@ -52,6 +52,13 @@ fn limited(dir: &Path, args: &[&str], bytes: u64) -> Output {
 
 const GIB: u64 = 1 << 30;
 
+/// `o` is bad input: exit 2, its error saying `says` (`what` names the case).
+fn refused(o: &Output, says: &str, what: &str) {
+    let err = stderr(o);
+    assert_eq!(o.status.code(), Some(2), "{what}: {err}");
+    assert!(err.contains(says), "{what}: {err}");
+}
+
 fn read(p: &Path) -> Vec<u8> {
     std::fs::read(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
 }
@@ -166,9 +173,7 @@ fn sweeps_past_the_trial_cap_are_refused_before_they_expand() {
         );
         for cmd in ["check", "sweep"] {
             let o = limited(d.path(), &[cmd, &format!("{name}.toml")], GIB);
-            let err = stderr(&o);
-            assert_eq!(o.status.code(), Some(2), "{cmd} {name}: {err}");
-            assert!(err.contains(says), "{cmd} {name}: {err}");
+            refused(&o, says, &format!("{cmd} {name}"));
         }
     }
 }
@@ -460,12 +465,10 @@ fn state_json_fields_are_checked_before_anything_acts_on_them() {
             &["eval", "named", "--from", "step-00000008"][..],
         ] {
             let o = within(d.path(), args, 20);
-            let err = stderr(&o);
             if field == "position.segment_micro" && args[0] == "eval" {
                 continue; // a data position is a resume's to check
             }
-            assert_eq!(o.status.code(), Some(2), "{field} {args:?}: {err}");
-            assert!(err.contains(says), "{field} {args:?}: {err}");
+            refused(&o, says, &format!("{field} {args:?}"));
         }
         // the checkpoint resumed from is never set aside, and `ckpt verify` says it is invalid
         assert!(d.path().join("named/checkpoints/step-00000008").is_dir());
@@ -506,9 +509,7 @@ fn cpu_ranks_and_threads_are_bounded() {
                 ],
                 GIB,
             );
-            let err = stderr(&o);
-            assert_eq!(o.status.code(), Some(2), "{cmd} {set}: {err}");
-            assert!(err.contains(says), "{cmd} {set}: {err}");
+            refused(&o, says, &format!("{cmd} {set}"));
         }
     }
 }
@@ -661,8 +662,7 @@ fn bad_metrics_names_weights_and_headers_are_refused() {
             a.extend(["--set", s]);
         }
         let o = kiln(d.path(), &a);
-        assert_eq!(o.status.code(), Some(2), "{sets:?}: {}", stderr(&o));
-        assert!(stderr(&o).contains(says), "{sets:?}: {}", stderr(&o));
+        refused(&o, says, &format!("{sets:?}"));
     };
     check(&["sweep.metric=\"eval_los\""], "did you mean `eval_loss`?");
     check(&["data.normalize=[nan, 1.0]"], "`data.normalize`");
@@ -684,8 +684,7 @@ fn bad_metrics_names_weights_and_headers_are_refused() {
         &["eval", "nan"][..],
     ] {
         let o = kiln(d.path(), args);
-        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
-        assert!(stderr(&o).contains("holds NaN"), "{args:?}: {}", stderr(&o));
+        refused(&o, "holds NaN", &format!("{args:?}"));
     }
     // a safetensors header naming one tensor twice, as model.init_from
     let header = r#"{"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}"#;
@@ -730,8 +729,7 @@ fn bad_metrics_names_weights_and_headers_are_refused() {
                 "model.input_size=2",
             ],
         );
-        assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
-        assert!(stderr(&o).contains(says), "{}", stderr(&o));
+        refused(&o, says, "csv");
     }
 }
 
