@@ -407,6 +407,26 @@ impl RankBackend for Autodiff<burn::backend::Cuda<f32>> {
     }
 }
 
+/// Whether this process's `main` owns its environment (`own_process_env`): only then does kiln
+/// set a variable that a library reads once (ndarray's `MATMUL_NUM_THREADS`). Tests that train
+/// in threads of one process never do: setting a variable races with every thread reading one.
+static OWNS_ENV: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Called by the process's `main` (`kiln::cli::main_with`) before any thread exists.
+pub fn own_process_env() {
+    OWNS_ENV.store(true, std::sync::atomic::Ordering::SeqCst);
+}
+
+/// ndarray's matmul reads its thread count once from the environment: `threads` for each rank,
+/// unless the user set it, and only where `main` owns the environment.
+pub fn set_matmul_threads(threads: usize) {
+    if OWNS_ENV.load(std::sync::atomic::Ordering::SeqCst)
+        && std::env::var_os("MATMUL_NUM_THREADS").is_none()
+    {
+        std::env::set_var("MATMUL_NUM_THREADS", threads.to_string());
+    }
+}
+
 /// Threads each rank's math uses: `backend.threads`, or the cores shared evenly among `ranks`,
 /// less the rank's `loaders` (data loader threads), at least 1.
 pub fn threads(c: &crate::config::BackendConfig, ranks: usize, loaders: usize) -> usize {

@@ -12,16 +12,20 @@
 //!
 //! | layer | modules | owns |
 //! | --- | --- | --- |
-//! | 9 | `cli` (and `main`) | parse arguments, call one library function, render the result; `main` owns exit codes, error printing and the NCCL re-exec |
-//! | 8 | `sweep` | trials of a sweep as child processes, ledger, results table |
-//! | 7 | `launch` | executing a run: run directory, summary, resume, restart agent, node worker, rank threads |
+//! | 10 | `cli` (and `main`) | parse arguments, call one library function, render the result; `main` owns exit codes, error printing, the process environment and the NCCL re-exec |
+//! | 9 | `report` | `kiln report`: charts and tables of runs and sweeps from their files, as one HTML page |
+//! | 8 | `sweep` | trials of a sweep as child processes or a Slurm array, ledger, results table |
+//! | 7 | `launch` | executing a run: run directory and its files (typed readers too), summary, resume, restart agent, node worker, rank threads, Slurm, rendezvous |
 //! | 6 | `error` | the top-level error and its exit codes |
 //! | 5 | `train`, `backend` | the step loop of one rank; backend/device/collective placement |
 //! | 4 | `strategy` | single, dp, ddp, fsdp: where state lives and when ranks synchronise |
 //! | 3 | `collective` | all-reduce, broadcast, all-gather, reduce-scatter over local, TCP or NCCL |
 //! | 2 | `model`, `plan`, `cuda` | the `Model` trait and families (Burn modules); batch arithmetic; CUDA/NCCL discovery |
 //! | 1 | `params`, `data` | flat layout, host/device buffers, optimizers, clipping; datasets and the sampler |
-//! | 0 | `config`, `checkpoint`, `ui`, `rng`, `memory`, `panic` | leaves: import nothing from kiln; `memory` counts each rank's allocated bytes; `panic` words a caught panic |
+//! | 0 | `config`, `checkpoint`, `ui`, `rng`, `memory`, `panic`, `testdir` | leaves: import nothing from kiln; `memory` counts each rank's allocated bytes; `panic` words a caught panic; `testdir` makes temporary directories for tests |
+//!
+//! `docs/architecture.md` follows one step through these layers and says where each concern
+//! lives.
 //!
 //! A new model family is one `model::Family` impl registered in a `model::Registry`; a new
 //! strategy is one file in `strategy/`; a new transport one `collective::Collective` impl.

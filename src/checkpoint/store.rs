@@ -757,29 +757,41 @@ mod tests {
             },
         ];
         let sharded = Layout::Sharded { world: 3, units };
-        store.begin(1).unwrap();
-        for r in 0..3 {
-            let part = |b: &[f32]| part(&sharded, r, b);
-            let o = OptState {
-                steps: 4,
-                m: part(&opt.m),
-                v: part(&opt.v),
-            };
-            for (name, bytes) in encode_files(&sharded, r, &specs, &part(&params), &o).unwrap() {
-                store.write_file(1, &name, &bytes).unwrap();
+        // every rank's shard saved as checkpoint `step` (rank `no_moments` without its moments)
+        let save_sharded = |step: u64, no_moments: Option<usize>| {
+            store.begin(step).unwrap();
+            for r in 0..3 {
+                let part = |b: &[f32]| part(&sharded, r, b);
+                let o = if no_moments == Some(r) {
+                    OptState {
+                        steps: 4,
+                        ..OptState::default()
+                    }
+                } else {
+                    OptState {
+                        steps: 4,
+                        m: part(&opt.m),
+                        v: part(&opt.v),
+                    }
+                };
+                for (name, bytes) in encode_files(&sharded, r, &specs, &part(&params), &o).unwrap()
+                {
+                    store.write_file(step, &name, &bytes).unwrap();
+                }
             }
-        }
-        store
-            .commit(
-                1,
-                &State {
-                    step: 1,
-                    ..state(9, sharded.clone())
-                },
-                5,
-                0,
-            )
-            .unwrap();
+            store
+                .commit(
+                    step,
+                    &State {
+                        step: step as usize,
+                        ..state(9, sharded.clone())
+                    },
+                    5,
+                    0,
+                )
+                .unwrap();
+        };
+        save_sharded(1, None);
         let l = load(&store.step_dir(1), &specs).unwrap();
         assert_eq!(
             (l.params.clone(), l.opt.clone()),
@@ -810,36 +822,7 @@ mod tests {
         assert!(e.contains("none of the model's tensors"), "{e}");
 
         // one rank without its Adam moments: refused, not zeros
-        store.begin(3).unwrap();
-        for r in 0..3 {
-            let part = |b: &[f32]| part(&sharded, r, b);
-            let o = if r == 1 {
-                OptState {
-                    steps: 4,
-                    ..OptState::default()
-                }
-            } else {
-                OptState {
-                    steps: 4,
-                    m: part(&opt.m),
-                    v: part(&opt.v),
-                }
-            };
-            for (name, bytes) in encode_files(&sharded, r, &specs, &part(&params), &o).unwrap() {
-                store.write_file(3, &name, &bytes).unwrap();
-            }
-        }
-        store
-            .commit(
-                3,
-                &State {
-                    step: 3,
-                    ..state(9, sharded)
-                },
-                5,
-                0,
-            )
-            .unwrap();
+        save_sharded(3, Some(1));
         let e = load(&store.step_dir(3), &specs).unwrap_err().to_string();
         assert!(e.contains("is in 2 of the 3 ranks' files"), "{e}");
     }

@@ -21,6 +21,8 @@ where
     T: Into<std::ffi::OsString> + Clone,
 {
     model::install(registry);
+    // this is the process's main: it may set what libraries read from the environment
+    crate::backend::own_process_env();
     let cli = Cli::parse_from(args);
     let reads_only = cli.command.reads_only();
     quiet_on_closed_stdout(reads_only);

@@ -9,8 +9,8 @@ use figment::value::{Dict, Map, Value};
 use figment::{Figment, Metadata, Profile, Provider, Source};
 
 use super::error::{closest, ConfigError, KeyError};
-use super::schema::{Config, SECTIONS};
 use super::validate::validate;
+use super::{Config, SECTIONS};
 
 /// Name of the metadata of the built-in defaults layer.
 pub const DEFAULT_SOURCE: &str = "default";
@@ -117,96 +117,130 @@ pub fn build_figment(
 
 /// `build_figment` with the dotted keys `drop` left out of every layer above the defaults (so
 /// they take their defaults): after an error about a key, the rest of the config can still be
-/// checked, and every error reported at once.
+/// checked, and every error reported at once. The layers, lowest first: defaults, the files
+/// (an `extends` chain), `KILN_*` variables, the launcher's variables (torchrun, Slurm), what
+/// a bare `srun` step implies, torchrun's one device per process, `--set`.
 fn build_figment_without(
     file: &Path,
     env: &[(String, String)],
     sets: &[String],
     drop: &[String],
 ) -> Result<Figment, ConfigError> {
-    let mut figment = Figment::new().merge(Layer {
-        meta: Metadata::named(DEFAULT_SOURCE),
-        dict: to_dict(&Config::default()),
-    });
-    let mut files = Vec::new();
-    collect_files(file, &mut Vec::new(), &mut files)?;
-    // a file's `[sweep] grid` replaces the grid of the files it extends: a grid is one search,
-    // and merging two would silently multiply the trials
-    let has_grid =
-        |d: &Dict| matches!(d.get("sweep"), Some(Value::Dict(_, s)) if s.contains_key("grid"));
-    if let Some(last) = files.iter().rposition(|(_, d)| has_grid(d)) {
-        for (_, dict) in &mut files[..last] {
-            if let Some(Value::Dict(_, sweep)) = dict.get_mut("sweep") {
-                sweep.remove("grid");
+    let mut stack = Stack {
+        figment: Figment::new().merge(Layer {
+            meta: Metadata::named(DEFAULT_SOURCE),
+            dict: to_dict(&Config::default()),
+        }),
+        drop,
+    };
+    stack.files(file)?;
+    stack.kiln_env(env);
+    let var = |k: &str| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
+    stack.launcher(&var);
+    if bare_srun(&var) {
+        stack.bare_srun(&var);
+    }
+    stack.torchrun_devices(&var);
+    stack.sets(sets)?;
+    Ok(stack.figment)
+}
+
+/// The figment being built, and the keys left out of every layer (`build_figment_without`).
+struct Stack<'a> {
+    figment: Figment,
+    drop: &'a [String],
+}
+
+/// Whether torchrun's agent started this process (`torchrun --no-python ... kiln run`).
+fn under_torchrun(var: &dyn Fn(&str) -> Option<String>) -> bool {
+    var("WORLD_SIZE").is_some()
+        && (var("TORCHELASTIC_RUN_ID").is_some() || var("LOCAL_RANK").is_some())
+}
+
+impl Stack<'_> {
+    fn push(&mut self, meta: Metadata, dict: Dict) {
+        let figment = std::mem::take(&mut self.figment);
+        self.figment = merge_without(figment, self.drop, Layer { meta, dict });
+    }
+
+    /// The experiment file and the files it extends, most extended first.
+    fn files(&mut self, file: &Path) -> Result<(), ConfigError> {
+        let mut files = Vec::new();
+        collect_files(file, &mut Vec::new(), &mut files)?;
+        // a file's `[sweep] grid` replaces the grid of the files it extends: a grid is one
+        // search, and merging two would silently multiply the trials
+        let has_grid =
+            |d: &Dict| matches!(d.get("sweep"), Some(Value::Dict(_, s)) if s.contains_key("grid"));
+        if let Some(last) = files.iter().rposition(|(_, d)| has_grid(d)) {
+            for (_, dict) in &mut files[..last] {
+                if let Some(Value::Dict(_, sweep)) = dict.get_mut("sweep") {
+                    sweep.remove("grid");
+                }
             }
         }
-    }
-    for (path, dict) in files {
-        figment = merge_without(
-            figment,
-            drop,
-            Layer {
-                meta: Metadata::from(path.display().to_string(), Source::File(path)),
+        for (path, dict) in files {
+            self.push(
+                Metadata::from(path.display().to_string(), Source::File(path)),
                 dict,
-            },
-        );
-    }
-    for (name, value) in env {
-        let Some(rest) = name.strip_prefix(ENV_PREFIX) else {
-            continue;
-        };
-        let parts: Vec<String> = rest.split("__").map(|s| s.to_ascii_lowercase()).collect();
-        // Other KILN_ variables (tokens, library paths) are not config keys.
-        if parts.len() < 2 || !SECTIONS.contains(&parts[0].as_str()) {
-            continue;
+            );
         }
-        figment = merge_without(
-            figment,
-            drop,
-            Layer {
-                meta: Metadata::named(format!("environment variable {name}")),
-                dict: nest(&parts, parse_value(value)),
-            },
-        );
+        Ok(())
     }
-    // torchrun (one process per rank: each is one kiln node) and Slurm: inside an `srun` step
-    // each task is one kiln node (one task per node, or several on one host); outside a step
-    // (a batch script, `salloc`) the allocation's nodes
-    let var = |k: &str| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
-    let step_tasks = if var("SLURM_STEP_NUM_TASKS").is_some() {
-        "SLURM_STEP_NUM_TASKS"
-    } else {
-        "SLURM_NTASKS"
-    };
-    // torchrun's agent (`torchrun --no-python ... kiln run`): one process per device, each a
-    // kiln node of one device; the agent holds MASTER_PORT, so kiln's store takes the port after
-    let torchrun = var("WORLD_SIZE").is_some()
-        && (var("TORCHELASTIC_RUN_ID").is_some() || var("LOCAL_RANK").is_some());
-    let launchers: &[(&str, &str)] = if var("WORLD_SIZE").is_some() {
-        &[
-            ("WORLD_SIZE", "nnodes"),
-            ("RANK", "node_rank"),
-            ("MASTER_ADDR", "master_addr"),
-            ("MASTER_PORT", "master_port"),
-            ("LOCAL_RANK", "local_rank"),
-        ]
-    } else if var("SLURM_STEP_ID").is_some() && var("SLURM_PROCID").is_some() {
-        &[
-            (step_tasks, "nnodes"),
-            ("SLURM_PROCID", "node_rank"),
-            ("MASTER_ADDR", "master_addr"),
-            ("MASTER_PORT", "master_port"),
-        ]
-    } else {
-        &[
-            ("SLURM_NNODES", "nnodes"),
-            ("SLURM_NODEID", "node_rank"),
-            ("MASTER_ADDR", "master_addr"),
-            ("MASTER_PORT", "master_port"),
-        ]
-    };
-    for (name, key) in launchers {
-        if let Some(value) = var(name) {
+
+    /// `KILN_<SECTION>__<KEY>` variables.
+    fn kiln_env(&mut self, env: &[(String, String)]) {
+        for (name, value) in env {
+            let Some(rest) = name.strip_prefix(ENV_PREFIX) else {
+                continue;
+            };
+            let parts: Vec<String> = rest.split("__").map(|s| s.to_ascii_lowercase()).collect();
+            // Other KILN_ variables (tokens, library paths) are not config keys.
+            if parts.len() < 2 || !SECTIONS.contains(&parts[0].as_str()) {
+                continue;
+            }
+            self.push(
+                Metadata::named(format!("environment variable {name}")),
+                nest(&parts, parse_value(value)),
+            );
+        }
+    }
+
+    /// torchrun (one process per rank: each is one kiln node) and Slurm: inside an `srun` step
+    /// each task is one kiln node (one task per node, or several on one host); outside a step
+    /// (a batch script, `salloc`) the allocation's nodes.
+    fn launcher(&mut self, var: &dyn Fn(&str) -> Option<String>) {
+        let step_tasks = if var("SLURM_STEP_NUM_TASKS").is_some() {
+            "SLURM_STEP_NUM_TASKS"
+        } else {
+            "SLURM_NTASKS"
+        };
+        // torchrun's agent holds MASTER_PORT, so kiln's store takes the port after
+        let torchrun = under_torchrun(var);
+        let launchers: &[(&str, &str)] = if var("WORLD_SIZE").is_some() {
+            &[
+                ("WORLD_SIZE", "nnodes"),
+                ("RANK", "node_rank"),
+                ("MASTER_ADDR", "master_addr"),
+                ("MASTER_PORT", "master_port"),
+                ("LOCAL_RANK", "local_rank"),
+            ]
+        } else if var("SLURM_STEP_ID").is_some() && var("SLURM_PROCID").is_some() {
+            &[
+                (step_tasks, "nnodes"),
+                ("SLURM_PROCID", "node_rank"),
+                ("MASTER_ADDR", "master_addr"),
+                ("MASTER_PORT", "master_port"),
+            ]
+        } else {
+            &[
+                ("SLURM_NNODES", "nnodes"),
+                ("SLURM_NODEID", "node_rank"),
+                ("MASTER_ADDR", "master_addr"),
+                ("MASTER_PORT", "master_port"),
+            ]
+        };
+        for (name, key) in launchers {
+            let Some(value) = var(name) else { continue };
             let parts = vec!["launch".to_string(), key.to_string()];
             let (v, source) = match *key {
                 "master_addr" => (Value::from(value.clone()), format!("environment variable {name}")),
@@ -219,19 +253,13 @@ fn build_figment_without(
                 },
                 _ => (parse_value(&value), format!("environment variable {name}")),
             };
-            figment = merge_without(
-                figment,
-                drop,
-                Layer {
-                    meta: Metadata::named(source),
-                    dict: nest(&parts, v),
-                },
-            );
+            self.push(Metadata::named(source), nest(&parts, v));
         }
     }
-    // inside an `srun` step without MASTER_ADDR / MASTER_PORT (what Lightning does): node 0 is
-    // the first host of the step's node list, the port is derived from the job and step ids
-    if bare_srun(&var) {
+
+    /// Inside an `srun` step without MASTER_ADDR / MASTER_PORT (what Lightning does): node 0 is
+    /// the first host of the step's node list, the port is derived from the job and step ids.
+    fn bare_srun(&mut self, var: &dyn Fn(&str) -> Option<String>) {
         let nodelist = var("SLURM_STEP_NODELIST").or_else(|| var("SLURM_JOB_NODELIST"));
         let derived = [
             (
@@ -262,63 +290,59 @@ fn build_figment_without(
         for (key, value, source) in derived {
             // a value the file, the environment (`KILN_LAUNCH__...`) or an earlier layer set
             // wins: only what nobody set is derived
-            let unset = figment
+            let unset = self
+                .figment
                 .find_metadata(&format!("launch.{key}"))
                 .is_none_or(|m| m.name == DEFAULT_SOURCE);
             if let Some(v) = value.filter(|_| unset) {
-                figment = merge_without(
-                    figment,
-                    drop,
-                    Layer {
-                        meta: Metadata::named(source),
-                        dict: nest(&["launch".to_string(), key.to_string()], v),
-                    },
+                self.push(
+                    Metadata::named(source),
+                    nest(&["launch".to_string(), key.to_string()], v),
                 );
             }
         }
     }
-    let several_local = var("LOCAL_WORLD_SIZE")
-        .and_then(|v| v.trim().parse::<usize>().ok())
-        .is_none_or(|n| n > 1);
-    if torchrun && several_local {
-        // each process torchrun starts is one kiln node of one device (its LOCAL_RANK's GPU);
-        // with one process per host (`--nproc-per-node 1`) the process keeps the file's
-        // devices, kiln's own one-process-per-node layout
-        figment = merge_without(
-            figment,
-            drop,
-            Layer {
-                meta: Metadata::named("torchrun (one device per process)"),
-                dict: nest(
+
+    /// Each process torchrun starts is one kiln node of one device (its LOCAL_RANK's GPU);
+    /// with one process per host (`--nproc-per-node 1`) the process keeps the file's devices,
+    /// kiln's own one-process-per-node layout.
+    fn torchrun_devices(&mut self, var: &dyn Fn(&str) -> Option<String>) {
+        let several_local = var("LOCAL_WORLD_SIZE")
+            .and_then(|v| v.trim().parse::<usize>().ok())
+            .is_none_or(|n| n > 1);
+        if under_torchrun(var) && several_local {
+            self.push(
+                Metadata::named("torchrun (one device per process)"),
+                nest(
                     &["strategy".to_string(), "devices".to_string()],
                     Value::from(1u64),
                 ),
-            },
-        );
-    }
-    for arg in sets {
-        let (key, value) = arg.split_once('=').ok_or_else(|| ConfigError::BadSet {
-            arg: arg.clone(),
-            why: "missing `=`".into(),
-        })?;
-        let key = key.trim();
-        if key.is_empty() || key.split('.').any(|p| p.is_empty()) {
-            return Err(ConfigError::BadSet {
-                arg: arg.clone(),
-                why: format!("`{key}` is not a dotted key"),
-            });
+            );
         }
-        let parts: Vec<String> = key.split('.').map(str::to_string).collect();
-        figment = merge_without(
-            figment,
-            drop,
-            Layer {
-                meta: Metadata::named(format!("--set {arg}")),
-                dict: nest(&parts, parse_value(value.trim())),
-            },
-        );
     }
-    Ok(figment)
+
+    /// `--set key=value`, in order.
+    fn sets(&mut self, sets: &[String]) -> Result<(), ConfigError> {
+        for arg in sets {
+            let (key, value) = arg.split_once('=').ok_or_else(|| ConfigError::BadSet {
+                arg: arg.clone(),
+                why: "missing `=`".into(),
+            })?;
+            let key = key.trim();
+            if key.is_empty() || key.split('.').any(|p| p.is_empty()) {
+                return Err(ConfigError::BadSet {
+                    arg: arg.clone(),
+                    why: format!("`{key}` is not a dotted key"),
+                });
+            }
+            let parts: Vec<String> = key.split('.').map(str::to_string).collect();
+            self.push(
+                Metadata::named(format!("--set {arg}")),
+                nest(&parts, parse_value(value.trim())),
+            );
+        }
+        Ok(())
+    }
 }
 
 /// Whether this process is a task of an `srun` step of several tasks that nobody gave a

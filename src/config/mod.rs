@@ -2,6 +2,7 @@
 //!
 //! Experiment configuration: schema, the layering stack, validation and rendering.
 
+mod cross;
 mod error;
 mod load;
 mod nccl;
@@ -9,11 +10,45 @@ mod schema;
 mod show;
 mod validate;
 
+// one file per section: its struct, defaults, docs and its own checks
+mod backend;
+mod checkpoint;
+mod data;
+mod experiment;
+mod launch;
+mod log;
+mod model;
+mod optim;
+mod profile;
+mod sampler;
+mod schedule;
+mod slurm;
+mod slurm_syntax;
+mod strategy;
+mod sweep;
+mod train;
+
+pub use backend::*;
+pub use checkpoint::*;
+pub use data::*;
 pub use error::{closest, edit_distance, ConfigError, KeyError};
+pub use experiment::*;
+pub use launch::*;
 pub use load::{
     bare_srun, build_figment, describe_source, extract, find_line, load, Resolved, ENV_PREFIX,
 };
+pub use log::*;
+pub use model::*;
 pub use nccl::{EnvValue, NcclDebug, KNOWN as KNOWN_NCCL_VARS};
+pub use optim::*;
+pub use profile::*;
+pub use sampler::*;
+pub use schedule::*;
 pub use schema::*;
 pub use show::{annotated, config_hash, to_toml};
-pub use validate::{checkpoint_dir_inside, validate, MAX_TRIALS, SWEEP_METRICS};
+pub use slurm::*;
+pub use slurm_syntax::*;
+pub use strategy::*;
+pub use sweep::*;
+pub use train::*;
+pub use validate::{validate, MAX_TRIALS, SWEEP_METRICS};

@@ -4,7 +4,7 @@
 use sha2::{Digest, Sha256};
 
 use super::load::{describe_source, Resolved};
-use super::schema::{Config, SECTIONS};
+use super::{Config, SECTIONS};
 
 /// Keys that may be unset; shown as comments when they are.
 const OPTIONAL: &[&str] = &[

@@ -89,6 +89,8 @@ pub fn bench(
         });
     }
     for (c, placement) in runs {
+        // the config's NCCL variables, before anything loads NCCL (CUDA only)
+        let nccl = super::nccl_env::export(&c, None, std::time::Duration::ZERO)?;
         let input = TrainInput {
             config: &c,
             plan: &plan,
@@ -104,7 +106,7 @@ pub fn bench(
         let mut runs = Vec::with_capacity(repeats);
         let mut peak = None;
         for _ in 0..repeats.max(1) {
-            let res = train(&placement, &input, None, None, &mut |_| {})?;
+            let res = train(&placement, &input, None, None, &nccl, &mut |_| {})?;
             peak = res
                 .memory
                 .iter()

@@ -8,16 +8,20 @@
 //! `run_dir` and `summary` are where a run lives and what it reports; `weights` is
 //! `kiln export` and `model.init_from`.
 
+mod agent;
 mod bench;
 mod check;
 mod eval;
 mod execute;
 pub mod nccl_env;
+mod node;
+mod prepare;
 mod profile;
 pub mod record;
 pub mod rendezvous;
 mod resume;
 mod run_dir;
+mod run_files;
 mod sample;
 pub mod slurm;
 pub mod store;
@@ -30,13 +34,14 @@ mod workers;
 pub use bench::{bench, BenchEvent};
 pub use check::{check, CheckReport};
 pub use eval::{eval, EvalOptions, EvalReport};
-pub use execute::{execute, resume, start, train, RunOptions};
+pub use execute::{resume, start, train, RunOptions};
 pub use resume::{best_mark, choose_checkpoint, config_changes, prepare_resume, Resumption};
 pub use run_dir::{
     checkpoint_store, choose_run_dir, enclosing_run, first_missing, holder, is_unfinished,
     newest_unfinished, refuse_inside_run, replace_file, run_config, run_config_file, stored_config,
     stored_config_for_elsewhere, write_json,
 };
+pub use run_files::{MetricsFile, SummaryFile};
 pub use sample::{sample, SampleOptions};
 pub use summary::Summary;
 pub use tokenize::{tokenize, TokenizeOptions, TokenizeReport};

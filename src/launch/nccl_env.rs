@@ -34,9 +34,9 @@ pub fn local_vars(c: &Config) -> Vars {
 
 /// Exports the job's NCCL variables into this process (CUDA runs only; a CPU run never loads
 /// NCCL). With `job`, node 0 publishes its variables and every other node takes them.
-pub fn export(c: &Config, job: Option<&mut Job>, timeout: Duration) -> Result<()> {
+pub fn export(c: &Config, job: Option<&mut Job>, timeout: Duration) -> Result<NcclEnv> {
     if c.backend.device != Device::Cuda {
-        return Ok(());
+        return Ok(NcclEnv(()));
     }
     let (vars, node) = job_vars(c, job, timeout)?;
     if let Ok(v) = std::env::var("NCCL_COMM_BLOCKING") {
@@ -50,7 +50,19 @@ pub fn export(c: &Config, job: Option<&mut Job>, timeout: Duration) -> Result<()
         // before any thread of this process calls into NCCL (which reads these at init)
         std::env::set_var(var, value);
     }
-    Ok(())
+    Ok(NcclEnv(()))
+}
+
+/// Proof that the job's NCCL variables are in this process's environment: only [`export`]
+/// makes one, and nothing that loads NCCL (a unique id, a communicator) runs without it.
+pub struct NcclEnv(());
+
+impl NcclEnv {
+    /// Node 0 creates the job's NCCL unique id and publishes it; the other nodes read it.
+    #[cfg(feature = "cuda")]
+    pub fn share_id(&self, j: &mut Job, c: &Config) -> Result<crate::collective::nccl::Id> {
+        share_nccl_id(j, c)
+    }
 }
 
 /// The job's NCCL variables and this node's number: this node's own without `job`; node 0's,
@@ -144,6 +156,33 @@ pub fn unknown_in_environment() -> Vec<(String, Option<&'static str>)> {
         .collect();
     out.sort();
     out
+}
+
+/// Node 0 creates the job's NCCL unique id and publishes it; the other nodes read it.
+#[cfg(feature = "cuda")]
+fn share_nccl_id(j: &mut Job, c: &Config) -> Result<crate::collective::nccl::Id> {
+    use crate::collective::nccl;
+    if j.node == 0 {
+        let id = nccl::new_id().map_err(|e| Error::Train(e.into()))?;
+        let hex: String = id
+            .internal()
+            .iter()
+            .map(|b| format!("{:02x}", *b as u8))
+            .collect();
+        j.client.set("nccl_id", &hex)?;
+        return Ok(id);
+    }
+    let t = std::time::Duration::from_secs(c.launch.rendezvous_timeout_secs);
+    let hex = match j.client.wait(&["nccl_id".to_string()], t)? {
+        Ok(v) => v.into_iter().next().unwrap_or_default(),
+        Err(_) => return Err(Error::Usage("node 0 never published the NCCL id".into())),
+    };
+    let mut raw = [0 as std::ffi::c_char; 128];
+    for (i, b) in raw.iter_mut().enumerate() {
+        *b = u8::from_str_radix(hex.get(2 * i..2 * i + 2).unwrap_or("00"), 16).unwrap_or(0)
+            as std::ffi::c_char;
+    }
+    Ok(nccl::Id::uninit(raw))
 }
 
 #[cfg(test)]

@@ -33,11 +33,7 @@ pub fn is_unfinished(dir: &Path) -> bool {
     if !dir.join("config.toml").is_file() {
         return false;
     }
-    let status = fs::read_to_string(dir.join("summary.json"))
-        .ok()
-        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
-        .and_then(|v| v["status"].as_str().map(str::to_string));
-    status.as_deref() != Some("finished")
+    super::SummaryFile::read(dir).is_none_or(|s| s.status != "finished")
 }
 
 /// The newest unfinished run of experiment `name` (highest `-N` suffix first).

@@ -673,12 +673,8 @@ pub fn status(run_dir: &Path) -> Result<String> {
 
 /// The run's own state: its summary, else its last metrics line; its newest checkpoint.
 fn run_line(run_dir: &Path) -> String {
-    let summary: Option<serde_json::Value> = fs::read_to_string(run_dir.join("summary.json"))
-        .ok()
-        .and_then(|t| serde_json::from_str(&t).ok());
-    let last: Option<serde_json::Value> = fs::read_to_string(run_dir.join("metrics.jsonl"))
-        .ok()
-        .and_then(|t| t.lines().last().and_then(|l| serde_json::from_str(l).ok()));
+    let summary = super::SummaryFile::read(run_dir).map(|s| s.json);
+    let last = super::MetricsFile::last_line(run_dir);
     let mut l = match &summary {
         Some(s) => {
             let status = s["status"].as_str().unwrap_or("?");

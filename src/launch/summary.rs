@@ -101,3 +101,113 @@ pub struct BestSummary {
     #[serde(flatten)]
     pub watched: crate::checkpoint::Watched,
 }
+
+/// What a session knows besides its outcome, for its `summary.json`.
+pub(super) struct SummaryInputs<'a> {
+    pub config: &'a crate::config::Config,
+    pub plan: &'a crate::plan::Plan,
+    pub placement: &'a crate::backend::Placement,
+    /// `model.kind`, and its training FLOPs per sample where kiln knows them.
+    pub model_kind: String,
+    pub flops_per_sample: Option<f64>,
+    pub config_hash: String,
+    /// The step the session started from, and the checkpoint's epoch.
+    pub first_step: usize,
+    pub first_epoch: f64,
+}
+
+impl Summary {
+    /// The summary of a session that ended with `status` ("finished", "preempted" or "failed"):
+    /// from its result when it has one, else from the step and epoch it `reached`.
+    pub(super) fn from_outcome(
+        s: &SummaryInputs<'_>,
+        status: &'static str,
+        error: Option<String>,
+        res: Option<&super::RunResult>,
+        reached: (Option<usize>, Option<f64>),
+    ) -> Summary {
+        let c = s.config;
+        let be = s.placement.backend;
+        let o = res.map(|r| &r.outcome);
+        let flops_per_sec = s
+            .flops_per_sample
+            .zip(o.map(|o| o.samples_per_sec))
+            .map(|(f, sps)| (f * sps).round());
+        let (mfu, mfu_note) = match (flops_per_sec, o) {
+            (Some(f), _) => super::profile::mfu(
+                be.name(),
+                c.backend.precision,
+                f,
+                s.plan.world_size,
+                s.placement.ordinals.first().copied().unwrap_or(0),
+            ),
+            (None, None) => (None, None),
+            (None, Some(_)) => (
+                None,
+                Some(format!(
+                    "kiln knows no FLOP count for model.kind = \"{}\"",
+                    s.model_kind
+                )),
+            ),
+        };
+        Summary {
+            stopped_by: o.and_then(|o| o.preempted.clone()),
+            stopped_early: c
+                .train
+                .early_stopping
+                .as_ref()
+                .map(|_| o.is_some_and(|o| o.stopped_early.is_some())),
+            early_stopping: o.and_then(|o| {
+                o.early_stopping.as_ref().map(|w| EarlyStopSummary {
+                    watched: w.clone(),
+                    stopped_at_step: o.stopped_early,
+                })
+            }),
+            best_checkpoint: o.and_then(|o| {
+                o.best.as_ref().map(|w| BestSummary {
+                    checkpoint: format!("step-{:08}", w.best_step),
+                    watched: w.clone(),
+                })
+            }),
+            flops_per_sample: s.flops_per_sample,
+            flops_per_sec,
+            mfu,
+            mfu_note,
+            status,
+            error,
+            steps: o
+                .map(|o| o.steps)
+                .unwrap_or(reached.0.unwrap_or(s.first_step)),
+            epochs: o
+                .map(|o| o.epochs)
+                .unwrap_or(reached.1.unwrap_or(s.first_epoch)),
+            final_loss: o.map(|o| o.final_loss),
+            eval_loss: o.and_then(|o| o.eval.map(|e| e.loss())),
+            eval_accuracy: o.and_then(|o| o.eval_accuracy()),
+            eval_perplexity: o.and_then(|o| o.eval_perplexity()),
+            eval_samples: o.and_then(|o| o.eval.map(|e| e.count)),
+            wall_seconds: o.map(|o| o.wall_seconds).unwrap_or(0.0),
+            samples_per_sec: o.map(|o| o.samples_per_sec).unwrap_or(0.0),
+            tokens_per_sec: o.and_then(|o| o.tokens_per_sec()),
+            world_size: s.plan.world_size,
+            strategy: c.strategy.kind,
+            global_batch: s.plan.global_batch,
+            backend: be.name(),
+            precision: c.backend.precision,
+            loss_scale: o.and_then(|o| o.loss_scale.clone()),
+            num_params: s.plan.num_params,
+            config_hash: s.config_hash.clone(),
+            resumed_from_step: s.first_step,
+            params_sha256: o.map(|o| o.params_sha256.clone()),
+            memory: res.map(|r| r.memory.clone()).unwrap_or_default(),
+            peak_rss_bytes: crate::memory::peak_rss_bytes(),
+            time: res.map(|r| {
+                super::profile::time_section(
+                    r,
+                    r.outcome.steps.saturating_sub(s.first_step),
+                    be.name().starts_with("cuda"),
+                )
+            }),
+        }
+    }
+}

@@ -59,21 +59,8 @@ fn is_sweep(dir: &Path) -> bool {
 /// Reads a run directory: every `metrics.jsonl` line that parses (the others are counted) and
 /// `summary.json` if it is there and parses.
 pub fn load_run(dir: &Path, name: &str) -> RunData {
-    // bytes, not a string: one bad byte must not hide every other line
-    let bytes = std::fs::read(dir.join("metrics.jsonl")).unwrap_or_default();
-    let text = String::from_utf8_lossy(&bytes);
-    let mut lines = Vec::new();
-    let mut skipped = 0;
-    for l in text.lines().filter(|l| !l.trim().is_empty()) {
-        match serde_json::from_str::<Value>(l) {
-            Ok(v) if v.is_object() => lines.push(v),
-            _ => skipped += 1,
-        }
-    }
-    let summary = std::fs::read(dir.join("summary.json"))
-        .ok()
-        .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
-        .filter(|v| v.is_object());
+    let crate::launch::MetricsFile { lines, skipped } = crate::launch::MetricsFile::read(dir);
+    let summary = crate::launch::SummaryFile::read(dir).map(|s| s.json);
     RunData {
         name: name.to_string(),
         dir: dir.to_path_buf(),

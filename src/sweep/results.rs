@@ -22,22 +22,16 @@ pub struct Row {
 
 /// Builds a trial's row from its ledger record and its run directory.
 pub fn row(rec: &Record, run_dir: &Path, metric: &str, mode: MetricMode) -> Row {
-    let summary: Option<serde_json::Value> = std::fs::read_to_string(run_dir.join("summary.json"))
-        .ok()
-        .and_then(|t| serde_json::from_str(&t).ok());
-    let get = |k: &str| summary.as_ref().and_then(|s| s[k].as_f64());
-    let lines: Vec<serde_json::Value> = std::fs::read_to_string(run_dir.join("metrics.jsonl"))
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| serde_json::from_str(l).ok())
-        .collect();
+    let summary = crate::launch::SummaryFile::read(run_dir);
+    let get = |k: &str| summary.as_ref().and_then(|s| s.number(k));
+    let metrics = crate::launch::MetricsFile::read(run_dir);
     // the metric over the run: its own key in metrics.jsonl, or `loss` for final_loss
     let key = if metric == "final_loss" {
         "loss"
     } else {
         metric
     };
-    let values = lines.iter().filter_map(|l| l[key].as_f64());
+    let values = metrics.values(key);
     let best = match mode {
         MetricMode::Min => values.fold(None, |a: Option<f64>, v| Some(a.map_or(v, |a| a.min(v)))),
         MetricMode::Max => values.fold(None, |a: Option<f64>, v| Some(a.map_or(v, |a| a.max(v)))),
@@ -53,7 +47,7 @@ pub fn row(rec: &Record, run_dir: &Path, metric: &str, mode: MetricMode) -> Row 
         status: rec.state,
         metric: rec.metric.or_else(|| get(metric)),
         best,
-        steps: summary.as_ref().and_then(|s| s["steps"].as_u64()),
+        steps: summary.as_ref().and_then(|s| s.steps),
         wall_seconds: get("wall_seconds"),
         samples_per_sec: get("samples_per_sec"),
         error: rec.error.clone(),

@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::{self, Config, SweepConfig};
 use crate::error::{Error, Result};
+use crate::launch::{MetricsFile, SummaryFile};
 use crate::ui::SweepProgress;
 
 /// What `kiln sweep` was given; kept as `sweep.json` so `--resume DIR` can run it again.
@@ -307,14 +308,9 @@ fn spawn(
 
 /// Why a trial failed, from its summary or its log.
 fn failure_reason(run_dir: &Path, log: &Path, code: Option<i32>) -> String {
-    let from_summary = fs::read_to_string(run_dir.join("summary.json"))
-        .ok()
-        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
-        .and_then(|v| {
-            v["error"]
-                .as_str()
-                .map(|s| s.lines().next().unwrap_or("").to_string())
-        });
+    let from_summary = SummaryFile::read(run_dir)
+        .and_then(|s| s.error)
+        .map(|e| e.lines().next().unwrap_or("").to_string());
     from_summary
         .or_else(|| {
             fs::read_to_string(log).ok().and_then(|t| {
@@ -331,8 +327,7 @@ fn failure_reason(run_dir: &Path, log: &Path, code: Option<i32>) -> String {
 }
 
 fn last_progress(run_dir: &Path) -> Option<String> {
-    let text = fs::read_to_string(run_dir.join("metrics.jsonl")).ok()?;
-    let v: serde_json::Value = serde_json::from_str(text.lines().last()?).ok()?;
+    let v = MetricsFile::last_line(run_dir)?;
     Some(format!(
         "step {} loss {:.4}",
         v["step"],
@@ -378,16 +373,7 @@ pub fn run(spec: &SweepSpec, parallel: Option<usize>, quiet: bool) -> Result<Str
     let ledger = Ledger {
         path: dir.join("sweep.jsonl"),
     };
-    // trials submitted to Slurm before: never run one here that Slurm still has
-    if ledger.latest().values().any(|r| r.job.is_some()) {
-        let unknown = super::refresh(&dir, &ledger, &s.metric)?;
-        if !unknown.is_empty() {
-            return Err(Error::Invalid(format!(
-                "some trials were submitted to Slurm and Slurm could not be asked about them; not running anything here, which could run a trial twice:\n  {}",
-                unknown.join("\n  ")
-            )));
-        }
-    }
+    refuse_unknown_slurm_trials(&dir, &ledger, &s.metric)?;
     let latest = ledger.latest();
     let mut failures = ledger.failures();
     for p in &planned {
@@ -397,21 +383,7 @@ pub fn run(spec: &SweepSpec, parallel: Option<usize>, quiet: bool) -> Result<Str
                 .map_err(ledger_io)?;
         }
     }
-    let mut queue: Vec<Planned> = planned
-        .iter()
-        .filter(|p| match latest.get(&p.id).map(|r| r.state) {
-            Some(TrialState::Done) => false,
-            Some(TrialState::Queued | TrialState::Running)
-                if latest.get(&p.id).is_some_and(|r| r.job.is_some()) =>
-            {
-                false
-            }
-            Some(TrialState::Failed) => failures.get(&p.id).copied().unwrap_or(0) <= s.retries,
-            _ => true,
-        })
-        .cloned()
-        .collect();
-    queue.reverse(); // pop from the back in trial order
+    let mut queue = queue_of(&planned, &latest, &failures, s.retries);
     let total = planned.len();
     let cores = std::thread::available_parallelism()
         .map(|n| n.get())
@@ -492,36 +464,8 @@ pub fn run(spec: &SweepSpec, parallel: Option<usize>, quiet: bool) -> Result<Str
             free_gpus.extend(&done.gpus);
             free_gpus.sort_unstable();
             let p = done.planned;
-            let run_dir = dir.join(&p.id);
-            let mut rec = record(&p, TrialState::Done);
-            rec.exit = status.code();
-            let summary: Option<serde_json::Value> =
-                fs::read_to_string(run_dir.join("summary.json"))
-                    .ok()
-                    .and_then(|t| serde_json::from_str(&t).ok());
-            rec.metric = summary.as_ref().and_then(|v| v[s.metric.as_str()].as_f64());
-            if stopping && status.code().is_none() {
-                // stopped before it could take the signal: it starts again next time
-                rec.state = TrialState::Pending;
-                rec.metric = None;
-                rec.error = Some("stopped by the sweep's stop before it could checkpoint".into());
-            } else if status.code() == Some(crate::train::preempt::EXIT_PREEMPTED) {
-                rec.state = TrialState::Preempted;
-                rec.metric = None;
-                rec.error = summary.as_ref().map(|v| {
-                    format!(
-                        "preempted at step {} ({}); continues from there",
-                        v["steps"],
-                        v["stopped_by"].as_str().unwrap_or("a signal")
-                    )
-                });
-            } else if !status.success() {
-                rec.state = TrialState::Failed;
-                rec.error = Some(failure_reason(
-                    &run_dir,
-                    &dir.join("logs").join(format!("{}.log", p.id)),
-                    status.code(),
-                ));
+            let rec = ended(&dir, &p, status, stopping, s.metric.as_str());
+            if rec.state == TrialState::Failed {
                 let n = failures.entry(p.id.clone()).or_insert(0);
                 *n += 1;
                 if *n <= s.retries {
@@ -537,8 +481,102 @@ pub fn run(spec: &SweepSpec, parallel: Option<usize>, quiet: bool) -> Result<Str
         }
     }
     ui.finish();
-    let rows = rows(&dir, &ledger, s);
-    write_results(&dir, &rows, &s.metric)?;
+    conclude(&dir, &ledger, s, stopping, total)
+}
+
+/// Trials submitted to Slurm before: never run one here that Slurm still has (or that Slurm
+/// cannot be asked about).
+fn refuse_unknown_slurm_trials(dir: &Path, ledger: &Ledger, metric: &str) -> Result<()> {
+    if ledger.latest().values().any(|r| r.job.is_some()) {
+        let unknown = super::refresh(dir, ledger, metric)?;
+        if !unknown.is_empty() {
+            return Err(Error::Invalid(format!(
+                "some trials were submitted to Slurm and Slurm could not be asked about them; not running anything here, which could run a trial twice:\n  {}",
+                unknown.join("\n  ")
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The trials to run, last first (popped from the back in trial order): not done, not with
+/// Slurm, and failed ones while retries are left.
+fn queue_of(
+    planned: &[Planned],
+    latest: &BTreeMap<String, Record>,
+    failures: &BTreeMap<String, usize>,
+    retries: usize,
+) -> Vec<Planned> {
+    let mut queue: Vec<Planned> = planned
+        .iter()
+        .filter(|p| match latest.get(&p.id).map(|r| r.state) {
+            Some(TrialState::Done) => false,
+            Some(TrialState::Queued | TrialState::Running)
+                if latest.get(&p.id).is_some_and(|r| r.job.is_some()) =>
+            {
+                false
+            }
+            Some(TrialState::Failed) => failures.get(&p.id).copied().unwrap_or(0) <= retries,
+            _ => true,
+        })
+        .cloned()
+        .collect();
+    queue.reverse(); // pop from the back in trial order
+    queue
+}
+
+/// The ledger record of trial `p`, whose process ended with `status`: done (with its metric),
+/// preempted, failed (with why), or pending again when the sweep's stop came before it could
+/// checkpoint.
+fn ended(
+    dir: &Path,
+    p: &Planned,
+    status: std::process::ExitStatus,
+    stopping: bool,
+    metric: &str,
+) -> Record {
+    let run_dir = dir.join(&p.id);
+    let mut rec = record(p, TrialState::Done);
+    rec.exit = status.code();
+    let summary = SummaryFile::read(&run_dir);
+    rec.metric = summary.as_ref().and_then(|v| v.number(metric));
+    if stopping && status.code().is_none() {
+        // stopped before it could take the signal: it starts again next time
+        rec.state = TrialState::Pending;
+        rec.metric = None;
+        rec.error = Some("stopped by the sweep's stop before it could checkpoint".into());
+    } else if status.code() == Some(crate::train::preempt::EXIT_PREEMPTED) {
+        rec.state = TrialState::Preempted;
+        rec.metric = None;
+        rec.error = summary.as_ref().map(|v| {
+            format!(
+                "preempted at step {} ({}); continues from there",
+                v.json["steps"],
+                v.stopped_by.as_deref().unwrap_or("a signal")
+            )
+        });
+    } else if !status.success() {
+        rec.state = TrialState::Failed;
+        rec.error = Some(failure_reason(
+            &run_dir,
+            &dir.join("logs").join(format!("{}.log", p.id)),
+            status.code(),
+        ));
+    }
+    rec
+}
+
+/// The results table (written, and printed), and the sweep's outcome: stopped, some trials
+/// failed, or done.
+fn conclude(
+    dir: &Path,
+    ledger: &Ledger,
+    s: &SweepConfig,
+    stopping: bool,
+    total: usize,
+) -> Result<String> {
+    let rows = rows(dir, ledger, s);
+    write_results(dir, &rows, &s.metric)?;
     let table = to_text(&rows, &s.metric);
     if stopping {
         crate::ui::out(&table);

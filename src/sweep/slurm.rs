@@ -32,13 +32,8 @@ pub fn refresh(dir: &Path, ledger: &Ledger, metric: &str) -> Result<Vec<String>>
         ) {
             continue;
         }
-        let summary: Option<serde_json::Value> =
-            fs::read_to_string(dir.join(&id).join("summary.json"))
-                .ok()
-                .and_then(|t| serde_json::from_str(&t).ok());
-        let status = summary
-            .as_ref()
-            .and_then(|s| s["status"].as_str().map(str::to_string));
+        let summary = crate::launch::SummaryFile::read(&dir.join(&id));
+        let status = summary.as_ref().map(|s| s.status.clone());
         let task = format!("{job}_{idx}");
         let slurm = match sl::query(&task) {
             Ok(s) => s,
@@ -63,7 +58,7 @@ pub fn refresh(dir: &Path, ledger: &Ledger, metric: &str) -> Result<Vec<String>>
         };
         next.state = match (status.as_deref(), &slurm) {
             (Some("finished"), _) => {
-                next.metric = summary.as_ref().and_then(|s| s[metric].as_f64());
+                next.metric = summary.as_ref().and_then(|s| s.number(metric));
                 next.exit = Some(0);
                 TrialState::Done
             }
@@ -74,7 +69,7 @@ pub fn refresh(dir: &Path, ledger: &Ledger, metric: &str) -> Result<Vec<String>>
             (Some("preempted"), _) => {
                 next.error = Some(format!(
                     "preempted at step {}; not queued any more (Slurm task {task}): submit the sweep again to continue it",
-                    summary.as_ref().map(|s| s["steps"].to_string()).unwrap_or_default()
+                    summary.as_ref().map(|s| s.json["steps"].to_string()).unwrap_or_default()
                 ));
                 TrialState::Preempted
             }
@@ -82,7 +77,7 @@ pub fn refresh(dir: &Path, ledger: &Ledger, metric: &str) -> Result<Vec<String>>
                 next.error = Some(
                     summary
                         .as_ref()
-                        .and_then(|s| s["error"].as_str())
+                        .and_then(|s| s.error.as_deref())
                         .map(|e| e.lines().next().unwrap_or("").to_string())
                         .unwrap_or_else(|| match st {
                             Some(st) => format!("Slurm task {task} ended {}", st.state),
@@ -132,33 +127,7 @@ pub fn submit(spec: &SweepSpec, parallel: Option<usize>) -> Result<String> {
     };
     super::scheduler::refuse_run_dir(&dir)?;
     // every trial as its job will run it, checked before anything is written
-    let nnodes = shape.nodes * shape.tasks_per_node;
-    let mut jobs = Vec::with_capacity(planned.len());
-    for p in &planned {
-        let mut r = p.resolved.clone();
-        r.config.launch.nnodes = nnodes;
-        r.config.launch.node_rank = 0;
-        if nnodes > 1 {
-            r.config.launch.token_file =
-                Some(dir.join(&p.id).join("slurm/token").display().to_string());
-        }
-        let named = |e: Error| {
-            Error::Usage(format!(
-                "sweep trial {} ({}) as a Slurm job of {nnodes} kiln node(s): {e}",
-                p.trial.index,
-                p.trial.describe()
-            ))
-        };
-        if nnodes > 1 && r.config.strategy.kind == config::StrategyKind::Single {
-            return Err(named(Error::Usage(
-                "strategy.kind = \"single\" runs in one process; use ddp or fsdp across nodes"
-                    .into(),
-            )));
-        }
-        config::validate(&r).map_err(|e| named(e.into()))?;
-        crate::launch::check(&r).map_err(named)?;
-        jobs.push(crate::launch::stored_config_for_elsewhere(&r));
-    }
+    let jobs = job_configs(&planned, shape, &dir)?;
     // the outermost directory this submission creates: removed again if sbatch refuses
     let created = crate::launch::first_missing(&dir);
     fs::create_dir_all(dir.join("logs"))
@@ -207,33 +176,9 @@ pub fn submit(spec: &SweepSpec, parallel: Option<usize>) -> Result<String> {
         ));
         return Ok(String::new());
     }
-    // each trial's run directory holds its job's config (and token) before the array starts;
-    // written on every submission, so a changed job shape applies to a trial resubmitted
     let mut made = Vec::new();
     let mut trials: Vec<(usize, PathBuf)> = Vec::new();
-    let mut prepare = || -> Result<()> {
-        for (p, job) in &todo {
-            let run = dir.join(&p.id);
-            if !run.exists() {
-                made.push(run.clone());
-            }
-            fs::create_dir_all(run.join("slurm"))
-                .map_err(|e| Error::io(format!("creating {}", run.display()), e))?;
-            if let Some(token) = &job.launch.token_file {
-                if !Path::new(token).exists() {
-                    sl::write_token(Path::new(token))?;
-                }
-            }
-            let cfg = run.join("config.toml");
-            let tmp = run.join("config.toml.tmp");
-            fs::write(&tmp, config::to_toml(job))
-                .and_then(|_| fs::rename(&tmp, &cfg))
-                .map_err(|e| Error::io(format!("writing {}", cfg.display()), e))?;
-            trials.push((p.trial.index, run));
-        }
-        Ok(())
-    };
-    let prepared = prepare();
+    let prepared = write_trials(&dir, &todo, &mut made, &mut trials);
     let n = fs::read_dir(dir.join("slurm"))
         .map(|d| d.count())
         .unwrap_or(0);
@@ -249,21 +194,13 @@ pub fn submit(spec: &SweepSpec, parallel: Option<usize>) -> Result<String> {
         Ok(id) => id,
         Err(e) => {
             // nothing submitted: take back what this call wrote
-            match &created {
-                Some(c) => {
-                    let _ = fs::remove_dir_all(c);
-                }
-                None => {
-                    let _ = fs::remove_file(&script_path);
-                    for d in &made {
-                        let _ = fs::remove_dir_all(d);
-                    }
-                    let _ = match &old_spec {
-                        Some(old) => fs::write(&spec_path, old),
-                        None => fs::remove_file(&spec_path),
-                    };
-                }
-            }
+            take_back(
+                created.as_deref(),
+                &script_path,
+                &made,
+                &spec_path,
+                old_spec.as_deref(),
+            );
             return Err(e);
         }
     };
@@ -285,4 +222,98 @@ pub fn submit(spec: &SweepSpec, parallel: Option<usize>) -> Result<String> {
         dir.display()
     ));
     Ok(id)
+}
+
+/// Every trial's config as its Slurm job runs it (`slurm.nodes` x `slurm.tasks_per_node` kiln
+/// nodes, a token file in its run directory), each checked as `kiln run` would.
+fn job_configs(
+    planned: &[Planned],
+    shape: &config::SlurmConfig,
+    dir: &Path,
+) -> Result<Vec<Config>> {
+    let nnodes = shape.nodes * shape.tasks_per_node;
+    let mut jobs = Vec::with_capacity(planned.len());
+    for p in planned {
+        let mut r = p.resolved.clone();
+        r.config.launch.nnodes = nnodes;
+        r.config.launch.node_rank = 0;
+        if nnodes > 1 {
+            r.config.launch.token_file =
+                Some(dir.join(&p.id).join("slurm/token").display().to_string());
+        }
+        let named = |e: Error| {
+            Error::Usage(format!(
+                "sweep trial {} ({}) as a Slurm job of {nnodes} kiln node(s): {e}",
+                p.trial.index,
+                p.trial.describe()
+            ))
+        };
+        if nnodes > 1 && r.config.strategy.kind == config::StrategyKind::Single {
+            return Err(named(Error::Usage(
+                "strategy.kind = \"single\" runs in one process; use ddp or fsdp across nodes"
+                    .into(),
+            )));
+        }
+        config::validate(&r).map_err(|e| named(e.into()))?;
+        crate::launch::check(&r).map_err(named)?;
+        jobs.push(crate::launch::stored_config_for_elsewhere(&r));
+    }
+    Ok(jobs)
+}
+
+/// Writes each trial's job config (and token) into its run directory before the array starts,
+/// on every submission (a changed job shape applies to a trial resubmitted); `made` gets the
+/// directories it created and `trials` each trial's index and directory, also on an error.
+fn write_trials(
+    dir: &Path,
+    todo: &[(&Planned, &Config)],
+    made: &mut Vec<PathBuf>,
+    trials: &mut Vec<(usize, PathBuf)>,
+) -> Result<()> {
+    for (p, job) in todo {
+        let run = dir.join(&p.id);
+        if !run.exists() {
+            made.push(run.clone());
+        }
+        fs::create_dir_all(run.join("slurm"))
+            .map_err(|e| Error::io(format!("creating {}", run.display()), e))?;
+        if let Some(token) = &job.launch.token_file {
+            if !Path::new(token).exists() {
+                sl::write_token(Path::new(token))?;
+            }
+        }
+        let cfg = run.join("config.toml");
+        let tmp = run.join("config.toml.tmp");
+        fs::write(&tmp, config::to_toml(job))
+            .and_then(|_| fs::rename(&tmp, &cfg))
+            .map_err(|e| Error::io(format!("writing {}", cfg.display()), e))?;
+        trials.push((p.trial.index, run));
+    }
+    Ok(())
+}
+
+/// Takes back what a submission that sbatch refused wrote: the directory it created, or its
+/// script, the trial directories it made and the spec as it was before.
+fn take_back(
+    created: Option<&Path>,
+    script_path: &Path,
+    made: &[PathBuf],
+    spec_path: &Path,
+    old_spec: Option<&[u8]>,
+) {
+    match created {
+        Some(c) => {
+            let _ = fs::remove_dir_all(c);
+        }
+        None => {
+            let _ = fs::remove_file(script_path);
+            for d in made {
+                let _ = fs::remove_dir_all(d);
+            }
+            let _ = match old_spec {
+                Some(old) => fs::write(spec_path, old),
+                None => fs::remove_file(spec_path),
+            };
+        }
+    }
 }

@@ -177,3 +177,43 @@ fn every_module_imports_only_lower_layers() {
         "LAYERS lists missing modules: {missing:?}"
     );
 }
+
+/// The `(module, layer)` rows of a Markdown layer table (`| N | \`a\`, \`b\` ... | ... |`),
+/// each line stripped of `prefix` first (`//! ` in a crate doc).
+fn documented_layers(text: &str, prefix: &str) -> BTreeSet<(String, u32)> {
+    let mut out = BTreeSet::new();
+    for line in text.lines() {
+        let line = line
+            .trim_start()
+            .strip_prefix(prefix)
+            .unwrap_or(line)
+            .trim();
+        let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+        let (Some(n), Some(mods)) = (cells.get(1), cells.get(2)) else {
+            continue;
+        };
+        let Ok(n) = n.parse::<u32>() else { continue };
+        for m in mods.split('`').skip(1).step_by(2) {
+            out.insert((m.to_string(), n));
+        }
+    }
+    out
+}
+
+#[test]
+fn the_documented_layers_are_the_tested_ones() {
+    let tested: BTreeSet<(String, u32)> = LAYERS.iter().map(|(m, l)| (m.to_string(), *l)).collect();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    for (file, prefix) in [("src/lib.rs", "//!"), ("docs/architecture.md", "")] {
+        let text = std::fs::read_to_string(root.join(file)).unwrap();
+        // `main` sits beside `cli`; it is not a module of the library
+        let documented: BTreeSet<(String, u32)> = documented_layers(&text, prefix)
+            .into_iter()
+            .filter(|(m, _)| m != "main")
+            .collect();
+        assert_eq!(
+            documented, tested,
+            "{file}'s layer table differs from tests/it/layers.rs's LAYERS"
+        );
+    }
+}

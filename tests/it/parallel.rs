@@ -94,12 +94,18 @@ impl Prepared {
             keep_params: true,
         }
     }
+
+    /// The job's NCCL variables exported (nothing to do on the CPU), as `launch::train` needs.
+    pub fn nccl(&self) -> kiln::launch::nccl_env::NcclEnv {
+        kiln::launch::nccl_env::export(&self.r.config, None, std::time::Duration::ZERO).unwrap()
+    }
 }
 
 pub fn train_task(task: &str, sets: &[&str]) -> Trained {
     let p = prepare(task, sets);
     let placement = backend::resolve(&p.r.config).unwrap();
-    let res = kiln::launch::train(&placement, &p.input(), None, None, &mut |_| {}).unwrap();
+    let res =
+        kiln::launch::train(&placement, &p.input(), None, None, &p.nccl(), &mut |_| {}).unwrap();
     let e = res.outcome.eval.unwrap();
     Trained {
         params: res.outcome.params,

@@ -152,7 +152,8 @@ fn step_ops(task: &str, sets: &[&str]) -> std::collections::BTreeMap<&'static st
     all.extend_from_slice(sets);
     let p = crate::parallel::prepare(task, &all);
     let placement = kiln::backend::resolve(&p.r.config).unwrap();
-    let res = kiln::launch::train(&placement, &p.input(), None, None, &mut |_| {}).unwrap();
+    let res =
+        kiln::launch::train(&placement, &p.input(), None, None, &p.nccl(), &mut |_| {}).unwrap();
     let mut ops = std::collections::BTreeMap::new();
     for s in &res.time[0].spans {
         if s.op.is_some() && s.step == 2 {

@@ -1,0 +1,469 @@
+//! `[data]`: where the samples come from and how they are loaded.
+
+use serde::{Deserialize, Serialize};
+
+use super::error::ConfigError;
+use super::load::Resolved;
+use super::validate::*;
+#[allow(unused_imports)]
+use super::*;
+
+/// Dataset source.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DataKind {
+    Synthetic,
+    Csv,
+    Idx,
+    Text,
+    /// nanoGPT's token files: little-endian `u16` (or `u32`) ids, mapped.
+    Tokens,
+}
+
+fn is_bytes(s: &String) -> bool {
+    s == "bytes"
+}
+
+/// `data.dtype`: the element type of a token file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TokenFileDtype {
+    U16,
+    U32,
+}
+
+/// `[data]`
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DataConfig {
+    /// `"synthetic"` (a learnable classification task from a fixed random teacher), `"csv"`,
+    /// `"idx"` (MNIST-style IDX image and label files, raw or `.gz`), `"text"` (any file as
+    /// byte-level tokens, for `model.kind = "gpt"`) or `"tokens"` (nanoGPT's token files,
+    /// memory-mapped, for `model.kind = "gpt"`). Default: `"synthetic"`.
+    pub kind: DataKind,
+    /// tokens: the file's element type, `"u16"` (nanoGPT's `prepare.py`) or `"u32"` (for
+    /// vocabularies over 65,535). Default: `"u16"`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dtype: Option<TokenFileDtype>,
+    /// text, tokens: `"bytes"` (each byte a token), `"gpt2"` (GPT-2's BPE) or the path of a
+    /// Hugging Face `tokenizer.json`; text files are tokenized with it as they load, and
+    /// `kiln sample` encodes the prompt and decodes the output with it (a token file's ids must
+    /// come from it: `kiln tokenize`). Default: `"bytes"`.
+    #[serde(skip_serializing_if = "is_bytes")]
+    pub tokenizer: String,
+    /// synthetic: training samples. Default: `1000`.
+    pub samples: usize,
+    /// synthetic: evaluation samples (drawn from the same teacher). Default: `200`.
+    pub eval_samples: usize,
+    /// synthetic: features per sample. Default: `1000`.
+    pub features: usize,
+    /// synthetic: make every sample an image of shape `[C, H, W]` (its C*H*W values replace
+    /// `features`). Default: `[]` (flat samples of `features` values).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub image: Vec<usize>,
+    /// synthetic: make every sample a window of `model.block_size + 1` random tokens in
+    /// 0..tokens (for gpt benchmarks). Default: unset.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tokens: Option<usize>,
+    /// Number of classes (csv: labels must be integers in 0..classes). Default: `10`.
+    pub classes: usize,
+    /// synthetic: seed of the teacher and the samples. Default: `0`.
+    pub seed: u64,
+    /// csv: training file; idx: training images. Relative to the experiment file that sets it.
+    /// No default.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    /// csv: evaluation file; idx: evaluation images (optional). Relative to the experiment file
+    /// that sets it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub eval_path: Option<String>,
+    /// idx: training labels (IDX1). Relative to the experiment file that sets it. No default.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub labels_path: Option<String>,
+    /// idx: evaluation labels, with `eval_path`. Relative to the experiment file that sets it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub eval_labels_path: Option<String>,
+    /// idx: `[mean, std]` applied to pixels after scaling them to [0, 1]. Default: `[]` (none).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub normalize: Vec<f64>,
+    /// text, tokens: tokens between the starts of consecutive training windows (each window is
+    /// `model.block_size + 1` tokens). Default: `model.block_size`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stride: Option<usize>,
+    /// text, tokens: the fraction at the end of the file held out for evaluation, in [0, 1)
+    /// (tokens: without `data.eval_path`). Default: `0.1`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub eval_fraction: Option<f64>,
+    /// csv: the label column, by header name or 0-based index (a string or an integer).
+    /// Default: `"label"`.
+    #[serde(deserialize_with = "name_or_index")]
+    pub label_column: String,
+    /// csv: whether the first line is a header. Default: `true`.
+    pub header: bool,
+    /// Loader threads of each rank that assemble the next micro-batches while the rank computes
+    /// (torch `DataLoader(num_workers=N)`); 0 assembles them on the rank's own thread, between
+    /// steps. They come out of the rank's share of the cores. The samples and every loss are the
+    /// same for any value. Default: `0`.
+    pub workers: usize,
+    /// With `workers` > 0: micro-batches each rank has assembled or in assembly ahead of the one
+    /// it computes on (torch `prefetch_factor`, but per rank rather than per worker). Default:
+    /// `2`.
+    pub prefetch: usize,
+    /// `[data.augment]`: random transformations of training images (samples of shape
+    /// `[C, H, W]`), drawn by (experiment seed, epoch, sample index), so the same under any
+    /// number of workers or ranks and across a resume. Evaluation data is never augmented.
+    /// Default: unset (none).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub augment: Option<AugmentConfig>,
+}
+
+/// `[data.augment]`, torchvision's `RandomCrop(size, padding)` then `RandomHorizontalFlip()`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct AugmentConfig {
+    /// Pads each side of the image by this many pixels (with the value of a black pixel, after
+    /// `data.normalize`) and crops a window of the original size at a random offset; 0 off.
+    /// Default: `0`.
+    pub random_crop: usize,
+    /// Mirrors the image left to right with probability 1/2. Default: `false`.
+    pub hflip: bool,
+}
+
+impl Default for DataConfig {
+    fn default() -> Self {
+        DataConfig {
+            kind: DataKind::Synthetic,
+            dtype: None,
+            tokenizer: "bytes".into(),
+            samples: 1000,
+            eval_samples: 200,
+            features: 1000,
+            image: Vec::new(),
+            tokens: None,
+            classes: 10,
+            seed: 0,
+            path: None,
+            eval_path: None,
+            labels_path: None,
+            eval_labels_path: None,
+            normalize: Vec::new(),
+            stride: None,
+            eval_fraction: None,
+            label_column: "label".into(),
+            header: true,
+            workers: 0,
+            prefetch: 2,
+            augment: None,
+        }
+    }
+}
+
+/// A column given by name (`"label"`) or 0-based index (`0` or `"0"`).
+fn name_or_index<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum V {
+        Name(String),
+        Index(u64),
+    }
+    V::deserialize(d)
+        .map(|v| match v {
+            V::Name(s) => s,
+            V::Index(i) => i.to_string(),
+        })
+        .map_err(|_| {
+            serde::de::Error::custom("expected a column name (string) or a 0-based index (integer)")
+        })
+}
+
+impl DataConfig {
+    /// The source: its files exist, its keys go with its kind, its shapes are sizes.
+    pub(super) fn check(&self, r: &Resolved) -> Result<(), ConfigError> {
+        at_least(r, "data.classes", self.classes, 2)?;
+        match self.normalize.as_slice() {
+            [] => {}
+            [mean, std] if *std > 0.0 && std.is_finite() && mean.is_finite() => {}
+            other => {
+                return Err(r.key_error(
+                    "data.normalize",
+                    format!(
+                        "`data.normalize` = {other:?} is not [mean, std] with std > 0, both finite"
+                    ),
+                    Some("e.g. normalize = [0.1307, 0.3081], or leave it out".into()),
+                ))
+            }
+        }
+        if self.tokenizer != "bytes" && !matches!(self.kind, DataKind::Text | DataKind::Tokens) {
+            return Err(r.key_error(
+                "data.tokenizer",
+                format!(
+                    "`data.tokenizer` tokenizes text for a language model, but `data.kind` = \"{}\"",
+                    choice_name(&self.kind)
+                ),
+                Some("remove it, or use `data.kind = \"text\"` (or \"tokens\")".into()),
+            ));
+        }
+        let tok = self.tokenizer.as_str();
+        if !matches!(tok, "bytes" | "gpt2") && !r.path_of("data.tokenizer", tok).is_file() {
+            let near = closest(tok, &["bytes", "gpt2"])
+                .map(|k| format!("did you mean \"{k}\"? "))
+                .unwrap_or_default();
+            return Err(r.key_error(
+                "data.tokenizer",
+                format!(
+                    "`data.tokenizer` = \"{tok}\" is neither \"bytes\", \"gpt2\" nor a tokenizer.json file (`{}` not found)",
+                    r.path_of("data.tokenizer", tok).display()
+                ),
+                Some(format!(
+                    "{near}a tokenizer.json path is relative to the experiment file that sets it"
+                )),
+            ));
+        }
+        if self.dtype.is_some() && self.kind != DataKind::Tokens {
+            return Err(r.key_error(
+                "data.dtype",
+                "`data.dtype` is the element type of a token file (`data.kind = \"tokens\"`)"
+                    .into(),
+                Some("remove it, or set `data.kind = \"tokens\"`".into()),
+            ));
+        }
+        self.check_kind(r)?;
+        Ok(())
+    }
+}
+
+impl DataConfig {
+    /// What `data.kind` needs: its files (existing), its keys and its shapes.
+    fn check_kind(&self, r: &Resolved) -> Result<(), ConfigError> {
+        let c = &r.config;
+        match self.kind {
+            DataKind::Synthetic => {
+                at_least(r, "data.samples", self.samples, 1)?;
+                at_least(r, "data.features", self.features, 1)?;
+                // the synthetic data is drawn in memory: at most 2^32 values (16 GiB)
+                let values =
+                    (self.samples as u128 + self.eval_samples as u128) * self.features as u128;
+                if values > 1u128 << 32 {
+                    return Err(r.key_error(
+                        "data.samples",
+                        format!(
+                            "(data.samples {} + data.eval_samples {}) x data.features {} = {values} values ({} bytes) is more synthetic data than kiln draws (at most 2^32 values)",
+                            self.samples, self.eval_samples, self.features, values * 4
+                        ),
+                        Some("use fewer samples or features".into()),
+                    ));
+                }
+                if let Some(t) = self.tokens {
+                    at_least(r, "data.tokens", t, 1)?;
+                } else if !self.image.is_empty() {
+                    if self.image.len() != 3 || self.image.contains(&0) {
+                        return Err(r.key_error(
+                            "data.image",
+                            format!("`data.image` = {:?} is not an image shape", self.image),
+                            Some("give [channels, height, width], each at least 1".into()),
+                        ));
+                    }
+                } else if c.model.kind == "mlp" && self.features != c.model.input_size {
+                    return Err(r.key_error(
+                        "model.input_size",
+                        format!(
+                            "`model.input_size` = {} does not match `data.features` = {}",
+                            c.model.input_size, self.features
+                        ),
+                        Some("set both to the same number of features".into()),
+                    ));
+                }
+            }
+            DataKind::Csv => {
+                if self.path.is_none() {
+                    return Err(r.key_error(
+                        "data.kind",
+                        "`data.kind` = \"csv\" needs `data.path`".into(),
+                        Some(
+                            "add `path = \"train.csv\"` to [data] (relative to the experiment file)"
+                                .into(),
+                        ),
+                    ));
+                }
+                files_exist(
+                    r,
+                    &[
+                        ("data.path", &self.path),
+                        ("data.eval_path", &self.eval_path),
+                    ],
+                )?;
+            }
+            DataKind::Text | DataKind::Tokens => self.check_text(r)?,
+            DataKind::Idx => self.check_idx(r)?,
+        }
+        Ok(())
+    }
+
+    /// A text or token file: `data.path`, and how the evaluation data is held out.
+    fn check_text(&self, r: &Resolved) -> Result<(), ConfigError> {
+        let (kind, example) = match self.kind {
+            DataKind::Text => ("text", "corpus.txt"),
+            _ => ("tokens", "train.bin"),
+        };
+        if self.path.is_none() {
+            return Err(r.key_error(
+                "data.kind",
+                format!("`data.kind` = \"{kind}\" needs `data.path`"),
+                Some(format!(
+                    "add `path = \"{example}\"` to [data] (relative to the experiment file)"
+                )),
+            ));
+        }
+        if self.kind == DataKind::Tokens {
+            files_exist(
+                r,
+                &[
+                    ("data.path", &self.path),
+                    ("data.eval_path", &self.eval_path),
+                ],
+            )?;
+            if self.eval_path.is_some() && self.eval_fraction.is_some() {
+                return Err(r.key_error(
+                    "data.eval_fraction",
+                    "`data.eval_fraction` holds out the end of `data.path`, but `data.eval_path` is set too".into(),
+                    Some("keep one of them".into()),
+                ));
+            }
+        } else {
+            files_exist(r, &[("data.path", &self.path)])?;
+            if self.eval_path.is_some() {
+                return Err(r.key_error(
+                    "data.eval_path",
+                    "`data.kind` = \"text\" holds out the end of `data.path` (`data.eval_fraction`); it has no `data.eval_path`".into(),
+                    Some("remove `data.eval_path`, or `kiln tokenize` both files and use `data.kind = \"tokens\"`".into()),
+                ));
+            }
+        }
+        if let Some(f) = self.eval_fraction {
+            if !(0.0..1.0).contains(&f) {
+                return Err(r.key_error(
+                    "data.eval_fraction",
+                    format!("`data.eval_fraction` = {f} is out of range: must be in [0, 1)"),
+                    None,
+                ));
+            }
+        }
+        if self.stride == Some(0) {
+            return Err(r.key_error(
+                "data.stride",
+                "`data.stride` = 0 is out of range: must be at least 1".into(),
+                None,
+            ));
+        }
+        Ok(())
+    }
+
+    /// IDX files: images and labels, and both evaluation files or neither.
+    fn check_idx(&self, r: &Resolved) -> Result<(), ConfigError> {
+        for (key, value, what) in [
+            (
+                "data.path",
+                &self.path,
+                "path = \"train-images-idx3-ubyte.gz\"",
+            ),
+            (
+                "data.labels_path",
+                &self.labels_path,
+                "labels_path = \"train-labels-idx1-ubyte.gz\"",
+            ),
+        ] {
+            if value.is_none() {
+                return Err(r.key_error(
+                    "data.kind",
+                    format!("`data.kind` = \"idx\" needs `{key}`"),
+                    Some(format!(
+                        "add `{what}` to [data] (relative to the experiment file)"
+                    )),
+                ));
+            }
+        }
+        if self.eval_path.is_some() != self.eval_labels_path.is_some() {
+            let (key, missing) = if self.eval_path.is_some() {
+                ("data.eval_path", "data.eval_labels_path")
+            } else {
+                ("data.eval_labels_path", "data.eval_path")
+            };
+            return Err(r.key_error(
+                key,
+                format!("`{key}` needs `{missing}` too"),
+                Some("give both evaluation files, or neither".into()),
+            ));
+        }
+        files_exist(
+            r,
+            &[
+                ("data.path", &self.path),
+                ("data.labels_path", &self.labels_path),
+                ("data.eval_path", &self.eval_path),
+                ("data.eval_labels_path", &self.eval_labels_path),
+            ],
+        )?;
+        Ok(())
+    }
+
+    /// Loader threads, prefetch depth and image augmentation.
+    pub(super) fn check_loader(&self, r: &Resolved) -> Result<(), ConfigError> {
+        let d = self;
+        if d.workers > 64 {
+            return Err(r.key_error(
+                "data.workers",
+                format!(
+                    "`data.workers` = {} is out of range: at most 64 loader threads per rank",
+                    d.workers
+                ),
+                None,
+            ));
+        }
+        if d.workers > 0 {
+            at_least(r, "data.prefetch", d.prefetch, 1)?;
+        }
+        if d.prefetch > 1024 {
+            return Err(r.key_error(
+                "data.prefetch",
+                format!(
+                    "`data.prefetch` = {} is out of range: at most 1024 micro-batches ahead",
+                    d.prefetch
+                ),
+                None,
+            ));
+        }
+        if let Some(a) = &d.augment {
+            if a.random_crop > 4096 {
+                return Err(r.key_error(
+                    "data.augment.random_crop",
+                    format!(
+                        "`data.augment.random_crop` = {} is out of range: at most 4096 pixels of padding",
+                        a.random_crop
+                    ),
+                    None,
+                ));
+            }
+            let images = match d.kind {
+                DataKind::Idx => true,
+                DataKind::Synthetic => d.image.len() == 3 && d.tokens.is_none(),
+                DataKind::Csv | DataKind::Text | DataKind::Tokens => false,
+            };
+            if !images {
+                return Err(r.key_error(
+                    "data.augment",
+                    format!(
+                        "`data.augment` transforms images, but `data.kind` = \"{}\" gives {}",
+                        crate::config::choice_name(&d.kind),
+                        if matches!(d.kind, DataKind::Text | DataKind::Tokens) || d.tokens.is_some() {
+                            "token windows"
+                        } else {
+                            "flat feature rows"
+                        }
+                    ),
+                    Some("remove [data.augment], or use images (`data.kind = \"idx\"`, or synthetic `data.image = [C, H, W]`)".into()),
+                ));
+            }
+        }
+        Ok(())
+    }
+}

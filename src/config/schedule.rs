@@ -1,0 +1,70 @@
+//! `[schedule]`: the learning-rate schedule.
+
+use serde::{Deserialize, Serialize};
+
+use super::error::ConfigError;
+use super::load::Resolved;
+use super::validate::*;
+#[allow(unused_imports)]
+use super::*;
+
+/// Learning-rate schedule shape.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ScheduleKind {
+    Constant,
+    Step,
+    Cosine,
+}
+
+/// `[schedule]`
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ScheduleConfig {
+    /// constant, step or cosine. Default: `"constant"`.
+    pub kind: ScheduleKind,
+    /// Linear warm-up from 0 to `optim.lr` over this many steps. Default: `0`.
+    pub warmup_steps: usize,
+    /// step: multiply the lr by `gamma` every `step_size` steps. Default: `100`.
+    pub step_size: usize,
+    /// step: decay factor. Default: `0.1`.
+    pub gamma: f64,
+    /// cosine: the lr reached at the last step. Default: `0.0`.
+    pub min_lr: f64,
+}
+
+impl Default for ScheduleConfig {
+    fn default() -> Self {
+        ScheduleConfig {
+            kind: ScheduleKind::Constant,
+            warmup_steps: 0,
+            step_size: 100,
+            gamma: 0.1,
+            min_lr: 0.0,
+        }
+    }
+}
+
+impl ScheduleConfig {
+    /// Step size, decay and a floor no higher than `optim.lr`.
+    pub(super) fn check(&self, r: &Resolved) -> Result<(), ConfigError> {
+        let c = &r.config;
+        let (s, o) = (self, &c.optim);
+        at_least(r, "schedule.step_size", s.step_size, 1)?;
+        in_range(
+            r,
+            "schedule.gamma",
+            s.gamma,
+            s.gamma > 0.0,
+            "greater than 0",
+        )?;
+        in_range(
+            r,
+            "schedule.min_lr",
+            s.min_lr,
+            s.min_lr >= 0.0 && s.min_lr <= o.lr,
+            "in [0, optim.lr]",
+        )?;
+        Ok(())
+    }
+}

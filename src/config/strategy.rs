@@ -1,0 +1,203 @@
+//! `[strategy]`: how the ranks split the work (single, dp, ddp, fsdp).
+
+use serde::{Deserialize, Serialize};
+
+use super::error::ConfigError;
+use super::load::Resolved;
+use super::validate::*;
+#[allow(unused_imports)]
+use super::*;
+
+/// Parallel strategy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StrategyKind {
+    /// One device.
+    Single,
+    /// torch DataParallel: one optimizer on the main device, replicas every step.
+    Dp,
+    /// torch DistributedDataParallel: one optimizer per rank, gradients averaged by all-reduce.
+    Ddp,
+    /// torch FullyShardedDataParallel: parameters, gradients and optimizer state sharded.
+    Fsdp,
+}
+
+/// `strategy.devices`: a count or a list of device ordinals.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Devices {
+    Count(usize),
+    List(Vec<usize>),
+}
+
+impl Devices {
+    /// Ranks on this node.
+    pub fn count(&self) -> usize {
+        match self {
+            Devices::Count(n) => *n,
+            Devices::List(l) => l.len(),
+        }
+    }
+
+    /// The device ordinal of each rank, given how many devices exist (`count` wraps around).
+    pub fn ordinals(&self, available: usize) -> Vec<usize> {
+        match self {
+            Devices::Count(n) => (0..*n).map(|r| r % available.max(1)).collect(),
+            Devices::List(l) => l.clone(),
+        }
+    }
+}
+
+/// `strategy.collective`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CollectiveKind {
+    Auto,
+    Host,
+    Nccl,
+}
+
+/// `backend.autotune`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AutotuneLevel {
+    Minimal,
+    Balanced,
+    Extensive,
+    Full,
+}
+
+/// fsdp: what is sharded (torch `ShardingStrategy`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Sharding {
+    /// FULL_SHARD (ZeRO-3): parameters, gradients and optimizer state.
+    Full,
+    /// SHARD_GRAD_OP (ZeRO-2): gradients and optimizer state; parameters stay whole.
+    GradOp,
+    /// NO_SHARD: nothing (like ddp).
+    None,
+}
+
+/// Where a device backend keeps the parameters and optimizer state between steps (torch FSDP
+/// `CPUOffload`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Offload {
+    /// On the device, where the update runs: a step moves no parameter or optimizer state
+    /// across the host boundary.
+    None,
+    /// On the host, where the optimizer runs: parameters are uploaded for each forward and
+    /// gradients read back (saves device memory, costs transfers). The same numbers.
+    Cpu,
+}
+
+/// fsdp: what is flattened and gathered together.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FsdpUnit {
+    /// The whole model is one flat unit.
+    Model,
+    /// Each top-level layer is its own unit, gathered one at a time.
+    Layer,
+}
+
+/// `[strategy]`
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StrategyConfig {
+    /// single, dp, ddp or fsdp. Default: `"single"`.
+    pub kind: StrategyKind,
+    /// Devices (ranks) on this node: a count, or (CUDA) a list of GPU ordinals such as `[0, 1]`.
+    /// CPU devices are virtual, one thread each. Default: `1`.
+    pub devices: Devices,
+    /// How ranks communicate: auto, host (shared memory; on CUDA host-staged) or nccl (CUDA).
+    /// `auto` is nccl on CUDA when every rank has its own GPU, else host. Default: `"auto"`.
+    pub collective: CollectiveKind,
+    /// Seconds a collective op waits for every rank before failing. Default: `300`.
+    pub timeout_secs: u64,
+    /// ddp: gradients are all-reduced in buckets of at most this many MiB. Default: `25`.
+    pub bucket_cap_mb: f64,
+    /// ddp: skip communication on accumulation micro-steps before the last (torch `no_sync`).
+    /// Default: `true`.
+    pub no_sync: bool,
+    /// ddp and fsdp: communication runs on a thread beside the compute (ddp all-reduces each
+    /// unit's buckets as soon as its backward is done, fsdp prefetches the next unit's
+    /// all-gather and reduce-scatters behind the backward); over NCCL the ops run on NCCL's own
+    /// CUDA stream instead of a thread. `false` runs every op where the step reaches it, for
+    /// comparison and debugging. Results are the same bits either way. Default: `true`.
+    pub overlap: bool,
+    /// fsdp: full, grad_op or none. Default: `"full"`.
+    pub sharding: Sharding,
+    /// fsdp: model or layer. Default: `"model"`.
+    pub unit: FsdpUnit,
+    /// Device backends (cuda, wgpu): none (parameters and optimizer state stay on the device)
+    /// or cpu (kept on the host, like torch's CPU offload). Nothing changes on the CPU.
+    /// Default: `"none"`.
+    pub offload: Offload,
+    /// dp, ddp and fsdp: the dtype gradients are reduced in, f32, bf16 or f16 (torch FSDP's
+    /// `reduce_dtype`). Each unit's gradient is rounded to it as it comes out of the backward
+    /// (still loss-scaled under f16), so the reduction sums the values a reduction in that
+    /// dtype would send; the sum itself is taken in f32 and the collectives carry f32 (no
+    /// bytes saved yet).
+    /// Default: `"f32"`.
+    pub reduce_dtype: Precision,
+}
+
+impl Default for StrategyConfig {
+    fn default() -> Self {
+        StrategyConfig {
+            kind: StrategyKind::Single,
+            devices: Devices::Count(1),
+            collective: CollectiveKind::Auto,
+            timeout_secs: 300,
+            bucket_cap_mb: 25.0,
+            no_sync: true,
+            overlap: true,
+            sharding: Sharding::Full,
+            unit: FsdpUnit::Model,
+            offload: Offload::None,
+            reduce_dtype: Precision::F32,
+        }
+    }
+}
+
+impl StrategyConfig {
+    /// Devices and buckets; `single` has one device and no reduction dtype.
+    pub(super) fn check(&self, r: &Resolved) -> Result<(), ConfigError> {
+        let st = self;
+        at_least(r, "strategy.devices", st.devices.count(), 1)?;
+        at_least(r, "strategy.timeout_secs", st.timeout_secs as usize, 1)?;
+        in_range(
+            r,
+            "strategy.bucket_cap_mb",
+            st.bucket_cap_mb,
+            st.bucket_cap_mb > 0.0,
+            "greater than 0",
+        )?;
+        if st.kind == StrategyKind::Single && st.devices.count() > 1 {
+            return Err(r.key_error(
+                "strategy.devices",
+                format!(
+                    "`strategy.devices` = {} but `strategy.kind` = \"single\" uses one device",
+                    st.devices.count()
+                ),
+                Some(
+                    "set `strategy.kind = \"ddp\"` (or \"dp\") to train on several devices".into(),
+                ),
+            ));
+        }
+
+        if st.kind == StrategyKind::Single && st.reduce_dtype != Precision::F32 {
+            return Err(r.key_error(
+                "strategy.reduce_dtype",
+                format!(
+                    "`strategy.reduce_dtype` = \"{}\" sets the dtype of the gradient reduction, which `strategy.kind` = \"single\" does not have",
+                    choice_name(&st.reduce_dtype)
+                ),
+                Some("remove it, or use dp, ddp or fsdp".into()),
+            ));
+        }
+        Ok(())
+    }
+}

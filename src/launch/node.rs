@@ -1,0 +1,156 @@
+//! A node of a multi-node job (`launch.nnodes` > 1): it prepares, joins the rendezvous, agrees
+//! with node 0 on the run directory and the checkpoint to continue from, and trains. With
+//! `launch.max_restarts` > 0 the process is the node's agent (`agent.rs`), and this worker runs
+//! as its child.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use super::execute::{execute, take_run_dir};
+use super::prepare::Prepared;
+use super::resume::{prepare_resume, Resumption};
+use super::run_dir::{claim_run_dir, lock_run_dir, newest_unfinished};
+use crate::config::{Config, Resolved};
+use crate::error::{Error, Result};
+use crate::ui;
+
+/// Where a multi-node job runs (node 0 decides; the other nodes follow what it publishes).
+pub(super) enum Target {
+    /// A new run: in this directory (which must not hold a run), or the next free one.
+    New(Option<PathBuf>),
+    /// `--resume`: the newest unfinished run of the experiment, else a new one.
+    Newest,
+    /// `kiln resume DIR [--from step-N]`.
+    Dir(PathBuf, Option<String>),
+}
+
+/// Node 0's run directory, whether it continues a run there, and from which checkpoint
+/// (`None`: the newest verified one). Within a job with restarts the agent has fixed the
+/// directory (`KILN_WORKER_RUN_DIR`) and later rounds always continue.
+pub(super) fn node0_dir(
+    target: &Target,
+    c: &Config,
+    round: usize,
+) -> Result<(PathBuf, bool, Option<String>)> {
+    // a worker under its agent: the agent chose (and holds) the directory
+    if let Some(d) = std::env::var_os("KILN_WORKER_RUN_DIR") {
+        let d = PathBuf::from(d);
+        let started = d.join("config.toml").is_file();
+        let (resume, from) = match target {
+            _ if round > 0 => (true, None),
+            Target::Dir(_, from) => (true, from.clone()),
+            Target::Newest => (started, None),
+            Target::New(_) => (false, None),
+        };
+        return Ok((d, resume, from));
+    }
+    let out = Path::new(&c.experiment.output_dir);
+    Ok(match target {
+        Target::New(Some(d)) => {
+            take_run_dir(d)?;
+            (d.clone(), false, None)
+        }
+        Target::New(None) => (claim_run_dir(out, &c.experiment.name)?.0, false, None),
+        Target::Newest => match newest_unfinished(out, &c.experiment.name) {
+            Some(d) => {
+                lock_run_dir(&d)?;
+                (d, true, None)
+            }
+            None => (claim_run_dir(out, &c.experiment.name)?.0, false, None),
+        },
+        Target::Dir(d, from) => {
+            lock_run_dir(d)?;
+            (d.clone(), true, from.clone())
+        }
+    })
+}
+
+/// One node of a multi-node job. With `launch.max_restarts` > 0 this process is the node's
+/// agent: it runs the node's worker as a child and restarts the whole job (every node's agent
+/// does the same) from the newest verified checkpoint when a worker dies.
+pub(super) fn run_node(r: &Resolved, target: &Target, quiet: bool) -> Result<()> {
+    let c = &r.config;
+    // bad input stops this node before it claims a directory or joins the job
+    let prepared = Prepared::new(r, matches!(target, Target::Dir(..)))?;
+    let (token, generated) =
+        crate::launch::rendezvous::token(c, std::env::var("KILN_JOB_TOKEN").ok())
+            .map_err(Error::Usage)?;
+    if generated {
+        ui::note(&format!(
+            "job token: {token}\n  = give it to the other nodes: KILN_JOB_TOKEN={token}"
+        ));
+    }
+    match std::env::var("KILN_WORKER_ROUND")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+    {
+        Some(round) => node_worker(target, quiet, r, &token, round, prepared),
+        None if c.launch.max_restarts > 0 => {
+            // the agent trains nothing: its worker prepares again in its own process
+            drop(prepared);
+            super::agent::node_agent(target, c, &token)
+        }
+        None => node_worker(target, quiet, r, &token, 0, prepared),
+    }
+}
+
+/// The worker of restart round `round`: rendezvous, agree on the run directory (node 0 picks
+/// it) and, after a restart, on the checkpoint to continue from; train.
+fn node_worker(
+    target: &Target,
+    quiet: bool,
+    r: &Resolved,
+    token: &str,
+    round: usize,
+    prepared: Prepared,
+) -> Result<()> {
+    let c = &r.config;
+    // node 0 checks its directory before it serves the store: bad input stops it early
+    let chosen = if c.launch.node_rank == 0 {
+        Some(node0_dir(target, c, round)?)
+    } else {
+        None
+    };
+    let mut job = crate::launch::rendezvous::join(c, c.strategy.devices.count(), token, round)?;
+    let t = std::time::Duration::from_secs(c.launch.rendezvous_timeout_secs);
+    let (run_dir, resume) = if let Some((dir, resuming, from)) = chosen {
+        fs::create_dir_all(&dir)
+            .map_err(|e| Error::io(format!("creating run directory {}", dir.display()), e))?;
+        let abs = dir.canonicalize().unwrap_or(dir);
+        let resume = if resuming {
+            Some(prepare_resume(&abs, r, from.as_deref(), quiet)?)
+        } else {
+            None
+        };
+        let from = resume
+            .as_ref()
+            .and_then(|res| res.from.as_ref())
+            .map(|(p, _)| p.display().to_string())
+            .unwrap_or_default();
+        job.client.set("resume_from", &from)?;
+        job.client.set("run_dir", &abs.display().to_string())?;
+        (abs, resume)
+    } else {
+        let keys = ["run_dir".to_string(), "resume_from".to_string()];
+        let v = match job.client.wait(&keys, t)? {
+            Ok(v) => v,
+            Err(_) => {
+                return Err(Error::Usage(
+                    "node 0 never published the run directory".into(),
+                ))
+            }
+        };
+        let resume = match v.get(1).filter(|p| !p.is_empty()) {
+            Some(p) => Some(Resumption {
+                from: Some((
+                    PathBuf::from(p),
+                    crate::checkpoint::read_state(Path::new(p)).map_err(Error::Checkpoint)?,
+                )),
+            }),
+            None if round > 0 => Some(Resumption { from: None }),
+            None => None,
+        };
+        (PathBuf::from(&v[0]), resume)
+    };
+    execute(r, &run_dir, resume, quiet, Some(job), Some(prepared))
+}
