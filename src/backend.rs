@@ -49,15 +49,15 @@ macro_rules! resolved {
         /// The concrete backend a config resolves to: one per entry of
         /// `model::for_each_backend!`.
         #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-        pub enum Resolved {
+        pub enum BackendKind {
             $($(#[$a])* $v,)*
         }
 
-        impl Resolved {
+        impl BackendKind {
             /// Its name in logs and `summary.json` (`flex`, `cuda`, `wgpu`).
             pub fn name(&self) -> &'static str {
                 match self {
-                    $($(#[$a])* Resolved::$v => $name,)*
+                    $($(#[$a])* BackendKind::$v => $name,)*
                 }
             }
         }
@@ -77,7 +77,7 @@ pub enum CommKind {
 /// Backend, rank devices and collective of a run.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Placement {
-    pub backend: Resolved,
+    pub backend: BackendKind,
     /// The device ordinal of each rank (0 for CPU ranks).
     pub ordinals: Vec<usize>,
     pub collective: CommKind,
@@ -92,11 +92,11 @@ pub fn resolve(c: &Config) -> Result<Placement, BackendError> {
     match c.backend.device {
         Device::Cpu => Ok(Placement {
             backend: match c.backend.cpu {
-                CpuBackend::Ndarray => Resolved::Ndarray,
-                CpuBackend::Flex => Resolved::Flex,
+                CpuBackend::Ndarray => BackendKind::Ndarray,
+                CpuBackend::Flex => BackendKind::Flex,
                 CpuBackend::Auto => match AUTO_CPU {
-                    CpuBackend::Ndarray => Resolved::Ndarray,
-                    _ => Resolved::Flex,
+                    CpuBackend::Ndarray => BackendKind::Ndarray,
+                    _ => BackendKind::Flex,
                 },
             },
             ordinals: vec![0; world],
@@ -151,7 +151,7 @@ fn wgpu_placement(c: &Config, world: usize) -> Result<Placement, BackendError> {
         }
     }
     Ok(Placement {
-        backend: Resolved::Wgpu,
+        backend: BackendKind::Wgpu,
         ordinals: vec![0; world],
         collective: CommKind::Host,
         note: (world > 1)
@@ -304,9 +304,9 @@ pub fn place_on_gpus(c: &Config, world: usize, gpus: usize) -> Result<Placement,
         (CollectiveKind::Host, _) => (CommKind::Host, Some("collective: host-staged (strategy.collective = \"host\")".into())),
     };
     #[cfg(feature = "cuda")]
-    let backend = Resolved::Cuda;
+    let backend = BackendKind::Cuda;
     #[cfg(not(feature = "cuda"))]
-    let backend = Resolved::Flex;
+    let backend = BackendKind::Flex;
     Ok(Placement {
         backend,
         ordinals,

@@ -405,11 +405,11 @@ pub struct State {
     pub kiln_version: String,
     /// Where `train.early_stopping` stands at this step.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub early_stopping: Option<Watched>,
+    pub early_stopping: Option<WatchState>,
     /// The best checkpoint so far (`checkpoint.keep_best`): retention keeps it, `--from best`
     /// names it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub best: Option<Watched>,
+    pub best: Option<WatchState>,
     /// f16's dynamic loss scale at this step (`backend.precision = "f16"`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub loss_scale: Option<LossScaleState>,
@@ -430,7 +430,7 @@ pub struct LossScaleState {
 /// A watched evaluation metric: its best value, where it was reached, and the evaluations
 /// since then that did not improve on it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Watched {
+pub struct WatchState {
     pub metric: String,
     /// "min" or "max".
     pub mode: String,

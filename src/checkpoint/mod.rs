@@ -10,7 +10,7 @@ pub mod tensors;
 
 pub use format::{
     encode_files, DataPosition, Layout, LossScaleState, Manifest, OptState, OptimizerInfo,
-    RngState, SchedulerInfo, ShardUnit, State, Watched, FORMAT,
+    RngState, SchedulerInfo, ShardUnit, State, WatchState, FORMAT,
 };
 pub use retention::to_delete;
 pub use store::{load, read_state, step_of, verify, CheckpointError, Entry, Loaded, Store};

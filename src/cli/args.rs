@@ -90,13 +90,21 @@ pub struct ConfigArgs {
     /// Override a key, e.g. `--set optim.lr=3e-3` (the value is parsed as TOML).
     #[arg(long = "set", value_name = "KEY=VALUE")]
     pub sets: Vec<String>,
+    /// The command's own flags that set config keys (`--nnodes`), typed: the top layer.
+    #[arg(skip)]
+    pub flags: Vec<config::Flag>,
 }
 
 impl ConfigArgs {
     /// Resolves the config from the file, the `KILN_` environment and the `--set` flags.
     pub fn resolve(&self) -> Result<Resolved> {
         let env: Vec<(String, String)> = std::env::vars().collect();
-        Ok(config::load(&self.file, &env, &self.sets)?)
+        Ok(config::load_with_flags(
+            &self.file,
+            &env,
+            &self.sets,
+            &self.flags,
+        )?)
     }
 }
 

@@ -29,7 +29,11 @@ pub struct ResumeArgs {
 }
 
 pub fn resume(a: &ResumeArgs) -> Result<()> {
-    let mut sets = a.sets.clone();
-    sets.extend(a.launch.sets());
-    launch::resume(&a.run_dir, &sets, a.from.as_deref(), a.quiet)
+    launch::resume(
+        &a.run_dir,
+        &a.sets,
+        &a.launch.flags(),
+        a.from.as_deref(),
+        a.quiet,
+    )
 }

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use clap::Args;
 
 use super::ConfigArgs;
+use crate::config::Flag;
 use crate::error::Result;
 use crate::launch::{self, RunOptions};
 
@@ -45,25 +46,27 @@ pub struct LaunchArgs {
 }
 
 impl LaunchArgs {
-    /// The flags as `--set` arguments (the top layer of the config).
-    pub fn sets(&self) -> Vec<String> {
-        let mut out = Vec::new();
-        let flags = [
-            ("launch.nnodes", self.nnodes.map(|v| v.to_string())),
-            ("launch.node_rank", self.node_rank.map(|v| v.to_string())),
+    /// The flags as typed config values (the top layer of the config).
+    pub fn flags(&self) -> Vec<Flag> {
+        let ints = [
+            ("--nnodes", "launch.nnodes", self.nnodes.map(|v| v as u64)),
             (
-                "launch.master_addr",
-                self.master_addr.as_ref().map(|v| format!("\"{v}\"")),
+                "--node-rank",
+                "launch.node_rank",
+                self.node_rank.map(|v| v as u64),
             ),
             (
+                "--master-port",
                 "launch.master_port",
-                self.master_port.map(|v| v.to_string()),
+                self.master_port.map(u64::from),
             ),
         ];
-        for (k, v) in flags {
-            if let Some(v) = v {
-                out.push(format!("{k}={v}"));
-            }
+        let mut out: Vec<Flag> = ints
+            .into_iter()
+            .filter_map(|(flag, key, v)| v.map(|v| Flag::int(flag, key, v)))
+            .collect();
+        if let Some(a) = &self.master_addr {
+            out.push(Flag::str("--master-addr", "launch.master_addr", a));
         }
         out
     }
@@ -73,7 +76,7 @@ impl RunArgs {
     /// The config arguments with the launch flags as the top layer.
     fn config_args(&self) -> ConfigArgs {
         let mut a = self.config.clone();
-        a.sets.extend(self.launch.sets());
+        a.flags.extend(self.launch.flags());
         a
     }
 }

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use clap::Args;
 
 use super::ConfigArgs;
-use crate::config::parse_slurm_time;
+use crate::config::{parse_slurm_time, Flag};
 use crate::error::{Error, Result};
 use crate::launch::slurm::{self, SubmitOptions};
 
@@ -50,9 +50,10 @@ pub struct StatusArgs {
     pub run_dir: PathBuf,
 }
 
-/// A flag's value as a `--set` layer, checked first so that its error names the flag.
-fn flag_sets(a: &SubmitArgs) -> Result<Vec<String>> {
-    let mut sets = Vec::new();
+/// The flags as typed config values (the top layer), each checked first so that its error
+/// names the flag.
+fn flags(a: &SubmitArgs) -> Result<Vec<Flag>> {
+    let mut flags = Vec::new();
     for (flag, key, v) in [
         ("--nodes", "slurm.nodes", a.nodes),
         ("--tasks-per-node", "slurm.tasks_per_node", a.tasks_per_node),
@@ -62,15 +63,19 @@ fn flag_sets(a: &SubmitArgs) -> Result<Vec<String>> {
             if v == 0 {
                 return Err(Error::Usage(format!("{flag} 0: give at least 1")));
             }
-            sets.push(format!("{key}={v}"));
+            flags.push(Flag::int(flag, key, v as u64));
         }
     }
     if let Some(g) = a.gpus_per_node {
-        sets.push(format!("slurm.gpus_per_node={g}"));
+        flags.push(Flag::int(
+            "--gpus-per-node",
+            "slurm.gpus_per_node",
+            g as u64,
+        ));
     }
     if let Some(t) = &a.time {
         parse_slurm_time(t).map_err(|why| Error::Usage(format!("--time: {why}")))?;
-        sets.push(format!("slurm.time=\"{t}\""));
+        flags.push(Flag::str("--time", "slurm.time", t));
     }
     for (flag, key, v) in [
         ("--partition", "slurm.partition", &a.partition),
@@ -80,15 +85,15 @@ fn flag_sets(a: &SubmitArgs) -> Result<Vec<String>> {
             if !crate::config::slurm_name_ok(v) {
                 return Err(Error::Usage(format!("{flag} {v:?} is not a Slurm name")));
             }
-            sets.push(format!("{key}=\"{v}\""));
+            flags.push(Flag::str(flag, key, v));
         }
     }
-    Ok(sets)
+    Ok(flags)
 }
 
 pub fn submit(a: &SubmitArgs) -> Result<()> {
     let mut c = a.config.clone();
-    c.sets.extend(flag_sets(a)?);
+    c.flags.extend(flags(a)?);
     let r = c.resolve()?;
     slurm::submit(
         &r,

@@ -13,7 +13,7 @@ enum Payload {
     F32(Vec<f32>),
     F64(Vec<f64>),
     /// A rank's own buffer, shared in place for the duration of one all-reduce (address, len).
-    Shared(usize, usize),
+    Exchange(usize, usize),
 }
 
 impl Payload {
@@ -21,7 +21,7 @@ impl Payload {
         match self {
             Payload::F32(v) => v.len(),
             Payload::F64(v) => v.len(),
-            Payload::Shared(_, len) => *len,
+            Payload::Exchange(_, len) => *len,
         }
     }
     fn f32(&self) -> &[f32] {
@@ -39,7 +39,7 @@ impl Payload {
 }
 
 #[derive(Default)]
-struct State {
+struct ExchangeState {
     generation: u64,
     slots: Vec<Option<(OpId, Payload)>>,
     arrived: usize,
@@ -52,22 +52,26 @@ struct State {
     finish_generation: u64,
 }
 
-struct Shared {
+struct Exchange {
     world: usize,
     timeout: Duration,
-    state: Mutex<State>,
+    state: Mutex<ExchangeState>,
     cv: Condvar,
 }
 
-impl Shared {
-    fn lock(&self) -> MutexGuard<'_, State> {
+impl Exchange {
+    fn lock(&self) -> MutexGuard<'_, ExchangeState> {
         // A rank that panicked while holding the lock leaves consistent data: slots are only
         // replaced whole. Keep going so the other ranks can report it.
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Waits for a change of the state, at most `timeout`.
-    fn wait<'a>(&self, st: MutexGuard<'a, State>, timeout: Duration) -> MutexGuard<'a, State> {
+    fn wait<'a>(
+        &self,
+        st: MutexGuard<'a, ExchangeState>,
+        timeout: Duration,
+    ) -> MutexGuard<'a, ExchangeState> {
         self.cv
             .wait_timeout(st, timeout)
             .map(|r| r.0)
@@ -81,13 +85,13 @@ pub struct LocalGroup;
 impl LocalGroup {
     /// `world` connected ranks; every op times out after `timeout`.
     pub fn new(world: usize, timeout: Duration) -> Vec<LocalRank> {
-        let shared = Arc::new(Shared {
+        let shared = Arc::new(Exchange {
             world,
             timeout,
-            state: Mutex::new(State {
+            state: Mutex::new(ExchangeState {
                 slots: vec![None; world],
                 last_seen: vec![None; world],
-                ..State::default()
+                ..ExchangeState::default()
             }),
             cv: Condvar::new(),
         });
@@ -105,12 +109,12 @@ impl LocalGroup {
 pub struct LocalRank {
     rank: usize,
     seq: u64,
-    shared: Arc<Shared>,
+    shared: Arc<Exchange>,
 }
 
 /// Stops a local group from any thread, like `Collective::abort` on one of its ranks.
 #[derive(Clone)]
-pub struct GroupStopper(Arc<Shared>);
+pub struct GroupStopper(Arc<Exchange>);
 
 impl GroupStopper {
     pub fn stop(&self, reason: &str) {
@@ -140,7 +144,7 @@ impl LocalRank {
         }
     }
 
-    fn aborted(&self, st: &State, op: OpId) -> Option<CollectiveError> {
+    fn aborted(&self, st: &ExchangeState, op: OpId) -> Option<CollectiveError> {
         st.aborted.as_ref().map(|reason| CollectiveError::Aborted {
             rank: self.rank,
             op,
@@ -150,7 +154,7 @@ impl LocalRank {
 
     fn timeout_error(
         &self,
-        st: &State,
+        st: &ExchangeState,
         op: OpId,
         waiting_for: impl Fn(usize) -> bool,
     ) -> CollectiveError {
@@ -296,7 +300,7 @@ fn shared_reads(res: &[Payload]) -> Vec<&[f32]> {
             // SAFETY: every address is a live `&[f32]` of length `len` (the lengths were checked
             // equal by `exchange`) whose owner stays in the op until every rank passed
             // `finish_shared` (a `Finish` guard); nobody writes to it during the op
-            Payload::Shared(addr, len) => unsafe {
+            Payload::Exchange(addr, len) => unsafe {
                 std::slice::from_raw_parts(*addr as *const f32, *len)
             },
             _ => &[][..],
@@ -368,12 +372,12 @@ impl Collective for LocalRank {
         }
         let res = self.exchange(
             OpKind::AllReduce,
-            Payload::Shared(buf.as_mut_ptr() as usize, buf.len()),
+            Payload::Exchange(buf.as_mut_ptr() as usize, buf.len()),
         )?;
         let ptrs: Vec<*mut f32> = res
             .iter()
             .map(|p| match p {
-                Payload::Shared(addr, _) => *addr as *mut f32,
+                Payload::Exchange(addr, _) => *addr as *mut f32,
                 _ => std::ptr::null_mut(),
             })
             .collect();
@@ -476,7 +480,7 @@ impl Collective for LocalRank {
         }
         let res = self.exchange(
             OpKind::AllGather,
-            Payload::Shared(send.as_ptr() as usize, send.len()),
+            Payload::Exchange(send.as_ptr() as usize, send.len()),
         )?;
         // from here every rank reads the others' buffers: all leave together, even on unwind
         let _finish = Finish(self);
@@ -511,7 +515,7 @@ impl Collective for LocalRank {
         // over shared memory: rank r reduces chunk r of every rank's `send` (rank order), no copy
         let res = self.exchange(
             OpKind::ReduceScatter,
-            Payload::Shared(send.as_ptr() as usize, send.len()),
+            Payload::Exchange(send.as_ptr() as usize, send.len()),
         )?;
         // from here every rank reads the others' buffers: all leave together, even on unwind
         let finish = Finish(self);

@@ -49,16 +49,16 @@ pub fn new_id() -> Result<Id, CollectiveError> {
 /// What the ranks of one process share: the first failure (every other rank stops at its next
 /// poll) and a count of ranks ready to create their communicator.
 #[derive(Default)]
-pub struct Shared {
+pub struct RankGroup {
     aborted: Mutex<Option<String>>,
     ready: AtomicUsize,
     ready_cv: Condvar,
     ready_lock: Mutex<()>,
 }
 
-impl Shared {
+impl RankGroup {
     pub fn new() -> Arc<Self> {
-        Arc::new(Shared::default())
+        Arc::new(RankGroup::default())
     }
     fn reason(&self) -> Option<String> {
         self.aborted.lock().ok().and_then(|g| g.clone())
@@ -92,7 +92,7 @@ trait CommInit {
 fn init_within<A: CommInit>(
     api: &A,
     rank: usize,
-    shared: &Shared,
+    shared: &RankGroup,
     timeout: Duration,
 ) -> Result<A::Comm, CollectiveError> {
     let comm = api.start().map_err(|e| {
@@ -300,7 +300,7 @@ pub struct NcclRank {
     comm: RawComm,
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
-    shared: Arc<Shared>,
+    shared: Arc<RankGroup>,
     rank: usize,
     world: usize,
     seq: u64,
@@ -366,7 +366,7 @@ impl NcclRank {
         world: usize,
         ordinal: usize,
         local: usize,
-        shared: Arc<Shared>,
+        shared: Arc<RankGroup>,
         timeout: Duration,
     ) -> Result<Self, CollectiveError> {
         let prepared = CudaContext::new(ordinal)
@@ -961,7 +961,7 @@ mod tests {
     #[test]
     fn an_init_that_never_finishes_is_aborted_at_the_timeout_naming_the_rank() {
         let api = emulated(None);
-        let shared = Shared::new();
+        let shared = RankGroup::new();
         let t = Instant::now();
         let e = init_within(&api, 3, &shared, Duration::from_millis(200))
             .err()
@@ -981,7 +981,7 @@ mod tests {
     #[test]
     fn a_failed_local_rank_or_a_failed_init_stops_the_wait() {
         let api = emulated(None);
-        let shared = Shared::new();
+        let shared = RankGroup::new();
         shared.stop("rank 0 could not start on GPU 0");
         let e = init_within(&api, 1, &shared, Duration::from_secs(60))
             .err()
@@ -989,7 +989,7 @@ mod tests {
         assert!(matches!(e, CollectiveError::Aborted { rank: 1, .. }), "{e}");
         assert_eq!(api.aborted.get(), 1);
         let api = emulated(Some(3));
-        let e = init_within(&api, 2, &Shared::new(), Duration::from_secs(60))
+        let e = init_within(&api, 2, &RankGroup::new(), Duration::from_secs(60))
             .err()
             .unwrap()
             .to_string();

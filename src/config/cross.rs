@@ -129,8 +129,8 @@ pub(super) fn evaluations(r: &Resolved) -> Result<(), ConfigError> {
     Ok(())
 }
 
-/// Ranks of one node on its devices: host ranks and threads bounded, NCCL only on CUDA with one rank per GPU, device lists only on CUDA.
-pub(super) fn placement(r: &Resolved) -> Result<(), ConfigError> {
+/// Ranks on the CPU (or a wgpu adapter), and their math threads, bounded.
+pub(super) fn host_ranks(r: &Resolved) -> Result<(), ConfigError> {
     let c = &r.config;
     let st = &c.strategy;
     // ranks on the CPU (or a wgpu adapter) are threads of this process, each with a replica,
@@ -161,6 +161,14 @@ pub(super) fn placement(r: &Resolved) -> Result<(), ConfigError> {
             Some("leave backend.threads 0 to share this machine's cores among the ranks".into()),
         ));
     }
+    Ok(())
+}
+
+/// Ranks of one node on its devices: NCCL only on CUDA with one rank per GPU, device lists
+/// only on CUDA.
+pub(super) fn placement(r: &Resolved) -> Result<(), ConfigError> {
+    let c = &r.config;
+    let st = &c.strategy;
     let cuda = c.backend.device == Device::Cuda;
     let wgpu = c.backend.device == Device::Wgpu;
     if wgpu && st.collective == CollectiveKind::Nccl {
@@ -217,13 +225,56 @@ pub(super) fn nodes(r: &Resolved) -> Result<(), ConfigError> {
                 "strategy.kind"
             },
             format!(
-                "`strategy.kind` = \"{:?}\" runs in one process, but `launch.nnodes` = {}",
-                st.kind, l.nnodes
-            )
-            .to_lowercase(),
+                "`strategy.kind` = \"{}\" runs in one process, but `launch.nnodes` = {}",
+                choice_name(&st.kind),
+                l.nnodes
+            ),
             Some("use `strategy.kind = \"ddp\"` or \"fsdp\" across nodes".into()),
         ));
     }
 
     Ok(())
+}
+
+/// A Slurm job of a CUDA run gets GPUs.
+pub(super) fn slurm_gpus(r: &Resolved) -> Result<(), ConfigError> {
+    let c = &r.config;
+    if c.slurm.gpus_per_node == Some(0) && c.backend.device == Device::Cuda {
+        return Err(r.key_error(
+            "slurm.gpus_per_node",
+            "`slurm.gpus_per_node` = 0 with backend.device = \"cuda\": the job would get no GPU"
+                .into(),
+            Some("leave it unset (strategy.devices GPUs per node) or give the GPUs".into()),
+        ));
+    }
+    Ok(())
+}
+
+/// An mlp on synthetic feature rows takes as many inputs as the rows have features.
+pub(super) fn features(r: &Resolved) -> Result<(), ConfigError> {
+    let (d, m) = (&r.config.data, &r.config.model);
+    let rows = d.kind == DataKind::Synthetic && d.tokens.is_none() && d.image.is_empty();
+    if rows && m.kind == "mlp" && d.features != m.input_size {
+        return Err(r.key_error(
+            "model.input_size",
+            format!(
+                "`model.input_size` = {} does not match `data.features` = {}",
+                m.input_size, d.features
+            ),
+            Some("set both to the same number of features".into()),
+        ));
+    }
+    Ok(())
+}
+
+/// The cosine schedule's floor lies in [0, optim.lr].
+pub(super) fn schedule_floor(r: &Resolved) -> Result<(), ConfigError> {
+    let (s, o) = (&r.config.schedule, &r.config.optim);
+    in_range(
+        r,
+        "schedule.min_lr",
+        s.min_lr,
+        s.min_lr >= 0.0 && s.min_lr <= o.lr,
+        "in [0, optim.lr]",
+    )
 }

@@ -235,7 +235,6 @@ impl DataConfig {
 impl DataConfig {
     /// What `data.kind` needs: its files (existing), its keys and its shapes.
     fn check_kind(&self, r: &Resolved) -> Result<(), ConfigError> {
-        let c = &r.config;
         match self.kind {
             DataKind::Synthetic => {
                 at_least(r, "data.samples", self.samples, 1)?;
@@ -263,15 +262,6 @@ impl DataConfig {
                             Some("give [channels, height, width], each at least 1".into()),
                         ));
                     }
-                } else if c.model.kind == "mlp" && self.features != c.model.input_size {
-                    return Err(r.key_error(
-                        "model.input_size",
-                        format!(
-                            "`model.input_size` = {} does not match `data.features` = {}",
-                            c.model.input_size, self.features
-                        ),
-                        Some("set both to the same number of features".into()),
-                    ));
                 }
             }
             DataKind::Csv => {

@@ -48,6 +48,43 @@ fn to_dict<T: serde::Serialize>(v: &T) -> Dict {
         .unwrap_or_default()
 }
 
+/// A command-line flag that sets a config key (`kiln run --nnodes 2` sets `launch.nnodes`):
+/// its value as the flag typed it, its source named after the flag (`flag --nnodes`). Flags
+/// are the top layer, above `--set`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Flag {
+    /// The flag as written, e.g. `--nnodes`.
+    pub flag: &'static str,
+    /// The dotted key it sets, e.g. `launch.nnodes`.
+    pub key: &'static str,
+    pub value: FlagValue,
+}
+
+/// A flag's typed value.
+#[derive(Debug, Clone, PartialEq)]
+pub enum FlagValue {
+    Int(u64),
+    Str(String),
+}
+
+impl Flag {
+    pub fn int(flag: &'static str, key: &'static str, v: impl Into<u64>) -> Flag {
+        Flag {
+            flag,
+            key,
+            value: FlagValue::Int(v.into()),
+        }
+    }
+
+    pub fn str(flag: &'static str, key: &'static str, v: &str) -> Flag {
+        Flag {
+            flag,
+            key,
+            value: FlagValue::Str(v.to_string()),
+        }
+    }
+}
+
 /// Reads `file`, its `extends` chain, the `KILN_` variables among `env` and the `--set` flags, and
 /// returns the validated config. `env` is passed in (not read here) so tests control it. Every
 /// key that is wrong is reported, not only the first: after each error the key is set aside (it
@@ -57,10 +94,20 @@ pub fn load(
     env: &[(String, String)],
     sets: &[String],
 ) -> Result<Resolved, ConfigError> {
+    load_with_flags(file, env, sets, &[])
+}
+
+/// `load`, with typed command-line `flags` as the top layer.
+pub fn load_with_flags(
+    file: &Path,
+    env: &[(String, String)],
+    sets: &[String],
+    flags: &[Flag],
+) -> Result<Resolved, ConfigError> {
     let mut errors: Vec<ConfigError> = Vec::new();
     let mut dropped: Vec<String> = Vec::new();
     let outcome = loop {
-        let figment = build_figment_without(file, env, sets, &dropped)?;
+        let figment = build_figment_without(file, env, sets, flags, &dropped)?;
         // (error, whether the checks after it stand on their own)
         let result = match extract(&figment) {
             // a value that does not parse (wrong type, unknown key or choice): set aside, the
@@ -112,7 +159,7 @@ pub fn build_figment(
     env: &[(String, String)],
     sets: &[String],
 ) -> Result<Figment, ConfigError> {
-    build_figment_without(file, env, sets, &[])
+    build_figment_without(file, env, sets, &[], &[])
 }
 
 /// `build_figment` with the dotted keys `drop` left out of every layer above the defaults (so
@@ -124,6 +171,7 @@ fn build_figment_without(
     file: &Path,
     env: &[(String, String)],
     sets: &[String],
+    flags: &[Flag],
     drop: &[String],
 ) -> Result<Figment, ConfigError> {
     let mut stack = Stack {
@@ -142,6 +190,7 @@ fn build_figment_without(
     }
     stack.torchrun_devices(&var);
     stack.sets(sets)?;
+    stack.flags(flags);
     Ok(stack.figment)
 }
 
@@ -317,6 +366,21 @@ impl Stack<'_> {
                     &["strategy".to_string(), "devices".to_string()],
                     Value::from(1u64),
                 ),
+            );
+        }
+    }
+
+    /// Typed flags (`--nnodes 2`), each named as its source.
+    fn flags(&mut self, flags: &[Flag]) {
+        for f in flags {
+            let parts: Vec<String> = f.key.split('.').map(str::to_string).collect();
+            let value = match &f.value {
+                FlagValue::Int(v) => Value::from(*v),
+                FlagValue::Str(v) => Value::from(v.clone()),
+            };
+            self.push(
+                Metadata::named(format!("flag {}", f.flag)),
+                nest(&parts, value),
             );
         }
     }
@@ -683,7 +747,7 @@ fn key_error(figment: &Figment, e: figment::Error) -> KeyError {
 }
 
 /// Where the value at dotted `key` came from: "file:line", "environment variable X",
-/// "--set k=v" or "default".
+/// "--set k=v", "flag --nnodes" or "default".
 pub fn describe_source(figment: &Figment, key: &str) -> String {
     let Some(meta) = figment.find_metadata(key) else {
         return DEFAULT_SOURCE.to_string();

@@ -35,7 +35,8 @@ pub use error::{closest, edit_distance, ConfigError, KeyError};
 pub use experiment::*;
 pub use launch::*;
 pub use load::{
-    bare_srun, build_figment, describe_source, extract, find_line, load, Resolved, ENV_PREFIX,
+    bare_srun, build_figment, describe_source, extract, find_line, load, load_with_flags, Flag,
+    FlagValue, Resolved, ENV_PREFIX,
 };
 pub use log::*;
 pub use model::*;

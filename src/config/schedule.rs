@@ -46,10 +46,9 @@ impl Default for ScheduleConfig {
 }
 
 impl ScheduleConfig {
-    /// Step size, decay and a floor no higher than `optim.lr`.
+    /// Step size and decay (its floor is checked against `optim.lr` in `cross.rs`).
     pub(super) fn check(&self, r: &Resolved) -> Result<(), ConfigError> {
-        let c = &r.config;
-        let (s, o) = (self, &c.optim);
+        let s = self;
         at_least(r, "schedule.step_size", s.step_size, 1)?;
         in_range(
             r,
@@ -57,13 +56,6 @@ impl ScheduleConfig {
             s.gamma,
             s.gamma > 0.0,
             "greater than 0",
-        )?;
-        in_range(
-            r,
-            "schedule.min_lr",
-            s.min_lr,
-            s.min_lr >= 0.0 && s.min_lr <= o.lr,
-            "in [0, optim.lr]",
         )?;
         Ok(())
     }

@@ -124,14 +124,6 @@ impl SlurmConfig {
                 }
             }
         }
-        if s.gpus_per_node == Some(0) && r.config.backend.device == crate::config::Device::Cuda {
-            return Err(r.key_error(
-                "slurm.gpus_per_node",
-                "`slurm.gpus_per_node` = 0 with backend.device = \"cuda\": the job would get no GPU"
-                    .into(),
-                Some("leave it unset (strategy.devices GPUs per node) or give the GPUs".into()),
-            ));
-        }
         if let Some(bad) = s.sbatch_args.iter().find(|a| !super::sbatch_option_ok(a)) {
             return Err(r.key_error(
                 "slurm.sbatch_args",

@@ -114,12 +114,14 @@ pub fn validate(r: &Resolved) -> Result<(), ConfigError> {
     let c = &r.config;
     c.profile.check(r)?;
     c.slurm.check(r)?;
+    cross::slurm_gpus(r)?;
     cross::waits(r)?;
     cross::profile_ranks(r)?;
     c.experiment.check(r)?;
     c.checkpoint.check(r)?;
     c.model.check(r)?;
     c.data.check(r)?;
+    cross::features(r)?;
     cross::classes(r)?;
     c.train.check(r)?;
     cross::sizes(r)?;
@@ -127,11 +129,13 @@ pub fn validate(r: &Resolved) -> Result<(), ConfigError> {
     c.data.check_loader(r)?;
     cross::evaluations(r)?;
     c.optim.check(r)?;
+    cross::host_ranks(r)?;
     c.strategy.check(r)?;
     cross::placement(r)?;
     c.launch.check(r)?;
     cross::nodes(r)?;
     c.schedule.check(r)?;
+    cross::schedule_floor(r)?;
     c.sweep.check(r)?;
     Ok(())
 }

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 
 use super::run_dir::{checkpoint_store, write_json};
-use crate::backend::{self, RankBackend, Resolved as Backend};
+use crate::backend::{self, BackendKind, RankBackend};
 use crate::config;
 use crate::error::{Error, Result};
 use crate::model::{Model, Task};
@@ -90,7 +90,7 @@ pub fn eval(run_dir: &Path, o: &EvalOptions) -> Result<EvalReport> {
     macro_rules! dispatch {
         ($($(#[$a:meta])* $v:ident = $name:literal => $ty:ty),* $(,)?) => {
             match placement.backend {
-                $($(#[$a])* Backend::$v => on::<$ty>(m, params, ds, world, batch, be, ordinal),)*
+                $($(#[$a])* BackendKind::$v => on::<$ty>(m, params, ds, world, batch, be, ordinal),)*
             }
         };
     }
@@ -110,7 +110,7 @@ pub fn eval(run_dir: &Path, o: &EvalOptions) -> Result<EvalReport> {
         eval_perplexity: lm.then(|| sums.perplexity()),
         eval_samples: sums.count,
         data: serde_json::json!({
-            "kind": format!("{:?}", d.kind).to_lowercase(),
+            "kind": crate::config::choice_name(&d.kind),
             "eval_path": d.eval_path,
             "eval_labels_path": d.eval_labels_path,
             "eval_samples": ds.len(),

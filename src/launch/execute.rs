@@ -15,10 +15,10 @@ use super::prepare::Prepared;
 use super::rendezvous::Job;
 use super::resume::{prepare_resume, Resumption};
 use super::run_dir::{claim_run_dir, first_missing, is_empty_dir, lock_run_dir, newest_unfinished};
-use super::run_files::{Passed, RunFiles};
+use super::run_files::{PendingChecks, RunFiles};
 use super::summary::{Summary, SummaryInputs};
 use super::{run, NodeLink, RunResult};
-use crate::backend::{self, Placement, Resolved as Backend};
+use crate::backend::{self, BackendKind, Placement};
 use crate::checkpoint::{Loaded, Store};
 use crate::config::{self, Config, Resolved};
 use crate::error::{Error, Result};
@@ -134,13 +134,19 @@ pub(super) fn take_run_dir(d: &Path) -> Result<Option<PathBuf>> {
 
 /// `kiln resume`: continues the run in `run_dir` with `sets` applied, from its newest verified
 /// checkpoint or `from`.
-pub fn resume(run_dir: &Path, sets: &[String], from: Option<&str>, quiet: bool) -> Result<()> {
+pub fn resume(
+    run_dir: &Path,
+    sets: &[String],
+    flags: &[config::Flag],
+    from: Option<&str>,
+    quiet: bool,
+) -> Result<()> {
     // before its config.toml is read through a link (the checkpoint directory is checked once
     // the config names it)
     super::run_dir::refuse_links(run_dir, "")?;
     let file = super::run_dir::run_config_file(run_dir)?;
     let env: Vec<(String, String)> = std::env::vars().collect();
-    let r = config::load(&file, &env, sets)?;
+    let r = config::load_with_flags(&file, &env, sets, flags)?;
     if r.config.launch.nnodes > 1 {
         // every node runs `kiln resume DIR`; node 0 picks the checkpoint (and holds the
         // directory), the others follow
@@ -181,15 +187,13 @@ pub(super) fn execute(
         lock_run_dir(run_dir)?;
     }
     let t = Duration::from_secs(c.launch.rendezvous_timeout_secs);
-    let checks = Checks {
-        job: &mut job,
-        passed: false,
-    };
+    let checks = PendingChecks::new(&mut job);
     let from_checkpoint = resume.as_ref().is_some_and(|res| res.from.is_some());
     let mut p = match prepared {
         Some(p) => p,
         None => Prepared::new(r, from_checkpoint)?,
     };
+    p.check(r)?;
     let loaded = p.load_checkpoint(c, resume.as_ref())?;
     if loaded.is_some() {
         // a resumed run continues from its checkpoint, not from model.init_from
@@ -227,7 +231,6 @@ pub(super) fn execute(
         p.placement.backend.name(),
         &passed,
     )?;
-    ui::out(&format!("run dir: {}", run_dir.display()));
     let session = Session {
         c,
         run_dir,
@@ -539,62 +542,6 @@ fn preflight(run_dir: &Path, checkpoint_dir: &str) -> Result<()> {
     Ok(())
 }
 
-/// A node's checks before a multi-node run starts (its data, model, memory and checkpoint).
-/// Dropped before `pass`, it stops the job, so the other nodes fail at once instead of waiting
-/// in their first collective, and node 0 never sets checkpoints aside or trims metrics for a
-/// resume that another node refused.
-struct Checks<'a> {
-    job: &'a mut Option<Job>,
-    passed: bool,
-}
-
-impl Checks<'_> {
-    /// This node's checks passed. Every node says so; node 0 of a resumed run waits until the
-    /// others have said it too.
-    fn pass(mut self, resuming: bool, timeout: Duration) -> Result<Passed> {
-        self.passed = true;
-        let Some(j) = self.job.as_mut() else {
-            return Ok(Passed(()));
-        };
-        if j.node != 0 {
-            j.client.set(&format!("checked/{}", j.node), "ok")?;
-            return Ok(Passed(()));
-        }
-        if !resuming {
-            return Ok(Passed(()));
-        }
-        let keys: Vec<String> = (1..j.nnodes).map(|n| format!("checked/{n}")).collect();
-        match j.client.wait(&keys, timeout) {
-            Ok(Ok(_)) => Ok(Passed(())),
-            Ok(Err(missing)) => Err(Error::Launch(
-                format!(
-                    "{} did not finish their checks within launch.rendezvous_timeout_secs = {}s; no file of the run was changed",
-                    missing.join(", ").replace("checked/", "node "),
-                    timeout.as_secs()
-                )
-                .into(),
-            )),
-            Err(e) => Err(Error::Launch(
-                format!("{e}; no file of the run was changed").into(),
-            )),
-        }
-    }
-}
-
-impl Drop for Checks<'_> {
-    fn drop(&mut self) {
-        if self.passed {
-            return;
-        }
-        if let Some(j) = self.job.as_mut() {
-            let _ = j.client.abort(&format!(
-                "node {} refused the run (its error is in its own output)",
-                j.node
-            ));
-        }
-    }
-}
-
 /// Trains every rank of this node as placed; `logs` receives `rank-<r>.log`.
 pub fn train(
     placement: &Placement,
@@ -613,7 +560,7 @@ pub fn train(
     macro_rules! dispatch {
         ($($(#[$a:meta])* $v:ident = $name:literal => $ty:ty),* $(,)?) => {
             match placement.backend {
-                $($(#[$a])* Backend::$v => run::<$ty>(input, placement, n, logs, link, on_event),)*
+                $($(#[$a])* BackendKind::$v => run::<$ty>(input, placement, n, logs, link, on_event),)*
             }
         };
     }

@@ -71,7 +71,8 @@ pub(super) fn node0_dir(
 pub(super) fn run_node(r: &Resolved, target: &Target, quiet: bool) -> Result<()> {
     let c = &r.config;
     // bad input stops this node before it claims a directory or joins the job
-    let prepared = Prepared::new(r, matches!(target, Target::Dir(..)))?;
+    // (`init_from` too: a resumed job whose node 0 finds no checkpoint starts from it)
+    let prepared = Prepared::new(r, false)?;
     let (token, generated) =
         crate::launch::rendezvous::token(c, std::env::var("KILN_JOB_TOKEN").ok())
             .map_err(Error::Usage)?;

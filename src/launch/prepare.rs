@@ -1,9 +1,10 @@
-//! What a session needs before it changes any file, made once per process: the backend
-//! placement, the data, the model and its plan, checked against each other and against the
-//! memory they need, with the weights of `model.init_from` for a fresh run, and the checkpoint
-//! a resumed run continues from, checked against all of them. A node of a multi-node job
-//! prepares before the rendezvous (bad input stops it before it claims a directory) and trains
-//! on what it prepared.
+//! What a session needs before it changes any file, made once per process (twice only when a
+//! resumed checkpoint's seeds replace the config's): the backend placement, the data, the
+//! model and its plan, with the weights of `model.init_from` for a fresh run; then checked
+//! (`check`: watched metrics, memory) and the checkpoint a resumed run continues from, checked
+//! against all of them (`load_checkpoint`). A node of a multi-node job prepares before the
+//! rendezvous (bad data or weights stop it before it claims a directory) and trains on what it
+//! prepared.
 
 use std::path::Path;
 
@@ -29,20 +30,14 @@ pub(super) struct Prepared {
 }
 
 impl Prepared {
-    /// Resolves the backend, loads the data, builds the model and checks that its metrics,
-    /// memory and (unless `resuming`) `model.init_from` fit.
+    /// Resolves the backend, loads the data, builds the model and its plan, and (unless
+    /// `resuming`) reads `model.init_from`.
     pub fn new(r: &Resolved, resuming: bool) -> Result<Prepared> {
         let c = &r.config;
         let placement = backend::resolve(c)?;
         let data = data::load(r)?;
         let model = crate::model::build(r, &data.input_shape())?;
-        super::check::watched_metrics(r, model.task(), data.eval.is_some())?;
         let plan = Plan::new(c, data.train.len(), model.num_params());
-        super::check::fits(
-            r,
-            &crate::strategy::estimate(c, model.layout(), plan.world_size),
-            model.as_ref(),
-        )?;
         let init = if resuming {
             None
         } else {
@@ -55,6 +50,19 @@ impl Prepared {
             plan,
             init,
         })
+    }
+
+    /// The metrics the run watches exist for its task and data, and its state fits in memory.
+    /// (In a multi-node job these run after the rendezvous, where a node that fails them
+    /// stops the others at once.)
+    pub fn check(&self, r: &Resolved) -> Result<()> {
+        let (c, model) = (&r.config, &self.model);
+        super::check::watched_metrics(r, model.task(), self.data.eval.is_some())?;
+        super::check::fits(
+            r,
+            &crate::strategy::estimate(c, model.layout(), self.plan.world_size),
+            model.as_ref(),
+        )
     }
 
     /// The checkpoint `resume` continues from (none for a fresh run, or a resumed job whose

@@ -367,7 +367,7 @@ pub(super) fn set_aside_newer(store: &Store, step: u64) -> Result<()> {
 
 /// The best checkpoint (`checkpoint.keep_best`) as the newest verified checkpoint records it:
 /// its metric, value and step; `None` when the run keeps none.
-pub fn best_mark(store: &Store) -> Result<Option<checkpoint::Watched>> {
+pub fn best_mark(store: &Store) -> Result<Option<checkpoint::WatchState>> {
     let entries = store.list().map_err(Error::Checkpoint)?;
     let Some(newest) = entries.iter().find(|e| e.status.is_ok()) else {
         return Ok(None);

@@ -6,7 +6,9 @@
 use std::fs::{self, OpenOptions};
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
+use super::rendezvous::Job;
 use super::run_dir::{open_error, open_no_follow, replace_file, stored_config, write_json};
 use super::summary::Summary;
 use crate::checkpoint::Store;
@@ -16,8 +18,70 @@ use crate::train::MetricLine;
 use crate::ui;
 
 /// Proof that this node's checks passed (and, on node 0 of a resumed multi-node run, every
-/// node's): only `Checks::pass` makes one, and a session changes no file without it.
-pub(super) struct Passed(pub(super) ());
+/// node's): only [`PendingChecks::pass`] makes one (its field is private to this file), and a
+/// session changes no file without it.
+pub(super) struct Passed(());
+
+/// A session's checks under way (in a multi-node job, after the rendezvous: the watched
+/// metrics, the memory, the checkpoint and node 0's run directory; the data, model and
+/// `init_from` were checked before it). Dropped before `pass`, it stops the job, so the other nodes fail at once instead of waiting
+/// in their first collective, and node 0 never sets checkpoints aside or trims metrics for a
+/// resume that another node refused.
+pub(super) struct PendingChecks<'a> {
+    job: &'a mut Option<Job>,
+    passed: bool,
+}
+
+impl<'a> PendingChecks<'a> {
+    pub fn new(job: &'a mut Option<Job>) -> PendingChecks<'a> {
+        PendingChecks { job, passed: false }
+    }
+
+    /// This node's checks passed. Every node says so; node 0 of a resumed run waits until the
+    /// others have said it too.
+    pub fn pass(mut self, resuming: bool, timeout: Duration) -> Result<Passed> {
+        self.passed = true;
+        let Some(j) = self.job.as_mut() else {
+            return Ok(Passed(()));
+        };
+        if j.node != 0 {
+            j.client.set(&format!("checked/{}", j.node), "ok")?;
+            return Ok(Passed(()));
+        }
+        if !resuming {
+            return Ok(Passed(()));
+        }
+        let keys: Vec<String> = (1..j.nnodes).map(|n| format!("checked/{n}")).collect();
+        match j.client.wait(&keys, timeout) {
+            Ok(Ok(_)) => Ok(Passed(())),
+            Ok(Err(missing)) => Err(Error::Launch(
+                format!(
+                    "{} did not finish their checks within launch.rendezvous_timeout_secs = {}s; no file of the run was changed",
+                    missing.join(", ").replace("checked/", "node "),
+                    timeout.as_secs()
+                )
+                .into(),
+            )),
+            Err(e) => Err(Error::Launch(
+                format!("{e}; no file of the run was changed").into(),
+            )),
+        }
+    }
+}
+
+impl Drop for PendingChecks<'_> {
+    fn drop(&mut self) {
+        if self.passed {
+            return;
+        }
+        if let Some(j) = self.job.as_mut() {
+            let _ = j.client.abort(&format!(
+                "node {} refused the run (its error is in its own output)",
+                j.node
+            ));
+        }
+    }
+}
 
 /// A session's files, open.
 pub(super) struct RunFiles {
@@ -77,6 +141,7 @@ impl RunFiles {
                     .map_err(|e| Error::io(format!("removing {}", summary.display()), e))?;
             }
         }
+        ui::out(&format!("run dir: {}", dir.display()));
         let logs = dir.join("logs");
         fs::create_dir_all(&logs)
             .map_err(|e| Error::io(format!("creating {}", logs.display()), e))?;

@@ -149,7 +149,7 @@ pub fn sample(
     macro_rules! dispatch {
         ($($(#[$a:meta])* $v:ident = $name:literal => $ty:ty),* $(,)?) => {
             match placement.backend {
-                $($(#[$a])* crate::backend::Resolved::$v => generate::<$ty>(
+                $($(#[$a])* crate::backend::BackendKind::$v => generate::<$ty>(
                     &r.config.backend, placement.ordinals.first().copied().unwrap_or(0),
                     &family, &loaded.params, &tokenizer, o, on_bytes, $name),)*
             }

@@ -204,7 +204,7 @@ pub fn read_frame(s: &mut impl Read) -> std::io::Result<Value> {
 }
 
 #[derive(Default)]
-struct Shared {
+struct StoreData {
     kv: HashMap<String, String>,
     /// Last heartbeat of each node.
     beats: HashMap<u64, Instant>,
@@ -218,7 +218,7 @@ struct Shared {
 /// The server side (node 0).
 pub struct StoreServer {
     pub addr: SocketAddr,
-    state: Arc<(Mutex<Shared>, Condvar)>,
+    state: Arc<(Mutex<StoreData>, Condvar)>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -244,7 +244,7 @@ impl StoreServer {
             source,
         })?;
         let local = listener.local_addr()?;
-        let state: Arc<(Mutex<Shared>, Condvar)> = Arc::default();
+        let state: Arc<(Mutex<StoreData>, Condvar)> = Arc::default();
         let st = Arc::clone(&state);
         let slots = Arc::new(HelloSlots::default());
         std::thread::Builder::new()
@@ -313,7 +313,7 @@ impl StoreServer {
     }
 }
 
-fn reject(st: &(Mutex<Shared>, Condvar), peer: &str, why: &str) {
+fn reject(st: &(Mutex<StoreData>, Condvar), peer: &str, why: &str) {
     if let Ok(mut s) = st.0.lock() {
         // a flood is summed up, not kept line by line
         if s.rejected.len() < 100 {
@@ -328,7 +328,7 @@ fn serve(
     mut conn: TcpStream,
     token: &str,
     round: usize,
-    st: &(Mutex<Shared>, Condvar),
+    st: &(Mutex<StoreData>, Condvar),
     slot: Pending,
 ) {
     let peer = conn
@@ -364,7 +364,7 @@ fn serve(
     }
 }
 
-fn handle(req: &Value, st: &(Mutex<Shared>, Condvar)) -> Value {
+fn handle(req: &Value, st: &(Mutex<StoreData>, Condvar)) -> Value {
     let (lock, cv) = st;
     let Ok(mut s) = lock.lock() else {
         return json!({"error": "store poisoned"});

@@ -87,7 +87,7 @@ pub struct Summary {
 #[derive(Debug, Clone, Serialize)]
 pub struct EarlyStopSummary {
     #[serde(flatten)]
-    pub watched: crate::checkpoint::Watched,
+    pub watched: crate::checkpoint::WatchState,
     /// The step early stopping ended the run at (absent when it ran to its end).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stopped_at_step: Option<usize>,
@@ -99,7 +99,7 @@ pub struct BestSummary {
     /// Its directory name, e.g. `step-00000040`.
     pub checkpoint: String,
     #[serde(flatten)]
-    pub watched: crate::checkpoint::Watched,
+    pub watched: crate::checkpoint::WatchState,
 }
 
 /// What a session knows besides its outcome, for its `summary.json`.

@@ -94,7 +94,7 @@ pub fn run<B: RankBackend>(
                 Some(id) => id,
                 None => crate::collective::nccl::new_id().map_err(TrainError::Collective)?,
             };
-            let shared = crate::collective::nccl::Shared::new();
+            let shared = crate::collective::nccl::RankGroup::new();
             let stopper = shared.clone();
             link.stop.on_stop(move |why| stopper.stop(why));
             (0..nproc)
@@ -130,7 +130,7 @@ pub fn run<B: RankBackend>(
         #[cfg(feature = "cuda")]
         (CommKind::Nccl, None) => {
             let id = crate::collective::nccl::new_id().map_err(TrainError::Collective)?;
-            let shared = crate::collective::nccl::Shared::new();
+            let shared = crate::collective::nccl::RankGroup::new();
             (0..nproc)
                 .map(|_| RankComm::Nccl(id, shared.clone(), nproc))
                 .collect()
@@ -269,7 +269,7 @@ enum RankComm {
     /// The group's id, what the ranks of this process share, and how many they are.
     Nccl(
         crate::collective::nccl::Id,
-        std::sync::Arc<crate::collective::nccl::Shared>,
+        std::sync::Arc<crate::collective::nccl::RankGroup>,
         usize,
     ),
 }

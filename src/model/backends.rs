@@ -1,6 +1,6 @@
 //! The one list of backends kiln computes on. Adding a backend is one entry here (and, when its
 //! ranks need more than a default device, its `backend::RankBackend` impl): the list expands
-//! into `backend::Resolved` and its names, the dispatch of a run and of an evaluation to the
+//! into `backend::BackendKind` and its names, the dispatch of a run and of an evaluation to the
 //! backend's type, and every model's compute on it.
 //!
 //! `for_each_backend!(m)` calls macro `m` once with every entry, each as

@@ -288,7 +288,7 @@ fn sweep_section(out: &mut String, s: &SweepData) -> Result<(), String> {
         } else {
             ""
         };
-        let status = format!("{:?}", r.status).to_lowercase();
+        let status = crate::config::choice_name(&r.status);
         let _ = write!(
             out,
             "<tr{class}><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>\n",

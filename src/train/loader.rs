@@ -52,7 +52,7 @@ impl Pos {
 /// One micro-batch to assemble: its position, this rank's sample indices and the size of the
 /// whole micro-batch across ranks (split-batch strategies weigh by it).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct Job {
+pub(super) struct MicroTask {
     pub pos: Pos,
     pub idx: Vec<usize>,
     pub global: usize,
@@ -83,9 +83,9 @@ impl<'a> Source<'a> {
 }
 
 impl Iterator for Source<'_> {
-    type Item = Job;
+    type Item = MicroTask;
 
-    fn next(&mut self) -> Option<Job> {
+    fn next(&mut self) -> Option<MicroTask> {
         let pos = self.pos.normalize(self.plan);
         if self.left == 0 || self.epochs.is_some_and(|e| pos.epoch >= e) {
             return None;
@@ -99,7 +99,7 @@ impl Iterator for Source<'_> {
             Some((_, seg)) => self.plan.micro_indices(seg, pos.j, self.rank),
             None => (Vec::new(), 0),
         };
-        let job = Job { pos, idx, global };
+        let job = MicroTask { pos, idx, global };
         self.pos = Pos {
             j: pos.j + 1,
             ..pos
@@ -128,7 +128,7 @@ pub(super) struct Assembler<'a> {
 }
 
 impl Assembler<'_> {
-    fn assemble(&self, job: Job) -> Result<Micro, crate::data::DataError> {
+    fn assemble(&self, job: MicroTask) -> Result<Micro, crate::data::DataError> {
         let input = if job.idx.is_empty() {
             None
         } else {
@@ -150,7 +150,7 @@ impl Assembler<'_> {
 
     /// `assemble`, with an error or a panic turned into an error that names the samples and
     /// the file.
-    fn try_assemble(&self, job: Job) -> Result<Micro, String> {
+    fn try_assemble(&self, job: MicroTask) -> Result<Micro, String> {
         let what = self.describe(&job);
         match catch_unwind(AssertUnwindSafe(|| self.assemble(job))) {
             Ok(Ok(m)) => Ok(m),
@@ -162,7 +162,7 @@ impl Assembler<'_> {
         }
     }
 
-    fn describe(&self, job: &Job) -> String {
+    fn describe(&self, job: &MicroTask) -> String {
         let shown: Vec<String> = job.idx.iter().take(8).map(|i| i.to_string()).collect();
         let more = if job.idx.len() > 8 { ", ..." } else { "" };
         format!(
@@ -176,7 +176,7 @@ impl Assembler<'_> {
     }
 }
 
-struct State<'a> {
+struct PipelineState<'a> {
     source: Source<'a>,
     /// Numbers handed out so far, and taken by the step loop so far.
     issued: usize,
@@ -187,28 +187,28 @@ struct State<'a> {
     done: BTreeMap<usize, Result<Micro, String>>,
 }
 
-struct Shared<'a> {
-    state: Mutex<State<'a>>,
+struct Pipeline<'a> {
+    state: Mutex<PipelineState<'a>>,
     /// The step loop waits here for the next number.
     ready: Condvar,
     /// Threads wait here for room ahead of the step loop.
     room: Condvar,
 }
 
-impl<'a> Shared<'a> {
-    fn lock(&self) -> MutexGuard<'_, State<'a>> {
+impl<'a> Pipeline<'a> {
+    fn lock(&self) -> MutexGuard<'_, PipelineState<'a>> {
         // a panic while the lock is held (none is expected) must not stop the others
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
 /// Where a loader keeps what its threads share; made before, and outliving, the thread scope.
-pub(super) struct LoaderState<'a>(Shared<'a>);
+pub(super) struct LoaderState<'a>(Pipeline<'a>);
 
 impl<'a> LoaderState<'a> {
     pub fn new(source: Source<'a>) -> Self {
-        LoaderState(Shared {
-            state: Mutex::new(State {
+        LoaderState(Pipeline {
+            state: Mutex::new(PipelineState {
                 source,
                 issued: 0,
                 taken: 0,
@@ -224,7 +224,7 @@ impl<'a> LoaderState<'a> {
 
 /// The loader of one rank. Dropping it stops its threads (after the batch each is assembling).
 pub(super) struct Loader<'s, 'a> {
-    shared: &'s Shared<'a>,
+    shared: &'s Pipeline<'a>,
     assembler: &'s Assembler<'a>,
     threaded: bool,
 }
@@ -351,7 +351,7 @@ impl Drop for Loader<'_, '_> {
 /// in its result (a panic outside the assembly): the step loop is told rather than left
 /// waiting for it.
 struct Holding<'s, 'a> {
-    shared: &'s Shared<'a>,
+    shared: &'s Pipeline<'a>,
     seq: Option<usize>,
     rank: usize,
 }
@@ -375,7 +375,7 @@ impl Drop for Holding<'_, '_> {
 }
 
 /// One loader thread: take the next number while there is room ahead, assemble, hand it in.
-fn work(shared: &Shared<'_>, assembler: &Assembler<'_>, ahead: usize) {
+fn work(shared: &Pipeline<'_>, assembler: &Assembler<'_>, ahead: usize) {
     let mut holding = Holding {
         shared,
         seq: None,

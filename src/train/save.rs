@@ -4,7 +4,7 @@
 use super::trainer::{TrainError, TrainInput};
 use crate::checkpoint::{
     encode_files, CheckpointError, DataPosition, LossScaleState, OptimizerInfo, RngState,
-    SchedulerInfo, State, Store, Watched, FORMAT,
+    SchedulerInfo, State, Store, WatchState, FORMAT,
 };
 use crate::config::Config;
 use crate::strategy::Strategy;
@@ -41,7 +41,7 @@ pub(super) fn save_checkpoint(
     position: DataPosition,
     loss: f64,
     lr: f64,
-    [early_stopping, best]: [Option<Watched>; 2],
+    [early_stopping, best]: [Option<WatchState>; 2],
     loss_scale: Option<LossScaleState>,
 ) -> Result<(), TrainError> {
     let c = input.config;
@@ -93,18 +93,18 @@ pub(super) fn save_checkpoint(
                 data_seed: c.data.seed,
             },
             world_size: input.plan.world_size,
-            strategy: format!("{:?}", c.strategy.kind).to_lowercase(),
+            strategy: crate::config::choice_name(&c.strategy.kind),
             micro_batch: input.plan.micro_batch,
             grad_accum_steps: input.plan.accum,
             num_params: input.model.num_params(),
             input_shape: input.data.input_shape(),
             params: snap.layout.clone(),
             optimizer: OptimizerInfo {
-                kind: format!("{:?}", c.optim.kind).to_lowercase(),
+                kind: crate::config::choice_name(&c.optim.kind),
                 steps: step as u64,
             },
             scheduler: SchedulerInfo {
-                kind: format!("{:?}", c.schedule.kind).to_lowercase(),
+                kind: crate::config::choice_name(&c.schedule.kind),
                 last_step: step,
                 last_lr: lr,
             },

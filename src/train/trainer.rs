@@ -13,9 +13,9 @@ use super::scaler::LossScaler;
 use super::schedule::lr_at;
 use super::step::{micro_step, MicroOpts};
 use super::timing::{Clock, Phase, Span, Totals};
-use super::watch::Watch;
+use super::watch::MetricWatch;
 use crate::checkpoint::{
-    CheckpointError, DataPosition, Loaded, LossScaleState, State, Store, Watched,
+    CheckpointError, DataPosition, Loaded, LossScaleState, State, Store, WatchState,
 };
 use crate::collective::CollectiveError;
 use crate::config::Config;
@@ -105,8 +105,8 @@ pub struct Outcome {
     /// The step at which `train.early_stopping` stopped the run.
     pub stopped_early: Option<usize>,
     /// Where `train.early_stopping` and `checkpoint.keep_best` stand at the end.
-    pub early_stopping: Option<Watched>,
-    pub best: Option<Watched>,
+    pub early_stopping: Option<WatchState>,
+    pub best: Option<WatchState>,
     /// f16's loss scale at the end, with the steps it skipped.
     pub loss_scale: Option<LossScaleState>,
 }
@@ -201,7 +201,7 @@ fn resume_pos(plan: &Plan, c: &Config, s: &State) -> Pos {
     let p = s.position;
     let same = s.world_size == plan.world_size
         && s.micro_batch == plan.micro_batch
-        && s.strategy == format!("{:?}", c.strategy.kind).to_lowercase();
+        && s.strategy == crate::config::choice_name(&c.strategy.kind);
     if same {
         Pos {
             epoch: p.epoch,
@@ -294,8 +294,8 @@ struct Trainer<'a, B: ComputeOn> {
     samples_total: f64,
     last_loss: f64,
     last_eval: Option<EvalSums>,
-    early: Option<Watch>,
-    best: Option<Watch>,
+    early: Option<MetricWatch>,
+    best: Option<MetricWatch>,
     /// f16's dynamic loss scaling.
     scaler: Option<LossScaler>,
 }
@@ -373,7 +373,7 @@ impl<'a, B: ComputeOn> Trainer<'a, B> {
         }
         let resumed = input.resume.map(|l| &l.state);
         let early = c.train.early_stopping.as_ref().map(|e| {
-            Watch::new(
+            MetricWatch::new(
                 e.metric,
                 e.mode(),
                 e.min_delta,
@@ -381,7 +381,7 @@ impl<'a, B: ComputeOn> Trainer<'a, B> {
             )
         });
         let best = c.checkpoint.keep_best.as_ref().map(|b| {
-            Watch::new(
+            MetricWatch::new(
                 b.metric,
                 b.mode(),
                 0.0,

@@ -2,27 +2,27 @@
 //! `keep_best`. Its state is saved in checkpoints, so a resumed run keeps counting.
 
 use super::eval::EvalSums;
-use crate::checkpoint::Watched;
+use crate::checkpoint::WatchState;
 use crate::config::{EvalMetric, MetricMode};
 
 /// A metric watched at each evaluation (early stopping, the best checkpoint).
-pub(super) struct Watch {
+pub(super) struct MetricWatch {
     metric: EvalMetric,
     mode: MetricMode,
     min_delta: f64,
-    pub state: Option<Watched>,
+    pub state: Option<WatchState>,
 }
 
-impl Watch {
+impl MetricWatch {
     /// Watching `metric`, continuing from `resumed` when it watched the same metric the same way.
     pub fn new(
         metric: EvalMetric,
         mode: MetricMode,
         min_delta: f64,
-        resumed: Option<&Watched>,
-    ) -> Watch {
+        resumed: Option<&WatchState>,
+    ) -> MetricWatch {
         let mode_name = mode_name(mode);
-        Watch {
+        MetricWatch {
             metric,
             mode,
             min_delta,
@@ -51,7 +51,7 @@ impl Watch {
         match &mut self.state {
             Some(w) if !better => w.bad_evals += 1,
             _ if better => {
-                self.state = Some(Watched {
+                self.state = Some(WatchState {
                     metric: self.metric.name().to_string(),
                     mode: mode_name(self.mode).to_string(),
                     best: value,

@@ -189,3 +189,35 @@ fn output_into_a_closed_pipe_ends_quietly() {
     assert_eq!(o.status.code(), Some(0), "{err}");
     assert!(!err.contains("panicked"), "{err}");
 }
+
+/// `kiln run`'s launch flags reach the config as typed values, named as their own source (a
+/// value with a quote in it is a value, not broken TOML), above `--set`.
+#[test]
+fn launch_flags_are_typed_values_named_as_their_source() {
+    let d = kiln::testdir::tempdir().unwrap();
+    write(d.path(), "t.toml", TINY);
+    let o = kiln(
+        d.path(),
+        &[
+            "run",
+            "t.toml",
+            "--quiet",
+            "--set",
+            "strategy.kind=\"ddp\"",
+            "--set",
+            "launch.nnodes=3",
+            "--nnodes",
+            "2",
+            "--node-rank",
+            "5",
+            "--master-addr",
+            "host\"1",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert_eq!(
+        stderr(&o),
+        "error: `launch.node_rank` = 5 but `launch.nnodes` = 2: node ranks are 0..2\n  --> flag --node-rank\n"
+    );
+    assert!(!d.path().join("runs").exists());
+}

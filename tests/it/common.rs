@@ -33,6 +33,11 @@ pub fn kiln_env(cwd: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
     cmd.output().expect("run kiln")
 }
 
+/// The exit code of a finished kiln (`None`: killed by a signal).
+pub fn code(o: &Output) -> Option<i32> {
+    o.status.code()
+}
+
 pub fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
@@ -142,4 +147,142 @@ pub fn checkpoint_params(run_dir: &Path, step_dir: &Path) -> Vec<f32> {
     kiln::checkpoint::load(step_dir, &model.layout().specs())
         .unwrap()
         .params
+}
+
+/// A port for a kiln node 0 of a test, that no other test of this run is given and that no
+/// connection of this machine takes as its own end: the ports come in turn from 10000-19999,
+/// below Linux's ephemeral range (32768-60999, where the OS picks the local port of every
+/// outgoing connection and of a bind to port 0) and below the ports a bare `srun` step derives
+/// (20000-39999), starting at an offset of this process's id (two test runs at once start far
+/// apart). Each is checked free, with the next one (kiln's
+/// torchrun layout takes the port after), by binding it. (A port from a bind to port 0 could
+/// be taken again, between its release and kiln's bind, by any test's outgoing connection.)
+pub fn free_port() -> u16 {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    const LOW: u32 = 10_000;
+    const SPAN: u32 = 10_000;
+    static NEXT: AtomicU32 = AtomicU32::new(u32::MAX);
+    let _ = NEXT.compare_exchange(
+        u32::MAX,
+        (std::process::id() * 97) % SPAN,
+        Ordering::SeqCst,
+        Ordering::SeqCst,
+    );
+    loop {
+        // two ports a test: the one given and the one after it
+        let n = NEXT.fetch_add(2, Ordering::SeqCst);
+        let port = (LOW + n % SPAN) as u16;
+        let free = |p: u16| std::net::TcpListener::bind(("127.0.0.1", p)).is_ok();
+        if free(port) && free(port + 1) {
+            return port;
+        }
+    }
+}
+
+// In-process training of a small task, shared by the strategy, model and unit tests.
+
+pub const TASK: &str = r#"
+[experiment]
+seed = 3
+
+[model]
+input_size = 32
+hidden_sizes = [64, 32]
+classes = 5
+
+[data]
+samples = 640
+eval_samples = 203
+features = 32
+classes = 5
+
+[train]
+max_steps = 5
+
+[optim]
+kind = "sgd"
+lr = 0.05
+momentum = 0.9
+
+[backend]
+threads = 1
+"#;
+
+pub struct Trained {
+    pub params: Vec<f32>,
+    pub eval: (f64, f64, u64),
+    pub memory: Vec<kiln::strategy::Memory>,
+}
+
+pub fn train(sets: &[&str]) -> Trained {
+    train_task(TASK, sets)
+}
+
+/// Trains the experiment `task` with `sets` in process; its final parameters, eval and memory.
+/// Everything a run of `task` with `sets` needs in process (its config, data, model and plan).
+pub struct Prepared {
+    _dir: kiln::testdir::TempDir,
+    pub r: kiln::config::Resolved,
+    pub data: kiln::data::Data,
+    pub model: kiln::model::SharedModel,
+    pub plan: kiln::plan::Plan,
+}
+
+pub fn prepare(task: &str, sets: &[&str]) -> Prepared {
+    let dir = kiln::testdir::tempdir().unwrap();
+    let f = write(dir.path(), "task.toml", task);
+    let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+    let r = kiln::config::load(&f, &[], &sets).unwrap();
+    let data = kiln::data::load(&r).unwrap();
+    let model = kiln::model::build(&r, &data.input_shape()).unwrap();
+    let plan = kiln::plan::Plan::new(&r.config, data.train.len(), model.num_params());
+    Prepared {
+        _dir: dir,
+        r,
+        data,
+        model,
+        plan,
+    }
+}
+
+impl Prepared {
+    pub fn input(&self) -> kiln::train::TrainInput<'_> {
+        kiln::train::TrainInput {
+            config: &self.r.config,
+            plan: &self.plan,
+            data: &self.data,
+            model: self.model.as_ref(),
+            store: None,
+            resume: None,
+            init: None,
+            shared_init: Default::default(),
+            keep_params: true,
+        }
+    }
+
+    /// The job's NCCL variables exported (nothing to do on the CPU), as `launch::train` needs.
+    pub fn nccl(&self) -> kiln::launch::nccl_env::NcclEnv {
+        kiln::launch::nccl_env::export(&self.r.config, None, std::time::Duration::ZERO).unwrap()
+    }
+}
+
+pub fn train_task(task: &str, sets: &[&str]) -> Trained {
+    let p = prepare(task, sets);
+    let placement = kiln::backend::resolve(&p.r.config).unwrap();
+    let res =
+        kiln::launch::train(&placement, &p.input(), None, None, &p.nccl(), &mut |_| {}).unwrap();
+    let e = res.outcome.eval.unwrap();
+    Trained {
+        params: res.outcome.params,
+        eval: (e.loss(), e.accuracy(), e.count),
+        memory: res.memory,
+    }
+}
+
+pub fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
 }

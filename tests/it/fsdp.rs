@@ -2,7 +2,7 @@
 //! with clipping, accumulation and AdamW, and a parameter count that does not divide by the world
 //! size); per-rank memory at rest is about 1/world of ddp's.
 
-use crate::parallel::{max_diff, train};
+use crate::common::{max_diff, train};
 
 const SGD: &[&str] = &["optim.kind=sgd", "optim.momentum=0.9"];
 const ADAMW: &[&str] = &[
@@ -88,7 +88,7 @@ fn fsdp_memory_at_rest_is_a_world_fraction_of_ddp() {
 #[test]
 fn the_plan_estimate_equals_what_every_strategy_reports() {
     let d = kiln::testdir::tempdir().unwrap();
-    let f = crate::common::write(d.path(), "task.toml", crate::parallel::TASK);
+    let f = crate::common::write(d.path(), "task.toml", crate::common::TASK);
     for sets in [
         &["strategy.kind=single", "optim.kind=adam"][..],
         &[

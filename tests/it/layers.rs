@@ -217,3 +217,167 @@ fn the_documented_layers_are_the_tested_ones() {
         );
     }
 }
+
+/// `text` with comments, string literals (raw ones too) and char literals blanked out, lines
+/// kept: what is left of braces is the code's own.
+fn code_only(text: &str) -> String {
+    let b = text.as_bytes();
+    let mut out = String::with_capacity(text.len());
+    let mut i = 0;
+    let keep_lines = |s: &[u8], out: &mut String| {
+        for &c in s {
+            if c == b'\n' {
+                out.push('\n');
+            }
+        }
+    };
+    while i < b.len() {
+        let rest = &b[i..];
+        if rest.starts_with(b"//") {
+            let end = rest.iter().position(|&c| c == b'\n').unwrap_or(rest.len());
+            i += end;
+        } else if rest.starts_with(b"/*") {
+            let end = text[i + 2..].find("*/").map_or(rest.len(), |e| e + 4);
+            keep_lines(&rest[..end], &mut out);
+            i += end;
+        } else if (rest.starts_with(b"r\"") || rest.starts_with(b"r#"))
+            && (i == 0 || !(b[i - 1].is_ascii_alphanumeric() || b[i - 1] == b'_'))
+        {
+            let hashes = rest[1..].iter().take_while(|&&c| c == b'#').count();
+            if rest.get(1 + hashes) != Some(&b'"') {
+                out.push(b[i] as char);
+                i += 1;
+                continue;
+            }
+            let close = format!("\"{}", "#".repeat(hashes));
+            let start = i + 2 + hashes;
+            let end = text[start..]
+                .find(&close)
+                .map_or(b.len(), |e| start + e + close.len());
+            keep_lines(&b[i..end], &mut out);
+            out.push_str("\"\"");
+            i = end;
+        } else if rest[0] == b'"' {
+            let mut j = i + 1;
+            while j < b.len() && b[j] != b'"' {
+                j += if b[j] == b'\\' { 2 } else { 1 };
+            }
+            keep_lines(&b[i..j.min(b.len())], &mut out);
+            out.push_str("\"\"");
+            i = j + 1;
+        } else if rest[0] == b'\'' {
+            // a char literal ('x', '\n', '\u{..}'), not a lifetime ('a)
+            let end = if rest.get(1) == Some(&b'\\') {
+                rest[2..].iter().position(|&c| c == b'\'').map(|p| p + 3)
+            } else if rest.get(2) == Some(&b'\'') {
+                Some(3)
+            } else {
+                None
+            };
+            match end {
+                Some(e) => {
+                    out.push_str("' '");
+                    i += e;
+                }
+                None => {
+                    out.push('\'');
+                    i += 1;
+                }
+            }
+        } else {
+            // multi-byte UTF-8 stays whole
+            let ch = text[i..].chars().next().unwrap();
+            out.push(ch);
+            i += ch.len_utf8();
+        }
+    }
+    out
+}
+
+/// Every function with a body in `code` (as `code_only` leaves it): its name, first line and
+/// length in lines.
+fn functions(code: &str) -> Vec<(String, usize, usize)> {
+    let b = code.as_bytes();
+    let line_of = |pos: usize| code[..pos].matches('\n').count() + 1;
+    let mut out = Vec::new();
+    let mut from = 0;
+    while let Some(p) = code[from..].find("fn ") {
+        let at = from + p;
+        from = at + 3;
+        if at > 0 && (b[at - 1].is_ascii_alphanumeric() || b[at - 1] == b'_') {
+            continue;
+        }
+        let name: String = code[at + 3..]
+            .chars()
+            .take_while(|c| c.is_alphanumeric() || *c == '_')
+            .collect();
+        if name.is_empty() {
+            continue;
+        }
+        // the body's `{`, unless a `;` ends the declaration first (brackets of the signature
+        // skipped)
+        let (mut depth, mut k) = (0i32, at + 3);
+        let open = loop {
+            match b.get(k) {
+                None => break None,
+                Some(b'(' | b'[') => depth += 1,
+                Some(b')' | b']') => depth -= 1,
+                Some(b';') if depth == 0 => break None,
+                Some(b'{') if depth == 0 => break Some(k),
+                _ => {}
+            }
+            k += 1;
+        };
+        let Some(open) = open else { continue };
+        let mut depth = 0;
+        let mut end = open;
+        for (j, &c) in b[open..].iter().enumerate() {
+            match c {
+                b'{' => depth += 1,
+                b'}' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        end = open + j;
+                        break;
+                    }
+                }
+                _ => {}
+            }
+        }
+        let first = line_of(at);
+        out.push((name, first, line_of(end) - first + 1));
+    }
+    out
+}
+
+#[test]
+fn the_function_scanner_sees_bodies_not_braces_in_strings() {
+    let text = "fn a() {\n    let s = \"{ not a brace\";\n    let c = '{';\n    // }\n}\nfn b<'x>(v: &'x str) -> [u8; 2] where X: Y {\n    [1, 2]\n}\ntrait T { fn c(&self); }\n";
+    let found = functions(&code_only(text));
+    let want: Vec<(String, usize, usize)> = vec![("a".into(), 1, 5), ("b".into(), 6, 3)];
+    assert_eq!(found, want);
+}
+
+/// No function in `src/` is longer than 150 lines (a long function is one a newcomer cannot
+/// change safely; split it into named steps).
+#[test]
+fn no_function_in_src_is_longer_than_150_lines() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let mut long = Vec::new();
+    for f in files {
+        let text = std::fs::read_to_string(&f).unwrap();
+        for (name, line, len) in functions(&code_only(&text)) {
+            if len > 150 {
+                let rel = f.strip_prefix(&src).unwrap().display().to_string();
+                long.push(format!("src/{rel}:{line} fn {name}: {len} lines"));
+            }
+        }
+    }
+    assert!(
+        long.is_empty(),
+        "functions over 150 lines:\n{}",
+        long.join("\n")
+    );
+}

@@ -3,7 +3,7 @@
 //! input (exit 2) naming the key, with nothing written.
 
 use crate::common::{copy_dir, kiln, loss_lines, resume_copy, root, stderr, summary, write};
-use crate::parallel::{max_diff, train_task};
+use crate::common::{max_diff, train_task};
 
 pub(crate) const CNN: &str = r#"
 [experiment]
@@ -238,7 +238,7 @@ pub(crate) fn corpus(dir: &std::path::Path) {
 }
 
 /// Trains GPT (in `dir`, which holds the corpus) with `sets`.
-fn train_gpt(sets: &[&str]) -> crate::parallel::Trained {
+fn train_gpt(sets: &[&str]) -> crate::common::Trained {
     let d = kiln::testdir::tempdir().unwrap();
     corpus(d.path());
     let task = GPT.replace("corpus.txt", d.path().join("corpus.txt").to_str().unwrap());
@@ -504,7 +504,7 @@ fn sample_streams_the_same_text_for_a_seed_and_refuses_other_models() {
 
 #[test]
 fn gpt_under_fsdp_holds_about_half_of_ddps_training_state_per_rank() {
-    let bytes = |t: &crate::parallel::Trained| -> Vec<usize> {
+    let bytes = |t: &crate::common::Trained| -> Vec<usize> {
         t.memory
             .iter()
             .map(|m| m.params_bytes + m.grads_bytes + m.optim_bytes)

@@ -2,20 +2,12 @@
 //! the job token, garbage and port scans against the store, and a node that never arrives.
 
 use std::io::Write;
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
-use crate::common::{kiln, root, stderr, write, KILN, TINY};
-
-pub(crate) fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+use crate::common::{free_port, kiln, root, stderr, write, KILN, TINY};
 
 fn node(
     dir: &Path,
@@ -143,7 +135,7 @@ fn equal_to_one_process(nnodes: usize, devices: usize) {
         &d.path().join("runs/tiny"),
         &d.path().join("runs/tiny/checkpoints/step-00000005"),
     );
-    let diff = crate::parallel::max_diff(&one, &multi);
+    let diff = crate::common::max_diff(&one, &multi);
     assert!(diff <= 1e-5, "max |param diff| {diff}");
     // and single with the whole batch
     let o = kiln(
@@ -165,7 +157,7 @@ fn equal_to_one_process(nnodes: usize, devices: usize) {
         &d.path().join("single"),
         &d.path().join("single/checkpoints/step-00000005"),
     );
-    let diff = crate::parallel::max_diff(&single, &multi);
+    let diff = crate::common::max_diff(&single, &multi);
     assert!(diff <= 1e-5, "vs single: max |param diff| {diff}");
     assert!(summary_hash(&d.path().join("runs/tiny")).is_string());
 }

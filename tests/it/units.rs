@@ -4,8 +4,8 @@
 //! declared stages and as one stage, to the same bits; each rank's peak is measured.
 
 use crate::common::{kiln, stderr, summary, write, TINY};
+use crate::common::{max_diff, train_task, TASK};
 use crate::models::{corpus, CNN, GPT};
-use crate::parallel::{max_diff, train_task, TASK};
 
 /// max |a - b| relative to the largest |a|.
 fn rel_diff(a: &[f32], b: &[f32]) -> f32 {
@@ -126,7 +126,7 @@ fn fsdp_evaluates_stage_by_stage_to_the_whole_models_bits() {
         sets.push(format!("train.batch_size={batch}"));
         let refs: Vec<&str> = sets.iter().map(String::as_str).collect();
         let trained = train_task(task, &refs);
-        let p = crate::parallel::prepare(task, &refs);
+        let p = crate::common::prepare(task, &refs);
         let compute = <Autodiff<Flex> as ComputeOn>::compute(p.model.as_ref(), &Default::default());
         let ds = p.data.eval.as_ref().unwrap();
         let whole = kiln::train::evaluate_like_run(compute.as_ref(), &trained.params, ds, 2, batch)
@@ -150,7 +150,7 @@ fn step_ops(task: &str, sets: &[&str]) -> std::collections::BTreeMap<&'static st
         "data.eval_fraction=0.0",
     ];
     all.extend_from_slice(sets);
-    let p = crate::parallel::prepare(task, &all);
+    let p = crate::common::prepare(task, &all);
     let placement = kiln::backend::resolve(&p.r.config).unwrap();
     let res =
         kiln::launch::train(&placement, &p.input(), None, None, &p.nccl(), &mut |_| {}).unwrap();

@@ -51,8 +51,8 @@ fn wgpu_refusals_name_the_key() {
 #[cfg(feature = "wgpu")]
 mod on_wgpu {
     use crate::common::{kiln, loss_lines, resume_copy, stderr, summary, write};
+    use crate::common::{prepare, TASK};
     use crate::models::{corpus, CNN, GPT};
-    use crate::parallel::{prepare, TASK};
 
     const ON: [&str; 2] = ["backend.device=wgpu", "backend.adapter=cpu"];
 
@@ -61,7 +61,8 @@ mod on_wgpu {
         let refs: Vec<&str> = sets.iter().map(String::as_str).collect();
         let p = prepare(task, &refs);
         let placement = kiln::backend::resolve(&p.r.config).unwrap();
-        let res = kiln::launch::train(&placement, &p.input(), None, None, &mut |_| {}).unwrap();
+        let res = kiln::launch::train(&placement, &p.input(), None, None, &p.nccl(), &mut |_| {})
+            .unwrap();
         let eval = res.outcome.eval.expect("an eval set").loss();
         (res.outcome.final_loss, eval)
     }
@@ -147,7 +148,8 @@ mod on_wgpu {
     fn transfers(sets: &[&str]) -> (Vec<kiln::params::Transfers>, f64, f64, usize) {
         let p = prepare(TASK, sets);
         let placement = kiln::backend::resolve(&p.r.config).unwrap();
-        let res = kiln::launch::train(&placement, &p.input(), None, None, &mut |_| {}).unwrap();
+        let res = kiln::launch::train(&placement, &p.input(), None, None, &p.nccl(), &mut |_| {})
+            .unwrap();
         let t = res
             .memory
             .iter()
