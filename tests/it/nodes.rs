@@ -466,3 +466,87 @@ fn the_cuda_re_exec_comes_before_the_rendezvous_and_keeps_a_generated_token() {
         crate::common::stdout(&env)
     );
 }
+
+/// `kiln resume DIR` on every node of a job whose directory holds its config and no checkpoint
+/// yet (what `kiln submit`'s script runs on a job's first start) starts from
+/// `model.init_from`, as the same run on one node does.
+#[test]
+fn a_multi_node_resume_without_a_checkpoint_starts_from_init_from() {
+    let d = kiln::testdir::tempdir().unwrap();
+    write(d.path(), "t.toml", TINY);
+    let ok = |o: &Output| assert_eq!(o.status.code(), Some(0), "{}", stderr(o));
+    ok(&kiln(
+        d.path(),
+        &[
+            "run",
+            "t.toml",
+            "--quiet",
+            "--run-dir",
+            "a",
+            "--set",
+            "train.max_steps=2",
+        ],
+    ));
+    ok(&kiln(d.path(), &["export", "a", "-o", "w.safetensors"]));
+    let sets = [
+        "--set",
+        "strategy.kind=\"ddp\"",
+        "--set",
+        "model.init_from=\"w.safetensors\"",
+        "--set",
+        "train.max_steps=6",
+    ];
+    let mut args = vec![
+        "run",
+        "t.toml",
+        "--quiet",
+        "--run-dir",
+        "ref",
+        "--set",
+        "strategy.devices=2",
+    ];
+    args.extend(sets);
+    ok(&kiln(d.path(), &args));
+    std::fs::create_dir(d.path().join("job")).unwrap();
+    std::fs::copy(
+        d.path().join("ref/config.toml"),
+        d.path().join("job/config.toml"),
+    )
+    .unwrap();
+    let port = free_port().to_string();
+    let nodes: Vec<Child> = (0..2)
+        .map(|n| {
+            let rank = n.to_string();
+            crate::common::clean_cmd(
+                Path::new(KILN),
+                d.path(),
+                &[
+                    "resume",
+                    "job",
+                    "--quiet",
+                    "--nnodes",
+                    "2",
+                    "--node-rank",
+                    &rank,
+                    "--master-addr",
+                    "127.0.0.1",
+                    "--master-port",
+                    &port,
+                    "--set",
+                    "strategy.devices=1",
+                ],
+            )
+            .env("KILN_JOB_TOKEN", "init-from-token")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+        })
+        .collect();
+    for c in nodes {
+        ok(&c.wait_with_output().unwrap());
+    }
+    let ref_losses = crate::common::losses(&d.path().join("ref"));
+    assert_eq!(ref_losses.len(), 6);
+    assert_eq!(crate::common::losses(&d.path().join("job")), ref_losses);
+}
