@@ -82,7 +82,7 @@ pub fn sweep(a: &SweepArgs) -> Result<()> {
     match spec.executor {
         sweep::Executor::Local => {
             crate::train::preempt::install();
-            sweep::run(&spec, a.parallel, a.quiet).map(|_| ())
+            sweep::run_trials(&spec, a.parallel, a.quiet).map(|_| ())
         }
         sweep::Executor::Slurm => sweep::submit(&spec, a.parallel).map(|_| ()),
     }

@@ -613,7 +613,7 @@ impl NcclRank {
 
     /// Enqueues `f` on this rank's stream, then waits for it (and so for every op started
     /// before it): done, aborted, failed or timed out.
-    fn run(
+    fn run_op(
         &mut self,
         kind: OpKind,
         f: impl FnOnce(sys::ncclComm_t, sys::cudaStream_t) -> Result<(), String>,
@@ -658,7 +658,7 @@ impl NcclRank {
         {
             let (s, _s_sync) = d_send.device_ptr(&stream);
             let (r, _r_sync) = d_recv.device_ptr(&stream);
-            self.run(kind, |comm, st| f(s as *const _, r as *mut _, comm, st))?;
+            self.run_op(kind, |comm, st| f(s as *const _, r as *mut _, comm, st))?;
         }
         let mut host = vec![T::default(); recv.len().max(1)];
         stream
@@ -856,7 +856,7 @@ impl DeviceOps for NcclRank {
     }
 
     fn all_reduce_raw(&mut self, buf: RawBuf, op: ReduceOp) -> Result<(), CollectiveError> {
-        self.run(OpKind::AllReduce, |comm, st| unsafe {
+        self.run_op(OpKind::AllReduce, |comm, st| unsafe {
             let p = buf.ptr as *mut std::ffi::c_void;
             nccl::all_reduce(p, p, buf.len, nccl_dtype(buf.dtype), nccl_op(op), comm, st)
                 .map(|_| ())
@@ -870,7 +870,7 @@ impl DeviceOps for NcclRank {
         op: ReduceOp,
         root: usize,
     ) -> Result<(), CollectiveError> {
-        self.run(OpKind::Reduce, |comm, st| unsafe {
+        self.run_op(OpKind::Reduce, |comm, st| unsafe {
             let p = buf.ptr as *mut std::ffi::c_void;
             let (dt, o) = (nccl_dtype(buf.dtype), nccl_op(op));
             nccl::reduce(p, p, buf.len, dt, o, root as i32, comm, st)
@@ -886,7 +886,7 @@ impl DeviceOps for NcclRank {
         op: ReduceOp,
     ) -> Result<(), CollectiveError> {
         self.check_split(OpKind::ReduceScatter, send, recv)?;
-        self.run(OpKind::ReduceScatter, |comm, st| unsafe {
+        self.run_op(OpKind::ReduceScatter, |comm, st| unsafe {
             let (s, r) = (
                 send.ptr as *const std::ffi::c_void,
                 recv.ptr as *mut std::ffi::c_void,
@@ -900,7 +900,7 @@ impl DeviceOps for NcclRank {
 
     fn all_gather_raw(&mut self, send: RawBuf, recv: RawBuf) -> Result<(), CollectiveError> {
         self.check_split(OpKind::AllGather, recv, send)?;
-        self.run(OpKind::AllGather, |comm, st| unsafe {
+        self.run_op(OpKind::AllGather, |comm, st| unsafe {
             let (s, r) = (
                 send.ptr as *const std::ffi::c_void,
                 recv.ptr as *mut std::ffi::c_void,
@@ -912,7 +912,7 @@ impl DeviceOps for NcclRank {
     }
 
     fn broadcast_raw(&mut self, buf: RawBuf, root: usize) -> Result<(), CollectiveError> {
-        self.run(OpKind::Broadcast, |comm, st| unsafe {
+        self.run_op(OpKind::Broadcast, |comm, st| unsafe {
             let p = buf.ptr as *mut std::ffi::c_void;
             nccl::broadcast(p, p, buf.len, nccl_dtype(buf.dtype), root as i32, comm, st)
                 .map(|_| ())

@@ -11,7 +11,7 @@ use super::run_dir::{checkpoint_store, write_json};
 use crate::backend::{self, BackendKind, RankBackend};
 use crate::config;
 use crate::error::{Error, Result};
-use crate::model::{Model, Task};
+use crate::model::Model;
 use crate::train::{evaluate_like_run, EvalSums};
 
 /// What to evaluate.
@@ -99,16 +99,16 @@ pub fn eval(run_dir: &Path, o: &EvalOptions) -> Result<EvalReport> {
         .file_name()
         .map(|f| f.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let lm = matches!(model.task(), Task::LanguageModel { .. });
+    let m = crate::train::EvalMetrics::of(model.task(), &sums);
     let now = std::time::SystemTime::now();
     let d = &c.data;
     let mut report = EvalReport {
         checkpoint: name.clone(),
         step: state.step,
-        eval_loss: sums.loss(),
-        eval_accuracy: (!lm).then(|| sums.accuracy()),
-        eval_perplexity: lm.then(|| sums.perplexity()),
-        eval_samples: sums.count,
+        eval_loss: m.loss,
+        eval_accuracy: m.accuracy,
+        eval_perplexity: m.perplexity,
+        eval_samples: m.samples,
         data: serde_json::json!({
             "kind": crate::config::choice_name(&d.kind),
             "eval_path": d.eval_path,

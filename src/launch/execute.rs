@@ -17,7 +17,7 @@ use super::resume::{prepare_resume, Resumption};
 use super::run_dir::{claim_run_dir, first_missing, is_empty_dir, lock_run_dir, newest_unfinished};
 use super::run_files::{PendingChecks, RunFiles};
 use super::summary::{Summary, SummaryInputs};
-use super::{run, NodeLink, RunResult};
+use super::{train_ranks, NodeLink, RunResult};
 use crate::backend::{self, BackendKind, Placement};
 use crate::checkpoint::{Loaded, Store};
 use crate::config::{self, Config, Resolved};
@@ -239,7 +239,7 @@ pub(super) fn execute(
         store: Store::new(run_dir.join(&c.checkpoint.dir)),
         first_step: from_step.unwrap_or(0),
     };
-    session.run(files, job, &nccl, quiet)
+    session.train_and_report(files, job, &nccl, quiet)
 }
 
 /// A finished run resumed at (or past) its end has nothing to train: what to say, with every
@@ -299,7 +299,7 @@ struct Session<'a> {
 
 impl Session<'_> {
     /// Trains, then ends the job's part of this node and reports.
-    fn run(
+    fn train_and_report(
         &self,
         mut files: RunFiles,
         mut job: Option<Job>,
@@ -476,15 +476,13 @@ impl Session<'_> {
                     ui::out(&super::profile::breakdown_line(&res, steps));
                 }
                 let out = &res.outcome;
-                let eval = match (out.eval, out.eval_accuracy(), out.eval_perplexity()) {
-                    (Some(e), Some(acc), _) => {
-                        format!(", eval loss {:.4}, eval accuracy {acc:.3}", e.loss())
-                    }
-                    (Some(e), None, Some(ppl)) => {
-                        format!(", eval loss {:.4}, eval perplexity {ppl:.3}", e.loss())
-                    }
-                    _ => String::new(),
-                };
+                let eval = out.eval_metrics().map_or(String::new(), |m| {
+                    format!(
+                        ", eval loss {:.4}, eval {}",
+                        m.loss,
+                        m.metric(|v| format!("{v:.3}"))
+                    )
+                });
                 ui::out(&format!(
                     "finished {} steps in {:.1}s: final loss {:.4}{eval}; run dir: {}",
                     out.steps,
@@ -560,7 +558,7 @@ pub fn train(
     macro_rules! dispatch {
         ($($(#[$a:meta])* $v:ident = $name:literal => $ty:ty),* $(,)?) => {
             match placement.backend {
-                $($(#[$a])* BackendKind::$v => run::<$ty>(input, placement, n, logs, link, on_event),)*
+                $($(#[$a])* BackendKind::$v => train_ranks::<$ty>(input, placement, n, logs, link, on_event),)*
             }
         };
     }

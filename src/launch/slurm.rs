@@ -529,7 +529,7 @@ impl JobState {
 }
 
 /// Runs a Slurm command: its stdout, or its stderr (or why it could not start) on failure.
-fn run(cmd: &str, args: &[&str]) -> std::result::Result<String, String> {
+fn command_output(cmd: &str, args: &[&str]) -> std::result::Result<String, String> {
     let out = Command::new(cmd)
         .args(args)
         .output()
@@ -574,7 +574,7 @@ fn from_scontrol(line: &str) -> Option<JobState> {
 /// answers that it has no such job and accounting knows none either; `Err` when Slurm could not
 /// be asked (then nothing may be concluded, e.g. that a trial is gone).
 pub fn query(id: &str) -> std::result::Result<Option<JobState>, String> {
-    match run("scontrol", &["show", "job", "-o", id]) {
+    match command_output("scontrol", &["show", "job", "-o", id]) {
         Ok(out) => {
             if let Some(s) = out.lines().find_map(from_scontrol) {
                 return Ok(Some(s));
@@ -593,7 +593,7 @@ pub fn query(id: &str) -> std::result::Result<Option<JobState>, String> {
         "-o",
         "State,ExitCode,Elapsed,NodeList",
     ];
-    if let Ok(out) = run("sacct", &acct) {
+    if let Ok(out) = command_output("sacct", &acct) {
         if let Some(l) = out.lines().find(|l| !l.trim().is_empty()) {
             let p: Vec<&str> = l.split('|').collect();
             return Ok(Some(JobState {

@@ -129,6 +129,7 @@ impl Summary {
         let c = s.config;
         let be = s.placement.backend;
         let o = res.map(|r| &r.outcome);
+        let eval = o.and_then(|o| o.eval_metrics());
         let flops_per_sec = s
             .flops_per_sample
             .zip(o.map(|o| o.samples_per_sec))
@@ -182,10 +183,10 @@ impl Summary {
                 .map(|o| o.epochs)
                 .unwrap_or(reached.1.unwrap_or(s.first_epoch)),
             final_loss: o.map(|o| o.final_loss),
-            eval_loss: o.and_then(|o| o.eval.map(|e| e.loss())),
-            eval_accuracy: o.and_then(|o| o.eval_accuracy()),
-            eval_perplexity: o.and_then(|o| o.eval_perplexity()),
-            eval_samples: o.and_then(|o| o.eval.map(|e| e.count)),
+            eval_loss: eval.map(|m| m.loss),
+            eval_accuracy: eval.and_then(|m| m.accuracy),
+            eval_perplexity: eval.and_then(|m| m.perplexity),
+            eval_samples: eval.map(|m| m.samples),
             wall_seconds: o.map(|o| o.wall_seconds).unwrap_or(0.0),
             samples_per_sec: o.map(|o| o.samples_per_sec).unwrap_or(0.0),
             tokens_per_sec: o.and_then(|o| o.tokens_per_sec()),

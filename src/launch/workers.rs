@@ -59,8 +59,6 @@ impl RankSink for Sink {
     }
 }
 
-/// Runs every rank of this node on backend `B` and waits for all of them. `threads` is the size
-/// of each rank's pool; `logs` is where `rank-<r>.log` files go (none when `None`).
 /// This node's link to the other nodes of a job.
 pub struct NodeLink {
     pub node: usize,
@@ -74,7 +72,9 @@ pub struct NodeLink {
     pub nccl_id: Option<crate::collective::nccl::Id>,
 }
 
-pub fn run<B: RankBackend>(
+/// Runs every rank of this node on backend `B` and waits for all of them. `threads` is the size
+/// of each rank's pool; `logs` is where `rank-<r>.log` files go (none when `None`).
+pub fn train_ranks<B: RankBackend>(
     input: &TrainInput<'_>,
     placement: &Placement,
     threads: usize,

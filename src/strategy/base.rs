@@ -613,7 +613,7 @@ mod tests {
 
     /// Every rank's parameters after two updates from rank-dependent gradients, preceded by the
     /// unit parameters each step gathered (and how many gathers ran on the device).
-    fn run(c: &Config, layout: &ParamLayout, path: Path) -> Vec<Out> {
+    fn run_strategy(c: &Config, layout: &ParamLayout, path: Path) -> Vec<Out> {
         let device = path != Path::Host;
         let n = layout.num_params();
         on_ranks(c, |l| {
@@ -699,13 +699,13 @@ mod tests {
             // 10 elements per bucket: several all-reduces over slices of one device buffer
             c.strategy.bucket_cap_mb = 40.0 / (1024.0 * 1024.0);
             c.optim.kind = OptimKind::Adamw;
-            let host = run(&c, &layout, Path::Host);
+            let host = run_strategy(&c, &layout, Path::Host);
             // over a device collective (NCCL), its ops beside the compute (deferred until waited
             // for, as on NCCL's own stream) or in step order: the same bits
             c.strategy.overlap = false;
-            let inline = run(&c, &layout, Path::Device);
+            let inline = run_strategy(&c, &layout, Path::Device);
             c.strategy.overlap = true;
-            let device = run(&c, &layout, Path::Device);
+            let device = run_strategy(&c, &layout, Path::Device);
             let values = |r: &[Out]| r.iter().map(|o| o.0.clone()).collect::<Vec<_>>();
             assert_eq!(
                 values(&inline),
@@ -744,7 +744,7 @@ mod tests {
             for overlap in [true, false] {
                 c.strategy.overlap = overlap;
                 let before = crate::params::transfers::counted();
-                let staged = run(&c, &layout, Path::Staged);
+                let staged = run_strategy(&c, &layout, Path::Staged);
                 let what = format!("staged, overlap {overlap}: {kind:?} {sharding:?} {unit:?}");
                 assert!(files(&host) == files(&staged), "{what}: checkpoints differ");
                 assert_eq!(values(&host), values(&staged), "{what}");

@@ -359,7 +359,7 @@ pub(super) fn write_results(dir: &Path, rows: &[Row], metric: &str) -> Result<()
 }
 
 /// Runs (or continues) a sweep. Returns the results table.
-pub fn run(spec: &SweepSpec, parallel: Option<usize>, quiet: bool) -> Result<String> {
+pub fn run_trials(spec: &SweepSpec, parallel: Option<usize>, quiet: bool) -> Result<String> {
     let env: Vec<(String, String)> = std::env::vars().collect();
     let (base, planned) = plan(spec, &env)?;
     let s = &base.sweep;

@@ -15,7 +15,7 @@ pub mod timing;
 mod trainer;
 mod watch;
 
-pub use eval::{evaluate_like_run, EvalSums};
+pub use eval::{evaluate_like_run, EvalMetrics, EvalSums};
 pub use scaler::LossScaler;
 pub use timed::Timed;
 pub use timing::{wait_hook, Clock, Phase, Span, Totals};

@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use super::eval::{evaluate, evaluate_by_units, reduce_eval, EvalSums};
+use super::eval::{evaluate, evaluate_by_units, reduce_eval, EvalMetrics, EvalSums};
 use super::loader::{Assembler, Loader, LoaderState, Pos, Source};
 use super::scaler::LossScaler;
 use super::schedule::lr_at;
@@ -119,18 +119,9 @@ impl Outcome {
             Task::Classification { .. } => None,
         }
     }
-    /// Evaluation accuracy (classification) or perplexity (language model).
-    pub fn eval_accuracy(&self) -> Option<f64> {
-        match self.task {
-            Task::Classification { .. } => self.eval.map(|e| e.accuracy()),
-            Task::LanguageModel { .. } => None,
-        }
-    }
-    pub fn eval_perplexity(&self) -> Option<f64> {
-        match self.task {
-            Task::LanguageModel { .. } => self.eval.map(|e| e.perplexity()),
-            Task::Classification { .. } => None,
-        }
+    /// The final evaluation's metrics.
+    pub fn eval_metrics(&self) -> Option<EvalMetrics> {
+        self.eval.map(|e| EvalMetrics::of(self.task, &e))
     }
 }
 
@@ -652,10 +643,7 @@ impl<'a, B: ComputeOn> Trainer<'a, B> {
                 };
                 reduce_eval(strategy, &losses, &correct, ds.len())
             })?;
-        let metric = match self.task {
-            Task::LanguageModel { .. } => format!("perplexity {}", sums.perplexity()),
-            Task::Classification { .. } => format!("accuracy {}", sums.accuracy()),
-        };
+        let metric = EvalMetrics::of(self.task, &sums).metric(|v| v.to_string());
         self.sink.log(&format!(
             "eval at step {} on {} samples: loss {}, {metric}",
             self.step,
@@ -750,7 +738,10 @@ impl<'a, B: ComputeOn> Trainer<'a, B> {
         let elapsed = self.window_start.elapsed().as_secs_f64().max(1e-9);
         let sps = self.window_samples / elapsed;
         let log = is_last || do_eval || done % c.train.log_every == 0;
-        let eval = self.last_eval.filter(|_| do_eval);
+        let eval = self
+            .last_eval
+            .filter(|_| do_eval)
+            .map(|e| EvalMetrics::of(self.task, &e));
         let line = log.then(|| MetricLine {
             ts: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
@@ -763,9 +754,9 @@ impl<'a, B: ComputeOn> Trainer<'a, B> {
             lr: s.lr,
             samples_per_sec: round4(sps),
             tokens_per_sec: lm.then(|| round4(sps * self.task.targets_per_sample() as f64)),
-            eval_loss: eval.map(|e| e.loss()),
-            eval_accuracy: eval.filter(|_| !lm).map(|e| e.accuracy()),
-            eval_perplexity: eval.filter(|_| lm).map(|e| e.perplexity()),
+            eval_loss: eval.map(|m| m.loss),
+            eval_accuracy: eval.and_then(|m| m.accuracy),
+            eval_perplexity: eval.and_then(|m| m.perplexity),
             loss_scale: s.loss_scale,
             skipped: s.skipped,
         });
