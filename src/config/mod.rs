@@ -6,6 +6,7 @@ mod cross;
 mod error;
 mod load;
 mod nccl;
+mod nccl_vars;
 mod schema;
 mod show;
 mod validate;
@@ -40,7 +41,8 @@ pub use load::{
 };
 pub use log::*;
 pub use model::*;
-pub use nccl::{EnvValue, NcclDebug, KNOWN as KNOWN_NCCL_VARS};
+pub use nccl::{EnvValue, NcclDebug};
+pub use nccl_vars::KNOWN as KNOWN_NCCL_VARS;
 pub use optim::*;
 pub use profile::*;
 pub use sampler::*;
