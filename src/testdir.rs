@@ -1,5 +1,6 @@
 //! Temporary directories for kiln's own tests and benchmarks (unit tests, `tests/`, `benches/`):
-//! a fresh directory under the system's temporary directory, removed when dropped. Kept here
+//! a fresh directory under the system's temporary directory, removed when dropped; and ports
+//! for a test's node 0 (`free_port`). Kept here
 //! rather than taken from the `tempfile` crate because a test-only dependency changes feature
 //! unification, and `cargo test --release` would rebuild the Burn stack `cargo run` had built.
 
@@ -50,4 +51,32 @@ pub fn tempdir() -> std::io::Result<TempDir> {
         }
     }
     Err(std::io::Error::other("no free temporary directory name"))
+}
+
+/// A port for a kiln node 0 of a test (unit or integration), that no other test of this run is given and that no
+/// connection of this machine takes as its own end: the ports come in turn, two at a time (the
+/// one given and the one after it, which kiln's torchrun layout takes), from 10000-19999:
+/// below Linux's ephemeral range (32768-60999, where the OS picks the local port of every
+/// outgoing connection and of a bind to port 0) and below the ports a bare `srun` step derives
+/// (20000-39999). The turn starts at an offset taken from this process's id, so that two test
+/// runs at once are unlikely to meet; each pair is checked free by binding it.
+pub fn free_port() -> u16 {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    const LOW: u32 = 10_000;
+    const PAIRS: u32 = 5_000;
+    static NEXT: AtomicU32 = AtomicU32::new(u32::MAX);
+    let _ = NEXT.compare_exchange(
+        u32::MAX,
+        std::process::id().wrapping_mul(97) % PAIRS,
+        Ordering::SeqCst,
+        Ordering::SeqCst,
+    );
+    for _ in 0..PAIRS {
+        let port = (LOW + 2 * (NEXT.fetch_add(1, Ordering::SeqCst) % PAIRS)) as u16;
+        let free = |p: u16| std::net::TcpListener::bind(("127.0.0.1", p)).is_ok();
+        if free(port) && free(port + 1) {
+            return port;
+        }
+    }
+    panic!("no free pair of ports in {LOW}-{}", LOW + 2 * PAIRS - 1);
 }

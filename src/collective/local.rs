@@ -13,7 +13,7 @@ enum Payload {
     F32(Vec<f32>),
     F64(Vec<f64>),
     /// A rank's own buffer, shared in place for the duration of one all-reduce (address, len).
-    Exchange(usize, usize),
+    Shared(usize, usize),
 }
 
 impl Payload {
@@ -21,7 +21,7 @@ impl Payload {
         match self {
             Payload::F32(v) => v.len(),
             Payload::F64(v) => v.len(),
-            Payload::Exchange(_, len) => *len,
+            Payload::Shared(_, len) => *len,
         }
     }
     fn f32(&self) -> &[f32] {
@@ -300,7 +300,7 @@ fn shared_reads(res: &[Payload]) -> Vec<&[f32]> {
             // SAFETY: every address is a live `&[f32]` of length `len` (the lengths were checked
             // equal by `exchange`) whose owner stays in the op until every rank passed
             // `finish_shared` (a `Finish` guard); nobody writes to it during the op
-            Payload::Exchange(addr, len) => unsafe {
+            Payload::Shared(addr, len) => unsafe {
                 std::slice::from_raw_parts(*addr as *const f32, *len)
             },
             _ => &[][..],
@@ -320,6 +320,32 @@ impl Drop for Finish<'_> {
 
 impl LocalRank {
     /// The error for an output buffer of the wrong length (before anything is exchanged).
+    /// The start of an all-gather (`out` is `world` times `send`) or a reduce-scatter (`send`
+    /// is `world` times `out`) over shared memory: other sizes are the error; a world of one
+    /// copies `send` to `out` and has nothing more to do (`None`); else every rank's `send` is
+    /// shared in place.
+    fn share_in_place(
+        &mut self,
+        kind: OpKind,
+        send: &[f32],
+        out: &mut [f32],
+    ) -> Result<Option<Arc<Vec<Payload>>>, CollectiveError> {
+        let world = self.shared.world;
+        let size = match kind {
+            OpKind::AllGather => (out.len(), world * send.len()),
+            _ => (send.len(), world * out.len()),
+        };
+        if size.0 != size.1 {
+            return Err(self.out_size(kind, size.0, size.1));
+        }
+        if self.shared.world == 1 {
+            out.copy_from_slice(send);
+            return Ok(None);
+        }
+        self.exchange(kind, Payload::Shared(send.as_ptr() as usize, send.len()))
+            .map(Some)
+    }
+
     fn out_size(&self, kind: OpKind, len: usize, want: usize) -> CollectiveError {
         CollectiveError::Size {
             rank: self.rank,
@@ -372,12 +398,12 @@ impl Collective for LocalRank {
         }
         let res = self.exchange(
             OpKind::AllReduce,
-            Payload::Exchange(buf.as_mut_ptr() as usize, buf.len()),
+            Payload::Shared(buf.as_mut_ptr() as usize, buf.len()),
         )?;
         let ptrs: Vec<*mut f32> = res
             .iter()
             .map(|p| match p {
-                Payload::Exchange(addr, _) => *addr as *mut f32,
+                Payload::Shared(addr, _) => *addr as *mut f32,
                 _ => std::ptr::null_mut(),
             })
             .collect();
@@ -470,18 +496,9 @@ impl Collective for LocalRank {
     /// Over shared memory: each rank copies every rank's `send` straight into its `out` (no
     /// copy in between).
     fn all_gather(&mut self, send: &[f32], out: &mut [f32]) -> Result<(), CollectiveError> {
-        let world = self.shared.world;
-        if out.len() != world * send.len() {
-            return Err(self.out_size(OpKind::AllGather, out.len(), world * send.len()));
-        }
-        if world == 1 {
-            out.copy_from_slice(send);
+        let Some(res) = self.share_in_place(OpKind::AllGather, send, out)? else {
             return Ok(());
-        }
-        let res = self.exchange(
-            OpKind::AllGather,
-            Payload::Exchange(send.as_ptr() as usize, send.len()),
-        )?;
+        };
         // from here every rank reads the others' buffers: all leave together, even on unwind
         let _finish = Finish(self);
         for (chunk, src) in out.chunks_mut(send.len().max(1)).zip(shared_reads(&res)) {
@@ -504,19 +521,10 @@ impl Collective for LocalRank {
         out: &mut [f32],
         op: ReduceOp,
     ) -> Result<(), CollectiveError> {
-        let world = self.shared.world;
-        if send.len() != world * out.len() {
-            return Err(self.out_size(OpKind::ReduceScatter, send.len(), world * out.len()));
-        }
-        if world == 1 {
-            out.copy_from_slice(send);
-            return Ok(());
-        }
         // over shared memory: rank r reduces chunk r of every rank's `send` (rank order), no copy
-        let res = self.exchange(
-            OpKind::ReduceScatter,
-            Payload::Exchange(send.as_ptr() as usize, send.len()),
-        )?;
+        let Some(res) = self.share_in_place(OpKind::ReduceScatter, send, out)? else {
+            return Ok(());
+        };
         // from here every rank reads the others' buffers: all leave together, even on unwind
         let finish = Finish(self);
         let n = out.len();

@@ -166,7 +166,7 @@ pub fn build_figment(
 /// they take their defaults): after an error about a key, the rest of the config can still be
 /// checked, and every error reported at once. The layers, lowest first: defaults, the files
 /// (an `extends` chain), `KILN_*` variables, the launcher's variables (torchrun, Slurm), what
-/// a bare `srun` step implies, torchrun's one device per process, `--set`.
+/// a bare `srun` step implies, torchrun's one device per process, `--set`, typed flags.
 fn build_figment_without(
     file: &Path,
     env: &[(String, String)],

@@ -206,11 +206,7 @@ mod tests {
     #[test]
     fn every_node_takes_node_0s_settings_through_the_store() {
         use super::super::rendezvous::join;
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let port = crate::testdir::free_port();
         let cfg = |node, algo: &str| {
             let mut c = Config::default();
             c.backend.device = Device::Cuda;

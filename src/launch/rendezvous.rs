@@ -575,11 +575,7 @@ mod tests {
     /// connections (it used to hold each node's probe for its own address, read as intrusions).
     #[test]
     fn kilns_own_nodes_leave_nothing_in_the_stores_refused_list() {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let port = crate::testdir::free_port();
         let cfg = |node| {
             let mut c = Config::default();
             c.launch.nnodes = 2;

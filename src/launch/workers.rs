@@ -245,7 +245,7 @@ fn run_ranks<B: RankBackend>(
     })
 }
 
-/// Like `run`, over the given collectives (one per local rank, in rank order) instead of the
+/// Like `train_ranks`, over the given collectives (one per local rank, in rank order) instead of the
 /// ones the placement calls for: how tests inject faults through a collective of their own.
 pub fn run_with_collectives<B: RankBackend>(
     input: &TrainInput<'_>,

@@ -49,6 +49,27 @@ fn series(runs: &[RunData], key: &str, axis: &str) -> Vec<(String, Vec<(f64, f64
         .collect()
 }
 
+/// A stacked bar chart of run `name`, as the page's figure `<kind>-<name>`.
+fn stacked_figure(
+    out: &mut String,
+    kind: &str,
+    name: &str,
+    title: &str,
+    unit: &str,
+    parts: &[(String, usize)],
+    bars: &[(String, Vec<f64>)],
+) -> Result<(), String> {
+    let svg = charts::stacked(title, unit, parts, bars)?;
+    figure(
+        out,
+        &format!("{kind}-{}", esc(name)),
+        kind,
+        parts.len(),
+        &svg,
+    );
+    Ok(())
+}
+
 /// A figure: the chart's SVG with what a reader (and a test) needs to know about it.
 fn figure(out: &mut String, id: &str, class: &str, series: usize, svg: &str) {
     let _ = write!(
@@ -186,14 +207,15 @@ fn per_rank(out: &mut String, runs: &[RunData]) -> Result<(), String> {
             })
             .collect();
         let title = format!("time by phase per rank: {}", r.name);
-        let svg = charts::stacked(&title, "fraction of the time", &parts, &bars)?;
-        figure(
+        stacked_figure(
             out,
-            &format!("time-{}", esc(&r.name)),
             "time",
-            parts.len(),
-            &svg,
-        );
+            &r.name,
+            &title,
+            "fraction of the time",
+            &parts,
+            &bars,
+        )?;
         any = true;
     }
     if !any {
@@ -224,14 +246,7 @@ fn per_rank(out: &mut String, runs: &[RunData]) -> Result<(), String> {
             })
             .collect();
         let title = format!("memory at rest per rank: {}", r.name);
-        let svg = charts::stacked(&title, "MB", &parts, &bars)?;
-        figure(
-            out,
-            &format!("memory-{}", esc(&r.name)),
-            "memory",
-            parts.len(),
-            &svg,
-        );
+        stacked_figure(out, "memory", &r.name, &title, "MB", &parts, &bars)?;
         // what was measured, beside the model state the chart shows
         let peaks: Vec<String> = mem
             .iter()

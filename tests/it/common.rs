@@ -149,34 +149,10 @@ pub fn checkpoint_params(run_dir: &Path, step_dir: &Path) -> Vec<f32> {
         .params
 }
 
-/// A port for a kiln node 0 of a test, that no other test of this run is given and that no
-/// connection of this machine takes as its own end: the ports come in turn from 10000-19999,
-/// below Linux's ephemeral range (32768-60999, where the OS picks the local port of every
-/// outgoing connection and of a bind to port 0) and below the ports a bare `srun` step derives
-/// (20000-39999), starting at an offset of this process's id (two test runs at once start far
-/// apart). Each is checked free, with the next one (kiln's
-/// torchrun layout takes the port after), by binding it. (A port from a bind to port 0 could
-/// be taken again, between its release and kiln's bind, by any test's outgoing connection.)
+/// A port for a kiln node 0 of a test (`kiln::testdir::free_port`: no other test of this
+/// run gets it, and no connection's own end takes it).
 pub fn free_port() -> u16 {
-    use std::sync::atomic::{AtomicU32, Ordering};
-    const LOW: u32 = 10_000;
-    const SPAN: u32 = 10_000;
-    static NEXT: AtomicU32 = AtomicU32::new(u32::MAX);
-    let _ = NEXT.compare_exchange(
-        u32::MAX,
-        (std::process::id() * 97) % SPAN,
-        Ordering::SeqCst,
-        Ordering::SeqCst,
-    );
-    loop {
-        // two ports a test: the one given and the one after it
-        let n = NEXT.fetch_add(2, Ordering::SeqCst);
-        let port = (LOW + n % SPAN) as u16;
-        let free = |p: u16| std::net::TcpListener::bind(("127.0.0.1", p)).is_ok();
-        if free(port) && free(port + 1) {
-            return port;
-        }
-    }
+    kiln::testdir::free_port()
 }
 
 // In-process training of a small task, shared by the strategy, model and unit tests.

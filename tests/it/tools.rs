@@ -192,16 +192,10 @@ fn torchrun_group(
 fn a_torchrun_group_is_one_job_and_a_restarted_group_resumes() {
     let d = kiln::testdir::tempdir().unwrap();
     ddp_reference(d.path(), 4);
-    // torchrun's agent: its store listens on MASTER_PORT the whole time (a port whose next,
-    // kiln's, is free too)
-    let (agent, port) = (0..100)
-        .find_map(|_| {
-            let agent = std::net::TcpListener::bind("127.0.0.1:0").ok()?;
-            let port = agent.local_addr().ok()?.port();
-            std::net::TcpListener::bind(("127.0.0.1", port.checked_add(1)?)).ok()?;
-            Some((agent, port))
-        })
-        .unwrap();
+    // torchrun's agent: its store listens on MASTER_PORT the whole time (`free_port` checked
+    // the port after it, kiln's, free too)
+    let port = crate::common::free_port();
+    let agent = std::net::TcpListener::bind(("127.0.0.1", port)).unwrap();
     let group = torchrun_group(d.path(), &["run", "t.toml", "--quiet"], port, 0);
     for (rank, c) in group.into_iter().enumerate() {
         let o = c.wait_with_output().unwrap();
