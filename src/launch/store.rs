@@ -203,6 +203,45 @@ pub fn read_frame(s: &mut impl Read) -> std::io::Result<Value> {
         .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, format!("not JSON: {e}")))
 }
 
+/// A listening socket node 0's launcher bound (to port 0, say) and handed over as this file
+/// descriptor, kept open from its bind to node 0's first accept: no other process can take the
+/// port in between (what kiln's tests do; systemd's socket activation works the same way).
+pub const STORE_FD: &str = "KILN_STORE_FD";
+
+/// The listener `KILN_STORE_FD` = `fd` hands over, checked to listen on `addr`'s port.
+fn handed_over(fd: &str, addr: &str) -> Result<TcpListener, StoreError> {
+    use std::os::fd::FromRawFd;
+    let bad = |why: String| StoreError::Bind {
+        addr: addr.to_string(),
+        source: std::io::Error::other(format!(
+            "{STORE_FD}={fd}: {why}; unset it to let node 0 bind the port itself"
+        )),
+    };
+    let n = fd
+        .trim()
+        .parse::<i32>()
+        .ok()
+        .filter(|n| *n > 2)
+        .ok_or_else(|| bad("not a file descriptor number above 2".into()))?;
+    // a socket of this process at `n`: fstat before taking it, so that no other file is closed
+    // SAFETY: fstat writes only into `st`.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    if unsafe { libc::fstat(n, &mut st) } != 0 || (st.st_mode & libc::S_IFMT) != libc::S_IFSOCK {
+        return Err(bad(format!("descriptor {n} is not an open socket")));
+    }
+    // SAFETY: an open socket, handed to this process to own.
+    let listener = unsafe { TcpListener::from_raw_fd(n) };
+    let port = listener.local_addr().map(|a| a.port()).ok();
+    let want = addr.rsplit(':').next().and_then(|p| p.parse::<u16>().ok());
+    if port.is_none() || port != want {
+        return Err(bad(format!(
+            "the socket listens on port {}, not the job's",
+            port.map_or("?".into(), |p| p.to_string())
+        )));
+    }
+    Ok(listener)
+}
+
 #[derive(Default)]
 struct StoreData {
     kv: HashMap<String, String>,
@@ -231,18 +270,22 @@ struct Hello {
 }
 
 impl StoreServer {
-    /// Binds exactly `addr` (never all interfaces) and serves in background threads.
-    /// With `heartbeat` non-zero, a node silent for that long stops the job.
+    /// Binds exactly `addr` (never all interfaces), or takes the listening socket its launcher
+    /// handed over (`KILN_STORE_FD`), and serves in background threads. With `heartbeat`
+    /// non-zero, a node silent for that long stops the job.
     pub fn start(
         addr: &str,
         token: String,
         round: usize,
         heartbeat: Duration,
     ) -> Result<StoreServer, StoreError> {
-        let listener = TcpListener::bind(addr).map_err(|source| StoreError::Bind {
-            addr: addr.to_string(),
-            source,
-        })?;
+        let listener = match std::env::var(STORE_FD) {
+            Ok(fd) => handed_over(&fd, addr)?,
+            Err(_) => TcpListener::bind(addr).map_err(|source| StoreError::Bind {
+                addr: addr.to_string(),
+                source,
+            })?,
+        };
         let local = listener.local_addr()?;
         let state: Arc<(Mutex<StoreData>, Condvar)> = Arc::default();
         let st = Arc::clone(&state);

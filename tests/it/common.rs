@@ -149,6 +149,46 @@ pub fn checkpoint_params(run_dir: &Path, step_dir: &Path) -> Vec<f32> {
         .params
 }
 
+/// A port the OS chose for node 0 of a test job (a bind to port 0), whose listener stays open
+/// in this process until node 0 takes it over (`hand_store`, kiln's `KILN_STORE_FD`): no other
+/// process, not even another test's outgoing connection, can take the port in between.
+pub fn store_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    STORES.lock().unwrap().insert(port, l);
+    port
+}
+
+/// The listeners `store_port` keeps, by port.
+static STORES: std::sync::Mutex<std::collections::BTreeMap<u16, std::net::TcpListener>> =
+    std::sync::Mutex::new(std::collections::BTreeMap::new());
+
+/// Hands the listener `store_port` keeps for `port` to node 0's `cmd` as its descriptor 3
+/// (`KILN_STORE_FD=3`); nothing for a port `store_port` did not give.
+pub fn hand_store(cmd: &mut Command, port: u16) {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::process::CommandExt;
+    let Some(fd) = STORES.lock().unwrap().get(&port).map(|l| l.as_raw_fd()) else {
+        return;
+    };
+    cmd.env("KILN_STORE_FD", "3");
+    // SAFETY: dup2 and fcntl are async-signal-safe; they touch only the child's descriptors
+    // (dup2's copy, unlike the listener, is not closed on exec).
+    unsafe {
+        cmd.pre_exec(move || {
+            let r = if fd == 3 {
+                libc::fcntl(3, libc::F_SETFD, 0)
+            } else {
+                libc::dup2(fd, 3)
+            };
+            if r < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
 /// A port for a kiln node 0 of a test (`kiln::testdir::free_port`: no other test of this
 /// run gets it, and no connection's own end takes it).
 pub fn free_port() -> u16 {

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
-use crate::common::{free_port, kiln, root, stderr, write, KILN, TINY};
+use crate::common::{hand_store, kiln, root, stderr, store_port, write, KILN, TINY};
 
 fn node(
     dir: &Path,
@@ -40,6 +40,9 @@ fn node(
         .stderr(Stdio::piped());
     for s in sets {
         cmd.args(["--set", s]);
+    }
+    if node == 0 {
+        hand_store(&mut cmd, port);
     }
     cmd.spawn().unwrap()
 }
@@ -79,7 +82,7 @@ fn equal_to_one_process(nnodes: usize, devices: usize) {
         "profile.warmup=1",
         "profile.active=2",
     ];
-    let port = free_port();
+    let port = store_port();
     let children: Vec<Child> = (0..nnodes)
         .map(|n| node(d.path(), "t.toml", n, nnodes, port, "tok", &sets))
         .collect();
@@ -176,7 +179,7 @@ fn two_nodes_of_two_devices_equal_one_process() {
 fn wrong_tokens_garbage_and_port_scans_do_not_disturb_the_run() {
     let d = kiln::testdir::tempdir().unwrap();
     write(d.path(), "t.toml", TINY);
-    let port = free_port();
+    let port = store_port();
     let sets = [
         "strategy.kind=ddp",
         "train.batch_size=4",
@@ -222,7 +225,7 @@ fn wrong_tokens_garbage_and_port_scans_do_not_disturb_the_run() {
 fn a_node_that_never_arrives_is_named() {
     let d = kiln::testdir::tempdir().unwrap();
     write(d.path(), "t.toml", TINY);
-    let port = free_port();
+    let port = store_port();
     let o = node(
         d.path(),
         "t.toml",
@@ -290,7 +293,7 @@ fn worker_of(agent: u32) -> Option<u32> {
 fn restart_job(max_restarts: usize) -> (Output, Output, std::path::PathBuf) {
     let d = kiln::testdir::tempdir().unwrap().keep();
     write(&d, "t.toml", TINY);
-    let port = free_port();
+    let port = store_port();
     let restarts = format!("launch.max_restarts={max_restarts}");
     let sets = [
         "strategy.kind=ddp",
@@ -367,7 +370,7 @@ fn without_restarts_a_killed_node_fails_the_job_saying_why() {
 fn a_silent_node_is_detected_by_heartbeat() {
     let d = kiln::testdir::tempdir().unwrap();
     write(d.path(), "t.toml", TINY);
-    let port = free_port();
+    let port = store_port();
     let sets = [
         "strategy.kind=ddp",
         "train.batch_size=4",
@@ -412,7 +415,7 @@ fn the_cuda_re_exec_comes_before_the_rendezvous_and_keeps_a_generated_token() {
     use std::io::{BufRead, BufReader};
     let d = kiln::testdir::tempdir().unwrap();
     write(d.path(), "t.toml", TINY);
-    let port = free_port().to_string();
+    let port = store_port().to_string();
     let args = |n: &str| {
         vec![
             "run".to_string(),
@@ -432,13 +435,13 @@ fn the_cuda_re_exec_comes_before_the_rendezvous_and_keeps_a_generated_token() {
             "train.max_steps=3".into(),
         ]
     };
-    let mut n0 = crate::common::clean_cmd(std::path::Path::new(KILN), d.path(), &[])
-        .args(args("0"))
+    let mut n0 = crate::common::clean_cmd(std::path::Path::new(KILN), d.path(), &[]);
+    n0.args(args("0"))
         .env("KILN_CUDA_REEXEC", "force")
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+        .stderr(Stdio::piped());
+    hand_store(&mut n0, port.parse().unwrap());
+    let mut n0 = n0.spawn().unwrap();
     // node 0 generated a token and printed it (after the re-exec: it is the one in use)
     let mut lines = BufReader::new(n0.stderr.take().unwrap()).lines();
     let token = lines
@@ -513,11 +516,11 @@ fn a_multi_node_resume_without_a_checkpoint_starts_from_init_from() {
         d.path().join("job/config.toml"),
     )
     .unwrap();
-    let port = free_port().to_string();
+    let port = store_port().to_string();
     let nodes: Vec<Child> = (0..2)
         .map(|n| {
             let rank = n.to_string();
-            crate::common::clean_cmd(
+            let mut cmd = crate::common::clean_cmd(
                 Path::new(KILN),
                 d.path(),
                 &[
@@ -535,12 +538,14 @@ fn a_multi_node_resume_without_a_checkpoint_starts_from_init_from() {
                     "--set",
                     "strategy.devices=1",
                 ],
-            )
-            .env("KILN_JOB_TOKEN", "init-from-token")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap()
+            );
+            cmd.env("KILN_JOB_TOKEN", "init-from-token")
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped());
+            if n == 0 {
+                hand_store(&mut cmd, port.parse().unwrap());
+            }
+            cmd.spawn().unwrap()
         })
         .collect();
     for c in nodes {
@@ -549,4 +554,51 @@ fn a_multi_node_resume_without_a_checkpoint_starts_from_init_from() {
     let ref_losses = crate::common::losses(&d.path().join("ref"));
     assert_eq!(ref_losses.len(), 6);
     assert_eq!(crate::common::losses(&d.path().join("job")), ref_losses);
+}
+
+/// Node 0 serves its store on the listening socket its launcher hands over
+/// (`KILN_STORE_FD`, what these tests do); a descriptor that is not one, or a socket on another
+/// port, is refused naming the variable.
+#[test]
+fn a_handed_over_store_socket_is_checked() {
+    let d = kiln::testdir::tempdir().unwrap();
+    write(d.path(), "t.toml", TINY);
+    let other = store_port();
+    for (fd, says) in [
+        ("abc", "not a file descriptor number above 2"),
+        ("1", "not a file descriptor number above 2"),
+        ("77", "descriptor 77 is not an open socket"),
+        ("3", "not the job's"),
+    ] {
+        let mut cmd = crate::common::clean_cmd(
+            Path::new(KILN),
+            d.path(),
+            &[
+                "run",
+                "t.toml",
+                "--quiet",
+                "--nnodes",
+                "2",
+                "--node-rank",
+                "0",
+                "--master-addr",
+                "127.0.0.1",
+                "--master-port",
+                "9",
+                "--set",
+                "strategy.kind=\"ddp\"",
+            ],
+        );
+        cmd.env("KILN_JOB_TOKEN", "tok");
+        // descriptor 3 is the socket of another port
+        hand_store(&mut cmd, other);
+        cmd.env("KILN_STORE_FD", fd);
+        let o = cmd.output().unwrap();
+        assert_ne!(o.status.code(), Some(0), "{fd}");
+        let e = stderr(&o);
+        assert!(
+            e.contains(&format!("KILN_STORE_FD={fd}")) && e.contains(says),
+            "{fd}: {e}"
+        );
+    }
 }

@@ -253,11 +253,18 @@ fn sigusr1_to_one_node_stops_both_nodes_at_one_step_and_the_job_resumes_bit_exac
             a.extend(["--set".to_string(), s.to_string()]);
         }
         let a: Vec<&str> = a.iter().map(String::as_str).collect();
-        spawn(d.path(), &a)
+        let mut cmd = crate::common::clean_cmd(Path::new(KILN), d.path(), &a);
+        cmd.stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .env("KILN_JOB_TOKEN", "tok");
+        if rank == "0" {
+            crate::common::hand_store(&mut cmd, port.parse().unwrap());
+        }
+        cmd.spawn().unwrap()
     };
     let sets = [steps.as_str(), "strategy.kind=ddp", "train.batch_size=4"];
     // the uninterrupted two-node job
-    let port = crate::common::free_port();
+    let port = crate::common::store_port();
     let r0 = node(0, port, &["run", "t.toml", "--run-dir", "ref"], &sets);
     let r1 = node(1, port, &["run", "t.toml"], &sets);
     for o in [
@@ -267,7 +274,7 @@ fn sigusr1_to_one_node_stops_both_nodes_at_one_step_and_the_job_resumes_bit_exac
         assert!(o.status.success(), "{}", stderr(&o));
     }
     // the same job with restart agents; SIGUSR1 to node 1's agent only
-    let port = crate::common::free_port();
+    let port = crate::common::store_port();
     let mut with_agents = sets.to_vec();
     with_agents.push("launch.max_restarts=1");
     let p0 = node(0, port, &["run", "t.toml", "--run-dir", "p"], &with_agents);
@@ -293,7 +300,7 @@ fn sigusr1_to_one_node_stops_both_nodes_at_one_step_and_the_job_resumes_bit_exac
     assert!(run.join(format!("checkpoints/step-{step:08}")).is_dir());
 
     // every node resumes the run directory
-    let port = crate::common::free_port();
+    let port = crate::common::store_port();
     let q0 = node(0, port, &["resume", "p"], &[]);
     let q1 = node(1, port, &["resume", "p"], &[]);
     for o in [

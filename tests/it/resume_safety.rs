@@ -148,14 +148,16 @@ fn a_multi_node_resume_that_one_node_refuses_changes_no_file() {
     let d = kiln::testdir::tempdir().unwrap();
     write(d.path(), "t.toml", TINY);
     let node = |rank: &str, port: &str, args: &[&str]| {
-        crate::common::clean_cmd(Path::new(KILN), d.path(), args)
-            .args(["--quiet", "--nnodes", "2", "--node-rank", rank])
+        let mut cmd = crate::common::clean_cmd(Path::new(KILN), d.path(), args);
+        cmd.args(["--quiet", "--nnodes", "2", "--node-rank", rank])
             .args(["--master-addr", "127.0.0.1", "--master-port", port])
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
-            .env("KILN_JOB_TOKEN", "tok")
-            .spawn()
-            .unwrap()
+            .env("KILN_JOB_TOKEN", "tok");
+        if rank == "0" {
+            crate::common::hand_store(&mut cmd, port.parse().unwrap());
+        }
+        cmd.spawn().unwrap()
     };
     let sets = [
         "--set",
@@ -167,7 +169,7 @@ fn a_multi_node_resume_that_one_node_refuses_changes_no_file() {
         "--set",
         "strategy.kind=ddp",
     ];
-    let port = crate::common::free_port().to_string();
+    let port = crate::common::store_port().to_string();
     let a0 = [&["run", "t.toml", "--run-dir", "r"][..], &sets].concat();
     let a1 = [&["run", "t.toml"][..], &sets].concat();
     let (n0, n1) = (node("0", &port, &a0), node("1", &port, &a1));
@@ -190,7 +192,7 @@ fn a_multi_node_resume_that_one_node_refuses_changes_no_file() {
     let before = listing();
     assert!(before.contains(&"step-00000006".to_string()), "{before:?}");
 
-    let port = crate::common::free_port().to_string();
+    let port = crate::common::store_port().to_string();
     let from = ["resume", "r", "--from", "step-00000002"];
     let n0 = node("0", &port, &from);
     let n1 = node(

@@ -304,7 +304,7 @@ fn a_stop_signal_checkpoints_requeues_and_the_job_finishes_bit_exactly() {
         "launch.heartbeat_secs=60",
     ];
     // the uninterrupted reference: two node processes here
-    let port = crate::common::free_port().to_string();
+    let port = crate::common::store_port().to_string();
     let node = |rank: &str, dir: Option<&str>| {
         let mut c = Command::new(crate::common::KILN);
         c.current_dir(d.path())
@@ -325,6 +325,9 @@ fn a_stop_signal_checkpoints_requeues_and_the_job_finishes_bit_exactly() {
         }
         for s in sets {
             c.args(["--set", s]);
+        }
+        if rank == "0" {
+            crate::common::hand_store(&mut c, port.parse().unwrap());
         }
         c.spawn().unwrap()
     };
