@@ -24,9 +24,9 @@ pub(super) struct Passed(());
 
 /// A session's checks under way (in a multi-node job, after the rendezvous: the watched
 /// metrics, the memory, the checkpoint and node 0's run directory; the data, model and
-/// `init_from` were checked before it). Dropped before `pass`, it stops the job, so the other nodes fail at once instead of waiting
-/// in their first collective, and node 0 never sets checkpoints aside or trims metrics for a
-/// resume that another node refused.
+/// `init_from` were checked before it). Dropped before `pass`, it stops the job, so the other
+/// nodes fail at once instead of waiting in their first collective, and node 0 never sets
+/// checkpoints aside or trims metrics for a resume that another node refused.
 pub(super) struct PendingChecks<'a> {
     job: &'a mut Option<Job>,
     passed: bool,

@@ -163,6 +163,35 @@ pub fn store_port() -> u16 {
 static STORES: std::sync::Mutex<std::collections::BTreeMap<u16, std::net::TcpListener>> =
     std::sync::Mutex::new(std::collections::BTreeMap::new());
 
+/// kiln `args` in `dir` as node `rank` of a job of `nnodes` nodes on 127.0.0.1:`port` with the
+/// job token `token`, quiet, stdout and stderr piped, without this process's `KILN_` variables;
+/// node 0 gets the listener `store_port` keeps for `port`.
+pub fn node_cmd(
+    dir: &Path,
+    args: &[&str],
+    rank: usize,
+    nnodes: usize,
+    port: u16,
+    token: &str,
+) -> Command {
+    let mut cmd = clean_cmd(Path::new(KILN), dir, args);
+    cmd.args(["--quiet", "--nnodes", &nnodes.to_string()])
+        .args([
+            "--node-rank",
+            &rank.to_string(),
+            "--master-addr",
+            "127.0.0.1",
+        ])
+        .args(["--master-port", &port.to_string()])
+        .env("KILN_JOB_TOKEN", token)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    if rank == 0 {
+        hand_store(&mut cmd, port);
+    }
+    cmd
+}
+
 /// Hands the listener `store_port` keeps for `port` to node 0's `cmd` as its descriptor 3
 /// (`KILN_STORE_FD=3`); nothing for a port `store_port` did not give.
 pub fn hand_store(cmd: &mut Command, port: u16) {

@@ -4,10 +4,10 @@
 use std::io::Write;
 use std::net::TcpStream;
 use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Output};
 use std::time::Duration;
 
-use crate::common::{hand_store, kiln, root, stderr, store_port, write, KILN, TINY};
+use crate::common::{hand_store, kiln, node_cmd, root, stderr, store_port, write, KILN, TINY};
 
 fn node(
     dir: &Path,
@@ -18,33 +18,13 @@ fn node(
     token: &str,
     sets: &[&str],
 ) -> Child {
-    let mut cmd = Command::new(KILN);
-    cmd.current_dir(dir)
-        .args([
-            "run",
-            file,
-            "--quiet",
-            "--nnodes",
-            &nnodes.to_string(),
-            "--node-rank",
-            &node.to_string(),
-        ])
-        .args([
-            "--master-addr",
-            "127.0.0.1",
-            "--master-port",
-            &port.to_string(),
-        ])
-        .env("KILN_JOB_TOKEN", token)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+    let mut args = vec!["run", file];
     for s in sets {
-        cmd.args(["--set", s]);
+        args.extend(["--set", s]);
     }
-    if node == 0 {
-        hand_store(&mut cmd, port);
-    }
-    cmd.spawn().unwrap()
+    node_cmd(dir, &args, node, nnodes, port, token)
+        .spawn()
+        .unwrap()
 }
 
 fn final_loss(o: &Output) -> String {
@@ -438,8 +418,8 @@ fn the_cuda_re_exec_comes_before_the_rendezvous_and_keeps_a_generated_token() {
     let mut n0 = crate::common::clean_cmd(std::path::Path::new(KILN), d.path(), &[]);
     n0.args(args("0"))
         .env("KILN_CUDA_REEXEC", "force")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
     hand_store(&mut n0, port.parse().unwrap());
     let mut n0 = n0.spawn().unwrap();
     // node 0 generated a token and printed it (after the re-exec: it is the one in use)
@@ -516,36 +496,13 @@ fn a_multi_node_resume_without_a_checkpoint_starts_from_init_from() {
         d.path().join("job/config.toml"),
     )
     .unwrap();
-    let port = store_port().to_string();
+    let port = store_port();
     let nodes: Vec<Child> = (0..2)
         .map(|n| {
-            let rank = n.to_string();
-            let mut cmd = crate::common::clean_cmd(
-                Path::new(KILN),
-                d.path(),
-                &[
-                    "resume",
-                    "job",
-                    "--quiet",
-                    "--nnodes",
-                    "2",
-                    "--node-rank",
-                    &rank,
-                    "--master-addr",
-                    "127.0.0.1",
-                    "--master-port",
-                    &port,
-                    "--set",
-                    "strategy.devices=1",
-                ],
-            );
-            cmd.env("KILN_JOB_TOKEN", "init-from-token")
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped());
-            if n == 0 {
-                hand_store(&mut cmd, port.parse().unwrap());
-            }
-            cmd.spawn().unwrap()
+            let args = ["resume", "job", "--set", "strategy.devices=1"];
+            node_cmd(d.path(), &args, n, 2, port, "init-from-token")
+                .spawn()
+                .unwrap()
         })
         .collect();
     for c in nodes {

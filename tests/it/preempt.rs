@@ -232,35 +232,13 @@ fn sigusr1_to_one_node_stops_both_nodes_at_one_step_and_the_job_resumes_bit_exac
     write(d.path(), "t.toml", TINY);
     let steps = format!("train.max_steps={}", STEPS / 2);
     let node = |rank: usize, port: u16, cmd: &[&str], extra: &[&str]| {
-        let mut a: Vec<String> = cmd.iter().map(|s| s.to_string()).collect();
-        let rank = rank.to_string();
-        let port = port.to_string();
-        a.extend(
-            [
-                "--quiet",
-                "--nnodes",
-                "2",
-                "--node-rank",
-                &rank,
-                "--master-addr",
-                "127.0.0.1",
-                "--master-port",
-                &port,
-            ]
-            .map(String::from),
-        );
+        let mut a = cmd.to_vec();
         for s in extra {
-            a.extend(["--set".to_string(), s.to_string()]);
+            a.extend(["--set", s]);
         }
-        let a: Vec<&str> = a.iter().map(String::as_str).collect();
-        let mut cmd = crate::common::clean_cmd(Path::new(KILN), d.path(), &a);
-        cmd.stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .env("KILN_JOB_TOKEN", "tok");
-        if rank == "0" {
-            crate::common::hand_store(&mut cmd, port.parse().unwrap());
-        }
-        cmd.spawn().unwrap()
+        crate::common::node_cmd(d.path(), &a, rank, 2, port, "tok")
+            .spawn()
+            .unwrap()
     };
     let sets = [steps.as_str(), "strategy.kind=ddp", "train.batch_size=4"];
     // the uninterrupted two-node job

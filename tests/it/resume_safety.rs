@@ -147,17 +147,10 @@ fn resuming_a_finished_run_says_so_and_touches_nothing_unless_the_limit_rises() 
 fn a_multi_node_resume_that_one_node_refuses_changes_no_file() {
     let d = kiln::testdir::tempdir().unwrap();
     write(d.path(), "t.toml", TINY);
-    let node = |rank: &str, port: &str, args: &[&str]| {
-        let mut cmd = crate::common::clean_cmd(Path::new(KILN), d.path(), args);
-        cmd.args(["--quiet", "--nnodes", "2", "--node-rank", rank])
-            .args(["--master-addr", "127.0.0.1", "--master-port", port])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .env("KILN_JOB_TOKEN", "tok");
-        if rank == "0" {
-            crate::common::hand_store(&mut cmd, port.parse().unwrap());
-        }
-        cmd.spawn().unwrap()
+    let node = |rank: usize, port: u16, args: &[&str]| {
+        crate::common::node_cmd(d.path(), args, rank, 2, port, "tok")
+            .spawn()
+            .unwrap()
     };
     let sets = [
         "--set",
@@ -169,10 +162,10 @@ fn a_multi_node_resume_that_one_node_refuses_changes_no_file() {
         "--set",
         "strategy.kind=ddp",
     ];
-    let port = crate::common::store_port().to_string();
+    let port = crate::common::store_port();
     let a0 = [&["run", "t.toml", "--run-dir", "r"][..], &sets].concat();
     let a1 = [&["run", "t.toml"][..], &sets].concat();
-    let (n0, n1) = (node("0", &port, &a0), node("1", &port, &a1));
+    let (n0, n1) = (node(0, port, &a0), node(1, port, &a1));
     for o in [
         n0.wait_with_output().unwrap(),
         n1.wait_with_output().unwrap(),
@@ -192,12 +185,12 @@ fn a_multi_node_resume_that_one_node_refuses_changes_no_file() {
     let before = listing();
     assert!(before.contains(&"step-00000006".to_string()), "{before:?}");
 
-    let port = crate::common::store_port().to_string();
+    let port = crate::common::store_port();
     let from = ["resume", "r", "--from", "step-00000002"];
-    let n0 = node("0", &port, &from);
+    let n0 = node(0, port, &from);
     let n1 = node(
-        "1",
-        &port,
+        1,
+        port,
         &[&from[..], &["--set", "model.hidden_sizes=[4]"]].concat(),
     );
     let (o0, o1) = (

@@ -304,34 +304,22 @@ fn a_stop_signal_checkpoints_requeues_and_the_job_finishes_bit_exactly() {
         "launch.heartbeat_secs=60",
     ];
     // the uninterrupted reference: two node processes here
-    let port = crate::common::store_port().to_string();
-    let node = |rank: &str, dir: Option<&str>| {
-        let mut c = Command::new(crate::common::KILN);
-        c.current_dir(d.path())
-            .args([
-                "run",
-                "t.toml",
-                "--quiet",
-                "--nnodes",
-                "2",
-                "--node-rank",
-                rank,
-            ])
-            .args(["--master-addr", "127.0.0.1", "--master-port", &port])
-            .env("KILN_JOB_TOKEN", "t")
-            .stdout(std::process::Stdio::null());
+    let port = crate::common::store_port();
+    let node = |rank: usize, dir: Option<&str>| {
+        let mut a = vec!["run", "t.toml"];
         if let Some(dir) = dir {
-            c.args(["--run-dir", dir]);
+            a.extend(["--run-dir", dir]);
         }
         for s in sets {
-            c.args(["--set", s]);
+            a.extend(["--set", s]);
         }
-        if rank == "0" {
-            crate::common::hand_store(&mut c, port.parse().unwrap());
-        }
-        c.spawn().unwrap()
+        crate::common::node_cmd(d.path(), &a, rank, 2, port, "t")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::inherit())
+            .spawn()
+            .unwrap()
     };
-    let (mut a, mut b) = (node("0", Some("ref")), node("1", None));
+    let (mut a, mut b) = (node(0, Some("ref")), node(1, None));
     assert!(a.wait().unwrap().success() && b.wait().unwrap().success());
     let reference = d.path().join("ref");
 
