@@ -22,7 +22,7 @@
 //! | 3 | `collective` | all-reduce, broadcast, all-gather, reduce-scatter over local, TCP or NCCL |
 //! | 2 | `model`, `plan`, `cuda` | the `Model` trait and families (Burn modules); batch arithmetic; CUDA/NCCL discovery |
 //! | 1 | `params`, `data` | flat layout, host/device buffers, optimizers, clipping; datasets and the sampler |
-//! | 0 | `config`, `checkpoint`, `ui`, `rng`, `memory`, `panic`, `testdir` | leaves: import nothing from kiln; `memory` counts each rank's allocated bytes; `panic` words a caught panic; `testdir` makes temporary directories for tests |
+//! | 0 | `config`, `checkpoint`, `ui`, `rng`, `memory`, `panic`, `testdir`, `kernels` | leaves: import nothing from kiln; `memory` counts each rank's allocated bytes; `kernels` are the fused CPU ops of the transformer's hot path; `panic` words a caught panic; `testdir` makes temporary directories for tests |
 //!
 //! `docs/architecture.md` follows one step through these layers and says where each concern
 //! lives.
@@ -39,6 +39,7 @@ pub mod config;
 pub mod cuda;
 pub mod data;
 pub mod error;
+pub mod kernels;
 pub mod launch;
 pub mod memory;
 pub mod model;

@@ -6,9 +6,10 @@ fn main() {
     std::process::exit(kiln::cli::main_with(kiln::model::Registry::builtin()));
 }
 
-/// Small blocks come from mimalloc (fast, per thread); blocks of 1 MiB and more are mapped for
-/// themselves by the counting wrapper (see `kiln::memory`), which also attributes every byte to
-/// the rank that allocated it (`summary.json`'s `memory[r].peak_bytes`).
+/// Small blocks come from mimalloc (fast, per thread); blocks of 64 KiB and more are mapped
+/// for themselves (and kept for reuse, within a bound) by the counting wrapper (see
+/// `kiln::memory`), which also attributes every byte to the rank that allocated it
+/// (`summary.json`'s `memory[r].peak_bytes`).
 #[global_allocator]
 static GLOBAL: kiln::memory::Counting<mimalloc::MiMalloc> =
     kiln::memory::Counting(mimalloc::MiMalloc);

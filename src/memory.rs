@@ -191,12 +191,14 @@ fn freed(ptr: *mut u8, size: usize) {
     count(slot.unwrap_or_else(current_slot), -(size as i64));
 }
 
-/// Blocks of at least this many bytes are mapped from the OS for themselves and unmapped when
-/// freed (Linux), so the resident set follows what the ranks hold: any allocator that keeps freed
-/// pages for reuse keeps the high-water mark of a step's short-lived large buffers (fsdp's
-/// gathered units and their gradients) resident for the rest of the run.
+/// Blocks of at least this many bytes (64 KiB) are mapped from the OS for themselves and kept
+/// for reuse within a bound (`Cache`), so the resident set follows the most the ranks held:
+/// an allocator that keeps whatever was freed keeps the high-water mark of a step's short-lived
+/// large buffers (fsdp's gathered units and their gradients) and its fragments resident for the
+/// rest of the run, and mimalloc, which returns them, faults them in again every step (blocks
+/// of 64 KiB to 1 MiB cost the baby GPT 3,500 page faults a step there).
 #[cfg(target_os = "linux")]
-const MAPPED: usize = 1 << 20;
+const MAPPED: usize = 1 << 16;
 #[cfg(target_os = "linux")]
 const PAGE: usize = 4096;
 /// Mapped blocks of at least this size ask for transparent huge pages (fewer page faults).
@@ -277,27 +279,39 @@ fn unmap(ptr: *mut u8, size: usize) {
     unsafe { libc::munmap(ptr.cast(), size) };
 }
 
-/// Freed mappings kept for the next block of the same size, newest last: the same shapes come
-/// back every step (a forward's activations, a unit's gradient), and a kept mapping is reused
-/// without the kernel zeroing it again (page faults cost a tenth of a small gpt's step). At
-/// most `CACHE_BYTES` are kept, so the resident set stays within that of what the ranks hold.
+/// Freed mappings kept for the next block of the same length, newest last: the same shapes
+/// come back every step (a forward's activations, a unit's gradient), and a kept mapping is
+/// reused without the kernel zeroing it again. A fresh mapping costs a page fault for every
+/// 4 KiB touched (a third of the CPU time of the baby GPT's step went to the kernel).
+///
+/// What is kept is bounded by the high-water mark: kept + handed-out bytes never exceed the
+/// most the mapped blocks ever held at once (`peak`) by more than a half, so the resident set
+/// stays within 1.5x the peak that the ranks' blocks reached anyway. A block freed can always
+/// be kept (handed-out bytes fall by as much); a new block that no kept one fits evicts the
+/// oldest kept ones until the bound holds again. (Without the half, every kept block must go
+/// by the step's peak and the next forward finds few of its shapes: on the baby GPT of
+/// `experiments/bench-baby-gpt.toml` that was 11,000 page faults a step, with it 200.)
 #[cfg(target_os = "linux")]
 struct Cache {
     blocks: [(usize, usize); CACHE_SLOTS],
     len: usize,
+    /// Bytes kept.
     bytes: usize,
+    /// Bytes of the mapped blocks handed out now, and the most they ever were.
+    live: usize,
+    peak: usize,
 }
 
 #[cfg(target_os = "linux")]
-const CACHE_SLOTS: usize = 32;
-#[cfg(target_os = "linux")]
-const CACHE_BYTES: usize = 8 << 20;
+const CACHE_SLOTS: usize = 512;
 
 #[cfg(target_os = "linux")]
 static CACHE: std::sync::Mutex<Cache> = std::sync::Mutex::new(Cache {
     blocks: [(0, 0); CACHE_SLOTS],
     len: 0,
     bytes: 0,
+    live: 0,
+    peak: 0,
 });
 
 #[cfg(target_os = "linux")]
@@ -306,6 +320,60 @@ fn cache() -> std::sync::MutexGuard<'static, Cache> {
     CACHE
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+#[cfg(target_os = "linux")]
+impl Cache {
+    /// Takes kept block `i` out.
+    fn remove(&mut self, i: usize) -> (usize, usize) {
+        let b = self.blocks[i];
+        let n = self.len;
+        self.blocks.copy_within(i + 1..n, i);
+        self.len -= 1;
+        self.bytes -= b.1;
+        b
+    }
+
+    /// `len` more bytes handed out: the peak follows, and the oldest kept blocks go (into
+    /// `evicted`, unmapped by the caller outside the lock) until kept + handed out fit in it.
+    fn hand_out(&mut self, len: usize, evicted: &mut Evicted) {
+        self.live += len;
+        self.peak = self.peak.max(self.live);
+        while self.len > 0 && self.bytes + self.live > self.peak + self.peak / 2 {
+            evicted.push(self.remove(0));
+        }
+    }
+}
+
+/// Blocks evicted from the cache, to unmap once its lock is released.
+#[cfg(target_os = "linux")]
+struct Evicted {
+    blocks: [(usize, usize); CACHE_SLOTS],
+    len: usize,
+}
+
+#[cfg(target_os = "linux")]
+impl Evicted {
+    fn new() -> Self {
+        Evicted {
+            blocks: [(0, 0); CACHE_SLOTS],
+            len: 0,
+        }
+    }
+    fn push(&mut self, b: (usize, usize)) {
+        if self.len == CACHE_SLOTS {
+            // (cannot happen: at most CACHE_SLOTS are kept) unmapped at once rather than lost
+            unmap(b.0 as *mut u8, b.1);
+            return;
+        }
+        self.blocks[self.len] = b;
+        self.len += 1;
+    }
+    fn unmap_all(&self) {
+        for &(p, l) in &self.blocks[..self.len] {
+            unmap(p as *mut u8, l);
+        }
+    }
 }
 
 /// The mapping's length: whole pages.
@@ -318,20 +386,15 @@ fn pages(size: usize) -> usize {
 #[cfg(target_os = "linux")]
 fn take(size: usize, zeroed: bool) -> *mut u8 {
     let len = pages(size);
+    let mut evicted = Evicted::new();
     let kept = {
         let mut c = cache();
-        let n = c.len;
-        match (0..n).rev().find(|&i| c.blocks[i].1 == len) {
-            Some(i) => {
-                let (ptr, _) = c.blocks[i];
-                c.blocks.copy_within(i + 1..n, i);
-                c.len -= 1;
-                c.bytes -= len;
-                Some(ptr as *mut u8)
-            }
-            None => None,
-        }
+        let found = (0..c.len).rev().find(|&i| c.blocks[i].1 == len);
+        let kept = found.map(|i| c.remove(i).0 as *mut u8);
+        c.hand_out(len, &mut evicted);
+        kept
     };
+    evicted.unmap_all();
     match kept {
         Some(p) => {
             if zeroed {
@@ -340,41 +403,48 @@ fn take(size: usize, zeroed: bool) -> *mut u8 {
             }
             p
         }
-        None => map(size),
+        None => {
+            let p = map(size);
+            if p.is_null() {
+                cache().live -= len;
+            }
+            p
+        }
     }
 }
 
-/// Frees mapped block `ptr` of `size` bytes: kept for reuse, oldest kept ones unmapped to make
-/// room (or this one, when it alone is too large).
+/// Frees mapped block `ptr` of `size` bytes: kept for reuse (the oldest kept one unmapped when
+/// every slot is taken).
 #[cfg(target_os = "linux")]
 fn give(ptr: *mut u8, size: usize) {
     let len = pages(size);
-    if len > CACHE_BYTES {
-        unmap(ptr, size);
-        return;
-    }
-    let mut evicted = [(0usize, 0usize); CACHE_SLOTS];
-    let mut out = 0;
-    {
+    let oldest = {
         let mut c = cache();
-        while c.len > 0 && (c.len == CACHE_SLOTS || c.bytes + len > CACHE_BYTES) {
-            let oldest = c.blocks[0];
-            let n = c.len;
-            c.blocks.copy_within(1..n, 0);
-            c.len -= 1;
-            c.bytes -= oldest.1;
-            evicted[out] = oldest;
-            out += 1;
-        }
+        c.live -= len;
+        let oldest = (c.len == CACHE_SLOTS).then(|| c.remove(0));
         let n = c.len;
         c.blocks[n] = (ptr as usize, len);
         c.len += 1;
         c.bytes += len;
-    }
+        oldest
+    };
     // unmapped outside the lock
-    for &(p, l) in &evicted[..out] {
+    if let Some((p, l)) = oldest {
         unmap(p as *mut u8, l);
     }
+}
+
+/// A handed-out mapped block resized in place or moved by the kernel (`remap`) from `old` to
+/// `new` bytes.
+#[cfg(target_os = "linux")]
+fn resized(old: usize, new: usize) {
+    let mut evicted = Evicted::new();
+    {
+        let mut c = cache();
+        c.live -= pages(old);
+        c.hand_out(pages(new), &mut evicted);
+    }
+    evicted.unmap_all();
 }
 
 /// Mapping `ptr` of `old` bytes (made by `map`) grown or shrunk to `new` bytes, moved if need
@@ -426,6 +496,7 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for Counting<A> {
                 freed(ptr, layout.size());
                 let p = remap(ptr, layout.size(), new_size);
                 if !p.is_null() {
+                    resized(layout.size(), new_size);
                     allocated(p, new_size);
                     return p;
                 }
@@ -517,6 +588,45 @@ mod tests {
             assert!(kept.iter().enumerate().all(|(i, &b)| b == (i % 251) as u8));
             unmap(shrunk, MAPPED);
         }
+    }
+
+    #[test]
+    fn freed_mappings_are_reused_and_kept_bytes_stay_under_the_high_water_mark() {
+        let bound = || {
+            let c = cache();
+            assert!(
+                c.bytes + c.live <= c.peak + c.peak / 2,
+                "{} kept + {} live > 1.5 x {} peak",
+                c.bytes,
+                c.live,
+                c.peak
+            );
+        };
+        let a = take(3 * MAPPED, false);
+        let b = take(5 * MAPPED + 1, false);
+        // SAFETY: fresh blocks of these sizes
+        unsafe {
+            std::ptr::write_bytes(a, 7, 3 * MAPPED);
+            std::ptr::write_bytes(b, 9, 5 * MAPPED + 1);
+        }
+        give(a, 3 * MAPPED);
+        bound();
+        // the same length again: the kept mapping, cleared when asked
+        let a2 = take(3 * MAPPED, true);
+        assert_eq!(a2, a, "a kept mapping of the same length is handed out again");
+        // SAFETY: a block of 3 * MAPPED bytes
+        assert!(unsafe { std::slice::from_raw_parts(a2, 3 * MAPPED) }
+            .iter()
+            .all(|&x| x == 0));
+        bound();
+        give(a2, 3 * MAPPED);
+        give(b, 5 * MAPPED + 1);
+        bound();
+        // a length nothing kept fits: the oldest kept blocks go until the bound holds
+        let big = take(20 * MAPPED, false);
+        bound();
+        give(big, 20 * MAPPED);
+        bound();
     }
 
     #[test]

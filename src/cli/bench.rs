@@ -45,7 +45,7 @@ pub fn bench(a: &BenchArgs) -> Result<()> {
         match ev {
         BenchEvent::Plan { describe, repeats } => {
             crate::outln!("{describe}");
-            crate::outln!("backend   threads  loaders  steps/s  samples/s  data  peak/rank  (median of {repeats}; peak: the largest rank's, measured)");
+            crate::outln!("backend   threads  loaders  steps/s  samples/s  ms/step  tokens/s  data  peak/rank  (median of {repeats}; ms/step: steady state, the first step not counted; peak: the largest rank's, measured)");
         }
         BenchEvent::Skipped { backend, why } => crate::outln!("{backend:<9} skipped: {why}"),
         BenchEvent::Row {
@@ -54,10 +54,14 @@ pub fn bench(a: &BenchArgs) -> Result<()> {
             loaders,
             steps_per_sec,
             samples_per_sec,
+            step_ms,
+            tokens_per_sec,
             data_fraction,
             peak_bytes,
         } => crate::outln!(
-            "{backend:<9} {threads:>7}  {loaders:>7}  {steps_per_sec:>7.2}  {samples_per_sec:>9.1}  {:>3.0}%  {:>9}",
+            "{backend:<9} {threads:>7}  {loaders:>7}  {steps_per_sec:>7.2}  {samples_per_sec:>9.1}  {:>7}  {:>8}  {:>3.0}%  {:>9}",
+            step_ms.map_or("-".to_string(), |m| format!("{m:.2}")),
+            tokens_per_sec.map_or("-".to_string(), |t| format!("{t:.0}")),
             100.0 * data_fraction,
             peak_bytes.map_or("-".to_string(), crate::ui::bytes)
         ),

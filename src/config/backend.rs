@@ -110,6 +110,12 @@ pub struct BackendConfig {
     /// loss is taken in f32 and the gradients come back in f32. f16 turns on dynamic loss
     /// scaling (`[backend.loss_scale]`). Default: `"f32"`.
     pub precision: Precision,
+    /// flex in f32: the gpt's attention, LayerNorm, GELU, linear layers and the loss run kiln's
+    /// fused kernels (`kiln::kernels`: custom autodiff ops, vectorized, no materialized
+    /// transposes); false runs Burn's own ops, to compare. Other backends and dtypes always run
+    /// Burn's ops. Default: `true`.
+    #[serde(skip_serializing_if = "is_true")]
+    pub fused: bool,
     /// `[backend.loss_scale]`: f16's dynamic loss scaling (torch `GradScaler`). Default: torch's
     /// values.
     #[serde(skip_serializing_if = "LossScaleConfig::is_default")]
@@ -128,6 +134,12 @@ pub struct BackendConfig {
     pub nccl: NcclConfig,
 }
 
+/// (serde: `fused` is written out only when it is off, so configs that leave it at its default
+/// keep their hash)
+fn is_true(b: &bool) -> bool {
+    *b
+}
+
 impl Default for BackendConfig {
     fn default() -> Self {
         BackendConfig {
@@ -136,6 +148,7 @@ impl Default for BackendConfig {
             cpu: CpuBackend::Auto,
             threads: 0,
             precision: Precision::F32,
+            fused: true,
             loss_scale: LossScaleConfig::default(),
             autotune: None,
             nccl: NcclConfig::default(),

@@ -7,7 +7,7 @@ use crate::config::{CpuBackend, Device, Resolved};
 use crate::data;
 use crate::error::Result;
 use crate::plan::Plan;
-use crate::train::{Phase, TrainInput};
+use crate::train::{Phase, TrainEvent, TrainInput};
 
 /// What a benchmark reports, as it goes.
 #[derive(Debug, Clone, PartialEq)]
@@ -24,6 +24,12 @@ pub enum BenchEvent {
         loaders: usize,
         steps_per_sec: f64,
         samples_per_sec: f64,
+        /// The steady state: the median time between one step's end and the next's (the first
+        /// step, with its warm-up, is never counted), median over the repeats; none for a run
+        /// of one step.
+        step_ms: Option<f64>,
+        /// Tokens per second at `step_ms` (language models: samples x positions).
+        tokens_per_sec: Option<f64>,
         /// The share of the step time spent waiting for batches (the breakdown's `data`).
         data_fraction: f64,
         /// The largest rank's measured peak bytes (the counting allocator; none without it).
@@ -105,8 +111,21 @@ pub fn bench(
         // (steps/s, data share) of each measurement; the median by speed is reported
         let mut runs = Vec::with_capacity(repeats);
         let mut peak = None;
+        let mut steady = Vec::with_capacity(repeats);
         for _ in 0..repeats.max(1) {
-            let res = train(&placement, &input, None, None, &nccl, &mut |_| {})?;
+            let mut ends = Vec::with_capacity(steps);
+            let res = train(&placement, &input, None, None, &nccl, &mut |ev| {
+                if let TrainEvent::Step { .. } = ev {
+                    ends.push(std::time::Instant::now());
+                }
+            })?;
+            let mut gaps: Vec<f64> = ends
+                .windows(2)
+                .map(|w| (w[1] - w[0]).as_secs_f64() * 1e3)
+                .collect();
+            if let Some(m) = median(&mut gaps) {
+                steady.push(m);
+            }
             peak = res
                 .memory
                 .iter()
@@ -118,16 +137,31 @@ pub fn bench(
             runs.push((out.steps as f64 / out.wall_seconds.max(1e-9), data));
         }
         runs.sort_by(|a, b| a.0.total_cmp(&b.0));
-        let (median, data_fraction) = runs[runs.len() / 2];
+        let (median_rate, data_fraction) = runs[runs.len() / 2];
+        let step_ms = median(&mut steady);
+        let tokens = match model.task() {
+            crate::model::Task::LanguageModel { block, .. } => Some(block),
+            _ => None,
+        };
         on_event(BenchEvent::Row {
             backend: placement.backend.name(),
             threads: backend::threads(&c.backend, c.strategy.devices.count(), c.data.workers),
             loaders: c.data.workers,
-            steps_per_sec: median,
-            samples_per_sec: median * plan.global_batch as f64,
+            steps_per_sec: median_rate,
+            samples_per_sec: median_rate * plan.global_batch as f64,
+            step_ms,
+            tokens_per_sec: step_ms
+                .zip(tokens)
+                .map(|(ms, t)| (plan.global_batch * t) as f64 / (ms / 1e3)),
             data_fraction,
             peak_bytes: peak,
         });
     }
     Ok(())
+}
+
+/// The median of `xs` (the upper one of an even count), none for none.
+fn median(xs: &mut [f64]) -> Option<f64> {
+    xs.sort_by(f64::total_cmp);
+    xs.get(xs.len() / 2).copied()
 }

@@ -179,7 +179,7 @@ fn generate<B: RankBackend>(
     B::prepare(&device, be.precision).map_err(Error::Usage)?;
     let gpt = family.family();
     let module = family.module_with::<B::InnerBackend>(params, &device)?;
-    let mut dec = Decoder::new(gpt, module, device, o.cache);
+    let mut dec = Decoder::new(gpt, module, device, o.cache).with_fused(be.fused);
     let (mut context, _) = tokenizer
         .encode(o.prompt.as_bytes())
         .map_err(|e| Error::Usage(format!("--prompt: {e}")))?;

@@ -254,6 +254,9 @@ pub struct StepKey {
 #[derive(Clone)]
 pub struct Forward {
     rng: Option<Rng>,
+    /// Whether the family calls kiln's fused kernels (`kiln::kernels`) where they apply
+    /// (`backend.fused`).
+    fused: bool,
 }
 
 impl Forward {
@@ -261,11 +264,30 @@ impl Forward {
     pub fn train(key: StepKey) -> Self {
         Forward {
             rng: Some(Rng::stream(key.seed, "dropout", &key.counters)),
+            fused: true,
         }
     }
     /// An evaluation forward: dropout is the identity.
     pub fn eval() -> Self {
-        Forward { rng: None }
+        Forward {
+            rng: None,
+            fused: true,
+        }
+    }
+    /// This forward with the fused kernels on or off (`backend.fused`; on by default).
+    pub fn with_fused(mut self, on: bool) -> Self {
+        self.fused = on;
+        self
+    }
+    /// Whether the family should call kiln's fused kernels (`kiln::kernels`), which run on
+    /// flex in f32 and fall back to Burn's ops elsewhere.
+    pub fn fused(&self) -> bool {
+        self.fused
+    }
+    /// Whether `dropout(x, rate)` would draw a mask (a training forward and `rate` > 0): a
+    /// kernel that fuses past a dropout point must not run then.
+    pub fn drops(&self, rate: f64) -> bool {
+        self.rng.is_some() && rate > 0.0
     }
     /// Inverted dropout with probability `rate`, its mask drawn from kiln's RNG (never Burn's
     /// process-wide one). Masks are drawn in call order, element by element.
@@ -541,6 +563,9 @@ pub trait Model: Send + Sync {
     fn torch_aliases(&self) -> Vec<(String, String)>;
     /// See `Family::flops_per_sample`.
     fn flops_per_sample(&self) -> Option<f64>;
+    /// Turns kiln's fused kernels on or off for every compute made after (`backend.fused`; the
+    /// registry sets it from the config). A model whose families never call them ignores it.
+    fn use_fused_kernels(&self, _on: bool) {}
     /// The model's compute on backend `backend` (the `TypeId` of one of
     /// `model::for_each_backend!`'s types) for `device` (its device), as a
     /// `Box<dyn Compute<B>>` in a `Box<dyn Any>`; `None` for a type the list lacks.

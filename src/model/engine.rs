@@ -346,6 +346,9 @@ pub struct Engine<F: Family, B: AutodiffBackend> {
     /// `backend::RankBackend::prepare`). Parameters come in f32 and are cast to it; gradients
     /// go out in f32.
     dtype: FloatDType,
+    /// Whether forwards call the fused kernels (`backend.fused`) and the loss is the fused
+    /// cross-entropy.
+    fused: bool,
 }
 
 /// The layout units each of `family`'s stages names, checked: every name a unit of the layout,
@@ -410,7 +413,14 @@ impl<F: Family, B: AutodiffBackend> Engine<F, B> {
             stages: stages.to_vec(),
             device: device.clone(),
             dtype: burn::tensor::get_device_settings::<B::InnerBackend>(device).float_dtype,
+            fused: true,
         }
+    }
+
+    /// This engine with the fused kernels on or off (`backend.fused`).
+    pub fn with_fused(mut self, on: bool) -> Self {
+        self.fused = on;
+        self
     }
 
     /// `module` with every parameter of `units` (layout unit, its parameters) installed (as
@@ -593,7 +603,7 @@ impl<F: Family, B: AutodiffBackend> EngineMicro<'_, F, B> {
             .targets
             .take()
             .ok_or_else(|| ModelError::Stage("the last stage ran twice".into()))?;
-        let loss = cross_entropy(logits.into_logits()?, &targets);
+        let loss = cross_entropy(logits.into_logits()?, &targets, self.engine.fused);
         self.loss = f64::from(
             to_vec(loss.clone().inner())?
                 .first()
@@ -715,8 +725,14 @@ impl<F: Family, B: AutodiffBackend> MicroStep<B> for EngineMicro<'_, F, B> {
 /// `cross_entropy` computes it, in f32 whatever the compute dtype (as under torch's autocast):
 /// each row's log-probability of its target is picked on the device (no one-hot rows: nothing
 /// of the size rows x classes is made on the host).
-fn cross_entropy<B: Backend>(logits: Tensor<B, 2>, targets: &[u32]) -> Tensor<B, 1> {
+/// With `fused`, on flex in f32 it is one pass per row (`kernels::cross_entropy`).
+fn cross_entropy<B: Backend>(logits: Tensor<B, 2>, targets: &[u32], fused: bool) -> Tensor<B, 1> {
     let logits = logits.cast(FloatDType::F32);
+    if fused {
+        if let Some(loss) = crate::kernels::cross_entropy(logits.clone(), targets) {
+            return loss;
+        }
+    }
     let idx = target_index::<B>(targets, &logits.device());
     log_softmax(logits, 1)
         .gather(1, idx)
@@ -743,7 +759,7 @@ impl<F: Family, B: AutodiffBackend> Compute<B> for Engine<F, B> {
     ) -> Box<dyn MicroStep<B> + 'a> {
         Box::new(EngineMicro {
             engine: self,
-            ctx: Forward::train(key),
+            ctx: Forward::train(key).with_fused(self.fused),
             checkpointing,
             grads,
             x: Some(batch.x),
@@ -768,7 +784,7 @@ impl<F: Family, B: AutodiffBackend> Compute<B> for Engine<F, B> {
             let (x, targets) = task.split(batch);
             let logits = self
                 .family
-                .forward(&module, x, &self.device, &mut Forward::eval());
+                .forward(&module, x, &self.device, &mut Forward::eval().with_fused(self.fused));
             score(&task, logits, &targets, &mut out)?;
         }
         Ok(out)
@@ -781,7 +797,7 @@ impl<F: Family, B: AutodiffBackend> Compute<B> for Engine<F, B> {
             engine: self,
             act: Some(Act::Data(x)),
             targets,
-            ctx: Forward::eval(),
+            ctx: Forward::eval().with_fused(self.fused),
         })
     }
 
@@ -806,7 +822,7 @@ impl<F: Family, B: AutodiffBackend> Compute<B> for Engine<F, B> {
         };
         to_vec(
             self.family
-                .forward(&module, x, &self.device, &mut Forward::eval()),
+                .forward(&module, x, &self.device, &mut Forward::eval().with_fused(self.fused)),
         )
     }
 }
@@ -821,6 +837,8 @@ pub struct FamilyModel<F: Family> {
     /// Why the family's stages were refused (`Model::check` reports it; the model then runs as
     /// one stage).
     stage_error: Option<String>,
+    /// Whether its computes call the fused kernels (`Model::use_fused_kernels`).
+    fused: std::sync::atomic::AtomicBool,
 }
 
 impl<F: Family> FamilyModel<F> {
@@ -836,7 +854,13 @@ impl<F: Family> FamilyModel<F> {
             layout,
             stages,
             stage_error,
+            fused: std::sync::atomic::AtomicBool::new(true),
         }
+    }
+
+    /// Whether its computes call the fused kernels.
+    pub fn fused(&self) -> bool {
+        self.fused.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The family itself.
@@ -852,6 +876,7 @@ impl<F: Family> FamilyModel<F> {
         device: &B::Device,
     ) -> Result<F::Module<B>, ModelError> {
         Engine::<F, Autodiff<B>>::new(self.family.clone(), &self.layout, &self.stages, device)
+            .with_fused(self.fused())
             .inner_with(params)
     }
 
@@ -865,12 +890,10 @@ impl<F: Family> FamilyModel<F> {
     }
 
     fn engine<B: AutodiffBackend>(&self, device: &B::Device) -> Box<dyn Compute<B>> {
-        Box::new(Engine::<F, B>::new(
-            self.family.clone(),
-            &self.layout,
-            &self.stages,
-            device,
-        ))
+        Box::new(
+            Engine::<F, B>::new(self.family.clone(), &self.layout, &self.stages, device)
+                .with_fused(self.fused()),
+        )
     }
 }
 
@@ -907,6 +930,9 @@ impl<F: Family> Model for FamilyModel<F> {
     }
     fn flops_per_sample(&self) -> Option<f64> {
         self.family.flops_per_sample()
+    }
+    fn use_fused_kernels(&self, on: bool) {
+        self.fused.store(on, std::sync::atomic::Ordering::Relaxed);
     }
     fn compute_erased(
         &self,

@@ -17,14 +17,41 @@ use burn::tensor::{Int, Tensor, TensorData};
 use super::api::{Act, Family, Forward, ModelError, Task};
 use super::init;
 use crate::config::{DataKind, Resolved};
+use crate::kernels;
 use crate::params::ParamLayout;
 
 /// GELU's tanh approximation, `0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))` (GPT-2's
-/// `gelu_new`, PyTorch's `GELU(approximate="tanh")`).
+/// `gelu_new`, PyTorch's `GELU(approximate="tanh")`), in Burn's ops.
 pub fn gelu_tanh<B: Backend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D> {
-    let c = (2.0 / std::f64::consts::PI).sqrt();
-    let inner = (x.clone() + x.clone().powi_scalar(3).mul_scalar(0.044715)).mul_scalar(c);
-    x.mul_scalar(0.5) * inner.tanh().add_scalar(1.0)
+    kernels::gelu_tanh_ops(x)
+}
+
+/// The LayerNorms' epsilon (PyTorch's and Burn's default).
+const LN_EPS: f64 = 1e-5;
+
+/// `ln` of `x`: the fused kernel with `fused` (Burn's op where it does not apply).
+fn norm<B: Backend, const D: usize>(ln: &LayerNorm<B>, x: Tensor<B, D>, fused: bool) -> Tensor<B, D> {
+    if !fused {
+        return ln.forward(x);
+    }
+    kernels::layer_norm(x, ln.gamma.val(), ln.beta.as_ref().map(|b| b.val()), LN_EPS)
+}
+
+/// `l` of `x`, plus `residual` when given (`residual + l(x)`): one gemm with `fused`.
+fn dense<B: Backend, const D: usize>(
+    l: &Linear<B>,
+    x: Tensor<B, D>,
+    residual: Option<Tensor<B, D>>,
+    fused: bool,
+) -> Tensor<B, D> {
+    if !fused {
+        let y = l.forward(x);
+        return match residual {
+            Some(r) => r + y,
+            None => y,
+        };
+    }
+    kernels::linear(x, l.weight.val(), l.bias.as_ref().map(|b| b.val()), residual)
 }
 
 /// One pre-LayerNorm transformer block.
@@ -213,6 +240,7 @@ impl Gpt {
 
     fn ln<B: Backend>(&self, device: &B::Device) -> LayerNorm<B> {
         LayerNormConfig::new(self.dim)
+            .with_epsilon(LN_EPS)
             .with_bias(self.bias)
             .init(device)
     }
@@ -229,23 +257,73 @@ impl Gpt {
         x: Tensor<B, 3>,
         ctx: &mut Forward,
     ) -> Tensor<B, 3> {
-        self.block_kv(b, x, None, ctx).0
+        self.block_kv(b, x, None, false, ctx).0
     }
 
     /// Block `b` on `x` `[n, t, dim]`, the positions after those whose keys and values `past`
     /// holds (`[n, heads, p, hd]` each; none: `x` starts the sequence, and its positions attend
-    /// causally among themselves; with `past`, `x` is one position that attends to all). Also
-    /// returns the keys and values of every position so far (a decoder's cache).
+    /// causally among themselves; with `past`, `x` is one position that attends to all). With
+    /// `keep`, also returns the keys and values of every position so far (a decoder's cache).
+    ///
+    /// With `ctx.fused()` (and no dropout drawn) the LayerNorms, the linear layers with their
+    /// residuals, GELU and the causal attention are kiln's kernels (`kernels`), which run on flex
+    /// in f32 and are Burn's ops elsewhere.
     fn block_kv<B: Backend>(
         &self,
         b: &BlockModule<B>,
         x: Tensor<B, 3>,
         past: Option<(Tensor<B, 4>, Tensor<B, 4>)>,
+        keep: bool,
+        ctx: &mut Forward,
+    ) -> (Tensor<B, 3>, Option<(Tensor<B, 4>, Tensor<B, 4>)>) {
+        let fused = ctx.fused() && !ctx.drops(self.dropout);
+        let qkv = dense(&b.c_attn, norm(&b.ln_1, x.clone(), fused), None, fused);
+        let whole = if fused && past.is_none() && !keep {
+            kernels::causal_attention(qkv.clone(), self.heads)
+        } else {
+            None
+        };
+        let (y, kv) = match whole {
+            Some(y) => (y, None),
+            None => {
+                let (y, kv) = self.attention(qkv, past, &x.device(), ctx);
+                (y, keep.then_some(kv))
+            }
+        };
+        let x = if fused {
+            dense(&b.c_proj, y, Some(x), true)
+        } else {
+            x + ctx.dropout(b.c_proj.forward(y), self.dropout)
+        };
+        let h = dense(&b.mlp_fc, norm(&b.ln_2, x.clone(), fused), None, fused);
+        let h = if fused {
+            kernels::gelu(h, self.gelu_tanh)
+        } else if self.gelu_tanh {
+            gelu_tanh(h)
+        } else {
+            gelu(h)
+        };
+        let x = if fused {
+            dense(&b.mlp_proj, h, Some(x), true)
+        } else {
+            x + ctx.dropout(b.mlp_proj.forward(h), self.dropout)
+        };
+        (x, kv)
+    }
+
+    /// The attention in Burn's ops from the projection `qkv` `[n, t, 3 dim]`: the heads'
+    /// outputs side by side `[n, t, dim]`, and the keys and values of every position so far
+    /// (`past`'s and `qkv`'s).
+    fn attention<B: Backend>(
+        &self,
+        qkv: Tensor<B, 3>,
+        past: Option<(Tensor<B, 4>, Tensor<B, 4>)>,
+        device: &B::Device,
         ctx: &mut Forward,
     ) -> (Tensor<B, 3>, (Tensor<B, 4>, Tensor<B, 4>)) {
-        let [n, t, d] = x.dims();
+        let [n, t, three] = qkv.dims();
+        let d = three / 3;
         let (h, hd) = (self.heads, d / self.heads);
-        let qkv = b.c_attn.forward(b.ln_1.forward(x.clone()));
         let split = |i: usize| {
             qkv.clone()
                 .slice([0..n, 0..t, i * d..(i + 1) * d])
@@ -266,20 +344,13 @@ impl Gpt {
             .div_scalar((hd as f64).sqrt());
         let att = if causal {
             // position i attends to positions <= i
-            att + self.masks.get::<B>(t, &x.device())
+            att + self.masks.get::<B>(t, device)
         } else {
             att
         };
         let att = ctx.dropout(softmax(att, 3), self.dropout);
         let y = att.matmul(v.clone()).swap_dims(1, 2).reshape([n, t, d]);
-        let x = x + ctx.dropout(b.c_proj.forward(y), self.dropout);
-        let h = b.mlp_fc.forward(b.ln_2.forward(x.clone()));
-        let m = b.mlp_proj.forward(if self.gelu_tanh {
-            gelu_tanh(h)
-        } else {
-            gelu(h)
-        });
-        (x + ctx.dropout(m, self.dropout), (k, v))
+        (y, (k, v))
     }
 
     /// Token plus position embeddings of the ids `x` `[samples, positions]`.
@@ -309,12 +380,14 @@ impl Gpt {
         ctx.dropout(m.wte.forward(idx) + m.wpe.forward(pos), self.dropout)
     }
 
-    /// The final LayerNorm and the output layer: logits `[samples * positions, vocab]`.
-    fn head<B: Backend>(&self, m: &GptModule<B>, h: Tensor<B, 3>) -> Tensor<B, 2> {
+    /// The final LayerNorm and the output layer: logits `[samples * positions, vocab]`. With
+    /// `fused`, the tied output layer reads `wte` through transposed strides (no copy).
+    fn head<B: Backend>(&self, m: &GptModule<B>, h: Tensor<B, 3>, fused: bool) -> Tensor<B, 2> {
         let [n, t, _] = h.dims();
-        let h = m.ln_f.forward(h).reshape([n * t, self.dim]);
+        let h = norm(&m.ln_f, h, fused).reshape([n * t, self.dim]);
         match &m.lm_head {
-            Some(head) => head.forward(h),
+            Some(head) => dense(head, h, None, fused),
+            None if fused => kernels::linear(h, m.wte.weight.val().transpose(), None, None),
             None => h.matmul(m.wte.weight.val().transpose()),
         }
     }
@@ -333,6 +406,8 @@ pub struct Decoder<'a, B: Backend> {
     context: Vec<u32>,
     /// Per block: keys and values of every position of `context` (with `cache`).
     kv: Vec<(Tensor<B, 4>, Tensor<B, 4>)>,
+    /// Whether the forwards call the fused kernels (`backend.fused`).
+    fused: bool,
 }
 
 impl<'a, B: Backend> Decoder<'a, B> {
@@ -344,7 +419,14 @@ impl<'a, B: Backend> Decoder<'a, B> {
             cache,
             context: Vec::new(),
             kv: Vec::new(),
+            fused: true,
         }
+    }
+
+    /// This decoder with the fused kernels on or off (`backend.fused`).
+    pub fn with_fused(mut self, on: bool) -> Self {
+        self.fused = on;
+        self
     }
 
     /// The ids of the context now.
@@ -381,7 +463,7 @@ impl<'a, B: Backend> Decoder<'a, B> {
         }
         let (g, m) = (self.gpt, &self.module);
         let at = self.context.len() - 1;
-        let mut ctx = Forward::eval();
+        let mut ctx = Forward::eval().with_fused(self.fused);
         let mut x = g.embed_at(
             m,
             TensorData::new(vec![i64::from(id)], [1, 1]),
@@ -391,8 +473,10 @@ impl<'a, B: Backend> Decoder<'a, B> {
         );
         for (b, kv) in m.blocks.iter().zip(self.kv.iter_mut()) {
             let past = kv.clone();
-            let (y, next) = g.block_kv(b, x, Some(past), &mut ctx);
-            *kv = next;
+            let (y, next) = g.block_kv(b, x, Some(past), true, &mut ctx);
+            if let Some(next) = next {
+                *kv = next;
+            }
             x = y;
         }
         self.logits_of(x)
@@ -409,14 +493,12 @@ impl<'a, B: Backend> Decoder<'a, B> {
             )));
         }
         let ids: Vec<i64> = self.context.iter().map(|&i| i64::from(i)).collect();
-        let mut ctx = Forward::eval();
+        let mut ctx = Forward::eval().with_fused(self.fused);
         let mut x = g.embed_at(m, TensorData::new(ids, [1, t]), 0, &self.device, &mut ctx);
         self.kv.clear();
         for b in &m.blocks {
-            let (y, kv) = g.block_kv(b, x, None, &mut ctx);
-            if self.cache {
-                self.kv.push(kv);
-            }
+            let (y, kv) = g.block_kv(b, x, None, self.cache, &mut ctx);
+            self.kv.extend(kv);
             x = y;
         }
         self.logits_of(x)
@@ -427,7 +509,7 @@ impl<'a, B: Backend> Decoder<'a, B> {
         let [n, t, d] = h.dims();
         let last = h.slice([0..n, t - 1..t, 0..d]);
         self.gpt
-            .head(&self.module, last)
+            .head(&self.module, last, self.fused)
             .into_data()
             .convert::<f32>()
             .into_vec::<f32>()
@@ -539,7 +621,7 @@ impl Family for Gpt {
         for b in &m.blocks {
             h = self.block(b, h, ctx);
         }
-        self.head(m, h)
+        self.head(m, h, ctx.fused())
     }
 
     /// The embeddings (`wte`, `wpe`), each block, then the head (`ln_f` and `lm_head`, or `wte`
@@ -563,7 +645,7 @@ impl Family for Gpt {
         match (stage, x) {
             (0, Act::Data(x)) => Act::D3(self.embed(m, x, device, ctx)),
             (s, Act::D3(h)) if s <= self.layers => Act::D3(self.block(&m.blocks[s - 1], h, ctx)),
-            (_, Act::D3(h)) => Act::D2(self.head(m, h)),
+            (_, Act::D3(h)) => Act::D2(self.head(m, h, ctx.fused())),
             // a stage out of place: the engine reports the shapes
             (_, x) => x,
         }

@@ -146,25 +146,24 @@ impl Optimizer {
                 let bc2_sqrt = (1.0 - b2.powi(t)).sqrt();
                 let step_size = lr / bc1;
                 let decoupled = self.kind == OptimKind::Adamw;
-                let eps = self.eps;
                 for (r, wd) in segments {
-                    for (((p, g), m), v) in params[r.clone()]
-                        .iter_mut()
-                        .zip(&grads[r.clone()])
-                        .zip(self.m[r.clone()].iter_mut())
-                        .zip(self.v[r].iter_mut())
-                    {
-                        let g = if decoupled {
-                            *p *= 1.0 - lr * wd;
-                            *g
-                        } else {
-                            g + wd * *p
-                        };
-                        *m = b1 * *m + (1.0 - b1) * g;
-                        *v = b2 * *v + (1.0 - b2) * g * g;
-                        let denom = v.sqrt() / bc2_sqrt + eps;
-                        *p -= step_size * *m / denom;
-                    }
+                    let step = crate::kernels::AdamStep {
+                        lr,
+                        wd,
+                        b1,
+                        b2,
+                        bc2_sqrt,
+                        step_size,
+                        eps: self.eps,
+                        decoupled,
+                    };
+                    crate::kernels::adam_update(
+                        &mut params[r.clone()],
+                        &grads[r.clone()],
+                        &mut self.m[r.clone()],
+                        &mut self.v[r],
+                        step,
+                    );
                 }
             }
         }

@@ -14,6 +14,7 @@ const LAYERS: &[(&str, u32)] = &[
     ("ui", 0),
     ("testdir", 0),
     ("checkpoint", 0),
+    ("kernels", 0),
     ("params", 1),
     ("data", 1),
     ("cuda", 2),

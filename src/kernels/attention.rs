@@ -1,0 +1,296 @@
+//! Causal multi-head self-attention in one op, straight from the fused q/k/v projection
+//! `qkv` `[n, t, 3 dim]` to the heads' outputs side by side `[n, t, dim]` (what the output
+//! projection reads): each (sample, head) pair reads its q, k and v through strides (no head
+//! split, no transposes, no mask tensor), takes `softmax(q kᵀ / sqrt(hd))` over the positions
+//! up to its own with two gemms around one pass per row, and writes its output columns in
+//! place. The pairs run on the rank's threads, each on its own rows and columns, so the result
+//! does not depend on the thread count.
+//!
+//! The backward keeps the probabilities (`n x heads x t x t` values) rather than recomputing
+//! them from a saved log-sum-exp: at the context lengths a CPU trains (nanoGPT's 64 and 256)
+//! they are smaller than the block's MLP activations, and keeping them saves the backward a
+//! third gemm per pair. The gradient is the usual one: dV = Pᵀ dY, dP = dY Vᵀ,
+//! dS = P ⊙ (dP - rowsum(P ⊙ dP)), dQ = dS K / sqrt(hd), dK = dSᵀ Q / sqrt(hd).
+
+use burn::tensor::backend::Backend;
+use burn::tensor::Tensor;
+use burn_autodiff::checkpoint::base::Checkpointer;
+use burn_autodiff::checkpoint::strategy::NoCheckpointing;
+use burn_autodiff::grads::Gradients;
+use burn_autodiff::ops::{Backward, Ops, OpsKind};
+use burn_flex::{Flex, FlexTensor};
+use rayon::prelude::*;
+
+use super::dense::{self, Mat, MatMut, Shared};
+use super::math::{dot, exp, max, multiversion};
+use super::route::{self, AdTensor, Routes};
+
+/// The shape of one call: samples, positions, heads and channels per head.
+#[derive(Debug, Clone, Copy)]
+struct Dims {
+    n: usize,
+    t: usize,
+    heads: usize,
+    hd: usize,
+}
+
+impl Dims {
+    fn dim(&self) -> usize {
+        self.heads * self.hd
+    }
+    /// Pair `p`'s sample and head.
+    fn pair(&self, p: usize) -> (usize, usize) {
+        (p / self.heads, p % self.heads)
+    }
+    /// Where pair `p`'s q (then k at + dim, v at + 2 dim) starts in `qkv`, rows `3 dim` apart.
+    fn q_at(&self, p: usize) -> usize {
+        let (b, h) = self.pair(p);
+        b * self.t * 3 * self.dim() + h * self.hd
+    }
+    /// Where pair `p`'s output columns start in `y` (rows `dim` apart).
+    fn y_at(&self, p: usize) -> usize {
+        let (b, h) = self.pair(p);
+        b * self.t * self.dim() + h * self.hd
+    }
+    fn scale(&self) -> f32 {
+        1.0 / (self.hd as f32).sqrt()
+    }
+}
+
+// row i of `s` (t values) becomes the softmax of its first i + 1 values, zeros after
+multiversion! {
+    fn causal_softmax(s: &mut [f32], t: usize) {
+        for (i, row) in s.chunks_exact_mut(t).enumerate() {
+            let (live, masked) = row.split_at_mut(i + 1);
+            let m = max(live);
+            let mut total = 0.0;
+            for v in live.iter_mut() {
+                *v = exp(*v - m);
+                total += *v;
+            }
+            let inv = 1.0 / total;
+            for v in live.iter_mut() {
+                *v *= inv;
+            }
+            masked.fill(0.0);
+        }
+    }
+}
+
+// dP (in `dp`) becomes dS = P ⊙ (dP - rowsum(P ⊙ dP)), row by row over the causal part
+multiversion! {
+    fn softmax_grad(p: &[f32], dp: &mut [f32], t: usize) {
+        for (i, (pr, dr)) in p.chunks_exact(t).zip(dp.chunks_exact_mut(t)).enumerate() {
+            let n = i + 1;
+            let c = dot(&pr[..n], &dr[..n]);
+            for (d, &pv) in dr[..n].iter_mut().zip(&pr[..n]) {
+                *d = pv * (*d - c);
+            }
+            dr[n..].fill(0.0);
+        }
+    }
+}
+
+/// The forward of pair `p`: its probabilities into `prob` (`[t, t]`) and its output columns
+/// into `y`.
+///
+/// # Safety
+/// `y` must be valid for `[n, t, dim]` values, with no one else writing pair `p`'s columns.
+unsafe fn forward_pair(d: Dims, qkv: &[f32], y: Shared, p: usize, prob: &mut [f32]) {
+    let (t, hd, dim) = (d.t, d.hd, d.dim());
+    let q = Mat {
+        ptr: qkv.as_ptr(),
+        rs: 3 * dim as isize,
+        cs: 1,
+    }
+    .at(d.q_at(p));
+    let (k, v) = (q.at(dim), q.at(2 * dim));
+    // SAFETY: q and k are [t, hd] inside qkv, prob is [t, t]
+    unsafe { dense::gemm(t, t, hd, MatMut::rows(prob, t), false, q, k.t(), d.scale(), false) };
+    causal_softmax(prob, t);
+    let out = MatMut {
+        ptr: y.0,
+        rs: dim as isize,
+        cs: 1,
+    }
+    .at(d.y_at(p));
+    // SAFETY: prob [t, t], v [t, hd] inside qkv, out: pair p's columns (the caller's contract)
+    unsafe { dense::gemm(t, hd, t, out, false, Mat::rows(prob, t), v, 1.0, false) };
+}
+
+/// The attention of every pair: `y` `[n, t, dim]` and, with `keep`, the probabilities
+/// `[n * heads, t, t]`.
+fn forward(d: Dims, qkv: &[f32], keep: bool) -> (Vec<f32>, Vec<f32>) {
+    let tt = d.t * d.t;
+    let pairs = d.n * d.heads;
+    let mut y = dense::for_output(d.n * d.t * d.dim());
+    let out = Shared(y.as_mut_ptr());
+    let mut probs = if keep {
+        dense::for_output(pairs * tt)
+    } else {
+        Vec::new()
+    };
+    if keep {
+        probs
+            .par_chunks_mut(tt.max(1))
+            .enumerate()
+            // SAFETY: each pair writes its own columns of y
+            .for_each(|(p, prob)| unsafe { forward_pair(d, qkv, out, p, prob) });
+    } else {
+        (0..pairs).into_par_iter().for_each_init(
+            || dense::for_output(tt),
+            // SAFETY: each pair writes its own columns of y
+            |prob, p| unsafe { forward_pair(d, qkv, out, p, prob) },
+        );
+    }
+    (y, probs)
+}
+
+/// The backward of pair `p` into its q, k and v columns of `dqkv`, with `dp` (`[t, t]`) as
+/// scratch.
+///
+/// # Safety
+/// `dqkv` must be valid for `[n, t, 3 dim]` values, with no one else writing pair `p`'s
+/// columns.
+#[allow(clippy::too_many_arguments)]
+unsafe fn backward_pair(
+    d: Dims,
+    qkv: &[f32],
+    prob: &[f32],
+    dy: &[f32],
+    dqkv: Shared,
+    p: usize,
+    dp: &mut [f32],
+) {
+    let (t, hd, dim) = (d.t, d.hd, d.dim());
+    let rows3 = 3 * dim as isize;
+    let q = Mat {
+        ptr: qkv.as_ptr(),
+        rs: rows3,
+        cs: 1,
+    }
+    .at(d.q_at(p));
+    let (k, v) = (q.at(dim), q.at(2 * dim));
+    let g = Mat {
+        ptr: dy.as_ptr(),
+        rs: dim as isize,
+        cs: 1,
+    }
+    .at(d.y_at(p));
+    let dq = MatMut {
+        ptr: dqkv.0,
+        rs: rows3,
+        cs: 1,
+    }
+    .at(d.q_at(p));
+    let (dk, dv) = (dq.at(dim), dq.at(2 * dim));
+    let pm = Mat::rows(prob, t);
+    // SAFETY (all four): operands inside qkv, dy, prob and dp by the dims; dq, dk, dv are this
+    // pair's columns of dqkv (the caller's contract)
+    unsafe {
+        // dV = Pᵀ dY
+        dense::gemm(t, hd, t, dv, false, pm.t(), g, 1.0, false);
+        // dP = dY Vᵀ
+        dense::gemm(t, t, hd, MatMut::rows(dp, t), false, g, v.t(), 1.0, false);
+    }
+    softmax_grad(prob, dp, t);
+    let ds = Mat::rows(dp, t);
+    unsafe {
+        // dQ = dS K scale, dK = dSᵀ Q scale
+        dense::gemm(t, hd, t, dq, false, ds, k, d.scale(), false);
+        dense::gemm(t, hd, t, dk, false, ds.t(), q, d.scale(), false);
+    }
+}
+
+fn backward(d: Dims, qkv: &[f32], probs: &[f32], dy: &[f32]) -> Vec<f32> {
+    let tt = d.t * d.t;
+    let mut dqkv = dense::for_output(d.n * d.t * 3 * d.dim());
+    let out = Shared(dqkv.as_mut_ptr());
+    (0..d.n * d.heads).into_par_iter().for_each_init(
+        || dense::for_output(tt),
+        |dp, p| {
+            let prob = &probs[p * tt..(p + 1) * tt];
+            // SAFETY: each pair writes its own columns of dqkv
+            unsafe { backward_pair(d, qkv, prob, dy, out, p, dp) }
+        },
+    );
+    dqkv
+}
+
+/// What the backward keeps: the projection (contiguous), the probabilities and the shape.
+#[derive(Debug, Clone)]
+struct Saved {
+    qkv: FlexTensor,
+    probs: FlexTensor,
+    dims: (usize, usize, usize, usize),
+}
+
+#[derive(Debug)]
+struct AttentionBackward;
+
+impl Backward<Flex, 1> for AttentionBackward {
+    type State = Saved;
+
+    fn backward(self, ops: Ops<Saved, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let dy = dense::contiguous(grads.consume::<Flex>(&ops.node));
+        let s = ops.state;
+        let (n, t, heads, hd) = s.dims;
+        let d = Dims { n, t, heads, hd };
+        let [parent] = ops.parents;
+        if let Some(p) = parent {
+            let g = backward(
+                d,
+                dense::values(&s.qkv),
+                dense::values(&s.probs),
+                dense::values(&dy),
+            );
+            grads.register::<Flex>(p.id, dense::tensor(g, &[n, t, 3 * d.dim()]));
+        }
+    }
+}
+
+/// Causal self-attention of `heads` heads from `qkv` `[n, t, 3 dim]` (q, k and v side by side,
+/// as one projection makes them): `[n, t, dim]`, the heads' outputs side by side. On flex in
+/// f32 only; `None` elsewhere (the caller runs Burn's ops).
+pub fn causal_attention<B: Backend>(qkv: Tensor<B, 3>, heads: usize) -> Option<Tensor<B, 3>> {
+    let [n, t, three] = qkv.dims();
+    if heads == 0 || three % (3 * heads) != 0 {
+        return None;
+    }
+    let d = Dims {
+        n,
+        t,
+        heads,
+        hd: three / (3 * heads),
+    };
+    match route::route1(qkv).ok()? {
+        Routes::Autodiff([a]) => {
+            let x = dense::contiguous(a.primitive.clone());
+            let y: AdTensor = match AttentionBackward
+                .prepare::<NoCheckpointing>([a.node.clone()])
+                .compute_bound()
+                .stateful()
+            {
+                OpsKind::Tracked(prep) => {
+                    let (y, probs) = forward(d, dense::values(&x), true);
+                    let saved = Saved {
+                        qkv: x,
+                        probs: dense::tensor(probs, &[n * heads, t, t]),
+                        dims: (n, t, heads, d.hd),
+                    };
+                    prep.finish(saved, dense::tensor(y, &[n, t, d.dim()]))
+                }
+                OpsKind::UnTracked(prep) => {
+                    let (y, _) = forward(d, dense::values(&x), false);
+                    prep.finish(dense::tensor(y, &[n, t, d.dim()]))
+                }
+            };
+            route::back::<B, _, 3>(y)
+        }
+        Routes::Plain([f]) => {
+            let x = dense::contiguous(f);
+            let (y, _) = forward(d, dense::values(&x), false);
+            route::back::<B, _, 3>(dense::tensor(y, &[n, t, d.dim()]))
+        }
+    }
+}

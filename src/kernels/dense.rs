@@ -1,0 +1,348 @@
+//! flex tensors as the kernels read and write them: a row-major `f32` view of a tensor (copied
+//! only when its layout is not contiguous), new tensors from `Vec<f32>`, gemm with strides (a
+//! transposed operand is a pair of strides, never a copy), and rows split over the rank's
+//! threads in chunks whose size depends on the shape only, so that every sum across rows is
+//! added in the same order whatever the thread count (bit-equal runs, exact resume).
+
+use burn::tensor::{Shape, TensorData};
+use burn_flex::FlexTensor;
+use rayon::prelude::*;
+
+/// `t` with a row-major layout (itself when it has one, a copy otherwise).
+pub fn contiguous(t: FlexTensor) -> FlexTensor {
+    if t.layout().is_contiguous() {
+        t
+    } else {
+        t.to_contiguous()
+    }
+}
+
+/// The values of a contiguous `t` in row-major order (see `contiguous`).
+pub fn values(t: &FlexTensor) -> &[f32] {
+    let start = t.layout().start_offset();
+    &t.storage::<f32>()[start..start + t.layout().num_elements()]
+}
+
+/// A tensor of `shape` holding `v`.
+pub fn tensor(v: Vec<f32>, shape: &[usize]) -> FlexTensor {
+    FlexTensor::from_data(TensorData::new(v, Shape::from(shape.to_vec())))
+}
+
+/// The dims of `t`.
+pub fn dims(t: &FlexTensor) -> Vec<usize> {
+    t.layout().shape().to_vec()
+}
+
+/// A zeroed buffer of `n` values.
+pub fn zeros(n: usize) -> Vec<f32> {
+    vec![0.0; n]
+}
+
+/// A buffer of `n` values for an output that its kernel writes in full before anything reads
+/// it (a gemm that does not accumulate, an elementwise map): not cleared first, which cost the
+/// baby GPT's step 5% of its time in `memset`.
+pub fn for_output(n: usize) -> Vec<f32> {
+    let mut v = Vec::<f32>::with_capacity(n);
+    // SAFETY: every `f32` bit pattern is a valid value, and each caller writes every value
+    // (gemm with `accumulate` false never reads its destination) before any is read
+    unsafe { v.set_len(n) };
+    v
+}
+
+/// Multiply-adds above which gemm splits one product over the rank's threads (below it the
+/// split costs more than it saves).
+const PARALLEL_GEMM: usize = 1 << 21;
+
+/// A matrix operand: its first element and the strides between rows and between columns.
+#[derive(Clone, Copy)]
+pub struct Mat {
+    pub ptr: *const f32,
+    pub rs: isize,
+    pub cs: isize,
+}
+
+impl Mat {
+    /// Row-major `[rows, cols]` at `v` (row stride `cols`).
+    pub fn rows(v: &[f32], cols: usize) -> Mat {
+        Mat {
+            ptr: v.as_ptr(),
+            rs: cols as isize,
+            cs: 1,
+        }
+    }
+    /// Its transpose (strides swapped: no copy).
+    pub fn t(self) -> Mat {
+        Mat {
+            ptr: self.ptr,
+            rs: self.cs,
+            cs: self.rs,
+        }
+    }
+    /// The operand starting `by` elements further.
+    pub fn at(self, by: usize) -> Mat {
+        Mat {
+            // SAFETY (of the caller's use): offsets stay inside the operand's buffer
+            ptr: self.ptr.wrapping_add(by),
+            ..self
+        }
+    }
+}
+
+/// A destination matrix: first element and strides.
+#[derive(Clone, Copy)]
+pub struct MatMut {
+    pub ptr: *mut f32,
+    pub rs: isize,
+    pub cs: isize,
+}
+
+impl MatMut {
+    /// Row-major `[rows, cols]` at `v`.
+    pub fn rows(v: &mut [f32], cols: usize) -> MatMut {
+        MatMut {
+            ptr: v.as_mut_ptr(),
+            rs: cols as isize,
+            cs: 1,
+        }
+    }
+    /// The destination starting `by` elements further.
+    pub fn at(self, by: usize) -> MatMut {
+        MatMut {
+            ptr: self.ptr.wrapping_add(by),
+            ..self
+        }
+    }
+}
+
+/// `dst [m, n] = (accumulate ? dst : 0) + scale * lhs [m, k] * rhs [k, n]`, split over the
+/// rank's threads when `threads` and the product is large enough.
+///
+/// # Safety
+/// Every operand must be valid for its `m`, `n`, `k` and strides, and `dst` must not overlap
+/// an operand or be written by anyone else meanwhile.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn gemm(
+    m: usize,
+    n: usize,
+    k: usize,
+    dst: MatMut,
+    accumulate: bool,
+    lhs: Mat,
+    rhs: Mat,
+    scale: f32,
+    threads: bool,
+) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        if !accumulate {
+            for i in 0..m {
+                for j in 0..n {
+                    // SAFETY: inside dst (the caller's contract)
+                    unsafe { *dst.ptr.offset(i as isize * dst.rs + j as isize * dst.cs) = 0.0 };
+                }
+            }
+        }
+        return;
+    }
+    let parts = if threads && m * n * k >= PARALLEL_GEMM {
+        rayon::current_num_threads().min(m.max(n) / 16).max(1)
+    } else {
+        1
+    };
+    if parts == 1 {
+        // SAFETY: the caller's contract
+        unsafe { gemm_one(m, n, k, dst, accumulate, lhs, rhs, scale) };
+        return;
+    }
+    // one block of rows (or of columns, when there are more of them) per thread, each a gemm
+    // of its own: no synchronisation inside the product, and every value of dst is summed over
+    // k in the same order as in one gemm
+    let by_rows = m >= n;
+    let total = if by_rows { m } else { n };
+    let step = total.div_ceil(parts);
+    let (d, l, r) = (SendMat(dst.ptr), lhs, rhs);
+    let (l, r) = (SendConst(l.ptr, l.rs, l.cs), SendConst(r.ptr, r.rs, r.cs));
+    let (drs, dcs) = (dst.rs, dst.cs);
+    (0..parts).into_par_iter().for_each(move |p| {
+        let (from, to) = (p * step, ((p + 1) * step).min(total));
+        if from >= to {
+            return;
+        }
+        let (l, r, d) = (l.mat(), r.mat(), d.mat(drs, dcs));
+        // SAFETY: the caller's contract; each part writes its own rows (or columns) of dst
+        unsafe {
+            if by_rows {
+                let off = from as isize;
+                let dst = MatMut { ptr: d.ptr.offset(off * drs), ..d };
+                let lhs = Mat { ptr: l.ptr.offset(off * l.rs), ..l };
+                gemm_one(to - from, n, k, dst, accumulate, lhs, r, scale);
+            } else {
+                let off = from as isize;
+                let dst = MatMut { ptr: d.ptr.offset(off * dcs), ..d };
+                let rhs = Mat { ptr: r.ptr.offset(off * r.cs), ..r };
+                gemm_one(m, to - from, k, dst, accumulate, l, rhs, scale);
+            }
+        }
+    });
+}
+
+/// A destination pointer sent to the threads of `gemm` (each writes its own part).
+#[derive(Clone, Copy)]
+struct SendMat(*mut f32);
+// SAFETY: the parts written through it are disjoint, and `gemm` joins before returning
+unsafe impl Send for SendMat {}
+// SAFETY: as above
+unsafe impl Sync for SendMat {}
+impl SendMat {
+    fn mat(self, rs: isize, cs: isize) -> MatMut {
+        MatMut { ptr: self.0, rs, cs }
+    }
+}
+
+/// An operand pointer and its strides, read by the threads of `gemm`.
+#[derive(Clone, Copy)]
+struct SendConst(*const f32, isize, isize);
+// SAFETY: only read while `gemm` runs, which joins before returning
+unsafe impl Send for SendConst {}
+// SAFETY: as above
+unsafe impl Sync for SendConst {}
+impl SendConst {
+    fn mat(self) -> Mat {
+        Mat {
+            ptr: self.0,
+            rs: self.1,
+            cs: self.2,
+        }
+    }
+}
+
+/// One gemm on this thread.
+///
+/// # Safety
+/// As `gemm`.
+#[allow(clippy::too_many_arguments)]
+unsafe fn gemm_one(
+    m: usize,
+    n: usize,
+    k: usize,
+    dst: MatMut,
+    accumulate: bool,
+    lhs: Mat,
+    rhs: Mat,
+    scale: f32,
+) {
+    // SAFETY: the caller's contract
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst.ptr,
+            dst.cs,
+            dst.rs,
+            accumulate,
+            lhs.ptr,
+            lhs.cs,
+            lhs.rs,
+            rhs.ptr,
+            rhs.cs,
+            rhs.rs,
+            1.0,
+            scale,
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        );
+    }
+}
+
+/// A pointer that tasks on other threads write through, each to its own disjoint part.
+#[derive(Clone, Copy)]
+pub struct Shared(pub *mut f32);
+impl Shared {
+    /// The pointer (a method, so that a closure captures the whole `Shared`, not its field).
+    pub fn ptr(self) -> *mut f32 {
+        self.0
+    }
+}
+
+// SAFETY: every user writes disjoint ranges and joins before the buffer is read
+unsafe impl Send for Shared {}
+// SAFETY: as above
+unsafe impl Sync for Shared {}
+
+/// Rows per chunk of work for rows of `cols` values: about 16 Ki values per chunk (a function
+/// of the shape only, never of the thread count).
+pub fn chunk_rows(cols: usize) -> usize {
+    (16_384 / cols.max(1)).max(1)
+}
+
+/// Runs `f(first_row, chunk)` over chunks of `out` (rows of `cols` values), on the rank's
+/// threads when there are several chunks.
+pub fn for_rows(out: &mut [f32], cols: usize, f: impl Fn(usize, &mut [f32]) + Sync + Send) {
+    let rows = chunk_rows(cols);
+    let len = rows * cols.max(1);
+    if out.len() <= len {
+        f(0, out);
+        return;
+    }
+    out.par_chunks_mut(len)
+        .enumerate()
+        .for_each(|(i, c)| f(i * rows, c));
+}
+
+/// Like `for_rows` over two outputs of `a_cols` and `b_cols` values per row.
+pub fn for_rows2(
+    a: &mut [f32],
+    a_cols: usize,
+    b: &mut [f32],
+    b_cols: usize,
+    f: impl Fn(usize, &mut [f32], &mut [f32]) + Sync + Send,
+) {
+    let rows = chunk_rows(a_cols.max(b_cols));
+    let (la, lb) = (rows * a_cols, rows * b_cols);
+    if a.len() <= la {
+        f(0, a, b);
+        return;
+    }
+    a.par_chunks_mut(la.max(1))
+        .zip(b.par_chunks_mut(lb.max(1)))
+        .enumerate()
+        .for_each(|(i, (x, y))| f(i * rows, x, y));
+}
+
+/// Sums over rows: each chunk of rows (of `cols` values) gives `f(first_row, rows, partial)`
+/// a zeroed partial of `width` values to add into; the partials are then added in chunk order,
+/// so the result does not depend on the thread count.
+pub fn sum_rows(
+    rows: usize,
+    cols: usize,
+    width: usize,
+    f: impl Fn(usize, usize, &mut [f32]) + Sync + Send,
+) -> Vec<f32> {
+    let per = chunk_rows(cols);
+    let chunks = rows.div_ceil(per).max(1);
+    let mut partials = zeros(chunks * width);
+    if chunks == 1 {
+        f(0, rows, &mut partials);
+        return partials;
+    }
+    partials
+        .par_chunks_mut(width.max(1))
+        .enumerate()
+        .for_each(|(c, p)| {
+            let first = c * per;
+            f(first, per.min(rows - first), p)
+        });
+    let (total, rest) = partials.split_at_mut(width);
+    for p in rest.chunks(width) {
+        for (t, v) in total.iter_mut().zip(p) {
+            *t += v;
+        }
+    }
+    partials.truncate(width);
+    partials
+}

@@ -1,0 +1,234 @@
+//! Each fused op against Burn's own ops on random inputs of awkward shapes (one head, a head of
+//! one channel, one sample, lengths that are no multiple of any block or vector width): the
+//! forward and the gradient of every input within 1e-5 of the reference, relative to the
+//! reference's largest value.
+
+use burn::backend::{Autodiff, Flex};
+use burn::tensor::activation::{gelu, log_softmax, softmax};
+use burn::tensor::{Int, Tensor, TensorData, TensorPrimitive};
+
+use super::*;
+
+type Ad = Autodiff<Flex>;
+
+/// Deterministic values in [-scale, scale).
+fn values(n: usize, seed: u64, scale: f32) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
+        })
+        .collect()
+}
+
+fn leaf<const D: usize>(shape: [usize; D], seed: u64, scale: f32) -> Tensor<Ad, D> {
+    let n = shape.iter().product();
+    Tensor::<Ad, D>::from_data(TensorData::new(values(n, seed, scale), shape), &Default::default())
+        .require_grad()
+}
+
+fn vec_of<const D: usize>(t: Tensor<Flex, D>) -> Vec<f32> {
+    t.into_data().convert::<f32>().into_vec::<f32>().unwrap()
+}
+
+/// `a` within 1e-5 of `b`, relative to `b`'s largest magnitude.
+fn close(what: &str, a: &[f32], b: &[f32]) {
+    assert_eq!(a.len(), b.len(), "{what}: lengths");
+    let top = b.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-30);
+    let worst = a
+        .iter()
+        .zip(b)
+        .fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+    assert!(
+        worst <= 1e-5 * top,
+        "{what}: worst difference {worst:e} against a largest value of {top:e}"
+    );
+    assert!(a.iter().all(|v| v.is_finite()), "{what}: not finite");
+}
+
+/// Compares `fused(inputs)` with `reference(inputs)`: the outputs, and the gradients of every
+/// input for the loss sum(y * w) with a random `w`.
+fn compare<const D: usize, const O: usize>(
+    what: &str,
+    inputs: Vec<Tensor<Ad, D>>,
+    fused: impl Fn(Vec<Tensor<Ad, D>>) -> Tensor<Ad, O>,
+    reference: impl Fn(Vec<Tensor<Ad, D>>) -> Tensor<Ad, O>,
+) {
+    let run = |f: &dyn Fn(Vec<Tensor<Ad, D>>) -> Tensor<Ad, O>| {
+        let xs: Vec<Tensor<Ad, D>> = inputs
+            .iter()
+            .map(|x| Tensor::from_inner(x.clone().inner()).require_grad())
+            .collect();
+        let y = f(xs.clone());
+        let w = Tensor::<Ad, O>::from_data(
+            TensorData::new(values(y.shape().num_elements(), 99, 1.0), y.shape()),
+            &Default::default(),
+        );
+        let out = vec_of(y.clone().inner());
+        let grads = (y * w).sum().backward();
+        let g: Vec<Vec<f32>> = xs
+            .iter()
+            .map(|x| x.grad(&grads).map(vec_of).unwrap_or_default())
+            .collect();
+        (out, g)
+    };
+    let (a, ga) = run(&fused);
+    let (b, gb) = run(&reference);
+    close(&format!("{what}: forward"), &a, &b);
+    for (i, (x, y)) in ga.iter().zip(&gb).enumerate() {
+        close(&format!("{what}: gradient of input {i}"), x, y);
+    }
+}
+
+/// Burn's causal attention from `qkv` `[n, t, 3 dim]`.
+fn attention_ops(qkv: Tensor<Ad, 3>, heads: usize) -> Tensor<Ad, 3> {
+    let [n, t, three] = qkv.dims();
+    let d = three / 3;
+    let hd = d / heads;
+    let split = |i: usize| {
+        qkv.clone()
+            .slice([0..n, 0..t, i * d..(i + 1) * d])
+            .reshape([n, t, heads, hd])
+            .swap_dims(1, 2)
+    };
+    let (q, k, v) = (split(0), split(1), split(2));
+    let mask: Vec<f32> = (0..t * t)
+        .map(|i| if i % t > i / t { -1e9 } else { 0.0 })
+        .collect();
+    let mask = Tensor::<Ad, 4>::from_data(TensorData::new(mask, [1, 1, t, t]), &Default::default());
+    let att = q.matmul(k.swap_dims(2, 3)).div_scalar((hd as f64).sqrt()) + mask;
+    softmax(att, 3).matmul(v).swap_dims(1, 2).reshape([n, t, d])
+}
+
+#[test]
+fn attention_matches_burns_ops() {
+    for (n, t, heads, hd) in [(1, 1, 1, 1), (2, 7, 3, 5), (1, 33, 1, 4), (3, 17, 2, 1), (2, 64, 4, 8)] {
+        let qkv = leaf([n, t, 3 * heads * hd], (n * t * heads * hd) as u64, 2.0);
+        compare(
+            &format!("attention n={n} t={t} heads={heads} hd={hd}"),
+            vec![qkv],
+            |x| causal_attention(x[0].clone(), heads).expect("flex f32"),
+            |x| attention_ops(x[0].clone(), heads),
+        );
+    }
+}
+
+#[test]
+fn layer_norm_matches_burns_op() {
+    for (rows, d, bias) in [(1, 1, true), (5, 3, false), (13, 17, true), (40, 128, false), (3, 700, true)] {
+        let x = leaf([rows, 1, d], rows as u64, 3.0);
+        let params = |x: &[Tensor<Ad, 3>]| {
+            let g: Tensor<Ad, 1> = x[1].clone().reshape([d]);
+            let b: Tensor<Ad, 1> = x[2].clone().reshape([d]);
+            (g, bias.then_some(b))
+        };
+        let inputs = vec![x, leaf([1, 1, d], 5, 1.0), leaf([1, 1, d], 6, 1.0)];
+        compare(
+            &format!("layer_norm rows={rows} d={d} bias={bias}"),
+            inputs,
+            |x| {
+                let (g, b) = params(&x);
+                layer_norm(x[0].clone(), g, b, 1e-5)
+            },
+            |x| {
+                let (g, b) = params(&x);
+                Tensor::from_primitive(TensorPrimitive::Float(<Ad as burn::tensor::ops::ModuleOps<Ad>>::layer_norm(
+                    x[0].clone().into_primitive().tensor(),
+                    g.into_primitive().tensor(),
+                    b.map(|b| b.into_primitive().tensor()),
+                    1e-5,
+                )))
+            },
+        );
+    }
+}
+
+#[test]
+fn gelu_matches_burns_ops_exact_and_tanh() {
+    for n in [1, 15, 16, 17, 1000] {
+        let x = leaf([n], n as u64, 6.0);
+        compare(&format!("gelu n={n}"), vec![x.clone()], |x| super::gelu(x[0].clone(), false), |x| gelu(x[0].clone()));
+        compare(
+            &format!("gelu tanh n={n}"),
+            vec![x],
+            |x| super::gelu(x[0].clone(), true),
+            |x| gelu_tanh_ops(x[0].clone()),
+        );
+    }
+}
+
+#[test]
+fn linear_matches_burns_ops_with_bias_residual_and_a_transposed_weight() {
+    for (rows, i, o) in [(1, 1, 1), (7, 5, 3), (37, 16, 65), (64, 128, 384)] {
+        let x = leaf([rows, i], 1, 1.0);
+        let w = leaf([i, o], 2, 0.5);
+        let wt = leaf([o, i], 3, 0.5);
+        let b = leaf([1, o], 4, 0.5);
+        let r = leaf([rows, o], 5, 1.0);
+        compare(
+            &format!("linear {rows}x{i}x{o}"),
+            vec![x.clone(), w.clone(), b.clone(), r.clone()],
+            |x| linear(x[0].clone(), x[1].clone(), Some(x[2].clone().reshape([o])), Some(x[3].clone())),
+            |x| x[3].clone() + burn::tensor::module::linear(x[0].clone(), x[1].clone(), Some(x[2].clone().reshape([o]))),
+        );
+        compare(
+            &format!("linear transposed {rows}x{i}x{o}"),
+            vec![x, wt],
+            |x| linear(x[0].clone(), x[1].clone().transpose(), None, None),
+            |x| x[0].clone().matmul(x[1].clone().transpose()),
+        );
+    }
+}
+
+#[test]
+fn cross_entropy_matches_burns_ops() {
+    for (rows, classes) in [(1, 1), (1, 65), (13, 3), (768, 65), (5, 1000)] {
+        let x = leaf([rows, classes], rows as u64, 8.0);
+        let targets: Vec<u32> = (0..rows).map(|r| ((r * 7 + 3) % classes) as u32).collect();
+        let ids: Vec<i64> = targets.iter().map(|&t| i64::from(t)).collect();
+        compare(
+            &format!("cross_entropy {rows}x{classes}"),
+            vec![x],
+            |x| cross_entropy(x[0].clone(), &targets).expect("flex f32"),
+            |x| {
+                let idx = Tensor::<Ad, 2, Int>::from_data(TensorData::new(ids.clone(), [rows, 1]), &Default::default());
+                log_softmax(x[0].clone(), 1)
+                    .gather(1, idx)
+                    .sum()
+                    .neg()
+                    .div_scalar(rows as f64)
+            },
+        );
+    }
+}
+
+#[test]
+fn without_autodiff_the_kernels_give_the_same_forward() {
+    let qkv = leaf([2, 9, 3 * 2 * 3], 7, 2.0);
+    let a = vec_of(causal_attention(qkv.clone(), 2).unwrap().inner());
+    let b = vec_of(causal_attention(qkv.inner(), 2).unwrap());
+    assert_eq!(a, b);
+    let x = leaf([6, 10], 8, 2.0);
+    let g = leaf([10], 9, 1.0);
+    let a = vec_of(layer_norm(x.clone(), g.clone(), None, 1e-5).inner());
+    let b = vec_of(layer_norm(x.clone().inner(), g.inner(), None, 1e-5));
+    assert_eq!(a, b);
+    let a = vec_of(super::gelu(x.clone(), false).inner());
+    let b = vec_of(super::gelu(x.inner(), false));
+    assert_eq!(a, b);
+}
+
+#[test]
+fn other_backends_and_dtypes_are_not_routed() {
+    use burn::backend::NdArray;
+    assert!(fused_on::<Ad>(burn::tensor::DType::F32));
+    assert!(fused_on::<Flex>(burn::tensor::DType::F32));
+    assert!(!fused_on::<Ad>(burn::tensor::DType::F16));
+    assert!(!fused_on::<NdArray>(burn::tensor::DType::F32));
+    assert!(!fused_on::<Autodiff<NdArray>>(burn::tensor::DType::F32));
+    let x = Tensor::<NdArray, 3>::from_data(TensorData::new(values(2 * 3 * 6, 1, 1.0), [2, 3, 6]), &Default::default());
+    assert!(causal_attention(x, 1).is_none(), "ndarray has no fused attention");
+}
