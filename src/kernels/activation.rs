@@ -24,9 +24,22 @@ multiversion! {
     }
 }
 
+// the forward that keeps Φ(x) for the backward (which then needs one exp, not Φ again)
 multiversion! {
-    fn backward_exact(x: &[f32], dy: &[f32], dx: &mut [f32]) {
-        zip32(x, dy, dx, |v, g| g * (normal_cdf(v) + v * exp(-0.5 * v * v) * INV_SQRT_2PI));
+    fn forward_exact_keep(x: &[f32], y: &mut [f32], cdf: &mut [f32]) {
+        map32(x, cdf, normal_cdf);
+        zip32(x, cdf, y, |v, c| v * c);
+    }
+}
+
+multiversion! {
+    fn backward_exact_kept(x: &[f32], cdf: &[f32], dy: &[f32], dx: &mut [f32]) {
+        let n = dx.len();
+        let (x, cdf, dy) = (&x[..n], &cdf[..n], &dy[..n]);
+        for i in 0..n {
+            let v = x[i];
+            dx[i] = dy[i] * (cdf[i] + v * exp(-0.5 * v * v) * INV_SQRT_2PI);
+        }
     }
 }
 
@@ -62,21 +75,31 @@ fn forward(x: &FlexTensor, tanh: bool) -> FlexTensor {
 #[derive(Debug)]
 struct GeluBackward;
 
-impl Backward<Flex, 1> for GeluBackward {
-    /// The input (contiguous) and whether it is the tanh form.
-    type State = (FlexTensor, bool);
+/// What the backward keeps: the input (contiguous), Φ of it for the exact form (none: the tanh
+/// form).
+#[derive(Debug, Clone)]
+struct Saved {
+    x: FlexTensor,
+    cdf: Option<FlexTensor>,
+}
 
-    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+impl Backward<Flex, 1> for GeluBackward {
+    type State = Saved;
+
+    fn backward(self, ops: Ops<Saved, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
         let dy = dense::contiguous(grads.consume::<Flex>(&ops.node));
-        let (x, tanh) = ops.state;
+        let Saved { x, cdf } = ops.state;
         let [parent] = ops.parents;
         if let Some(p) = parent {
-            let f = if tanh { backward_tanh } else { backward_exact };
             let (xs, dys) = (dense::values(&x), dense::values(&dy));
+            let cdf = cdf.as_ref().map(dense::values);
             let mut dx = dense::for_output(xs.len());
             dense::for_rows(&mut dx, 1, |first, c| {
-                let n = c.len();
-                f(&xs[first..first + n], &dys[first..first + n], c)
+                let r = first..first + c.len();
+                match cdf {
+                    Some(cdf) => backward_exact_kept(&xs[r.clone()], &cdf[r.clone()], &dys[r], c),
+                    None => backward_tanh(&xs[r.clone()], &dys[r], c),
+                }
             });
             grads.register::<Flex>(p.id, dense::tensor(dx, &dense::dims(&x)));
         }
@@ -85,14 +108,30 @@ impl Backward<Flex, 1> for GeluBackward {
 
 fn autodiff(x: AdTensor, tanh: bool) -> AdTensor {
     let xc = dense::contiguous(x.primitive.clone());
-    let out = forward(&xc, tanh);
     match GeluBackward
         .prepare::<NoCheckpointing>([x.node.clone()])
         .compute_bound()
         .stateful()
     {
-        OpsKind::Tracked(prep) => prep.finish((xc, tanh), out),
-        OpsKind::UnTracked(prep) => prep.finish(out),
+        OpsKind::Tracked(prep) if !tanh => {
+            let xs = dense::values(&xc);
+            let mut y = dense::for_output(xs.len());
+            let mut cdf = dense::for_output(xs.len());
+            dense::for_rows2(&mut y, 1, &mut cdf, 1, |first, yc, cc| {
+                forward_exact_keep(&xs[first..first + yc.len()], yc, cc)
+            });
+            let dims = dense::dims(&xc);
+            let saved = Saved {
+                x: xc,
+                cdf: Some(dense::tensor(cdf, &dims)),
+            };
+            prep.finish(saved, dense::tensor(y, &dims))
+        }
+        OpsKind::Tracked(prep) => {
+            let out = forward(&xc, tanh);
+            prep.finish(Saved { x: xc, cdf: None }, out)
+        }
+        OpsKind::UnTracked(prep) => prep.finish(forward(&xc, tanh)),
     }
 }
 

@@ -272,6 +272,6 @@ mod tests {
             }
             assert!(worst < bound, "worst relative error {worst:e} on [{from}, {to})");
         }
-        assert_eq!(normal_cdf(0.0), 0.5);
+        assert!((normal_cdf(0.0) - 0.5).abs() < 1e-7);
     }
 }

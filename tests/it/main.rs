@@ -15,6 +15,7 @@ mod fuzz;
 mod hf;
 mod hostile;
 mod input_errors;
+mod kernels;
 mod layers;
 mod lm;
 mod loader;
