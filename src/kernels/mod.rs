@@ -28,7 +28,7 @@ pub use attention::causal_attention;
 pub use linear::linear;
 pub use loss::cross_entropy;
 pub use norm::layer_norm;
-pub use optim::{adam_update, AdamStep};
+pub use optim::{adam_update, add_into, all_finite, scale, sum_squares, AdamStep};
 pub use route::fused_on;
 
 #[cfg(test)]

@@ -323,9 +323,7 @@ impl Grads {
         match (self, other) {
             (Grads::Host(a), other) => {
                 let b = other.to_host_vec()?;
-                for (x, y) in a[offset..offset + b.len()].iter_mut().zip(&b) {
-                    *x += y;
-                }
+                crate::kernels::add_into(&mut a[offset..offset + b.len()], &b);
                 Ok(())
             }
             (Grads::Device(a), Grads::Device(mut b)) => a.add_at(offset, b.as_mut()),
@@ -355,10 +353,8 @@ impl Grads {
     }
 }
 
-/// Whether every value is finite: a branch-free scan in blocks (the compiler vectorises the
-/// inner fold), stopping at the first block with a NaN or an infinity.
+/// Whether every value is finite: a branch-free scan in blocks over the rank's threads (the
+/// compiler vectorises the inner fold), stopping early at a block with a NaN or an infinity.
 pub fn all_finite(values: &[f32]) -> bool {
-    values
-        .chunks(4096)
-        .all(|c| c.iter().fold(true, |ok, v| ok & v.is_finite()))
+    crate::kernels::all_finite(values)
 }

@@ -170,9 +170,10 @@ impl Optimizer {
     }
 }
 
-/// Sum of squares of a gradient buffer (f64 accumulation).
+/// Sum of squares of a gradient buffer (f64 accumulation in fixed chunks over the rank's
+/// threads, the chunks added in order: `kernels::sum_squares`).
 pub fn sum_squares(grads: &[f32]) -> f64 {
-    grads.iter().map(|g| f64::from(*g) * f64::from(*g)).sum()
+    crate::kernels::sum_squares(grads)
 }
 
 /// torch `clip_grad_norm_`'s factor for gradients whose global norm is `total_norm`: `None` when
@@ -186,8 +187,7 @@ pub fn clip_coef(total_norm: f64, max_norm: f64) -> Option<f64> {
 /// global norm computed over every shard. Returns the norm before clipping.
 pub fn clip_by_norm(grads: &mut [f32], total_norm: f64, max_norm: f64) -> f64 {
     if let Some(coef) = clip_coef(total_norm, max_norm) {
-        let c = coef as f32;
-        grads.iter_mut().for_each(|g| *g *= c);
+        crate::kernels::scale(grads, coef as f32);
     }
     total_norm
 }
