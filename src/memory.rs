@@ -613,7 +613,10 @@ mod tests {
         bound();
         // the same length again: the kept mapping, cleared when asked
         let a2 = take(3 * MAPPED, true);
-        assert_eq!(a2, a, "a kept mapping of the same length is handed out again");
+        assert_eq!(
+            a2, a,
+            "a kept mapping of the same length is handed out again"
+        );
         // SAFETY: a block of 3 * MAPPED bytes
         assert!(unsafe { std::slice::from_raw_parts(a2, 3 * MAPPED) }
             .iter()

@@ -175,13 +175,25 @@ pub unsafe fn gemm(
         unsafe {
             if by_rows {
                 let off = from as isize;
-                let dst = MatMut { ptr: d.ptr.offset(off * drs), ..d };
-                let lhs = Mat { ptr: l.ptr.offset(off * l.rs), ..l };
+                let dst = MatMut {
+                    ptr: d.ptr.offset(off * drs),
+                    ..d
+                };
+                let lhs = Mat {
+                    ptr: l.ptr.offset(off * l.rs),
+                    ..l
+                };
                 gemm_one(to - from, n, k, dst, accumulate, lhs, r, scale);
             } else {
                 let off = from as isize;
-                let dst = MatMut { ptr: d.ptr.offset(off * dcs), ..d };
-                let rhs = Mat { ptr: r.ptr.offset(off * r.cs), ..r };
+                let dst = MatMut {
+                    ptr: d.ptr.offset(off * dcs),
+                    ..d
+                };
+                let rhs = Mat {
+                    ptr: r.ptr.offset(off * r.cs),
+                    ..r
+                };
                 gemm_one(m, to - from, k, dst, accumulate, l, rhs, scale);
             }
         }
@@ -197,7 +209,11 @@ unsafe impl Send for SendMat {}
 unsafe impl Sync for SendMat {}
 impl SendMat {
     fn mat(self, rs: isize, cs: isize) -> MatMut {
-        MatMut { ptr: self.0, rs, cs }
+        MatMut {
+            ptr: self.0,
+            rs,
+            cs,
+        }
     }
 }
 

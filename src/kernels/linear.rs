@@ -33,7 +33,12 @@ fn readable(w: &FlexTensor) -> bool {
 }
 
 /// `x W + b + r` on flex tensors (`x` contiguous `[rows, in]`).
-fn forward(x: &FlexTensor, w: &FlexTensor, b: Option<&FlexTensor>, r: Option<&FlexTensor>) -> FlexTensor {
+fn forward(
+    x: &FlexTensor,
+    w: &FlexTensor,
+    b: Option<&FlexTensor>,
+    r: Option<&FlexTensor>,
+) -> FlexTensor {
     let xd = dense::dims(x);
     let wd = dense::dims(w);
     let (i, o) = (wd[0], wd[1]);
@@ -96,9 +101,20 @@ impl<const N: usize> Backward<Flex, N> for LinearBackward<N> {
         let dys = dense::values(&dy);
         let rows = dys.len() / o.max(1);
         let mut parents = ops.parents.iter();
-        let (px, pw) = (parents.next().cloned().flatten(), parents.next().cloned().flatten());
-        let pb = if s.bias { parents.next().cloned().flatten() } else { None };
-        let pr = if s.residual { parents.next().cloned().flatten() } else { None };
+        let (px, pw) = (
+            parents.next().cloned().flatten(),
+            parents.next().cloned().flatten(),
+        );
+        let pb = if s.bias {
+            parents.next().cloned().flatten()
+        } else {
+            None
+        };
+        let pr = if s.residual {
+            parents.next().cloned().flatten()
+        } else {
+            None
+        };
         if let Some(p) = px {
             let mut dx = dense::for_output(rows * i);
             // SAFETY: dy [rows, o], wᵀ [o, i] through w's strides, dx [rows, i]
@@ -164,7 +180,12 @@ fn record<const N: usize>(parents: [&AdTensor; N], saved: Saved, out: FlexTensor
     }
 }
 
-fn autodiff(x: AdTensor, w: AdTensor, b: Option<AdTensor>, r: Option<AdTensor>) -> Option<AdTensor> {
+fn autodiff(
+    x: AdTensor,
+    w: AdTensor,
+    b: Option<AdTensor>,
+    r: Option<AdTensor>,
+) -> Option<AdTensor> {
     let xc = dense::contiguous(x.primitive.clone());
     if !readable(&w.primitive) {
         return None;
@@ -216,8 +237,12 @@ fn fused<B: Backend, const D: usize>(
     }
     let x = route::route1(x).ok()?;
     let w = route::route1(w).ok()?;
-    let b = b.map(|b| route::route1(b).ok()).map_or(Some(None), |b| b.map(Some))?;
-    let r = r.map(|r| route::route1(r).ok()).map_or(Some(None), |r| r.map(Some))?;
+    let b = b
+        .map(|b| route::route1(b).ok())
+        .map_or(Some(None), |b| b.map(Some))?;
+    let r = r
+        .map(|r| route::route1(r).ok())
+        .map_or(Some(None), |r| r.map(Some))?;
     match (x, w) {
         (Routes::Autodiff([x]), Routes::Autodiff([w])) => {
             let b = match b {

@@ -40,11 +40,19 @@ multiversion! {
 fn forward(x: &[f32], classes: usize, targets: &[u32], grad: bool) -> (f64, Vec<f32>) {
     let rows = targets.len();
     let inv = 1.0 / rows.max(1) as f32;
-    let mut g = if grad { dense::for_output(x.len()) } else { Vec::new() };
+    let mut g = if grad {
+        dense::for_output(x.len())
+    } else {
+        Vec::new()
+    };
     let out = Shared(g.as_mut_ptr());
     let per = dense::chunk_rows(classes);
     let chunk = |c: usize| -> f64 {
-        let mut scratch = if grad { Vec::new() } else { dense::zeros(classes) };
+        let mut scratch = if grad {
+            Vec::new()
+        } else {
+            dense::zeros(classes)
+        };
         let mut total = 0f64;
         for r in c * per..((c + 1) * per).min(rows) {
             let row = &x[r * classes..(r + 1) * classes];

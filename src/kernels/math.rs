@@ -218,7 +218,12 @@ pub fn zip32(a: &[f32], b: &[f32], out: &mut [f32], f: impl Fn(f32, f32) -> f32)
             os[l] = f(xs[l], ys[l]);
         }
     }
-    for ((o, &x), &y) in oc.into_remainder().iter_mut().zip(ac.remainder()).zip(bc.remainder()) {
+    for ((o, &x), &y) in oc
+        .into_remainder()
+        .iter_mut()
+        .zip(ac.remainder())
+        .zip(bc.remainder())
+    {
         *o = f(x, y);
     }
 }
@@ -270,7 +275,10 @@ mod tests {
                 worst = worst.max(rel(normal_cdf(x), exact));
                 x += 0.000_9;
             }
-            assert!(worst < bound, "worst relative error {worst:e} on [{from}, {to})");
+            assert!(
+                worst < bound,
+                "worst relative error {worst:e} on [{from}, {to})"
+            );
         }
         assert!((normal_cdf(0.0) - 0.5).abs() < 1e-7);
     }

@@ -14,8 +14,8 @@ use burn_flex::{Flex, FlexTensor};
 
 use super::dense::{self, Shared};
 use super::math::multiversion;
-use super::route::{self, AdTensor, Routes};
 use super::math::{dot, sum};
+use super::route::{self, AdTensor, Routes};
 
 // each row's mean and 1/σ (`stats`: two values per row) and the normalised, scaled and shifted
 // rows `y`
@@ -137,7 +137,11 @@ impl<const N: usize> Backward<Flex, N> for LayerNormBackward<N> {
     fn backward(self, ops: Ops<Saved, N>, grads: &mut Gradients, _: &mut Checkpointer) {
         let dy = dense::contiguous(grads.consume::<Flex>(&ops.node));
         let s = ops.state;
-        let (xs, gamma, dys) = (dense::values(&s.x), dense::values(&s.gamma), dense::values(&dy));
+        let (xs, gamma, dys) = (
+            dense::values(&s.x),
+            dense::values(&s.gamma),
+            dense::values(&dy),
+        );
         let d = gamma.len();
         let rows = xs.len() / d.max(1);
         let mut dx = dense::for_output(xs.len());
@@ -173,7 +177,9 @@ fn parents3<T: Clone, const N: usize>(p: &[Option<T>; N]) -> [Option<T>; 3] {
 fn autodiff(x: AdTensor, gamma: AdTensor, beta: Option<AdTensor>, eps: f64) -> AdTensor {
     let xc = dense::contiguous(x.primitive.clone());
     let g = dense::contiguous(gamma.primitive.clone());
-    let b = beta.as_ref().map(|b| dense::contiguous(b.primitive.clone()));
+    let b = beta
+        .as_ref()
+        .map(|b| dense::contiguous(b.primitive.clone()));
     let (y, stats) = forward(&xc, dense::values(&g), b.as_ref().map(dense::values), eps);
     let out = dense::tensor(y, &dense::dims(&xc));
     let saved = || Saved {

@@ -142,9 +142,18 @@ mod tests {
             .map(|i| ((i as u32).wrapping_mul(2_654_435_761) % 2001) as f32 / 1000.0 - 1.0)
             .collect();
         let seq: f64 = v.iter().map(|x| f64::from(*x) * f64::from(*x)).sum();
-        let one = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
-        let three = rayon::ThreadPoolBuilder::new().num_threads(3).build().unwrap();
-        let (a, b) = (one.install(|| sum_squares(&v)), three.install(|| sum_squares(&v)));
+        let one = rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .build()
+            .unwrap();
+        let three = rayon::ThreadPoolBuilder::new()
+            .num_threads(3)
+            .build()
+            .unwrap();
+        let (a, b) = (
+            one.install(|| sum_squares(&v)),
+            three.install(|| sum_squares(&v)),
+        );
         assert_eq!(a.to_bits(), b.to_bits());
         assert!((a - seq).abs() <= 1e-12 * seq, "{a} vs {seq}");
         assert_eq!(sum_squares(&v[..5]), seq_of(&v[..5]));
@@ -164,7 +173,10 @@ mod tests {
         let n = 2 * CHUNK + 77;
         let vals = |k: u32| -> Vec<f32> {
             (0..n)
-                .map(|i| ((i as u32).wrapping_mul(2_654_435_761).wrapping_add(k) % 2001) as f32 / 1000.0 - 1.0)
+                .map(|i| {
+                    ((i as u32).wrapping_mul(2_654_435_761).wrapping_add(k) % 2001) as f32 / 1000.0
+                        - 1.0
+                })
                 .collect()
         };
         let s = AdamStep {
@@ -180,7 +192,10 @@ mod tests {
         let (mut p1, g, mut m1) = (vals(1), vals(2), vals(3));
         let mut v1: Vec<f32> = vals(4).iter().map(|x| x.abs()).collect();
         let (mut p2, mut m2, mut v2) = (p1.clone(), m1.clone(), v1.clone());
-        let three = rayon::ThreadPoolBuilder::new().num_threads(3).build().unwrap();
+        let three = rayon::ThreadPoolBuilder::new()
+            .num_threads(3)
+            .build()
+            .unwrap();
         three.install(|| adam_update(&mut p1, &g, &mut m1, &mut v1, s));
         scalar(&mut p2, &g, &mut m2, &mut v2, s);
         assert_eq!(p1, p2);
@@ -192,7 +207,10 @@ mod tests {
         let n = 1037;
         let vals = |k: u32| -> Vec<f32> {
             (0..n)
-                .map(|i| ((i as u32).wrapping_mul(2_654_435_761).wrapping_add(k) % 2001) as f32 / 1000.0 - 1.0)
+                .map(|i| {
+                    ((i as u32).wrapping_mul(2_654_435_761).wrapping_add(k) % 2001) as f32 / 1000.0
+                        - 1.0
+                })
                 .collect()
         };
         for decoupled in [false, true] {

@@ -31,7 +31,8 @@ fn cast<T: 'static, U: 'static>(t: T) -> Result<U, T> {
 /// Whether the fused kernels run on backend `B` for tensors of `dtype`.
 pub fn fused_on<B: Backend>(dtype: DType) -> bool {
     dtype == DType::F32
-        && (TypeId::of::<B>() == TypeId::of::<AdFlex>() || TypeId::of::<B>() == TypeId::of::<Flex>())
+        && (TypeId::of::<B>() == TypeId::of::<AdFlex>()
+            || TypeId::of::<B>() == TypeId::of::<Flex>())
 }
 
 /// Tensors of one backend in their concrete flex form.

@@ -26,8 +26,11 @@ fn values(n: usize, seed: u64, scale: f32) -> Vec<f32> {
 
 fn leaf<const D: usize>(shape: [usize; D], seed: u64, scale: f32) -> Tensor<Ad, D> {
     let n = shape.iter().product();
-    Tensor::<Ad, D>::from_data(TensorData::new(values(n, seed, scale), shape), &Default::default())
-        .require_grad()
+    Tensor::<Ad, D>::from_data(
+        TensorData::new(values(n, seed, scale), shape),
+        &Default::default(),
+    )
+    .require_grad()
 }
 
 fn vec_of<const D: usize>(t: Tensor<Flex, D>) -> Vec<f32> {
@@ -38,10 +41,7 @@ fn vec_of<const D: usize>(t: Tensor<Flex, D>) -> Vec<f32> {
 fn close(what: &str, a: &[f32], b: &[f32]) {
     assert_eq!(a.len(), b.len(), "{what}: lengths");
     let top = b.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-30);
-    let worst = a
-        .iter()
-        .zip(b)
-        .fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+    let worst = a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
     assert!(
         worst <= 1e-5 * top,
         "{what}: worst difference {worst:e} against a largest value of {top:e}"
@@ -105,7 +105,16 @@ fn attention_ops(qkv: Tensor<Ad, 3>, heads: usize) -> Tensor<Ad, 3> {
 
 #[test]
 fn attention_matches_burns_ops() {
-    for (n, t, heads, hd) in [(1, 1, 1, 1), (2, 7, 3, 5), (1, 33, 1, 4), (3, 17, 2, 1), (2, 64, 4, 8)] {
+    for (n, t, heads, hd) in [
+        (1, 1, 1, 1),
+        (2, 7, 3, 5),
+        (1, 33, 1, 4),
+        (3, 17, 2, 1),
+        (2, 64, 4, 8),
+        (1, 128, 2, 4),
+        (2, 150, 1, 3),
+        (1, 65, 2, 2),
+    ] {
         let qkv = leaf([n, t, 3 * heads * hd], (n * t * heads * hd) as u64, 2.0);
         compare(
             &format!("attention n={n} t={t} heads={heads} hd={hd}"),
@@ -118,7 +127,13 @@ fn attention_matches_burns_ops() {
 
 #[test]
 fn layer_norm_matches_burns_op() {
-    for (rows, d, bias) in [(1, 1, true), (5, 3, false), (13, 17, true), (40, 128, false), (3, 700, true)] {
+    for (rows, d, bias) in [
+        (1, 1, true),
+        (5, 3, false),
+        (13, 17, true),
+        (40, 128, false),
+        (3, 700, true),
+    ] {
         let x = leaf([rows, 1, d], rows as u64, 3.0);
         let params = |x: &[Tensor<Ad, 3>]| {
             let g: Tensor<Ad, 1> = x[1].clone().reshape([d]);
@@ -135,12 +150,14 @@ fn layer_norm_matches_burns_op() {
             },
             |x| {
                 let (g, b) = params(&x);
-                Tensor::from_primitive(TensorPrimitive::Float(<Ad as burn::tensor::ops::ModuleOps<Ad>>::layer_norm(
-                    x[0].clone().into_primitive().tensor(),
-                    g.into_primitive().tensor(),
-                    b.map(|b| b.into_primitive().tensor()),
-                    1e-5,
-                )))
+                Tensor::from_primitive(TensorPrimitive::Float(
+                    <Ad as burn::tensor::ops::ModuleOps<Ad>>::layer_norm(
+                        x[0].clone().into_primitive().tensor(),
+                        g.into_primitive().tensor(),
+                        b.map(|b| b.into_primitive().tensor()),
+                        1e-5,
+                    ),
+                ))
             },
         );
     }
@@ -150,7 +167,12 @@ fn layer_norm_matches_burns_op() {
 fn gelu_matches_burns_ops_exact_and_tanh() {
     for n in [1, 15, 16, 17, 1000] {
         let x = leaf([n], n as u64, 6.0);
-        compare(&format!("gelu n={n}"), vec![x.clone()], |x| super::gelu(x[0].clone(), false), |x| gelu(x[0].clone()));
+        compare(
+            &format!("gelu n={n}"),
+            vec![x.clone()],
+            |x| super::gelu(x[0].clone(), false),
+            |x| gelu(x[0].clone()),
+        );
         compare(
             &format!("gelu tanh n={n}"),
             vec![x],
@@ -171,8 +193,22 @@ fn linear_matches_burns_ops_with_bias_residual_and_a_transposed_weight() {
         compare(
             &format!("linear {rows}x{i}x{o}"),
             vec![x.clone(), w.clone(), b.clone(), r.clone()],
-            |x| linear(x[0].clone(), x[1].clone(), Some(x[2].clone().reshape([o])), Some(x[3].clone())),
-            |x| x[3].clone() + burn::tensor::module::linear(x[0].clone(), x[1].clone(), Some(x[2].clone().reshape([o]))),
+            |x| {
+                linear(
+                    x[0].clone(),
+                    x[1].clone(),
+                    Some(x[2].clone().reshape([o])),
+                    Some(x[3].clone()),
+                )
+            },
+            |x| {
+                x[3].clone()
+                    + burn::tensor::module::linear(
+                        x[0].clone(),
+                        x[1].clone(),
+                        Some(x[2].clone().reshape([o])),
+                    )
+            },
         );
         compare(
             &format!("linear transposed {rows}x{i}x{o}"),
@@ -194,7 +230,10 @@ fn cross_entropy_matches_burns_ops() {
             vec![x],
             |x| cross_entropy(x[0].clone(), &targets).expect("flex f32"),
             |x| {
-                let idx = Tensor::<Ad, 2, Int>::from_data(TensorData::new(ids.clone(), [rows, 1]), &Default::default());
+                let idx = Tensor::<Ad, 2, Int>::from_data(
+                    TensorData::new(ids.clone(), [rows, 1]),
+                    &Default::default(),
+                );
                 log_softmax(x[0].clone(), 1)
                     .gather(1, idx)
                     .sum()
@@ -229,6 +268,12 @@ fn other_backends_and_dtypes_are_not_routed() {
     assert!(!fused_on::<Ad>(burn::tensor::DType::F16));
     assert!(!fused_on::<NdArray>(burn::tensor::DType::F32));
     assert!(!fused_on::<Autodiff<NdArray>>(burn::tensor::DType::F32));
-    let x = Tensor::<NdArray, 3>::from_data(TensorData::new(values(2 * 3 * 6, 1, 1.0), [2, 3, 6]), &Default::default());
-    assert!(causal_attention(x, 1).is_none(), "ndarray has no fused attention");
+    let x = Tensor::<NdArray, 3>::from_data(
+        TensorData::new(values(2 * 3 * 6, 1, 1.0), [2, 3, 6]),
+        &Default::default(),
+    );
+    assert!(
+        causal_attention(x, 1).is_none(),
+        "ndarray has no fused attention"
+    );
 }

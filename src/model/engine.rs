@@ -782,9 +782,12 @@ impl<F: Family, B: AutodiffBackend> Compute<B> for Engine<F, B> {
         let mut out = EvalOut::default();
         for batch in batches {
             let (x, targets) = task.split(batch);
-            let logits = self
-                .family
-                .forward(&module, x, &self.device, &mut Forward::eval().with_fused(self.fused));
+            let logits = self.family.forward(
+                &module,
+                x,
+                &self.device,
+                &mut Forward::eval().with_fused(self.fused),
+            );
             score(&task, logits, &targets, &mut out)?;
         }
         Ok(out)
@@ -820,10 +823,12 @@ impl<F: Family, B: AutodiffBackend> Compute<B> for Engine<F, B> {
                 shape.to_vec(),
             ),
         };
-        to_vec(
-            self.family
-                .forward(&module, x, &self.device, &mut Forward::eval().with_fused(self.fused)),
-        )
+        to_vec(self.family.forward(
+            &module,
+            x,
+            &self.device,
+            &mut Forward::eval().with_fused(self.fused),
+        ))
     }
 }
 

@@ -30,7 +30,11 @@ pub fn gelu_tanh<B: Backend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D> {
 const LN_EPS: f64 = 1e-5;
 
 /// `ln` of `x`: the fused kernel with `fused` (Burn's op where it does not apply).
-fn norm<B: Backend, const D: usize>(ln: &LayerNorm<B>, x: Tensor<B, D>, fused: bool) -> Tensor<B, D> {
+fn norm<B: Backend, const D: usize>(
+    ln: &LayerNorm<B>,
+    x: Tensor<B, D>,
+    fused: bool,
+) -> Tensor<B, D> {
     if !fused {
         return ln.forward(x);
     }
@@ -51,7 +55,12 @@ fn dense<B: Backend, const D: usize>(
             None => y,
         };
     }
-    kernels::linear(x, l.weight.val(), l.bias.as_ref().map(|b| b.val()), residual)
+    kernels::linear(
+        x,
+        l.weight.val(),
+        l.bias.as_ref().map(|b| b.val()),
+        residual,
+    )
 }
 
 /// One pre-LayerNorm transformer block.
