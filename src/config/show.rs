@@ -58,3 +58,57 @@ pub fn annotated(r: &Resolved) -> String {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::config_hash;
+    use crate::config::load::{build_figment, extract};
+    use crate::config::Config;
+    use std::path::Path;
+
+    /// The config hash of the default config and of every shipped experiment, pinned: a run's
+    /// `config_hash` and a sweep's trial directories are these hashes, so a new key (or a
+    /// renamed or reordered one) must leave them alone, e.g. by not serialising its default
+    /// (`skip_serializing_if`, as `backend.fused`). A change meant to alter them rewrites
+    /// `tests/fixtures/config-hashes.txt` (the failure prints the new list) and says so in
+    /// CHANGELOG.md.
+    #[test]
+    fn the_config_hashes_of_the_default_and_every_shipped_experiment_are_pinned() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let mut files: Vec<_> = std::fs::read_dir(root.join("experiments"))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|x| x == "toml"))
+            .collect();
+        files.sort();
+        let mut got = vec![format!("default {}", config_hash(&Config::default()))];
+        for f in &files {
+            // resolved as `kiln check` does, without the checks that read other files
+            // (gpt2-finetune's weights are not shipped)
+            let figment = build_figment(f, &[], &[]).unwrap();
+            let config = extract(&figment).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
+            let name = f.file_name().unwrap().to_string_lossy();
+            got.push(format!("experiments/{name} {}", config_hash(&config)));
+        }
+        let got = got.join("\n") + "\n";
+        let want = std::fs::read_to_string(root.join("tests/fixtures/config-hashes.txt")).unwrap();
+        // a shipped experiment added since: its line is new, the others must stand
+        let want_lines: Vec<&str> = want.lines().collect();
+        let missing: Vec<&str> = want_lines
+            .iter()
+            .filter(|l| !got.lines().any(|g| g == **l))
+            .copied()
+            .collect();
+        assert!(
+            missing.is_empty(),
+            "config hashes changed (sweep trial ids and run hashes would change):\n{}\nnow:\n{got}",
+            missing.join("\n")
+        );
+        assert_eq!(
+            got.lines().count(),
+            want_lines.len(),
+            "a shipped experiment is not pinned yet: add its line to \
+             tests/fixtures/config-hashes.txt:\n{got}"
+        );
+    }
+}
