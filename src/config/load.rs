@@ -567,28 +567,6 @@ fn parse_message(text: &str, e: &toml::de::Error) -> String {
     }
 }
 
-/// The keys of `[model]` that kiln's own families use.
-pub const MODEL_KEYS: &[&str] = &[
-    "kind",
-    "input_size",
-    "hidden_sizes",
-    "classes",
-    "activation",
-    "dropout",
-    "channels",
-    "kernel_size",
-    "vocab_size",
-    "block_size",
-    "layers",
-    "heads",
-    "dim",
-    "bias",
-    "tie_embeddings",
-    "gelu",
-    "init_from",
-    "init_format",
-];
-
 impl Resolved {
     /// The `[model]` keys kiln does not know (`ModelConfig::extra`), deserialized into a model
     /// family's own serde struct `T` (use `#[serde(deny_unknown_fields)]`): an unknown key, a
@@ -629,9 +607,11 @@ impl Resolved {
             None => Ok(()),
             Some(k) => {
                 let key = format!("model.{k}");
-                let help = match closest(k, MODEL_KEYS) {
+                let known = super::ModelConfig::known_keys();
+                let names: Vec<&str> = known.iter().map(String::as_str).collect();
+                let help = match closest(k, &names) {
                     Some(c) => format!("did you mean `model.{c}`?"),
-                    None => format!("valid keys in [model]: {}", MODEL_KEYS.join(", ")),
+                    None => format!("valid keys in [model]: {}", names.join(", ")),
                 };
                 Err(ConfigError::Key(KeyError {
                     key: key.clone(),

@@ -108,6 +108,38 @@ pub struct ModelConfig {
     pub dropout: f64,
 }
 
+impl ModelConfig {
+    /// The keys of `[model]` kiln reads itself (any other goes to `extra`, a family's own keys),
+    /// in the struct's order, derived from the struct: every field is set below by name, with no
+    /// `..`, so a new field does not compile until it is named here, and then it is listed.
+    pub fn known_keys() -> Vec<String> {
+        let every = ModelConfig {
+            kind: String::new(),
+            input_size: 0,
+            hidden_sizes: Vec::new(),
+            channels: vec![0],
+            kernel_size: Some(0),
+            vocab_size: Some(0),
+            block_size: Some(0),
+            layers: Some(0),
+            heads: Some(0),
+            dim: Some(0),
+            bias: Some(false),
+            tie_embeddings: Some(false),
+            gelu: Some(GeluKind::Exact),
+            init_from: Some(String::new()),
+            init_format: Some(InitFormat::Auto),
+            extra: std::collections::BTreeMap::new(),
+            classes: 0,
+            activation: Activation::Relu,
+            dropout: 0.0,
+        };
+        toml::Table::try_from(&every)
+            .map(|t| t.keys().cloned().collect())
+            .unwrap_or_default()
+    }
+}
+
 impl Default for ModelConfig {
     fn default() -> Self {
         ModelConfig {
@@ -172,5 +204,40 @@ impl ModelConfig {
             ));
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod known_key_tests {
+    use super::ModelConfig;
+
+    /// Every field of `ModelConfig` is a known key (the list that was kept by hand before
+    /// issue 44), and none of `extra`'s.
+    #[test]
+    fn the_known_model_keys_are_the_structs_fields() {
+        let mut got = ModelConfig::known_keys();
+        got.sort();
+        let mut want = vec![
+            "kind",
+            "input_size",
+            "hidden_sizes",
+            "classes",
+            "activation",
+            "dropout",
+            "channels",
+            "kernel_size",
+            "vocab_size",
+            "block_size",
+            "layers",
+            "heads",
+            "dim",
+            "bias",
+            "tie_embeddings",
+            "gelu",
+            "init_from",
+            "init_format",
+        ];
+        want.sort();
+        assert_eq!(got, want);
     }
 }
