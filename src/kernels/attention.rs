@@ -235,11 +235,7 @@ unsafe fn backward_pair(
         // pair's columns of dqkv (the caller's contract)
         unsafe {
             // dV = Pᵀ dY: keys r0..r1 from rows r0..t
-            let pt = Mat {
-                ptr: prob.as_ptr().wrapping_add(r0 * t + r0),
-                rs: 1,
-                cs: t as isize,
-            };
+            let pt = Mat::rows(prob, t).at(r0 * t + r0).t();
             dense::gemm(
                 r1 - r0,
                 hd,
@@ -268,6 +264,7 @@ unsafe fn backward_pair(
     // every row's first i + 1 values were written above; the rest become zeros here
     softmax_grad(prob, dp, t);
     for (r0, r1) in blocks(t) {
+        // SAFETY (both): as above
         unsafe {
             // dQ = dS K scale: rows r0..r1, keys ..r1
             let ds = Mat::rows(dp, t).at(r0 * t);
@@ -283,11 +280,7 @@ unsafe fn backward_pair(
                 false,
             );
             // dK = dSᵀ Q scale: keys r0..r1 from rows r0..t
-            let dst = Mat {
-                ptr: dp.as_ptr().wrapping_add(r0 * t + r0),
-                rs: 1,
-                cs: t as isize,
-            };
+            let dst = Mat::rows(dp, t).at(r0 * t + r0).t();
             dense::gemm(
                 r1 - r0,
                 hd,

@@ -138,10 +138,8 @@ mod tests {
 
     #[test]
     fn the_sum_of_squares_is_the_sequential_sum_to_rounding_and_the_same_on_any_thread_count() {
-        let v: Vec<f32> = (0..3 * CHUNK + 1234)
-            .map(|i| ((i as u32).wrapping_mul(2_654_435_761) % 2001) as f32 / 1000.0 - 1.0)
-            .collect();
-        let seq: f64 = v.iter().map(|x| f64::from(*x) * f64::from(*x)).sum();
+        let v = vals(3 * CHUNK + 1234, 0);
+        let seq = seq_of(&v);
         let one = rayon::ThreadPoolBuilder::new()
             .num_threads(1)
             .build()
@@ -164,6 +162,16 @@ mod tests {
         assert!(!all_finite(&w));
     }
 
+    /// `n` values in [-1, 1] spread by a multiplicative hash, `k` picking the sequence.
+    fn vals(n: usize, k: u32) -> Vec<f32> {
+        (0..n)
+            .map(|i| {
+                ((i as u32).wrapping_mul(2_654_435_761).wrapping_add(k) % 2001) as f32 / 1000.0
+                    - 1.0
+            })
+            .collect()
+    }
+
     fn seq_of(v: &[f32]) -> f64 {
         v.iter().map(|x| f64::from(*x) * f64::from(*x)).sum()
     }
@@ -171,14 +179,7 @@ mod tests {
     #[test]
     fn the_update_split_over_threads_gives_the_same_bits() {
         let n = 2 * CHUNK + 77;
-        let vals = |k: u32| -> Vec<f32> {
-            (0..n)
-                .map(|i| {
-                    ((i as u32).wrapping_mul(2_654_435_761).wrapping_add(k) % 2001) as f32 / 1000.0
-                        - 1.0
-                })
-                .collect()
-        };
+        let vals = |k: u32| vals(n, k);
         let s = AdamStep {
             lr: 1e-3,
             wd: 0.1,
@@ -205,14 +206,7 @@ mod tests {
     #[test]
     fn the_vectorized_update_gives_the_scalar_loops_bits() {
         let n = 1037;
-        let vals = |k: u32| -> Vec<f32> {
-            (0..n)
-                .map(|i| {
-                    ((i as u32).wrapping_mul(2_654_435_761).wrapping_add(k) % 2001) as f32 / 1000.0
-                        - 1.0
-                })
-                .collect()
-        };
+        let vals = |k: u32| vals(n, k);
         for decoupled in [false, true] {
             let s = AdamStep {
                 lr: 1e-3,

@@ -2,10 +2,10 @@
 //! training run: nanoGPT's baby GPT (`experiments/bench-baby-gpt.toml`) gives the same losses
 //! step by step either way.
 
-use crate::common::{kiln, metric_lines, root, stderr};
+use crate::common::{kiln, losses, root, stderr};
 
 /// The loss of every step of 30 of the baby GPT, with `fused` on or off.
-fn losses(fused: bool) -> Vec<f64> {
+fn baby_gpt_losses(fused: bool) -> Vec<f64> {
     let d = kiln::testdir::tempdir().unwrap();
     let file = root().join("experiments/bench-baby-gpt.toml");
     let o = kiln(
@@ -23,15 +23,12 @@ fn losses(fused: bool) -> Vec<f64> {
         ],
     );
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-    metric_lines(&d.path().join("runs/bench-baby-gpt"))
-        .iter()
-        .filter_map(|l| l["loss"].as_f64())
-        .collect()
+    losses(&d.path().join("runs/bench-baby-gpt"))
 }
 
 #[test]
 fn fused_kernels_and_burns_ops_give_the_baby_gpt_the_same_30_step_losses() {
-    let (fused, burn) = (losses(true), losses(false));
+    let (fused, burn) = (baby_gpt_losses(true), baby_gpt_losses(false));
     assert_eq!(fused.len(), 30);
     assert_eq!(burn.len(), 30);
     for (i, (a, b)) in fused.iter().zip(&burn).enumerate() {
