@@ -18,6 +18,8 @@ pub enum OpKind {
     ReduceScatter,
     Reduce,
     Barrier,
+    /// Forming sub-groups (`Collective::split`).
+    Split,
     /// Not a collective: the optimizer step or a copy of device state to the host.
     Update,
 }
@@ -31,6 +33,7 @@ impl fmt::Display for OpKind {
             OpKind::ReduceScatter => "reduce_scatter",
             OpKind::Reduce => "reduce",
             OpKind::Barrier => "barrier",
+            OpKind::Split => "split",
             OpKind::Update => "update",
         })
     }
@@ -84,6 +87,9 @@ pub enum CollectiveError {
         op: OpId,
         reason: String,
     },
+    /// The collective cannot do what was asked of it (e.g. form a sub-group across nodes).
+    #[error("rank {rank}: {what}")]
+    Unsupported { rank: usize, what: String },
     /// Another rank failed; this one stops too.
     #[error("rank {rank} stopped in {op}: {reason}")]
     Aborted {
@@ -119,6 +125,18 @@ pub trait Collective: Send {
         op: ReduceOp,
     ) -> Result<(), CollectiveError>;
     fn barrier(&mut self) -> Result<(), CollectiveError>;
+    /// Sub-groups (`torch.distributed.new_subgroups`, `ncclCommSplit`): every rank of this
+    /// group calls it at the same point; the ranks that pass the same `color` form one new
+    /// group, ranked by `key` (ties by their rank here). Returns this rank's handle in its
+    /// group, a collective of its own (its ops are numbered from 0 and run only among its
+    /// members, beside this group's). Stopping either stops both.
+    fn split(&mut self, color: usize, key: usize) -> Result<Box<dyn Collective>, CollectiveError> {
+        let _ = (color, key);
+        Err(CollectiveError::Unsupported {
+            rank: self.rank(),
+            what: "this collective cannot form sub-groups (split): run the ranks in one process (in-process collective)".into(),
+        })
+    }
     /// Tells every other rank to stop: their pending and future ops fail with `Aborted`.
     fn abort(&self, reason: &str);
     /// Ops on device buffers, when this collective can run them there (NCCL).

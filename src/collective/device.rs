@@ -530,59 +530,24 @@ pub(crate) mod emulated {
         }
     }
 
-    impl Collective for Emulated {
-        fn rank(&self) -> usize {
-            self.inner.rank()
+    impl crate::collective::Decorator for Emulated {
+        fn place(&self) -> (usize, usize) {
+            (self.inner.rank(), self.inner.world())
         }
-        fn world(&self) -> usize {
-            self.inner.world()
-        }
-        fn all_reduce(&mut self, buf: &mut [f32], op: ReduceOp) -> Result<(), CollectiveError> {
-            self.flush(u64::MAX)?;
-            self.inner.all_reduce(buf, op)
-        }
-        fn all_reduce_f64(&mut self, buf: &mut [f64], op: ReduceOp) -> Result<(), CollectiveError> {
-            self.flush(u64::MAX)?;
-            self.inner.all_reduce_f64(buf, op)
-        }
-        fn reduce(
+        /// Runs the deferred ops first.
+        fn around<T>(
             &mut self,
-            buf: &mut [f32],
-            op: ReduceOp,
-            root: usize,
-        ) -> Result<(), CollectiveError> {
+            _op: OpKind,
+            _bytes: usize,
+            run: impl FnOnce(&mut dyn Collective) -> Result<T, CollectiveError>,
+        ) -> Result<T, CollectiveError> {
             self.flush(u64::MAX)?;
-            self.inner.reduce(buf, op, root)
+            run(self.inner.as_mut())
         }
-        fn broadcast(&mut self, buf: &mut [f32], root: usize) -> Result<(), CollectiveError> {
-            self.flush(u64::MAX)?;
-            self.inner.broadcast(buf, root)
-        }
-        fn all_gather(&mut self, send: &[f32], out: &mut [f32]) -> Result<(), CollectiveError> {
-            self.flush(u64::MAX)?;
-            self.inner.all_gather(send, out)
-        }
-        fn all_gather_f64(&mut self, send: &[f64], out: &mut [f64]) -> Result<(), CollectiveError> {
-            self.flush(u64::MAX)?;
-            self.inner.all_gather_f64(send, out)
-        }
-        fn reduce_scatter(
-            &mut self,
-            send: &[f32],
-            out: &mut [f32],
-            op: ReduceOp,
-        ) -> Result<(), CollectiveError> {
-            self.flush(u64::MAX)?;
-            self.inner.reduce_scatter(send, out, op)
-        }
-        fn barrier(&mut self) -> Result<(), CollectiveError> {
-            self.flush(u64::MAX)?;
-            self.inner.barrier()
-        }
-        fn abort(&self, reason: &str) {
+        fn stop(&self, reason: &str) {
             self.inner.abort(reason)
         }
-        fn device_ops(&mut self) -> Option<&mut dyn DeviceOps> {
+        fn device(&mut self) -> Option<&mut dyn DeviceOps> {
             Some(self)
         }
     }

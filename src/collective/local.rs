@@ -3,7 +3,8 @@
 //! publishes the round, each rank computes its result from all contributions in rank order, and
 //! the round closes when every rank has read it.
 
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::collections::HashMap;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
 use super::{Collective, CollectiveError, OpId, OpKind, ReduceOp};
@@ -57,9 +58,47 @@ struct Exchange {
     timeout: Duration,
     state: Mutex<ExchangeState>,
     cv: Condvar,
+    /// Every group split from the same first group, this one included: stopping one stops all.
+    family: Arc<Mutex<Vec<Weak<Exchange>>>>,
+    /// Sub-groups being formed by a split: (the split's op number, the group's first member)
+    /// to the group's exchange and how many of its members have yet to take it.
+    forming: Mutex<HashMap<(u64, usize), (Arc<Exchange>, usize)>>,
 }
 
 impl Exchange {
+    /// The exchange of a new group of `world` ranks in `family` (a new family: `None`).
+    fn new(
+        world: usize,
+        timeout: Duration,
+        family: Option<Arc<Mutex<Vec<Weak<Exchange>>>>>,
+    ) -> Arc<Exchange> {
+        let family = family.unwrap_or_default();
+        let ex = Arc::new(Exchange {
+            world,
+            timeout,
+            state: Mutex::new(ExchangeState {
+                slots: vec![None; world],
+                last_seen: vec![None; world],
+                ..ExchangeState::default()
+            }),
+            cv: Condvar::new(),
+            family: Arc::clone(&family),
+            forming: Mutex::new(HashMap::new()),
+        });
+        let mut members = family.lock().unwrap_or_else(|p| p.into_inner());
+        members.retain(|w| w.strong_count() > 0);
+        members.push(Arc::downgrade(&ex));
+        drop(members);
+        ex
+    }
+
+    /// Stops this group (its pending and future ops fail with `reason`).
+    fn stop(&self, reason: &str) {
+        let mut st = self.lock();
+        st.aborted.get_or_insert_with(|| reason.to_string());
+        self.cv.notify_all();
+    }
+
     fn lock(&self) -> MutexGuard<'_, ExchangeState> {
         // A rank that panicked while holding the lock leaves consistent data: slots are only
         // replaced whole. Keep going so the other ranks can report it.
@@ -85,16 +124,7 @@ pub struct LocalGroup;
 impl LocalGroup {
     /// `world` connected ranks; every op times out after `timeout`.
     pub fn new(world: usize, timeout: Duration) -> Vec<LocalRank> {
-        let shared = Arc::new(Exchange {
-            world,
-            timeout,
-            state: Mutex::new(ExchangeState {
-                slots: vec![None; world],
-                last_seen: vec![None; world],
-                ..ExchangeState::default()
-            }),
-            cv: Condvar::new(),
-        });
+        let shared = Exchange::new(world, timeout, None);
         (0..world)
             .map(|rank| LocalRank {
                 rank,
@@ -117,10 +147,16 @@ pub struct LocalRank {
 pub struct GroupStopper(Arc<Exchange>);
 
 impl GroupStopper {
+    /// Stops the group, and every group split from it or from which it was split.
     pub fn stop(&self, reason: &str) {
-        let mut st = self.0.lock();
-        st.aborted.get_or_insert_with(|| reason.to_string());
-        self.0.cv.notify_all();
+        let family: Vec<Arc<Exchange>> = {
+            let members = self.0.family.lock().unwrap_or_else(|p| p.into_inner());
+            members.iter().filter_map(Weak::upgrade).collect()
+        };
+        self.0.stop(reason);
+        for ex in family {
+            ex.stop(reason);
+        }
     }
 }
 
@@ -543,5 +579,190 @@ impl Collective for LocalRank {
 
     fn abort(&self, reason: &str) {
         self.stopper().stop(reason);
+    }
+
+    /// A new in-process group per color, sharing this group's timeout; the members agree on
+    /// the groups through one exchange of (color, key), then the first member to get there
+    /// makes each group's exchange and the others take it.
+    fn split(&mut self, color: usize, key: usize) -> Result<Box<dyn Collective>, CollectiveError> {
+        let seq = self.seq;
+        let res = self.exchange(OpKind::Split, Payload::F64(vec![color as f64, key as f64]))?;
+        let mut members: Vec<(usize, usize)> = res
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| p.f64().first() == Some(&(color as f64)))
+            .map(|(r, p)| (p.f64().get(1).copied().unwrap_or(0.0) as usize, r))
+            .collect();
+        members.sort_unstable();
+        let rank = members
+            .iter()
+            .position(|&(_, r)| r == self.rank)
+            .unwrap_or_default();
+        let first = members.iter().map(|&(_, r)| r).min().unwrap_or(self.rank);
+        let sh = &self.shared;
+        let shared = {
+            let mut forming = sh.forming.lock().unwrap_or_else(|p| p.into_inner());
+            let (ex, left) = forming.entry((seq, first)).or_insert_with(|| {
+                let ex = Exchange::new(members.len(), sh.timeout, Some(Arc::clone(&sh.family)));
+                (ex, members.len())
+            });
+            let ex = Arc::clone(ex);
+            *left -= 1;
+            if *left == 0 {
+                forming.remove(&(seq, first));
+            }
+            ex
+        };
+        // a stop that came before this group existed stops it too
+        if let Some(reason) = sh.lock().aborted.clone() {
+            shared.stop(&reason);
+        }
+        Ok(Box::new(LocalRank {
+            rank,
+            seq: 0,
+            shared,
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Runs `f` on every rank of a local group of `world`, each on a thread of its own.
+    fn on_ranks<T: Send>(world: usize, f: impl Fn(LocalRank) -> T + Sync) -> Vec<T> {
+        let ranks = LocalGroup::new(world, Duration::from_secs(20));
+        std::thread::scope(|s| {
+            let hs: Vec<_> = ranks.into_iter().map(|l| s.spawn(|| f(l))).collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        })
+    }
+
+    #[test]
+    fn split_groups_by_color_ranked_by_key_and_their_ops_stay_inside() {
+        // 4 ranks as HSDP lays them out: shard groups {0,1} {2,3}, replica groups {0,2} {1,3}
+        let out = on_ranks(4, |mut c| {
+            let r = c.rank();
+            let mut shard = c.split(r / 2, r).unwrap();
+            // keys reversed: the highest rank of each replica group is its rank 0
+            let mut replica = c.split(r % 2, 10 - r).unwrap();
+            let mut a = [r as f32 + 1.0];
+            shard.all_reduce(&mut a, ReduceOp::Sum).unwrap();
+            // different ops in different groups at the same time
+            let mut g = [0.0; 2];
+            if r % 2 == 0 {
+                replica.all_gather(&[r as f32], &mut g).unwrap();
+            } else {
+                let mut b = [r as f32];
+                replica.broadcast(&mut b, 0).unwrap();
+                g = [b[0], -1.0];
+            }
+            // the parent group still works after the splits
+            let mut w = [1.0];
+            c.all_reduce(&mut w, ReduceOp::Sum).unwrap();
+            // a split of a split
+            let mut alone = shard.split(shard.rank(), 0).unwrap();
+            let mut x = [5.0];
+            alone.all_reduce(&mut x, ReduceOp::Sum).unwrap();
+            (
+                (shard.rank(), shard.world(), a[0]),
+                (replica.rank(), replica.world(), g),
+                w[0],
+                (alone.world(), x[0]),
+            )
+        });
+        let want_shard = [(0, 2, 3.0), (1, 2, 3.0), (0, 2, 7.0), (1, 2, 7.0)];
+        // replica groups {0,2} and {1,3} with keys 10-r: rank 2 (key 8) before rank 0 (key 10)
+        let want_replica = [
+            (1, 2, [2.0, 0.0]),
+            (1, 2, [3.0, -1.0]),
+            (0, 2, [2.0, 0.0]),
+            (0, 2, [3.0, -1.0]),
+        ];
+        for (r, (shard, replica, w, alone)) in out.into_iter().enumerate() {
+            assert_eq!(shard, want_shard[r], "rank {r}");
+            assert_eq!(replica, want_replica[r], "rank {r}");
+            assert_eq!(w, 4.0);
+            assert_eq!(alone, (1, 5.0));
+        }
+    }
+
+    #[test]
+    fn stopping_a_sub_group_stops_its_parent_and_siblings_and_back() {
+        let out = on_ranks(4, |mut c| {
+            let r = c.rank();
+            let mut shard = c.split(r / 2, r).unwrap();
+            if r == 3 {
+                // rank 3 fails: it stops its shard group only
+                shard.abort("rank 3 failed");
+                return vec![];
+            }
+            // ranks 0 and 1 may finish their shard group's op before the stop reaches them
+            // (or not); rank 2 waits in it for rank 3; then the parent refuses everyone
+            let mut a = [1.0];
+            let mut errs: Vec<_> = shard
+                .all_reduce(&mut a, ReduceOp::Sum)
+                .err()
+                .into_iter()
+                .collect();
+            if r == 2 {
+                assert_eq!(errs.len(), 1);
+            }
+            errs.push(c.all_reduce(&mut a, ReduceOp::Sum).unwrap_err());
+            errs
+        });
+        for (r, errs) in out.iter().enumerate() {
+            for e in errs {
+                assert!(
+                    matches!(e, CollectiveError::Aborted { reason, .. } if reason == "rank 3 failed"),
+                    "rank {r}: {e}"
+                );
+            }
+        }
+        // and a group split after its family was stopped is stopped from the start
+        let late = on_ranks(2, |mut c| {
+            c.abort("stopped");
+            c.split(0, 0)
+                .map(|mut s| s.barrier().unwrap_err().to_string())
+        });
+        for l in late {
+            // the split itself fails (its exchange sees the stop) or the new group is stopped
+            match l {
+                Ok(e) | Err(CollectiveError::Aborted { reason: e, .. }) => {
+                    assert!(e.contains("stopped"), "{e}")
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+    }
+
+    #[test]
+    fn a_decorator_passes_split_through() {
+        struct Plain(LocalRank);
+        impl crate::collective::Decorator for Plain {
+            fn place(&self) -> (usize, usize) {
+                (self.0.rank(), self.0.world())
+            }
+            fn around<T>(
+                &mut self,
+                _: OpKind,
+                _: usize,
+                run: impl FnOnce(&mut dyn Collective) -> Result<T, CollectiveError>,
+            ) -> Result<T, CollectiveError> {
+                run(&mut self.0)
+            }
+            fn stop(&self, reason: &str) {
+                self.0.abort(reason)
+            }
+        }
+        // a decorator passes the split through to the collective underneath
+        let out = on_ranks(2, |l| {
+            let mut p = Plain(l);
+            let mut s = p.split(0, 0).unwrap();
+            let mut a = [1.0];
+            s.all_reduce(&mut a, ReduceOp::Sum).unwrap();
+            a[0]
+        });
+        assert_eq!(out, [2.0, 2.0]);
     }
 }

@@ -8,6 +8,7 @@
 //! where it was last seen.
 
 mod api;
+mod decorate;
 mod device;
 mod local;
 #[cfg(feature = "cuda")]
@@ -17,6 +18,7 @@ mod overlap;
 pub mod tcp;
 
 pub use api::*;
+pub use decorate::Decorator;
 #[cfg(test)]
 pub(crate) use device::emulated;
 pub use device::{device_error, DeviceOps, GradsOps, RawOp, Started};

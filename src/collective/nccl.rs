@@ -231,6 +231,63 @@ impl CommInit for RealInit {
     }
 }
 
+/// `ncclCommSplit` of a ready communicator with `blocking = 0`: the new one is polled like a
+/// new communicator (and the parent with it, which the split also uses).
+struct SplitInit {
+    parent: sys::ncclComm_t,
+    color: i32,
+    key: i32,
+}
+
+impl CommInit for SplitInit {
+    type Comm = sys::ncclComm_t;
+
+    fn start(&self) -> Result<sys::ncclComm_t, String> {
+        let mut config = nonblocking_config();
+        let mut comm: sys::ncclComm_t = std::ptr::null_mut();
+        // SAFETY: a ready communicator; valid out-pointer and config; every rank of the parent
+        // calls this at the same point (the `Collective::split` contract).
+        let r = unsafe {
+            sys::ncclCommSplit(self.parent, self.color, self.key, &mut comm, &mut config)
+        };
+        match r {
+            sys::ncclResult_t::ncclSuccess | sys::ncclResult_t::ncclInProgress => Ok(comm),
+            e => {
+                if !comm.is_null() {
+                    self.abort(comm);
+                }
+                Err(format!("ncclCommSplit: {e:?}"))
+            }
+        }
+    }
+
+    fn poll(&self, comm: sys::ncclComm_t) -> Result<bool, String> {
+        use sys::ncclResult_t::{ncclInProgress, ncclSuccess};
+        let parent = async_state(self.parent).map_err(|r| format!("parent: {r:?}"))?;
+        if comm.is_null() {
+            // (NCCL gives no handle until the split is under way)
+            return match parent {
+                ncclSuccess => Err("ncclCommSplit returned no communicator".into()),
+                ncclInProgress => Ok(false),
+                e => Err(format!("parent: {e:?}")),
+            };
+        }
+        let child = async_state(comm).map_err(|r| format!("ncclCommGetAsyncError: {r:?}"))?;
+        match (parent, child) {
+            (ncclSuccess, ncclSuccess) => Ok(true),
+            (ncclSuccess | ncclInProgress, ncclSuccess | ncclInProgress) => Ok(false),
+            (e, ncclSuccess | ncclInProgress) | (_, e) => Err(format!("{e:?}")),
+        }
+    }
+
+    fn abort(&self, comm: sys::ncclComm_t) {
+        if !comm.is_null() {
+            // SAFETY: a communicator from ncclCommSplit, aborted once (the caller drops it).
+            let _ = unsafe { nccl::comm_abort(comm) };
+        }
+    }
+}
+
 /// An owned communicator; aborted (never waited on) when dropped. A rank that ends well
 /// finalizes and destroys it instead (`NcclRank`'s drop).
 struct RawComm(sys::ncclComm_t);
@@ -448,6 +505,25 @@ impl NcclRank {
             tickets: 0,
             finished: Vec::new(),
         })
+    }
+
+    /// Waits for the started ops up to `ticket` (all: `u64::MAX`), in order: an op is done
+    /// only when those before it are (one stream). They stay in `finished` for `wait`.
+    fn finish_started(&mut self, ticket: u64) -> Result<(), CollectiveError> {
+        while self.started.front().is_some_and(|(t, _)| *t <= ticket) {
+            let Some((ticket, q)) = self.started.pop_front() else {
+                break;
+            };
+            let d = self.finish(&q)?;
+            self.finished.push((
+                Started {
+                    ticket,
+                    kind: q.op.kind,
+                },
+                d,
+            ));
+        }
+        Ok(())
     }
 
     /// `whole` must hold world x `part` elements of the same type.
@@ -782,6 +858,64 @@ impl Collective for NcclRank {
         self.shared.set(reason);
     }
 
+    /// `ncclCommSplit`, after this rank's started ops are done (the split is an op of the
+    /// parent's stream order). The new communicator shares this one's GPU, stream, timeout
+    /// and abort flag (a failure in either stops both).
+    fn split(&mut self, color: usize, key: usize) -> Result<Box<dyn Collective>, CollectiveError> {
+        let op = OpId {
+            seq: self.seq,
+            kind: OpKind::Split,
+        };
+        self.seq += 1;
+        let too_big = |what: &str, v: usize| {
+            device_error(
+                self.rank,
+                op,
+                format!("split {what} {v} is above NCCL's limit (i32)"),
+            )
+        };
+        let color = i32::try_from(color).map_err(|_| too_big("color", color))?;
+        let key = i32::try_from(key).map_err(|_| too_big("key", key))?;
+        self.finish_started(u64::MAX)?;
+        let api = SplitInit {
+            parent: self.comm.0,
+            color,
+            key,
+        };
+        let comm = RawComm(init_within(&api, self.rank, &self.shared, self.timeout)?);
+        let (mut rank, mut world) = (0i32, 0i32);
+        // SAFETY: a ready communicator; valid out-pointers
+        let r = unsafe {
+            (
+                sys::ncclCommUserRank(comm.0, &mut rank),
+                sys::ncclCommCount(comm.0, &mut world),
+            )
+        };
+        if r != (
+            sys::ncclResult_t::ncclSuccess,
+            sys::ncclResult_t::ncclSuccess,
+        ) {
+            return Err(device_error(
+                self.rank,
+                op,
+                format!("after ncclCommSplit: {r:?}"),
+            ));
+        }
+        Ok(Box::new(NcclRank {
+            comm,
+            ctx: Arc::clone(&self.ctx),
+            stream: Arc::clone(&self.stream),
+            shared: Arc::clone(&self.shared),
+            rank: rank as usize,
+            world: world as usize,
+            seq: 0,
+            timeout: self.timeout,
+            started: Default::default(),
+            tickets: 0,
+            finished: Vec::new(),
+        }))
+    }
+
     fn device_ops(&mut self) -> Option<&mut dyn DeviceOps> {
         Some(self)
     }
@@ -830,20 +964,7 @@ impl DeviceOps for NcclRank {
     }
 
     fn wait(&mut self, op: Started) -> Result<Vec<(Started, Duration)>, CollectiveError> {
-        // in order: an op is done only when those before it are (one stream)
-        while self.started.front().is_some_and(|(t, _)| *t <= op.ticket) {
-            let Some((ticket, q)) = self.started.pop_front() else {
-                break;
-            };
-            let d = self.finish(&q)?;
-            self.finished.push((
-                Started {
-                    ticket,
-                    kind: q.op.kind,
-                },
-                d,
-            ));
-        }
+        self.finish_started(op.ticket)?;
         Ok(std::mem::take(&mut self.finished))
     }
 

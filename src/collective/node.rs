@@ -147,6 +147,21 @@ impl Collective for NodeRank {
         self.all_reduce(&mut one, ReduceOp::Sum)
     }
 
+    /// On one node, the in-process groups; across nodes not yet (that needs a TCP ring per
+    /// group): an error on every rank.
+    fn split(&mut self, color: usize, key: usize) -> Result<Box<dyn Collective>, CollectiveError> {
+        if self.nnodes == 1 {
+            return self.local.split(color, key);
+        }
+        Err(CollectiveError::Unsupported {
+            rank: self.rank(),
+            what: format!(
+                "sub-groups (split) over {} nodes need a TCP ring per group, which kiln does not build yet: run on one node, or on CUDA with NCCL",
+                self.nnodes
+            ),
+        })
+    }
+
     fn abort(&self, reason: &str) {
         self.local.abort(reason);
         if let Some(ring) = &self.ring {

@@ -17,7 +17,7 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
-use super::{Collective, CollectiveError, DeviceOps, OpId, OpKind, ReduceOp};
+use super::{Collective, CollectiveError, Decorator, DeviceOps, OpId, OpKind};
 
 thread_local! {
     static COMM_THREAD: Cell<bool> = const { Cell::new(false) };
@@ -318,51 +318,22 @@ impl Drop for Overlapped {
     }
 }
 
-impl Collective for Overlapped {
-    fn rank(&self) -> usize {
-        self.rank
+impl Decorator for Overlapped {
+    fn place(&self) -> (usize, usize) {
+        (self.rank, self.world)
     }
-    fn world(&self) -> usize {
-        self.world
-    }
-    fn all_reduce(&mut self, buf: &mut [f32], op: ReduceOp) -> Result<(), CollectiveError> {
-        self.now(OpKind::AllReduce)?.all_reduce(buf, op)
-    }
-    fn all_reduce_f64(&mut self, buf: &mut [f64], op: ReduceOp) -> Result<(), CollectiveError> {
-        self.now(OpKind::AllReduce)?.all_reduce_f64(buf, op)
-    }
-    fn reduce(
+    /// Runs the op once every queued op has run.
+    fn around<T>(
         &mut self,
-        buf: &mut [f32],
-        op: ReduceOp,
-        root: usize,
-    ) -> Result<(), CollectiveError> {
-        self.now(OpKind::Reduce)?.reduce(buf, op, root)
-    }
-    fn broadcast(&mut self, buf: &mut [f32], root: usize) -> Result<(), CollectiveError> {
-        self.now(OpKind::Broadcast)?.broadcast(buf, root)
-    }
-    fn all_gather(&mut self, send: &[f32], out: &mut [f32]) -> Result<(), CollectiveError> {
-        self.now(OpKind::AllGather)?.all_gather(send, out)
-    }
-    fn all_gather_f64(&mut self, send: &[f64], out: &mut [f64]) -> Result<(), CollectiveError> {
-        self.now(OpKind::AllGather)?.all_gather_f64(send, out)
-    }
-    fn reduce_scatter(
-        &mut self,
-        send: &[f32],
-        out: &mut [f32],
-        op: ReduceOp,
-    ) -> Result<(), CollectiveError> {
-        self.now(OpKind::ReduceScatter)?
-            .reduce_scatter(send, out, op)
-    }
-    fn barrier(&mut self) -> Result<(), CollectiveError> {
-        self.now(OpKind::Barrier)?.barrier()
+        op: OpKind,
+        _bytes: usize,
+        run: impl FnOnce(&mut dyn Collective) -> Result<T, CollectiveError>,
+    ) -> Result<T, CollectiveError> {
+        run(self.now(op)?.as_mut())
     }
     /// Waits for the op the thread is in, if any (it ends: every rank issues it, or it fails
     /// when another rank stopped), then stops the group.
-    fn abort(&self, reason: &str) {
+    fn stop(&self, reason: &str) {
         // the queued ops fail at once instead of running
         self.failed
             .lock()
@@ -370,7 +341,7 @@ impl Collective for Overlapped {
             .get_or_insert_with(|| reason.to_string());
         lock(&self.inner).abort(reason);
     }
-    fn device_ops(&mut self) -> Option<&mut dyn DeviceOps> {
+    fn device(&mut self) -> Option<&mut dyn DeviceOps> {
         if self.worker.is_some() {
             return None;
         }
@@ -385,7 +356,7 @@ impl Collective for Overlapped {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::collective::LocalGroup;
+    use crate::collective::{LocalGroup, ReduceOp};
     use std::time::Duration;
 
     #[test]

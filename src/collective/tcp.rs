@@ -73,6 +73,7 @@ fn kind_code(k: OpKind) -> u8 {
         OpKind::Reduce => 5,
         OpKind::Barrier => 6,
         OpKind::Update => 7,
+        OpKind::Split => 8,
     }
 }
 
@@ -85,6 +86,7 @@ fn code_kind(c: u8) -> Option<OpKind> {
         5 => OpKind::Reduce,
         6 => OpKind::Barrier,
         7 => OpKind::Update,
+        8 => OpKind::Split,
         _ => return None,
     })
 }

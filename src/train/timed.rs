@@ -5,7 +5,9 @@
 use super::timing::{Clock, Phase};
 use std::time::{Duration, Instant};
 
-use crate::collective::{Collective, CollectiveError, DeviceOps, RawOp, ReduceOp, Started};
+use crate::collective::{
+    Collective, CollectiveError, Decorator, DeviceOps, OpKind, RawOp, ReduceOp, Started,
+};
 use crate::params::RawBuf;
 
 pub struct Timed {
@@ -30,61 +32,23 @@ fn raw_bytes(b: &RawBuf) -> usize {
     b.len * b.dtype.size()
 }
 
-impl Collective for Timed {
-    fn rank(&self) -> usize {
-        self.inner.rank()
+impl Decorator for Timed {
+    fn place(&self) -> (usize, usize) {
+        (self.inner.rank(), self.inner.world())
     }
-    fn world(&self) -> usize {
-        self.inner.world()
-    }
-    fn all_reduce(&mut self, buf: &mut [f32], op: ReduceOp) -> Result<(), CollectiveError> {
-        let (c, n) = (self.clock.clone(), std::mem::size_of_val(buf));
-        c.op(Phase::AllReduce, n, || self.inner.all_reduce(buf, op))
-    }
-    fn all_reduce_f64(&mut self, buf: &mut [f64], op: ReduceOp) -> Result<(), CollectiveError> {
-        let (c, n) = (self.clock.clone(), std::mem::size_of_val(buf));
-        c.op(Phase::AllReduce, n, || self.inner.all_reduce_f64(buf, op))
-    }
-    fn reduce(
+    fn around<T>(
         &mut self,
-        buf: &mut [f32],
-        op: ReduceOp,
-        root: usize,
-    ) -> Result<(), CollectiveError> {
-        let (c, n) = (self.clock.clone(), std::mem::size_of_val(buf));
-        c.op(Phase::Reduce, n, || self.inner.reduce(buf, op, root))
-    }
-    fn broadcast(&mut self, buf: &mut [f32], root: usize) -> Result<(), CollectiveError> {
-        let (c, n) = (self.clock.clone(), std::mem::size_of_val(buf));
-        c.op(Phase::Broadcast, n, || self.inner.broadcast(buf, root))
-    }
-    fn all_gather(&mut self, send: &[f32], out: &mut [f32]) -> Result<(), CollectiveError> {
-        let (c, n) = (self.clock.clone(), std::mem::size_of_val(out));
-        c.op(Phase::AllGather, n, || self.inner.all_gather(send, out))
-    }
-    fn all_gather_f64(&mut self, send: &[f64], out: &mut [f64]) -> Result<(), CollectiveError> {
-        let (c, n) = (self.clock.clone(), std::mem::size_of_val(out));
-        c.op(Phase::AllGather, n, || self.inner.all_gather_f64(send, out))
-    }
-    fn reduce_scatter(
-        &mut self,
-        send: &[f32],
-        out: &mut [f32],
-        op: ReduceOp,
-    ) -> Result<(), CollectiveError> {
-        let (c, n) = (self.clock.clone(), std::mem::size_of_val(send));
-        c.op(Phase::ReduceScatter, n, || {
-            self.inner.reduce_scatter(send, out, op)
-        })
-    }
-    fn barrier(&mut self) -> Result<(), CollectiveError> {
+        op: OpKind,
+        bytes: usize,
+        run: impl FnOnce(&mut dyn Collective) -> Result<T, CollectiveError>,
+    ) -> Result<T, CollectiveError> {
         let c = self.clock.clone();
-        c.op(Phase::Barrier, 0, || self.inner.barrier())
+        c.op(Phase::of_op(op), bytes, || run(self.inner.as_mut()))
     }
-    fn abort(&self, reason: &str) {
+    fn stop(&self, reason: &str) {
         self.inner.abort(reason)
     }
-    fn device_ops(&mut self) -> Option<&mut dyn DeviceOps> {
+    fn device(&mut self) -> Option<&mut dyn DeviceOps> {
         if self.inner.device_ops().is_some() {
             Some(self)
         } else {
@@ -100,7 +64,7 @@ impl Timed {
             rank,
             op: crate::collective::OpId {
                 seq: 0,
-                kind: crate::collective::OpKind::AllReduce,
+                kind: OpKind::AllReduce,
             },
             reason: "the collective has no device ops".into(),
         })

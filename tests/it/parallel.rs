@@ -7,7 +7,7 @@ use std::time::Duration;
 use burn::backend::{Autodiff, Flex};
 use kiln::backend;
 use kiln::collective::{
-    Collective, CollectiveError, LocalGroup, LocalRank, OpId, OpKind, ReduceOp,
+    Collective, CollectiveError, Decorator, LocalGroup, LocalRank, OpId, OpKind, ReduceOp,
 };
 
 use crate::common::{kiln_env, max_diff, prepare, stderr, train, write, TINY};
@@ -160,56 +160,20 @@ impl Stall {
     }
 }
 
-impl Collective for Stall {
-    fn rank(&self) -> usize {
-        self.inner.rank()
+impl Decorator for Stall {
+    fn place(&self) -> (usize, usize) {
+        (self.inner.rank(), self.inner.world())
     }
-    fn world(&self) -> usize {
-        self.inner.world()
-    }
-    fn all_reduce(&mut self, buf: &mut [f32], op: ReduceOp) -> Result<(), CollectiveError> {
-        self.enter(OpKind::AllReduce)?;
-        self.inner.all_reduce(buf, op)
-    }
-    fn all_reduce_f64(&mut self, buf: &mut [f64], op: ReduceOp) -> Result<(), CollectiveError> {
-        self.enter(OpKind::AllReduce)?;
-        self.inner.all_reduce_f64(buf, op)
-    }
-    fn reduce(
+    fn around<T>(
         &mut self,
-        buf: &mut [f32],
-        op: ReduceOp,
-        root: usize,
-    ) -> Result<(), CollectiveError> {
-        self.enter(OpKind::Reduce)?;
-        self.inner.reduce(buf, op, root)
+        op: OpKind,
+        _bytes: usize,
+        run: impl FnOnce(&mut dyn Collective) -> Result<T, CollectiveError>,
+    ) -> Result<T, CollectiveError> {
+        self.enter(op)?;
+        run(&mut self.inner)
     }
-    fn broadcast(&mut self, buf: &mut [f32], root: usize) -> Result<(), CollectiveError> {
-        self.enter(OpKind::Broadcast)?;
-        self.inner.broadcast(buf, root)
-    }
-    fn all_gather(&mut self, send: &[f32], out: &mut [f32]) -> Result<(), CollectiveError> {
-        self.enter(OpKind::AllGather)?;
-        self.inner.all_gather(send, out)
-    }
-    fn all_gather_f64(&mut self, send: &[f64], out: &mut [f64]) -> Result<(), CollectiveError> {
-        self.enter(OpKind::AllGather)?;
-        self.inner.all_gather_f64(send, out)
-    }
-    fn reduce_scatter(
-        &mut self,
-        send: &[f32],
-        out: &mut [f32],
-        op: ReduceOp,
-    ) -> Result<(), CollectiveError> {
-        self.enter(OpKind::ReduceScatter)?;
-        self.inner.reduce_scatter(send, out, op)
-    }
-    fn barrier(&mut self) -> Result<(), CollectiveError> {
-        self.enter(OpKind::Barrier)?;
-        self.inner.barrier()
-    }
-    fn abort(&self, reason: &str) {
+    fn stop(&self, reason: &str) {
         self.inner.abort(reason)
     }
 }
