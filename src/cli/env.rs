@@ -81,7 +81,7 @@ fn nccl_vars(config: Option<(&crate::config::Config, String)>) {
     match &config {
         Some((c, file)) => crate::outln!(
             "nccl variables of a run of {file}{}:",
-            if c.backend.device == crate::config::Device::Cuda {
+            if c.backend.device.has_nccl() {
                 ""
             } else {
                 " (exported when it runs with backend.device = \"cuda\")"

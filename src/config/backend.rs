@@ -64,6 +64,47 @@ pub enum Device {
     Wgpu,
 }
 
+/// What the checks and the launcher need to know of a device, asked here, not by comparing
+/// with one kind in each place.
+impl Device {
+    /// Every rank of a node computes on the same device (the CPU's cores, one wgpu adapter):
+    /// its ranks are threads bounded by the machine, not by a device count. On CUDA each rank
+    /// has a GPU of its own.
+    pub fn shared_by_ranks(self) -> bool {
+        self != Device::Cuda
+    }
+    /// What its ranks share, in messages: "CPU", "wgpu adapter" (CUDA: "GPU").
+    pub fn noun(self) -> &'static str {
+        match self {
+            Device::Cpu => "CPU",
+            Device::Cuda => "GPU",
+            Device::Wgpu => "wgpu adapter",
+        }
+    }
+    /// Ranks can reduce through NCCL (`strategy.collective = "nccl"`); a run records and
+    /// exports NCCL's environment.
+    pub fn has_nccl(self) -> bool {
+        self == Device::Cuda
+    }
+    /// Ranks have device ordinals (`strategy.devices` may list them).
+    pub fn has_ordinals(self) -> bool {
+        self == Device::Cuda
+    }
+    /// GPUs a job must be granted, all driven by one kiln process per node (one thread per
+    /// GPU): Slurm runs one task per node and must give it GPUs.
+    pub fn needs_gpus(self) -> bool {
+        self == Device::Cuda
+    }
+    /// Tensors in host memory, computed by a CPU backend (`backend.cpu`): RAM bounds the run.
+    pub fn on_host(self) -> bool {
+        self == Device::Cpu
+    }
+    /// An adapter is chosen (`backend.adapter`).
+    pub fn has_adapters(self) -> bool {
+        self == Device::Wgpu
+    }
+}
+
 /// Which wgpu adapter the ranks compute on (`backend.device = "wgpu"`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -172,8 +213,7 @@ impl BackendConfig {
                 Some("leave it 0 to share this machine's cores among the ranks".into()),
             ));
         }
-        let wgpu = self.device == Device::Wgpu;
-        if self.adapter != Adapter::Auto && !wgpu {
+        if self.adapter != Adapter::Auto && !self.device.has_adapters() {
             return Err(r.key_error(
                 "backend.adapter",
                 "`backend.adapter` chooses a wgpu adapter, but `backend.device` is not \"wgpu\""
@@ -219,7 +259,7 @@ impl BackendConfig {
             ls.growth_interval as usize,
             1,
         )?;
-        if self.device == Device::Cpu
+        if self.device.on_host()
             && self.cpu == CpuBackend::Ndarray
             && self.precision != Precision::F32
         {

@@ -136,18 +136,18 @@ pub(super) fn host_ranks(r: &Resolved) -> Result<(), ConfigError> {
     // ranks on the CPU (or a wgpu adapter) are threads of this process, each with a replica,
     // its buffers and its thread pool: beyond these, a run takes the machine's memory before
     // it trains
-    if c.backend.device != Device::Cuda && st.devices.count() > MAX_HOST_RANKS {
+    if c.backend.device.shared_by_ranks() && st.devices.count() > MAX_HOST_RANKS {
         return Err(r.key_error(
             "strategy.devices",
             format!(
                 "`strategy.devices` = {} is out of range: at most {MAX_HOST_RANKS} ranks per node on the {}",
                 st.devices.count(),
-                if c.backend.device == Device::Wgpu { "wgpu adapter" } else { "CPU" }
+                c.backend.device.noun()
             ),
             Some("CPU ranks share this machine's cores; use launch.nnodes for more ranks, or a few devices".into()),
         ));
     }
-    if c.backend.device != Device::Cuda
+    if c.backend.device.shared_by_ranks()
         && st.devices.count().saturating_mul(c.backend.threads.max(1)) > MAX_HOST_THREADS
     {
         return Err(r.key_error(
@@ -169,7 +169,7 @@ pub(super) fn host_ranks(r: &Resolved) -> Result<(), ConfigError> {
 pub(super) fn placement(r: &Resolved) -> Result<(), ConfigError> {
     let c = &r.config;
     let st = &c.strategy;
-    let cuda = c.backend.device == Device::Cuda;
+    let nccl = c.backend.device.has_nccl();
     let wgpu = c.backend.device == Device::Wgpu;
     if wgpu && st.collective == CollectiveKind::Nccl {
         return Err(r.key_error(
@@ -181,14 +181,14 @@ pub(super) fn placement(r: &Resolved) -> Result<(), ConfigError> {
             ),
         ));
     }
-    if !cuda && st.collective == CollectiveKind::Nccl {
+    if !nccl && st.collective == CollectiveKind::Nccl {
         return Err(r.key_error(
             "strategy.collective",
             "`strategy.collective` = \"nccl\" needs `backend.device` = \"cuda\"".into(),
             Some("CPU ranks use `collective = \"host\"` (or \"auto\")".into()),
         ));
     }
-    if !cuda && matches!(st.devices, Devices::List(_)) {
+    if !c.backend.device.has_ordinals() && matches!(st.devices, Devices::List(_)) {
         return Err(r.key_error(
             "strategy.devices",
             "`strategy.devices` lists device ordinals, which only CUDA has".into(),
@@ -199,7 +199,7 @@ pub(super) fn placement(r: &Resolved) -> Result<(), ConfigError> {
         let mut seen = l.clone();
         seen.sort_unstable();
         seen.dedup();
-        if cuda && seen.len() < l.len() && st.collective == CollectiveKind::Nccl {
+        if nccl && seen.len() < l.len() && st.collective == CollectiveKind::Nccl {
             return Err(r.key_error(
                 "strategy.collective",
                 format!("`strategy.devices` = {l:?} puts two ranks on one GPU, which NCCL refuses (before NCCL 2.30)"),
@@ -239,7 +239,7 @@ pub(super) fn nodes(r: &Resolved) -> Result<(), ConfigError> {
 /// A Slurm job of a CUDA run gets GPUs.
 pub(super) fn slurm_gpus(r: &Resolved) -> Result<(), ConfigError> {
     let c = &r.config;
-    if c.slurm.gpus_per_node == Some(0) && c.backend.device == Device::Cuda {
+    if c.slurm.gpus_per_node == Some(0) && c.backend.device.needs_gpus() {
         return Err(r.key_error(
             "slurm.gpus_per_node",
             "`slurm.gpus_per_node` = 0 with backend.device = \"cuda\": the job would get no GPU"

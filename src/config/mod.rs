@@ -7,6 +7,8 @@ mod error;
 mod load;
 mod nccl;
 mod nccl_vars;
+#[cfg(test)]
+mod readme_table;
 mod schema;
 mod show;
 mod validate;

@@ -3,7 +3,7 @@
 
 use super::execute::train;
 use crate::backend;
-use crate::config::{CpuBackend, Device, Resolved};
+use crate::config::{CpuBackend, Resolved};
 use crate::data;
 use crate::error::Result;
 use crate::plan::Plan;
@@ -54,7 +54,7 @@ pub fn bench(
     let plan = Plan::new(&r.config, data.train.len(), model.num_params());
     let mut configs = Vec::new();
     let mut skipped = Vec::new();
-    if r.config.backend.device != Device::Cpu {
+    if !r.config.backend.device.on_host() {
         configs.push(r.config.clone());
     } else {
         let half = r.config.backend.precision != crate::config::Precision::F32;

@@ -91,7 +91,7 @@ pub fn fits(
     let num_params = model.num_params();
     let step = strategy::step_bytes(&r.config, model.layout(), model.stages()) as u128;
     let c = &r.config;
-    if c.backend.device != crate::config::Device::Cpu {
+    if !c.backend.device.on_host() {
         return Ok(());
     }
     let local = c.strategy.devices.count();

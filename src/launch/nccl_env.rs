@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use crate::config::{Config, Device, NcclConfig, KNOWN_NCCL_VARS};
+use crate::config::{Config, NcclConfig, KNOWN_NCCL_VARS};
 use crate::error::{Error, Result};
 use crate::ui;
 
@@ -35,7 +35,7 @@ pub fn local_vars(c: &Config) -> Vars {
 /// Exports the job's NCCL variables into this process (CUDA runs only; a CPU run never loads
 /// NCCL). With `job`, node 0 publishes its variables and every other node takes them.
 pub fn export(c: &Config, job: Option<&mut Job>, timeout: Duration) -> Result<NcclEnv> {
-    if c.backend.device != Device::Cuda {
+    if !c.backend.device.has_nccl() {
         return Ok(NcclEnv(()));
     }
     let (vars, node) = job_vars(c, job, timeout)?;
@@ -188,6 +188,7 @@ fn share_nccl_id(j: &mut Job, c: &Config) -> Result<crate::collective::nccl::Id>
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Device;
 
     fn v(items: &[(&str, &str, &str)]) -> Vars {
         items

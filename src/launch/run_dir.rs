@@ -134,7 +134,7 @@ fn stored_config_with(r: &Resolved, env: impl IntoIterator<Item = (String, Strin
         .map(|v| abs("model.init_from", v));
     // a CUDA run records the NCCL variables of its environment too: its config.toml then
     // reproduces the environment NCCL saw
-    if c.backend.device == crate::config::Device::Cuda {
+    if c.backend.device.has_nccl() {
         c.backend.nccl = c.backend.nccl.with_environment(env);
     }
     c

@@ -361,7 +361,7 @@ pub fn submit(r: &Resolved, o: &SubmitOptions) -> Result<()> {
         }
     }
     let nnodes = s.nodes * s.tasks_per_node;
-    if s.tasks_per_node > 1 && c.backend.device == crate::config::Device::Cuda {
+    if s.tasks_per_node > 1 && c.backend.device.needs_gpus() {
         return Err(Error::Usage(format!(
             "`slurm.tasks_per_node` = {} with backend.device = \"cuda\": one kiln process drives all of a node's GPUs\n  = help: use tasks_per_node = 1 and strategy.devices = the GPUs per node",
             s.tasks_per_node

@@ -107,7 +107,7 @@ pub fn submit(spec: &SweepSpec, parallel: Option<usize>) -> Result<String> {
     let s = &base.sweep;
     let parallel = parallel.unwrap_or(s.parallel).max(1);
     let shape = &base.slurm;
-    if shape.tasks_per_node > 1 && base.backend.device == config::Device::Cuda {
+    if shape.tasks_per_node > 1 && base.backend.device.needs_gpus() {
         return Err(Error::Usage(
             "`slurm.tasks_per_node` > 1 with backend.device = \"cuda\": one kiln process drives all of a node's GPUs".into(),
         ));

@@ -1,0 +1,114 @@
+//! The README's configuration table against the schema: every key the config accepts has a
+//! row, and every row names a key the config accepts (`sweep.*` and `slurm.*` stand for their
+//! sections, which the README describes elsewhere).
+
+use std::collections::BTreeSet;
+
+use figment::providers::{Format, Serialized, Toml};
+use figment::Figment;
+
+use super::{Config, ModelConfig};
+
+/// The keys the table of README.md's "Configuration" section names (a cell may name several).
+fn readme_keys() -> BTreeSet<String> {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
+        .expect("README.md");
+    let start = readme
+        .find("\n## Configuration")
+        .expect("a Configuration section");
+    let table = readme[start..]
+        .lines()
+        .skip_while(|l| !l.starts_with("| key | default | meaning |"))
+        .skip(2)
+        .take_while(|l| l.starts_with('|'));
+    let mut keys = BTreeSet::new();
+    for row in table {
+        let cell = row.split('|').nth(1).unwrap_or_default();
+        for quoted in cell.split('`').skip(1).step_by(2) {
+            keys.insert(quoted.to_string());
+        }
+    }
+    keys
+}
+
+/// The keys the schema accepts under `path`, or `None` when `path` is no table (its probe
+/// fails as a wrong type, not as an unknown key).
+fn table_keys(path: &str) -> Option<Vec<String>> {
+    let probe = format!("[{path}]\n__kiln_probe__ = 1\n");
+    let err = Figment::from(Serialized::defaults(Config::default()))
+        .merge(Toml::string(&probe))
+        .extract::<Config>()
+        .err()?;
+    err.into_iter().find_map(|e| match e.kind {
+        figment::error::Kind::UnknownField(_, expected) => {
+            Some(expected.iter().map(|k| k.to_string()).collect())
+        }
+        _ => None,
+    })
+}
+
+/// Every key the config accepts, dotted, tables included (`valid`), and the keys the table
+/// must have (`required`): a table the README names as one row stands for its keys; a table
+/// it does not name needs a row for each of its keys.
+fn schema_keys(readme: &BTreeSet<String>) -> (BTreeSet<String>, BTreeSet<String>) {
+    let (mut valid, mut required) = (BTreeSet::new(), BTreeSet::new());
+    let mut todo: Vec<String> = accepted_sections();
+    while let Some(path) = todo.pop() {
+        let keys = if path == "model" {
+            ModelConfig::known_keys()
+        } else {
+            table_keys(&path).unwrap_or_else(|| panic!("[{path}] is no table"))
+        };
+        for k in keys {
+            let key = format!("{path}.{k}");
+            valid.insert(key.clone());
+            if readme.contains(&key) || path == "model" {
+                required.insert(key);
+            } else if table_keys(&key).is_some() {
+                todo.push(key);
+            } else {
+                required.insert(key);
+            }
+        }
+    }
+    (valid, required)
+}
+
+/// The config's sections, less the two the README describes elsewhere.
+fn accepted_sections() -> Vec<String> {
+    let err = Figment::from(Serialized::defaults(Config::default()))
+        .merge(Toml::string("__kiln_probe__ = 1\n"))
+        .extract::<Config>()
+        .expect_err("an unknown section is an error");
+    let expected = err
+        .into_iter()
+        .find_map(|e| match e.kind {
+            figment::error::Kind::UnknownField(_, expected) => Some(expected),
+            _ => None,
+        })
+        .expect("an unknown-key error");
+    expected
+        .iter()
+        .filter(|s| !matches!(**s, "sweep" | "slurm"))
+        .map(|s| s.to_string())
+        .collect()
+}
+
+#[test]
+fn the_readme_table_lists_every_key_and_only_keys_that_exist() {
+    let readme = readme_keys();
+    let (valid, required) = schema_keys(&readme);
+    assert!(
+        required.len() > 80,
+        "the probe found too few keys: {required:?}"
+    );
+    let undocumented: Vec<_> = required.difference(&readme).collect();
+    let unknown: Vec<_> = readme
+        .difference(&valid)
+        .filter(|k| !matches!(k.as_str(), "sweep.*" | "slurm.*"))
+        .collect();
+    assert!(
+        undocumented.is_empty() && unknown.is_empty(),
+        "README.md's config table is out of step with the schema:\n  keys with no row: {undocumented:?}\n  rows naming no key: {unknown:?}"
+    );
+}
