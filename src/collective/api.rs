@@ -129,7 +129,10 @@ pub trait Collective: Send {
     /// group calls it at the same point; the ranks that pass the same `color` form one new
     /// group, ranked by `key` (ties by their rank here). Returns this rank's handle in its
     /// group, a collective of its own (its ops are numbered from 0 and run only among its
-    /// members, beside this group's). Stopping either stops both.
+    /// members, beside this group's). Stopping either stops both. Colors and keys up to
+    /// 2^31 - 1 (NCCL's limit). On CUDA a sub-group shares its parent's stream: every rank
+    /// must issue the ops of the parent and of its sub-groups in the same order (in one process
+    /// any order works, so keep to one order everywhere).
     fn split(&mut self, color: usize, key: usize) -> Result<Box<dyn Collective>, CollectiveError> {
         let _ = (color, key);
         Err(CollectiveError::Unsupported {

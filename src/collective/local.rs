@@ -59,19 +59,23 @@ struct Exchange {
     state: Mutex<ExchangeState>,
     cv: Condvar,
     /// Every group split from the same first group, this one included: stopping one stops all.
-    family: Arc<Mutex<Vec<Weak<Exchange>>>>,
+    family: Arc<Mutex<Family>>,
     /// Sub-groups being formed by a split: (the split's op number, the group's first member)
     /// to the group's exchange and how many of its members have yet to take it.
     forming: Mutex<HashMap<(u64, usize), (Arc<Exchange>, usize)>>,
 }
 
+/// The groups split from one first group, and why they stopped (once one did): a group made
+/// after the stop starts stopped, decided under the same lock as the stop's list of groups.
+#[derive(Default)]
+struct Family {
+    groups: Vec<Weak<Exchange>>,
+    stopped: Option<String>,
+}
+
 impl Exchange {
     /// The exchange of a new group of `world` ranks in `family` (a new family: `None`).
-    fn new(
-        world: usize,
-        timeout: Duration,
-        family: Option<Arc<Mutex<Vec<Weak<Exchange>>>>>,
-    ) -> Arc<Exchange> {
+    fn new(world: usize, timeout: Duration, family: Option<Arc<Mutex<Family>>>) -> Arc<Exchange> {
         let family = family.unwrap_or_default();
         let ex = Arc::new(Exchange {
             world,
@@ -85,10 +89,13 @@ impl Exchange {
             family: Arc::clone(&family),
             forming: Mutex::new(HashMap::new()),
         });
-        let mut members = family.lock().unwrap_or_else(|p| p.into_inner());
-        members.retain(|w| w.strong_count() > 0);
-        members.push(Arc::downgrade(&ex));
-        drop(members);
+        let mut f = family.lock().unwrap_or_else(|p| p.into_inner());
+        f.groups.retain(|w| w.strong_count() > 0);
+        f.groups.push(Arc::downgrade(&ex));
+        if let Some(reason) = &f.stopped {
+            ex.stop(reason);
+        }
+        drop(f);
         ex
     }
 
@@ -150,8 +157,9 @@ impl GroupStopper {
     /// Stops the group, and every group split from it or from which it was split.
     pub fn stop(&self, reason: &str) {
         let family: Vec<Arc<Exchange>> = {
-            let members = self.0.family.lock().unwrap_or_else(|p| p.into_inner());
-            members.iter().filter_map(Weak::upgrade).collect()
+            let mut f = self.0.family.lock().unwrap_or_else(|p| p.into_inner());
+            f.stopped.get_or_insert_with(|| reason.to_string());
+            f.groups.iter().filter_map(Weak::upgrade).collect()
         };
         self.0.stop(reason);
         for ex in family {
@@ -585,6 +593,15 @@ impl Collective for LocalRank {
     /// the groups through one exchange of (color, key), then the first member to get there
     /// makes each group's exchange and the others take it.
     fn split(&mut self, color: usize, key: usize) -> Result<Box<dyn Collective>, CollectiveError> {
+        // the limit NCCL has, so a program that splits here splits there; exact in an f64
+        for (what, v) in [("color", color), ("key", key)] {
+            if i32::try_from(v).is_err() {
+                return Err(CollectiveError::Unsupported {
+                    rank: self.rank,
+                    what: format!("split {what} {v} is above the limit (2^31 - 1)"),
+                });
+            }
+        }
         let seq = self.seq;
         let res = self.exchange(OpKind::Split, Payload::F64(vec![color as f64, key as f64]))?;
         let mut members: Vec<(usize, usize)> = res
@@ -613,10 +630,6 @@ impl Collective for LocalRank {
             }
             ex
         };
-        // a stop that came before this group existed stops it too
-        if let Some(reason) = sh.lock().aborted.clone() {
-            shared.stop(&reason);
-        }
         Ok(Box::new(LocalRank {
             rank,
             seq: 0,

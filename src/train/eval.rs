@@ -2,68 +2,12 @@
 //! samples r, r + world, ...; the per-sample results are gathered and summed in global index
 //! order, so the sums are the same bits for every world size (and `kiln eval` reproduces them).
 
-use super::trainer::TrainError;
+use super::events::{EvalSums, TrainError};
 use crate::collective::CollectiveError;
 use crate::data::Dataset;
-use crate::model::{Batch, Compute, ComputeOn, EvalOut, ModelError, Task, UnitParams};
+use crate::model::{Batch, Compute, ComputeOn, EvalOut, ModelError, UnitParams};
 use crate::params::transfers::{record, Moved};
 use crate::strategy::Strategy;
-
-/// Exact evaluation totals: every sample counted once.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct EvalSums {
-    pub loss_sum: f64,
-    /// Correct predictions (a language model's samples count the fraction of their tokens).
-    pub correct: f64,
-    pub count: u64,
-}
-
-impl EvalSums {
-    pub fn loss(&self) -> f64 {
-        self.loss_sum / self.count.max(1) as f64
-    }
-    pub fn accuracy(&self) -> f64 {
-        self.correct / self.count.max(1) as f64
-    }
-    /// exp(mean loss): a language model's perplexity.
-    pub fn perplexity(&self) -> f64 {
-        self.loss().exp()
-    }
-}
-
-/// What an evaluation reports, decided once for the task: the mean loss, and accuracy for a
-/// classifier or perplexity (exp of the mean loss) for a language model, over `samples`. The
-/// metrics lines, the eval log line, `summary.json`, `kiln eval` and a run's last line all take
-/// it.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct EvalMetrics {
-    pub loss: f64,
-    pub accuracy: Option<f64>,
-    pub perplexity: Option<f64>,
-    pub samples: u64,
-}
-
-impl EvalMetrics {
-    pub fn of(task: Task, sums: &EvalSums) -> EvalMetrics {
-        let lm = matches!(task, Task::LanguageModel { .. });
-        EvalMetrics {
-            loss: sums.loss(),
-            accuracy: (!lm).then(|| sums.accuracy()),
-            perplexity: lm.then(|| sums.perplexity()),
-            samples: sums.count,
-        }
-    }
-
-    /// The task's metric by its name and value, `accuracy 0.5` or `perplexity 3.2`, with
-    /// `value` formatting the number.
-    pub fn metric(&self, value: impl Fn(f64) -> String) -> String {
-        match (self.accuracy, self.perplexity) {
-            (Some(a), _) => format!("accuracy {}", value(a)),
-            (None, Some(p)) => format!("perplexity {}", value(p)),
-            (None, None) => String::new(),
-        }
-    }
-}
 
 /// `[rows, ...sample shape]`.
 fn batch_shape(rows: usize, ds: &Dataset) -> Vec<usize> {

@@ -4,6 +4,7 @@
 //! synchronisation and update, the LR schedule, exact evaluation, checkpoints and metrics events.
 
 mod eval;
+mod events;
 mod loader;
 pub mod preempt;
 mod save;
@@ -15,10 +16,12 @@ pub mod timing;
 mod trainer;
 mod watch;
 
-pub use eval::{evaluate_like_run, EvalMetrics, EvalSums};
+pub use eval::evaluate_like_run;
+pub use events::{
+    EvalMetrics, EvalSums, MetricLine, Outcome, RankSink, SharedInit, TrainError, TrainEvent,
+    TrainInput,
+};
 pub use scaler::LossScaler;
 pub use timed::Timed;
 pub use timing::{wait_hook, Clock, Phase, Span, Totals};
-pub use trainer::{
-    train, MetricLine, Outcome, RankSink, SharedInit, TrainError, TrainEvent, TrainInput,
-};
+pub use trainer::train;

@@ -1,7 +1,7 @@
 //! Checkpoints of a run: when one is due (`[checkpoint]`'s cadence, the best so far, the step
 //! early stopping or a stop request ends at) and how every rank writes its part of it.
 
-use super::trainer::{TrainError, TrainInput};
+use super::events::{TrainError, TrainInput};
 use crate::checkpoint::{
     encode_files, CheckpointError, DataPosition, LossScaleState, OptimizerInfo, RngState,
     SchedulerInfo, State, Store, WatchState, FORMAT,

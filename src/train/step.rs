@@ -23,8 +23,8 @@
 //! A rank without samples in this micro-step runs the same gathers and hands in zero gradients,
 //! so every rank issues the same collectives in the same order.
 
+use super::events::TrainError;
 use super::timing::{Clock, Phase};
-use super::trainer::TrainError;
 use crate::collective::{device_error, CollectiveError, OpKind};
 use crate::model::{recomputed, Compute, ComputeOn, GradScale, Input, StepKey, UnitParams};
 use crate::params::transfers::{record, Moved};

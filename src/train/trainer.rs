@@ -5,186 +5,24 @@
 
 use std::time::Instant;
 
-use serde::Serialize;
-
-use super::eval::{evaluate, evaluate_by_units, reduce_eval, EvalMetrics, EvalSums};
+use super::eval::{evaluate, evaluate_by_units, reduce_eval};
+use super::events::{
+    round4, EvalMetrics, EvalSums, MetricLine, Outcome, RankSink, TrainError, TrainEvent,
+    TrainInput,
+};
 use super::loader::{Assembler, Loader, LoaderState, Pos, Source};
 use super::scaler::LossScaler;
 use super::schedule::lr_at;
 use super::step::{micro_step, MicroOpts};
-use super::timing::{Clock, Phase, Span, Totals};
+use super::timing::{Clock, Phase};
 use super::watch::MetricWatch;
-use crate::checkpoint::{
-    CheckpointError, DataPosition, Loaded, LossScaleState, State, Store, WatchState,
-};
-use crate::collective::CollectiveError;
+use crate::checkpoint::{DataPosition, State};
 use crate::config::Config;
-use crate::data::{Augment, Data};
-use crate::model::{Compute, ComputeOn, Model, ModelError, StepKey, Task};
+use crate::data::Augment;
+use crate::model::{Compute, ComputeOn, StepKey, Task};
 use crate::params::{DeviceFlat, DeviceTensor, RawFn};
 use crate::plan::{DataSplit, Plan};
 use crate::strategy::{Memory, Strategy};
-
-/// One line of `metrics.jsonl`.
-#[derive(Debug, Clone, Serialize, PartialEq)]
-pub struct MetricLine {
-    pub step: usize,
-    pub epoch: f64,
-    pub loss: f64,
-    pub lr: f64,
-    pub samples_per_sec: f64,
-    /// A language model's tokens per second (samples/s times the tokens predicted per window).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub tokens_per_sec: Option<f64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub eval_loss: Option<f64>,
-    /// Classification only.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub eval_accuracy: Option<f64>,
-    /// Language models only: exp(eval_loss).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub eval_perplexity: Option<f64>,
-    /// f16's dynamic loss scale the step ran with (`backend.precision = "f16"`).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub loss_scale: Option<f64>,
-    /// Set on a step f16's loss scaling skipped (its gradient overflowed: no update).
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    pub skipped: bool,
-    /// When the line was logged: seconds since the Unix epoch (wall-clock plots).
-    pub ts: f64,
-    /// This rank's share of the time since the previous logged line, by phase.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub time: Option<serde_json::Value>,
-}
-
-/// What the loop reports while it runs (rank 0 only).
-#[derive(Debug, Clone)]
-pub enum TrainEvent {
-    Started {
-        first_step: usize,
-        total_steps: usize,
-    },
-    /// A checkpoint was written.
-    Checkpoint { step: usize },
-    /// A step finished (`line` is set when it is a logged step).
-    Step {
-        step: usize,
-        loss: f64,
-        samples_per_sec: f64,
-        line: Option<MetricLine>,
-    },
-}
-
-/// The result of a finished run on one rank.
-#[derive(Debug, Clone)]
-pub struct Outcome {
-    pub steps: usize,
-    pub epochs: f64,
-    pub final_loss: f64,
-    pub eval: Option<EvalSums>,
-    pub wall_seconds: f64,
-    pub samples_per_sec: f64,
-    /// What the model was trained to do (which metrics apply).
-    pub task: Task,
-    /// The final parameters, on rank 0 when `TrainInput::keep_params` asked for them (empty
-    /// otherwise).
-    pub params: Vec<f32>,
-    /// sha256 of the final parameters (f32 little-endian, flat order).
-    pub params_sha256: String,
-    pub memory: Memory,
-    /// Seconds per phase over this session's steps (the compute thread's: communication there
-    /// is the exposed part).
-    pub time: Totals,
-    /// Seconds per collective op on the rank's communication thread (`strategy.overlap`).
-    pub comm_time: Totals,
-    /// The profiled steps' spans (empty unless `[profile]` traces this rank).
-    pub spans: Vec<Span>,
-    /// Set when a signal stopped the run before its end (at `steps`, with a checkpoint there):
-    /// what asked, e.g. "SIGTERM".
-    pub preempted: Option<String>,
-    /// The step at which `train.early_stopping` stopped the run.
-    pub stopped_early: Option<usize>,
-    /// Where `train.early_stopping` and `checkpoint.keep_best` stand at the end.
-    pub early_stopping: Option<WatchState>,
-    pub best: Option<WatchState>,
-    /// f16's loss scale at the end, with the steps it skipped.
-    pub loss_scale: Option<LossScaleState>,
-}
-
-impl Outcome {
-    /// Tokens per second for a language model.
-    pub fn tokens_per_sec(&self) -> Option<f64> {
-        match self.task {
-            Task::LanguageModel { block, .. } => Some(round4(self.samples_per_sec * block as f64)),
-            Task::Classification { .. } => None,
-        }
-    }
-    /// The final evaluation's metrics.
-    pub fn eval_metrics(&self) -> Option<EvalMetrics> {
-        self.eval.map(|e| EvalMetrics::of(self.task, &e))
-    }
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum TrainError {
-    #[error(transparent)]
-    Model(#[from] ModelError),
-    #[error(transparent)]
-    Collective(#[from] CollectiveError),
-    /// The loss, the gradient or the parameters stopped being finite at `step`.
-    #[error("training diverged at step {step}: {cause}\n  = help: lower `optim.lr`, set `optim.grad_clip_norm`, or add warm-up (`schedule.warmup_steps`)")]
-    Diverged { step: usize, cause: String },
-    #[error(transparent)]
-    Checkpoint(#[from] CheckpointError),
-    /// The rank's device cannot run the config (a precision it lacks).
-    #[error("rank {rank}: {reason}")]
-    Backend { rank: usize, reason: String },
-    #[error("rank {rank} panicked: {message}")]
-    Panic { rank: usize, message: String },
-    /// The data loader could not give the next micro-batch.
-    #[error("{0}")]
-    Data(String),
-}
-
-/// Everything the loop needs, built before it starts (shared by all ranks).
-pub struct TrainInput<'a> {
-    pub config: &'a Config,
-    pub plan: &'a Plan,
-    pub data: &'a Data,
-    pub model: &'a dyn Model,
-    /// Where checkpoints go (`None`: never saved, e.g. `kiln bench`).
-    pub store: Option<&'a Store>,
-    /// The checkpoint to continue from.
-    pub resume: Option<&'a Loaded>,
-    /// Initial parameters in place of the model's seeded initialisation (`model.init_from`).
-    pub init: Option<&'a [f32]>,
-    /// The seeded initialisation, made once for the ranks of this process (`SharedInit::default()`).
-    pub shared_init: SharedInit,
-    /// Whether rank 0's `Outcome::params` holds the final parameters (tests, exports); a run
-    /// needs only their hash.
-    pub keep_params: bool,
-}
-
-/// The seeded initial parameters, made by the first rank that asks and shared with the others
-/// of this process while any holds them: the process holds one copy at start, not one per rank.
-#[derive(Default)]
-pub struct SharedInit(std::sync::Mutex<std::sync::Weak<Vec<f32>>>);
-
-impl SharedInit {
-    /// The shared parameters, made with `make` when no rank holds them now.
-    pub fn get(&self, make: impl FnOnce() -> Vec<f32>) -> std::sync::Arc<Vec<f32>> {
-        let mut cell = self
-            .0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(init) = cell.upgrade() {
-            return init;
-        }
-        let init = std::sync::Arc::new(make());
-        *cell = std::sync::Arc::downgrade(&init);
-        init
-    }
-}
 
 /// Where a checkpoint's data position continues: exactly (same world, batch and strategy) or by
 /// the global cursor.
@@ -222,14 +60,6 @@ fn total_steps(c: &Config, plan: &Plan, step: usize, pos: Pos) -> usize {
         0
     };
     step + remaining.div_ceil(plan.accum)
-}
-
-/// Where a rank sends what it has to say.
-pub trait RankSink {
-    /// Progress and metrics (only rank 0's are shown and written).
-    fn event(&mut self, event: TrainEvent);
-    /// A line for this rank's log.
-    fn log(&mut self, line: &str);
 }
 
 /// What one step did.
@@ -924,8 +754,4 @@ fn data_file(c: &Config) -> String {
         Some(p) => format!("data.path = {p:?}"),
         None => format!("the {} data", crate::config::choice_name(&c.data.kind)),
     }
-}
-
-fn round4(v: f64) -> f64 {
-    (v * 1e4).round() / 1e4
 }

@@ -1,7 +1,7 @@
 //! A metric watched at each evaluation: early stopping's patience and the best checkpoint's
 //! `keep_best`. Its state is saved in checkpoints, so a resumed run keeps counting.
 
-use super::eval::EvalSums;
+use super::events::EvalSums;
 use crate::checkpoint::WatchState;
 use crate::config::{EvalMetric, MetricMode};
 

@@ -7,7 +7,7 @@ use std::time::Duration;
 use burn::backend::{Autodiff, Flex};
 use kiln::backend;
 use kiln::collective::{
-    Collective, CollectiveError, Decorator, LocalGroup, LocalRank, OpId, OpKind, ReduceOp,
+    Collective, CollectiveError, Decorator, LocalGroup, LocalRank, OpId, OpKind,
 };
 
 use crate::common::{kiln_env, max_diff, prepare, stderr, train, write, TINY};
