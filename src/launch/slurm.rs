@@ -353,34 +353,10 @@ pub fn kiln_exe() -> Result<PathBuf> {
 pub fn submit(r: &Resolved, o: &SubmitOptions) -> Result<()> {
     let c = &r.config;
     let s = &c.slurm;
-    for a in &o.extra {
-        if a.contains(['\n', '\r']) {
-            return Err(Error::Usage(format!(
-                "the sbatch option {a:?} after `--` holds a line break"
-            )));
-        }
-    }
     let nnodes = s.nodes * s.tasks_per_node;
-    if s.tasks_per_node > 1 && c.backend.device.needs_gpus() {
-        return Err(Error::Usage(format!(
-            "`slurm.tasks_per_node` = {} with backend.device = \"cuda\": one kiln process drives all of a node's GPUs\n  = help: use tasks_per_node = 1 and strategy.devices = the GPUs per node",
-            s.tasks_per_node
-        )));
-    }
+    job_shape_ok(r, o, nnodes)?;
     // the run as the job will see it: its node count and a token file in the run directory
-    let output = Path::new(&c.experiment.output_dir);
-    let out_abs = if output.is_absolute() {
-        output.to_path_buf()
-    } else {
-        std::env::current_dir()
-            .map_err(|e| Error::io("finding the working directory", e))?
-            .join(output)
-    };
-    if nnodes > 1 && c.strategy.kind == crate::config::StrategyKind::Single {
-        return Err(Error::Usage(format!(
-            "the job has {nnodes} kiln nodes (slurm.nodes / --nodes x slurm.tasks_per_node / --tasks-per-node), but strategy.kind = \"single\" runs in one process\n  = help: use strategy.kind = \"ddp\" or \"fsdp\" across nodes, or one node"
-        )));
-    }
+    let out_abs = absolute(Path::new(&c.experiment.output_dir).to_path_buf())?;
     let run_dir = choose_run_dir(&out_abs, &c.experiment.name);
     let mut job_cfg = r.clone();
     job_cfg.config.launch.nnodes = nnodes;
@@ -425,25 +401,7 @@ pub fn submit(r: &Resolved, o: &SubmitOptions) -> Result<()> {
         (claimed, token_path, script)
     };
     // write everything, submit, and take it all back if sbatch refuses
-    let result = (|| -> Result<String> {
-        // the job (which may start at once) takes the directory's lock, not this process
-        super::run_dir::unlock_run_dir(&run_dir);
-        let slurm_dir = run_dir.join("slurm");
-        fs::create_dir_all(run_dir.join("logs"))
-            .and_then(|_| fs::create_dir_all(&slurm_dir))
-            .map_err(|e| Error::io(format!("creating {}", slurm_dir.display()), e))?;
-        super::run_dir::replace_file(
-            &run_dir.join("config.toml"),
-            config::to_toml(&stored_config_for_elsewhere(&job_cfg)).as_bytes(),
-        )
-        .map_err(|e| Error::io(format!("writing {}/config.toml", run_dir.display()), e))?;
-        write_private(&token_path, &new_token()?)
-            .map_err(|e| Error::io(format!("writing {}", token_path.display()), e))?;
-        let script_path = slurm_dir.join("job.sbatch");
-        fs::write(&script_path, &script)
-            .map_err(|e| Error::io(format!("writing {}", script_path.display()), e))?;
-        sbatch(&script_path, &o.extra)
-    })();
+    let result = write_and_submit(&run_dir, &job_cfg, &token_path, &script, &o.extra);
     // the job is submitted: its directory stays, whatever happens to its record
     let result = result.and_then(|id| {
         super::write_json(
@@ -493,6 +451,68 @@ pub fn submit(r: &Resolved, o: &SubmitOptions) -> Result<()> {
             Err(e)
         }
     }
+}
+
+/// What stops a submission up front: a line break in an sbatch option, several tasks per node
+/// on CUDA, several nodes with a one-process strategy.
+fn job_shape_ok(r: &Resolved, o: &SubmitOptions, nnodes: usize) -> Result<()> {
+    let c = &r.config;
+    for a in &o.extra {
+        if a.contains(['\n', '\r']) {
+            return Err(Error::Usage(format!(
+                "the sbatch option {a:?} after `--` holds a line break"
+            )));
+        }
+    }
+    if c.slurm.tasks_per_node > 1 && c.backend.device.needs_gpus() {
+        return Err(Error::Usage(format!(
+            "`slurm.tasks_per_node` = {} with backend.device = \"cuda\": one kiln process drives all of a node's GPUs\n  = help: use tasks_per_node = 1 and strategy.devices = the GPUs per node",
+            c.slurm.tasks_per_node
+        )));
+    }
+    if nnodes > 1 && c.strategy.kind == crate::config::StrategyKind::Single {
+        return Err(Error::Usage(format!(
+            "the job has {nnodes} kiln nodes (slurm.nodes / --nodes x slurm.tasks_per_node / --tasks-per-node), but strategy.kind = \"single\" runs in one process\n  = help: use strategy.kind = \"ddp\" or \"fsdp\" across nodes, or one node"
+        )));
+    }
+    Ok(())
+}
+
+/// `path` from the working directory (a job runs elsewhere).
+pub fn absolute(path: PathBuf) -> Result<PathBuf> {
+    if path.is_absolute() {
+        return Ok(path);
+    }
+    Ok(std::env::current_dir()
+        .map_err(|e| Error::io("finding the working directory", e))?
+        .join(path))
+}
+
+/// Writes the job's directory (logs/, slurm/, config.toml, the token, the script) and submits
+/// the script; the job, which may start at once, takes the directory's lock.
+fn write_and_submit(
+    run_dir: &Path,
+    job_cfg: &Resolved,
+    token_path: &Path,
+    script: &str,
+    extra: &[String],
+) -> Result<String> {
+    super::run_dir::unlock_run_dir(run_dir);
+    let slurm_dir = run_dir.join("slurm");
+    fs::create_dir_all(run_dir.join("logs"))
+        .and_then(|_| fs::create_dir_all(&slurm_dir))
+        .map_err(|e| Error::io(format!("creating {}", slurm_dir.display()), e))?;
+    super::run_dir::replace_file(
+        &run_dir.join("config.toml"),
+        config::to_toml(&stored_config_for_elsewhere(job_cfg)).as_bytes(),
+    )
+    .map_err(|e| Error::io(format!("writing {}/config.toml", run_dir.display()), e))?;
+    write_private(token_path, &new_token()?)
+        .map_err(|e| Error::io(format!("writing {}", token_path.display()), e))?;
+    let script_path = slurm_dir.join("job.sbatch");
+    fs::write(&script_path, script)
+        .map_err(|e| Error::io(format!("writing {}", script_path.display()), e))?;
+    sbatch(&script_path, extra)
 }
 
 /// A job's state as Slurm reports it.

@@ -376,13 +376,7 @@ pub fn run_trials(spec: &SweepSpec, parallel: Option<usize>, quiet: bool) -> Res
     refuse_unknown_slurm_trials(&dir, &ledger, &s.metric)?;
     let latest = ledger.latest();
     let mut failures = ledger.failures();
-    for p in &planned {
-        if !latest.contains_key(&p.id) {
-            ledger
-                .append(&record(p, TrialState::Pending))
-                .map_err(ledger_io)?;
-        }
-    }
+    add_pending(&ledger, &planned, &latest)?;
     let mut queue = queue_of(&planned, &latest, &failures, s.retries);
     let total = planned.len();
     let cores = std::thread::available_parallelism()
@@ -408,10 +402,7 @@ pub fn run_trials(spec: &SweepSpec, parallel: Option<usize>, quiet: bool) -> Res
         if !stopping && crate::train::preempt::requested().is_some() {
             stopping = true;
             queue.clear();
-            for r in &running {
-                // SAFETY: kill(2) on our own child's pid.
-                unsafe { libc::kill(r.child.id() as i32, libc::SIGTERM) };
-            }
+            terminate(&running);
             ui.info("stopping: the running trials checkpoint and stop");
         }
         while running.len() < parallel {
@@ -482,6 +473,30 @@ pub fn run_trials(spec: &SweepSpec, parallel: Option<usize>, quiet: bool) -> Res
     }
     ui.finish();
     conclude(&dir, &ledger, s, stopping, total)
+}
+
+/// Records as pending the planned trials the ledger does not know yet.
+pub(super) fn add_pending(
+    ledger: &Ledger,
+    planned: &[Planned],
+    known: &BTreeMap<String, Record>,
+) -> Result<()> {
+    for p in planned {
+        if !known.contains_key(&p.id) {
+            ledger
+                .append(&record(p, TrialState::Pending))
+                .map_err(ledger_io)?;
+        }
+    }
+    Ok(())
+}
+
+/// SIGTERM to every running trial (they checkpoint and stop; it never escalates).
+fn terminate(running: &[Running]) {
+    for r in running {
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe { libc::kill(r.child.id() as i32, libc::SIGTERM) };
+    }
 }
 
 /// Trials submitted to Slurm before: never run one here that Slurm still has (or that Slurm

@@ -8,12 +8,14 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use super::scheduler::{ledger_io, plan, record, rows, sweep_dir, write_results, Lock};
+use super::scheduler::{
+    add_pending, ledger_io, plan, record, rows, sweep_dir, write_results, Lock,
+};
 use super::{to_text, Executor, Ledger, Planned, Record, SweepSpec, TrialState};
 use crate::config;
 use crate::config::Config;
 use crate::error::{Error, Result};
-use crate::launch::slurm::{self as sl, have_sbatch};
+use crate::launch::slurm::{self as sl, absolute, have_sbatch};
 use crate::ui;
 
 /// Brings the ledger up to date for trials submitted to Slurm: done (their summary says
@@ -107,24 +109,8 @@ pub fn submit(spec: &SweepSpec, parallel: Option<usize>) -> Result<String> {
     let s = &base.sweep;
     let parallel = parallel.unwrap_or(s.parallel).max(1);
     let shape = &base.slurm;
-    if shape.tasks_per_node > 1 && base.backend.device.needs_gpus() {
-        return Err(Error::Usage(
-            "`slurm.tasks_per_node` > 1 with backend.device = \"cuda\": one kiln process drives all of a node's GPUs".into(),
-        ));
-    }
-    if !have_sbatch() {
-        return Err(Error::Usage(
-            "`sbatch` is not on PATH: `kiln sweep --executor slurm` submits through Slurm's sbatch\n  = help: run it on a machine of the cluster (a login node), or use the local executor".into(),
-        ));
-    }
-    let dir = sweep_dir(&base);
-    let dir = if dir.is_absolute() {
-        dir
-    } else {
-        std::env::current_dir()
-            .map_err(|e| Error::io("finding the working directory", e))?
-            .join(dir)
-    };
+    can_submit(&base)?;
+    let dir = absolute(sweep_dir(&base))?;
     super::scheduler::refuse_run_dir(&dir)?;
     // every trial as its job will run it, checked before anything is written
     let jobs = job_configs(&planned, shape, &dir)?;
@@ -140,14 +126,7 @@ pub fn submit(spec: &SweepSpec, parallel: Option<usize>) -> Result<String> {
     let ledger = Ledger {
         path: dir.join("sweep.jsonl"),
     };
-    let known = ledger.latest();
-    for p in &planned {
-        if !known.contains_key(&p.id) {
-            ledger
-                .append(&record(p, TrialState::Pending))
-                .map_err(ledger_io)?;
-        }
-    }
+    add_pending(&ledger, &planned, &ledger.latest())?;
     let unknown = refresh(&dir, &ledger, &s.metric)?;
     if !unknown.is_empty() {
         return Err(Error::Invalid(format!(
@@ -222,6 +201,22 @@ pub fn submit(spec: &SweepSpec, parallel: Option<usize>) -> Result<String> {
         dir.display()
     ));
     Ok(id)
+}
+
+/// What stops a submission before anything is written: a CUDA sweep of several tasks per
+/// node, or no `sbatch` here.
+fn can_submit(base: &Config) -> Result<()> {
+    if base.slurm.tasks_per_node > 1 && base.backend.device.needs_gpus() {
+        return Err(Error::Usage(
+            "`slurm.tasks_per_node` > 1 with backend.device = \"cuda\": one kiln process drives all of a node's GPUs".into(),
+        ));
+    }
+    if !have_sbatch() {
+        return Err(Error::Usage(
+            "`sbatch` is not on PATH: `kiln sweep --executor slurm` submits through Slurm's sbatch\n  = help: run it on a machine of the cluster (a login node), or use the local executor".into(),
+        ));
+    }
+    Ok(())
 }
 
 /// Every trial's config as its Slurm job runs it (`slurm.nodes` x `slurm.tasks_per_node` kiln
