@@ -548,44 +548,7 @@ pub fn load(dir: &Path, specs: &[(String, Vec<usize>)]) -> Result<Loaded, Checkp
             ),
         ));
     }
-    let ranks = match &state.params {
-        Layout::Full => 1,
-        Layout::Sharded { world, units } => {
-            // units must tile the model in order, each split as fsdp splits it
-            let mut end = 0usize;
-            for u in units {
-                let split = (*world > 0).then(|| u.len.div_ceil(*world));
-                if u.start != end || split != Some(u.shard_len) {
-                    return Err(invalid(
-                        dir,
-                        format!(
-                            "state.json: shard unit `{}` (start {}, len {}, shard_len {}) does not follow the previous unit (ending at {end}) split over {world} ranks",
-                            u.name, u.start, u.len, u.shard_len
-                        ),
-                    ));
-                }
-                end = end
-                    .checked_add(u.len)
-                    .ok_or_else(|| invalid(dir, "state.json: shard units overflow".into()))?;
-            }
-            if end != n {
-                return Err(invalid(
-                    dir,
-                    format!("state.json: shard units cover {end} parameters, the model has {n}"),
-                ));
-            }
-            if world.saturating_mul(2) > files.len() {
-                return Err(invalid(
-                    dir,
-                    format!(
-                        "state.json says {world} ranks, the manifest lists {} safetensors files",
-                        files.len()
-                    ),
-                ));
-            }
-            *world
-        }
-    };
+    let ranks = ranks_of(dir, &state.params, n, files.len())?;
     let names: Vec<String> = (0..ranks)
         .flat_map(|r| [state.params.model_file(r), state.params.optim_file(r)])
         .collect();
@@ -616,7 +579,82 @@ pub fn load(dir: &Path, specs: &[(String, Vec<usize>)]) -> Result<Loaded, Checkp
     }
     let (params, opt) = whole.finish().map_err(|e| invalid(dir, e))?;
     // no run saves a weight that is not finite (a diverged step is never applied)
-    for (what, values) in [("parameter", &params)] {
+    all_finite(dir, specs, &params)?;
+    // the state the checkpoint's optimizer keeps must all be there
+    let kind = state.optimizer.kind.as_str();
+    let adam = kind.starts_with("adam");
+    let lacks = if adam && opt.steps > 0 && (opt.m.is_empty() || opt.v.is_empty()) {
+        Some("exp_avg.* and exp_avg_sq.* (Adam's moments)")
+    } else if !adam && !opt.v.is_empty() {
+        Some("only momentum_buffer.* (it holds exp_avg_sq.*)")
+    } else {
+        None
+    };
+    if let Some(what) = lacks {
+        return Err(invalid(
+            dir,
+            format!(
+                "the optimizer is {kind} after {} steps, but {} should hold {what}",
+                opt.steps,
+                state.params.optim_file(0)
+            ),
+        ));
+    }
+    Ok(Loaded { state, params, opt })
+}
+
+/// How many ranks' files hold the parameters of `layout`: 1 when whole; when sharded, its
+/// units must tile the model's `n` parameters in order, each split as fsdp splits it, with a
+/// model and an optimizer file per rank among the manifest's `files`.
+fn ranks_of(dir: &Path, layout: &Layout, n: usize, files: usize) -> Result<usize, CheckpointError> {
+    Ok(match layout {
+        Layout::Full => 1,
+        Layout::Sharded { world, units } => {
+            // units must tile the model in order, each split as fsdp splits it
+            let mut end = 0usize;
+            for u in units {
+                let split = (*world > 0).then(|| u.len.div_ceil(*world));
+                if u.start != end || split != Some(u.shard_len) {
+                    return Err(invalid(
+                        dir,
+                        format!(
+                            "state.json: shard unit `{}` (start {}, len {}, shard_len {}) does not follow the previous unit (ending at {end}) split over {world} ranks",
+                            u.name, u.start, u.len, u.shard_len
+                        ),
+                    ));
+                }
+                end = end
+                    .checked_add(u.len)
+                    .ok_or_else(|| invalid(dir, "state.json: shard units overflow".into()))?;
+            }
+            if end != n {
+                return Err(invalid(
+                    dir,
+                    format!("state.json: shard units cover {end} parameters, the model has {n}"),
+                ));
+            }
+            if world.saturating_mul(2) > files {
+                return Err(invalid(
+                    dir,
+                    format!(
+                        "state.json says {world} ranks, the manifest lists {} safetensors files",
+                        files
+                    ),
+                ));
+            }
+            *world
+        }
+    })
+}
+
+/// An error naming the first parameter (by `specs`' names) that holds a value that is not
+/// finite.
+fn all_finite(
+    dir: &Path,
+    specs: &[(String, Vec<usize>)],
+    params: &[f32],
+) -> Result<(), CheckpointError> {
+    for (what, values) in [("parameter", params)] {
         if let Some(i) = values.iter().position(|v| !v.is_finite()) {
             let mut at = i;
             let name = specs
@@ -640,27 +678,7 @@ pub fn load(dir: &Path, specs: &[(String, Vec<usize>)]) -> Result<Loaded, Checkp
             ));
         }
     }
-    // the state the checkpoint's optimizer keeps must all be there
-    let kind = state.optimizer.kind.as_str();
-    let adam = kind.starts_with("adam");
-    let lacks = if adam && opt.steps > 0 && (opt.m.is_empty() || opt.v.is_empty()) {
-        Some("exp_avg.* and exp_avg_sq.* (Adam's moments)")
-    } else if !adam && !opt.v.is_empty() {
-        Some("only momentum_buffer.* (it holds exp_avg_sq.*)")
-    } else {
-        None
-    };
-    if let Some(what) = lacks {
-        return Err(invalid(
-            dir,
-            format!(
-                "the optimizer is {kind} after {} steps, but {} should hold {what}",
-                opt.steps,
-                state.params.optim_file(0)
-            ),
-        ));
-    }
-    Ok(Loaded { state, params, opt })
+    Ok(())
 }
 
 #[cfg(test)]
