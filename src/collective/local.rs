@@ -159,9 +159,9 @@ impl GroupStopper {
         let family: Vec<Arc<Exchange>> = {
             let mut f = self.0.family.lock().unwrap_or_else(|p| p.into_inner());
             f.stopped.get_or_insert_with(|| reason.to_string());
+            // (this group is one of them: every exchange joins its family when made)
             f.groups.iter().filter_map(Weak::upgrade).collect()
         };
-        self.0.stop(reason);
         for ex in family {
             ex.stop(reason);
         }

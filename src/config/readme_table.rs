@@ -34,9 +34,14 @@ fn readme_keys() -> BTreeSet<String> {
 /// The keys the schema accepts under `path`, or `None` when `path` is no table (its probe
 /// fails as a wrong type, not as an unknown key).
 fn table_keys(path: &str) -> Option<Vec<String>> {
-    let probe = format!("[{path}]\n__kiln_probe__ = 1\n");
+    probe(&format!("[{path}]\n__kiln_probe__ = 1\n"))
+}
+
+/// The keys figment's "unknown key" error lists for `toml` merged over the defaults (`None`
+/// when it is no such error).
+fn probe(toml: &str) -> Option<Vec<String>> {
     let err = Figment::from(Serialized::defaults(Config::default()))
-        .merge(Toml::string(&probe))
+        .merge(Toml::string(toml))
         .extract::<Config>()
         .err()?;
     err.into_iter().find_map(|e| match e.kind {
@@ -76,21 +81,10 @@ fn schema_keys(readme: &BTreeSet<String>) -> (BTreeSet<String>, BTreeSet<String>
 
 /// The config's sections, less the two the README describes elsewhere.
 fn accepted_sections() -> Vec<String> {
-    let err = Figment::from(Serialized::defaults(Config::default()))
-        .merge(Toml::string("__kiln_probe__ = 1\n"))
-        .extract::<Config>()
-        .expect_err("an unknown section is an error");
-    let expected = err
+    probe("__kiln_probe__ = 1\n")
+        .expect("an unknown section is an unknown-key error")
         .into_iter()
-        .find_map(|e| match e.kind {
-            figment::error::Kind::UnknownField(_, expected) => Some(expected),
-            _ => None,
-        })
-        .expect("an unknown-key error");
-    expected
-        .iter()
-        .filter(|s| !matches!(**s, "sweep" | "slurm"))
-        .map(|s| s.to_string())
+        .filter(|s| !matches!(s.as_str(), "sweep" | "slurm"))
         .collect()
 }
 
