@@ -12,10 +12,13 @@
 //!
 //! | layer | modules | owns |
 //! | --- | --- | --- |
-//! | 10 | `cli` (and `main`) | parse arguments, call one library function, render the result; `main` owns exit codes, error printing, the process environment and the NCCL re-exec |
-//! | 9 | `report` | `kiln report`: charts and tables of runs and sweeps from their files, as one HTML page |
-//! | 8 | `sweep` | trials of a sweep as child processes or a Slurm array, ledger, results table |
-//! | 7 | `launch` | executing a run: run directory and its files (typed readers too), summary, resume, restart agent, node worker, rank threads, Slurm, rendezvous |
+//! | 13 | `cli` (and `main`) | parse arguments, call one library function, render the result; `main` owns exit codes, error printing, the process environment and the NCCL re-exec |
+//! | 12 | `report` | `kiln report`: charts and tables of runs and sweeps from their files, as one HTML page |
+//! | 11 | `sweep` | trials of a sweep as child processes or a Slurm array, ledger, results table |
+//! | 10 | `slurm`, `tools` | `kiln submit`/`kiln status` and the sbatch scripts; `kiln bench`, `eval`, `sample`, `tokenize`, `export` |
+//! | 9 | `launch` | one session of a run on this node: checks, the session's files and summary, resume, the multi-node node and its restart agent, rank threads |
+//! | 8 | `track` | where metric lines go: `metrics.jsonl` and TensorBoard behind one `MetricSink` trait |
+//! | 7 | `rundir`, `rendezvous` | the run directory (choosing, locking, stored config, atomic files, summary, typed readers, session records); a multi-node job's store, rendezvous, job token and NCCL id exchange |
 //! | 6 | `error` | the top-level error and its exit codes |
 //! | 5 | `train`, `backend` | the step loop of one rank; backend/device/collective placement |
 //! | 4 | `strategy` | single, dp, ddp, fsdp: where state lives and when ranks synchronise |
@@ -46,12 +49,17 @@ pub mod model;
 pub mod panic;
 pub mod params;
 pub mod plan;
+pub mod rendezvous;
 pub mod report;
 pub mod rng;
+pub mod rundir;
+pub mod slurm;
 pub mod strategy;
 pub mod sweep;
 #[doc(hidden)]
 pub mod testdir;
+pub mod tools;
+pub mod track;
 pub mod train;
 pub mod ui;
 

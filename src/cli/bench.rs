@@ -1,4 +1,4 @@
-//! `kiln bench`: parses the arguments, runs `launch::bench` (training throughput of an
+//! `kiln bench`: parses the arguments, runs `tools::bench` (training throughput of an
 //! experiment on each CPU backend; no run directory, nothing written) and prints its table.
 
 use clap::Args;
@@ -6,7 +6,7 @@ use clap::Args;
 use super::ConfigArgs;
 use crate::config::CpuBackend;
 use crate::error::{Error, Result};
-use crate::launch::{self, BenchEvent};
+use crate::tools::{self, BenchEvent};
 
 #[derive(Debug, Args)]
 pub struct BenchArgs {
@@ -41,7 +41,7 @@ pub fn bench(a: &BenchArgs) -> Result<()> {
             )))
         }
     };
-    launch::bench(r, a.steps, a.repeats, &cpus, &mut |ev| {
+    tools::bench(r, a.steps, a.repeats, &cpus, &mut |ev| {
         match ev {
         BenchEvent::Plan { describe, repeats } => {
             crate::outln!("{describe}");

@@ -6,7 +6,7 @@ use clap::Subcommand;
 
 use crate::checkpoint::Entry;
 use crate::error::{Error, Result};
-use crate::launch;
+use crate::{launch, rundir};
 
 #[derive(Debug, Subcommand)]
 pub enum CkptCommand {
@@ -32,7 +32,7 @@ fn name(e: &Entry) -> String {
 pub fn ckpt(cmd: &CkptCommand) -> Result<()> {
     match cmd {
         CkptCommand::List { run_dir } => {
-            let store = launch::checkpoint_store(run_dir)?;
+            let store = rundir::checkpoint_store(run_dir)?;
             let entries = store.list().map_err(Error::Checkpoint)?;
             for p in store.strays() {
                 crate::ui::note(&format!(
@@ -98,11 +98,11 @@ pub fn ckpt(cmd: &CkptCommand) -> Result<()> {
             Ok(())
         }
         CkptCommand::Verify { run_dir } => {
-            let store = launch::checkpoint_store(run_dir)?;
+            let store = rundir::checkpoint_store(run_dir)?;
             // while a kiln process holds the run, the `.tmp` checkpoint is the save under way,
             // and retention may delete the newest one as it is read: take the newest finished
             // one, and look again when the one read is gone
-            let live = launch::holder(run_dir).is_some();
+            let live = rundir::holder(run_dir).is_some();
             let mut tries = 0;
             loop {
                 tries += 1;

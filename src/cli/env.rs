@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use clap::Args;
 
 use crate::error::Result;
-use crate::launch::nccl_env;
+use crate::rendezvous::nccl_env;
 
 #[derive(Debug, Args)]
 pub struct EnvArgs {
@@ -28,7 +28,7 @@ pub fn env(a: &EnvArgs) -> Result<()> {
     let config = match &a.file {
         Some(f) => {
             let file = if f.is_dir() {
-                crate::launch::run_config_file(f)?
+                crate::rundir::run_config_file(f)?
             } else {
                 f.clone()
             };
@@ -38,7 +38,7 @@ pub fn env(a: &EnvArgs) -> Result<()> {
         None => None,
     };
     if a.json {
-        let v = crate::launch::record::record(config.as_ref());
+        let v = crate::rundir::record::record(config.as_ref());
         crate::outln!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
         return Ok(());
     }

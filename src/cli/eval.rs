@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use clap::Args;
 
 use crate::error::Result;
-use crate::launch::{self, EvalOptions};
+use crate::tools::{self, EvalOptions};
 use crate::ui;
 
 #[derive(Debug, Args)]
@@ -28,7 +28,7 @@ pub fn eval(a: &EvalArgs) -> Result<()> {
         from: a.from.clone(),
         sets: a.sets.clone(),
     };
-    let rep = launch::eval(&a.run_dir, &o)?;
+    let rep = tools::eval(&a.run_dir, &o)?;
     let metric = match (rep.eval_accuracy, rep.eval_perplexity) {
         (Some(acc), _) => format!(", eval accuracy {acc}"),
         (None, Some(ppl)) => format!(", eval perplexity {ppl}"),

@@ -6,8 +6,8 @@ use std::path::PathBuf;
 use clap::{Args, ValueEnum};
 
 use crate::error::Result;
-use crate::launch::{self, ExportOptions};
 use crate::model::portable::WeightFormat;
+use crate::tools::{self, ExportOptions};
 use crate::ui;
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -59,7 +59,7 @@ pub fn export(a: &ExportArgs) -> Result<()> {
         },
         probe: a.probe.clone(),
     };
-    let rep = launch::export(&a.run_dir, &o)?;
+    let rep = tools::export(&a.run_dir, &o)?;
     ui::out(&format!(
         "wrote {} ({} tensors, {} bytes, {} names) from {} (step {})",
         a.out.display(),

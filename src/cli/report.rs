@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use clap::Args;
 
 use crate::error::Result;
-use crate::{launch, report, ui};
+use crate::{report, rundir, ui};
 
 #[derive(Debug, Args)]
 pub struct ReportArgs {
@@ -23,8 +23,8 @@ pub fn report(a: &ReportArgs) -> Result<()> {
     let html = report::render(&input)?;
     let default = report::default_output(&a.dirs);
     let out = a.out.clone().unwrap_or_else(|| default.clone());
-    launch::refuse_inside_run(&out, "-o", Some(&default))?;
-    launch::write_atomic(&out, html.as_bytes())?;
+    rundir::refuse_inside_run(&out, "-o", Some(&default))?;
+    rundir::write_atomic(&out, html.as_bytes())?;
     ui::out(&format!("wrote {} ({} bytes)", out.display(), html.len()));
     Ok(())
 }

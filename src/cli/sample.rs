@@ -1,4 +1,4 @@
-//! `kiln sample RUN_DIR --prompt "..."`: parses the arguments, runs `launch::sample`, streams
+//! `kiln sample RUN_DIR --prompt "..."`: parses the arguments, runs `tools::sample`, streams
 //! the generated text to stdout and says on stderr how many tokens it made how fast.
 
 use std::io::Write;
@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use clap::Args;
 
 use crate::error::{Error, Result};
-use crate::launch::{self, SampleOptions};
+use crate::tools::{self, SampleOptions};
 
 #[derive(Debug, Args)]
 pub struct SampleArgs {
@@ -61,7 +61,7 @@ pub fn sample(a: &SampleArgs) -> Result<()> {
     };
     let mut out = std::io::stdout().lock();
     let mut failed = None;
-    let rep = launch::sample(&a.run_dir, &o, &mut |b| {
+    let rep = tools::sample(&a.run_dir, &o, &mut |b| {
         if failed.is_none() {
             if let Err(e) = out.write_all(b).and_then(|_| out.flush()) {
                 failed = Some(e);

@@ -9,7 +9,7 @@ use clap::Args;
 use super::ConfigArgs;
 use crate::config::{parse_slurm_time, Flag};
 use crate::error::{Error, Result};
-use crate::launch::slurm::{self, SubmitOptions};
+use crate::slurm::{self, SubmitOptions};
 
 #[derive(Debug, Args)]
 pub struct SubmitArgs {

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use clap::Args;
 
 use crate::error::Result;
-use crate::launch::{self, TokenizeOptions};
+use crate::tools::{self, TokenizeOptions};
 use crate::ui;
 
 #[derive(Debug, Args)]
@@ -28,7 +28,7 @@ pub struct TokenizeArgs {
 }
 
 pub fn tokenize(a: &TokenizeArgs) -> Result<()> {
-    let rep = launch::tokenize(&TokenizeOptions {
+    let rep = tools::tokenize(&TokenizeOptions {
         input: a.input.clone(),
         out: a.out.clone(),
         tokenizer: a.tokenizer.clone(),

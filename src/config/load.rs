@@ -411,7 +411,7 @@ impl Stack<'_> {
 
 /// Whether this process is a task of an `srun` step of several tasks that nobody gave a
 /// rendezvous address (`MASTER_ADDR`): a bare `srun kiln run`, whose node 0 and port kiln
-/// derives from the step (and whose job token `launch::rendezvous` derives).
+/// derives from the step (and whose job token `rendezvous` derives).
 pub fn bare_srun(var: &dyn Fn(&str) -> Option<String>) -> bool {
     let tasks = var("SLURM_STEP_NUM_TASKS")
         .or_else(|| var("SLURM_NTASKS"))

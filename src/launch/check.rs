@@ -183,7 +183,7 @@ pub fn check(r: &Resolved) -> Result<CheckReport> {
     let d = data::load(r)?;
     let model = crate::model::build(r, &d.input_shape())?;
     watched_metrics(r, model.task(), d.eval.is_some())?;
-    super::weights::init_weights(r, model.as_ref())?;
+    super::init_from::init_weights(r, model.as_ref())?;
     let plan = Plan::new(&r.config, d.train.len(), model.num_params());
     let memory = strategy::estimate(&r.config, model.layout(), plan.world_size);
     fits(r, &memory, model.as_ref())?;

@@ -4,24 +4,24 @@
 //! [`Prepared`] (data, model, plan and checkpoint, checked), the checks passed ([`Passed`]),
 //! the job's NCCL variables exported ([`NcclEnv`]), the run's files begun ([`RunFiles`]),
 //! training, then `summary.json` and the report. Multi-node jobs go through `node.rs` (and
-//! `agent.rs` with restarts) to the same `execute`.
+//! its restart agent, `node_agent`) to the same `execute`.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use super::nccl_env::NcclEnv;
 use super::node::{run_node, Target};
 use super::prepare::Prepared;
-use super::rendezvous::Job;
 use super::resume::{prepare_resume, Resumption};
-use super::run_dir::{claim_run_dir, first_missing, is_empty_dir, lock_run_dir, newest_unfinished};
-use super::run_files::{PendingChecks, RunFiles};
-use super::summary::{Summary, SummaryInputs};
+use super::session::{summary_of, SummaryInputs};
+use super::session::{PendingChecks, RunFiles};
 use super::{train_ranks, NodeLink, RunResult};
 use crate::backend::{self, BackendKind, Placement};
 use crate::checkpoint::{Loaded, Store};
 use crate::config::{self, Config, Resolved};
 use crate::error::{Error, Result};
+use crate::rendezvous::nccl_env::NcclEnv;
+use crate::rendezvous::Job;
+use crate::rundir::{claim_run_dir, first_missing, is_empty_dir, lock_run_dir, newest_unfinished};
 use crate::train::{TrainError, TrainEvent, TrainInput};
 use crate::ui::{self, Progress};
 
@@ -100,7 +100,7 @@ pub fn start(r: &Resolved, a: &RunOptions) -> Result<()> {
     };
     let result = execute(r, &run_dir, None, a.quiet, None, None);
     if result.as_ref().is_err_and(|e| e.exit_code() == 2) {
-        super::run_dir::release_unused(&run_dir, made.as_deref());
+        crate::rundir::release_unused(&run_dir, made.as_deref());
     }
     result
 }
@@ -115,7 +115,7 @@ pub(super) fn take_run_dir(d: &Path) -> Result<Option<PathBuf>> {
         ))
     };
     if d.exists() && !is_empty_dir(d) {
-        if let Some(pid) = super::run_dir::holder(d) {
+        if let Some(pid) = crate::rundir::holder(d) {
             return Err(Error::Usage(format!(
                 "run directory `{}` is in use by another kiln process (pid {pid}); wait for it to finish or stop it",
                 d.display()
@@ -126,7 +126,7 @@ pub(super) fn take_run_dir(d: &Path) -> Result<Option<PathBuf>> {
     let made = first_missing(d);
     lock_run_dir(d)?;
     if !is_empty_dir(d) {
-        super::run_dir::unlock_run_dir(d);
+        crate::rundir::unlock_run_dir(d);
         return Err(holds(d));
     }
     Ok(made)
@@ -143,8 +143,8 @@ pub fn resume(
 ) -> Result<()> {
     // before its config.toml is read through a link (the checkpoint directory is checked once
     // the config names it)
-    super::run_dir::refuse_links(run_dir, "")?;
-    let file = super::run_dir::run_config_file(run_dir)?;
+    crate::rundir::refuse_links(run_dir, "")?;
+    let file = crate::rundir::run_config_file(run_dir)?;
     let env: Vec<(String, String)> = std::env::vars().collect();
     let r = config::load_with_flags(&file, &env, sets, flags)?;
     if r.config.launch.nnodes > 1 {
@@ -208,7 +208,7 @@ pub(super) fn execute(
     // every node has what it needs: now node 0 may change files of a resumed run
     let passed = checks.pass(resume.is_some(), t)?;
     // the job's NCCL variables, in this process before anything loads NCCL
-    let nccl = super::nccl_env::export(c, job.as_mut(), t)?;
+    let nccl = crate::rendezvous::nccl_env::export(c, job.as_mut(), t)?;
     if let Some(done) = loaded
         .as_ref()
         .and_then(|l| already_complete(c, run_dir, l))
@@ -247,7 +247,7 @@ pub(super) fn execute(
 /// summary).
 fn already_complete(c: &Config, run_dir: &Path, l: &Loaded) -> Option<String> {
     let finished =
-        super::run_files::SummaryFile::read(run_dir).is_some_and(|s| s.status == "finished");
+        crate::rundir::SummaryFile::read(run_dir).is_some_and(|s| s.status == "finished");
     if !finished {
         return None;
     }
@@ -446,8 +446,7 @@ impl Session<'_> {
             first_step: self.first_step,
             first_epoch: self.loaded.map_or(0.0, |l| l.state.position.epoch as f64),
         };
-        let summary =
-            |status, error, res| Summary::from_outcome(&inputs, status, error, res, reached);
+        let summary = |status, error, res| summary_of(&inputs, status, error, res, reached);
         let run_dir = self.run_dir;
         match result {
             Ok((res, _)) if res.outcome.preempted.is_some() => {
@@ -518,7 +517,7 @@ impl Session<'_> {
 /// (a file `step-00000010` would fail the save at step 10, after the steps were trained).
 /// Other `step-*` names are not kiln's: they are left alone, with a warning.
 fn preflight(run_dir: &Path, checkpoint_dir: &str) -> Result<()> {
-    super::run_dir::refuse_links(run_dir, checkpoint_dir)?;
+    crate::rundir::refuse_links(run_dir, checkpoint_dir)?;
     let store = Store::new(run_dir.join(checkpoint_dir));
     for p in store.strays() {
         let name = p

@@ -41,7 +41,7 @@ impl Prepared {
         let init = if resuming {
             None
         } else {
-            super::weights::init_weights(r, model.as_ref())?
+            super::init_from::init_weights(r, model.as_ref())?
         };
         Ok(Prepared {
             placement,

@@ -7,10 +7,10 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use super::run_dir::write_json;
 use super::workers::RunResult;
 use crate::config::Config;
 use crate::error::{Error, Result};
+use crate::rundir::write_json;
 use crate::train::timing::{comm_seconds, trace_json};
 use crate::train::Totals;
 

@@ -5,10 +5,10 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use super::run_dir::stored_config;
 use crate::checkpoint::{self, State, Store};
 use crate::config::{Config, Resolved};
 use crate::error::{Error, Result};
+use crate::rundir::stored_config;
 use crate::ui;
 
 /// What a resume starts from: a checkpoint (its directory and state; the tensors are loaded
@@ -309,7 +309,7 @@ pub(super) fn trim_metrics(path: &Path, step: usize) -> Result<()> {
         })
         .map(|l| format!("{l}\n"))
         .collect();
-    super::run_dir::replace_file(path, kept.as_bytes())
+    crate::rundir::replace_file(path, kept.as_bytes())
         .map_err(|e| Error::io(format!("writing {}", path.display()), e))
 }
 
@@ -398,7 +398,7 @@ pub fn read_checkpoint<T>(
 
 /// `read_checkpoint` of a whole checkpoint: its state, the model of `r` built for the
 /// checkpoint's input shape, and its tensors.
-pub(super) fn read_model_checkpoint(
+pub fn read_model_checkpoint(
     store: &Store,
     from: Option<&str>,
     r: &Resolved,

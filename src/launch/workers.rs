@@ -6,11 +6,11 @@ use std::path::Path;
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
-use super::rendezvous::JobStop;
 use crate::backend::{CommKind, Placement, RankBackend};
 use crate::collective::node::NodeRank;
 use crate::collective::tcp::TcpRing;
 use crate::collective::{Collective, CollectiveError, LocalGroup, LocalRank};
+use crate::rendezvous::JobStop;
 use crate::strategy::{self, Memory};
 use crate::train::{self, Outcome, RankSink, TrainError, TrainEvent, TrainInput};
 
@@ -165,7 +165,7 @@ fn run_ranks<B: RankBackend>(
                 let tx = tx.clone();
                 // appended to: a resumed or restarted run keeps every session's lines
                 let log = logs.and_then(|d| {
-                    crate::launch::run_dir::open_no_follow(
+                    crate::rundir::open_no_follow(
                         std::fs::OpenOptions::new().create(true).append(true),
                         &d.join(format!("rank-{rank}.log")),
                     )

@@ -59,8 +59,8 @@ fn is_sweep(dir: &Path) -> bool {
 /// Reads a run directory: every `metrics.jsonl` line that parses (the others are counted) and
 /// `summary.json` if it is there and parses.
 pub fn load_run(dir: &Path, name: &str) -> RunData {
-    let crate::launch::MetricsFile { lines, skipped } = crate::launch::MetricsFile::read(dir);
-    let summary = crate::launch::SummaryFile::read(dir).map(|s| s.json);
+    let crate::rundir::MetricsFile { lines, skipped } = crate::rundir::MetricsFile::read(dir);
+    let summary = crate::rundir::SummaryFile::read(dir).map(|s| s.json);
     RunData {
         name: name.to_string(),
         dir: dir.to_path_buf(),

@@ -22,9 +22,9 @@ pub struct Row {
 
 /// Builds a trial's row from its ledger record and its run directory.
 pub fn row(rec: &Record, run_dir: &Path, metric: &str, mode: MetricMode) -> Row {
-    let summary = crate::launch::SummaryFile::read(run_dir);
+    let summary = crate::rundir::SummaryFile::read(run_dir);
     let get = |k: &str| summary.as_ref().and_then(|s| s.number(k));
-    let metrics = crate::launch::MetricsFile::read(run_dir);
+    let metrics = crate::rundir::MetricsFile::read(run_dir);
     // the metric over the run: its own key in metrics.jsonl, or `loss` for final_loss
     let key = if metric == "final_loss" {
         "loss"

@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::{self, Config, SweepConfig};
 use crate::error::{Error, Result};
-use crate::launch::{MetricsFile, SummaryFile};
+use crate::rundir::{MetricsFile, SummaryFile};
 use crate::ui::SweepProgress;
 
 /// What `kiln sweep` was given; kept as `sweep.json` so `--resume DIR` can run it again.
@@ -38,7 +38,7 @@ impl SweepSpec {
             sets: self.sets.clone(),
             executor,
         };
-        crate::launch::write_json(&dir.join("sweep.json"), &stored)?;
+        crate::rundir::write_json(&dir.join("sweep.json"), &stored)?;
         Ok(stored)
     }
 }
@@ -122,7 +122,7 @@ pub fn plan(spec: &SweepSpec, env: &[(String, String)]) -> Result<(Config, Vec<P
         planned.push(Planned {
             trial,
             id,
-            stored: crate::launch::stored_config(&r),
+            stored: crate::rundir::stored_config(&r),
             config: r.config.clone(),
             resolved: r,
         });
@@ -352,7 +352,7 @@ pub(super) fn write_results(dir: &Path, rows: &[Row], metric: &str) -> Result<()
         ("results.md", to_markdown(rows, metric)),
     ] {
         let p = dir.join(name);
-        crate::launch::replace_file(&p, text.as_bytes())
+        crate::rundir::replace_file(&p, text.as_bytes())
             .map_err(|e| Error::io(format!("writing {}", p.display()), e))?;
     }
     Ok(())

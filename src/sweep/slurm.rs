@@ -15,7 +15,7 @@ use super::{to_text, Executor, Ledger, Planned, Record, SweepSpec, TrialState};
 use crate::config;
 use crate::config::Config;
 use crate::error::{Error, Result};
-use crate::launch::slurm::{self as sl, absolute, have_sbatch};
+use crate::slurm::{self as sl, absolute, have_sbatch};
 use crate::ui;
 
 /// Brings the ledger up to date for trials submitted to Slurm: done (their summary says
@@ -34,7 +34,7 @@ pub fn refresh(dir: &Path, ledger: &Ledger, metric: &str) -> Result<Vec<String>>
         ) {
             continue;
         }
-        let summary = crate::launch::SummaryFile::read(&dir.join(&id));
+        let summary = crate::rundir::SummaryFile::read(&dir.join(&id));
         let status = summary.as_ref().map(|s| s.status.clone());
         let task = format!("{job}_{idx}");
         let slurm = match sl::query(&task) {
@@ -115,7 +115,7 @@ pub fn submit(spec: &SweepSpec, parallel: Option<usize>) -> Result<String> {
     // every trial as its job will run it, checked before anything is written
     let jobs = job_configs(&planned, shape, &dir)?;
     // the outermost directory this submission creates: removed again if sbatch refuses
-    let created = crate::launch::first_missing(&dir);
+    let created = crate::rundir::first_missing(&dir);
     fs::create_dir_all(dir.join("logs"))
         .and_then(|_| fs::create_dir_all(dir.join("slurm")))
         .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
@@ -251,7 +251,7 @@ fn job_configs(
         }
         config::validate(&r).map_err(|e| named(e.into()))?;
         crate::launch::check(&r).map_err(named)?;
-        jobs.push(crate::launch::stored_config_for_elsewhere(&r));
+        jobs.push(crate::rundir::stored_config_for_elsewhere(&r));
     }
     Ok(jobs)
 }

@@ -141,7 +141,7 @@ pub fn loss_lines(run: &Path) -> Vec<(u64, f64)> {
 
 /// The whole flat parameters of checkpoint `step_dir` of the run in `run_dir` (shards gathered).
 pub fn checkpoint_params(run_dir: &Path, step_dir: &Path) -> Vec<f32> {
-    let r = kiln::launch::run_config(run_dir).unwrap();
+    let r = kiln::rundir::run_config(run_dir).unwrap();
     let state = kiln::checkpoint::read_state(step_dir).unwrap();
     let model = kiln::model::build(&r, &state.input_shape).unwrap();
     kiln::checkpoint::load(step_dir, &model.layout().specs())
@@ -306,8 +306,8 @@ impl Prepared {
     }
 
     /// The job's NCCL variables exported (nothing to do on the CPU), as `launch::train` needs.
-    pub fn nccl(&self) -> kiln::launch::nccl_env::NcclEnv {
-        kiln::launch::nccl_env::export(&self.r.config, None, std::time::Duration::ZERO).unwrap()
+    pub fn nccl(&self) -> kiln::rendezvous::nccl_env::NcclEnv {
+        kiln::rendezvous::nccl_env::export(&self.r.config, None, std::time::Duration::ZERO).unwrap()
     }
 }
 

@@ -205,7 +205,7 @@ fn round_trip(toml: &str, sets: &[&str], expect_names: &[&str]) {
     }
     // every tensor against the run's parameters (read by kiln's checkpoint loader)
     let flat = crate::common::checkpoint_params(&a, &newest_checkpoint(&a));
-    let r = kiln::launch::run_config(&a).unwrap();
+    let r = kiln::rundir::run_config(&a).unwrap();
     let state = kiln::checkpoint::read_state(&newest_checkpoint(&a)).unwrap();
     let model = kiln::model::build(&r, &state.input_shape).unwrap();
     let burn = tensors(&export(

@@ -147,7 +147,7 @@ fn the_checkpoint_reader_never_panics_on_mutated_checkpoints() {
         let o = kiln(d.path(), &a);
         assert!(o.status.success(), "{}", stderr(&o));
         let good = d.path().join(run).join("checkpoints/step-00000002");
-        let r = kiln::launch::run_config(&d.path().join(run)).unwrap();
+        let r = kiln::rundir::run_config(&d.path().join(run)).unwrap();
         let state = kiln::checkpoint::read_state(&good).unwrap();
         let specs = kiln::model::build(&r, &state.input_shape)
             .unwrap()
@@ -224,7 +224,7 @@ fn a_layout_that_disagrees_with_the_shards_is_invalid() {
     );
     assert!(o.status.success(), "{}", stderr(&o));
     let good = d.path().join("r/checkpoints/step-00000002");
-    let r = kiln::launch::run_config(&d.path().join("r")).unwrap();
+    let r = kiln::rundir::run_config(&d.path().join("r")).unwrap();
     let state: serde_json::Value =
         serde_json::from_slice(&std::fs::read(good.join("state.json")).unwrap()).unwrap();
     let shape: Vec<usize> = serde_json::from_value(state["input_shape"].clone()).unwrap();

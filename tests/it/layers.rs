@@ -25,10 +25,15 @@ const LAYERS: &[(&str, u32)] = &[
     ("train", 5),
     ("backend", 5),
     ("error", 6),
-    ("launch", 7),
-    ("sweep", 8),
-    ("report", 9),
-    ("cli", 10),
+    ("rundir", 7),
+    ("rendezvous", 7),
+    ("track", 8),
+    ("launch", 9),
+    ("slurm", 10),
+    ("tools", 10),
+    ("sweep", 11),
+    ("report", 12),
+    ("cli", 13),
 ];
 
 fn layer(module: &str) -> Option<u32> {

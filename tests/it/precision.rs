@@ -197,7 +197,7 @@ fn f16_loss_scaling_skips_the_overflowing_step_and_resumes_with_the_saved_scale(
         Some((65536.0, 2))
     );
     let model = kiln::model::build(
-        &kiln::launch::run_config(&single).unwrap(),
+        &kiln::rundir::run_config(&single).unwrap(),
         &state.input_shape,
     )
     .unwrap();

@@ -27,7 +27,7 @@ fn store_threads() -> usize {
 /// the hello deadline, and the job's own client is served throughout.
 #[test]
 fn the_rendezvous_store_survives_floods_and_trickling_peers() {
-    use kiln::launch::store::{StoreClient, StoreServer, HELLO_SECS, MAX_PENDING};
+    use kiln::rendezvous::store::{StoreClient, StoreServer, HELLO_SECS, MAX_PENDING};
     use std::io::{Read, Write};
     use std::net::TcpStream;
     use std::time::{Duration, Instant};
@@ -106,7 +106,7 @@ fn the_rendezvous_store_survives_floods_and_trickling_peers() {
 
 #[test]
 fn secrets_compare_equal_only_when_equal() {
-    use kiln::launch::store::same_secret;
+    use kiln::rendezvous::store::same_secret;
     assert!(same_secret("abc", "abc"));
     assert!(!same_secret("abc", "abd"));
     assert!(!same_secret("abc", "ab"));

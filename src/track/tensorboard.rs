@@ -15,6 +15,10 @@ use std::path::{Path, PathBuf};
 
 use prost::Message;
 
+use super::MetricSink;
+use crate::train::MetricLine;
+use crate::ui;
+
 /// `tensorflow.Event` (the fields kiln writes).
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct Event {
@@ -177,7 +181,7 @@ impl EventWriter {
     }
 
     /// The scalars of one `metrics.jsonl` line, as one event at its step and time.
-    pub fn line(&mut self, line: &serde_json::Value) -> std::io::Result<()> {
+    pub fn json_line(&mut self, line: &serde_json::Value) -> std::io::Result<()> {
         let step = line["step"].as_i64().unwrap_or(0);
         let wall_time = line["ts"].as_f64().unwrap_or_else(|| {
             std::time::SystemTime::now()
@@ -200,6 +204,40 @@ impl EventWriter {
         })?;
         // a line at a time: a killed run loses at most the line being written
         self.out.flush()
+    }
+}
+
+impl MetricSink for EventWriter {
+    fn path(&self) -> String {
+        self.path.display().to_string()
+    }
+
+    fn what(&self) -> &'static str {
+        "TensorBoard events"
+    }
+
+    fn line(&mut self, line: &MetricLine) -> std::io::Result<()> {
+        let json = serde_json::to_value(line).map_err(std::io::Error::other)?;
+        self.json_line(&json)
+    }
+}
+
+/// This session's TensorBoard event file (`[log] tensorboard`); one that cannot be made is
+/// said, and the run goes on (`metrics.jsonl` has every line).
+pub fn open(run_dir: &Path, from_step: Option<usize>) -> Option<EventWriter> {
+    match EventWriter::create(
+        run_dir,
+        &crate::rundir::record::hostname(),
+        from_step.map(|s| s + 1),
+    ) {
+        Ok(w) => Some(w),
+        Err(e) => {
+            ui::note(&format!(
+                "warning: cannot write TensorBoard events in {}/tb: {e}; metrics.jsonl has every line",
+                run_dir.display()
+            ));
+            None
+        }
     }
 }
 

@@ -1,3 +1,5 @@
+//! Layer: slurm (above launch; below sweep and cli).
+//!
 //! Slurm: `kiln submit` writes an sbatch script into a new run directory and submits it; the
 //! script runs `srun kiln resume RUN_DIR` with one task per kiln node (ranks from Slurm, node
 //! 0's store on the job's first host at a port derived from the job id, the job token in a
@@ -11,9 +13,9 @@ use std::process::Command;
 
 use serde::{Deserialize, Serialize};
 
-use super::run_dir::{choose_run_dir, claim_run_dir, stored_config_for_elsewhere};
 use crate::config::{self, Config, Resolved, SlurmConfig};
 use crate::error::{Error, Result};
+use crate::rundir::{choose_run_dir, claim_run_dir, stored_config_for_elsewhere};
 use crate::train::preempt::EXIT_PREEMPTED;
 use crate::ui;
 
@@ -333,12 +335,7 @@ pub fn write_token(path: &Path) -> Result<()> {
 }
 
 fn new_token() -> Result<String> {
-    use std::io::Read;
-    let mut bytes = [0u8; 16];
-    fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut bytes))
-        .map_err(|e| Error::io("generating a job token", e))?;
-    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+    crate::rendezvous::token::generate().map_err(|e| Error::io("generating a job token", e))
 }
 
 /// The kiln executable the job runs (this one).
@@ -366,7 +363,7 @@ pub fn submit(r: &Resolved, o: &SubmitOptions) -> Result<()> {
         job_cfg.config.launch.token_file = Some(token_path.display().to_string());
     }
     config::validate(&job_cfg)?;
-    super::check::check(&job_cfg)?;
+    crate::launch::check(&job_cfg)?;
     let kiln = kiln_exe()?;
     let script = run_script(&job_cfg.config, &kiln, &run_dir, &o.extra);
     if o.dry_run {
@@ -404,7 +401,7 @@ pub fn submit(r: &Resolved, o: &SubmitOptions) -> Result<()> {
     let result = write_and_submit(&run_dir, &job_cfg, &token_path, &script, &o.extra);
     // the job is submitted: its directory stays, whatever happens to its record
     let result = result.and_then(|id| {
-        super::write_json(
+        crate::rundir::write_json(
             &run_dir.join("slurm/job.json"),
             &JobRecord {
                 job_id: id.clone(),
@@ -497,12 +494,12 @@ fn write_and_submit(
     script: &str,
     extra: &[String],
 ) -> Result<String> {
-    super::run_dir::unlock_run_dir(run_dir);
+    crate::rundir::unlock_run_dir(run_dir);
     let slurm_dir = run_dir.join("slurm");
     fs::create_dir_all(run_dir.join("logs"))
         .and_then(|_| fs::create_dir_all(&slurm_dir))
         .map_err(|e| Error::io(format!("creating {}", slurm_dir.display()), e))?;
-    super::run_dir::replace_file(
+    crate::rundir::replace_file(
         &run_dir.join("config.toml"),
         config::to_toml(&stored_config_for_elsewhere(job_cfg)).as_bytes(),
     )
@@ -693,8 +690,8 @@ pub fn status(run_dir: &Path) -> Result<String> {
 
 /// The run's own state: its summary, else its last metrics line; its newest checkpoint.
 fn run_line(run_dir: &Path) -> String {
-    let summary = super::SummaryFile::read(run_dir).map(|s| s.json);
-    let last = super::MetricsFile::last_line(run_dir);
+    let summary = crate::rundir::SummaryFile::read(run_dir).map(|s| s.json);
+    let last = crate::rundir::MetricsFile::last_line(run_dir);
     let mut l = match &summary {
         Some(s) => {
             let status = s["status"].as_str().unwrap_or("?");
@@ -721,7 +718,7 @@ fn run_line(run_dir: &Path) -> String {
     };
     // the newest finished checkpoint by name (not verified: that reads every byte; `kiln ckpt
     // verify` does)
-    if let Ok(store) = super::checkpoint_store(run_dir) {
+    if let Ok(store) = crate::rundir::checkpoint_store(run_dir) {
         let newest = fs::read_dir(&store.dir).ok().and_then(|d| {
             d.filter_map(|e| e.ok())
                 .map(|e| e.file_name().to_string_lossy().into_owned())

@@ -12,7 +12,6 @@
 use std::path::Path;
 use std::time::Instant;
 
-use super::run_dir::{checkpoint_store, run_config};
 use crate::backend::RankBackend;
 use crate::checkpoint;
 use crate::data::tokenizer::Tokenizer;
@@ -20,6 +19,7 @@ use crate::error::{Error, Result};
 use crate::model::gpt::{Decoder, Gpt};
 use crate::model::FamilyModel;
 use crate::rng::Rng;
+use crate::rundir::{checkpoint_store, run_config};
 
 /// How to sample.
 #[derive(Debug, Clone)]
@@ -142,7 +142,7 @@ pub fn sample(
     }
     let family = FamilyModel::new(gpt.clone());
     let store = checkpoint_store(run_dir)?;
-    let (_, loaded) = super::resume::read_checkpoint(&store, o.from.as_deref(), |p| {
+    let (_, loaded) = crate::launch::read_checkpoint(&store, o.from.as_deref(), |p| {
         checkpoint::load(p, &family_layout(&family).specs()).map_err(Error::Checkpoint)
     })?;
     let placement = crate::backend::resolve(&r.config)?;

@@ -7,11 +7,11 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-use super::run_dir::{checkpoint_store, write_json};
 use crate::backend::{self, BackendKind, RankBackend};
 use crate::config;
 use crate::error::{Error, Result};
 use crate::model::Model;
+use crate::rundir::{checkpoint_store, write_json};
 use crate::train::{evaluate_like_run, EvalSums};
 
 /// What to evaluate.
@@ -55,17 +55,17 @@ pub fn eval(run_dir: &Path, o: &EvalOptions) -> Result<EvalReport> {
             )));
         }
     }
-    let file = super::run_dir::run_config_file(run_dir)?;
+    let file = crate::rundir::run_config_file(run_dir)?;
     let env: Vec<(String, String)> = std::env::vars().collect();
     let r = config::load(&file, &env, &o.sets)?;
     let c = &r.config;
     let store = checkpoint_store(run_dir)?;
     // the one place it writes: evals/ and its files are never written through a link
     if std::fs::symlink_metadata(run_dir.join("evals")).is_ok_and(|m| m.file_type().is_symlink()) {
-        return Err(super::run_dir::link_refused(&run_dir.join("evals")));
+        return Err(crate::rundir::link_refused(&run_dir.join("evals")));
     }
     let (path, (state, model, loaded)) =
-        super::resume::read_model_checkpoint(&store, o.from.as_deref(), &r)?;
+        crate::launch::read_model_checkpoint(&store, o.from.as_deref(), &r)?;
     let data = crate::data::load(&r)?;
     let ds = data.eval.as_ref().ok_or_else(|| {
         Error::Usage(format!(

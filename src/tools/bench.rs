@@ -1,11 +1,11 @@
 //! `kiln bench`'s measurement: training throughput of an experiment on each chosen placement
 //! (no run directory, nothing written), the median of several runs each.
 
-use super::execute::train;
 use crate::backend;
 use crate::config::{CpuBackend, Resolved};
 use crate::data;
 use crate::error::Result;
+use crate::launch::train;
 use crate::plan::Plan;
 use crate::train::{Phase, TrainEvent, TrainInput};
 
@@ -96,7 +96,7 @@ pub fn bench(
     }
     for (c, placement) in runs {
         // the config's NCCL variables, before anything loads NCCL (CUDA only)
-        let nccl = super::nccl_env::export(&c, None, std::time::Duration::ZERO)?;
+        let nccl = crate::rendezvous::nccl_env::export(&c, None, std::time::Duration::ZERO)?;
         let input = TrainInput {
             config: &c,
             plan: &plan,

@@ -3,17 +3,17 @@
 //! other nodes only their `logs/`. Opening them is the session's first change to the run
 //! directory, so it takes the proof that every check passed ([`Passed`]).
 
-use std::fs::{self, OpenOptions};
-use std::io::{BufWriter, Write};
+use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use super::rendezvous::Job;
-use super::run_dir::{open_error, open_no_follow, replace_file, stored_config, write_json};
-use super::summary::Summary;
 use crate::checkpoint::Store;
 use crate::config::{self, Resolved};
 use crate::error::{Error, Result};
+use crate::rendezvous::Job;
+use crate::rundir::summary::{BestSummary, EarlyStopSummary, Summary};
+use crate::rundir::{replace_file, stored_config, write_json};
+use crate::track::{tensorboard, MetricSink, MetricsJsonl, Tracks};
 use crate::train::MetricLine;
 use crate::ui;
 
@@ -88,12 +88,8 @@ pub(super) struct RunFiles {
     pub dir: PathBuf,
     /// Whether this node writes the run's shared files (node 0, or a single-node run).
     pub primary: bool,
-    metrics_path: PathBuf,
-    metrics: BufWriter<fs::File>,
-    /// The first failed write of `metrics.jsonl` (it fails the run at its end).
-    metrics_error: Option<std::io::Error>,
-    /// TensorBoard's event file of this session (`[log] tensorboard`).
-    tb: Option<super::tensorboard::EventWriter>,
+    /// `metrics.jsonl` and the trackers `[log]` turns on.
+    tracks: Tracks,
 }
 
 impl RunFiles {
@@ -130,7 +126,7 @@ impl RunFiles {
             )
             .map_err(|e| Error::io(format!("writing {}/config.toml", dir.display()), e))?;
             // what produced this session of the run (a resume appends its own)
-            super::record::append_session(dir, r, backend)?;
+            crate::rundir::record::append_session(dir, r, backend)?;
             if c.profile.enabled {
                 // a resumed run's traces are this session's only (node 0 merges what it finds)
                 let _ = fs::remove_dir_all(dir.join("trace"));
@@ -145,28 +141,17 @@ impl RunFiles {
         let logs = dir.join("logs");
         fs::create_dir_all(&logs)
             .map_err(|e| Error::io(format!("creating {}", logs.display()), e))?;
-        let metrics_path = if primary {
-            dir.join("metrics.jsonl")
-        } else {
-            PathBuf::from("/dev/null")
-        };
-        let mut options = OpenOptions::new();
-        if resumed || !primary {
-            options.append(true).create(true);
-        } else {
-            options.write(true).create(true).truncate(true);
+        let mut sinks: Vec<Box<dyn MetricSink>> =
+            vec![Box::new(MetricsJsonl::open(dir, primary, resumed)?)];
+        if primary && c.log.tensorboard {
+            if let Some(w) = tensorboard::open(dir, from_step) {
+                sinks.push(Box::new(w));
+            }
         }
-        let metrics = open_no_follow(&mut options, &metrics_path)
-            .map_err(|e| open_error("opening", &metrics_path, e))?;
         Ok(RunFiles {
             dir: dir.to_path_buf(),
             primary,
-            metrics_path,
-            metrics: BufWriter::new(metrics),
-            metrics_error: None,
-            tb: (primary && c.log.tensorboard)
-                .then(|| tensorboard(dir, from_step))
-                .flatten(),
+            tracks: Tracks::new(sinks),
         })
     }
 
@@ -174,37 +159,16 @@ impl RunFiles {
         self.dir.join("logs")
     }
 
-    /// Appends a metrics line (to TensorBoard's file too). A failed write is kept for the end
-    /// of the run; a TensorBoard file that fails is said once and left.
+    /// Appends a metrics line to `metrics.jsonl` and the trackers. A failed write of
+    /// `metrics.jsonl` is kept for the end of the run; a tracker that fails is said once and left.
     pub fn line(&mut self, line: &MetricLine) {
-        let failed = self.tb.as_mut().and_then(|w| {
-            let json = serde_json::to_value(line).unwrap_or_default();
-            w.line(&json)
-                .err()
-                .map(|e| (w.path().display().to_string(), e))
-        });
-        if let Some((path, e)) = failed {
-            ui::note(&format!(
-                "warning: writing {path} failed ({e}); no more TensorBoard events this session"
-            ));
-            self.tb = None;
-        }
-        let res = serde_json::to_string(line)
-            .map_err(std::io::Error::other)
-            .and_then(|s| writeln!(self.metrics, "{s}"))
-            .and_then(|_| self.metrics.flush());
-        if let Err(e) = res {
-            self.metrics_error.get_or_insert(e);
-        }
+        self.tracks.line(line);
     }
 
     /// The error of a `metrics.jsonl` that could not be written (a full disk): it fails the run
     /// like any error.
     pub fn take_error(&mut self) -> Option<Error> {
-        let path = &self.metrics_path;
-        self.metrics_error
-            .take()
-            .map(|e| Error::io(format!("writing {}", path.display()), e))
+        self.tracks.take_error()
     }
 
     /// Writes `summary.json` (node 0 only).
@@ -216,94 +180,111 @@ impl RunFiles {
     }
 }
 
-/// This session's TensorBoard event file; one that cannot be made is said, and the run goes on
-/// (`metrics.jsonl` has every line).
-fn tensorboard(dir: &Path, from_step: Option<usize>) -> Option<super::tensorboard::EventWriter> {
-    match super::tensorboard::EventWriter::create(
-        dir,
-        &super::record::hostname(),
-        from_step.map(|s| s + 1),
-    ) {
-        Ok(w) => Some(w),
-        Err(e) => {
-            ui::note(&format!(
-                "warning: cannot write TensorBoard events in {}/tb: {e}; metrics.jsonl has every line",
-                dir.display()
-            ));
-            None
-        }
-    }
+/// What a session knows besides its outcome, for its `summary.json`.
+pub(super) struct SummaryInputs<'a> {
+    pub config: &'a crate::config::Config,
+    pub plan: &'a crate::plan::Plan,
+    pub placement: &'a crate::backend::Placement,
+    /// `model.kind`, and its training FLOPs per sample where kiln knows them.
+    pub model_kind: String,
+    pub flops_per_sample: Option<f64>,
+    pub config_hash: String,
+    /// The step the session started from, and the checkpoint's epoch.
+    pub first_step: usize,
+    pub first_epoch: f64,
 }
 
-/// `summary.json` read back (by a resume, `kiln report`, sweeps and `kiln submit`): the fields
-/// readers decide on, typed, and any number by its key (a sweep's metric). `None` when the
-/// run has none yet, or one that is not a JSON object (cut short).
-#[derive(Debug, Clone)]
-pub struct SummaryFile {
-    /// "finished", "failed" or "preempted".
-    pub status: String,
-    pub steps: Option<u64>,
-    pub error: Option<String>,
-    /// What stopped a preempted run, e.g. "SIGTERM".
-    pub stopped_by: Option<String>,
-    /// The whole object, for what shows every field (`kiln report`).
-    pub json: serde_json::Value,
-}
-
-impl SummaryFile {
-    pub fn read(run_dir: &Path) -> Option<SummaryFile> {
-        let bytes = fs::read(run_dir.join("summary.json")).ok()?;
-        let json: serde_json::Value = serde_json::from_slice(&bytes).ok()?;
-        json.is_object().then(|| SummaryFile {
-            status: json["status"].as_str().unwrap_or_default().to_string(),
-            steps: json["steps"].as_u64(),
-            error: json["error"].as_str().map(str::to_string),
-            stopped_by: json["stopped_by"].as_str().map(str::to_string),
-            json,
-        })
-    }
-
-    /// The number `key` holds (`eval_loss`, `samples_per_sec`, ...), when it holds one.
-    pub fn number(&self, key: &str) -> Option<f64> {
-        self.json[key].as_f64()
-    }
-}
-
-/// `metrics.jsonl` read back: every line that parses as an object, in order, and a count of
-/// those that do not (a line cut short by a crash, or being written). Bytes, not a string: one
-/// bad byte must not hide every other line.
-#[derive(Debug, Clone, Default)]
-pub struct MetricsFile {
-    pub lines: Vec<serde_json::Value>,
-    pub skipped: usize,
-}
-
-impl MetricsFile {
-    pub fn read(run_dir: &Path) -> MetricsFile {
-        let bytes = fs::read(run_dir.join("metrics.jsonl")).unwrap_or_default();
-        let mut out = MetricsFile::default();
-        for l in String::from_utf8_lossy(&bytes)
-            .lines()
-            .filter(|l| !l.trim().is_empty())
-        {
-            match serde_json::from_str::<serde_json::Value>(l) {
-                Ok(v) if v.is_object() => out.lines.push(v),
-                _ => out.skipped += 1,
-            }
-        }
-        out
-    }
-
-    /// The last line of a run's `metrics.jsonl` (a running run's progress), read without
-    /// parsing the others.
-    pub fn last_line(run_dir: &Path) -> Option<serde_json::Value> {
-        let bytes = fs::read(run_dir.join("metrics.jsonl")).ok()?;
-        let text = String::from_utf8_lossy(&bytes);
-        serde_json::from_str(text.lines().last()?).ok()
-    }
-
-    /// The values of `key` over the run, in order.
-    pub fn values<'a>(&'a self, key: &'a str) -> impl Iterator<Item = f64> + 'a {
-        self.lines.iter().filter_map(move |l| l[key].as_f64())
+/// The summary of a session that ended with `status` ("finished", "preempted" or "failed"):
+/// from its result when it has one, else from the step and epoch it `reached`.
+pub(super) fn summary_of(
+    s: &SummaryInputs<'_>,
+    status: &'static str,
+    error: Option<String>,
+    res: Option<&super::RunResult>,
+    reached: (Option<usize>, Option<f64>),
+) -> Summary {
+    let c = s.config;
+    let be = s.placement.backend;
+    let o = res.map(|r| &r.outcome);
+    let eval = o.and_then(|o| o.eval_metrics());
+    let flops_per_sec = s
+        .flops_per_sample
+        .zip(o.map(|o| o.samples_per_sec))
+        .map(|(f, sps)| (f * sps).round());
+    let (mfu, mfu_note) = match (flops_per_sec, o) {
+        (Some(f), _) => super::profile::mfu(
+            be.name(),
+            c.backend.precision,
+            f,
+            s.plan.world_size,
+            s.placement.ordinals.first().copied().unwrap_or(0),
+        ),
+        (None, None) => (None, None),
+        (None, Some(_)) => (
+            None,
+            Some(format!(
+                "kiln knows no FLOP count for model.kind = \"{}\"",
+                s.model_kind
+            )),
+        ),
+    };
+    Summary {
+        stopped_by: o.and_then(|o| o.preempted.clone()),
+        stopped_early: c
+            .train
+            .early_stopping
+            .as_ref()
+            .map(|_| o.is_some_and(|o| o.stopped_early.is_some())),
+        early_stopping: o.and_then(|o| {
+            o.early_stopping.as_ref().map(|w| EarlyStopSummary {
+                watched: w.clone(),
+                stopped_at_step: o.stopped_early,
+            })
+        }),
+        best_checkpoint: o.and_then(|o| {
+            o.best.as_ref().map(|w| BestSummary {
+                checkpoint: format!("step-{:08}", w.best_step),
+                watched: w.clone(),
+            })
+        }),
+        flops_per_sample: s.flops_per_sample,
+        flops_per_sec,
+        mfu,
+        mfu_note,
+        status,
+        error,
+        steps: o
+            .map(|o| o.steps)
+            .unwrap_or(reached.0.unwrap_or(s.first_step)),
+        epochs: o
+            .map(|o| o.epochs)
+            .unwrap_or(reached.1.unwrap_or(s.first_epoch)),
+        final_loss: o.map(|o| o.final_loss),
+        eval_loss: eval.map(|m| m.loss),
+        eval_accuracy: eval.and_then(|m| m.accuracy),
+        eval_perplexity: eval.and_then(|m| m.perplexity),
+        eval_samples: eval.map(|m| m.samples),
+        wall_seconds: o.map(|o| o.wall_seconds).unwrap_or(0.0),
+        samples_per_sec: o.map(|o| o.samples_per_sec).unwrap_or(0.0),
+        tokens_per_sec: o.and_then(|o| o.tokens_per_sec()),
+        world_size: s.plan.world_size,
+        strategy: c.strategy.kind,
+        global_batch: s.plan.global_batch,
+        backend: be.name(),
+        precision: c.backend.precision,
+        loss_scale: o.and_then(|o| o.loss_scale.clone()),
+        num_params: s.plan.num_params,
+        config_hash: s.config_hash.clone(),
+        resumed_from_step: s.first_step,
+        params_sha256: o.map(|o| o.params_sha256.clone()),
+        memory: res.map(|r| r.memory.clone()).unwrap_or_default(),
+        peak_rss_bytes: crate::memory::peak_rss_bytes(),
+        time: res.map(|r| {
+            super::profile::time_section(
+                r,
+                r.outcome.steps.saturating_sub(s.first_step),
+                be.name().starts_with("cuda"),
+            )
+        }),
     }
 }

@@ -10,7 +10,7 @@ use crate::config::{Config, NcclConfig, KNOWN_NCCL_VARS};
 use crate::error::{Error, Result};
 use crate::ui;
 
-use super::rendezvous::Job;
+use crate::rendezvous::Job;
 
 /// The store key node 0 publishes the job's NCCL variables under.
 const KEY: &str = "nccl_env";
@@ -206,7 +206,7 @@ mod tests {
 
     #[test]
     fn every_node_takes_node_0s_settings_through_the_store() {
-        use super::super::rendezvous::join;
+        use crate::rendezvous::join;
         let port = crate::testdir::free_port();
         let cfg = |node, algo: &str| {
             let mut c = Config::default();

@@ -98,11 +98,11 @@ pub fn tokenize(o: &TokenizeOptions) -> Result<TokenizeReport> {
     }
     let t = Tokenizer::load(&o.tokenizer, Path::new("."))
         .map_err(|e| Error::Usage(format!("--tokenizer: {e}")))?;
-    let out = super::weights::output_path(&o.out, "-o")?;
+    let out = crate::rundir::output_path(&o.out, "-o")?;
     let eval_out = match o.eval_fraction.filter(|f| *f > 0.0) {
         Some(_) => {
             let p = o.eval_out.clone().unwrap_or_else(|| eval_path_for(&o.out));
-            let p = super::weights::output_path(&p, "--eval-out")?;
+            let p = crate::rundir::output_path(&p, "--eval-out")?;
             if p == out {
                 return Err(Error::Usage(format!(
                     "the held-out ids would go to `{}`, the training file; give --eval-out another path",
@@ -184,7 +184,7 @@ pub fn tokenize(o: &TokenizeOptions) -> Result<TokenizeReport> {
                 // the tail of the ids, copied to the held-out file, then cut from the training
                 let bytes = std::fs::read(&tmp).map_err(io(&tmp))?;
                 let at = (count - held) * size;
-                super::weights::write_atomic(p, &bytes[at..])?;
+                crate::rundir::write_atomic(p, &bytes[at..])?;
                 f.set_len(at as u64).map_err(io(&tmp))?;
                 Some((p.clone(), held))
             }

@@ -221,5 +221,5 @@ pub fn append_session(run_dir: &Path, r: &Resolved, backend: &str) -> Result<()>
     let mut session = record(Some(r));
     session["backend"]["name"] = Value::String(backend.to_string());
     sessions.push(session);
-    super::run_dir::write_json(&path, &json!({ "sessions": sessions }))
+    super::write_json(&path, &json!({ "sessions": sessions }))
 }

@@ -1,5 +1,17 @@
+//! Layer: rundir (above train, backend and error; below track, launch and everything that reads
+//! runs).
+//!
 //! Where a run lives: choosing `<output_dir>/<name>` (or the next free `-N`), finding the newest
-//! unfinished run, the config as stored in a run directory, and atomic JSON files.
+//! unfinished run, its lock, the config as stored in a run directory, atomic files and output
+//! paths that are never inside a run; what a run's files say (`summary` written, `files` read
+//! back typed) and what produced each session (`record`, `env.json`).
+
+mod files;
+pub mod record;
+pub mod summary;
+
+pub use files::{MetricsFile, SummaryFile};
+pub use summary::Summary;
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -33,7 +45,7 @@ pub fn is_unfinished(dir: &Path) -> bool {
     if !dir.join("config.toml").is_file() {
         return false;
     }
-    super::SummaryFile::read(dir).is_none_or(|s| s.status != "finished")
+    SummaryFile::read(dir).is_none_or(|s| s.status != "finished")
 }
 
 /// The newest unfinished run of experiment `name` (highest `-N` suffix first).
@@ -503,6 +515,65 @@ pub fn claim_run_dir(output_dir: &Path, name: &str) -> Result<(PathBuf, Option<P
         }
     }
     unreachable!("the run directory candidates are unbounded")
+}
+
+/// Where an output file of `flag` goes: its directory must exist, and the path must not be a
+/// directory, a symlink or a special file (it is replaced by a new regular file). Returns the
+/// canonical directory joined with the file name.
+pub fn output_path(path: &Path, flag: &str) -> Result<PathBuf> {
+    let name = path
+        .file_name()
+        .filter(|_| !path.as_os_str().to_string_lossy().ends_with('/'));
+    let Some(name) = name else {
+        return Err(Error::Usage(format!(
+            "{flag} `{}` names no file; give the path of the file to write",
+            path.display()
+        )));
+    };
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let dir = dir.canonicalize().map_err(|_| {
+        Error::Usage(format!(
+            "cannot write `{}`: the directory `{}` does not exist",
+            path.display(),
+            dir.display()
+        ))
+    })?;
+    if let Ok(m) = fs::symlink_metadata(path) {
+        if m.is_dir() {
+            return Err(Error::Usage(format!(
+                "{flag} `{}` is a directory; give the path of the file to write",
+                path.display()
+            )));
+        }
+        if !m.is_file() {
+            return Err(Error::Usage(format!(
+                "{flag} `{}` exists and is not a regular file (a symlink, device or pipe); kiln only replaces regular files",
+                path.display()
+            )));
+        }
+    }
+    refuse_inside_run(path, flag, None)?;
+    Ok(dir.join(name))
+}
+
+/// Writes `bytes` to `path` through a temporary file in the same directory, fsynced and renamed,
+/// so `path` is either absent, the previous file or the whole new one.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    if !dir.is_dir() {
+        return Err(Error::Usage(format!(
+            "cannot write `{}`: the directory `{}` does not exist",
+            path.display(),
+            dir.display()
+        )));
+    }
+    replace_file(path, bytes).map_err(|e| Error::io(format!("writing {}", path.display()), e))
 }
 
 #[cfg(test)]
