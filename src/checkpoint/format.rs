@@ -60,6 +60,27 @@ pub struct ShardUnit {
 }
 
 impl ShardUnit {
+    /// Unit `name` over `range` of the flat parameters, split evenly over `world` ranks (the
+    /// last shard padded).
+    pub fn new(name: &str, range: Range<usize>, world: usize) -> Self {
+        ShardUnit {
+            name: name.to_string(),
+            start: range.start,
+            len: range.len(),
+            shard_len: range.len().div_ceil(world),
+        }
+    }
+
+    /// Where the unit lives in the flat parameter buffer.
+    pub fn range(&self) -> Range<usize> {
+        self.start..self.start + self.len
+    }
+
+    /// The unit's length padded to a multiple of `world` (every rank's shard the same length).
+    pub fn padded_len(&self, world: usize) -> usize {
+        self.shard_len * world
+    }
+
     /// The part of the unit (in unit coordinates) that rank `rank` owns.
     pub fn owned(&self, rank: usize) -> Range<usize> {
         let lo = (rank * self.shard_len).min(self.len);

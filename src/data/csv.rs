@@ -30,39 +30,8 @@ pub fn read(path: &Path, c: &DataConfig, key: &'static str) -> Result<Dataset, D
         let (n, head) = lines
             .next()
             .ok_or_else(|| err(1, "empty file: expected a header line".into()))?;
-        let cols: Vec<&str> = head
-            .split(',')
-            .map(|s| s.trim().trim_matches('"'))
-            .collect();
-        if let Some((i, name)) = cols
-            .iter()
-            .enumerate()
-            .find(|(i, h)| cols[..*i].contains(h))
-        {
-            let first = cols.iter().position(|h| h == name).unwrap_or(0);
-            return Err(err(
-                n,
-                format!(
-                    "column name `{name}` appears twice (columns {} and {}); name each column once",
-                    first + 1,
-                    i + 1
-                ),
-            ));
-        }
-        if let Some(pos) = cols.iter().position(|h| *h == c.label_column) {
-            label_idx = Some(pos);
-        }
-        if label_idx.is_none() {
-            return Err(err(
-                n,
-                format!(
-                    "no column named `{}` (data.label_column); columns are: {}",
-                    c.label_column,
-                    cols.join(", ")
-                ),
-            ));
-        }
-        width = Some(cols.len());
+        let (label, w) = header(head, c).map_err(|m| err(n, m))?;
+        (label_idx, width) = (Some(label), Some(w));
     }
     let Some(label_idx) = label_idx else {
         return Err(err(
@@ -152,4 +121,38 @@ pub fn read(path: &Path, c: &DataConfig, key: &'static str) -> Result<Dataset, D
         return Err(err(1, "no feature columns besides the label".into()));
     }
     Ok(Dataset::rows(vec![features], x, y))
+}
+
+/// A header line's label column and width, or what is wrong with it (a column named twice, no
+/// column named `data.label_column`).
+fn header(head: &str, c: &DataConfig) -> Result<(usize, usize), String> {
+    let cols: Vec<&str> = head
+        .split(',')
+        .map(|s| s.trim().trim_matches('"'))
+        .collect();
+    if let Some((i, name)) = cols
+        .iter()
+        .enumerate()
+        .find(|(i, h)| cols[..*i].contains(h))
+    {
+        let first = cols.iter().position(|h| h == name).unwrap_or(0);
+        return Err(format!(
+            "column name `{name}` appears twice (columns {} and {}); name each column once",
+            first + 1,
+            i + 1
+        ));
+    }
+    // a column of that name, else a 0-based index
+    let label = cols
+        .iter()
+        .position(|h| *h == c.label_column)
+        .or_else(|| c.label_column.parse::<usize>().ok());
+    match label {
+        Some(l) => Ok((l, cols.len())),
+        None => Err(format!(
+            "no column named `{}` (data.label_column); columns are: {}",
+            c.label_column,
+            cols.join(", ")
+        )),
+    }
 }

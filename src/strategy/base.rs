@@ -472,8 +472,23 @@ pub fn build(
             overlapped(comm),
         )),
         StrategyKind::Dp => Box::new(Dp::new(c, layout.num_params(), whole(), comm)),
-        StrategyKind::Ddp => Box::new(Ddp::new(c, layout.num_params(), whole(), overlapped(comm))),
-        StrategyKind::Fsdp => Box::new(Fsdp::new(c, layout, &no_decay, overlapped(comm))),
+        StrategyKind::Fsdp if !is_ddp(c) => {
+            Box::new(Fsdp::new(c, layout, &no_decay, overlapped(comm)))
+        }
+        // and fsdp without sharding (torch's `NO_SHARD`): whole parameters, all-reduced
+        // gradients
+        StrategyKind::Ddp | StrategyKind::Fsdp => {
+            Box::new(Ddp::new(c, layout.num_params(), whole(), overlapped(comm)))
+        }
+    }
+}
+
+/// Whether the run's strategy computes as ddp: `ddp`, or `fsdp` with `sharding = "none"`.
+pub fn is_ddp(c: &Config) -> bool {
+    match c.strategy.kind {
+        StrategyKind::Ddp => true,
+        StrategyKind::Fsdp => c.strategy.sharding == Sharding::None,
+        _ => false,
     }
 }
 
@@ -730,8 +745,9 @@ mod tests {
             let last = &host[0].0[host[0].0.len() - n..];
             assert_ne!(last, init(n), "{kind:?}: nothing was trained");
             // fully sharded fsdp gathers parameters on the device; ddp/single/dp keep them there
+            // (and so does fsdp without sharding, which is ddp)
             let on_device = match kind {
-                StrategyKind::Fsdp => sharding == Sharding::Full,
+                StrategyKind::Fsdp => sharding != Sharding::GradOp,
                 StrategyKind::Single | StrategyKind::Ddp | StrategyKind::Dp => true,
             };
             let gathers = if on_device { 2 * 2 } else { 0 };
@@ -750,7 +766,8 @@ mod tests {
                 assert_eq!(values(&host), values(&staged), "{what}");
                 let resident = match kind {
                     StrategyKind::Single | StrategyKind::Ddp => true,
-                    StrategyKind::Fsdp => sharding == Sharding::Full,
+                    // (without sharding it is ddp)
+                    StrategyKind::Fsdp => sharding != Sharding::GradOp,
                     StrategyKind::Dp => false,
                 };
                 let gathers = if resident { 2 * 2 } else { 0 };

@@ -154,19 +154,13 @@ pub fn micro_step<B: ComputeOn>(
                     .map(|g| to_grads::<B>(g, raw_fn, opts.device, rank))
                     .collect::<Result<_, _>>()?
             }
-            None => stages[s]
-                .iter()
-                .map(|&u| {
-                    let len = layout.unit_range(u).len();
-                    match opts.proto.filter(|_| raw_fn.is_some()) {
-                        Some(p) => p
-                            .zeros(len)
-                            .map(Grads::Device)
-                            .map_err(|e| device_error(rank, OpKind::Update, e)),
-                        None => Ok(Grads::Host(vec![0.0; len])),
-                    }
-                })
-                .collect::<Result<_, _>>()?,
+            // a rank without samples hands in zeros, so every rank runs the same collectives
+            None => zero_grads(
+                &stages[s],
+                layout,
+                opts.proto.filter(|_| raw_fn.is_some()),
+                rank,
+            )?,
         };
         let mut done = Vec::with_capacity(stages[s].len());
         for (&u, g) in stages[s].iter().zip(grads) {
@@ -192,6 +186,30 @@ pub fn micro_step<B: ComputeOn>(
         }
     }
     Ok(loss)
+}
+
+/// Zero gradients for `units`: on the device (made like `proto`) where the gradients stay
+/// there, else on the host.
+fn zero_grads(
+    units: &[usize],
+    layout: &crate::params::ParamLayout,
+    proto: Option<&dyn DeviceTensor>,
+    rank: usize,
+) -> Result<Vec<Grads>, TrainError> {
+    let grads = units
+        .iter()
+        .map(|&u| {
+            let len = layout.unit_range(u).len();
+            match proto {
+                Some(p) => p
+                    .zeros(len)
+                    .map(Grads::Device)
+                    .map_err(|e| device_error(rank, OpKind::Update, e)),
+                None => Ok(Grads::Host(vec![0.0; len])),
+            }
+        })
+        .collect::<Result<_, _>>()?;
+    Ok(grads)
 }
 
 /// Counts the host parameters a device backend is about to upload.

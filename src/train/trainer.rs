@@ -140,32 +140,7 @@ impl<'a, B: ComputeOn> Trainer<'a, B> {
         } = *input;
         let rank = strategy.rank();
         let world = strategy.world();
-        let (step, pos) = match input.resume {
-            Some(l) => {
-                strategy.init(&l.params)?;
-                strategy.load_optimizer(&l.opt);
-                (l.state.step, resume_pos(plan, c, &l.state))
-            }
-            None => {
-                match input.init {
-                    Some(p) => strategy.init(p)?,
-                    None => {
-                        // one seeded initialisation for the process's ranks, freed once they
-                        // took it
-                        let init = input.shared_init.get(|| model.init(c.experiment.seed));
-                        strategy.init(&init)?;
-                    }
-                }
-                (
-                    0,
-                    Pos {
-                        epoch: 0,
-                        start: 0,
-                        j: 0,
-                    },
-                )
-            }
-        };
+        let (step, pos) = start_from(input, strategy)?;
         let total = total_steps(c, plan, step, pos);
         sink.event(TrainEvent::Started {
             first_step: step,
@@ -276,60 +251,9 @@ impl<'a, B: ComputeOn> Trainer<'a, B> {
         let lr = lr_at(&c.schedule, c.optim.lr, self.step, self.total);
         // [weighted loss, samples, stop request, ranks with a non-finite gradient]
         let mut totals = [0.0f64; 4];
-        let mut micro_in_step = 0;
         self.pos = self.pos.normalize(plan);
         let epoch_at_start = self.pos.epoch;
-        for k in 0..plan.accum {
-            self.pos = self.pos.normalize(plan);
-            if self.exhausted(self.pos) {
-                break;
-            }
-            let pos = self.pos;
-            let micro = self
-                .clock
-                .time(Phase::Data, || loader.next(pos))
-                .map_err(TrainError::Data)?;
-            let weight = self.strategy.grad_weight(micro.samples, micro.global);
-            self.pos.j += 1;
-            let last_micro = k + 1 == plan.accum || self.exhausted(self.pos.normalize(plan));
-            self.strategy.before_micro(
-                lr,
-                c.optim.grad_clip_norm,
-                last_micro,
-                self.scaler.is_some(),
-            );
-            let opts = MicroOpts::<B> {
-                checkpointing: self.checkpointing,
-                sync: last_micro || !c.strategy.no_sync,
-                proto: self.proto.as_deref(),
-                raw_fn: self.raw_fn,
-                device: self.device,
-                grads: crate::model::GradScale {
-                    weight: 1.0,
-                    loss_scale: self.scaler.as_ref().map_or(1.0, |s| s.scale()),
-                    round_to: (c.strategy.reduce_dtype != crate::config::Precision::F32)
-                        .then(|| crate::params::float_dtype(c.strategy.reduce_dtype)),
-                },
-            };
-            let key = StepKey {
-                seed: c.experiment.seed,
-                counters: [self.step as u64, k as u64, self.rank as u64],
-            };
-            // ranks without samples run the same collectives
-            let batch = micro.input.map(|b| (b, key, weight / plan.accum as f64));
-            let loss = micro_step(
-                self.compute.as_ref(),
-                &mut *self.strategy,
-                batch,
-                &opts,
-                self.clock,
-            )?;
-            if let Some(loss) = loss {
-                totals[0] += loss * weight;
-            }
-            totals[1] += micro.samples as f64;
-            micro_in_step += 1;
-        }
+        let micro_in_step = self.micro_steps(loader, lr, &mut totals)?;
         // a NaN or inf in any rank's gradient makes the averaged one non-finite too: found
         // here, and agreed on by every rank, before the optimizer spreads it into the
         // parameters (and a checkpoint), or f16's loss scaling skips the step
@@ -413,6 +337,72 @@ impl<'a, B: ComputeOn> Trainer<'a, B> {
             stop: totals[2] > 0.0,
             epoch_at_start,
         })
+    }
+
+    /// The step's micro-steps (up to `train.grad_accum_steps`, fewer where the data of
+    /// `train.epochs` runs out), each one's weighted loss and samples added to `totals`; returns
+    /// how many ran.
+    fn micro_steps(
+        &mut self,
+        loader: &mut Loader<'_, '_>,
+        lr: f64,
+        totals: &mut [f64; 4],
+    ) -> Result<usize, TrainError> {
+        let c = self.config();
+        let plan = self.input.plan;
+        let mut micro_in_step = 0;
+        for k in 0..plan.accum {
+            self.pos = self.pos.normalize(plan);
+            if self.exhausted(self.pos) {
+                break;
+            }
+            let pos = self.pos;
+            let micro = self
+                .clock
+                .time(Phase::Data, || loader.next(pos))
+                .map_err(TrainError::Data)?;
+            let weight = self.strategy.grad_weight(micro.samples, micro.global);
+            self.pos.j += 1;
+            let last_micro = k + 1 == plan.accum || self.exhausted(self.pos.normalize(plan));
+            self.strategy.before_micro(
+                lr,
+                c.optim.grad_clip_norm,
+                last_micro,
+                self.scaler.is_some(),
+            );
+            let opts = MicroOpts::<B> {
+                checkpointing: self.checkpointing,
+                sync: last_micro || !c.strategy.no_sync,
+                proto: self.proto.as_deref(),
+                raw_fn: self.raw_fn,
+                device: self.device,
+                grads: crate::model::GradScale {
+                    weight: 1.0,
+                    loss_scale: self.scaler.as_ref().map_or(1.0, |s| s.scale()),
+                    round_to: (c.strategy.reduce_dtype != crate::config::Precision::F32)
+                        .then(|| crate::params::float_dtype(c.strategy.reduce_dtype)),
+                },
+            };
+            let key = StepKey {
+                seed: c.experiment.seed,
+                counters: [self.step as u64, k as u64, self.rank as u64],
+            };
+            // ranks without samples run the same collectives
+            let batch = micro.input.map(|b| (b, key, weight / plan.accum as f64));
+            let loss = micro_step(
+                self.compute.as_ref(),
+                &mut *self.strategy,
+                batch,
+                &opts,
+                self.clock,
+            )?;
+            if let Some(loss) = loss {
+                totals[0] += loss * weight;
+            }
+            totals[1] += micro.samples as f64;
+            micro_in_step += 1;
+        }
+        Ok(micro_in_step)
     }
 
     /// Where the rank keeps what on its device backend, as the first step left it (rank logs).
@@ -754,4 +744,40 @@ fn data_file(c: &Config) -> String {
         Some(p) => format!("data.path = {p:?}"),
         None => format!("the {} data", crate::config::choice_name(&c.data.kind)),
     }
+}
+
+/// The rank's parameters (and optimizer state) given to the strategy, and the step and data
+/// position the run goes on from: a checkpoint's, `model.init_from`'s parameters at step 0, or
+/// the seeded initialisation (once for the process's ranks).
+fn start_from(
+    input: &TrainInput<'_>,
+    strategy: &mut dyn Strategy,
+) -> Result<(usize, Pos), TrainError> {
+    let (c, plan, model) = (input.config, input.plan, input.model);
+    Ok(match input.resume {
+        Some(l) => {
+            strategy.init(&l.params)?;
+            strategy.load_optimizer(&l.opt);
+            (l.state.step, resume_pos(plan, c, &l.state))
+        }
+        None => {
+            match input.init {
+                Some(p) => strategy.init(p)?,
+                None => {
+                    // one seeded initialisation for the process's ranks, freed once they
+                    // took it
+                    let init = input.shared_init.get(|| model.init(c.experiment.seed));
+                    strategy.init(&init)?;
+                }
+            }
+            (
+                0,
+                Pos {
+                    epoch: 0,
+                    start: 0,
+                    j: 0,
+                },
+            )
+        }
+    })
 }

@@ -35,6 +35,10 @@ fn fsdp_matches_ddp_for_every_sharding_unit_and_optimizer() {
                         f.extend(["strategy.kind=fsdp", &s, &u]);
                         let d = max_diff(&reference, &train(&f).params);
                         assert!(d <= 1e-5, "{f:?}: max |param diff| vs ddp = {d}");
+                        // without sharding fsdp is ddp (`strategy::build` makes one): the same bits
+                        if sharding == "none" {
+                            assert_eq!(d, 0.0, "{f:?}: sharding = none is not ddp");
+                        }
                     }
                 }
             }

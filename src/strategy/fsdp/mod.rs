@@ -8,10 +8,11 @@
 //! micro-step's gradient is reduce-scattered (torch FSDP outside `no_sync`): only shards are
 //! accumulated.
 //!
-//! `sharding = "full"` (ZeRO-3) keeps only the shard between steps; `"grad_op"` (ZeRO-2) keeps
-//! the whole parameters and re-gathers them after each update; `"none"` keeps everything whole
-//! and all-reduces gradients (like ddp). Padding is zero and stays zero under every optimizer, so
-//! it is invisible in results.
+//! `sharding = "full"` (ZeRO-3, FSDP2's `reshard_after_forward=True`) keeps only the shard
+//! between steps; `"grad_op"` (ZeRO-2) keeps the whole parameters and re-gathers them after each
+//! update. `"none"` (whole parameters, all-reduced gradients: torch's `NO_SHARD`) is ddp, and
+//! `strategy::build` makes a ddp for it. Padding is zero and stays zero under every optimizer,
+//! so it is invisible in results.
 //!
 //! With `strategy.overlap` (host collectives) the step's `prefetch` calls start the next stage's
 //! all-gather on the rank's communication thread while the current stage computes, in the
@@ -33,8 +34,8 @@
 
 use std::ops::Range;
 
-use super::{full_snapshot, InFlight, Memory, Reduced, Snapshot, Strategy, WholeGrads};
-use crate::checkpoint::{Layout, OptState, ShardUnit};
+use super::{InFlight, Memory, Reduced, Snapshot, Strategy, WholeGrads};
+use crate::checkpoint::{Layout, OptState, ShardUnit as Unit};
 use crate::collective::{
     device_error, Collective, CollectiveError, GradsOps, OpKind, Overlapped, RawOp, ReduceOp,
     Started,
@@ -44,35 +45,11 @@ use crate::params::{
     clip_by_norm, sum_squares, DeviceParams, DeviceTensor, Grads, Optimizer, ParamLayout,
 };
 
-/// One flat unit: where it lives in the full parameter buffer and how it is split.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Unit {
-    /// The layout unit's name (`layers.0`), or `model` for the whole model.
-    pub name: String,
-    pub range: Range<usize>,
-    /// Elements per rank (the padded length divided by the world size).
-    pub shard_len: usize,
-}
+mod device;
+mod host;
 
-impl Unit {
-    pub fn new(name: &str, range: Range<usize>, world: usize) -> Self {
-        let shard_len = range.len().div_ceil(world);
-        Unit {
-            name: name.to_string(),
-            range,
-            shard_len,
-        }
-    }
-    pub fn padded_len(&self, world: usize) -> usize {
-        self.shard_len * world
-    }
-    /// The part of the unit (in unit coordinates, unpadded) that rank `rank` owns.
-    pub fn owned(&self, rank: usize) -> Range<usize> {
-        let lo = (rank * self.shard_len).min(self.range.len());
-        let hi = ((rank + 1) * self.shard_len).min(self.range.len());
-        lo..hi
-    }
-}
+use device::add_device_shard;
+use host::add_shard;
 
 /// The flat units of a model for `unit` granularity: the whole model, or each of the layout's
 /// units (a layer, a block).
@@ -89,14 +66,16 @@ pub fn units(layout: &ParamLayout, unit: FsdpUnit, world: usize) -> Vec<Unit> {
 
 pub struct Fsdp {
     comm: Overlapped,
-    sharding: Sharding,
+    /// `sharding = "full"`: only the shard is kept between steps (else `"grad_op"`: the whole
+    /// parameters are, gathered again after each update).
+    reshard: bool,
     units: Vec<Unit>,
     num_params: usize,
     /// Per unit: this rank's shard (padded length `shard_len`).
     shards: Vec<Vec<f32>>,
-    /// Whole parameters: at rest for grad_op and none; for full only while a step needs them.
+    /// Whole parameters: at rest for grad_op; for full only while a step needs them.
     full: Option<Vec<f32>>,
-    /// Per unit optimizer over the shard (none: over the whole unit).
+    /// Per unit optimizer over the shard.
     opts: Vec<Optimizer>,
     /// unit = "model" over a device collective: the gathered parameters on the device, for the
     /// current step only.
@@ -112,8 +91,6 @@ pub struct Fsdp {
     pending: Vec<WholeGrads>,
     /// Per fsdp unit: this rank's shard of the step's reduced gradient, summed over micro-steps.
     shard_grads: Vec<Option<Vec<f32>>>,
-    /// sharding = "none": the whole gradient.
-    whole: WholeGrads,
     /// All-gathers started by `prefetch`, oldest first: the fsdp units each gathers together,
     /// until the step asks for them.
     ahead: std::collections::VecDeque<(Vec<usize>, Reduced)>,
@@ -168,17 +145,16 @@ impl Fsdp {
     ) -> Self {
         let units = units(layout, c.strategy.unit, comm.world());
         let rank = comm.rank();
-        // each optimizer steps its unit's shard (sharding = "none": the whole unit)
+        assert!(
+            c.strategy.sharding != Sharding::None,
+            "sharding = \"none\" is ddp: strategy::build makes one"
+        );
+        // each optimizer steps its unit's shard
         let opts = units
             .iter()
             .map(|u| {
-                let window = match c.strategy.sharding {
-                    Sharding::None => u.range.clone(),
-                    _ => {
-                        let own = u.owned(rank);
-                        u.range.start + own.start..u.range.start + own.end
-                    }
-                };
+                let own = u.owned(rank);
+                let window = u.start + own.start..u.start + own.end;
                 Optimizer::new(&c.optim).with_no_decay(super::base::within(no_decay, window))
             })
             .collect();
@@ -196,7 +172,6 @@ impl Fsdp {
             pending: units.iter().map(|_| WholeGrads::default()).collect(),
             shard_grads: vec![None; units.len()],
             members,
-            whole: WholeGrads::default(),
             ahead: Default::default(),
             ready: vec![None; units.len()],
             inflight: InFlight::default(),
@@ -204,7 +179,7 @@ impl Fsdp {
             stepped: vec![false; units.len()],
             stepped_non_finite: false,
             comm,
-            sharding: c.strategy.sharding,
+            reshard: c.strategy.sharding == Sharding::Full,
             units,
             num_params: layout.num_params(),
             shards: Vec::new(),
@@ -217,88 +192,6 @@ impl Fsdp {
             dev_ahead: Default::default(),
             dev_inflight: Default::default(),
         }
-    }
-
-    /// The reduce-scatters queued on NCCL's stream that finished (`all`: every one, waiting)
-    /// added to their shards' gradients, oldest first.
-    fn collect_device(&mut self, all: bool) -> Result<(), CollectiveError> {
-        let rank = self.comm.rank();
-        while let Some(&(_, _, started)) = self.dev_inflight.front() {
-            let Some(ops) = self.comm.device_ops() else {
-                break;
-            };
-            if !all && !ops.is_done(started) {
-                break;
-            }
-            ops.wait(started)?;
-            if let Some((i, [send, shard], _)) = self.dev_inflight.pop_front() {
-                drop(send);
-                add_device_shard(&mut self.dev_grads[i], shard)
-                    .map_err(|e| device_error(rank, OpKind::ReduceScatter, e))?;
-            }
-        }
-        Ok(())
-    }
-
-    /// Forgets the gathers `prefetch` queued on NCCL's stream (of parameters an update
-    /// replaces, or that the step never asked for), once they are done: their buffers stay
-    /// alive until then.
-    fn drop_ahead(&mut self) -> Result<(), CollectiveError> {
-        if let Some(&(_, _, started)) = self.dev_ahead.back() {
-            if let Some(ops) = self.comm.device_ops() {
-                ops.wait(started)?;
-            }
-        }
-        self.dev_ahead.clear();
-        Ok(())
-    }
-
-    /// Queues the all-gather of fsdp unit `i` from its device shard on NCCL's stream.
-    fn start_gather(&mut self, i: usize) -> Result<(), CollectiveError> {
-        let rank = self.comm.rank();
-        let err = |e: String| device_error(rank, OpKind::AllGather, e);
-        let padded = self.units[i].padded_len(self.comm.world());
-        let send = self.dev[i].raw().map_err(err)?;
-        let mut recv = self.dev[i].slice(0..0).zeros(padded).map_err(err)?;
-        let recv_raw = recv.raw().map_err(err)?;
-        let ops = self
-            .comm
-            .device_ops()
-            .ok_or_else(|| err("no device collective".into()))?;
-        let started = ops.start(RawOp::AllGather {
-            send,
-            recv: recv_raw,
-        })?;
-        self.dev_ahead.push_back((i, recv, started));
-        Ok(())
-    }
-
-    /// Queues the reduce-scatter (mean) of fsdp unit `i`'s device gradient on NCCL's stream.
-    fn start_reduce_scatter(
-        &mut self,
-        i: usize,
-        grad: &dyn DeviceTensor,
-    ) -> Result<(), CollectiveError> {
-        let rank = self.comm.rank();
-        let err = |e: String| device_error(rank, OpKind::ReduceScatter, e);
-        let u = &self.units[i];
-        let (len, shard_len) = (u.range.len(), u.shard_len);
-        let mut send = grad
-            .padded(0..len, shard_len * self.comm.world())
-            .map_err(err)?;
-        let mut shard = grad.zeros(shard_len).map_err(err)?;
-        let (send_raw, shard_raw) = (send.raw().map_err(err)?, shard.raw().map_err(err)?);
-        let ops = self
-            .comm
-            .device_ops()
-            .ok_or_else(|| err("no device collective".into()))?;
-        let started = ops.start(RawOp::ReduceScatter {
-            send: send_raw,
-            recv: shard_raw,
-            op: ReduceOp::Mean,
-        })?;
-        self.dev_inflight.push_back((i, [send, shard], started));
-        self.collect_device(false)
     }
 
     /// Brings the host shards (`with_state`: and their optimizer state) up to date with the
@@ -321,212 +214,11 @@ impl Fsdp {
         Ok(())
     }
 
-    /// Forgets the device shards: the host copy is the truth again.
-    /// Waits for everything queued on NCCL's stream before its buffers go (a failure there is
-    /// the collective's: it shows at its next op, and an aborted communicator returns at once).
-    fn settle_device_queue(&mut self) {
-        let last = self
-            .dev_ahead
-            .iter()
-            .map(|q| q.2)
-            .chain(self.dev_inflight.iter().map(|q| q.2))
-            .max_by_key(|s| s.ticket);
-        if let (Some(last), Some(ops)) = (last, self.comm.device_ops()) {
-            let _ = ops.wait(last);
-        }
-        self.dev_ahead.clear();
-        self.dev_inflight.clear();
-    }
-
-    fn reset_device(&mut self) {
-        self.settle_device_queue();
-        self.dev.clear();
-        self.dev_grads.clear();
-        self.stale = Stale::default();
-        self.device_full = None;
-        // gathers and reductions of the state being replaced
-        self.ahead.clear();
-        self.ready.iter_mut().for_each(|p| *p = None);
-        self.inflight = InFlight::default();
-        self.early = None;
-        self.stepped.iter_mut().for_each(|d| *d = false);
-        self.stepped_non_finite = false;
-    }
-
-    /// All-gathers unit `i` from the device shards into a new device buffer like `proto`
-    /// (unpadded): with one rank its shard is the unit; over NCCL on the device; otherwise
-    /// host-staged (the shard read to the host, the unit written back).
-    fn gather_from_device(
-        &mut self,
-        i: usize,
-        proto: &dyn DeviceTensor,
-    ) -> Result<Box<dyn DeviceTensor>, CollectiveError> {
-        let rank = self.comm.rank();
-        let world = self.comm.world();
-        let err = |e: String| device_error(rank, OpKind::AllGather, e);
-        let (len, padded) = (self.units[i].range.len(), self.units[i].padded_len(world));
-        if world == 1 {
-            return Ok(self.dev[i].slice(0..len));
-        }
-        if self.comm.device_ops().is_some() {
-            let send = self.dev[i].raw().map_err(err)?;
-            return self.nccl_gather(send, i, proto);
-        }
-        let shard = self.dev[i].params().map_err(err)?;
-        let mut out = vec![0f32; padded];
-        self.comm.all_gather(&shard, &mut out)?;
-        out.truncate(len);
-        crate::params::transfers::record(crate::params::Moved::ParamsToDevice, len);
-        proto.upload(&out).map_err(err)
-    }
-
-    /// The device path of `update`: the shards' gradients clipped by their global norm, then
-    /// each shard's optimizer step, on the device.
-    fn update_on_device(&mut self, lr: f64, clip: Option<f64>) -> Result<(), CollectiveError> {
-        let rank = self.comm.rank();
-        let err = |e| device_error(rank, OpKind::Update, e);
-        let mut grads = Vec::with_capacity(self.units.len());
-        for (i, u) in self.units.iter().enumerate() {
-            // a unit that got no gradient this step (none can: every unit is in a stage)
-            // steps with zeros
-            grads.push(match self.dev_grads[i].take() {
-                Some(g) => g,
-                None => self.dev[i].slice(0..0).zeros(u.shard_len).map_err(err)?,
-            });
-        }
-        for (p, u) in self.pending.iter_mut().zip(&self.units) {
-            p.take(u.range.len());
-        }
-        let coef = match clip {
-            Some(max_norm) => {
-                let mut sq = [0.0f64];
-                for g in &grads {
-                    sq[0] += g.sum_squares().map_err(err)?;
-                }
-                self.comm.all_reduce_f64(&mut sq, ReduceOp::Sum)?;
-                crate::params::clip_coef(sq[0].sqrt(), max_norm)
-            }
-            None => None,
-        };
-        for (d, g) in self.dev.iter_mut().zip(&mut grads) {
-            d.step_scaled(g.as_mut(), lr, coef).map_err(err)?;
-        }
-        self.stale = Stale {
-            params: true,
-            state: true,
-        };
-        // whole parameters an evaluation gathered are of the parameters this update replaced
-        self.full = None;
-        Ok(())
-    }
-
-    /// All-gathers unit `i` into a new device buffer like `proto` (unpadded).
-    fn gather_unit_device(
-        &mut self,
-        i: usize,
-        proto: &dyn DeviceTensor,
-    ) -> Result<Box<dyn DeviceTensor>, CollectiveError> {
-        let rank = self.comm.rank();
-        let err = |e: String| device_error(rank, OpKind::AllGather, e);
-        crate::params::transfers::record(
-            crate::params::Moved::ParamsToDevice,
-            self.units[i].shard_len,
-        );
-        let mut send = proto.upload(&self.shards[i]).map_err(err)?;
-        let send_raw = send.raw().map_err(err)?;
-        let gathered = self.nccl_gather(send_raw, i, proto);
-        drop(send);
-        gathered
-    }
-
-    /// All-gathers unit `i` over the device collective from this rank's shard at `send` (alive
-    /// until this returns) into a new device buffer like `proto` (unpadded).
-    fn nccl_gather(
-        &mut self,
-        send: crate::params::RawBuf,
-        i: usize,
-        proto: &dyn DeviceTensor,
-    ) -> Result<Box<dyn DeviceTensor>, CollectiveError> {
-        let rank = self.comm.rank();
-        let err = |e: String| device_error(rank, OpKind::AllGather, e);
-        let u = &self.units[i];
-        let (len, padded) = (u.range.len(), u.padded_len(self.comm.world()));
-        let mut recv = proto.zeros(padded).map_err(err)?;
-        let recv_raw = recv.raw().map_err(err)?;
-        match self.comm.device_ops() {
-            Some(ops) => ops.all_gather_raw(send, recv_raw)?,
-            None => return Err(err("no device collective".into())),
-        }
-        Ok(recv.slice(0..len))
-    }
-
     fn shard_of(&self, u: &Unit, whole: &[f32]) -> Vec<f32> {
         let mut shard = vec![0f32; u.shard_len];
         let own = u.owned(self.comm.rank());
-        shard[..own.len()]
-            .copy_from_slice(&whole[u.range.start + own.start..u.range.start + own.end]);
+        shard[..own.len()].copy_from_slice(&whole[u.start + own.start..u.start + own.end]);
         shard
-    }
-
-    /// All-gathers unit `i` and returns its unpadded parameters.
-    fn gather_unit(&mut self, i: usize) -> Result<Vec<f32>, CollectiveError> {
-        let world = self.comm.world();
-        let u = &self.units[i];
-        let mut out = vec![0f32; u.padded_len(world)];
-        self.comm.all_gather(&self.shards[i], &mut out)?;
-        out.truncate(u.range.len());
-        Ok(out)
-    }
-
-    /// Materialises the whole parameters from the shards.
-    fn gather_all(&mut self) -> Result<Vec<f32>, CollectiveError> {
-        let mut full = vec![0f32; self.num_params];
-        for i in 0..self.units.len() {
-            let unit = self.gather_unit(i)?;
-            full[self.units[i].range.clone()].copy_from_slice(&unit);
-        }
-        Ok(full)
-    }
-
-    /// Adds the reduce-scatters that have finished (`all`: every one, waiting) into the shards'
-    /// gradients, in the order they were started.
-    fn collect(&mut self, all: bool) -> Result<(), CollectiveError> {
-        let rank = self.comm.rank();
-        let (shard_grads, units) = (&mut self.shard_grads, &self.units);
-        let (dev, dev_grads) = (&self.dev, &mut self.dev_grads);
-        let mut add = |i: usize, shard: Vec<f32>| -> Result<(), CollectiveError> {
-            if dev.is_empty() {
-                add_shard(&mut shard_grads[i], shard);
-                return Ok(());
-            }
-            // device shards: the host-staged reduction's shard written back
-            let err = |e| device_error(rank, OpKind::ReduceScatter, e);
-            crate::params::transfers::record(crate::params::Moved::GradsToDevice, shard.len());
-            let up = dev[i].slice(0..0).upload(&shard).map_err(err)?;
-            add_device_shard(&mut dev_grads[i], up).map_err(err)
-        };
-        let mut early = Vec::new();
-        self.inflight
-            .collect(&mut self.comm, all, |(group, lr), shards| {
-                if let Some(lr) = lr {
-                    early.extend(group.iter().map(|&i| (i, lr)));
-                }
-                if let [i] = group[..] {
-                    return add(i, shards);
-                }
-                // the units' shards side by side
-                let mut at = 0;
-                for i in group {
-                    let len = units[i].shard_len;
-                    add(i, shards[at..at + len].to_vec())?;
-                    at += len;
-                }
-                Ok(())
-            })?;
-        for (i, lr) in early {
-            self.step_unit(i, lr);
-        }
-        Ok(())
     }
 
     /// The learning rate to step a unit with as soon as its gradient shard is reduced, if this
@@ -534,10 +226,7 @@ impl Fsdp {
     /// host shards, full sharding by layer (a unit = "model" gathers once a step anyway).
     fn early(&self) -> Option<f64> {
         self.early.filter(|_| {
-            self.sharding == Sharding::Full
-                && self.dev.is_empty()
-                && self.units.len() > 1
-                && self.full.is_none()
+            self.reshard && self.dev.is_empty() && self.units.len() > 1 && self.full.is_none()
         })
     }
 
@@ -552,95 +241,6 @@ impl Fsdp {
         }
         self.opts[i].step(&mut self.shards[i], &g, lr);
         self.stepped[i] = true;
-    }
-
-    /// Splits the all-gather of `group`'s shards side by side (rank by rank) into each unit's
-    /// parameters, kept until asked for.
-    fn split_gathered(&mut self, group: &[usize], gathered: Vec<f32>) {
-        if let [i] = group[..] {
-            self.ready[i] = Some(gathered);
-            return;
-        }
-        let world = self.comm.world();
-        let block: usize = group.iter().map(|&i| self.units[i].shard_len).sum();
-        let mut at = 0;
-        for &i in group {
-            let u = &self.units[i];
-            let mut whole = Vec::with_capacity(u.padded_len(world));
-            for r in 0..world {
-                let from = r * block + at;
-                whole.extend_from_slice(&gathered[from..from + u.shard_len]);
-            }
-            whole.truncate(u.range.len());
-            at += u.shard_len;
-            self.ready[i] = Some(whole);
-        }
-    }
-
-    /// Fsdp unit `i` of the device shards, gathered host-staged: from a gather `prefetch`
-    /// started beside the compute (written to the device), or now.
-    fn unit_params_device_staged(
-        &mut self,
-        i: usize,
-        proto: &dyn DeviceTensor,
-    ) -> Result<Option<Box<dyn DeviceTensor>>, CollectiveError> {
-        match self.take_ahead(i)? {
-            Some(p) => {
-                crate::params::transfers::record(crate::params::Moved::ParamsToDevice, p.len());
-                let rank = self.comm.rank();
-                proto
-                    .upload(&p)
-                    .map(Some)
-                    .map_err(|e| device_error(rank, OpKind::AllGather, e))
-            }
-            None => Ok(Some(self.gather_from_device(i, proto)?)),
-        }
-    }
-
-    /// The parameters of fsdp unit `i` from a gather `prefetch` started, if one holds it.
-    fn take_ahead(&mut self, i: usize) -> Result<Option<Vec<f32>>, CollectiveError> {
-        if let Some(v) = self.ready[i].take() {
-            return Ok(Some(v));
-        }
-        let at = self.ahead.iter().position(|(g, _)| g.contains(&i));
-        let Some((group, p)) = at.and_then(|k| self.ahead.remove(k)) else {
-            return Ok(None);
-        };
-        let gathered = self.comm.wait(p)?;
-        self.split_gathered(&group, gathered);
-        Ok(self.ready[i].take())
-    }
-
-    /// Reduce-scatters the host gradients of several whole fsdp units in one op: rank r's part
-    /// of the buffer holds the r-th shard of each unit, side by side.
-    fn reduce_scatter_together(
-        &mut self,
-        group: Vec<usize>,
-        grads: Vec<Vec<f32>>,
-    ) -> Result<(), CollectiveError> {
-        let world = self.comm.world();
-        let block: usize = group.iter().map(|&i| self.units[i].shard_len).sum();
-        // made here, on the compute thread that frees it (see `unit_grad`)
-        let mut send = vec![0f32; block * world];
-        let mut at = 0;
-        for (&i, g) in group.iter().zip(&grads) {
-            let u = &self.units[i];
-            for r in 0..world {
-                let own = u.owned(r);
-                let to = r * block + at;
-                send[to..to + own.len()].copy_from_slice(&g[own]);
-            }
-            at += u.shard_len;
-        }
-        drop(grads);
-        let mut out = vec![0f32; block];
-        let p = self.comm.submit(OpKind::ReduceScatter, move |c| {
-            c.reduce_scatter(&send, &mut out, ReduceOp::Mean)?;
-            Ok(out)
-        });
-        let lr = self.early();
-        self.inflight.push((group, lr), p);
-        self.collect(false)
     }
 
     fn shard_elems(&self) -> usize {
@@ -659,10 +259,10 @@ impl Strategy for Fsdp {
     fn init(&mut self, init: &[f32]) -> Result<(), CollectiveError> {
         self.reset_device();
         // sync_module_states: rank 0's initialisation is the truth
-        if self.sharding != Sharding::Full {
+        if !self.reshard {
             let mut full = init.to_vec();
             self.comm.broadcast(&mut full, 0)?;
-            if self.sharding == Sharding::GradOp {
+            if !self.reshard {
                 self.shards = self.units.iter().map(|u| self.shard_of(u, &full)).collect();
             }
             self.full = Some(full);
@@ -672,11 +272,11 @@ impl Strategy for Fsdp {
         self.full = None;
         self.shards = Vec::with_capacity(self.units.len());
         for i in 0..self.units.len() {
-            let range = self.units[i].range.clone();
+            let range = self.units[i].range();
             let mut unit = init[range].to_vec();
             self.comm.broadcast(&mut unit, 0)?;
             let u = Unit {
-                range: 0..unit.len(),
+                start: 0,
                 ..self.units[i].clone()
             };
             let shard = self.shard_of(&u, &unit);
@@ -686,7 +286,7 @@ impl Strategy for Fsdp {
     }
 
     fn keep_on_device(&mut self, proto: &dyn DeviceTensor) {
-        if self.sharding != Sharding::Full || !self.dev.is_empty() {
+        if !self.reshard || !self.dev.is_empty() {
             return;
         }
         for (shard, opt) in self.shards.iter().zip(&self.opts) {
@@ -781,7 +381,7 @@ impl Strategy for Fsdp {
             }
         }
         let one = match group[..] {
-            [i] => Some(self.units[i].range.len()),
+            [i] => Some(self.units[i].len),
             _ => None,
         };
         // the output buffer is made here, on the compute thread that frees it: the
@@ -826,7 +426,7 @@ impl Strategy for Fsdp {
                             if let Some(ops) = self.comm.device_ops() {
                                 ops.wait(started)?;
                             }
-                            let len = self.units[i].range.len();
+                            let len = self.units[i].len;
                             let taken = self.dev_ahead.remove(k);
                             Ok(taken.map(|(_, recv, _)| recv.slice(0..len)))
                         }
@@ -859,7 +459,9 @@ impl Strategy for Fsdp {
         unit: usize,
         range: Range<usize>,
         grad: Grads,
-        sync: bool,
+        // every micro-step's gradient is reduce-scattered (only shards are accumulated), as
+        // torch FSDP does outside `no_sync`
+        _sync: bool,
     ) -> Result<(), CollectiveError> {
         let rank = self.comm.rank();
         let i = self.unit_of[unit];
@@ -869,16 +471,9 @@ impl Strategy for Fsdp {
             self.arrived[i] = 0;
         }
         let u = &self.units[i];
-        if self.sharding == Sharding::None {
-            let grads = self.whole.add(rank, self.num_params, range, grad)?;
-            if complete && sync {
-                grads.all_reduce(&mut self.comm, u.range.clone(), ReduceOp::Mean)?;
-            }
-            return Ok(());
-        }
         // the unit's gradient: this layout unit's, or assembled from its layout units
-        let len = u.range.len();
-        let offset = range.start - u.range.start;
+        let len = u.len;
+        let offset = range.start - u.start;
         self.pending[i].add(rank, len, offset..offset + range.len(), grad)?;
         if !complete {
             return Ok(());
@@ -961,11 +556,10 @@ impl Strategy for Fsdp {
     ) -> Result<(), CollectiveError> {
         // several whole units (unit = "layer", sharded) on the host: one reduce-scatter
         let together = grads.len() > 1
-            && self.sharding != Sharding::None
             && self.units.len() > 1
             && grads.iter().all(|(u, r, g)| {
                 matches!(g, Grads::Host(v) if v.len() == r.len())
-                    && self.units[self.unit_of[*u]].range == *r
+                    && self.units[self.unit_of[*u]].range() == *r
             });
         if !together {
             for (unit, range, grad) in grads {
@@ -992,12 +586,6 @@ impl Strategy for Fsdp {
 
     fn grads_non_finite(&mut self) -> Result<bool, CollectiveError> {
         let rank = self.comm.rank();
-        if self.sharding == Sharding::None {
-            return self
-                .whole
-                .non_finite()
-                .map_err(|e| device_error(rank, OpKind::Update, e));
-        }
         self.collect(true)?;
         self.collect_device(true)?;
         for g in self.dev_grads.iter().flatten() {
@@ -1027,20 +615,6 @@ impl Strategy for Fsdp {
         if !self.dev.is_empty() {
             return self.update_on_device(lr, clip);
         }
-        if self.sharding == Sharding::None {
-            let grads = self.whole.take(self.num_params);
-            let mut grads = grads.into_host(self.comm.rank())?;
-            if let Some(max_norm) = clip {
-                let norm = sum_squares(&grads).sqrt();
-                clip_by_norm(&mut grads, norm, max_norm);
-            }
-            if let Some(full) = &mut self.full {
-                for (u, opt) in self.units.iter().zip(&mut self.opts) {
-                    opt.step(&mut full[u.range.clone()], &grads[u.range.clone()], lr);
-                }
-            }
-            return Ok(());
-        }
         // a unit that got no gradient this step (none can: every unit is in a stage) steps
         // with zeros; a unit that stepped in the backward (`early`) is done
         let stepped = std::mem::replace(&mut self.stepped, vec![false; self.units.len()]);
@@ -1068,7 +642,7 @@ impl Strategy for Fsdp {
             "clipping after units stepped early"
         );
         for (p, u) in self.pending.iter_mut().zip(&self.units) {
-            p.take(u.range.len());
+            p.take(u.len);
         }
         if let Some(max_norm) = clip {
             // the global norm: every shard's sum of squares, all-reduced
@@ -1090,11 +664,11 @@ impl Strategy for Fsdp {
                 opt.step(shard, g, lr);
             }
         }
-        self.full = match self.sharding {
-            // ZeRO-2: parameters stay whole between steps
-            Sharding::GradOp => Some(self.gather_all()?),
+        self.full = match self.reshard {
             // ZeRO-3: reshard, free the whole parameters
-            _ => None,
+            true => None,
+            // ZeRO-2: parameters stay whole between steps
+            false => Some(self.gather_all()?),
         };
         Ok(())
     }
@@ -1117,21 +691,20 @@ impl Strategy for Fsdp {
         self.shard_grads.iter_mut().for_each(|g| *g = None);
         self.dev_grads.iter_mut().for_each(|g| *g = None);
         for (p, u) in self.pending.iter_mut().zip(&self.units) {
-            p.take(u.range.len());
+            p.take(u.len);
         }
-        self.whole.take(self.num_params);
-        if self.sharding == Sharding::Full {
+        if self.reshard {
             self.full = None;
         }
         Ok(())
     }
 
     fn shards_params(&self) -> bool {
-        self.sharding == Sharding::Full && self.units.len() > 1 && self.full.is_none()
+        self.reshard && self.units.len() > 1 && self.full.is_none()
     }
 
     fn release_params(&mut self) {
-        if self.sharding == Sharding::Full {
+        if self.reshard {
             self.full = None;
             self.device_full = None;
         }
@@ -1164,28 +737,22 @@ impl Strategy for Fsdp {
             };
             return format!("parameters: shards on the device, {gathered}; optimizer state: on the device shard, where the update runs (read to the host only for evaluation, checkpoints and the end)");
         }
-        let gathered = if self.comm.device_ops().is_some() && self.sharding == Sharding::Full {
+        let gathered = if self.comm.device_ops().is_some() && self.reshard {
             "all-gathered into device buffers for the forward"
         } else {
             "gathered on the host and uploaded for each forward"
         };
         format!(
             "parameters: {} on the host, {gathered}; optimizer state: on the host shard, where the update runs",
-            match self.sharding {
-                Sharding::Full => "shards",
-                Sharding::GradOp | Sharding::None => "whole",
-            }
+            if self.reshard { "shards" } else { "whole" }
         )
     }
 
     fn memory(&self) -> Memory {
         let whole = self.num_params * 4;
         let shard = self.shard_elems() * 4;
-        let (params_bytes, grads_bytes) = match self.sharding {
-            Sharding::Full => (shard, shard),
-            Sharding::GradOp => (whole, shard),
-            Sharding::None => (whole, whole),
-        };
+        let params_bytes = if self.reshard { shard } else { whole };
+        let grads_bytes = shard;
         Memory {
             rank: self.rank(),
             params_bytes,
@@ -1204,25 +771,6 @@ impl Strategy for Fsdp {
         self.sync_host(true)?;
         let rank = self.rank();
         let steps = self.opts.first().map(|o| o.steps).unwrap_or(0);
-        if self.sharding == Sharding::None {
-            let whole = |pick: fn(&Optimizer) -> &Vec<f32>| -> Vec<f32> {
-                if self.opts.iter().any(|o| pick(o).is_empty()) {
-                    Vec::new()
-                } else {
-                    self.opts
-                        .iter()
-                        .flat_map(|o| pick(o).iter().copied())
-                        .collect()
-                }
-            };
-            let opt = OptState {
-                steps,
-                m: whole(|o| &o.m),
-                v: whole(|o| &o.v),
-            };
-            let params = self.full.clone().unwrap_or_default();
-            return Ok(full_snapshot(rank, &params, Some(opt)));
-        }
         // each unit's owned part, without the padding of the last ranks
         let owned = |bufs: &mut dyn Iterator<Item = &Vec<f32>>| -> Vec<f32> {
             let mut out = Vec::new();
@@ -1247,16 +795,7 @@ impl Strategy for Fsdp {
         Ok(Snapshot {
             layout: Layout::Sharded {
                 world: self.world(),
-                units: self
-                    .units
-                    .iter()
-                    .map(|u| ShardUnit {
-                        name: u.name.clone(),
-                        start: u.range.start,
-                        len: u.range.len(),
-                        shard_len: u.shard_len,
-                    })
-                    .collect(),
+                units: self.units.clone(),
             },
             data: Some((params, opt)),
         })
@@ -1267,39 +806,9 @@ impl Strategy for Fsdp {
         self.reset_device();
         let rank = self.rank();
         for (u, o) in self.units.iter().zip(&mut self.opts) {
-            if self.sharding == Sharding::None {
-                o.import(opt, u.range.clone(), u.range.len());
-            } else {
-                let own = u.owned(rank);
-                o.import(
-                    opt,
-                    u.range.start + own.start..u.range.start + own.end,
-                    u.shard_len,
-                );
-            }
+            let own = u.owned(rank);
+            o.import(opt, u.start + own.start..u.start + own.end, u.shard_len);
         }
-    }
-}
-
-/// Adds a micro-step's reduced shard on the device into the step's (the first one is it).
-fn add_device_shard(
-    acc: &mut Option<Box<dyn DeviceTensor>>,
-    mut shard: Box<dyn DeviceTensor>,
-) -> Result<(), String> {
-    match acc {
-        Some(acc) => acc.add_at(0, shard.as_mut()),
-        slot => {
-            *slot = Some(shard);
-            Ok(())
-        }
-    }
-}
-
-/// Adds a micro-step's reduced shard into the step's (the first one is it).
-fn add_shard(acc: &mut Option<Vec<f32>>, shard: Vec<f32>) {
-    match acc {
-        Some(acc) => acc.iter_mut().zip(&shard).for_each(|(a, b)| *a += b),
-        slot => *slot = Some(shard),
     }
 }
 

@@ -1,0 +1,206 @@
+//! fsdp's host path: shards on the host, all-gathers and reduce-scatters over host buffers
+//! (started on the rank's communication thread with `strategy.overlap`), and the units of a
+//! stage gathered or reduce-scattered together.
+
+use super::*;
+
+impl Fsdp {
+    /// Queues the all-gather of fsdp unit `i` from its device shard on NCCL's stream.
+    pub(super) fn start_gather(&mut self, i: usize) -> Result<(), CollectiveError> {
+        let rank = self.comm.rank();
+        let err = |e: String| device_error(rank, OpKind::AllGather, e);
+        let padded = self.units[i].padded_len(self.comm.world());
+        let send = self.dev[i].raw().map_err(err)?;
+        let mut recv = self.dev[i].slice(0..0).zeros(padded).map_err(err)?;
+        let recv_raw = recv.raw().map_err(err)?;
+        let ops = self
+            .comm
+            .device_ops()
+            .ok_or_else(|| err("no device collective".into()))?;
+        let started = ops.start(RawOp::AllGather {
+            send,
+            recv: recv_raw,
+        })?;
+        self.dev_ahead.push_back((i, recv, started));
+        Ok(())
+    }
+
+    /// Queues the reduce-scatter (mean) of fsdp unit `i`'s device gradient on NCCL's stream.
+    pub(super) fn start_reduce_scatter(
+        &mut self,
+        i: usize,
+        grad: &dyn DeviceTensor,
+    ) -> Result<(), CollectiveError> {
+        let rank = self.comm.rank();
+        let err = |e: String| device_error(rank, OpKind::ReduceScatter, e);
+        let u = &self.units[i];
+        let (len, shard_len) = (u.len, u.shard_len);
+        let mut send = grad
+            .padded(0..len, shard_len * self.comm.world())
+            .map_err(err)?;
+        let mut shard = grad.zeros(shard_len).map_err(err)?;
+        let (send_raw, shard_raw) = (send.raw().map_err(err)?, shard.raw().map_err(err)?);
+        let ops = self
+            .comm
+            .device_ops()
+            .ok_or_else(|| err("no device collective".into()))?;
+        let started = ops.start(RawOp::ReduceScatter {
+            send: send_raw,
+            recv: shard_raw,
+            op: ReduceOp::Mean,
+        })?;
+        self.dev_inflight.push_back((i, [send, shard], started));
+        self.collect_device(false)
+    }
+
+    /// All-gathers unit `i` and returns its unpadded parameters.
+    pub(super) fn gather_unit(&mut self, i: usize) -> Result<Vec<f32>, CollectiveError> {
+        let world = self.comm.world();
+        let u = &self.units[i];
+        let mut out = vec![0f32; u.padded_len(world)];
+        self.comm.all_gather(&self.shards[i], &mut out)?;
+        out.truncate(u.len);
+        Ok(out)
+    }
+
+    /// Materialises the whole parameters from the shards.
+    pub(super) fn gather_all(&mut self) -> Result<Vec<f32>, CollectiveError> {
+        let mut full = vec![0f32; self.num_params];
+        for i in 0..self.units.len() {
+            let unit = self.gather_unit(i)?;
+            full[self.units[i].range()].copy_from_slice(&unit);
+        }
+        Ok(full)
+    }
+
+    /// Adds the reduce-scatters that have finished (`all`: every one, waiting) into the shards'
+    /// gradients, in the order they were started.
+    pub(super) fn collect(&mut self, all: bool) -> Result<(), CollectiveError> {
+        let rank = self.comm.rank();
+        let (shard_grads, units) = (&mut self.shard_grads, &self.units);
+        let (dev, dev_grads) = (&self.dev, &mut self.dev_grads);
+        let mut add = |i: usize, shard: Vec<f32>| -> Result<(), CollectiveError> {
+            if dev.is_empty() {
+                add_shard(&mut shard_grads[i], shard);
+                return Ok(());
+            }
+            // device shards: the host-staged reduction's shard written back
+            let err = |e| device_error(rank, OpKind::ReduceScatter, e);
+            crate::params::transfers::record(crate::params::Moved::GradsToDevice, shard.len());
+            let up = dev[i].slice(0..0).upload(&shard).map_err(err)?;
+            add_device_shard(&mut dev_grads[i], up).map_err(err)
+        };
+        let mut early = Vec::new();
+        self.inflight
+            .collect(&mut self.comm, all, |(group, lr), shards| {
+                if let Some(lr) = lr {
+                    early.extend(group.iter().map(|&i| (i, lr)));
+                }
+                if let [i] = group[..] {
+                    return add(i, shards);
+                }
+                // the units' shards side by side
+                let mut at = 0;
+                for i in group {
+                    let len = units[i].shard_len;
+                    add(i, shards[at..at + len].to_vec())?;
+                    at += len;
+                }
+                Ok(())
+            })?;
+        for (i, lr) in early {
+            self.step_unit(i, lr);
+        }
+        Ok(())
+    }
+
+    /// Splits the all-gather of `group`'s shards side by side (rank by rank) into each unit's
+    /// parameters, kept until asked for.
+    pub(super) fn split_gathered(&mut self, group: &[usize], gathered: Vec<f32>) {
+        if let [i] = group[..] {
+            self.ready[i] = Some(gathered);
+            return;
+        }
+        let world = self.comm.world();
+        let block: usize = group.iter().map(|&i| self.units[i].shard_len).sum();
+        let mut at = 0;
+        for &i in group {
+            let u = &self.units[i];
+            let mut whole = Vec::with_capacity(u.padded_len(world));
+            for r in 0..world {
+                let from = r * block + at;
+                whole.extend_from_slice(&gathered[from..from + u.shard_len]);
+            }
+            whole.truncate(u.len);
+            at += u.shard_len;
+            self.ready[i] = Some(whole);
+        }
+    }
+
+    /// The parameters of fsdp unit `i` from a gather `prefetch` started, if one holds it.
+    pub(super) fn take_ahead(&mut self, i: usize) -> Result<Option<Vec<f32>>, CollectiveError> {
+        if let Some(v) = self.ready[i].take() {
+            return Ok(Some(v));
+        }
+        let at = self.ahead.iter().position(|(g, _)| g.contains(&i));
+        let Some((group, p)) = at.and_then(|k| self.ahead.remove(k)) else {
+            return Ok(None);
+        };
+        let gathered = self.comm.wait(p)?;
+        self.split_gathered(&group, gathered);
+        Ok(self.ready[i].take())
+    }
+
+    /// Reduce-scatters the host gradients of several whole fsdp units in one op: rank r's part
+    /// of the buffer holds the r-th shard of each unit, side by side.
+    pub(super) fn reduce_scatter_together(
+        &mut self,
+        group: Vec<usize>,
+        grads: Vec<Vec<f32>>,
+    ) -> Result<(), CollectiveError> {
+        let world = self.comm.world();
+        let block: usize = group.iter().map(|&i| self.units[i].shard_len).sum();
+        // made here, on the compute thread that frees it (see `unit_grad`)
+        let mut send = vec![0f32; block * world];
+        let mut at = 0;
+        for (&i, g) in group.iter().zip(&grads) {
+            let u = &self.units[i];
+            for r in 0..world {
+                let own = u.owned(r);
+                let to = r * block + at;
+                send[to..to + own.len()].copy_from_slice(&g[own]);
+            }
+            at += u.shard_len;
+        }
+        drop(grads);
+        let mut out = vec![0f32; block];
+        let p = self.comm.submit(OpKind::ReduceScatter, move |c| {
+            c.reduce_scatter(&send, &mut out, ReduceOp::Mean)?;
+            Ok(out)
+        });
+        let lr = self.early();
+        self.inflight.push((group, lr), p);
+        self.collect(false)
+    }
+
+    /// Forgets the gathers `prefetch` queued on NCCL's stream (of parameters an update
+    /// replaces, or that the step never asked for), once they are done: their buffers stay
+    /// alive until then.
+    pub(super) fn drop_ahead(&mut self) -> Result<(), CollectiveError> {
+        if let Some(&(_, _, started)) = self.dev_ahead.back() {
+            if let Some(ops) = self.comm.device_ops() {
+                ops.wait(started)?;
+            }
+        }
+        self.dev_ahead.clear();
+        Ok(())
+    }
+}
+
+/// Adds a micro-step's reduced shard into the step's (the first one is it).
+pub(super) fn add_shard(acc: &mut Option<Vec<f32>>, shard: Vec<f32>) {
+    match acc {
+        Some(acc) => acc.iter_mut().zip(&shard).for_each(|(a, b)| *a += b),
+        slot => *slot = Some(shard),
+    }
+}
