@@ -25,7 +25,8 @@ pub enum Error {
     #[error(transparent)]
     Checkpoint(#[from] crate::checkpoint::CheckpointError),
     /// Joining a multi-node job failed (exit 1). Boxed so that this module imports nothing from
-    /// `launch` (which imports it): the conversion lives with `StoreError`.
+    /// `rendezvous` (which imports it): the conversion lives with `StoreError`
+    /// (`rendezvous/store.rs`).
     #[error("{0}")]
     Launch(Box<dyn std::error::Error + Send + Sync>),
     /// A check that found something wrong (exit 1), e.g. `kiln ckpt verify`.

@@ -38,7 +38,7 @@ pub fn check(a: &ConfigArgs) -> Result<()> {
         crate::outln!(
             "# weight decay {} (optim.decay = \"{}\"): {} parameters decayed, {} not",
             c.optim.weight_decay,
-            config::choice_name(&c.decay_rule()),
+            config::choice_name(&report.decay),
             report.decayed,
             report.undecayed
         );

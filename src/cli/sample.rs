@@ -11,7 +11,7 @@ use crate::tools::{self, SampleOptions};
 
 #[derive(Debug, Args)]
 pub struct SampleArgs {
-    /// The run directory of a gpt run (it holds config.toml and checkpoints/).
+    /// The run directory of a language model run, e.g. a gpt's (it holds config.toml and checkpoints/).
     pub run_dir: PathBuf,
     /// Sample from this checkpoint (e.g. `step-00000600`, or `best`) instead of the newest
     /// verified one.

@@ -69,17 +69,6 @@ impl Default for OptimConfig {
     }
 }
 
-impl Config {
-    /// `optim.decay`, or its default for the model.
-    pub fn decay_rule(&self) -> DecayRule {
-        self.optim.decay.unwrap_or(if self.model.kind == "gpt" {
-            DecayRule::Matrices
-        } else {
-            DecayRule::All
-        })
-    }
-}
-
 impl OptimConfig {
     /// Rates and coefficients in their ranges; Nesterov only with SGD momentum.
     pub(super) fn check(&self, r: &Resolved) -> Result<(), ConfigError> {

@@ -21,7 +21,9 @@ pub struct CheckReport {
     pub stages: usize,
     /// Math threads per rank.
     pub threads: usize,
-    /// Parameters weight decay applies to and spares (`optim.decay`).
+    /// Which parameters weight decay applies to (`optim.decay`, or the family's default), and
+    /// how many it applies to and spares.
+    pub decay: crate::config::DecayRule,
     pub decayed: usize,
     pub undecayed: usize,
 }
@@ -42,11 +44,18 @@ fn available_memory() -> Option<u64> {
 /// What to change when a CPU run does not fit: the ranks of one node share its memory, so more
 /// devices there never help; sharding does when several ranks hold a replica each, and more
 /// nodes do for fsdp.
-fn fit_advice(kind: crate::config::StrategyKind, local: usize) -> String {
+fn fit_advice(
+    kind: crate::config::StrategyKind,
+    sharding: crate::config::Sharding,
+    local: usize,
+) -> String {
     use crate::config::StrategyKind;
     let shard = match kind {
         StrategyKind::Ddp | StrategyKind::Dp if local > 1 => format!(
             "use strategy.kind = \"fsdp\" (its {local} ranks here then hold one copy of the model state between them, not one each)"
+        ),
+        StrategyKind::Fsdp if sharding == crate::config::Sharding::None => format!(
+            "set strategy.sharding = \"full\" (without sharding fsdp is ddp: each of its {local} ranks holds a whole copy of the model state)"
         ),
         StrategyKind::Fsdp => "run fsdp over more nodes (launch.nnodes; the ranks of one machine share its memory, so more devices here do not help)".into(),
         _ => "use strategy.kind = \"fsdp\" over several nodes (launch.nnodes; the ranks of one machine share its memory, so more devices here do not help)".into(),
@@ -57,12 +66,12 @@ fn fit_advice(kind: crate::config::StrategyKind, local: usize) -> String {
 #[cfg(test)]
 mod fit_tests {
     use super::fit_advice;
-    use crate::config::StrategyKind;
+    use crate::config::{Sharding, StrategyKind};
 
     /// Issue 31: the advice fits the strategy; more devices on one CPU host is never it.
     #[test]
     fn the_fit_advice_never_suggests_more_devices_on_one_host() {
-        let ddp = fit_advice(StrategyKind::Ddp, 4);
+        let ddp = fit_advice(StrategyKind::Ddp, Sharding::Full, 4);
         assert!(
             ddp.contains("strategy.kind = \"fsdp\" (its 4 ranks here"),
             "{ddp}"
@@ -72,10 +81,13 @@ mod fit_tests {
             (StrategyKind::Single, 1),
             (StrategyKind::Ddp, 1),
         ] {
-            let a = fit_advice(kind, local);
+            let a = fit_advice(kind, Sharding::Full, local);
             assert!(a.contains("launch.nnodes"), "{kind:?}: {a}");
             assert!(!a.contains("more devices or"), "{kind:?}: {a}");
         }
+        // fsdp without sharding is ddp: sharding helps, more nodes of whole copies do not
+        let none = fit_advice(StrategyKind::Fsdp, Sharding::None, 4);
+        assert!(none.contains("strategy.sharding = \"full\""), "{none}");
     }
 }
 
@@ -114,7 +126,7 @@ pub fn fits(
             if local == 1 { "1 rank".to_string() } else { format!("{local} ranks") },
             crate::ui::bytes(need.min(u64::MAX as u128) as u64),
             crate::ui::bytes(have),
-            fit_advice(c.strategy.kind, local)
+            fit_advice(c.strategy.kind, c.strategy.sharding, local)
         )));
     }
     Ok(())
@@ -193,12 +205,8 @@ pub fn check(r: &Resolved) -> Result<CheckReport> {
         r.config.strategy.devices.count(),
         r.config.data.workers,
     );
-    let undecayed: usize = model
-        .layout()
-        .no_decay(r.config.decay_rule())
-        .iter()
-        .map(|r| r.len())
-        .sum();
+    let decay = model.decay_rule(&r.config.optim);
+    let undecayed: usize = model.layout().no_decay(decay).iter().map(|r| r.len()).sum();
     Ok(CheckReport {
         placement,
         plan,
@@ -206,6 +214,7 @@ pub fn check(r: &Resolved) -> Result<CheckReport> {
         step_bytes,
         stages: model.stages().len(),
         threads,
+        decay,
         decayed: model.num_params() - undecayed,
         undecayed,
     })

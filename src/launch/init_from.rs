@@ -12,47 +12,57 @@ use crate::model::portable::{self, WeightFormat};
 use crate::model::Model;
 
 /// The format of an `init_from` file: as `model.init_format` says, or (`auto`) kiln's export
-/// metadata, else for a gpt GPT-2's names (Hugging Face's when `c_attn` is `[dim, 3 dim]`,
-/// Conv1D's layout; nanoGPT's when it is `[3 dim, dim]`), else PyTorch's names.
+/// metadata, else a format of the model's family its names show (`Family::detect_format`: for
+/// a gpt Hugging Face's or nanoGPT's GPT-2 names), else PyTorch's names.
 fn init_format(
     asked: InitFormat,
     file: &tensors::TensorFile,
     model: &dyn Model,
 ) -> std::result::Result<WeightFormat, String> {
-    let kiln = || match file.metadata.get("kiln.format").map(String::as_str) {
+    let metadata = || match file.metadata.get("kiln.format").map(String::as_str) {
         Some("burn") => WeightFormat::Burn,
         Some("hf-gpt2") => WeightFormat::HfGpt2,
         Some("nanogpt") => WeightFormat::NanoGpt,
         _ => WeightFormat::PyTorch,
     };
-    let gpt2 = |f: WeightFormat| {
-        if model.kind() == "gpt" {
+    let family_format = |f: WeightFormat| {
+        if model.formats().contains(&f) {
             Ok(f)
         } else {
             Err(format!(
-                "{} names are a gpt's, but the model is `{}`",
+                "model `{}` has no {} names (its family reads pytorch and burn names{})",
+                model.kind(),
                 f.name(),
-                model.kind()
+                model
+                    .formats()
+                    .iter()
+                    .map(|f| format!(", {}", f.name()))
+                    .collect::<String>()
             ))
         }
     };
+    // kiln's own metadata may name a format of another family's (an export of a gpt)
+    let kiln = || match metadata() {
+        f if f.universal() => Ok(f),
+        f => family_format(f),
+    };
     match asked {
-        InitFormat::Kiln => Ok(kiln()),
-        InitFormat::HfGpt2 => gpt2(WeightFormat::HfGpt2),
-        InitFormat::Nanogpt => gpt2(WeightFormat::NanoGpt),
+        InitFormat::Kiln => kiln(),
+        InitFormat::HfGpt2 => family_format(WeightFormat::HfGpt2),
+        InitFormat::Nanogpt => family_format(WeightFormat::NanoGpt),
         InitFormat::Auto => {
-            if file.metadata.contains_key("kiln.format") || model.kind() != "gpt" {
-                return Ok(kiln());
+            if file.metadata.contains_key("kiln.format") {
+                return kiln();
             }
-            let attn = file.tensors.iter().find(|t| {
-                let n = t.name.strip_prefix("_orig_mod.").unwrap_or(&t.name);
-                n.starts_with("transformer.h.") && n.ends_with(".attn.c_attn.weight")
-            });
-            Ok(match attn.map(|t| t.shape.as_slice()) {
-                Some([a, b]) if *b == 3 * *a => WeightFormat::HfGpt2,
-                Some([a, b]) if *a == 3 * *b => WeightFormat::NanoGpt,
-                _ => kiln(),
-            })
+            let named: Vec<(&str, &[usize])> = file
+                .tensors
+                .iter()
+                .map(|t| (t.name.as_str(), t.shape.as_slice()))
+                .collect();
+            match model.detect_format(&named) {
+                Some(f) => Ok(f),
+                None => kiln(),
+            }
         }
     }
 }
@@ -90,7 +100,8 @@ pub fn init_weights(r: &Resolved, model: &dyn Model) -> Result<Option<Vec<f32>>>
             "model.init_format: `{shown}`: {why}\n  = help: set `model.init_format` to the file's format (\"kiln\", \"hf-gpt2\" or \"nanogpt\")"
         ))
     })?;
-    // nanoGPT's compiled models prefix every name; GPT-2 files carry attention masks
+    // nanoGPT's compiled models prefix every name; GPT-2 files carry attention masks (the
+    // family says which names are such buffers)
     let name_of = |n: &str| -> String {
         match format {
             WeightFormat::NanoGpt => n.strip_prefix("_orig_mod.").unwrap_or(n).to_string(),
@@ -101,7 +112,7 @@ pub fn init_weights(r: &Resolved, model: &dyn Model) -> Result<Option<Vec<f32>>>
         .tensors
         .iter()
         .map(|t| (name_of(&t.name), t))
-        .filter(|(n, _)| !(format.gpt2_names() && portable::gpt2_buffer(n)))
+        .filter(|(n, _)| !model.format_buffer(format, n))
         .collect();
     let map: HashMap<&str, (&[usize], &[f32])> = kept
         .iter()

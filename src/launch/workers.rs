@@ -357,6 +357,7 @@ fn rank_main<B: RankBackend>(
         let mut strategy = strategy::build(
             input.config,
             input.model.layout(),
+            input.model.decay_rule(&input.config.optim),
             comm,
             Some(train::wait_hook(&clock)),
         );

@@ -7,6 +7,8 @@ use burn::module::Module;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Tensor, TensorData};
 
+use super::portable::{External, WeightFormat};
+use crate::config::DecayRule;
 pub use crate::data::Values;
 use crate::params::{DeviceTensor, Grads, ParamLayout};
 use crate::rng::Rng;
@@ -378,6 +380,63 @@ pub trait Family: Send + Sync + 'static {
     fn torch_aliases(&self) -> Vec<(String, String)> {
         Vec::new()
     }
+    /// Weight formats of other libraries this family reads and writes, besides PyTorch's names
+    /// (`torch_name`) and Burn's, which every family has: the gpt's Hugging Face GPT-2 and
+    /// nanoGPT names. `kiln export --format`, `model.init_format` and `auto`'s detection offer
+    /// them for this family only. Default: none.
+    fn formats(&self) -> Vec<WeightFormat> {
+        Vec::new()
+    }
+
+    /// The tensors of this family's weights in `format` (one of `formats`), from PyTorch's
+    /// (`torch`: one per parameter of `layout`, in order, no aliases): the names, layouts and
+    /// tied copies that library uses. Default: PyTorch's.
+    fn format_tensors(
+        &self,
+        _format: WeightFormat,
+        _layout: &ParamLayout,
+        torch: &[External],
+    ) -> Vec<External> {
+        torch.to_vec()
+    }
+
+    /// Whether `name` in a file of `format` is a buffer, not a parameter (GPT-2's causal
+    /// masks): an import skips it. Default: none is.
+    fn format_buffer(&self, _format: WeightFormat, _name: &str) -> bool {
+        false
+    }
+
+    /// Which of `formats` a weight file holding `tensors` (name, shape) is in, when its names
+    /// say so (`model.init_format = "auto"`). Default: none.
+    fn detect_format(&self, _tensors: &[(&str, &[usize])]) -> Option<WeightFormat> {
+        None
+    }
+
+    /// The `config.json` a Hugging Face export in `format` writes beside the weights (`Ok(None)`
+    /// when the format has none), or why this model cannot be written in it.
+    fn hf_config(&self, _format: WeightFormat) -> Result<Option<String>, String> {
+        Ok(None)
+    }
+
+    /// An incremental decoder over `module` (holding trained parameters) on `device`, for `kiln
+    /// sample`: `cache` keeps what the context computed (a KV cache) instead of running the
+    /// whole context for each token; `fused` calls kiln's fused kernels (`backend.fused`).
+    /// Default: none (`kiln sample` refuses the model, naming this hook).
+    fn decoder<'a, B: Backend>(
+        &'a self,
+        _module: Self::Module<B>,
+        _device: B::Device,
+        _cache: bool,
+        _fused: bool,
+    ) -> Option<Box<dyn TokenDecoder + 'a>> {
+        None
+    }
+
+    /// Which parameters weight decay applies to when `optim.decay` is not set. Default: all.
+    fn default_decay(&self) -> DecayRule {
+        DecayRule::All
+    }
+
     /// Training FLOPs (forward and backward) per sample, when the family knows them; kiln
     /// reports FLOP/s (and MFU on a GPU) from it.
     fn flops_per_sample(&self) -> Option<f64> {
@@ -563,9 +622,33 @@ pub trait Model: Send + Sync {
     fn torch_aliases(&self) -> Vec<(String, String)>;
     /// See `Family::flops_per_sample`.
     fn flops_per_sample(&self) -> Option<f64>;
+    /// See `Family::formats`.
+    fn formats(&self) -> Vec<WeightFormat>;
+    /// See `Family::format_tensors`.
+    fn format_tensors(&self, format: WeightFormat, torch: &[External]) -> Vec<External>;
+    /// See `Family::format_buffer`.
+    fn format_buffer(&self, format: WeightFormat, name: &str) -> bool;
+    /// See `Family::detect_format`.
+    fn detect_format(&self, tensors: &[(&str, &[usize])]) -> Option<WeightFormat>;
+    /// See `Family::hf_config`.
+    fn hf_config(&self, format: WeightFormat) -> Result<Option<String>, String>;
+    /// `optim.decay`, or the family's default (`Family::default_decay`).
+    fn decay_rule(&self, optim: &crate::config::OptimConfig) -> DecayRule;
     /// Turns kiln's fused kernels on or off for every compute made after (`backend.fused`; the
     /// registry sets it from the config). A model whose families never call them ignores it.
     fn use_fused_kernels(&self, _on: bool) {}
+    /// The family's decoder (`Family::decoder`) on backend `backend` (the `TypeId` of an inner
+    /// backend of `model::for_each_backend!`) for `device`, holding `params`; `None` for a type
+    /// the list lacks. `decoder_on` asks, typed.
+    #[doc(hidden)]
+    #[allow(clippy::type_complexity)]
+    fn decoder_erased<'a>(
+        &'a self,
+        backend: std::any::TypeId,
+        device: &dyn std::any::Any,
+        params: &[f32],
+        cache: bool,
+    ) -> Option<Result<Option<Box<dyn TokenDecoder + 'a>>, ModelError>>;
     /// The model's compute on backend `backend` (the `TypeId` of one of
     /// `model::for_each_backend!`'s types) for `device` (its device), as a
     /// `Box<dyn Compute<B>>` in a `Box<dyn Any>`; `None` for a type the list lacks.
@@ -576,6 +659,37 @@ pub trait Model: Send + Sync {
         backend: std::any::TypeId,
         device: &dyn std::any::Any,
     ) -> Option<Box<dyn std::any::Any>>;
+}
+
+/// Text one token at a time from a trained language model (`kiln sample`): the family's
+/// incremental forward (`Family::decoder`; the gpt's keeps each block's keys and values).
+pub trait TokenDecoder {
+    /// Runs `ids` as the whole context (what came before is dropped); the logits of its last
+    /// position, f32.
+    fn prefill(&mut self, ids: &[u32]) -> Result<Vec<f32>, ModelError>;
+    /// Appends `id` to the context and runs it; the logits of its position.
+    fn step(&mut self, id: u32) -> Result<Vec<f32>, ModelError>;
+    /// The ids of the context so far.
+    fn context(&self) -> &[u32];
+}
+
+/// `model`'s decoder on backend `B` (no autodiff; one of `model::for_each_backend!`'s inner
+/// backends) on `device`, holding the flat `params`; `Ok(None)` when its family has none.
+/// `cache`: keep what the context computed instead of running it again for each token.
+pub fn decoder_on<'a, B: Backend>(
+    model: &'a dyn Model,
+    params: &[f32],
+    device: &B::Device,
+    cache: bool,
+) -> Result<Option<Box<dyn TokenDecoder + 'a>>, ModelError> {
+    match model.decoder_erased(std::any::TypeId::of::<B>(), device, params, cache) {
+        Some(d) => d,
+        None => panic!(
+            "model `{}` has no decoder on {}: the backend is not in `model::for_each_backend!`",
+            model.kind(),
+            std::any::type_name::<B>()
+        ),
+    }
 }
 
 /// The backends a model can be computed on: every Burn autodiff backend; a model computes on

@@ -16,10 +16,11 @@ pub mod mlp;
 pub mod portable;
 mod registry;
 
+pub use api::decoder_on;
 pub use api::{
     forward_backward, recomputed, stage_per_unit, Act, Batch, Compute, ComputeOn, EvalOut, Family,
     Forward, GradScale, Input, MicroStep, Model, ModelError, SharedModel, StagedEval, StepKey,
-    Task, UnitParams,
+    Task, TokenDecoder, UnitParams,
 };
 pub(crate) use backends::for_each_backend;
 pub use engine::FamilyModel;

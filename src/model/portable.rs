@@ -17,10 +17,11 @@ use super::api::Model;
 pub enum WeightFormat {
     PyTorch,
     Burn,
-    /// Hugging Face's `GPT2LMHeadModel` (gpt only): `transformer.h.<i>.attn.c_attn.weight`,
-    /// Conv1D weights `[in, out]`, the output layer `lm_head.weight` `[vocab, dim]`.
+    /// Hugging Face's `GPT2LMHeadModel` (the gpt's: `model/gpt/hf.rs`):
+    /// `transformer.h.<i>.attn.c_attn.weight`, Conv1D weights `[in, out]`, the output layer
+    /// `lm_head.weight` `[vocab, dim]`.
     HfGpt2,
-    /// nanoGPT's `GPT` (gpt only): the same names, Linear weights `[out, in]`.
+    /// nanoGPT's `GPT` (the gpt's): the same names, Linear weights `[out, in]`.
     NanoGpt,
 }
 
@@ -33,41 +34,11 @@ impl WeightFormat {
             WeightFormat::NanoGpt => "nanogpt",
         }
     }
-    /// Whether it names a gpt's tensors as GPT-2 does (Hugging Face or nanoGPT).
-    pub fn gpt2_names(self) -> bool {
-        matches!(self, WeightFormat::HfGpt2 | WeightFormat::NanoGpt)
+    /// Whether it is PyTorch's or Burn's names, which every family has (the others are some
+    /// families' own: `Family::formats`).
+    pub fn universal(self) -> bool {
+        matches!(self, WeightFormat::PyTorch | WeightFormat::Burn)
     }
-}
-
-/// GPT-2's name of a kiln gpt parameter (norm leaves already `weight`/`bias`): `wte.weight` is
-/// `transformer.wte.weight`, `blocks.3.mlp_fc.bias` is `transformer.h.3.mlp.c_fc.bias`.
-fn gpt2_name(path: &str) -> String {
-    if let Some(rest) = path.strip_prefix("blocks.") {
-        let (i, tail) = rest.split_once('.').unwrap_or((rest, ""));
-        let tail = if let Some(t) = tail.strip_prefix("c_attn.") {
-            format!("attn.c_attn.{t}")
-        } else if let Some(t) = tail.strip_prefix("c_proj.") {
-            format!("attn.c_proj.{t}")
-        } else if let Some(t) = tail.strip_prefix("mlp_fc.") {
-            format!("mlp.c_fc.{t}")
-        } else if let Some(t) = tail.strip_prefix("mlp_proj.") {
-            format!("mlp.c_proj.{t}")
-        } else {
-            tail.to_string()
-        };
-        return format!("transformer.h.{i}.{tail}");
-    }
-    match path {
-        "lm_head.weight" => path.to_string(),
-        other => format!("transformer.{other}"),
-    }
-}
-
-/// The buffers (not parameters) GPT-2 files may hold: the attention's causal mask
-/// (`attn.bias`, `attn.masked_bias`), skipped on import.
-pub fn gpt2_buffer(name: &str) -> bool {
-    name.starts_with("transformer.h.")
-        && (name.ends_with(".attn.bias") || name.ends_with(".attn.masked_bias"))
 }
 
 /// One tensor of the exported weights and the parameter it holds.
@@ -86,7 +57,7 @@ pub struct External {
 impl External {
     /// Parameter `param` (`p` of the layout) stored under `name`, transposed or not (a
     /// transposed matrix's shape is swapped), not an alias.
-    fn stored(name: String, p: &ParamSpec, param: usize, transpose: bool) -> External {
+    pub fn stored(name: String, p: &ParamSpec, param: usize, transpose: bool) -> External {
         External {
             name,
             shape: if transpose {
@@ -143,38 +114,14 @@ fn torch_external(model: &dyn Model, i: usize, p: &ParamSpec) -> External {
 /// The tensors of `model`'s weights in `format`, in layout order, aliases last.
 pub fn externals(model: &dyn Model, format: WeightFormat) -> Vec<External> {
     let layout = model.layout();
-    if format.gpt2_names() {
-        let mut out: Vec<External> = layout
+    if model.formats().contains(&format) {
+        let torch: Vec<External> = layout
             .params
             .iter()
             .enumerate()
-            .map(|(i, p)| {
-                let e = torch_external(model, i, p);
-                // the path as kiln names it, norm leaves renamed
-                let (prefix, leaf) = p.name.rsplit_once('.').unwrap_or(("", &p.name));
-                let leaf = e.name.rsplit('.').next().unwrap_or(leaf);
-                let path = format!("{prefix}.{leaf}");
-                // Hugging Face's Conv1D keeps Burn's [in, out]; its lm_head and every nanoGPT
-                // Linear are PyTorch's [out, in]
-                let transpose =
-                    e.transpose && (format == WeightFormat::NanoGpt || p.name == "lm_head.weight");
-                External::stored(gpt2_name(&path), p, i, transpose)
-            })
+            .map(|(i, p)| torch_external(model, i, p))
             .collect();
-        if let Some(src) = out
-            .iter()
-            .find(|e| e.name == "transformer.wte.weight")
-            .cloned()
-            .filter(|_| !out.iter().any(|e| e.name == "lm_head.weight"))
-        {
-            // a tied output layer: `lm_head.weight` is the token embedding
-            out.push(External {
-                name: "lm_head.weight".into(),
-                alias: true,
-                ..src
-            });
-        }
-        return out;
+        return model.format_tensors(format, &torch);
     }
     let mut out: Vec<External> = match format {
         WeightFormat::Burn => layout
@@ -478,28 +425,6 @@ mod tests {
             "layersx.1.bias"
         );
         assert_eq!(renumber("fcs.0.weight", "layers", |i| i), "fcs.0.weight");
-    }
-
-    #[test]
-    fn gpt_names_are_gpt2s() {
-        for (kiln, hf) in [
-            ("wte.weight", "transformer.wte.weight"),
-            ("ln_f.bias", "transformer.ln_f.bias"),
-            ("blocks.0.ln_1.weight", "transformer.h.0.ln_1.weight"),
-            (
-                "blocks.11.c_attn.weight",
-                "transformer.h.11.attn.c_attn.weight",
-            ),
-            ("blocks.2.c_proj.bias", "transformer.h.2.attn.c_proj.bias"),
-            ("blocks.2.mlp_fc.weight", "transformer.h.2.mlp.c_fc.weight"),
-            ("blocks.2.mlp_proj.bias", "transformer.h.2.mlp.c_proj.bias"),
-            ("lm_head.weight", "lm_head.weight"),
-        ] {
-            assert_eq!(gpt2_name(kiln), hf);
-        }
-        assert!(gpt2_buffer("transformer.h.3.attn.bias"));
-        assert!(gpt2_buffer("transformer.h.3.attn.masked_bias"));
-        assert!(!gpt2_buffer("transformer.h.3.attn.c_attn.bias"));
     }
 
     #[test]

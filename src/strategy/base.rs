@@ -10,7 +10,7 @@ use crate::collective::Pending;
 use crate::collective::{
     device_error, Collective, CollectiveError, GradsOps, OpKind, Overlapped, ReduceOp, WaitHook,
 };
-use crate::config::{Config, OptimKind, Sharding, StrategyKind};
+use crate::config::{Config, DecayRule, OptimKind, Sharding, StrategyKind};
 use crate::params::{DeviceParams, DeviceTensor, Grads, Optimizer, ParamLayout, Transfers};
 
 /// Bytes one rank holds: its model state by formula (parameters, gradients and optimizer state
@@ -452,17 +452,19 @@ pub trait Strategy {
     }
 }
 
-/// Builds one rank's strategy for a model of `layout`. ddp and fsdp run their communication
+/// Builds one rank's strategy for a model of `layout`, weight decay applied as `decay` says
+/// (`Model::decay_rule`). ddp and fsdp run their communication
 /// beside the compute with `strategy.overlap` (`wait` times the compute's waits for it).
 pub fn build(
     c: &Config,
     layout: &ParamLayout,
+    decay: DecayRule,
     comm: Box<dyn Collective>,
     wait: Option<WaitHook>,
 ) -> Box<dyn Strategy> {
     let overlapped = |comm| Overlapped::new(comm, c.strategy.overlap, wait.clone());
     // weight decay spares these parameters (`optim.decay`)
-    let no_decay = layout.no_decay(c.decay_rule());
+    let no_decay = layout.no_decay(decay);
     let whole = || Optimizer::new(&c.optim).with_no_decay(no_decay.clone());
     match c.strategy.kind {
         StrategyKind::Single => Box::new(Single::new(
@@ -638,7 +640,7 @@ mod tests {
             } else {
                 Box::new(l)
             };
-            let mut st = build(c, layout, comm, None);
+            let mut st = build(c, layout, DecayRule::All, comm, None);
             st.init(&init(n)).unwrap();
             let mut seen = Vec::new();
             let mut on_device = 0;
@@ -791,7 +793,7 @@ mod tests {
         let n = layout.num_params();
         on_ranks(c, |l| {
             let r = l.rank();
-            let mut st = build(c, layout, Box::new(l), None);
+            let mut st = build(c, layout, DecayRule::All, Box::new(l), None);
             st.init(&init(n)).unwrap();
             let (mut out, mut moved, mut bad) = (Vec::new(), Vec::new(), false);
             for step in 0..2 {

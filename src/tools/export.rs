@@ -9,10 +9,9 @@ use std::path::{Path, PathBuf};
 use burn::backend::{Autodiff, Flex};
 
 use crate::checkpoint::tensors;
-use crate::config::Resolved;
 use crate::error::{Error, Result};
 use crate::model::portable::{self, WeightFormat};
-use crate::model::{ComputeOn, Model, Task};
+use crate::model::{ComputeOn, Task};
 use crate::rng::Rng;
 use crate::rundir::{checkpoint_store, output_path, refuse_inside_run, run_config, write_atomic};
 
@@ -68,48 +67,6 @@ fn hf_dir(path: &Path) -> Result<PathBuf> {
     }
 }
 
-/// Hugging Face's `config.json` of the gpt run `r` (a `GPT2LMHeadModel`), or why it has none.
-fn gpt2_config(r: &Resolved, model: &dyn Model) -> Result<String> {
-    let m = &r.config.model;
-    if model.kind() != "gpt" {
-        return Err(Error::Usage(format!(
-            "--format hf-gpt2 writes a gpt's weights, but the run trained model.kind = \"{}\"",
-            model.kind()
-        )));
-    }
-    if m.bias == Some(false) {
-        return Err(Error::Usage(
-            "--format hf-gpt2: GPT-2 has biases in every Linear and LayerNorm, but the run set `model.bias = false`; export --format nanogpt (or pytorch) instead".into(),
-        ));
-    }
-    let dropout = m.dropout;
-    let vocab = m.vocab_size.unwrap_or(256);
-    let config = serde_json::json!({
-        "architectures": ["GPT2LMHeadModel"],
-        "model_type": "gpt2",
-        "vocab_size": vocab,
-        "n_positions": m.block_size.unwrap_or(128),
-        "n_ctx": m.block_size.unwrap_or(128),
-        "n_embd": m.dim.unwrap_or(128),
-        "n_layer": m.layers.unwrap_or(4),
-        "n_head": m.heads.unwrap_or(4),
-        "n_inner": null,
-        "activation_function": if m.gelu == Some(crate::config::GeluKind::Tanh) { "gelu_new" } else { "gelu" },
-        "resid_pdrop": dropout,
-        "embd_pdrop": dropout,
-        "attn_pdrop": dropout,
-        "layer_norm_epsilon": 1e-5,
-        "initializer_range": 0.02,
-        "scale_attn_weights": true,
-        "tie_word_embeddings": m.tie_embeddings.unwrap_or(true),
-        // GPT-2's end-of-text, where the vocabulary has it
-        "bos_token_id": (vocab > 50256).then_some(50256),
-        "eos_token_id": (vocab > 50256).then_some(50256),
-        "torch_dtype": "float32",
-    });
-    Ok(serde_json::to_string_pretty(&config).unwrap_or_default() + "\n")
-}
-
 /// The fixed input of a probe: 4 samples of normal values for classification, 4 sequences of
 /// `block` uniform tokens for a language model, from kiln's RNG (seed 0).
 fn probe_input(task: Task, input_shape: &[usize]) -> (Vec<f32>, Vec<usize>) {
@@ -157,17 +114,22 @@ pub fn export(run_dir: &Path, o: &ExportOptions) -> Result<ExportReport> {
     let store = checkpoint_store(run_dir)?;
     let (path, (state, model, loaded)) =
         crate::launch::read_model_checkpoint(&store, o.from.as_deref(), &r)?;
-    let hf_config = match &hf_dir {
-        Some(_) => Some(gpt2_config(&r, model.as_ref())?),
-        None if o.format.gpt2_names() && model.kind() != "gpt" => {
-            return Err(Error::Usage(format!(
-                "--format {} writes a gpt's weights, but the run trained model.kind = \"{}\"",
-                o.format.name(),
-                model.kind()
-            )))
-        }
-        None => None,
-    };
+    // a format of the family's own (`Family::formats`), and its config.json where it has one
+    if !o.format.universal() && !model.formats().contains(&o.format) {
+        return Err(Error::Usage(format!(
+            "--format {} is not a format of model.kind = \"{}\" (the run's); it has pytorch, burn{}",
+            o.format.name(),
+            model.kind(),
+            model
+                .formats()
+                .iter()
+                .map(|f| format!(", {}", f.name()))
+                .collect::<String>()
+        )));
+    }
+    let hf_config = model
+        .hf_config(o.format)
+        .map_err(|why| Error::Usage(format!("--format {}: {why}", o.format.name())))?;
     let named = portable::export(model.as_ref(), o.format, &loaded.params);
     let model_json = serde_json::to_string(&r.config.model).unwrap_or_default();
     let mut meta: HashMap<String, String> = [

@@ -2,7 +2,7 @@
 //!
 //! The commands around runs that are not a training session: `kiln bench` (throughput per CPU
 //! backend, through a real training session), `kiln eval` (a checkpoint on held-out data),
-//! `kiln sample` (text from a gpt checkpoint), `kiln tokenize` (text to a token file) and
+//! `kiln sample` (text from a language model's checkpoint), `kiln tokenize` (text to a token file) and
 //! `kiln export` (a checkpoint's weights for PyTorch, Burn, nanoGPT or Hugging Face).
 
 mod bench;

@@ -1,7 +1,8 @@
-//! `kiln sample`'s work: text from a gpt run's checkpoint on the run's backend (CPU, CUDA or
-//! wgpu), encoded and decoded with the run's tokenizer (`data.tokenizer`). The parameters are
-//! installed once; each new token runs one position against the keys and values cached for the
-//! context (`--no-cache`: the whole context again, for comparison). When the context fills the
+//! `kiln sample`'s work: text from a language model run's checkpoint on the run's backend (CPU,
+//! CUDA or wgpu), encoded and decoded with the run's tokenizer (`data.tokenizer`), through its
+//! family's decoder (`Family::decoder`). The parameters are installed once; with the gpt's
+//! decoder each new token runs one position against the keys and values cached for the context
+//! (`--no-cache`: the whole context again, for comparison). When the context fills the
 //! block, it drops to its last `block / 2` tokens (the same with the cache or without, so both
 //! give the same tokens). Each next token is drawn from softmax(logits / temperature) (greedy at
 //! temperature 0), restricted to the `top_k` most likely and to the smallest set whose
@@ -13,11 +14,9 @@ use std::path::Path;
 use std::time::Instant;
 
 use crate::backend::RankBackend;
-use crate::checkpoint;
 use crate::data::tokenizer::Tokenizer;
 use crate::error::{Error, Result};
-use crate::model::gpt::{Decoder, Gpt};
-use crate::model::FamilyModel;
+use crate::model::{Model, Task, TokenDecoder};
 use crate::rng::Rng;
 use crate::rundir::{checkpoint_store, run_config};
 
@@ -98,7 +97,7 @@ fn argmax(logits: &[f32]) -> usize {
         .fold(0, |best, (i, &v)| if v > logits[best] { i } else { best })
 }
 
-/// Generates up to `o.tokens` tokens after `o.prompt` from the gpt run in `run_dir`, handing
+/// Generates up to `o.tokens` tokens after `o.prompt` from the language model run in `run_dir`, handing
 /// the prompt's bytes and then each new token's bytes to `on_bytes`.
 pub fn sample(
     run_dir: &Path,
@@ -120,47 +119,38 @@ pub fn sample(
         }
     }
     let r = run_config(run_dir)?;
-    let kind = r.config.model.kind.as_str();
-    if kind != "gpt" {
+    let store = checkpoint_store(run_dir)?;
+    let (_, (_, model, loaded)) =
+        crate::launch::read_model_checkpoint(&store, o.from.as_deref(), &r)?;
+    let Task::LanguageModel { vocab, .. } = model.task() else {
         return Err(Error::Usage(format!(
-            "kiln sample generates text from a gpt run, but `{}` trained model.kind = \"{kind}\"",
-            run_dir.display()
+            "kiln sample generates text from a language model, but `{}` trained model.kind = \"{}\", a classifier",
+            run_dir.display(),
+            model.kind()
         )));
-    }
-    let block = r.config.model.block_size.unwrap_or(128);
-    let gpt = Gpt::for_input(&r, &[block + 1])?;
+    };
     let tokenizer =
         crate::data::tokenizer::from_config(&r).map_err(|e| Error::Usage(e.to_string()))?;
-    if tokenizer.vocab_size() > gpt.vocab {
+    if tokenizer.vocab_size() > vocab {
         return Err(Error::Usage(format!(
             "`{}` has a vocabulary of {} tokens, fewer than its tokenizer `{}` makes ({})",
             run_dir.display(),
-            gpt.vocab,
+            vocab,
             tokenizer.name(),
             tokenizer.vocab_size()
         )));
     }
-    let family = FamilyModel::new(gpt.clone());
-    let store = checkpoint_store(run_dir)?;
-    let (_, loaded) = crate::launch::read_checkpoint(&store, o.from.as_deref(), |p| {
-        checkpoint::load(p, &family_layout(&family).specs()).map_err(Error::Checkpoint)
-    })?;
     let placement = crate::backend::resolve(&r.config)?;
     macro_rules! dispatch {
         ($($(#[$a:meta])* $v:ident = $name:literal => $ty:ty),* $(,)?) => {
             match placement.backend {
                 $($(#[$a])* crate::backend::BackendKind::$v => generate::<$ty>(
                     &r.config.backend, placement.ordinals.first().copied().unwrap_or(0),
-                    &family, &loaded.params, &tokenizer, o, on_bytes, $name),)*
+                    model.as_ref(), &loaded.params, &tokenizer, o, on_bytes, $name),)*
             }
         };
     }
     crate::model::for_each_backend!(dispatch)
-}
-
-fn family_layout(f: &FamilyModel<Gpt>) -> &crate::params::ParamLayout {
-    use crate::model::Model;
-    f.layout()
 }
 
 /// `sample` on backend `B`.
@@ -168,7 +158,7 @@ fn family_layout(f: &FamilyModel<Gpt>) -> &crate::params::ParamLayout {
 fn generate<B: RankBackend>(
     be: &crate::config::BackendConfig,
     ordinal: usize,
-    family: &FamilyModel<Gpt>,
+    model: &dyn Model,
     params: &[f32],
     tokenizer: &Tokenizer,
     o: &SampleOptions,
@@ -177,9 +167,16 @@ fn generate<B: RankBackend>(
 ) -> Result<SampleReport> {
     let device = B::rank_device(be, ordinal);
     B::prepare(&device, be.precision).map_err(Error::Usage)?;
-    let gpt = family.family();
-    let module = family.module_with::<B::InnerBackend>(params, &device)?;
-    let mut dec = Decoder::new(gpt, module, device, o.cache).with_fused(be.fused);
+    let Task::LanguageModel { block, .. } = model.task() else {
+        unreachable!("`sample` checked that the model is a language model");
+    };
+    let mut dec = crate::model::decoder_on::<B::InnerBackend>(model, params, &device, o.cache)?
+        .ok_or_else(|| {
+            Error::Usage(format!(
+                "model.kind = \"{}\" has no decoder for kiln sample (its family does not implement `Family::decoder`)",
+                model.kind()
+            ))
+        })?;
     let (mut context, _) = tokenizer
         .encode(o.prompt.as_bytes())
         .map_err(|e| Error::Usage(format!("--prompt: {e}")))?;
@@ -188,7 +185,6 @@ fn generate<B: RankBackend>(
         // nothing to continue: a new document (GPT-2's end-of-text) or a new paragraph
         context.push(tokenizer.eot().unwrap_or(u32::from(b'\n')));
     }
-    let block = gpt.block;
     if context.len() > block {
         context.drain(..context.len() - block);
     }
@@ -240,9 +236,9 @@ fn generate<B: RankBackend>(
         if made == o.tokens {
             break;
         }
-        logits = if dec.len() >= block {
+        logits = if dec.context().len() >= block {
             // the context is full: drop to its last half, then this token
-            let mut ctx = dec_context(&dec, block / 2);
+            let mut ctx = dec_context(dec.as_ref(), block / 2);
             ctx.push(next);
             dec.prefill(&ctx)?
         } else {
@@ -258,7 +254,7 @@ fn generate<B: RankBackend>(
 }
 
 /// The last `keep` ids of the decoder's context.
-fn dec_context<B: burn::tensor::backend::Backend>(dec: &Decoder<'_, B>, keep: usize) -> Vec<u32> {
+fn dec_context(dec: &dyn TokenDecoder, keep: usize) -> Vec<u32> {
     let c = dec.context();
     c[c.len().saturating_sub(keep)..].to_vec()
 }

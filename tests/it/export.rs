@@ -460,6 +460,29 @@ fn bad_weight_files_are_refused_naming_the_file_and_what_is_wrong() {
         &p("int.safetensors"),
         &[&format!("wrong dtype `{int_name}`: I32")],
     );
+    // a format the model's family does not have (GPT-2's names are the gpt's)
+    let exp = write(d.path(), "nano.toml", TINY);
+    let o = kiln(
+        d.path(),
+        &[
+            "run",
+            exp.to_str().unwrap(),
+            "--quiet",
+            "--run-dir",
+            "never-nano",
+            "--set",
+            &format!("model.init_from=\"{}\"", p("a.safetensors").display()),
+            "--set",
+            "model.init_format=\"nanogpt\"",
+        ],
+    );
+    let e = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{e}");
+    assert!(
+        e.contains("model `mlp` has no nanogpt names") && e.contains("model.init_format"),
+        "{e}"
+    );
+    assert!(!d.path().join("never-nano").exists(), "nothing written");
     // a device would be read for ever; NaN weights are never meant
     refused(d.path(), Path::new("/dev/zero"), &["is not a regular file"]);
     let mut nan: Vec<(&str, Dtype, Vec<usize>, Vec<u8>)> = t
@@ -581,6 +604,16 @@ fn export_checks_every_output_before_writing_any() {
     );
     std::os::unix::fs::symlink("target.safetensors", d.path().join("link.safetensors")).unwrap();
     bad(&["-o", "link.safetensors"], "not a regular file");
+    // GPT-2's formats are the gpt family's own (`Family::formats`): an mlp has none of them
+    bad(
+        &["-o", "m.safetensors", "--format", "nanogpt"],
+        "--format nanogpt is not a format of model.kind = \"mlp\"",
+    );
+    bad(
+        &["-o", "hf", "--format", "hf-gpt2"],
+        "--format hf-gpt2 is not a format of model.kind = \"mlp\"",
+    );
+    assert!(!d.path().join("hf").exists(), "nothing written");
     assert!(!d.path().join("m.safetensors").exists(), "nothing written");
     assert!(!d.path().join("s.safetensors").exists(), "nothing written");
     assert!(

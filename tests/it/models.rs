@@ -498,7 +498,7 @@ fn sample_streams_the_same_text_for_a_seed_and_refuses_other_models() {
     assert!(o.stdout.is_empty());
     assert_eq!(
         stderr(&o),
-        "error: kiln sample generates text from a gpt run, but `mlp` trained model.kind = \"mlp\"\n"
+        "error: kiln sample generates text from a language model, but `mlp` trained model.kind = \"mlp\", a classifier\n"
     );
 }
 

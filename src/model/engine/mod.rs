@@ -21,8 +21,9 @@ use burn::tensor::{FloatDType, Int, Tensor, TensorData};
 
 use super::api::{
     recomputed, Act, Batch, Compute, EvalOut, Family, Forward, GradScale, Input, MicroStep, Model,
-    ModelError, StagedEval, StepKey, Task, UnitParams, Values,
+    ModelError, StagedEval, StepKey, Task, TokenDecoder, UnitParams, Values,
 };
+use crate::model::portable::{External, WeightFormat};
 use crate::params::ParamLayout;
 
 mod install;
@@ -665,6 +666,21 @@ impl<F: Family> FamilyModel<F> {
             .inner_with(params)
     }
 
+    /// The family's decoder on backend `B` for a device behind `Any` (`Model::decoder_erased`).
+    #[allow(clippy::type_complexity)]
+    fn typed_decoder<B: Backend>(
+        &self,
+        device: &dyn std::any::Any,
+        params: &[f32],
+        cache: bool,
+    ) -> Option<Result<Option<Box<dyn TokenDecoder + '_>>, ModelError>> {
+        let device = device.downcast_ref::<B::Device>()?;
+        Some(
+            self.module_with::<B>(params, device)
+                .map(|m| self.family.decoder(m, device.clone(), cache, self.fused())),
+        )
+    }
+
     /// `engine` for a device behind `Any`, boxed again as `Any` (`Model::compute_erased`).
     fn erased_engine<B: AutodiffBackend>(
         &self,
@@ -716,9 +732,50 @@ impl<F: Family> Model for FamilyModel<F> {
     fn flops_per_sample(&self) -> Option<f64> {
         self.family.flops_per_sample()
     }
+    fn formats(&self) -> Vec<WeightFormat> {
+        self.family.formats()
+    }
+    fn format_tensors(&self, format: WeightFormat, torch: &[External]) -> Vec<External> {
+        self.family.format_tensors(format, self.layout(), torch)
+    }
+    fn format_buffer(&self, format: WeightFormat, name: &str) -> bool {
+        self.family.format_buffer(format, name)
+    }
+    fn detect_format(&self, tensors: &[(&str, &[usize])]) -> Option<WeightFormat> {
+        self.family.detect_format(tensors)
+    }
+    fn hf_config(&self, format: WeightFormat) -> Result<Option<String>, String> {
+        self.family.hf_config(format)
+    }
+    fn decay_rule(&self, optim: &crate::config::OptimConfig) -> crate::config::DecayRule {
+        optim.decay.unwrap_or(self.family.default_decay())
+    }
     fn use_fused_kernels(&self, on: bool) {
         self.fused.store(on, std::sync::atomic::Ordering::Relaxed);
     }
+    fn decoder_erased<'a>(
+        &'a self,
+        backend: std::any::TypeId,
+        device: &dyn std::any::Any,
+        params: &[f32],
+        cache: bool,
+    ) -> Option<Result<Option<Box<dyn TokenDecoder + 'a>>, ModelError>> {
+        macro_rules! decoders {
+            ($($(#[$a:meta])* $v:ident = $name:literal => $ty:ty),* $(,)?) => {
+                $(
+                    $(#[$a])*
+                    if backend == std::any::TypeId::of::<<$ty as AutodiffBackend>::InnerBackend>() {
+                        return self.typed_decoder::<<$ty as AutodiffBackend>::InnerBackend>(
+                            device, params, cache,
+                        );
+                    }
+                )*
+            };
+        }
+        super::backends::for_each_backend!(decoders);
+        None
+    }
+
     fn compute_erased(
         &self,
         backend: std::any::TypeId,

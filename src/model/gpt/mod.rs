@@ -8,15 +8,18 @@
 //! scale 1 and shift 0. Each block is one unit, so fsdp `unit = "layer"` gathers one block at
 //! a time.
 
+mod hf;
+
 use burn::module::Module;
 use burn::nn::{Embedding, EmbeddingConfig, LayerNorm, LayerNormConfig, Linear, LinearConfig};
 use burn::tensor::activation::{gelu, softmax};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
 
-use super::api::{Act, Family, Forward, ModelError, Task};
+use super::api::{Act, Family, Forward, ModelError, Task, TokenDecoder};
 use super::init;
-use crate::config::{DataKind, Resolved};
+use super::portable::{External, WeightFormat};
+use crate::config::{DataKind, DecayRule, Resolved};
 use crate::kernels;
 use crate::params::ParamLayout;
 
@@ -419,6 +422,18 @@ pub struct Decoder<'a, B: Backend> {
     fused: bool,
 }
 
+impl<B: Backend> TokenDecoder for Decoder<'_, B> {
+    fn prefill(&mut self, ids: &[u32]) -> Result<Vec<f32>, ModelError> {
+        Decoder::prefill(self, ids)
+    }
+    fn step(&mut self, id: u32) -> Result<Vec<f32>, ModelError> {
+        Decoder::step(self, id)
+    }
+    fn context(&self) -> &[u32] {
+        Decoder::context(self)
+    }
+}
+
 impl<'a, B: Backend> Decoder<'a, B> {
     pub fn new(gpt: &'a Gpt, module: GptModule<B>, device: B::Device, cache: bool) -> Self {
         Decoder {
@@ -599,6 +614,51 @@ impl Family for Gpt {
     fn torch_name(&self, path: &str) -> String {
         path.replacen(".mlp_fc.", ".mlp.0.", 1)
             .replacen(".mlp_proj.", ".mlp.2.", 1)
+    }
+
+    fn formats(&self) -> Vec<WeightFormat> {
+        hf::FORMATS.to_vec()
+    }
+
+    fn format_tensors(
+        &self,
+        format: WeightFormat,
+        layout: &ParamLayout,
+        torch: &[External],
+    ) -> Vec<External> {
+        hf::tensors(format, layout, torch)
+    }
+
+    fn format_buffer(&self, format: WeightFormat, name: &str) -> bool {
+        hf::FORMATS.contains(&format) && hf::gpt2_buffer(name)
+    }
+
+    fn detect_format(&self, tensors: &[(&str, &[usize])]) -> Option<WeightFormat> {
+        hf::detect(tensors)
+    }
+
+    fn hf_config(&self, format: WeightFormat) -> Result<Option<String>, String> {
+        match format {
+            WeightFormat::HfGpt2 => hf::config_json(self).map(Some),
+            _ => Ok(None),
+        }
+    }
+
+    fn decoder<'a, B: Backend>(
+        &'a self,
+        module: GptModule<B>,
+        device: B::Device,
+        cache: bool,
+        fused: bool,
+    ) -> Option<Box<dyn TokenDecoder + 'a>> {
+        Some(Box::new(
+            Decoder::new(self, module, device, cache).with_fused(fused),
+        ))
+    }
+
+    /// nanoGPT's groups: matrices decay, biases, norms and nothing else of fewer dimensions.
+    fn default_decay(&self) -> DecayRule {
+        DecayRule::Matrices
     }
 
     /// A tied output layer is `lm_head.weight` in PyTorch's state dict too.
