@@ -115,7 +115,7 @@ struct Trainer<'a, B: ComputeOn> {
     samples_total: f64,
     last_loss: f64,
     last_eval: Option<EvalSums>,
-    early: Option<MetricWatch>,
+    early_stopping: Option<MetricWatch>,
     best: Option<MetricWatch>,
     /// f16's dynamic loss scaling.
     scaler: Option<LossScaler>,
@@ -168,7 +168,7 @@ impl<'a, B: ComputeOn> Trainer<'a, B> {
             strategy.keep_on_device(p.as_ref());
         }
         let resumed = input.resume.map(|l| &l.state);
-        let early = c.train.early_stopping.as_ref().map(|e| {
+        let early_stopping = c.train.early_stopping.as_ref().map(|e| {
             MetricWatch::new(
                 e.metric,
                 e.mode(),
@@ -218,7 +218,7 @@ impl<'a, B: ComputeOn> Trainer<'a, B> {
             // a resumed run that has no step left still reports the loss it reached
             last_loss: input.resume.map_or(f64::NAN, |l| l.state.last_loss),
             last_eval: None,
-            early,
+            early_stopping,
             best,
             input,
             strategy,
@@ -491,8 +491,10 @@ impl<'a, B: ComputeOn> Trainer<'a, B> {
                 if let Some(w) = self.best.as_mut() {
                     new_best = w.observe(sums, done);
                 }
-                if let (Some(w), Some(cfg)) = (self.early.as_mut(), c.train.early_stopping.as_ref())
-                {
+                if let (Some(w), Some(cfg)) = (
+                    self.early_stopping.as_mut(),
+                    c.train.early_stopping.as_ref(),
+                ) {
                     w.observe(sums, done);
                     stop_early = w.bad_evals() >= cfg.patience && !is_last;
                 }
@@ -511,8 +513,8 @@ impl<'a, B: ComputeOn> Trainer<'a, B> {
                 segment_start: self.pos.start,
                 segment_micro: self.pos.j,
             };
-            let watched =
-                [&self.early, &self.best].map(|w| w.as_ref().and_then(|w| w.state.clone()));
+            let watched = [&self.early_stopping, &self.best]
+                .map(|w| w.as_ref().and_then(|w| w.state.clone()));
             let (input, strategy) = (self.input, &mut *self.strategy);
             let scale = self.scaler.as_ref().map(|s| s.state().clone());
             self.clock.time(Phase::Checkpoint, || {
@@ -537,7 +539,7 @@ impl<'a, B: ComputeOn> Trainer<'a, B> {
         }
         if stop_early {
             if let (Some(w), Some(cfg)) = (
-                self.early.as_ref().and_then(|w| w.state.as_ref()),
+                self.early_stopping.as_ref().and_then(|w| w.state.as_ref()),
                 c.train.early_stopping.as_ref(),
             ) {
                 self.sink.log(&format!(
@@ -668,7 +670,7 @@ impl<'a, B: ComputeOn> Trainer<'a, B> {
             spans: clock.take_spans(),
             preempted,
             stopped_early,
-            early_stopping: self.early.and_then(|w| w.state),
+            early_stopping: self.early_stopping.and_then(|w| w.state),
             best: self.best.and_then(|w| w.state),
             loss_scale: self.scaler.map(|s| s.state().clone()),
         })

@@ -49,12 +49,12 @@ impl Fsdp {
         self.dev.clear();
         self.dev_grads.clear();
         self.stale = Stale::default();
-        self.device_full = None;
+        self.device_whole = None;
         // gathers and reductions of the state being replaced
         self.ahead.clear();
         self.ready.iter_mut().for_each(|p| *p = None);
         self.inflight = InFlight::default();
-        self.early = None;
+        self.backward_lr = None;
         self.stepped.iter_mut().for_each(|d| *d = false);
         self.stepped_non_finite = false;
     }
@@ -126,7 +126,7 @@ impl Fsdp {
             state: true,
         };
         // whole parameters an evaluation gathered are of the parameters this update replaced
-        self.full = None;
+        self.whole = None;
         Ok(())
     }
 

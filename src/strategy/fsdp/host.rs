@@ -178,7 +178,7 @@ impl Fsdp {
             c.reduce_scatter(&send, &mut out, ReduceOp::Mean)?;
             Ok(out)
         });
-        let lr = self.early();
+        let lr = self.step_in_backward();
         self.inflight.push((group, lr), p);
         self.collect(false)
     }

@@ -74,12 +74,12 @@ pub struct Fsdp {
     /// Per unit: this rank's shard (padded length `shard_len`).
     shards: Vec<Vec<f32>>,
     /// Whole parameters: at rest for grad_op; for full only while a step needs them.
-    full: Option<Vec<f32>>,
+    whole: Option<Vec<f32>>,
     /// Per unit optimizer over the shard.
     opts: Vec<Optimizer>,
     /// unit = "model" over a device collective: the gathered parameters on the device, for the
     /// current step only.
-    device_full: Option<Box<dyn DeviceTensor>>,
+    device_whole: Option<Box<dyn DeviceTensor>>,
     /// The fsdp unit of each layout unit.
     unit_of: Vec<usize>,
     /// Layout units per fsdp unit, and how many of them handed in their gradient this
@@ -97,11 +97,11 @@ pub struct Fsdp {
     /// Per fsdp unit: its gathered parameters, split from a gather of several, until asked for.
     ready: Vec<Option<Vec<f32>>>,
     /// Reduce-scatters running beside the compute: the fsdp units whose shards come back, and
-    /// the learning rate to step them with as soon as they are back (`early`).
+    /// the learning rate to step them with as soon as they are back (`step_in_backward`).
     inflight: InFlight<(Vec<usize>, Option<f64>)>,
     /// The learning rate of the update this micro-step leads to, when its gradients are the
     /// step's final ones and each unit steps as soon as its shard is reduced (`before_micro`).
-    early: Option<f64>,
+    backward_lr: Option<f64>,
     /// Per fsdp unit: whether it stepped early this step; and whether a gradient it stepped
     /// with had NaN or infinite values.
     stepped: Vec<bool>,
@@ -175,7 +175,7 @@ impl Fsdp {
             ahead: Default::default(),
             ready: vec![None; units.len()],
             inflight: InFlight::default(),
-            early: None,
+            backward_lr: None,
             stepped: vec![false; units.len()],
             stepped_non_finite: false,
             comm,
@@ -183,9 +183,9 @@ impl Fsdp {
             units,
             num_params: layout.num_params(),
             shards: Vec::new(),
-            full: None,
+            whole: None,
             opts,
-            device_full: None,
+            device_whole: None,
             dev: Vec::new(),
             dev_grads: Vec::new(),
             stale: Stale::default(),
@@ -224,9 +224,9 @@ impl Fsdp {
     /// The learning rate to step a unit with as soon as its gradient shard is reduced, if this
     /// micro-step's gradients are final and the update needs nothing of the whole gradient:
     /// host shards, full sharding by layer (a unit = "model" gathers once a step anyway).
-    fn early(&self) -> Option<f64> {
-        self.early.filter(|_| {
-            self.reshard && self.dev.is_empty() && self.units.len() > 1 && self.full.is_none()
+    fn step_in_backward(&self) -> Option<f64> {
+        self.backward_lr.filter(|_| {
+            self.reshard && self.dev.is_empty() && self.units.len() > 1 && self.whole.is_none()
         })
     }
 
@@ -265,11 +265,11 @@ impl Strategy for Fsdp {
             if !self.reshard {
                 self.shards = self.units.iter().map(|u| self.shard_of(u, &full)).collect();
             }
-            self.full = Some(full);
+            self.whole = Some(full);
             return Ok(());
         }
         // a unit at a time: no rank makes a copy of the whole model
-        self.full = None;
+        self.whole = None;
         self.shards = Vec::with_capacity(self.units.len());
         for i in 0..self.units.len() {
             let range = self.units[i].range();
@@ -301,10 +301,10 @@ impl Strategy for Fsdp {
 
     fn params(&mut self) -> Result<&[f32], CollectiveError> {
         self.sync_host(false)?;
-        if self.full.is_none() {
-            self.full = Some(self.gather_all()?);
+        if self.whole.is_none() {
+            self.whole = Some(self.gather_all()?);
         }
-        Ok(self.full.as_deref().unwrap_or(&[]))
+        Ok(self.whole.as_deref().unwrap_or(&[]))
     }
 
     fn unit_params(
@@ -312,7 +312,7 @@ impl Strategy for Fsdp {
         unit: usize,
         range: Range<usize>,
     ) -> Result<Vec<f32>, CollectiveError> {
-        if let Some(full) = &self.full {
+        if let Some(full) = &self.whole {
             return Ok(full[range].to_vec());
         }
         self.sync_host(false)?;
@@ -330,7 +330,7 @@ impl Strategy for Fsdp {
 
     fn prefetch(&mut self, units: &[usize]) -> Result<(), CollectiveError> {
         // over NCCL with device shards: queued on NCCL's stream, waited for when asked
-        if self.full.is_none()
+        if self.whole.is_none()
             && self.units.len() > 1
             && !self.dev.is_empty()
             && self.comm.overlaps_on_device()
@@ -346,7 +346,7 @@ impl Strategy for Fsdp {
         // whole parameters need no gather; unit = "model" gathers once, when asked; over a
         // device collective the gather happens on the device, when asked
         // device shards of one rank need no gather
-        if self.full.is_some()
+        if self.whole.is_some()
             || self.units.len() == 1
             || self.comm.device_ops().is_some()
             || (!self.dev.is_empty() && self.comm.world() == 1)
@@ -405,17 +405,17 @@ impl Strategy for Fsdp {
         proto: &dyn DeviceTensor,
     ) -> Result<Option<Box<dyn DeviceTensor>>, CollectiveError> {
         // whole parameters on the host (grad_op, none) need no gather
-        if self.full.is_some() {
+        if self.whole.is_some() {
             return Ok(None);
         }
         if !self.dev.is_empty() {
             return match self.units.len() {
                 // unit = "model": gathered once per step; layers are slices of it
                 1 => {
-                    if self.device_full.is_none() {
-                        self.device_full = Some(self.gather_from_device(0, proto)?);
+                    if self.device_whole.is_none() {
+                        self.device_whole = Some(self.gather_from_device(0, proto)?);
                     }
-                    Ok(self.device_full.as_ref().map(|d| d.slice(range)))
+                    Ok(self.device_whole.as_ref().map(|d| d.slice(range)))
                 }
                 _ => {
                     let i = self.unit_of[unit];
@@ -441,10 +441,10 @@ impl Strategy for Fsdp {
         match self.units.len() {
             // unit = "model": gather once per step on the device; layers are slices of it
             1 => {
-                if self.device_full.is_none() {
-                    self.device_full = Some(self.gather_unit_device(0, proto)?);
+                if self.device_whole.is_none() {
+                    self.device_whole = Some(self.gather_unit_device(0, proto)?);
                 }
-                Ok(self.device_full.as_ref().map(|d| d.slice(range)))
+                Ok(self.device_whole.as_ref().map(|d| d.slice(range)))
             }
             _ => Ok(Some(self.gather_unit_device(unit, proto)?)),
         }
@@ -528,7 +528,7 @@ impl Strategy for Fsdp {
                     c.reduce_scatter(&send, &mut out, ReduceOp::Mean)?;
                     Ok(out)
                 });
-                let lr = self.early();
+                let lr = self.step_in_backward();
                 self.inflight.push((vec![i], lr), p);
                 self.collect(false)
             }
@@ -541,7 +541,7 @@ impl Strategy for Fsdp {
                 )?;
                 drop(pending);
                 add_shard(&mut self.shard_grads[i], shard);
-                if let Some(lr) = self.early() {
+                if let Some(lr) = self.step_in_backward() {
                     self.step_unit(i, lr);
                 }
                 Ok(())
@@ -581,7 +581,7 @@ impl Strategy for Fsdp {
     fn before_micro(&mut self, lr: f64, clip: Option<f64>, last: bool, skippable: bool) {
         // clipping scales by the norm of the whole gradient, and whether the step is skipped
         // depends on every unit's: both are known only after the backward
-        self.early = (last && clip.is_none() && !skippable).then_some(lr);
+        self.backward_lr = (last && clip.is_none() && !skippable).then_some(lr);
     }
 
     fn grads_non_finite(&mut self) -> Result<bool, CollectiveError> {
@@ -611,15 +611,15 @@ impl Strategy for Fsdp {
         self.drop_ahead()?;
         self.ahead.clear();
         self.ready.iter_mut().for_each(|p| *p = None);
-        self.device_full = None;
+        self.device_whole = None;
         if !self.dev.is_empty() {
             return self.update_on_device(lr, clip);
         }
         // a unit that got no gradient this step (none can: every unit is in a stage) steps
-        // with zeros; a unit that stepped in the backward (`early`) is done
+        // with zeros; a unit that stepped in the backward (`step_in_backward`) is done
         let stepped = std::mem::replace(&mut self.stepped, vec![false; self.units.len()]);
         self.stepped_non_finite = false;
-        self.early = None;
+        self.backward_lr = None;
         let mut shard_grads: Vec<Vec<f32>> = self
             .shard_grads
             .iter_mut()
@@ -664,7 +664,7 @@ impl Strategy for Fsdp {
                 opt.step(shard, g, lr);
             }
         }
-        self.full = match self.reshard {
+        self.whole = match self.reshard {
             // ZeRO-3: reshard, free the whole parameters
             true => None,
             // ZeRO-2: parameters stay whole between steps
@@ -684,8 +684,8 @@ impl Strategy for Fsdp {
         // what `update` forgets, less the update itself
         self.ahead.clear();
         self.ready.iter_mut().for_each(|p| *p = None);
-        self.device_full = None;
-        self.early = None;
+        self.device_whole = None;
+        self.backward_lr = None;
         self.stepped.iter_mut().for_each(|d| *d = false);
         self.stepped_non_finite = false;
         self.shard_grads.iter_mut().for_each(|g| *g = None);
@@ -694,25 +694,25 @@ impl Strategy for Fsdp {
             p.take(u.len);
         }
         if self.reshard {
-            self.full = None;
+            self.whole = None;
         }
         Ok(())
     }
 
     fn shards_params(&self) -> bool {
-        self.reshard && self.units.len() > 1 && self.full.is_none()
+        self.reshard && self.units.len() > 1 && self.whole.is_none()
     }
 
     fn release_params(&mut self) {
         if self.reshard {
-            self.full = None;
-            self.device_full = None;
+            self.whole = None;
+            self.device_whole = None;
         }
     }
 
     fn visit_params(&mut self, f: &mut dyn FnMut(&[f32])) -> Result<(), CollectiveError> {
         self.sync_host(false)?;
-        if let Some(full) = &self.full {
+        if let Some(full) = &self.whole {
             f(full);
             return Ok(());
         }
