@@ -61,12 +61,14 @@ pub fn sample(a: &SampleArgs) -> Result<()> {
     };
     let mut out = std::io::stdout().lock();
     let mut failed = None;
+    // the first failed write stops the sampling (`| head` closed the pipe)
     let rep = tools::sample(&a.run_dir, &o, &mut |b| {
         if failed.is_none() {
             if let Err(e) = out.write_all(b).and_then(|_| out.flush()) {
                 failed = Some(e);
             }
         }
+        failed.is_none()
     })?;
     let _ = out.write_all(b"\n");
     match failed {

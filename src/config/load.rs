@@ -293,9 +293,11 @@ impl Stack<'_> {
             let parts = vec!["launch".to_string(), key.to_string()];
             let (v, source) = match *key {
                 "master_addr" => (Value::from(value.clone()), format!("environment variable {name}")),
+                // (65535 + 1 is past the last port: said as the out-of-range value it is,
+                // never the agent's own port)
                 "master_port" if torchrun => match value.trim().parse::<u16>() {
-                    Ok(p) if p < u16::MAX => (
-                        Value::from(p + 1),
+                    Ok(p) => (
+                        Value::from(u32::from(p) + 1),
                         format!("environment variable {name} + 1 (torchrun's agent serves its own store on {name})"),
                     ),
                     _ => (parse_value(&value), format!("environment variable {name}")),
@@ -810,7 +812,9 @@ fn toml_words(s: &str) -> String {
         }
     }
     match out.as_str() {
-        "usize" | "u64" | "u32" | "u16" | "u8" => "a non-negative integer".into(),
+        "usize" | "u64" | "u32" => "a non-negative integer".into(),
+        "u16" => "an integer from 0 to 65535".into(),
+        "u8" => "an integer from 0 to 255".into(),
         "isize" | "i64" | "i32" | "i16" | "i8" => "an integer".into(),
         "f64" | "f32" => "a number".into(),
         "a string" | "string" => "a string".into(),

@@ -51,7 +51,15 @@ pub fn annotated(r: &Resolved) -> String {
                 }
             }
         }
-        let width = rows.iter().map(|(l, _)| l.len()).max().unwrap_or(0);
+        // aligned on the longest line of up to 1,000 bytes: a longer one (a long node list) is
+        // not padded to, and `format!`'s width stays far below its limit of 65,535 (issue 45,
+        // defect 2: a longer line panicked)
+        let width = rows
+            .iter()
+            .map(|(l, _)| l.len())
+            .filter(|n| *n <= 1000)
+            .max()
+            .unwrap_or(0);
         for (line, source) in rows {
             out.push_str(&format!("{line:<width$}  # {source}\n"));
         }

@@ -42,6 +42,16 @@ pub fn from_config(r: &crate::config::Resolved) -> Result<Tokenizer, super::Data
 /// GPT-2's end-of-text token.
 pub const GPT2_EOT: u32 = 50256;
 
+/// `text` cut to its first 300 characters (what a message quotes of a file), saying how much
+/// was left out.
+fn brief(text: &str) -> String {
+    const MAX: usize = 300;
+    match text.char_indices().nth(MAX) {
+        Some((at, _)) => format!("{}... ({} more bytes)", &text[..at], text.len() - at),
+        None => text.to_string(),
+    }
+}
+
 impl Tokenizer {
     /// `spec`: `"bytes"`, `"gpt2"`, or the path of a `tokenizer.json` (relative paths against
     /// `base`).
@@ -75,12 +85,27 @@ impl Tokenizer {
                         p.display()
                     ));
                 }
-                let t = tokenizers::Tokenizer::from_file(&p).map_err(|e| {
-                    format!(
-                        "{}: not a tokenizer.json Hugging Face's `tokenizers` reads: {e}",
-                        p.display()
-                    )
-                })?;
+                // `tokenizers` panics on some files it cannot use (a BPE merge of a token with
+                // itself: issue 45, defect 1) and quotes the file in its errors (a 200 MB
+                // `version` string: defect 13): both are said about the file, briefly
+                let loaded = std::panic::catch_unwind(|| tokenizers::Tokenizer::from_file(&p));
+                let t = match loaded {
+                    Ok(Ok(t)) => t,
+                    Ok(Err(e)) => {
+                        return Err(format!(
+                            "{}: not a tokenizer.json Hugging Face's `tokenizers` reads: {}",
+                            p.display(),
+                            brief(&e.to_string())
+                        ))
+                    }
+                    Err(panic) => {
+                        return Err(format!(
+                            "{}: Hugging Face's `tokenizers` cannot build a tokenizer from it ({}); check its `model` (vocab and merges)",
+                            p.display(),
+                            brief(&crate::panic::message(panic.as_ref()))
+                        ))
+                    }
+                };
                 Ok(Tokenizer::HuggingFace {
                     tokenizer: Box::new(t),
                     path: p,

@@ -92,9 +92,11 @@ pub fn machine() -> Value {
 }
 
 /// The GPUs and their software: driver, CUDA, NVRTC, NCCL (a CUDA build), wgpu adapters (a
-/// wgpu build); `null` where the build has no such backend.
-pub fn accelerators() -> Value {
-    json!({ "cuda": cuda(), "wgpu": wgpu() })
+/// wgpu build, when `wgpu_too`: the probe makes Vulkan's loader print to stderr where there is
+/// no display session, so a run off wgpu does not probe: issue 45, defect 27); `null` where
+/// the build has no such backend or it was not probed.
+pub fn accelerators(wgpu_too: bool) -> Value {
+    json!({ "cuda": cuda(), "wgpu": if wgpu_too { wgpu() } else { Value::Null } })
 }
 
 #[cfg(feature = "cuda")]
@@ -134,18 +136,46 @@ fn wgpu() -> Value {
     Value::Null
 }
 
-/// Whether a variable's value is a secret (a job token), recorded as set but not shown.
-fn secret(name: &str) -> bool {
+/// kiln's own variables whose values `env.json` shows (none is a secret).
+const SHOWN: [&str; 11] = [
+    "KILN_WORKER_RUN_DIR",
+    "KILN_WORKER_ROUND",
+    "KILN_NCCL_SHIM",
+    "KILN_NCCL_LIBRARY",
+    "KILN_CUDA_PATH_FROM",
+    "KILN_CUDA_REEXEC",
+    "KILN_CUDA_ENV",
+    "KILN_CACHE_DIR",
+    "KILN_STORE_FD",
+    "KILN_GIT_COMMIT",
+    "KILN_RUSTC",
+];
+
+/// Whether `env.json` shows a variable's value, or records it as set (`<set>`) only. Masked by
+/// default: shown are NCCL's settings, kiln's own variables above and the config's
+/// `KILN_<SECTION>__<KEY>` overrides, unless the name has a word of a secret in it (`TOKEN`,
+/// `SECRET`, `PASS` (`PASSWORD`, `PASSWD`), `KEY`, `AUTH`, `CRED`, `PRIVATE`, `CERT`,
+/// `SESSION`, `COOKIE`).
+fn shown(name: &str) -> bool {
     let n = name.to_ascii_uppercase();
-    n.contains("TOKEN") || n.contains("SECRET") || n.contains("PASSWORD") || n.contains("KEY")
+    let secret = [
+        "TOKEN", "SECRET", "PASS", "KEY", "AUTH", "CRED", "PRIVATE", "CERT", "SESSION", "COOKIE",
+    ]
+    .iter()
+    .any(|w| n.contains(w));
+    let known = n.starts_with("NCCL_")
+        || SHOWN.contains(&n.as_str())
+        || (n.starts_with("KILN_") && n.contains("__"));
+    known && !secret
 }
 
-/// The `NCCL_*` and `KILN_*` variables of this process (a secret's value as `<set>`).
+/// The `NCCL_*` and `KILN_*` variables of this process (the value of one not `shown` as
+/// `<set>`).
 pub fn variables() -> Value {
     let mut vars: Vec<(String, String)> = std::env::vars()
         .filter(|(k, _)| k.starts_with("NCCL_") || k.starts_with("KILN_"))
         .map(|(k, v)| {
-            let v = if secret(&k) { "<set>".to_string() } else { v };
+            let v = if shown(&k) { v } else { "<set>".to_string() };
             (k, v)
         })
         .collect();
@@ -176,7 +206,8 @@ pub fn record(r: Option<&Resolved>) -> Value {
         "time": crate::ui::rfc3339(std::time::SystemTime::now()),
         "kiln": build(),
         "machine": machine(),
-        "accelerators": accelerators(),
+        // `kiln env` probes every backend; a run only its own
+        "accelerators": accelerators(r.is_none_or(|r| r.config.backend.device == crate::config::Device::Wgpu)),
         "pid": std::process::id(),
         "command_line": std::env::args().collect::<Vec<_>>(),
         "working_directory": std::env::current_dir().ok().map(|d| d.display().to_string()),
@@ -222,4 +253,39 @@ pub fn append_session(run_dir: &Path, r: &Resolved, backend: &str) -> Result<()>
     session["backend"]["name"] = Value::String(backend.to_string());
     sessions.push(session);
     super::write_json(&path, &json!({ "sessions": sessions }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::shown;
+
+    /// Issue 45, defect 26: a variable is masked unless it is known not to be a secret.
+    #[test]
+    fn env_json_masks_every_variable_it_does_not_know_to_be_safe() {
+        for name in [
+            "KILN_JOB_TOKEN",
+            "KILN_PASSWD",
+            "KILN_PASS",
+            "KILN_AUTH",
+            "KILN_CREDENTIALS",
+            "KILN_PRIVATE",
+            "KILN_API_KEY",
+            "KILN_SOMETHING_NEW",
+            "KILN_DB__PASSWORD",
+            "KILN_MLFLOW__AUTH_HEADER",
+        ] {
+            assert!(!shown(name), "{name} is shown");
+        }
+        for name in [
+            "NCCL_DEBUG",
+            "NCCL_SOCKET_IFNAME",
+            "KILN_OPTIM__LR",
+            "KILN_LAUNCH__TOKEN_FILE_DIR",
+            "KILN_STORE_FD",
+            "KILN_WORKER_ROUND",
+        ] {
+            let want = !name.contains("TOKEN");
+            assert_eq!(shown(name), want, "{name}");
+        }
+    }
 }

@@ -41,9 +41,12 @@ pub struct ExportReport {
 fn hf_dir(path: &Path) -> Result<PathBuf> {
     match fs::symlink_metadata(path) {
         Ok(m) if m.is_dir() => {
-            // the files it writes are inside `path`
-            refuse_inside_run(&path.join("model.safetensors"), "-o", None)?;
-            Ok(path.to_path_buf())
+            // the files it writes are inside `path`, and each must be one it may replace (a
+            // directory there is found before anything is written: issue 45, defect 21)
+            for name in ["model.safetensors", "config.json"] {
+                output_path(&path.join(name), "-o")?;
+            }
+            Ok(path.canonicalize().unwrap_or_else(|_| path.to_path_buf()))
         }
         Ok(_) => Err(Error::Usage(format!(
             "-o `{}` is not a directory; --format hf-gpt2 writes a directory (model.safetensors and config.json) that `GPT2LMHeadModel.from_pretrained` loads",
@@ -104,10 +107,15 @@ pub fn export(run_dir: &Path, o: &ExportOptions) -> Result<ExportReport> {
         .as_ref()
         .map(|p| output_path(p, "--probe"))
         .transpose()?;
-    if probe.as_ref() == Some(&out) {
+    // the probe overwrites none of the export's files (issue 45, defect 20)
+    let config_path = hf_dir.as_ref().map(|d| d.join("config.json"));
+    if let Some(p) = probe
+        .as_ref()
+        .filter(|p| **p == out || Some(*p) == config_path.as_ref())
+    {
         return Err(Error::Usage(format!(
-            "--probe and -o are both `{}`; give the probe its own file",
-            out.display()
+            "--probe `{}` is a file of the export (-o); give the probe its own file",
+            p.display()
         )));
     }
     let r = run_config(run_dir)?;
@@ -160,13 +168,16 @@ pub fn export(run_dir: &Path, o: &ExportOptions) -> Result<ExportReport> {
             model.kind()
         ))
     })?;
-    // the model first: a probe never sits next to another model's weights
-    if let (Some(dir), Some(config)) = (&hf_dir, &hf_config) {
+    // the weights first, then their config.json (a config never describes weights that failed
+    // to be written: issue 45, defect 19), then the probe (never beside another model's)
+    if let Some(dir) = &hf_dir {
         std::fs::create_dir_all(dir)
             .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
-        write_atomic(&dir.join("config.json"), config.as_bytes())?;
     }
     write_atomic(&out, &bytes)?;
+    if let (Some(dir), Some(config)) = (&hf_dir, &hf_config) {
+        write_atomic(&dir.join("config.json"), config.as_bytes())?;
+    }
     if let Some(probe) = &probe {
         let (x, shape) = probe_input(model.task(), &state.input_shape);
         let compute = <Autodiff<Flex> as ComputeOn>::compute(model.as_ref(), &Default::default());

@@ -98,11 +98,12 @@ fn argmax(logits: &[f32]) -> usize {
 }
 
 /// Generates up to `o.tokens` tokens after `o.prompt` from the language model run in `run_dir`, handing
-/// the prompt's bytes and then each new token's bytes to `on_bytes`.
+/// the prompt's bytes and then each new token's bytes to `on_bytes`, which returns false to
+/// stop (its reader is gone: `| head`).
 pub fn sample(
     run_dir: &Path,
     o: &SampleOptions,
-    on_bytes: &mut dyn FnMut(&[u8]),
+    on_bytes: &mut dyn FnMut(&[u8]) -> bool,
 ) -> Result<SampleReport> {
     if !(o.temperature >= 0.0 && o.temperature.is_finite()) {
         return Err(Error::Usage(format!(
@@ -162,7 +163,7 @@ fn generate<B: RankBackend>(
     params: &[f32],
     tokenizer: &Tokenizer,
     o: &SampleOptions,
-    on_bytes: &mut dyn FnMut(&[u8]),
+    on_bytes: &mut dyn FnMut(&[u8]) -> bool,
     backend: &'static str,
 ) -> Result<SampleReport> {
     let device = B::rank_device(be, ordinal);
@@ -180,7 +181,7 @@ fn generate<B: RankBackend>(
     let (mut context, _) = tokenizer
         .encode(o.prompt.as_bytes())
         .map_err(|e| Error::Usage(format!("--prompt: {e}")))?;
-    on_bytes(o.prompt.as_bytes());
+    let mut open = on_bytes(o.prompt.as_bytes());
     if context.is_empty() {
         // nothing to continue: a new document (GPT-2's end-of-text) or a new paragraph
         context.push(tokenizer.eot().unwrap_or(u32::from(b'\n')));
@@ -195,7 +196,7 @@ fn generate<B: RankBackend>(
     let mut out: Vec<u8> = Vec::new();
     let mut stopped = None;
     let mut made = 0;
-    while made < o.tokens {
+    while made < o.tokens && open {
         // (a padded vocabulary's extra rows are never drawn)
         let row = &logits[..vocab.min(logits.len())];
         let next = if o.temperature == 0.0 {
@@ -227,7 +228,12 @@ fn generate<B: RankBackend>(
             break;
         }
         let bytes = tokenizer.decode(&[next]).map_err(Error::Usage)?;
-        on_bytes(&bytes);
+        // a reader that is gone stops the generation (issue 45, defect 16)
+        open = on_bytes(&bytes);
+        if !open {
+            stopped = Some("a closed output".to_string());
+            break;
+        }
         out.extend_from_slice(&bytes);
         if let Some(s) = o.stop.iter().find(|s| out.ends_with(s.as_bytes())) {
             stopped = Some(format!("stop sequence {s:?}"));

@@ -87,17 +87,9 @@ fn encode_pieces(
     Ok(())
 }
 
-/// Tokenizes `o.input` into `o.out` (and the held-out file).
-pub fn tokenize(o: &TokenizeOptions) -> Result<TokenizeReport> {
-    if let Some(f) = o.eval_fraction {
-        if !(0.0..1.0).contains(&f) {
-            return Err(Error::Usage(format!(
-                "--eval-fraction {f} is out of range: give a fraction in [0, 1)"
-            )));
-        }
-    }
-    let t = Tokenizer::load(&o.tokenizer, Path::new("."))
-        .map_err(|e| Error::Usage(format!("--tokenizer: {e}")))?;
+/// Where the ids go (`-o`) and the held-out ids (`--eval-out`, with `--eval-fraction`): files
+/// that may be replaced, neither the other nor the text being tokenized.
+fn outputs(o: &TokenizeOptions) -> Result<(PathBuf, Option<PathBuf>)> {
     let out = crate::rundir::output_path(&o.out, "-o")?;
     let eval_out = match o.eval_fraction.filter(|f| *f > 0.0) {
         Some(_) => {
@@ -113,6 +105,53 @@ pub fn tokenize(o: &TokenizeOptions) -> Result<TokenizeReport> {
         }
         None => None,
     };
+    // the ids never replace the text they come from (issue 45, defect 9)
+    if let Ok(input) = o.input.canonicalize() {
+        for (flag, p) in [("-o", Some(&out)), ("--eval-out", eval_out.as_ref())] {
+            if p == Some(&input) {
+                return Err(Error::Usage(format!(
+                    "{flag} `{}` is the text file being tokenized; give the token ids another path",
+                    input.display()
+                )));
+            }
+        }
+    }
+    Ok((out, eval_out))
+}
+
+/// `tmp` made new, never opened through what is there (issue 45, defect 10): an interrupted
+/// run's leftover, or a link planted in its place, is removed (a link itself, never its
+/// target), and a file that appears in between fails the exclusive create.
+fn create_new(tmp: &Path) -> Result<std::fs::File> {
+    let io = |e| Error::io(format!("writing {}", tmp.display()), e);
+    if let Ok(m) = std::fs::symlink_metadata(tmp) {
+        if m.is_dir() {
+            return Err(Error::Usage(format!(
+                "`{}` (tokenize's temporary file) is a directory; remove it",
+                tmp.display()
+            )));
+        }
+        std::fs::remove_file(tmp).map_err(io)?;
+    }
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(tmp)
+        .map_err(io)
+}
+
+/// Tokenizes `o.input` into `o.out` (and the held-out file).
+pub fn tokenize(o: &TokenizeOptions) -> Result<TokenizeReport> {
+    if let Some(f) = o.eval_fraction {
+        if !(0.0..1.0).contains(&f) {
+            return Err(Error::Usage(format!(
+                "--eval-fraction {f} is out of range: give a fraction in [0, 1)"
+            )));
+        }
+    }
+    let t = Tokenizer::load(&o.tokenizer, Path::new("."))
+        .map_err(|e| Error::Usage(format!("--tokenizer: {e}")))?;
+    let (out, eval_out) = outputs(o)?;
     let vocab = t.vocab_size();
     let wide = vocab > 1 << 16;
     let size = if wide { 4 } else { 2 };
@@ -145,7 +184,8 @@ pub fn tokenize(o: &TokenizeOptions) -> Result<TokenizeReport> {
         let what = what.display().to_string();
         move |e| Error::io(format!("writing {what}"), e)
     };
-    let mut w = std::io::BufWriter::new(std::fs::File::create(&tmp).map_err(io(&tmp))?);
+    let file = create_new(&tmp)?;
+    let mut w = std::io::BufWriter::new(file);
     let (mut count, mut max_id, mut replaced) = (0usize, 0u32, 0usize);
     let written = (|| -> Result<()> {
         // (a tokenizer.json's pre-tokenizer is not known: its text goes in one piece)

@@ -351,3 +351,23 @@ fn three_bad_values_make_one_message_naming_all_three_keys() {
     assert!(e.contains("`data.classes` has the wrong type"), "{e}");
     assert!(!e.contains("does not match"), "{e}");
 }
+
+/// Issue 45, defect 2: `kiln check` shows a value of any length (a long SLURM node list): a
+/// line over 65,535 characters panicked in the alignment.
+#[test]
+fn check_shows_a_line_longer_than_any_alignment() {
+    let d = kiln::testdir::tempdir().unwrap();
+    write(d.path(), "t.toml", crate::common::TINY);
+    let long = "a".repeat(70_000);
+    let set = format!("launch.master_addr=\"{long}\"");
+    let o = crate::common::kiln(d.path(), &["check", "t.toml", "--set", &set]);
+    let out = crate::common::stdout(&o);
+    assert_ne!(o.status.code(), Some(101), "{}", crate::common::stderr(&o));
+    assert!(out.contains(&long), "the value is shown whole");
+    // the other lines keep their alignment
+    assert!(
+        out.contains("nnodes = 1 "),
+        "{}",
+        &out[..out.len().min(2000)]
+    );
+}

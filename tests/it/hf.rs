@@ -193,6 +193,32 @@ fn trained_weights_export_to_hugging_face_and_nanogpt_and_load_back() {
     let config: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(d.path().join("hf/config.json")).unwrap())
             .unwrap();
+    // issue 45, defects 20 and 21: a probe that is a file of the export, or a directory where
+    // the export's weights go, is refused before anything is written
+    std::fs::create_dir_all(d.path().join("bad/model.safetensors")).unwrap();
+    std::fs::create_dir_all(d.path().join("hf2")).unwrap();
+    for (out, probe, want) in [
+        ("bad", "p2.safetensors", "is a directory"),
+        ("hf2", "hf2/config.json", "is a file of the export"),
+        ("hf2", "hf2/model.safetensors", "is a file of the export"),
+    ] {
+        let o = kiln(
+            d.path(),
+            &[
+                "export", "run", "--format", "hf-gpt2", "-o", out, "--probe", probe,
+            ],
+        );
+        assert_eq!(o.status.code(), Some(2), "{out} {probe}: {}", stderr(&o));
+        assert!(stderr(&o).contains(want), "{out} {probe}: {}", stderr(&o));
+    }
+    for f in [
+        "bad/config.json",
+        "p2.safetensors",
+        "hf2/config.json",
+        "hf2/model.safetensors",
+    ] {
+        assert!(!d.path().join(f).exists(), "{f} written");
+    }
     for (k, v) in [
         ("model_type", serde_json::json!("gpt2")),
         ("n_embd", 32.into()),

@@ -133,6 +133,43 @@ fn tokenized_files_hold_gpt2_ids_and_train_like_the_text_tokenized_as_it_loads()
         assert!(stderr(&o).contains(want), "{args:?}: {}", stderr(&o));
     }
     assert!(!d.path().join("x.bin").exists());
+    // issue 45, defect 9: the ids never replace the text (-o or --eval-out), exit 2
+    let text = std::fs::read(d.path().join("book.txt")).unwrap();
+    for args in [
+        &["tokenize", "book.txt", "-o", "book.txt"][..],
+        &["tokenize", "book.txt", "-o", "./book.txt"][..],
+        &[
+            "tokenize",
+            "book.txt",
+            "-o",
+            "y.bin",
+            "--eval-fraction",
+            "0.1",
+            "--eval-out",
+            "book.txt",
+        ][..],
+    ] {
+        let o = kiln(d.path(), args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
+        assert!(
+            stderr(&o).contains("is the text file being tokenized"),
+            "{args:?}: {}",
+            stderr(&o)
+        );
+    }
+    assert_eq!(std::fs::read(d.path().join("book.txt")).unwrap(), text);
+    assert!(!d.path().join("y.bin").exists());
+    // issue 45, defect 10: a link planted as the temporary file is removed, its target left
+    std::fs::write(d.path().join("precious"), b"keep me").unwrap();
+    std::os::unix::fs::symlink("precious", d.path().join(".z.bin.kiln-tmp")).unwrap();
+    let o = kiln(d.path(), &["tokenize", "book.txt", "-o", "z.bin"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(
+        std::fs::read(d.path().join("precious")).unwrap(),
+        b"keep me"
+    );
+    assert!(d.path().join("z.bin").is_file());
+    assert!(!d.path().join(".z.bin.kiln-tmp").exists());
     let o = kiln(
         d.path(),
         &["check", "gpt2.toml", "--set", "data.tokenizer=\"gtp2\""],
@@ -339,4 +376,36 @@ fn weight_decay_spares_biases_and_norms_of_a_gpt_on_every_strategy() {
         "{}",
         stdout(&o)
     );
+}
+
+/// Issue 45, defects 1 and 13: a tokenizer.json Hugging Face's `tokenizers` panics on (a BPE
+/// merge of a token with itself) or quotes whole in its error (a 1 MiB `version`) is exit 2
+/// naming the file, in a message of bounded length, with nothing written.
+#[test]
+fn a_tokenizer_json_tokenizers_cannot_use_is_exit_2_naming_it_briefly() {
+    let d = kiln::testdir::tempdir().unwrap();
+    book(d.path());
+    let merges = r#"{"version":"1.0","truncation":null,"padding":null,"added_tokens":[],"normalizer":null,"pre_tokenizer":null,"post_processor":null,"decoder":null,"model":{"type":"BPE","dropout":null,"unk_token":null,"continuing_subword_prefix":null,"end_of_word_suffix":null,"fuse_unk":false,"byte_fallback":false,"vocab":{"<|endoftext|>":0,"a":1},"merges":[["<|endoftext|>","<|endoftext|>"]]}}"#;
+    std::fs::write(d.path().join("merges.json"), merges).unwrap();
+    let huge = format!(
+        r#"{{"version":"{}","model":{{"type":"BPE"}}}}"#,
+        "v".repeat(1 << 20)
+    );
+    std::fs::write(d.path().join("huge.json"), huge).unwrap();
+    for file in ["merges.json", "huge.json"] {
+        let o = kiln(
+            d.path(),
+            &["tokenize", "book.txt", "-o", "x.bin", "--tokenizer", file],
+        );
+        let e = stderr(&o);
+        assert_eq!(
+            o.status.code(),
+            Some(2),
+            "{file}: {}",
+            &e[..e.len().min(2000)]
+        );
+        assert!(e.contains(file), "{file}: {}", &e[..e.len().min(2000)]);
+        assert!(e.len() < 4000, "{file}: {} bytes of error", e.len());
+    }
+    assert!(!d.path().join("x.bin").exists());
 }

@@ -489,6 +489,55 @@ fn sample_streams_the_same_text_for_a_seed_and_refuses_other_models() {
     // the prompt, 40 bytes, a newline
     assert!(a.stdout.starts_with(b"The "));
     assert_eq!(a.stdout.len(), 4 + 40 + 1);
+    // issue 45, defect 16: a reader that goes away (`| head`) stops the sampling, exit 0
+    {
+        use std::io::Read;
+        use std::time::{Duration, Instant};
+        let mut child = crate::common::clean_cmd(
+            std::path::Path::new(crate::common::KILN),
+            d.path(),
+            &[
+                "sample",
+                full.to_str().unwrap(),
+                "--tokens",
+                "1000000000000",
+                "--temperature",
+                "0",
+            ],
+        )
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+        let mut first = [0u8; 8];
+        child
+            .stdout
+            .as_mut()
+            .unwrap()
+            .read_exact(&mut first)
+            .unwrap();
+        drop(child.stdout.take());
+        let deadline = Instant::now() + Duration::from_secs(120);
+        let status = loop {
+            if let Some(s) = child.try_wait().unwrap() {
+                break s;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                panic!("kiln sample went on generating for a closed pipe");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let mut err = String::new();
+        child
+            .stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut err)
+            .unwrap();
+        assert!(status.success(), "{status:?}: {err}");
+        assert!(err.contains("stopped at a closed output"), "{err}");
+    }
     // a classification run is refused
     write(d.path(), "m.toml", crate::common::TINY);
     let o = kiln(d.path(), &["run", "m.toml", "--quiet", "--run-dir", "mlp"]);

@@ -261,6 +261,38 @@ fn launch_settings_come_from_flags_torchrun_and_slurm_variables() {
         e.contains("`launch.node_rank` = 2 but `launch.nnodes` = 2"),
         "{e}"
     );
+    // issue 45, defect 22: under torchrun the store takes MASTER_PORT + 1, and 65535 has no port
+    // after it (it fell back to the agent's own port); a port past 65535 names the range
+    let (code, _, e) = env(&[
+        ("WORLD_SIZE", "2"),
+        ("RANK", "0"),
+        ("LOCAL_RANK", "0"),
+        ("MASTER_ADDR", "127.0.0.1"),
+        ("MASTER_PORT", "65535"),
+    ]);
+    assert_eq!(code, Some(2), "{e}");
+    assert!(
+        e.contains("launch.master_port")
+            && e.contains("65536")
+            && e.contains("an integer from 0 to 65535")
+            && e.contains("MASTER_PORT + 1"),
+        "{e}"
+    );
+    // issue 45, defect 23: an empty or malformed node 0 address is bad input, said up front
+    for addr in ["", "  ", "node 0", "host;rm"] {
+        let (code, _, e) = env(&[("WORLD_SIZE", "2"), ("RANK", "1"), ("MASTER_ADDR", addr)]);
+        assert_eq!(code, Some(2), "{addr:?}: {e}");
+        assert!(
+            e.contains("`launch.master_addr`") && e.contains("is not a host name or IP address"),
+            "{addr:?}: {e}"
+        );
+    }
+    let (code, _, e) = env(&[("WORLD_SIZE", "2"), ("RANK", "0"), ("MASTER_PORT", "70000")]);
+    assert_eq!(code, Some(2), "{e}");
+    assert!(
+        e.contains("70000") && e.contains("an integer from 0 to 65535"),
+        "{e}"
+    );
     let _ = root();
 }
 

@@ -348,3 +348,27 @@ mod on_wgpu {
         );
     }
 }
+
+/// Issue 45, defect 27: a run off wgpu does not probe wgpu's adapters for `env.json` (in a
+/// wgpu build the probe made Vulkan's loader print "XDG_RUNTIME_DIR is invalid or not set"
+/// twice on every CPU run); `kiln env` still lists them.
+#[test]
+fn a_cpu_run_does_not_probe_wgpu() {
+    let d = kiln::testdir::tempdir().unwrap();
+    write(d.path(), "t.toml", TINY);
+    let o = crate::common::clean_cmd(
+        std::path::Path::new(crate::common::KILN),
+        d.path(),
+        &["run", "t.toml", "--quiet", "--run-dir", "cpu"],
+    )
+    .env_remove("XDG_RUNTIME_DIR")
+    .output()
+    .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(!stderr(&o).contains("XDG_RUNTIME_DIR"), "{}", stderr(&o));
+    let env: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(d.path().join("cpu/env.json")).unwrap()).unwrap();
+    let session = &env["sessions"][0];
+    assert!(session["accelerators"].is_object(), "{env}");
+    assert!(session["accelerators"]["wgpu"].is_null(), "{env}");
+}
