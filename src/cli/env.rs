@@ -38,7 +38,7 @@ pub fn env(a: &EnvArgs) -> Result<()> {
         None => None,
     };
     if a.json {
-        let v = crate::rundir::record::record(config.as_ref());
+        let v = crate::rundir::record::record(config.as_ref(), true);
         crate::outln!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
         return Ok(());
     }

@@ -75,7 +75,8 @@ impl LaunchConfig {
         }
         // node 0's address, before a run waits on it (issue 45, defect 23: an empty or
         // malformed one failed only at the rendezvous, with the wrong help)
-        let addr = l.master_addr.trim();
+        // (untrimmed: the rendezvous connects to it as it is)
+        let addr = l.master_addr.as_str();
         let host_char = |c: char| c.is_ascii_alphanumeric() || ".-_:[]%".contains(c);
         if l.nnodes > 1 && (addr.is_empty() || !addr.chars().all(host_char)) {
             let shown: String = l.master_addr.chars().take(200).collect();

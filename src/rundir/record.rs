@@ -158,11 +158,15 @@ const SHOWN: [&str; 11] = [
 /// `SESSION`, `COOKIE`).
 fn shown(name: &str) -> bool {
     let n = name.to_ascii_uppercase();
-    let secret = [
-        "TOKEN", "SECRET", "PASS", "KEY", "AUTH", "CRED", "PRIVATE", "CERT", "SESSION", "COOKIE",
-    ]
-    .iter()
-    .any(|w| n.contains(w));
+    // by `_`-separated word: `KILN_DATA__TOKENIZER` is no token, `KILN_PASSWD` a password
+    let secret = n.split('_').any(|w| {
+        ["TOKEN", "KEY", "KEYS", "APIKEY"].contains(&w)
+            || [
+                "PASS", "SECRET", "AUTH", "CRED", "PRIVATE", "CERT", "SESSION", "COOKIE",
+            ]
+            .iter()
+            .any(|p| w.starts_with(p))
+    });
     let known = n.starts_with("NCCL_")
         || SHOWN.contains(&n.as_str())
         || (n.starts_with("KILN_") && n.contains("__"));
@@ -201,13 +205,15 @@ fn sha256(path: &Path) -> Option<String> {
 
 /// Everything about this process and machine, for the experiment `r` when there is one: what
 /// `kiln env --json` prints and one session of `env.json`.
-pub fn record(r: Option<&Resolved>) -> Value {
+pub fn record(r: Option<&Resolved>, probe_all: bool) -> Value {
     let mut v = json!({
         "time": crate::ui::rfc3339(std::time::SystemTime::now()),
         "kiln": build(),
         "machine": machine(),
         // `kiln env` probes every backend; a run only its own
-        "accelerators": accelerators(r.is_none_or(|r| r.config.backend.device == crate::config::Device::Wgpu)),
+        "accelerators": accelerators(
+            probe_all || r.is_some_and(|r| r.config.backend.device == crate::config::Device::Wgpu)
+        ),
         "pid": std::process::id(),
         "command_line": std::env::args().collect::<Vec<_>>(),
         "working_directory": std::env::current_dir().ok().map(|d| d.display().to_string()),
@@ -249,7 +255,7 @@ pub fn append_session(run_dir: &Path, r: &Resolved, backend: &str) -> Result<()>
         },
         Err(_) => Vec::new(),
     };
-    let mut session = record(Some(r));
+    let mut session = record(Some(r), false);
     session["backend"]["name"] = Value::String(backend.to_string());
     sessions.push(session);
     super::write_json(&path, &json!({ "sessions": sessions }))
@@ -281,10 +287,12 @@ mod tests {
             "NCCL_SOCKET_IFNAME",
             "KILN_OPTIM__LR",
             "KILN_LAUNCH__TOKEN_FILE_DIR",
+            "KILN_DATA__TOKENIZER",
+            "KILN_DATA__TOKENS",
             "KILN_STORE_FD",
             "KILN_WORKER_ROUND",
         ] {
-            let want = !name.contains("TOKEN");
+            let want = !name.contains("TOKEN_");
             assert_eq!(shown(name), want, "{name}");
         }
     }

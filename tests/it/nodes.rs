@@ -279,7 +279,7 @@ fn launch_settings_come_from_flags_torchrun_and_slurm_variables() {
         "{e}"
     );
     // issue 45, defect 23: an empty or malformed node 0 address is bad input, said up front
-    for addr in ["", "  ", "node 0", "host;rm"] {
+    for addr in ["", "  ", " 10.0.0.1", "node 0", "host;rm"] {
         let (code, _, e) = env(&[("WORLD_SIZE", "2"), ("RANK", "1"), ("MASTER_ADDR", addr)]);
         assert_eq!(code, Some(2), "{addr:?}: {e}");
         assert!(

@@ -351,7 +351,8 @@ mod on_wgpu {
 
 /// Issue 45, defect 27: a run off wgpu does not probe wgpu's adapters for `env.json` (in a
 /// wgpu build the probe made Vulkan's loader print "XDG_RUNTIME_DIR is invalid or not set"
-/// twice on every CPU run); `kiln env` still lists them.
+/// twice on every CPU run); `kiln env` still lists them. (A build without wgpu never probes.)
+#[cfg(feature = "wgpu")]
 #[test]
 fn a_cpu_run_does_not_probe_wgpu() {
     let d = kiln::testdir::tempdir().unwrap();
