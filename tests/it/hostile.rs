@@ -476,6 +476,17 @@ fn state_json_fields_are_checked_before_anything_acts_on_them() {
             let o = within(d.path(), &["ckpt", "verify", "named"], 20);
             assert_eq!(o.status.code(), Some(1), "{field}: {}", stderr(&o));
             assert!(stderr(&o).contains(says), "{field}: {}", stderr(&o));
+            // issue 45, defect 29: `ckpt list` runs verify's checks, state.json's included
+            let o = within(d.path(), &["ckpt", "list", "named"], 20);
+            let out = String::from_utf8_lossy(&o.stdout).into_owned();
+            let line = out
+                .lines()
+                .find(|l| l.starts_with("step-00000008"))
+                .unwrap_or_default();
+            assert!(
+                line.contains("invalid") && line.contains(says),
+                "{field}: {out}"
+            );
         }
     }
 }
