@@ -194,7 +194,8 @@ fn generate<B: RankBackend>(
     let mut logits = dec.prefill(&context)?;
     let start = Instant::now();
     let mut out: Vec<u8> = Vec::new();
-    let mut stopped = None;
+    // (a reader gone before the first token: nothing is generated)
+    let mut stopped = (!open).then(|| "a closed output".to_string());
     let mut made = 0;
     while made < o.tokens && open {
         // (a padded vocabulary's extra rows are never drawn)
