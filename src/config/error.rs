@@ -103,6 +103,15 @@ pub fn edit_distance(a: &str, b: &str) -> usize {
 }
 
 /// The candidate closest to `word`, if it is close enough to be a plausible typo.
+/// `text` cut to its first `max` characters for a message that quotes it (a value, a file's
+/// error), saying how much was left out.
+pub fn brief(text: &str, max: usize) -> String {
+    match text.char_indices().nth(max) {
+        Some((at, _)) => format!("{}... ({} more bytes)", &text[..at], text.len() - at),
+        None => text.to_string(),
+    }
+}
+
 pub fn closest<'a>(word: &str, candidates: &[&'a str]) -> Option<&'a str> {
     candidates
         .iter()

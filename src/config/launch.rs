@@ -79,17 +79,11 @@ impl LaunchConfig {
         let addr = l.master_addr.as_str();
         let host_char = |c: char| c.is_ascii_alphanumeric() || ".-_:[]%".contains(c);
         if l.nnodes > 1 && (addr.is_empty() || !addr.chars().all(host_char)) {
-            let shown: String = l.master_addr.chars().take(200).collect();
-            let more = if l.master_addr.chars().count() > 200 {
-                "..."
-            } else {
-                ""
-            };
             return Err(r.key_error(
                 "launch.master_addr",
                 format!(
-                    "`launch.master_addr` = \"{}{more}\" is not a host name or IP address",
-                    shown.escape_debug()
+                    "`launch.master_addr` = \"{}\" is not a host name or IP address",
+                    super::brief(&l.master_addr, 200).escape_debug()
                 ),
                 Some("set it (or MASTER_ADDR) to node 0's host name or IP address, the same on every node".into()),
             ));

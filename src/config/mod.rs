@@ -34,7 +34,7 @@ mod train;
 pub use backend::*;
 pub use checkpoint::*;
 pub use data::*;
-pub use error::{closest, edit_distance, ConfigError, KeyError};
+pub use error::{brief, closest, edit_distance, ConfigError, KeyError};
 pub use experiment::*;
 pub use launch::*;
 pub use load::{

@@ -42,16 +42,6 @@ pub fn from_config(r: &crate::config::Resolved) -> Result<Tokenizer, super::Data
 /// GPT-2's end-of-text token.
 pub const GPT2_EOT: u32 = 50256;
 
-/// `text` cut to its first 300 characters (what a message quotes of a file), saying how much
-/// was left out.
-fn brief(text: &str) -> String {
-    const MAX: usize = 300;
-    match text.char_indices().nth(MAX) {
-        Some((at, _)) => format!("{}... ({} more bytes)", &text[..at], text.len() - at),
-        None => text.to_string(),
-    }
-}
-
 impl Tokenizer {
     /// `spec`: `"bytes"`, `"gpt2"`, or the path of a `tokenizer.json` (relative paths against
     /// `base`).
@@ -95,14 +85,14 @@ impl Tokenizer {
                         return Err(format!(
                             "{}: not a tokenizer.json Hugging Face's `tokenizers` reads: {}",
                             p.display(),
-                            brief(&e.to_string())
+                            crate::config::brief(&e.to_string(), 300)
                         ))
                     }
                     Err(panic) => {
                         return Err(format!(
                             "{}: Hugging Face's `tokenizers` cannot build a tokenizer from it ({}); check its `model` (vocab and merges)",
                             p.display(),
-                            brief(&crate::panic::message(panic.as_ref()))
+                            crate::config::brief(&crate::panic::message(panic.as_ref()), 300)
                         ))
                     }
                 };

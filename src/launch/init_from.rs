@@ -26,26 +26,19 @@ fn init_format(
         _ => WeightFormat::PyTorch,
     };
     let family_format = |f: WeightFormat| {
-        if model.formats().contains(&f) {
+        if portable::formats_of(model).contains(&f) {
             Ok(f)
         } else {
             Err(format!(
-                "model `{}` has no {} names (its family reads pytorch and burn names{})",
+                "model `{}` has no {} names (it has {})",
                 model.kind(),
                 f.name(),
-                model
-                    .formats()
-                    .iter()
-                    .map(|f| format!(", {}", f.name()))
-                    .collect::<String>()
+                portable::format_names(model)
             ))
         }
     };
     // kiln's own metadata may name a format of another family's (an export of a gpt)
-    let kiln = || match metadata() {
-        f if f.universal() => Ok(f),
-        f => family_format(f),
-    };
+    let kiln = || family_format(metadata());
     match asked {
         InitFormat::Kiln => kiln(),
         InitFormat::HfGpt2 => family_format(WeightFormat::HfGpt2),

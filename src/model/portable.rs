@@ -34,11 +34,20 @@ impl WeightFormat {
             WeightFormat::NanoGpt => "nanogpt",
         }
     }
-    /// Whether it is PyTorch's or Burn's names, which every family has (the others are some
-    /// families' own: `Family::formats`).
-    pub fn universal(self) -> bool {
-        matches!(self, WeightFormat::PyTorch | WeightFormat::Burn)
-    }
+}
+
+/// The formats `model` reads and writes: PyTorch's and Burn's names, which every family has,
+/// then its family's own (`Family::formats`).
+pub fn formats_of(model: &dyn Model) -> Vec<WeightFormat> {
+    let mut all = vec![WeightFormat::PyTorch, WeightFormat::Burn];
+    all.extend(model.formats());
+    all
+}
+
+/// `formats_of(model)` by name, for messages: "pytorch, burn, hf-gpt2, nanogpt".
+pub fn format_names(model: &dyn Model) -> String {
+    let names: Vec<&str> = formats_of(model).iter().map(|f| f.name()).collect();
+    names.join(", ")
 }
 
 /// One tensor of the exported weights and the parameter it holds.

@@ -545,19 +545,20 @@ pub fn estimate(c: &Config, layout: &ParamLayout, world: usize) -> Vec<Memory> {
     (0..world)
         .map(|rank| {
             let (params_bytes, grads_bytes, optim_elems) = match c.strategy.kind {
-                StrategyKind::Single | StrategyKind::Ddp => (whole, whole, n),
                 StrategyKind::Dp => (whole, whole, if rank == 0 { n } else { 0 }),
-                StrategyKind::Fsdp => {
+                StrategyKind::Fsdp if !is_ddp(c) => {
                     let shard: usize = fsdp::units(layout, c.strategy.unit, world)
                         .iter()
                         .map(|u| u.shard_len)
                         .sum();
-                    match c.strategy.sharding {
-                        Sharding::Full => (shard * 4, shard * 4, shard),
-                        Sharding::GradOp => (whole, shard * 4, shard),
-                        Sharding::None => (whole, whole, n),
+                    if c.strategy.sharding == Sharding::Full {
+                        (shard * 4, shard * 4, shard)
+                    } else {
+                        (whole, shard * 4, shard)
                     }
                 }
+                // single, ddp, and fsdp without sharding (built as ddp)
+                _ => (whole, whole, n),
             };
             Memory {
                 rank,

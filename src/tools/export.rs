@@ -123,16 +123,12 @@ pub fn export(run_dir: &Path, o: &ExportOptions) -> Result<ExportReport> {
     let (path, (state, model, loaded)) =
         crate::launch::read_model_checkpoint(&store, o.from.as_deref(), &r)?;
     // a format of the family's own (`Family::formats`), and its config.json where it has one
-    if !o.format.universal() && !model.formats().contains(&o.format) {
+    if !portable::formats_of(model.as_ref()).contains(&o.format) {
         return Err(Error::Usage(format!(
-            "--format {} is not a format of model.kind = \"{}\" (the run's); it has pytorch, burn{}",
+            "--format {} is not a format of model.kind = \"{}\" (the run's); it has {}",
             o.format.name(),
             model.kind(),
-            model
-                .formats()
-                .iter()
-                .map(|f| format!(", {}", f.name()))
-                .collect::<String>()
+            portable::format_names(model.as_ref())
         )));
     }
     let hf_config = model

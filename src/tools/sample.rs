@@ -123,7 +123,7 @@ pub fn sample(
     let store = checkpoint_store(run_dir)?;
     let (_, (_, model, loaded)) =
         crate::launch::read_model_checkpoint(&store, o.from.as_deref(), &r)?;
-    let Task::LanguageModel { vocab, .. } = model.task() else {
+    let Task::LanguageModel { vocab, block } = model.task() else {
         return Err(Error::Usage(format!(
             "kiln sample generates text from a language model, but `{}` trained model.kind = \"{}\", a classifier",
             run_dir.display(),
@@ -147,7 +147,7 @@ pub fn sample(
             match placement.backend {
                 $($(#[$a])* crate::backend::BackendKind::$v => generate::<$ty>(
                     &r.config.backend, placement.ordinals.first().copied().unwrap_or(0),
-                    model.as_ref(), &loaded.params, &tokenizer, o, on_bytes, $name),)*
+                    model.as_ref(), block, &loaded.params, &tokenizer, o, on_bytes, $name),)*
             }
         };
     }
@@ -160,6 +160,8 @@ fn generate<B: RankBackend>(
     be: &crate::config::BackendConfig,
     ordinal: usize,
     model: &dyn Model,
+    // the model's context window (`Task::LanguageModel`'s block)
+    block: usize,
     params: &[f32],
     tokenizer: &Tokenizer,
     o: &SampleOptions,
@@ -168,9 +170,6 @@ fn generate<B: RankBackend>(
 ) -> Result<SampleReport> {
     let device = B::rank_device(be, ordinal);
     B::prepare(&device, be.precision).map_err(Error::Usage)?;
-    let Task::LanguageModel { block, .. } = model.task() else {
-        unreachable!("`sample` checked that the model is a language model");
-    };
     let mut dec = crate::model::decoder_on::<B::InnerBackend>(model, params, &device, o.cache)?
         .ok_or_else(|| {
             Error::Usage(format!(
