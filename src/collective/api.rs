@@ -87,7 +87,7 @@ pub enum CollectiveError {
         op: OpId,
         reason: String,
     },
-    /// The collective cannot do what was asked of it (e.g. form a sub-group across nodes).
+    /// The collective cannot do what was asked of it (e.g. a split color above NCCL's limit).
     #[error("rank {rank}: {what}")]
     Unsupported { rank: usize, what: String },
     /// Another rank failed; this one stops too.

@@ -589,10 +589,17 @@ impl Collective for LocalRank {
         self.stopper().stop(reason);
     }
 
-    /// A new in-process group per color, sharing this group's timeout; the members agree on
-    /// the groups through one exchange of (color, key), then the first member to get there
-    /// makes each group's exchange and the others take it.
     fn split(&mut self, color: usize, key: usize) -> Result<Box<dyn Collective>, CollectiveError> {
+        Ok(Box::new(self.split_local(color, key)?))
+    }
+}
+
+impl LocalRank {
+    /// `Collective::split` of an in-process group: a new in-process group per color, sharing
+    /// this group's timeout; the members agree on the groups through one exchange of (color,
+    /// key), then the first member to get there makes each group's exchange and the others
+    /// take it.
+    pub fn split_local(&mut self, color: usize, key: usize) -> Result<LocalRank, CollectiveError> {
         // the limit NCCL has, so a program that splits here splits there; exact in an f64
         for (what, v) in [("color", color), ("key", key)] {
             if i32::try_from(v).is_err() {
@@ -630,11 +637,11 @@ impl Collective for LocalRank {
             }
             ex
         };
-        Ok(Box::new(LocalRank {
+        Ok(LocalRank {
             rank,
             seq: 0,
             shared,
-        }))
+        })
     }
 }
 

@@ -50,12 +50,21 @@ impl RingCloser {
     }
 }
 
-/// This node's place in the ring of node leaders.
+/// A node in a ring, as errors name it: the job's node number and the ranks (of the ring's
+/// group) on it, its leader's first.
+#[derive(Clone, Debug)]
+pub struct RingPeer {
+    pub node: usize,
+    pub ranks: Vec<usize>,
+}
+
+/// This node's place in a ring of node leaders: the job's ring (every node, global ranks), or
+/// a sub-group's (the nodes that have members of it, in node order).
 pub struct TcpRing {
+    /// This node's position in the ring.
     pub node: usize,
     pub nnodes: usize,
-    /// Global ranks per node (for error messages).
-    pub nproc: usize,
+    peers: Vec<RingPeer>,
     next: Option<TcpStream>,
     prev: Option<TcpStream>,
     seq: u64,
@@ -92,11 +101,29 @@ fn code_kind(c: u8) -> Option<OpKind> {
 }
 
 impl TcpRing {
-    /// A ring over connected sockets (`None` for a single node).
+    /// The job's ring over connected sockets (`None` for a single node): `nproc` global ranks
+    /// per node, node-major.
     pub fn new(
         node: usize,
         nnodes: usize,
         nproc: usize,
+        next: Option<TcpStream>,
+        prev: Option<TcpStream>,
+        timeout: Duration,
+    ) -> Self {
+        let peers = (0..nnodes)
+            .map(|n| RingPeer {
+                node: n,
+                ranks: (n * nproc..(n + 1) * nproc).collect(),
+            })
+            .collect();
+        Self::of_peers(node, peers, next, prev, timeout)
+    }
+
+    /// A ring through `peers` (this node is `peers[pos]`) over connected sockets.
+    pub fn of_peers(
+        pos: usize,
+        peers: Vec<RingPeer>,
         next: Option<TcpStream>,
         prev: Option<TcpStream>,
         timeout: Duration,
@@ -109,9 +136,9 @@ impl TcpRing {
             let _ = n.set_nodelay(true);
         }
         TcpRing {
-            node,
-            nnodes,
-            nproc,
+            node: pos,
+            nnodes: peers.len(),
+            peers,
             next,
             prev,
             seq: 0,
@@ -120,13 +147,30 @@ impl TcpRing {
         }
     }
 
-    fn ranks_of(&self, node: usize) -> String {
-        let lo = node * self.nproc;
-        if self.nproc == 1 {
-            format!("rank {lo}")
-        } else {
-            format!("ranks {lo}-{}", lo + self.nproc - 1)
-        }
+    /// "rank 2 (node 1)", "ranks 2-3 (node 1)", "ranks 1, 3 (node 1)" of ring position `pos`.
+    fn ranks_of(&self, pos: usize) -> String {
+        let Some(p) = self.peers.get(pos) else {
+            return format!("node {pos}");
+        };
+        let r = &p.ranks;
+        let consecutive = r.windows(2).all(|w| w[1] == w[0] + 1);
+        let list = match r[..] {
+            [one] => format!("rank {one}"),
+            [lo, .., hi] if consecutive => format!("ranks {lo}-{hi}"),
+            _ => format!(
+                "ranks {}",
+                r.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(", ")
+            ),
+        };
+        format!("{list} (node {})", p.node)
+    }
+
+    /// The rank errors of position `pos` are told as: its leader's.
+    fn rank_at(&self, pos: usize) -> usize {
+        self.peers
+            .get(pos)
+            .and_then(|p| p.ranks.first().copied())
+            .unwrap_or(pos)
     }
 
     fn prev_node(&self) -> usize {
@@ -134,7 +178,7 @@ impl TcpRing {
     }
 
     fn io_error(&self, op: OpId, peer: usize, e: &std::io::Error) -> CollectiveError {
-        let rank = self.node * self.nproc;
+        let rank = self.rank_at(self.node);
         if matches!(
             e.kind(),
             std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
@@ -148,7 +192,7 @@ impl TcpRing {
                 op,
                 secs: self.timeout.as_secs(),
                 missing: vec![format!(
-                    "{} (node {peer}) never reached {op} (last seen: {seen})",
+                    "{} never reached {op} (last seen: {seen})",
                     self.ranks_of(peer)
                 )],
             }
@@ -156,10 +200,7 @@ impl TcpRing {
             CollectiveError::Aborted {
                 rank,
                 op,
-                reason: format!(
-                    "lost the connection to node {peer} ({}): {e}",
-                    self.ranks_of(peer)
-                ),
+                reason: format!("lost the connection to {}: {e}", self.ranks_of(peer)),
             }
         }
     }
@@ -207,18 +248,18 @@ impl TcpRing {
         self.last_from_prev = Some(theirs);
         if theirs != op || code_kind(header[0]).is_none() {
             return Err(CollectiveError::Mismatch {
-                rank: self.node * self.nproc,
+                rank: self.rank_at(self.node),
                 op,
-                other: prev_node * self.nproc,
+                other: self.rank_at(prev_node),
                 other_op: theirs,
             });
         }
         if len != n {
             return Err(CollectiveError::Size {
-                rank: self.node * self.nproc,
+                rank: self.rank_at(self.node),
                 op,
                 len: n,
-                other: prev_node * self.nproc,
+                other: self.rank_at(prev_node),
                 other_len: len,
             });
         }
@@ -317,4 +358,25 @@ impl TcpRing {
                 .collect(),
         )
     }
+}
+
+/// How a node leader links a new ring (a sub-group's, at `Collective::split`) across nodes:
+/// the job's rendezvous knows the address peers reach this node at and the job's token, which
+/// every link's hello shows.
+pub trait RingLinker: Send + Sync {
+    /// A listener for a new ring on this node, and its address as peers reach it.
+    fn listen(&self) -> std::io::Result<(std::net::TcpListener, String)>;
+    /// Connects to the next node's listener at `next` (saying this is node `node`) while
+    /// accepting node `prev`'s link on `listener`: the links out and in.
+    fn link(
+        &self,
+        listener: &std::net::TcpListener,
+        next: &str,
+        node: usize,
+        prev: usize,
+    ) -> Result<(TcpStream, TcpStream), String>;
+    /// Closes `closer`'s sockets when the job stops, as the job's own ring's are.
+    fn close_on_stop(&self, closer: RingCloser);
+    /// How long a new ring's reads and writes wait.
+    fn timeout(&self) -> Duration;
 }

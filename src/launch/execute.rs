@@ -346,6 +346,7 @@ impl Session<'_> {
             nnodes: j.nnodes,
             ring: j.ring.take(),
             stop: std::sync::Arc::clone(&j.stop),
+            links: std::sync::Arc::clone(&j.links),
             #[cfg(feature = "cuda")]
             nccl_id,
         });

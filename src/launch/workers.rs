@@ -67,6 +67,8 @@ pub struct NodeLink {
     pub ring: Option<TcpRing>,
     /// Stops this node's ranks when the job is stopped (see `rendezvous::JobStop`).
     pub stop: Arc<JobStop>,
+    /// Links the rings of sub-groups that span nodes.
+    pub links: Arc<dyn crate::collective::tcp::RingLinker>,
     /// The job's NCCL unique id (CUDA), shared through the rendezvous store.
     #[cfg(feature = "cuda")]
     pub nccl_id: Option<crate::collective::nccl::Id>,
@@ -119,7 +121,13 @@ pub fn train_ranks<B: RankBackend>(
                 .into_iter()
                 .map(|l| {
                     let r = if l.rank() == 0 { ring.take() } else { None };
-                    RankComm::Node(NodeRank::new(l, r, link.node, link.nnodes))
+                    RankComm::Node(NodeRank::new(
+                        l,
+                        r,
+                        link.node,
+                        link.nnodes,
+                        Some(Arc::clone(&link.links)),
+                    ))
                 })
                 .collect()
         }

@@ -17,7 +17,7 @@ pub mod token;
 
 pub use token::{launcher_token, token, token_with, MAX_TOKEN};
 
-use crate::collective::tcp::TcpRing;
+use crate::collective::tcp::{RingCloser, RingLinker, TcpRing};
 use crate::config::Config;
 use store::{write_frame, StoreClient, StoreError, StoreServer};
 
@@ -30,6 +30,9 @@ pub struct Job {
     pub server: Option<StoreServer>,
     /// The ring between node leaders, handed to local rank 0.
     pub ring: Option<TcpRing>,
+    /// Links the rings of sub-groups that span nodes (`Collective::split`), as the job's ring
+    /// was linked.
+    pub links: Arc<dyn RingLinker>,
     /// Set when this node's training ended: its heartbeats stop counting a lost store as fatal.
     pub done: Arc<AtomicBool>,
     /// Set by the heartbeats when the job was stopped or node 0's store was lost.
@@ -200,12 +203,19 @@ pub fn join(c: &Config, nproc: usize, token: &str, round: usize) -> Result<Job, 
             Arc::clone(&stop),
         )?;
     }
+    let links = Arc::new(JobLinks {
+        ip: local_ip,
+        token: token.to_string(),
+        timeout: Duration::from_secs(c.strategy.timeout_secs),
+        stop: Arc::clone(&stop),
+    });
     Ok(Job {
         node,
         nnodes,
         client,
         server,
         ring,
+        links,
         done,
         stop,
     })
@@ -243,6 +253,56 @@ fn start_heartbeats(
             std::thread::sleep(every / 3);
         })?;
     Ok(())
+}
+
+/// The job's [`RingLinker`]: a new ring's listener on the interface that reaches node 0, its
+/// links made and checked as the job's ring's (the token in each hello, strangers dropped),
+/// within `strategy.timeout_secs`, and its sockets closed when the job stops.
+struct JobLinks {
+    ip: String,
+    token: String,
+    timeout: Duration,
+    stop: Arc<JobStop>,
+}
+
+impl RingLinker for JobLinks {
+    fn listen(&self) -> std::io::Result<(TcpListener, String)> {
+        let l = TcpListener::bind(format!("{}:0", self.ip))?;
+        let addr = l.local_addr()?.to_string();
+        Ok((l, addr))
+    }
+
+    fn link(
+        &self,
+        listener: &TcpListener,
+        next: &str,
+        node: usize,
+        prev: usize,
+    ) -> Result<(TcpStream, TcpStream), String> {
+        let deadline = Instant::now() + self.timeout;
+        let (out, inn) = std::thread::scope(|sc| {
+            let out = sc.spawn(|| ring_link(next, &self.token, node, deadline));
+            let inn = accept_prev(listener, &self.token, prev, deadline);
+            let out = out.join().unwrap_or_else(|_| {
+                Err(StoreError::Refused {
+                    addr: next.to_string(),
+                    why: "the ring link's thread panicked".into(),
+                })
+            });
+            (out, inn)
+        });
+        let out = out.map_err(|e| format!("linking to {next}: {e}"))?;
+        let inn = inn.map_err(|e| format!("waiting for node {prev}'s link: {e}"))?;
+        Ok((out, inn))
+    }
+
+    fn close_on_stop(&self, closer: RingCloser) {
+        self.stop.on_stop(move |_| closer.close());
+    }
+
+    fn timeout(&self) -> Duration {
+        self.timeout
+    }
 }
 
 fn connect_until(addr: &str, deadline: Instant) -> Result<TcpStream, StoreError> {
@@ -497,6 +557,97 @@ mod tests {
         assert_eq!(other.join().unwrap().unwrap(), 1);
         assert!(j0.ring.is_some());
         assert_eq!(j0.server.as_ref().unwrap().rejected(), Vec::<String>::new());
+    }
+
+    /// Issue 44 item 4: sub-groups across nodes over TCP. Two nodes of two ranks each (global
+    /// ranks 0-1 on node 0, 2-3 on node 1) split as HSDP lays them out (shard groups on a node,
+    /// replica groups across nodes with keys that reorder their ranks), and unevenly ({0} and
+    /// {1, 2, 3}: one member on node 0, two on node 1); every op gives what one process gives.
+    #[test]
+    fn sub_groups_span_nodes_over_rings_of_their_own() {
+        use crate::collective::node::NodeRank;
+        use crate::collective::{Collective, LocalGroup, ReduceOp};
+        let port = crate::testdir::free_port();
+        let run_node = move |node: usize| {
+            let mut c = Config::default();
+            c.launch.nnodes = 2;
+            c.launch.node_rank = node;
+            c.launch.master_addr = "127.0.0.1".into();
+            c.launch.master_port = port;
+            c.launch.heartbeat_secs = 0;
+            c.launch.rendezvous_timeout_secs = 30;
+            c.strategy.timeout_secs = 30;
+            let mut job = join(&c, 2, "tok", 0).unwrap();
+            let mut ring = job.ring.take();
+            let ranks = LocalGroup::new(2, Duration::from_secs(30));
+            let links = Arc::clone(&job.links);
+            let out = std::thread::scope(|s| {
+                let hs: Vec<_> = ranks
+                    .into_iter()
+                    .map(|l| {
+                        let r = if l.rank() == 0 { ring.take() } else { None };
+                        let links = Some(Arc::clone(&links));
+                        s.spawn(move || on_rank(NodeRank::new(l, r, node, 2, links)))
+                    })
+                    .collect();
+                hs.into_iter().map(|h| h.join().unwrap()).collect::<Vec<_>>()
+            });
+            job.finish(Duration::from_secs(10));
+            out
+        };
+        fn on_rank(mut c: NodeRank) -> Vec<f32> {
+            let r = c.rank();
+            let mut seen = Vec::new();
+            let mut shard = c.split(r / 2, r).unwrap();
+            let mut replica = c.split(r % 2, 10 - r).unwrap();
+            let mut uneven = c.split(usize::from(r != 0), r).unwrap();
+            for g in [&shard, &replica, &uneven] {
+                seen.extend([g.rank() as f32, g.world() as f32]);
+            }
+            let mut a = [r as f32 + 1.0];
+            replica.all_reduce(&mut a, ReduceOp::Sum).unwrap();
+            let mut g = [0.0; 2];
+            replica.all_gather(&[r as f32, 0.0][..1], &mut g).unwrap();
+            let mut u = [0.0; 3];
+            if uneven.world() == 3 {
+                uneven.all_gather(&[r as f32 * 10.0], &mut u).unwrap();
+                let mut b = [r as f32];
+                // group rank 1 is global rank 2
+                uneven.broadcast(&mut b, 1).unwrap();
+                u[0] += b[0] * 100.0;
+                let mut rs = [0.0; 1];
+                uneven
+                    .reduce_scatter(&[1.0, 2.0, 3.0], &mut rs, ReduceOp::Sum)
+                    .unwrap();
+                u[1] += rs[0] * 1000.0;
+            }
+            let mut w = [1.0];
+            shard.all_reduce(&mut w, ReduceOp::Sum).unwrap();
+            // the parent still works, and a split of a split across nodes
+            let mut p = [1.0];
+            c.all_reduce(&mut p, ReduceOp::Sum).unwrap();
+            let mut again = replica.split(0, replica.rank()).unwrap();
+            let mut x = [r as f64];
+            again.all_reduce_f64(&mut x, ReduceOp::Sum).unwrap();
+            seen.extend(a);
+            seen.extend(g);
+            seen.extend(u);
+            seen.extend([w[0], p[0], x[0] as f32]);
+            seen
+        }
+        let other = std::thread::spawn(move || run_node(1));
+        let mut all = run_node(0);
+        all.extend(other.join().unwrap());
+        // per rank: (rank, world) of shard, replica, uneven; replica sum; replica gather;
+        // uneven gather (+100 x broadcast, +1000 x its reduce-scatter); shard sum; parent sum;
+        // the split of the replica group's sum
+        let want: Vec<Vec<f32>> = vec![
+            vec![0., 2., 1., 2., 0., 1., 4., 2., 0., 0., 0., 0., 2., 4., 2.],
+            vec![1., 2., 1., 2., 0., 3., 6., 3., 1., 210., 3020., 30., 2., 4., 4.],
+            vec![0., 2., 0., 2., 1., 3., 4., 2., 0., 210., 6020., 30., 2., 4., 2.],
+            vec![1., 2., 0., 2., 2., 3., 6., 3., 1., 210., 9020., 30., 2., 4., 4.],
+        ];
+        assert_eq!(all, want);
     }
 
     #[test]
