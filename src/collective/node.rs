@@ -181,7 +181,12 @@ impl Collective for NodeRank {
     }
 
     fn all_gather(&mut self, send: &[f32], out: &mut [f32]) -> Result<(), CollectiveError> {
-        self.gather(send, out, |l, s, o| l.all_gather(s, o), |l, b| l.broadcast(b, 0))
+        self.gather(
+            send,
+            out,
+            |l, s, o| l.all_gather(s, o),
+            |l, b| l.broadcast(b, 0),
+        )
     }
 
     fn all_gather_f64(&mut self, send: &[f64], out: &mut [f64]) -> Result<(), CollectiveError> {
@@ -279,7 +284,10 @@ impl NodeRank {
         let mut listener = None;
         let mut addr = [0.0; ADDR_WORDS];
         if spans && local.rank() == 0 {
-            let links = self.links.clone().ok_or_else(|| unsupported("no rendezvous".into()))?;
+            let links = self
+                .links
+                .clone()
+                .ok_or_else(|| unsupported("no rendezvous".into()))?;
             // a failure here still takes part in the exchange (length 0), so every member of
             // the group fails alike instead of waiting for this node
             if let Ok((l, a)) = links.listen() {
@@ -319,17 +327,23 @@ impl NodeRank {
         else {
             return Err(sub.split_failed(
                 rank,
-                &format!(
-                    "node {} could not listen for it",
-                    failed.join(", node ")
-                ),
+                &format!("node {} could not listen for it", failed.join(", node ")),
             ));
         };
-        let links = self.links.clone().ok_or_else(|| unsupported("no rendezvous".into()))?;
+        let links = self
+            .links
+            .clone()
+            .ok_or_else(|| unsupported("no rendezvous".into()))?;
         let (out, inn) = links
             .link(&listener, &next_addr, here, sub.nodes[prev].node)
             .map_err(|e| sub.split_failed(rank, &e))?;
-        let ring = TcpRing::of_peers(pos, sub.nodes.clone(), Some(out), Some(inn), links.timeout());
+        let ring = TcpRing::of_peers(
+            pos,
+            sub.nodes.clone(),
+            Some(out),
+            Some(inn),
+            links.timeout(),
+        );
         links.close_on_stop(ring.closer());
         sub.ring = Some(ring);
         Ok(sub)

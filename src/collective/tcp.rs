@@ -159,7 +159,10 @@ impl TcpRing {
             [lo, .., hi] if consecutive => format!("ranks {lo}-{hi}"),
             _ => format!(
                 "ranks {}",
-                r.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(", ")
+                r.iter()
+                    .map(|x| x.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
             ),
         };
         format!("{list} (node {})", p.node)

@@ -590,7 +590,9 @@ mod tests {
                         s.spawn(move || on_rank(NodeRank::new(l, r, node, 2, links)))
                     })
                     .collect();
-                hs.into_iter().map(|h| h.join().unwrap()).collect::<Vec<_>>()
+                hs.into_iter()
+                    .map(|h| h.join().unwrap())
+                    .collect::<Vec<_>>()
             });
             job.finish(Duration::from_secs(10));
             out
@@ -643,9 +645,15 @@ mod tests {
         // the split of the replica group's sum
         let want: Vec<Vec<f32>> = vec![
             vec![0., 2., 1., 2., 0., 1., 4., 2., 0., 0., 0., 0., 2., 4., 2.],
-            vec![1., 2., 1., 2., 0., 3., 6., 3., 1., 210., 3020., 30., 2., 4., 4.],
-            vec![0., 2., 0., 2., 1., 3., 4., 2., 0., 210., 6020., 30., 2., 4., 2.],
-            vec![1., 2., 0., 2., 2., 3., 6., 3., 1., 210., 9020., 30., 2., 4., 4.],
+            vec![
+                1., 2., 1., 2., 0., 3., 6., 3., 1., 210., 3020., 30., 2., 4., 4.,
+            ],
+            vec![
+                0., 2., 0., 2., 1., 3., 4., 2., 0., 210., 6020., 30., 2., 4., 2.,
+            ],
+            vec![
+                1., 2., 0., 2., 2., 3., 6., 3., 1., 210., 9020., 30., 2., 4., 4.,
+            ],
         ];
         assert_eq!(all, want);
     }

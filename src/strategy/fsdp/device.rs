@@ -1,111 +1,262 @@
-//! fsdp's device path: sharding = "full" over a device collective (NCCL), where each rank's
-//! shards and their optimizer state live on the device (`keep_on_device`), the update runs
-//! there, and with `strategy.overlap` the all-gathers and reduce-scatters are queued on NCCL's
-//! own stream beside the compute.
+//! fsdp's device path: sharding = "full" on a device backend (`keep_on_device`), where each
+//! rank's shards and their optimizer state live on the device ([`OnDevice`]) and the update runs
+//! there. Over NCCL the gathers run on the device, and with `strategy.overlap` they and the
+//! reduce-scatters are queued on NCCL's own stream beside the compute; over a host collective
+//! they are host-staged (the shard read to the host, the unit written back). Host shards over
+//! NCCL gather into device buffers too (`gather_unit_device`).
+
+use std::collections::VecDeque;
 
 use super::*;
 
-impl Fsdp {
+/// The device path's state, made once by `keep_on_device`: while an fsdp has one, the device
+/// shards are the truth and the host shards a copy brought up to date when asked
+/// (`sync_host`).
+pub(super) struct OnDevice {
+    /// Per unit: this rank's shard and its optimizer state.
+    pub shards: Vec<Box<dyn DeviceParams>>,
+    /// Per unit: this rank's shard of the step's reduced gradient.
+    pub grads: Vec<Option<Box<dyn DeviceTensor>>>,
+    /// What of the host copy lags behind.
+    pub stale: Stale,
+    /// Over NCCL with `strategy.overlap`: all-gathers `prefetch` queued on NCCL's stream, each
+    /// unit's padded buffer (alive until the gather is done), oldest first.
+    pub ahead: VecDeque<(usize, Box<dyn DeviceTensor>, Started)>,
+    /// ... and reduce-scatters queued as units' backwards ended: the unit, its padded gradient
+    /// and its shard's buffer (both alive until done), oldest first.
+    pub inflight: VecDeque<(usize, [Box<dyn DeviceTensor>; 2], Started)>,
+}
+
+/// What of the host copy lags behind the device shards.
+#[derive(Default, Clone, Copy)]
+pub(super) struct Stale {
+    pub params: bool,
+    pub state: bool,
+}
+
+impl OnDevice {
+    /// The device shards of `shards` and their optimizer states, like `proto`; none when the
+    /// backend's buffers are not f32 (the masters stay on the host).
+    pub fn new(
+        proto: &dyn DeviceTensor,
+        shards: &[Vec<f32>],
+        opts: &[Optimizer],
+    ) -> Option<OnDevice> {
+        let shards = shards
+            .iter()
+            .zip(opts)
+            .map(|(shard, opt)| proto.device_params(shard, opt))
+            .collect::<Option<Vec<_>>>()?;
+        Some(OnDevice {
+            grads: shards.iter().map(|_| None).collect(),
+            shards,
+            stale: Stale::default(),
+            ahead: VecDeque::new(),
+            inflight: VecDeque::new(),
+        })
+    }
+
+    /// Brings the host shards (`with_state`: and their optimizer state) up to date.
+    pub fn sync_host(
+        &mut self,
+        shards: &mut [Vec<f32>],
+        opts: &mut [Optimizer],
+        with_state: bool,
+        rank: usize,
+    ) -> Result<(), CollectiveError> {
+        let err = |e| device_error(rank, OpKind::Update, e);
+        if self.stale.params {
+            for (shard, d) in shards.iter_mut().zip(&mut self.shards) {
+                *shard = d.params().map_err(err)?;
+            }
+            self.stale.params = false;
+        }
+        if with_state && self.stale.state {
+            for (opt, d) in opts.iter_mut().zip(&mut self.shards) {
+                opt.import_whole(&d.export().map_err(err)?);
+            }
+            self.stale.state = false;
+        }
+        Ok(())
+    }
+
     /// The reduce-scatters queued on NCCL's stream that finished (`all`: every one, waiting)
     /// added to their shards' gradients, oldest first.
-    pub(super) fn collect_device(&mut self, all: bool) -> Result<(), CollectiveError> {
-        let rank = self.comm.rank();
-        while let Some(&(_, _, started)) = self.dev_inflight.front() {
-            let Some(ops) = self.comm.device_ops() else {
+    pub fn collect(&mut self, comm: &mut Overlapped, all: bool) -> Result<(), CollectiveError> {
+        let rank = comm.rank();
+        while let Some(&(_, _, started)) = self.inflight.front() {
+            let Some(ops) = comm.device_ops() else {
                 break;
             };
             if !all && !ops.is_done(started) {
                 break;
             }
             ops.wait(started)?;
-            if let Some((i, [send, shard], _)) = self.dev_inflight.pop_front() {
+            if let Some((i, [send, shard], _)) = self.inflight.pop_front() {
                 drop(send);
-                add_device_shard(&mut self.dev_grads[i], shard)
+                add_device_shard(&mut self.grads[i], shard)
                     .map_err(|e| device_error(rank, OpKind::ReduceScatter, e))?;
             }
         }
         Ok(())
     }
 
-    /// Forgets the device shards: the host copy is the truth again.
-    /// Waits for everything queued on NCCL's stream before its buffers go (a failure there is
-    /// the collective's: it shows at its next op, and an aborted communicator returns at once).
-    pub(super) fn settle_device_queue(&mut self) {
+    /// Waits for everything queued on NCCL's stream, then forgets it (a failure there is the
+    /// collective's: it shows at its next op, and an aborted communicator returns at once).
+    pub fn settle(&mut self, comm: &mut Overlapped) {
         let last = self
-            .dev_ahead
+            .ahead
             .iter()
             .map(|q| q.2)
-            .chain(self.dev_inflight.iter().map(|q| q.2))
+            .chain(self.inflight.iter().map(|q| q.2))
             .max_by_key(|s| s.ticket);
-        if let (Some(last), Some(ops)) = (last, self.comm.device_ops()) {
+        if let (Some(last), Some(ops)) = (last, comm.device_ops()) {
             let _ = ops.wait(last);
         }
-        self.dev_ahead.clear();
-        self.dev_inflight.clear();
-    }
-
-    pub(super) fn reset_device(&mut self) {
-        self.settle_device_queue();
-        self.dev.clear();
-        self.dev_grads.clear();
-        self.stale = Stale::default();
-        self.device_whole = None;
-        // gathers and reductions of the state being replaced
         self.ahead.clear();
-        self.ready.iter_mut().for_each(|p| *p = None);
-        self.inflight = InFlight::default();
-        self.backward_lr = None;
-        self.stepped.iter_mut().for_each(|d| *d = false);
-        self.stepped_non_finite = false;
+        self.inflight.clear();
     }
 
-    /// All-gathers unit `i` from the device shards into a new device buffer like `proto`
-    /// (unpadded): with one rank its shard is the unit; over NCCL on the device; otherwise
-    /// host-staged (the shard read to the host, the unit written back).
-    pub(super) fn gather_from_device(
+    /// Forgets the gathers `prefetch` queued (of parameters an update replaces, or that the
+    /// step never asked for), once they are done: their buffers stay alive until then.
+    pub fn drop_ahead(&mut self, comm: &mut Overlapped) -> Result<(), CollectiveError> {
+        if let Some(&(_, _, started)) = self.ahead.back() {
+            if let Some(ops) = comm.device_ops() {
+                ops.wait(started)?;
+            }
+        }
+        self.ahead.clear();
+        Ok(())
+    }
+
+    /// Queues the all-gather of unit `i` from its device shard on NCCL's stream (once).
+    pub fn start_gather(
         &mut self,
+        comm: &mut Overlapped,
+        u: &Unit,
         i: usize,
-        proto: &dyn DeviceTensor,
-    ) -> Result<Box<dyn DeviceTensor>, CollectiveError> {
-        let rank = self.comm.rank();
-        let world = self.comm.world();
+    ) -> Result<(), CollectiveError> {
+        if self.ahead.iter().any(|(j, _, _)| *j == i) {
+            return Ok(());
+        }
+        let rank = comm.rank();
         let err = |e: String| device_error(rank, OpKind::AllGather, e);
-        let (len, padded) = (self.units[i].len, self.units[i].padded_len(world));
-        if world == 1 {
-            return Ok(self.dev[i].slice(0..len));
-        }
-        if self.comm.device_ops().is_some() {
-            let send = self.dev[i].raw().map_err(err)?;
-            return self.nccl_gather(send, i, proto);
-        }
-        let shard = self.dev[i].params().map_err(err)?;
-        let mut out = vec![0f32; padded];
-        self.comm.all_gather(&shard, &mut out)?;
-        out.truncate(len);
-        crate::params::transfers::record(crate::params::Moved::ParamsToDevice, len);
-        proto.upload(&out).map_err(err)
+        let padded = u.padded_len(comm.world());
+        let send = self.shards[i].raw().map_err(err)?;
+        let mut recv = self.shards[i].slice(0..0).zeros(padded).map_err(err)?;
+        let recv_raw = recv.raw().map_err(err)?;
+        let ops = comm
+            .device_ops()
+            .ok_or_else(|| err("no device collective".into()))?;
+        let started = ops.start(RawOp::AllGather {
+            send,
+            recv: recv_raw,
+        })?;
+        self.ahead.push_back((i, recv, started));
+        Ok(())
     }
 
-    /// The device path of `update`: the shards' gradients clipped by their global norm, then
-    /// each shard's optimizer step, on the device.
-    pub(super) fn update_on_device(
+    /// Unit `i` from a gather `start_gather` queued, once it is done (unpadded).
+    pub fn take_gathered(
         &mut self,
+        comm: &mut Overlapped,
+        u: &Unit,
+        i: usize,
+    ) -> Result<Option<Box<dyn DeviceTensor>>, CollectiveError> {
+        let Some(k) = self.ahead.iter().position(|(j, _, _)| *j == i) else {
+            return Ok(None);
+        };
+        if let Some(ops) = comm.device_ops() {
+            ops.wait(self.ahead[k].2)?;
+        }
+        Ok(self
+            .ahead
+            .remove(k)
+            .map(|(_, recv, _)| recv.slice(0..u.len)))
+    }
+
+    /// Reduce-scatters (mean) unit `i`'s whole gradient into its shard's gradient: on NCCL's
+    /// stream beside the backward with `strategy.overlap`, else now.
+    pub fn reduce_scatter(
+        &mut self,
+        comm: &mut Overlapped,
+        u: &Unit,
+        i: usize,
+        mut grad: Grads,
+    ) -> Result<(), CollectiveError> {
+        let rank = comm.rank();
+        let err = |e: String| device_error(rank, OpKind::ReduceScatter, e);
+        if let Grads::Host(v) = &grad {
+            // (a unit no micro-step handed a device gradient: its zeros)
+            crate::params::transfers::record(crate::params::Moved::GradsToDevice, v.len());
+            grad = Grads::Device(self.shards[i].slice(0..0).upload(v).map_err(err)?);
+        }
+        if let (true, Grads::Device(d)) = (comm.overlaps_on_device(), &grad) {
+            let mut send = d
+                .padded(0..u.len, u.shard_len * comm.world())
+                .map_err(err)?;
+            let mut shard = d.zeros(u.shard_len).map_err(err)?;
+            let (send_raw, shard_raw) = (send.raw().map_err(err)?, shard.raw().map_err(err)?);
+            let ops = comm
+                .device_ops()
+                .ok_or_else(|| err("no device collective".into()))?;
+            let started = ops.start(RawOp::ReduceScatter {
+                send: send_raw,
+                recv: shard_raw,
+                op: ReduceOp::Mean,
+            })?;
+            self.inflight.push_back((i, [send, shard], started));
+            return self.collect(comm, false);
+        }
+        let shard = grad.reduce_scatter_device(comm, 0..u.len, u.shard_len, ReduceOp::Mean)?;
+        drop(grad);
+        add_device_shard(&mut self.grads[i], shard).map_err(err)
+    }
+
+    /// Adds a host-staged reduction's shard of unit `i` (written back to the device).
+    pub fn add_host_shard(
+        &mut self,
+        rank: usize,
+        i: usize,
+        shard: &[f32],
+    ) -> Result<(), CollectiveError> {
+        let err = |e| device_error(rank, OpKind::ReduceScatter, e);
+        crate::params::transfers::record(crate::params::Moved::GradsToDevice, shard.len());
+        let up = self.shards[i].slice(0..0).upload(shard).map_err(err)?;
+        add_device_shard(&mut self.grads[i], up).map_err(err)
+    }
+
+    /// Whether a gradient shard of this step has NaN or infinite values.
+    pub fn grads_non_finite(&self, rank: usize) -> Result<bool, CollectiveError> {
+        for g in self.grads.iter().flatten() {
+            if g.non_finite()
+                .map_err(|e| device_error(rank, OpKind::Update, e))?
+            {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    /// `update` here: the shards' gradients clipped by their global norm, then each shard's
+    /// optimizer step, on the device.
+    pub fn update(
+        &mut self,
+        comm: &mut Overlapped,
+        units: &[Unit],
         lr: f64,
         clip: Option<f64>,
     ) -> Result<(), CollectiveError> {
-        let rank = self.comm.rank();
+        let rank = comm.rank();
         let err = |e| device_error(rank, OpKind::Update, e);
-        let mut grads = Vec::with_capacity(self.units.len());
-        for (i, u) in self.units.iter().enumerate() {
+        let mut grads = Vec::with_capacity(units.len());
+        for (i, u) in units.iter().enumerate() {
             // a unit that got no gradient this step (none can: every unit is in a stage)
             // steps with zeros
-            grads.push(match self.dev_grads[i].take() {
+            grads.push(match self.grads[i].take() {
                 Some(g) => g,
-                None => self.dev[i].slice(0..0).zeros(u.shard_len).map_err(err)?,
+                None => self.shards[i].slice(0..0).zeros(u.shard_len).map_err(err)?,
             });
-        }
-        for (p, u) in self.pending.iter_mut().zip(&self.units) {
-            p.take(u.len);
         }
         let coef = match clip {
             Some(max_norm) => {
@@ -113,86 +264,92 @@ impl Fsdp {
                 for g in &grads {
                     sq[0] += g.sum_squares().map_err(err)?;
                 }
-                self.comm.all_reduce_f64(&mut sq, ReduceOp::Sum)?;
+                comm.all_reduce_f64(&mut sq, ReduceOp::Sum)?;
                 crate::params::clip_coef(sq[0].sqrt(), max_norm)
             }
             None => None,
         };
-        for (d, g) in self.dev.iter_mut().zip(&mut grads) {
+        for (d, g) in self.shards.iter_mut().zip(&mut grads) {
             d.step_scaled(g.as_mut(), lr, coef).map_err(err)?;
         }
         self.stale = Stale {
             params: true,
             state: true,
         };
-        // whole parameters an evaluation gathered are of the parameters this update replaced
-        self.whole = None;
         Ok(())
     }
 
-    /// All-gathers unit `i` into a new device buffer like `proto` (unpadded).
-    pub(super) fn gather_unit_device(
+    /// Unit `i` gathered from the device shards into a new device buffer like `proto`
+    /// (unpadded): with one rank its shard is the unit; over NCCL on the device; otherwise
+    /// host-staged.
+    pub fn gather(
         &mut self,
+        comm: &mut Overlapped,
+        u: &Unit,
         i: usize,
         proto: &dyn DeviceTensor,
     ) -> Result<Box<dyn DeviceTensor>, CollectiveError> {
-        let rank = self.comm.rank();
+        let rank = comm.rank();
         let err = |e: String| device_error(rank, OpKind::AllGather, e);
-        crate::params::transfers::record(
-            crate::params::Moved::ParamsToDevice,
-            self.units[i].shard_len,
-        );
-        let mut send = proto.upload(&self.shards[i]).map_err(err)?;
-        let send_raw = send.raw().map_err(err)?;
-        let gathered = self.nccl_gather(send_raw, i, proto);
-        drop(send);
-        gathered
+        if comm.world() == 1 {
+            return Ok(self.shards[i].slice(0..u.len));
+        }
+        if comm.device_ops().is_some() {
+            let send = self.shards[i].raw().map_err(err)?;
+            return nccl_gather(comm, send, u, proto);
+        }
+        let shard = self.shards[i].params().map_err(err)?;
+        let mut out = vec![0f32; u.padded_len(comm.world())];
+        comm.all_gather(&shard, &mut out)?;
+        out.truncate(u.len);
+        crate::params::transfers::record(crate::params::Moved::ParamsToDevice, u.len);
+        proto.upload(&out).map_err(err)
     }
 
-    /// All-gathers unit `i` over the device collective from this rank's shard at `send` (alive
-    /// until this returns) into a new device buffer like `proto` (unpadded).
-    pub(super) fn nccl_gather(
-        &mut self,
-        send: crate::params::RawBuf,
-        i: usize,
-        proto: &dyn DeviceTensor,
-    ) -> Result<Box<dyn DeviceTensor>, CollectiveError> {
-        let rank = self.comm.rank();
-        let err = |e: String| device_error(rank, OpKind::AllGather, e);
-        let u = &self.units[i];
-        let (len, padded) = (u.len, u.padded_len(self.comm.world()));
-        let mut recv = proto.zeros(padded).map_err(err)?;
-        let recv_raw = recv.raw().map_err(err)?;
-        match self.comm.device_ops() {
-            Some(ops) => ops.all_gather_raw(send, recv_raw)?,
-            None => return Err(err("no device collective".into())),
-        }
-        Ok(recv.slice(0..len))
-    }
-
-    /// Fsdp unit `i` of the device shards, gathered host-staged: from a gather `prefetch`
-    /// started beside the compute (written to the device), or now.
-    pub(super) fn unit_params_device_staged(
-        &mut self,
-        i: usize,
-        proto: &dyn DeviceTensor,
-    ) -> Result<Option<Box<dyn DeviceTensor>>, CollectiveError> {
-        match self.take_ahead(i)? {
-            Some(p) => {
-                crate::params::transfers::record(crate::params::Moved::ParamsToDevice, p.len());
-                let rank = self.comm.rank();
-                proto
-                    .upload(&p)
-                    .map(Some)
-                    .map_err(|e| device_error(rank, OpKind::AllGather, e))
-            }
-            None => Ok(Some(self.gather_from_device(i, proto)?)),
-        }
+    pub fn state_bytes(&self) -> usize {
+        self.shards.iter().map(|d| d.state_bytes()).sum()
     }
 }
 
+/// Host shard `shard` of unit `u` all-gathered over NCCL into a new device buffer like `proto`
+/// (unpadded): the path of host shards over a device collective.
+pub(super) fn gather_host_shard(
+    comm: &mut Overlapped,
+    shard: &[f32],
+    u: &Unit,
+    proto: &dyn DeviceTensor,
+) -> Result<Box<dyn DeviceTensor>, CollectiveError> {
+    let rank = comm.rank();
+    let err = |e: String| device_error(rank, OpKind::AllGather, e);
+    crate::params::transfers::record(crate::params::Moved::ParamsToDevice, u.shard_len);
+    let mut send = proto.upload(shard).map_err(err)?;
+    let send_raw = send.raw().map_err(err)?;
+    let gathered = nccl_gather(comm, send_raw, u, proto);
+    drop(send);
+    gathered
+}
+
+/// Unit `u` all-gathered over the device collective from this rank's shard at `send` (alive
+/// until this returns) into a new device buffer like `proto` (unpadded).
+fn nccl_gather(
+    comm: &mut Overlapped,
+    send: crate::params::RawBuf,
+    u: &Unit,
+    proto: &dyn DeviceTensor,
+) -> Result<Box<dyn DeviceTensor>, CollectiveError> {
+    let rank = comm.rank();
+    let err = |e: String| device_error(rank, OpKind::AllGather, e);
+    let mut recv = proto.zeros(u.padded_len(comm.world())).map_err(err)?;
+    let recv_raw = recv.raw().map_err(err)?;
+    match comm.device_ops() {
+        Some(ops) => ops.all_gather_raw(send, recv_raw)?,
+        None => return Err(err("no device collective".into())),
+    }
+    Ok(recv.slice(0..u.len))
+}
+
 /// Adds a micro-step's reduced shard on the device into the step's (the first one is it).
-pub(super) fn add_device_shard(
+fn add_device_shard(
     acc: &mut Option<Box<dyn DeviceTensor>>,
     mut shard: Box<dyn DeviceTensor>,
 ) -> Result<(), String> {

@@ -5,54 +5,6 @@
 use super::*;
 
 impl Fsdp {
-    /// Queues the all-gather of fsdp unit `i` from its device shard on NCCL's stream.
-    pub(super) fn start_gather(&mut self, i: usize) -> Result<(), CollectiveError> {
-        let rank = self.comm.rank();
-        let err = |e: String| device_error(rank, OpKind::AllGather, e);
-        let padded = self.units[i].padded_len(self.comm.world());
-        let send = self.dev[i].raw().map_err(err)?;
-        let mut recv = self.dev[i].slice(0..0).zeros(padded).map_err(err)?;
-        let recv_raw = recv.raw().map_err(err)?;
-        let ops = self
-            .comm
-            .device_ops()
-            .ok_or_else(|| err("no device collective".into()))?;
-        let started = ops.start(RawOp::AllGather {
-            send,
-            recv: recv_raw,
-        })?;
-        self.dev_ahead.push_back((i, recv, started));
-        Ok(())
-    }
-
-    /// Queues the reduce-scatter (mean) of fsdp unit `i`'s device gradient on NCCL's stream.
-    pub(super) fn start_reduce_scatter(
-        &mut self,
-        i: usize,
-        grad: &dyn DeviceTensor,
-    ) -> Result<(), CollectiveError> {
-        let rank = self.comm.rank();
-        let err = |e: String| device_error(rank, OpKind::ReduceScatter, e);
-        let u = &self.units[i];
-        let (len, shard_len) = (u.len, u.shard_len);
-        let mut send = grad
-            .padded(0..len, shard_len * self.comm.world())
-            .map_err(err)?;
-        let mut shard = grad.zeros(shard_len).map_err(err)?;
-        let (send_raw, shard_raw) = (send.raw().map_err(err)?, shard.raw().map_err(err)?);
-        let ops = self
-            .comm
-            .device_ops()
-            .ok_or_else(|| err("no device collective".into()))?;
-        let started = ops.start(RawOp::ReduceScatter {
-            send: send_raw,
-            recv: shard_raw,
-            op: ReduceOp::Mean,
-        })?;
-        self.dev_inflight.push_back((i, [send, shard], started));
-        self.collect_device(false)
-    }
-
     /// All-gathers unit `i` and returns its unpadded parameters.
     pub(super) fn gather_unit(&mut self, i: usize) -> Result<Vec<f32>, CollectiveError> {
         let world = self.comm.world();
@@ -77,18 +29,16 @@ impl Fsdp {
     /// gradients, in the order they were started.
     pub(super) fn collect(&mut self, all: bool) -> Result<(), CollectiveError> {
         let rank = self.comm.rank();
-        let (shard_grads, units) = (&mut self.shard_grads, &self.units);
-        let (dev, dev_grads) = (&self.dev, &mut self.dev_grads);
+        let (shard_grads, units, dev) = (&mut self.shard_grads, &self.units, &mut self.dev);
         let mut add = |i: usize, shard: Vec<f32>| -> Result<(), CollectiveError> {
-            if dev.is_empty() {
-                add_shard(&mut shard_grads[i], shard);
-                return Ok(());
+            match dev {
+                // device shards: the host-staged reduction's shard written back
+                Some(d) => d.add_host_shard(rank, i, &shard),
+                None => {
+                    add_shard(&mut shard_grads[i], shard);
+                    Ok(())
+                }
             }
-            // device shards: the host-staged reduction's shard written back
-            let err = |e| device_error(rank, OpKind::ReduceScatter, e);
-            crate::params::transfers::record(crate::params::Moved::GradsToDevice, shard.len());
-            let up = dev[i].slice(0..0).upload(&shard).map_err(err)?;
-            add_device_shard(&mut dev_grads[i], up).map_err(err)
         };
         let mut early = Vec::new();
         self.inflight
@@ -181,19 +131,6 @@ impl Fsdp {
         let lr = self.step_in_backward();
         self.inflight.push((group, lr), p);
         self.collect(false)
-    }
-
-    /// Forgets the gathers `prefetch` queued on NCCL's stream (of parameters an update
-    /// replaces, or that the step never asked for), once they are done: their buffers stay
-    /// alive until then.
-    pub(super) fn drop_ahead(&mut self) -> Result<(), CollectiveError> {
-        if let Some(&(_, _, started)) = self.dev_ahead.back() {
-            if let Some(ops) = self.comm.device_ops() {
-                ops.wait(started)?;
-            }
-        }
-        self.dev_ahead.clear();
-        Ok(())
     }
 }
 

@@ -48,7 +48,7 @@ use crate::params::{
 mod device;
 mod host;
 
-use device::add_device_shard;
+use device::{gather_host_shard, OnDevice};
 use host::add_shard;
 
 /// The flat units of a model for `unit` granularity: the whole model, or each of the layout's
@@ -80,6 +80,10 @@ pub struct Fsdp {
     /// unit = "model" over a device collective: the gathered parameters on the device, for the
     /// current step only.
     device_whole: Option<Box<dyn DeviceTensor>>,
+    /// The device path (sharding = "full" on a device backend), chosen once by
+    /// `keep_on_device`: the shards, their optimizer state and gradients on the device. None:
+    /// the host path, the shards and their update on the host.
+    dev: Option<OnDevice>,
     /// The fsdp unit of each layout unit.
     unit_of: Vec<usize>,
     /// Layout units per fsdp unit, and how many of them handed in their gradient this
@@ -106,33 +110,15 @@ pub struct Fsdp {
     /// with had NaN or infinite values.
     stepped: Vec<bool>,
     stepped_non_finite: bool,
-    /// sharding = "full" on a device backend (`keep_on_device`): per unit, this rank's shard
-    /// and its optimizer state on the device, where the update runs (empty: on the host).
-    dev: Vec<Box<dyn DeviceParams>>,
-    /// Per unit: this rank's shard of the step's reduced gradient, on the device.
-    dev_grads: Vec<Option<Box<dyn DeviceTensor>>>,
-    /// Whether `shards` (and `opts`) lag behind `dev`.
-    stale: Stale,
-    /// Over NCCL with `strategy.overlap`: all-gathers `prefetch` queued on NCCL's stream, each
-    /// unit's padded buffer (alive until the gather is done), oldest first.
-    dev_ahead: std::collections::VecDeque<(usize, Box<dyn DeviceTensor>, Started)>,
-    /// ... and reduce-scatters queued as units' backwards ended: the unit, its padded gradient
-    /// and its shard's buffer (both alive until done), oldest first.
-    dev_inflight: std::collections::VecDeque<(usize, [Box<dyn DeviceTensor>; 2], Started)>,
 }
 
 impl Drop for Fsdp {
     fn drop(&mut self) {
         // (a failed step leaves ops in flight: their buffers outlive them)
-        self.settle_device_queue();
+        if let Some(d) = &mut self.dev {
+            d.settle(&mut self.comm);
+        }
     }
-}
-
-/// What of the host copy lags behind the device shards.
-#[derive(Default, Clone, Copy)]
-struct Stale {
-    params: bool,
-    state: bool,
 }
 
 impl Fsdp {
@@ -186,11 +172,7 @@ impl Fsdp {
             whole: None,
             opts,
             device_whole: None,
-            dev: Vec::new(),
-            dev_grads: Vec::new(),
-            stale: Stale::default(),
-            dev_ahead: Default::default(),
-            dev_inflight: Default::default(),
+            dev: None,
         }
     }
 
@@ -198,20 +180,25 @@ impl Fsdp {
     /// device shards.
     fn sync_host(&mut self, with_state: bool) -> Result<(), CollectiveError> {
         let rank = self.comm.rank();
-        let err = |e| device_error(rank, OpKind::Update, e);
-        if self.stale.params {
-            for (shard, d) in self.shards.iter_mut().zip(&mut self.dev) {
-                *shard = d.params().map_err(err)?;
-            }
-            self.stale.params = false;
+        match &mut self.dev {
+            Some(d) => d.sync_host(&mut self.shards, &mut self.opts, with_state, rank),
+            None => Ok(()),
         }
-        if with_state && self.stale.state {
-            for (opt, d) in self.opts.iter_mut().zip(&mut self.dev) {
-                opt.import_whole(&d.export().map_err(err)?);
-            }
-            self.stale.state = false;
+    }
+
+    /// Back to the host path (the host copy is the truth again: `init`, `load_optimizer`),
+    /// and nothing of the state being replaced in flight.
+    fn reset_device(&mut self) {
+        if let Some(mut d) = self.dev.take() {
+            d.settle(&mut self.comm);
         }
-        Ok(())
+        self.device_whole = None;
+        self.ahead.clear();
+        self.ready.iter_mut().for_each(|p| *p = None);
+        self.inflight = InFlight::default();
+        self.backward_lr = None;
+        self.stepped.iter_mut().for_each(|d| *d = false);
+        self.stepped_non_finite = false;
     }
 
     fn shard_of(&self, u: &Unit, whole: &[f32]) -> Vec<f32> {
@@ -226,7 +213,7 @@ impl Fsdp {
     /// host shards, full sharding by layer (a unit = "model" gathers once a step anyway).
     fn step_in_backward(&self) -> Option<f64> {
         self.backward_lr.filter(|_| {
-            self.reshard && self.dev.is_empty() && self.units.len() > 1 && self.whole.is_none()
+            self.reshard && self.dev.is_none() && self.units.len() > 1 && self.whole.is_none()
         })
     }
 
@@ -286,17 +273,9 @@ impl Strategy for Fsdp {
     }
 
     fn keep_on_device(&mut self, proto: &dyn DeviceTensor) {
-        if !self.reshard || !self.dev.is_empty() {
-            return;
+        if self.reshard && self.dev.is_none() {
+            self.dev = OnDevice::new(proto, &self.shards, &self.opts);
         }
-        for (shard, opt) in self.shards.iter().zip(&self.opts) {
-            match proto.device_params(shard, opt) {
-                Some(d) => self.dev.push(d),
-                // (not an f32 buffer: the masters stay on the host)
-                None => return self.reset_device(),
-            }
-        }
-        self.dev_grads = self.units.iter().map(|_| None).collect();
     }
 
     fn params(&mut self) -> Result<&[f32], CollectiveError> {
@@ -330,18 +309,14 @@ impl Strategy for Fsdp {
 
     fn prefetch(&mut self, units: &[usize]) -> Result<(), CollectiveError> {
         // over NCCL with device shards: queued on NCCL's stream, waited for when asked
-        if self.whole.is_none()
-            && self.units.len() > 1
-            && !self.dev.is_empty()
-            && self.comm.overlaps_on_device()
-        {
-            for &u in units {
-                let i = self.unit_of[u];
-                if !self.dev_ahead.iter().any(|(j, _, _)| *j == i) {
-                    self.start_gather(i)?;
+        if let Some(d) = self.dev.as_mut().filter(|_| self.whole.is_none()) {
+            if self.units.len() > 1 && self.comm.overlaps_on_device() {
+                for &u in units {
+                    let i = self.unit_of[u];
+                    d.start_gather(&mut self.comm, &self.units[i], i)?;
                 }
+                return Ok(());
             }
-            return Ok(());
         }
         // whole parameters need no gather; unit = "model" gathers once, when asked; over a
         // device collective the gather happens on the device, when asked
@@ -349,7 +324,7 @@ impl Strategy for Fsdp {
         if self.whole.is_some()
             || self.units.len() == 1
             || self.comm.device_ops().is_some()
-            || (!self.dev.is_empty() && self.comm.world() == 1)
+            || (self.dev.is_some() && self.comm.world() == 1)
         {
             return Ok(());
         }
@@ -370,14 +345,14 @@ impl Strategy for Fsdp {
         let block: usize = group.iter().map(|&i| self.units[i].shard_len).sum();
         let mut send = Vec::with_capacity(block);
         for &i in &group {
-            if self.dev.is_empty() {
-                send.extend_from_slice(&self.shards[i]);
-            } else {
+            match &mut self.dev {
                 // host-staged: the device shard read to the host
-                let shard = self.dev[i]
-                    .params()
-                    .map_err(|e| device_error(self.comm.rank(), OpKind::AllGather, e))?;
-                send.extend_from_slice(&shard);
+                Some(d) => send.extend_from_slice(
+                    &d.shards[i]
+                        .params()
+                        .map_err(|e| device_error(self.comm.rank(), OpKind::AllGather, e))?,
+                ),
+                None => send.extend_from_slice(&self.shards[i]),
             }
         }
         let one = match group[..] {
@@ -408,29 +383,38 @@ impl Strategy for Fsdp {
         if self.whole.is_some() {
             return Ok(None);
         }
-        if !self.dev.is_empty() {
+        if let Some(d) = &mut self.dev {
+            let comm = &mut self.comm;
             return match self.units.len() {
                 // unit = "model": gathered once per step; layers are slices of it
                 1 => {
                     if self.device_whole.is_none() {
-                        self.device_whole = Some(self.gather_from_device(0, proto)?);
+                        self.device_whole = Some(d.gather(comm, &self.units[0], 0, proto)?);
                     }
                     Ok(self.device_whole.as_ref().map(|d| d.slice(range)))
                 }
                 _ => {
                     let i = self.unit_of[unit];
-                    match self.dev_ahead.iter().position(|(j, _, _)| *j == i) {
-                        // a gather `prefetch` queued on NCCL's stream
-                        Some(k) => {
-                            let started = self.dev_ahead[k].2;
-                            if let Some(ops) = self.comm.device_ops() {
-                                ops.wait(started)?;
-                            }
-                            let len = self.units[i].len;
-                            let taken = self.dev_ahead.remove(k);
-                            Ok(taken.map(|(_, recv, _)| recv.slice(0..len)))
-                        }
-                        None => self.unit_params_device_staged(i, proto),
+                    // a gather `prefetch` queued on NCCL's stream
+                    if let Some(p) = d.take_gathered(comm, &self.units[i], i)? {
+                        return Ok(Some(p));
+                    }
+                    // host-staged: a gather `prefetch` started beside the compute, written to
+                    // the device, or one now
+                    if let Some(p) = self.take_ahead(i)? {
+                        crate::params::transfers::record(
+                            crate::params::Moved::ParamsToDevice,
+                            p.len(),
+                        );
+                        let rank = self.comm.rank();
+                        return proto
+                            .upload(&p)
+                            .map(Some)
+                            .map_err(|e| device_error(rank, OpKind::AllGather, e));
+                    }
+                    match &mut self.dev {
+                        Some(d) => Ok(Some(d.gather(&mut self.comm, &self.units[i], i, proto)?)),
+                        None => Ok(None),
                     }
                 }
             };
@@ -438,15 +422,22 @@ impl Strategy for Fsdp {
         if self.comm.device_ops().is_none() {
             return Ok(None);
         }
+        // host shards over NCCL: gathered into device buffers
         match self.units.len() {
             // unit = "model": gather once per step on the device; layers are slices of it
             1 => {
                 if self.device_whole.is_none() {
-                    self.device_whole = Some(self.gather_unit_device(0, proto)?);
+                    let g =
+                        gather_host_shard(&mut self.comm, &self.shards[0], &self.units[0], proto)?;
+                    self.device_whole = Some(g);
                 }
                 Ok(self.device_whole.as_ref().map(|d| d.slice(range)))
             }
-            _ => Ok(Some(self.gather_unit_device(unit, proto)?)),
+            _ => {
+                let i = self.unit_of[unit];
+                let g = gather_host_shard(&mut self.comm, &self.shards[i], &self.units[i], proto)?;
+                Ok(Some(g))
+            }
         }
     }
 
@@ -483,7 +474,10 @@ impl Strategy for Fsdp {
         let shard_len = u.shard_len;
         let mut pending = self.pending[i].take(len);
         let staged = self.comm.world() > 1 && self.comm.device_ops().is_none();
-        if !self.dev.is_empty() && staged && self.comm.overlaps() {
+        if let Some(d) = &mut self.dev {
+            if !(staged && self.comm.overlaps()) {
+                return d.reduce_scatter(&mut self.comm, &self.units[i], i, pending);
+            }
             // host-staged beside the compute: the unit's gradient read to the host here and
             // reduce-scattered like a host one; `collect` writes its shard back
             if let Grads::Device(d) = &pending {
@@ -491,25 +485,6 @@ impl Strategy for Fsdp {
                 pending =
                     Grads::Host(crate::params::grads_to_host(d.as_ref(), 0..len).map_err(err)?);
             }
-        } else if !self.dev.is_empty() {
-            if let Grads::Host(v) = &pending {
-                // (a unit no micro-step handed a device gradient: its zeros)
-                crate::params::transfers::record(crate::params::Moved::GradsToDevice, v.len());
-                let up = self.dev[i]
-                    .slice(0..0)
-                    .upload(v)
-                    .map_err(|e| device_error(rank, OpKind::ReduceScatter, e))?;
-                pending = Grads::Device(up);
-            }
-            if let (true, Grads::Device(d)) = (self.comm.overlaps_on_device(), &pending) {
-                // on NCCL's stream, beside the backward of the next units
-                return self.start_reduce_scatter(i, d.as_ref());
-            }
-            let shard =
-                pending.reduce_scatter_device(&mut self.comm, 0..len, shard_len, ReduceOp::Mean)?;
-            drop(pending);
-            return add_device_shard(&mut self.dev_grads[i], shard)
-                .map_err(|e| device_error(rank, OpKind::Update, e));
         }
         match pending {
             Grads::Host(g) if self.comm.overlaps() => {
@@ -587,11 +562,9 @@ impl Strategy for Fsdp {
     fn grads_non_finite(&mut self) -> Result<bool, CollectiveError> {
         let rank = self.comm.rank();
         self.collect(true)?;
-        self.collect_device(true)?;
-        for g in self.dev_grads.iter().flatten() {
-            if g.non_finite()
-                .map_err(|e| device_error(rank, OpKind::Update, e))?
-            {
+        if let Some(d) = &mut self.dev {
+            d.collect(&mut self.comm, true)?;
+            if d.grads_non_finite(rank)? {
                 return Ok(true);
             }
         }
@@ -605,15 +578,21 @@ impl Strategy for Fsdp {
 
     fn update(&mut self, lr: f64, clip: Option<f64>) -> Result<(), CollectiveError> {
         self.collect(true)?;
-        self.collect_device(true)?;
         // a gather started for a unit the step never asked for is of parameters this update
         // replaces
-        self.drop_ahead()?;
         self.ahead.clear();
         self.ready.iter_mut().for_each(|p| *p = None);
         self.device_whole = None;
-        if !self.dev.is_empty() {
-            return self.update_on_device(lr, clip);
+        if let Some(d) = &mut self.dev {
+            d.collect(&mut self.comm, true)?;
+            d.drop_ahead(&mut self.comm)?;
+            for (p, u) in self.pending.iter_mut().zip(&self.units) {
+                p.take(u.len);
+            }
+            d.update(&mut self.comm, &self.units, lr, clip)?;
+            // whole parameters an evaluation gathered are of the parameters this replaced
+            self.whole = None;
+            return Ok(());
         }
         // a unit that got no gradient this step (none can: every unit is in a stage) steps
         // with zeros; a unit that stepped in the backward (`step_in_backward`) is done
@@ -675,8 +654,11 @@ impl Strategy for Fsdp {
 
     fn discard_grads(&mut self) -> Result<(), CollectiveError> {
         self.collect(true)?;
-        self.collect_device(true)?;
-        self.drop_ahead()?;
+        if let Some(d) = &mut self.dev {
+            d.collect(&mut self.comm, true)?;
+            d.drop_ahead(&mut self.comm)?;
+            d.grads.iter_mut().for_each(|g| *g = None);
+        }
         debug_assert!(
             !self.stepped.contains(&true),
             "a skippable step stepped units early"
@@ -689,7 +671,6 @@ impl Strategy for Fsdp {
         self.stepped.iter_mut().for_each(|d| *d = false);
         self.stepped_non_finite = false;
         self.shard_grads.iter_mut().for_each(|g| *g = None);
-        self.dev_grads.iter_mut().for_each(|g| *g = None);
         for (p, u) in self.pending.iter_mut().zip(&self.units) {
             p.take(u.len);
         }
@@ -724,10 +705,10 @@ impl Strategy for Fsdp {
     }
 
     fn resident(&self) -> bool {
-        !self.dev.is_empty()
+        self.dev.is_some()
     }
     fn placement(&mut self) -> String {
-        if !self.dev.is_empty() {
+        if self.dev.is_some() {
             let gathered = if self.comm.world() == 1 {
                 "one rank's shard is its unit (nothing to gather)"
             } else if self.comm.device_ops().is_some() {
@@ -757,10 +738,9 @@ impl Strategy for Fsdp {
             rank: self.rank(),
             params_bytes,
             grads_bytes,
-            optim_bytes: if self.dev.is_empty() {
-                self.opts.iter().map(|o| o.state_bytes()).sum()
-            } else {
-                self.dev.iter().map(|d| d.state_bytes()).sum()
+            optim_bytes: match &self.dev {
+                Some(d) => d.state_bytes(),
+                None => self.opts.iter().map(|o| o.state_bytes()).sum(),
             },
             peak_bytes: None,
             host_transfers: None,
