@@ -151,7 +151,7 @@ impl Family for ResMlp {
 
 fn main() {
     let mut registry = Registry::builtin();
-    registry.register("res-mlp", |r, input| {
+    registry.register_with_keys::<ResMlpKeys>("res-mlp", |r, input| {
         let keys: ResMlpKeys = r.model_keys()?;
         Ok(Arc::new(FamilyModel::new(ResMlp {
             features: input.iter().product(),

@@ -27,9 +27,9 @@ pub struct Resolved {
 }
 
 /// One layer: a dictionary plus the metadata that names its source.
-struct Layer {
-    meta: Metadata,
-    dict: Dict,
+pub(super) struct Layer {
+    pub(super) meta: Metadata,
+    pub(super) dict: Dict,
 }
 
 impl Provider for Layer {
@@ -475,7 +475,7 @@ fn parse_value(raw: &str) -> Value {
     }
 }
 
-fn nest(parts: &[String], leaf: Value) -> Dict {
+pub(super) fn nest(parts: &[String], leaf: Value) -> Dict {
     let mut value = leaf;
     for p in parts[1..].iter().rev() {
         let mut d = Dict::new();
@@ -569,63 +569,6 @@ fn parse_message(text: &str, e: &toml::de::Error) -> String {
     }
 }
 
-impl Resolved {
-    /// The `[model]` keys kiln does not know (`ModelConfig::extra`), deserialized into a model
-    /// family's own serde struct `T` (use `#[serde(deny_unknown_fields)]`): an unknown key, a
-    /// wrong type or a missing key is an error naming `model.<key>` and the file (and line),
-    /// variable or flag that set it, as for kiln's own keys.
-    pub fn model_keys<T: serde::de::DeserializeOwned>(&self) -> Result<T, ConfigError> {
-        let mut figment = Figment::new().merge(Layer {
-            meta: Metadata::named(DEFAULT_SOURCE),
-            dict: nest(&["model".into()], Value::from(Dict::new())),
-        });
-        for (k, v) in &self.config.model.extra {
-            let key = format!("model.{k}");
-            let meta = self
-                .figment
-                .find_metadata(&key)
-                .cloned()
-                .unwrap_or_else(|| Metadata::named(DEFAULT_SOURCE));
-            let value = Value::serialize(v).unwrap_or_else(|_| Value::from(v.to_string()));
-            figment = figment.merge(Layer {
-                meta,
-                dict: nest(&["model".into(), k.clone()], value),
-            });
-        }
-        #[derive(serde::Deserialize)]
-        struct Section<T> {
-            model: T,
-        }
-        figment
-            .extract::<Section<T>>()
-            .map(|s| s.model)
-            .map_err(|e| ConfigError::Key(key_error(&figment, e)))
-    }
-
-    /// For a family that has no keys of its own: the first unknown `[model]` key is an error
-    /// naming its source and the closest of kiln's keys.
-    pub fn no_extra_model_keys(&self) -> Result<(), ConfigError> {
-        match self.config.model.extra.keys().next() {
-            None => Ok(()),
-            Some(k) => {
-                let key = format!("model.{k}");
-                let known = super::ModelConfig::known_keys();
-                let names: Vec<&str> = known.iter().map(String::as_str).collect();
-                let help = match closest(k, &names) {
-                    Some(c) => format!("did you mean `model.{c}`?"),
-                    None => format!("valid keys in [model]: {}", names.join(", ")),
-                };
-                Err(ConfigError::Key(KeyError {
-                    key: key.clone(),
-                    message: format!("unknown key `{key}`"),
-                    source: describe_source(&self.figment, &key),
-                    help: Some(help),
-                }))
-            }
-        }
-    }
-}
-
 /// Extracts the typed config, turning the first figment error into a [`KeyError`].
 pub fn extract(figment: &Figment) -> Result<Config, ConfigError> {
     figment
@@ -633,7 +576,7 @@ pub fn extract(figment: &Figment) -> Result<Config, ConfigError> {
         .map_err(|e| ConfigError::Key(key_error(figment, e)))
 }
 
-fn key_error(figment: &Figment, e: figment::Error) -> KeyError {
+pub(super) fn key_error(figment: &Figment, e: figment::Error) -> KeyError {
     use figment::error::Kind;
     let e = e
         .into_iter()

@@ -4,11 +4,12 @@
 
 mod cross;
 mod error;
+mod family_keys;
 mod load;
 mod nccl;
 mod nccl_vars;
 #[cfg(test)]
-mod readme_table;
+pub(crate) mod readme_table;
 mod schema;
 mod show;
 mod validate;
@@ -36,6 +37,7 @@ pub use checkpoint::*;
 pub use data::*;
 pub use error::{brief, closest, edit_distance, ConfigError, KeyError};
 pub use experiment::*;
+pub use family_keys::struct_keys;
 pub use launch::*;
 pub use load::{
     bare_srun, build_figment, describe_source, extract, find_line, load, load_with_flags, Flag,

@@ -18,14 +18,6 @@ pub enum Activation {
     Sigmoid,
 }
 
-/// `model.gelu`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum GeluKind {
-    Exact,
-    Tanh,
-}
-
 /// `model.init_format`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -36,10 +28,11 @@ pub enum InitFormat {
     Nanogpt,
 }
 
-/// `[model]`. Keys kiln does not know are kept in `extra`: a model family registered by the
-/// user's own binary reads them with `Resolved::model_keys`; for kiln's own families they are
-/// unknown keys (an error naming the key, its source and the closest key).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// `[model]`: the keys every family shares (or the data reads). Any other key is kept in
+/// `extra`, a family's own: the family reads them with `Resolved::model_keys` into its serde
+/// struct (gpt's `GptKeys`, a user's family's own), and for a family with no keys of its own they
+/// are unknown keys (an error naming the key, its source and the closest key).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(default)]
 pub struct ModelConfig {
     /// Model family: a name in the model registry (built in: `"mlp"`, `"cnn"`, `"gpt"`).
@@ -52,42 +45,20 @@ pub struct ModelConfig {
     pub hidden_sizes: Vec<usize>,
     /// cnn: output channels of each stage Conv2d -> ReLU -> MaxPool2d(2), in order; required for
     /// cnn. Default: `[]`.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub channels: Vec<usize>,
     /// cnn: the (odd) kernel size of every Conv2d, padded to keep the image size. Default: `3`.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub kernel_size: Option<usize>,
-    /// gpt: vocabulary size (at least 256 for byte-level text). Default: `256`.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    /// Language models (gpt): vocabulary size (at least 256 for byte-level text); the data's
+    /// token ids are checked against it. Default: `256`.
     pub vocab_size: Option<usize>,
-    /// gpt: tokens of context (and of each training window). Default: `128`.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    /// Language models (gpt): tokens of context; the data's training windows are
+    /// `block_size + 1` tokens. Default: `128`.
     pub block_size: Option<usize>,
-    /// gpt: transformer blocks. Default: `4`.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub layers: Option<usize>,
-    /// gpt: attention heads (`dim` must be a multiple). Default: `4`.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub heads: Option<usize>,
-    /// gpt: embedding width. Default: `128`.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub dim: Option<usize>,
-    /// gpt: biases in the Linear and LayerNorm layers. Default: `true`.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub bias: Option<bool>,
-    /// gpt: the output layer shares the token embedding's weights. Default: `true`.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub tie_embeddings: Option<bool>,
-    /// gpt: the MLP's GELU, `"exact"` (erf; nanoGPT's and PyTorch's `nn.GELU()`) or `"tanh"`
-    /// (the tanh approximation: GPT-2's, Hugging Face's `gelu_new`). Default: `"exact"`.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub gelu: Option<GeluKind>,
     /// Start training from these weights instead of the seeded initialisation: a safetensors
     /// file from `kiln export` (either format) or PyTorch's
     /// `safetensors.torch.save_file(model.state_dict(), path)` (f16/bf16/f64 are converted to
     /// f32). Every tensor must be there with its shape, and nothing else. A relative path is
     /// relative to the experiment file. Default: none.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub init_from: Option<String>,
     /// The names and layouts `init_from` holds: `"auto"` (kiln's exports by their metadata,
     /// gpt files by their names and shapes), `"kiln"` (a `kiln export`, either format),
@@ -95,9 +66,9 @@ pub struct ModelConfig {
     /// Conv1D weights `[in, out]`) or `"nanogpt"` (nanoGPT's `GPT`: the same names, Linear
     /// weights `[out, in]`, a `_orig_mod.` prefix of `torch.compile` taken off). Default:
     /// `"auto"`.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub init_format: Option<InitFormat>,
-    /// The keys of a family kiln does not know (a user's model). Default: none.
+    /// A family's own keys (gpt's `layers`, `heads`, `dim`, ...; a user's model's), which the
+    /// family reads with `Resolved::model_keys` into its own serde struct. Default: none.
     #[serde(flatten)]
     pub extra: std::collections::BTreeMap<String, toml::Value>,
     /// Output classes. Default: `10`.
@@ -121,12 +92,6 @@ impl ModelConfig {
             kernel_size: Some(0),
             vocab_size: Some(0),
             block_size: Some(0),
-            layers: Some(0),
-            heads: Some(0),
-            dim: Some(0),
-            bias: Some(false),
-            tie_embeddings: Some(false),
-            gelu: Some(GeluKind::Exact),
             init_from: Some(String::new()),
             init_format: Some(InitFormat::Auto),
             extra: std::collections::BTreeMap::new(),
@@ -140,6 +105,71 @@ impl ModelConfig {
     }
 }
 
+/// Keys a family now owns (gpt's), in the order they had as `ModelConfig` fields (before issue
+/// 44 gave the family its keys): serialized there, after `block_size`, so the TOML of a config,
+/// and its `config_hash`, are what they were (sweep trial directories keep their names).
+const FORMER_FIELDS: [&str; 6] = ["layers", "heads", "dim", "bias", "tie_embeddings", "gelu"];
+
+impl Serialize for ModelConfig {
+    /// The derived order (fields as declared, `extra` where it stands), but the keys of
+    /// `FORMER_FIELDS` where those fields stood: config hashes do not change.
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        // every field by name, no `..`: a new field does not compile until it is written here
+        let ModelConfig {
+            kind,
+            input_size,
+            hidden_sizes,
+            channels,
+            kernel_size,
+            vocab_size,
+            block_size,
+            init_from,
+            init_format,
+            extra,
+            classes,
+            activation,
+            dropout,
+        } = self;
+        let mut m = s.serialize_map(None)?;
+        m.serialize_entry("kind", kind)?;
+        m.serialize_entry("input_size", input_size)?;
+        m.serialize_entry("hidden_sizes", hidden_sizes)?;
+        if !channels.is_empty() {
+            m.serialize_entry("channels", channels)?;
+        }
+        for (k, v) in [
+            ("kernel_size", kernel_size),
+            ("vocab_size", vocab_size),
+            ("block_size", block_size),
+        ] {
+            if let Some(v) = v {
+                m.serialize_entry(k, v)?;
+            }
+        }
+        for k in FORMER_FIELDS {
+            if let Some(v) = extra.get(k) {
+                m.serialize_entry(k, v)?;
+            }
+        }
+        if let Some(v) = init_from {
+            m.serialize_entry("init_from", v)?;
+        }
+        if let Some(v) = init_format {
+            m.serialize_entry("init_format", v)?;
+        }
+        for (k, v) in extra {
+            if !FORMER_FIELDS.contains(&k.as_str()) {
+                m.serialize_entry(k, v)?;
+            }
+        }
+        m.serialize_entry("classes", classes)?;
+        m.serialize_entry("activation", activation)?;
+        m.serialize_entry("dropout", dropout)?;
+        m.end()
+    }
+}
+
 impl Default for ModelConfig {
     fn default() -> Self {
         ModelConfig {
@@ -150,12 +180,6 @@ impl Default for ModelConfig {
             kernel_size: None,
             vocab_size: None,
             block_size: None,
-            layers: None,
-            heads: None,
-            dim: None,
-            bias: None,
-            tie_embeddings: None,
-            gelu: None,
             init_from: None,
             init_format: None,
             extra: Default::default(),
@@ -212,7 +236,7 @@ mod known_key_tests {
     use super::ModelConfig;
 
     /// Every field of `ModelConfig` is a known key (the list that was kept by hand before
-    /// issue 44), and none of `extra`'s.
+    /// issue 44), and none of `extra`'s (gpt's own keys went there with issue 44's item 3).
     #[test]
     fn the_known_model_keys_are_the_structs_fields() {
         let mut got = ModelConfig::known_keys();
@@ -228,12 +252,6 @@ mod known_key_tests {
             "kernel_size",
             "vocab_size",
             "block_size",
-            "layers",
-            "heads",
-            "dim",
-            "bias",
-            "tie_embeddings",
-            "gelu",
             "init_from",
             "init_format",
         ];

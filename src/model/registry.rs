@@ -6,20 +6,46 @@ use std::sync::{Arc, OnceLock};
 use super::api::{ModelError, SharedModel};
 use super::cnn::Cnn;
 use super::engine::FamilyModel;
-use super::gpt::Gpt;
+use super::gpt::{Gpt, GptKeys};
 use super::mlp::Mlp;
-use crate::config::{closest, Resolved};
+use crate::config::{closest, ConfigError, Resolved};
 
 /// Builds a model from the resolved config (its `[model]` section, with every value's source
 /// for errors) and the shape of one input sample.
 pub type Builder =
     Box<dyn Fn(&Resolved, &[usize]) -> Result<SharedModel, ModelError> + Send + Sync>;
 
+/// A family's own `[model]` keys, a serde struct it reads with `Resolved::model_keys`: their
+/// names (for errors and the README's table) and a check that reads them, run before the
+/// builder (by `kiln check` and by a sweep for every trial up front).
+pub struct FamilyKeys {
+    names: Vec<String>,
+    read: Box<dyn Fn(&Resolved) -> Result<(), ConfigError> + Send + Sync>,
+}
+
+impl FamilyKeys {
+    /// The keys of `T` (`#[serde(deny_unknown_fields)]`, so that they can be listed).
+    pub fn of<T: serde::de::DeserializeOwned + 'static>() -> Self {
+        FamilyKeys {
+            names: crate::config::struct_keys::<T>(),
+            read: Box::new(|r: &Resolved| r.model_keys::<T>().map(|_| ())),
+        }
+    }
+}
+
+/// Which `[model]` keys beyond the shared ones a family reads.
+enum Keys {
+    /// None: any other key is an error before its builder runs.
+    Shared,
+    /// Its own, listed (kiln's gpt; a user's family registered with `register_with_keys`).
+    Listed(FamilyKeys),
+    /// Its own, read by its builder (a user's family registered with `register`).
+    Unlisted,
+}
+
 /// Model families by name.
 pub struct Registry {
-    /// Each family's builder, and whether it reads `[model]` keys of its own (else any key
-    /// kiln does not know is an error before its builder runs).
-    builders: BTreeMap<String, (Builder, bool)>,
+    builders: BTreeMap<String, (Builder, Keys)>,
 }
 
 impl Default for Registry {
@@ -35,7 +61,7 @@ impl Registry {
             builders: BTreeMap::new(),
         };
         let own = |r: &mut Registry, kind: &str, b: Builder| {
-            r.builders.insert(kind.to_string(), (b, false));
+            r.builders.insert(kind.to_string(), (b, Keys::Shared));
         };
         own(
             &mut r,
@@ -47,11 +73,9 @@ impl Registry {
             "cnn",
             Box::new(|r, input| Ok(Arc::new(FamilyModel::new(Cnn::for_input(r, input)?)))),
         );
-        own(
-            &mut r,
-            "gpt",
-            Box::new(|r, input| Ok(Arc::new(FamilyModel::new(Gpt::for_input(r, input)?)))),
-        );
+        r.register_with_keys::<GptKeys>("gpt", |r, input| {
+            Ok(Arc::new(FamilyModel::new(Gpt::for_input(r, input)?)))
+        });
         r
     }
 
@@ -64,7 +88,34 @@ impl Registry {
         builder: impl Fn(&Resolved, &[usize]) -> Result<SharedModel, ModelError> + Send + Sync + 'static,
     ) {
         self.builders
-            .insert(kind.to_string(), (Box::new(builder), true));
+            .insert(kind.to_string(), (Box::new(builder), Keys::Unlisted));
+    }
+
+    /// `register` for a family whose own keys are serde struct `T` (with
+    /// `#[serde(deny_unknown_fields)]`): they are read before the builder runs, by `kiln check`
+    /// and by a sweep for every trial up front, and a key of `T` set for another family is an
+    /// error naming this one.
+    pub fn register_with_keys<T: serde::de::DeserializeOwned + 'static>(
+        &mut self,
+        kind: &str,
+        builder: impl Fn(&Resolved, &[usize]) -> Result<SharedModel, ModelError> + Send + Sync + 'static,
+    ) {
+        self.builders.insert(
+            kind.to_string(),
+            (Box::new(builder), Keys::Listed(FamilyKeys::of::<T>())),
+        );
+    }
+
+    /// Every family's listed keys of its own, `(kind, key)`.
+    pub fn family_keys(&self) -> Vec<(&str, &str)> {
+        self.builders
+            .iter()
+            .filter_map(|(kind, (_, keys))| match keys {
+                Keys::Listed(k) => Some((kind.as_str(), &k.names)),
+                _ => None,
+            })
+            .flat_map(|(kind, names)| names.iter().map(move |n| (kind, n.as_str())))
+            .collect()
     }
 
     /// The registered names, sorted.
@@ -76,9 +127,19 @@ impl Registry {
     /// names its source and the closest registered name.
     fn builder(&self, r: &Resolved) -> Result<&Builder, ModelError> {
         let kind = r.config.model.kind.as_str();
-        if let Some((b, own_keys)) = self.builders.get(kind) {
-            if !own_keys {
-                r.no_extra_model_keys()?;
+        if let Some((b, keys)) = self.builders.get(kind) {
+            match keys {
+                Keys::Shared => {
+                    let owners = self.family_keys();
+                    r.no_extra_model_keys_but(|k| {
+                        owners
+                            .iter()
+                            .find(|(_, n)| *n == k)
+                            .map(|(kind, _)| kind.to_string())
+                    })?
+                }
+                Keys::Listed(k) => (k.read)(r)?,
+                Keys::Unlisted => {}
             }
             return Ok(b);
         }
@@ -130,4 +191,22 @@ pub fn registry() -> &'static Registry {
 /// registry.
 pub fn build(r: &Resolved, input: &[usize]) -> Result<SharedModel, ModelError> {
     registry().build(r, input)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The README's config table against the schema: `[model]`'s shared keys and the built-in
+    /// families' own (gpt's `GptKeys`).
+    #[test]
+    fn the_readme_table_lists_every_key_and_only_keys_that_exist() {
+        let keys: Vec<String> = Registry::builtin()
+            .family_keys()
+            .into_iter()
+            .map(|(_, k)| k.to_string())
+            .collect();
+        assert!(keys.contains(&"layers".to_string()), "{keys:?}");
+        crate::config::readme_table::check_readme_table(&keys);
+    }
 }

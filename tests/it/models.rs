@@ -342,6 +342,42 @@ fn bad_gpt_and_text_keys_are_bad_input_naming_the_key() {
         e.starts_with("error: `data.eval_fraction` = 1.5 is out of range"),
         "{e}"
     );
+    // issue 44, item 3: gpt's own keys are read as a user's family's are (`GptKeys`), with the
+    // same errors: a wrong type and a typo name the key and where it was set
+    let e = run(&["model.layers=\"two\""]);
+    assert!(
+        e.contains("model.layers") && e.contains("--set model.layers=\"two\""),
+        "{e}"
+    );
+    assert_eq!(
+        run(&["model.layer=2"]),
+        "error: unknown key `model.layer`\n  --> --set model.layer=2\n  = help: did you mean `model.layers`?\n"
+    );
+    // (a typo of a shared key is told the shared key)
+    assert_eq!(
+        run(&["model.vocab_sizes=300"]),
+        "error: unknown key `model.vocab_sizes`\n  --> --set model.vocab_sizes=300\n  = help: did you mean `model.vocab_size`?\n"
+    );
+    // and a gpt key set for another family names the family it belongs to
+    let mut mlp = GPT.replace("kind = \"gpt\"", "kind = \"mlp\"");
+    mlp = mlp.replace("vocab_size = 256\nblock_size = 32\n", "");
+    write(d.path(), "m.toml", &mlp);
+    let o = kiln(d.path(), &["check", "m.toml"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert_eq!(
+        stderr(&o),
+        "error: `model.dim` is a key of model.kind = \"gpt\", not of \"mlp\"\n  --> m.toml:9\n  = help: remove it, or set `model.kind = \"gpt\"`\n"
+    );
+    // kiln check shows them with their sources, and a --set reaches them
+    let o = kiln(d.path(), &["check", "t.toml", "--set", "model.layers=3"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let out = String::from_utf8_lossy(&o.stdout).to_string();
+    assert!(
+        out.contains("layers = 3")
+            && out.contains("--set model.layers=3")
+            && out.contains("heads = 2"),
+        "{out}"
+    );
 }
 
 /// GPT with dropout, shuffled windows and checkpoints every 2 steps (mid-epoch).

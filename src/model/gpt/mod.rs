@@ -9,6 +9,9 @@
 //! a time.
 
 mod hf;
+mod keys;
+
+pub use keys::{GeluKind, GptKeys};
 
 use burn::module::Module;
 use burn::nn::{Embedding, EmbeddingConfig, LayerNorm, LayerNormConfig, Linear, LinearConfig};
@@ -171,15 +174,16 @@ impl Gpt {
     /// The GPT of `[model]`; its samples must be windows of `block_size + 1` tokens.
     pub fn for_input(r: &Resolved, input: &[usize]) -> Result<Self, ModelError> {
         let c = &r.config.model;
+        let k: GptKeys = r.model_keys()?;
         let g = Gpt {
             vocab: c.vocab_size.unwrap_or(256),
             block: c.block_size.unwrap_or(128),
-            layers: c.layers.unwrap_or(4),
-            heads: c.heads.unwrap_or(4),
-            dim: c.dim.unwrap_or(128),
-            bias: c.bias.unwrap_or(true),
-            tie: c.tie_embeddings.unwrap_or(true),
-            gelu_tanh: c.gelu == Some(crate::config::GeluKind::Tanh),
+            layers: k.layers.unwrap_or(4),
+            heads: k.heads.unwrap_or(4),
+            dim: k.dim.unwrap_or(128),
+            bias: k.bias.unwrap_or(true),
+            tie: k.tie_embeddings.unwrap_or(true),
+            gelu_tanh: k.gelu == Some(GeluKind::Tanh),
             dropout: c.dropout,
             masks: MaskCache::default(),
         };
