@@ -1,17 +1,17 @@
 //! Token data for language models: a token store (bytes of a text file, generated ids, or a
-//! memory-mapped file of little-endian `u16`/`u32` ids, nanoGPT's `prepare.py` format) and the
-//! windows a dataset numbers over it. Token ids stay integers from the file to the model.
+//! file of little-endian `u16`/`u32` ids, nanoGPT's `prepare.py` format) and the windows a
+//! dataset numbers over it. Token ids stay integers from the file to the model.
 //!
-//! `data.kind = "tokens"` maps the file (`memmap2`) instead of reading it: memory does not grow
-//! with the file. Ids are checked against the vocabulary in chunks of `CHECK_CHUNK` tokens, the
-//! first chunk of each file when it is opened (a file of the wrong dtype or vocabulary is bad
-//! input before anything is written) and every other chunk the first time a window reaches it,
-//! never the whole file up front. Pages read are handed back to the kernel (`MADV_DONTNEED`;
-//! the file stays in the page cache), so the process's resident set stays small however much
-//! of a large file an epoch visits.
+//! `data.kind = "tokens"` reads each window from the file when it is asked for (a positional
+//! read of its bytes; the file stays in the page cache), never the whole file: memory does not
+//! grow with the file. The first chunk of `CHECK_CHUNK` tokens is checked when the file is
+//! opened (a file of the wrong dtype or vocabulary is bad input before anything is written),
+//! and every window's ids when it is read: a file changed or truncated under a running job is
+//! an error naming it, never ids past the vocabulary (the embedding would panic) nor a SIGBUS
+//! (what a memory map of a truncated file gives).
 
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU8, Ordering};
 
 use super::DataError;
 
@@ -40,14 +40,14 @@ impl TokenDType {
     }
 }
 
-/// A memory-mapped token file.
+/// A token file, read a window at a time.
 #[derive(Debug)]
-pub struct Mapped {
-    map: memmap2::Mmap,
+pub struct TokenFile {
+    file: std::fs::File,
     dtype: TokenDType,
     path: PathBuf,
-    /// Per chunk of `CHECK_CHUNK` tokens: 0 unchecked, 1 checked.
-    checked: Vec<AtomicU8>,
+    /// Its length in tokens when it was opened.
+    tokens: usize,
 }
 
 /// Where a dataset's tokens are.
@@ -57,8 +57,8 @@ pub enum TokenStore {
     Bytes(Vec<u8>),
     /// Ids in memory (generated data).
     Ids(Vec<u32>),
-    /// A token file, mapped.
-    Mapped(Mapped),
+    /// A token file, read a window at a time.
+    File(TokenFile),
 }
 
 impl TokenStore {
@@ -66,7 +66,7 @@ impl TokenStore {
         match self {
             TokenStore::Bytes(b) => b.len(),
             TokenStore::Ids(v) => v.len(),
-            TokenStore::Mapped(m) => m.map.len() / m.dtype.size(),
+            TokenStore::File(m) => m.tokens,
         }
     }
 
@@ -74,9 +74,9 @@ impl TokenStore {
         self.len() == 0
     }
 
-    /// Maps the token file `path` of `dtype` (named by config key `key`), checking its length and
-    /// its first chunk of ids against `vocab`.
-    pub fn map(
+    /// Opens the token file `path` of `dtype` (named by config key `key`), checking its length,
+    /// its first chunk of ids against `vocab`, and (u16) that it is not u32 ids.
+    pub fn open(
         path: &Path,
         key: &'static str,
         dtype: TokenDType,
@@ -97,75 +97,20 @@ impl TokenStore {
                 dtype.size()
             )));
         }
-        // SAFETY: the map is read-only; kiln never writes the file, and a file changed under a
-        // running job is outside what it can protect against (as for any reader of it).
-        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
-        let tokens = map.len() / dtype.size();
-        let chunks = tokens.div_ceil(CHECK_CHUNK);
-        let store = TokenStore::Mapped(Mapped {
-            map,
+        let m = TokenFile {
+            file,
             dtype,
             path: path.to_path_buf(),
-            checked: (0..chunks).map(|_| AtomicU8::new(0)).collect(),
-        });
-        if tokens > 0 {
-            store.check_chunk(0, vocab)?;
-        }
-        Ok(store)
-    }
-
-    /// Checks chunk `c` (of `CHECK_CHUNK` tokens) of a mapped file against `vocab`, once.
-    fn check_chunk(&self, c: usize, vocab: usize) -> Result<(), DataError> {
-        let TokenStore::Mapped(m) = self else {
-            return Ok(());
+            tokens: usize::try_from(len).unwrap_or(usize::MAX) / dtype.size(),
         };
-        if m.checked[c].load(Ordering::Acquire) == 1 {
-            return Ok(());
-        }
-        let start = c * CHECK_CHUNK;
-        let end = (start + CHECK_CHUNK).min(self.len());
-        let bad = match m.dtype {
-            TokenDType::U16 => m.map[start * 2..end * 2]
-                .chunks_exact(2)
-                .position(|b| usize::from(u16::from_le_bytes([b[0], b[1]])) >= vocab),
-            TokenDType::U32 => m.map[start * 4..end * 4]
-                .chunks_exact(4)
-                .position(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize >= vocab),
-        };
-        m.release(start, end);
-        if let Some(i) = bad {
-            let at = start + i;
-            return Err(DataError::Invalid(format!(
-                "{}: token {at} (byte offset {}) is id {}, not below `model.vocab_size` = {vocab}; set `model.vocab_size` above the largest id (`kiln tokenize` prints it), or check `data.dtype` (= \"{}\")",
-                m.path.display(),
-                at * m.dtype.size(),
-                self.get(at),
-                m.dtype.name()
-            )));
-        }
-        m.checked[c].store(1, Ordering::Release);
-        Ok(())
+        let mut first = Vec::new();
+        m.ids(0, m.tokens.min(CHECK_CHUNK), &mut first)?;
+        m.check(0, &first, vocab)?;
+        m.not_u32(&first)?;
+        Ok(TokenStore::File(m))
     }
 
-    /// Token `i` (in range).
-    fn get(&self, i: usize) -> u32 {
-        match self {
-            TokenStore::Bytes(b) => u32::from(b[i]),
-            TokenStore::Ids(v) => v[i],
-            TokenStore::Mapped(m) => match m.dtype {
-                TokenDType::U16 => u32::from(u16::from_le_bytes([m.map[2 * i], m.map[2 * i + 1]])),
-                TokenDType::U32 => u32::from_le_bytes([
-                    m.map[4 * i],
-                    m.map[4 * i + 1],
-                    m.map[4 * i + 2],
-                    m.map[4 * i + 3],
-                ]),
-            },
-        }
-    }
-
-    /// Appends tokens `start..start + len` to `out`, checking the chunks they are in first
-    /// (mapped files) against `vocab`.
+    /// Appends tokens `start..start + len` to `out`, checked (files) against `vocab`.
     pub fn read(
         &self,
         start: usize,
@@ -174,37 +119,87 @@ impl TokenStore {
         out: &mut Vec<u32>,
     ) -> Result<(), DataError> {
         let end = start + len;
-        if let TokenStore::Mapped(m) = self {
-            for c in start / CHECK_CHUNK..end.div_ceil(CHECK_CHUNK) {
-                self.check_chunk(c, vocab)?;
+        match self {
+            TokenStore::Bytes(b) => out.extend(b[start..end].iter().map(|&t| u32::from(t))),
+            TokenStore::Ids(v) => out.extend_from_slice(&v[start..end]),
+            TokenStore::File(m) => {
+                let at = out.len();
+                m.ids(start, len, out)?;
+                m.check(start, &out[at..], vocab)?;
             }
-            out.reserve(len);
-            out.extend((start..end).map(|i| self.get(i)));
-            m.release(start, end);
-            return Ok(());
         }
-        out.extend((start..end).map(|i| self.get(i)));
         Ok(())
     }
 }
 
-impl Mapped {
-    /// Hands the pages of tokens `start..end` back to the kernel: they leave this process's
-    /// resident set (the file stays in the page cache; a later read faults them in again).
-    fn release(&self, start: usize, end: usize) {
+impl TokenFile {
+    /// Appends tokens `start..start + len` of the file to `out`, read from it now: a file that
+    /// is shorter than when it was opened is an error naming it.
+    fn ids(&self, start: usize, len: usize, out: &mut Vec<u32>) -> Result<(), DataError> {
         let size = self.dtype.size();
-        let page = 4096;
-        // whole pages inside the range only: a page shared with a neighbour is left
-        let from = (start * size).div_ceil(page) * page;
-        let to = (end * size) / page * page;
-        if to > from {
-            // SAFETY: a read-only file mapping; the pages are re-read from the file on the next
-            // access, so dropping them changes no value anyone sees.
-            let _ = unsafe {
-                self.map
-                    .unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, from, to - from)
-            };
+        let mut bytes = vec![0u8; len * size];
+        if let Err(e) = self.file.read_exact_at(&mut bytes, (start * size) as u64) {
+            let now = std::fs::metadata(&self.path).map(|m| m.len()).ok();
+            return Err(DataError::Invalid(format!(
+                "{}: tokens {start}..{} could not be read ({e}); the file {} since the run opened it ({} tokens then): a token file must not change under a run; restore it, or start a new run",
+                self.path.display(),
+                start + len,
+                match now {
+                    Some(n) => format!("has {} tokens now", n / size as u64),
+                    None => "is gone".into(),
+                },
+                self.tokens
+            )));
         }
+        out.reserve(len);
+        match self.dtype {
+            TokenDType::U16 => out.extend(
+                bytes
+                    .chunks_exact(2)
+                    .map(|b| u32::from(u16::from_le_bytes([b[0], b[1]]))),
+            ),
+            TokenDType::U32 => out.extend(
+                bytes
+                    .chunks_exact(4)
+                    .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+            ),
+        }
+        Ok(())
+    }
+
+    /// The ids `ids` (tokens `start..`) against `vocab`: the first one out of range is an
+    /// error naming the file, the token and its byte offset.
+    fn check(&self, start: usize, ids: &[u32], vocab: usize) -> Result<(), DataError> {
+        let Some(i) = ids.iter().position(|&t| t as usize >= vocab) else {
+            return Ok(());
+        };
+        let at = start + i;
+        Err(DataError::Invalid(format!(
+            "{}: token {at} (byte offset {}) is id {}, not below `model.vocab_size` = {vocab}; set `model.vocab_size` above the largest id (`kiln tokenize` prints it), or check `data.dtype` (= \"{}\"); a file changed under a running job shows here too",
+            self.path.display(),
+            at * self.dtype.size(),
+            ids[i],
+            self.dtype.name()
+        )))
+    }
+
+    /// A file of u32 ids read as u16 (the default) has a zero high half at every odd
+    /// position: with at least 64 tokens all zero there and some not at the even ones, the
+    /// file is refused as u32 (real u16 text never has id 0 at every other position).
+    fn not_u32(&self, first: &[u32]) -> Result<(), DataError> {
+        if self.dtype != TokenDType::U16 || first.len() < 128 || first.len() % 2 != 0 {
+            return Ok(());
+        }
+        let odd_zero = first.iter().skip(1).step_by(2).all(|&t| t == 0);
+        let even_set = first.iter().step_by(2).any(|&t| t != 0);
+        if odd_zero && even_set {
+            return Err(DataError::Invalid(format!(
+                "{}: every second u16 of its first {} is 0, as in a file of u32 ids read as u16; set `data.dtype = \"u32\"` (`kiln tokenize` prints the dtype it wrote)",
+                self.path.display(),
+                first.len()
+            )));
+        }
+        Ok(())
     }
 }
 
@@ -254,7 +249,7 @@ impl Windows {
 }
 
 /// `data.kind = "tokens"`: nanoGPT's token files, `data.path` for training and `data.eval_path`
-/// for evaluation (or the last `data.eval_fraction` of `data.path`), mapped.
+/// for evaluation (or the last `data.eval_fraction` of `data.path`), read a window at a time.
 pub fn load(r: &crate::config::Resolved) -> Result<super::Data, DataError> {
     let c = &r.config.data;
     let Some(value) = &c.path else {
@@ -270,7 +265,7 @@ pub fn load(r: &crate::config::Resolved) -> Result<super::Data, DataError> {
     let block = r.config.model.block_size.unwrap_or(128).max(1);
     let stride = c.stride.unwrap_or(block);
     let path = r.path_of("data.path", value);
-    let store = std::sync::Arc::new(TokenStore::map(&path, "data.path", dtype, vocab)?);
+    let store = std::sync::Arc::new(TokenStore::open(&path, "data.path", dtype, vocab)?);
     let what = path.display().to_string();
     let Some(eval) = &c.eval_path else {
         return super::text::split(
@@ -285,7 +280,12 @@ pub fn load(r: &crate::config::Resolved) -> Result<super::Data, DataError> {
     };
     let mut data = super::text::split(store, &what, block, stride, 0.0, vocab, "tokens")?;
     let eval_path = r.path_of("data.eval_path", eval);
-    let es = std::sync::Arc::new(TokenStore::map(&eval_path, "data.eval_path", dtype, vocab)?);
+    let es = std::sync::Arc::new(TokenStore::open(
+        &eval_path,
+        "data.eval_path",
+        dtype,
+        vocab,
+    )?);
     let width = block + 1;
     if es.len() < width {
         return Err(DataError::Invalid(format!(
@@ -318,7 +318,7 @@ mod tests {
     }
 
     #[test]
-    fn a_mapped_file_is_checked_by_chunk_naming_the_offset() {
+    fn a_token_file_is_checked_when_opened_and_by_window_naming_the_offset() {
         let d = crate::testdir::tempdir().unwrap();
         let p = d.path().join("t.bin");
         // u16: two chunks, the bad id in the second
@@ -328,13 +328,15 @@ mod tests {
         ids[CHECK_CHUNK + 7] = 300;
         let bytes: Vec<u8> = ids.iter().flat_map(|t| t.to_le_bytes()).collect();
         std::fs::write(&p, &bytes).unwrap();
-        let store = TokenStore::map(&p, "data.path", TokenDType::U16, 256).unwrap();
+        let store = TokenStore::open(&p, "data.path", TokenDType::U16, 256).unwrap();
         assert_eq!(store.len(), CHECK_CHUNK + 100);
         let mut out = Vec::new();
         store.read(5, 3, 256, &mut out).unwrap();
         assert_eq!(out, [5, 6, 7]);
+        // (a window that ends before it is fine)
+        store.read(CHECK_CHUNK, 4, 256, &mut out).unwrap();
         let e = store
-            .read(CHECK_CHUNK, 4, 256, &mut out)
+            .read(CHECK_CHUNK + 5, 4, 256, &mut out)
             .unwrap_err()
             .to_string();
         assert!(
@@ -346,13 +348,13 @@ mod tests {
             "{e}"
         );
         // a bad id in the first chunk is found when the file is opened
-        let e = TokenStore::map(&p, "data.path", TokenDType::U16, 40)
+        let e = TokenStore::open(&p, "data.path", TokenDType::U16, 40)
             .unwrap_err()
             .to_string();
         assert!(e.contains("token 40 (byte offset 80) is id 40"), "{e}");
         // a length that is not whole tokens
         std::fs::write(&p, [1u8, 0, 2]).unwrap();
-        let e = TokenStore::map(&p, "data.path", TokenDType::U16, 256)
+        let e = TokenStore::open(&p, "data.path", TokenDType::U16, 256)
             .unwrap_err()
             .to_string();
         assert!(
@@ -365,9 +367,56 @@ mod tests {
             .flat_map(|t| t.to_le_bytes())
             .collect();
         std::fs::write(&p, &v).unwrap();
-        let s = TokenStore::map(&p, "data.path", TokenDType::U32, 100_000).unwrap();
+        let s = TokenStore::open(&p, "data.path", TokenDType::U32, 100_000).unwrap();
         out.clear();
         s.read(0, 2, 100_000, &mut out).unwrap();
         assert_eq!(out, [7, 70_000]);
+    }
+
+    /// Issue 45, defects 4-6: a file truncated or rewritten under a run, and u32 ids read as
+    /// u16, are errors naming the file (they were a SIGBUS, an embedding panic, and silent
+    /// training on ids interleaved with zeros).
+    #[test]
+    fn a_token_file_changed_under_a_run_or_of_u32_read_as_u16_is_named() {
+        let d = crate::testdir::tempdir().unwrap();
+        let p = d.path().join("t.bin");
+        let ids: Vec<u8> = (0..1000u16).flat_map(|i| (i % 200).to_le_bytes()).collect();
+        std::fs::write(&p, &ids).unwrap();
+        let store = TokenStore::open(&p, "data.path", TokenDType::U16, 256).unwrap();
+        let mut out = Vec::new();
+        store.read(900, 50, 256, &mut out).unwrap();
+        // truncated under the run
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&p)
+            .unwrap()
+            .set_len(1000)
+            .unwrap();
+        let e = store.read(900, 50, 256, &mut out).unwrap_err().to_string();
+        assert!(
+            e.contains("t.bin: tokens 900..950 could not be read")
+                && e.contains("has 500 tokens now")
+                && e.contains("(1000 tokens then)"),
+            "{e}"
+        );
+        // rewritten in place with ids past the vocabulary
+        let big: Vec<u8> = (0..1000u16).flat_map(|_| 65535u16.to_le_bytes()).collect();
+        std::fs::write(&p, &big).unwrap();
+        let e = store.read(10, 5, 256, &mut out).unwrap_err().to_string();
+        assert!(e.contains("token 10 (byte offset 20) is id 65535"), "{e}");
+        // u32 ids, read as u16
+        let wide: Vec<u8> = (0..1000u32)
+            .flat_map(|i| (i % 200 + 1).to_le_bytes())
+            .collect();
+        std::fs::write(&p, &wide).unwrap();
+        let e = TokenStore::open(&p, "data.path", TokenDType::U16, 256)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("every second u16 of its first 2000 is 0")
+                && e.contains("data.dtype = \"u32\""),
+            "{e}"
+        );
+        assert!(TokenStore::open(&p, "data.path", TokenDType::U32, 256).is_ok());
     }
 }
