@@ -253,7 +253,7 @@ pub(super) fn slurm_gpus(r: &Resolved) -> Result<(), ConfigError> {
 /// An mlp on synthetic feature rows takes as many inputs as the rows have features.
 pub(super) fn features(r: &Resolved) -> Result<(), ConfigError> {
     let (d, m) = (&r.config.data, &r.config.model);
-    let rows = d.kind == DataKind::Synthetic && d.tokens.is_none() && d.image.is_empty();
+    let rows = d.kind == DataKind::Synthetic && d.vocab.is_none() && d.image.is_empty();
     if rows && m.kind == "mlp" && d.features != m.input_size {
         return Err(r.key_error(
             "model.input_size",

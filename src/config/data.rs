@@ -61,10 +61,11 @@ pub struct DataConfig {
     /// `features`). Default: `[]` (flat samples of `features` values).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub image: Vec<usize>,
-    /// synthetic: make every sample a window of `model.block_size + 1` random tokens in
-    /// 0..tokens (for gpt benchmarks). Default: unset.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub tokens: Option<usize>,
+    /// synthetic: make every sample a window of `model.block_size + 1` random token ids below
+    /// `vocab` (for gpt benchmarks). Called `tokens` before issue 44 (it read like
+    /// `data.kind = "tokens"`, the token files): that name is still accepted. Default: unset.
+    #[serde(skip_serializing_if = "Option::is_none", alias = "tokens")]
+    pub vocab: Option<usize>,
     /// Number of classes (csv: labels must be integers in 0..classes). Default: `10`.
     pub classes: usize,
     /// synthetic: seed of the teacher and the samples. Default: `0`.
@@ -139,7 +140,7 @@ impl Default for DataConfig {
             eval_samples: 200,
             features: 1000,
             image: Vec::new(),
-            tokens: None,
+            vocab: None,
             classes: 10,
             seed: 0,
             path: None,
@@ -252,8 +253,8 @@ impl DataConfig {
                         Some("use fewer samples or features".into()),
                     ));
                 }
-                if let Some(t) = self.tokens {
-                    at_least(r, "data.tokens", t, 1)?;
+                if let Some(t) = self.vocab {
+                    at_least(r, "data.vocab", t, 1)?;
                 } else if !self.image.is_empty() {
                     if self.image.len() != 3 || self.image.contains(&0) {
                         return Err(r.key_error(
@@ -435,7 +436,7 @@ impl DataConfig {
             }
             let images = match d.kind {
                 DataKind::Idx => true,
-                DataKind::Synthetic => d.image.len() == 3 && d.tokens.is_none(),
+                DataKind::Synthetic => d.image.len() == 3 && d.vocab.is_none(),
                 DataKind::Csv | DataKind::Text | DataKind::Tokens => false,
             };
             if !images {
@@ -444,7 +445,7 @@ impl DataConfig {
                     format!(
                         "`data.augment` transforms images, but `data.kind` = \"{}\" gives {}",
                         crate::config::choice_name(&d.kind),
-                        if matches!(d.kind, DataKind::Text | DataKind::Tokens) || d.tokens.is_some() {
+                        if matches!(d.kind, DataKind::Text | DataKind::Tokens) || d.vocab.is_some() {
                             "token windows"
                         } else {
                             "flat feature rows"

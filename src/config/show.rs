@@ -19,9 +19,27 @@ pub fn to_toml(config: &Config) -> String {
     toml::to_string(config).unwrap_or_default()
 }
 
+/// Keys renamed since hashes were pinned, `(section, name now, name hashed)`: a config hashes
+/// under the old names, so the hash of a config (and a sweep's trial directories) does not
+/// change with a rename.
+const RENAMED: &[(&str, &str, &str)] = &[("data", "vocab", "tokens")];
+
 /// A short, stable hash of the resolved config.
 pub fn config_hash(config: &Config) -> String {
-    let digest = Sha256::digest(to_toml(config).as_bytes());
+    let mut text = String::new();
+    let mut section = "";
+    let toml = to_toml(config);
+    for line in toml.split_inclusive('\n') {
+        if let Some(name) = line.trim_end().strip_prefix('[') {
+            section = name.strip_suffix(']').unwrap_or(section);
+        }
+        let renamed = RENAMED.iter().find_map(|(s, now, then)| {
+            let rest = line.strip_prefix(now)?.strip_prefix(" = ")?;
+            (*s == section).then(|| format!("{then} = {rest}"))
+        });
+        text.push_str(renamed.as_deref().unwrap_or(line));
+    }
+    let digest = Sha256::digest(text.as_bytes());
     digest.iter().take(6).map(|b| format!("{b:02x}")).collect()
 }
 

@@ -262,7 +262,7 @@ pub fn read_bounded(
 pub fn load(r: &Resolved) -> Result<Data, DataError> {
     let c = &r.config.data;
     match c.kind {
-        DataKind::Synthetic => match c.tokens {
+        DataKind::Synthetic => match c.vocab {
             Some(vocab) => Ok(synthetic::tokens(
                 c,
                 vocab,

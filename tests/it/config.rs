@@ -371,3 +371,27 @@ fn check_shows_a_line_longer_than_any_alignment() {
         &out[..out.len().min(2000)]
     );
 }
+
+/// Issue 44, item 6: `data.tokens` (synthetic token windows) is `data.vocab` now, the old name
+/// still accepted; either spelling gives the config the hash it had before the rename, so a
+/// sweep's trial directories keep their names.
+#[test]
+fn a_renamed_key_keeps_its_old_name_and_the_config_hash() {
+    let d = kiln::testdir::tempdir().unwrap();
+    let body = |key: &str| {
+        format!("[model]\nkind = \"gpt\"\nvocab_size = 65\nblock_size = 8\n\n[data]\nkind = \"synthetic\"\n{key} = 65\n")
+    };
+    let old = write(d.path(), "old.toml", &body("tokens"));
+    let new = write(d.path(), "new.toml", &body("vocab"));
+    let a = config::load(&old, &[], &[]).unwrap();
+    let b = config::load(&new, &[], &[]).unwrap();
+    assert_eq!(a.config.data.vocab, Some(65));
+    assert_eq!(a.config, b.config);
+    assert_eq!(
+        config::config_hash(&a.config),
+        config::config_hash(&b.config)
+    );
+    // the hash is the one `data.tokens` gave before the rename (that build's `kiln check`)
+    assert_eq!(config::config_hash(&a.config), "54644843328c");
+    assert!(config::to_toml(&a.config).contains("\nvocab = 65\n"));
+}

@@ -228,18 +228,18 @@ impl Gpt {
                 "set `model.vocab_size = 256` (or more)",
             ));
         }
-        if let Some(t) = r.config.data.tokens.filter(|&t| t > g.vocab) {
+        if let Some(t) = r.config.data.vocab.filter(|&t| t > g.vocab) {
             return Err(err(
-                "data.tokens",
+                "data.vocab",
                 format!(
-                    "`data.tokens` = {t} is above `model.vocab_size` = {}",
+                    "`data.vocab` = {t} is above `model.vocab_size` = {}",
                     g.vocab
                 ),
                 "tokens must be ids below the vocabulary size",
             ));
         }
         let tokens = matches!(r.config.data.kind, DataKind::Text | DataKind::Tokens)
-            || r.config.data.tokens.is_some();
+            || r.config.data.vocab.is_some();
         if !tokens || input != [g.block + 1] {
             return Err(err(
                 "model.kind",
@@ -248,7 +248,7 @@ impl Gpt {
                     g.block + 1,
                     r.config.data.kind
                 ),
-                "use `data.kind = \"text\"` or `\"tokens\"` (or synthetic `data.tokens = 256`)",
+                "use `data.kind = \"text\"` or `\"tokens\"` (or synthetic `data.vocab = 256`)",
             ));
         }
         Ok(g)
