@@ -3,14 +3,14 @@
 //! Checkpoints that survive crashes and world-size changes: `step-<8 digits>/` directories with
 //! the model as safetensors (one file per shard for fsdp), optimizer state, `state.json` and a manifest.
 
+mod dir;
 mod format;
 mod retention;
-mod store;
 pub mod tensors;
 
+pub use dir::{load, read_state, step_of, verify, CheckpointDir, CheckpointError, Entry, Loaded};
 pub use format::{
     encode_files, DataPosition, Layout, LossScaleState, Manifest, OptState, OptimizerInfo,
     RngState, SchedulerInfo, ShardUnit, State, WatchState, FORMAT,
 };
 pub use retention::to_delete;
-pub use store::{load, read_state, step_of, verify, CheckpointError, Entry, Loaded, Store};

@@ -65,7 +65,7 @@ pub fn ckpt(cmd: &CkptCommand) -> Result<()> {
                         .file_name()
                         .map(|f| f.to_string_lossy().into_owned())
                         .unwrap_or_default();
-                    let sub = crate::checkpoint::Store::new(dir);
+                    let sub = crate::checkpoint::CheckpointDir::new(dir);
                     for e in sub.list().map_err(Error::Checkpoint)? {
                         aside.push((label.clone(), e));
                     }

@@ -16,7 +16,7 @@ use super::session::{summary_of, SummaryInputs};
 use super::session::{PendingChecks, RunFiles};
 use super::{train_ranks, NodeLink, RunResult};
 use crate::backend::{self, BackendKind, Placement};
-use crate::checkpoint::{Loaded, Store};
+use crate::checkpoint::{CheckpointDir, Loaded};
 use crate::config::{self, Config, Resolved};
 use crate::error::{Error, Result};
 use crate::rendezvous::nccl_env::NcclEnv;
@@ -236,7 +236,7 @@ pub(super) fn execute(
         run_dir,
         p: &p,
         loaded: loaded.as_ref(),
-        store: Store::new(run_dir.join(&c.checkpoint.dir)),
+        store: CheckpointDir::new(run_dir.join(&c.checkpoint.dir)),
         first_step: from_step.unwrap_or(0),
     };
     session.train_and_report(files, job, &nccl, quiet)
@@ -293,7 +293,7 @@ struct Session<'a> {
     run_dir: &'a Path,
     p: &'a Prepared,
     loaded: Option<&'a Loaded>,
-    store: Store,
+    store: CheckpointDir,
     first_step: usize,
 }
 
@@ -519,7 +519,7 @@ impl Session<'_> {
 /// Other `step-*` names are not kiln's: they are left alone, with a warning.
 fn preflight(run_dir: &Path, checkpoint_dir: &str) -> Result<()> {
     crate::rundir::refuse_links(run_dir, checkpoint_dir)?;
-    let store = Store::new(run_dir.join(checkpoint_dir));
+    let store = CheckpointDir::new(run_dir.join(checkpoint_dir));
     for p in store.strays() {
         let name = p
             .file_name()

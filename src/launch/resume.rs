@@ -5,7 +5,7 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use crate::checkpoint::{self, State, Store};
+use crate::checkpoint::{self, CheckpointDir, State};
 use crate::config::{Config, Resolved};
 use crate::error::{Error, Result};
 use crate::rundir::stored_config;
@@ -119,7 +119,7 @@ pub fn prepare_resume(
         ui::note(&format!("warning: resuming with `{k}` changed: {a} -> {b}"));
     }
 
-    let store = Store::new(dir.join(&old.checkpoint.dir));
+    let store = CheckpointDir::new(dir.join(&old.checkpoint.dir));
     let chosen = choose_checkpoint(&store, from)?;
     let from = match chosen {
         Some(path) => {
@@ -151,7 +151,7 @@ pub fn prepare_resume(
 /// The checkpoint to continue from: `from` (a name such as `step-00000020`, which must verify),
 /// or the newest one that verifies (saying which newer ones it skips and why); `None` when
 /// there is none.
-pub fn choose_checkpoint(store: &Store, from: Option<&str>) -> Result<Option<PathBuf>> {
+pub fn choose_checkpoint(store: &CheckpointDir, from: Option<&str>) -> Result<Option<PathBuf>> {
     choose(store, from, false)
 }
 
@@ -159,7 +159,7 @@ pub fn choose_checkpoint(store: &Store, from: Option<&str>) -> Result<Option<Pat
 /// when none verifies the way to start over is given) or for a command that only reads one
 /// (`reading` true: an unfinished `.tmp` is the save a live run is writing, passed over
 /// quietly, and a reader is never told to move checkpoints away).
-fn choose(store: &Store, from: Option<&str>, reading: bool) -> Result<Option<PathBuf>> {
+fn choose(store: &CheckpointDir, from: Option<&str>, reading: bool) -> Result<Option<PathBuf>> {
     let mut entries = store.list().map_err(Error::Checkpoint)?;
     // a reader of a live run: a checkpoint that failed to verify because retention took it
     // away meanwhile is not damaged, and a listing made while a save renamed its `.tmp` into
@@ -316,7 +316,7 @@ pub(super) fn trim_metrics(path: &Path, step: usize) -> Result<()> {
 /// A resume from an older checkpoint branches the run: the newer checkpoints (which retention
 /// would otherwise keep over the new ones, and a later resume would jump back to) move to
 /// `abandoned-<unix seconds>/` beside them, where `kiln ckpt list` shows them.
-pub(super) fn set_aside_newer(store: &Store, step: u64) -> Result<()> {
+pub(super) fn set_aside_newer(store: &CheckpointDir, step: u64) -> Result<()> {
     let newer: Vec<_> = store
         .list()
         .map_err(Error::Checkpoint)?
@@ -367,7 +367,7 @@ pub(super) fn set_aside_newer(store: &Store, step: u64) -> Result<()> {
 
 /// The best checkpoint (`checkpoint.keep_best`) as the newest verified checkpoint records it:
 /// its metric, value and step; `None` when the run keeps none.
-pub fn best_mark(store: &Store) -> Result<Option<checkpoint::WatchState>> {
+pub fn best_mark(store: &CheckpointDir) -> Result<Option<checkpoint::WatchState>> {
     let entries = store.list().map_err(Error::Checkpoint)?;
     let Some(newest) = entries.iter().find(|e| e.status.is_ok()) else {
         return Ok(None);
@@ -380,7 +380,7 @@ pub fn best_mark(store: &Store) -> Result<Option<checkpoint::WatchState>> {
 /// retention deletes it while it is read (a run with `keep_last` saves and deletes while the
 /// reader works), the newest one is chosen and read again.
 pub fn read_checkpoint<T>(
-    store: &Store,
+    store: &CheckpointDir,
     from: Option<&str>,
     mut read: impl FnMut(&Path) -> Result<T>,
 ) -> Result<(PathBuf, T)> {
@@ -399,7 +399,7 @@ pub fn read_checkpoint<T>(
 /// `read_checkpoint` of a whole checkpoint: its state, the model of `r` built for the
 /// checkpoint's input shape, and its tensors.
 pub fn read_model_checkpoint(
-    store: &Store,
+    store: &CheckpointDir,
     from: Option<&str>,
     r: &Resolved,
 ) -> Result<(
@@ -415,7 +415,7 @@ pub fn read_model_checkpoint(
 }
 
 /// `choose_checkpoint` for a reader, where having none is an error saying how to get one.
-pub fn require_checkpoint(store: &Store, from: Option<&str>) -> Result<PathBuf> {
+pub fn require_checkpoint(store: &CheckpointDir, from: Option<&str>) -> Result<PathBuf> {
     choose(store, from, true)?.ok_or_else(|| {
         Error::Usage(format!(
             "no verified checkpoint in {}; train with `[checkpoint] at_end = true` (or every_steps)",

@@ -7,7 +7,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::checkpoint::Store;
+use crate::checkpoint::CheckpointDir;
 use crate::config::{self, Resolved};
 use crate::error::{Error, Result};
 use crate::rendezvous::Job;
@@ -107,7 +107,7 @@ impl RunFiles {
         _: &Passed,
     ) -> Result<RunFiles> {
         let c = &r.config;
-        let store = Store::new(dir.join(&c.checkpoint.dir));
+        let store = CheckpointDir::new(dir.join(&c.checkpoint.dir));
         if primary {
             // one that cannot be removed stops the run here, before any file of it changes
             store.clean_tmp().map_err(Error::Checkpoint)?;

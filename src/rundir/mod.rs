@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-use crate::checkpoint::Store;
+use crate::checkpoint::CheckpointDir;
 use crate::config::{self, Config, Resolved};
 use crate::error::{Error, Result};
 
@@ -177,7 +177,7 @@ pub fn run_config(run_dir: &Path) -> Result<Resolved> {
 }
 
 /// The checkpoint store of a run directory (`checkpoint.dir` of its `config.toml`).
-pub fn checkpoint_store(run_dir: &Path) -> Result<Store> {
+pub fn checkpoint_store(run_dir: &Path) -> Result<CheckpointDir> {
     let cfg = run_dir.join("config.toml");
     let text = std::fs::read_to_string(&cfg).map_err(|_| {
         Error::Usage(format!(
@@ -206,7 +206,7 @@ pub fn checkpoint_store(run_dir: &Path) -> Result<Store> {
     }
     // (a `checkpoints/` that is a link, to a scratch disk say, is read through; a run never
     // writes through it: `refuse_links`)
-    Ok(Store::new(run_dir.join(dir)))
+    Ok(CheckpointDir::new(run_dir.join(dir)))
 }
 
 /// The run (or sweep) directory `dir` lies in, if any: the nearest of `dir` and its ancestors

@@ -5,7 +5,7 @@
 use serde::Serialize;
 
 use super::timing::{Span, Totals};
-use crate::checkpoint::{CheckpointError, Loaded, LossScaleState, Store, WatchState};
+use crate::checkpoint::{CheckpointDir, CheckpointError, Loaded, LossScaleState, WatchState};
 use crate::collective::CollectiveError;
 use crate::config::Config;
 use crate::data::Data;
@@ -141,7 +141,7 @@ pub struct TrainInput<'a> {
     pub data: &'a Data,
     pub model: &'a dyn Model,
     /// Where checkpoints go (`None`: never saved, e.g. `kiln bench`).
-    pub store: Option<&'a Store>,
+    pub store: Option<&'a CheckpointDir>,
     /// The checkpoint to continue from.
     pub resume: Option<&'a Loaded>,
     /// Initial parameters in place of the model's seeded initialisation (`model.init_from`).

@@ -3,8 +3,8 @@
 
 use super::events::{TrainError, TrainInput};
 use crate::checkpoint::{
-    encode_files, CheckpointError, DataPosition, LossScaleState, OptimizerInfo, RngState,
-    SchedulerInfo, State, Store, WatchState, FORMAT,
+    encode_files, CheckpointDir, CheckpointError, DataPosition, LossScaleState, OptimizerInfo,
+    RngState, SchedulerInfo, State, WatchState, FORMAT,
 };
 use crate::config::Config;
 use crate::strategy::Strategy;
@@ -36,7 +36,7 @@ pub(super) fn due(
 pub(super) fn save_checkpoint(
     input: &TrainInput<'_>,
     strategy: &mut dyn Strategy,
-    store: &Store,
+    store: &CheckpointDir,
     step: usize,
     position: DataPosition,
     loss: f64,

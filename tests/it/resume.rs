@@ -353,7 +353,7 @@ fn sigkill_during_checkpoint_writes_always_leaves_a_verified_checkpoint() {
         std::thread::sleep(Duration::from_micros(rng.below(150_000)));
         child.kill().unwrap(); // SIGKILL
         child.wait().unwrap();
-        let store = kiln::checkpoint::Store::new(run.join("checkpoints"));
+        let store = kiln::checkpoint::CheckpointDir::new(run.join("checkpoints"));
         let expected = store
             .list()
             .unwrap()

@@ -55,8 +55,10 @@ pub struct Loaded {
     pub opt: OptState,
 }
 
+/// A run's checkpoint directory: its `step-N` checkpoints, written, listed, kept (keep-k, keep-best)
+/// and read (not the rendezvous store of `rendezvous::store`).
 #[derive(Debug, Clone)]
-pub struct Store {
+pub struct CheckpointDir {
     pub dir: PathBuf,
 }
 
@@ -76,9 +78,9 @@ fn sha256_file(path: &Path) -> Result<(u64, String), std::io::Error> {
     Ok((bytes.len() as u64, sha256_hex(&bytes)))
 }
 
-impl Store {
+impl CheckpointDir {
     pub fn new(dir: PathBuf) -> Self {
-        Store { dir }
+        CheckpointDir { dir }
     }
 
     pub fn step_dir(&self, step: u64) -> PathBuf {
@@ -759,7 +761,7 @@ mod tests {
             v: params.iter().map(|x| x * 100.0).collect(),
         };
         let d = crate::testdir::tempdir().unwrap();
-        let store = Store::new(d.path().to_path_buf());
+        let store = CheckpointDir::new(d.path().to_path_buf());
         let units = vec![
             ShardUnit {
                 name: "a".into(),
