@@ -3,28 +3,11 @@
 
 use std::path::PathBuf;
 
-use clap::{Args, ValueEnum};
+use clap::Args;
 
 use crate::error::Result;
-use crate::model::portable::WeightFormat;
 use crate::tools::{self, ExportOptions};
 use crate::ui;
-
-#[derive(Debug, Clone, Copy, ValueEnum)]
-pub enum FormatArg {
-    /// PyTorch's state_dict names and layouts (Linear weights [out, in]): load with
-    /// `model.load_state_dict(safetensors.torch.load_file(path))`.
-    Pytorch,
-    /// Burn's module paths and layouts (Linear weights [in, out]), as Burn's
-    /// `SafetensorsStore` writes them.
-    Burn,
-    /// A gpt as Hugging Face's `GPT2LMHeadModel`: `-o` is a directory that gets
-    /// model.safetensors and config.json, for `GPT2LMHeadModel.from_pretrained(DIR)`.
-    #[value(name = "hf-gpt2")]
-    HfGpt2,
-    /// A gpt as nanoGPT's `GPT` state dict (Linear weights [out, in]).
-    Nanogpt,
-}
 
 #[derive(Debug, Args)]
 pub struct ExportArgs {
@@ -38,9 +21,14 @@ pub struct ExportArgs {
     /// one.
     #[arg(long, value_name = "step-N")]
     pub from: Option<String>,
-    /// Names and layouts of the tensors.
-    #[arg(long, value_enum, default_value = "pytorch")]
-    pub format: FormatArg,
+    /// Names and layouts of the tensors: `pytorch` (PyTorch's state_dict names and layouts,
+    /// Linear weights [out, in]: `model.load_state_dict(safetensors.torch.load_file(path))`),
+    /// `burn` (Burn's module paths, Linear weights [in, out], as Burn's `SafetensorsStore`
+    /// writes them), or one of the model family's own: a gpt's `hf-gpt2` (Hugging Face's
+    /// `GPT2LMHeadModel`: `-o` is a directory that gets model.safetensors and config.json, for
+    /// `from_pretrained(DIR)`) and `nanogpt` (nanoGPT's `GPT` state dict).
+    #[arg(long, value_name = "FORMAT", default_value = "pytorch")]
+    pub format: String,
     /// Also write a fixed input and kiln's logits for it to this safetensors file (for
     /// `scripts/check-export.py`).
     #[arg(long, value_name = "FILE")]
@@ -51,12 +39,7 @@ pub fn export(a: &ExportArgs) -> Result<()> {
     let o = ExportOptions {
         from: a.from.clone(),
         out: a.out.clone(),
-        format: match a.format {
-            FormatArg::Pytorch => WeightFormat::PyTorch,
-            FormatArg::Burn => WeightFormat::Burn,
-            FormatArg::HfGpt2 => WeightFormat::HfGpt2,
-            FormatArg::Nanogpt => WeightFormat::NanoGpt,
-        },
+        format: a.format.clone(),
         probe: a.probe.clone(),
     };
     let rep = tools::export(&a.run_dir, &o)?;
@@ -65,7 +48,7 @@ pub fn export(a: &ExportArgs) -> Result<()> {
         a.out.display(),
         rep.tensors,
         rep.bytes,
-        o.format.name(),
+        rep.format.name(),
         rep.checkpoint.display(),
         rep.step
     ));

@@ -18,16 +18,6 @@ pub enum Activation {
     Sigmoid,
 }
 
-/// `model.init_format`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum InitFormat {
-    Auto,
-    Kiln,
-    HfGpt2,
-    Nanogpt,
-}
-
 /// `[model]`: the keys every family shares (or the data reads). Any other key is kept in
 /// `extra`, a family's own: the family reads them with `Resolved::model_keys` into its serde
 /// struct (gpt's `GptKeys`, a user's family's own), and for a family with no keys of its own they
@@ -66,7 +56,7 @@ pub struct ModelConfig {
     /// Conv1D weights `[in, out]`) or `"nanogpt"` (nanoGPT's `GPT`: the same names, Linear
     /// weights `[out, in]`, a `_orig_mod.` prefix of `torch.compile` taken off). Default:
     /// `"auto"`.
-    pub init_format: Option<InitFormat>,
+    pub init_format: Option<String>,
     /// A family's own keys (gpt's `layers`, `heads`, `dim`, ...; a user's model's), which the
     /// family reads with `Resolved::model_keys` into its own serde struct. Default: none.
     #[serde(flatten)]
@@ -93,7 +83,7 @@ impl ModelConfig {
             vocab_size: Some(0),
             block_size: Some(0),
             init_from: Some(String::new()),
-            init_format: Some(InitFormat::Auto),
+            init_format: Some(String::new()),
             extra: std::collections::BTreeMap::new(),
             classes: 0,
             activation: Activation::Relu,

@@ -5,7 +5,6 @@ use std::collections::HashMap;
 use std::fs;
 
 use crate::checkpoint::tensors;
-use crate::config::InitFormat;
 use crate::config::Resolved;
 use crate::error::{Error, Result};
 use crate::model::portable::{self, WeightFormat};
@@ -15,35 +14,18 @@ use crate::model::Model;
 /// metadata, else a format of the model's family its names show (`Family::detect_format`: for
 /// a gpt Hugging Face's or nanoGPT's GPT-2 names), else PyTorch's names.
 fn init_format(
-    asked: InitFormat,
+    asked: &str,
     file: &tensors::TensorFile,
     model: &dyn Model,
 ) -> std::result::Result<WeightFormat, String> {
-    let metadata = || match file.metadata.get("kiln.format").map(String::as_str) {
-        Some("burn") => WeightFormat::Burn,
-        Some("hf-gpt2") => WeightFormat::HfGpt2,
-        Some("nanogpt") => WeightFormat::NanoGpt,
-        _ => WeightFormat::PyTorch,
-    };
-    let family_format = |f: WeightFormat| {
-        if portable::formats_of(model).contains(&f) {
-            Ok(f)
-        } else {
-            Err(format!(
-                "model `{}` has no {} names (it has {})",
-                model.kind(),
-                f.name(),
-                portable::format_names(model)
-            ))
-        }
-    };
     // kiln's own metadata may name a format of another family's (an export of a gpt)
-    let kiln = || family_format(metadata());
+    let kiln = || match file.metadata.get("kiln.format").map(String::as_str) {
+        None | Some("pytorch") => Ok(WeightFormat::PyTorch),
+        Some(name) => portable::format_named(model, name),
+    };
     match asked {
-        InitFormat::Kiln => kiln(),
-        InitFormat::HfGpt2 => family_format(WeightFormat::HfGpt2),
-        InitFormat::Nanogpt => family_format(WeightFormat::NanoGpt),
-        InitFormat::Auto => {
+        "kiln" => kiln(),
+        "auto" => {
             if file.metadata.contains_key("kiln.format") {
                 return kiln();
             }
@@ -57,6 +39,8 @@ fn init_format(
                 None => kiln(),
             }
         }
+        // a format by name: PyTorch's, Burn's or one of the family's
+        name => portable::format_named(model, name),
     }
 }
 
@@ -87,20 +71,16 @@ pub fn init_weights(r: &Resolved, model: &dyn Model) -> Result<Option<Vec<f32>>>
             "model.init_from: `{shown}`: {e}\n  = help: give a file written by `kiln export` or by PyTorch's `safetensors.torch.save_file`"
         ))
     })?;
-    let asked = r.config.model.init_format.unwrap_or(InitFormat::Auto);
+    let asked = r.config.model.init_format.as_deref().unwrap_or("auto");
     let format = init_format(asked, &file, model).map_err(|why| {
         Error::Usage(format!(
-            "model.init_format: `{shown}`: {why}\n  = help: set `model.init_format` to the file's format (\"kiln\", \"hf-gpt2\" or \"nanogpt\")"
+            "model.init_format: `{shown}`: {why}\n  = help: set `model.init_format` to the file's format: \"auto\", \"kiln\" or one of the model's ({})",
+            portable::format_names(model)
         ))
     })?;
     // nanoGPT's compiled models prefix every name; GPT-2 files carry attention masks (the
     // family says which names are such buffers)
-    let name_of = |n: &str| -> String {
-        match format {
-            WeightFormat::NanoGpt => n.strip_prefix("_orig_mod.").unwrap_or(n).to_string(),
-            _ => n.to_string(),
-        }
-    };
+    let name_of = |n: &str| -> String { format.strip(n).to_string() };
     let kept: Vec<(String, &tensors::Named)> = file
         .tensors
         .iter()

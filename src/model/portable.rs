@@ -12,17 +12,27 @@ use crate::params::ParamSpec;
 
 use super::api::Model;
 
-/// How exported weights are named and laid out.
+/// How exported weights are named and laid out: PyTorch's or Burn's names, which every family
+/// has, or one of a family's own formats (`Family::formats`), which the family defines in its
+/// own files (the gpt's `hf-gpt2` and `nanogpt` in `model/gpt/hf.rs`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WeightFormat {
     PyTorch,
     Burn,
-    /// Hugging Face's `GPT2LMHeadModel` (the gpt's: `model/gpt/hf.rs`):
-    /// `transformer.h.<i>.attn.c_attn.weight`, Conv1D weights `[in, out]`, the output layer
-    /// `lm_head.weight` `[vocab, dim]`.
-    HfGpt2,
-    /// nanoGPT's `GPT` (the gpt's): the same names, Linear weights `[out, in]`.
-    NanoGpt,
+    Family(FamilyFormat),
+}
+
+/// A format a family defines (`Family::formats`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FamilyFormat {
+    /// Its name in `--format`, `model.init_format` and an export's `kiln.format` metadata.
+    pub name: &'static str,
+    /// An export is a directory: `model.safetensors` beside the `config.json` of
+    /// `Family::hf_config` (Hugging Face's `from_pretrained` layout), not one file.
+    pub dir: bool,
+    /// A prefix its files may put before every name (nanoGPT's `_orig_mod.` of
+    /// `torch.compile`), taken off when they are read.
+    pub prefix: Option<&'static str>,
 }
 
 impl WeightFormat {
@@ -30,8 +40,22 @@ impl WeightFormat {
         match self {
             WeightFormat::PyTorch => "pytorch",
             WeightFormat::Burn => "burn",
-            WeightFormat::HfGpt2 => "hf-gpt2",
-            WeightFormat::NanoGpt => "nanogpt",
+            WeightFormat::Family(f) => f.name,
+        }
+    }
+
+    /// Its export is a directory (`FamilyFormat::dir`).
+    pub fn is_dir(self) -> bool {
+        matches!(self, WeightFormat::Family(f) if f.dir)
+    }
+
+    /// Tensor name `n` of a file in this format, its prefix (if any) taken off.
+    pub fn strip(self, n: &str) -> &str {
+        match self {
+            WeightFormat::Family(FamilyFormat {
+                prefix: Some(p), ..
+            }) => n.strip_prefix(p).unwrap_or(n),
+            _ => n,
         }
     }
 }
@@ -48,6 +72,25 @@ pub fn formats_of(model: &dyn Model) -> Vec<WeightFormat> {
 pub fn format_names(model: &dyn Model) -> String {
     let names: Vec<&str> = formats_of(model).iter().map(|f| f.name()).collect();
     names.join(", ")
+}
+
+/// The format of `model` called `name`, or why there is none: "model `mlp` has no nanogpt
+/// names (it has pytorch, burn)", with the closest name when one is near.
+pub fn format_named(model: &dyn Model, name: &str) -> Result<WeightFormat, String> {
+    let all = formats_of(model);
+    if let Some(f) = all.iter().find(|f| f.name() == name) {
+        return Ok(*f);
+    }
+    let names: Vec<&str> = all.iter().map(|f| f.name()).collect();
+    let near = crate::config::closest(name, &names)
+        .map(|c| format!("; did you mean \"{c}\"?"))
+        .unwrap_or_default();
+    Err(format!(
+        "model `{}` has no {} names (it has {}){near}",
+        model.kind(),
+        crate::config::brief(name, 60),
+        format_names(model)
+    ))
 }
 
 /// One tensor of the exported weights and the parameter it holds.

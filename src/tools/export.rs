@@ -21,7 +21,8 @@ pub struct ExportOptions {
     /// A checkpoint name (`step-00000600`) instead of the newest verified one.
     pub from: Option<String>,
     pub out: PathBuf,
-    pub format: WeightFormat,
+    /// The format's name: `pytorch`, `burn`, or one of the family's (`Family::formats`).
+    pub format: String,
     /// Also write a fixed model input and kiln's logits for it here (`scripts/check-export.py`
     /// compares PyTorch's logits with them).
     pub probe: Option<PathBuf>,
@@ -31,6 +32,7 @@ pub struct ExportOptions {
 #[derive(Debug, Clone)]
 pub struct ExportReport {
     pub checkpoint: PathBuf,
+    pub format: WeightFormat,
     pub step: usize,
     pub tensors: usize,
     pub bytes: usize,
@@ -38,7 +40,7 @@ pub struct ExportReport {
 
 /// The directory a Hugging Face export goes to (`-o DIR`): made if it does not exist (its parent
 /// must), never a file or a symlink.
-fn hf_dir(path: &Path) -> Result<PathBuf> {
+fn hf_dir(path: &Path, format: WeightFormat) -> Result<PathBuf> {
     match fs::symlink_metadata(path) {
         Ok(m) if m.is_dir() => {
             // the files it writes are inside `path`, and each must be one it may replace (a
@@ -49,8 +51,9 @@ fn hf_dir(path: &Path) -> Result<PathBuf> {
             Ok(path.canonicalize().unwrap_or_else(|_| path.to_path_buf()))
         }
         Ok(_) => Err(Error::Usage(format!(
-            "-o `{}` is not a directory; --format hf-gpt2 writes a directory (model.safetensors and config.json) that `GPT2LMHeadModel.from_pretrained` loads",
-            path.display()
+            "-o `{}` is not a directory; --format {} writes a directory (model.safetensors and config.json) that Hugging Face's `from_pretrained` loads",
+            path.display(),
+            format.name()
         ))),
         Err(_) => {
             let parent = match path.parent() {
@@ -94,9 +97,23 @@ fn probe_input(task: Task, input_shape: &[usize]) -> (Vec<f32>, Vec<usize>) {
 
 /// Exports the weights of the run in `run_dir` (its newest verified checkpoint, or `o.from`).
 pub fn export(run_dir: &Path, o: &ExportOptions) -> Result<ExportReport> {
-    // every output is checked before anything is written
-    let hf_dir = (o.format == WeightFormat::HfGpt2)
-        .then(|| hf_dir(&o.out))
+    // the run's model and checkpoint, read; then every output is checked before anything is
+    // written
+    let r = run_config(run_dir)?;
+    let store = checkpoint_store(run_dir)?;
+    let (path, (state, model, loaded)) =
+        crate::launch::read_model_checkpoint(&store, o.from.as_deref(), &r)?;
+    // a format of the family's own (`Family::formats`), and its config.json where it has one
+    let format = portable::format_named(model.as_ref(), &o.format).map_err(|why| {
+        Error::Usage(format!(
+            "--format {}: {why} (the run's model.kind = \"{}\")",
+            crate::config::brief(&o.format, 60),
+            model.kind()
+        ))
+    })?;
+    let hf_dir = format
+        .is_dir()
+        .then(|| hf_dir(&o.out, format))
         .transpose()?;
     let out = match &hf_dir {
         Some(d) => d.join("model.safetensors"),
@@ -118,29 +135,16 @@ pub fn export(run_dir: &Path, o: &ExportOptions) -> Result<ExportReport> {
             p.display()
         )));
     }
-    let r = run_config(run_dir)?;
-    let store = checkpoint_store(run_dir)?;
-    let (path, (state, model, loaded)) =
-        crate::launch::read_model_checkpoint(&store, o.from.as_deref(), &r)?;
-    // a format of the family's own (`Family::formats`), and its config.json where it has one
-    if !portable::formats_of(model.as_ref()).contains(&o.format) {
-        return Err(Error::Usage(format!(
-            "--format {} is not a format of model.kind = \"{}\" (the run's); it has {}",
-            o.format.name(),
-            model.kind(),
-            portable::format_names(model.as_ref())
-        )));
-    }
     let hf_config = model
-        .hf_config(o.format)
-        .map_err(|why| Error::Usage(format!("--format {}: {why}", o.format.name())))?;
-    let named = portable::export(model.as_ref(), o.format, &loaded.params);
+        .hf_config(format)
+        .map_err(|why| Error::Usage(format!("--format {}: {why}", format.name())))?;
+    let named = portable::export(model.as_ref(), format, &loaded.params);
     let model_json = serde_json::to_string(&r.config.model).unwrap_or_default();
     let mut meta: HashMap<String, String> = [
         ("kiln.version", env!("CARGO_PKG_VERSION").to_string()),
         ("kiln.step", state.step.to_string()),
         ("kiln.kind", model.kind().to_string()),
-        ("kiln.format", o.format.name().to_string()),
+        ("kiln.format", format.name().to_string()),
         ("kiln.model", model_json),
         (
             "kiln.input_shape",
@@ -150,7 +154,7 @@ pub fn export(run_dir: &Path, o: &ExportOptions) -> Result<ExportReport> {
     .into_iter()
     .map(|(k, v)| (k.to_string(), v))
     .collect();
-    if o.format != WeightFormat::Burn {
+    if format != WeightFormat::Burn {
         // what `transformers` and `safetensors.torch` write
         meta.insert("format".into(), "pt".into());
     }
@@ -192,6 +196,7 @@ pub fn export(run_dir: &Path, o: &ExportOptions) -> Result<ExportReport> {
     }
     Ok(ExportReport {
         checkpoint: path,
+        format,
         step: state.step,
         tensors: named.len(),
         bytes: bytes.len(),

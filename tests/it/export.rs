@@ -607,11 +607,16 @@ fn export_checks_every_output_before_writing_any() {
     // GPT-2's formats are the gpt family's own (`Family::formats`): an mlp has none of them
     bad(
         &["-o", "m.safetensors", "--format", "nanogpt"],
-        "--format nanogpt is not a format of model.kind = \"mlp\"",
+        "--format nanogpt: model `mlp` has no nanogpt names (it has pytorch, burn) (the run's model.kind = \"mlp\")",
     );
     bad(
         &["-o", "hf", "--format", "hf-gpt2"],
-        "--format hf-gpt2 is not a format of model.kind = \"mlp\"",
+        "--format hf-gpt2: model `mlp` has no hf-gpt2 names (it has pytorch, burn)",
+    );
+    // (a format is a name the model's family defines: a typo gets the closest)
+    bad(
+        &["-o", "m.safetensors", "--format", "pytorh"],
+        "model `mlp` has no pytorh names (it has pytorch, burn); did you mean \"pytorch\"?",
     );
     assert!(!d.path().join("hf").exists(), "nothing written");
     assert!(!d.path().join("m.safetensors").exists(), "nothing written");

@@ -4,11 +4,25 @@
 //! asks the family (`Family::format_tensors` and the hooks beside it) instead of knowing them.
 
 use super::Gpt;
-use crate::model::portable::{External, WeightFormat};
+use crate::model::portable::{External, FamilyFormat, WeightFormat};
 use crate::params::ParamLayout;
 
+/// Hugging Face's `GPT2LMHeadModel`: a directory, `model.safetensors` beside `config.json`.
+pub const HF_GPT2: WeightFormat = WeightFormat::Family(FamilyFormat {
+    name: "hf-gpt2",
+    dir: true,
+    prefix: None,
+});
+
+/// nanoGPT's `GPT` (`torch.compile`'s `_orig_mod.` prefix taken off when read).
+pub const NANOGPT: WeightFormat = WeightFormat::Family(FamilyFormat {
+    name: "nanogpt",
+    dir: false,
+    prefix: Some("_orig_mod."),
+});
+
 /// The formats the gpt reads and writes besides PyTorch's and Burn's names.
-pub(super) const FORMATS: [WeightFormat; 2] = [WeightFormat::HfGpt2, WeightFormat::NanoGpt];
+pub(super) const FORMATS: [WeightFormat; 2] = [HF_GPT2, NANOGPT];
 
 /// GPT-2's name of a kiln gpt parameter (norm leaves already `weight`/`bias`): `wte.weight` is
 /// `transformer.wte.weight`, `blocks.3.mlp_fc.bias` is `transformer.h.3.mlp.c_fc.bias`.
@@ -57,8 +71,7 @@ pub(super) fn tensors(
             let path = format!("{prefix}.{leaf}");
             // Hugging Face's Conv1D keeps Burn's [in, out]; its lm_head and every nanoGPT
             // Linear are PyTorch's [out, in]
-            let transpose =
-                e.transpose && (format == WeightFormat::NanoGpt || p.name == "lm_head.weight");
+            let transpose = e.transpose && (format == NANOGPT || p.name == "lm_head.weight");
             External::stored(gpt2_name(&path), p, e.param, transpose)
         })
         .collect();
@@ -83,12 +96,12 @@ pub(super) fn tensors(
 /// prefix ignored).
 pub(super) fn detect(tensors: &[(&str, &[usize])]) -> Option<WeightFormat> {
     let attn = tensors.iter().find(|(name, _)| {
-        let n = name.strip_prefix("_orig_mod.").unwrap_or(name);
+        let n = NANOGPT.strip(name);
         n.starts_with("transformer.h.") && n.ends_with(".attn.c_attn.weight")
     })?;
     match attn.1 {
-        [a, b] if *b == 3 * *a => Some(WeightFormat::HfGpt2),
-        [a, b] if *a == 3 * *b => Some(WeightFormat::NanoGpt),
+        [a, b] if *b == 3 * *a => Some(HF_GPT2),
+        [a, b] if *a == 3 * *b => Some(NANOGPT),
         _ => None,
     }
 }
@@ -157,11 +170,11 @@ mod tests {
         let nano: &[usize] = &[24, 8];
         assert_eq!(
             detect(&[("transformer.h.0.attn.c_attn.weight", hf)]),
-            Some(WeightFormat::HfGpt2)
+            Some(HF_GPT2)
         );
         assert_eq!(
             detect(&[("_orig_mod.transformer.h.0.attn.c_attn.weight", nano)]),
-            Some(WeightFormat::NanoGpt)
+            Some(NANOGPT)
         );
         assert_eq!(detect(&[("fc.weight", hf)]), None);
     }

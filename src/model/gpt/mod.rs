@@ -643,7 +643,7 @@ impl Family for Gpt {
 
     fn hf_config(&self, format: WeightFormat) -> Result<Option<String>, String> {
         match format {
-            WeightFormat::HfGpt2 => hf::config_json(self).map(Some),
+            hf::HF_GPT2 => hf::config_json(self).map(Some),
             _ => Ok(None),
         }
     }
