@@ -684,12 +684,18 @@ pub fn decoder_on<'a, B: Backend>(
 ) -> Result<Option<Box<dyn TokenDecoder + 'a>>, ModelError> {
     match model.decoder_erased(std::any::TypeId::of::<B>(), device, params, cache) {
         Some(d) => d,
-        None => panic!(
-            "model `{}` has no decoder on {}: the backend is not in `model::for_each_backend!`",
-            model.kind(),
-            std::any::type_name::<B>()
-        ),
+        None => not_for_each_backend::<B>(model, "decoder"),
     }
+}
+
+/// An erased call (`compute_erased`, `decoder_erased`) on a backend `model::for_each_backend!`
+/// does not list: a programming error in the binary, not bad input.
+fn not_for_each_backend<B>(model: &dyn Model, what: &str) -> ! {
+    panic!(
+        "model `{}` has no {what} on {}: the backend is not in `model::for_each_backend!`",
+        model.kind(),
+        std::any::type_name::<B>()
+    )
 }
 
 /// The backends a model can be computed on: every Burn autodiff backend; a model computes on
@@ -705,11 +711,7 @@ impl<B: AutodiffBackend> ComputeOn for B {
             .and_then(|c| c.downcast::<Box<dyn Compute<B>>>().ok());
         match erased {
             Some(c) => *c,
-            None => panic!(
-                "model `{}` has no compute on {}: the backend is not in `model::for_each_backend!`",
-                model.kind(),
-                std::any::type_name::<B>()
-            ),
+            None => not_for_each_backend::<B>(model, "compute"),
         }
     }
 }
