@@ -641,3 +641,16 @@ mod tests {
         assert!(!mapped(at(MAPPED, 2 * PAGE)));
     }
 }
+
+/// Bytes of memory the machine has available (`MemAvailable`), when it says.
+pub fn available() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kb: u64 = text
+        .lines()
+        .find(|l| l.starts_with("MemAvailable:"))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()?;
+    kb.checked_mul(1024)
+}

@@ -113,12 +113,19 @@ impl Tokenizer {
         }
     }
 
-    /// Token ids run from 0 to this (exclusive).
+    /// Token ids run from 0 to this (exclusive): the largest id + 1, the rows an embedding
+    /// needs (a tokenizer.json's ids need not be dense: its entry count can be far below its
+    /// largest id, issue 45, defects 7 and 8).
     pub fn vocab_size(&self) -> usize {
         match self {
             Tokenizer::Bytes => 256,
             Tokenizer::Gpt2 { .. } => GPT2_EOT as usize + 1,
-            Tokenizer::HuggingFace { tokenizer, .. } => tokenizer.get_vocab_size(true),
+            Tokenizer::HuggingFace { tokenizer, .. } => tokenizer
+                .get_vocab(true)
+                .values()
+                .max()
+                .map_or(0, |&m| m as usize + 1)
+                .max(tokenizer.get_vocab_size(true)),
         }
     }
 

@@ -28,19 +28,6 @@ pub struct CheckReport {
     pub undecayed: usize,
 }
 
-/// Bytes of memory the machine has available (`MemAvailable`), when it says.
-fn available_memory() -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let kb: u64 = text
-        .lines()
-        .find(|l| l.starts_with("MemAvailable:"))?
-        .split_whitespace()
-        .nth(1)?
-        .parse()
-        .ok()?;
-    kb.checked_mul(1024)
-}
-
 /// What to change when a CPU run does not fit: the ranks of one node share its memory, so more
 /// devices there never help; sharding does when several ranks hold a replica each, and more
 /// nodes do for fsdp.
@@ -117,7 +104,7 @@ pub fn fits(
         })
         .sum::<u128>()
         + num_params as u128 * 4;
-    let Some(have) = available_memory() else {
+    let Some(have) = crate::memory::available() else {
         return Ok(());
     };
     if need > have as u128 {

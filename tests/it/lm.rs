@@ -409,3 +409,49 @@ fn a_tokenizer_json_tokenizers_cannot_use_is_exit_2_naming_it_briefly() {
     }
     assert!(!d.path().join("x.bin").exists());
 }
+
+/// Issue 45, defects 7 and 8: a tokenizer.json whose ids are sparse (3 entries, the largest id
+/// 65,600) needs u32 token files and `model.vocab_size` above its largest id, not its entry
+/// count: `kiln tokenize` wrote id 65,600 as u16 (64) and advised `vocab_size = 3`, and
+/// `data.kind = "text"` with it passed the vocabulary check and panicked in the embedding.
+#[test]
+fn a_tokenizer_with_sparse_ids_is_sized_by_its_largest_id() {
+    let d = kiln::testdir::tempdir().unwrap();
+    let json = r#"{"version":"1.0","truncation":null,"padding":null,"added_tokens":[],"normalizer":null,"pre_tokenizer":{"type":"Whitespace"},"post_processor":null,"decoder":null,"model":{"type":"WordLevel","vocab":{"a":0,"[UNK]":1,"b":65600},"unk_token":"[UNK]"}}"#;
+    std::fs::write(d.path().join("sparse.json"), json).unwrap();
+    std::fs::write(d.path().join("ab.txt"), "a b ".repeat(300)).unwrap();
+    let o = kiln(
+        d.path(),
+        &[
+            "tokenize",
+            "ab.txt",
+            "-o",
+            "ab.bin",
+            "--tokenizer",
+            "sparse.json",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let out = String::from_utf8_lossy(&o.stdout).to_string();
+    assert!(out.contains("u32") && out.contains("65601"), "{out}");
+    let bytes = std::fs::read(d.path().join("ab.bin")).unwrap();
+    let ids: Vec<u32> = bytes
+        .chunks_exact(4)
+        .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect();
+    assert_eq!(&ids[..4], &[0, 65600, 0, 65600]);
+    // text data with it: refused up front below the largest id
+    std::fs::write(
+        d.path().join("t.toml"),
+        "[model]\nkind = \"gpt\"\nvocab_size = 300\nblock_size = 8\nlayers = 1\nheads = 1\ndim = 8\n\n[data]\nkind = \"text\"\npath = \"ab.txt\"\ntokenizer = \"sparse.json\"\n\n[train]\nmax_steps = 1\n",
+    )
+    .unwrap();
+    let o = kiln(d.path(), &["run", "t.toml", "--quiet"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("has 65601 tokens, but `model.vocab_size` = 300"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(!d.path().join("runs").exists());
+}

@@ -342,6 +342,19 @@ fn bad_gpt_and_text_keys_are_bad_input_naming_the_key() {
         e.starts_with("error: `data.eval_fraction` = 1.5 is out of range"),
         "{e}"
     );
+    // issue 45, defect 3: sizes no machine holds are bad input said before anything is
+    // built (10 million layers aborted out of memory inside the build)
+    assert_eq!(
+        run(&["model.layers=10000000"]),
+        "error: `model.layers` = 10000000 is out of range: at most 4096\n  --> --set model.layers=10000000\n"
+    );
+    let e = run(&["model.dim=1048576", "model.heads=1"]);
+    assert!(
+        e.contains("has 26388610416640 parameters: one f32 copy of them is")
+            && e.contains("but the machine has")
+            && e.contains("help: make the model smaller"),
+        "{e}"
+    );
     // issue 44, item 3: gpt's own keys are read as a user's family's are (`GptKeys`), with the
     // same errors: a wrong type and a typo name the key and where it was set
     let e = run(&["model.layers=\"two\""]);

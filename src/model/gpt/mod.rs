@@ -205,6 +205,7 @@ impl Gpt {
                 ));
             }
         }
+        g.sized_for_this_machine(r)?;
         if g.dim % g.heads != 0 {
             return Err(err(
                 "model.dim",
@@ -252,6 +253,64 @@ impl Gpt {
             ));
         }
         Ok(g)
+    }
+
+    /// The parameters its sizes give, counted before anything is built.
+    fn param_count(&self) -> u128 {
+        let (d, v, t, l) = (
+            self.dim as u128,
+            self.vocab as u128,
+            self.block as u128,
+            self.layers as u128,
+        );
+        let bias = u128::from(self.bias);
+        // LayerNorms, attention (qkv and its projection), MLP (4x): weights and biases
+        let block = 12 * d * d + bias * 9 * d + 2 * d * (1 + bias);
+        let head = if self.tie { 0 } else { v * d };
+        v * d + t * d + l * block + d * (1 + bias) + head
+    }
+
+    /// Issue 45, defect 3: a gpt no machine here could hold is bad input naming its sizes, said
+    /// before anything is built (`model.layers = 10000000` aborted out of memory inside the
+    /// build, and a million layers ran for minutes first): at most `MAX_LAYERS` blocks, and one
+    /// f32 copy of the parameters (a run starts from one whole copy) within the memory
+    /// available.
+    fn sized_for_this_machine(&self, r: &Resolved) -> Result<(), ModelError> {
+        const MAX_LAYERS: usize = 4096;
+        if self.layers > MAX_LAYERS {
+            return Err(r
+                .key_error(
+                    "model.layers",
+                    format!(
+                        "`model.layers` = {} is out of range: at most {MAX_LAYERS}",
+                        self.layers
+                    ),
+                    None,
+                )
+                .into());
+        }
+        let bytes = self.param_count() * 4;
+        let Some(have) = crate::memory::available() else {
+            return Ok(());
+        };
+        if bytes > u128::from(have) {
+            return Err(r
+                .key_error(
+                    "model.layers",
+                    format!(
+                        "this gpt (model.layers = {}, model.dim = {}, model.vocab_size = {}) has {} parameters: one f32 copy of them is {}, but the machine has {} available",
+                        self.layers,
+                        self.dim,
+                        self.vocab,
+                        self.param_count(),
+                        crate::ui::bytes(bytes.min(u128::from(u64::MAX)) as u64),
+                        crate::ui::bytes(have)
+                    ),
+                    Some("make the model smaller (model.layers, model.dim, model.vocab_size)".into()),
+                )
+                .into());
+        }
+        Ok(())
     }
 
     fn ln<B: Backend>(&self, device: &B::Device) -> LayerNorm<B> {
@@ -734,6 +793,28 @@ mod tests {
     use super::*;
     use crate::data::Values;
     use crate::model::{ComputeOn, FamilyModel, Model};
+
+    /// The count `sized_for_this_machine` checks before building is the built model's.
+    #[test]
+    fn the_parameters_counted_before_the_build_are_the_models() {
+        for (bias, tie) in [(true, true), (false, true), (true, false), (false, false)] {
+            let gpt = Gpt {
+                vocab: 300,
+                block: 8,
+                layers: 3,
+                heads: 2,
+                dim: 16,
+                bias,
+                tie,
+                gelu_tanh: false,
+                dropout: 0.0,
+                masks: MaskCache::default(),
+            };
+            let counted = gpt.param_count();
+            let m = FamilyModel::new(gpt);
+            assert_eq!(counted, m.num_params() as u128, "bias {bias}, tied {tie}");
+        }
+    }
 
     #[test]
     fn a_later_token_never_changes_earlier_logits() {
