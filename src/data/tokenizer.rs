@@ -188,6 +188,75 @@ impl Tokenizer {
     }
 }
 
+/// Decodes a growing sequence a token at a time into the bytes each token adds, as
+/// `transformers`' text streamers do (issue 45, defect 15). Byte-level tokenizers (bytes,
+/// GPT-2) give each token's own bytes, exact. A tokenizer.json decodes the tail of the
+/// sequence with a few tokens before it, and emits what the new token added: a token alone
+/// would lose the space a Metaspace (`▁`) decoder puts between words, and half a character of
+/// a byte-level BPE would print as U+FFFD; an incomplete character is held back until the
+/// token that completes it (or `finish`).
+pub struct StreamDecoder<'a> {
+    t: &'a Tokenizer,
+    ids: Vec<u32>,
+    /// `ids[prefix..read]` was decoded and emitted; `ids[read..]` is held back.
+    prefix: usize,
+    read: usize,
+}
+
+impl<'a> StreamDecoder<'a> {
+    /// After the context `ids` (the prompt), which the caller has shown.
+    pub fn new(t: &'a Tokenizer, context: &[u32]) -> Self {
+        // a few tokens of context decide the first token's leading space
+        let keep = &context[context.len().saturating_sub(4)..];
+        StreamDecoder {
+            t,
+            ids: keep.to_vec(),
+            prefix: 0,
+            read: keep.len(),
+        }
+    }
+
+    /// The bytes token `id` adds to the text (none while a character is incomplete).
+    pub fn push(&mut self, id: u32) -> Result<Vec<u8>, String> {
+        if !matches!(self.t, Tokenizer::HuggingFace { .. }) {
+            return self.t.decode(&[id]);
+        }
+        self.ids.push(id);
+        let shown = self.t.decode(&self.ids[self.prefix..self.read])?;
+        let now = self.t.decode(&self.ids[self.prefix..])?;
+        let complete = !String::from_utf8_lossy(&now).ends_with('\u{FFFD}');
+        match now
+            .get(shown.len()..)
+            .filter(|_| complete && now.starts_with(&shown))
+        {
+            Some(added) if !added.is_empty() => {
+                let added = added.to_vec();
+                // the next token is decoded after the one just shown
+                self.prefix = self.read;
+                self.read = self.ids.len();
+                // (only the tokens since `prefix` are decoded again: bounded work per token)
+                self.ids.drain(..self.prefix);
+                self.read -= self.prefix;
+                self.prefix = 0;
+                Ok(added)
+            }
+            _ => Ok(Vec::new()),
+        }
+    }
+
+    /// What is still held back (an incomplete character at the end), as the tokenizer decodes
+    /// it.
+    pub fn finish(&mut self) -> Result<Vec<u8>, String> {
+        if self.read >= self.ids.len() {
+            return Ok(Vec::new());
+        }
+        let shown = self.t.decode(&self.ids[self.prefix..self.read])?;
+        let now = self.t.decode(&self.ids[self.prefix..])?;
+        self.read = self.ids.len();
+        Ok(now.get(shown.len()..).map(<[u8]>::to_vec).unwrap_or(now))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -215,5 +284,32 @@ mod tests {
         assert!(Tokenizer::load("gtp2", Path::new("."))
             .unwrap_err()
             .contains("neither \"bytes\", \"gpt2\" nor a tokenizer.json"));
+    }
+
+    /// Issue 45, defect 15: a Metaspace tokenizer's spaces and a byte-level BPE's multi-byte
+    /// characters survive decoding a token at a time.
+    #[test]
+    fn streamed_decoding_keeps_spaces_and_whole_characters() {
+        let d = crate::testdir::tempdir().unwrap();
+        let meta = r#"{"version":"1.0","truncation":null,"padding":null,"added_tokens":[],"normalizer":null,"pre_tokenizer":{"type":"Metaspace","replacement":"\u2581","prepend_scheme":"always","split":true},"post_processor":null,"decoder":{"type":"Metaspace","replacement":"\u2581","prepend_scheme":"always","split":true},"model":{"type":"WordLevel","vocab":{"\u2581hello":0,"\u2581world":1,"\u2581again":2,"[UNK]":3},"unk_token":"[UNK]"}}"#;
+        let bytes = r#"{"version":"1.0","truncation":null,"padding":null,"added_tokens":[],"normalizer":null,"pre_tokenizer":null,"post_processor":null,"decoder":{"type":"ByteLevel","add_prefix_space":false,"trim_offsets":false,"use_regex":false},"model":{"type":"WordLevel","vocab":{"a":0,"\u00c3":1,"\u00a9":2,"[UNK]":3},"unk_token":"[UNK]"}}"#;
+        std::fs::write(d.path().join("meta.json"), meta).unwrap();
+        std::fs::write(d.path().join("bytes.json"), bytes).unwrap();
+        let stream = |file: &str, context: &[u32], ids: &[u32]| {
+            let t = Tokenizer::load(file, d.path()).unwrap();
+            let mut s = StreamDecoder::new(&t, context);
+            let mut pieces = Vec::new();
+            for &id in ids {
+                pieces.push(String::from_utf8(s.push(id).unwrap()).unwrap());
+            }
+            pieces.push(String::from_utf8(s.finish().unwrap()).unwrap());
+            pieces
+        };
+        // (a token alone: "world", the space lost)
+        assert_eq!(stream("meta.json", &[0], &[1, 2]), [" world", " again", ""]);
+        // "é" is two byte-level tokens: nothing until the second, never U+FFFD
+        assert_eq!(stream("bytes.json", &[0], &[1, 2, 0]), ["", "é", "a", ""]);
+        // held back at the end: what the tokenizer makes of it
+        assert_eq!(stream("bytes.json", &[0], &[1]), ["", "\u{FFFD}"]);
     }
 }

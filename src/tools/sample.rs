@@ -191,6 +191,8 @@ fn generate<B: RankBackend>(
     let vocab = tokenizer.vocab_size();
     let mut rng = Rng::stream(o.seed, "sample", &[]);
     let mut logits = dec.prefill(&context)?;
+    // each token's text decoded after the ones before it (issue 45, defect 15)
+    let mut text = crate::data::tokenizer::StreamDecoder::new(tokenizer, &context);
     let start = Instant::now();
     let mut out: Vec<u8> = Vec::new();
     // (a reader gone before the first token: nothing is generated)
@@ -227,7 +229,7 @@ fn generate<B: RankBackend>(
             stopped = Some("end of text".to_string());
             break;
         }
-        let bytes = tokenizer.decode(&[next]).map_err(Error::Usage)?;
+        let bytes = text.push(next).map_err(Error::Usage)?;
         // a reader that is gone stops the generation (issue 45, defect 16)
         open = on_bytes(&bytes);
         if !open {
@@ -250,6 +252,13 @@ fn generate<B: RankBackend>(
         } else {
             dec.step(next)?
         };
+    }
+    // (an incomplete character held back at the end)
+    if open {
+        let rest = text.finish().map_err(Error::Usage)?;
+        if !rest.is_empty() {
+            on_bytes(&rest);
+        }
     }
     Ok(SampleReport {
         tokens: made,
