@@ -112,9 +112,7 @@ pub fn init_weights(r: &Resolved, model: &dyn Model) -> Result<Option<Vec<f32>>>
             bad.join(", ")
         )));
     }
-    portable::import(model, format, &map, &other)
-        .map(Some)
-        .map_err(|m| {
+    let params = portable::import(model, format, &map, &other).map_err(|m| {
             Error::Usage(format!(
                 "model.init_from: `{shown}` does not fit model `{}` ({} names and layouts): {}\n{m}  = help: the file must hold exactly the model's tensors; `kiln export --format {}` of a run of the same model writes them",
                 model.kind(),
@@ -122,5 +120,59 @@ pub fn init_weights(r: &Resolved, model: &dyn Model) -> Result<Option<Vec<f32>>>
                 m.summary(),
                 format.name()
             ))
+        })?;
+    // every tensor fits: what their shapes do not show, the config.json beside them does
+    if format.is_dir() {
+        beside_config(r, model, format, &path)?;
+    }
+    Ok(Some(params))
+}
+
+/// The `config.json` beside a Hugging Face file (`from_pretrained`'s layout), when there is
+/// one, against `[model]` (issue 45, defect 17): a head count or an activation the tensors'
+/// shapes do not show loaded silently before; every disagreement is named, with both values.
+fn beside_config(
+    r: &Resolved,
+    model: &dyn Model,
+    format: WeightFormat,
+    weights: &std::path::Path,
+) -> Result<()> {
+    let path = weights
+        .parent()
+        .unwrap_or(std::path::Path::new("."))
+        .join("config.json");
+    if !path.is_file() {
+        return Ok(());
+    }
+    let shown = path.display();
+    let text = crate::data::read_bounded(&path, "model.init_from", Some(1 << 20))
+        .map_err(|e| Error::Usage(format!("model.init_from: {e}")))?;
+    let json: serde_json::Value = serde_json::from_slice(&text).map_err(|e| {
+        Error::Usage(format!(
+            "model.init_from: `{shown}` (beside the weights) is not JSON: {e}\n  = help: fix or remove it; it is read to check the model's settings"
+        ))
+    })?;
+    let bad = model.hf_config_mismatches(format, &json);
+    if bad.is_empty() {
+        return Ok(());
+    }
+    let lines: Vec<String> = bad
+        .iter()
+        .map(|(theirs, value, key, ours)| {
+            let source = if key.starts_with("model.") {
+                format!(" ({})", crate::config::describe_source(&r.figment, key))
+            } else {
+                String::new()
+            };
+            format!(
+                "  {theirs} = {} there, but `{key}` = {ours}{source}",
+                crate::config::brief(value, 60)
+            )
         })
+        .collect();
+    Err(Error::Usage(format!(
+        "model.init_from: `{shown}` describes another model than [model]:\n{}\n  = help: set [model] as the file says (a {} export of this model writes a config.json that agrees)",
+        lines.join("\n"),
+        format.name()
+    )))
 }

@@ -418,6 +418,18 @@ pub trait Family: Send + Sync + 'static {
         Ok(None)
     }
 
+    /// Where the `config.json` found beside an imported file of `format` (`model.init_from`)
+    /// disagrees with this model: `(its key, its value, the [model] key, kiln's value)` for
+    /// each architecture setting that differs (a head count or an activation no tensor's shape
+    /// shows). Default: none checked.
+    fn hf_config_mismatches(
+        &self,
+        _format: WeightFormat,
+        _config: &serde_json::Value,
+    ) -> Vec<(String, String, String, String)> {
+        Vec::new()
+    }
+
     /// An incremental decoder over `module` (holding trained parameters) on `device`, for `kiln
     /// sample`: `cache` keeps what the context computed (a KV cache) instead of running the
     /// whole context for each token; `fused` calls kiln's fused kernels (`backend.fused`).
@@ -632,6 +644,12 @@ pub trait Model: Send + Sync {
     fn detect_format(&self, tensors: &[(&str, &[usize])]) -> Option<WeightFormat>;
     /// See `Family::hf_config`.
     fn hf_config(&self, format: WeightFormat) -> Result<Option<String>, String>;
+    /// See `Family::hf_config_mismatches`.
+    fn hf_config_mismatches(
+        &self,
+        format: WeightFormat,
+        config: &serde_json::Value,
+    ) -> Vec<(String, String, String, String)>;
     /// `optim.decay`, or the family's default (`Family::default_decay`).
     fn decay_rule(&self, optim: &crate::config::OptimConfig) -> DecayRule;
     /// Turns kiln's fused kernels on or off for every compute made after (`backend.fused`; the

@@ -256,3 +256,71 @@ fn trained_weights_export_to_hugging_face_and_nanogpt_and_load_back() {
     );
     assert!(!d.path().join("small").exists());
 }
+
+/// Issue 45, defects 17 and 18: the config.json beside a Hugging Face file is checked against
+/// `[model]` (a head count and an activation no tensor's shape shows loaded silently), and one
+/// mis-shaped tensor no longer turns auto-detection to PyTorch's names ("28 missing, 28
+/// unexpected"): the import names that tensor.
+#[test]
+fn a_hugging_face_import_checks_its_config_json_and_names_a_mis_shaped_tensor() {
+    let d = kiln::testdir::tempdir().unwrap();
+    let (ids, _, _) = expected();
+    experiment(d.path(), &ids);
+    let toml = std::fs::read_to_string(d.path().join("gpt2.toml")).unwrap();
+    write(
+        d.path(),
+        "wrong.toml",
+        &toml
+            .replace("heads = 4", "heads = 2")
+            .replace("gelu = \"tanh\"\n", ""),
+    );
+    let o = kiln(d.path(), &["check", "wrong.toml"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let e = stderr(&o);
+    assert!(
+        e.contains("config.json` describes another model than [model]")
+            && e.contains("n_head = 4 there, but `model.heads` = 2 (wrong.toml:6)")
+            && e.contains(
+                "activation_function = \"gelu_new\" there, but `model.gelu` = \"exact\" (default)"
+            ),
+        "{e}"
+    );
+    // one tensor of the fixture reshaped: still GPT-2's names, and that tensor is named
+    let bytes = std::fs::read(root().join("tests/fixtures/hf-gpt2/model.safetensors")).unwrap();
+    let f = kiln::checkpoint::tensors::decode(&bytes).unwrap();
+    let mut owned: Vec<(String, Vec<usize>, Vec<f32>)> = f
+        .tensors
+        .iter()
+        .map(|t| (t.name.clone(), t.shape.clone(), t.data.clone()))
+        .collect();
+    for (name, shape, data) in &mut owned {
+        if name == "transformer.h.0.attn.c_attn.weight" {
+            *shape = vec![32, 95];
+            data.truncate(32 * 95);
+        }
+    }
+    let refs: Vec<(&str, &[usize], &[f32])> = owned
+        .iter()
+        .map(|(n, s, v)| (n.as_str(), s.as_slice(), v.as_slice()))
+        .collect();
+    let out = kiln::checkpoint::tensors::encode(&refs, Default::default()).unwrap();
+    std::fs::create_dir_all(d.path().join("bent")).unwrap();
+    std::fs::write(d.path().join("bent/model.safetensors"), out).unwrap();
+    let old = root().join("tests/fixtures/hf-gpt2/model.safetensors");
+    write(
+        d.path(),
+        "bent.toml",
+        &toml.replace(
+            &format!("init_from = \"{}\"", old.display()),
+            "init_from = \"bent/model.safetensors\"",
+        ),
+    );
+    let o = kiln(d.path(), &["check", "bent.toml"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let e = stderr(&o);
+    assert!(
+        e.contains("wrong shape `transformer.h.0.attn.c_attn.weight`: [32, 95] in the file")
+            && !e.contains("missing"),
+        "{e}"
+    );
+}

@@ -747,6 +747,13 @@ impl<F: Family> Model for FamilyModel<F> {
     fn hf_config(&self, format: WeightFormat) -> Result<Option<String>, String> {
         self.family.hf_config(format)
     }
+    fn hf_config_mismatches(
+        &self,
+        format: WeightFormat,
+        config: &serde_json::Value,
+    ) -> Vec<(String, String, String, String)> {
+        self.family.hf_config_mismatches(format, config)
+    }
     fn decay_rule(&self, optim: &crate::config::OptimConfig) -> crate::config::DecayRule {
         optim.decay.unwrap_or(self.family.default_decay())
     }

@@ -95,15 +95,138 @@ pub(super) fn tensors(
 /// Conv1D `[dim, 3 dim]`, nanoGPT's Linear `[3 dim, dim]` (a compiled model's `_orig_mod.`
 /// prefix ignored).
 pub(super) fn detect(tensors: &[(&str, &[usize])]) -> Option<WeightFormat> {
-    let attn = tensors.iter().find(|(name, _)| {
-        let n = NANOGPT.strip(name);
-        n.starts_with("transformer.h.") && n.ends_with(".attn.c_attn.weight")
-    })?;
-    match attn.1 {
-        [a, b] if *b == 3 * *a => Some(HF_GPT2),
-        [a, b] if *a == 3 * *b => Some(NANOGPT),
-        _ => None,
+    let gpt2: Vec<(&str, &[usize])> = tensors
+        .iter()
+        .map(|(name, shape)| (NANOGPT.strip(name), *shape))
+        .filter(|(n, _)| n.starts_with("transformer.h."))
+        .collect();
+    if gpt2.is_empty() {
+        return None;
     }
+    // each Conv1D/Linear whose shape tells the layout votes: `c_attn` [d, 3d] or [3d, d],
+    // `c_fc` [d, 4d] or [4d, d]; one mis-shaped tensor does not hide the others (issue 45,
+    // defect 18), and GPT-2's names with no shape that tells are Hugging Face's (the import
+    // then names the tensor that is wrong, not every name as missing)
+    let (mut hf, mut nano) = (0, 0);
+    for (n, shape) in &gpt2 {
+        let ratio = if n.ends_with(".attn.c_attn.weight") {
+            3
+        } else if n.ends_with(".mlp.c_fc.weight") {
+            4
+        } else {
+            continue;
+        };
+        match shape {
+            [a, b] if *b == ratio * *a => hf += 1,
+            [a, b] if *a == ratio * *b => nano += 1,
+            _ => {}
+        }
+    }
+    Some(if nano > hf { NANOGPT } else { HF_GPT2 })
+}
+
+/// Where a `GPT2LMHeadModel` config.json disagrees with `gpt` (issue 45, defect 17): the
+/// sizes (which the tensors' shapes also show), the head count, the activation, the
+/// LayerNorm epsilon and tied embeddings (which they do not). A key the file lacks is
+/// `transformers`' default.
+pub(super) fn mismatches(
+    gpt: &Gpt,
+    config: &serde_json::Value,
+) -> Vec<(String, String, String, String)> {
+    use serde_json::{json, Value};
+    let gelu = if gpt.gelu_tanh { "tanh" } else { "exact" };
+    // (their key, transformers' default, kiln's value as theirs, the [model] key, kiln's value)
+    let checks: [(&str, Value, Value, &str, String); 8] = [
+        (
+            "n_head",
+            json!(12),
+            json!(gpt.heads),
+            "model.heads",
+            gpt.heads.to_string(),
+        ),
+        (
+            "n_layer",
+            json!(12),
+            json!(gpt.layers),
+            "model.layers",
+            gpt.layers.to_string(),
+        ),
+        (
+            "n_embd",
+            json!(768),
+            json!(gpt.dim),
+            "model.dim",
+            gpt.dim.to_string(),
+        ),
+        (
+            "n_positions",
+            json!(1024),
+            json!(gpt.block),
+            "model.block_size",
+            gpt.block.to_string(),
+        ),
+        (
+            "vocab_size",
+            json!(50257),
+            json!(gpt.vocab),
+            "model.vocab_size",
+            gpt.vocab.to_string(),
+        ),
+        (
+            "activation_function",
+            json!("gelu_new"),
+            json!(if gpt.gelu_tanh { "gelu_new" } else { "gelu" }),
+            "model.gelu",
+            format!("\"{gelu}\""),
+        ),
+        (
+            "layer_norm_epsilon",
+            json!(1e-5),
+            json!(super::LN_EPS),
+            "(kiln's LayerNorm epsilon)",
+            super::LN_EPS.to_string(),
+        ),
+        (
+            "tie_word_embeddings",
+            json!(true),
+            json!(gpt.tie),
+            "model.tie_embeddings",
+            gpt.tie.to_string(),
+        ),
+    ];
+    let tanh = ["gelu_new", "gelu_pytorch_tanh", "gelu_fast"];
+    checks
+        .into_iter()
+        .filter_map(|(key, default, ours, kiln_key, kiln_value)| {
+            let theirs = config
+                .get(key)
+                .filter(|v| !v.is_null())
+                .cloned()
+                .unwrap_or(default);
+            let same = match (&theirs, &ours) {
+                (Value::String(a), Value::String(b)) if key == "activation_function" => {
+                    tanh.contains(&a.as_str()) == tanh.contains(&b.as_str())
+                        && (a == "gelu" || tanh.contains(&a.as_str()))
+                }
+                (Value::Number(a), Value::Number(b)) => {
+                    let (a, b) = (
+                        a.as_f64().unwrap_or(f64::NAN),
+                        b.as_f64().unwrap_or(f64::NAN),
+                    );
+                    (a - b).abs() <= 1e-12 * a.abs().max(b.abs())
+                }
+                (a, b) => a == b,
+            };
+            (!same).then(|| {
+                (
+                    key.to_string(),
+                    theirs.to_string(),
+                    kiln_key.to_string(),
+                    kiln_value,
+                )
+            })
+        })
+        .collect()
 }
 
 /// Hugging Face's `config.json` of `gpt` as a `GPT2LMHeadModel`, or why it cannot be one.
@@ -177,5 +300,19 @@ mod tests {
             Some(NANOGPT)
         );
         assert_eq!(detect(&[("fc.weight", hf)]), None);
+        // one mis-shaped c_attn: the other blocks' (and c_fc's) shapes still tell
+        let bad: &[usize] = &[8, 25];
+        let fc: &[usize] = &[32, 8];
+        assert_eq!(
+            detect(&[
+                ("transformer.h.0.attn.c_attn.weight", bad),
+                ("transformer.h.0.mlp.c_fc.weight", fc),
+            ]),
+            Some(NANOGPT)
+        );
+        assert_eq!(
+            detect(&[("transformer.h.0.attn.c_attn.weight", bad)]),
+            Some(HF_GPT2)
+        );
     }
 }

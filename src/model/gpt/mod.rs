@@ -707,6 +707,17 @@ impl Family for Gpt {
         }
     }
 
+    fn hf_config_mismatches(
+        &self,
+        format: WeightFormat,
+        config: &serde_json::Value,
+    ) -> Vec<(String, String, String, String)> {
+        match format {
+            hf::HF_GPT2 => hf::mismatches(self, config),
+            _ => Vec::new(),
+        }
+    }
+
     fn decoder<'a, B: Backend>(
         &'a self,
         module: GptModule<B>,
