@@ -86,6 +86,14 @@ pub fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<()> {
 /// leaves no temporary file behind.
 pub fn replace_file(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     use std::io::Write as _;
+    replace_file_with(path, |f| f.write_all(bytes))
+}
+
+/// `replace_file` with the contents written by `write` (a copy from another file, streamed).
+pub fn replace_file_with(
+    path: &Path,
+    write: impl FnOnce(&mut fs::File) -> std::io::Result<()>,
+) -> std::io::Result<()> {
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
         _ => PathBuf::from("."),
@@ -102,7 +110,7 @@ pub fn replace_file(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
         .write(true)
         .create_new(true)
         .open(&tmp)
-        .and_then(|mut f| f.write_all(bytes).and_then(|_| f.sync_all()))
+        .and_then(|mut f| write(&mut f).and_then(|_| f.sync_all()))
         .and_then(|_| fs::rename(&tmp, path))
         .and_then(|_| fs::File::open(&dir).and_then(|d| d.sync_all()));
     if written.is_err() {

@@ -79,12 +79,39 @@ fn encode_pieces(
 ) -> Result<()> {
     let mut start = 0;
     while start < text.len() {
-        let end = cut_at(text, start.saturating_add(piece));
+        let mut end = cut_at(text, start.saturating_add(piece));
+        while end < text.len() && !cuts_cleanly(t, text, end)? {
+            end = cut_at(text, end + 1);
+        }
         let (ids, r) = t.encode(&text[start..end]).map_err(Error::Usage)?;
         sink(&ids, r)?;
         start = end;
     }
     Ok(())
+}
+
+/// Whether `text` may be cut at `at` for `t`: always for GPT-2 and bytes (see `cut_at`); for a
+/// tokenizer.json, whose pre-tokenizer kiln does not know, when the 4 KiB on either side
+/// tokenize to the same ids in two pieces as in one (issue 45, defect 11: its text went in
+/// one piece, 30 MB of it peaking at 3.1 GB).
+fn cuts_cleanly(t: &Tokenizer, text: &[u8], at: usize) -> Result<bool> {
+    if !matches!(t, Tokenizer::HuggingFace { .. }) {
+        return Ok(true);
+    }
+    // the window's own ends fall on character starts, the same in both encodings
+    let starts = |i: usize| i >= text.len() || (text[i] & 0xC0) != 0x80;
+    let mut lo = at.saturating_sub(4096);
+    while !starts(lo) {
+        lo += 1;
+    }
+    let mut hi = (at + 4096).min(text.len());
+    while !starts(hi) {
+        hi -= 1;
+    }
+    let enc = |a: usize, b: usize| t.encode(&text[a..b]).map(|e| e.0).map_err(Error::Usage);
+    let mut apart = enc(lo, at)?;
+    apart.extend(enc(at, hi)?);
+    Ok(apart == enc(lo, hi)?)
 }
 
 /// Where the ids go (`-o`) and the held-out ids (`--eval-out`, with `--eval-fraction`): files
@@ -174,11 +201,13 @@ pub fn tokenize(o: &TokenizeOptions) -> Result<TokenizeReport> {
     let map = unsafe { memmap2::Mmap::map(&file) }.map_err(unreadable)?;
     let text: &[u8] = &map;
     // the ids, written beside the training file as they come
+    // (this process's own: two tokenizes to one `-o` never share it)
     let tmp = out.with_file_name(format!(
-        ".{}.kiln-tmp",
+        ".{}.kiln-tmp-{}",
         out.file_name()
             .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default()
+            .unwrap_or_default(),
+        std::process::id()
     ));
     let io = |what: &Path| {
         let what = what.display().to_string();
@@ -188,9 +217,9 @@ pub fn tokenize(o: &TokenizeOptions) -> Result<TokenizeReport> {
     let mut w = std::io::BufWriter::new(file);
     let (mut count, mut max_id, mut replaced) = (0usize, 0u32, 0usize);
     let written = (|| -> Result<()> {
-        // (a tokenizer.json's pre-tokenizer is not known: its text goes in one piece)
+        // (a tokenizer.json's pieces are smaller: `tokenizers` takes ~100 bytes per byte)
         let piece = match t {
-            Tokenizer::HuggingFace { .. } => usize::MAX / 2,
+            Tokenizer::HuggingFace { .. } => 1 << 20,
             _ => 8 << 20,
         };
         encode_pieces(&t, text, piece, &mut |ids, r| {
@@ -221,10 +250,14 @@ pub fn tokenize(o: &TokenizeOptions) -> Result<TokenizeReport> {
             .map_or(0, |frac| (count as f64 * frac).round() as usize);
         let eval = match &eval_out {
             Some(p) => {
-                // the tail of the ids, copied to the held-out file, then cut from the training
-                let bytes = std::fs::read(&tmp).map_err(io(&tmp))?;
+                // the tail of the ids, copied to the held-out file a buffer at a time (issue 45,
+                // defect 12: the whole file was read), then cut from the training file
+                use std::io::{Seek, SeekFrom};
                 let at = (count - held) * size;
-                crate::rundir::write_atomic(p, &bytes[at..])?;
+                let mut src = std::fs::File::open(&tmp).map_err(io(&tmp))?;
+                src.seek(SeekFrom::Start(at as u64)).map_err(io(&tmp))?;
+                crate::rundir::replace_file_with(p, |dst| std::io::copy(&mut src, dst).map(|_| ()))
+                    .map_err(io(p))?;
                 f.set_len(at as u64).map_err(io(&tmp))?;
                 Some((p.clone(), held))
             }
@@ -289,5 +322,35 @@ mod tests {
         .unwrap();
         assert!(n > 50, "{n} pieces");
         assert_eq!(pieces, whole);
+    }
+
+    /// Issue 45, defect 11: a tokenizer.json's text goes in pieces where that changes no id,
+    /// and stays whole where it would (a merge across the newline, no pre-tokenizer).
+    #[test]
+    fn tokenizer_json_ids_in_pieces_are_the_ids_of_the_whole_text() {
+        let d = crate::testdir::tempdir().unwrap();
+        let words = r#"{"version":"1.0","truncation":null,"padding":null,"added_tokens":[],"normalizer":null,"pre_tokenizer":{"type":"ByteLevel","add_prefix_space":false,"trim_offsets":true,"use_regex":true},"post_processor":null,"decoder":{"type":"ByteLevel","add_prefix_space":false,"trim_offsets":true,"use_regex":true},"model":{"type":"BPE","dropout":null,"unk_token":null,"continuing_subword_prefix":null,"end_of_word_suffix":null,"fuse_unk":false,"byte_fallback":false,"vocab":{"a":0,"b":1,"\u010a":2,"\u0120":3,"ab":4,"\u0120a":5},"merges":[["a","b"],["\u0120","a"]]}}"#;
+        let glued = r#"{"version":"1.0","truncation":null,"padding":null,"added_tokens":[],"normalizer":null,"pre_tokenizer":null,"post_processor":null,"decoder":null,"model":{"type":"BPE","dropout":null,"unk_token":null,"continuing_subword_prefix":null,"end_of_word_suffix":null,"fuse_unk":false,"byte_fallback":false,"vocab":{"a":0,"b":1,"\n":2,"b\n":3},"merges":[["b","\n"]]}}"#;
+        std::fs::write(d.path().join("words.json"), words).unwrap();
+        std::fs::write(d.path().join("glued.json"), glued).unwrap();
+        // (glued: "b\n" is one token, so no cut before a newline after "b" is clean, and one
+        // after "a" is)
+        for (file, text, cut) in [
+            ("words.json", "ab a\nba ab\n".repeat(200), true),
+            ("glued.json", "ab ab\n".repeat(200), false),
+            ("glued.json", "ab a\nba ab\n".repeat(200), true),
+        ] {
+            let t = Tokenizer::load(file, d.path()).unwrap();
+            let whole = t.encode(text.as_bytes()).unwrap().0;
+            let (mut pieces, mut n) = (Vec::new(), 0);
+            encode_pieces(&t, text.as_bytes(), 100, &mut |ids, _| {
+                pieces.extend_from_slice(ids);
+                n += 1;
+                Ok(())
+            })
+            .unwrap();
+            assert_eq!(pieces, whole, "{file}");
+            assert_eq!(n > 10, cut, "{file}: {n} pieces");
+        }
     }
 }

@@ -169,7 +169,14 @@ fn tokenized_files_hold_gpt2_ids_and_train_like_the_text_tokenized_as_it_loads()
         b"keep me"
     );
     assert!(d.path().join("z.bin").is_file());
-    assert!(!d.path().join(".z.bin.kiln-tmp").exists());
+    // (the temporary file is this process's own, `.z.bin.kiln-tmp-<pid>`, made exclusively,
+    // and gone once renamed)
+    let left: Vec<_> = std::fs::read_dir(d.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(".z.bin.kiln-tmp-"))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
     let o = kiln(
         d.path(),
         &["check", "gpt2.toml", "--set", "data.tokenizer=\"gtp2\""],
