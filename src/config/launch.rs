@@ -58,11 +58,26 @@ impl Default for LaunchConfig {
     }
 }
 
+/// The most nodes a job may have: the rendezvous store's replies (every node's ring address)
+/// stay well inside its 1 MiB frames (issue 45, defect 25: from about 60,000 nodes node 0's
+/// own request broke them).
+pub const MAX_NODES: usize = 16_384;
+
 impl LaunchConfig {
     /// At least one node, and this node's rank among them.
     pub(super) fn check(&self, r: &Resolved) -> Result<(), ConfigError> {
         let l = self;
         at_least(r, "launch.nnodes", l.nnodes, 1)?;
+        if l.nnodes > MAX_NODES {
+            return Err(r.key_error(
+                "launch.nnodes",
+                format!(
+                    "`launch.nnodes` = {} is out of range: at most {MAX_NODES} (what one rendezvous store serves: its replies list every node's address)",
+                    l.nnodes
+                ),
+                Some("is WORLD_SIZE (torchrun) or the task count (srun) meant to be the number of nodes, one kiln process each?".into()),
+            ));
+        }
         if l.node_rank >= l.nnodes {
             return Err(r.key_error(
                 "launch.node_rank",

@@ -395,3 +395,25 @@ fn a_renamed_key_keeps_its_old_name_and_the_config_hash() {
     assert_eq!(config::config_hash(&a.config), "54644843328c");
     assert!(config::to_toml(&a.config).contains("\nvocab = 65\n"));
 }
+
+/// Issue 45, defect 25: a job of more nodes than one rendezvous store serves is bad input
+/// (from about 60,000 nodes node 0 broke its own store frame; a timeout listed every node).
+#[test]
+fn more_nodes_than_the_store_serves_is_bad_input() {
+    let d = kiln::testdir::tempdir().unwrap();
+    let file = write(d.path(), "t.toml", "[train]\nmax_steps = 1\n");
+    let e = err_text(
+        &file,
+        &[
+            ("WORLD_SIZE", "50000"),
+            ("RANK", "0"),
+            ("MASTER_ADDR", "10.0.0.1"),
+            ("MASTER_PORT", "29500"),
+        ],
+        &[],
+    );
+    assert!(
+        e.contains("`launch.nnodes` = 50000 is out of range: at most 16384"),
+        "{e}"
+    );
+}

@@ -220,7 +220,7 @@ fn a_node_that_never_arrives_is_named() {
     assert_eq!(o.status.code(), Some(1));
     let e = stderr(&o);
     assert!(
-        e.contains("rendezvous timed out after 1s: node 1 never arrived; node 2 never arrived"),
+        e.contains("rendezvous timed out after 1s: nodes 1-2 never arrived (2 of 3)"),
         "{e}"
     );
 }
