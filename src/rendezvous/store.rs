@@ -150,7 +150,11 @@ impl Drop for Pending {
 
 impl From<StoreError> for crate::error::Error {
     fn from(e: StoreError) -> Self {
-        crate::error::Error::Launch(Box::new(e))
+        match e {
+            // bad input: the launcher's variable
+            StoreError::HandedOver { .. } => crate::error::Error::Usage(e.to_string()),
+            e => crate::error::Error::Launch(Box::new(e)),
+        }
     }
 }
 
@@ -176,6 +180,9 @@ pub enum StoreError {
     Io(#[from] std::io::Error),
     #[error("the job was stopped: {0}")]
     Aborted(String),
+    /// `KILN_STORE_FD` names no listening TCP socket on the job's port (exit 2).
+    #[error("{STORE_FD}={fd}: {why}\n  = help: hand over a listening TCP socket bound to the job's port (--master-port), or unset {STORE_FD} to let node 0 bind it")]
+    HandedOver { fd: String, why: String },
 }
 
 /// Writes one frame.
@@ -211,11 +218,9 @@ pub const STORE_FD: &str = "KILN_STORE_FD";
 /// The listener `KILN_STORE_FD` = `fd` hands over, checked to listen on `addr`'s port.
 fn handed_over(fd: &str, addr: &str) -> Result<TcpListener, StoreError> {
     use std::os::fd::FromRawFd;
-    let bad = |why: String| StoreError::Bind {
-        addr: addr.to_string(),
-        source: std::io::Error::other(format!(
-            "{STORE_FD}={fd}: {why}; unset it to let node 0 bind the port itself"
-        )),
+    let bad = |why: String| StoreError::HandedOver {
+        fd: crate::config::brief(fd, 40),
+        why,
     };
     let n = fd
         .trim()
@@ -228,6 +233,34 @@ fn handed_over(fd: &str, addr: &str) -> Result<TcpListener, StoreError> {
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
     if unsafe { libc::fstat(n, &mut st) } != 0 || (st.st_mode & libc::S_IFMT) != libc::S_IFSOCK {
         return Err(bad(format!("descriptor {n} is not an open socket")));
+    }
+    // a TCP socket that listens (issue 45, defect 24: UDP, bound-only and connected sockets
+    // were taken, and the rendezvous then waited out its timeout)
+    let opt = |name: libc::c_int| -> Option<libc::c_int> {
+        let mut v: libc::c_int = 0;
+        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: getsockopt writes at most `len` bytes into `v`.
+        let r = unsafe {
+            libc::getsockopt(
+                n,
+                libc::SOL_SOCKET,
+                name,
+                (&mut v as *mut libc::c_int).cast(),
+                &mut len,
+            )
+        };
+        (r == 0).then_some(v)
+    };
+    if opt(libc::SO_TYPE) != Some(libc::SOCK_STREAM) {
+        return Err(bad(format!("descriptor {n} is not a TCP socket")));
+    }
+    if !matches!(opt(libc::SO_DOMAIN), Some(libc::AF_INET | libc::AF_INET6)) {
+        return Err(bad(format!("descriptor {n} is not an IP socket")));
+    }
+    if opt(libc::SO_ACCEPTCONN) != Some(1) {
+        return Err(bad(format!(
+            "descriptor {n} is a TCP socket that does not listen (bound only, or connected)"
+        )));
     }
     // SAFETY: an open socket, handed to this process to own.
     let listener = unsafe { TcpListener::from_raw_fd(n) };

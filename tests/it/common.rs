@@ -196,10 +196,15 @@ pub fn node_cmd(
 /// (`KILN_STORE_FD=3`); nothing for a port `store_port` did not give.
 pub fn hand_store(cmd: &mut Command, port: u16) {
     use std::os::fd::AsRawFd;
-    use std::os::unix::process::CommandExt;
     let Some(fd) = STORES.lock().unwrap().get(&port).map(|l| l.as_raw_fd()) else {
         return;
     };
+    hand_fd(cmd, fd);
+}
+
+/// Hands this process's descriptor `fd` to `cmd` as its descriptor 3 (`KILN_STORE_FD=3`).
+pub fn hand_fd(cmd: &mut Command, fd: i32) {
+    use std::os::unix::process::CommandExt;
     cmd.env("KILN_STORE_FD", "3");
     // SAFETY: dup2 and fcntl are async-signal-safe; they touch only the child's descriptors
     // (dup2's copy, unlike the listener, is not closed on exec).

@@ -583,11 +583,66 @@ fn a_handed_over_store_socket_is_checked() {
         hand_store(&mut cmd, other);
         cmd.env("KILN_STORE_FD", fd);
         let o = cmd.output().unwrap();
-        assert_ne!(o.status.code(), Some(0), "{fd}");
+        assert_eq!(o.status.code(), Some(2), "{fd}");
         let e = stderr(&o);
         assert!(
             e.contains(&format!("KILN_STORE_FD={fd}")) && e.contains(says),
             "{fd}: {e}"
         );
     }
+    // issue 45, defect 24: sockets that are no TCP listener are refused at once, exit 2 naming
+    // the variable (they were taken, and the rendezvous waited out its timeout)
+    use std::os::fd::AsRawFd;
+    let udp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    // SAFETY: a new socket bound to 127.0.0.1:0 and never listened on.
+    let bound = unsafe {
+        let s = libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0);
+        let mut a: libc::sockaddr_in = std::mem::zeroed();
+        a.sin_family = libc::AF_INET as libc::sa_family_t;
+        a.sin_addr.s_addr = u32::from_ne_bytes([127, 0, 0, 1]);
+        let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+        assert_eq!(
+            libc::bind(s, (&a as *const libc::sockaddr_in).cast(), len),
+            0
+        );
+        s
+    };
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let connected = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+    for (fd, says) in [
+        (udp.as_raw_fd(), "is not a TCP socket"),
+        (bound, "does not listen"),
+        (connected.as_raw_fd(), "does not listen"),
+    ] {
+        let mut cmd = crate::common::clean_cmd(
+            Path::new(KILN),
+            d.path(),
+            &[
+                "run",
+                "t.toml",
+                "--quiet",
+                "--nnodes",
+                "2",
+                "--node-rank",
+                "0",
+                "--master-addr",
+                "127.0.0.1",
+                "--master-port",
+                "9",
+                "--set",
+                "strategy.kind=\"ddp\"",
+            ],
+        );
+        cmd.env("KILN_JOB_TOKEN", "tok");
+        crate::common::hand_fd(&mut cmd, fd);
+        let o = cmd.output().unwrap();
+        assert_eq!(o.status.code(), Some(2), "{says}: {}", stderr(&o));
+        let e = stderr(&o);
+        assert!(
+            e.contains("KILN_STORE_FD=3") && e.contains(says),
+            "{says}: {e}"
+        );
+    }
+    // SAFETY: the socket made above, closed once.
+    unsafe { libc::close(bound) };
 }
