@@ -119,6 +119,9 @@ pub fn prepare_resume(
         ui::note(&format!("warning: resuming with `{k}` changed: {a} -> {b}"));
     }
 
+    // the same files as when the run was made: a re-tokenized corpus or another tokenizer
+    // would go on training on other ids (issue 45, defect 14)
+    crate::rundir::inputs::refuse_changed(dir, r, None, "cannot resume")?;
     let store = CheckpointDir::new(dir.join(&old.checkpoint.dir));
     let chosen = choose_checkpoint(&store, from)?;
     let from = match chosen {

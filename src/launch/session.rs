@@ -125,8 +125,12 @@ impl RunFiles {
                 config::to_toml(&stored_config(r)).as_bytes(),
             )
             .map_err(|e| Error::io(format!("writing {}/config.toml", dir.display()), e))?;
-            // what produced this session of the run (a resume appends its own)
+            // what produced this session of the run (a resume appends its own), and the files
+            // a new run reads (a resume checked them against these: `prepare_resume`)
             crate::rundir::record::append_session(dir, r, backend)?;
+            if !resumed {
+                crate::rundir::inputs::record(dir, r)?;
+            }
             if c.profile.enabled {
                 // a resumed run's traces are this session's only (node 0 merges what it finds)
                 let _ = fs::remove_dir_all(dir.join("trace"));

@@ -7,6 +7,7 @@
 //! back typed) and what produced each session (`record`, `env.json`).
 
 mod files;
+pub mod inputs;
 pub mod record;
 pub mod summary;
 
@@ -152,6 +153,11 @@ fn stored_config_with(r: &Resolved, env: impl IntoIterator<Item = (String, Strin
         .init_from
         .as_deref()
         .map(|v| abs("model.init_from", v));
+    // a tokenizer.json by its absolute path: `kiln sample` and `eval` of the run directory
+    // find it from anywhere (issue 45, defect 14)
+    if !matches!(c.data.tokenizer.as_str(), "bytes" | "gpt2") {
+        c.data.tokenizer = abs("data.tokenizer", &c.data.tokenizer);
+    }
     // a CUDA run records the NCCL variables of its environment too: its config.toml then
     // reproduces the environment NCCL saw
     if c.backend.device.has_nccl() {

@@ -120,6 +120,8 @@ pub fn sample(
         }
     }
     let r = run_config(run_dir)?;
+    // the tokenizer the run was trained with, not one replaced since (issue 45, defect 14)
+    crate::rundir::inputs::refuse_changed(run_dir, &r, Some(&["data.tokenizer"]), "kiln sample")?;
     let store = checkpoint_store(run_dir)?;
     let (_, (_, model, loaded)) =
         crate::launch::read_model_checkpoint(&store, o.from.as_deref(), &r)?;

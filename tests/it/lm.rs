@@ -462,3 +462,72 @@ fn a_tokenizer_with_sparse_ids_is_sized_by_its_largest_id() {
     );
     assert!(!d.path().join("runs").exists());
 }
+
+/// Issue 45, defect 14: a run records the files it reads (`inputs.json`: the tokenizer's
+/// sha256, the data files' lengths and ends) and its tokenizer by absolute path. `kiln sample`
+/// of the run directory finds a tokenizer given relative to the experiment file from anywhere,
+/// and refuses one replaced since (it decoded with it, exit 0), as `kiln resume` refuses a
+/// re-tokenized corpus or another tokenizer (it went on training on other ids).
+#[test]
+fn a_run_refuses_a_tokenizer_or_corpus_replaced_since_it_was_made() {
+    let d = kiln::testdir::tempdir().unwrap();
+    let exp = d.path().join("exp");
+    std::fs::create_dir_all(&exp).unwrap();
+    let tok = |b: &str| {
+        format!(
+            r#"{{"version":"1.0","truncation":null,"padding":null,"added_tokens":[],"normalizer":null,"pre_tokenizer":{{"type":"Whitespace"}},"post_processor":null,"decoder":null,"model":{{"type":"WordLevel","vocab":{{"a":0,"{b}":1,"c":2,"[UNK]":3}},"unk_token":"[UNK]"}}}}"#
+        )
+    };
+    std::fs::write(exp.join("tok.json"), tok("b")).unwrap();
+    std::fs::write(exp.join("abc.txt"), "a b c b a c ".repeat(100)).unwrap();
+    std::fs::write(
+        exp.join("t.toml"),
+        "[model]\nkind = \"gpt\"\nvocab_size = 4\nblock_size = 8\nlayers = 1\nheads = 1\ndim = 8\n\n[data]\nkind = \"text\"\npath = \"abc.txt\"\ntokenizer = \"tok.json\"\n\n[train]\nmax_steps = 2\n\n[checkpoint]\nevery_steps = 2\n",
+    )
+    .unwrap();
+    let o = kiln(
+        d.path(),
+        &["run", "exp/t.toml", "--quiet", "--run-dir", "run"],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let inputs: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(d.path().join("run/inputs.json")).unwrap())
+            .unwrap();
+    assert!(inputs["data.tokenizer"]["sha256"].is_string(), "{inputs}");
+    // a relative tokenizer path, from another directory
+    let elsewhere = d.path().join("elsewhere");
+    std::fs::create_dir_all(&elsewhere).unwrap();
+    let o = kiln(
+        &elsewhere,
+        &["sample", "../run", "--tokens", "3", "--prompt", "a"],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    // the tokenizer replaced: sample and resume refuse, naming it
+    std::fs::write(exp.join("tok.json"), tok("z")).unwrap();
+    for args in [
+        &["sample", "run", "--tokens", "3", "--prompt", "a"][..],
+        &["resume", "run", "--quiet", "--set", "train.max_steps=4"][..],
+    ] {
+        let o = kiln(d.path(), args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
+        assert!(
+            stderr(&o).contains("`data.tokenizer` =")
+                && stderr(&o).contains("changed since the run was made"),
+            "{args:?}: {}",
+            stderr(&o)
+        );
+    }
+    // restored, then the corpus re-written: resume refuses it
+    std::fs::write(exp.join("tok.json"), tok("b")).unwrap();
+    std::fs::write(exp.join("abc.txt"), "c b a ".repeat(200)).unwrap();
+    let o = kiln(
+        d.path(),
+        &["resume", "run", "--quiet", "--set", "train.max_steps=4"],
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("`data.path` ="), "{}", stderr(&o));
+    assert!(
+        !d.path().join("run/checkpoints/step-00000004").exists(),
+        "nothing trained"
+    );
+}
