@@ -13,6 +13,9 @@ pub fn check(a: &ConfigArgs) -> Result<()> {
     );
     crate::ui::out_raw(&config::annotated(&r));
     crate::outln!();
+    for n in r.notes() {
+        crate::outln!("# {n}");
+    }
     crate::outln!("# {}", report.plan.describe());
     for m in &report.memory {
         crate::outln!(

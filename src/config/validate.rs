@@ -33,6 +33,29 @@ impl Resolved {
             .and_then(|f| f.parent().map(|d| d.join(&p)));
         from_file.unwrap_or(p)
     }
+
+    /// Settings that are not errors but do nothing here, each said in a line naming the key,
+    /// its source and why: what `kiln check` and a run's start say (issue 45, defect 28:
+    /// `strategy.unit` and `strategy.sharding` were silent under single, dp and ddp; refusing
+    /// them would break experiment files shared by several strategies).
+    pub fn notes(&self) -> Vec<String> {
+        use super::StrategyKind;
+        let c = &self.config;
+        let set = |key: &str| describe_source(&self.figment, key) != super::load::DEFAULT_SOURCE;
+        let mut out = Vec::new();
+        if c.strategy.kind != StrategyKind::Fsdp {
+            for key in ["strategy.unit", "strategy.sharding"] {
+                if set(key) {
+                    out.push(format!(
+                        "note: `{key}` ({}) applies to fsdp only; `strategy.kind` = \"{}\" ignores it",
+                        describe_source(&self.figment, key),
+                        super::choice_name(&c.strategy.kind)
+                    ));
+                }
+            }
+        }
+        out
+    }
 }
 
 pub(super) fn at_least(

@@ -38,6 +38,11 @@ pub struct RunOptions {
 pub fn start(r: &Resolved, a: &RunOptions) -> Result<()> {
     // Everything that can be bad input is checked before the run directory exists.
     let c = &r.config;
+    if !a.quiet {
+        for n in r.notes() {
+            crate::ui::note(&n);
+        }
+    }
     // torchrun restarting its worker group (`--max-restarts`): the group continues the run the
     // first round started, from its newest verified checkpoint
     let restarted = std::env::var("TORCHELASTIC_RESTART_COUNT")

@@ -417,3 +417,31 @@ fn more_nodes_than_the_store_serves_is_bad_input() {
         "{e}"
     );
 }
+
+/// Issue 45, defect 28: `strategy.unit` and `strategy.sharding` set for a strategy that is not
+/// fsdp are said (they were silent; refused, they would break files shared by strategies).
+#[test]
+fn fsdp_settings_under_another_strategy_are_noted() {
+    let d = kiln::testdir::tempdir().unwrap();
+    write(
+        d.path(),
+        "t.toml",
+        "[strategy]\nkind = \"ddp\"\nunit = \"layer\"\n\n[train]\nmax_steps = 1\n",
+    );
+    let o = crate::common::kiln(
+        d.path(),
+        &["check", "t.toml", "--set", "strategy.sharding=\"grad_op\""],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", crate::common::stderr(&o));
+    let out = String::from_utf8_lossy(&o.stdout).to_string();
+    assert!(
+        out.contains("# note: `strategy.unit` (t.toml:3) applies to fsdp only; `strategy.kind` = \"ddp\" ignores it")
+            && out.contains("# note: `strategy.sharding` (--set strategy.sharding=\"grad_op\") applies to fsdp only"),
+        "{out}"
+    );
+    let o = crate::common::kiln(
+        d.path(),
+        &["check", "t.toml", "--set", "strategy.kind=\"fsdp\""],
+    );
+    assert!(!String::from_utf8_lossy(&o.stdout).contains("# note: `strategy.unit`"));
+}
