@@ -4,6 +4,29 @@
 //! worker, a communication thread).
 
 use std::any::Any;
+use std::cell::Cell;
+
+thread_local! {
+    /// Set while `catch_quietly` runs on this thread.
+    static QUIET: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Runs `f`, catching a panic in it whose message the process's panic hook (kiln's, set by
+/// `cli::main_with`) then does not print: for a dependency that panics on bad input, which the
+/// caller reports as such (a tokenizer.json `tokenizers` cannot use).
+pub fn catch_quietly<R>(
+    f: impl FnOnce() -> R + std::panic::UnwindSafe,
+) -> Result<R, Box<dyn Any + Send>> {
+    QUIET.with(|q| q.set(true));
+    let r = std::panic::catch_unwind(f);
+    QUIET.with(|q| q.set(false));
+    r
+}
+
+/// Whether this thread is inside `catch_quietly`.
+pub fn is_quiet() -> bool {
+    QUIET.with(|q| q.get())
+}
 
 /// What a panic said (its `&str` or `String` payload), or "unknown panic".
 pub fn message(payload: &(dyn Any + Send)) -> String {

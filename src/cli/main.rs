@@ -68,6 +68,10 @@ where
 fn quiet_on_closed_stdout(reads_only: bool) {
     let default_hook = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {
+        // (a panic caught and reported as an error by whoever caught it)
+        if crate::panic::is_quiet() {
+            return;
+        }
         let msg = info.payload_as_str().unwrap_or("");
         if msg.starts_with("failed printing to stdout") {
             if reads_only && msg.contains("Broken pipe") {

@@ -23,14 +23,21 @@ pub enum ScheduleKind {
 pub struct ScheduleConfig {
     /// constant, step or cosine. Default: `"constant"`.
     pub kind: ScheduleKind,
-    /// Linear warm-up from 0 to `optim.lr` over this many steps. Default: `0`.
+    /// Linear warm-up to `optim.lr` over this many steps, nanoGPT's and torch's way: step `i`
+    /// trains with `lr * (i + 1) / (warmup_steps + 1)` (the first step already learns).
+    /// Default: `0`.
     pub warmup_steps: usize,
     /// step: multiply the lr by `gamma` every `step_size` steps. Default: `100`.
     pub step_size: usize,
     /// step: decay factor. Default: `0.1`.
     pub gamma: f64,
-    /// cosine: the lr reached at the last step. Default: `0.0`.
+    /// cosine: the lr reached at the end of the decay. Default: `0.0`.
     pub min_lr: f64,
+    /// cosine: the step where the decay reaches `min_lr`, which it keeps after (nanoGPT's
+    /// `lr_decay_iters`), independent of how long the run trains. Default: the run's last
+    /// step.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub decay_steps: Option<usize>,
 }
 
 impl Default for ScheduleConfig {
@@ -41,6 +48,7 @@ impl Default for ScheduleConfig {
             step_size: 100,
             gamma: 0.1,
             min_lr: 0.0,
+            decay_steps: None,
         }
     }
 }
@@ -57,6 +65,16 @@ impl ScheduleConfig {
             s.gamma > 0.0,
             "greater than 0",
         )?;
+        if let Some(d) = s.decay_steps.filter(|d| *d <= s.warmup_steps) {
+            return Err(r.key_error(
+                "schedule.decay_steps",
+                format!(
+                    "`schedule.decay_steps` = {d} is out of range: the decay ends after the warm-up (`schedule.warmup_steps` = {})",
+                    s.warmup_steps
+                ),
+                None,
+            ));
+        }
         Ok(())
     }
 }

@@ -16,6 +16,50 @@ fn invalid(path: &Path, what: String) -> DataError {
     DataError::Invalid(format!("{}: {what}", path.display()))
 }
 
+/// gzip members one after another, read as one stream (what `cat a.gz b.gz` makes), then
+/// nothing, or zero bytes only: the padding a tape or a block device leaves, which `gzip -d`
+/// takes too (issue 45: it was refused). Anything else after a member is an error.
+struct Members<'a> {
+    rest: &'a [u8],
+    member: Option<flate2::bufread::GzDecoder<&'a [u8]>>,
+}
+
+impl<'a> Members<'a> {
+    fn new(raw: &'a [u8]) -> Self {
+        Members {
+            rest: raw,
+            member: None,
+        }
+    }
+}
+
+impl Read for Members<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        loop {
+            if let Some(m) = &mut self.member {
+                let n = m.read(buf)?;
+                if n > 0 || buf.is_empty() {
+                    return Ok(n);
+                }
+                // this member is done: what follows it
+                if let Some(m) = self.member.take() {
+                    self.rest = m.into_inner();
+                }
+            }
+            if self.rest.iter().all(|b| *b == 0) {
+                return Ok(0);
+            }
+            if !self.rest.starts_with(&[0x1f, 0x8b]) {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    "bytes after the last gzip member that are neither gzip nor zero padding",
+                ));
+            }
+            self.member = Some(flate2::bufread::GzDecoder::new(self.rest));
+        }
+    }
+}
+
 /// The file's bytes, un-gzipped when they start with gzip's magic bytes (whatever the name:
 /// `.gz`, `.GZ` or none). A gzip file is inflated only as far as its IDX header says (plus one
 /// byte, to tell "too long"), so a small file that inflates to gigabytes is refused after a
@@ -32,7 +76,7 @@ fn read(path: &Path, key: &'static str, magic: u32, dims: usize) -> Result<Vec<u
             format!("not a readable gzip file ({e}); a gzip file holds gzip members only, with nothing after the last"),
         )
     };
-    let mut z = flate2::read::MultiGzDecoder::new(raw.as_slice());
+    let mut z = Members::new(raw.as_slice());
     let head = 4 * (1 + dims);
     let mut out = Vec::with_capacity(head);
     (&mut z)
@@ -319,6 +363,13 @@ mod tests {
         trailing.extend(b"garbage!");
         let e = read_bytes("i.gz", &trailing).unwrap_err();
         assert!(e.starts_with("i.gz: not a readable gzip file"), "{e}");
+        // zero padding after the last member (a tape's, a block device's) is read, as by
+        // `gzip -d` (issue 45: it was refused); a member after the padding is not
+        let mut padded = two.clone();
+        padded.extend(vec![0u8; 512]);
+        assert_eq!(read_bytes("i.gz", &padded).unwrap().rows_ref(), want);
+        padded.extend(gzip(&[1, 2]));
+        assert!(read_bytes("i.gz", &padded).is_err());
         // 16 MB of zeros after a header for 2 images of 1x2: inflated 1 byte past the header
         let mut bomb = img.clone();
         bomb.extend(vec![0u8; 16 << 20]);

@@ -78,7 +78,7 @@ impl Tokenizer {
                 // `tokenizers` panics on some files it cannot use (a BPE merge of a token with
                 // itself: issue 45, defect 1) and quotes the file in its errors (a 200 MB
                 // `version` string: defect 13): both are said about the file, briefly
-                let loaded = std::panic::catch_unwind(|| tokenizers::Tokenizer::from_file(&p));
+                let loaded = crate::panic::catch_quietly(|| tokenizers::Tokenizer::from_file(&p));
                 let t = match loaded {
                     Ok(Ok(t)) => t,
                     Ok(Err(e)) => {

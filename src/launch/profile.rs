@@ -39,8 +39,9 @@ pub fn time_section(res: &RunResult, steps: usize, asynchronous: bool) -> Value 
         })
         .collect();
     let comm_mean = Totals::mean(&res.time.iter().map(|t| t.comm).collect::<Vec<_>>());
-    let step_ms = res.outcome.wall_seconds * 1e3 / steps.max(1) as f64;
+    let step_ms = mean.step_ms(steps);
     json!({
+        "wall_s": (res.outcome.wall_seconds * 1e3).round() / 1e3,
         "step_ms": (step_ms * 100.0).round() / 100.0,
         "clock": if asynchronous { "device synchronised at phase boundaries" } else { "host" },
         "mean": {"seconds": mean.seconds_json(), "fractions": mean.fractions_json(),
@@ -53,8 +54,9 @@ pub fn time_section(res: &RunResult, steps: usize, asynchronous: bool) -> Value 
 /// communication ran beside the compute, how much of it the compute waited for:
 /// `; communication 12.0 ms per step, 1.5 ms exposed`.
 pub fn breakdown_line(res: &RunResult, steps: usize) -> String {
-    let step_ms = res.outcome.wall_seconds * 1e3 / steps.max(1) as f64;
     let mean = mean_time(res);
+    // the training step alone: evaluation and checkpoints are phases of their own
+    let step_ms = mean.step_ms(steps);
     let comm_mean = Totals::mean(&res.time.iter().map(|t| t.comm).collect::<Vec<_>>());
     let mut line = format!("step {step_ms:.1} ms: {}", mean.describe());
     // only when communication ran beside the compute

@@ -173,12 +173,22 @@ fn run_ranks<B: RankBackend>(
                 let tx = tx.clone();
                 // appended to: a resumed or restarted run keeps every session's lines
                 let log = logs.and_then(|d| {
-                    crate::rundir::open_no_follow(
+                    let path = d.join(format!("rank-{rank}.log"));
+                    match crate::rundir::open_no_follow(
                         std::fs::OpenOptions::new().create(true).append(true),
-                        &d.join(format!("rank-{rank}.log")),
-                    )
-                    .ok()
-                    .map(BufWriter::new)
+                        &path,
+                    ) {
+                        Ok(f) => Some(BufWriter::new(f)),
+                        // said, on every node (issue 45: a node other than node 0 said
+                        // nothing, and its rank's lines went nowhere)
+                        Err(e) => {
+                            crate::ui::note(&format!(
+                                "warning: rank {rank}'s log `{}` cannot be opened ({e}); the rank trains without it",
+                                path.display()
+                            ));
+                            None
+                        }
+                    }
                 });
                 std::thread::Builder::new()
                     .name(format!("kiln-rank-{rank}"))

@@ -353,8 +353,17 @@ fn try_lock(dir: &Path) -> std::io::Result<Option<fs::File>> {
         &dir.join(LOCK_FILE),
     )?;
     // SAFETY: flock on a descriptor this function owns.
-    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+    let lock = || unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    // another process's `holder` takes the lock for a moment to see whether it is held: a few
+    // tries over 50 ms ride over that probe (issue 45: it could refuse a free directory)
+    let mut tries = 0;
+    while lock() != 0 {
         let e = std::io::Error::last_os_error();
+        if e.raw_os_error() == Some(libc::EWOULDBLOCK) && tries < 10 {
+            tries += 1;
+            std::thread::sleep(std::time::Duration::from_millis(5));
+            continue;
+        }
         return match e.raw_os_error() {
             Some(libc::EWOULDBLOCK) => Ok(None),
             // file systems without flock (Lustre without -o flock, some NFS): run unlocked
@@ -371,9 +380,11 @@ fn try_lock(dir: &Path) -> std::io::Result<Option<fs::File>> {
             _ => Err(e),
         };
     }
-    f.set_len(0)?;
+    // the pid in one write of a fixed width over the old one: a reader sees a whole pid, never
+    // an empty or half-written file (issue 45: `holder` could read "" between the two)
     f.rewind()?;
-    write!(f, "{}", std::process::id())?;
+    f.write_all(format!("{:<20}", std::process::id()).as_bytes())?;
+    f.set_len(20)?;
     Ok(Some(f))
 }
 

@@ -148,6 +148,7 @@ mod tests {
             skipped: false,
             ts: 0.0,
             time: None,
+            step_ms: None,
         };
         for _ in 0..4 {
             t.line(&line);

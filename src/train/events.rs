@@ -43,6 +43,10 @@ pub struct MetricLine {
     /// This rank's share of the time since the previous logged line, by phase.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub time: Option<serde_json::Value>,
+    /// The mean training step since the previous logged line, in ms: this rank's time in the
+    /// step's phases (evaluation and checkpoints left out) over its steps.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub step_ms: Option<f64>,
 }
 
 /// What the loop reports while it runs (rank 0 only).

@@ -138,6 +138,13 @@ impl Totals {
         }
         Value::Object(m)
     }
+    /// Milliseconds per step of `steps` steps in these totals, evaluation and checkpoints left
+    /// out: the training step alone (issue 45: the end-of-run line divided the wall time,
+    /// evaluation included).
+    pub fn step_ms(&self, steps: usize) -> f64 {
+        let train = self.total() - self.get(Phase::Eval) - self.get(Phase::Checkpoint);
+        train.max(0.0) * 1e3 / steps.max(1) as f64
+    }
     /// The mean of several ranks' totals.
     pub fn mean(all: &[Totals]) -> Totals {
         let mut out = Totals::default();

@@ -112,6 +112,8 @@ struct Trainer<'a, B: ComputeOn> {
     tracing: bool,
     window_start: Instant,
     window_samples: f64,
+    /// Steps since the previous logged line.
+    window_steps: usize,
     samples_total: f64,
     last_loss: f64,
     last_eval: Option<EvalSums>,
@@ -214,6 +216,7 @@ impl<'a, B: ComputeOn> Trainer<'a, B> {
             tracing: c.profile.traces(rank),
             window_start: Instant::now(),
             window_samples: 0.0,
+            window_steps: 0,
             samples_total: 0.0,
             // a resumed run that has no step left still reports the loss it reached
             last_loss: input.resume.map_or(f64::NAN, |l| l.state.last_loss),
@@ -272,6 +275,7 @@ impl<'a, B: ComputeOn> Trainer<'a, B> {
         let loss = totals[0] / per_rank / micro_in_step.max(1) as f64;
         self.samples_total += totals[1];
         self.window_samples += totals[1];
+        self.window_steps += 1;
         self.step += 1;
         let step = self.step;
         if !loss.is_finite() {
@@ -564,12 +568,19 @@ impl<'a, B: ComputeOn> Trainer<'a, B> {
             .last_eval
             .filter(|_| do_eval)
             .map(|e| EvalMetrics::of(self.task, &e));
+        // (the window since the previous logged line, taken when this one is)
+        let window = if log {
+            self.clock.lock().take_window()
+        } else {
+            Default::default()
+        };
         let line = log.then(|| MetricLine {
             ts: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map(|d| (d.as_secs_f64() * 1e3).round() / 1e3)
                 .unwrap_or(0.0),
-            time: Some(self.clock.lock().take_window().fractions_json()),
+            time: Some(window.fractions_json()),
+            step_ms: Some((window.step_ms(self.window_steps) * 100.0).round() / 100.0),
             step: done,
             epoch: round4(self.pos.epochs(self.input.plan)),
             loss: s.loss,
@@ -585,6 +596,7 @@ impl<'a, B: ComputeOn> Trainer<'a, B> {
         if log {
             self.window_start = Instant::now();
             self.window_samples = 0.0;
+            self.window_steps = 0;
             self.sink.log(&format!(
                 "step {done} loss {} lr {} samples/s {sps:.1}",
                 s.loss, s.lr

@@ -324,3 +324,54 @@ fn a_hugging_face_import_checks_its_config_json_and_names_a_mis_shaped_tensor() 
         "{e}"
     );
 }
+
+/// Issue 45, defect 19: a Hugging Face export writes the weights before config.json, so a
+/// write that fails (the disk full: here a file-size limit the weights exceed and config.json
+/// does not) leaves the directory's old config.json beside its old weights, never a new config
+/// beside old weights.
+#[test]
+fn a_failed_hugging_face_export_leaves_the_old_config_beside_the_old_weights() {
+    use std::os::unix::process::CommandExt;
+    let d = kiln::testdir::tempdir().unwrap();
+    let (ids, _, _) = expected();
+    experiment(d.path(), &ids);
+    let o = kiln(
+        d.path(),
+        &["run", "gpt2.toml", "--quiet", "--run-dir", "run"],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    std::fs::create_dir_all(d.path().join("hf")).unwrap();
+    std::fs::write(d.path().join("hf/config.json"), "{\"old\": true}\n").unwrap();
+    std::fs::write(d.path().join("hf/model.safetensors"), "old weights").unwrap();
+    let mut cmd = crate::common::clean_cmd(
+        std::path::Path::new(crate::common::KILN),
+        d.path(),
+        &["export", "run", "--format", "hf-gpt2", "-o", "hf"],
+    );
+    // SAFETY: setrlimit and signal only touch the child before it execs kiln.
+    unsafe {
+        cmd.pre_exec(|| {
+            // 16 KiB: config.json fits, the weights (~90 KB) do not; writes past it fail with
+            // EFBIG instead of a signal
+            libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+            let lim = libc::rlimit {
+                rlim_cur: 16 << 10,
+                rlim_max: 16 << 10,
+            };
+            if libc::setrlimit(libc::RLIMIT_FSIZE, &lim) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let o = cmd.output().unwrap();
+    assert_ne!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(
+        std::fs::read_to_string(d.path().join("hf/config.json")).unwrap(),
+        "{\"old\": true}\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(d.path().join("hf/model.safetensors")).unwrap(),
+        "old weights"
+    );
+}

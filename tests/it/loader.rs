@@ -78,7 +78,7 @@ fn bits(run: &Path) -> Vec<String> {
         .into_iter()
         .map(|mut v| {
             let m = v.as_object_mut().unwrap();
-            for k in ["ts", "time", "samples_per_sec", "tokens_per_sec"] {
+            for k in ["ts", "time", "samples_per_sec", "tokens_per_sec", "step_ms"] {
                 m.remove(k);
             }
             serde_json::to_string(m).unwrap()

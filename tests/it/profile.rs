@@ -152,6 +152,26 @@ fn a_ddp_trace_is_valid_trace_event_json_with_matching_ops_on_both_ranks() {
     let time = &s["time"];
     assert_eq!(time["clock"], "host");
     assert!(time["step_ms"].as_f64().unwrap() > 0.0);
+    // (issue 45: the training step alone, evaluation and checkpoints left out: below the wall
+    // time per step, and each metrics line has its window's)
+    let steps = s["steps"].as_f64().unwrap();
+    let mean = &time["mean"]["seconds"];
+    let train_s: f64 = mean
+        .as_object()
+        .unwrap()
+        .iter()
+        .filter(|(k, _)| *k != "eval" && *k != "checkpoint")
+        .map(|(_, v)| v.as_f64().unwrap())
+        .sum();
+    assert!(
+        (time["step_ms"].as_f64().unwrap() - train_s * 1e3 / steps).abs() < 1.0,
+        "{time}"
+    );
+    assert!(mean["eval"].as_f64().unwrap() > 0.0, "{time}");
+    assert!(time["step_ms"].as_f64().unwrap() * steps < time["wall_s"].as_f64().unwrap() * 1e3);
+    for line in crate::common::metric_lines(&run) {
+        assert!(line["step_ms"].as_f64().unwrap() > 0.0, "{line}");
+    }
     for part in [&time["mean"], &time["ranks"][0], &time["ranks"][1]] {
         let f = part["fractions"].as_object().unwrap();
         let total: f64 = f.values().map(|v| v.as_f64().unwrap()).sum();

@@ -85,6 +85,7 @@ fn resuming_from_an_older_checkpoint_sets_the_newer_ones_aside() {
             x["ts"] = y["ts"].clone();
             x["samples_per_sec"] = y["samples_per_sec"].clone();
             x["time"] = y["time"].clone();
+            x["step_ms"] = y["step_ms"].clone();
         }
         b
     });
