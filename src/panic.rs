@@ -17,9 +17,10 @@ thread_local! {
 pub fn catch_quietly<R>(
     f: impl FnOnce() -> R + std::panic::UnwindSafe,
 ) -> Result<R, Box<dyn Any + Send>> {
-    QUIET.with(|q| q.set(true));
+    // (nested: the outer call's setting comes back)
+    let before = QUIET.with(|q| q.replace(true));
     let r = std::panic::catch_unwind(f);
-    QUIET.with(|q| q.set(false));
+    QUIET.with(|q| q.set(before));
     r
 }
 

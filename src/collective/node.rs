@@ -24,6 +24,17 @@ pub struct NodeRank {
     world: usize,
     /// Links the rings of sub-groups that span nodes (none: they are refused).
     links: Option<Arc<dyn RingLinker>>,
+    /// A sub-group's own ring: closed when the group is dropped (the job's stop hook holds it
+    /// weakly), so its peers see the end at once and no descriptor outlives it.
+    own_ring: Option<Arc<super::tcp::RingCloser>>,
+}
+
+impl Drop for NodeRank {
+    fn drop(&mut self) {
+        if let Some(c) = &self.own_ring {
+            c.close();
+        }
+    }
 }
 
 /// A node's address in a split's exchange: its length, then 6 bytes per f64 (exact).
@@ -52,6 +63,7 @@ impl NodeRank {
             pos: node,
             world: nnodes * nproc,
             links,
+            own_ring: None,
         }
     }
 
@@ -167,6 +179,15 @@ impl Collective for NodeRank {
     }
 
     fn broadcast(&mut self, buf: &mut [f32], root: usize) -> Result<(), CollectiveError> {
+        if root >= self.world {
+            return Err(CollectiveError::Unsupported {
+                rank: self.rank(),
+                what: format!(
+                    "broadcast from rank {root}, not a rank of this group of {}",
+                    self.world
+                ),
+            });
+        }
         let (root_pos, root_local) = self.place_of(root);
         if self.pos == root_pos {
             self.local.broadcast(buf, root_local)?;
@@ -305,6 +326,7 @@ impl NodeRank {
             nodes,
             pos,
             links: self.links.clone(),
+            own_ring: None,
         };
         if !spans || sub.local.rank() != 0 {
             return Ok(sub);
@@ -325,7 +347,7 @@ impl NodeRank {
         let (Some(listener), Some(next_addr), true) =
             (listener, leader_addr(next), failed.is_empty())
         else {
-            return Err(sub.split_failed(
+            return Err(self.split_failed(
                 rank,
                 &format!("node {} could not listen for it", failed.join(", node ")),
             ));
@@ -336,7 +358,7 @@ impl NodeRank {
             .ok_or_else(|| unsupported("no rendezvous".into()))?;
         let (out, inn) = links
             .link(&listener, &next_addr, here, sub.nodes[prev].node)
-            .map_err(|e| sub.split_failed(rank, &e))?;
+            .map_err(|e| self.split_failed(rank, &e))?;
         let ring = TcpRing::of_peers(
             pos,
             sub.nodes.clone(),
@@ -344,16 +366,19 @@ impl NodeRank {
             Some(inn),
             links.timeout(),
         );
-        links.close_on_stop(ring.closer());
+        let closer = Arc::new(ring.closer());
+        links.close_on_stop(Arc::downgrade(&closer));
+        sub.own_ring = Some(closer);
         sub.ring = Some(ring);
         Ok(sub)
     }
 
-    /// A split that could not link its ring: this node's members of it are stopped too (they
-    /// would wait on the ring).
+    /// A split that could not link its ring stops this group: its ranks on this node (and
+    /// the groups split from or beside it) and its own ring, so the other nodes' ranks stop
+    /// at their next op instead of waiting out the timeout.
     fn split_failed(&self, rank: usize, why: &str) -> CollectiveError {
         let reason = format!("a sub-group's ring could not be linked: {why}");
-        self.local.abort(&reason);
+        self.abort(&reason);
         CollectiveError::Aborted {
             rank,
             op: OpId {

@@ -378,8 +378,9 @@ pub trait RingLinker: Send + Sync {
         node: usize,
         prev: usize,
     ) -> Result<(TcpStream, TcpStream), String>;
-    /// Closes `closer`'s sockets when the job stops, as the job's own ring's are.
-    fn close_on_stop(&self, closer: RingCloser);
+    /// Closes `closer`'s sockets when the job stops, as the job's own ring's are, if the ring
+    /// still exists then (its owner holds the `Arc`: a dropped ring's sockets are closed).
+    fn close_on_stop(&self, closer: std::sync::Weak<RingCloser>);
     /// How long a new ring's reads and writes wait.
     fn timeout(&self) -> Duration;
 }

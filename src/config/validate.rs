@@ -54,6 +54,13 @@ impl Resolved {
                 }
             }
         }
+        if c.schedule.decay_steps.is_some() && c.schedule.kind != super::ScheduleKind::Cosine {
+            out.push(format!(
+                "note: `schedule.decay_steps` ({}) applies to the cosine schedule only; `schedule.kind` = \"{}\" ignores it",
+                describe_source(&self.figment, "schedule.decay_steps"),
+                super::choice_name(&c.schedule.kind)
+            ));
+        }
         out
     }
 }

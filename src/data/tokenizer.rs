@@ -225,23 +225,26 @@ impl<'a> StreamDecoder<'a> {
         let shown = self.t.decode(&self.ids[self.prefix..self.read])?;
         let now = self.t.decode(&self.ids[self.prefix..])?;
         let complete = !String::from_utf8_lossy(&now).ends_with('\u{FFFD}');
-        match now
-            .get(shown.len()..)
-            .filter(|_| complete && now.starts_with(&shown))
-        {
-            Some(added) if !added.is_empty() => {
-                let added = added.to_vec();
-                // the next token is decoded after the one just shown
-                self.prefix = self.read;
-                self.read = self.ids.len();
-                // (only the tokens since `prefix` are decoded again: bounded work per token)
-                self.ids.drain(..self.prefix);
-                self.read -= self.prefix;
-                self.prefix = 0;
-                Ok(added)
-            }
-            _ => Ok(Vec::new()),
+        // (held back for 16 tokens: a decoder whose text does not grow by a prefix, or a real
+        // U+FFFD, is emitted as it decodes rather than re-decoded for ever)
+        let forced = self.ids.len() - self.read >= 16;
+        let added = match now.strip_prefix(&shown[..]) {
+            Some(a) if complete || forced => a.to_vec(),
+            // (what differs from the text shown, from where they part)
+            None if forced => now[common_len(&shown, &now)..].to_vec(),
+            _ => return Ok(Vec::new()),
+        };
+        if added.is_empty() && !forced {
+            return Ok(Vec::new());
         }
+        // the next token is decoded after the ones just shown
+        self.prefix = self.read;
+        self.read = self.ids.len();
+        // (only the tokens since `prefix` are decoded again: bounded work per token)
+        self.ids.drain(..self.prefix);
+        self.read -= self.prefix;
+        self.prefix = 0;
+        Ok(added)
     }
 
     /// What is still held back (an incomplete character at the end), as the tokenizer decodes
@@ -253,8 +256,17 @@ impl<'a> StreamDecoder<'a> {
         let shown = self.t.decode(&self.ids[self.prefix..self.read])?;
         let now = self.t.decode(&self.ids[self.prefix..])?;
         self.read = self.ids.len();
-        Ok(now.get(shown.len()..).map(<[u8]>::to_vec).unwrap_or(now))
+        Ok(match now.strip_prefix(&shown[..]) {
+            Some(rest) => rest.to_vec(),
+            // (not a continuation of what was shown: from where they part)
+            None => now[common_len(&shown, &now)..].to_vec(),
+        })
     }
+}
+
+/// The length of the longest common prefix of `a` and `b`.
+fn common_len(a: &[u8], b: &[u8]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
 #[cfg(test)]

@@ -61,6 +61,16 @@ pub fn init_weights(r: &Resolved, model: &dyn Model) -> Result<Option<Vec<f32>>>
         }
         _ => {}
     }
+    // a format name the model does not have is said before a large file is read
+    let asked = r.config.model.init_format.as_deref().unwrap_or("auto");
+    if !matches!(asked, "auto" | "kiln") {
+        portable::format_named(model, asked).map_err(|why| {
+            Error::Usage(format!(
+                "model.init_format: {why}\n  = help: set `model.init_format` to the file's format: \"auto\", \"kiln\" or one of the model's ({})",
+                portable::format_names(model)
+            ))
+        })?;
+    }
     let bytes = fs::read(&path).map_err(|e| {
         Error::Usage(format!(
             "model.init_from: cannot read `{shown}`: {e}\n  = help: give the path of a .safetensors file (relative paths are relative to the experiment file)"
@@ -71,7 +81,6 @@ pub fn init_weights(r: &Resolved, model: &dyn Model) -> Result<Option<Vec<f32>>>
             "model.init_from: `{shown}`: {e}\n  = help: give a file written by `kiln export` or by PyTorch's `safetensors.torch.save_file`"
         ))
     })?;
-    let asked = r.config.model.init_format.as_deref().unwrap_or("auto");
     let format = init_format(asked, &file, model).map_err(|why| {
         Error::Usage(format!(
             "model.init_format: `{shown}`: {why}\n  = help: set `model.init_format` to the file's format: \"auto\", \"kiln\" or one of the model's ({})",
@@ -162,7 +171,8 @@ fn beside_config(
             let source = if key.starts_with("model.") {
                 format!(" ({})", crate::config::describe_source(&r.figment, key))
             } else {
-                String::new()
+                // (no key sets it: such a file cannot be loaded exactly)
+                " (fixed: no [model] key sets it, so this file cannot be loaded exactly)".into()
             };
             format!(
                 "  {theirs} = {} there, but `{key}` = {ours}{source}",

@@ -334,8 +334,12 @@ impl RingLinker for JobLinks {
         Ok((out, inn))
     }
 
-    fn close_on_stop(&self, closer: RingCloser) {
-        self.stop.on_stop(move |_| closer.close());
+    fn close_on_stop(&self, closer: std::sync::Weak<RingCloser>) {
+        self.stop.on_stop(move |_| {
+            if let Some(c) = closer.upgrade() {
+                c.close();
+            }
+        });
     }
 
     fn timeout(&self) -> Duration {
@@ -454,6 +458,18 @@ mod tests {
     use std::sync::atomic::AtomicUsize;
 
     use super::*;
+
+    /// Node `node` of a 2-node job on 127.0.0.1:`port`, without heartbeats.
+    fn two_nodes(port: u16, node: usize) -> Config {
+        let mut c = Config::default();
+        c.launch.nnodes = 2;
+        c.launch.node_rank = node;
+        c.launch.master_addr = "127.0.0.1".into();
+        c.launch.master_port = port;
+        c.launch.heartbeat_secs = 0;
+        c.launch.rendezvous_timeout_secs = 30;
+        c
+    }
 
     /// Issue 31: torchrun's processes (and a bare srun's tasks) derive one token alike, the
     /// restart count aside; any other process derives none (node 0 generates and prints it),
@@ -579,17 +595,7 @@ mod tests {
     #[test]
     fn kilns_own_nodes_leave_nothing_in_the_stores_refused_list() {
         let port = crate::testdir::free_port();
-        let cfg = |node| {
-            let mut c = Config::default();
-            c.launch.nnodes = 2;
-            c.launch.node_rank = node;
-            c.launch.master_addr = "127.0.0.1".into();
-            c.launch.master_port = port;
-            c.launch.heartbeat_secs = 0;
-            c.launch.rendezvous_timeout_secs = 30;
-            c
-        };
-        let (c0, c1) = (cfg(0), cfg(1));
+        let (c0, c1) = (two_nodes(port, 0), two_nodes(port, 1));
         let other = std::thread::spawn(move || join(&c1, 1, "tok", 0).map(|j| j.node));
         let j0 = join(&c0, 1, "tok", 0).unwrap();
         assert_eq!(other.join().unwrap().unwrap(), 1);
@@ -607,13 +613,7 @@ mod tests {
         use crate::collective::{Collective, LocalGroup, ReduceOp};
         let port = crate::testdir::free_port();
         let run_node = move |node: usize| {
-            let mut c = Config::default();
-            c.launch.nnodes = 2;
-            c.launch.node_rank = node;
-            c.launch.master_addr = "127.0.0.1".into();
-            c.launch.master_port = port;
-            c.launch.heartbeat_secs = 0;
-            c.launch.rendezvous_timeout_secs = 30;
+            let mut c = two_nodes(port, node);
             c.strategy.timeout_secs = 30;
             let mut job = join(&c, 2, "tok", 0).unwrap();
             let mut ring = job.ring.take();

@@ -36,7 +36,11 @@ fn files(r: &Resolved) -> Vec<(&'static str, std::path::PathBuf)> {
             out.push((key, r.path_of(key, v)));
         }
     }
-    out
+    // (canonical: the stored config's absolute paths and the experiment's relative ones
+    // name a file alike)
+    out.into_iter()
+        .map(|(k, p)| (k, p.canonicalize().unwrap_or(p)))
+        .collect()
 }
 
 /// The fingerprint of `path` (`whole`: every byte hashed), or `None` when it cannot be read.
@@ -92,6 +96,15 @@ pub fn changed(run_dir: &Path, r: &Resolved, keys: Option<&[&str]>) -> Vec<Strin
         .filter(|(k, _)| keys.is_none_or(|ks| ks.contains(&k.as_str())))
     {
         let path = was["path"].as_str().unwrap_or("?");
+        // a file given anew (another path, from any source: `kiln eval --set`, the
+        // environment) is the user's choice, not the run's file changed
+        let now_path = files(r)
+            .into_iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, p)| p.display().to_string());
+        if now_path.as_deref().is_some_and(|p| p != path) {
+            continue;
+        }
         match now.get(key) {
             None => out.push(format!("  `{key}` = {path}: gone or unreadable now")),
             Some(is) if is["sha256"] != was["sha256"] || is["bytes"] != was["bytes"] => {

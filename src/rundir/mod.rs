@@ -340,8 +340,11 @@ pub fn refuse_links(dir: &Path, checkpoint_dir: &str) -> Result<()> {
     }
 }
 
-/// Tries to lock `dir` (which exists): `Ok(None)` when another process holds it.
-fn try_lock(dir: &Path) -> std::io::Result<Option<fs::File>> {
+/// Tries to lock `dir` (which exists): `Ok(None)` when another process holds it. `patient`:
+/// a few tries over 50 ms first (a directory named by the user, which another process's
+/// `holder` may be probing); a new run's claim takes the next name at once instead (a holder
+/// that let go meanwhile may have filled the directory).
+fn try_lock(dir: &Path, patient: bool) -> std::io::Result<Option<fs::File>> {
     use std::io::{Seek, Write};
     use std::os::unix::io::AsRawFd;
     let mut f = open_no_follow(
@@ -359,7 +362,7 @@ fn try_lock(dir: &Path) -> std::io::Result<Option<fs::File>> {
     let mut tries = 0;
     while lock() != 0 {
         let e = std::io::Error::last_os_error();
-        if e.raw_os_error() == Some(libc::EWOULDBLOCK) && tries < 10 {
+        if e.raw_os_error() == Some(libc::EWOULDBLOCK) && patient && tries < 10 {
             tries += 1;
             std::thread::sleep(std::time::Duration::from_millis(5));
             continue;
@@ -402,7 +405,7 @@ pub fn lock_run_dir(dir: &Path) -> Result<()> {
     if held.iter().any(|(p, _)| *p == key) {
         return Ok(());
     }
-    match try_lock(dir).map_err(|e| open_error("locking", &dir.join(LOCK_FILE), e))? {
+    match try_lock(dir, true).map_err(|e| open_error("locking", &dir.join(LOCK_FILE), e))? {
         Some(f) => {
             held.push((key, f));
             Ok(())
@@ -504,15 +507,18 @@ pub fn claim_run_dir(output_dir: &Path, name: &str) -> Result<(PathBuf, Option<P
         match fs::create_dir(&p) {
             Ok(()) => {
                 let key = held_key(&p);
-                match try_lock(&p).map_err(|e| open_error("locking", &p.join(LOCK_FILE), e))? {
-                    Some(f) => {
+                match try_lock(&p, false)
+                    .map_err(|e| open_error("locking", &p.join(LOCK_FILE), e))?
+                {
+                    // (still empty: no process that took it first ran in it and let go)
+                    Some(f) if empty_but_lock(&p) => {
                         HELD.lock()
                             .unwrap_or_else(|p| p.into_inner())
                             .push((key, f));
                         return Ok((p.clone(), made_output.or(Some(p))));
                     }
                     // taken (empty) by another process between our create and our lock
-                    None => continue,
+                    _ => continue,
                 }
             }
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
@@ -520,7 +526,7 @@ pub fn claim_run_dir(output_dir: &Path, name: &str) -> Result<(PathBuf, Option<P
                     continue;
                 }
                 let key = held_key(&p);
-                match try_lock(&p) {
+                match try_lock(&p, false) {
                     // still empty once it is ours: nobody else claimed it first
                     Ok(Some(f)) if empty_but_lock(&p) => {
                         HELD.lock()

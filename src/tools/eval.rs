@@ -58,14 +58,8 @@ pub fn eval(run_dir: &Path, o: &EvalOptions) -> Result<EvalReport> {
     let file = crate::rundir::run_config_file(run_dir)?;
     let env: Vec<(String, String)> = std::env::vars().collect();
     let r = config::load(&file, &env, &o.sets)?;
-    // the run's own tokenizer, unless another was given (issue 45, defect 14)
-    if !o
-        .sets
-        .iter()
-        .any(|s| s.trim_start().starts_with("data.tokenizer"))
-    {
-        crate::rundir::inputs::refuse_changed(run_dir, &r, Some(&["data.tokenizer"]), "kiln eval")?;
-    }
+    // the run's own tokenizer, unchanged (one given anew is not compared: issue 45, defect 14)
+    crate::rundir::inputs::refuse_changed(run_dir, &r, Some(&["data.tokenizer"]), "kiln eval")?;
     let c = &r.config;
     let store = checkpoint_store(run_dir)?;
     // the one place it writes: evals/ and its files are never written through a link

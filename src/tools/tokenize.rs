@@ -78,10 +78,19 @@ fn encode_pieces(
     sink: &mut dyn FnMut(&[u32], usize) -> Result<()>,
 ) -> Result<()> {
     let mut start = 0;
+    // a tokenizer that never cuts cleanly (one that marks the start of every piece, as a
+    // `Prepend("▁")` normalizer does) is found after a few tries, and the text from there
+    // goes whole (trying every line of a large file would take hours)
     while start < text.len() {
         let mut end = cut_at(text, start.saturating_add(piece));
+        let mut failed = 0;
         while end < text.len() && !cuts_cleanly(t, text, end)? {
-            end = cut_at(text, end + 1);
+            failed += 1;
+            end = if failed >= 8 {
+                text.len()
+            } else {
+                cut_at(text, end + 1)
+            };
         }
         let (ids, r) = t.encode(&text[start..end]).map_err(Error::Usage)?;
         sink(&ids, r)?;
@@ -167,6 +176,44 @@ fn create_new(tmp: &Path) -> Result<std::fs::File> {
         .map_err(io)
 }
 
+/// Removes the temporary files of earlier tokenizes to `out` that were killed (their process
+/// is gone), and the one older builds named without a pid: a per-process name alone would
+/// leave each interrupted tokenize's file, as large as its output, for good. A link is
+/// removed itself, never followed.
+fn remove_stale_tmps(out: &Path) {
+    let name = out
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let dir = match out.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let prefix = format!(".{name}.kiln-tmp");
+    let Ok(entries) = std::fs::read_dir(&dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let file = e.file_name().to_string_lossy().into_owned();
+        let Some(rest) = file.strip_prefix(&prefix) else {
+            continue;
+        };
+        let gone = match rest.strip_prefix('-').map(str::parse::<i32>) {
+            // SAFETY: kill with signal 0 only asks whether the process exists.
+            Some(Ok(pid)) => {
+                pid > 0
+                    && unsafe { libc::kill(pid, 0) } != 0
+                    && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
+            }
+            Some(Err(_)) => false,
+            None => rest.is_empty(),
+        };
+        if gone && e.file_type().is_ok_and(|t| !t.is_dir()) {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
+}
+
 /// Tokenizes `o.input` into `o.out` (and the held-out file).
 pub fn tokenize(o: &TokenizeOptions) -> Result<TokenizeReport> {
     if let Some(f) = o.eval_fraction {
@@ -213,6 +260,7 @@ pub fn tokenize(o: &TokenizeOptions) -> Result<TokenizeReport> {
         let what = what.display().to_string();
         move |e| Error::io(format!("writing {what}"), e)
     };
+    remove_stale_tmps(&out);
     let file = create_new(&tmp)?;
     let mut w = std::io::BufWriter::new(file);
     let (mut count, mut max_id, mut replaced) = (0usize, 0u32, 0usize);

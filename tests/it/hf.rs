@@ -366,6 +366,12 @@ fn a_failed_hugging_face_export_leaves_the_old_config_beside_the_old_weights() {
     }
     let o = cmd.output().unwrap();
     assert_ne!(o.status.code(), Some(0), "{}", stderr(&o));
+    // (failed where meant: writing the weights, past the limit)
+    assert!(
+        stderr(&o).contains("model.safetensors") && stderr(&o).contains("File too large"),
+        "{}",
+        stderr(&o)
+    );
     assert_eq!(
         std::fs::read_to_string(d.path().join("hf/config.json")).unwrap(),
         "{\"old\": true}\n"

@@ -162,6 +162,8 @@ fn tokenized_files_hold_gpt2_ids_and_train_like_the_text_tokenized_as_it_loads()
     // issue 45, defect 10: a link planted as the temporary file is removed, its target left
     std::fs::write(d.path().join("precious"), b"keep me").unwrap();
     std::os::unix::fs::symlink("precious", d.path().join(".z.bin.kiln-tmp")).unwrap();
+    // (and a killed tokenize's leftover: its pid is past any pid the kernel gives)
+    std::fs::write(d.path().join(".z.bin.kiln-tmp-2147483647"), b"old ids").unwrap();
     let o = kiln(d.path(), &["tokenize", "book.txt", "-o", "z.bin"]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert_eq!(
@@ -170,11 +172,11 @@ fn tokenized_files_hold_gpt2_ids_and_train_like_the_text_tokenized_as_it_loads()
     );
     assert!(d.path().join("z.bin").is_file());
     // (the temporary file is this process's own, `.z.bin.kiln-tmp-<pid>`, made exclusively,
-    // and gone once renamed)
+    // and gone once renamed; the planted link and the dead process's leftover are removed)
     let left: Vec<_> = std::fs::read_dir(d.path())
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .filter(|n| n.starts_with(".z.bin.kiln-tmp-"))
+        .filter(|n| n.starts_with(".z.bin.kiln-tmp"))
         .collect();
     assert!(left.is_empty(), "{left:?}");
     let o = kiln(

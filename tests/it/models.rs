@@ -352,6 +352,7 @@ fn bad_gpt_and_text_keys_are_bad_input_naming_the_key() {
     assert!(
         e.contains("has 26388610416640 parameters: one f32 copy of them is")
             && e.contains("but the machine has")
+            && e.contains("--> --set model.dim=1048576")
             && e.contains("help: make the model smaller"),
         "{e}"
     );

@@ -552,13 +552,8 @@ fn a_multi_node_resume_without_a_checkpoint_starts_from_init_from() {
 fn a_handed_over_store_socket_is_checked() {
     let d = kiln::testdir::tempdir().unwrap();
     write(d.path(), "t.toml", TINY);
-    let other = store_port();
-    for (fd, says) in [
-        ("abc", "not a file descriptor number above 2"),
-        ("1", "not a file descriptor number above 2"),
-        ("77", "descriptor 77 is not an open socket"),
-        ("3", "not the job's"),
-    ] {
+    // node 0 of a 2-node ddp job, handed `hand`'s descriptor: exit 2 naming the variable
+    let refused = |hand: &dyn Fn(&mut std::process::Command), says: &str, var: &str| {
         let mut cmd = crate::common::clean_cmd(
             Path::new(KILN),
             d.path(),
@@ -579,16 +574,25 @@ fn a_handed_over_store_socket_is_checked() {
             ],
         );
         cmd.env("KILN_JOB_TOKEN", "tok");
-        // descriptor 3 is the socket of another port
-        hand_store(&mut cmd, other);
-        cmd.env("KILN_STORE_FD", fd);
+        hand(&mut cmd);
         let o = cmd.output().unwrap();
-        assert_eq!(o.status.code(), Some(2), "{fd}");
+        assert_eq!(o.status.code(), Some(2), "{says}: {}", stderr(&o));
         let e = stderr(&o);
-        assert!(
-            e.contains(&format!("KILN_STORE_FD={fd}")) && e.contains(says),
-            "{fd}: {e}"
-        );
+        assert!(e.contains(var) && e.contains(says), "{says}: {e}");
+    };
+    let other = store_port();
+    for (fd, says) in [
+        ("abc", "not a file descriptor number above 2"),
+        ("1", "not a file descriptor number above 2"),
+        ("77", "descriptor 77 is not an open socket"),
+        ("3", "not the job's"),
+    ] {
+        // descriptor 3 is the socket of another port
+        let hand = |cmd: &mut std::process::Command| {
+            hand_store(cmd, other);
+            cmd.env("KILN_STORE_FD", fd);
+        };
+        refused(&hand, says, &format!("KILN_STORE_FD={fd}"));
     }
     // issue 45, defect 24: sockets that are no TCP listener are refused at once, exit 2 naming
     // the variable (they were taken, and the rendezvous waited out its timeout)
@@ -614,34 +618,8 @@ fn a_handed_over_store_socket_is_checked() {
         (bound, "does not listen"),
         (connected.as_raw_fd(), "does not listen"),
     ] {
-        let mut cmd = crate::common::clean_cmd(
-            Path::new(KILN),
-            d.path(),
-            &[
-                "run",
-                "t.toml",
-                "--quiet",
-                "--nnodes",
-                "2",
-                "--node-rank",
-                "0",
-                "--master-addr",
-                "127.0.0.1",
-                "--master-port",
-                "9",
-                "--set",
-                "strategy.kind=\"ddp\"",
-            ],
-        );
-        cmd.env("KILN_JOB_TOKEN", "tok");
-        crate::common::hand_fd(&mut cmd, fd);
-        let o = cmd.output().unwrap();
-        assert_eq!(o.status.code(), Some(2), "{says}: {}", stderr(&o));
-        let e = stderr(&o);
-        assert!(
-            e.contains("KILN_STORE_FD=3") && e.contains(says),
-            "{says}: {e}"
-        );
+        let hand = |cmd: &mut std::process::Command| crate::common::hand_fd(cmd, fd);
+        refused(&hand, says, "KILN_STORE_FD=3");
     }
     // SAFETY: the socket made above, closed once.
     unsafe { libc::close(bound) };

@@ -190,6 +190,7 @@ fn a_1_gb_token_file_trains_in_a_small_resident_set() {
     );
     let s = summary(&r);
     let rss = s["peak_rss_bytes"].as_u64().unwrap();
+    eprintln!("a 1 GiB token file: peak RSS {} MiB", rss >> 20);
     assert!(rss < 300 << 20, "peak RSS {} MiB", rss >> 20);
     assert_eq!(s["steps"], 3);
 }

@@ -289,14 +289,28 @@ impl Gpt {
                 )
                 .into());
         }
+        // (a device run's parameters live on the device: `launch::check::fits` does not
+        // measure those either)
+        if !r.config.backend.device.on_host() {
+            return Ok(());
+        }
         let bytes = self.param_count() * 4;
         let Some(have) = crate::memory::available() else {
             return Ok(());
         };
         if bytes > u128::from(have) {
+            // the size furthest past its default names the error
+            let key = [
+                ("model.layers", self.layers as f64 / 4.0),
+                ("model.dim", self.dim as f64 / 128.0),
+                ("model.vocab_size", self.vocab as f64 / 256.0),
+            ]
+            .into_iter()
+            .fold(("model.layers", 0.0), |a, b| if b.1 > a.1 { b } else { a })
+            .0;
             return Err(r
                 .key_error(
-                    "model.layers",
+                    key,
                     format!(
                         "this gpt (model.layers = {}, model.dim = {}, model.vocab_size = {}) has {} parameters: one f32 copy of them is {}, but the machine has {} available",
                         self.layers,

@@ -3,7 +3,7 @@
 //! there. Over NCCL the gathers run on the device, and with `strategy.overlap` they and the
 //! reduce-scatters are queued on NCCL's own stream beside the compute; over a host collective
 //! they are host-staged (the shard read to the host, the unit written back). Host shards over
-//! NCCL gather into device buffers too (`gather_unit_device`).
+//! NCCL gather into device buffers too (`gather_host_shard`).
 
 use std::collections::VecDeque;
 
