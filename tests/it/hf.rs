@@ -53,6 +53,19 @@ threads = 1
     );
 }
 
+/// A directory with the fixture's experiment trained from the fixture's weights into `run/`.
+fn trained_run() -> kiln::testdir::TempDir {
+    let d = kiln::testdir::tempdir().unwrap();
+    let (ids, _, _) = expected();
+    experiment(d.path(), &ids);
+    let o = kiln(
+        d.path(),
+        &["run", "gpt2.toml", "--quiet", "--run-dir", "run"],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    d
+}
+
 /// The fixture's ids (2 x 32), logits (2 x 32 x 300) and loss.
 fn expected() -> (Vec<u32>, Vec<f32>, f64) {
     let bytes = std::fs::read(root().join("tests/fixtures/hf-gpt2/expected.safetensors")).unwrap();
@@ -147,14 +160,7 @@ fn a_transformers_gpt2_loads_and_gives_its_logits_and_loss() {
 
 #[test]
 fn trained_weights_export_to_hugging_face_and_nanogpt_and_load_back() {
-    let d = kiln::testdir::tempdir().unwrap();
-    let (ids, _, _) = expected();
-    experiment(d.path(), &ids);
-    let o = kiln(
-        d.path(),
-        &["run", "gpt2.toml", "--quiet", "--run-dir", "run"],
-    );
-    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let d = trained_run();
     let ckpt = d.path().join("run/checkpoints/step-00000005");
     let trained = crate::common::checkpoint_params(&d.path().join("run"), &ckpt);
     for (format, out, file) in [
@@ -332,14 +338,7 @@ fn a_hugging_face_import_checks_its_config_json_and_names_a_mis_shaped_tensor() 
 #[test]
 fn a_failed_hugging_face_export_leaves_the_old_config_beside_the_old_weights() {
     use std::os::unix::process::CommandExt;
-    let d = kiln::testdir::tempdir().unwrap();
-    let (ids, _, _) = expected();
-    experiment(d.path(), &ids);
-    let o = kiln(
-        d.path(),
-        &["run", "gpt2.toml", "--quiet", "--run-dir", "run"],
-    );
-    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let d = trained_run();
     std::fs::create_dir_all(d.path().join("hf")).unwrap();
     std::fs::write(d.path().join("hf/config.json"), "{\"old\": true}\n").unwrap();
     std::fs::write(d.path().join("hf/model.safetensors"), "old weights").unwrap();
