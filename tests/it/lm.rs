@@ -535,3 +535,55 @@ fn a_run_refuses_a_tokenizer_or_corpus_replaced_since_it_was_made() {
         "nothing trained"
     );
 }
+
+/// Issue 45, defect 12: `--eval-fraction` copies the held-out tail a buffer at a time (it read
+/// the whole temporary file: 80 MB of ids for 40 MB of text). Under a 64 MiB data limit
+/// (`RLIMIT_DATA`: heap and private mappings, not the mapped text) the tokenize succeeds; the
+/// whole-file read alone would need more.
+#[test]
+fn the_held_out_tail_is_copied_in_bounded_memory() {
+    use std::os::unix::process::CommandExt;
+    let d = kiln::testdir::tempdir().unwrap();
+    let line = "the kiln fires the clay and the clay becomes a pot\n";
+    std::fs::write(
+        d.path().join("big.txt"),
+        line.repeat((40 << 20) / line.len()),
+    )
+    .unwrap();
+    let mut cmd = crate::common::clean_cmd(
+        std::path::Path::new(crate::common::KILN),
+        d.path(),
+        &[
+            "tokenize",
+            "big.txt",
+            "-o",
+            "big.bin",
+            "--tokenizer",
+            "bytes",
+            "--eval-fraction",
+            "0.9",
+        ],
+    );
+    // SAFETY: setrlimit only touches the child before it execs kiln.
+    unsafe {
+        cmd.pre_exec(|| {
+            let lim = libc::rlimit {
+                rlim_cur: 64 << 20,
+                rlim_max: 64 << 20,
+            };
+            if libc::setrlimit(libc::RLIMIT_DATA, &lim) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let o = cmd.output().unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let text = std::fs::metadata(d.path().join("big.txt")).unwrap().len();
+    let train = std::fs::metadata(d.path().join("big.bin")).unwrap().len();
+    let held = std::fs::metadata(d.path().join("big.val.bin"))
+        .unwrap()
+        .len();
+    assert_eq!(train + held, 2 * text, "every byte a u16 id");
+    assert!(held > 8 * train, "{held} vs {train}");
+}
