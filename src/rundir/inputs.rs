@@ -62,17 +62,17 @@ fn fingerprint(path: &Path, whole: bool) -> Option<Value> {
     Some(json!({"path": path.display().to_string(), "bytes": len, "sha256": sha}))
 }
 
-fn current(r: &Resolved, keys: Option<&[&str]>) -> Map<String, Value> {
+/// The fingerprints of every file `r` reads.
+fn current(r: &Resolved) -> Map<String, Value> {
     files(r)
         .into_iter()
-        .filter(|(k, _)| keys.is_none_or(|ks| ks.contains(k)))
         .filter_map(|(k, p)| Some((k.to_string(), fingerprint(&p, k == "data.tokenizer")?)))
         .collect()
 }
 
 /// Writes `inputs.json` into a new run's directory.
 pub fn record(run_dir: &Path, r: &Resolved) -> Result<()> {
-    let text = serde_json::to_string_pretty(&Value::Object(current(r, None))).unwrap_or_default();
+    let text = serde_json::to_string_pretty(&Value::Object(current(r))).unwrap_or_default();
     super::replace_file(&run_dir.join(FILE), format!("{text}\n").as_bytes())
         .map_err(|e| Error::io(format!("writing {}/{FILE}", run_dir.display()), e))
 }
@@ -89,23 +89,20 @@ pub fn changed(run_dir: &Path, r: &Resolved, keys: Option<&[&str]>) -> Vec<Strin
             run_dir.display()
         )];
     };
-    let now = current(r, keys);
+    let paths = files(r);
     let mut out = Vec::new();
     for (key, was) in then
         .iter()
         .filter(|(k, _)| keys.is_none_or(|ks| ks.contains(&k.as_str())))
     {
         let path = was["path"].as_str().unwrap_or("?");
+        let now_path = paths.iter().find(|(k, _)| k == key).map(|(_, p)| p);
         // a file given anew (another path, from any source: `kiln eval --set`, the
-        // environment) is the user's choice, not the run's file changed
-        let now_path = files(r)
-            .into_iter()
-            .find(|(k, _)| k == key)
-            .map(|(_, p)| p.display().to_string());
-        if now_path.as_deref().is_some_and(|p| p != path) {
+        // environment) is the user's choice, not the run's file changed: not read at all
+        if now_path.is_some_and(|p| p.display().to_string() != path) {
             continue;
         }
-        match now.get(key) {
+        match now_path.and_then(|p| fingerprint(p, key == "data.tokenizer")) {
             None => out.push(format!("  `{key}` = {path}: gone or unreadable now")),
             Some(is) if is["sha256"] != was["sha256"] || is["bytes"] != was["bytes"] => {
                 out.push(format!(
