@@ -336,3 +336,23 @@ pub fn max_diff(a: &[f32], b: &[f32]) -> f32 {
         .map(|(x, y)| (x - y).abs())
         .fold(0.0, f32::max)
 }
+
+/// Limits `cmd`'s `resource` (`libc::RLIMIT_FSIZE`, `RLIMIT_DATA`, ...) to `bytes` once it
+/// starts; a file-size limit's writes then fail with EFBIG instead of a SIGXFSZ.
+pub fn limit(cmd: &mut Command, resource: libc::__rlimit_resource_t, bytes: u64) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: setrlimit and signal only touch the child before it execs.
+    unsafe {
+        cmd.pre_exec(move || {
+            libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+            let lim = libc::rlimit {
+                rlim_cur: bytes,
+                rlim_max: bytes,
+            };
+            if libc::setrlimit(resource, &lim) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}

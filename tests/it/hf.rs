@@ -337,7 +337,6 @@ fn a_hugging_face_import_checks_its_config_json_and_names_a_mis_shaped_tensor() 
 /// beside old weights.
 #[test]
 fn a_failed_hugging_face_export_leaves_the_old_config_beside_the_old_weights() {
-    use std::os::unix::process::CommandExt;
     let d = trained_run();
     std::fs::create_dir_all(d.path().join("hf")).unwrap();
     std::fs::write(d.path().join("hf/config.json"), "{\"old\": true}\n").unwrap();
@@ -347,22 +346,8 @@ fn a_failed_hugging_face_export_leaves_the_old_config_beside_the_old_weights() {
         d.path(),
         &["export", "run", "--format", "hf-gpt2", "-o", "hf"],
     );
-    // SAFETY: setrlimit and signal only touch the child before it execs kiln.
-    unsafe {
-        cmd.pre_exec(|| {
-            // 16 KiB: config.json fits, the weights (~90 KB) do not; writes past it fail with
-            // EFBIG instead of a signal
-            libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
-            let lim = libc::rlimit {
-                rlim_cur: 16 << 10,
-                rlim_max: 16 << 10,
-            };
-            if libc::setrlimit(libc::RLIMIT_FSIZE, &lim) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
+    // 16 KiB: config.json fits, the weights (~90 KB) do not
+    crate::common::limit(&mut cmd, libc::RLIMIT_FSIZE, 16 << 10);
     let o = cmd.output().unwrap();
     assert_ne!(o.status.code(), Some(0), "{}", stderr(&o));
     // (failed where meant: writing the weights, past the limit)

@@ -542,7 +542,6 @@ fn a_run_refuses_a_tokenizer_or_corpus_replaced_since_it_was_made() {
 /// whole-file read alone would need more.
 #[test]
 fn the_held_out_tail_is_copied_in_bounded_memory() {
-    use std::os::unix::process::CommandExt;
     let d = kiln::testdir::tempdir().unwrap();
     let line = "the kiln fires the clay and the clay becomes a pot\n";
     std::fs::write(
@@ -564,19 +563,7 @@ fn the_held_out_tail_is_copied_in_bounded_memory() {
             "0.9",
         ],
     );
-    // SAFETY: setrlimit only touches the child before it execs kiln.
-    unsafe {
-        cmd.pre_exec(|| {
-            let lim = libc::rlimit {
-                rlim_cur: 64 << 20,
-                rlim_max: 64 << 20,
-            };
-            if libc::setrlimit(libc::RLIMIT_DATA, &lim) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
+    crate::common::limit(&mut cmd, libc::RLIMIT_DATA, 64 << 20);
     let o = cmd.output().unwrap();
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let text = std::fs::metadata(d.path().join("big.txt")).unwrap().len();
