@@ -139,45 +139,170 @@ pub fn decode(bytes: &[u8]) -> Result<TensorFile, String> {
     let mut views: Vec<_> = st.iter().collect();
     views.sort_by_key(|(_, v)| v.data().as_ptr() as usize);
     for (name, view) in views {
-        let raw = view.data();
-        let data: Vec<f32> = match view.dtype() {
-            Dtype::F32 => match bytemuck::try_cast_slice::<u8, f32>(&raw) {
-                Ok(v) if cfg!(target_endian = "little") => v.to_vec(),
-                _ => raw
-                    .chunks_exact(4)
-                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                    .collect(),
-            },
-            Dtype::F16 => raw
-                .chunks_exact(2)
-                .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
-                .collect(),
-            Dtype::BF16 => raw
-                .chunks_exact(2)
-                .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
-                .collect(),
-            Dtype::F64 => raw
-                .chunks_exact(8)
-                .map(|c| f64::from_le_bytes(c.try_into().unwrap_or([0; 8])) as f32)
-                .collect(),
-            other => {
-                tensors.push(Named {
-                    name: name.to_string(),
-                    shape: view.shape().to_vec(),
-                    data: Vec::new(),
-                    unsupported: Some(format!("{other:?}")),
-                });
-                continue;
-            }
+        let (data, unsupported) = match to_f32(view.dtype(), view.data()) {
+            Some(data) => (data, None),
+            None => (Vec::new(), Some(format!("{:?}", view.dtype()))),
         };
         tensors.push(Named {
             name: name.to_string(),
             shape: view.shape().to_vec(),
             data,
-            unsupported: None,
+            unsupported,
         });
     }
     Ok(TensorFile { tensors, metadata })
+}
+
+/// Little-endian values of `dtype` as f32; `None` for a dtype that is not a float type.
+fn to_f32(dtype: Dtype, raw: &[u8]) -> Option<Vec<f32>> {
+    Some(match dtype {
+        Dtype::F32 => match bytemuck::try_cast_slice::<u8, f32>(raw) {
+            Ok(v) if cfg!(target_endian = "little") => v.to_vec(),
+            _ => raw
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect(),
+        },
+        Dtype::F16 => raw
+            .chunks_exact(2)
+            .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
+            .collect(),
+        Dtype::BF16 => raw
+            .chunks_exact(2)
+            .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
+            .collect(),
+        Dtype::F64 => raw
+            .chunks_exact(8)
+            .map(|c| f64::from_le_bytes(c.try_into().unwrap_or([0; 8])) as f32)
+            .collect(),
+        _ => return None,
+    })
+}
+
+/// A tensor of a file opened with `Lazy::open`: its name, shape and dtype, its values unread.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Entry {
+    pub name: String,
+    pub shape: Vec<usize>,
+    /// The dtype of a tensor that is not of a float type (`I64`, ...), as in `Named`.
+    pub unsupported: Option<String>,
+    dtype: Dtype,
+    /// Byte offsets in the file.
+    start: u64,
+    end: u64,
+}
+
+/// A safetensors file read one tensor at a time: `open` reads and checks the header (the
+/// same checks and words as `decode`), `read` reads one tensor's bytes, so a model larger than
+/// the memory left beside its f32 parameters still loads.
+#[derive(Debug)]
+pub struct Lazy {
+    file: std::fs::File,
+    /// In the file's order.
+    pub entries: Vec<Entry>,
+    pub metadata: HashMap<String, String>,
+}
+
+impl Lazy {
+    pub fn open(path: &std::path::Path) -> Result<Lazy, String> {
+        use std::io::Read;
+        let mut file = std::fs::File::open(path).map_err(|e| format!("cannot read: {e}"))?;
+        let len = file
+            .metadata()
+            .map_err(|e| format!("cannot read: {e}"))?
+            .len();
+        let mut prefix = [0u8; 8];
+        if len < 8 || file.read_exact(&mut prefix).is_err() {
+            return Err(describe_read(
+                &SafeTensorError::HeaderTooSmall,
+                len as usize,
+            ));
+        }
+        let n = u64::from_le_bytes(prefix);
+        if n > 100_000_000 {
+            return Err(describe_read(
+                &SafeTensorError::HeaderTooLarge,
+                len as usize,
+            ));
+        }
+        if n + 8 > len {
+            return Err(describe_read(
+                &SafeTensorError::InvalidHeaderLength,
+                len as usize,
+            ));
+        }
+        let mut bytes = prefix.to_vec();
+        bytes.resize(8 + n as usize, 0);
+        file.read_exact(&mut bytes[8..])
+            .map_err(|e| format!("cannot read: {e}"))?;
+        if let Some(name) = duplicate_name(&bytes) {
+            return Err(format!(
+                "the header names tensor `{name}` twice; a safetensors file names each tensor once"
+            ));
+        }
+        let header: safetensors::tensor::Metadata =
+            serde_json::from_slice(&bytes[8..]).map_err(|e| {
+                describe_read(
+                    &SafeTensorError::InvalidHeaderDeserialization(e),
+                    len as usize,
+                )
+            })?;
+        let mut entries: Vec<Entry> = header
+            .tensors()
+            .into_iter()
+            .map(|(name, info)| Entry {
+                name,
+                shape: info.shape.clone(),
+                unsupported: to_f32(info.dtype, &[])
+                    .is_none()
+                    .then(|| format!("{:?}", info.dtype)),
+                dtype: info.dtype,
+                start: 8 + n + info.data_offsets.0 as u64,
+                end: 8 + n + info.data_offsets.1 as u64,
+            })
+            .collect();
+        entries.sort_by_key(|e| e.start);
+        // the tensors' bytes one after the other, each its shape's size, up to the file's end
+        let mut at = 8 + n;
+        for e in &entries {
+            let bits = e
+                .shape
+                .iter()
+                .try_fold(e.dtype.bitsize() as u64, |a, &d| a.checked_mul(d as u64));
+            if e.start != at
+                || e.end < e.start
+                || bits.map(|b| b.div_ceil(8)) != Some(e.end - e.start)
+            {
+                return Err(describe_read(
+                    &SafeTensorError::TensorInvalidInfo,
+                    len as usize,
+                ));
+            }
+            at = e.end;
+        }
+        if at != len {
+            return Err(describe_read(
+                &SafeTensorError::MetadataIncompleteBuffer,
+                len as usize,
+            ));
+        }
+        Ok(Lazy {
+            file,
+            entries,
+            metadata: header.metadata().clone().unwrap_or_default(),
+        })
+    }
+
+    /// The values of `entries[i]` as f32 (empty for a tensor that is not of a float type).
+    pub fn read(&self, i: usize) -> Result<Vec<f32>, String> {
+        use std::os::unix::fs::FileExt;
+        let e = &self.entries[i];
+        let mut raw = vec![0u8; (e.end - e.start) as usize];
+        self.file
+            .read_exact_at(&mut raw, e.start)
+            .map_err(|err| format!("cannot read tensor `{}`: {err}", e.name))?;
+        Ok(to_f32(e.dtype, &raw).unwrap_or_default())
+    }
 }
 
 fn describe(e: &SafeTensorError) -> String {

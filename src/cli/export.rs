@@ -13,8 +13,8 @@ use crate::ui;
 pub struct ExportArgs {
     /// The run directory (it holds config.toml and checkpoints/).
     pub run_dir: PathBuf,
-    /// The safetensors file to write (replaced atomically if it exists); for `--format hf-gpt2`
-    /// the directory to write (made if it does not exist).
+    /// The safetensors file to write (replaced atomically if it exists); for a directory format
+    /// (`hf-gpt2`, `hf-llama`) the directory to write (a new one appears whole).
     #[arg(short = 'o', long = "out", value_name = "FILE")]
     pub out: PathBuf,
     /// Export this checkpoint (e.g. `step-00000600`, or `best`) instead of the newest verified
@@ -26,13 +26,47 @@ pub struct ExportArgs {
     /// `burn` (Burn's module paths, Linear weights [in, out], as Burn's `SafetensorsStore`
     /// writes them), or one of the model family's own: a gpt's `hf-gpt2` (Hugging Face's
     /// `GPT2LMHeadModel`: `-o` is a directory that gets model.safetensors and config.json, for
-    /// `from_pretrained(DIR)`) and `nanogpt` (nanoGPT's `GPT` state dict).
+    /// `from_pretrained(DIR)`) and `nanogpt` (nanoGPT's `GPT` state dict), a llama's `hf-llama`
+    /// (Hugging Face's `LlamaForCausalLM` directory, `Qwen2ForCausalLM` with `attn_bias`).
     #[arg(long, value_name = "FORMAT", default_value = "pytorch")]
     pub format: String,
     /// Also write a fixed input and kiln's logits for it to this safetensors file (for
     /// `scripts/check-export.py`).
     #[arg(long, value_name = "FILE")]
     pub probe: Option<PathBuf>,
+    /// For a directory format (`hf-llama`, `hf-gpt2`): split the weights into shards of at most
+    /// this size (`500MB`, `5GB`, `100KB` or bytes), listed in model.safetensors.index.json as
+    /// transformers writes them. Default: 5GB.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub max_shard_size: Option<u64>,
+}
+
+/// `5GB`, `500MB`, `100KB` (powers of 1000, as transformers' `max_shard_size`), `2GiB`,
+/// `64MiB`, `8KiB` (powers of 1024), or a number of bytes; at least 1.
+fn parse_size(s: &str) -> std::result::Result<u64, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (digits, unit) = t.split_at(split);
+    let scale: u64 = match unit.trim().to_ascii_uppercase().as_str() {
+        "" | "B" => 1,
+        "KB" => 1_000,
+        "MB" => 1_000_000,
+        "GB" => 1_000_000_000,
+        "KIB" => 1 << 10,
+        "MIB" => 1 << 20,
+        "GIB" => 1 << 30,
+        _ => {
+            return Err(format!(
+                "`{s}` is not a size: give bytes, or a number with KB, MB, GB, KiB, MiB or GiB"
+            ))
+        }
+    };
+    digits
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(scale))
+        .filter(|&n| n > 0)
+        .ok_or_else(|| format!("`{s}` is not a size of at least 1 byte: e.g. 5GB or 500MB"))
 }
 
 pub fn export(a: &ExportArgs) -> Result<()> {
@@ -41,6 +75,7 @@ pub fn export(a: &ExportArgs) -> Result<()> {
         out: a.out.clone(),
         format: a.format.clone(),
         probe: a.probe.clone(),
+        max_shard_size: a.max_shard_size,
     };
     let rep = tools::export(&a.run_dir, &o)?;
     ui::out(&format!(

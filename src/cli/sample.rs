@@ -44,6 +44,17 @@ pub struct SampleArgs {
     /// The same seed gives the same text.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// Continue these token ids (comma-separated, e.g. `1,2,3`) instead of `--prompt`'s text.
+    #[arg(
+        long,
+        value_name = "IDS",
+        value_delimiter = ',',
+        conflicts_with = "prompt"
+    )]
+    pub prompt_ids: Option<Vec<u32>>,
+    /// Print the generated ids as one JSON list on stdout instead of their text.
+    #[arg(long)]
+    pub ids: bool,
 }
 
 pub fn sample(a: &SampleArgs) -> Result<()> {
@@ -58,7 +69,12 @@ pub fn sample(a: &SampleArgs) -> Result<()> {
         ignore_eos: a.ignore_eos,
         seed: a.seed,
         cache: !a.no_cache,
+        prompt_ids: a.prompt_ids.clone(),
+        ids: a.ids,
     };
+    if a.prompt_ids.as_ref().is_some_and(|p| p.is_empty()) {
+        return Err(Error::Usage("--prompt-ids: give at least one id".into()));
+    }
     let mut out = std::io::stdout().lock();
     let mut failed = None;
     // the first failed write stops the sampling (`| head` closed the pipe)
@@ -70,7 +86,16 @@ pub fn sample(a: &SampleArgs) -> Result<()> {
         }
         failed.is_none()
     })?;
-    let _ = out.write_all(b"\n");
+    if a.ids {
+        let list = serde_json::to_string(&rep.ids).unwrap_or_default();
+        if let Err(e) = writeln!(out, "{list}") {
+            if e.kind() != std::io::ErrorKind::BrokenPipe {
+                return Err(Error::io("writing the ids to stdout", e));
+            }
+        }
+    } else {
+        let _ = out.write_all(b"\n");
+    }
     match failed {
         // a closed pipe (`| head`) is the reader's choice, not a failure
         Some(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {

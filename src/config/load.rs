@@ -166,7 +166,8 @@ pub fn build_figment(
 /// they take their defaults): after an error about a key, the rest of the config can still be
 /// checked, and every error reported at once. The layers, lowest first: defaults, the files
 /// (an `extends` chain), `KILN_*` variables, the launcher's variables (torchrun, Slurm), what
-/// a bare `srun` step implies, torchrun's one device per process, `--set`, typed flags.
+/// a bare `srun` step implies, torchrun's one device per process, `--set`, typed flags, and
+/// under all of those the `config.json` of a Hugging Face directory in `model.init_from`.
 fn build_figment_without(
     file: &Path,
     env: &[(String, String)],
@@ -191,6 +192,11 @@ fn build_figment_without(
     stack.torchrun_devices(&var);
     stack.sets(sets)?;
     stack.flags(flags);
+    // a Hugging Face directory in `model.init_from`: its config.json under every key no layer
+    // above the defaults sets
+    if let Some((meta, dict)) = super::hf_json::layer(&stack.figment)? {
+        stack.push(meta, dict);
+    }
     Ok(stack.figment)
 }
 

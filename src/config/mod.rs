@@ -5,6 +5,7 @@
 mod cross;
 mod error;
 mod family_keys;
+pub mod hf_json;
 mod load;
 mod nccl;
 mod nccl_vars;

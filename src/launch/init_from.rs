@@ -3,38 +3,36 @@
 
 use std::collections::HashMap;
 use std::fs;
+use std::path::{Path, PathBuf};
 
 use crate::checkpoint::tensors;
 use crate::config::Resolved;
 use crate::error::{Error, Result};
-use crate::model::portable::{self, WeightFormat};
+use crate::model::portable::{self, ImportError, WeightFormat};
 use crate::model::Model;
 
 /// The format of an `init_from` file: as `model.init_format` says, or (`auto`) kiln's export
 /// metadata, else a format of the model's family its names show (`Family::detect_format`: for
-/// a gpt Hugging Face's or nanoGPT's GPT-2 names), else PyTorch's names.
+/// a gpt Hugging Face's or nanoGPT's GPT-2 names, for a llama Hugging Face's), else PyTorch's
+/// names.
 fn init_format(
     asked: &str,
-    file: &tensors::TensorFile,
+    metadata: &HashMap<String, String>,
+    named: &[(&str, &[usize])],
     model: &dyn Model,
 ) -> std::result::Result<WeightFormat, String> {
     // kiln's own metadata may name a format of another family's (an export of a gpt)
-    let kiln = || match file.metadata.get("kiln.format").map(String::as_str) {
+    let kiln = || match metadata.get("kiln.format").map(String::as_str) {
         None | Some("pytorch") => Ok(WeightFormat::PyTorch),
         Some(name) => portable::format_named(model, name),
     };
     match asked {
         "kiln" => kiln(),
         "auto" => {
-            if file.metadata.contains_key("kiln.format") {
+            if metadata.contains_key("kiln.format") {
                 return kiln();
             }
-            let named: Vec<(&str, &[usize])> = file
-                .tensors
-                .iter()
-                .map(|t| (t.name.as_str(), t.shape.as_slice()))
-                .collect();
-            match model.detect_format(&named) {
+            match model.detect_format(named) {
                 Some(f) => Ok(f),
                 None => kiln(),
             }
@@ -44,8 +42,69 @@ fn init_format(
     }
 }
 
+/// The safetensors files of `init_from`: the file itself, or in a Hugging Face directory
+/// (`from_pretrained`'s layout) its `model.safetensors`, or the shards its
+/// `model.safetensors.index.json` lists (with the shard each tensor is in, as the index says).
+fn weight_files(path: &Path) -> Result<(Vec<PathBuf>, Option<HashMap<String, String>>)> {
+    if !path.is_dir() {
+        return Ok((vec![path.to_path_buf()], None));
+    }
+    let shown = path.display();
+    let single = path.join("model.safetensors");
+    let index = path.join("model.safetensors.index.json");
+    if !index.is_file() {
+        if single.is_file() {
+            return Ok((vec![single], None));
+        }
+        return Err(Error::Usage(format!(
+            "model.init_from: the directory `{shown}` has neither model.safetensors nor model.safetensors.index.json\n  = help: give a directory transformers' `save_pretrained(..., safe_serialization=True)` or `kiln export --format hf-...` wrote, or a .safetensors file"
+        )));
+    }
+    let ishown = index.display();
+    let text = crate::data::read_bounded(&index, "model.init_from", Some(64 << 20))
+        .map_err(|e| Error::Usage(format!("model.init_from: {e}")))?;
+    let bad = |why: String| {
+        Error::Usage(format!(
+            "model.init_from: `{ishown}`: {why}\n  = help: the index transformers writes maps every tensor name to a shard file in the same directory (`\"weight_map\": {{\"model.norm.weight\": \"model-00001-of-00002.safetensors\"}}`)"
+        ))
+    };
+    let json: serde_json::Value =
+        serde_json::from_slice(&text).map_err(|e| bad(format!("not JSON: {e}")))?;
+    let map = json
+        .get("weight_map")
+        .and_then(|m| m.as_object())
+        .ok_or_else(|| bad("no `weight_map` object".into()))?;
+    let mut shards: Vec<PathBuf> = Vec::new();
+    let mut of = HashMap::new();
+    for (name, file) in map {
+        let Some(file) = file.as_str() else {
+            return Err(bad(format!("`{name}` maps to {file}, not a file name")));
+        };
+        // a shard is a file of this directory: no path, no `..`, no link out of it
+        let p = path.join(file);
+        let plain = !file.is_empty()
+            && !file.contains(['/', '\\'])
+            && file != ".."
+            && file != "."
+            && fs::symlink_metadata(&p).is_ok_and(|m| m.is_file());
+        if !plain {
+            return Err(bad(format!(
+                "`{name}` is in shard `{}`, which is not a regular file in `{shown}`",
+                crate::config::brief(file, 80)
+            )));
+        }
+        if !shards.contains(&p) {
+            shards.push(p);
+        }
+        of.insert(name.clone(), file.to_string());
+    }
+    shards.sort();
+    Ok((shards, Some(of)))
+}
+
 /// The parameters `model.init_from` names, checked against `model` (every problem in one
-/// error), or `None` when it is not set.
+/// error), or `None` when it is not set. Tensors are read one at a time, straight into the
+/// parameters, once every name and shape fits.
 pub fn init_weights(r: &Resolved, model: &dyn Model) -> Result<Option<Vec<f32>>> {
     let Some(value) = &r.config.model.init_from else {
         return Ok(None);
@@ -54,9 +113,9 @@ pub fn init_weights(r: &Resolved, model: &dyn Model) -> Result<Option<Vec<f32>>>
     let shown = path.display();
     // a pipe or a device (/dev/zero) would be read for ever
     match fs::metadata(&path) {
-        Ok(m) if !m.is_file() => {
+        Ok(m) if !m.is_file() && !m.is_dir() => {
             return Err(Error::Usage(format!(
-                "model.init_from: `{shown}` is not a regular file\n  = help: give the path of a .safetensors file"
+                "model.init_from: `{shown}` is not a regular file or a directory\n  = help: give the path of a .safetensors file or of a Hugging Face model directory"
             )))
         }
         _ => {}
@@ -71,17 +130,68 @@ pub fn init_weights(r: &Resolved, model: &dyn Model) -> Result<Option<Vec<f32>>>
             ))
         })?;
     }
-    let bytes = fs::read(&path).map_err(|e| {
-        Error::Usage(format!(
-            "model.init_from: cannot read `{shown}`: {e}\n  = help: give the path of a .safetensors file (relative paths are relative to the experiment file)"
-        ))
-    })?;
-    let file = tensors::decode(&bytes).map_err(|e| {
-        Error::Usage(format!(
-            "model.init_from: `{shown}`: {e}\n  = help: give a file written by `kiln export` or by PyTorch's `safetensors.torch.save_file`"
-        ))
-    })?;
-    let format = init_format(asked, &file, model).map_err(|why| {
+    let (files, index) = weight_files(&path)?;
+    let mut opened = Vec::with_capacity(files.len());
+    for f in &files {
+        let fshown = f.display();
+        let lazy = tensors::Lazy::open(f).map_err(|e| {
+            let help = if e.starts_with("cannot read") {
+                "give the path of a .safetensors file (relative paths are relative to the experiment file)"
+            } else {
+                "give a file written by `kiln export` or by PyTorch's `safetensors.torch.save_file`"
+            };
+            Error::Usage(format!("model.init_from: `{fshown}`: {e}\n  = help: {help}"))
+        })?;
+        opened.push(lazy);
+    }
+    // every tensor of every file, once
+    let mut at: HashMap<&str, (usize, usize)> = HashMap::new();
+    for (fi, lazy) in opened.iter().enumerate() {
+        for (ei, e) in lazy.entries.iter().enumerate() {
+            if let Some((other, _)) = at.insert(e.name.as_str(), (fi, ei)) {
+                return Err(Error::Usage(format!(
+                    "model.init_from: tensor `{}` is in both `{}` and `{}`\n  = help: each tensor belongs in one shard",
+                    e.name,
+                    files[other].display(),
+                    files[fi].display()
+                )));
+            }
+        }
+    }
+    if let Some(index) = &index {
+        let mut absent: Vec<String> = index
+            .iter()
+            .filter(|(n, file)| {
+                at.get(n.as_str()).is_none_or(|(fi, _)| {
+                    files[*fi].file_name() != Some(std::ffi::OsStr::new(file.as_str()))
+                })
+            })
+            .map(|(n, file)| format!("`{n}` (in `{file}`, says the index)"))
+            .collect();
+        if !absent.is_empty() {
+            absent.sort();
+            let n = absent.len();
+            absent.truncate(10);
+            return Err(Error::Usage(format!(
+                "model.init_from: {n} tensor(s) that `{}` lists are not in the shard it names: {}\n  = help: the shards and the index are from different saves; save the model again",
+                path.join("model.safetensors.index.json").display(),
+                absent.join(", ")
+            )));
+        }
+    }
+    let named: Vec<(&str, &[usize])> = opened
+        .iter()
+        .flat_map(|l| {
+            l.entries
+                .iter()
+                .map(|e| (e.name.as_str(), e.shape.as_slice()))
+        })
+        .collect();
+    let metadata = opened
+        .first()
+        .map(|l| l.metadata.clone())
+        .unwrap_or_default();
+    let format = init_format(asked, &metadata, &named, model).map_err(|why| {
         Error::Usage(format!(
             "model.init_format: `{shown}`: {why}\n  = help: set `model.init_format` to the file's format: \"auto\", \"kiln\" or one of the model's ({})",
             portable::format_names(model)
@@ -89,47 +199,61 @@ pub fn init_weights(r: &Resolved, model: &dyn Model) -> Result<Option<Vec<f32>>>
     })?;
     // nanoGPT's compiled models prefix every name; GPT-2 files carry attention masks (the
     // family says which names are such buffers)
-    let name_of = |n: &str| -> String { format.strip(n).to_string() };
-    let kept: Vec<(String, &tensors::Named)> = file
-        .tensors
+    let kept: Vec<(String, &tensors::Entry, (usize, usize))> = opened
         .iter()
-        .map(|t| (name_of(&t.name), t))
-        .filter(|(n, _)| !model.format_buffer(format, n))
+        .enumerate()
+        .flat_map(|(fi, l)| {
+            l.entries
+                .iter()
+                .enumerate()
+                .map(move |(ei, e)| (e, (fi, ei)))
+        })
+        .map(|(e, loc)| (format.strip(&e.name).to_string(), e, loc))
+        .filter(|(n, _, _)| !model.format_buffer(format, n))
         .collect();
-    let map: HashMap<&str, (&[usize], &[f32])> = kept
+    let shapes: HashMap<&str, &[usize]> = kept
         .iter()
-        .filter(|(_, t)| t.unsupported.is_none())
-        .map(|(n, t)| (n.as_str(), (t.shape.as_slice(), t.data.as_slice())))
+        .filter(|(_, e, _)| e.unsupported.is_none())
+        .map(|(n, e, _)| (n.as_str(), e.shape.as_slice()))
         .collect();
     let other: HashMap<&str, &str> = kept
         .iter()
-        .filter_map(|(n, t)| Some((n.as_str(), t.unsupported.as_deref()?)))
+        .filter_map(|(n, e, _)| Some((n.as_str(), e.unsupported.as_deref()?)))
         .collect();
+    let where_is: HashMap<&str, (usize, usize)> =
+        kept.iter().map(|(n, _, loc)| (n.as_str(), *loc)).collect();
     // training from NaN or infinite weights is never what was meant
-    let bad: Vec<String> = kept
-        .iter()
-        .map(|(_, t)| *t)
-        .filter_map(|t| {
-            let n = t.data.iter().filter(|v| !v.is_finite()).count();
-            (n > 0).then(|| format!("`{}` ({n} of {})", t.name, t.data.len()))
-        })
-        .take(20)
-        .collect();
-    if !bad.is_empty() {
+    let mut nonfinite: Vec<String> = Vec::new();
+    let mut load = |n: &str| -> std::result::Result<Vec<f32>, String> {
+        let (fi, ei) = where_is[n];
+        let values = opened[fi].read(ei)?;
+        let bad = values.iter().filter(|v| !v.is_finite()).count();
+        if bad > 0 && nonfinite.len() < 20 {
+            nonfinite.push(format!(
+                "`{}` ({bad} of {})",
+                opened[fi].entries[ei].name,
+                values.len()
+            ));
+        }
+        Ok(values)
+    };
+    let imported = portable::import_with(model, format, &shapes, &other, &mut load);
+    if !nonfinite.is_empty() {
         return Err(Error::Usage(format!(
             "model.init_from: `{shown}` holds NaN or infinite values (after conversion to f32) in {}\n  = help: export the weights again from a healthy checkpoint",
-            bad.join(", ")
+            nonfinite.join(", ")
         )));
     }
-    let params = portable::import(model, format, &map, &other).map_err(|m| {
-            Error::Usage(format!(
-                "model.init_from: `{shown}` does not fit model `{}` ({} names and layouts): {}\n{m}  = help: the file must hold exactly the model's tensors; `kiln export --format {}` of a run of the same model writes them",
-                model.kind(),
-                format.name(),
-                m.summary(),
-                format.name()
-            ))
-        })?;
+    let params = imported.map_err(|e| match e {
+        ImportError::Read(e) => Error::Usage(format!("model.init_from: `{shown}`: {e}")),
+        ImportError::Mismatch(m) => Error::Usage(format!(
+            "model.init_from: `{shown}` does not fit model `{}` ({} names and layouts): {}\n{m}  = help: the file must hold exactly the model's tensors; `kiln export --format {}` of a run of the same model writes them",
+            model.kind(),
+            format.name(),
+            m.summary(),
+            format.name()
+        )),
+    })?;
     // every tensor fits: what their shapes do not show, the config.json beside them does
     if format.is_dir() {
         beside_config(r, model, format, &path)?;
@@ -146,13 +270,9 @@ fn beside_config(
     format: WeightFormat,
     weights: &std::path::Path,
 ) -> Result<()> {
-    let path = weights
-        .parent()
-        .unwrap_or(std::path::Path::new("."))
-        .join("config.json");
-    if !path.is_file() {
+    let Some(path) = crate::config::hf_json::config_json_of(weights) else {
         return Ok(());
-    }
+    };
     let shown = path.display();
     let text = crate::data::read_bounded(&path, "model.init_from", Some(1 << 20))
         .map_err(|e| Error::Usage(format!("model.init_from: {e}")))?;

@@ -12,6 +12,7 @@ pub mod cnn;
 mod engine;
 pub mod gpt;
 pub mod init;
+pub mod llama;
 pub mod mlp;
 pub mod portable;
 mod registry;

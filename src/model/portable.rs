@@ -376,12 +376,41 @@ pub fn import(
     tensors: &HashMap<&str, (&[usize], &[f32])>,
     other: &HashMap<&str, &str>,
 ) -> Result<Vec<f32>, Mismatch> {
+    let shapes: HashMap<&str, &[usize]> = tensors.iter().map(|(n, (s, _))| (*n, *s)).collect();
+    let mut load = |n: &str| Ok(tensors.get(n).map(|t| t.1.to_vec()).unwrap_or_default());
+    match import_with(model, format, &shapes, other, &mut load) {
+        Ok(flat) => Ok(flat),
+        Err(ImportError::Mismatch(m)) => Err(m),
+        Err(ImportError::Read(e)) => unreachable!("values in memory: {e}"),
+    }
+}
+
+/// Why `import_with` failed.
+#[derive(Debug)]
+pub enum ImportError {
+    /// The names and shapes do not fit the model.
+    Mismatch(Mismatch),
+    /// `load` failed (its words).
+    Read(String),
+}
+
+/// `import` from the names and shapes of a file's tensors (`shapes`), reading each tensor's
+/// values with `load` only once every name and shape fits, one at a time, straight into the
+/// flat parameters: a model loads with its parameters and one tensor in memory.
+pub fn import_with(
+    model: &dyn Model,
+    format: WeightFormat,
+    shapes: &HashMap<&str, &[usize]>,
+    other: &HashMap<&str, &str>,
+    load: &mut dyn FnMut(&str) -> Result<Vec<f32>, String>,
+) -> Result<Vec<f32>, ImportError> {
     let layout = model.layout();
     let ext = externals(model, format);
-    let mut flat = vec![0f32; layout.num_params()];
     let mut bad = Mismatch::default();
     let mut used: HashSet<&str> = HashSet::new();
     let mut missing: Vec<&External> = Vec::new();
+    // (the tensor to read, its aliases in the file to compare with it)
+    let mut reads: Vec<(&External, &str, Vec<&str>)> = Vec::new();
     for e in ext.iter().filter(|e| !e.alias) {
         let aliases: Vec<&External> = ext
             .iter()
@@ -389,13 +418,13 @@ pub fn import(
             .collect();
         let found = std::iter::once(e)
             .chain(aliases.iter().copied())
-            .find_map(|cand| tensors.get(cand.name.as_str()).map(|t| (cand, t)));
+            .find_map(|cand| shapes.get(cand.name.as_str()).map(|s| (cand, *s)));
         for a in &aliases {
-            if tensors.contains_key(a.name.as_str()) {
+            if shapes.contains_key(a.name.as_str()) {
                 used.insert(a.name.as_str());
             }
         }
-        let Some((cand, (shape, values))) = found else {
+        let Some((cand, shape)) = found else {
             match std::iter::once(e)
                 .chain(aliases.iter().copied())
                 .find_map(|cand| other.get(cand.name.as_str()).map(|d| (cand, d)))
@@ -406,35 +435,27 @@ pub fn import(
             continue;
         };
         used.insert(cand.name.as_str());
-        if *shape != e.shape.as_slice() {
+        if shape != e.shape.as_slice() {
             bad.shapes
                 .push((cand.name.clone(), shape.to_vec(), e.shape.clone()));
             continue;
         }
-        let p = &layout.params[e.param];
-        flat[p.range()].copy_from_slice(&if e.transpose {
-            transpose(values, e.shape[0], e.shape[1])
-        } else {
-            values.to_vec()
-        });
         // both names of a tied tensor: they must agree
-        for a in &aliases {
-            if let Some((s, v)) = tensors.get(a.name.as_str()) {
-                if *s != e.shape.as_slice() {
+        let mut twins = Vec::new();
+        for a in aliases.iter().filter(|a| a.name != cand.name) {
+            match shapes.get(a.name.as_str()) {
+                Some(s) if *s != e.shape.as_slice() => {
                     bad.shapes
-                        .push((a.name.clone(), s.to_vec(), e.shape.clone()));
-                } else if v
-                    .iter()
-                    .zip(values.iter())
-                    .any(|(a, b)| a.to_bits() != b.to_bits())
-                {
-                    bad.differ.push((e.name.clone(), a.name.clone()));
+                        .push((a.name.clone(), s.to_vec(), e.shape.clone()))
                 }
+                Some(_) => twins.push(a.name.as_str()),
+                None => {}
             }
         }
+        reads.push((e, cand.name.as_str(), twins));
     }
     let claimed: HashSet<&str> = bad.dtypes.iter().map(|d| d.0.as_str()).collect();
-    let mut unexpected: Vec<&str> = tensors
+    let mut unexpected: Vec<&str> = shapes
         .keys()
         .chain(other.keys())
         .copied()
@@ -443,7 +464,7 @@ pub fn import(
     unexpected.sort();
     let want: Vec<&str> = missing.iter().map(|e| e.name.as_str()).collect();
     let all_want: Vec<&str> = ext.iter().map(|e| e.name.as_str()).collect();
-    let all_have: Vec<&str> = tensors.keys().chain(other.keys()).copied().collect();
+    let all_have: Vec<&str> = shapes.keys().chain(other.keys()).copied().collect();
     for e in &missing {
         // the closest of what nothing else claimed, else of everything in the file
         let pool = if unexpected.is_empty() {
@@ -457,10 +478,33 @@ pub fn import(
         let pool = if want.is_empty() { &all_want } else { &want };
         bad.unexpected.push((n.to_string(), nearest(n, pool)));
     }
+    if !bad.is_empty() {
+        return Err(ImportError::Mismatch(bad));
+    }
+    let mut flat = vec![0f32; layout.num_params()];
+    for (e, name, twins) in reads {
+        let values = load(name).map_err(ImportError::Read)?;
+        for twin in twins {
+            let other = load(twin).map_err(ImportError::Read)?;
+            if other
+                .iter()
+                .zip(values.iter())
+                .any(|(a, b)| a.to_bits() != b.to_bits())
+            {
+                bad.differ.push((e.name.clone(), twin.to_string()));
+            }
+        }
+        let p = &layout.params[e.param];
+        if e.transpose {
+            flat[p.range()].copy_from_slice(&transpose(&values, e.shape[0], e.shape[1]));
+        } else {
+            flat[p.range()].copy_from_slice(&values);
+        }
+    }
     if bad.is_empty() {
         Ok(flat)
     } else {
-        Err(bad)
+        Err(ImportError::Mismatch(bad))
     }
 }
 

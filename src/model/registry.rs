@@ -7,6 +7,7 @@ use super::api::{ModelError, SharedModel};
 use super::cnn::Cnn;
 use super::engine::FamilyModel;
 use super::gpt::{Gpt, GptKeys};
+use super::llama::{Llama, LlamaKeys};
 use super::mlp::Mlp;
 use crate::config::{closest, ConfigError, Resolved};
 
@@ -75,6 +76,9 @@ impl Registry {
         );
         r.register_with_keys::<GptKeys>("gpt", |r, input| {
             Ok(Arc::new(FamilyModel::new(Gpt::for_input(r, input)?)))
+        });
+        r.register_with_keys::<LlamaKeys>("llama", |r, input| {
+            Ok(Arc::new(FamilyModel::new(Llama::for_input(r, input)?)))
         });
         r
     }

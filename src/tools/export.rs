@@ -26,6 +26,122 @@ pub struct ExportOptions {
     /// Also write a fixed model input and kiln's logits for it here (`scripts/check-export.py`
     /// compares PyTorch's logits with them).
     pub probe: Option<PathBuf>,
+    /// A directory format's weights in shards of at most this many bytes (a tensor larger than
+    /// that alone in one), with transformers' `model.safetensors.index.json`; default 5 GB.
+    pub max_shard_size: Option<u64>,
+}
+
+/// transformers' `save_pretrained` default shard size.
+pub const DEFAULT_SHARD_BYTES: u64 = 5_000_000_000;
+
+type Encode<'a> = dyn Fn(&[(&str, &[usize], &[f32])]) -> Result<Vec<u8>> + 'a;
+
+/// The files of a directory export in `dir`: the weights in one `model.safetensors`, or in
+/// shards of at most `max_shard` bytes named as transformers names them with its index; the
+/// family's `config.json` and a `generation_config.json`. Each must be a file kiln may replace
+/// (a directory there is found before anything is written: issue 45, defect 21).
+fn dir_files(
+    dir: &Path,
+    refs: &[(&str, &[usize], &[f32])],
+    max_shard: Option<u64>,
+    encode: &Encode,
+    config: Option<&str>,
+) -> Result<Vec<(PathBuf, Vec<u8>)>> {
+    let max = max_shard.unwrap_or(DEFAULT_SHARD_BYTES);
+    let mut shards: Vec<Vec<(&str, &[usize], &[f32])>> = vec![Vec::new()];
+    let mut size = 0u64;
+    for r in refs {
+        let b = 4 * r.2.len() as u64;
+        if size > 0 && size + b > max {
+            shards.push(Vec::new());
+            size = 0;
+        }
+        size += b;
+        shards.last_mut().expect("one shard at least").push(*r);
+    }
+    let mut files = Vec::new();
+    if shards.len() == 1 {
+        files.push((dir.join("model.safetensors"), encode(&shards[0])?));
+    } else {
+        let n = shards.len();
+        let mut map = serde_json::Map::new();
+        for (i, shard) in shards.iter().enumerate() {
+            let name = format!("model-{:05}-of-{n:05}.safetensors", i + 1);
+            for (t, _, _) in shard {
+                map.insert(t.to_string(), name.clone().into());
+            }
+            files.push((dir.join(&name), encode(shard)?));
+        }
+        let total: usize = refs.iter().map(|r| 4 * r.2.len()).sum();
+        let index = serde_json::json!({"metadata": {"total_size": total}, "weight_map": map});
+        let text = serde_json::to_string_pretty(&index).unwrap_or_default() + "\n";
+        files.push((dir.join("model.safetensors.index.json"), text.into_bytes()));
+    }
+    if let Some(config) = config {
+        files.push((dir.join("config.json"), config.as_bytes().to_vec()));
+        let generation = "{\n  \"_from_model_config\": true,\n  \"bos_token_id\": null,\n  \"eos_token_id\": null\n}\n";
+        files.push((
+            dir.join("generation_config.json"),
+            generation.as_bytes().to_vec(),
+        ));
+    }
+    if dir.is_dir() {
+        for (p, _) in &files {
+            output_path(p, "-o")?;
+        }
+    }
+    Ok(files)
+}
+
+/// Writes `files` into `dir`. A new directory is written beside it under a temporary name,
+/// each file synced, then renamed into place: it appears whole or not at all. Into an existing
+/// directory each file is replaced atomically, in order, and the weights of the other layout
+/// (a `model.safetensors` beside a new index, or an index beside a new single file) are
+/// removed so that `from_pretrained` reads the new ones.
+fn write_dir(dir: &Path, files: &[(PathBuf, Vec<u8>)]) -> Result<()> {
+    if dir.is_dir() {
+        for (p, b) in files {
+            write_atomic(p, b)?;
+        }
+        let sharded = files
+            .iter()
+            .any(|(p, _)| p.ends_with("model.safetensors.index.json"));
+        let stale = if sharded {
+            "model.safetensors"
+        } else {
+            "model.safetensors.index.json"
+        };
+        let stale = dir.join(stale);
+        if stale.is_file() {
+            fs::remove_file(&stale)
+                .map_err(|e| Error::io(format!("removing {}", stale.display()), e))?;
+        }
+        return Ok(());
+    }
+    let name = dir
+        .file_name()
+        .map(|n| n.to_string_lossy().to_string())
+        .unwrap_or_default();
+    let tmp = dir.with_file_name(format!(".{name}.kiln-{}", std::process::id()));
+    let made = (|| -> std::io::Result<()> {
+        fs::create_dir(&tmp)?;
+        for (p, b) in files {
+            let path = tmp.join(p.file_name().unwrap_or_default());
+            let mut f = fs::File::create(&path)?;
+            std::io::Write::write_all(&mut f, b)?;
+            f.sync_all()?;
+        }
+        fs::File::open(&tmp)?.sync_all()?;
+        fs::rename(&tmp, dir)?;
+        if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+            fs::File::open(parent)?.sync_all()?;
+        }
+        Ok(())
+    })();
+    made.map_err(|e| {
+        let _ = fs::remove_dir_all(&tmp);
+        Error::io(format!("writing the directory {}", dir.display()), e)
+    })
 }
 
 /// What `kiln export` wrote.
@@ -42,14 +158,7 @@ pub struct ExportReport {
 /// must), never a file or a symlink.
 fn hf_dir(path: &Path, format: WeightFormat) -> Result<PathBuf> {
     match fs::symlink_metadata(path) {
-        Ok(m) if m.is_dir() => {
-            // the files it writes are inside `path`, and each must be one it may replace (a
-            // directory there is found before anything is written: issue 45, defect 21)
-            for name in ["model.safetensors", "config.json"] {
-                output_path(&path.join(name), "-o")?;
-            }
-            Ok(path.canonicalize().unwrap_or_else(|_| path.to_path_buf()))
-        }
+        Ok(m) if m.is_dir() => Ok(path.canonicalize().unwrap_or_else(|_| path.to_path_buf())),
         Ok(_) => Err(Error::Usage(format!(
             "-o `{}` is not a directory; --format {} writes a directory (model.safetensors and config.json) that Hugging Face's `from_pretrained` loads",
             path.display(),
@@ -124,17 +233,6 @@ pub fn export(run_dir: &Path, o: &ExportOptions) -> Result<ExportReport> {
         .as_ref()
         .map(|p| output_path(p, "--probe"))
         .transpose()?;
-    // the probe overwrites none of the export's files (issue 45, defect 20)
-    let config_path = hf_dir.as_ref().map(|d| d.join("config.json"));
-    if let Some(p) = probe
-        .as_ref()
-        .filter(|p| **p == out || Some(*p) == config_path.as_ref())
-    {
-        return Err(Error::Usage(format!(
-            "--probe `{}` is a file of the export (-o); give the probe its own file",
-            p.display()
-        )));
-    }
     let hf_config = model
         .hf_config(format)
         .map_err(|why| Error::Usage(format!("--format {}: {why}", format.name())))?;
@@ -162,21 +260,41 @@ pub fn export(run_dir: &Path, o: &ExportOptions) -> Result<ExportReport> {
         .iter()
         .map(|(n, s, d)| (n.as_str(), s.as_slice(), d.as_slice()))
         .collect();
-    let bytes = tensors::encode(&refs, meta.clone()).map_err(|e| {
-        Error::Usage(format!(
-            "cannot export model `{}`: {e} (a model of your own maps two parameters to one name in `Family::torch_name`?)",
-            model.kind()
-        ))
-    })?;
-    // the weights first, then their config.json (a config never describes weights that failed
-    // to be written: issue 45, defect 19), then the probe (never beside another model's)
-    if let Some(dir) = &hf_dir {
-        std::fs::create_dir_all(dir)
-            .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
+    let encode = |refs: &[(&str, &[usize], &[f32])]| {
+        tensors::encode(refs, meta.clone()).map_err(|e| {
+            Error::Usage(format!(
+                "cannot export model `{}`: {e} (a model of your own maps two parameters to one name in `Family::torch_name`?)",
+                model.kind()
+            ))
+        })
+    };
+    // a directory's files (weights, their index, config.json, generation_config.json), or the
+    // one file
+    let files: Vec<(PathBuf, Vec<u8>)> = match &hf_dir {
+        Some(dir) => dir_files(dir, &refs, o.max_shard_size, &encode, hf_config.as_deref())?,
+        None => vec![(out.clone(), encode(&refs)?)],
+    };
+    let bytes = files
+        .iter()
+        .filter(|(p, _)| p.extension().is_some_and(|e| e == "safetensors"))
+        .map(|(_, b)| b.len())
+        .sum();
+    // the probe overwrites none of the export's files (issue 45, defect 20)
+    if let Some(p) = probe
+        .as_ref()
+        .filter(|p| files.iter().any(|(f, _)| f == *p))
+    {
+        return Err(Error::Usage(format!(
+            "--probe `{}` is a file of the export (-o); give the probe its own file",
+            p.display()
+        )));
     }
-    write_atomic(&out, &bytes)?;
-    if let (Some(dir), Some(config)) = (&hf_dir, &hf_config) {
-        write_atomic(&dir.join("config.json"), config.as_bytes())?;
+    // the weights first, then their index and config.json (a config never describes weights
+    // that failed to be written: issue 45, defect 19), then the probe (never beside another
+    // model's); a new directory appears whole (written beside it, then renamed)
+    match &hf_dir {
+        Some(dir) => write_dir(dir, &files)?,
+        None => write_atomic(&out, &files[0].1)?,
     }
     if let Some(probe) = &probe {
         let (x, shape) = probe_input(model.task(), &state.input_shape);
@@ -199,6 +317,6 @@ pub fn export(run_dir: &Path, o: &ExportOptions) -> Result<ExportReport> {
         format,
         step: state.step,
         tensors: named.len(),
-        bytes: bytes.len(),
+        bytes,
     })
 }

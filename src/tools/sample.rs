@@ -40,6 +40,11 @@ pub struct SampleOptions {
     pub seed: u64,
     /// The KV cache (default); off: the whole context runs for every token.
     pub cache: bool,
+    /// Token ids to continue instead of `prompt`'s text (`--prompt-ids`).
+    pub prompt_ids: Option<Vec<u32>>,
+    /// Hand no text to `on_bytes`: the generated ids come back in `SampleReport::ids`
+    /// (`--ids`), drawn from the model's whole vocabulary.
+    pub ids: bool,
 }
 
 /// What a sample did.
@@ -52,6 +57,8 @@ pub struct SampleReport {
     pub stopped: Option<String>,
     /// The backend it ran on.
     pub backend: &'static str,
+    /// The generated ids, in order.
+    pub ids: Vec<u32>,
 }
 
 /// The index drawn from `logits` (already divided by the temperature), keeping the `top_k`
@@ -179,10 +186,32 @@ fn generate<B: RankBackend>(
                 model.kind()
             ))
         })?;
-    let (mut context, _) = tokenizer
-        .encode(o.prompt.as_bytes())
-        .map_err(|e| Error::Usage(format!("--prompt: {e}")))?;
-    let mut open = on_bytes(o.prompt.as_bytes());
+    let (mut context, prompt_text) = match &o.prompt_ids {
+        Some(ids) => {
+            let vocab = model.task().classes();
+            if let Some(bad) = ids.iter().find(|&&i| i as usize >= vocab) {
+                return Err(Error::Usage(format!(
+                    "--prompt-ids: id {bad} is not below the model's vocabulary size {vocab}"
+                )));
+            }
+            let text = if o.ids {
+                Vec::new()
+            } else {
+                tokenizer
+                    .decode(ids)
+                    .map_err(|e| Error::Usage(format!("--prompt-ids: {e}")))?
+            };
+            (ids.clone(), text)
+        }
+        None => (
+            tokenizer
+                .encode(o.prompt.as_bytes())
+                .map_err(|e| Error::Usage(format!("--prompt: {e}")))?
+                .0,
+            o.prompt.as_bytes().to_vec(),
+        ),
+    };
+    let mut open = o.ids || on_bytes(&prompt_text);
     if context.is_empty() {
         // nothing to continue: a new document (GPT-2's end-of-text) or a new paragraph
         context.push(tokenizer.eot().unwrap_or(u32::from(b'\n')));
@@ -190,7 +219,13 @@ fn generate<B: RankBackend>(
     if context.len() > block {
         context.drain(..context.len() - block);
     }
-    let vocab = tokenizer.vocab_size();
+    // (ids: the model's whole vocabulary, as transformers' `generate`)
+    let vocab = if o.ids {
+        model.task().classes()
+    } else {
+        tokenizer.vocab_size()
+    };
+    let mut ids = Vec::new();
     let mut rng = Rng::stream(o.seed, "sample", &[]);
     let mut logits = dec.prefill(&context)?;
     // each token's text decoded after the ones before it (issue 45, defect 15)
@@ -231,9 +266,14 @@ fn generate<B: RankBackend>(
             stopped = Some("end of text".to_string());
             break;
         }
-        let bytes = text.push(next).map_err(Error::Usage)?;
+        ids.push(next);
+        let bytes = if o.ids {
+            Vec::new()
+        } else {
+            text.push(next).map_err(Error::Usage)?
+        };
         // a reader that is gone stops the generation (issue 45, defect 16)
-        open = on_bytes(&bytes);
+        open = o.ids || on_bytes(&bytes);
         if !open {
             stopped = Some("a closed output".to_string());
             break;
@@ -256,7 +296,7 @@ fn generate<B: RankBackend>(
         };
     }
     // (an incomplete character held back at the end)
-    if open {
+    if open && !o.ids {
         let rest = text.finish().map_err(Error::Usage)?;
         if !rest.is_empty() {
             on_bytes(&rest);
@@ -267,6 +307,7 @@ fn generate<B: RankBackend>(
         seconds: start.elapsed().as_secs_f64(),
         stopped,
         backend,
+        ids,
     })
 }
 

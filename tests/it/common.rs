@@ -104,6 +104,20 @@ pub fn summary(run: &Path) -> serde_json::Value {
 }
 
 /// Copies a directory tree.
+/// The python of scripts/torch-up.sh (which installs torch and transformers when missing).
+pub fn torch_python() -> String {
+    let o = Command::new("bash")
+        .arg(root().join("scripts/torch-up.sh"))
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "scripts/torch-up.sh could not make a Python with torch and transformers: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8_lossy(&o.stdout).trim().to_string()
+}
+
 pub fn copy_dir(from: &Path, to: &Path) {
     std::fs::create_dir_all(to).unwrap();
     for e in std::fs::read_dir(from).unwrap() {

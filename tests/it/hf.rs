@@ -95,7 +95,7 @@ fn loaded(dir: &Path) -> (kiln::model::SharedModel, Vec<f32>) {
 
 /// The mean cross-entropy of each position's logits for the next id, over the rows of `ids`
 /// (transformers' `labels = ids` loss).
-fn next_token_loss(logits: &[f32], ids: &[u32], rows: usize, vocab: usize) -> f64 {
+pub(crate) fn next_token_loss(logits: &[f32], ids: &[u32], rows: usize, vocab: usize) -> f64 {
     let t = ids.len() / rows;
     let mut sum = 0.0;
     for r in 0..rows {
@@ -140,13 +140,18 @@ fn a_transformers_gpt2_loads_and_gives_its_logits_and_loss() {
         (got - loss).abs() <= 1e-4 * loss,
         "loss {got} against transformers' {loss}"
     );
-    // the exact GELU is another model: the same weights give other logits
+    // the exact GELU is another model: the same weights give other logits (no init_from:
+    // its config.json would say tanh)
     let exact = d.path().join("exact.toml");
+    let text = std::fs::read_to_string(d.path().join("gpt2.toml")).unwrap();
+    let text: String = text
+        .lines()
+        .filter(|l| !l.starts_with("init_from"))
+        .map(|l| format!("{l}\n"))
+        .collect();
     std::fs::write(
         &exact,
-        std::fs::read_to_string(d.path().join("gpt2.toml"))
-            .unwrap()
-            .replace("gelu = \"tanh\"\n", ""),
+        text.replace("gelu = \"tanh\"\n", "gelu = \"exact\"\n"),
     )
     .unwrap();
     let r = kiln::config::load(&exact, &[], &[]).unwrap();
@@ -237,13 +242,35 @@ fn trained_weights_export_to_hugging_face_and_nanogpt_and_load_back() {
     ] {
         assert_eq!(config[k], v, "{k}");
     }
-    // the wrong model for the file: every tensor named, with both shapes; and a file of
-    // another family's names is refused for a gpt format
+    // the wrong model for the directory: config.json's value and [model]'s both named
     let toml = std::fs::read_to_string(d.path().join("gpt2.toml")).unwrap();
     write(
         d.path(),
         "small.toml",
         &toml.replace("dim = 32", "dim = 16"),
+    );
+    let o = kiln(d.path(), &["check", "small.toml"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("`model.dim` = 16 (small.toml:7), but config.json says 32"),
+        "{}",
+        stderr(&o)
+    );
+    // the wrong model for a file with no config.json beside it: every tensor named, with both
+    // shapes
+    let bare = d.path().join("bare.safetensors");
+    std::fs::copy(
+        root().join("tests/fixtures/hf-gpt2/model.safetensors"),
+        &bare,
+    )
+    .unwrap();
+    let fixture = root().join("tests/fixtures/hf-gpt2/model.safetensors");
+    write(
+        d.path(),
+        "small.toml",
+        &toml
+            .replace("dim = 32", "dim = 16")
+            .replace(fixture.to_str().unwrap(), bare.to_str().unwrap()),
     );
     let o = kiln(d.path(), &["check", "small.toml"]);
     let o = if o.status.code() == Some(0) {
@@ -278,17 +305,15 @@ fn a_hugging_face_import_checks_its_config_json_and_names_a_mis_shaped_tensor() 
         "wrong.toml",
         &toml
             .replace("heads = 4", "heads = 2")
-            .replace("gelu = \"tanh\"\n", ""),
+            .replace("gelu = \"tanh\"\n", "gelu = \"exact\"\n"),
     );
     let o = kiln(d.path(), &["check", "wrong.toml"]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     let e = stderr(&o);
     assert!(
-        e.contains("config.json` describes another model than [model]")
-            && e.contains("n_head = 4 there, but `model.heads` = 2 (wrong.toml:6)")
-            && e.contains(
-                "activation_function = \"gelu_new\" there, but `model.gelu` = \"exact\" (default)"
-            ),
+        e.contains("[model] disagrees with the config.json of model.init_from")
+            && e.contains("`model.heads` = 2 (wrong.toml:6), but config.json says 4")
+            && e.contains("`model.gelu` = \"exact\" (wrong.toml:8), but config.json says \"tanh\""),
         "{e}"
     );
     // one tensor of the fixture reshaped: still GPT-2's names, and that tensor is named

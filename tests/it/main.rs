@@ -13,6 +13,7 @@ mod failures;
 mod fsdp;
 mod fuzz;
 mod hf;
+mod hf_llama;
 mod hostile;
 mod input_errors;
 mod kernels;

@@ -15,7 +15,7 @@ fn rel_diff(a: &[f32], b: &[f32]) -> f32 {
 
 /// Every strategy with and without checkpointing against single on one global batch of
 /// `4 * quarter` samples.
-fn strategies_agree(task: &str, quarter: usize, extra: &[&str]) {
+pub(crate) fn strategies_agree(task: &str, quarter: usize, extra: &[&str]) {
     let batch = |n: usize| format!("train.batch_size={}", quarter * n);
     let with = |mut sets: Vec<String>| {
         sets.extend(extra.iter().map(|s| s.to_string()));

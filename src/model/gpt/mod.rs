@@ -48,7 +48,7 @@ fn norm<B: Backend, const D: usize>(
 }
 
 /// `l` of `x`, plus `residual` when given (`residual + l(x)`): one gemm with `fused`.
-fn dense<B: Backend, const D: usize>(
+pub(in crate::model) fn dense<B: Backend, const D: usize>(
     l: &Linear<B>,
     x: Tensor<B, D>,
     residual: Option<Tensor<B, D>>,
@@ -120,8 +120,10 @@ pub struct MaskCache(
     >,
 );
 
-/// Backend, thread, device, length and dtype of a cached mask.
+/// What a cached tensor is (`"mask"`, a family's own name), and its backend, thread, device,
+/// length and dtype.
 type MaskKey = (
+    &'static str,
     std::any::TypeId,
     std::thread::ThreadId,
     String,
@@ -145,9 +147,26 @@ impl PartialEq for MaskCache {
 impl MaskCache {
     /// The additive causal mask `[1, 1, t, t]` (0 where position i may attend to j <= i, -1e9
     /// above the diagonal) in the device's float dtype, made once.
-    fn get<B: Backend>(&self, t: usize, device: &B::Device) -> Tensor<B, 4> {
+    pub(in crate::model) fn get<B: Backend>(&self, t: usize, device: &B::Device) -> Tensor<B, 4> {
+        self.cached("mask", t, device, || {
+            let mask: Vec<f32> = (0..t * t)
+                .map(|i| if i % t > i / t { -1e9 } else { 0.0 })
+                .collect();
+            TensorData::new(mask, [1, 1, t, t])
+        })
+    }
+
+    /// The tensor called `name` for length `t` on `device`, made from `make`'s values once.
+    pub(in crate::model) fn cached<B: Backend, const D: usize>(
+        &self,
+        name: &'static str,
+        t: usize,
+        device: &B::Device,
+        make: impl FnOnce() -> TensorData,
+    ) -> Tensor<B, D> {
         let dtype = burn::tensor::get_device_settings::<B>(device).float_dtype;
         let key = (
+            name,
             std::any::TypeId::of::<B>(),
             std::thread::current().id(),
             format!("{device:?}"),
@@ -157,16 +176,13 @@ impl MaskCache {
         let mut cache = self.0.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(m) = cache
             .get(&key)
-            .and_then(|m| m.downcast_ref::<Tensor<B, 4>>())
+            .and_then(|m| m.downcast_ref::<Tensor<B, D>>())
         {
             return m.clone();
         }
-        let mask: Vec<f32> = (0..t * t)
-            .map(|i| if i % t > i / t { -1e9 } else { 0.0 })
-            .collect();
-        let mask = Tensor::<B, 4>::from_data(TensorData::new(mask, [1, 1, t, t]), device);
-        cache.insert(key, Box::new(mask.clone()));
-        mask
+        let made = Tensor::<B, D>::from_data(make(), device);
+        cache.insert(key, Box::new(made.clone()));
+        made
     }
 }
 

@@ -1,0 +1,221 @@
+//! A Hugging Face model directory as a config layer: when `model.init_from` names a directory
+//! (or a weights file in one) whose `config.json` describes a model kiln computes (Llama,
+//! Mistral and Qwen2 as `llama`, GPT-2 as `gpt`), the `[model]` keys it implies that no file,
+//! variable or flag sets come from it, with that `config.json` as their source (`kiln check`
+//! shows it); a key set elsewhere to another value is an error naming both. What no key can say
+//! (an activation, a sliding window) the family checks when the weights load.
+
+use std::path::{Path, PathBuf};
+
+use figment::value::{Dict, Value};
+use figment::{Figment, Metadata, Source};
+use serde_json::Value as Json;
+
+use super::error::{ConfigError, KeyError};
+use super::load::{describe_source, DEFAULT_SOURCE};
+
+/// The `config.json` that `init_from` (a directory, or a file in one) has, if any.
+pub fn config_json_of(init_from: &Path) -> Option<PathBuf> {
+    let dir = if init_from.is_dir() {
+        init_from.to_path_buf()
+    } else {
+        init_from.parent()?.to_path_buf()
+    };
+    let path = dir.join("config.json");
+    path.is_file().then_some(path)
+}
+
+/// `[model]` keys (without `model.`) and values a Hugging Face `config.json` implies, or `None`
+/// for a `model_type` kiln does not read.
+pub fn model_keys(c: &Json) -> Option<Vec<(&'static str, Json)>> {
+    let get = |k: &str| c.get(k).filter(|v| !v.is_null()).cloned();
+    let model_type = c.get("model_type").and_then(Json::as_str)?;
+    let mut out: Vec<(&'static str, Option<Json>)> = Vec::new();
+    match model_type {
+        "llama" | "mistral" | "qwen2" => {
+            let rope = get("rope_scaling").or(get("rope_parameters"));
+            let theta =
+                get("rope_theta").or(rope.as_ref().and_then(|r| r.get("rope_theta").cloned()));
+            let llama3 = rope.filter(|r| {
+                r.get("rope_type").or(r.get("type")).and_then(Json::as_str) == Some("llama3")
+            });
+            let scaling = llama3.map(|r| {
+                let mut m = serde_json::Map::new();
+                m.insert("rope_type".into(), "llama3".into());
+                for k in [
+                    "factor",
+                    "low_freq_factor",
+                    "high_freq_factor",
+                    "original_max_position_embeddings",
+                ] {
+                    m.insert(k.into(), r.get(k).cloned().unwrap_or(Json::Null));
+                }
+                Json::Object(m)
+            });
+            out.extend([
+                ("kind", Some("llama".into())),
+                ("vocab_size", get("vocab_size")),
+                ("block_size", get("max_position_embeddings")),
+                ("layers", get("num_hidden_layers")),
+                ("heads", get("num_attention_heads")),
+                (
+                    "kv_heads",
+                    get("num_key_value_heads").or(get("num_attention_heads")),
+                ),
+                ("dim", get("hidden_size")),
+                ("ffn_dim", get("intermediate_size")),
+                ("rope_theta", theta),
+                ("rope_scaling", scaling),
+                ("norm_eps", get("rms_norm_eps")),
+                (
+                    "tie_embeddings",
+                    Some(get("tie_word_embeddings").unwrap_or(false.into())),
+                ),
+                ("attn_bias", Some((model_type == "qwen2").into())),
+            ]);
+        }
+        "gpt2" => {
+            let tanh = ["gelu_new", "gelu_pytorch_tanh", "gelu_fast"];
+            let act = get("activation_function").and_then(|a| a.as_str().map(str::to_string));
+            let gelu = act.map(|a| {
+                if tanh.contains(&a.as_str()) {
+                    "tanh"
+                } else {
+                    "exact"
+                }
+            });
+            out.extend([
+                ("kind", Some("gpt".into())),
+                ("vocab_size", get("vocab_size")),
+                ("block_size", get("n_positions")),
+                ("layers", get("n_layer")),
+                ("heads", get("n_head")),
+                ("dim", get("n_embd")),
+                ("gelu", Some(gelu.unwrap_or("tanh").into())),
+                (
+                    "tie_embeddings",
+                    Some(get("tie_word_embeddings").unwrap_or(true.into())),
+                ),
+            ]);
+        }
+        _ => return None,
+    }
+    Some(out.into_iter().filter_map(|(k, v)| Some((k, v?))).collect())
+}
+
+/// Two values alike: numbers by value (`10000` and `10000.0`), tables key by key.
+fn same(a: &Json, b: &Json) -> bool {
+    match (a, b) {
+        (Json::Number(x), Json::Number(y)) => {
+            let (x, y) = (
+                x.as_f64().unwrap_or(f64::NAN),
+                y.as_f64().unwrap_or(f64::NAN),
+            );
+            x == y || (x - y).abs() <= 1e-12 * x.abs().max(y.abs())
+        }
+        (Json::Object(x), Json::Object(y)) => {
+            x.len() == y.len() && x.iter().all(|(k, v)| y.get(k).is_some_and(|w| same(v, w)))
+        }
+        _ => a == b,
+    }
+}
+
+/// The layer `figment`'s `model.init_from` implies (see the module), or `None`.
+pub fn layer(figment: &Figment) -> Result<Option<(Metadata, Dict)>, ConfigError> {
+    let Some(value) = figment
+        .find_value("model.init_from")
+        .ok()
+        .and_then(|v| v.into_string())
+    else {
+        return Ok(None);
+    };
+    let mut path = PathBuf::from(&value);
+    if path.is_relative() {
+        if let Some(dir) = figment
+            .find_metadata("model.init_from")
+            .and_then(|m| m.source.as_ref())
+            .and_then(Source::file_path)
+            .and_then(Path::parent)
+        {
+            path = dir.join(path);
+        }
+    }
+    let Some(json_path) = config_json_of(&path) else {
+        return Ok(None);
+    };
+    let shown = json_path.display().to_string();
+    let key_error = |message: String, help: &str| {
+        ConfigError::Key(KeyError {
+            key: "model.init_from".into(),
+            message,
+            source: describe_source(figment, "model.init_from"),
+            help: Some(help.into()),
+        })
+    };
+    let text = std::fs::read(&json_path).map_err(|e| {
+        key_error(
+            format!("cannot read `{shown}`: {e}"),
+            "make it readable, or remove it",
+        )
+    })?;
+    if text.len() > 1 << 20 {
+        return Err(key_error(
+            format!(
+                "`{shown}` is {} bytes, over 1 MiB: not a model's config.json",
+                text.len()
+            ),
+            "give the directory transformers' save_pretrained wrote",
+        ));
+    }
+    let json: Json = serde_json::from_slice(&text).map_err(|e| {
+        key_error(
+            format!("`{shown}` is not JSON: {e}"),
+            "fix or remove it; it is read for the model's settings",
+        )
+    })?;
+    let Some(keys) = model_keys(&json) else {
+        return Ok(None);
+    };
+    let mut dict = Dict::new();
+    let mut disagree = Vec::new();
+    for (key, theirs) in keys {
+        let dotted = format!("model.{key}");
+        let set = figment
+            .find_metadata(&dotted)
+            .is_some_and(|m| m.name != DEFAULT_SOURCE);
+        let ours = figment
+            .find_value(&dotted)
+            .ok()
+            .and_then(|v| serde_json::to_value(&v).ok());
+        match ours.filter(|_| set) {
+            // the context trained on may be shorter (or longer) than the model's positions
+            Some(_) if key == "block_size" => {}
+            Some(ours) if !same(&ours, &theirs) => disagree.push(format!(
+                "  `{dotted}` = {ours} ({}), but config.json says {theirs}",
+                describe_source(figment, &dotted)
+            )),
+            Some(_) => {}
+            None => {
+                dict.insert(
+                    key.to_string(),
+                    Value::serialize(&theirs)
+                        .map_err(|e| key_error(format!("`{shown}`: {key}: {e}"), "fix the file"))?,
+                );
+            }
+        }
+    }
+    if !disagree.is_empty() {
+        return Err(ConfigError::Key(KeyError {
+            key: "model.init_from".into(),
+            message: format!(
+                "[model] disagrees with the config.json of model.init_from (`{shown}`):\n{}",
+                disagree.join("\n")
+            ),
+            source: describe_source(figment, "model.init_from"),
+            help: Some("leave those keys out of [model] (they come from config.json), or set them as it says".into()),
+        }));
+    }
+    let mut top = Dict::new();
+    top.insert("model".into(), Value::from(dict));
+    Ok(Some((Metadata::from(shown, Source::File(json_path)), top)))
+}

@@ -1,0 +1,366 @@
+//! Llama-family models and Hugging Face directories. `tests/fixtures/hf-llama` is a small
+//! `LlamaForCausalLM` that transformers initialised and saved as sharded safetensors
+//! (`scripts/make-hf-llama-fixture.py`: 4 heads over 2 key/value heads, Llama 3's rope scaling,
+//! an untied head), with its logits and loss on fixed ids and its greedy continuation of a
+//! prompt: kiln loads the directory (with its keys written out, or with only `kind` and
+//! `init_from`) and computes the same loss and the same greedy ids; its export is what
+//! transformers loads (`scripts/check-hf-llama.py`); a llama trains to the same result under
+//! every strategy and resumes to the bit.
+
+use std::path::Path;
+
+use burn::backend::{Autodiff, Flex};
+use kiln::data::Values;
+use kiln::model::ComputeOn;
+
+use crate::common::{kiln, loss_lines, resume_copy, root, stderr, summary, write};
+use crate::hf::next_token_loss;
+
+fn fixture() -> std::path::PathBuf {
+    root().join("tests/fixtures/hf-llama")
+}
+
+/// The fixture's (ids 2 x 32, logits 2 x 32 x 300, loss, prompt ids, greedy ids).
+fn expected() -> (Vec<u32>, Vec<f32>, f64, Vec<u32>, Vec<u32>) {
+    let bytes = std::fs::read(fixture().join("expected.safetensors")).unwrap();
+    let f = kiln::checkpoint::tensors::decode(&bytes).unwrap();
+    let ids = |n: &str| -> Vec<u32> { f.get(n).unwrap().data.iter().map(|&v| v as u32).collect() };
+    let meta: serde_json::Value = serde_json::from_str(&f.metadata["expected"]).unwrap();
+    let loss = meta["loss"].as_str().unwrap().parse().unwrap();
+    (
+        ids("ids"),
+        f.get("logits").unwrap().data.clone(),
+        loss,
+        ids("prompt"),
+        ids("greedy"),
+    )
+}
+
+/// An experiment `llama.toml` in `dir` starting from `init_from` (its keys written out, or only
+/// `kind`), on the fixture's ids as a token file; SGD with lr 0 keeps the weights as loaded.
+fn experiment(dir: &Path, init_from: &Path, written_out: bool) {
+    let (ids, ..) = expected();
+    let bytes: Vec<u8> = ids.iter().flat_map(|&i| (i as u16).to_le_bytes()).collect();
+    std::fs::write(dir.join("ids.bin"), bytes).unwrap();
+    let keys = if written_out {
+        "vocab_size = 300\nblock_size = 32\nlayers = 2\nheads = 4\nkv_heads = 2\ndim = 32\nffn_dim = 64\nrope_theta = 10000.0\nnorm_eps = 1e-5\ntie_embeddings = false\nrope_scaling = { rope_type = \"llama3\", factor = 8.0, low_freq_factor = 1.0, high_freq_factor = 4.0, original_max_position_embeddings = 16 }\n"
+    } else {
+        ""
+    };
+    write(
+        dir,
+        "llama.toml",
+        &format!(
+            "[model]\nkind = \"llama\"\n{keys}init_from = \"{}\"\n\n[data]\nkind = \"tokens\"\npath = \"ids.bin\"\neval_fraction = 0.0\n\n[train]\nbatch_size = 1\nmax_steps = 1\n\n[optim]\nkind = \"sgd\"\nlr = 0.0\n\n[backend]\nthreads = 1\n",
+            init_from.display()
+        ),
+    );
+}
+
+/// The model of `llama.toml` in `dir` and the parameters its `init_from` gives.
+fn loaded(dir: &Path) -> (kiln::model::SharedModel, Vec<f32>) {
+    let r = kiln::config::load(&dir.join("llama.toml"), &[], &[]).unwrap();
+    let model = kiln::model::build(&r, &[33]).unwrap();
+    let params = kiln::launch::init_weights(&r, model.as_ref())
+        .unwrap()
+        .unwrap();
+    (model, params)
+}
+
+#[test]
+fn a_transformers_llama_gives_its_logits_and_loss_with_or_without_its_keys_written_out() {
+    let (ids, want, loss, ..) = expected();
+    for written in [true, false] {
+        let d = kiln::testdir::tempdir().unwrap();
+        experiment(d.path(), &fixture(), written);
+        let (model, params) = loaded(d.path());
+        let compute = <Autodiff<Flex> as ComputeOn>::compute(model.as_ref(), &Default::default());
+        for fused in [true, false] {
+            model.use_fused_kernels(fused);
+            let logits = compute
+                .logits(&params, &Values::Tokens(ids.clone()), &[2, 32])
+                .unwrap();
+            let ours = next_token_loss(&logits, &ids, 2, 300);
+            assert!(
+                (ours - loss).abs() < 1e-4,
+                "written {written}, fused {fused}: loss {ours} vs transformers {loss}"
+            );
+            let diff = logits
+                .iter()
+                .zip(&want)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0f32, f32::max);
+            assert!(
+                diff < 1e-4,
+                "written {written}, fused {fused}: logits differ by {diff}"
+            );
+        }
+        // with only `kind` and `init_from`, kiln check names config.json as the keys' source
+        if !written {
+            let o = kiln(d.path(), &["check", "llama.toml"]);
+            let out = String::from_utf8_lossy(&o.stdout).to_string();
+            let line = out
+                .lines()
+                .find(|l| l.starts_with("kv_heads = 2"))
+                .unwrap_or_default();
+            assert!(line.ends_with("hf-llama/config.json"), "{out}");
+        }
+    }
+}
+
+#[test]
+fn greedy_ids_export_and_reload_are_transformers_own() {
+    let (_, _, _, prompt, greedy) = expected();
+    let d = kiln::testdir::tempdir().unwrap();
+    experiment(d.path(), &fixture(), false);
+    let o = kiln(
+        d.path(),
+        &["run", "llama.toml", "--quiet", "--run-dir", "run"],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let prompt: Vec<String> = prompt.iter().map(u32::to_string).collect();
+    let prompt_list = prompt.join(",");
+    for cache in [true, false] {
+        let mut args = vec![
+            "sample",
+            "run",
+            "--prompt-ids",
+            &prompt_list,
+            "--ids",
+            "--temperature",
+            "0",
+            "--tokens",
+            "20",
+        ];
+        if !cache {
+            args.push("--no-cache");
+        }
+        let o = kiln(d.path(), &args);
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        let ids: Vec<u32> = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(ids, greedy, "KV cache {cache}");
+    }
+    // exported as sharded safetensors (60 KB shards: three of them) with transformers' index
+    let probe = d.path().join("probe.safetensors");
+    let o = kiln(
+        d.path(),
+        &[
+            "export",
+            "run",
+            "--format",
+            "hf-llama",
+            "-o",
+            "out",
+            "--max-shard-size",
+            "60KB",
+            "--probe",
+            probe.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let out = d.path().join("out");
+    for f in [
+        "config.json",
+        "generation_config.json",
+        "model.safetensors.index.json",
+        "model-00003-of-00003.safetensors",
+    ] {
+        assert!(out.join(f).is_file(), "{f}");
+    }
+    let (_, before) = loaded(d.path());
+    let back = kiln::testdir::tempdir().unwrap();
+    experiment(back.path(), &out, false);
+    let (_, after) = loaded(back.path());
+    assert!(before == after, "the export loads back to the same bits");
+    // transformers loads it with no missing or unexpected keys, to kiln's loss and greedy ids
+    let python = crate::common::torch_python();
+    let o = std::process::Command::new(python)
+        .arg(root().join("scripts/check-hf-llama.py"))
+        .args([
+            out.to_str().unwrap(),
+            probe.to_str().unwrap(),
+            "--prompt",
+            &prompt.join(","),
+            "--greedy",
+            &greedy
+                .iter()
+                .map(u32::to_string)
+                .collect::<Vec<_>>()
+                .join(","),
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        stderr(&o)
+    );
+}
+
+#[test]
+fn config_json_disagreements_and_broken_directories_are_exit_2_naming_them() {
+    let d = kiln::testdir::tempdir().unwrap();
+    experiment(d.path(), &fixture(), false);
+    // a key set in [model] that config.json says otherwise: both values and both sources
+    let o = kiln(d.path(), &["check", "llama.toml", "--set", "model.heads=8"]);
+    let e = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{e}");
+    for want in [
+        "`model.heads` = 8",
+        "--set",
+        "config.json says 4",
+        "hf-llama/config.json",
+    ] {
+        assert!(e.contains(want), "wants `{want}` in: {e}");
+    }
+    // another kind: the same
+    let o = kiln(
+        d.path(),
+        &["check", "llama.toml", "--set", "model.kind=\"gpt\""],
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("`model.kind` = \"gpt\""),
+        "{}",
+        stderr(&o)
+    );
+    // a copy whose index names a shard outside it, or a tensor its shard lacks
+    let copy = d.path().join("copy");
+    crate::common::copy_dir(&fixture(), &copy);
+    let index = copy.join("model.safetensors.index.json");
+    let text = std::fs::read_to_string(&index).unwrap();
+    for (from, to, want) in [
+        (
+            "\"model-00001-of-00003.safetensors\"",
+            "\"../model-00001-of-00003.safetensors\"",
+            "not a regular file in",
+        ),
+        (
+            "\"lm_head.weight\": \"model-00003",
+            "\"lm_head.weight\": \"model-00002",
+            "not in the shard it names",
+        ),
+    ] {
+        std::fs::write(&index, text.replacen(from, to, 1)).unwrap();
+        let o = kiln(
+            d.path(),
+            &[
+                "run",
+                "llama.toml",
+                "--quiet",
+                "--set",
+                &format!("model.init_from=\"{}\"", copy.display()),
+            ],
+        );
+        let e = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "{e}");
+        assert!(
+            e.contains(want) && e.contains("model.safetensors.index.json"),
+            "wants `{want}` in: {e}"
+        );
+    }
+    std::fs::write(&index, &text).unwrap();
+    std::fs::remove_file(copy.join("model-00002-of-00003.safetensors")).unwrap();
+    let o = kiln(
+        d.path(),
+        &[
+            "run",
+            "llama.toml",
+            "--quiet",
+            "--set",
+            &format!("model.init_from=\"{}\"", copy.display()),
+        ],
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("model-00002-of-00003.safetensors"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+/// A small llama on text, with grouped-query attention.
+const LLAMA: &str = r#"
+[experiment]
+seed = 7
+
+[model]
+kind = "llama"
+vocab_size = 256
+block_size = 32
+layers = 2
+heads = 4
+kv_heads = 2
+dim = 32
+ffn_dim = 48
+
+[data]
+kind = "text"
+path = "corpus.txt"
+eval_fraction = 0.2
+
+[train]
+max_steps = 3
+
+[optim]
+kind = "adamw"
+lr = 0.003
+
+[backend]
+threads = 1
+"#;
+
+#[test]
+fn a_llama_agrees_across_strategies_and_checkpointing_and_resumes_to_the_bit() {
+    let d = kiln::testdir::tempdir().unwrap();
+    crate::models::corpus(d.path());
+    let task = LLAMA.replace("corpus.txt", d.path().join("corpus.txt").to_str().unwrap());
+    crate::units::strategies_agree(&task, 2, &[]);
+    crate::units::strategies_agree(&task, 2, &["model.tie_embeddings=true"]);
+    // resume from step 2 of 4 under fsdp(2) by layer with checkpointing: the same bits
+    write(d.path(), "llama.toml", &task);
+    let sets = [
+        "train.max_steps=4",
+        "checkpoint.every_steps=2",
+        "strategy.kind=\"fsdp\"",
+        "strategy.devices=2",
+        "strategy.unit=\"layer\"",
+        "train.activation_checkpointing=\"units\"",
+        "train.log_every=1",
+    ];
+    let mut args = vec!["run", "llama.toml", "--quiet", "--run-dir", "full"];
+    for s in &sets {
+        args.extend(["--set", s]);
+    }
+    let o = kiln(d.path(), &args);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let full = d.path().join("full");
+    let resumed = resume_copy(d.path(), &full, "step-00000002", &[]);
+    assert_eq!(loss_lines(&resumed), loss_lines(&full));
+    assert_eq!(
+        summary(&full)["params_sha256"],
+        summary(&resumed)["params_sha256"]
+    );
+    // fsdp(2) holds half of ddp(2)'s parameters and optimizer state on each rank
+    let state = |kind: &str| {
+        let t = crate::common::train_task(
+            &task,
+            &[
+                &format!("strategy.kind={kind}"),
+                "strategy.devices=2",
+                "train.max_steps=1",
+            ],
+        );
+        t.memory
+            .iter()
+            .map(|m| m.params_bytes + m.optim_bytes)
+            .max()
+            .unwrap() as f64
+    };
+    let ratio = state("fsdp") / state("ddp");
+    assert!(
+        (0.49..0.52).contains(&ratio),
+        "fsdp / ddp model state per rank: {ratio}"
+    );
+}
