@@ -205,7 +205,14 @@ impl DataConfig {
             ));
         }
         let tok = self.tokenizer.as_str();
-        if !matches!(tok, "bytes" | "gpt2") && !r.path_of("data.tokenizer", tok).is_file() {
+        let file = |p: std::path::PathBuf| {
+            if p.is_dir() {
+                p.join("tokenizer.json")
+            } else {
+                p
+            }
+        };
+        if !matches!(tok, "bytes" | "gpt2") && !file(r.path_of("data.tokenizer", tok)).is_file() {
             let near = closest(tok, &["bytes", "gpt2"])
                 .map(|k| format!("did you mean \"{k}\"? "))
                 .unwrap_or_default();
@@ -213,7 +220,7 @@ impl DataConfig {
                 "data.tokenizer",
                 format!(
                     "`data.tokenizer` = \"{tok}\" is neither \"bytes\", \"gpt2\" nor a tokenizer.json file (`{}` not found)",
-                    r.path_of("data.tokenizer", tok).display()
+                    file(r.path_of("data.tokenizer", tok)).display()
                 ),
                 Some(format!(
                     "{near}a tokenizer.json path is relative to the experiment file that sets it"

@@ -120,8 +120,33 @@ fn same(a: &Json, b: &Json) -> bool {
     }
 }
 
-/// The layer `figment`'s `model.init_from` implies (see the module), or `None`.
-pub fn layer(figment: &Figment) -> Result<Option<(Metadata, Dict)>, ConfigError> {
+/// The layers `figment`'s `model.init_from` implies (see the module): its config.json's keys,
+/// and `data.tokenizer` = the `tokenizer.json` beside the weights when no layer sets it.
+pub fn layers(figment: &Figment) -> Result<Vec<(Metadata, Dict)>, ConfigError> {
+    let Some((json_path, keys)) = layer(figment)? else {
+        return Ok(Vec::new());
+    };
+    let mut out = vec![keys];
+    let tokenizer = json_path.with_file_name("tokenizer.json");
+    let set = figment
+        .find_metadata("data.tokenizer")
+        .is_some_and(|m| m.name != DEFAULT_SOURCE);
+    if tokenizer.is_file() && !set {
+        let mut data = Dict::new();
+        data.insert(
+            "tokenizer".into(),
+            Value::from(tokenizer.display().to_string()),
+        );
+        let mut top = Dict::new();
+        top.insert("data".into(), Value::from(data));
+        let name = format!("{} (beside model.init_from)", tokenizer.display());
+        out.push((Metadata::named(name), top));
+    }
+    Ok(out)
+}
+
+/// The config.json layer of `figment`'s `model.init_from` and that file's path, or `None`.
+fn layer(figment: &Figment) -> Result<Option<(PathBuf, (Metadata, Dict))>, ConfigError> {
     let Some(value) = figment
         .find_value("model.init_from")
         .ok()
@@ -176,6 +201,7 @@ pub fn layer(figment: &Figment) -> Result<Option<(Metadata, Dict)>, ConfigError>
     let Some(keys) = model_keys(&json) else {
         return Ok(None);
     };
+    let json_path_out = json_path.clone();
     let mut dict = Dict::new();
     let mut disagree = Vec::new();
     for (key, theirs) in keys {
@@ -217,5 +243,8 @@ pub fn layer(figment: &Figment) -> Result<Option<(Metadata, Dict)>, ConfigError>
     }
     let mut top = Dict::new();
     top.insert("model".into(), Value::from(dict));
-    Ok(Some((Metadata::from(shown, Source::File(json_path)), top)))
+    Ok(Some((
+        json_path_out,
+        (Metadata::from(shown, Source::File(json_path)), top),
+    )))
 }

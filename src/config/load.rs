@@ -194,7 +194,7 @@ fn build_figment_without(
     stack.flags(flags);
     // a Hugging Face directory in `model.init_from`: its config.json under every key no layer
     // above the defaults sets
-    if let Some((meta, dict)) = super::hf_json::layer(&stack.figment)? {
+    for (meta, dict) in super::hf_json::layers(&stack.figment)? {
         stack.push(meta, dict);
     }
     Ok(stack.figment)

@@ -39,6 +39,15 @@ pub fn from_config(r: &crate::config::Resolved) -> Result<Tokenizer, super::Data
     loaded.map_err(|e| super::DataError::Invalid(format!("`data.tokenizer`: {e}")))
 }
 
+/// The tokenizer.json that `path` names: itself, or a Hugging Face model directory's.
+pub fn json_file(path: std::path::PathBuf) -> std::path::PathBuf {
+    if path.is_dir() {
+        path.join("tokenizer.json")
+    } else {
+        path
+    }
+}
+
 /// GPT-2's end-of-text token.
 pub const GPT2_EOT: u32 = 50256;
 
@@ -68,7 +77,7 @@ impl Tokenizer {
                 })
             }
             path => {
-                let p = base.join(path);
+                let p = json_file(base.join(path));
                 if !p.is_file() {
                     return Err(format!(
                         "`{path}` is neither \"bytes\", \"gpt2\" nor a tokenizer.json file ({} not found)",

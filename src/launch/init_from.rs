@@ -102,34 +102,9 @@ fn weight_files(path: &Path) -> Result<(Vec<PathBuf>, Option<HashMap<String, Str
     Ok((shards, Some(of)))
 }
 
-/// The parameters `model.init_from` names, checked against `model` (every problem in one
-/// error), or `None` when it is not set. Tensors are read one at a time, straight into the
-/// parameters, once every name and shape fits.
-pub fn init_weights(r: &Resolved, model: &dyn Model) -> Result<Option<Vec<f32>>> {
-    let Some(value) = &r.config.model.init_from else {
-        return Ok(None);
-    };
-    let path = r.path_of("model.init_from", value);
-    let shown = path.display();
-    // a pipe or a device (/dev/zero) would be read for ever
-    match fs::metadata(&path) {
-        Ok(m) if !m.is_file() && !m.is_dir() => {
-            return Err(Error::Usage(format!(
-                "model.init_from: `{shown}` is not a regular file or a directory\n  = help: give the path of a .safetensors file or of a Hugging Face model directory"
-            )))
-        }
-        _ => {}
-    }
-    // a format name the model does not have is said before a large file is read
-    let asked = r.config.model.init_format.as_deref().unwrap_or("auto");
-    if !matches!(asked, "auto" | "kiln") {
-        portable::format_named(model, asked).map_err(|why| {
-            Error::Usage(format!(
-                "model.init_format: {why}\n  = help: set `model.init_format` to the file's format: \"auto\", \"kiln\" or one of the model's ({})",
-                portable::format_names(model)
-            ))
-        })?;
-    }
+/// The safetensors files of `init_from` (`weight_files`), their headers read and checked: each
+/// tensor in one file, and in the shard the index names.
+fn open_weights(path: &Path) -> Result<Vec<tensors::Lazy>> {
     let (files, index) = weight_files(&path)?;
     let mut opened = Vec::with_capacity(files.len());
     for f in &files {
@@ -179,6 +154,38 @@ pub fn init_weights(r: &Resolved, model: &dyn Model) -> Result<Option<Vec<f32>>>
             )));
         }
     }
+    Ok(opened)
+}
+
+/// The parameters `model.init_from` names, checked against `model` (every problem in one
+/// error), or `None` when it is not set. Tensors are read one at a time, straight into the
+/// parameters, once every name and shape fits.
+pub fn init_weights(r: &Resolved, model: &dyn Model) -> Result<Option<Vec<f32>>> {
+    let Some(value) = &r.config.model.init_from else {
+        return Ok(None);
+    };
+    let path = r.path_of("model.init_from", value);
+    let shown = path.display();
+    // a pipe or a device (/dev/zero) would be read for ever
+    match fs::metadata(&path) {
+        Ok(m) if !m.is_file() && !m.is_dir() => {
+            return Err(Error::Usage(format!(
+                "model.init_from: `{shown}` is not a regular file or a directory\n  = help: give the path of a .safetensors file or of a Hugging Face model directory"
+            )))
+        }
+        _ => {}
+    }
+    // a format name the model does not have is said before a large file is read
+    let asked = r.config.model.init_format.as_deref().unwrap_or("auto");
+    if !matches!(asked, "auto" | "kiln") {
+        portable::format_named(model, asked).map_err(|why| {
+            Error::Usage(format!(
+                "model.init_format: {why}\n  = help: set `model.init_format` to the file's format: \"auto\", \"kiln\" or one of the model's ({})",
+                portable::format_names(model)
+            ))
+        })?;
+    }
+    let opened = open_weights(&path)?;
     let named: Vec<(&str, &[usize])> = opened
         .iter()
         .flat_map(|l| {

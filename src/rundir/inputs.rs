@@ -24,7 +24,8 @@ fn files(r: &Resolved) -> Vec<(&'static str, std::path::PathBuf)> {
     let d = &r.config.data;
     let mut out = Vec::new();
     if !matches!(d.tokenizer.as_str(), "bytes" | "gpt2") {
-        out.push(("data.tokenizer", r.path_of("data.tokenizer", &d.tokenizer)));
+        let p = r.path_of("data.tokenizer", &d.tokenizer);
+        out.push(("data.tokenizer", crate::data::tokenizer::json_file(p)));
     }
     for (key, v) in [
         ("data.path", &d.path),

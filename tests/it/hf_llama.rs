@@ -364,3 +364,79 @@ fn a_llama_agrees_across_strategies_and_checkpointing_and_resumes_to_the_bit() {
         "fsdp / ddp model state per rank: {ratio}"
     );
 }
+
+/// A tokenizer.json beside the weights is the run's tokenizer when `data.tokenizer` is not set
+/// (`kiln check` names where it came from), and `kiln tokenize --tokenizer DIR` reads it.
+#[test]
+fn the_tokenizer_json_beside_the_weights_is_used_unless_one_is_set() {
+    let d = kiln::testdir::tempdir().unwrap();
+    let dir = d.path().join("model");
+    crate::common::copy_dir(&fixture(), &dir);
+    let vocab: Vec<String> = (0..200).map(|i| format!("\"w{i}\":{i}")).collect();
+    let json = format!(
+        r#"{{"version":"1.0","truncation":null,"padding":null,"added_tokens":[],"normalizer":null,"pre_tokenizer":{{"type":"Whitespace"}},"post_processor":null,"decoder":null,"model":{{"type":"WordLevel","vocab":{{{},"[UNK]":200}},"unk_token":"[UNK]"}}}}"#,
+        vocab.join(",")
+    );
+    std::fs::write(dir.join("tokenizer.json"), json).unwrap();
+    let text: Vec<String> = (0..2000).map(|i| format!("w{}", (i * 7) % 200)).collect();
+    std::fs::write(d.path().join("words.txt"), text.join(" ")).unwrap();
+    write(
+        d.path(),
+        "t.toml",
+        &format!(
+            "[model]\nkind = \"llama\"\ninit_from = \"{}\"\n\n[data]\nkind = \"text\"\npath = \"words.txt\"\n\n[train]\nmax_steps = 1\nbatch_size = 2\n\n[backend]\nthreads = 1\n",
+            dir.display()
+        ),
+    );
+    let o = kiln(d.path(), &["check", "t.toml"]);
+    let out = String::from_utf8_lossy(&o.stdout).to_string();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("tokenizer = "))
+        .unwrap_or_default();
+    assert!(
+        line.contains("tokenizer.json (beside model.init_from)"),
+        "{out}"
+    );
+    let o = kiln(d.path(), &["run", "t.toml", "--quiet", "--run-dir", "run"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    // one word, one token: 2 x 33 tokens of words
+    let o = kiln(
+        d.path(),
+        &[
+            "sample",
+            "run",
+            "--prompt",
+            "w1 w2",
+            "--tokens",
+            "3",
+            "--temperature",
+            "0",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    // a tokenizer set in [data] wins
+    let o = kiln(
+        d.path(),
+        &["check", "t.toml", "--set", "data.tokenizer=\"bytes\""],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(!String::from_utf8_lossy(&o.stdout).contains("beside model.init_from"));
+    let o = kiln(
+        d.path(),
+        &[
+            "tokenize",
+            "words.txt",
+            "-o",
+            "w.bin",
+            "--tokenizer",
+            dir.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(
+        std::fs::metadata(d.path().join("w.bin")).unwrap().len(),
+        2000 * 2
+    );
+}
