@@ -247,20 +247,28 @@ impl Lazy {
                     len as usize,
                 )
             })?;
-        let mut entries: Vec<Entry> = header
-            .tensors()
-            .into_iter()
-            .map(|(name, info)| Entry {
+        let data = len - 8 - n;
+        let mut entries = Vec::new();
+        for (name, info) in header.tensors() {
+            let (a, b) = (info.data_offsets.0 as u64, info.data_offsets.1 as u64);
+            // (offsets past the file: said before any arithmetic on them)
+            if a > data || b > data {
+                return Err(describe_read(
+                    &SafeTensorError::MetadataIncompleteBuffer,
+                    len as usize,
+                ));
+            }
+            entries.push(Entry {
                 name,
                 shape: info.shape.clone(),
                 unsupported: to_f32(info.dtype, &[])
                     .is_none()
                     .then(|| format!("{:?}", info.dtype)),
                 dtype: info.dtype,
-                start: 8 + n + info.data_offsets.0 as u64,
-                end: 8 + n + info.data_offsets.1 as u64,
-            })
-            .collect();
+                start: 8 + n + a,
+                end: 8 + n + b,
+            });
+        }
         entries.sort_by_key(|e| e.start);
         // the tensors' bytes one after the other, each its shape's size, up to the file's end
         let mut at = 8 + n;

@@ -72,6 +72,11 @@ pub fn sample(a: &SampleArgs) -> Result<()> {
         prompt_ids: a.prompt_ids.clone(),
         ids: a.ids,
     };
+    if a.ids && !a.stop.is_empty() {
+        return Err(Error::Usage(
+            "--stop matches text, but --ids prints no text: drop one of them".into(),
+        ));
+    }
     if a.prompt_ids.as_ref().is_some_and(|p| p.is_empty()) {
         return Err(Error::Usage("--prompt-ids: give at least one id".into()));
     }

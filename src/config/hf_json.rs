@@ -14,6 +14,9 @@ use serde_json::Value as Json;
 use super::error::{ConfigError, KeyError};
 use super::load::{describe_source, DEFAULT_SOURCE};
 
+/// The longest `block_size` a config.json's `max_position_embeddings` gives.
+pub const MAX_BLOCK: u64 = 2048;
+
 /// The `config.json` that `init_from` (a directory, or a file in one) has, if any.
 pub fn config_json_of(init_from: &Path) -> Option<PathBuf> {
     let dir = if init_from.is_dir() {
@@ -55,7 +58,14 @@ pub fn model_keys(c: &Json) -> Option<Vec<(&'static str, Json)>> {
             out.extend([
                 ("kind", Some("llama".into())),
                 ("vocab_size", get("vocab_size")),
-                ("block_size", get("max_position_embeddings")),
+                // (a context of at most MAX_BLOCK: Llama 3's 131,072 positions would make
+                // windows no run here could hold; `model.block_size` sets more)
+                (
+                    "block_size",
+                    get("max_position_embeddings")
+                        .and_then(|v| v.as_u64())
+                        .map(|v| v.min(MAX_BLOCK).into()),
+                ),
                 ("layers", get("num_hidden_layers")),
                 ("heads", get("num_attention_heads")),
                 (
@@ -66,7 +76,8 @@ pub fn model_keys(c: &Json) -> Option<Vec<(&'static str, Json)>> {
                 ("ffn_dim", get("intermediate_size")),
                 ("rope_theta", theta),
                 ("rope_scaling", scaling),
-                ("norm_eps", get("rms_norm_eps")),
+                // (transformers' Llama, Mistral and Qwen2 configs default to 1e-6)
+                ("norm_eps", Some(get("rms_norm_eps").unwrap_or(1e-6.into()))),
                 (
                     "tie_embeddings",
                     Some(get("tie_word_embeddings").unwrap_or(false.into())),
@@ -177,18 +188,20 @@ fn layer(figment: &Figment) -> Result<Option<(PathBuf, (Metadata, Dict))>, Confi
             help: Some(help.into()),
         })
     };
-    let text = std::fs::read(&json_path).map_err(|e| {
-        key_error(
-            format!("cannot read `{shown}`: {e}"),
-            "make it readable, or remove it",
-        )
-    })?;
+    let mut text = Vec::new();
+    std::fs::File::open(&json_path)
+        .and_then(|f| {
+            std::io::Read::read_to_end(&mut std::io::Read::take(f, (1 << 20) + 1), &mut text)
+        })
+        .map_err(|e| {
+            key_error(
+                format!("cannot read `{shown}`: {e}"),
+                "make it readable, or remove it",
+            )
+        })?;
     if text.len() > 1 << 20 {
         return Err(key_error(
-            format!(
-                "`{shown}` is {} bytes, over 1 MiB: not a model's config.json",
-                text.len()
-            ),
+            format!("`{shown}` is over 1 MiB: not a model's config.json"),
             "give the directory transformers' save_pretrained wrote",
         ));
     }

@@ -52,10 +52,11 @@ fn weight_files(path: &Path) -> Result<(Vec<PathBuf>, Option<HashMap<String, Str
     let shown = path.display();
     let single = path.join("model.safetensors");
     let index = path.join("model.safetensors.index.json");
+    // (transformers' `from_pretrained` reads model.safetensors first, when both are there)
+    if single.is_file() {
+        return Ok((vec![single], None));
+    }
     if !index.is_file() {
-        if single.is_file() {
-            return Ok((vec![single], None));
-        }
         return Err(Error::Usage(format!(
             "model.init_from: the directory `{shown}` has neither model.safetensors nor model.safetensors.index.json\n  = help: give a directory transformers' `save_pretrained(..., safe_serialization=True)` or `kiln export --format hf-...` wrote, or a .safetensors file"
         )));
@@ -80,13 +81,14 @@ fn weight_files(path: &Path) -> Result<(Vec<PathBuf>, Option<HashMap<String, Str
         let Some(file) = file.as_str() else {
             return Err(bad(format!("`{name}` maps to {file}, not a file name")));
         };
-        // a shard is a file of this directory: no path, no `..`, no link out of it
+        // a shard is a file named in this directory: no path, no `..` (a link to a regular
+        // file is one: the hub cache's snapshots link every file into its blobs)
         let p = path.join(file);
         let plain = !file.is_empty()
             && !file.contains(['/', '\\'])
             && file != ".."
             && file != "."
-            && fs::symlink_metadata(&p).is_ok_and(|m| m.is_file());
+            && fs::metadata(&p).is_ok_and(|m| m.is_file());
         if !plain {
             return Err(bad(format!(
                 "`{name}` is in shard `{}`, which is not a regular file in `{shown}`",
@@ -110,12 +112,19 @@ fn open_weights(path: &Path) -> Result<Vec<tensors::Lazy>> {
     for f in &files {
         let fshown = f.display();
         let lazy = tensors::Lazy::open(f).map_err(|e| {
-            let help = if e.starts_with("cannot read") {
+            let help = if files.len() > 1 {
+                "a shard model.safetensors.index.json names: the shards and the index are from different saves, or the download is incomplete"
+            } else if e.starts_with("cannot read") {
                 "give the path of a .safetensors file (relative paths are relative to the experiment file)"
             } else {
                 "give a file written by `kiln export` or by PyTorch's `safetensors.torch.save_file`"
             };
-            Error::Usage(format!("model.init_from: `{fshown}`: {e}\n  = help: {help}"))
+            match e.strip_prefix("cannot read: ") {
+                Some(why) => Error::Usage(format!(
+                    "model.init_from: cannot read `{fshown}`: {why}\n  = help: {help}"
+                )),
+                None => Error::Usage(format!("model.init_from: `{fshown}`: {e}\n  = help: {help}")),
+            }
         })?;
         opened.push(lazy);
     }
@@ -244,6 +253,11 @@ pub fn init_weights(r: &Resolved, model: &dyn Model) -> Result<Option<Vec<f32>>>
         }
         Ok(values)
     };
+    // what the shapes do not show, the config.json beside them does: said before a tensor is
+    // read
+    if format.is_dir() {
+        beside_config(r, model, format, &path)?;
+    }
     let imported = portable::import_with(model, format, &shapes, &other, &mut load);
     if !nonfinite.is_empty() {
         return Err(Error::Usage(format!(
@@ -261,10 +275,6 @@ pub fn init_weights(r: &Resolved, model: &dyn Model) -> Result<Option<Vec<f32>>>
             format.name()
         )),
     })?;
-    // every tensor fits: what their shapes do not show, the config.json beside them does
-    if format.is_dir() {
-        beside_config(r, model, format, &path)?;
-    }
     Ok(Some(params))
 }
 

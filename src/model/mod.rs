@@ -16,6 +16,7 @@ pub mod llama;
 pub mod mlp;
 pub mod portable;
 mod registry;
+mod sizing;
 
 pub use api::decoder_on;
 pub use api::{

@@ -103,6 +103,21 @@ fn write_dir(dir: &Path, files: &[(PathBuf, Vec<u8>)]) -> Result<()> {
         for (p, b) in files {
             write_atomic(p, b)?;
         }
+        // the other layout's weights, and shards of an earlier export not among these
+        let ours: Vec<&std::ffi::OsStr> = files.iter().filter_map(|(p, _)| p.file_name()).collect();
+        if let Ok(entries) = fs::read_dir(dir) {
+            for e in entries.flatten() {
+                let name = e.file_name();
+                let n = name.to_string_lossy();
+                let shard =
+                    n.starts_with("model-") && n.contains("-of-") && n.ends_with(".safetensors");
+                if shard && !ours.contains(&name.as_os_str()) {
+                    fs::remove_file(e.path()).map_err(|err| {
+                        Error::io(format!("removing {}", e.path().display()), err)
+                    })?;
+                }
+            }
+        }
         let sharded = files
             .iter()
             .any(|(p, _)| p.ends_with("model.safetensors.index.json"));
@@ -123,8 +138,9 @@ fn write_dir(dir: &Path, files: &[(PathBuf, Vec<u8>)]) -> Result<()> {
         .map(|n| n.to_string_lossy().to_string())
         .unwrap_or_default();
     let tmp = dir.with_file_name(format!(".{name}.kiln-{}", std::process::id()));
+    // (a directory of that name is not this export's to remove)
+    fs::create_dir(&tmp).map_err(|e| Error::io(format!("making {}", tmp.display()), e))?;
     let made = (|| -> std::io::Result<()> {
-        fs::create_dir(&tmp)?;
         for (p, b) in files {
             let path = tmp.join(p.file_name().unwrap_or_default());
             let mut f = fs::File::create(&path)?;
@@ -160,7 +176,7 @@ fn hf_dir(path: &Path, format: WeightFormat) -> Result<PathBuf> {
     match fs::symlink_metadata(path) {
         Ok(m) if m.is_dir() => Ok(path.canonicalize().unwrap_or_else(|_| path.to_path_buf())),
         Ok(_) => Err(Error::Usage(format!(
-            "-o `{}` is not a directory; --format {} writes a directory (model.safetensors and config.json) that Hugging Face's `from_pretrained` loads",
+            "-o `{}` is not a directory; --format {} writes a directory (config.json and the weights) that Hugging Face's `from_pretrained` loads",
             path.display(),
             format.name()
         ))),

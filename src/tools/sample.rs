@@ -186,31 +186,7 @@ fn generate<B: RankBackend>(
                 model.kind()
             ))
         })?;
-    let (mut context, prompt_text) = match &o.prompt_ids {
-        Some(ids) => {
-            let vocab = model.task().classes();
-            if let Some(bad) = ids.iter().find(|&&i| i as usize >= vocab) {
-                return Err(Error::Usage(format!(
-                    "--prompt-ids: id {bad} is not below the model's vocabulary size {vocab}"
-                )));
-            }
-            let text = if o.ids {
-                Vec::new()
-            } else {
-                tokenizer
-                    .decode(ids)
-                    .map_err(|e| Error::Usage(format!("--prompt-ids: {e}")))?
-            };
-            (ids.clone(), text)
-        }
-        None => (
-            tokenizer
-                .encode(o.prompt.as_bytes())
-                .map_err(|e| Error::Usage(format!("--prompt: {e}")))?
-                .0,
-            o.prompt.as_bytes().to_vec(),
-        ),
-    };
+    let (mut context, prompt_text) = prompt(model, tokenizer, o)?;
     let mut open = o.ids || on_bytes(&prompt_text);
     if context.is_empty() {
         // nothing to continue: a new document (GPT-2's end-of-text) or a new paragraph
@@ -219,7 +195,6 @@ fn generate<B: RankBackend>(
     if context.len() > block {
         context.drain(..context.len() - block);
     }
-    // (ids: the model's whole vocabulary, as transformers' `generate`)
     let vocab = if o.ids {
         model.task().classes()
     } else {
@@ -262,11 +237,11 @@ fn generate<B: RankBackend>(
             }
         } as u32;
         made += 1;
+        ids.push(next);
         if !o.ignore_eos && tokenizer.eot() == Some(next) {
             stopped = Some("end of text".to_string());
             break;
         }
-        ids.push(next);
         let bytes = if o.ids {
             Vec::new()
         } else {
@@ -308,6 +283,40 @@ fn generate<B: RankBackend>(
         stopped,
         backend,
         ids,
+    })
+}
+
+/// The prompt's ids (`--prompt-ids`, each below the model's vocabulary, or `--prompt`'s text
+/// tokenized) and the text to show for it (none with `--ids`).
+fn prompt(
+    model: &dyn Model,
+    tokenizer: &Tokenizer,
+    o: &SampleOptions,
+) -> Result<(Vec<u32>, Vec<u8>)> {
+    Ok(match &o.prompt_ids {
+        Some(ids) => {
+            let vocab = model.task().classes();
+            if let Some(bad) = ids.iter().find(|&&i| i as usize >= vocab) {
+                return Err(Error::Usage(format!(
+                    "--prompt-ids: id {bad} is not below the model's vocabulary size {vocab}"
+                )));
+            }
+            let text = if o.ids {
+                Vec::new()
+            } else {
+                tokenizer
+                    .decode(ids)
+                    .map_err(|e| Error::Usage(format!("--prompt-ids: {e}")))?
+            };
+            (ids.clone(), text)
+        }
+        None => (
+            tokenizer
+                .encode(o.prompt.as_bytes())
+                .map_err(|e| Error::Usage(format!("--prompt: {e}")))?
+                .0,
+            o.prompt.as_bytes().to_vec(),
+        ),
     })
 }
 

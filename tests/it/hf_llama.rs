@@ -261,6 +261,33 @@ fn config_json_disagreements_and_broken_directories_are_exit_2_naming_them() {
         );
     }
     std::fs::write(&index, &text).unwrap();
+    // shards that are links to regular files (the hub cache's snapshots) load
+    let blob = d.path().join("blob");
+    std::fs::rename(copy.join("model-00001-of-00003.safetensors"), &blob).unwrap();
+    std::os::unix::fs::symlink(&blob, copy.join("model-00001-of-00003.safetensors")).unwrap();
+    let o = kiln(
+        d.path(),
+        &[
+            "check",
+            "llama.toml",
+            "--set",
+            &format!("model.init_from=\"{}\"", copy.display()),
+        ],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let o = kiln(
+        d.path(),
+        &[
+            "run",
+            "llama.toml",
+            "--quiet",
+            "--run-dir",
+            "linked",
+            "--set",
+            &format!("model.init_from=\"{}\"", copy.display()),
+        ],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     std::fs::remove_file(copy.join("model-00002-of-00003.safetensors")).unwrap();
     let o = kiln(
         d.path(),

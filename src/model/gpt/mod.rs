@@ -22,6 +22,7 @@ use burn::tensor::{Int, Tensor, TensorData};
 use super::api::{Act, Family, Forward, ModelError, Task, TokenDecoder};
 use super::init;
 use super::portable::{External, WeightFormat};
+use super::sizing::sized_for_this_machine;
 use crate::config::{DataKind, DecayRule, Resolved};
 use crate::kernels;
 use crate::params::ParamLayout;
@@ -286,61 +287,17 @@ impl Gpt {
         v * d + t * d + l * block + d * (1 + bias) + head
     }
 
-    /// Issue 45, defect 3: a gpt no machine here could hold is bad input naming its sizes, said
-    /// before anything is built (`model.layers = 10000000` aborted out of memory inside the
-    /// build, and a million layers ran for minutes first): at most `MAX_LAYERS` blocks, and one
-    /// f32 copy of the parameters (a run starts from one whole copy) within the memory
-    /// available.
     fn sized_for_this_machine(&self, r: &Resolved) -> Result<(), ModelError> {
-        const MAX_LAYERS: usize = 4096;
-        if self.layers > MAX_LAYERS {
-            return Err(r
-                .key_error(
-                    "model.layers",
-                    format!(
-                        "`model.layers` = {} is out of range: at most {MAX_LAYERS}",
-                        self.layers
-                    ),
-                    None,
-                )
-                .into());
-        }
-        // (a device run's parameters live on the device: `launch::check::fits` does not
-        // measure those either)
-        if !r.config.backend.device.on_host() {
-            return Ok(());
-        }
-        let bytes = self.param_count() * 4;
-        let Some(have) = crate::memory::available() else {
-            return Ok(());
-        };
-        if bytes > u128::from(have) {
-            // the size furthest past its default names the error
-            let key = [
-                ("model.layers", self.layers as f64 / 4.0),
-                ("model.dim", self.dim as f64 / 128.0),
-                ("model.vocab_size", self.vocab as f64 / 256.0),
-            ]
-            .into_iter()
-            .fold(("model.layers", 0.0), |a, b| if b.1 > a.1 { b } else { a })
-            .0;
-            return Err(r
-                .key_error(
-                    key,
-                    format!(
-                        "this gpt (model.layers = {}, model.dim = {}, model.vocab_size = {}) has {} parameters: one f32 copy of them is {}, but the machine has {} available",
-                        self.layers,
-                        self.dim,
-                        self.vocab,
-                        self.param_count(),
-                        crate::ui::bytes(bytes.min(u128::from(u64::MAX)) as u64),
-                        crate::ui::bytes(have)
-                    ),
-                    Some("make the model smaller (model.layers, model.dim, model.vocab_size)".into()),
-                )
-                .into());
-        }
-        Ok(())
+        sized_for_this_machine(
+            r,
+            "gpt",
+            self.param_count(),
+            &[
+                ("model.layers", self.layers, 4),
+                ("model.dim", self.dim, 128),
+                ("model.vocab_size", self.vocab, 256),
+            ],
+        )
     }
 
     fn ln<B: Backend>(&self, device: &B::Device) -> LayerNorm<B> {

@@ -26,6 +26,7 @@ use super::api::{Act, Family, Forward, ModelError, Task, TokenDecoder};
 use super::gpt::{dense, MaskCache};
 use super::init;
 use super::portable::{External, WeightFormat};
+use super::sizing::sized_for_this_machine;
 use crate::config::{DataKind, DecayRule, Resolved};
 use crate::kernels;
 use crate::params::ParamLayout;
@@ -103,7 +104,9 @@ impl Llama {
             heads,
             kv_heads: k.kv_heads.unwrap_or(heads),
             dim,
-            ffn_dim: k.ffn_dim.unwrap_or((8 * dim / 3).div_ceil(32) * 32),
+            ffn_dim: k
+                .ffn_dim
+                .unwrap_or((dim.saturating_mul(8) / 3).div_ceil(32).saturating_mul(32)),
             rope_theta: k.rope_theta.unwrap_or(10_000.0),
             rope_scaling: k.rope_scaling,
             norm_eps: k.norm_eps.unwrap_or(1e-5),
@@ -138,16 +141,17 @@ impl Llama {
                 ));
             }
         }
-        if self.layers > 4096 {
-            return Err(err(
-                "model.layers",
-                format!(
-                    "`model.layers` = {} is out of range: at most 4096",
-                    self.layers
-                ),
-                "make the model smaller",
-            ));
-        }
+        sized_for_this_machine(
+            r,
+            "llama",
+            self.param_count(),
+            &[
+                ("model.layers", self.layers, 4),
+                ("model.dim", self.dim, 128),
+                ("model.ffn_dim", self.ffn_dim, 352),
+                ("model.vocab_size", self.vocab, 256),
+            ],
+        )?;
         let pairs = [
             (
                 "model.dim",
@@ -210,6 +214,14 @@ impl Llama {
                 ));
             }
         }
+        self.check_data(r, input)
+    }
+
+    /// The data fits: token ids below the vocabulary, windows of `block + 1` tokens.
+    fn check_data(&self, r: &Resolved, input: &[usize]) -> Result<(), ModelError> {
+        let err = |key: &str, message: String, help: &str| -> ModelError {
+            r.key_error(key, message, Some(help.to_string())).into()
+        };
         if let Some(t) = r.config.data.vocab.filter(|&t| t > self.vocab) {
             return Err(err(
                 "data.vocab",
@@ -244,6 +256,22 @@ impl Llama {
             ));
         }
         Ok(())
+    }
+
+    /// The parameters its sizes give, counted before anything is built (u128: no size
+    /// overflows it).
+    fn param_count(&self) -> u128 {
+        let (d, v, f, l) = (
+            self.dim as u128,
+            self.vocab as u128,
+            self.ffn_dim as u128,
+            self.layers as u128,
+        );
+        let kv = (self.kv_heads as u128) * (d / (self.heads as u128).max(1));
+        let bias = if self.attn_bias { d + 2 * kv } else { 0 };
+        let block = 2 * d * d + 2 * d * kv + bias + 3 * d * f + 2 * d;
+        let head = if self.tie { 0 } else { v * d };
+        v * d + l * block + d + head
     }
 
     fn head_dim(&self) -> usize {
@@ -292,8 +320,7 @@ impl Llama {
             let inv = self.inv_freq();
             let mut v = Vec::with_capacity(self.block * hd);
             for p in 0..self.block {
-                for half in 0..2 {
-                    let _ = half;
+                for _ in 0..2 {
                     for f in &inv {
                         // f32 angles, as transformers computes them
                         let a = (p as f32) * (*f as f32);
@@ -715,6 +742,17 @@ mod tests {
                     "kv {kv}: {x} vs {y}"
                 );
             }
+        }
+    }
+
+    /// The count the memory check uses before building is the built model's.
+    #[test]
+    fn the_parameters_counted_before_the_build_are_the_models() {
+        for (kv, tie, bias) in [(2, false, false), (4, true, true), (1, false, true)] {
+            let mut l = tiny(kv, tie);
+            l.attn_bias = bias;
+            let counted = l.param_count();
+            assert_eq!(counted, FamilyModel::new(l).num_params() as u128);
         }
     }
 
