@@ -9,6 +9,7 @@
 mod api;
 pub(crate) mod backends;
 pub mod cnn;
+pub mod decode;
 mod engine;
 pub mod gpt;
 pub mod init;

@@ -124,6 +124,21 @@ impl External {
     }
 }
 
+/// Adds `alias` as a tied copy of tensor `source` to `out` (written by an export, optional on
+/// import), unless `out` has a tensor of that name already (an untied output layer).
+pub fn tie_alias(out: &mut Vec<External>, source: &str, alias: &str) {
+    if out.iter().any(|e| e.name == alias) {
+        return;
+    }
+    if let Some(src) = out.iter().find(|e| e.name == source).cloned() {
+        out.push(External {
+            name: alias.to_string(),
+            alias: true,
+            ..src
+        });
+    }
+}
+
 /// `path` with the list index after `list` renumbered: `renumber("layers.2.bias", "layers",
 /// |i| 2 * i)` is `4.bias`. Other paths are returned as they are.
 pub fn renumber(path: &str, list: &str, f: impl Fn(usize) -> usize) -> String {

@@ -46,6 +46,7 @@ fn dir_files(
     max_shard: Option<u64>,
     encode: &Encode,
     config: Option<&str>,
+    companions: Vec<(&'static str, Vec<u8>)>,
 ) -> Result<Vec<(PathBuf, Vec<u8>)>> {
     let max = max_shard.unwrap_or(DEFAULT_SHARD_BYTES);
     let mut shards: Vec<Vec<(&str, &[usize], &[f32])>> = vec![Vec::new()];
@@ -79,18 +80,86 @@ fn dir_files(
     }
     if let Some(config) = config {
         files.push((dir.join("config.json"), config.as_bytes().to_vec()));
-        let generation = "{\n  \"_from_model_config\": true,\n  \"bos_token_id\": null,\n  \"eos_token_id\": null\n}\n";
-        files.push((
-            dir.join("generation_config.json"),
-            generation.as_bytes().to_vec(),
-        ));
+        if !companions
+            .iter()
+            .any(|(n, _)| *n == "generation_config.json")
+        {
+            let generation = "{\n  \"_from_model_config\": true,\n  \"bos_token_id\": null,\n  \"eos_token_id\": null\n}\n";
+            files.push((
+                dir.join("generation_config.json"),
+                generation.as_bytes().to_vec(),
+            ));
+        }
     }
+    files.extend(companions.into_iter().map(|(n, b)| (dir.join(n), b)));
     if dir.is_dir() {
         for (p, _) in &files {
             output_path(p, "-o")?;
         }
     }
     Ok(files)
+}
+
+/// The files a Hugging Face directory export carries besides the weights and the family's
+/// config.json, and that config.json with the run's special tokens: from the directory the
+/// run started from (`model.init_from`), its generation_config.json and tokenizer files and the
+/// `bos_token_id` / `eos_token_id` of its config.json; the run's own `data.tokenizer` file as
+/// tokenizer.json. What is not there (a directory since removed, a run from scratch) is left out.
+fn companions(
+    r: &crate::config::Resolved,
+    config: &str,
+) -> Result<(String, Vec<(&'static str, Vec<u8>)>)> {
+    const NAMES: [&str; 4] = [
+        "generation_config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+    ];
+    let read = |p: &Path| -> Result<Option<Vec<u8>>> {
+        if !p.is_file() {
+            return Ok(None);
+        }
+        crate::data::read_bounded(p, "model.init_from", Some(256 << 20))
+            .map(Some)
+            .map_err(|e| Error::Usage(e.to_string()))
+    };
+    let mut out: Vec<(&'static str, Vec<u8>)> = Vec::new();
+    let mut config = config.to_string();
+    let init_dir = r
+        .config
+        .model
+        .init_from
+        .as_ref()
+        .map(|v| r.path_of("model.init_from", v))
+        .and_then(|p| crate::config::hf_json::config_json_of(&p));
+    if let Some(json_path) = init_dir {
+        for name in NAMES {
+            if let Some(bytes) = read(&json_path.with_file_name(name))? {
+                out.push((name, bytes));
+            }
+        }
+        let theirs: Option<serde_json::Value> =
+            read(&json_path)?.and_then(|b| serde_json::from_slice(&b).ok());
+        if let (Some(theirs), Ok(mut ours)) =
+            (theirs, serde_json::from_str::<serde_json::Value>(&config))
+        {
+            for key in ["bos_token_id", "eos_token_id", "pad_token_id"] {
+                if let Some(v) = theirs.get(key).filter(|v| !v.is_null()) {
+                    ours[key] = v.clone();
+                }
+            }
+            config = serde_json::to_string_pretty(&ours).unwrap_or(config) + "\n";
+        }
+    }
+    let tok = &r.config.data.tokenizer;
+    if !matches!(tok.as_str(), "bytes" | "gpt2") {
+        let p = crate::data::tokenizer::json_file(r.path_of("data.tokenizer", tok));
+        if let Some(bytes) = read(&p)? {
+            out.retain(|(n, _)| *n != "tokenizer.json");
+            out.push(("tokenizer.json", bytes));
+        }
+    }
+    Ok((config, out))
 }
 
 /// Writes `files` into `dir`. A new directory is written beside it under a temporary name,
@@ -220,6 +289,37 @@ fn probe_input(task: Task, input_shape: &[usize]) -> (Vec<f32>, Vec<usize>) {
     }
 }
 
+/// The safetensors metadata of an export: kiln's version, the step, the model and its format
+/// (and PyTorch's `format = pt`, which transformers and `safetensors.torch` write).
+fn metadata(
+    r: &crate::config::Resolved,
+    kind: &str,
+    format: WeightFormat,
+    step: usize,
+    input_shape: &[usize],
+) -> HashMap<String, String> {
+    let model_json = serde_json::to_string(&r.config.model).unwrap_or_default();
+    let mut meta: HashMap<String, String> = [
+        ("kiln.version", env!("CARGO_PKG_VERSION").to_string()),
+        ("kiln.step", step.to_string()),
+        ("kiln.kind", kind.to_string()),
+        ("kiln.format", format.name().to_string()),
+        ("kiln.model", model_json),
+        (
+            "kiln.input_shape",
+            serde_json::to_string(input_shape).unwrap_or_default(),
+        ),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect();
+    if format != WeightFormat::Burn {
+        // what `transformers` and `safetensors.torch` write
+        meta.insert("format".into(), "pt".into());
+    }
+    meta
+}
+
 /// Exports the weights of the run in `run_dir` (its newest verified checkpoint, or `o.from`).
 pub fn export(run_dir: &Path, o: &ExportOptions) -> Result<ExportReport> {
     // the run's model and checkpoint, read; then every output is checked before anything is
@@ -253,25 +353,7 @@ pub fn export(run_dir: &Path, o: &ExportOptions) -> Result<ExportReport> {
         .hf_config(format)
         .map_err(|why| Error::Usage(format!("--format {}: {why}", format.name())))?;
     let named = portable::export(model.as_ref(), format, &loaded.params);
-    let model_json = serde_json::to_string(&r.config.model).unwrap_or_default();
-    let mut meta: HashMap<String, String> = [
-        ("kiln.version", env!("CARGO_PKG_VERSION").to_string()),
-        ("kiln.step", state.step.to_string()),
-        ("kiln.kind", model.kind().to_string()),
-        ("kiln.format", format.name().to_string()),
-        ("kiln.model", model_json),
-        (
-            "kiln.input_shape",
-            serde_json::to_string(&state.input_shape).unwrap_or_default(),
-        ),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_string(), v))
-    .collect();
-    if format != WeightFormat::Burn {
-        // what `transformers` and `safetensors.torch` write
-        meta.insert("format".into(), "pt".into());
-    }
+    let meta = metadata(&r, model.kind(), format, state.step, &state.input_shape);
     let refs: Vec<(&str, &[usize], &[f32])> = named
         .iter()
         .map(|(n, s, d)| (n.as_str(), s.as_slice(), d.as_slice()))
@@ -287,7 +369,23 @@ pub fn export(run_dir: &Path, o: &ExportOptions) -> Result<ExportReport> {
     // a directory's files (weights, their index, config.json, generation_config.json), or the
     // one file
     let files: Vec<(PathBuf, Vec<u8>)> = match &hf_dir {
-        Some(dir) => dir_files(dir, &refs, o.max_shard_size, &encode, hf_config.as_deref())?,
+        Some(dir) => {
+            let (config, companions) = match &hf_config {
+                Some(c) => {
+                    let (c, files) = companions(&r, c)?;
+                    (Some(c), files)
+                }
+                None => (None, Vec::new()),
+            };
+            dir_files(
+                dir,
+                &refs,
+                o.max_shard_size,
+                &encode,
+                config.as_deref(),
+                companions,
+            )?
+        }
         None => vec![(out.clone(), encode(&refs)?)],
     };
     let bytes = files

@@ -404,7 +404,14 @@ fn the_tokenizer_json_beside_the_weights_is_used_unless_one_is_set() {
         r#"{{"version":"1.0","truncation":null,"padding":null,"added_tokens":[],"normalizer":null,"pre_tokenizer":{{"type":"Whitespace"}},"post_processor":null,"decoder":null,"model":{{"type":"WordLevel","vocab":{{{},"[UNK]":200}},"unk_token":"[UNK]"}}}}"#,
         vocab.join(",")
     );
-    std::fs::write(dir.join("tokenizer.json"), json).unwrap();
+    std::fs::write(dir.join("tokenizer.json"), &json).unwrap();
+    // the model's special tokens, which the export carries over
+    let config = std::fs::read_to_string(dir.join("config.json")).unwrap();
+    std::fs::write(
+        dir.join("config.json"),
+        config.replace("\"eos_token_id\": null", "\"eos_token_id\": 7"),
+    )
+    .unwrap();
     let text: Vec<String> = (0..2000).map(|i| format!("w{}", (i * 7) % 200)).collect();
     std::fs::write(d.path().join("words.txt"), text.join(" ")).unwrap();
     write(
@@ -443,6 +450,23 @@ fn the_tokenizer_json_beside_the_weights_is_used_unless_one_is_set() {
         ],
     );
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    // the export carries the tokenizer and the special tokens
+    let o = kiln(
+        d.path(),
+        &["export", "run", "--format", "hf-llama", "-o", "out"],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(
+        std::fs::read_to_string(d.path().join("out/tokenizer.json")).unwrap(),
+        json
+    );
+    assert_eq!(
+        std::fs::read(d.path().join("out/generation_config.json")).unwrap(),
+        std::fs::read(dir.join("generation_config.json")).unwrap()
+    );
+    let exported: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(d.path().join("out/config.json")).unwrap()).unwrap();
+    assert_eq!(exported["eos_token_id"], 7);
     // a tokenizer set in [data] wins
     let o = kiln(
         d.path(),

@@ -75,19 +75,8 @@ pub(super) fn tensors(
             External::stored(gpt2_name(&path), p, e.param, transpose)
         })
         .collect();
-    if let Some(src) = out
-        .iter()
-        .find(|e| e.name == "transformer.wte.weight")
-        .cloned()
-        .filter(|_| !out.iter().any(|e| e.name == "lm_head.weight"))
-    {
-        // a tied output layer: `lm_head.weight` is the token embedding
-        out.push(External {
-            name: "lm_head.weight".into(),
-            alias: true,
-            ..src
-        });
-    }
+    // a tied output layer: `lm_head.weight` is the token embedding
+    crate::model::portable::tie_alias(&mut out, "transformer.wte.weight", "lm_head.weight");
     out
 }
 

@@ -20,6 +20,7 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
 
 use super::api::{Act, Family, Forward, ModelError, Task, TokenDecoder};
+use super::decode::{Incremental, Kv, KvDecoder};
 use super::init;
 use super::portable::{External, WeightFormat};
 use super::sizing::sized_for_this_machine;
@@ -455,139 +456,37 @@ impl Gpt {
     }
 }
 
-/// Generation from a gpt whose parameters are installed once: `prefill` runs a context through
-/// the model (keeping every block's keys and values with `cache`), `step` appends one token and
-/// runs only its position against the cached keys and values (a KV cache); without `cache`
-/// each `step` runs the whole context again, for comparison. Logits of the last position, f32.
-pub struct Decoder<'a, B: Backend> {
-    gpt: &'a Gpt,
-    module: GptModule<B>,
-    device: B::Device,
-    cache: bool,
-    /// The ids so far.
-    context: Vec<u32>,
-    /// Per block: keys and values of every position of `context` (with `cache`).
-    kv: Vec<(Tensor<B, 4>, Tensor<B, 4>)>,
-    /// Whether the forwards call the fused kernels (`backend.fused`).
-    fused: bool,
-}
-
-impl<B: Backend> TokenDecoder for Decoder<'_, B> {
-    fn prefill(&mut self, ids: &[u32]) -> Result<Vec<f32>, ModelError> {
-        Decoder::prefill(self, ids)
+impl Incremental for Gpt {
+    fn context_len(&self) -> usize {
+        self.block
     }
-    fn step(&mut self, id: u32) -> Result<Vec<f32>, ModelError> {
-        Decoder::step(self, id)
+    fn block_count<B: Backend>(&self, m: &GptModule<B>) -> usize {
+        m.blocks.len()
     }
-    fn context(&self) -> &[u32] {
-        Decoder::context(self)
+    fn embed_at<B: Backend>(
+        &self,
+        m: &GptModule<B>,
+        ids: TensorData,
+        from: usize,
+        device: &B::Device,
+        ctx: &mut Forward,
+    ) -> Tensor<B, 3> {
+        Gpt::embed_at(self, m, ids, from, device, ctx)
     }
-}
-
-impl<'a, B: Backend> Decoder<'a, B> {
-    pub fn new(gpt: &'a Gpt, module: GptModule<B>, device: B::Device, cache: bool) -> Self {
-        Decoder {
-            gpt,
-            module,
-            device,
-            cache,
-            context: Vec::new(),
-            kv: Vec::new(),
-            fused: true,
-        }
+    fn block_at<B: Backend>(
+        &self,
+        m: &GptModule<B>,
+        i: usize,
+        x: Tensor<B, 3>,
+        _from: usize,
+        past: Option<Kv<B>>,
+        keep: bool,
+        ctx: &mut Forward,
+    ) -> (Tensor<B, 3>, Option<Kv<B>>) {
+        self.block_kv(&m.blocks[i], x, past, keep, ctx)
     }
-
-    /// This decoder with the fused kernels on or off (`backend.fused`).
-    pub fn with_fused(mut self, on: bool) -> Self {
-        self.fused = on;
-        self
-    }
-
-    /// The ids of the context now.
-    pub fn context(&self) -> &[u32] {
-        &self.context
-    }
-
-    /// Positions in the context now.
-    pub fn len(&self) -> usize {
-        self.context.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.context.is_empty()
-    }
-
-    /// Starts again from `ids` (at most `block` of them): the logits after the last.
-    pub fn prefill(&mut self, ids: &[u32]) -> Result<Vec<f32>, ModelError> {
-        self.context = ids.to_vec();
-        self.run_all()
-    }
-
-    /// Appends `id` (the context must be shorter than `block`): the logits after it.
-    pub fn step(&mut self, id: u32) -> Result<Vec<f32>, ModelError> {
-        if self.context.len() >= self.gpt.block {
-            return Err(ModelError::Stage(format!(
-                "the context is full ({} positions): prefill a shorter one",
-                self.gpt.block
-            )));
-        }
-        self.context.push(id);
-        if !self.cache || self.kv.is_empty() {
-            return self.run_all();
-        }
-        let (g, m) = (self.gpt, &self.module);
-        let at = self.context.len() - 1;
-        let mut ctx = Forward::eval().with_fused(self.fused);
-        let mut x = g.embed_at(
-            m,
-            TensorData::new(vec![i64::from(id)], [1, 1]),
-            at,
-            &self.device,
-            &mut ctx,
-        );
-        for (b, kv) in m.blocks.iter().zip(self.kv.iter_mut()) {
-            let past = kv.clone();
-            let (y, next) = g.block_kv(b, x, Some(past), true, &mut ctx);
-            if let Some(next) = next {
-                *kv = next;
-            }
-            x = y;
-        }
-        self.logits_of(x)
-    }
-
-    /// The whole context through the model (keeping the keys and values with `cache`).
-    fn run_all(&mut self) -> Result<Vec<f32>, ModelError> {
-        let (g, m) = (self.gpt, &self.module);
-        let t = self.context.len();
-        if t == 0 || t > g.block {
-            return Err(ModelError::Stage(format!(
-                "a context of {t} positions (1 to {} fit)",
-                g.block
-            )));
-        }
-        let ids: Vec<i64> = self.context.iter().map(|&i| i64::from(i)).collect();
-        let mut ctx = Forward::eval().with_fused(self.fused);
-        let mut x = g.embed_at(m, TensorData::new(ids, [1, t]), 0, &self.device, &mut ctx);
-        self.kv.clear();
-        for b in &m.blocks {
-            let (y, kv) = g.block_kv(b, x, None, self.cache, &mut ctx);
-            self.kv.extend(kv);
-            x = y;
-        }
-        self.logits_of(x)
-    }
-
-    /// The logits after the last position of `h` `[1, t, dim]`.
-    fn logits_of(&self, h: Tensor<B, 3>) -> Result<Vec<f32>, ModelError> {
-        let [n, t, d] = h.dims();
-        let last = h.slice([0..n, t - 1..t, 0..d]);
-        self.gpt
-            .head(&self.module, last, self.fused)
-            .into_data()
-            .convert::<f32>()
-            .into_vec::<f32>()
-            .map_err(|e| ModelError::Data(format!("{e:?}")))
+    fn head_of<B: Backend>(&self, m: &GptModule<B>, h: Tensor<B, 3>, fused: bool) -> Tensor<B, 2> {
+        self.head(m, h, fused)
     }
 }
 
@@ -713,7 +612,7 @@ impl Family for Gpt {
         fused: bool,
     ) -> Option<Box<dyn TokenDecoder + 'a>> {
         Some(Box::new(
-            Decoder::new(self, module, device, cache).with_fused(fused),
+            KvDecoder::new(self, module, device, cache).with_fused(fused),
         ))
     }
 

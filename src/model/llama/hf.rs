@@ -38,19 +38,8 @@ pub(super) fn tensors(
             ..e.clone()
         })
         .collect();
-    if let Some(src) = out
-        .iter()
-        .find(|e| e.name == "model.embed_tokens.weight")
-        .cloned()
-        .filter(|_| !out.iter().any(|e| e.name == "lm_head.weight"))
-    {
-        // a tied output layer: `lm_head.weight` is the embedding (written, optional on import)
-        out.push(External {
-            name: "lm_head.weight".into(),
-            alias: true,
-            ..src
-        });
-    }
+    // a tied output layer: `lm_head.weight` is the embedding
+    crate::model::portable::tie_alias(&mut out, "model.embed_tokens.weight", "lm_head.weight");
     out
 }
 

@@ -8,11 +8,9 @@
 //! `unit = "layer"` gathers one block at a time; checkpointing recomputes one block).
 //! Initialisation: normal(0, 0.02) for every matrix and the embedding, RMSNorm weights 1.
 
-mod decoder;
 mod hf;
 mod keys;
 
-pub use decoder::Decoder;
 pub use hf::HF_LLAMA;
 pub use keys::{LlamaKeys, RopeScaling, RopeType};
 
@@ -23,6 +21,7 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
 
 use super::api::{Act, Family, Forward, ModelError, Task, TokenDecoder};
+use super::decode::{Incremental, Kv, KvDecoder};
 use super::gpt::{dense, MaskCache};
 use super::init;
 use super::portable::{External, WeightFormat};
@@ -86,9 +85,6 @@ pub struct Llama {
     /// The causal masks and rotary tables made so far.
     pub cache: MaskCache,
 }
-
-/// A cached tensor of a block's keys or values, `[n, kv_heads, positions, head_dim]`.
-type Kv<B> = (Tensor<B, 4>, Tensor<B, 4>);
 
 impl Llama {
     /// The llama of `[model]`; its samples must be windows of `block_size + 1` tokens.
@@ -515,6 +511,46 @@ impl Llama {
     }
 }
 
+impl Incremental for Llama {
+    fn context_len(&self) -> usize {
+        self.block
+    }
+    fn block_count<B: Backend>(&self, m: &LlamaModule<B>) -> usize {
+        m.layers.len()
+    }
+    /// (positions enter through the rotary embeddings, in the blocks)
+    fn embed_at<B: Backend>(
+        &self,
+        m: &LlamaModule<B>,
+        ids: TensorData,
+        _from: usize,
+        device: &B::Device,
+        _ctx: &mut Forward,
+    ) -> Tensor<B, 3> {
+        self.embed(m, ids, device)
+    }
+    fn block_at<B: Backend>(
+        &self,
+        m: &LlamaModule<B>,
+        i: usize,
+        x: Tensor<B, 3>,
+        from: usize,
+        past: Option<Kv<B>>,
+        keep: bool,
+        ctx: &mut Forward,
+    ) -> (Tensor<B, 3>, Option<Kv<B>>) {
+        self.block_kv(&m.layers[i], x, from, past, keep, ctx)
+    }
+    fn head_of<B: Backend>(
+        &self,
+        m: &LlamaModule<B>,
+        h: Tensor<B, 3>,
+        fused: bool,
+    ) -> Tensor<B, 2> {
+        self.head(m, h, fused)
+    }
+}
+
 impl Family for Llama {
     type Module<B: Backend> = LlamaModule<B>;
 
@@ -623,7 +659,7 @@ impl Family for Llama {
         fused: bool,
     ) -> Option<Box<dyn TokenDecoder + 'a>> {
         Some(Box::new(
-            Decoder::new(self, module, device, cache).with_fused(fused),
+            KvDecoder::new(self, module, device, cache).with_fused(fused),
         ))
     }
 
