@@ -1,7 +1,7 @@
-//! What a language model's sizes cost, checked before anything is built.
+//! What a language model's sizes cost and the data it reads, checked before anything is built.
 
 use super::api::ModelError;
-use crate::config::Resolved;
+use crate::config::{DataKind, Resolved};
 
 /// Issue 45, defect 3: a language model no machine here could hold is bad input naming its
 /// sizes, said before anything is built (`model.layers = 10000000` aborted out of memory inside
@@ -59,4 +59,50 @@ pub(in crate::model) fn sized_for_this_machine(
             Some(format!("make the model smaller ({})", keys.join(", "))),
         )
         .into())
+}
+
+/// The data fits language model `kind` of `vocab` tokens and `block` positions: byte-level text
+/// needs 256 token values, `data.vocab` ids below the vocabulary, samples windows of `block + 1`
+/// tokens.
+pub(in crate::model) fn check_token_data(
+    r: &Resolved,
+    kind: &str,
+    vocab: usize,
+    block: usize,
+    input: &[usize],
+) -> Result<(), ModelError> {
+    let err = |key: &str, message: String, help: &str| -> ModelError {
+        r.key_error(key, message, Some(help.to_string())).into()
+    };
+    if r.config.data.kind == DataKind::Text && r.config.data.tokenizer == "bytes" && vocab < 256 {
+        return Err(err(
+            "model.vocab_size",
+            format!(
+                "`model.vocab_size` = {} is below 256, but byte-level text has 256 token values",
+                vocab
+            ),
+            "set `model.vocab_size = 256` (or more)",
+        ));
+    }
+    if let Some(t) = r.config.data.vocab.filter(|&t| t > vocab) {
+        return Err(err(
+            "data.vocab",
+            format!("`data.vocab` = {t} is above `model.vocab_size` = {}", vocab),
+            "tokens must be ids below the vocabulary size",
+        ));
+    }
+    let tokens = matches!(r.config.data.kind, DataKind::Text | DataKind::Tokens)
+        || r.config.data.vocab.is_some();
+    if !tokens || input != [block + 1] {
+        return Err(err(
+                "model.kind",
+                format!(
+                    "`model.kind` = \"{kind}\" needs token windows of model.block_size + 1 = {} tokens, but the data ({:?}) has samples of shape {input:?}",
+                    block + 1,
+                    r.config.data.kind
+                ),
+                "use `data.kind = \"text\"` or `\"tokens\"` (or synthetic `data.vocab = 256`)",
+            ));
+    }
+    Ok(())
 }

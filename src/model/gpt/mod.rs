@@ -23,8 +23,8 @@ use super::api::{Act, Family, Forward, ModelError, Task, TokenDecoder};
 use super::decode::{Incremental, Kv, KvDecoder};
 use super::init;
 use super::portable::{External, WeightFormat};
-use super::sizing::sized_for_this_machine;
-use crate::config::{DataKind, DecayRule, Resolved};
+use super::sizing::{check_token_data, sized_for_this_machine};
+use crate::config::{DecayRule, Resolved};
 use crate::kernels;
 use crate::params::ParamLayout;
 
@@ -234,42 +234,7 @@ impl Gpt {
                 "every head gets dim / heads channels; change one of them",
             ));
         }
-        if r.config.data.kind == DataKind::Text
-            && r.config.data.tokenizer == "bytes"
-            && g.vocab < 256
-        {
-            return Err(err(
-                "model.vocab_size",
-                format!(
-                    "`model.vocab_size` = {} is below 256, but byte-level text has 256 token values",
-                    g.vocab
-                ),
-                "set `model.vocab_size = 256` (or more)",
-            ));
-        }
-        if let Some(t) = r.config.data.vocab.filter(|&t| t > g.vocab) {
-            return Err(err(
-                "data.vocab",
-                format!(
-                    "`data.vocab` = {t} is above `model.vocab_size` = {}",
-                    g.vocab
-                ),
-                "tokens must be ids below the vocabulary size",
-            ));
-        }
-        let tokens = matches!(r.config.data.kind, DataKind::Text | DataKind::Tokens)
-            || r.config.data.vocab.is_some();
-        if !tokens || input != [g.block + 1] {
-            return Err(err(
-                "model.kind",
-                format!(
-                    "`model.kind` = \"gpt\" needs token windows of model.block_size + 1 = {} tokens, but the data ({:?}) has samples of shape {input:?}",
-                    g.block + 1,
-                    r.config.data.kind
-                ),
-                "use `data.kind = \"text\"` or `\"tokens\"` (or synthetic `data.vocab = 256`)",
-            ));
-        }
+        check_token_data(r, "gpt", g.vocab, g.block, input)?;
         Ok(g)
     }
 

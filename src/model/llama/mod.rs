@@ -25,8 +25,8 @@ use super::decode::{Incremental, Kv, KvDecoder};
 use super::gpt::{dense, MaskCache};
 use super::init;
 use super::portable::{External, WeightFormat};
-use super::sizing::sized_for_this_machine;
-use crate::config::{DataKind, DecayRule, Resolved};
+use super::sizing::{check_token_data, sized_for_this_machine};
+use crate::config::{DecayRule, Resolved};
 use crate::kernels;
 use crate::params::ParamLayout;
 
@@ -210,48 +210,7 @@ impl Llama {
                 ));
             }
         }
-        self.check_data(r, input)
-    }
-
-    /// The data fits: token ids below the vocabulary, windows of `block + 1` tokens.
-    fn check_data(&self, r: &Resolved, input: &[usize]) -> Result<(), ModelError> {
-        let err = |key: &str, message: String, help: &str| -> ModelError {
-            r.key_error(key, message, Some(help.to_string())).into()
-        };
-        if let Some(t) = r.config.data.vocab.filter(|&t| t > self.vocab) {
-            return Err(err(
-                "data.vocab",
-                format!(
-                    "`data.vocab` = {t} is above `model.vocab_size` = {}",
-                    self.vocab
-                ),
-                "tokens must be ids below the vocabulary size",
-            ));
-        }
-        if r.config.data.kind == DataKind::Text
-            && r.config.data.tokenizer == "bytes"
-            && self.vocab < 256
-        {
-            return Err(err(
-                "model.vocab_size",
-                format!("`model.vocab_size` = {} is below 256, but byte-level text has 256 token values", self.vocab),
-                "set `model.vocab_size = 256` (or more)",
-            ));
-        }
-        let tokens = matches!(r.config.data.kind, DataKind::Text | DataKind::Tokens)
-            || r.config.data.vocab.is_some();
-        if !tokens || input != [self.block + 1] {
-            return Err(err(
-                "model.kind",
-                format!(
-                    "`model.kind` = \"llama\" needs token windows of model.block_size + 1 = {} tokens, but the data ({:?}) has samples of shape {input:?}",
-                    self.block + 1,
-                    r.config.data.kind
-                ),
-                "use `data.kind = \"text\"` or `\"tokens\"` (or synthetic `data.vocab = 256`)",
-            ));
-        }
-        Ok(())
+        check_token_data(r, "llama", self.vocab, self.block, input)
     }
 
     /// The parameters its sizes give, counted before anything is built (u128: no size
