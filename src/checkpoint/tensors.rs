@@ -88,7 +88,43 @@ pub fn encode(
             },
         ));
     }
-    safetensors::tensor::serialize(views, Some(metadata)).map_err(|e| describe(&e))
+    let mut bytes =
+        safetensors::tensor::serialize(views, Some(metadata)).map_err(|e| describe(&e))?;
+    sort_metadata(&mut bytes);
+    Ok(bytes)
+}
+
+/// Puts the header's `__metadata__` entries in name order, in place: safetensors writes them
+/// in a `HashMap`'s order, which differs from one map to the next, so the same tensors would
+/// give different bytes (and checksums) from one save to the next. Same length: the same
+/// entries, compact, as serde_json writes them.
+fn sort_metadata(bytes: &mut [u8]) {
+    const KEY: &[u8] = b"\"__metadata__\":";
+    let Some(n) = bytes
+        .get(..8)
+        .and_then(|b| b.try_into().ok())
+        .map(|b| u64::from_le_bytes(b) as usize)
+    else {
+        return;
+    };
+    let Some(header) = bytes.get_mut(8..8 + n) else {
+        return;
+    };
+    let Some(at) = header.windows(KEY.len()).position(|w| w == KEY) else {
+        return;
+    };
+    let start = at + KEY.len();
+    let mut it = serde_json::Deserializer::from_slice(&header[start..])
+        .into_iter::<std::collections::BTreeMap<String, String>>();
+    let Some(Ok(sorted)) = it.next() else {
+        return;
+    };
+    let end = start + it.byte_offset();
+    if let Ok(text) = serde_json::to_vec(&sorted) {
+        if text.len() == end - start {
+            header[start..end].copy_from_slice(&text);
+        }
+    }
 }
 
 /// A name the header's JSON object has twice (JSON parsers keep one of them silently, so the
@@ -350,6 +386,31 @@ fn describe_read(e: &SafeTensorError, len: usize) -> String {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn the_same_tensors_and_metadata_give_the_same_bytes() {
+        let data = [1.0f32, 2.0];
+        let meta = || -> HashMap<String, String> {
+            (0..12)
+                .map(|i| {
+                    (
+                        format!("key.{i}"),
+                        format!("{{\"v\": [{i}], \"s\": \"}}\"}}"),
+                    )
+                })
+                .collect()
+        };
+        let first = encode(&[("t", &[2], &data)], meta()).unwrap();
+        for _ in 0..20 {
+            assert_eq!(encode(&[("t", &[2], &data)], meta()).unwrap(), first);
+        }
+        let n = u64::from_le_bytes(first[..8].try_into().unwrap()) as usize;
+        let header: serde_json::Value = serde_json::from_slice(&first[8..8 + n]).unwrap();
+        assert_eq!(
+            header["__metadata__"]["key.3"],
+            "{\"v\": [3], \"s\": \"}\"}"
+        );
+    }
     use super::*;
 
     #[test]
