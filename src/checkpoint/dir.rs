@@ -28,9 +28,12 @@ pub enum CheckpointError {
     },
     #[error("checkpoint `{path}` is invalid: {why}\n  = help: `kiln ckpt list RUN_DIR` shows every checkpoint; resume from an older one with `--from step-N`")]
     Invalid { path: PathBuf, why: String },
+    /// A background save (`checkpoint.async`) that could not finish.
+    #[error("checkpoint `{path}` was not saved: {why}\n  = help: the newest saved checkpoint is intact; `kiln resume` continues from it")]
+    Unsaved { path: PathBuf, why: String },
 }
 
-fn io(path: &Path) -> impl FnOnce(std::io::Error) -> CheckpointError + '_ {
+pub(super) fn io(path: &Path) -> impl FnOnce(std::io::Error) -> CheckpointError + '_ {
     move |source| CheckpointError::Io {
         path: path.to_path_buf(),
         source,
@@ -87,7 +90,7 @@ impl CheckpointDir {
         self.dir.join(format!("step-{step:08}"))
     }
 
-    fn tmp_dir(&self, step: u64) -> PathBuf {
+    pub(super) fn tmp_dir(&self, step: u64) -> PathBuf {
         self.dir.join(format!("step-{step:08}.tmp"))
     }
 
@@ -440,8 +443,9 @@ fn check_state(dir: &Path, s: &State) -> Result<(), String> {
             s.world_size
         ));
     }
+    // (HSDP: sharded over each group of `world` ranks, a divisor of the world size)
     if let super::Layout::Sharded { world, .. } = &s.params {
-        if *world != s.world_size || s.strategy != "fsdp" {
+        if *world == 0 || s.world_size % *world != 0 || s.strategy != "fsdp" {
             return Err(format!(
                 "the parameters are sharded over {world} ranks, but `world_size` = {} and `strategy` = {:?}",
                 s.world_size, s.strategy

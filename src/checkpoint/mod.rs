@@ -7,6 +7,7 @@ mod dir;
 mod format;
 mod retention;
 pub mod tensors;
+mod written;
 
 pub use dir::{load, read_state, step_of, verify, CheckpointDir, CheckpointError, Entry, Loaded};
 pub use format::{

@@ -48,6 +48,17 @@ pub struct CheckpointConfig {
     /// the best one, and `--from best` names it. Default: unset.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub keep_best: Option<KeepBestConfig>,
+    /// Write checkpoints in the background (torch DCP's `async_save`, torchtitan's
+    /// `async_mode`): training waits only while each rank copies its state to host memory; a
+    /// writer thread writes, fsyncs and commits it. One save in flight: the next waits for the
+    /// previous. The same files and bits as a synchronous save. Default: `false`.
+    #[serde(rename = "async", skip_serializing_if = "is_false")]
+    pub async_save: bool,
+}
+
+/// (a default left out of the config hash: the same checkpoints either way)
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 impl Default for CheckpointConfig {
@@ -61,6 +72,7 @@ impl Default for CheckpointConfig {
             dir: "checkpoints".into(),
             auto_resume: false,
             keep_best: None,
+            async_save: false,
         }
     }
 }

@@ -45,6 +45,51 @@ pub(super) fn profile_ranks(r: &Resolved) -> Result<(), ConfigError> {
     Ok(())
 }
 
+/// `strategy.shard_size`: fsdp's, and a divisor of the world size.
+pub(super) fn shard_size(r: &Resolved) -> Result<(), ConfigError> {
+    let c = &r.config;
+    let st = &c.strategy;
+    let Some(size) = st.shard_size else {
+        return Ok(());
+    };
+    let key = "strategy.shard_size";
+    if st.kind != StrategyKind::Fsdp || st.sharding == Sharding::None {
+        return Err(r.key_error(
+            key,
+            format!(
+                "`strategy.shard_size` groups fsdp's shards, but the run has no shards (`strategy.kind` = \"{}\"{})",
+                choice_name(&st.kind),
+                if st.kind == StrategyKind::Fsdp { ", `strategy.sharding` = \"none\"" } else { "" }
+            ),
+            Some("remove it, or use `strategy.kind = \"fsdp\"` with sharding".into()),
+        ));
+    }
+    let (devices, nnodes) = (st.devices.count(), c.launch.nnodes.max(1));
+    let world = devices * nnodes;
+    let s = st.shard_ranks(nnodes);
+    // (no devices: `strategy.devices`'s own check says so)
+    if s == 0 {
+        return Ok(());
+    }
+    if world % s != 0 {
+        let given = match size {
+            ShardSize::Ranks(n) => n.to_string(),
+            ShardSize::Node => format!("\"node\" ({s})"),
+        };
+        return Err(r.key_error(
+            key,
+            format!(
+                "`strategy.shard_size` = {given} does not divide the {world} ranks (strategy.devices {devices} x launch.nnodes {nnodes}): the shard groups must be equal"
+            ),
+            Some(format!(
+                "use a divisor of {world} (e.g. {}), or \"node\"",
+                (1..world).rev().find(|d| world % d == 0 && *d <= s).unwrap_or(1)
+            )),
+        ));
+    }
+    Ok(())
+}
+
 /// The model's classes are the data's.
 pub(super) fn classes(r: &Resolved) -> Result<(), ConfigError> {
     let c = &r.config;

@@ -102,6 +102,55 @@ pub enum FsdpUnit {
     Layer,
 }
 
+/// `strategy.shard_size`: the ranks of a shard group, a count or `"node"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "ShardSizeText", into = "ShardSizeText")]
+pub enum ShardSize {
+    Ranks(usize),
+    /// The ranks of a node (`strategy.devices`).
+    Node,
+}
+
+/// `strategy.shard_size` as written: a number or a word.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum ShardSizeText {
+    Number(i64),
+    Word(String),
+    /// (what is neither, for its error)
+    Fraction(f64),
+    Flag(bool),
+}
+
+impl TryFrom<ShardSizeText> for ShardSize {
+    type Error = String;
+    fn try_from(t: ShardSizeText) -> Result<Self, String> {
+        match t {
+            ShardSizeText::Number(n) if n >= 1 => Ok(ShardSize::Ranks(n as usize)),
+            ShardSizeText::Word(w) if w == "node" => Ok(ShardSize::Node),
+            ShardSizeText::Number(n) => Err(format!(
+                "{n} is not a number of ranks: a shard group has at least 1"
+            )),
+            ShardSizeText::Word(w) => {
+                Err(format!("{w:?} is neither a number of ranks nor \"node\""))
+            }
+            ShardSizeText::Fraction(f) => Err(format!(
+                "{f:?} is not a whole number of ranks (or \"node\")"
+            )),
+            ShardSizeText::Flag(b) => Err(format!("{b} is neither a number of ranks nor \"node\"")),
+        }
+    }
+}
+
+impl From<ShardSize> for ShardSizeText {
+    fn from(s: ShardSize) -> Self {
+        match s {
+            ShardSize::Ranks(n) => ShardSizeText::Number(n as i64),
+            ShardSize::Node => ShardSizeText::Word("node".into()),
+        }
+    }
+}
+
 /// `[strategy]`
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -142,6 +191,15 @@ pub struct StrategyConfig {
     /// bytes saved yet).
     /// Default: `"f32"`.
     pub reduce_dtype: Precision,
+    /// fsdp: hybrid sharding (HSDP; torch `fully_shard` over a 2-D mesh, torchtitan's
+    /// `data_parallel_replicate_degree`): groups of this many consecutive ranks each shard the
+    /// model state among themselves, and the groups replicate it (gradients are
+    /// reduce-scattered within a group, then all-reduced across the groups, a shard at a
+    /// time), so the all-gathers stay among a group's ranks. A count that divides the world
+    /// size, or `"node"` (the ranks of a node, `strategy.devices`). Default: unset (all ranks
+    /// shard).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shard_size: Option<ShardSize>,
 }
 
 impl Default for StrategyConfig {
@@ -158,11 +216,21 @@ impl Default for StrategyConfig {
             unit: FsdpUnit::Model,
             offload: Offload::None,
             reduce_dtype: Precision::F32,
+            shard_size: None,
         }
     }
 }
 
 impl StrategyConfig {
+    /// The ranks of a shard group, for `nnodes` nodes: `shard_size`, or every rank.
+    pub fn shard_ranks(&self, nnodes: usize) -> usize {
+        match self.shard_size {
+            Some(ShardSize::Ranks(n)) => n,
+            Some(ShardSize::Node) => self.devices.count(),
+            None => self.devices.count() * nnodes.max(1),
+        }
+    }
+
     /// Devices and buckets; `single` has one device and no reduction dtype.
     pub(super) fn check(&self, r: &Resolved) -> Result<(), ConfigError> {
         let st = self;

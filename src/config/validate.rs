@@ -147,6 +147,7 @@ pub fn validate(r: &Resolved) -> Result<(), ConfigError> {
     cross::slurm_gpus(r)?;
     cross::waits(r)?;
     cross::profile_ranks(r)?;
+    cross::shard_size(r)?;
     c.experiment.check(r)?;
     c.checkpoint.check(r)?;
     c.model.check(r)?;

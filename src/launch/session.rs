@@ -11,7 +11,7 @@ use crate::checkpoint::CheckpointDir;
 use crate::config::{self, Resolved};
 use crate::error::{Error, Result};
 use crate::rendezvous::Job;
-use crate::rundir::summary::{BestSummary, EarlyStopSummary, Summary};
+use crate::rundir::summary::{BestSummary, CheckpointSummary, EarlyStopSummary, Summary};
 use crate::rundir::{replace_file, stored_config, write_json};
 use crate::track::{tensorboard, MetricSink, MetricsJsonl, Tracks};
 use crate::train::MetricLine;
@@ -283,6 +283,12 @@ pub(super) fn summary_of(
         params_sha256: o.map(|o| o.params_sha256.clone()),
         memory: res.map(|r| r.memory.clone()).unwrap_or_default(),
         peak_rss_bytes: crate::memory::peak_rss_bytes(),
+        checkpoint: o.filter(|o| o.saves > 0).map(|o| CheckpointSummary {
+            async_save: c.checkpoint.async_save,
+            saves: o.saves,
+            blocked_seconds: o.blocked_seconds,
+            background_seconds: o.background_seconds,
+        }),
         time: res.map(|r| {
             super::profile::time_section(
                 r,

@@ -371,12 +371,27 @@ fn rank_main<B: RankBackend>(
         } else {
             sink.log("step-time breakdown: host clock at each phase boundary");
         }
+        let mut comm = comm;
+        // HSDP's shard and replica groups, each timed like the world
+        let hybrid = match strategy::hybrid_groups(input.config, comm.as_mut()) {
+            Ok(h) => h.map(|h| strategy::Hybrid {
+                shard: Box::new(train::Timed::new(h.shard, clock.clone())),
+                replica: Box::new(train::Timed::new(h.replica, clock.clone())),
+            }),
+            Err(e) => {
+                let err = TrainError::from(e);
+                sink.log(&format!("error: {err}"));
+                comm.abort(&err.to_string());
+                return Err(err);
+            }
+        };
         let comm: Box<dyn Collective> = Box::new(train::Timed::new(comm, clock.clone()));
         let mut strategy = strategy::build(
             input.config,
             input.model.layout(),
             input.model.decay_rule(&input.config.optim),
             comm,
+            hybrid,
             Some(train::wait_hook(&clock)),
         );
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {

@@ -77,10 +77,27 @@ pub struct Summary {
     /// Why there is no `mfu`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub mfu_note: Option<String>,
+    /// The checkpoints this session saved: how long training was blocked by them and how long
+    /// background writers took (`checkpoint.async`), rank 0's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub checkpoint: Option<CheckpointSummary>,
     /// Where the time went: `step_ms`, `clock`, and seconds and fractions per phase, as a mean
     /// and per rank of this node.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub time: Option<serde_json::Value>,
+}
+
+/// `summary.json`'s `checkpoint`.
+#[derive(Debug, Clone, Serialize)]
+pub struct CheckpointSummary {
+    #[serde(rename = "async")]
+    pub async_save: bool,
+    pub saves: usize,
+    /// Seconds the training waited for checkpoints (copies to host memory, a previous save
+    /// still in flight; with `async = false` the whole writes).
+    pub blocked_seconds: f64,
+    /// Seconds the background writers took beside the training (0 with `async = false`).
+    pub background_seconds: f64,
 }
 
 /// `summary.json`'s `early_stopping`.

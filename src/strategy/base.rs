@@ -1,5 +1,6 @@
 //! The `Strategy` interface, memory accounting and shared helpers.
 
+use super::hybrid::{hybrid_size, Hybrid};
 use super::{fsdp, Ddp, Dp, Fsdp, Single};
 use std::ops::Range;
 
@@ -460,6 +461,7 @@ pub fn build(
     layout: &ParamLayout,
     decay: DecayRule,
     comm: Box<dyn Collective>,
+    hybrid: Option<Hybrid>,
     wait: Option<WaitHook>,
 ) -> Box<dyn Strategy> {
     let overlapped = |comm| Overlapped::new(comm, c.strategy.overlap, wait.clone());
@@ -474,9 +476,16 @@ pub fn build(
             overlapped(comm),
         )),
         StrategyKind::Dp => Box::new(Dp::new(c, layout.num_params(), whole(), comm)),
-        StrategyKind::Fsdp if !is_ddp(c) => {
-            Box::new(Fsdp::new(c, layout, &no_decay, overlapped(comm)))
-        }
+        StrategyKind::Fsdp if !is_ddp(c) => match hybrid {
+            Some(h) => Box::new(Fsdp::new(
+                c,
+                layout,
+                &no_decay,
+                overlapped(h.shard),
+                Some((comm, h.replica)),
+            )),
+            None => Box::new(Fsdp::new(c, layout, &no_decay, overlapped(comm), None)),
+        },
         // and fsdp without sharding (torch's `NO_SHARD`): whole parameters, all-reduced
         // gradients
         StrategyKind::Ddp | StrategyKind::Fsdp => {
@@ -547,7 +556,9 @@ pub fn estimate(c: &Config, layout: &ParamLayout, world: usize) -> Vec<Memory> {
             let (params_bytes, grads_bytes, optim_elems) = match c.strategy.kind {
                 StrategyKind::Dp => (whole, whole, if rank == 0 { n } else { 0 }),
                 StrategyKind::Fsdp if !is_ddp(c) => {
-                    let shard: usize = fsdp::units(layout, c.strategy.unit, world)
+                    // (HSDP: sharded over a group)
+                    let group = hybrid_size(c, world).unwrap_or(world);
+                    let shard: usize = fsdp::units(layout, c.strategy.unit, group)
                         .iter()
                         .map(|u| u.shard_len)
                         .sum();
@@ -641,7 +652,7 @@ mod tests {
             } else {
                 Box::new(l)
             };
-            let mut st = build(c, layout, DecayRule::All, comm, None);
+            let mut st = build(c, layout, DecayRule::All, comm, None, None);
             st.init(&init(n)).unwrap();
             let mut seen = Vec::new();
             let mut on_device = 0;
@@ -794,7 +805,7 @@ mod tests {
         let n = layout.num_params();
         on_ranks(c, |l| {
             let r = l.rank();
-            let mut st = build(c, layout, DecayRule::All, Box::new(l), None);
+            let mut st = build(c, layout, DecayRule::All, Box::new(l), None, None);
             st.init(&init(n)).unwrap();
             let (mut out, mut moved, mut bad) = (Vec::new(), Vec::new(), false);
             for step in 0..2 {

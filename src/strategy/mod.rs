@@ -9,10 +9,12 @@ mod base;
 mod ddp;
 mod dp;
 mod fsdp;
+mod hybrid;
 mod single;
 
 pub use base::*;
 pub use ddp::Ddp;
 pub use dp::Dp;
 pub use fsdp::Fsdp;
+pub use hybrid::{hybrid_groups, hybrid_size, Hybrid};
 pub use single::Single;

@@ -101,6 +101,12 @@ pub struct Outcome {
     pub best: Option<WatchState>,
     /// f16's loss scale at the end, with the steps it skipped.
     pub loss_scale: Option<LossScaleState>,
+    /// The checkpoints this session saved, the wall seconds training waited for them (the
+    /// whole saves when synchronous) and the seconds their background writers took
+    /// (`checkpoint.async`).
+    pub saves: usize,
+    pub blocked_seconds: f64,
+    pub background_seconds: f64,
 }
 
 impl Outcome {

@@ -2,12 +2,17 @@
 //! early stopping or a stop request ends at) and how every rank writes its part of it.
 
 use super::events::{TrainError, TrainInput};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
 use crate::checkpoint::{
-    encode_files, CheckpointDir, CheckpointError, DataPosition, LossScaleState, OptimizerInfo,
-    RngState, SchedulerInfo, State, WatchState, FORMAT,
+    encode_files, CheckpointDir, CheckpointError, DataPosition, Layout, LossScaleState,
+    OptimizerInfo, RngState, SchedulerInfo, State, WatchState, FORMAT,
 };
 use crate::config::Config;
-use crate::strategy::Strategy;
+use crate::strategy::{Snapshot, Strategy};
 
 /// Whether checkpoint `done` is written: `[checkpoint]`'s step cadence, its epoch cadence
 /// (`entered`: the epoch this step ended in, when it is a new one), the end, a new best, and the
@@ -31,7 +36,66 @@ pub(super) fn due(
         || new_best
 }
 
-/// Writes checkpoint `step`: rank 0 opens it, every rank writes its files, rank 0 commits.
+/// This rank's background checkpoint writer (`checkpoint.async`): at most one save in flight.
+#[derive(Default)]
+pub(super) struct Background {
+    writing: Option<Writing>,
+    /// Seconds the writer threads took, beside the training.
+    pub seconds: f64,
+}
+
+struct Writing {
+    step: usize,
+    /// Whether this rank commits the checkpoint (rank 0).
+    commits: bool,
+    handle: std::thread::JoinHandle<Result<f64, CheckpointError>>,
+    /// Set when the run ends before the save did: rank 0 stops waiting for the others' files.
+    cancel: Arc<AtomicBool>,
+}
+
+impl Background {
+    /// Waits for the save in flight: the step it committed (rank 0), if any. A failed write
+    /// fails the run, naming the file.
+    pub(super) fn wait(&mut self) -> Result<Option<usize>, TrainError> {
+        let Some(w) = self.writing.take() else {
+            return Ok(None);
+        };
+        let seconds = w.handle.join().unwrap_or_else(|p| {
+            Err(CheckpointError::Unsaved {
+                path: PathBuf::from(format!("step-{:08}", w.step)),
+                why: format!(
+                    "its writer thread panicked: {}",
+                    crate::panic::message(p.as_ref())
+                ),
+            })
+        })?;
+        self.seconds += seconds;
+        Ok(w.commits.then_some(w.step))
+    }
+
+    /// Like `wait` when the save in flight is done, else nothing: a failed write fails the run
+    /// at the next step, not at the next save.
+    pub(super) fn poll(&mut self) -> Result<Option<usize>, TrainError> {
+        match &self.writing {
+            Some(w) if w.handle.is_finished() => self.wait(),
+            _ => Ok(None),
+        }
+    }
+}
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        // a run that failed: its unfinished save stays a `.tmp` (never resumed from)
+        if let Some(w) = self.writing.take() {
+            w.cancel.store(true, Ordering::Relaxed);
+            let _ = w.handle.join();
+        }
+    }
+}
+
+/// Writes checkpoint `step`: rank 0 opens it, every rank copies its state to host memory and
+/// writes its files, rank 0 commits. With `background` (`checkpoint.async`), a writer thread
+/// writes and commits while training goes on (the caller waited for the previous save).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn save_checkpoint(
     input: &TrainInput<'_>,
@@ -41,8 +105,9 @@ pub(super) fn save_checkpoint(
     position: DataPosition,
     loss: f64,
     lr: f64,
-    [early_stopping, best]: [Option<WatchState>; 2],
+    watched: [Option<WatchState>; 2],
     loss_scale: Option<LossScaleState>,
+    background: Option<&mut Background>,
 ) -> Result<(), TrainError> {
     let c = input.config;
     let rank = strategy.rank();
@@ -63,65 +128,245 @@ pub(super) fn save_checkpoint(
             cause: format!("the parameters have NaN or infinite values (the loss is {loss})"),
         });
     }
-    if let Some((params, opt)) = &snap.data {
-        let files = encode_files(
-            &snap.layout,
-            rank,
-            &input.model.layout().specs(),
-            params,
-            opt,
-        )
-        .map_err(|why| CheckpointError::Invalid {
-            path: store.dir.clone(),
-            why,
-        })?;
-        for (name, bytes) in &files {
-            store.write_file(step as u64, name, bytes)?;
-        }
-    }
-    strategy.barrier()?;
-    if rank == 0 {
-        let state = State {
-            format: FORMAT.to_string(),
+    let state = (rank == 0).then(|| {
+        state_of(
+            input,
             step,
             position,
-            accum_position: 0,
-            rng: RngState {
-                init_seed: c.experiment.seed,
-                dropout_seed: c.experiment.seed,
-                sampler_seed: c.sampler.seed,
-                data_seed: c.data.seed,
-            },
-            world_size: input.plan.world_size,
-            strategy: crate::config::choice_name(&c.strategy.kind),
-            micro_batch: input.plan.micro_batch,
-            grad_accum_steps: input.plan.accum,
-            num_params: input.model.num_params(),
-            input_shape: input.data.input_shape(),
-            params: snap.layout.clone(),
-            optimizer: OptimizerInfo {
-                kind: crate::config::choice_name(&c.optim.kind),
-                steps: step as u64,
-            },
-            scheduler: SchedulerInfo {
-                kind: crate::config::choice_name(&c.schedule.kind),
-                last_step: step,
-                last_lr: lr,
-            },
-            last_loss: loss,
-            config_hash: crate::config::config_hash(c),
-            kiln_version: env!("CARGO_PKG_VERSION").to_string(),
-            early_stopping,
-            best,
+            loss,
+            lr,
+            watched,
             loss_scale,
-        };
-        store.commit(
-            step as u64,
-            &state,
-            c.checkpoint.keep_last,
-            c.checkpoint.keep_every as u64,
-        )?;
-    }
-    strategy.barrier()?;
+            &snap.layout,
+        )
+    });
+    let specs = input.model.layout().specs();
+    let (keep_last, keep_every) = (c.checkpoint.keep_last, c.checkpoint.keep_every as u64);
+    let Some(background) = background else {
+        write_files(store, step, rank, &specs, &snap)?;
+        strategy.barrier()?;
+        if let Some(state) = &state {
+            store.commit(step as u64, state, keep_last, keep_every)?;
+        }
+        strategy.barrier()?;
+        return Ok(());
+    };
+    let timeout = Duration::from_secs(c.strategy.timeout_secs);
+    let job = Job {
+        step,
+        rank,
+        specs,
+        snap,
+        state,
+        keep: (keep_last, keep_every),
+        timeout,
+    };
+    background.start(store, job)?;
     Ok(())
+}
+
+/// What a background writer writes: this rank's part of checkpoint `step` and, on rank 0,
+/// its `state.json`, retention and how long to wait for the other ranks' files.
+struct Job {
+    step: usize,
+    rank: usize,
+    specs: Vec<(String, Vec<usize>)>,
+    snap: Snapshot,
+    state: Option<State>,
+    keep: (usize, u64),
+    timeout: Duration,
+}
+
+impl Background {
+    /// Starts writing `job` on a thread of its own (the caller waited for the previous save).
+    fn start(&mut self, store: &CheckpointDir, job: Job) -> Result<(), CheckpointError> {
+        debug_assert!(self.writing.is_none(), "two saves in flight");
+        let Job { step, rank, .. } = job;
+        // the ranks that write files: rank 0 (whole parameters) or the shards' ranks 0..world
+        let writers = match &job.snap.layout {
+            Layout::Full => 1,
+            Layout::Sharded { world, .. } => *world,
+        };
+        let cancel = Arc::new(AtomicBool::new(false));
+        let (store, stop) = (store.clone(), Arc::clone(&cancel));
+        let memory_key = crate::memory::attributed();
+        let commits = job.state.is_some();
+        let path = store.step_dir(step as u64);
+        let write = move || -> Result<f64, CheckpointError> {
+            // the writer's buffers count in its rank's measured peak
+            if let Some(k) = memory_key {
+                crate::memory::attribute(k);
+            }
+            let start = Instant::now();
+            let written = write_files(&store, step, rank, &job.specs, &job.snap).and_then(|()| {
+                match rank > 0 && job.snap.data.is_some() {
+                    true => store.mark_written(step as u64, rank),
+                    false => Ok(()),
+                }
+            });
+            if let Err(e) = written {
+                // rank 0 stops waiting for this rank's files
+                if rank > 0 {
+                    store.mark_failed(step as u64, rank, &e.to_string());
+                }
+                return Err(e);
+            }
+            drop(job.snap);
+            if let Some(state) = job.state {
+                store.wait_written(step as u64, writers, job.timeout, &stop)?;
+                store.commit(step as u64, &state, job.keep.0, job.keep.1)?;
+            }
+            Ok(start.elapsed().as_secs_f64())
+        };
+        let handle = std::thread::Builder::new()
+            .name(format!("kiln-rank-{rank}-checkpoint"))
+            .spawn(write)
+            .map_err(|e| CheckpointError::Unsaved {
+                path,
+                why: format!(
+                    "cannot start its writer thread ({e}); set `checkpoint.async = false`"
+                ),
+            })?;
+        self.writing = Some(Writing {
+            step,
+            commits,
+            handle,
+            cancel,
+        });
+        Ok(())
+    }
+}
+
+/// This rank's files of checkpoint `step` (none for ranks whose snapshot holds nothing),
+/// written and fsynced.
+fn write_files(
+    store: &CheckpointDir,
+    step: usize,
+    rank: usize,
+    specs: &[(String, Vec<usize>)],
+    snap: &Snapshot,
+) -> Result<(), CheckpointError> {
+    let Some((params, opt)) = &snap.data else {
+        return Ok(());
+    };
+    let files = encode_files(&snap.layout, rank, specs, params, opt).map_err(|why| {
+        CheckpointError::Invalid {
+            path: store.dir.clone(),
+            why,
+        }
+    })?;
+    for (name, bytes) in &files {
+        store.write_file(step as u64, name, bytes)?;
+    }
+    Ok(())
+}
+
+/// Checkpoint `step`'s `state.json` (rank 0's).
+#[allow(clippy::too_many_arguments)]
+fn state_of(
+    input: &TrainInput<'_>,
+    step: usize,
+    position: DataPosition,
+    loss: f64,
+    lr: f64,
+    [early_stopping, best]: [Option<WatchState>; 2],
+    loss_scale: Option<LossScaleState>,
+    layout: &Layout,
+) -> State {
+    let c = input.config;
+    State {
+        format: FORMAT.to_string(),
+        step,
+        position,
+        accum_position: 0,
+        rng: RngState {
+            init_seed: c.experiment.seed,
+            dropout_seed: c.experiment.seed,
+            sampler_seed: c.sampler.seed,
+            data_seed: c.data.seed,
+        },
+        world_size: input.plan.world_size,
+        strategy: crate::config::choice_name(&c.strategy.kind),
+        micro_batch: input.plan.micro_batch,
+        grad_accum_steps: input.plan.accum,
+        num_params: input.model.num_params(),
+        input_shape: input.data.input_shape(),
+        params: layout.clone(),
+        optimizer: OptimizerInfo {
+            kind: crate::config::choice_name(&c.optim.kind),
+            steps: step as u64,
+        },
+        scheduler: SchedulerInfo {
+            kind: crate::config::choice_name(&c.schedule.kind),
+            last_step: step,
+            last_lr: lr,
+        },
+        last_loss: loss,
+        config_hash: crate::config::config_hash(c),
+        kiln_version: env!("CARGO_PKG_VERSION").to_string(),
+        early_stopping,
+        best,
+        loss_scale,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::checkpoint::OptState;
+
+    fn job(step: usize) -> Job {
+        Job {
+            step,
+            rank: 0,
+            specs: vec![("w".into(), vec![4])],
+            snap: Snapshot {
+                layout: Layout::Full,
+                data: Some((
+                    vec![1.0; 4],
+                    OptState {
+                        steps: 1,
+                        m: vec![0.5; 4],
+                        v: vec![0.25; 4],
+                    },
+                )),
+            },
+            state: None,
+            keep: (2, 0),
+            timeout: Duration::from_secs(5),
+        }
+    }
+
+    #[test]
+    fn a_failed_background_write_fails_the_wait_naming_the_file() {
+        let d = crate::testdir::tempdir().unwrap();
+        let store = CheckpointDir::new(d.path().join("checkpoints"));
+        // never begun: the step's `.tmp` directory is not there to write into
+        let mut b = Background::default();
+        b.start(&store, job(2)).unwrap();
+        let e = b.wait().unwrap_err().to_string();
+        assert!(e.contains("step-00000002.tmp/model.safetensors"), "{e}");
+        // nothing in flight after it
+        assert_eq!(b.wait().unwrap(), None);
+    }
+
+    #[test]
+    fn a_background_write_writes_the_files_a_synchronous_one_does() {
+        let d = crate::testdir::tempdir().unwrap();
+        let (a, b) = (d.path().join("a"), d.path().join("b"));
+        let (sa, sb) = (CheckpointDir::new(a.clone()), CheckpointDir::new(b.clone()));
+        sa.begin(3).unwrap();
+        sb.begin(3).unwrap();
+        let j = job(3);
+        write_files(&sa, 3, 0, &j.specs, &j.snap).unwrap();
+        let mut bg = Background::default();
+        bg.start(&sb, job(3)).unwrap();
+        // rank 0 without a state commits nothing
+        assert_eq!(bg.wait().unwrap(), None);
+        assert!(bg.seconds > 0.0);
+        for name in ["model.safetensors", "optim.safetensors"] {
+            let read = |d: &std::path::Path| std::fs::read(d.join("step-00000003.tmp").join(name));
+            assert_eq!(read(&a).unwrap(), read(&b).unwrap(), "{name}");
+        }
+    }
 }

@@ -121,6 +121,12 @@ struct Trainer<'a, B: ComputeOn> {
     best: Option<MetricWatch>,
     /// f16's dynamic loss scaling.
     scaler: Option<LossScaler>,
+    /// The checkpoint being written in the background (`checkpoint.async`), and the saves so far.
+    background: super::save::Background,
+    saves: usize,
+    /// Wall seconds training waited for checkpoints (the phase breakdown charges a save's
+    /// barriers to the barrier phase; this counts the whole wait).
+    blocked: f64,
 }
 
 impl<'a, B: ComputeOn> Trainer<'a, B> {
@@ -194,6 +200,9 @@ impl<'a, B: ComputeOn> Trainer<'a, B> {
         });
         Ok(Trainer {
             scaler,
+            background: Default::default(),
+            saves: 0,
+            blocked: 0.0,
             compute: B::compute(model, device),
             task: model.task(),
             rank,
@@ -510,7 +519,13 @@ impl<'a, B: ComputeOn> Trainer<'a, B> {
         let stopping = s.stop && !is_last;
         let entered = (self.pos.epoch > s.epoch_at_start).then_some(self.pos.epoch);
         let save = super::save::due(c, done, entered, is_last, stop_early || stopping, new_best);
+        let clock = self.clock;
         if let (true, Some(store)) = (save, self.input.store) {
+            // one save in flight: the previous one first (training waits only for what is
+            // left of it)
+            let start = Instant::now();
+            let committed = clock.time(Phase::Checkpoint, || self.background.wait())?;
+            self.announce(committed);
             let position = DataPosition {
                 epoch: self.pos.epoch,
                 cursor: plan.cursor(self.pos.start, self.pos.j),
@@ -521,16 +536,30 @@ impl<'a, B: ComputeOn> Trainer<'a, B> {
                 .map(|w| w.as_ref().and_then(|w| w.state.clone()));
             let (input, strategy) = (self.input, &mut *self.strategy);
             let scale = self.scaler.as_ref().map(|s| s.state().clone());
-            self.clock.time(Phase::Checkpoint, || {
+            let background = c.checkpoint.async_save.then_some(&mut self.background);
+            let in_background = background.is_some();
+            clock.time(Phase::Checkpoint, || {
                 super::save::save_checkpoint(
                     input, strategy, store, done, position, s.loss, s.lr, watched, scale,
+                    background,
                 )
             })?;
-            self.sink.log(&format!(
-                "checkpoint step-{done:08} saved{}",
-                if new_best { " (the best so far)" } else { "" }
-            ));
-            self.sink.event(TrainEvent::Checkpoint { step: done });
+            self.saves += 1;
+            self.blocked += start.elapsed().as_secs_f64();
+            let best = if new_best { " (the best so far)" } else { "" };
+            if in_background {
+                self.sink.log(&format!(
+                    "checkpoint step-{done:08}{best} copied to host memory; writing in the background"
+                ));
+            } else {
+                self.sink
+                    .log(&format!("checkpoint step-{done:08} saved{best}"));
+                self.sink.event(TrainEvent::Checkpoint { step: done });
+            }
+        } else {
+            // a failed background write fails the run now
+            let committed = self.background.poll()?;
+            self.announce(committed);
         }
         // a stop request at the step early stopping ends the run: the run is complete
         if stopping && !stop_early {
@@ -554,6 +583,25 @@ impl<'a, B: ComputeOn> Trainer<'a, B> {
             return Ok(Some(Ending::Stopped(done)));
         }
         Ok(None)
+    }
+
+    /// Says that checkpoint `step` is saved (committed), if one is.
+    fn announce(&mut self, step: Option<usize>) {
+        if let Some(step) = step {
+            self.sink.log(&format!("checkpoint step-{step:08} saved"));
+            self.sink.event(TrainEvent::Checkpoint { step });
+        }
+    }
+
+    /// Waits for the checkpoint in flight (the end of the run, a stop): no run ends before its
+    /// checkpoints are saved.
+    fn settle(&mut self) -> Result<(), TrainError> {
+        let clock = self.clock;
+        let start = Instant::now();
+        let committed = clock.time(Phase::Checkpoint, || self.background.wait())?;
+        self.blocked += start.elapsed().as_secs_f64();
+        self.announce(committed);
+        Ok(())
     }
 
     /// The step's progress event, and on logged steps its metrics line and log line.
@@ -684,7 +732,10 @@ impl<'a, B: ComputeOn> Trainer<'a, B> {
             stopped_early,
             early_stopping: self.early_stopping.and_then(|w| w.state),
             best: self.best.and_then(|w| w.state),
-            loss_scale: self.scaler.map(|s| s.state().clone()),
+            loss_scale: self.scaler.as_ref().map(|s| s.state().clone()),
+            saves: self.saves,
+            blocked_seconds: round4(self.blocked),
+            background_seconds: round4(self.background.seconds),
         })
     }
 }
@@ -748,6 +799,7 @@ pub fn train<B: ComputeOn>(
         }
         Ok(None)
     })?;
+    t.settle()?;
     let wall = start.elapsed().as_secs_f64();
     t.finish(ending, wall, memory_key)
 }

@@ -221,6 +221,56 @@ fn out_of_range_values_name_their_source() {
 }
 
 #[test]
+fn hsdp_shard_sizes_are_checked_against_the_strategy_and_the_world() {
+    let d = kiln::testdir::tempdir().unwrap();
+    let f = write(
+        d.path(),
+        "e.toml",
+        "[strategy]\nkind = \"fsdp\"\ndevices = 4\nshard_size = 3\n",
+    );
+    assert_eq!(
+        err_text(&f, &[], &[]),
+        format!(
+            "`strategy.shard_size` = 3 does not divide the 4 ranks (strategy.devices 4 x launch.nnodes 1): the shard groups must be equal\n  --> {}:4\n  = help: use a divisor of 4 (e.g. 2), or \"node\"",
+            f.display()
+        )
+    );
+    // "node" is the devices of a node: 3 of 6 ranks
+    let r = config::load(
+        &f,
+        &[],
+        &sets(&[
+            "strategy.shard_size=\"node\"",
+            "strategy.devices=3",
+            "launch.nnodes=2",
+        ]),
+    )
+    .unwrap();
+    assert_eq!(r.config.strategy.shard_ranks(2), 3);
+    assert_eq!(
+        err_text(&f, &[], &["strategy.kind=ddp", "strategy.shard_size=2"]),
+        "`strategy.shard_size` groups fsdp's shards, but the run has no shards (`strategy.kind` = \"ddp\")\n  --> --set strategy.shard_size=2\n  = help: remove it, or use `strategy.kind = \"fsdp\"` with sharding"
+    );
+    for (v, why) in [
+        (
+            "0",
+            "0 is not a number of ranks: a shard group has at least 1",
+        ),
+        (
+            "nodes",
+            "\"nodes\" is neither a number of ranks nor \"node\"",
+        ),
+        ("2.5", "2.5 is not a whole number of ranks (or \"node\")"),
+    ] {
+        let set = format!("strategy.shard_size={v}");
+        assert_eq!(
+            err_text(&f, &[], &[&set]),
+            format!("`strategy.shard_size`: {why}\n  --> --set {set}")
+        );
+    }
+}
+
+#[test]
 fn unknown_choice_suggests_the_closest() {
     let d = kiln::testdir::tempdir().unwrap();
     let f = write(d.path(), "e.toml", "");

@@ -47,6 +47,53 @@ fn fsdp_matches_ddp_for_every_sharding_unit_and_optimizer() {
 }
 
 #[test]
+fn hsdp_matches_single_and_holds_the_state_of_its_shard_group() {
+    for optim in [SGD, ADAMW] {
+        for extra in [
+            &["strategy.unit=model"][..],
+            // each unit steps as its gradient shard is averaged, in the backward
+            &["strategy.unit=layer"],
+            &[
+                "strategy.unit=layer",
+                "optim.grad_clip_norm=0.5",
+                "train.grad_accum_steps=2",
+            ],
+        ] {
+            let mut single = vec!["strategy.kind=single", "train.batch_size=48"];
+            single.extend_from_slice(optim);
+            single.extend_from_slice(extra);
+            let reference = train(&single).params;
+            let mut h = vec![
+                "strategy.kind=fsdp",
+                "strategy.devices=4",
+                "strategy.shard_size=2",
+                "train.batch_size=12",
+            ];
+            h.extend_from_slice(optim);
+            h.extend_from_slice(extra);
+            let hsdp = train(&h);
+            let d = max_diff(&reference, &hsdp.params);
+            assert!(d <= 1e-5, "{h:?}: max |param diff| vs single = {d}");
+            // each rank holds what a rank of fsdp over 2 ranks holds
+            let mut f = h.clone();
+            f.retain(|s| !s.starts_with("strategy.devices") && !s.starts_with("strategy.shard"));
+            f.extend(["strategy.devices=2", "train.batch_size=24"]);
+            let fsdp2 = train(&f);
+            assert_eq!(hsdp.memory.len(), 4);
+            for m in &hsdp.memory {
+                let want = &fsdp2.memory[m.rank % 2];
+                assert_eq!(
+                    (m.params_bytes, m.grads_bytes, m.optim_bytes),
+                    (want.params_bytes, want.grads_bytes, want.optim_bytes),
+                    "{h:?} rank {}",
+                    m.rank
+                );
+            }
+        }
+    }
+}
+
+#[test]
 fn fsdp_memory_at_rest_is_a_world_fraction_of_ddp() {
     let common = [
         "strategy.devices=4",
@@ -118,6 +165,12 @@ fn the_plan_estimate_equals_what_every_strategy_reports() {
             "strategy.devices=2",
             "strategy.sharding=none",
             "optim.kind=adam",
+        ],
+        &[
+            "strategy.kind=fsdp",
+            "strategy.devices=4",
+            "strategy.shard_size=2",
+            "optim.kind=adamw",
         ],
     ] {
         let owned: Vec<String> = sets.iter().map(|s| s.to_string()).collect();

@@ -45,15 +45,20 @@ fn summary_hash(run: &Path) -> serde_json::Value {
 }
 
 /// nnodes x devices processes vs one process, same global batch: parameters within 1e-5.
-fn equal_to_one_process(nnodes: usize, devices: usize) {
+/// `strategy`: the strategy's keys, for both.
+/// Returns the state of the multi-node run's last checkpoint.
+fn equal_to_one_process(
+    nnodes: usize,
+    devices: usize,
+    strategy: &[&str],
+) -> kiln::checkpoint::State {
     let d = kiln::testdir::tempdir().unwrap();
     write(d.path(), "t.toml", TINY);
     let per = 16 / (nnodes * devices);
     let batch = format!("train.batch_size={per}");
     let dev = format!("strategy.devices={devices}");
-    let sets = [
-        "strategy.kind=ddp",
-        &dev,
+    let mut sets = vec![
+        &dev[..],
         &batch,
         "train.max_steps=5",
         "checkpoint.at_end=true",
@@ -62,6 +67,7 @@ fn equal_to_one_process(nnodes: usize, devices: usize) {
         "profile.warmup=1",
         "profile.active=2",
     ];
+    sets.extend_from_slice(strategy);
     let port = store_port();
     let children: Vec<Child> = (0..nnodes)
         .map(|n| node(d.path(), "t.toml", n, nnodes, port, "tok", &sets))
@@ -91,24 +97,21 @@ fn equal_to_one_process(nnodes: usize, devices: usize) {
     assert_eq!(pids, (0..(nnodes * devices) as u64).collect::<Vec<_>>());
     // one process with every rank
     let world = format!("strategy.devices={}", nnodes * devices);
-    let o = kiln(
-        d.path(),
-        &[
-            "run",
-            "t.toml",
-            "--quiet",
-            "--run-dir",
-            "one",
-            "--set",
-            "strategy.kind=ddp",
-            "--set",
-            &world,
-            "--set",
-            &batch,
-            "--set",
-            "train.max_steps=5",
-        ],
-    );
+    let mut args = vec![
+        "run",
+        "t.toml",
+        "--quiet",
+        "--run-dir",
+        "one",
+        "--set",
+        &world,
+        "--set",
+        &batch,
+        "--set",
+        "train.max_steps=5",
+    ];
+    args.extend(strategy.iter().flat_map(|s| ["--set", s]));
+    let o = kiln(d.path(), &args);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let one = crate::common::checkpoint_params(
         &d.path().join("one"),
@@ -143,16 +146,36 @@ fn equal_to_one_process(nnodes: usize, devices: usize) {
     let diff = crate::common::max_diff(&single, &multi);
     assert!(diff <= 1e-5, "vs single: max |param diff| {diff}");
     assert!(summary_hash(&d.path().join("runs/tiny")).is_string());
+    kiln::checkpoint::read_state(&d.path().join("runs/tiny/checkpoints/step-00000005")).unwrap()
 }
 
 #[test]
 fn two_nodes_of_one_device_equal_one_process() {
-    equal_to_one_process(2, 1);
+    equal_to_one_process(2, 1, &["strategy.kind=ddp"]);
 }
 
 #[test]
 fn two_nodes_of_two_devices_equal_one_process() {
-    equal_to_one_process(2, 2);
+    equal_to_one_process(2, 2, &["strategy.kind=ddp"]);
+}
+
+#[test]
+fn hsdp_sharded_within_each_of_two_nodes_equals_one_process() {
+    let state = equal_to_one_process(
+        2,
+        2,
+        &[
+            "strategy.kind=fsdp",
+            "strategy.shard_size=node",
+            "strategy.unit=layer",
+        ],
+    );
+    // hybrid: the state is sharded over a node's 2 ranks (node 0's wrote it) in a world of 4
+    assert_eq!(state.world_size, 4);
+    match state.params {
+        kiln::checkpoint::Layout::Sharded { world, .. } => assert_eq!(world, 2),
+        other => panic!("{other:?}"),
+    }
 }
 
 #[test]

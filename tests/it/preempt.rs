@@ -184,6 +184,19 @@ fn sigterm_stops_an_fsdp_run_that_checkpoints_every_step_and_resume_is_bit_exact
 }
 
 #[test]
+fn sigterm_waits_for_a_background_checkpoint_then_saves_and_resume_is_bit_exact() {
+    // a save in flight when the signal comes is committed first, then the stop step's
+    preempt_and_resume(&[
+        "strategy.kind=fsdp",
+        "strategy.devices=2",
+        "train.batch_size=4",
+        "checkpoint.every_steps=1",
+        "checkpoint.keep_last=2",
+        "checkpoint.async=true",
+    ]);
+}
+
+#[test]
 fn a_second_sigint_stops_at_once() {
     let d = kiln::testdir::tempdir().unwrap();
     write(d.path(), "t.toml", TINY);

@@ -84,6 +84,19 @@ fn resume_is_exact_for_every_strategy() {
             "strategy.unit=layer",
             "strategy.sharding=grad_op",
         ],
+        // checkpoints written in the background
+        &[
+            "strategy.kind=fsdp",
+            "strategy.devices=2",
+            "checkpoint.async=true",
+        ],
+        // HSDP, written in the background by the first shard group
+        &[
+            "strategy.kind=fsdp",
+            "strategy.devices=4",
+            "strategy.shard_size=2",
+            "checkpoint.async=true",
+        ],
     ] {
         let d = kiln::testdir::tempdir().unwrap();
         let full = full_run(d.path(), sets);
@@ -138,6 +151,32 @@ fn resume_under_another_world_size_continues_within_tolerance() {
                 "strategy.kind=single",
                 "strategy.devices=1",
                 "train.batch_size=16",
+            ],
+        ),
+        // HSDP to fsdp over its shard group's size, and fsdp to HSDP
+        (
+            &[
+                "strategy.kind=fsdp",
+                "strategy.devices=4",
+                "strategy.shard_size=2",
+                "train.batch_size=4",
+            ],
+            &[
+                "strategy.devices=2",
+                "strategy.shard_size=2",
+                "train.batch_size=8",
+            ],
+        ),
+        (
+            &[
+                "strategy.kind=fsdp",
+                "strategy.devices=2",
+                "train.batch_size=8",
+            ],
+            &[
+                "strategy.devices=4",
+                "strategy.shard_size=2",
+                "train.batch_size=4",
             ],
         ),
     ] {
@@ -318,7 +357,90 @@ fn wait_for(path: &Path, limit: Duration) -> bool {
 }
 
 #[test]
+fn async_checkpoints_hold_the_files_of_synchronous_ones() {
+    for sets in [
+        &["strategy.kind=single"][..],
+        &["strategy.kind=ddp", "strategy.devices=2"],
+        &["strategy.kind=fsdp", "strategy.devices=3"],
+    ] {
+        let d = kiln::testdir::tempdir().unwrap();
+        let sync = full_run(d.path(), sets);
+        let sync = {
+            let to = d.path().join("sync");
+            std::fs::rename(&sync, &to).unwrap();
+            to
+        };
+        let mut with = sets.to_vec();
+        with.push("checkpoint.async=true");
+        let bg = full_run(d.path(), &with);
+        let (a, b) = (summary(&sync), summary(&bg));
+        assert_eq!(a["params_sha256"], b["params_sha256"], "{sets:?}");
+        // every step's tensor files, byte for byte (the manifests hold their sha256), and the
+        // same state but for the config's hash (`checkpoint.async` is in the config)
+        for step in [3, 6, 9, 10] {
+            let dir = |run: &Path| run.join(format!("checkpoints/step-{step:08}"));
+            let read = |run: &Path, name: &str| -> serde_json::Value {
+                serde_json::from_slice(&std::fs::read(dir(run).join(name)).unwrap()).unwrap()
+            };
+            let files = |run: &Path| {
+                let m = read(run, "MANIFEST.json");
+                let mut f = m["files"].as_array().unwrap().clone();
+                f.retain(|e| e["name"] != "state.json");
+                f
+            };
+            assert_eq!(files(&sync), files(&bg), "{sets:?} step {step}");
+            assert_eq!(
+                files(&sync).len(),
+                if sets[0].ends_with("fsdp") { 6 } else { 2 }
+            );
+            let state = |run: &Path| {
+                let mut s = read(run, "state.json");
+                s.as_object_mut().unwrap().remove("config_hash");
+                s
+            };
+            assert_eq!(state(&sync), state(&bg), "{sets:?} step {step}");
+        }
+        let v = kiln(d.path(), &["ckpt", "verify", bg.to_str().unwrap()]);
+        assert_eq!(v.status.code(), Some(0), "{}", stderr(&v));
+        assert_eq!(a["checkpoint"]["async"], false);
+        assert_eq!(b["checkpoint"]["async"], true);
+        assert_eq!(b["checkpoint"]["saves"], 4, "{b}");
+        assert!(
+            b["checkpoint"]["background_seconds"].as_f64().unwrap() > 0.0,
+            "{b}"
+        );
+        assert_eq!(a["checkpoint"]["background_seconds"], 0.0, "{a}");
+        let log = std::fs::read_to_string(bg.join("logs/rank-0.log")).unwrap();
+        assert!(
+            log.contains(
+                "checkpoint step-00000003 copied to host memory; writing in the background"
+            ) && log.contains("checkpoint step-00000003 saved"),
+            "{log}"
+        );
+    }
+}
+
+#[test]
 fn sigkill_during_checkpoint_writes_always_leaves_a_verified_checkpoint() {
+    sigkill_during_writes(&[], 20);
+}
+
+#[test]
+fn sigkill_during_background_checkpoint_writes_always_resumes_from_a_committed_one() {
+    sigkill_during_writes(
+        &[
+            "strategy.kind=fsdp",
+            "strategy.devices=2",
+            "checkpoint.async=true",
+        ],
+        12,
+    );
+}
+
+/// Kills (SIGKILL) runs of a ~1M-parameter model that checkpoints every step, at random
+/// moments of their first checkpoints' writes, `tries` times; each resumes from the newest
+/// checkpoint that verifies.
+fn sigkill_during_writes(sets: &[&str], tries: usize) {
     let d = kiln::testdir::tempdir().unwrap();
     // ~1M parameters: each checkpoint writes ~12 MB, every step
     write(
@@ -333,7 +455,7 @@ fn sigkill_during_checkpoint_writes_always_leaves_a_verified_checkpoint() {
             .replace("keep_last = 10", "keep_last = 2"),
     );
     let mut rng = kiln::rng::Rng::new(42);
-    for t in 0..20 {
+    for t in 0..tries {
         let run = d.path().join(format!("r{t}"));
         let mut child = Command::new(KILN)
             .current_dir(d.path())
@@ -344,6 +466,7 @@ fn sigkill_during_checkpoint_writes_always_leaves_a_verified_checkpoint() {
                 "--run-dir",
                 run.to_str().unwrap(),
             ])
+            .args(sets.iter().flat_map(|s| ["--set", s]))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -375,6 +498,10 @@ fn sigkill_during_checkpoint_writes_always_leaves_a_verified_checkpoint() {
             "try {t}"
         );
         assert_eq!(summary(&run)["status"], "finished");
+        if sets.contains(&"checkpoint.async=true") {
+            let log = std::fs::read_to_string(run.join("logs/rank-0.log")).unwrap();
+            assert!(log.contains("writing in the background"), "try {t}: {log}");
+        }
     }
 }
 

@@ -59,7 +59,7 @@ impl Fsdp {
                 Ok(())
             })?;
         for (i, lr) in early {
-            self.step_unit(i, lr);
+            self.step_unit(i, lr)?;
         }
         Ok(())
     }
@@ -124,8 +124,10 @@ impl Fsdp {
         }
         drop(grads);
         let mut out = vec![0f32; block];
+        let replica = self.replica.clone();
         let p = self.comm.submit(OpKind::ReduceScatter, move |c| {
             c.reduce_scatter(&send, &mut out, ReduceOp::Mean)?;
+            super::across_replicas(replica.as_ref(), &mut out)?;
             Ok(out)
         });
         let lr = self.step_in_backward();

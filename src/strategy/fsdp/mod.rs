@@ -33,6 +33,7 @@
 //! its own, so the bits do not change.
 
 use std::ops::Range;
+use std::sync::{Arc, Mutex};
 
 use super::{InFlight, Memory, Reduced, Snapshot, Strategy, WholeGrads};
 use crate::checkpoint::{Layout, OptState, ShardUnit as Unit};
@@ -51,6 +52,22 @@ mod host;
 use device::{gather_host_shard, OnDevice};
 use host::add_shard;
 
+/// HSDP's replica group, shared with the communication thread.
+type Replica = Arc<Mutex<Box<dyn Collective>>>;
+
+fn lock(r: &Replica) -> std::sync::MutexGuard<'_, Box<dyn Collective>> {
+    r.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// HSDP: a gradient shard (the mean over the shard group) averaged across the replicas, in
+/// place; nothing without them.
+fn across_replicas(replica: Option<&Replica>, shard: &mut [f32]) -> Result<(), CollectiveError> {
+    match replica {
+        Some(r) => lock(r).all_reduce(shard, ReduceOp::Mean),
+        None => Ok(()),
+    }
+}
+
 /// The flat units of a model for `unit` granularity: the whole model, or each of the layout's
 /// units (a layer, a block).
 pub fn units(layout: &ParamLayout, unit: FsdpUnit, world: usize) -> Vec<Unit> {
@@ -65,7 +82,15 @@ pub fn units(layout: &ParamLayout, unit: FsdpUnit, world: usize) -> Vec<Unit> {
 }
 
 pub struct Fsdp {
+    /// The ranks that shard the model state: every rank, or (HSDP) this rank's shard group.
     comm: Overlapped,
+    /// HSDP (`strategy.shard_size`): every rank (the trainer's sums and barriers), and the
+    /// ranks that hold this rank's shard in the other groups. Each gradient shard is averaged
+    /// across them right after its reduce-scatter, by the same thread (the communication
+    /// thread with overlap): every rank then issues the two groups' ops in one order, so no
+    /// rank can wait in one group for a rank that waits in the other.
+    world: Option<Box<dyn Collective>>,
+    replica: Option<Replica>,
     /// `sharding = "full"`: only the shard is kept between steps (else `"grad_op"`: the whole
     /// parameters are, gathered again after each update).
     reshard: bool,
@@ -122,12 +147,14 @@ impl Drop for Fsdp {
 }
 
 impl Fsdp {
-    /// `no_decay`: the flat ranges weight decay spares (`optim.decay`).
+    /// `no_decay`: the flat ranges weight decay spares (`optim.decay`). `hybrid`: HSDP's whole
+    /// world and replica group, `comm` then being the shard group.
     pub fn new(
         c: &Config,
         layout: &ParamLayout,
         no_decay: &[Range<usize>],
         comm: Overlapped,
+        hybrid: Option<(Box<dyn Collective>, Box<dyn Collective>)>,
     ) -> Self {
         let units = units(layout, c.strategy.unit, comm.world());
         let rank = comm.rank();
@@ -152,6 +179,10 @@ impl Fsdp {
         for &u in &unit_of {
             members[u] += 1;
         }
+        let (world, replica) = match hybrid {
+            Some((w, r)) => (Some(w), Some(r)),
+            None => (None, None),
+        };
         Fsdp {
             unit_of,
             arrived: vec![0; units.len()],
@@ -165,6 +196,8 @@ impl Fsdp {
             stepped: vec![false; units.len()],
             stepped_non_finite: false,
             comm,
+            world,
+            replica: replica.map(|r| Arc::new(Mutex::new(r))),
             reshard: c.strategy.sharding == Sharding::Full,
             units,
             num_params: layout.num_params(),
@@ -219,7 +252,7 @@ impl Fsdp {
 
     /// Steps fsdp unit `i`'s shard with its final gradient shard, which is freed: the update
     /// `update` would make (each unit has its own optimizer state), only earlier.
-    fn step_unit(&mut self, i: usize, lr: f64) {
+    fn step_unit(&mut self, i: usize, lr: f64) -> Result<(), CollectiveError> {
         let g = self.shard_grads[i]
             .take()
             .unwrap_or_else(|| vec![0.0; self.units[i].shard_len]);
@@ -228,6 +261,16 @@ impl Fsdp {
         }
         self.opts[i].step(&mut self.shards[i], &g, lr);
         self.stepped[i] = true;
+        Ok(())
+    }
+
+    /// Broadcasts rank 0's `buf` to every rank: across the replicas (HSDP), then within the
+    /// shard group.
+    fn broadcast_init(&mut self, buf: &mut [f32]) -> Result<(), CollectiveError> {
+        if let Some(r) = &self.replica {
+            lock(r).broadcast(buf, 0)?;
+        }
+        self.comm.broadcast(buf, 0)
     }
 
     fn shard_elems(&self) -> usize {
@@ -237,10 +280,16 @@ impl Fsdp {
 
 impl Strategy for Fsdp {
     fn comm(&self) -> &dyn Collective {
-        &self.comm
+        match &self.world {
+            Some(w) => w.as_ref(),
+            None => &self.comm,
+        }
     }
     fn comm_mut(&mut self) -> &mut dyn Collective {
-        &mut self.comm
+        match &mut self.world {
+            Some(w) => w.as_mut(),
+            None => &mut self.comm,
+        }
     }
 
     fn init(&mut self, init: &[f32]) -> Result<(), CollectiveError> {
@@ -248,7 +297,7 @@ impl Strategy for Fsdp {
         // sync_module_states: rank 0's initialisation is the truth
         if !self.reshard {
             let mut full = init.to_vec();
-            self.comm.broadcast(&mut full, 0)?;
+            self.broadcast_init(&mut full)?;
             if !self.reshard {
                 self.shards = self.units.iter().map(|u| self.shard_of(u, &full)).collect();
             }
@@ -261,7 +310,7 @@ impl Strategy for Fsdp {
         for i in 0..self.units.len() {
             let range = self.units[i].range();
             let mut unit = init[range].to_vec();
-            self.comm.broadcast(&mut unit, 0)?;
+            self.broadcast_init(&mut unit)?;
             let u = Unit {
                 start: 0,
                 ..self.units[i].clone()
@@ -273,7 +322,8 @@ impl Strategy for Fsdp {
     }
 
     fn keep_on_device(&mut self, proto: &dyn DeviceTensor) {
-        if self.reshard && self.dev.is_none() {
+        // (HSDP keeps its shards on the host, where the replicas average them)
+        if self.reshard && self.dev.is_none() && self.replica.is_none() {
             self.dev = OnDevice::new(proto, &self.shards, &self.opts);
         }
     }
@@ -499,8 +549,10 @@ impl Strategy for Fsdp {
                     send
                 };
                 let mut out = vec![0f32; shard_len];
+                let replica = self.replica.clone();
                 let p = self.comm.submit(OpKind::ReduceScatter, move |c| {
                     c.reduce_scatter(&send, &mut out, ReduceOp::Mean)?;
+                    across_replicas(replica.as_ref(), &mut out)?;
                     Ok(out)
                 });
                 let lr = self.step_in_backward();
@@ -508,16 +560,17 @@ impl Strategy for Fsdp {
                 self.collect(false)
             }
             mut pending => {
-                let shard = pending.reduce_scatter_to_host(
+                let mut shard = pending.reduce_scatter_to_host(
                     &mut self.comm,
                     0..len,
                     shard_len,
                     ReduceOp::Mean,
                 )?;
+                across_replicas(self.replica.as_ref(), &mut shard)?;
                 drop(pending);
                 add_shard(&mut self.shard_grads[i], shard);
                 if let Some(lr) = self.step_in_backward() {
-                    self.step_unit(i, lr);
+                    self.step_unit(i, lr)?;
                 }
                 Ok(())
             }
@@ -723,8 +776,16 @@ impl Strategy for Fsdp {
         } else {
             "gathered on the host and uploaded for each forward"
         };
+        let hybrid = match &self.replica {
+            Some(r) => format!(
+                " (hybrid: sharded over groups of {} ranks, replicated {} times)",
+                self.comm.world(),
+                lock(r).world()
+            ),
+            None => String::new(),
+        };
         format!(
-            "parameters: {} on the host, {gathered}; optimizer state: on the host shard, where the update runs",
+            "parameters: {} on the host{hybrid}, {gathered}; optimizer state: on the host shard, where the update runs",
             if self.reshard { "shards" } else { "whole" }
         )
     }
@@ -749,7 +810,17 @@ impl Strategy for Fsdp {
 
     fn snapshot(&mut self) -> Result<Snapshot, CollectiveError> {
         self.sync_host(true)?;
-        let rank = self.rank();
+        // (HSDP: the first shard group writes; the others hold the same shards)
+        let rank = self.comm.rank();
+        if self.replica.as_ref().is_some_and(|r| lock(r).rank() > 0) {
+            return Ok(Snapshot {
+                layout: Layout::Sharded {
+                    world: self.comm.world(),
+                    units: self.units.clone(),
+                },
+                data: None,
+            });
+        }
         let steps = self.opts.first().map(|o| o.steps).unwrap_or(0);
         // each unit's owned part, without the padding of the last ranks
         let owned = |bufs: &mut dyn Iterator<Item = &Vec<f32>>| -> Vec<f32> {
@@ -774,7 +845,7 @@ impl Strategy for Fsdp {
         let params = owned(&mut self.shards.iter());
         Ok(Snapshot {
             layout: Layout::Sharded {
-                world: self.world(),
+                world: self.comm.world(),
                 units: self.units.clone(),
             },
             data: Some((params, opt)),
@@ -784,7 +855,7 @@ impl Strategy for Fsdp {
     fn load_optimizer(&mut self, opt: &OptState) {
         // device shards (if any) are made again from the host state
         self.reset_device();
-        let rank = self.rank();
+        let rank = self.comm.rank();
         for (u, o) in self.units.iter().zip(&mut self.opts) {
             let own = u.owned(rank);
             o.import(opt, u.start + own.start..u.start + own.end, u.shard_len);

@@ -1,0 +1,38 @@
+//! HSDP (`strategy.shard_size`): the shard and replica groups of one rank, split from the job's
+//! collective before fsdp is built over them.
+
+use super::is_ddp;
+use crate::collective::{Collective, CollectiveError};
+use crate::config::{Config, StrategyKind};
+
+/// HSDP's groups of one rank (`strategy.shard_size`): the ranks it shards the model state
+/// with, and the ranks that hold its shard in the other groups.
+pub struct Hybrid {
+    pub shard: Box<dyn Collective>,
+    pub replica: Box<dyn Collective>,
+}
+
+/// The ranks of a shard group when the run is HSDP (fsdp with sharding, `strategy.shard_size`
+/// below the world size `world`); `None` otherwise.
+pub fn hybrid_size(c: &Config, world: usize) -> Option<usize> {
+    let s = c.strategy.shard_ranks(c.launch.nnodes);
+    (c.strategy.kind == StrategyKind::Fsdp && !is_ddp(c) && s < world && world % s == 0)
+        .then_some(s)
+}
+
+/// Forms HSDP's groups (every rank calls it, before `build`): shard groups of `size`
+/// consecutive ranks (ranks 0..size the first), replica groups of the ranks with the same place
+/// in their shard group (torch's 2-D device mesh, replicate x shard). `None` when the run is
+/// not HSDP.
+pub fn hybrid_groups(
+    c: &Config,
+    comm: &mut dyn Collective,
+) -> Result<Option<Hybrid>, CollectiveError> {
+    let Some(size) = hybrid_size(c, comm.world()) else {
+        return Ok(None);
+    };
+    let r = comm.rank();
+    let shard = comm.split(r / size, r)?;
+    let replica = comm.split(r % size, r)?;
+    Ok(Some(Hybrid { shard, replica }))
+}
