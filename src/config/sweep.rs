@@ -62,6 +62,40 @@ pub struct SweepConfig {
     pub parallel: usize,
     /// How often a failed trial is tried again. Default: `0`.
     pub retries: usize,
+    /// none (every trial trains to the end) or asha (asynchronous successive halving: trials
+    /// pause at rungs and the best go on). Default: `"none"`.
+    #[serde(skip_serializing_if = "SweepScheduler::is_none")]
+    pub scheduler: SweepScheduler,
+    /// asha: a rung keeps the top 1/N of the trials that reached it. Default: `3`.
+    #[serde(skip_serializing_if = "is_three")]
+    pub reduction_factor: usize,
+    /// asha: the first rung's step; rungs at grace x rf^k below `train.max_steps`, and
+    /// `train.max_steps`. Default: `0` (required with asha).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub grace_steps: usize,
+}
+
+// (defaults left out of the config hash: the hashes of sweeps without asha stay as they were)
+fn is_three(n: &usize) -> bool {
+    *n == 3
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
+}
+
+/// `sweep.scheduler`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SweepScheduler {
+    None,
+    Asha,
+}
+
+impl SweepScheduler {
+    fn is_none(&self) -> bool {
+        *self == SweepScheduler::None
+    }
 }
 
 impl Default for SweepConfig {
@@ -74,11 +108,67 @@ impl Default for SweepConfig {
             mode: MetricMode::Min,
             parallel: 1,
             retries: 0,
+            scheduler: SweepScheduler::None,
+            reduction_factor: 3,
+            grace_steps: 0,
         }
     }
 }
 
 impl SweepConfig {
+    /// asha's rungs for a run of `max_steps`: grace x rf^k below it, then `max_steps`.
+    pub fn rungs(&self, max_steps: usize) -> Vec<usize> {
+        let mut out = Vec::new();
+        let mut r = self.grace_steps.max(1);
+        while r < max_steps {
+            out.push(r);
+            r = r.saturating_mul(self.reduction_factor.max(2));
+        }
+        out.push(max_steps);
+        out
+    }
+
+    /// asha: a step count, rungs on evaluations (for an evaluation metric).
+    fn check_asha(&self, r: &Resolved) -> Result<(), ConfigError> {
+        let c = &r.config;
+        at_least(r, "sweep.reduction_factor", self.reduction_factor, 2)?;
+        let Some(max) = c.train.max_steps else {
+            return Err(r.key_error(
+                "sweep.scheduler",
+                "`sweep.scheduler` = \"asha\" pauses trials at steps, but `train.max_steps` is unset".into(),
+                Some("set `train.max_steps` (the last rung)".into()),
+            ));
+        };
+        if self.grace_steps == 0 || self.grace_steps >= max {
+            return Err(r.key_error(
+                "sweep.grace_steps",
+                format!(
+                    "`sweep.grace_steps` = {} must be a step before `train.max_steps` = {max} (the first rung)",
+                    self.grace_steps
+                ),
+                None,
+            ));
+        }
+        if self.metric.starts_with("eval_") {
+            let every = c.train.eval_every;
+            if let Some(bad) = self
+                .rungs(max)
+                .into_iter()
+                .find(|s| every == 0 || s % every != 0)
+            {
+                return Err(r.key_error(
+                    "train.eval_every",
+                    format!(
+                        "asha ranks trials by `{}` at each rung, but rung {bad} is not an evaluation step (`train.eval_every` = {every})",
+                        self.metric
+                    ),
+                    Some(format!("set `train.eval_every` to a divisor of every rung ({:?})", self.rungs(max))),
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// The number of trials bounded before any is expanded, and a metric a trial's summary has.
     pub(super) fn check(&self, r: &Resolved) -> Result<(), ConfigError> {
         let s = self;
@@ -116,6 +206,9 @@ impl SweepConfig {
                 ),
                 Some("search fewer values per key (or a random search with fewer samples), then narrow it around the best trials".into()),
             ));
+        }
+        if s.scheduler == SweepScheduler::Asha {
+            s.check_asha(r)?;
         }
         Ok(())
     }

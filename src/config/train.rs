@@ -35,6 +35,17 @@ pub struct TrainConfig {
     /// activations; fsdp with full sharding needs it for its memory (a kept graph holds the
     /// gathered parameters). Losses are the same bits either way. Default: `"none"`.
     pub activation_checkpointing: ActivationCheckpointing,
+    /// End this session after step N with a checkpoint there (status "paused", exit 0);
+    /// `kiln resume` continues the run, to the end or to a later pause. Nothing else changes:
+    /// the schedule still runs to `max_steps`, so a run paused and resumed has the bits of one
+    /// that never paused (what ASHA's paused trials need). 0: never. Default: `0`.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub pause_at_step: usize,
+}
+
+/// (a default left out of the config hash)
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 /// `train.activation_checkpointing`.
@@ -56,6 +67,7 @@ impl Default for TrainConfig {
             log_every: 10,
             early_stopping: None,
             activation_checkpointing: ActivationCheckpointing::None,
+            pause_at_step: 0,
         }
     }
 }

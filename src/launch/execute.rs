@@ -465,6 +465,16 @@ impl Session<'_> {
                     run_dir.display()
                 )))
             }
+            Ok((res, _)) if res.outcome.paused.is_some() => {
+                let step = res.outcome.steps;
+                files.summary(&summary("paused", None, Some(&res)))?;
+                ui::out(&format!(
+                    "paused at step {step} (train.pause_at_step): checkpoint step-{step:08} is saved; run dir: {}\n  = help: continue it with `kiln resume {}`",
+                    run_dir.display(),
+                    run_dir.display()
+                ));
+                Ok(())
+            }
             Ok((res, traces)) => {
                 files.summary(&summary("finished", None, Some(&res)))?;
                 match traces {

@@ -8,8 +8,8 @@ use crate::strategy::Memory;
 /// `summary.json`.
 #[derive(Debug, Serialize)]
 pub struct Summary {
-    /// "finished", "failed" or "preempted" (stopped by a signal at `steps`, with a checkpoint
-    /// there; `kiln resume` continues it).
+    /// "finished", "failed", "preempted" (stopped by a signal at `steps`, with a checkpoint
+    /// there; `kiln resume` continues it) or "paused" (`train.pause_at_step`, likewise).
     pub status: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,

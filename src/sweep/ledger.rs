@@ -19,6 +19,8 @@ pub enum TrialState {
     Preempted,
     Done,
     Failed,
+    /// asha: stopped at a rung with a checkpoint; promoted later when the ranking allows.
+    Paused,
 }
 
 impl TrialState {
@@ -30,6 +32,7 @@ impl TrialState {
             TrialState::Preempted => "preempted",
             TrialState::Done => "done",
             TrialState::Failed => "failed",
+            TrialState::Paused => "paused",
         }
     }
 }
@@ -51,6 +54,9 @@ pub struct Record {
     pub job: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub array_index: Option<usize>,
+    /// asha: the rung step this trial was sent to (running) or reached (paused, done).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub rung: Option<usize>,
     /// Seconds since the Unix epoch.
     pub time: f64,
 }

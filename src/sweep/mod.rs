@@ -5,12 +5,14 @@
 //! with its share of the CPU; the ledger makes a re-run skip done trials, resume interrupted ones
 //! from their checkpoints and retry failed ones; results are ranked by the chosen metric.
 
+mod asha;
 mod expand;
 mod ledger;
 mod results;
 mod scheduler;
 mod slurm;
 
+pub use asha::{Asha, Progress};
 pub use expand::{expand, ExpandError, Trial};
 pub use ledger::{Ledger, Record, TrialState};
 pub use results::{row, sort, to_csv, to_markdown, to_text, Row};

@@ -65,19 +65,27 @@ pub fn sort(rows: &mut [Row], mode: MetricMode) {
         let rank = |r: &Row| match (r.status, r.metric) {
             (TrialState::Done, Some(m)) if m.is_finite() => 0,
             (TrialState::Done, _) => 1,
-            (TrialState::Running, _) => 2,
-            (TrialState::Preempted, _) => 3,
-            (TrialState::Queued, _) => 4,
-            (TrialState::Pending, _) => 5,
-            (TrialState::Failed, _) => 6,
+            // asha: the trials that went furthest first
+            (TrialState::Paused, _) => 2,
+            (TrialState::Running, _) => 3,
+            (TrialState::Preempted, _) => 4,
+            (TrialState::Queued, _) => 5,
+            (TrialState::Pending, _) => 6,
+            (TrialState::Failed, _) => 7,
         };
-        rank(a).cmp(&rank(b)).then_with(|| {
-            let (x, y) = (a.metric.unwrap_or(f64::NAN), b.metric.unwrap_or(f64::NAN));
-            match mode {
-                MetricMode::Min => x.total_cmp(&y),
-                MetricMode::Max => y.total_cmp(&x),
-            }
-        })
+        rank(a)
+            .cmp(&rank(b))
+            .then_with(|| match a.status {
+                TrialState::Paused => b.steps.cmp(&a.steps),
+                _ => std::cmp::Ordering::Equal,
+            })
+            .then_with(|| {
+                let (x, y) = (a.metric.unwrap_or(f64::NAN), b.metric.unwrap_or(f64::NAN));
+                match mode {
+                    MetricMode::Min => x.total_cmp(&y),
+                    MetricMode::Max => y.total_cmp(&x),
+                }
+            })
     });
 }
 

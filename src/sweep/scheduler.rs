@@ -180,16 +180,18 @@ impl Drop for Lock {
     }
 }
 
-struct Running {
-    planned: Planned,
-    child: Child,
+pub(super) struct Running {
+    pub planned: Planned,
+    pub child: Child,
     /// The GPUs this trial holds (CUDA trials get whole devices).
-    gpus: Vec<usize>,
+    pub gpus: Vec<usize>,
+    /// asha: the rung step it was sent to.
+    pub target: usize,
 }
 
 /// GPUs a trial needs: its device count on CUDA, none on the CPU (and on wgpu, whose ranks
 /// share one adapter that kiln does not count).
-fn gpus_needed(c: &Config) -> usize {
+pub(super) fn gpus_needed(c: &Config) -> usize {
     match c.backend.device {
         crate::config::Device::Cuda => c.strategy.devices.count(),
         crate::config::Device::Cpu | crate::config::Device::Wgpu => 0,
@@ -197,7 +199,7 @@ fn gpus_needed(c: &Config) -> usize {
 }
 
 /// GPUs on this machine (0 without the `cuda` feature or a driver).
-fn gpu_count() -> usize {
+pub(super) fn gpu_count() -> usize {
     #[cfg(feature = "cuda")]
     {
         crate::cuda::device_count().unwrap_or(0)
@@ -228,17 +230,21 @@ pub(super) fn record(p: &Planned, state: TrialState) -> Record {
         error: None,
         job: None,
         array_index: None,
+        rung: None,
         time: now(),
     }
 }
 
-fn spawn(
+/// Starts trial `p` (or continues it from its newest checkpoint when its run directory holds
+/// a run), with `extra` sets on top.
+pub(super) fn spawn(
     spec: &SweepSpec,
     p: &Planned,
     run_dir: &Path,
     log: &Path,
     threads: usize,
     gpus: &[usize],
+    extra: &[String],
 ) -> Result<Child> {
     let exe = std::env::current_exe().map_err(|e| Error::io("finding the kiln executable", e))?;
     let threads = format!("backend.threads={threads}");
@@ -252,6 +258,9 @@ fn spawn(
             "--set",
             &threads,
         ]);
+        for s in extra {
+            cmd.args(["--set", s]);
+        }
     } else {
         if run_dir.exists() {
             fs::remove_dir_all(run_dir)
@@ -268,6 +277,9 @@ fn spawn(
             cmd.args(["--set", &s]);
         }
         cmd.args(["--set", &threads]);
+        for s in extra {
+            cmd.args(["--set", s]);
+        }
     }
     let out = File::options()
         .create(true)
@@ -363,6 +375,9 @@ pub fn run_trials(spec: &SweepSpec, parallel: Option<usize>, quiet: bool) -> Res
     let env: Vec<(String, String)> = std::env::vars().collect();
     let (base, planned) = plan(spec, &env)?;
     let s = &base.sweep;
+    if s.scheduler == crate::config::SweepScheduler::Asha {
+        return super::asha::run(spec, &base, planned, parallel, quiet);
+    }
     let parallel = parallel.unwrap_or(s.parallel).max(1);
     let dir = sweep_dir(&base);
     refuse_run_dir(&dir)?;
@@ -428,12 +443,13 @@ pub fn run_trials(spec: &SweepSpec, parallel: Option<usize>, quiet: bool) -> Res
             ledger
                 .append(&record(&p, TrialState::Running))
                 .map_err(ledger_io)?;
-            let child = spawn(&spec_abs, &p, &run_dir, &log, threads, &gpus)?;
+            let child = spawn(&spec_abs, &p, &run_dir, &log, threads, &gpus, &[])?;
             ui.started(&p.id, &p.trial.describe());
             running.push(Running {
                 planned: p,
                 child,
                 gpus,
+                target: 0,
             });
         }
         std::thread::sleep(Duration::from_millis(50));
@@ -492,7 +508,7 @@ pub(super) fn add_pending(
 }
 
 /// SIGTERM to every running trial (they checkpoint and stop; it never escalates).
-fn terminate(running: &[Running]) {
+pub(super) fn terminate(running: &[Running]) {
     for r in running {
         // SAFETY: kill(2) on our own child's pid.
         unsafe { libc::kill(r.child.id() as i32, libc::SIGTERM) };
@@ -543,7 +559,7 @@ fn queue_of(
 /// The ledger record of trial `p`, whose process ended with `status`: done (with its metric),
 /// preempted, failed (with why), or pending again when the sweep's stop came before it could
 /// checkpoint.
-fn ended(
+pub(super) fn ended(
     dir: &Path,
     p: &Planned,
     status: std::process::ExitStatus,
@@ -570,6 +586,9 @@ fn ended(
                 v.stopped_by.as_deref().unwrap_or("a signal")
             )
         });
+    } else if status.success() && summary.as_ref().is_some_and(|v| v.status == "paused") {
+        // `train.pause_at_step`: a checkpoint there, continued later
+        rec.state = TrialState::Paused;
     } else if !status.success() {
         rec.state = TrialState::Failed;
         rec.error = Some(failure_reason(
@@ -583,7 +602,7 @@ fn ended(
 
 /// The results table (written, and printed), and the sweep's outcome: stopped, some trials
 /// failed, or done.
-fn conclude(
+pub(super) fn conclude(
     dir: &Path,
     ledger: &Ledger,
     s: &SweepConfig,

@@ -107,6 +107,11 @@ pub fn submit(spec: &SweepSpec, parallel: Option<usize>) -> Result<String> {
     let env: Vec<(String, String)> = std::env::vars().collect();
     let (base, planned) = plan(spec, &env)?;
     let s = &base.sweep;
+    if s.scheduler == crate::config::SweepScheduler::Asha {
+        return Err(Error::Usage(
+            "`sweep.scheduler` = \"asha\" runs with the local executor only (promotion as a Slurm resubmission is not built yet)\n  = help: run `kiln sweep FILE` on a node, or set `sweep.scheduler = \"none\"` for a Slurm job array".into(),
+        ));
+    }
     let parallel = parallel.unwrap_or(s.parallel).max(1);
     let shape = &base.slurm;
     can_submit(&base)?;

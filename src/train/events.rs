@@ -96,6 +96,8 @@ pub struct Outcome {
     pub preempted: Option<String>,
     /// The step at which `train.early_stopping` stopped the run.
     pub stopped_early: Option<usize>,
+    /// The step `train.pause_at_step` ended this session at (with a checkpoint there).
+    pub paused: Option<usize>,
     /// Where `train.early_stopping` and `checkpoint.keep_best` stand at the end.
     pub early_stopping: Option<WatchState>,
     pub best: Option<WatchState>,

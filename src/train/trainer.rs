@@ -81,6 +81,8 @@ enum Ending {
     Preempted(String),
     /// Early stopping, at this step.
     Stopped(usize),
+    /// `train.pause_at_step`, at this step.
+    Paused(usize),
 }
 
 /// One rank's training between steps.
@@ -515,10 +517,12 @@ impl<'a, B: ComputeOn> Trainer<'a, B> {
         }
         self.log_step(&s, do_eval, is_last);
 
-        // a stop before the end saves the step it stops at (once)
+        // a stop before the end saves the step it stops at (once), and so does a pause
         let stopping = s.stop && !is_last;
+        let pausing = c.train.pause_at_step == done && !is_last;
         let entered = (self.pos.epoch > s.epoch_at_start).then_some(self.pos.epoch);
-        let save = super::save::due(c, done, entered, is_last, stop_early || stopping, new_best);
+        let ends_here = stop_early || stopping || pausing;
+        let save = super::save::due(c, done, entered, is_last, ends_here, new_best);
         let clock = self.clock;
         if let (true, Some(store)) = (save, self.input.store) {
             // one save in flight: the previous one first (training waits only for what is
@@ -581,6 +585,11 @@ impl<'a, B: ComputeOn> Trainer<'a, B> {
                 ));
             }
             return Ok(Some(Ending::Stopped(done)));
+        }
+        if pausing {
+            self.sink
+                .log(&format!("paused at step {done} (train.pause_at_step)"));
+            return Ok(Some(Ending::Paused(done)));
         }
         Ok(None)
     }
@@ -705,10 +714,11 @@ impl<'a, B: ComputeOn> Trainer<'a, B> {
         // one lock at a time: the clock's mutexes are not reentrant
         let time = clock.lock().totals();
         let comm_time = clock.comm().totals();
-        let (preempted, stopped_early) = match ending {
-            Some(Ending::Preempted(why)) => (Some(why), None),
-            Some(Ending::Stopped(step)) => (None, Some(step)),
-            None => (None, None),
+        let (preempted, stopped_early, paused) = match ending {
+            Some(Ending::Preempted(why)) => (Some(why), None, None),
+            Some(Ending::Stopped(step)) => (None, Some(step), None),
+            Some(Ending::Paused(step)) => (None, None, Some(step)),
+            None => (None, None, None),
         };
         Ok(Outcome {
             steps: self.step,
@@ -730,6 +740,7 @@ impl<'a, B: ComputeOn> Trainer<'a, B> {
             spans: clock.take_spans(),
             preempted,
             stopped_early,
+            paused,
             early_stopping: self.early_stopping.and_then(|w| w.state),
             best: self.best.and_then(|w| w.state),
             loss_scale: self.scaler.as_ref().map(|s| s.state().clone()),

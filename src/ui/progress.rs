@@ -193,6 +193,18 @@ impl SweepProgress {
         self.info(&line);
     }
 
+    /// A trial that stopped for now (asha's pause at a rung): its line, not counted as done.
+    pub fn paused(&mut self, id: &str, msg: &str) {
+        if let Some(pos) = self.trials.iter().position(|(t, _)| t == id) {
+            let (_, b) = self.trials.remove(pos);
+            b.finish_and_clear();
+            if let Some(m) = &self.multi {
+                m.remove(&b);
+            }
+        }
+        self.info(&format!("trial {id} {msg}"));
+    }
+
     pub fn finish(&mut self) {
         for (_, b) in self.trials.drain(..) {
             b.finish_and_clear();

@@ -272,3 +272,104 @@ fn a_signal_stops_a_local_sweep_with_checkpoints_and_resume_continues_them() {
         .count();
     assert_eq!(resumed, 2, "{}", stdout(&o));
 }
+
+#[test]
+fn asha_pauses_trials_at_rungs_promotes_a_third_and_the_winner_has_a_straight_runs_bits() {
+    let d = kiln::testdir::tempdir().unwrap();
+    let f = sweep_file(
+        d.path(),
+        r#"grid = { "optim.lr" = [0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.4, 0.8] }
+scheduler = "asha"
+reduction_factor = 3
+grace_steps = 6"#,
+        "",
+    );
+    let sets = ["--set", "train.max_steps=54", "--set", "train.eval_every=6"];
+    let mut args = vec!["sweep", &f[..], "--quiet"];
+    args.extend(sets);
+    let o = kiln(d.path(), &args);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let dir = d.path().join("runs/tiny");
+    // each trial's furthest rung, from the ledger
+    let mut furthest: std::collections::BTreeMap<String, u64> = Default::default();
+    for r in ledger(&dir) {
+        let t = r["trial"].as_str().unwrap().to_string();
+        let g = r["rung"].as_u64().unwrap_or(0);
+        let e = furthest.entry(t).or_insert(0);
+        *e = (*e).max(g);
+    }
+    let at_least = |s: u64| furthest.values().filter(|&&g| g >= s).count();
+    assert_eq!(
+        (at_least(6), at_least(18), at_least(54)),
+        (9, 3, 1),
+        "{furthest:?}"
+    );
+    let steps: u64 = furthest.values().sum();
+    assert!(steps as f64 <= 0.4 * 9.0 * 54.0, "{steps} steps");
+    // the table: one done at 54, two paused at 18, six at 6
+    let csv = std::fs::read_to_string(dir.join("results.csv")).unwrap();
+    let rows: Vec<Vec<&str>> = csv
+        .lines()
+        .skip(1)
+        .map(|l| l.split(',').collect())
+        .collect();
+    let states: Vec<(&str, &str)> = rows.iter().map(|r| (r[2], r[5])).collect();
+    assert_eq!(states[0], ("done", "54"), "{csv}");
+    assert_eq!(&states[1..3], &[("paused", "18"); 2], "{csv}");
+    assert!(states[3..].iter().all(|s| *s == ("paused", "6")), "{csv}");
+    // the winner's parameters are the bits of its config trained straight through
+    let winner = rows[0][0];
+    let lr = rows[0][1].trim_start_matches("optim.lr=");
+    let lr = format!("optim.lr={lr}");
+    let mut args = vec![
+        "run",
+        &f[..],
+        "--quiet",
+        "--run-dir",
+        "straight",
+        "--set",
+        &lr,
+    ];
+    args.extend(sets);
+    let o = kiln(d.path(), &args);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let sha = |run: &Path| crate::common::summary(run)["params_sha256"].clone();
+    assert_eq!(sha(&dir.join(winner)), sha(&d.path().join("straight")));
+    // a re-run decides nothing new: every quota is met
+    let n = ledger(&dir).len();
+    let mut args = vec!["sweep", &f[..], "--quiet"];
+    args.extend(sets);
+    let o = kiln(d.path(), &args);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(ledger(&dir).len(), n);
+    let st = kiln(d.path(), &["sweep", "status", dir.to_str().unwrap()]);
+    assert!(stdout(&st).contains("paused"), "{}", stdout(&st));
+}
+
+#[test]
+fn asha_needs_max_steps_a_first_rung_before_it_and_evaluations_at_every_rung() {
+    let d = kiln::testdir::tempdir().unwrap();
+    let f = sweep_file(
+        d.path(),
+        "grid = { \"optim.lr\" = [0.1, 0.2] }\nscheduler = \"asha\"\ngrace_steps = 4",
+        "",
+    );
+    for (sets, want) in [
+        (&[][..], "`sweep.scheduler` = \"asha\" pauses trials at steps, but `train.max_steps` is unset"),
+        (
+            &["--set", "train.max_steps=4"][..],
+            "`sweep.grace_steps` = 4 must be a step before `train.max_steps` = 4",
+        ),
+        (
+            &["--set", "train.max_steps=36", "--set", "train.eval_every=8"][..],
+            "asha ranks trials by `eval_loss` at each rung, but rung 4 is not an evaluation step (`train.eval_every` = 8)",
+        ),
+    ] {
+        let mut args = vec!["sweep", &f[..]];
+        args.extend(sets);
+        let o = kiln(d.path(), &args);
+        assert_eq!(o.status.code(), Some(2), "{sets:?}");
+        assert!(stderr(&o).contains(want), "{sets:?}: {}", stderr(&o));
+    }
+    assert!(!d.path().join("runs").exists());
+}

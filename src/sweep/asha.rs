@@ -1,0 +1,396 @@
+//! ASHA, asynchronous successive halving (Li et al., "A System for Massively Parallel
+//! Hyperparameter Tuning"; Ray Tune's `ASHAScheduler`, Optuna's `SuccessiveHalvingPruner`):
+//! every trial trains to the first rung and pauses there with a checkpoint; whenever a worker is
+//! free, a paused trial in the top 1/rf of the trials that reached its rung (and at most
+//! floor(n / rf) of them per rung) goes on to the next rung, else a new trial starts. A
+//! promoted trial resumes from its rung checkpoint, so it ends with the bits of a run that never
+//! paused. What the ledger records (each trial's rung results and the rung it was sent to) is
+//! all the state: a re-run of the sweep makes the same decisions.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::time::Duration;
+
+use super::scheduler::{
+    add_pending, conclude, ended, gpu_count, gpus_needed, ledger_io, record, refuse_run_dir, spawn,
+    sweep_dir, terminate, Executor, Lock, Planned, Running, SweepSpec,
+};
+use super::{Ledger, Record, TrialState};
+use crate::config::{Config, MetricMode, SweepConfig};
+use crate::error::{Error, Result};
+use crate::rundir::SummaryFile;
+use crate::ui::SweepProgress;
+
+/// The rungs and the ranking.
+#[derive(Debug, Clone)]
+pub struct Asha {
+    /// Rung steps, ascending; the last is `train.max_steps`.
+    pub rungs: Vec<usize>,
+    pub rf: usize,
+    pub mode: MetricMode,
+}
+
+/// What the ledger says of one trial.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Progress {
+    /// Its index in the sweep (ties go to the earlier trial).
+    pub index: usize,
+    /// The metric at each rung it reached (`None`: the summary had none).
+    pub results: BTreeMap<usize, Option<f64>>,
+    /// The furthest rung it was sent to (0: never started).
+    pub furthest: usize,
+}
+
+impl Asha {
+    pub fn new(s: &SweepConfig, max_steps: usize) -> Self {
+        Asha {
+            rungs: s.rungs(max_steps),
+            rf: s.reduction_factor.max(2),
+            mode: s.mode,
+        }
+    }
+
+    /// Each trial's progress, from every ledger record in order.
+    pub fn progress(records: &[Record]) -> BTreeMap<String, Progress> {
+        let mut out: BTreeMap<String, Progress> = BTreeMap::new();
+        for r in records {
+            let p = out.entry(r.trial.clone()).or_default();
+            p.index = r.index;
+            let Some(rung) = r.rung else { continue };
+            p.furthest = p.furthest.max(rung);
+            if matches!(r.state, TrialState::Paused | TrialState::Done) {
+                p.results.insert(rung, r.metric);
+            }
+        }
+        out
+    }
+
+    /// The best promotion there is now, highest rung first: a trial and the rung step it goes
+    /// on to.
+    pub fn promotion(&self, progress: &BTreeMap<String, Progress>) -> Option<(String, usize)> {
+        for k in (0..self.rungs.len().saturating_sub(1)).rev() {
+            let rung = self.rungs[k];
+            let mut at: Vec<(&String, &Progress, f64)> = progress
+                .iter()
+                .filter_map(|(id, p)| p.results.get(&rung).map(|m| (id, p, self.worst(*m))))
+                .collect();
+            let quota = at.len() / self.rf;
+            let promoted = at.iter().filter(|(_, p, _)| p.furthest > rung).count();
+            if promoted >= quota {
+                continue;
+            }
+            at.sort_by(|a, b| {
+                let by = match self.mode {
+                    MetricMode::Min => a.2.total_cmp(&b.2),
+                    MetricMode::Max => b.2.total_cmp(&a.2),
+                };
+                by.then(a.1.index.cmp(&b.1.index))
+            });
+            if let Some((id, _, _)) = at[..quota].iter().find(|(_, p, _)| p.furthest <= rung) {
+                return Some(((*id).clone(), self.rungs[k + 1]));
+            }
+        }
+        None
+    }
+
+    /// A metric to rank by: a missing or NaN one ranks last.
+    fn worst(&self, m: Option<f64>) -> f64 {
+        match (m, self.mode) {
+            (Some(v), _) if !v.is_nan() => v,
+            (_, MetricMode::Min) => f64::INFINITY,
+            (_, MetricMode::Max) => f64::NEG_INFINITY,
+        }
+    }
+
+    /// The rung index of step `s` (for tables), if it is a rung.
+    pub fn rung_of(&self, s: usize) -> Option<usize> {
+        self.rungs.iter().position(|&r| r == s)
+    }
+}
+
+/// Runs (or continues) an asha sweep with local child processes: `parallel` trials at once,
+/// each segment a `kiln run` or `kiln resume` with `train.pause_at_step` at its rung.
+pub(super) fn run(
+    spec: &SweepSpec,
+    base: &Config,
+    planned: Vec<Planned>,
+    parallel: Option<usize>,
+    quiet: bool,
+) -> Result<String> {
+    let s = &base.sweep;
+    let asha = Asha::new(s, base.train.max_steps.unwrap_or(1));
+    let parallel = parallel.unwrap_or(s.parallel).max(1);
+    let dir = sweep_dir(base);
+    refuse_run_dir(&dir)?;
+    fs::create_dir_all(dir.join("logs"))
+        .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
+    let _lock = Lock::take(&dir)?;
+    let spec_abs = spec.store(&dir, Executor::Local)?;
+    let ledger = Ledger {
+        path: dir.join("sweep.jsonl"),
+    };
+    add_pending(&ledger, &planned, &ledger.latest())?;
+    let total = planned.len();
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    // sent to a rung they did not report when the sweep last stopped (or failed there, while
+    // retries are left): they go on to it first
+    let mut failures = ledger.failures();
+    let mut again = in_flight(&ledger, &failures, s.retries);
+    let done = |ledger: &Ledger| {
+        ledger
+            .latest()
+            .values()
+            .filter(|r| r.state == TrialState::Done)
+            .count()
+    };
+    let mut ui = SweepProgress::new(total, done(&ledger), quiet);
+    let mut free_gpus: Vec<usize> = if planned.iter().any(|p| gpus_needed(&p.config) > 0) {
+        (0..gpu_count()).collect()
+    } else {
+        Vec::new()
+    };
+    let mut running: Vec<Running> = Vec::new();
+    let mut stopping = false;
+    loop {
+        if !stopping && crate::train::preempt::requested().is_some() {
+            stopping = true;
+            terminate(&running);
+            ui.info("stopping: the running trials checkpoint and stop");
+        }
+        while !stopping && running.len() < parallel {
+            let Some((id, target)) = next_job(&asha, &planned, &running, &mut again, &ledger)
+            else {
+                break;
+            };
+            let Some(p) = planned.iter().find(|p| p.id == id) else {
+                break;
+            };
+            let need = gpus_needed(&p.config);
+            if need > free_gpus.len() {
+                if running.is_empty() {
+                    return Err(Error::Usage(format!(
+                        "sweep trial {} ({}) needs {need} GPU(s) but {} are free on this machine",
+                        p.trial.index,
+                        p.trial.describe(),
+                        free_gpus.len()
+                    )));
+                }
+                again.push((id, target));
+                break;
+            }
+            let gpus: Vec<usize> = free_gpus.drain(..need).collect();
+            let threads = (cores / parallel / p.config.strategy.devices.count().max(1)).max(1);
+            // the last rung runs to the end
+            let pause = format!("train.pause_at_step={}", pause_at(&asha, target));
+            let mut rec = record(p, TrialState::Running);
+            rec.rung = Some(target);
+            ledger.append(&rec).map_err(ledger_io)?;
+            let (run_dir, log) = (
+                dir.join(&p.id),
+                dir.join("logs").join(format!("{}.log", p.id)),
+            );
+            let child = spawn(&spec_abs, p, &run_dir, &log, threads, &gpus, &[pause])?;
+            ui.started(&p.id, &format!("{} to step {target}", p.trial.describe()));
+            running.push(Running {
+                planned: p.clone(),
+                child,
+                gpus,
+                target,
+            });
+        }
+        if running.is_empty() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+        let mut i = 0;
+        while i < running.len() {
+            let status = running[i]
+                .child
+                .try_wait()
+                .map_err(|e| Error::io("waiting for a trial", e))?;
+            let Some(status) = status else {
+                i += 1;
+                continue;
+            };
+            let r = running.swap_remove(i);
+            free_gpus.extend(&r.gpus);
+            free_gpus.sort_unstable();
+            let ctx = (&asha, dir.as_path(), &ledger, s);
+            segment_ended(ctx, r, status, stopping, &mut failures, &mut again, &mut ui)?;
+        }
+    }
+    ui.finish();
+    conclude(&dir, &ledger, s, stopping, total)
+}
+
+/// The segments the ledger has in flight (a sweep that stopped) or failed while retries are
+/// left: each trial and the rung step it was sent to.
+fn in_flight(
+    ledger: &Ledger,
+    failures: &BTreeMap<String, usize>,
+    retries: usize,
+) -> Vec<(String, usize)> {
+    ledger
+        .latest()
+        .values()
+        .filter(|r| match r.state {
+            TrialState::Running | TrialState::Preempted => true,
+            TrialState::Failed => failures.get(&r.trial).copied().unwrap_or(0) <= retries,
+            _ => false,
+        })
+        .filter_map(|r| r.rung.map(|g| (r.trial.clone(), g)))
+        .collect()
+}
+
+/// The next segment to run: a trial left in flight, the best promotion, else the next new
+/// trial to the first rung.
+fn next_job(
+    asha: &Asha,
+    planned: &[Planned],
+    running: &[Running],
+    again: &mut Vec<(String, usize)>,
+    ledger: &Ledger,
+) -> Option<(String, usize)> {
+    let busy = |id: &str| running.iter().any(|r| r.planned.id == id);
+    let progress = Asha::progress(&ledger.read());
+    again
+        .pop()
+        .or_else(|| asha.promotion(&progress).filter(|(id, _)| !busy(id)))
+        .or_else(|| {
+            planned
+                .iter()
+                .find(|p| !busy(&p.id) && progress.get(&p.id).is_none_or(|g| g.furthest == 0))
+                .map(|p| (p.id.clone(), asha.rungs[0]))
+        })
+}
+
+/// Records a segment that ended: paused or done at the step it reached (with the metric
+/// there), else preempted or failed on the way to its rung (again, while retries are left).
+fn segment_ended(
+    (asha, dir, ledger, s): (&Asha, &std::path::Path, &Ledger, &SweepConfig),
+    r: Running,
+    status: std::process::ExitStatus,
+    stopping: bool,
+    failures: &mut BTreeMap<String, usize>,
+    again: &mut Vec<(String, usize)>,
+    ui: &mut SweepProgress,
+) -> Result<()> {
+    let p = r.planned;
+    let mut rec = ended(dir, &p, status, stopping, s.metric.as_str());
+    rec.rung = Some(match rec.state {
+        TrialState::Paused | TrialState::Done => SummaryFile::read(&dir.join(&p.id))
+            .and_then(|v| v.steps)
+            .map_or(r.target, |s| s as usize),
+        _ => r.target,
+    });
+    if rec.state == TrialState::Failed {
+        let n = failures.entry(p.id.clone()).or_insert(0);
+        *n += 1;
+        if *n <= s.retries {
+            again.push((p.id.clone(), r.target));
+        }
+    }
+    ledger.append(&rec).map_err(ledger_io)?;
+    match rec.state {
+        TrialState::Paused => ui.paused(
+            &p.id,
+            &format!(
+                "paused at rung {} (step {}), {} {}",
+                rec.rung.and_then(|g| asha.rung_of(g)).unwrap_or(0),
+                rec.rung.unwrap_or(0),
+                s.metric,
+                rec.metric.map_or("-".into(), |m| m.to_string())
+            ),
+        ),
+        st => ui.finished(
+            &p.id,
+            st == TrialState::Done,
+            &rec.error.clone().unwrap_or_default(),
+        ),
+    }
+    Ok(())
+}
+
+/// `train.pause_at_step` for a segment to rung step `target`: 0 (none) for the last rung.
+fn pause_at(asha: &Asha, target: usize) -> usize {
+    if asha.rungs.last() == Some(&target) {
+        0
+    } else {
+        target
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(trial: &str, index: usize, state: TrialState, rung: usize, metric: f64) -> Record {
+        Record {
+            trial: trial.into(),
+            index,
+            overrides: Default::default(),
+            state,
+            exit: None,
+            metric: Some(metric),
+            error: None,
+            job: None,
+            array_index: None,
+            rung: Some(rung),
+            time: 0.0,
+        }
+    }
+
+    #[test]
+    fn a_rung_promotes_its_top_third_as_trials_reach_it() {
+        let s = SweepConfig {
+            grace_steps: 6,
+            reduction_factor: 3,
+            ..Default::default()
+        };
+        let asha = Asha::new(&s, 54);
+        assert_eq!(asha.rungs, vec![6, 18, 54]);
+        let mut ledger = Vec::new();
+        // two trials at rung 6: no promotion yet (floor(2 / 3) = 0)
+        ledger.push(rec("a", 0, TrialState::Paused, 6, 3.0));
+        ledger.push(rec("b", 1, TrialState::Paused, 6, 1.0));
+        assert_eq!(asha.promotion(&Asha::progress(&ledger)), None);
+        // a third: the best of the three goes on to 18
+        ledger.push(rec("c", 2, TrialState::Paused, 6, 2.0));
+        assert_eq!(
+            asha.promotion(&Asha::progress(&ledger)),
+            Some(("b".into(), 18))
+        );
+        ledger.push(rec("b", 1, TrialState::Running, 18, f64::NAN));
+        assert_eq!(asha.promotion(&Asha::progress(&ledger)), None);
+        // three more, all better than b: the quota is 2, one is left, the best unpromoted
+        for (t, i, m) in [("d", 3, 0.5), ("e", 4, 0.4), ("f", 5, 0.6)] {
+            ledger.push(rec(t, i, TrialState::Paused, 6, m));
+        }
+        assert_eq!(
+            asha.promotion(&Asha::progress(&ledger)),
+            Some(("e".into(), 18))
+        );
+        // higher rungs first: three at 18 promote one to 54
+        ledger.push(rec("e", 4, TrialState::Paused, 18, 0.2));
+        ledger.push(rec("b", 1, TrialState::Paused, 18, 0.3));
+        ledger.push(rec("d", 3, TrialState::Running, 18, f64::NAN));
+        assert_eq!(asha.promotion(&Asha::progress(&ledger)), None);
+        ledger.push(rec("d", 3, TrialState::Paused, 18, 0.1));
+        assert_eq!(
+            asha.promotion(&Asha::progress(&ledger)),
+            Some(("d".into(), 54))
+        );
+        // max mode ranks the other way; a missing metric ranks last
+        let asha = Asha {
+            mode: MetricMode::Max,
+            ..asha
+        };
+        let mut l = vec![
+            rec("a", 0, TrialState::Paused, 6, 3.0),
+            rec("b", 1, TrialState::Paused, 6, 1.0),
+            rec("c", 2, TrialState::Paused, 6, 2.0),
+        ];
+        l[0].metric = None;
+        assert_eq!(asha.promotion(&Asha::progress(&l)), Some(("c".into(), 18)));
+    }
+}
