@@ -6,7 +6,7 @@ use clap::{Args, Parser, Subcommand};
 
 use super::{
     bench, check, ckpt, env, eval, export, init, report, resume, run, sample, submit, sweep,
-    tokenize,
+    tokenize, track,
 };
 
 use crate::config::{self, Resolved};
@@ -62,6 +62,9 @@ pub enum Command {
     Sample(sample::SampleArgs),
     /// Tokenize a text file into nanoGPT-format token files (`data.kind = "tokens"`).
     Tokenize(tokenize::TokenizeArgs),
+    /// Experiment tracking: `kiln track push RUN` sends a run's metrics to MLflow.
+    #[command(subcommand)]
+    Track(track::TrackCommand),
 }
 
 impl Command {
@@ -132,5 +135,6 @@ pub fn dispatch(cli: Cli) -> Result<()> {
         Command::Bench(a) => bench::bench(&a),
         Command::Sample(a) => sample::sample(&a),
         Command::Tokenize(a) => tokenize::tokenize(&a),
+        Command::Track(c) => track::track(&c),
     }
 }

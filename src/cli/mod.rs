@@ -18,6 +18,7 @@ mod sample;
 mod submit;
 mod sweep;
 mod tokenize;
+mod track;
 
 pub use args::*;
 pub use main::{main_with, main_with_args};

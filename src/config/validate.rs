@@ -168,6 +168,7 @@ pub fn validate(r: &Resolved) -> Result<(), ConfigError> {
     c.schedule.check(r)?;
     cross::schedule_floor(r)?;
     c.sweep.check(r)?;
+    c.log.check(r)?;
     Ok(())
 }
 

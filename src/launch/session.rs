@@ -152,6 +152,13 @@ impl RunFiles {
                 sinks.push(Box::new(w));
             }
         }
+        if let Some(m) = c.log.mlflow.as_ref().filter(|_| primary) {
+            let experiment = m.experiment.as_ref().unwrap_or(&c.experiment.name);
+            let config = config::to_toml(&stored_config(r));
+            sinks.push(Box::new(crate::track::mlflow::open(
+                dir, &m.uri, experiment, config,
+            )));
+        }
         Ok(RunFiles {
             dir: dir.to_path_buf(),
             primary,

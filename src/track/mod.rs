@@ -6,6 +6,7 @@
 //! and its line where the session opens its sinks (`launch/session.rs`).
 
 pub mod jsonl;
+pub mod mlflow;
 pub mod tensorboard;
 
 pub use jsonl::MetricsJsonl;

@@ -37,5 +37,6 @@ mod store;
 mod sweep;
 mod tokens;
 mod tools;
+mod tracking;
 mod units;
 mod wgpu;

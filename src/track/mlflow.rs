@@ -1,0 +1,596 @@
+//! MLflow through its REST API (`[log.mlflow]`): the run becomes an MLflow run of an experiment
+//! (made when missing), with every config value as a param, every number of `metrics.jsonl` at
+//! its step, the facts of `env.json` as tags, and its status at the end (FINISHED, FAILED, or
+//! KILLED for a stopped run, RUNNING again when resumed). A background thread sends; the
+//! training never waits for it. When the server is down the run goes on, says so once, and
+//! `kiln track push RUN` sends what is missing later: `mlflow.json` in the run directory keeps
+//! the MLflow run id and how many lines of `metrics.jsonl` were sent.
+//!
+//! Plain HTTP/1.0 (no chunked replies, the connection closes after each reply), JSON bodies.
+
+use std::io::{Read, Write};
+use std::net::{TcpStream, ToSocketAddrs};
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+use super::MetricSink;
+use crate::train::MetricLine;
+
+/// MLflow's limits per `runs/log-batch` request.
+const MAX_METRICS: usize = 1000;
+const MAX_PARAMS: usize = 100;
+const MAX_TAGS: usize = 100;
+/// Longest param value MLflow keeps (its `MAX_PARAM_VAL_LENGTH` before 2.x grew it).
+const MAX_PARAM: usize = 500;
+
+/// A tracking server's address, from `http://host[:port][/prefix]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Endpoint {
+    pub host: String,
+    pub port: u16,
+    pub prefix: String,
+}
+
+impl Endpoint {
+    pub fn parse(uri: &str) -> Result<Endpoint, String> {
+        // (what `[log.mlflow]`'s check accepts)
+        crate::config::http_address(uri)?;
+        let rest = uri.trim_start_matches("http://");
+        let (hostport, prefix) = match rest.find('/') {
+            Some(i) => (&rest[..i], rest[i..].trim_end_matches('/')),
+            None => (rest, ""),
+        };
+        let (host, port) = match hostport.rsplit_once(':') {
+            Some((h, p)) => (h, p.parse::<u16>().unwrap_or(80)),
+            None => (hostport, 80),
+        };
+        Ok(Endpoint {
+            host: host.to_string(),
+            port,
+            prefix: prefix.to_string(),
+        })
+    }
+
+    fn uri(&self) -> String {
+        format!("http://{}:{}{}", self.host, self.port, self.prefix)
+    }
+
+    /// One request; the reply's JSON (`{}` for an empty body), or why not.
+    fn call(&self, method: &str, path: &str, body: Option<&Value>) -> Result<Value, String> {
+        let addr = (self.host.as_str(), self.port)
+            .to_socket_addrs()
+            .map_err(|e| format!("cannot resolve {}: {e}", self.host))?
+            .next()
+            .ok_or_else(|| format!("cannot resolve {}", self.host))?;
+        let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5))
+            .map_err(|e| format!("cannot connect to {}: {e}", self.uri()))?;
+        let _ = s.set_read_timeout(Some(Duration::from_secs(30)));
+        let _ = s.set_write_timeout(Some(Duration::from_secs(30)));
+        let body = body.map(|b| b.to_string()).unwrap_or_default();
+        let head = format!(
+            "{method} {}{path} HTTP/1.0\r\nHost: {}:{}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+            self.prefix,
+            self.host,
+            self.port,
+            body.len()
+        );
+        s.write_all(head.as_bytes())
+            .and_then(|()| s.write_all(body.as_bytes()))
+            .map_err(|e| format!("sending to {}: {e}", self.uri()))?;
+        let mut reply = Vec::new();
+        s.read_to_end(&mut reply)
+            .map_err(|e| format!("reading from {}: {e}", self.uri()))?;
+        let text = String::from_utf8_lossy(&reply);
+        let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+        let status: u16 = head
+            .split_whitespace()
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .ok_or_else(|| format!("{} did not answer in HTTP", self.uri()))?;
+        if status != 200 {
+            return Err(format!(
+                "{method} {path}: HTTP {status}: {}",
+                body.chars().take(300).collect::<String>()
+            ));
+        }
+        if body.trim().is_empty() {
+            return Ok(json!({}));
+        }
+        serde_json::from_str(body)
+            .map_err(|e| format!("{method} {path}: the reply is not JSON ({e})"))
+    }
+
+    /// The id of experiment `name`, made when missing.
+    pub fn experiment_id(&self, name: &str) -> Result<String, String> {
+        let get = || {
+            self.call(
+                "GET",
+                &format!(
+                    "/api/2.0/mlflow/experiments/get-by-name?experiment_name={}",
+                    encode(name)
+                ),
+                None,
+            )
+        };
+        let id = |v: &Value| {
+            v["experiment"]["experiment_id"]
+                .as_str()
+                .map(str::to_string)
+        };
+        match get() {
+            Ok(v) => id(&v).ok_or_else(|| "experiments/get-by-name: no experiment_id".into()),
+            Err(e) if e.contains("RESOURCE_DOES_NOT_EXIST") => {
+                match self.call(
+                    "POST",
+                    "/api/2.0/mlflow/experiments/create",
+                    Some(&json!({ "name": name })),
+                ) {
+                    Ok(v) => v["experiment_id"]
+                        .as_str()
+                        .map(str::to_string)
+                        .ok_or_else(|| "experiments/create: no experiment_id".into()),
+                    // made meanwhile (another trial of the sweep)
+                    Err(e) if e.contains("RESOURCE_ALREADY_EXISTS") => {
+                        get().and_then(|v| id(&v).ok_or_else(|| e.clone()))
+                    }
+                    Err(e) => Err(e),
+                }
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    pub fn create_run(
+        &self,
+        experiment_id: &str,
+        name: &str,
+        tags: &[(String, String)],
+    ) -> Result<String, String> {
+        let tags: Vec<Value> = tags
+            .iter()
+            .map(|(k, v)| json!({ "key": k, "value": v }))
+            .collect();
+        let v = self.call(
+            "POST",
+            "/api/2.0/mlflow/runs/create",
+            Some(&json!({
+                "experiment_id": experiment_id,
+                "run_name": name,
+                "start_time": now_ms(),
+                "tags": tags,
+            })),
+        )?;
+        v["run"]["info"]["run_id"]
+            .as_str()
+            .map(str::to_string)
+            .ok_or_else(|| "runs/create: no run_id".into())
+    }
+
+    /// Sends metrics, params and tags in as many `runs/log-batch` requests as MLflow's limits
+    /// need.
+    pub fn log_batch(
+        &self,
+        run_id: &str,
+        metrics: &[Value],
+        params: &[(String, String)],
+        tags: &[(String, String)],
+    ) -> Result<(), String> {
+        let kv = |(k, v): &(String, String)| json!({ "key": k, "value": v });
+        for chunk in params.chunks(MAX_PARAMS) {
+            let params: Vec<Value> = chunk.iter().map(kv).collect();
+            self.batch(json!({ "run_id": run_id, "params": params }))?;
+        }
+        for chunk in tags.chunks(MAX_TAGS) {
+            let tags: Vec<Value> = chunk.iter().map(kv).collect();
+            self.batch(json!({ "run_id": run_id, "tags": tags }))?;
+        }
+        for chunk in metrics.chunks(MAX_METRICS) {
+            self.batch(json!({ "run_id": run_id, "metrics": chunk }))?;
+        }
+        Ok(())
+    }
+
+    fn batch(&self, body: Value) -> Result<(), String> {
+        self.call("POST", "/api/2.0/mlflow/runs/log-batch", Some(&body))
+            .map(|_| ())
+    }
+
+    /// Sets the run's status (RUNNING, FINISHED, FAILED, KILLED).
+    pub fn update_run(&self, run_id: &str, status: &str) -> Result<(), String> {
+        let mut body = json!({ "run_id": run_id, "status": status });
+        if status != "RUNNING" {
+            body["end_time"] = json!(now_ms());
+        }
+        self.call("POST", "/api/2.0/mlflow/runs/update", Some(&body))
+            .map(|_| ())
+    }
+
+    /// A run's history of `key` (for checks).
+    pub fn history(&self, run_id: &str, key: &str) -> Result<Vec<Value>, String> {
+        let v = self.call(
+            "GET",
+            &format!(
+                "/api/2.0/mlflow/metrics/get-history?run_id={}&metric_key={}&max_results=25000",
+                encode(run_id),
+                encode(key)
+            ),
+            None,
+        )?;
+        Ok(v["metrics"].as_array().cloned().unwrap_or_default())
+    }
+
+    /// A run as MLflow has it (`runs/get`).
+    pub fn get_run(&self, run_id: &str) -> Result<Value, String> {
+        self.call(
+            "GET",
+            &format!("/api/2.0/mlflow/runs/get?run_id={}", encode(run_id)),
+            None,
+        )
+    }
+}
+
+fn encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// `mlflow.json`: which MLflow run this run is, and how much of `metrics.jsonl` it has.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct State {
+    pub uri: String,
+    pub experiment_id: String,
+    pub run_id: String,
+    /// Lines of `metrics.jsonl` sent.
+    pub sent_lines: usize,
+}
+
+impl State {
+    pub fn read(dir: &Path) -> Option<State> {
+        serde_json::from_slice(&std::fs::read(dir.join("mlflow.json")).ok()?).ok()
+    }
+
+    fn write(&self, dir: &Path) -> std::io::Result<()> {
+        let text = serde_json::to_vec_pretty(self).map_err(std::io::Error::other)?;
+        crate::rundir::replace_file(&dir.join("mlflow.json"), &text)
+    }
+}
+
+/// A metrics line's numbers as MLflow metrics at its step (`ts` its timestamp).
+pub fn metrics_of(line: &Value) -> Vec<Value> {
+    let step = line["step"].as_u64().unwrap_or(0);
+    let ts = line["ts"]
+        .as_f64()
+        .map_or_else(now_ms, |t| (t * 1000.0) as u64);
+    line.as_object()
+        .into_iter()
+        .flatten()
+        .filter(|(k, _)| !matches!(k.as_str(), "step" | "ts"))
+        .filter_map(|(k, v)| {
+            let v = v.as_f64().filter(|v| v.is_finite())?;
+            Some(json!({ "key": k, "value": v, "timestamp": ts, "step": step }))
+        })
+        .collect()
+}
+
+/// Every value of a config (TOML text) as `section.key` = value.
+pub fn params_of(config_toml: &str) -> Vec<(String, String)> {
+    fn walk(prefix: &str, t: &toml::Table, out: &mut Vec<(String, String)>) {
+        for (k, v) in t {
+            let key = if prefix.is_empty() {
+                k.clone()
+            } else {
+                format!("{prefix}.{k}")
+            };
+            match v {
+                toml::Value::Table(t) => walk(&key, t, out),
+                toml::Value::String(s) => out.push((key, s.clone())),
+                v => out.push((key, v.to_string())),
+            }
+        }
+    }
+    let mut out = Vec::new();
+    if let Ok(t) = config_toml.parse::<toml::Table>() {
+        walk("", &t, &mut out);
+    }
+    for (_, v) in &mut out {
+        if v.len() > MAX_PARAM {
+            let mut end = MAX_PARAM;
+            while !v.is_char_boundary(end) {
+                end -= 1;
+            }
+            v.truncate(end);
+        }
+    }
+    out
+}
+
+/// The run's tags: the run directory, the sweep it is a trial of, and `env.json`'s facts.
+fn tags_of(dir: &Path) -> Vec<(String, String)> {
+    let mut tags = vec![("kiln.run_dir".to_string(), dir.display().to_string())];
+    if let Some(parent) = dir.parent().filter(|p| p.join("sweep.json").is_file()) {
+        let name = |p: &Path| p.file_name().map(|n| n.to_string_lossy().into_owned());
+        if let (Some(s), Some(t)) = (name(parent), name(dir)) {
+            tags.push(("kiln.sweep".into(), s));
+            tags.push(("kiln.trial".into(), t));
+        }
+    }
+    let env: Value = std::fs::read(dir.join("env.json"))
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or(Value::Null);
+    // the newest session's facts (env.json holds one entry per session, or one object)
+    let facts = match &env {
+        Value::Array(a) => a.last().cloned().unwrap_or(Value::Null),
+        Value::Object(o) => o
+            .get("sessions")
+            .and_then(|s| s.as_array())
+            .and_then(|a| a.last().cloned())
+            .unwrap_or_else(|| env.clone()),
+        _ => Value::Null,
+    };
+    // scalars two levels deep (`env.backend.device`); lists and deeper objects are left out
+    fn scalar(v: &Value) -> Option<String> {
+        match v {
+            Value::String(s) => Some(s.chars().take(MAX_PARAM).collect()),
+            Value::Number(_) | Value::Bool(_) => Some(v.to_string()),
+            _ => None,
+        }
+    }
+    for (k, v) in facts.as_object().into_iter().flatten() {
+        match v {
+            Value::Object(inner) => tags.extend(
+                inner
+                    .iter()
+                    .filter_map(|(k2, v2)| Some((format!("env.{k}.{k2}"), scalar(v2)?))),
+            ),
+            v => tags.extend(scalar(v).map(|s| (format!("env.{k}"), s))),
+        }
+    }
+    tags
+}
+
+/// MLflow's status for a run's summary status.
+pub fn status_of(summary_status: Option<&str>) -> &'static str {
+    match summary_status {
+        Some("finished") => "FINISHED",
+        Some("failed") => "FAILED",
+        Some("preempted" | "paused") => "KILLED",
+        _ => "RUNNING",
+    }
+}
+
+/// Opens (or continues) the run's MLflow run and sends what `metrics.jsonl` holds that MLflow
+/// has not yet, then sets its status from `summary.json`: what `kiln track push` does, and
+/// what the sink does at the end of a session. Returns the state and the lines it sent.
+pub fn push(dir: &Path, uri: &str, experiment: &str) -> Result<(State, usize), String> {
+    let ep = Endpoint::parse(uri)?;
+    let config = std::fs::read_to_string(dir.join("config.toml")).unwrap_or_default();
+    let mut state = open_run(dir, &ep, experiment, &config)?;
+    let lines = crate::rundir::MetricsFile::read(dir).lines;
+    let fresh = lines.get(state.sent_lines..).unwrap_or(&[]);
+    let metrics: Vec<Value> = fresh.iter().flat_map(metrics_of).collect();
+    ep.log_batch(&state.run_id, &metrics, &[], &[])?;
+    let sent = fresh.len();
+    state.sent_lines = lines.len().max(state.sent_lines);
+    state
+        .write(dir)
+        .map_err(|e| format!("writing {}/mlflow.json: {e}", dir.display()))?;
+    let status = crate::rundir::SummaryFile::read(dir).map(|s| s.status);
+    ep.update_run(&state.run_id, status_of(status.as_deref()))?;
+    Ok((state, sent))
+}
+
+/// The run's MLflow run: the one `mlflow.json` names at this address, else a new one with the
+/// config as params and the tags.
+fn open_run(dir: &Path, ep: &Endpoint, experiment: &str, config: &str) -> Result<State, String> {
+    if let Some(s) = State::read(dir).filter(|s| s.uri == ep.uri()) {
+        return Ok(s);
+    }
+    let experiment_id = ep.experiment_id(experiment)?;
+    let name = dir
+        .file_name()
+        .map_or("run".into(), |n| n.to_string_lossy().into_owned());
+    let run_id = ep.create_run(&experiment_id, &name, &[])?;
+    ep.log_batch(&run_id, &[], &params_of(config), &tags_of(dir))?;
+    let state = State {
+        uri: ep.uri(),
+        experiment_id,
+        run_id,
+        sent_lines: 0,
+    };
+    state
+        .write(dir)
+        .map_err(|e| format!("writing {}/mlflow.json: {e}", dir.display()))?;
+    Ok(state)
+}
+
+/// The session's MLflow sink: `line` only wakes the sender thread, which sends what
+/// `metrics.jsonl` has (it is written first, so it holds every line), with bounded retries.
+pub struct MlflowSink {
+    uri: String,
+    /// Wakes the sender (a line was written); dropped at the end of the session.
+    tx: Option<mpsc::Sender<()>>,
+    handle: Option<std::thread::JoinHandle<()>>,
+}
+
+/// The sink for run directory `dir`, its run opened (or continued: RUNNING again) on the
+/// sender thread.
+pub fn open(dir: &Path, uri: &str, experiment: &str, config_toml: String) -> MlflowSink {
+    let (tx, rx) = mpsc::channel::<()>();
+    let (dir, uri_s, experiment) = (dir.to_path_buf(), uri.to_string(), experiment.to_string());
+    let handle = std::thread::Builder::new()
+        .name("kiln-mlflow".into())
+        .spawn(move || sender(dir, uri_s, experiment, config_toml, rx))
+        .ok();
+    MlflowSink {
+        uri: uri.to_string(),
+        tx: Some(tx),
+        handle,
+    }
+}
+
+/// Sends each line as it comes (batched when several wait), then the rest and the status at
+/// the end. After a failure it says so once and only tries again at the end.
+fn sender(dir: PathBuf, uri: String, experiment: String, config: String, rx: mpsc::Receiver<()>) {
+    let down = std::cell::Cell::new(false);
+    let say = |why: &str| {
+        if !down.get() {
+            crate::ui::note(&format!(
+                "warning: MLflow at {uri} is unreachable ({why}); the run goes on, and `kiln track push {}` sends what is missing",
+                dir.display()
+            ));
+        }
+        down.set(true);
+    };
+    let ep = match Endpoint::parse(&uri) {
+        Ok(e) => e,
+        Err(e) => return say(&e),
+    };
+    let mut state = match with_retries(|| open_run(&dir, &ep, &experiment, &config)) {
+        Ok(mut s) => {
+            // a resumed run's metrics.jsonl was cut back to its checkpoint: the lines after it
+            // are sent again as the run trains them again
+            let lines = crate::rundir::MetricsFile::read(&dir).lines.len();
+            s.sent_lines = s.sent_lines.min(lines);
+            let _ = ep.update_run(&s.run_id, "RUNNING");
+            Some(s)
+        }
+        Err(e) => {
+            say(&e);
+            None
+        }
+    };
+    let send = |state: &mut State| -> Result<(), String> {
+        let lines = crate::rundir::MetricsFile::read(&dir).lines;
+        let fresh = lines.get(state.sent_lines..).unwrap_or(&[]);
+        if fresh.is_empty() {
+            return Ok(());
+        }
+        let metrics: Vec<Value> = fresh.iter().flat_map(metrics_of).collect();
+        ep.log_batch(&state.run_id, &metrics, &[], &[])?;
+        state.sent_lines = lines.len();
+        state
+            .write(&dir)
+            .map_err(|e| format!("writing mlflow.json: {e}"))
+    };
+    while rx.recv().is_ok() {
+        // the lines that came meanwhile go in the same batch
+        while rx.try_recv().is_ok() {}
+        if down.get() {
+            continue;
+        }
+        if let Some(s) = state.as_mut() {
+            if let Err(e) = with_retries(|| send(s)) {
+                say(&e);
+            }
+        }
+    }
+    // the end of the session: the rest, then the status (the server may be back)
+    if state.is_none() {
+        state = open_run(&dir, &ep, &experiment, &config).ok();
+    }
+    let Some(mut s) = state else { return };
+    let status = crate::rundir::SummaryFile::read(&dir).map(|s| s.status);
+    let end = send(&mut s).and_then(|()| ep.update_run(&s.run_id, status_of(status.as_deref())));
+    if let Err(e) = end {
+        say(&e);
+    }
+}
+
+/// `f` up to three times, 0.2 s and 1 s apart.
+fn with_retries<T>(mut f: impl FnMut() -> Result<T, String>) -> Result<T, String> {
+    let mut last = String::new();
+    for pause in [0, 200, 1000] {
+        std::thread::sleep(Duration::from_millis(pause));
+        match f() {
+            Ok(v) => return Ok(v),
+            Err(e) => last = e,
+        }
+    }
+    Err(last)
+}
+
+impl MetricSink for MlflowSink {
+    fn path(&self) -> String {
+        self.uri.clone()
+    }
+    fn what(&self) -> &'static str {
+        "MLflow metrics"
+    }
+    fn line(&mut self, _: &MetricLine) -> std::io::Result<()> {
+        if let Some(tx) = &self.tx {
+            let _ = tx.send(());
+        }
+        Ok(())
+    }
+}
+
+impl Drop for MlflowSink {
+    /// The end of the session (after `summary.json`): the sender sends the rest and the status.
+    fn drop(&mut self) {
+        drop(self.tx.take());
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_lines_and_configs_become_what_mlflow_takes() {
+        assert_eq!(
+            Endpoint::parse("http://127.0.0.1:5000/").unwrap(),
+            Endpoint {
+                host: "127.0.0.1".into(),
+                port: 5000,
+                prefix: String::new()
+            }
+        );
+        assert_eq!(
+            Endpoint::parse("http://mlflow/base").unwrap().prefix,
+            "/base"
+        );
+        assert_eq!(Endpoint::parse("http://mlflow").unwrap().port, 80);
+        assert!(Endpoint::parse("https://x")
+            .unwrap_err()
+            .contains("not an http://"));
+        assert!(Endpoint::parse("http://x:port")
+            .unwrap_err()
+            .contains("not a port"));
+        let m = metrics_of(
+            &json!({"step": 3, "ts": 1.5, "loss": 2.0, "lr": 0.1, "time": {"forward": 0.5}, "eval_loss": null}),
+        );
+        let keys: Vec<&str> = m.iter().map(|v| v["key"].as_str().unwrap()).collect();
+        assert_eq!(keys, ["loss", "lr"]);
+        assert_eq!(m[0]["step"], 3);
+        assert_eq!(m[0]["timestamp"], 1500);
+        let p = params_of("[optim]\nlr = 0.01\nkind = \"adamw\"\n[model]\nhidden_sizes = [8, 4]\n");
+        assert!(p.contains(&("optim.lr".into(), "0.01".into())), "{p:?}");
+        assert!(p.contains(&("optim.kind".into(), "adamw".into())), "{p:?}");
+        assert!(
+            p.contains(&("model.hidden_sizes".into(), "[8, 4]".into())),
+            "{p:?}"
+        );
+        assert_eq!(encode("a b/ü"), "a%20b%2F%C3%BC");
+        assert_eq!(status_of(Some("preempted")), "KILLED");
+    }
+}

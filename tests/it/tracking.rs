@@ -1,0 +1,212 @@
+//! MLflow (`[log.mlflow]`) against a real tracking server (`mlflow server`, from
+//! scripts/mlflow-up.sh's venv): a run becomes an MLflow run with its config as params and every
+//! metrics line; a server that dies mid-run leaves the run finished, and `kiln track push`
+//! completes the history afterwards.
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use kiln::track::mlflow::{Endpoint, State};
+
+use crate::common::{kiln, metric_lines, stderr, stdout, summary, write, KILN, TINY};
+
+/// The python of scripts/mlflow-up.sh (which installs MLflow when missing).
+fn mlflow_python() -> String {
+    let o = Command::new("bash")
+        .arg(crate::common::root().join("scripts/mlflow-up.sh"))
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "scripts/mlflow-up.sh could not make a Python with MLflow: {}",
+        stderr(&o)
+    );
+    stdout(&o).trim().to_string()
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A tracking server on `port` over `dir`'s sqlite store, in its own process group; returns
+/// once it answers.
+fn server(python: &str, dir: &Path, port: u16) -> Child {
+    use std::os::unix::process::CommandExt;
+    let child = Command::new(python)
+        .args(["-m", "mlflow", "server", "--host", "127.0.0.1", "--port"])
+        .arg(port.to_string())
+        .arg("--backend-store-uri")
+        .arg(format!("sqlite:///{}", dir.join("mlflow.db").display()))
+        .arg("--default-artifact-root")
+        .arg(dir.join("artifacts"))
+        .args(["--workers", "1"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    let ep = Endpoint::parse(&format!("http://127.0.0.1:{port}")).unwrap();
+    let start = Instant::now();
+    while ep.experiment_id("Default").is_err() {
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "the MLflow server did not come up"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    child
+}
+
+fn stop(server: &mut Child) {
+    // SAFETY: signalling the process group this test started.
+    unsafe { libc::kill(-(server.id() as i32), libc::SIGKILL) };
+    let _ = server.wait();
+}
+
+/// What the MLflow server has of run `run`: its status, its params and its loss points.
+fn check_run(ep: &Endpoint, run: &Path) {
+    let state = State::read(run).expect("mlflow.json");
+    let r = ep.get_run(&state.run_id).unwrap();
+    assert_eq!(r["run"]["info"]["status"], "FINISHED", "{r}");
+    let params = r["run"]["data"]["params"].as_array().unwrap();
+    assert!(
+        params
+            .iter()
+            .any(|p| p["key"] == "optim.lr" && p["value"] == "0.05"),
+        "{params:?}"
+    );
+    let tags = r["run"]["data"]["tags"].as_array().unwrap();
+    assert!(
+        tags.iter().any(|t| t["key"] == "env.backend.device"),
+        "{tags:?}"
+    );
+    let losses = ep.history(&state.run_id, "loss").unwrap();
+    assert_eq!(losses.len(), metric_lines(run).len(), "{r}");
+}
+
+#[test]
+fn a_run_is_an_mlflow_run_and_track_push_completes_what_a_dead_server_missed() {
+    let python = mlflow_python();
+    let d = kiln::testdir::tempdir().unwrap();
+    let port = free_port();
+    let mut srv = server(&python, d.path(), port);
+    let uri = format!("log.mlflow.uri=http://127.0.0.1:{port}");
+    write(d.path(), "t.toml", TINY);
+    let ep = Endpoint::parse(&format!("http://127.0.0.1:{port}")).unwrap();
+    // a run, sent as it trains
+    let o = kiln(
+        d.path(),
+        &[
+            "run",
+            "t.toml",
+            "--quiet",
+            "--run-dir",
+            "a",
+            "--set",
+            &uri,
+            "--set",
+            "optim.lr=0.05",
+            "--set",
+            "log.mlflow.experiment=kiln-it",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    check_run(&ep, &d.path().join("a"));
+    // the server dies while a run trains: the run finishes, says so once
+    let mut child = Command::new(KILN)
+        .current_dir(d.path())
+        .args(["run", "t.toml", "--quiet", "--run-dir", "b", "--set", &uri])
+        .args([
+            "--set",
+            "optim.lr=0.05",
+            "--set",
+            "log.mlflow.experiment=kiln-it",
+        ])
+        .args([
+            "--set",
+            "train.max_steps=40000",
+            "--set",
+            "train.log_every=200",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let run = d.path().join("b");
+    let start = Instant::now();
+    while !run.join("mlflow.json").is_file() || metric_lines(&run).len() < 3 {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "the run never logged"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    stop(&mut srv);
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "the run ended before the server was stopped: make it longer"
+    );
+    let o = child.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(summary(&run)["status"], "finished");
+    let e = stderr(&o);
+    assert_eq!(e.matches("is unreachable").count(), 1, "{e}");
+    assert!(e.contains("`kiln track push"), "{e}");
+    // the server back: push completes the history and the status
+    let mut srv = server(&python, d.path(), port);
+    let o = kiln(d.path(), &["track", "push", "b"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains("metric line(s) of b to MLflow run"),
+        "{}",
+        stdout(&o)
+    );
+    check_run(&ep, &run);
+    // nothing left: a second push sends nothing
+    let o = kiln(d.path(), &["track", "push", "b"]);
+    assert!(
+        stdout(&o).contains("sent 0 metric line(s)"),
+        "{}",
+        stdout(&o)
+    );
+    // a resumed run continues its MLflow run
+    let a = d.path().join("a");
+    let first = State::read(&a).unwrap().run_id;
+    let o = kiln(
+        d.path(),
+        &["resume", "a", "--quiet", "--set", "train.max_steps=12"],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(State::read(&a).unwrap().run_id, first);
+    assert_eq!(metric_lines(&a).len(), 12);
+    check_run(&ep, &a);
+    stop(&mut srv);
+}
+
+#[test]
+fn mlflow_addresses_are_checked_up_front() {
+    let d = kiln::testdir::tempdir().unwrap();
+    write(d.path(), "t.toml", TINY);
+    for (uri, why) in [
+        ("https://mlflow.example", "is not an http:// address"),
+        ("http://:5000", "names no host"),
+        ("http://h:50x", "is not a port"),
+    ] {
+        let set = format!("log.mlflow.uri={uri}");
+        let o = kiln(d.path(), &["check", "t.toml", "--set", &set]);
+        assert_eq!(o.status.code(), Some(2), "{uri}");
+        assert!(stderr(&o).contains(why), "{uri}: {}", stderr(&o));
+    }
+    let o = kiln(d.path(), &["track", "push", "nowhere"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("is not a run directory"),
+        "{}",
+        stderr(&o)
+    );
+}
