@@ -151,10 +151,11 @@ impl SweepConfig {
         }
         if self.metric.starts_with("eval_") {
             let every = c.train.eval_every;
-            if let Some(bad) = self
-                .rungs(max)
-                .into_iter()
-                .find(|s| every == 0 || s % every != 0)
+            // (the last step is always evaluated)
+            let rungs = self.rungs(max);
+            if let Some(&bad) = rungs[..rungs.len() - 1]
+                .iter()
+                .find(|&&s| every == 0 || s % every != 0)
             {
                 return Err(r.key_error(
                     "train.eval_every",

@@ -38,7 +38,8 @@ pub struct TrainConfig {
     /// End this session after step N with a checkpoint there (status "paused", exit 0);
     /// `kiln resume` continues the run, to the end or to a later pause. Nothing else changes:
     /// the schedule still runs to `max_steps`, so a run paused and resumed has the bits of one
-    /// that never paused (what ASHA's paused trials need). 0: never. Default: `0`.
+    /// that never paused (what ASHA's paused trials need). A run resumed at or past step N
+    /// pauses again at once: resume with a later N, or 0, to go on. 0: never. Default: `0`.
     #[serde(skip_serializing_if = "is_zero")]
     pub pause_at_step: usize,
 }

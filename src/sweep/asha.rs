@@ -39,6 +39,9 @@ pub struct Progress {
     pub results: BTreeMap<usize, Option<f64>>,
     /// The furthest rung it was sent to (0: never started).
     pub furthest: usize,
+    /// Whether it is done (at the last rung, or stopped early by `train.early_stopping`):
+    /// never promoted.
+    pub done: bool,
 }
 
 impl Asha {
@@ -56,6 +59,7 @@ impl Asha {
         for r in records {
             let p = out.entry(r.trial.clone()).or_default();
             p.index = r.index;
+            p.done = r.state == TrialState::Done;
             let Some(rung) = r.rung else { continue };
             p.furthest = p.furthest.max(rung);
             if matches!(r.state, TrialState::Paused | TrialState::Done) {
@@ -86,7 +90,10 @@ impl Asha {
                 };
                 by.then(a.1.index.cmp(&b.1.index))
             });
-            if let Some((id, _, _)) = at[..quota].iter().find(|(_, p, _)| p.furthest <= rung) {
+            if let Some((id, _, _)) = at[..quota]
+                .iter()
+                .find(|(_, p, _)| p.furthest <= rung && !p.done)
+            {
                 return Some(((*id).clone(), self.rungs[k + 1]));
             }
         }
@@ -135,7 +142,9 @@ pub(super) fn run(
     // sent to a rung they did not report when the sweep last stopped (or failed there, while
     // retries are left): they go on to it first
     let mut failures = ledger.failures();
+    // (only this plan's trials: a changed grid leaves other trials in the ledger)
     let mut again = in_flight(&ledger, &failures, s.retries);
+    again.retain(|(id, _)| planned.iter().any(|p| &p.id == id));
     let done = |ledger: &Ledger| {
         ledger
             .latest()
@@ -234,7 +243,8 @@ fn in_flight(
         .latest()
         .values()
         .filter(|r| match r.state {
-            TrialState::Running | TrialState::Preempted => true,
+            // (pending with a rung: stopped by the sweep's stop before it could checkpoint)
+            TrialState::Running | TrialState::Preempted | TrialState::Pending => true,
             TrialState::Failed => failures.get(&r.trial).copied().unwrap_or(0) <= retries,
             _ => false,
         })
@@ -252,7 +262,9 @@ fn next_job(
     ledger: &Ledger,
 ) -> Option<(String, usize)> {
     let busy = |id: &str| running.iter().any(|r| r.planned.id == id);
-    let progress = Asha::progress(&ledger.read());
+    let mut progress = Asha::progress(&ledger.read());
+    // trials of an earlier plan (another grid) neither run nor count
+    progress.retain(|id, _| planned.iter().any(|p| &p.id == id));
     again
         .pop()
         .or_else(|| asha.promotion(&progress).filter(|(id, _)| !busy(id)))
@@ -283,6 +295,22 @@ fn segment_ended(
             .map_or(r.target, |s| s as usize),
         _ => r.target,
     });
+    if rec.state == TrialState::Paused && rec.metric.is_none() {
+        // paused again without a step (it resumed from its rung's checkpoint): the metric its
+        // metrics.jsonl has at the rung
+        let key = if s.metric == "final_loss" {
+            "loss"
+        } else {
+            s.metric.as_str()
+        };
+        let at = rec.rung.unwrap_or(0) as u64;
+        rec.metric = crate::rundir::MetricsFile::read(&dir.join(&p.id))
+            .lines
+            .iter()
+            .rev()
+            .find(|l| l["step"].as_u64() == Some(at) && l[key].is_number())
+            .and_then(|l| l[key].as_f64());
+    }
     if rec.state == TrialState::Failed {
         let n = failures.entry(p.id.clone()).or_insert(0);
         *n += 1;

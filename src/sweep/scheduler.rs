@@ -482,7 +482,7 @@ pub fn run_trials(spec: &SweepSpec, parallel: Option<usize>, quiet: bool) -> Res
             ledger.append(&rec).map_err(ledger_io)?;
             ui.finished(
                 &p.id,
-                rec.state == TrialState::Done,
+                matches!(rec.state, TrialState::Done | TrialState::Paused),
                 &rec.error.clone().unwrap_or_default(),
             );
         }

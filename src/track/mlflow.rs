@@ -24,6 +24,8 @@ use crate::train::MetricLine;
 const MAX_METRICS: usize = 1000;
 const MAX_PARAMS: usize = 100;
 const MAX_TAGS: usize = 100;
+/// The most one request may take, connection to the last byte of the reply.
+const REQUEST_SECS: Duration = Duration::from_secs(15);
 /// Longest param value MLflow keeps (its `MAX_PARAM_VAL_LENGTH` before 2.x grew it).
 const MAX_PARAM: usize = 500;
 
@@ -61,15 +63,26 @@ impl Endpoint {
 
     /// One request; the reply's JSON (`{}` for an empty body), or why not.
     fn call(&self, method: &str, path: &str, body: Option<&Value>) -> Result<Value, String> {
-        let addr = (self.host.as_str(), self.port)
+        // every address the name has (`localhost` is often ::1 first, MLflow binds 127.0.0.1)
+        let addrs: Vec<_> = (self.host.as_str(), self.port)
             .to_socket_addrs()
             .map_err(|e| format!("cannot resolve {}: {e}", self.host))?
-            .next()
-            .ok_or_else(|| format!("cannot resolve {}", self.host))?;
-        let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5))
-            .map_err(|e| format!("cannot connect to {}: {e}", self.uri()))?;
-        let _ = s.set_read_timeout(Some(Duration::from_secs(30)));
-        let _ = s.set_write_timeout(Some(Duration::from_secs(30)));
+            .collect();
+        let mut last = format!("cannot resolve {}", self.host);
+        let mut stream = None;
+        for a in &addrs {
+            match TcpStream::connect_timeout(a, Duration::from_secs(5)) {
+                Ok(s) => {
+                    stream = Some(s);
+                    break;
+                }
+                Err(e) => last = format!("cannot connect to {}: {e}", self.uri()),
+            }
+        }
+        let mut s = stream.ok_or(last)?;
+        let deadline = std::time::Instant::now() + REQUEST_SECS;
+        let _ = s.set_read_timeout(Some(REQUEST_SECS));
+        let _ = s.set_write_timeout(Some(REQUEST_SECS));
         let body = body.map(|b| b.to_string()).unwrap_or_default();
         let head = format!(
             "{method} {}{path} HTTP/1.0\r\nHost: {}:{}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
@@ -81,9 +94,23 @@ impl Endpoint {
         s.write_all(head.as_bytes())
             .and_then(|()| s.write_all(body.as_bytes()))
             .map_err(|e| format!("sending to {}: {e}", self.uri()))?;
+        // the whole reply within the request's deadline (a server that trickles bytes too)
         let mut reply = Vec::new();
-        s.read_to_end(&mut reply)
-            .map_err(|e| format!("reading from {}: {e}", self.uri()))?;
+        let mut buf = [0u8; 16384];
+        loop {
+            if std::time::Instant::now() > deadline {
+                return Err(format!(
+                    "{} did not answer within {} s",
+                    self.uri(),
+                    REQUEST_SECS.as_secs()
+                ));
+            }
+            match s.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => reply.extend_from_slice(&buf[..n]),
+                Err(e) => return Err(format!("reading from {}: {e}", self.uri())),
+            }
+        }
         let text = String::from_utf8_lossy(&reply);
         let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
         let status: u16 = head
@@ -258,6 +285,10 @@ pub struct State {
     pub run_id: String,
     /// Lines of `metrics.jsonl` sent.
     pub sent_lines: usize,
+    /// Whether the config's params and the tags were sent (the run is made first, and
+    /// recorded, so a failure in between never makes a second run).
+    #[serde(default)]
+    pub params_logged: bool,
 }
 
 impl State {
@@ -383,11 +414,12 @@ pub fn push(dir: &Path, uri: &str, experiment: &str) -> Result<(State, usize), S
     let config = std::fs::read_to_string(dir.join("config.toml")).unwrap_or_default();
     let mut state = open_run(dir, &ep, experiment, &config)?;
     let lines = crate::rundir::MetricsFile::read(dir).lines;
-    let fresh = lines.get(state.sent_lines..).unwrap_or(&[]);
+    // (a resume cut metrics.jsonl back to its checkpoint: what follows it is new)
+    let fresh = &lines[state.sent_lines.min(lines.len())..];
     let metrics: Vec<Value> = fresh.iter().flat_map(metrics_of).collect();
     ep.log_batch(&state.run_id, &metrics, &[], &[])?;
     let sent = fresh.len();
-    state.sent_lines = lines.len().max(state.sent_lines);
+    state.sent_lines = lines.len();
     state
         .write(dir)
         .map_err(|e| format!("writing {}/mlflow.json: {e}", dir.display()))?;
@@ -399,24 +431,34 @@ pub fn push(dir: &Path, uri: &str, experiment: &str) -> Result<(State, usize), S
 /// The run's MLflow run: the one `mlflow.json` names at this address, else a new one with the
 /// config as params and the tags.
 fn open_run(dir: &Path, ep: &Endpoint, experiment: &str, config: &str) -> Result<State, String> {
-    if let Some(s) = State::read(dir).filter(|s| s.uri == ep.uri()) {
-        return Ok(s);
-    }
-    let experiment_id = ep.experiment_id(experiment)?;
-    let name = dir
-        .file_name()
-        .map_or("run".into(), |n| n.to_string_lossy().into_owned());
-    let run_id = ep.create_run(&experiment_id, &name, &[])?;
-    ep.log_batch(&run_id, &[], &params_of(config), &tags_of(dir))?;
-    let state = State {
-        uri: ep.uri(),
-        experiment_id,
-        run_id,
-        sent_lines: 0,
+    let write = |s: &State| {
+        s.write(dir)
+            .map_err(|e| format!("writing {}/mlflow.json: {e}", dir.display()))
     };
-    state
-        .write(dir)
-        .map_err(|e| format!("writing {}/mlflow.json: {e}", dir.display()))?;
+    let mut state = match State::read(dir).filter(|s| s.uri == ep.uri()) {
+        Some(s) => s,
+        None => {
+            let experiment_id = ep.experiment_id(experiment)?;
+            let name = dir
+                .file_name()
+                .map_or("run".into(), |n| n.to_string_lossy().into_owned());
+            let run_id = ep.create_run(&experiment_id, &name, &[])?;
+            let s = State {
+                uri: ep.uri(),
+                experiment_id,
+                run_id,
+                sent_lines: 0,
+                params_logged: false,
+            };
+            write(&s)?;
+            s
+        }
+    };
+    if !state.params_logged {
+        ep.log_batch(&state.run_id, &[], &params_of(config), &tags_of(dir))?;
+        state.params_logged = true;
+        write(&state)?;
+    }
     Ok(state)
 }
 
@@ -424,6 +466,8 @@ fn open_run(dir: &Path, ep: &Endpoint, experiment: &str, config: &str) -> Result
 /// `metrics.jsonl` has (it is written first, so it holds every line), with bounded retries.
 pub struct MlflowSink {
     uri: String,
+    /// Says the sender is done (its last send and the status).
+    finished: Option<mpsc::Receiver<()>>,
     /// Wakes the sender (a line was written); dropped at the end of the session.
     tx: Option<mpsc::Sender<()>>,
     handle: Option<std::thread::JoinHandle<()>>,
@@ -433,13 +477,18 @@ pub struct MlflowSink {
 /// sender thread.
 pub fn open(dir: &Path, uri: &str, experiment: &str, config_toml: String) -> MlflowSink {
     let (tx, rx) = mpsc::channel::<()>();
+    let (done_tx, done_rx) = mpsc::channel::<()>();
     let (dir, uri_s, experiment) = (dir.to_path_buf(), uri.to_string(), experiment.to_string());
     let handle = std::thread::Builder::new()
         .name("kiln-mlflow".into())
-        .spawn(move || sender(dir, uri_s, experiment, config_toml, rx))
+        .spawn(move || {
+            sender(dir, uri_s, experiment, config_toml, rx);
+            let _ = done_tx.send(());
+        })
         .ok();
     MlflowSink {
         uri: uri.to_string(),
+        finished: Some(done_rx),
         tx: Some(tx),
         handle,
     }
@@ -478,7 +527,7 @@ fn sender(dir: PathBuf, uri: String, experiment: String, config: String, rx: mps
     };
     let send = |state: &mut State| -> Result<(), String> {
         let lines = crate::rundir::MetricsFile::read(&dir).lines;
-        let fresh = lines.get(state.sent_lines..).unwrap_or(&[]);
+        let fresh = &lines[state.sent_lines.min(lines.len())..];
         if fresh.is_empty() {
             return Ok(());
         }
@@ -545,7 +594,13 @@ impl Drop for MlflowSink {
     /// The end of the session (after `summary.json`): the sender sends the rest and the status.
     fn drop(&mut self) {
         drop(self.tx.take());
-        if let Some(h) = self.handle.take() {
+        // a server that hangs holds the run's exit up to two requests' deadlines at most (the
+        // rest and the status); after that the sender is left, and `kiln track push` finishes
+        let waited = self
+            .finished
+            .take()
+            .map(|rx| rx.recv_timeout(REQUEST_SECS * 2));
+        if let (Some(Ok(())), Some(h)) = (waited, self.handle.take()) {
             let _ = h.join();
         }
     }

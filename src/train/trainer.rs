@@ -802,6 +802,16 @@ pub fn train<B: ComputeOn>(
         } else {
             Loader::inline(&loader_state, &assembler)
         };
+        // resumed at or past `train.pause_at_step` (stopped by a signal at that very step, whose
+        // checkpoint it resumed from): paused there again, not trained past it
+        let pause = c.train.pause_at_step;
+        if pause > 0 && t.step >= pause && t.step < t.total {
+            t.sink.log(&format!(
+                "paused at step {} (train.pause_at_step = {pause})",
+                t.step
+            ));
+            return Ok(Some(Ending::Paused(t.step)));
+        }
         while t.step < t.total {
             let s = t.step(&mut loader)?;
             if let Some(end) = t.after_step(s)? {

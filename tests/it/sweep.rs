@@ -373,3 +373,48 @@ fn asha_needs_max_steps_a_first_rung_before_it_and_evaluations_at_every_rung() {
     }
     assert!(!d.path().join("runs").exists());
 }
+
+#[test]
+fn a_run_resumed_at_its_pause_step_pauses_there_again() {
+    // (a trial stopped by a signal exactly at its rung resumes from that step's checkpoint:
+    // it must not train past the rung unpromoted)
+    let d = kiln::testdir::tempdir().unwrap();
+    write(d.path(), "t.toml", TINY);
+    let sets = [
+        "--set",
+        "train.max_steps=20",
+        "--set",
+        "train.pause_at_step=6",
+    ];
+    let mut args = vec!["run", "t.toml", "--quiet", "--run-dir", "p"];
+    args.extend(sets);
+    let o = kiln(d.path(), &args);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains("paused at step 6 (train.pause_at_step)"),
+        "{}",
+        stdout(&o)
+    );
+    let run = d.path().join("p");
+    assert_eq!(crate::common::summary(&run)["status"], "paused");
+    let o = kiln(d.path(), &["resume", "p", "--quiet"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let s = crate::common::summary(&run);
+    assert_eq!(
+        (s["status"].as_str(), s["steps"].as_u64()),
+        (Some("paused"), Some(6)),
+        "{s}"
+    );
+    // a later pause, then the end
+    let o = kiln(
+        d.path(),
+        &["resume", "p", "--quiet", "--set", "train.pause_at_step=0"],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let s = crate::common::summary(&run);
+    assert_eq!(
+        (s["status"].as_str(), s["steps"].as_u64()),
+        (Some("finished"), Some(20)),
+        "{s}"
+    );
+}
