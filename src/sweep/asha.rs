@@ -8,12 +8,11 @@
 //! all the state: a re-run of the sweep makes the same decisions.
 
 use std::collections::BTreeMap;
-use std::fs;
 use std::time::Duration;
 
 use super::scheduler::{
-    add_pending, conclude, ended, gpu_count, gpus_needed, ledger_io, record, refuse_run_dir, spawn,
-    sweep_dir, terminate, Executor, Lock, Planned, Running, SweepSpec,
+    claim_gpus, conclude, ended, free_gpus, ledger_io, open_local, record, spawn, terminate,
+    Planned, Running, SweepSpec,
 };
 use super::{Ledger, Record, TrialState};
 use crate::config::{Config, MetricMode, SweepConfig};
@@ -127,16 +126,7 @@ pub(super) fn run(
     let s = &base.sweep;
     let asha = Asha::new(s, base.train.max_steps.unwrap_or(1));
     let parallel = parallel.unwrap_or(s.parallel).max(1);
-    let dir = sweep_dir(base);
-    refuse_run_dir(&dir)?;
-    fs::create_dir_all(dir.join("logs"))
-        .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
-    let _lock = Lock::take(&dir)?;
-    let spec_abs = spec.store(&dir, Executor::Local)?;
-    let ledger = Ledger {
-        path: dir.join("sweep.jsonl"),
-    };
-    add_pending(&ledger, &planned, &ledger.latest())?;
+    let (dir, _lock, spec_abs, ledger) = open_local(spec, base, &planned)?;
     let total = planned.len();
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     // sent to a rung they did not report when the sweep last stopped (or failed there, while
@@ -145,19 +135,13 @@ pub(super) fn run(
     // (only this plan's trials: a changed grid leaves other trials in the ledger)
     let mut again = in_flight(&ledger, &failures, s.retries);
     again.retain(|(id, _)| planned.iter().any(|p| &p.id == id));
-    let done = |ledger: &Ledger| {
-        ledger
-            .latest()
-            .values()
-            .filter(|r| r.state == TrialState::Done)
-            .count()
-    };
-    let mut ui = SweepProgress::new(total, done(&ledger), quiet);
-    let mut free_gpus: Vec<usize> = if planned.iter().any(|p| gpus_needed(&p.config) > 0) {
-        (0..gpu_count()).collect()
-    } else {
-        Vec::new()
-    };
+    let done = ledger
+        .latest()
+        .values()
+        .filter(|r| r.state == TrialState::Done)
+        .count();
+    let mut ui = SweepProgress::new(total, done, quiet);
+    let mut free_gpus = free_gpus(&planned);
     let mut running: Vec<Running> = Vec::new();
     let mut stopping = false;
     loop {
@@ -174,20 +158,11 @@ pub(super) fn run(
             let Some(p) = planned.iter().find(|p| p.id == id) else {
                 break;
             };
-            let need = gpus_needed(&p.config);
-            if need > free_gpus.len() {
-                if running.is_empty() {
-                    return Err(Error::Usage(format!(
-                        "sweep trial {} ({}) needs {need} GPU(s) but {} are free on this machine",
-                        p.trial.index,
-                        p.trial.describe(),
-                        free_gpus.len()
-                    )));
-                }
+            let Some(gpus) = claim_gpus(p, &mut free_gpus, running.len())? else {
+                // wait for a running trial to give its GPUs back
                 again.push((id, target));
                 break;
-            }
-            let gpus: Vec<usize> = free_gpus.drain(..need).collect();
+            };
             let threads = (cores / parallel / p.config.strategy.devices.count().max(1)).max(1);
             // the last rung runs to the end
             let pause = format!("train.pause_at_step={}", pause_at(&asha, target));

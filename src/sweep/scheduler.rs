@@ -379,19 +379,9 @@ pub fn run_trials(spec: &SweepSpec, parallel: Option<usize>, quiet: bool) -> Res
         return super::asha::run(spec, &base, planned, parallel, quiet);
     }
     let parallel = parallel.unwrap_or(s.parallel).max(1);
-    let dir = sweep_dir(&base);
-    refuse_run_dir(&dir)?;
-    fs::create_dir_all(dir.join("logs"))
-        .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
-    let _lock = Lock::take(&dir)?;
-    let spec_abs = spec.store(&dir, Executor::Local)?;
-    let ledger = Ledger {
-        path: dir.join("sweep.jsonl"),
-    };
-    refuse_unknown_slurm_trials(&dir, &ledger, &s.metric)?;
+    let (dir, _lock, spec_abs, ledger) = open_local(spec, &base, &planned)?;
     let latest = ledger.latest();
     let mut failures = ledger.failures();
-    add_pending(&ledger, &planned, &latest)?;
     let mut queue = queue_of(&planned, &latest, &failures, s.retries);
     let total = planned.len();
     let cores = std::thread::available_parallelism()
@@ -405,11 +395,7 @@ pub fn run_trials(spec: &SweepSpec, parallel: Option<usize>, quiet: bool) -> Res
         ));
     }
     let mut running: Vec<Running> = Vec::new();
-    let mut free_gpus: Vec<usize> = if planned.iter().any(|p| gpus_needed(&p.config) > 0) {
-        (0..gpu_count()).collect()
-    } else {
-        Vec::new()
-    };
+    let mut free_gpus = free_gpus(&planned);
     // a stop signal: no new trials; the running ones checkpoint and stop (they get SIGTERM,
     // which never escalates, even when a Ctrl-C reached them too)
     let mut stopping = false;
@@ -422,21 +408,11 @@ pub fn run_trials(spec: &SweepSpec, parallel: Option<usize>, quiet: bool) -> Res
         }
         while running.len() < parallel {
             let Some(p) = queue.pop() else { break };
-            let need = gpus_needed(&p.config);
-            if need > free_gpus.len() {
-                if running.is_empty() {
-                    return Err(Error::Usage(format!(
-                        "sweep trial {} ({}) needs {need} GPU(s) but {} are free on this machine",
-                        p.trial.index,
-                        p.trial.describe(),
-                        free_gpus.len()
-                    )));
-                }
+            let Some(gpus) = claim_gpus(&p, &mut free_gpus, running.len())? else {
                 // wait for a running trial to give its GPUs back
                 queue.push(p);
                 break;
-            }
-            let gpus: Vec<usize> = free_gpus.drain(..need).collect();
+            };
             let run_dir = dir.join(&p.id);
             let log = dir.join("logs").join(format!("{}.log", p.id));
             let threads = (cores / parallel / p.config.strategy.devices.count().max(1)).max(1);
@@ -489,6 +465,59 @@ pub fn run_trials(spec: &SweepSpec, parallel: Option<usize>, quiet: bool) -> Res
     }
     ui.finish();
     conclude(&dir, &ledger, s, stopping, total)
+}
+
+/// A local sweep's directory, opened: checked, `logs/` made, locked (the lock is returned),
+/// the spec stored (returned with absolute paths), its ledger, which never holds a trial Slurm
+/// still has, with every planned trial in it.
+pub(super) fn open_local(
+    spec: &SweepSpec,
+    base: &Config,
+    planned: &[Planned],
+) -> Result<(PathBuf, Lock, SweepSpec, Ledger)> {
+    let dir = sweep_dir(base);
+    refuse_run_dir(&dir)?;
+    fs::create_dir_all(dir.join("logs"))
+        .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
+    let lock = Lock::take(&dir)?;
+    let spec_abs = spec.store(&dir, Executor::Local)?;
+    let ledger = Ledger {
+        path: dir.join("sweep.jsonl"),
+    };
+    refuse_unknown_slurm_trials(&dir, &ledger, &base.sweep.metric)?;
+    add_pending(&ledger, planned, &ledger.latest())?;
+    Ok((dir, lock, spec_abs, ledger))
+}
+
+/// The GPUs trials may take: this machine's, when any trial needs GPUs.
+pub(super) fn free_gpus(planned: &[Planned]) -> Vec<usize> {
+    if planned.iter().any(|p| gpus_needed(&p.config) > 0) {
+        (0..gpu_count()).collect()
+    } else {
+        Vec::new()
+    }
+}
+
+/// Trial `p`'s GPUs, taken from `free`; `None` while the `running` trials hold them (it waits
+/// for them), an error when there are too few with none running.
+pub(super) fn claim_gpus(
+    p: &Planned,
+    free: &mut Vec<usize>,
+    running: usize,
+) -> Result<Option<Vec<usize>>> {
+    let need = gpus_needed(&p.config);
+    if need <= free.len() {
+        return Ok(Some(free.drain(..need).collect()));
+    }
+    if running > 0 {
+        return Ok(None);
+    }
+    Err(Error::Usage(format!(
+        "sweep trial {} ({}) needs {need} GPU(s) but {} are free on this machine",
+        p.trial.index,
+        p.trial.describe(),
+        free.len()
+    )))
 }
 
 /// Records as pending the planned trials the ledger does not know yet.
