@@ -56,11 +56,6 @@ pub struct CheckpointConfig {
     pub async_save: bool,
 }
 
-/// (a default left out of the config hash: the same checkpoints either way)
-fn is_false(b: &bool) -> bool {
-    !*b
-}
-
 impl Default for CheckpointConfig {
     fn default() -> Self {
         CheckpointConfig {

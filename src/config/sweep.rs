@@ -80,10 +80,6 @@ fn is_three(n: &usize) -> bool {
     *n == 3
 }
 
-fn is_zero(n: &usize) -> bool {
-    *n == 0
-}
-
 /// `sweep.scheduler`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]

@@ -44,11 +44,6 @@ pub struct TrainConfig {
     pub pause_at_step: usize,
 }
 
-/// (a default left out of the config hash)
-fn is_zero(n: &usize) -> bool {
-    *n == 0
-}
-
 /// `train.activation_checkpointing`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]

@@ -202,3 +202,13 @@ pub const SWEEP_METRICS: &[&str] = &[
     "eval_samples",
     "resumed_from_step",
 ];
+
+/// `skip_serializing_if` helpers: defaults left out of the stored config and its hash, so a new
+/// key does not change the hash of configs that leave it at its default.
+pub(super) fn is_false(b: &bool) -> bool {
+    !*b
+}
+
+pub(super) fn is_zero(n: &usize) -> bool {
+    *n == 0
+}

@@ -413,19 +413,27 @@ pub fn push(dir: &Path, uri: &str, experiment: &str) -> Result<(State, usize), S
     let ep = Endpoint::parse(uri)?;
     let config = std::fs::read_to_string(dir.join("config.toml")).unwrap_or_default();
     let mut state = open_run(dir, &ep, experiment, &config)?;
+    let sent = send_new(dir, &ep, &mut state)?;
+    let status = crate::rundir::SummaryFile::read(dir).map(|s| s.status);
+    ep.update_run(&state.run_id, status_of(status.as_deref()))?;
+    Ok((state, sent))
+}
+
+/// Sends the lines of `metrics.jsonl` MLflow lacks and records them sent; how many.
+fn send_new(dir: &Path, ep: &Endpoint, state: &mut State) -> Result<usize, String> {
     let lines = crate::rundir::MetricsFile::read(dir).lines;
     // (a resume cut metrics.jsonl back to its checkpoint: what follows it is new)
     let fresh = &lines[state.sent_lines.min(lines.len())..];
+    if fresh.is_empty() && state.sent_lines == lines.len() {
+        return Ok(0);
+    }
     let metrics: Vec<Value> = fresh.iter().flat_map(metrics_of).collect();
     ep.log_batch(&state.run_id, &metrics, &[], &[])?;
-    let sent = fresh.len();
     state.sent_lines = lines.len();
     state
         .write(dir)
         .map_err(|e| format!("writing {}/mlflow.json: {e}", dir.display()))?;
-    let status = crate::rundir::SummaryFile::read(dir).map(|s| s.status);
-    ep.update_run(&state.run_id, status_of(status.as_deref()))?;
-    Ok((state, sent))
+    Ok(fresh.len())
 }
 
 /// The run's MLflow run: the one `mlflow.json` names at this address, else a new one with the
@@ -525,19 +533,7 @@ fn sender(dir: PathBuf, uri: String, experiment: String, config: String, rx: mps
             None
         }
     };
-    let send = |state: &mut State| -> Result<(), String> {
-        let lines = crate::rundir::MetricsFile::read(&dir).lines;
-        let fresh = &lines[state.sent_lines.min(lines.len())..];
-        if fresh.is_empty() {
-            return Ok(());
-        }
-        let metrics: Vec<Value> = fresh.iter().flat_map(metrics_of).collect();
-        ep.log_batch(&state.run_id, &metrics, &[], &[])?;
-        state.sent_lines = lines.len();
-        state
-            .write(&dir)
-            .map_err(|e| format!("writing mlflow.json: {e}"))
-    };
+    let send = |state: &mut State| send_new(&dir, &ep, state).map(|_| ());
     while rx.recv().is_ok() {
         // the lines that came meanwhile go in the same batch
         while rx.try_recv().is_ok() {}
