@@ -40,6 +40,19 @@ pub enum SweepCommand {
         /// The sweep directory.
         dir: PathBuf,
     },
+    /// (Run by an asha sweep's Slurm jobs.) Record the end of a trial's segment and submit the
+    /// sweep's next segments.
+    #[command(hide = true)]
+    Advance {
+        /// The sweep directory.
+        dir: PathBuf,
+        /// The trial whose segment ended.
+        #[arg(long)]
+        trial: String,
+        /// Its `kiln resume`'s exit status.
+        #[arg(long)]
+        exit: i32,
+    },
 }
 
 pub fn sweep(a: &SweepArgs) -> Result<()> {
@@ -47,11 +60,15 @@ pub fn sweep(a: &SweepArgs) -> Result<()> {
         crate::ui::out_raw(&sweep::status(dir)?);
         return Ok(());
     }
+    if let Some(SweepCommand::Advance { dir, trial, exit }) = &a.command {
+        return sweep::advance(dir, trial, *exit);
+    }
     let spec = match (&a.file, &a.resume) {
         (Some(file), None) => SweepSpec {
             file: file.clone(),
             sets: a.sets.clone(),
             executor: a.executor.unwrap_or_default(),
+            parallel: None,
         },
         (None, Some(dir)) => {
             if !a.sets.is_empty() {

@@ -125,7 +125,13 @@ fn gpus_per_node(c: &Config) -> Option<usize> {
 
 /// The body that runs `kiln resume "$RUN_DIR"` under srun, passes stop signals on and requeues
 /// after a stop with a checkpoint.
-fn body(kiln: &Path, s: &SlurmConfig, devices: usize, loaders: usize) -> String {
+fn body(
+    kiln: &Path,
+    s: &SlurmConfig,
+    devices: usize,
+    loaders: usize,
+    segment: Option<&Segment>,
+) -> String {
     // the task's CPUs shared by its ranks (backend.threads is per rank), less each rank's data
     // loader threads
     let (threads_line, srun_cpus, threads) = if s.cpus_per_task.is_some() {
@@ -174,14 +180,30 @@ forward() {{ stop="$1"; if [ -n "$pid" ]; then kill -"$1" "$pid" 2>/dev/null; fi
 trap 'forward USR1' USR1
 trap 'forward TERM' TERM
 # every start, and every start after a requeue, continues from the newest verified checkpoint
-{threads_line}srun --ntasks-per-node={tasks}{srun_cpus} --kill-on-bad-exit=0 "$KILN" resume "$RUN_DIR" --quiet{threads} &
+{threads_line}srun --ntasks-per-node={tasks}{srun_cpus} --kill-on-bad-exit=0 "$KILN" resume "$RUN_DIR" --quiet{threads}{pause} &
 pid=$!
 while kill -0 "$pid" 2>/dev/null; do wait "$pid"; done
 wait "$pid"
 rc=$?
-{requeue}exit "$rc"
+{requeue}{advance}exit "$rc"
 "#,
         kiln = sh_quote(&kiln.display().to_string()),
+        pause = segment.map_or(String::new(), |g| format!(
+            " --set train.pause_at_step={}",
+            g.pause_at
+        )),
+        advance = segment.map_or(String::new(), |g| format!(
+            r#"# the segment ended by itself (a stop signal leaves it to the requeued job or to the
+# next submission): record it and submit the sweep's next segments
+SWEEP_DIR={dir}
+if [ -z "$stop" ]; then
+  "$KILN" sweep advance "$SWEEP_DIR" --trial {trial} --exit "$rc" ||
+    echo "kiln: the sweep did not advance; continue it with: kiln sweep --resume $SWEEP_DIR"
+fi
+"#,
+            dir = sh_quote(&g.sweep_dir.display().to_string()),
+            trial = sh_quote(g.trial),
+        )),
         tasks = s.tasks_per_node,
     )
 }
@@ -210,8 +232,23 @@ pub fn run_script(c: &Config, kiln: &Path, run_dir: &Path, extra: &[String]) -> 
         ));
     }
     out.push_str(&format!("\nRUN_DIR={}\n", sh_quote(&dir)));
-    out.push_str(&body(kiln, s, c.strategy.devices.count(), c.data.workers));
+    out.push_str(&body(
+        kiln,
+        s,
+        c.strategy.devices.count(),
+        c.data.workers,
+        None,
+    ));
     out
+}
+
+/// An asha sweep's segment as a one-task array: the trial trains to its rung and pauses there
+/// (`pause_at`; 0 runs to the end), then `kiln sweep advance` records it and submits what comes
+/// next.
+pub struct Segment<'a> {
+    pub sweep_dir: &'a Path,
+    pub trial: &'a str,
+    pub pause_at: usize,
 }
 
 /// The sbatch script of a sweep's job array: array index i runs the trial in `dirs[i]`, at
@@ -222,6 +259,7 @@ pub fn array_script(
     sweep_dir: &Path,
     trials: &[(usize, PathBuf)],
     parallel: usize,
+    segment: Option<&Segment>,
 ) -> String {
     let s = &c.slurm;
     let name = job_name(
@@ -257,7 +295,13 @@ pub fn array_script(
     out.push_str(
         "  *) echo \"kiln: no trial for array index $SLURM_ARRAY_TASK_ID\" >&2; exit 2 ;;\nesac\n",
     );
-    out.push_str(&body(kiln, s, c.strategy.devices.count(), c.data.workers));
+    out.push_str(&body(
+        kiln,
+        s,
+        c.strategy.devices.count(),
+        c.data.workers,
+        segment,
+    ));
     out
 }
 
@@ -554,11 +598,12 @@ fn command_output(cmd: &str, args: &[&str]) -> std::result::Result<String, Strin
     if out.status.success() {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     } else {
-        Err(format!(
-            "`{cmd} {}` failed: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
+        // (scontrol says "Job 1_2 not found" on stdout)
+        let said = match String::from_utf8_lossy(&out.stderr).trim() {
+            "" => String::from_utf8_lossy(&out.stdout).trim().to_string(),
+            e => e.to_string(),
+        };
+        Err(format!("`{cmd} {}` failed: {said}", args.join(" ")))
     }
 }
 
@@ -568,6 +613,19 @@ fn scontrol_fields(line: &str) -> std::collections::BTreeMap<String, String> {
         .filter_map(|kv| kv.split_once('='))
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect()
+}
+
+/// The state of array `job`'s own record (its tasks not started on their own), if the
+/// controller has it.
+fn array_record(job: &str) -> Option<JobState> {
+    let out = command_output("scontrol", &["show", "job", "-o", job]).ok()?;
+    out.lines()
+        .filter(|l| {
+            let f = scontrol_fields(l);
+            f.get("ArrayJobId").map(String::as_str) == Some(job)
+                && f.get("JobId").map(String::as_str) == Some(job)
+        })
+        .find_map(from_scontrol)
 }
 
 fn from_scontrol(line: &str) -> Option<JobState> {
@@ -597,8 +655,13 @@ pub fn query(id: &str) -> std::result::Result<Option<JobState>, String> {
                 return Ok(Some(s));
             }
         }
-        // the controller answered: it has no such job (any more)
-        Err(e) if e.contains("Invalid job id") => {}
+        // the controller answered: it has no such job (any more), or an array task that never
+        // left its array's record (a one-task array cancelled while pending): that record's
+        Err(e) if e.contains("Invalid job id") || e.contains("not found") => {
+            if let Some(s) = id.split_once('_').and_then(|(job, _)| array_record(job)) {
+                return Ok(Some(s));
+            }
+        }
         Err(e) => return Err(e),
     }
     let acct = [

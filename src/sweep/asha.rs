@@ -127,6 +127,18 @@ pub(super) fn run(
     let asha = Asha::new(s, base.train.max_steps.unwrap_or(1));
     let parallel = parallel.unwrap_or(s.parallel).max(1);
     let (dir, _lock, spec_abs, ledger) = open_local(spec, base, &planned)?;
+    let with_slurm = ledger
+        .latest()
+        .into_values()
+        .filter(|r| r.job.is_some() && matches!(r.state, TrialState::Queued | TrialState::Running))
+        .count();
+    if with_slurm > 0 {
+        return Err(Error::Usage(format!(
+            "{with_slurm} segment(s) of the sweep in {} are queued or running in Slurm; running it here too would run a trial twice\n  = help: let the Slurm jobs go on (`kiln sweep status {}`), or cancel them (scancel) first",
+            dir.display(),
+            dir.display()
+        )));
+    }
     let total = planned.len();
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     // sent to a rung they did not report when the sweep last stopped (or failed there, while
@@ -151,8 +163,8 @@ pub(super) fn run(
             ui.info("stopping: the running trials checkpoint and stop");
         }
         while !stopping && running.len() < parallel {
-            let Some((id, target)) = next_job(&asha, &planned, &running, &mut again, &ledger)
-            else {
+            let busy: Vec<String> = running.iter().map(|r| r.planned.id.clone()).collect();
+            let Some((id, target)) = next_job(&asha, &planned, &busy, &mut again, &ledger) else {
                 break;
             };
             let Some(p) = planned.iter().find(|p| p.id == id) else {
@@ -209,7 +221,7 @@ pub(super) fn run(
 
 /// The segments the ledger has in flight (a sweep that stopped) or failed while retries are
 /// left: each trial and the rung step it was sent to.
-fn in_flight(
+pub(super) fn in_flight(
     ledger: &Ledger,
     failures: &BTreeMap<String, usize>,
     retries: usize,
@@ -228,15 +240,15 @@ fn in_flight(
 }
 
 /// The next segment to run: a trial left in flight, the best promotion, else the next new
-/// trial to the first rung.
-fn next_job(
+/// trial to the first rung (none of the `busy` ones: running, queued).
+pub(super) fn next_job(
     asha: &Asha,
     planned: &[Planned],
-    running: &[Running],
+    busy: &[String],
     again: &mut Vec<(String, usize)>,
     ledger: &Ledger,
 ) -> Option<(String, usize)> {
-    let busy = |id: &str| running.iter().any(|r| r.planned.id == id);
+    let busy = |id: &str| busy.iter().any(|b| b == id);
     let mut progress = Asha::progress(&ledger.read());
     // trials of an earlier plan (another grid) neither run nor count
     progress.retain(|id, _| planned.iter().any(|p| &p.id == id));
@@ -263,29 +275,7 @@ fn segment_ended(
     ui: &mut SweepProgress,
 ) -> Result<()> {
     let p = r.planned;
-    let mut rec = ended(dir, &p, status, stopping, s.metric.as_str());
-    rec.rung = Some(match rec.state {
-        TrialState::Paused | TrialState::Done => SummaryFile::read(&dir.join(&p.id))
-            .and_then(|v| v.steps)
-            .map_or(r.target, |s| s as usize),
-        _ => r.target,
-    });
-    if rec.state == TrialState::Paused && rec.metric.is_none() {
-        // paused again without a step (it resumed from its rung's checkpoint): the metric its
-        // metrics.jsonl has at the rung
-        let key = if s.metric == "final_loss" {
-            "loss"
-        } else {
-            s.metric.as_str()
-        };
-        let at = rec.rung.unwrap_or(0) as u64;
-        rec.metric = crate::rundir::MetricsFile::read(&dir.join(&p.id))
-            .lines
-            .iter()
-            .rev()
-            .find(|l| l["step"].as_u64() == Some(at) && l[key].is_number())
-            .and_then(|l| l[key].as_f64());
-    }
+    let rec = segment_record(dir, &p, r.target, status, stopping, &s.metric);
     if rec.state == TrialState::Failed {
         let n = failures.entry(p.id.clone()).or_insert(0);
         *n += 1;
@@ -314,8 +304,48 @@ fn segment_ended(
     Ok(())
 }
 
+/// The ledger record of a segment of trial `p` to rung step `target` whose process ended with
+/// `status`: paused or done at the step it reached (with the metric there), else preempted or
+/// failed on the way, as `ended` says.
+pub(super) fn segment_record(
+    dir: &std::path::Path,
+    p: &Planned,
+    target: usize,
+    status: std::process::ExitStatus,
+    stopping: bool,
+    metric: &str,
+) -> Record {
+    let mut rec = ended(dir, p, status, stopping, metric);
+    rec.rung = Some(match rec.state {
+        TrialState::Paused | TrialState::Done => SummaryFile::read(&dir.join(&p.id))
+            .and_then(|v| v.steps)
+            .map_or(target, |s| s as usize),
+        _ => target,
+    });
+    if rec.state == TrialState::Paused && rec.metric.is_none() {
+        rec.metric = metric_at(&dir.join(&p.id), rec.rung.unwrap_or(0), metric);
+    }
+    rec
+}
+
+/// The metric a run's metrics.jsonl has at `step` (a run paused again without a step, having
+/// resumed from its rung's checkpoint, has none in its summary).
+pub(super) fn metric_at(run_dir: &std::path::Path, step: usize, metric: &str) -> Option<f64> {
+    let key = if metric == "final_loss" {
+        "loss"
+    } else {
+        metric
+    };
+    crate::rundir::MetricsFile::read(run_dir)
+        .lines
+        .iter()
+        .rev()
+        .find(|l| l["step"].as_u64() == Some(step as u64) && l[key].is_number())
+        .and_then(|l| l[key].as_f64())
+}
+
 /// `train.pause_at_step` for a segment to rung step `target`: 0 (none) for the last rung.
-fn pause_at(asha: &Asha, target: usize) -> usize {
+pub(super) fn pause_at(asha: &Asha, target: usize) -> usize {
     if asha.rungs.last() == Some(&target) {
         0
     } else {

@@ -6,6 +6,7 @@
 //! from their checkpoints and retry failed ones; results are ranked by the chosen metric.
 
 mod asha;
+mod asha_slurm;
 mod expand;
 mod ledger;
 mod results;
@@ -13,6 +14,7 @@ mod scheduler;
 mod slurm;
 
 pub use asha::{Asha, Progress};
+pub use asha_slurm::advance;
 pub use expand::{expand, ExpandError, Trial};
 pub use ledger::{Ledger, Record, TrialState};
 pub use results::{row, sort, to_csv, to_markdown, to_text, Row};

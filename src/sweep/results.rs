@@ -18,6 +18,8 @@ pub struct Row {
     pub error: Option<String>,
     /// The Slurm array task running it (`<job>_<index>`), for `--executor slurm`.
     pub job: Option<String>,
+    /// asha: the rung step a trial on its way is sent to (running, queued or preempted).
+    pub to_step: Option<usize>,
 }
 
 /// Builds a trial's row from its ledger record and its run directory.
@@ -56,6 +58,12 @@ pub fn row(rec: &Record, run_dir: &Path, metric: &str, mode: MetricMode) -> Row 
             .as_ref()
             .zip(rec.array_index)
             .map(|(j, i)| format!("{j}_{i}")),
+        to_step: rec.rung.filter(|_| {
+            matches!(
+                rec.state,
+                TrialState::Running | TrialState::Queued | TrialState::Preempted
+            )
+        }),
     }
 }
 
@@ -94,10 +102,13 @@ fn num(v: Option<f64>) -> String {
 }
 
 fn cells(r: &Row) -> Vec<String> {
-    let status = match (&r.job, r.status) {
-        (Some(j), s) if s != TrialState::Done => format!("{} ({j})", s.word()),
-        (_, s) => s.word().to_string(),
-    };
+    let mut status = r.status.word().to_string();
+    if let Some(t) = r.to_step {
+        status.push_str(&format!(" to {t}"));
+    }
+    if let Some(j) = r.job.as_ref().filter(|_| r.status != TrialState::Done) {
+        status.push_str(&format!(" ({j})"));
+    }
     vec![
         r.trial.clone(),
         r.overrides.clone(),

@@ -24,6 +24,10 @@ pub struct SweepSpec {
     /// Where the trials run: child processes here, or a Slurm job array.
     #[serde(default)]
     pub executor: Executor,
+    /// An asha sweep on Slurm: segments queued or running at once, as last submitted (its
+    /// jobs submit the next segments with it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parallel: Option<usize>,
 }
 
 impl SweepSpec {
@@ -37,6 +41,7 @@ impl SweepSpec {
                 .unwrap_or_else(|_| self.file.clone()),
             sets: self.sets.clone(),
             executor,
+            parallel: self.parallel,
         };
         crate::rundir::write_json(&dir.join("sweep.json"), &stored)?;
         Ok(stored)
@@ -714,12 +719,20 @@ pub fn status(dir: &Path) -> Result<String> {
     let ledger = Ledger {
         path: dir.join("sweep.jsonl"),
     };
-    if spec.executor == Executor::Slurm {
-        for line in super::refresh(dir, &ledger, &base.config.sweep.metric)? {
+    let s = &base.config.sweep;
+    let rows = if spec.executor == Executor::Slurm {
+        // (not while an asha job decides on the ledger)
+        let _decide = super::asha_slurm::Decide::take(dir)?;
+        for line in super::refresh(dir, &ledger, &s.metric)? {
             crate::ui::note(&format!("warning: state unknown: {line}"));
         }
-    }
-    let rows = rows(dir, &ledger, &base.config.sweep);
+        // what Slurm said, in results.md/csv too (no local sweep process writes them)
+        let rows = rows(dir, &ledger, s);
+        write_results(dir, &rows, &s.metric)?;
+        rows
+    } else {
+        rows(dir, &ledger, s)
+    };
     let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
     for r in &rows {
         *counts.entry(r.status.word()).or_insert(0) += 1;

@@ -68,6 +68,18 @@ pub fn refresh(dir: &Path, ledger: &Ledger, metric: &str) -> Result<Vec<String>>
                 "running" => TrialState::Running,
                 _ => TrialState::Queued,
             },
+            // an asha segment that paused at its rung and whose job ended before `kiln sweep
+            // advance` recorded it
+            (Some("paused"), _)
+                if rec.rung.is_some()
+                    && summary.as_ref().and_then(|s| s.steps) == rec.rung.map(|r| r as u64) =>
+            {
+                next.metric = summary.as_ref().and_then(|s| s.number(metric)).or_else(|| {
+                    super::asha::metric_at(&dir.join(&id), rec.rung.unwrap_or(0), metric)
+                });
+                next.exit = Some(0);
+                TrialState::Paused
+            }
             (Some("preempted"), _) => {
                 next.error = Some(format!(
                     "preempted at step {}; not queued any more (Slurm task {task}): submit the sweep again to continue it",
@@ -108,9 +120,7 @@ pub fn submit(spec: &SweepSpec, parallel: Option<usize>) -> Result<String> {
     let (base, planned) = plan(spec, &env)?;
     let s = &base.sweep;
     if s.scheduler == crate::config::SweepScheduler::Asha {
-        return Err(Error::Usage(
-            "`sweep.scheduler` = \"asha\" runs with the local executor only (promotion as a Slurm resubmission is not built yet)\n  = help: run `kiln sweep FILE` on a node, or set `sweep.scheduler = \"none\"` for a Slurm job array".into(),
-        ));
+        return super::asha_slurm::submit(spec, &base, &planned, parallel);
     }
     let parallel = parallel.unwrap_or(s.parallel).max(1);
     let shape = &base.slurm;
@@ -169,7 +179,7 @@ pub fn submit(spec: &SweepSpec, parallel: Option<usize>) -> Result<String> {
     let script_path = dir.join(format!("slurm/array-{}.sbatch", n + 1));
     let submitted = prepared.and_then(|_| {
         let kiln = sl::kiln_exe()?;
-        let script = sl::array_script(&base, &kiln, &dir, &trials, parallel);
+        let script = sl::array_script(&base, &kiln, &dir, &trials, parallel, None);
         fs::write(&script_path, &script)
             .map_err(|e| Error::io(format!("writing {}", script_path.display()), e))?;
         sl::sbatch(&script_path, &[])
@@ -180,7 +190,7 @@ pub fn submit(spec: &SweepSpec, parallel: Option<usize>) -> Result<String> {
             // nothing submitted: take back what this call wrote
             take_back(
                 created.as_deref(),
-                &script_path,
+                Some(&script_path),
                 &made,
                 &spec_path,
                 old_spec.as_deref(),
@@ -210,7 +220,7 @@ pub fn submit(spec: &SweepSpec, parallel: Option<usize>) -> Result<String> {
 
 /// What stops a submission before anything is written: a CUDA sweep of several tasks per
 /// node, or no `sbatch` here.
-fn can_submit(base: &Config) -> Result<()> {
+pub(super) fn can_submit(base: &Config) -> Result<()> {
     if base.slurm.tasks_per_node > 1 && base.backend.device.needs_gpus() {
         return Err(Error::Usage(
             "`slurm.tasks_per_node` > 1 with backend.device = \"cuda\": one kiln process drives all of a node's GPUs".into(),
@@ -226,7 +236,7 @@ fn can_submit(base: &Config) -> Result<()> {
 
 /// Every trial's config as its Slurm job runs it (`slurm.nodes` x `slurm.tasks_per_node` kiln
 /// nodes, a token file in its run directory), each checked as `kiln run` would.
-fn job_configs(
+pub(super) fn job_configs(
     planned: &[Planned],
     shape: &config::SlurmConfig,
     dir: &Path,
@@ -264,7 +274,7 @@ fn job_configs(
 /// Writes each trial's job config (and token) into its run directory before the array starts,
 /// on every submission (a changed job shape applies to a trial resubmitted); `made` gets the
 /// directories it created and `trials` each trial's index and directory, also on an error.
-fn write_trials(
+pub(super) fn write_trials(
     dir: &Path,
     todo: &[(&Planned, &Config)],
     made: &mut Vec<PathBuf>,
@@ -294,9 +304,9 @@ fn write_trials(
 
 /// Takes back what a submission that sbatch refused wrote: the directory it created, or its
 /// script, the trial directories it made and the spec as it was before.
-fn take_back(
+pub(super) fn take_back(
     created: Option<&Path>,
-    script_path: &Path,
+    script_path: Option<&Path>,
     made: &[PathBuf],
     spec_path: &Path,
     old_spec: Option<&[u8]>,
@@ -306,7 +316,9 @@ fn take_back(
             let _ = fs::remove_dir_all(c);
         }
         None => {
-            let _ = fs::remove_file(script_path);
+            if let Some(script) = script_path {
+                let _ = fs::remove_file(script);
+            }
             for d in made {
                 let _ = fs::remove_dir_all(d);
             }

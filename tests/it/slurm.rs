@@ -496,3 +496,118 @@ fn srun_alone_starts_a_two_node_job() {
     );
     assert_eq!(summary(&run)["world_size"], 2);
 }
+
+/// Cancels every job of a name when dropped.
+struct CancelNamed(&'static str);
+
+impl Drop for CancelNamed {
+    fn drop(&mut self) {
+        let _ = Command::new("scancel").args(["--name", self.0]).output();
+    }
+}
+
+/// Issue 48: an asha sweep on Slurm, promotion as resubmission. Each segment (a trial to its
+/// next rung) is a job whose end submits the next ones, at most `parallel` queued or running;
+/// cancelled mid-way and submitted again, the sweep ends as an uninterrupted one would (9
+/// trials, rf 3, rungs 6, 18, 54: 9, 3 and 1 trials reach them) and the winner's parameters
+/// are the bits of its config trained straight through.
+#[test]
+fn an_asha_sweep_promotes_by_resubmission_survives_a_cancel_and_the_winner_has_a_straight_runs_bits(
+) {
+    need_slurm();
+    let d = kiln::testdir::tempdir().unwrap();
+    write(d.path(), "t.toml", TINY);
+    write(
+        d.path(),
+        "sw.toml",
+        "extends = [\"t.toml\"]\n[experiment]\nname = \"asha-sl\"\n[train]\nmax_steps = 54\neval_every = 6\n[sweep]\nparallel = 2\nscheduler = \"asha\"\nreduction_factor = 3\ngrace_steps = 6\n[sweep.grid]\n\"optim.lr\" = [0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.4, 0.8]\n",
+    );
+    let _cancel = CancelNamed("kiln-sweep-asha-sl");
+    let dir = d.path().join("runs/asha-sl");
+    let sweep = || {
+        let o = kiln(d.path(), &["sweep", "sw.toml", "--executor", "slurm"]);
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        stdout(&o)
+    };
+    let status = || {
+        let o = kiln(d.path(), &["sweep", "status", dir.to_str().unwrap()]);
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        stdout(&o)
+    };
+    let ledger = || -> Vec<serde_json::Value> {
+        std::fs::read_to_string(dir.join("sweep.jsonl"))
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    };
+    let out = sweep();
+    assert!(
+        out.contains("trial 0 to step 6") && out.contains("trial 1 to step 6"),
+        "{out}"
+    );
+    assert!(out.contains("at most 2 queued or running"), "{out}");
+    // three segments paused (their jobs submitted the next ones): cancel every job of the sweep
+    wait_until(120, "three paused segments", || {
+        ledger().iter().filter(|r| r["state"] == "paused").count() >= 3
+    });
+    let c = Command::new("scancel")
+        .args(["--name", "kiln-sweep-asha-sl"])
+        .output()
+        .unwrap();
+    assert!(c.status.success(), "{}", stderr(&c));
+    wait_until(60, "the cancelled jobs to leave the queue", || {
+        let s = status();
+        let counts = s.lines().last().unwrap_or("").to_string();
+        !counts.contains("queued") && !counts.contains("running")
+    });
+    let after_cancel = status();
+    assert!(!after_cancel.contains("1 done"), "{after_cancel}");
+    // submitted again: the ledger says where every trial is, and the jobs go on from there
+    let out = sweep();
+    assert!(out.contains("submitted asha segment(s)"), "{out}");
+    wait_until(240, "the winner done", || {
+        status().contains("9 trials: 1 done, 8 paused")
+    });
+    let mut furthest: std::collections::BTreeMap<String, u64> = Default::default();
+    for r in ledger() {
+        if matches!(r["state"].as_str(), Some("paused" | "done")) {
+            let e = furthest
+                .entry(r["trial"].as_str().unwrap().to_string())
+                .or_insert(0);
+            *e = (*e).max(r["rung"].as_u64().unwrap());
+        }
+    }
+    let at_least = |s: u64| furthest.values().filter(|&&g| g >= s).count();
+    assert_eq!(
+        (at_least(6), at_least(18), at_least(54)),
+        (9, 3, 1),
+        "{furthest:?}"
+    );
+    let steps: u64 = furthest.values().sum();
+    assert!(steps as f64 <= 0.4 * 9.0 * 54.0, "{steps} steps");
+    // the winner, trained straight through here
+    let csv = std::fs::read_to_string(dir.join("results.csv")).unwrap();
+    let first: Vec<&str> = csv.lines().nth(1).unwrap().split(',').collect();
+    assert_eq!((first[2], first[5]), ("done", "54"), "{csv}");
+    let lr = first[1].to_string();
+    let o = kiln(
+        d.path(),
+        &[
+            "run",
+            "sw.toml",
+            "--quiet",
+            "--run-dir",
+            "straight",
+            "--set",
+            &lr,
+        ],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(
+        summary(&dir.join(first[0]))["params_sha256"],
+        summary(&d.path().join("straight"))["params_sha256"]
+    );
+    let out = sweep();
+    assert!(out.contains("nothing to submit"), "{out}");
+}

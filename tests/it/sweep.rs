@@ -346,6 +346,88 @@ grace_steps = 6"#,
     assert!(stdout(&st).contains("paused"), "{}", stdout(&st));
 }
 
+/// SIGTERM to a local asha sweep while two trials train to their first rung: they checkpoint
+/// and stop (preempted, sent to rung 25000 in the ledger); `--resume` continues them there,
+/// runs the third, and promotes one (rf 2) to the end.
+#[test]
+fn a_signal_stops_an_asha_sweep_mid_rung_and_resume_goes_on_to_every_rung() {
+    let d = kiln::testdir::tempdir().unwrap();
+    let file = sweep_file(
+        d.path(),
+        "grid = { \"optim.lr\" = [0.01, 0.02, 0.05] }\nparallel = 2\nscheduler = \"asha\"\nreduction_factor = 2\ngrace_steps = 25000",
+        "",
+    );
+    let sets = [
+        "--set",
+        "train.max_steps=50000",
+        "--set",
+        "train.eval_every=25000",
+        "--set",
+        "train.log_every=100",
+    ];
+    let child = Command::new(KILN)
+        .current_dir(d.path())
+        .args(["sweep", &file, "--quiet"])
+        .args(sets)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let dir = d.path().join("runs/tiny");
+    let start = Instant::now();
+    while !dir.is_dir()
+        || trial_dirs(&dir)
+            .iter()
+            .filter(|t| dir.join(t).join("metrics.jsonl").is_file())
+            .count()
+            < 2
+    {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "trials never started"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // SAFETY: signalling a child process of this test.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let o = child.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(75), "{}", stderr(&o));
+    let latest: std::collections::BTreeMap<String, serde_json::Value> = ledger(&dir)
+        .into_iter()
+        .map(|r| (r["trial"].as_str().unwrap().to_string(), r))
+        .collect();
+    let stopped: Vec<(&str, u64)> = latest
+        .values()
+        .filter(|r| r["state"] != "pending")
+        .map(|r| (r["state"].as_str().unwrap(), r["rung"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(stopped, [("preempted", 25000); 2], "{latest:?}");
+    let o = kiln(
+        d.path(),
+        &["sweep", "--resume", dir.to_str().unwrap(), "--quiet"],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let mut furthest: std::collections::BTreeMap<String, u64> = Default::default();
+    for r in ledger(&dir) {
+        if matches!(r["state"].as_str(), Some("paused" | "done")) {
+            let e = furthest
+                .entry(r["trial"].as_str().unwrap().to_string())
+                .or_insert(0);
+            *e = (*e).max(r["rung"].as_u64().unwrap());
+        }
+    }
+    let mut reached: Vec<u64> = furthest.values().copied().collect();
+    reached.sort_unstable();
+    assert_eq!(reached, [25000, 25000, 50000], "{furthest:?}");
+    // a preempted trial left paused at its rung continued from its mid-rung checkpoint
+    let mid_rung = trial_dirs(&dir)
+        .iter()
+        .map(|t| crate::common::summary(&dir.join(t))["resumed_from_step"].as_u64())
+        .filter(|s| s.is_some_and(|s| s > 0 && s < 25000))
+        .count();
+    assert!(mid_rung >= 1, "{furthest:?}");
+}
+
 #[test]
 fn asha_needs_max_steps_a_first_rung_before_it_and_evaluations_at_every_rung() {
     let d = kiln::testdir::tempdir().unwrap();

@@ -1,0 +1,328 @@
+//! `kiln sweep FILE --executor slurm` with `sweep.scheduler = "asha"`: promotion as
+//! resubmission. Every segment (a trial trained to its next rung, where it pauses with a
+//! checkpoint) is its own Slurm job, a one-task array running `kiln resume` with
+//! `train.pause_at_step`; at most `parallel` segments are queued or running. When a segment
+//! ends by itself its job runs `kiln sweep advance`, which records the rung's result in the
+//! ledger and submits the next segments as the local executor would pick them: a trial left in
+//! flight, the best promotion, else a new trial to the first rung. Decisions are taken under an
+//! exclusive lock (`sweep.decide.lock`), so two jobs ending at once never promote one trial
+//! twice. A segment stopped by a signal (a cancel, a preemption) is left to Slurm's requeue or
+//! to the next submission, which `refresh`es the ledger and fills the free places again.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use super::asha::{in_flight, next_job, pause_at, segment_record};
+use super::scheduler::{
+    add_pending, ledger_io, plan, read_spec, record, refuse_run_dir, rows, sweep_dir,
+    write_results, Lock,
+};
+use super::slurm::{can_submit, job_configs, refresh, take_back, write_trials};
+use super::{to_text, Asha, Executor, Ledger, Planned, SweepSpec, TrialState};
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::slurm::{self as sl, absolute};
+use crate::ui;
+
+/// An exclusive `flock` on `sweep.decide.lock`, held while the ledger is read and decided on
+/// (by a submission, `kiln sweep advance` in a job, `kiln sweep status`); released when
+/// dropped.
+pub(super) struct Decide {
+    _file: fs::File,
+}
+
+impl Decide {
+    pub(super) fn take(dir: &Path) -> Result<Decide> {
+        use std::os::fd::AsRawFd;
+        let path = dir.join("sweep.decide.lock");
+        let file = fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(|e| Error::io(format!("opening {}", path.display()), e))?;
+        loop {
+            // SAFETY: flock(2) on a descriptor this function owns.
+            if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } == 0 {
+                return Ok(Decide { _file: file });
+            }
+            let e = std::io::Error::last_os_error();
+            if e.kind() != std::io::ErrorKind::Interrupted {
+                return Err(Error::io(format!("locking {}", path.display()), e));
+            }
+        }
+    }
+}
+
+/// Submits the segments an asha sweep can run now (at most `parallel` queued or running).
+pub(super) fn submit(
+    spec: &SweepSpec,
+    base: &Config,
+    planned: &[Planned],
+    parallel: Option<usize>,
+) -> Result<String> {
+    let s = &base.sweep;
+    can_submit(base)?;
+    let dir = absolute(sweep_dir(base))?;
+    refuse_run_dir(&dir)?;
+    // every trial as its jobs will run it, checked before anything is written
+    let jobs = job_configs(planned, &base.slurm, &dir)?;
+    // the outermost directory this submission creates: removed again if sbatch refuses
+    let created = crate::rundir::first_missing(&dir);
+    fs::create_dir_all(dir.join("logs"))
+        .and_then(|_| fs::create_dir_all(dir.join("slurm")))
+        .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
+    let _lock = Lock::take(&dir)?;
+    let _decide = Decide::take(&dir)?;
+    let spec_path = dir.join("sweep.json");
+    let old_spec = fs::read(&spec_path).ok();
+    // the jobs submit the next segments with the `parallel` last given
+    let stored = read_spec(&dir).ok().and_then(|s| s.parallel);
+    let parallel = parallel.or(stored).unwrap_or(s.parallel).max(1);
+    let mut spec = spec.clone();
+    spec.parallel = Some(parallel);
+    spec.store(&dir, Executor::Slurm)?;
+    let ledger = Ledger {
+        path: dir.join("sweep.jsonl"),
+    };
+    add_pending(&ledger, planned, &ledger.latest())?;
+    let unknown = refresh(&dir, &ledger, &s.metric)?;
+    if !unknown.is_empty() {
+        return Err(Error::Invalid(format!(
+            "Slurm could not be asked about segments submitted before; submitting nothing (a live trial could be submitted twice):\n  {}",
+            unknown.join("\n  ")
+        )));
+    }
+    let mut made = Vec::new();
+    // (a submission runs failed segments again, as it does a job array's failed trials)
+    let (sent, res) = fill(
+        &dir,
+        base,
+        planned,
+        &jobs,
+        (parallel, usize::MAX),
+        &ledger,
+        &mut made,
+    );
+    if let Err(e) = res {
+        if sent.is_empty() {
+            take_back(
+                created.as_deref(),
+                None,
+                &made,
+                &spec_path,
+                old_spec.as_deref(),
+            );
+        } else {
+            ui::out(&format!("submitted {}", sent.join(", ")));
+        }
+        return Err(e);
+    }
+    let rows = rows(&dir, &ledger, s);
+    write_results(&dir, &rows, &s.metric)?;
+    if sent.is_empty() {
+        ui::out(&to_text(&rows, &s.metric));
+        ui::out(&format!(
+            "nothing to submit: no segment of {} can run now (done, paused below its rung's quota, queued or running)",
+            dir.display()
+        ));
+        return Ok(String::new());
+    }
+    ui::out(&format!(
+        "submitted asha segment(s): {}; at most {parallel} queued or running, each job submits the next as trials reach their rungs; sweep dir: {}",
+        sent.join(", "),
+        dir.display()
+    ));
+    ui::note(&format!(
+        "  = `kiln sweep status {}` shows the rungs; the jobs' output is in logs/slurm-<job>_<index>.out",
+        dir.display()
+    ));
+    Ok(sent.join(","))
+}
+
+/// `kiln sweep advance DIR --trial ID --exit RC`, run by a segment's job when its `kiln
+/// resume` ended by itself: records where the trial got (paused or done at its rung, with the
+/// metric there, or failed) and submits the sweep's next segments.
+pub fn advance(dir: &Path, trial: &str, exit: i32) -> Result<()> {
+    use std::os::unix::process::ExitStatusExt;
+    // a cancel of the job (SIGTERM to all of it) must not cut a decision in half, between a
+    // segment's sbatch and its ledger record (this takes well under Slurm's KillWait); it
+    // stops the submitting of more
+    for sig in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGUSR1] {
+        // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+        unsafe {
+            libc::signal(
+                sig,
+                on_stop as extern "C" fn(libc::c_int) as libc::sighandler_t,
+            )
+        };
+    }
+    let spec = read_spec(dir)?;
+    // the trials as the submission planned them: without what Slurm and the job script set
+    // for the job's own launch (a config would read them as `launch.*`)
+    let env: Vec<(String, String)> = std::env::vars()
+        .filter(|(k, _)| !is_launcher_var(k))
+        .collect();
+    let (base, planned) = plan(&spec, &env)?;
+    let s = &base.sweep;
+    if s.scheduler != crate::config::SweepScheduler::Asha || spec.executor != Executor::Slurm {
+        return Err(Error::Usage(format!(
+            "`kiln sweep advance` goes on with an asha sweep on Slurm; {} is not one",
+            dir.display()
+        )));
+    }
+    let jobs = job_configs(&planned, &base.slurm, dir)?;
+    let Some(p) = planned.iter().find(|p| p.id == trial) else {
+        return Err(Error::Usage(format!(
+            "trial {trial} is not a trial of the sweep in {} (did its experiment file change?)",
+            dir.display()
+        )));
+    };
+    let _decide = Decide::take(dir)?;
+    let ledger = Ledger {
+        path: dir.join("sweep.jsonl"),
+    };
+    let live =
+        ledger.latest().get(trial).cloned().filter(|r| {
+            r.job.is_some() && matches!(r.state, TrialState::Queued | TrialState::Running)
+        });
+    // (recorded already when a refresh saw the job end first)
+    if let Some(rec) = live {
+        let status = std::process::ExitStatus::from_raw((exit & 0xff) << 8);
+        let target = rec.rung.unwrap_or(0);
+        let mut r = segment_record(dir, p, target, status, false, &s.metric);
+        // no job: Slurm has nothing more to say of this segment
+        r.array_index = rec.array_index;
+        ledger.append(&r).map_err(ledger_io)?;
+        ui::out(&format!(
+            "kiln: trial {trial} {} at step {}{}",
+            r.state.word(),
+            r.rung.unwrap_or(0),
+            r.error.map(|e| format!(": {e}")).unwrap_or_default()
+        ));
+    }
+    let parallel = spec.parallel.unwrap_or(s.parallel).max(1);
+    let retries = (parallel, s.retries);
+    let (sent, res) = fill(
+        dir,
+        &base,
+        &planned,
+        &jobs,
+        retries,
+        &ledger,
+        &mut Vec::new(),
+    );
+    for l in &sent {
+        ui::out(&format!("kiln: submitted {l}"));
+    }
+    write_results(dir, &rows(dir, &ledger, s), &s.metric)?;
+    res
+}
+
+/// Set by a stop signal to `kiln sweep advance`.
+static STOPPED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+extern "C" fn on_stop(_: libc::c_int) {
+    STOPPED.store(true, std::sync::atomic::Ordering::SeqCst);
+}
+
+/// A variable Slurm, torchrun or a kiln job script sets for a job's launch.
+fn is_launcher_var(name: &str) -> bool {
+    name.starts_with("SLURM_")
+        || name.starts_with("TORCHELASTIC_")
+        || matches!(
+            name,
+            "WORLD_SIZE"
+                | "RANK"
+                | "LOCAL_RANK"
+                | "LOCAL_WORLD_SIZE"
+                | "MASTER_ADDR"
+                | "MASTER_PORT"
+        )
+}
+
+/// Submits segments while fewer than `parallel` are queued or running (a failed one again
+/// while it has failed at most `retries` times): the submitted ones ("trial I to step S (job
+/// J)"), and the error that stopped it, if any.
+fn fill(
+    dir: &Path,
+    base: &Config,
+    planned: &[Planned],
+    jobs: &[Config],
+    (parallel, retries): (usize, usize),
+    ledger: &Ledger,
+    made: &mut Vec<PathBuf>,
+) -> (Vec<String>, Result<()>) {
+    let s = &base.sweep;
+    let asha = Asha::new(s, base.train.max_steps.unwrap_or(1));
+    let mut sent = Vec::new();
+    let kiln = match sl::kiln_exe() {
+        Ok(k) => k,
+        Err(e) => return (sent, Err(e)),
+    };
+    loop {
+        let live: Vec<String> = ledger
+            .latest()
+            .into_values()
+            .filter(|r| {
+                r.job.is_some() && matches!(r.state, TrialState::Queued | TrialState::Running)
+            })
+            .map(|r| r.trial)
+            .collect();
+        // (a cancelled job's `kiln sweep advance` submits nothing more)
+        if live.len() >= parallel || STOPPED.load(std::sync::atomic::Ordering::SeqCst) {
+            break;
+        }
+        let mut again = in_flight(ledger, &ledger.failures(), retries);
+        again.retain(|(id, _)| !live.contains(id) && planned.iter().any(|p| &p.id == id));
+        let Some((id, target)) = next_job(&asha, planned, &live, &mut again, ledger) else {
+            break;
+        };
+        let Some(i) = planned.iter().position(|p| p.id == id) else {
+            break;
+        };
+        let p = &planned[i];
+        let seg = (target, pause_at(&asha, target));
+        let job = match submit_segment(dir, base, &kiln, (p, &jobs[i]), seg, made) {
+            Ok(job) => job,
+            Err(e) => return (sent, Err(e)),
+        };
+        let mut r = record(p, TrialState::Queued);
+        r.job = Some(job.clone());
+        r.array_index = Some(p.trial.index);
+        r.rung = Some(target);
+        if let Err(e) = ledger.append(&r).map_err(ledger_io) {
+            return (sent, Err(e));
+        }
+        sent.push(format!(
+            "trial {} to step {target} (job {job})",
+            p.trial.index
+        ));
+    }
+    (sent, Ok(()))
+}
+
+/// Writes trial `p`'s job config and its segment's script (to rung step `target`, pausing at
+/// `pause`) and submits it: the job id.
+fn submit_segment(
+    dir: &Path,
+    base: &Config,
+    kiln: &Path,
+    (p, job): (&Planned, &Config),
+    (target, pause): (usize, usize),
+    made: &mut Vec<PathBuf>,
+) -> Result<String> {
+    let mut trials = Vec::new();
+    write_trials(dir, &[(p, job)], made, &mut trials)?;
+    let path = dir.join(format!("slurm/{}-step-{target}.sbatch", p.id));
+    let seg = sl::Segment {
+        sweep_dir: dir,
+        trial: &p.id,
+        pause_at: pause,
+    };
+    let script = sl::array_script(base, kiln, dir, &trials, 1, Some(&seg));
+    fs::write(&path, &script).map_err(|e| Error::io(format!("writing {}", path.display()), e))?;
+    sl::sbatch(&path, &[]).inspect_err(|_| {
+        let _ = fs::remove_file(&path);
+    })
+}
