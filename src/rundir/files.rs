@@ -50,8 +50,12 @@ pub struct MetricsFile {
 impl MetricsFile {
     pub fn read(run_dir: &Path) -> MetricsFile {
         let bytes = fs::read(run_dir.join("metrics.jsonl")).unwrap_or_default();
+        Self::parse(&bytes)
+    }
+
+    fn parse(bytes: &[u8]) -> MetricsFile {
         let mut out = MetricsFile::default();
-        for l in String::from_utf8_lossy(&bytes)
+        for l in String::from_utf8_lossy(bytes)
             .lines()
             .filter(|l| !l.trim().is_empty())
         {
@@ -61,6 +65,24 @@ impl MetricsFile {
             }
         }
         out
+    }
+
+    /// The complete lines after byte `offset` (a line still being written waits), and the
+    /// offset after them: a file that grows, read once.
+    pub fn read_from(run_dir: &Path, offset: u64) -> std::io::Result<(MetricsFile, u64)> {
+        use std::io::{Read, Seek, SeekFrom};
+        let mut f = match fs::File::open(run_dir.join("metrics.jsonl")) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Ok((MetricsFile::default(), offset))
+            }
+            Err(e) => return Err(e),
+        };
+        f.seek(SeekFrom::Start(offset))?;
+        let mut bytes = Vec::new();
+        f.read_to_end(&mut bytes)?;
+        let complete = bytes.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+        Ok((Self::parse(&bytes[..complete]), offset + complete as u64))
     }
 
     /// The last line of a run's `metrics.jsonl` (a running run's progress), read without

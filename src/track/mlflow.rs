@@ -289,6 +289,13 @@ pub struct State {
     /// recorded, so a failure in between never makes a second run).
     #[serde(default)]
     pub params_logged: bool,
+    /// The furthest step sent, and how many of its lines: a resume cuts `metrics.jsonl` back
+    /// to its checkpoint and trains the steps after it again (to the same bits), and MLflow,
+    /// which keeps every point, has those already.
+    #[serde(default)]
+    pub sent_step: u64,
+    #[serde(default)]
+    pub sent_at_step: usize,
 }
 
 impl State {
@@ -413,27 +420,72 @@ pub fn push(dir: &Path, uri: &str, experiment: &str) -> Result<(State, usize), S
     let ep = Endpoint::parse(uri)?;
     let config = std::fs::read_to_string(dir.join("config.toml")).unwrap_or_default();
     let mut state = open_run(dir, &ep, experiment, &config)?;
-    let sent = send_new(dir, &ep, &mut state)?;
+    let lines = crate::rundir::MetricsFile::read(dir).lines.len();
+    state.sent_lines = state.sent_lines.min(lines);
+    let sent = send_new(dir, &ep, &mut state, &mut Tail::default())?;
     let status = crate::rundir::SummaryFile::read(dir).map(|s| s.status);
     ep.update_run(&state.run_id, status_of(status.as_deref()))?;
     Ok((state, sent))
 }
 
-/// Sends the lines of `metrics.jsonl` MLflow lacks and records them sent; how many.
-fn send_new(dir: &Path, ep: &Endpoint, state: &mut State) -> Result<usize, String> {
-    let lines = crate::rundir::MetricsFile::read(dir).lines;
-    // (a resume cut metrics.jsonl back to its checkpoint: what follows it is new)
-    let fresh = &lines[state.sent_lines.min(lines.len())..];
-    if fresh.is_empty() && state.sent_lines == lines.len() {
+/// How far a sender has read `metrics.jsonl`: the byte offset, the lines before it, and the
+/// step of the last of them with how many lines are at that step.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Tail {
+    offset: u64,
+    lines: usize,
+    step: u64,
+    at_step: usize,
+}
+
+/// Sends the lines of `metrics.jsonl` MLflow lacks (read on from `tail`, which moves on only
+/// when they were sent) and records them sent; how many.
+fn send_new(
+    dir: &Path,
+    ep: &Endpoint,
+    state: &mut State,
+    tail: &mut Tail,
+) -> Result<usize, String> {
+    let (new, offset) = crate::rundir::MetricsFile::read_from(dir, tail.offset)
+        .map_err(|e| format!("reading {}/metrics.jsonl: {e}", dir.display()))?;
+    let mut t = *tail;
+    t.offset = offset;
+    // (a resume cut metrics.jsonl back to its checkpoint, `sent_lines` clamped to it: what
+    // follows is new to this file, but MLflow has the steps up to `sent_step` already)
+    let mut metrics = Vec::new();
+    let mut fresh = 0;
+    for l in &new.lines {
+        let step = l["step"].as_u64().unwrap_or(0);
+        if step == t.step && t.lines > 0 {
+            t.at_step += 1;
+        } else {
+            (t.step, t.at_step) = (step, 1);
+        }
+        t.lines += 1;
+        if t.lines <= state.sent_lines {
+            continue;
+        }
+        fresh += 1;
+        let sent =
+            step < state.sent_step || (step == state.sent_step && t.at_step <= state.sent_at_step);
+        if !sent {
+            metrics.extend(metrics_of(l));
+        }
+    }
+    if fresh == 0 && state.sent_lines == t.lines {
+        *tail = t;
         return Ok(0);
     }
-    let metrics: Vec<Value> = fresh.iter().flat_map(metrics_of).collect();
     ep.log_batch(&state.run_id, &metrics, &[], &[])?;
-    state.sent_lines = lines.len();
+    state.sent_lines = t.lines;
+    if (t.step, t.at_step) > (state.sent_step, state.sent_at_step) {
+        (state.sent_step, state.sent_at_step) = (t.step, t.at_step);
+    }
     state
         .write(dir)
         .map_err(|e| format!("writing {}/mlflow.json: {e}", dir.display()))?;
-    Ok(fresh.len())
+    *tail = t;
+    Ok(fresh)
 }
 
 /// The run's MLflow run: the one `mlflow.json` names at this address, else a new one with the
@@ -457,6 +509,8 @@ fn open_run(dir: &Path, ep: &Endpoint, experiment: &str, config: &str) -> Result
                 run_id,
                 sent_lines: 0,
                 params_logged: false,
+                sent_step: 0,
+                sent_at_step: 0,
             };
             write(&s)?;
             s
@@ -519,12 +573,17 @@ fn sender(dir: PathBuf, uri: String, experiment: String, config: String, rx: mps
         Ok(e) => e,
         Err(e) => return say(&e),
     };
-    let mut state = match with_retries(|| open_run(&dir, &ep, &experiment, &config)) {
-        Ok(mut s) => {
-            // a resumed run's metrics.jsonl was cut back to its checkpoint: the lines after it
-            // are sent again as the run trains them again
-            let lines = crate::rundir::MetricsFile::read(&dir).lines.len();
+    // a resumed run's metrics.jsonl was cut back to its checkpoint: `sent_lines` counts only
+    // what is left of it (the steps trained again are new to the file, not to MLflow)
+    let lines = crate::rundir::MetricsFile::read(&dir).lines.len();
+    let open = || {
+        open_run(&dir, &ep, &experiment, &config).map(|mut s| {
             s.sent_lines = s.sent_lines.min(lines);
+            s
+        })
+    };
+    let mut state = match with_retries(open) {
+        Ok(s) => {
             let _ = ep.update_run(&s.run_id, "RUNNING");
             Some(s)
         }
@@ -533,7 +592,13 @@ fn sender(dir: PathBuf, uri: String, experiment: String, config: String, rx: mps
             None
         }
     };
-    let send = |state: &mut State| send_new(&dir, &ep, state).map(|_| ());
+    let tail = std::cell::Cell::new(Tail::default());
+    let send = |state: &mut State| {
+        let mut t = tail.get();
+        let r = send_new(&dir, &ep, state, &mut t).map(|_| ());
+        tail.set(t);
+        r
+    };
     while rx.recv().is_ok() {
         // the lines that came meanwhile go in the same batch
         while rx.try_recv().is_ok() {}
@@ -548,7 +613,7 @@ fn sender(dir: PathBuf, uri: String, experiment: String, config: String, rx: mps
     }
     // the end of the session: the rest, then the status (the server may be back)
     if state.is_none() {
-        state = open_run(&dir, &ep, &experiment, &config).ok();
+        state = open().ok();
     }
     let Some(mut s) = state else { return };
     let status = crate::rundir::SummaryFile::read(&dir).map(|s| s.status);

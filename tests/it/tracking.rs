@@ -113,6 +113,8 @@ fn a_run_is_an_mlflow_run_and_track_push_completes_what_a_dead_server_missed() {
             "optim.lr=0.05",
             "--set",
             "log.mlflow.experiment=kiln-it",
+            "--set",
+            "checkpoint.every_steps=4",
         ],
     );
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
@@ -174,12 +176,21 @@ fn a_run_is_an_mlflow_run_and_track_push_completes_what_a_dead_server_missed() {
         "{}",
         stdout(&o)
     );
-    // a resumed run continues its MLflow run
+    // a resumed run continues its MLflow run; from an earlier checkpoint, the steps it trains
+    // again (to the same bits) are not sent twice
     let a = d.path().join("a");
     let first = State::read(&a).unwrap().run_id;
     let o = kiln(
         d.path(),
-        &["resume", "a", "--quiet", "--set", "train.max_steps=12"],
+        &[
+            "resume",
+            "a",
+            "--quiet",
+            "--from",
+            "step-00000004",
+            "--set",
+            "train.max_steps=12",
+        ],
     );
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert_eq!(State::read(&a).unwrap().run_id, first);
