@@ -370,3 +370,36 @@ pub fn limit(cmd: &mut Command, resource: libc::__rlimit_resource_t, bytes: u64)
         });
     }
 }
+
+/// Each trial's furthest rung in an asha sweep's ledger (the steps of its paused and done
+/// segments).
+pub fn furthest_rungs(sweep_dir: &Path) -> std::collections::BTreeMap<String, u64> {
+    let mut out = std::collections::BTreeMap::new();
+    let text = std::fs::read_to_string(sweep_dir.join("sweep.jsonl")).unwrap_or_default();
+    for r in text
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+    {
+        if matches!(r["state"].as_str(), Some("paused" | "done")) {
+            let e = out
+                .entry(r["trial"].as_str().unwrap().to_string())
+                .or_insert(0);
+            *e = (*e).max(r["rung"].as_u64().unwrap());
+        }
+    }
+    out
+}
+
+/// Issue 48's acceptance of the 9-trial grid (rf 3, rungs 6, 18, 54): 9, 3 and 1 trials reach
+/// the rungs, at most 0.4x the grid's steps in all.
+pub fn assert_asha_grid(sweep_dir: &Path) {
+    let furthest = furthest_rungs(sweep_dir);
+    let at_least = |s: u64| furthest.values().filter(|&&g| g >= s).count();
+    assert_eq!(
+        (at_least(6), at_least(18), at_least(54)),
+        (9, 3, 1),
+        "{furthest:?}"
+    );
+    let steps: u64 = furthest.values().sum();
+    assert!(steps as f64 <= 0.4 * 9.0 * 54.0, "{steps} steps");
+}

@@ -1,7 +1,7 @@
 //! Sweeps: trials checked before any runs, parallel trials with a results table, re-runs that
 //! start nothing, SIGKILL of the sweep and continuation from checkpoints, failed trials.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -33,6 +33,35 @@ fn trial_dirs(dir: &Path) -> Vec<String> {
         .collect();
     v.sort();
     v
+}
+
+/// Starts `kiln sweep FILE --quiet SETS` in `dir` (a sweep named tiny, parallel 2) and
+/// returns once two trials are training: the child and the sweep directory.
+fn start_two_trials(dir: &Path, file: &str, sets: &[&str]) -> (std::process::Child, PathBuf) {
+    let child = Command::new(KILN)
+        .current_dir(dir)
+        .args(["sweep", file, "--quiet"])
+        .args(sets)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let sweep = dir.join("runs/tiny");
+    let start = Instant::now();
+    while !sweep.is_dir()
+        || trial_dirs(&sweep)
+            .iter()
+            .filter(|t| sweep.join(t).join("metrics.jsonl").is_file())
+            .count()
+            < 2
+    {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "trials never started"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    (child, sweep)
 }
 
 #[test]
@@ -205,35 +234,16 @@ fn a_signal_stops_a_local_sweep_with_checkpoints_and_resume_continues_them() {
         "grid = { \"optim.lr\" = [0.01, 0.02, 0.05] }\nparallel = 2",
         "",
     );
-    let child = Command::new(KILN)
-        .current_dir(d.path())
-        .args(["sweep", &file, "--quiet"])
-        .args([
+    let (child, dir) = start_two_trials(
+        d.path(),
+        &file,
+        &[
             "--set",
             "train.max_steps=50000",
             "--set",
             "train.log_every=100",
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let dir = d.path().join("runs/tiny");
-    // both parallel trials have started training
-    let start = Instant::now();
-    while !dir.is_dir()
-        || trial_dirs(&dir)
-            .iter()
-            .filter(|t| dir.join(t).join("metrics.jsonl").is_file())
-            .count()
-            < 2
-    {
-        assert!(
-            start.elapsed() < Duration::from_secs(60),
-            "trials never started"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
+        ],
+    );
     // SAFETY: signalling a child process of this test.
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
     let o = child.wait_with_output().unwrap();
@@ -290,22 +300,7 @@ grace_steps = 6"#,
     let o = kiln(d.path(), &args);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let dir = d.path().join("runs/tiny");
-    // each trial's furthest rung, from the ledger
-    let mut furthest: std::collections::BTreeMap<String, u64> = Default::default();
-    for r in ledger(&dir) {
-        let t = r["trial"].as_str().unwrap().to_string();
-        let g = r["rung"].as_u64().unwrap_or(0);
-        let e = furthest.entry(t).or_insert(0);
-        *e = (*e).max(g);
-    }
-    let at_least = |s: u64| furthest.values().filter(|&&g| g >= s).count();
-    assert_eq!(
-        (at_least(6), at_least(18), at_least(54)),
-        (9, 3, 1),
-        "{furthest:?}"
-    );
-    let steps: u64 = furthest.values().sum();
-    assert!(steps as f64 <= 0.4 * 9.0 * 54.0, "{steps} steps");
+    crate::common::assert_asha_grid(&dir);
     // the table: one done at 54, two paused at 18, six at 6
     let csv = std::fs::read_to_string(dir.join("results.csv")).unwrap();
     let rows: Vec<Vec<&str>> = csv
@@ -365,29 +360,7 @@ fn a_signal_stops_an_asha_sweep_mid_rung_and_resume_goes_on_to_every_rung() {
         "--set",
         "train.log_every=100",
     ];
-    let child = Command::new(KILN)
-        .current_dir(d.path())
-        .args(["sweep", &file, "--quiet"])
-        .args(sets)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let dir = d.path().join("runs/tiny");
-    let start = Instant::now();
-    while !dir.is_dir()
-        || trial_dirs(&dir)
-            .iter()
-            .filter(|t| dir.join(t).join("metrics.jsonl").is_file())
-            .count()
-            < 2
-    {
-        assert!(
-            start.elapsed() < Duration::from_secs(60),
-            "trials never started"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    let (child, dir) = start_two_trials(d.path(), &file, &sets);
     // SAFETY: signalling a child process of this test.
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
     let o = child.wait_with_output().unwrap();
@@ -407,15 +380,7 @@ fn a_signal_stops_an_asha_sweep_mid_rung_and_resume_goes_on_to_every_rung() {
         &["sweep", "--resume", dir.to_str().unwrap(), "--quiet"],
     );
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-    let mut furthest: std::collections::BTreeMap<String, u64> = Default::default();
-    for r in ledger(&dir) {
-        if matches!(r["state"].as_str(), Some("paused" | "done")) {
-            let e = furthest
-                .entry(r["trial"].as_str().unwrap().to_string())
-                .or_insert(0);
-            *e = (*e).max(r["rung"].as_u64().unwrap());
-        }
-    }
+    let furthest = crate::common::furthest_rungs(&dir);
     let mut reached: Vec<u64> = furthest.values().copied().collect();
     reached.sort_unstable();
     assert_eq!(reached, [25000, 25000, 50000], "{furthest:?}");
