@@ -49,9 +49,18 @@ pub enum SweepCommand {
         /// The trial whose segment ended.
         #[arg(long)]
         trial: String,
-        /// Its `kiln resume`'s exit status.
+        /// The segment's Slurm job (`SLURM_ARRAY_JOB_ID`).
         #[arg(long)]
-        exit: i32,
+        job: String,
+        /// Its `kiln resume`'s exit status.
+        #[arg(long, required_unless_present = "check")]
+        exit: Option<i32>,
+        /// Record the end only (the job was cancelled: submit nothing more).
+        #[arg(long)]
+        record_only: bool,
+        /// Before the segment runs: exit 0 when the ledger has this job for the trial, else 1.
+        #[arg(long, conflicts_with_all = ["exit", "record_only"])]
+        check: bool,
     },
 }
 
@@ -60,8 +69,20 @@ pub fn sweep(a: &SweepArgs) -> Result<()> {
         crate::ui::out_raw(&sweep::status(dir)?);
         return Ok(());
     }
-    if let Some(SweepCommand::Advance { dir, trial, exit }) = &a.command {
-        return sweep::advance(dir, trial, *exit);
+    if let Some(SweepCommand::Advance {
+        dir,
+        trial,
+        job,
+        exit,
+        record_only,
+        check,
+    }) = &a.command
+    {
+        let segment = sweep::Segment { trial, job };
+        return match exit {
+            Some(rc) if !check => sweep::advance(dir, segment, *rc, !record_only),
+            _ => sweep::check_segment(dir, segment),
+        };
     }
     let spec = match (&a.file, &a.resume) {
         (Some(file), None) => SweepSpec {

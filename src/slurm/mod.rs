@@ -179,12 +179,13 @@ stop=""
 forward() {{ stop="$1"; if [ -n "$pid" ]; then kill -"$1" "$pid" 2>/dev/null; fi; }}
 trap 'forward USR1' USR1
 trap 'forward TERM' TERM
-# every start, and every start after a requeue, continues from the newest verified checkpoint
+{guard}# every start, and every start after a requeue, continues from the newest verified checkpoint
 {threads_line}srun --ntasks-per-node={tasks}{srun_cpus} --kill-on-bad-exit=0 "$KILN" resume "$RUN_DIR" --quiet{threads}{pause} &
 pid=$!
 while kill -0 "$pid" 2>/dev/null; do wait "$pid"; done
 wait "$pid"
 rc=$?
+pid=""
 {requeue}{advance}exit "$rc"
 "#,
         kiln = sh_quote(&kiln.display().to_string()),
@@ -192,18 +193,34 @@ rc=$?
             " --set train.pause_at_step={}",
             g.pause_at
         )),
-        advance = segment.map_or(String::new(), |g| format!(
-            r#"# the segment ended by itself (a stop signal leaves it to the requeued job or to the
-# next submission): record it and submit the sweep's next segments
+        guard = segment.map_or(String::new(), |g| format!(
+            r#"# an asha segment: it runs only while the sweep's ledger has this job for it (a job
+# requeued after its segment was recorded, or one whose submission was never recorded,
+# stops here)
 SWEEP_DIR={dir}
-if [ -z "$stop" ]; then
-  "$KILN" sweep advance "$SWEEP_DIR" --trial {trial} --exit "$rc" ||
-    echo "kiln: the sweep did not advance; continue it with: kiln sweep --resume $SWEEP_DIR"
+TRIAL={trial}
+if ! "$KILN" sweep advance "$SWEEP_DIR" --trial "$TRIAL" --job "$SLURM_ARRAY_JOB_ID" --check; then
+  echo "kiln: job $SLURM_ARRAY_JOB_ID is not trial $TRIAL's segment in the sweep's ledger (any more); not running it"
+  exit 0
 fi
 "#,
             dir = sh_quote(&g.sweep_dir.display().to_string()),
             trial = sh_quote(g.trial),
         )),
+        advance = segment.map_or(String::new(), |_| {
+            r#"# the segment ended by itself, or reached its rung as a stop came: record it and submit
+# the sweep's next segments (none after a TERM: a cancel or a preemption; the requeued
+# job or the next submission goes on)
+if [ "$rc" -eq 0 ] || [ -z "$stop" ]; then
+  if [ "$stop" = TERM ]; then only=(--record-only); else only=(); fi
+  "$KILN" sweep advance "$SWEEP_DIR" --trial "$TRIAL" --job "$SLURM_ARRAY_JOB_ID" --exit "$rc" "${only[@]}" ||
+    echo "kiln: the sweep did not advance; continue it with: kiln sweep --resume \"$SWEEP_DIR\""
+else
+  echo "kiln: stopped by $stop; a requeued job goes on, else continue the sweep with: kiln sweep --resume \"$SWEEP_DIR\""
+fi
+"#
+            .to_string()
+        }),
         tasks = s.tasks_per_node,
     )
 }
@@ -307,7 +324,20 @@ pub fn array_script(
 
 /// Runs `sbatch --parsable [extra] script`: the job id, or exit 2 with sbatch's own message.
 pub fn sbatch(script: &Path, extra: &[String]) -> Result<String> {
-    let out = Command::new("sbatch")
+    let mut cmd = Command::new("sbatch");
+    // a job submitting the next (an asha segment) or a submission from inside an allocation:
+    // the new job gets its own SLURM_* values, and one left over (SLURM_MEM_PER_CPU,
+    // SLURM_CPUS_PER_TASK) would be read as a request by srun in it
+    for (k, _) in std::env::vars_os() {
+        let k = k.to_string_lossy();
+        if (k.starts_with("SLURM_") && k != "SLURM_CONF")
+            || k == "MASTER_ADDR"
+            || k == "MASTER_PORT"
+        {
+            cmd.env_remove(k.as_ref());
+        }
+    }
+    let out = cmd
         .arg("--parsable")
         .args(extra)
         .arg(script)
@@ -615,17 +645,36 @@ fn scontrol_fields(line: &str) -> std::collections::BTreeMap<String, String> {
         .collect()
 }
 
-/// The state of array `job`'s own record (its tasks not started on their own), if the
-/// controller has it.
-fn array_record(job: &str) -> Option<JobState> {
+/// The state of task `task` of array `job` from the array's records: the task's own, or the
+/// array's record of the tasks that never started on their own (their ids, e.g. `2-5%1`, or
+/// none left: 4294967294, Slurm's NO_VAL).
+fn array_record(job: &str, task: &str) -> Option<JobState> {
     let out = command_output("scontrol", &["show", "job", "-o", job]).ok()?;
     out.lines()
         .filter(|l| {
             let f = scontrol_fields(l);
             f.get("ArrayJobId").map(String::as_str) == Some(job)
-                && f.get("JobId").map(String::as_str) == Some(job)
+                && f.get("ArrayTaskId").is_some_and(|t| task_in(t, task))
         })
         .find_map(from_scontrol)
+}
+
+/// Whether Slurm's `ArrayTaskId` value `ids` (`3`, `2-5%1`, `1,4-6`, `0-9:2`, NO_VAL) covers
+/// task `task`.
+fn task_in(ids: &str, task: &str) -> bool {
+    let Ok(t) = task.parse::<u64>() else {
+        return false;
+    };
+    let ids = ids.split('%').next().unwrap_or("");
+    ids == "4294967294"
+        || ids.split(',').any(|part| {
+            let (range, step) = part.split_once(':').unwrap_or((part, "1"));
+            let (a, b) = range.split_once('-').unwrap_or((range, range));
+            match (a.parse::<u64>(), b.parse::<u64>(), step.parse::<u64>()) {
+                (Ok(a), Ok(b), Ok(st)) if st > 0 => (a..=b).contains(&t) && (t - a) % st == 0,
+                _ => false,
+            }
+        })
 }
 
 fn from_scontrol(line: &str) -> Option<JobState> {
@@ -657,8 +706,11 @@ pub fn query(id: &str) -> std::result::Result<Option<JobState>, String> {
         }
         // the controller answered: it has no such job (any more), or an array task that never
         // left its array's record (a one-task array cancelled while pending): that record's
-        Err(e) if e.contains("Invalid job id") || e.contains("not found") => {
-            if let Some(s) = id.split_once('_').and_then(|(job, _)| array_record(job)) {
+        Err(e) if e.contains("Invalid job id") || e.contains(&format!("Job {id} not found")) => {
+            if let Some(s) = id
+                .split_once('_')
+                .and_then(|(job, task)| array_record(job, task))
+            {
                 return Ok(Some(s));
             }
         }
@@ -801,6 +853,17 @@ fn run_line(run_dir: &Path) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn array_task_ids_cover_their_tasks() {
+        assert!(task_in("3", "3") && !task_in("3", "4"));
+        assert!(task_in("2-5%1", "4") && !task_in("2-5%1", "6"));
+        assert!(task_in("1,4-6", "5") && !task_in("1,4-6", "2"));
+        assert!(task_in("0-9:2", "4") && !task_in("0-9:2", "5"));
+        // the record of a one-task array cancelled while pending
+        assert!(task_in("4294967294", "0"));
+        assert!(!task_in("x", "1") && !task_in("3", "x"));
+    }
 
     #[test]
     fn quoting_and_indices() {

@@ -48,7 +48,10 @@ impl Decide {
             }
             let e = std::io::Error::last_os_error();
             if e.kind() != std::io::ErrorKind::Interrupted {
-                return Err(Error::io(format!("locking {}", path.display()), e));
+                return Err(Error::Invalid(format!(
+                    "cannot lock {} ({e}): an asha sweep on Slurm decides under flock(2), from every node, so its directory must be on a file system where flock works across nodes (NFSv4, Lustre mounted with -o flock, GPFS)",
+                    path.display()
+                )));
             }
         }
     }
@@ -89,18 +92,18 @@ pub(super) fn submit(
     let unknown = refresh(&dir, &ledger, &s.metric)?;
     if !unknown.is_empty() {
         return Err(Error::Invalid(format!(
-            "Slurm could not be asked about segments submitted before; submitting nothing (a live trial could be submitted twice):\n  {}",
+            "Slurm could not be asked about segments submitted before; submitting nothing (a live trial could be submitted twice):\n  {}\n  = help: submit again when `squeue` answers",
             unknown.join("\n  ")
         )));
     }
     let mut made = Vec::new();
-    // (a submission runs failed segments again, as it does a job array's failed trials)
+    // (a submission runs stopped and failed segments again, as it does a job array's trials)
     let (sent, res) = fill(
         &dir,
         base,
         planned,
         &jobs,
-        (parallel, usize::MAX),
+        (parallel, Again::All),
         &ledger,
         &mut made,
     );
@@ -140,10 +143,69 @@ pub(super) fn submit(
     Ok(sent.join(","))
 }
 
-/// `kiln sweep advance DIR --trial ID --exit RC`, run by a segment's job when its `kiln
-/// resume` ended by itself: records where the trial got (paused or done at its rung, with the
-/// metric there, or failed) and submits the sweep's next segments.
-pub fn advance(dir: &Path, trial: &str, exit: i32) -> Result<()> {
+/// A segment's job, as its script names it to `kiln sweep advance`.
+#[derive(Debug, Clone, Copy)]
+pub struct Segment<'a> {
+    pub trial: &'a str,
+    /// Its Slurm job (the one-task array's `SLURM_ARRAY_JOB_ID`).
+    pub job: &'a str,
+}
+
+/// The sweep in `dir` as its submission planned it, checked to be an asha sweep on Slurm.
+fn planned_sweep(dir: &Path) -> Result<(SweepSpec, Config, Vec<Planned>)> {
+    let spec = read_spec(dir)?;
+    // the trials as the submission planned them: without what Slurm and the job script set
+    // for the job's own launch (a config would read them as `launch.*`)
+    let env: Vec<(String, String)> = std::env::vars()
+        .filter(|(k, _)| !is_launcher_var(k))
+        .collect();
+    let (base, planned) = plan(&spec, &env)?;
+    if base.sweep.scheduler != crate::config::SweepScheduler::Asha
+        || spec.executor != Executor::Slurm
+    {
+        return Err(Error::Usage(format!(
+            "`kiln sweep advance` goes on with an asha sweep on Slurm; {} is not one",
+            dir.display()
+        )));
+    }
+    Ok((spec, base, planned))
+}
+
+/// The ledger's record of `seg` while it is queued or running (the ledger has this job for
+/// the trial); read under `Decide`.
+fn live_record(ledger: &Ledger, seg: Segment) -> Option<super::Record> {
+    ledger.latest().remove(seg.trial).filter(|r| {
+        r.job.as_deref() == Some(seg.job)
+            && matches!(r.state, TrialState::Queued | TrialState::Running)
+    })
+}
+
+/// `kiln sweep advance DIR --trial ID --job J --check`, before a segment's job runs it: Ok
+/// while the ledger has job J queued or running for the trial. A job Slurm runs again after
+/// its segment was recorded (a requeue), or one whose submission never reached the ledger,
+/// must not train in a run directory another job may be using.
+pub fn check_segment(dir: &Path, seg: Segment) -> Result<()> {
+    read_spec(dir)?;
+    let _decide = Decide::take(dir)?;
+    let ledger = Ledger {
+        path: dir.join("sweep.jsonl"),
+    };
+    match live_record(&ledger, seg) {
+        Some(_) => Ok(()),
+        None => Err(Error::Invalid(format!(
+            "the ledger of {} does not have job {} queued or running for trial {}",
+            dir.display(),
+            seg.job,
+            seg.trial
+        ))),
+    }
+}
+
+/// `kiln sweep advance DIR --trial ID --job J --exit RC`, run by a segment's job when its
+/// `kiln resume` ended: records where the trial got (paused or done at its rung, with the
+/// metric there, or preempted or failed), then, unless `submit` is false (the job was
+/// cancelled), brings the ledger up to date with Slurm and submits the sweep's next segments.
+pub fn advance(dir: &Path, seg: Segment, exit: i32, submit: bool) -> Result<()> {
     use std::os::unix::process::ExitStatusExt;
     // a cancel of the job (SIGTERM to all of it) must not cut a decision in half, between a
     // segment's sbatch and its ledger record (this takes well under Slurm's KillWait); it
@@ -157,24 +219,15 @@ pub fn advance(dir: &Path, trial: &str, exit: i32) -> Result<()> {
             )
         };
     }
-    let spec = read_spec(dir)?;
-    // the trials as the submission planned them: without what Slurm and the job script set
-    // for the job's own launch (a config would read them as `launch.*`)
-    let env: Vec<(String, String)> = std::env::vars()
-        .filter(|(k, _)| !is_launcher_var(k))
-        .collect();
-    let (base, planned) = plan(&spec, &env)?;
+    let (spec, base, planned) = planned_sweep(dir)?;
     let s = &base.sweep;
-    if s.scheduler != crate::config::SweepScheduler::Asha || spec.executor != Executor::Slurm {
-        return Err(Error::Usage(format!(
-            "`kiln sweep advance` goes on with an asha sweep on Slurm; {} is not one",
-            dir.display()
-        )));
-    }
     let jobs = job_configs(&planned, &base.slurm, dir)?;
-    let Some(p) = planned.iter().find(|p| p.id == trial) else {
+    let Some(p) = planned.iter().find(|p| p.id == seg.trial) else {
         return Err(Error::Usage(format!(
-            "trial {trial} is not a trial of the sweep in {} (did its experiment file change?)",
+            "trial {} is not a trial of the sweep in {}: its experiment file ({}) changed since the sweep was submitted\n  = help: put the file back as it was, then `kiln sweep --resume {}`",
+            seg.trial,
+            dir.display(),
+            spec.file.display(),
             dir.display()
         )));
     };
@@ -182,12 +235,8 @@ pub fn advance(dir: &Path, trial: &str, exit: i32) -> Result<()> {
     let ledger = Ledger {
         path: dir.join("sweep.jsonl"),
     };
-    let live =
-        ledger.latest().get(trial).cloned().filter(|r| {
-            r.job.is_some() && matches!(r.state, TrialState::Queued | TrialState::Running)
-        });
     // (recorded already when a refresh saw the job end first)
-    if let Some(rec) = live {
+    if let Some(rec) = live_record(&ledger, seg) {
         let status = std::process::ExitStatus::from_raw((exit & 0xff) << 8);
         let target = rec.rung.unwrap_or(0);
         let mut r = segment_record(dir, p, target, status, false, &s.metric);
@@ -195,28 +244,41 @@ pub fn advance(dir: &Path, trial: &str, exit: i32) -> Result<()> {
         r.array_index = rec.array_index;
         ledger.append(&r).map_err(ledger_io)?;
         ui::out(&format!(
-            "kiln: trial {trial} {} at step {}{}",
+            "kiln: trial {} {} at step {}{}",
+            seg.trial,
             r.state.word(),
             r.rung.unwrap_or(0),
             r.error.map(|e| format!(": {e}")).unwrap_or_default()
         ));
     }
-    let parallel = spec.parallel.unwrap_or(s.parallel).max(1);
-    let retries = (parallel, s.retries);
-    let (sent, res) = fill(
-        dir,
-        &base,
-        &planned,
-        &jobs,
-        retries,
-        &ledger,
-        &mut Vec::new(),
-    );
-    for l in &sent {
-        ui::out(&format!("kiln: submitted {l}"));
-    }
+    let res = if submit {
+        // segments that ended without a word (a node lost, a time limit) give their places
+        // back; a trial Slurm cannot be asked about keeps its state
+        for line in refresh(dir, &ledger, &s.metric)? {
+            ui::out(&format!("kiln: state unknown: {line}"));
+        }
+        let parallel = spec.parallel.unwrap_or(s.parallel).max(1);
+        let again = (parallel, Again::FailedWithin(s.retries));
+        let (sent, res) = fill(dir, &base, &planned, &jobs, again, &ledger, &mut Vec::new());
+        for l in &sent {
+            ui::out(&format!("kiln: submitted {l}"));
+        }
+        res
+    } else {
+        Ok(())
+    };
     write_results(dir, &rows(dir, &ledger, s), &s.metric)?;
     res
+}
+
+/// Which segments that did not reach their rung run again.
+#[derive(Debug, Clone, Copy)]
+enum Again {
+    /// A submission: every one, stopped or failed.
+    All,
+    /// A job going on with the sweep: failed ones while they failed at most this often (a
+    /// stopped one was cancelled or preempted: the requeued job or the next submission).
+    FailedWithin(usize),
 }
 
 /// Set by a stop signal to `kiln sweep advance`.
@@ -241,15 +303,15 @@ fn is_launcher_var(name: &str) -> bool {
         )
 }
 
-/// Submits segments while fewer than `parallel` are queued or running (a failed one again
-/// while it has failed at most `retries` times): the submitted ones ("trial I to step S (job
-/// J)"), and the error that stopped it, if any.
+/// Submits segments while fewer than `parallel` are queued or running (those that did not
+/// reach their rung again as `again` says): the submitted ones ("trial I to step S (job J)"),
+/// and the error that stopped it, if any.
 fn fill(
     dir: &Path,
     base: &Config,
     planned: &[Planned],
     jobs: &[Config],
-    (parallel, retries): (usize, usize),
+    (parallel, again_as): (usize, Again),
     ledger: &Ledger,
     made: &mut Vec<PathBuf>,
 ) -> (Vec<String>, Result<()>) {
@@ -273,8 +335,18 @@ fn fill(
         if live.len() >= parallel || STOPPED.load(std::sync::atomic::Ordering::SeqCst) {
             break;
         }
+        let latest = ledger.latest();
+        let retries = match again_as {
+            Again::All => usize::MAX,
+            Again::FailedWithin(n) => n,
+        };
         let mut again = in_flight(ledger, &ledger.failures(), retries);
-        again.retain(|(id, _)| !live.contains(id) && planned.iter().any(|p| &p.id == id));
+        again.retain(|(id, _)| {
+            let stopped = latest.get(id).map(|r| r.state) == Some(TrialState::Preempted);
+            !live.contains(id)
+                && planned.iter().any(|p| &p.id == id)
+                && (matches!(again_as, Again::All) || !stopped)
+        });
         let Some((id, target)) = next_job(&asha, planned, &live, &mut again, ledger) else {
             break;
         };

@@ -14,7 +14,7 @@ mod scheduler;
 mod slurm;
 
 pub use asha::{Asha, Progress};
-pub use asha_slurm::advance;
+pub use asha_slurm::{advance, check_segment, Segment};
 pub use expand::{expand, ExpandError, Trial};
 pub use ledger::{Ledger, Record, TrialState};
 pub use results::{row, sort, to_csv, to_markdown, to_text, Row};

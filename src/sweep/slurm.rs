@@ -80,6 +80,19 @@ pub fn refresh(dir: &Path, ledger: &Ledger, metric: &str) -> Result<Vec<String>>
                 next.exit = Some(0);
                 TrialState::Paused
             }
+            // an asha segment cancelled before it trained (no summary, or its last rung's):
+            // stopped, not failed; a submission runs it again
+            (None | Some("paused"), Some(st))
+                if rec.rung.is_some()
+                    && (st.word() == "preempted" || st.state.starts_with("CANCELLED")) =>
+            {
+                next.error = Some(format!(
+                    "Slurm task {task} ended {} before it reached step {}: submit the sweep again to continue it",
+                    st.state,
+                    rec.rung.unwrap_or(0)
+                ));
+                TrialState::Preempted
+            }
             (Some("preempted"), _) => {
                 next.error = Some(format!(
                     "preempted at step {}; not queued any more (Slurm task {task}): submit the sweep again to continue it",

@@ -476,7 +476,9 @@ fn send_new(
         *tail = t;
         return Ok(0);
     }
-    ep.log_batch(&state.run_id, &metrics, &[], &[])?;
+    if !metrics.is_empty() {
+        ep.log_batch(&state.run_id, &metrics, &[], &[])?;
+    }
     state.sent_lines = t.lines;
     if (t.step, t.at_step) > (state.sent_step, state.sent_at_step) {
         (state.sent_step, state.sent_at_step) = (t.step, t.at_step);

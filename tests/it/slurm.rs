@@ -555,12 +555,14 @@ fn an_asha_sweep_promotes_by_resubmission_survives_a_cancel_and_the_winner_has_a
     wait_until(120, "three paused segments", || {
         ledger().iter().filter(|r| r["state"] == "paused").count() >= 3
     });
-    let c = Command::new("scancel")
-        .args(["--name", "kiln-sweep-asha-sl"])
-        .output()
-        .unwrap();
-    assert!(c.status.success(), "{}", stderr(&c));
+    // (a job deciding as the cancel comes may have submitted one more: cancel until none is
+    // left, as a user would)
     wait_until(60, "the cancelled jobs to leave the queue", || {
+        let c = Command::new("scancel")
+            .args(["--name", "kiln-sweep-asha-sl"])
+            .output()
+            .unwrap();
+        assert!(c.status.success(), "{}", stderr(&c));
         settled(&status())
     });
     let after_cancel = status();
@@ -596,4 +598,28 @@ fn an_asha_sweep_promotes_by_resubmission_survives_a_cancel_and_the_winner_has_a
     );
     let out = sweep();
     assert!(out.contains("nothing to submit"), "{out}");
+    // a job Slurm starts again after its segment was recorded (a requeue) does not train: the
+    // ledger has no such job queued or running for the trial
+    let o = kiln(
+        d.path(),
+        &[
+            "sweep",
+            "advance",
+            dir.to_str().unwrap(),
+            "--trial",
+            first[0],
+            "--job",
+            "1",
+            "--check",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains(&format!(
+            "does not have job 1 queued or running for trial {}",
+            first[0]
+        )),
+        "{}",
+        stderr(&o)
+    );
 }
