@@ -58,7 +58,8 @@ pub enum SweepCommand {
         /// Record the end only (the job was cancelled: submit nothing more).
         #[arg(long)]
         record_only: bool,
-        /// Before the segment runs: exit 0 when the ledger has this job for the trial, else 1.
+        /// Before the segment runs: print `run` when the ledger has this job for the trial,
+        /// else `skip` (and submit what may run instead).
         #[arg(long, conflicts_with_all = ["exit", "record_only"])]
         check: bool,
     },
@@ -81,7 +82,11 @@ pub fn sweep(a: &SweepArgs) -> Result<()> {
         let segment = sweep::Segment { trial, job };
         return match exit {
             Some(rc) if !check => sweep::advance(dir, segment, *rc, !record_only),
-            _ => sweep::check_segment(dir, segment),
+            _ => {
+                let verdict = sweep::check_segment(dir, segment)?;
+                crate::ui::out(if verdict { "run" } else { "skip" });
+                Ok(())
+            }
         };
     }
     let spec = match (&a.file, &a.resume) {

@@ -199,10 +199,12 @@ pid=""
 # stops here)
 SWEEP_DIR={dir}
 TRIAL={trial}
-if ! "$KILN" sweep advance "$SWEEP_DIR" --trial "$TRIAL" --job "$SLURM_ARRAY_JOB_ID" --check; then
+verdict=$("$KILN" sweep advance "$SWEEP_DIR" --trial "$TRIAL" --job "$SLURM_ARRAY_JOB_ID" --check) || exit
+if [ "$verdict" != run ]; then
   echo "kiln: job $SLURM_ARRAY_JOB_ID is not trial $TRIAL's segment in the sweep's ledger (any more); not running it"
   exit 0
 fi
+if [ -n "$stop" ]; then echo "kiln: stopped by $stop before the segment started"; exit 0; fi
 "#,
             dir = sh_quote(&g.sweep_dir.display().to_string()),
             trial = sh_quote(g.trial),
@@ -328,13 +330,13 @@ pub fn sbatch(script: &Path, extra: &[String]) -> Result<String> {
     // a job submitting the next (an asha segment) or a submission from inside an allocation:
     // the new job gets its own SLURM_* values, and one left over (SLURM_MEM_PER_CPU,
     // SLURM_CPUS_PER_TASK) would be read as a request by srun in it
-    for (k, _) in std::env::vars_os() {
-        let k = k.to_string_lossy();
-        if (k.starts_with("SLURM_") && k != "SLURM_CONF")
-            || k == "MASTER_ADDR"
-            || k == "MASTER_PORT"
-        {
-            cmd.env_remove(k.as_ref());
+    if std::env::var_os("SLURM_JOB_ID").is_some() {
+        for (k, _) in std::env::vars_os() {
+            let k = k.to_string_lossy();
+            let keep = ["SLURM_CONF", "SLURM_CLUSTERS"].contains(&k.as_ref());
+            if (k.starts_with("SLURM_") && !keep) || k == "MASTER_ADDR" || k == "MASTER_PORT" {
+                cmd.env_remove(k.as_ref());
+            }
         }
     }
     let out = cmd

@@ -180,25 +180,36 @@ fn live_record(ledger: &Ledger, seg: Segment) -> Option<super::Record> {
     })
 }
 
-/// `kiln sweep advance DIR --trial ID --job J --check`, before a segment's job runs it: Ok
-/// while the ledger has job J queued or running for the trial. A job Slurm runs again after
-/// its segment was recorded (a requeue), or one whose submission never reached the ledger,
-/// must not train in a run directory another job may be using.
-pub fn check_segment(dir: &Path, seg: Segment) -> Result<()> {
-    read_spec(dir)?;
+/// `kiln sweep advance DIR --trial ID --job J --check`, before a segment's job runs it:
+/// whether it may run (`run`), else `skip`. It may while the trial's latest ledger record
+/// names job J and is not done or paused (queued, running, or failed or preempted when Slurm
+/// runs it again after a lost node or a preemption: then it counts as running again). A job
+/// whose segment was recorded, or whose submission never reached the ledger, must not train
+/// in a run directory another job may be using; it fills the place it leaves instead.
+pub fn check_segment(dir: &Path, seg: Segment) -> Result<bool> {
+    let (spec, base, planned) = planned_sweep(dir)?;
     let _decide = Decide::take(dir)?;
     let ledger = Ledger {
         path: dir.join("sweep.jsonl"),
     };
-    match live_record(&ledger, seg) {
-        Some(_) => Ok(()),
-        None => Err(Error::Invalid(format!(
-            "the ledger of {} does not have job {} queued or running for trial {}",
-            dir.display(),
-            seg.job,
-            seg.trial
-        ))),
+    let latest = ledger.latest().remove(seg.trial);
+    if let Some(rec) = latest.filter(|r| r.job.as_deref() == Some(seg.job)) {
+        match rec.state {
+            TrialState::Queued | TrialState::Running => return Ok(true),
+            TrialState::Failed | TrialState::Preempted => {
+                let mut r = rec.clone();
+                r.state = TrialState::Running;
+                r.error = None;
+                r.exit = None;
+                ledger.append(&r).map_err(ledger_io)?;
+                return Ok(true);
+            }
+            _ => {}
+        }
     }
+    let jobs = job_configs(&planned, &base.slurm, dir)?;
+    submit_next(dir, (&spec, &base, &planned, &jobs), &ledger)?;
+    Ok(false)
 }
 
 /// `kiln sweep advance DIR --trial ID --job J --exit RC`, run by a segment's job when its
@@ -252,22 +263,32 @@ pub fn advance(dir: &Path, seg: Segment, exit: i32, submit: bool) -> Result<()> 
         ));
     }
     let res = if submit {
-        // segments that ended without a word (a node lost, a time limit) give their places
-        // back; a trial Slurm cannot be asked about keeps its state
-        for line in refresh(dir, &ledger, &s.metric)? {
-            ui::out(&format!("kiln: state unknown: {line}"));
-        }
-        let parallel = spec.parallel.unwrap_or(s.parallel).max(1);
-        let again = (parallel, Again::FailedWithin(s.retries));
-        let (sent, res) = fill(dir, &base, &planned, &jobs, again, &ledger, &mut Vec::new());
-        for l in &sent {
-            ui::out(&format!("kiln: submitted {l}"));
-        }
-        res
+        submit_next(dir, (&spec, &base, &planned, &jobs), &ledger)
     } else {
         Ok(())
     };
     write_results(dir, &rows(dir, &ledger, s), &s.metric)?;
+    res
+}
+
+/// A job going on with the sweep (under `Decide`): brings the ledger up to date with Slurm
+/// (segments that ended without a word, a lost node or a time limit, give their places back;
+/// a trial Slurm cannot be asked about keeps its state) and submits the next segments.
+fn submit_next(
+    dir: &Path,
+    (spec, base, planned, jobs): (&SweepSpec, &Config, &[Planned], &[Config]),
+    ledger: &Ledger,
+) -> Result<()> {
+    let s = &base.sweep;
+    for line in refresh(dir, ledger, &s.metric)? {
+        ui::out(&format!("kiln: state unknown: {line}"));
+    }
+    let parallel = spec.parallel.unwrap_or(s.parallel).max(1);
+    let again = (parallel, Again::FailedWithin(s.retries));
+    let (sent, res) = fill(dir, base, planned, jobs, again, ledger, &mut Vec::new());
+    for l in &sent {
+        ui::out(&format!("kiln: submitted {l}"));
+    }
     res
 }
 
