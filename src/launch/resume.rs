@@ -101,8 +101,10 @@ pub fn prepare_resume(
         )));
     }
     // where this job's node 0 listens and which node this is change with every job (a Slurm
-    // requeue, torchrun): not worth a warning
+    // requeue, torchrun), and where this session pauses (an asha segment's rung): not worth a
+    // warning
     let per_job = [
+        "train.pause_at_step",
         "launch.master_addr",
         "launch.master_port",
         "launch.node_rank",
