@@ -127,11 +127,7 @@ pub(super) fn run(
     let asha = Asha::new(s, base.train.max_steps.unwrap_or(1));
     let parallel = parallel.unwrap_or(s.parallel).max(1);
     let (dir, _lock, spec_abs, ledger) = open_local(spec, base, &planned)?;
-    let with_slurm = ledger
-        .latest()
-        .into_values()
-        .filter(|r| r.job.is_some() && matches!(r.state, TrialState::Queued | TrialState::Running))
-        .count();
+    let with_slurm = ledger.latest().values().filter(|r| r.with_slurm()).count();
     if with_slurm > 0 {
         return Err(Error::Usage(format!(
             "{with_slurm} segment(s) of the sweep in {} are queued or running in Slurm; running it here too would run a trial twice\n  = help: let the Slurm jobs go on (`kiln sweep status {}`), or cancel them (scancel) first",

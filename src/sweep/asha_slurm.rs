@@ -13,15 +13,12 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use super::asha::{in_flight, next_job, pause_at, segment_record};
-use super::scheduler::{
-    add_pending, ledger_io, plan, read_spec, record, refuse_run_dir, rows, sweep_dir,
-    write_results, Lock,
-};
-use super::slurm::{can_submit, job_configs, refresh, take_back, write_trials};
+use super::scheduler::{ledger_io, plan, read_spec, record, rows, write_results};
+use super::slurm::{job_configs, refresh, write_trials, Submission};
 use super::{to_text, Asha, Executor, Ledger, Planned, SweepSpec, TrialState};
 use crate::config::Config;
 use crate::error::{Error, Result};
-use crate::slurm::{self as sl, absolute};
+use crate::slurm as sl;
 use crate::ui;
 
 /// An exclusive `flock` on `sweep.decide.lock`, held while the ledger is read and decided on
@@ -65,64 +62,46 @@ pub(super) fn submit(
     parallel: Option<usize>,
 ) -> Result<String> {
     let s = &base.sweep;
-    can_submit(base)?;
-    let dir = absolute(sweep_dir(base))?;
-    refuse_run_dir(&dir)?;
-    // every trial as its jobs will run it, checked before anything is written
-    let jobs = job_configs(planned, &base.slurm, &dir)?;
-    // the outermost directory this submission creates: removed again if sbatch refuses
-    let created = crate::rundir::first_missing(&dir);
-    fs::create_dir_all(dir.join("logs"))
-        .and_then(|_| fs::create_dir_all(dir.join("slurm")))
-        .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
-    let _lock = Lock::take(&dir)?;
-    let _decide = Decide::take(&dir)?;
-    let spec_path = dir.join("sweep.json");
-    let old_spec = fs::read(&spec_path).ok();
+    let opened = Submission::open(base, planned)?;
+    let Submission {
+        dir,
+        jobs,
+        old_spec,
+        ledger,
+        ..
+    } = &opened;
+    let _decide = Decide::take(dir)?;
     // the jobs submit the next segments with the `parallel` last given
-    let stored = read_spec(&dir).ok().and_then(|s| s.parallel);
+    let stored = old_spec
+        .as_deref()
+        .and_then(|b| serde_json::from_slice::<SweepSpec>(b).ok())
+        .and_then(|s| s.parallel);
     let parallel = parallel.or(stored).unwrap_or(s.parallel).max(1);
     let mut spec = spec.clone();
     spec.parallel = Some(parallel);
-    spec.store(&dir, Executor::Slurm)?;
-    let ledger = Ledger {
-        path: dir.join("sweep.jsonl"),
-    };
-    add_pending(&ledger, planned, &ledger.latest())?;
-    let unknown = refresh(&dir, &ledger, &s.metric)?;
-    if !unknown.is_empty() {
-        return Err(Error::Invalid(format!(
-            "Slurm could not be asked about segments submitted before; submitting nothing (a live trial could be submitted twice):\n  {}\n  = help: submit again when `squeue` answers",
-            unknown.join("\n  ")
-        )));
-    }
+    spec.store(dir, Executor::Slurm)?;
+    opened.refresh(planned, &s.metric, "segments")?;
     let mut made = Vec::new();
     // (a submission runs stopped and failed segments again, as it does a job array's trials)
     let (sent, res) = fill(
-        &dir,
+        dir,
         base,
         planned,
-        &jobs,
+        jobs,
         (parallel, Again::All),
-        &ledger,
+        ledger,
         &mut made,
     );
     if let Err(e) = res {
         if sent.is_empty() {
-            take_back(
-                created.as_deref(),
-                None,
-                &made,
-                &spec_path,
-                old_spec.as_deref(),
-            );
+            opened.take_back(None, &made);
         } else {
             ui::out(&format!("submitted {}", sent.join(", ")));
         }
         return Err(e);
     }
-    let rows = rows(&dir, &ledger, s);
-    write_results(&dir, &rows, &s.metric)?;
+    let rows = rows(dir, ledger, s);
+    write_results(dir, &rows, &s.metric)?;
     if sent.is_empty() {
         ui::out(&to_text(&rows, &s.metric));
         ui::out(&format!(
@@ -174,10 +153,10 @@ fn planned_sweep(dir: &Path) -> Result<(SweepSpec, Config, Vec<Planned>)> {
 /// The ledger's record of `seg` while it is queued or running (the ledger has this job for
 /// the trial); read under `Decide`.
 fn live_record(ledger: &Ledger, seg: Segment) -> Option<super::Record> {
-    ledger.latest().remove(seg.trial).filter(|r| {
-        r.job.as_deref() == Some(seg.job)
-            && matches!(r.state, TrialState::Queued | TrialState::Running)
-    })
+    ledger
+        .latest()
+        .remove(seg.trial)
+        .filter(|r| r.with_slurm() && r.job.as_deref() == Some(seg.job))
 }
 
 /// `kiln sweep advance DIR --trial ID --job J --check`, before a segment's job runs it:
@@ -344,19 +323,16 @@ fn fill(
         Err(e) => return (sent, Err(e)),
     };
     loop {
-        let live: Vec<String> = ledger
-            .latest()
-            .into_values()
-            .filter(|r| {
-                r.job.is_some() && matches!(r.state, TrialState::Queued | TrialState::Running)
-            })
-            .map(|r| r.trial)
+        let latest = ledger.latest();
+        let live: Vec<String> = latest
+            .values()
+            .filter(|r| r.with_slurm())
+            .map(|r| r.trial.clone())
             .collect();
         // (a cancelled job's `kiln sweep advance` submits nothing more)
         if live.len() >= parallel || STOPPED.load(std::sync::atomic::Ordering::SeqCst) {
             break;
         }
-        let latest = ledger.latest();
         let retries = match again_as {
             Again::All => usize::MAX,
             Again::FailedWithin(n) => n,

@@ -61,6 +61,14 @@ pub struct Record {
     pub time: f64,
 }
 
+impl Record {
+    /// Queued or running in Slurm (a job array's task, an asha segment's job): nothing may run
+    /// or submit this trial again.
+    pub fn with_slurm(&self) -> bool {
+        self.job.is_some() && matches!(self.state, TrialState::Queued | TrialState::Running)
+    }
+}
+
 pub struct Ledger {
     pub path: PathBuf,
 }

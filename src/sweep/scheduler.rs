@@ -574,14 +574,11 @@ fn queue_of(
 ) -> Vec<Planned> {
     let mut queue: Vec<Planned> = planned
         .iter()
-        .filter(|p| match latest.get(&p.id).map(|r| r.state) {
-            Some(TrialState::Done) => false,
-            Some(TrialState::Queued | TrialState::Running)
-                if latest.get(&p.id).is_some_and(|r| r.job.is_some()) =>
-            {
-                false
+        .filter(|p| match latest.get(&p.id) {
+            Some(r) if r.state == TrialState::Done || r.with_slurm() => false,
+            Some(r) if r.state == TrialState::Failed => {
+                failures.get(&p.id).copied().unwrap_or(0) <= retries
             }
-            Some(TrialState::Failed) => failures.get(&p.id).copied().unwrap_or(0) <= retries,
             _ => true,
         })
         .cloned()

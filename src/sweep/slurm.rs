@@ -136,36 +136,16 @@ pub fn submit(spec: &SweepSpec, parallel: Option<usize>) -> Result<String> {
         return super::asha_slurm::submit(spec, &base, &planned, parallel);
     }
     let parallel = parallel.unwrap_or(s.parallel).max(1);
-    let shape = &base.slurm;
-    can_submit(&base)?;
-    let dir = absolute(sweep_dir(&base))?;
-    super::scheduler::refuse_run_dir(&dir)?;
-    // every trial as its job will run it, checked before anything is written
-    let jobs = job_configs(&planned, shape, &dir)?;
-    // the outermost directory this submission creates: removed again if sbatch refuses
-    let created = crate::rundir::first_missing(&dir);
-    fs::create_dir_all(dir.join("logs"))
-        .and_then(|_| fs::create_dir_all(dir.join("slurm")))
-        .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
-    let _lock = Lock::take(&dir)?;
-    let spec_path = dir.join("sweep.json");
-    let old_spec = fs::read(&spec_path).ok();
-    spec.store(&dir, Executor::Slurm)?;
-    let ledger = Ledger {
-        path: dir.join("sweep.jsonl"),
-    };
-    add_pending(&ledger, &planned, &ledger.latest())?;
-    let unknown = refresh(&dir, &ledger, &s.metric)?;
-    if !unknown.is_empty() {
-        return Err(Error::Invalid(format!(
-            "Slurm could not be asked about trials submitted before; submitting nothing (a live trial could be submitted twice):\n  {}",
-            unknown.join("\n  ")
-        )));
-    }
+    let opened = Submission::open(&base, &planned)?;
+    let Submission {
+        dir, jobs, ledger, ..
+    } = &opened;
+    spec.store(dir, Executor::Slurm)?;
+    opened.refresh(&planned, &s.metric, "trials")?;
     let latest = ledger.latest();
     let todo: Vec<(&Planned, &Config)> = planned
         .iter()
-        .zip(&jobs)
+        .zip(jobs)
         .filter(|(p, _)| {
             !matches!(
                 latest.get(&p.id).map(|r| r.state),
@@ -174,8 +154,8 @@ pub fn submit(spec: &SweepSpec, parallel: Option<usize>) -> Result<String> {
         })
         .collect();
     if todo.is_empty() {
-        let rows = rows(&dir, &ledger, s);
-        write_results(&dir, &rows, &s.metric)?;
+        let rows = rows(dir, ledger, s);
+        write_results(dir, &rows, &s.metric)?;
         ui::out(&to_text(&rows, &s.metric));
         ui::out(&format!(
             "nothing to submit: every trial of {} is done, queued or running",
@@ -185,14 +165,14 @@ pub fn submit(spec: &SweepSpec, parallel: Option<usize>) -> Result<String> {
     }
     let mut made = Vec::new();
     let mut trials: Vec<(usize, PathBuf)> = Vec::new();
-    let prepared = write_trials(&dir, &todo, &mut made, &mut trials);
+    let prepared = write_trials(dir, &todo, &mut made, &mut trials);
     let n = fs::read_dir(dir.join("slurm"))
         .map(|d| d.count())
         .unwrap_or(0);
     let script_path = dir.join(format!("slurm/array-{}.sbatch", n + 1));
     let submitted = prepared.and_then(|_| {
         let kiln = sl::kiln_exe()?;
-        let script = sl::array_script(&base, &kiln, &dir, &trials, parallel, None);
+        let script = sl::array_script(&base, &kiln, dir, &trials, parallel, None);
         fs::write(&script_path, &script)
             .map_err(|e| Error::io(format!("writing {}", script_path.display()), e))?;
         sl::sbatch(&script_path, &[])
@@ -201,13 +181,7 @@ pub fn submit(spec: &SweepSpec, parallel: Option<usize>) -> Result<String> {
         Ok(id) => id,
         Err(e) => {
             // nothing submitted: take back what this call wrote
-            take_back(
-                created.as_deref(),
-                Some(&script_path),
-                &made,
-                &spec_path,
-                old_spec.as_deref(),
-            );
+            opened.take_back(Some(&script_path), &made);
             return Err(e);
         }
     };
@@ -231,9 +205,78 @@ pub fn submit(spec: &SweepSpec, parallel: Option<usize>) -> Result<String> {
     Ok(id)
 }
 
+/// A Slurm sweep's directory opened for a submission: every trial's job config checked before
+/// anything is written, `logs/` and `slurm/` made, the sweep locked, the spec as it was (for
+/// taking back what a refused submission wrote), its ledger.
+pub(super) struct Submission {
+    pub dir: PathBuf,
+    /// Each planned trial's config as its job runs it.
+    pub jobs: Vec<Config>,
+    /// The outermost directory this submission creates: removed again if sbatch refuses.
+    created: Option<PathBuf>,
+    spec_path: PathBuf,
+    pub old_spec: Option<Vec<u8>>,
+    pub ledger: Ledger,
+    _lock: Lock,
+}
+
+impl Submission {
+    pub(super) fn open(base: &Config, planned: &[Planned]) -> Result<Submission> {
+        can_submit(base)?;
+        let dir = absolute(sweep_dir(base))?;
+        super::scheduler::refuse_run_dir(&dir)?;
+        let jobs = job_configs(planned, &base.slurm, &dir)?;
+        let created = crate::rundir::first_missing(&dir);
+        fs::create_dir_all(dir.join("logs"))
+            .and_then(|_| fs::create_dir_all(dir.join("slurm")))
+            .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
+        let lock = Lock::take(&dir)?;
+        let spec_path = dir.join("sweep.json");
+        let old_spec = fs::read(&spec_path).ok();
+        let ledger = Ledger {
+            path: dir.join("sweep.jsonl"),
+        };
+        Ok(Submission {
+            dir,
+            jobs,
+            created,
+            spec_path,
+            old_spec,
+            ledger,
+            _lock: lock,
+        })
+    }
+
+    /// Adds the planned trials the ledger lacks and brings it up to date with Slurm; refuses
+    /// (submitting nothing) when Slurm could not be asked about `what` submitted before.
+    pub(super) fn refresh(&self, planned: &[Planned], metric: &str, what: &str) -> Result<()> {
+        add_pending(&self.ledger, planned, &self.ledger.latest())?;
+        let unknown = refresh(&self.dir, &self.ledger, metric)?;
+        if !unknown.is_empty() {
+            return Err(Error::Invalid(format!(
+                "Slurm could not be asked about {what} submitted before; submitting nothing (a live trial could be submitted twice):\n  {}\n  = help: submit again when `squeue` answers",
+                unknown.join("\n  ")
+            )));
+        }
+        Ok(())
+    }
+
+    /// Takes back what this submission wrote when sbatch refused its first job (`script`, if
+    /// written).
+    pub(super) fn take_back(&self, script: Option<&Path>, made: &[PathBuf]) {
+        take_back(
+            self.created.as_deref(),
+            script,
+            made,
+            &self.spec_path,
+            self.old_spec.as_deref(),
+        );
+    }
+}
+
 /// What stops a submission before anything is written: a CUDA sweep of several tasks per
 /// node, or no `sbatch` here.
-pub(super) fn can_submit(base: &Config) -> Result<()> {
+fn can_submit(base: &Config) -> Result<()> {
     if base.slurm.tasks_per_node > 1 && base.backend.device.needs_gpus() {
         return Err(Error::Usage(
             "`slurm.tasks_per_node` > 1 with backend.device = \"cuda\": one kiln process drives all of a node's GPUs".into(),
@@ -317,7 +360,7 @@ pub(super) fn write_trials(
 
 /// Takes back what a submission that sbatch refused wrote: the directory it created, or its
 /// script, the trial directories it made and the spec as it was before.
-pub(super) fn take_back(
+fn take_back(
     created: Option<&Path>,
     script_path: Option<&Path>,
     made: &[PathBuf],
