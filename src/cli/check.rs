@@ -59,7 +59,7 @@ pub fn check(a: &ConfigArgs) -> Result<()> {
         "# backend: {} with {}; config hash {}",
         report.placement.backend.name(),
         crate::backend::cpu_split(&r.config),
-        config::config_hash(&r.config)
+        r.canonical_hash()
     );
     Ok(())
 }

@@ -27,13 +27,13 @@ pub fn env(a: &EnvArgs) -> Result<()> {
     // the experiment is read first: a bad file is exit 2 before anything is printed
     let config = match &a.file {
         Some(f) => {
-            let file = if f.is_dir() {
-                crate::rundir::run_config_file(f)?
-            } else {
-                f.clone()
-            };
             let env: Vec<(String, String)> = std::env::vars().collect();
-            Some(crate::config::load(&file, &env, &a.sets)?)
+            Some(if f.is_dir() {
+                let file = crate::rundir::run_config_file(f)?;
+                crate::config::load_run(&file, &env, &a.sets, &[])?
+            } else {
+                crate::config::load(f, &env, &a.sets)?
+            })
         }
         None => None,
     };

@@ -95,6 +95,7 @@ pub fn sweep(a: &SweepArgs) -> Result<()> {
             sets: a.sets.clone(),
             executor: a.executor.unwrap_or_default(),
             parallel: None,
+            dir: None,
         },
         (None, Some(dir)) => {
             if !a.sets.is_empty() {

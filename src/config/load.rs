@@ -24,6 +24,9 @@ pub struct Resolved {
     pub figment: Figment,
     /// The experiment file as given.
     pub file: PathBuf,
+    /// Keys of a run's config.toml left out because a resume changed `strategy.kind` to a
+    /// strategy that does not have them (`notes` says each).
+    pub left_out: Vec<String>,
 }
 
 /// One layer: a dictionary plus the metadata that names its source.
@@ -104,10 +107,88 @@ pub fn load_with_flags(
     sets: &[String],
     flags: &[Flag],
 ) -> Result<Resolved, ConfigError> {
+    load_layers(file, env, sets, flags, Origin::Experiment)
+}
+
+/// `load_with_flags` for a run directory's `config.toml` (resume, eval, env): the run's
+/// resolved config is the truth for that run, so the `config.json` of its `model.init_from` is
+/// not read again (issue 58, defect 13: a run started from a Hugging Face directory could no
+/// longer be resumed, exported or sampled once that directory's config.json changed).
+pub fn load_run(
+    file: &Path,
+    env: &[(String, String)],
+    sets: &[String],
+    flags: &[Flag],
+) -> Result<Resolved, ConfigError> {
+    load_layers(file, env, sets, flags, Origin::Run)
+}
+
+/// The keys of a run's config.toml that a changed `strategy.kind` does not have (issue 58,
+/// defect 16: an HSDP run's `strategy.shard_size` was refused when it was resumed under ddp, and
+/// nothing could remove it): fsdp's own keys under another strategy, and a device count and a
+/// reduction dtype under single. Only keys the stored file sets; a key set again on the
+/// command line stays (and its check speaks).
+fn strategy_left_out(figment: &Figment) -> Vec<String> {
+    let from_file = |key: &str| {
+        figment
+            .find_metadata(key)
+            .and_then(|m| m.source.as_ref())
+            .and_then(Source::file_path)
+            .is_some()
+    };
+    if from_file("strategy.kind") {
+        return Vec::new();
+    }
+    let kind = figment
+        .find_value("strategy.kind")
+        .ok()
+        .and_then(|v| v.into_string())
+        .unwrap_or_default();
+    let mut keys: Vec<&str> = Vec::new();
+    if kind != "fsdp" {
+        keys.extend(["strategy.shard_size", "strategy.unit", "strategy.sharding"]);
+    }
+    if kind == "single" {
+        keys.extend(["strategy.devices", "strategy.reduce_dtype"]);
+    }
+    keys.into_iter()
+        .filter(|k| from_file(k))
+        .map(str::to_string)
+        .collect()
+}
+
+/// `--set KEY=` with no value: the key is unset (it takes its default, whatever a layer below
+/// says).
+fn unset_key(arg: &str) -> Option<String> {
+    let (key, value) = arg.split_once('=')?;
+    (value.trim().is_empty() && !key.trim().is_empty()).then(|| key.trim().to_string())
+}
+
+/// What kind of file a config is loaded from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Origin {
+    /// An experiment file: a Hugging Face `model.init_from`'s config.json is a layer.
+    Experiment,
+    /// A run directory's resolved `config.toml`: complete, nothing read beside it.
+    Run,
+}
+
+fn load_layers(
+    file: &Path,
+    env: &[(String, String)],
+    sets: &[String],
+    flags: &[Flag],
+    origin: Origin,
+) -> Result<Resolved, ConfigError> {
     let mut errors: Vec<ConfigError> = Vec::new();
     let mut dropped: Vec<String> = Vec::new();
+    let left_out = match origin {
+        Origin::Run => strategy_left_out(&build_figment_without(file, env, sets, flags, &[], origin)?),
+        Origin::Experiment => Vec::new(),
+    };
     let outcome = loop {
-        let figment = build_figment_without(file, env, sets, flags, &dropped)?;
+        let without: Vec<String> = left_out.iter().chain(&dropped).cloned().collect();
+        let figment = build_figment_without(file, env, sets, flags, &without, origin)?;
         // (error, whether the checks after it stand on their own)
         let result = match extract(&figment) {
             // a value that does not parse (wrong type, unknown key or choice): set aside, the
@@ -118,6 +199,7 @@ pub fn load_with_flags(
                     config,
                     figment,
                     file: file.to_path_buf(),
+                    left_out: left_out.clone(),
                 };
                 // a value out of its own range is independent of the rest; anything else (a
                 // missing file, two keys that disagree) would only cascade when set aside
@@ -159,7 +241,12 @@ pub fn build_figment(
     env: &[(String, String)],
     sets: &[String],
 ) -> Result<Figment, ConfigError> {
-    build_figment_without(file, env, sets, &[], &[])
+    build_figment_without(file, env, sets, &[], &[], Origin::Experiment)
+}
+
+/// `build_figment` for a run directory's `config.toml` (see `load_run`).
+pub fn build_run_figment(file: &Path) -> Result<Figment, ConfigError> {
+    build_figment_without(file, &[], &[], &[], &[], Origin::Run)
 }
 
 /// `build_figment` with the dotted keys `drop` left out of every layer above the defaults (so
@@ -174,13 +261,22 @@ fn build_figment_without(
     sets: &[String],
     flags: &[Flag],
     drop: &[String],
+    origin: Origin,
 ) -> Result<Figment, ConfigError> {
+    // `--set KEY=`: left out of every layer
+    let unset: Vec<String> = sets.iter().filter_map(|s| unset_key(s)).collect();
+    let sets: Vec<String> = sets
+        .iter()
+        .filter(|s| unset_key(s).is_none())
+        .cloned()
+        .collect();
+    let drop: Vec<String> = drop.iter().chain(&unset).cloned().collect();
     let mut stack = Stack {
         figment: Figment::new().merge(Layer {
             meta: Metadata::named(DEFAULT_SOURCE),
             dict: to_dict(&Config::default()),
         }),
-        drop,
+        drop: &drop,
     };
     stack.files(file)?;
     stack.kiln_env(env);
@@ -190,11 +286,16 @@ fn build_figment_without(
         stack.bare_srun(&var);
     }
     stack.torchrun_devices(&var);
-    stack.sets(sets)?;
+    stack.sets(&sets)?;
     stack.flags(flags);
+    stack.omp_threads(&var);
     // a Hugging Face directory in `model.init_from`: its config.json under every key no layer
-    // above the defaults sets
-    for (meta, dict) in super::hf_json::layers(&stack.figment)? {
+    // above the defaults sets (an experiment's: a run's config.toml has them all already)
+    let hf = match origin {
+        Origin::Experiment => super::hf_json::layers(&stack.figment)?,
+        Origin::Run => Vec::new(),
+    };
+    for (meta, dict) in hf {
         stack.push(meta, dict);
     }
     Ok(stack.figment)
@@ -216,6 +317,29 @@ impl Stack<'_> {
     fn push(&mut self, meta: Metadata, dict: Dict) {
         let figment = std::mem::take(&mut self.figment);
         self.figment = merge_without(figment, self.drop, Layer { meta, dict });
+    }
+
+    /// `OMP_NUM_THREADS` (which torchrun sets to 1 for each process it starts) as
+    /// `backend.threads` when no layer sets it (issue 58, defect 21: two processes under
+    /// torchrun ran two threads each on two cores). Named as its source.
+    fn omp_threads(&mut self, var: &dyn Fn(&str) -> Option<String>) {
+        let set = self
+            .figment
+            .find_metadata("backend.threads")
+            .is_some_and(|m| m.name != DEFAULT_SOURCE);
+        let Some(n) = var("OMP_NUM_THREADS")
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .filter(|n| *n > 0)
+        else {
+            return;
+        };
+        if set {
+            return;
+        }
+        self.push(
+            Metadata::named("environment variable OMP_NUM_THREADS"),
+            nest(&["backend".into(), "threads".into()], Value::from(n)),
+        );
     }
 
     /// The experiment file and the files it extends, most extended first.
@@ -608,10 +732,13 @@ pub(super) fn key_error(figment: &Figment, e: figment::Error) -> KeyError {
                 format!("{parent}.")
             };
             let path = parent;
-            let help = match closest(field, expected) {
-                Some(c) => format!("did you mean `{prefix}{c}`?"),
-                None if path.is_empty() => format!("valid sections: {}", expected.join(", ")),
-                None => format!("valid keys in [{path}]: {}", expected.join(", ")),
+            let help = match (known_elsewhere(field), closest(field, expected)) {
+                (Some((ours, how)), _) => format!("kiln's key is `{ours}`{how}"),
+                (None, Some(c)) => format!("did you mean `{prefix}{c}`?"),
+                (None, None) if path.is_empty() => {
+                    format!("valid sections: {}", expected.join(", "))
+                }
+                (None, None) => format!("valid keys in [{path}]: {}", expected.join(", ")),
             };
             KeyError {
                 key: String::new(),
@@ -675,6 +802,44 @@ pub(super) fn key_error(figment: &Figment, e: figment::Error) -> KeyError {
         _ => path,
     };
     ke
+}
+
+/// The names transformers' `TrainingArguments` (and torchrun, TRL, torchtune) give what kiln
+/// calls otherwise (issue 58, defect 25): an unknown key of that name points to kiln's key.
+const ELSEWHERE: &[(&str, &str, &str)] = &[
+    ("gradient_accumulation_steps", "train.grad_accum_steps", ""),
+    (
+        "per_device_train_batch_size",
+        "train.batch_size",
+        " (per rank, as in transformers; the global batch is batch_size x grad_accum_steps x ranks)",
+    ),
+    ("learning_rate", "optim.lr", ""),
+    ("lr", "optim.lr", ""),
+    ("num_train_epochs", "train.epochs", ""),
+    ("max_steps", "train.max_steps", ""),
+    ("warmup_steps", "schedule.warmup_steps", ""),
+    (
+        "lr_scheduler_type",
+        "schedule.kind",
+        " (\"linear\", \"cosine\", \"constant\" or \"step\")",
+    ),
+    ("weight_decay", "optim.weight_decay", ""),
+    ("max_grad_norm", "optim.grad_clip_norm", ""),
+    ("seed", "experiment.seed", ""),
+    ("output_dir", "experiment.output_dir", ""),
+    ("eval_steps", "train.eval_every", ""),
+    ("logging_steps", "train.log_every", ""),
+    ("save_steps", "checkpoint.every_steps", ""),
+    ("save_total_limit", "checkpoint.keep_last", ""),
+    ("gradient_checkpointing", "train.activation_checkpointing", " (= \"units\")"),
+];
+
+/// kiln's key for a key of another tool's name, and a word on how it differs.
+fn known_elsewhere(field: &str) -> Option<(&'static str, &'static str)> {
+    ELSEWHERE
+        .iter()
+        .find(|(theirs, _, _)| *theirs == field)
+        .map(|(_, ours, how)| (*ours, *how))
 }
 
 /// Where the value at dotted `key` came from: "file:line", "environment variable X",

@@ -41,7 +41,8 @@ pub use experiment::*;
 pub use family_keys::struct_keys;
 pub use launch::*;
 pub use load::{
-    bare_srun, build_figment, describe_source, extract, find_line, load, load_with_flags, Flag,
+    bare_srun, build_figment, build_run_figment, describe_source, extract, find_line, load, load_run,
+    load_with_flags, Flag,
     FlagValue, Resolved, ENV_PREFIX,
 };
 pub use log::*;

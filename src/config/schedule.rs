@@ -15,13 +15,16 @@ pub enum ScheduleKind {
     Constant,
     Step,
     Cosine,
+    /// transformers' `get_linear_schedule_with_warmup`: after the warm-up, a straight line
+    /// from `optim.lr` to `min_lr` (0) at `decay_steps` (the run's last step).
+    Linear,
 }
 
 /// `[schedule]`
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ScheduleConfig {
-    /// constant, step or cosine. Default: `"constant"`.
+    /// constant, step, cosine or linear. Default: `"constant"`.
     pub kind: ScheduleKind,
     /// Linear warm-up to `optim.lr` over this many steps, nanoGPT's and torch's way: step `i`
     /// trains with `lr * (i + 1) / (warmup_steps + 1)` (the first step already learns).
@@ -31,11 +34,11 @@ pub struct ScheduleConfig {
     pub step_size: usize,
     /// step: decay factor. Default: `0.1`.
     pub gamma: f64,
-    /// cosine: the lr reached at the end of the decay. Default: `0.0`.
+    /// cosine, linear: the lr reached at the end of the decay. Default: `0.0`.
     pub min_lr: f64,
-    /// cosine: the step where the decay reaches `min_lr`, which it keeps after (nanoGPT's
-    /// `lr_decay_iters`), independent of how long the run trains. Default: the run's last
-    /// step.
+    /// cosine, linear: the step where the decay reaches `min_lr`, which it keeps after
+    /// (nanoGPT's `lr_decay_iters`; transformers' `num_training_steps`), independent of how long
+    /// the run trains. Default: the run's last step.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub decay_steps: Option<usize>,
 }

@@ -34,6 +34,48 @@ impl Resolved {
         from_file.unwrap_or(p)
     }
 
+    /// The config with every key that names an input file (the data files, `model.init_from`,
+    /// a tokenizer.json) as that file's absolute, resolved path: the same config however the
+    /// experiment file was reached (`sw.toml`, `/abs/sw.toml`, `../dir/sw.toml`) and wherever
+    /// it is run from. What the run directory stores, and what `canonical_hash` hashes.
+    pub fn canonical(&self) -> super::Config {
+        let mut c = self.config.clone();
+        let abs = |key: &str, v: &str| {
+            let p = self.path_of(key, v);
+            p.canonicalize()
+                .or_else(|_| std::path::absolute(&p))
+                .unwrap_or(p)
+                .display()
+                .to_string()
+        };
+        let d = &mut c.data;
+        for (key, value) in [
+            ("data.path", &mut d.path),
+            ("data.eval_path", &mut d.eval_path),
+            ("data.labels_path", &mut d.labels_path),
+            ("data.eval_labels_path", &mut d.eval_labels_path),
+        ] {
+            *value = value.as_deref().map(|v| abs(key, v));
+        }
+        c.model.init_from = c
+            .model
+            .init_from
+            .as_deref()
+            .map(|v| abs("model.init_from", v));
+        if !matches!(c.data.tokenizer.as_str(), "bytes" | "gpt2") {
+            c.data.tokenizer = abs("data.tokenizer", &c.data.tokenizer);
+        }
+        c
+    }
+
+    /// The config hash of `canonical()`: one hash for one experiment, however its file was
+    /// spelled (issue 58, defect 1: the tokenizer found beside `model.init_from` entered the
+    /// hash as the experiment file was spelled, and a sweep resumed from elsewhere re-ran
+    /// every trial under new ids).
+    pub fn canonical_hash(&self) -> String {
+        super::config_hash(&self.canonical())
+    }
+
     /// Settings that are not errors but do nothing here, each said in a line naming the key,
     /// its source and why: what `kiln check` and a run's start say (issue 45, defect 28:
     /// `strategy.unit` and `strategy.sharding` were silent under single, dp and ddp; refusing
@@ -43,6 +85,13 @@ impl Resolved {
         let c = &self.config;
         let set = |key: &str| describe_source(&self.figment, key) != super::load::DEFAULT_SOURCE;
         let mut out = Vec::new();
+        for key in &self.left_out {
+            out.push(format!(
+                "note: `{key}` of the run's config.toml is left out: `strategy.kind` = \"{}\" ({}) does not have it",
+                super::choice_name(&c.strategy.kind),
+                describe_source(&self.figment, "strategy.kind")
+            ));
+        }
         if c.strategy.kind != StrategyKind::Fsdp {
             for key in ["strategy.unit", "strategy.sharding"] {
                 if set(key) {
@@ -54,9 +103,14 @@ impl Resolved {
                 }
             }
         }
-        if c.schedule.decay_steps.is_some() && c.schedule.kind != super::ScheduleKind::Cosine {
+        if c.schedule.decay_steps.is_some()
+            && !matches!(
+                c.schedule.kind,
+                super::ScheduleKind::Cosine | super::ScheduleKind::Linear
+            )
+        {
             out.push(format!(
-                "note: `schedule.decay_steps` ({}) applies to the cosine schedule only; `schedule.kind` = \"{}\" ignores it",
+                "note: `schedule.decay_steps` ({}) applies to the cosine and linear schedules only; `schedule.kind` = \"{}\" ignores it",
                 describe_source(&self.figment, "schedule.decay_steps"),
                 super::choice_name(&c.schedule.kind)
             ));

@@ -176,12 +176,70 @@ pub fn watched_metrics(r: &Resolved, task: crate::model::Task, has_eval: bool) -
     Ok(())
 }
 
+/// An asha sweep's `sweep.metric` is one its trials report: asha ranks by it at every rung,
+/// and a metric no trial has would rank them all alike, in trial order (issue 58, defect 4).
+pub fn sweep_metric(
+    r: &Resolved,
+    task: crate::model::Task,
+    has_eval: bool,
+) -> Result<()> {
+    let c = &r.config;
+    if c.sweep.scheduler != crate::config::SweepScheduler::Asha {
+        return Ok(());
+    }
+    let metric = c.sweep.metric.as_str();
+    let lm = matches!(task, crate::model::Task::LanguageModel { .. });
+    let what = if lm { "a language model" } else { "a classifier" };
+    let eval = if lm { "eval_perplexity" } else { "eval_accuracy" };
+    let missing = match metric {
+        "eval_loss" | "eval_accuracy" | "eval_perplexity" if !has_eval => Some(format!(
+            "no trial reports it: this experiment has no evaluation data, so {what} reports \
+             final_loss and no eval_* metric"
+        )),
+        "eval_accuracy" if lm => Some(format!(
+            "no trial reports it: {what} reports eval_loss and {eval}"
+        )),
+        "eval_perplexity" if !lm => Some(format!(
+            "no trial reports it: {what} reports eval_loss and {eval}"
+        )),
+        "tokens_per_sec" if !lm => Some(format!(
+            "no trial reports it: {what} reports samples_per_sec"
+        )),
+        "mfu" if c.backend.device != crate::config::Device::Cuda => Some(
+            "no trial reports it: mfu is measured against a GPU's peak, on CUDA only".into(),
+        ),
+        _ => None,
+    };
+    let Some(why) = missing else { return Ok(()) };
+    let help = if has_eval {
+        format!("rank by \"eval_loss\" or \"{eval}\"")
+    } else {
+        "rank by \"final_loss\", or add evaluation data (data.eval_path, or data.eval_samples for synthetic data) and set train.eval_every".into()
+    };
+    Err(r
+        .key_error(
+            "sweep.metric",
+            format!("asha ranks trials by `sweep.metric` = \"{metric}\", but {why}"),
+            Some(help),
+        )
+        .into())
+}
+
+/// What an asha sweep checks before any trial runs, on one trial's config: its data and model
+/// (not its weights) and that they report `sweep.metric`.
+pub fn check_sweep_metric(r: &Resolved) -> Result<()> {
+    let d = data::load(r)?;
+    let model = crate::model::build(r, &d.input_shape())?;
+    sweep_metric(r, model.task(), d.eval.is_some())
+}
+
 /// Checks `r` the way a run would, without writing anything.
 pub fn check(r: &Resolved) -> Result<CheckReport> {
     let placement = backend::resolve(&r.config)?;
     let d = data::load(r)?;
     let model = crate::model::build(r, &d.input_shape())?;
     watched_metrics(r, model.task(), d.eval.is_some())?;
+    sweep_metric(r, model.task(), d.eval.is_some())?;
     super::init_from::init_weights(r, model.as_ref())?;
     let plan = Plan::new(&r.config, d.train.len(), model.num_params());
     let memory = strategy::estimate(&r.config, model.layout(), plan.world_size);

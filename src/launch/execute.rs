@@ -151,7 +151,12 @@ pub fn resume(
     crate::rundir::refuse_links(run_dir, "")?;
     let file = crate::rundir::run_config_file(run_dir)?;
     let env: Vec<(String, String)> = std::env::vars().collect();
-    let r = config::load_with_flags(&file, &env, sets, flags)?;
+    let r = config::load_run(&file, &env, sets, flags)?;
+    if !quiet {
+        for n in r.notes() {
+            crate::ui::note(&n);
+        }
+    }
     if r.config.launch.nnodes > 1 {
         // every node runs `kiln resume DIR`; node 0 picks the checkpoint (and holds the
         // directory), the others follow

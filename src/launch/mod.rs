@@ -22,7 +22,7 @@ mod resume;
 mod session;
 mod workers;
 
-pub use check::{check, CheckReport};
+pub use check::{check, check_sweep_metric, CheckReport};
 pub use execute::{resume, start, train, RunOptions};
 pub use init_from::init_weights;
 pub use resume::{

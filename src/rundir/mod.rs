@@ -134,30 +134,9 @@ pub fn stored_config_for_elsewhere(r: &Resolved) -> Config {
 
 /// `stored_config`, with the process environment `env`.
 fn stored_config_with(r: &Resolved, env: impl IntoIterator<Item = (String, String)>) -> Config {
-    let mut c = r.config.clone();
-    let abs = |key: &str, v: &str| {
-        let p = r.path_of(key, v);
-        p.canonicalize().unwrap_or(p).display().to_string()
-    };
-    let d = &mut c.data;
-    for (key, value) in [
-        ("data.path", &mut d.path),
-        ("data.eval_path", &mut d.eval_path),
-        ("data.labels_path", &mut d.labels_path),
-        ("data.eval_labels_path", &mut d.eval_labels_path),
-    ] {
-        *value = value.as_deref().map(|v| abs(key, v));
-    }
-    c.model.init_from = c
-        .model
-        .init_from
-        .as_deref()
-        .map(|v| abs("model.init_from", v));
-    // a tokenizer.json by its absolute path: `kiln sample` and `eval` of the run directory
-    // find it from anywhere (issue 45, defect 14)
-    if !matches!(c.data.tokenizer.as_str(), "bytes" | "gpt2") {
-        c.data.tokenizer = abs("data.tokenizer", &c.data.tokenizer);
-    }
+    // input files by their absolute paths: the run directory resumes from anywhere, and
+    // `kiln sample` and `eval` find its tokenizer.json (issue 45, defect 14)
+    let mut c = r.canonical();
     // a CUDA run records the NCCL variables of its environment too: its config.toml then
     // reproduces the environment NCCL saw
     if c.backend.device.has_nccl() {
@@ -182,11 +161,12 @@ pub fn run_config_file(run_dir: &Path) -> Result<PathBuf> {
 /// files (exporting or sampling never reads the data, which may have moved since).
 pub fn run_config(run_dir: &Path) -> Result<Resolved> {
     let file = run_config_file(run_dir)?;
-    let figment = config::build_figment(&file, &[], &[])?;
+    let figment = config::build_run_figment(&file)?;
     Ok(Resolved {
         config: config::extract(&figment)?,
         figment,
         file,
+        left_out: Vec::new(),
     })
 }
 

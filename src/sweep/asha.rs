@@ -99,6 +99,45 @@ impl Asha {
         None
     }
 
+    /// When no trial reached the last rung and nothing else can run: the best paused trial of
+    /// the highest rung that has one goes on to the next rung (issue 58, defect 3: with 6
+    /// trials and rf 3, floor(2 / 3) = 0 promotions at the middle rung, and the sweep ended with
+    /// no trial trained to `train.max_steps`). Ray Tune's asynchronous rule promotes the first
+    /// trial at a rung for the same reason. `None` once a trial has reached the last rung.
+    pub fn last_resort(&self, progress: &BTreeMap<String, Progress>) -> Option<(String, usize)> {
+        let last = *self.rungs.last()?;
+        if progress.values().any(|p| p.results.contains_key(&last)) {
+            return None;
+        }
+        for k in (0..self.rungs.len().saturating_sub(1)).rev() {
+            let rung = self.rungs[k];
+            let best = progress
+                .iter()
+                .filter(|(_, p)| p.results.contains_key(&rung) && p.furthest <= rung && !p.done)
+                .min_by(|a, b| {
+                    let (x, y) = (self.worst(a.1.results[&rung]), self.worst(b.1.results[&rung]));
+                    let by = match self.mode {
+                        MetricMode::Min => x.total_cmp(&y),
+                        MetricMode::Max => y.total_cmp(&x),
+                    };
+                    by.then(a.1.index.cmp(&b.1.index))
+                });
+            if let Some((id, _)) = best {
+                return Some((id.clone(), self.rungs[k + 1]));
+            }
+        }
+        None
+    }
+
+    /// How many trials reached the last rung (`train.max_steps`).
+    pub fn finished(&self, progress: &BTreeMap<String, Progress>) -> usize {
+        let last = self.rungs.last().copied().unwrap_or(0);
+        progress
+            .values()
+            .filter(|p| p.results.contains_key(&last))
+            .count()
+    }
+
     /// A metric to rank by: a missing or NaN one ranks last.
     fn worst(&self, m: Option<f64>) -> f64 {
         match (m, self.mode) {
@@ -212,7 +251,14 @@ pub(super) fn run(
         }
     }
     ui.finish();
-    conclude(&dir, &ledger, s, stopping, total)
+    let mut progress = Asha::progress(&ledger.read());
+    progress.retain(|id, _| planned.iter().any(|p| &p.id == id));
+    let closing = format!(
+        "{} of {total} trials reached train.max_steps = {}",
+        asha.finished(&progress),
+        asha.rungs.last().copied().unwrap_or(0)
+    );
+    conclude(&dir, &ledger, s, stopping, total, Some(closing))
 }
 
 /// The segments the ledger has in flight (a sweep that stopped) or failed while retries are
@@ -244,6 +290,7 @@ pub(super) fn next_job(
     again: &mut Vec<(String, usize)>,
     ledger: &Ledger,
 ) -> Option<(String, usize)> {
+    let idle = busy.is_empty();
     let busy = |id: &str| busy.iter().any(|b| b == id);
     let mut progress = Asha::progress(&ledger.read());
     // trials of an earlier plan (another grid) neither run nor count
@@ -257,6 +304,8 @@ pub(super) fn next_job(
                 .find(|p| !busy(&p.id) && progress.get(&p.id).is_none_or(|g| g.furthest == 0))
                 .map(|p| (p.id.clone(), asha.rungs[0]))
         })
+        // nothing new, nothing in flight: the sweep must not end without a trial at the end
+        .or_else(|| idle.then(|| asha.last_resort(&progress)).flatten())
 }
 
 /// Records a segment that ended: paused or done at the step it reached (with the metric
@@ -421,5 +470,48 @@ mod tests {
         ];
         l[0].metric = None;
         assert_eq!(asha.promotion(&Asha::progress(&l)), Some(("c".into(), 18)));
+    }
+
+    #[test]
+    fn with_nothing_left_the_best_of_the_highest_rung_goes_on_until_one_reaches_the_end() {
+        let s = SweepConfig {
+            grace_steps: 6,
+            reduction_factor: 3,
+            ..Default::default()
+        };
+        let asha = Asha::new(&s, 54);
+        // 6 trials, rf 3: two promoted to 18, floor(2 / 3) = 0 promotions there
+        let mut ledger: Vec<Record> = ["a", "b", "c", "d", "e", "f"]
+            .iter()
+            .enumerate()
+            .map(|(i, t)| rec(t, i, TrialState::Paused, 6, i as f64))
+            .collect();
+        ledger.push(rec("a", 0, TrialState::Paused, 18, 0.5));
+        ledger.push(rec("b", 1, TrialState::Paused, 18, 0.25));
+        let progress = Asha::progress(&ledger);
+        assert_eq!(asha.promotion(&progress), None);
+        assert_eq!(asha.finished(&progress), 0);
+        // the best at 18 (not the best at 6) goes on to the end
+        assert_eq!(asha.last_resort(&progress), Some(("b".into(), 54)));
+        // it failed there for good: the next best at 18 goes on
+        ledger.push(rec("b", 1, TrialState::Failed, 54, f64::NAN));
+        assert_eq!(
+            asha.last_resort(&Asha::progress(&ledger)),
+            Some(("a".into(), 54))
+        );
+        // one reached the end: nothing more
+        ledger.push(rec("a", 0, TrialState::Done, 54, 0.1));
+        let progress = Asha::progress(&ledger);
+        assert_eq!(asha.last_resort(&progress), None);
+        assert_eq!(asha.finished(&progress), 1);
+        // only rung-6 results (two of them diverged, ranking last): the best at 6 goes on
+        let l = vec![
+            rec("a", 0, TrialState::Paused, 6, f64::NAN),
+            rec("b", 1, TrialState::Paused, 6, 2.0),
+        ];
+        assert_eq!(
+            asha.last_resort(&Asha::progress(&l)),
+            Some(("b".into(), 18))
+        );
     }
 }

@@ -62,7 +62,7 @@ pub(super) fn submit(
     parallel: Option<usize>,
 ) -> Result<String> {
     let s = &base.sweep;
-    let opened = Submission::open(base, planned)?;
+    let opened = Submission::open(spec, base, planned)?;
     let Submission {
         dir,
         jobs,

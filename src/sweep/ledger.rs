@@ -1,5 +1,9 @@
 //! `sweep.jsonl`: the append-only record of every trial's state changes. A trial's state is its
-//! last line; a line cut short by a crash is ignored.
+//! last line. A line that cannot be read (cut short by a crash, or damaged) is skipped, and
+//! named once (file:line) on stderr: the other lines still count, so one bad line never makes
+//! the ledger read as empty (issue 58, defect 5: a sweep whose ledger read as empty started its
+//! trials again and again). Every append starts on a line of its own, so a line cut by a crash
+//! never swallows the record after it (defect 6).
 
 use std::collections::BTreeMap;
 use std::fs::OpenOptions;
@@ -74,21 +78,61 @@ pub struct Ledger {
 }
 
 impl Ledger {
+    /// Every record that reads, in order; each line that does not is named once on stderr.
     pub fn read(&self) -> Vec<Record> {
-        std::fs::read_to_string(&self.path)
-            .unwrap_or_default()
-            .lines()
-            .filter_map(|l| serde_json::from_str(l).ok())
-            .collect()
+        let (records, bad) = self.read_lines();
+        for (line, why) in bad {
+            warn_once(&self.path, line, &why);
+        }
+        records
     }
 
+    /// Every record that reads, and the lines that do not (1-based, with why).
+    pub fn read_lines(&self) -> (Vec<Record>, Vec<(usize, String)>) {
+        let bytes = std::fs::read(&self.path).unwrap_or_default();
+        let mut records = Vec::new();
+        let mut bad = Vec::new();
+        for (i, raw) in bytes.split(|b| *b == b'\n').enumerate() {
+            if raw.iter().all(u8::is_ascii_whitespace) {
+                continue;
+            }
+            let parsed = std::str::from_utf8(raw)
+                .map_err(|e| format!("not UTF-8 (byte {})", e.valid_up_to() + 1))
+                .and_then(|l| {
+                    serde_json::from_str::<Record>(l)
+                        .map_err(|e| format!("not a ledger record ({e})"))
+                });
+            match parsed {
+                Ok(r) => records.push(r),
+                Err(why) => bad.push((i + 1, why)),
+            }
+        }
+        (records, bad)
+    }
+
+    /// Appends `r` on a line of its own (after a newline when the file ends without one, as
+    /// a line cut by a crash does) and syncs it.
     pub fn append(&self, r: &Record) -> std::io::Result<()> {
+        use std::io::{Read, Seek, SeekFrom};
         let line = serde_json::to_string(r).map_err(std::io::Error::other)?;
         let mut f = OpenOptions::new()
             .create(true)
+            .read(true)
             .append(true)
             .open(&self.path)?;
-        f.write_all(format!("{line}\n").as_bytes())?;
+        let len = f.metadata()?.len();
+        let mut text = String::with_capacity(line.len() + 2);
+        if len > 0 {
+            let mut last = [0u8];
+            f.seek(SeekFrom::Start(len - 1))?;
+            f.read_exact(&mut last)?;
+            if last[0] != b'\n' {
+                text.push('\n');
+            }
+        }
+        text.push_str(&line);
+        text.push('\n');
+        f.write_all(text.as_bytes())?;
         f.sync_data()
     }
 
@@ -112,5 +156,80 @@ impl Ledger {
             *out.entry(r.trial).or_insert(0) += 1;
         }
         out
+    }
+}
+
+/// Says once per process that line `line` of `path` was skipped, and why.
+fn warn_once(path: &std::path::Path, line: usize, why: &str) {
+    use std::sync::Mutex;
+    static SAID: Mutex<Vec<(PathBuf, usize)>> = Mutex::new(Vec::new());
+    let mut said = SAID.lock().unwrap_or_else(|p| p.into_inner());
+    let key = (path.to_path_buf(), line);
+    if said.contains(&key) {
+        return;
+    }
+    said.push(key);
+    crate::ui::note(&format!(
+        "warning: {}:{line}: skipped a line that cannot be read: {why} (a line cut by a crash, or damaged; the trials' other records still count)",
+        path.display()
+    ));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(trial: &str, state: TrialState) -> Record {
+        Record {
+            trial: trial.into(),
+            index: 0,
+            overrides: Default::default(),
+            state,
+            exit: None,
+            metric: None,
+            error: None,
+            job: None,
+            array_index: None,
+            rung: None,
+            time: 0.0,
+        }
+    }
+
+    #[test]
+    fn a_bad_line_is_named_and_skipped_and_the_others_still_count() {
+        let dir = crate::testdir::tempdir().unwrap();
+        let ledger = Ledger {
+            path: dir.path().join("sweep.jsonl"),
+        };
+        ledger.append(&rec("a", TrialState::Done)).unwrap();
+        // a non-UTF-8 byte in a line of its own, then a good record
+        let mut bytes = std::fs::read(&ledger.path).unwrap();
+        bytes.extend_from_slice(b"{\"trial\": \"\xff\"}\n");
+        std::fs::write(&ledger.path, &bytes).unwrap();
+        ledger.append(&rec("b", TrialState::Done)).unwrap();
+        let (records, bad) = ledger.read_lines();
+        assert_eq!(records.len(), 2, "{records:?}");
+        assert_eq!(bad.len(), 1);
+        assert_eq!(bad[0].0, 2);
+        assert!(bad[0].1.contains("not UTF-8"), "{bad:?}");
+        assert_eq!(ledger.latest().len(), 2);
+    }
+
+    #[test]
+    fn a_line_cut_by_a_crash_does_not_swallow_the_next_record() {
+        let dir = crate::testdir::tempdir().unwrap();
+        let ledger = Ledger {
+            path: dir.path().join("sweep.jsonl"),
+        };
+        ledger.append(&rec("a", TrialState::Done)).unwrap();
+        let mut bytes = std::fs::read(&ledger.path).unwrap();
+        bytes.extend_from_slice(b"{\"trial\":\"b\",\"ind");
+        std::fs::write(&ledger.path, &bytes).unwrap();
+        ledger.append(&rec("c", TrialState::Done)).unwrap();
+        let (records, bad) = ledger.read_lines();
+        let trials: Vec<&str> = records.iter().map(|r| r.trial.as_str()).collect();
+        assert_eq!(trials, ["a", "c"]);
+        assert_eq!(bad.len(), 1);
+        assert_eq!(bad[0].0, 2);
     }
 }

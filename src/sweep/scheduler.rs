@@ -28,6 +28,13 @@ pub struct SweepSpec {
     /// jobs submit the next segments with it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parallel: Option<usize>,
+    /// The sweep directory, when the sweep is resumed (`--resume DIR`): DIR, wherever it is
+    /// and whatever the working directory (issue 58, defect 2: the directory was made again
+    /// from the experiment file's `output_dir`, relative to the working directory, so a resume
+    /// from elsewhere started every trial again in a new directory, and a copied sweep
+    /// directory continued the original). Not stored: a sweep directory is where it is.
+    #[serde(skip)]
+    pub dir: Option<PathBuf>,
 }
 
 impl SweepSpec {
@@ -42,6 +49,7 @@ impl SweepSpec {
             sets: self.sets.clone(),
             executor,
             parallel: self.parallel,
+            dir: None,
         };
         crate::rundir::write_json(&dir.join("sweep.json"), &stored)?;
         Ok(stored)
@@ -70,9 +78,21 @@ pub struct Planned {
     pub resolved: config::Resolved,
 }
 
-/// A trial's id: a short hash of its resolved config (the `[sweep]` section aside).
-pub fn trial_id(c: &Config) -> String {
-    let mut c = c.clone();
+/// A trial's id: a short hash of its resolved config (the `[sweep]` and `[slurm]` sections
+/// aside), input files by their absolute paths (`Resolved::canonical`): one id however the
+/// experiment file was spelled and wherever the sweep runs from.
+pub fn trial_id(r: &config::Resolved) -> String {
+    id_of(r.canonical())
+}
+
+/// A trial's id as sweeps made it before input paths were canonical (issue 58, defect 1): paths as
+/// the experiment file spells them. A sweep directory whose ledger knows a trial by this id
+/// keeps it (its directory has that name).
+fn legacy_trial_id(r: &config::Resolved) -> String {
+    id_of(r.config.clone())
+}
+
+fn id_of(mut c: Config) -> String {
     c.sweep = SweepConfig::default();
     c.slurm = crate::config::SlurmConfig::default();
     config::config_hash(&c)[..8].to_string()
@@ -89,6 +109,12 @@ fn now() -> f64 {
 pub fn plan(spec: &SweepSpec, env: &[(String, String)]) -> Result<(Config, Vec<Planned>)> {
     let base = config::load(&spec.file, env, &spec.sets)?;
     let trials = expand(&base.config.sweep).map_err(|e| Error::Usage(e.to_string()))?;
+    // the trials an existing sweep directory knows: one that knows a trial by its id of old
+    // keeps that id
+    let known = Ledger {
+        path: dir_of(spec, &base.config).join("sweep.jsonl"),
+    }
+    .latest();
     let mut planned: Vec<Planned> = Vec::with_capacity(trials.len());
     for trial in trials {
         let mut sets = spec.sets.clone();
@@ -114,7 +140,11 @@ pub fn plan(spec: &SweepSpec, env: &[(String, String)]) -> Result<(Config, Vec<P
                 trial.describe()
             ))
         })?;
-        let id = trial_id(&r.config);
+        let mut id = trial_id(&r);
+        let legacy = legacy_trial_id(&r);
+        if !known.contains_key(&id) && known.contains_key(&legacy) {
+            id = legacy;
+        }
         if let Some(p) = planned.iter().find(|p| p.id == id) {
             return Err(Error::Usage(format!(
                 "sweep trials {} ({}) and {} ({}) resolve to the same config; remove the duplicate values",
@@ -132,7 +162,18 @@ pub fn plan(spec: &SweepSpec, env: &[(String, String)]) -> Result<(Config, Vec<P
             resolved: r,
         });
     }
+    if base.config.sweep.scheduler == crate::config::SweepScheduler::Asha {
+        if let Some(p) = planned.first() {
+            crate::launch::check_sweep_metric(&p.resolved)?;
+        }
+    }
     Ok((base.config, planned))
+}
+
+/// The directory of sweep `spec` with base config `base`: the one it was resumed in, else the
+/// base config's.
+pub fn dir_of(spec: &SweepSpec, base: &Config) -> PathBuf {
+    spec.dir.clone().unwrap_or_else(|| sweep_dir(base))
 }
 
 /// The sweep directory of a base config.
@@ -469,7 +510,7 @@ pub fn run_trials(spec: &SweepSpec, parallel: Option<usize>, quiet: bool) -> Res
         }
     }
     ui.finish();
-    conclude(&dir, &ledger, s, stopping, total)
+    conclude(&dir, &ledger, s, stopping, total, None)
 }
 
 /// A local sweep's directory, opened: checked, `logs/` made, locked (the lock is returned),
@@ -480,7 +521,7 @@ pub(super) fn open_local(
     base: &Config,
     planned: &[Planned],
 ) -> Result<(PathBuf, Lock, SweepSpec, Ledger)> {
-    let dir = sweep_dir(base);
+    let dir = dir_of(spec, base);
     refuse_run_dir(&dir)?;
     fs::create_dir_all(dir.join("logs"))
         .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
@@ -632,13 +673,14 @@ pub(super) fn ended(
 }
 
 /// The results table (written, and printed), and the sweep's outcome: stopped, some trials
-/// failed, or done.
+/// failed, or done; `closing`: a last line to say (asha: how many trials reached the end).
 pub(super) fn conclude(
     dir: &Path,
     ledger: &Ledger,
     s: &SweepConfig,
     stopping: bool,
     total: usize,
+    closing: Option<String>,
 ) -> Result<String> {
     let rows = rows(dir, ledger, s);
     write_results(dir, &rows, &s.metric)?;
@@ -661,6 +703,9 @@ pub(super) fn conclude(
         .count();
     crate::ui::out(&table);
     crate::ui::out(&format!("sweep dir: {}", dir.display()));
+    if let Some(line) = closing {
+        crate::ui::out(&line);
+    }
     if failed > 0 {
         return Err(Error::Invalid(format!(
             "{failed} of {total} trials failed; see the error column and {}/logs/",
@@ -670,7 +715,7 @@ pub(super) fn conclude(
     Ok(table)
 }
 
-/// The spec a sweep directory was started with.
+/// The spec a sweep directory was started with, for that directory (wherever it is now).
 pub fn read_spec(dir: &Path) -> Result<SweepSpec> {
     let p = dir.join("sweep.json");
     let text = fs::read_to_string(&p).map_err(|_| {
@@ -679,8 +724,10 @@ pub fn read_spec(dir: &Path) -> Result<SweepSpec> {
             dir.display()
         ))
     })?;
-    serde_json::from_str(&text)
-        .map_err(|e| Error::Usage(format!("{} does not parse: {e}", p.display())))
+    let mut spec: SweepSpec = serde_json::from_str(&text)
+        .map_err(|e| Error::Usage(format!("{} does not parse: {e}", p.display())))?;
+    spec.dir = Some(dir.to_path_buf());
+    Ok(spec)
 }
 
 /// A sweep directory's trials (ranked rows, best first, and each trial's overrides) and its

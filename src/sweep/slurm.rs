@@ -9,7 +9,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use super::scheduler::{
-    add_pending, ledger_io, plan, record, rows, sweep_dir, write_results, Lock,
+    add_pending, dir_of, ledger_io, plan, record, rows, write_results, Lock,
 };
 use super::{to_text, Executor, Ledger, Planned, Record, SweepSpec, TrialState};
 use crate::config;
@@ -136,7 +136,7 @@ pub fn submit(spec: &SweepSpec, parallel: Option<usize>) -> Result<String> {
         return super::asha_slurm::submit(spec, &base, &planned, parallel);
     }
     let parallel = parallel.unwrap_or(s.parallel).max(1);
-    let opened = Submission::open(&base, &planned)?;
+    let opened = Submission::open(spec, &base, &planned)?;
     let Submission {
         dir, jobs, ledger, ..
     } = &opened;
@@ -221,9 +221,13 @@ pub(super) struct Submission {
 }
 
 impl Submission {
-    pub(super) fn open(base: &Config, planned: &[Planned]) -> Result<Submission> {
+    pub(super) fn open(
+        spec: &SweepSpec,
+        base: &Config,
+        planned: &[Planned],
+    ) -> Result<Submission> {
         can_submit(base)?;
-        let dir = absolute(sweep_dir(base))?;
+        let dir = absolute(dir_of(spec, base))?;
         super::scheduler::refuse_run_dir(&dir)?;
         let jobs = job_configs(planned, &base.slurm, &dir)?;
         let created = crate::rundir::first_missing(&dir);

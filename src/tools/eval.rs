@@ -57,7 +57,7 @@ pub fn eval(run_dir: &Path, o: &EvalOptions) -> Result<EvalReport> {
     }
     let file = crate::rundir::run_config_file(run_dir)?;
     let env: Vec<(String, String)> = std::env::vars().collect();
-    let r = config::load(&file, &env, &o.sets)?;
+    let r = config::load_run(&file, &env, &o.sets, &[])?;
     // the run's own tokenizer, unchanged (one given anew is not compared: issue 45, defect 14)
     crate::rundir::inputs::refuse_changed(run_dir, &r, Some(&["data.tokenizer"]), "kiln eval")?;
     let c = &r.config;

@@ -162,46 +162,15 @@ fn companions(
     Ok((config, out))
 }
 
-/// Writes `files` into `dir`. A new directory is written beside it under a temporary name,
-/// each file synced, then renamed into place: it appears whole or not at all. Into an existing
-/// directory each file is replaced atomically, in order, and the weights of the other layout
-/// (a `model.safetensors` beside a new index, or an index beside a new single file) are
-/// removed so that `from_pretrained` reads the new ones.
+/// Writes `files` into `dir`, which appears whole or not at all, new or not: the export is
+/// written beside it under a temporary name, each file synced, then renamed into place. Into an
+/// existing directory the files kiln does not write (a README, tokenizer files of the user's,
+/// subdirectories) come along as hard links (copies across file systems), the weights of an
+/// earlier export do not (a `model.safetensors` beside a new index, shards not among these),
+/// and the two directories are exchanged in one `renameat2(RENAME_EXCHANGE)` (issue 58,
+/// defect 12: files replaced one by one left two models mixed under one index when a write
+/// failed half way, and `init_from` loaded them without a word).
 fn write_dir(dir: &Path, files: &[(PathBuf, Vec<u8>)]) -> Result<()> {
-    if dir.is_dir() {
-        for (p, b) in files {
-            write_atomic(p, b)?;
-        }
-        // the other layout's weights, and shards of an earlier export not among these
-        let ours: Vec<&std::ffi::OsStr> = files.iter().filter_map(|(p, _)| p.file_name()).collect();
-        if let Ok(entries) = fs::read_dir(dir) {
-            for e in entries.flatten() {
-                let name = e.file_name();
-                let n = name.to_string_lossy();
-                let shard =
-                    n.starts_with("model-") && n.contains("-of-") && n.ends_with(".safetensors");
-                if shard && !ours.contains(&name.as_os_str()) {
-                    fs::remove_file(e.path()).map_err(|err| {
-                        Error::io(format!("removing {}", e.path().display()), err)
-                    })?;
-                }
-            }
-        }
-        let sharded = files
-            .iter()
-            .any(|(p, _)| p.ends_with("model.safetensors.index.json"));
-        let stale = if sharded {
-            "model.safetensors"
-        } else {
-            "model.safetensors.index.json"
-        };
-        let stale = dir.join(stale);
-        if stale.is_file() {
-            fs::remove_file(&stale)
-                .map_err(|e| Error::io(format!("removing {}", stale.display()), e))?;
-        }
-        return Ok(());
-    }
     let name = dir
         .file_name()
         .map(|n| n.to_string_lossy().to_string())
@@ -209,24 +178,120 @@ fn write_dir(dir: &Path, files: &[(PathBuf, Vec<u8>)]) -> Result<()> {
     let tmp = dir.with_file_name(format!(".{name}.kiln-{}", std::process::id()));
     // (a directory of that name is not this export's to remove)
     fs::create_dir(&tmp).map_err(|e| Error::io(format!("making {}", tmp.display()), e))?;
-    let made = (|| -> std::io::Result<()> {
+    let existing = dir.is_dir();
+    // (what failed, and where)
+    let made = (|| -> std::result::Result<(), (PathBuf, std::io::Error)> {
+        let at = |p: &Path| {
+            let p = p.to_path_buf();
+            move |e| (p, e)
+        };
+        if existing {
+            let ours: Vec<&std::ffi::OsStr> =
+                files.iter().filter_map(|(p, _)| p.file_name()).collect();
+            for e in fs::read_dir(dir).map_err(at(dir))? {
+                let e = e.map_err(at(dir))?;
+                let name = e.file_name();
+                if ours.contains(&name.as_os_str()) || is_weights(&name.to_string_lossy()) {
+                    continue;
+                }
+                link_tree(&e.path(), &tmp.join(&name)).map_err(at(&e.path()))?;
+            }
+        }
         for (p, b) in files {
             let path = tmp.join(p.file_name().unwrap_or_default());
-            let mut f = fs::File::create(&path)?;
-            std::io::Write::write_all(&mut f, b)?;
-            f.sync_all()?;
+            (|| -> std::io::Result<()> {
+                let mut f = fs::File::create(&path)?;
+                std::io::Write::write_all(&mut f, b)?;
+                f.sync_all()
+            })()
+            .map_err(at(p))?;
         }
-        fs::File::open(&tmp)?.sync_all()?;
-        fs::rename(&tmp, dir)?;
+        fs::File::open(&tmp)
+            .and_then(|f| f.sync_all())
+            .map_err(at(&tmp))?;
+        if existing {
+            exchange(&tmp, dir).map_err(at(dir))?;
+        } else {
+            fs::rename(&tmp, dir).map_err(at(dir))?;
+        }
         if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
-            fs::File::open(parent)?.sync_all()?;
+            fs::File::open(parent)
+                .and_then(|f| f.sync_all())
+                .map_err(at(parent))?;
         }
         Ok(())
     })();
-    made.map_err(|e| {
-        let _ = fs::remove_dir_all(&tmp);
-        Error::io(format!("writing the directory {}", dir.display()), e)
+    // the temporary name holds the new files (failed) or the old directory (exchanged)
+    let _ = fs::remove_dir_all(&tmp);
+    made.map_err(|(p, e)| {
+        Error::io(
+            format!(
+                "writing {} (the export into {})",
+                p.display(),
+                dir.display()
+            ),
+            e,
+        )
     })
+}
+
+/// A file name of Hugging Face weights: `model.safetensors`, its index, or a shard.
+fn is_weights(n: &str) -> bool {
+    n == "model.safetensors"
+        || n == "model.safetensors.index.json"
+        || (n.starts_with("model-") && n.contains("-of-") && n.ends_with(".safetensors"))
+}
+
+/// `src` at `dst`: a file as a hard link (a copy across file systems), a directory entry by
+/// entry, a symlink as a symlink to the same target.
+fn link_tree(src: &Path, dst: &Path) -> std::io::Result<()> {
+    let m = fs::symlink_metadata(src)?;
+    if m.is_dir() {
+        fs::create_dir(dst)?;
+        for e in fs::read_dir(src)? {
+            let e = e?;
+            link_tree(&e.path(), &dst.join(e.file_name()))?;
+        }
+        Ok(())
+    } else if m.file_type().is_symlink() {
+        std::os::unix::fs::symlink(fs::read_link(src)?, dst)
+    } else {
+        fs::hard_link(src, dst).or_else(|_| fs::copy(src, dst).map(|_| ()))
+    }
+}
+
+/// Exchanges directories `a` and `b` in one step where the file system can
+/// (`renameat2(RENAME_EXCHANGE)`), else moves `b` aside, `a` in, and removes nothing: the old
+/// directory is then at `a`.
+fn exchange(a: &Path, b: &Path) -> std::io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = |p: &Path| std::ffi::CString::new(p.as_os_str().as_bytes()).map_err(std::io::Error::other);
+    let (ca, cb) = (c(a)?, c(b)?);
+    // SAFETY: two NUL-terminated paths that live through the call.
+    let rc = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            ca.as_ptr(),
+            libc::AT_FDCWD,
+            cb.as_ptr(),
+            libc::RENAME_EXCHANGE,
+        )
+    };
+    if rc == 0 {
+        return Ok(());
+    }
+    let err = std::io::Error::last_os_error();
+    if !matches!(err.raw_os_error(), Some(libc::EINVAL) | Some(libc::ENOSYS)) {
+        return Err(err);
+    }
+    // a file system without the exchange: b aside, a in, the old one at a's name
+    let aside = a.with_extension("old");
+    fs::rename(b, &aside)?;
+    if let Err(e) = fs::rename(a, b) {
+        let _ = fs::rename(&aside, b);
+        return Err(e);
+    }
+    fs::rename(&aside, a)
 }
 
 /// What `kiln export` wrote.
@@ -239,10 +304,11 @@ pub struct ExportReport {
     pub bytes: usize,
 }
 
-/// The directory a Hugging Face export goes to (`-o DIR`): made if it does not exist (its parent
-/// must), never a file or a symlink.
+/// The directory a Hugging Face export goes to (`-o DIR`, or the directory a symlink there
+/// names): made if it does not exist (its parent must), never a file.
 fn hf_dir(path: &Path, format: WeightFormat) -> Result<PathBuf> {
-    match fs::symlink_metadata(path) {
+    // (a symlink to a directory is that directory: issue 58, defect 15)
+    match fs::metadata(path) {
         Ok(m) if m.is_dir() => Ok(path.canonicalize().unwrap_or_else(|_| path.to_path_buf())),
         Ok(_) => Err(Error::Usage(format!(
             "-o `{}` is not a directory; --format {} writes a directory (config.json and the weights) that Hugging Face's `from_pretrained` loads",
@@ -265,6 +331,32 @@ fn hf_dir(path: &Path, format: WeightFormat) -> Result<PathBuf> {
             Ok(path.to_path_buf())
         }
     }
+}
+
+/// Refuses an export into the directory the run was initialised from (issue 58, defect 11: it
+/// replaced the pretrained model's weights, and its shards and index were gone).
+fn refuse_init_dir(r: &crate::config::Resolved, dir: &Path) -> Result<()> {
+    let Some(init) = r.config.model.init_from.as_deref() else {
+        return Ok(());
+    };
+    let init = r.path_of("model.init_from", init);
+    let init_dir = if init.is_dir() {
+        init
+    } else {
+        init.parent().map(Path::to_path_buf).unwrap_or_default()
+    };
+    let same = match (init_dir.canonicalize(), dir.canonicalize()) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => false,
+    };
+    if same {
+        return Err(Error::Usage(format!(
+            "-o `{}` is the directory this run was initialised from (`model.init_from`); exporting there would replace the pretrained model's weights\n  = help: give the export a directory of its own, e.g. -o {}-finetuned",
+            dir.display(),
+            dir.display()
+        )));
+    }
+    Ok(())
 }
 
 /// The fixed input of a probe: 4 samples of normal values for classification, 4 sequences of
@@ -340,6 +432,9 @@ pub fn export(run_dir: &Path, o: &ExportOptions) -> Result<ExportReport> {
         .is_dir()
         .then(|| hf_dir(&o.out, format))
         .transpose()?;
+    if let Some(d) = &hf_dir {
+        refuse_init_dir(&r, d)?;
+    }
     let out = match &hf_dir {
         Some(d) => d.join("model.safetensors"),
         None => output_path(&o.out, "-o")?,

@@ -24,8 +24,21 @@ use crate::train::MetricLine;
 const MAX_METRICS: usize = 1000;
 const MAX_PARAMS: usize = 100;
 const MAX_TAGS: usize = 100;
-/// The most one request may take, connection to the last byte of the reply.
-const REQUEST_SECS: Duration = Duration::from_secs(15);
+/// The most one request may take, connection to the last byte of the reply: 15 s, or
+/// `MLFLOW_HTTP_REQUEST_TIMEOUT` seconds as MLflow's own clients take it.
+fn request_timeout() -> Duration {
+    static SECS: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    Duration::from_secs(*SECS.get_or_init(|| {
+        std::env::var("MLFLOW_HTTP_REQUEST_TIMEOUT")
+            .ok()
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .filter(|s| (1..=3600).contains(s))
+            .unwrap_or(15)
+    }))
+}
+/// The largest reply taken: more is a failed request (issue 58, defect 7: a server that
+/// answered with an endless body had training allocate until it aborted).
+const MAX_REPLY: usize = 4 << 20;
 /// Longest param value MLflow keeps (its `MAX_PARAM_VAL_LENGTH` before 2.x grew it).
 const MAX_PARAM: usize = 500;
 
@@ -61,6 +74,16 @@ impl Endpoint {
         format!("http://{}:{}{}", self.host, self.port, self.prefix)
     }
 
+    /// A request that timed out (issue 58, defect 8: it said "Resource temporarily
+    /// unavailable (os error 11)").
+    fn no_answer(&self) -> String {
+        format!(
+            "{} did not answer within {} s (timed out)",
+            self.uri(),
+            request_timeout().as_secs()
+        )
+    }
+
     /// One request; the reply's JSON (`{}` for an empty body), or why not.
     fn call(&self, method: &str, path: &str, body: Option<&Value>) -> Result<Value, String> {
         // every address the name has (`localhost` is often ::1 first, MLflow binds 127.0.0.1)
@@ -80,9 +103,9 @@ impl Endpoint {
             }
         }
         let mut s = stream.ok_or(last)?;
-        let deadline = std::time::Instant::now() + REQUEST_SECS;
-        let _ = s.set_read_timeout(Some(REQUEST_SECS));
-        let _ = s.set_write_timeout(Some(REQUEST_SECS));
+        let deadline = std::time::Instant::now() + request_timeout();
+        let _ = s.set_read_timeout(Some(request_timeout()));
+        let _ = s.set_write_timeout(Some(request_timeout()));
         let body = body.map(|b| b.to_string()).unwrap_or_default();
         let head = format!(
             "{method} {}{path} HTTP/1.0\r\nHost: {}:{}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
@@ -93,7 +116,10 @@ impl Endpoint {
         );
         s.write_all(head.as_bytes())
             .and_then(|()| s.write_all(body.as_bytes()))
-            .map_err(|e| format!("sending to {}: {e}", self.uri()))?;
+            .map_err(|e| match timed_out(&e) {
+                true => self.no_answer(),
+                false => format!("sending to {}: {e}", self.uri()),
+            })?;
         // the whole reply within the request's deadline (a server that trickles bytes too)
         let mut reply = Vec::new();
         let mut buf = [0u8; 16384];
@@ -102,13 +128,21 @@ impl Endpoint {
                 return Err(format!(
                     "{} did not answer within {} s",
                     self.uri(),
-                    REQUEST_SECS.as_secs()
+                    request_timeout().as_secs()
                 ));
             }
             match s.read(&mut buf) {
                 Ok(0) => break,
                 Ok(n) => reply.extend_from_slice(&buf[..n]),
+                Err(e) if timed_out(&e) => return Err(self.no_answer()),
                 Err(e) => return Err(format!("reading from {}: {e}", self.uri())),
+            }
+            if reply.len() > MAX_REPLY {
+                return Err(format!(
+                    "{} sent a reply of over {} MiB to {method} {path}; not an MLflow server's answer",
+                    self.uri(),
+                    MAX_REPLY >> 20
+                ));
             }
         }
         let text = String::from_utf8_lossy(&reply);
@@ -530,6 +564,11 @@ fn open_run(dir: &Path, ep: &Endpoint, experiment: &str, config: &str) -> Result
 /// `metrics.jsonl` has (it is written first, so it holds every line), with bounded retries.
 pub struct MlflowSink {
     uri: String,
+    /// Set once the session has said the server is unreachable (by the sender, or by `drop`
+    /// when the sender is still waiting on it): said once.
+    said: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// The run directory, for the message that names `kiln track push`.
+    dir: PathBuf,
     /// Says the sender is done (its last send and the status).
     finished: Option<mpsc::Receiver<()>>,
     /// Wakes the sender (a line was written); dropped at the end of the session.
@@ -542,16 +581,21 @@ pub struct MlflowSink {
 pub fn open(dir: &Path, uri: &str, experiment: &str, config_toml: String) -> MlflowSink {
     let (tx, rx) = mpsc::channel::<()>();
     let (done_tx, done_rx) = mpsc::channel::<()>();
+    let said = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let run_dir = dir.to_path_buf();
     let (dir, uri_s, experiment) = (dir.to_path_buf(), uri.to_string(), experiment.to_string());
+    let flag = said.clone();
     let handle = std::thread::Builder::new()
         .name("kiln-mlflow".into())
         .spawn(move || {
-            sender(dir, uri_s, experiment, config_toml, rx);
+            sender(dir, uri_s, experiment, config_toml, rx, &flag);
             let _ = done_tx.send(());
         })
         .ok();
     MlflowSink {
         uri: uri.to_string(),
+        said,
+        dir: run_dir,
         finished: Some(done_rx),
         tx: Some(tx),
         handle,
@@ -560,10 +604,17 @@ pub fn open(dir: &Path, uri: &str, experiment: &str, config_toml: String) -> Mlf
 
 /// Sends each line as it comes (batched when several wait), then the rest and the status at
 /// the end. After a failure it says so once and only tries again at the end.
-fn sender(dir: PathBuf, uri: String, experiment: String, config: String, rx: mpsc::Receiver<()>) {
+fn sender(
+    dir: PathBuf,
+    uri: String,
+    experiment: String,
+    config: String,
+    rx: mpsc::Receiver<()>,
+    said: &std::sync::atomic::AtomicBool,
+) {
     let down = std::cell::Cell::new(false);
     let say = |why: &str| {
-        if !down.get() {
+        if !said.swap(true, std::sync::atomic::Ordering::SeqCst) {
             crate::ui::note(&format!(
                 "warning: MLflow at {uri} is unreachable ({why}); the run goes on, and `kiln track push {}` sends what is missing",
                 dir.display()
@@ -625,6 +676,14 @@ fn sender(dir: PathBuf, uri: String, experiment: String, config: String, rx: mps
     }
 }
 
+/// A socket read or write that ran past its timeout (`EAGAIN` on Linux).
+fn timed_out(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+    )
+}
+
 /// `f` up to three times, 0.2 s and 1 s apart.
 fn with_retries<T>(mut f: impl FnMut() -> Result<T, String>) -> Result<T, String> {
     let mut last = String::new();
@@ -662,9 +721,22 @@ impl Drop for MlflowSink {
         let waited = self
             .finished
             .take()
-            .map(|rx| rx.recv_timeout(REQUEST_SECS * 2));
-        if let (Some(Ok(())), Some(h)) = (waited, self.handle.take()) {
-            let _ = h.join();
+            .map(|rx| rx.recv_timeout(request_timeout() * 2));
+        match (waited, self.handle.take()) {
+            (Some(Ok(())), Some(h)) => {
+                let _ = h.join();
+            }
+            // still waiting on the server: the run's files are complete, say so once (issue
+            // 58, defect 8: the run waited 30 s and exited without a word)
+            (Some(Err(_)), _) if !self.said.swap(true, std::sync::atomic::Ordering::SeqCst) => {
+                crate::ui::note(&format!(
+                    "warning: MLflow at {} did not answer within {} s; the run's own files are complete, and `kiln track push {}` sends what is missing",
+                    self.uri,
+                    (request_timeout() * 2).as_secs(),
+                    self.dir.display()
+                ));
+            }
+            _ => {}
         }
     }
 }

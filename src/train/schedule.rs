@@ -3,7 +3,9 @@
 //! `1 / (warmup + 1)`): step `i < warmup` trains with `lr * (i + 1) / (warmup + 1)`, so the
 //! first step already learns (issue 45: it trained with 0, as Hugging Face's
 //! `get_*_schedule_with_warmup` does). The cosine decays to `min_lr` at `decay_steps`
-//! (nanoGPT's `lr_decay_iters`; the run's last step when unset) and stays there.
+//! (nanoGPT's `lr_decay_iters`; the run's last step when unset) and stays there; the linear
+//! schedule (transformers' `get_linear_schedule_with_warmup`) falls in a straight line to
+//! `min_lr` (0) there.
 
 use crate::config::{ScheduleConfig, ScheduleKind};
 
@@ -21,6 +23,14 @@ pub fn lr_at(c: &ScheduleConfig, base: f64, step: usize, total: usize) -> f64 {
             let span = end.saturating_sub(c.warmup_steps).max(1) as f64;
             let progress = (after as f64 / span).min(1.0);
             c.min_lr + (base - c.min_lr) * 0.5 * (1.0 + (std::f64::consts::PI * progress).cos())
+        }
+        // transformers' `get_linear_schedule_with_warmup` after its warm-up:
+        // `max(0, (end - step) / max(1, end - warmup))`, from `min_lr` up
+        ScheduleKind::Linear => {
+            let end = c.decay_steps.unwrap_or(total);
+            let span = end.saturating_sub(c.warmup_steps).max(1) as f64;
+            let left = (end.saturating_sub(step) as f64 / span).clamp(0.0, 1.0);
+            c.min_lr + (base - c.min_lr) * left
         }
     }
 }
@@ -61,5 +71,38 @@ mod tests {
         c.gamma = 0.5;
         assert_eq!(lr_at(&c, 1.0, 3, 10), 0.5);
         assert_eq!(lr_at(&c, 1.0, 6, 10), 0.25);
+    }
+
+    /// Every step of a linear schedule against transformers' `get_linear_schedule_with_warmup`
+    /// after the warm-up (`(total - step) / (total - warmup)`), and kiln's warm-up before it.
+    #[test]
+    fn linear_decays_to_zero_at_the_last_step_as_transformers_does() {
+        let c = ScheduleConfig {
+            kind: ScheduleKind::Linear,
+            warmup_steps: 3,
+            ..ScheduleConfig::default()
+        };
+        let (base, total) = (3e-4, 12usize);
+        for step in 0..total + 2 {
+            let want = if step < 3 {
+                base * (step + 1) as f64 / 4.0
+            } else {
+                base * (total.saturating_sub(step)) as f64 / (total - 3) as f64
+            };
+            let got = lr_at(&c, base, step, total);
+            assert!((got - want).abs() < 1e-15, "step {step}: {got} vs {want}");
+        }
+        assert_eq!(lr_at(&c, base, 3, total), base);
+        assert!(lr_at(&c, base, total - 1, total) > 0.0);
+        // decay_steps ends the line early; min_lr is its floor
+        let c = ScheduleConfig {
+            decay_steps: Some(8),
+            min_lr: 1e-5,
+            ..c
+        };
+        assert!((lr_at(&c, base, 8, total) - 1e-5).abs() < 1e-18);
+        assert!((lr_at(&c, base, 11, total) - 1e-5).abs() < 1e-18);
+        let mid = 1e-5 + (base - 1e-5) * 2.0 / 5.0;
+        assert!((lr_at(&c, base, 6, total) - mid).abs() < 1e-15);
     }
 }

@@ -495,3 +495,70 @@ fn fsdp_settings_under_another_strategy_are_noted() {
     );
     assert!(!String::from_utf8_lossy(&o.stdout).contains("# note: `strategy.unit`"));
 }
+
+/// Issue 58, defect 16: `--set KEY=` with no value unsets a key (it takes its default); a
+/// resume that changes `strategy.kind` leaves out what the new strategy does not have.
+#[test]
+fn an_empty_set_unsets_a_key() {
+    let d = kiln::testdir::tempdir().unwrap();
+    let f = write(
+        d.path(),
+        "h.toml",
+        "[strategy]\nkind = \"ddp\"\ndevices = 4\nshard_size = 2\n",
+    );
+    assert!(err_text(&f, &[], &[]).contains("`strategy.shard_size` groups fsdp's shards"));
+    let r = config::load(&f, &[], &sets(&["strategy.shard_size="])).unwrap();
+    assert_eq!(r.config.strategy.shard_size, None);
+    assert_eq!(describe_source(&r.figment, "strategy.shard_size"), "default");
+    // a run's config.toml: another strategy drops the HSDP key, with a note
+    let f = write(
+        d.path(),
+        "run/config.toml",
+        "[strategy]\nkind = \"fsdp\"\ndevices = 4\nshard_size = 2\n",
+    );
+    let r = config::load_run(&f, &[], &sets(&["strategy.kind=ddp"]), &[]).unwrap();
+    assert_eq!(r.config.strategy.shard_size, None);
+    assert_eq!(r.config.strategy.devices.count(), 4);
+    let notes = r.notes().join("\n");
+    assert!(
+        notes.contains("`strategy.shard_size` of the run's config.toml is left out: `strategy.kind` = \"ddp\" (--set strategy.kind=ddp) does not have it"),
+        "{notes}"
+    );
+    // (an experiment file is not a run's: its keys are the user's, and are checked)
+    assert!(config::load(&f, &[], &sets(&["strategy.kind=ddp"])).is_err());
+}
+
+/// Issue 58, defect 21: torchrun's `OMP_NUM_THREADS` is `backend.threads` when no layer sets
+/// it, named as its source; a file's value wins.
+#[test]
+fn omp_num_threads_is_the_thread_count_the_file_leaves_unset() {
+    let d = kiln::testdir::tempdir().unwrap();
+    let f = write(d.path(), "a.toml", "[train]\nepochs = 1\n");
+    let r = config::load(&f, &env(&[("OMP_NUM_THREADS", "1")]), &[]).unwrap();
+    assert_eq!(r.config.backend.threads, 1);
+    assert_eq!(
+        describe_source(&r.figment, "backend.threads"),
+        "environment variable OMP_NUM_THREADS"
+    );
+    let f = write(d.path(), "b.toml", "[backend]\nthreads = 3\n");
+    let r = config::load(&f, &env(&[("OMP_NUM_THREADS", "1")]), &[]).unwrap();
+    assert_eq!(r.config.backend.threads, 3);
+}
+
+/// Issue 58, defect 25: the names transformers' `TrainingArguments` gives point to kiln's keys.
+#[test]
+fn transformers_names_point_to_kilns_keys() {
+    let d = kiln::testdir::tempdir().unwrap();
+    for (line, ours) in [
+        ("gradient_accumulation_steps = 4", "train.grad_accum_steps"),
+        ("per_device_train_batch_size = 8", "train.batch_size"),
+        ("learning_rate = 3e-4", "optim.lr"),
+        ("num_train_epochs = 3", "train.epochs"),
+        ("warmup_steps = 10", "schedule.warmup_steps"),
+        ("lr_scheduler_type = \"linear\"", "schedule.kind"),
+    ] {
+        let f = write(d.path(), "t.toml", &format!("{line}\n"));
+        let e = err_text(&f, &[], &[]);
+        assert!(e.contains(&format!("kiln's key is `{ours}`")), "{line}: {e}");
+    }
+}

@@ -390,3 +390,82 @@ fn a_failed_hugging_face_export_leaves_the_old_config_beside_the_old_weights() {
         "old weights"
     );
 }
+
+/// Every file of a directory, by name, with its bytes (subdirectories' files as `sub/name`).
+fn dir_bytes(dir: &std::path::Path) -> std::collections::BTreeMap<String, Vec<u8>> {
+    let mut out = std::collections::BTreeMap::new();
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        let name = e.file_name().to_string_lossy().to_string();
+        if e.path().is_dir() {
+            for (k, v) in dir_bytes(&e.path()) {
+                out.insert(format!("{name}/{k}"), v);
+            }
+        } else {
+            out.insert(name, std::fs::read(e.path()).unwrap());
+        }
+    }
+    out
+}
+
+/// Issue 58, defect 12: a re-export into an existing directory is written beside it and
+/// swapped in whole. One that fails half way (a file-size limit a later shard exceeds) leaves
+/// the directory exactly as it was (its files were replaced one by one, and two models were
+/// mixed under one index); one that succeeds keeps the user's own files (a README, a
+/// subdirectory) and drops the old layout's weights.
+#[test]
+fn a_re_export_is_swapped_in_whole_or_not_at_all() {
+    let d = trained_run();
+    let o = kiln(
+        d.path(),
+        &[
+            "export", "run", "--format", "hf-gpt2", "-o", "hf", "--max-shard-size", "8KB",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let hf = d.path().join("hf");
+    std::fs::write(hf.join("README.md"), "my notes\n").unwrap();
+    std::fs::create_dir(hf.join("extra")).unwrap();
+    std::fs::write(hf.join("extra/a.txt"), "a").unwrap();
+    let before = dir_bytes(&hf);
+    let shards = before.keys().filter(|k| k.starts_with("model-")).count();
+    assert!(shards >= 3, "{:?}", before.keys());
+    // a failed re-export (one file over 16 KiB fails): nothing changed
+    let mut cmd = crate::common::clean_cmd(
+        std::path::Path::new(crate::common::KILN),
+        d.path(),
+        &[
+            "export", "run", "--format", "hf-gpt2", "-o", "hf", "--max-shard-size", "4KB",
+        ],
+    );
+    crate::common::limit(&mut cmd, libc::RLIMIT_FSIZE, 16 << 10);
+    let o = cmd.output().unwrap();
+    assert_ne!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(stderr(&o).contains("File too large"), "{}", stderr(&o));
+    assert_eq!(dir_bytes(&hf).keys().collect::<Vec<_>>(), before.keys().collect::<Vec<_>>());
+    assert!(dir_bytes(&hf) == before, "the directory changed");
+    // a re-export as one file: the user's files stay, the shards and their index go
+    let o = kiln(
+        d.path(),
+        &["export", "run", "--format", "hf-gpt2", "-o", "hf"],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let after = dir_bytes(&hf);
+    assert_eq!(after["README.md"], b"my notes\n");
+    assert_eq!(after["extra/a.txt"], b"a");
+    assert!(after.contains_key("model.safetensors"), "{:?}", after.keys());
+    assert!(
+        !after
+            .keys()
+            .any(|k| k.starts_with("model-") || k == "model.safetensors.index.json"),
+        "{:?}",
+        after.keys()
+    );
+    // nothing left beside it
+    let left: Vec<String> = std::fs::read_dir(d.path())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().to_string())
+        .filter(|n| n.contains(".kiln-"))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+}

@@ -491,3 +491,110 @@ fn the_tokenizer_json_beside_the_weights_is_used_unless_one_is_set() {
         2000 * 2
     );
 }
+
+/// A tokenizer.json of 200 words (`w0` .. `w199`), one token each.
+fn word_tokenizer() -> String {
+    let vocab: Vec<String> = (0..200).map(|i| format!("\"w{i}\":{i}")).collect();
+    format!(
+        r#"{{"version":"1.0","truncation":null,"padding":null,"added_tokens":[],"normalizer":null,"pre_tokenizer":{{"type":"Whitespace"}},"post_processor":null,"decoder":null,"model":{{"type":"WordLevel","vocab":{{{},"[UNK]":200}},"unk_token":"[UNK]"}}}}"#,
+        vocab.join(",")
+    )
+}
+
+/// `exp/base` (the fixture with a tokenizer.json), `exp/words.txt` and `exp/sw.toml` starting
+/// from `base` by a relative path, under `d`.
+fn relative_experiment(d: &Path) -> std::path::PathBuf {
+    let exp = d.join("exp");
+    crate::common::copy_dir(&fixture(), &exp.join("base"));
+    std::fs::write(exp.join("base/tokenizer.json"), word_tokenizer()).unwrap();
+    let text: Vec<String> = (0..2000).map(|i| format!("w{}", (i * 7) % 200)).collect();
+    std::fs::write(exp.join("words.txt"), text.join(" ")).unwrap();
+    write(
+        &exp,
+        "sw.toml",
+        "[model]\nkind = \"llama\"\ninit_from = \"base\"\n\n[data]\nkind = \"text\"\npath = \"words.txt\"\n\n[train]\nmax_steps = 2\nbatch_size = 2\n\n[checkpoint]\nevery_steps = 1\n\n[backend]\nthreads = 1\n",
+    );
+    exp
+}
+
+/// Issue 58, defect 1: one experiment reached by three spellings of its file (`sw.toml`, its
+/// absolute path, `../exp/sw.toml` from another directory) has one config hash, with a
+/// relative init_from, the tokenizer.json found beside it and a relative data path (the
+/// tokenizer's path entered the hash as the file was spelled).
+#[test]
+fn one_experiment_has_one_config_hash_however_its_file_is_spelled() {
+    let d = kiln::testdir::tempdir().unwrap();
+    let exp = relative_experiment(d.path());
+    let other = d.path().join("other");
+    std::fs::create_dir(&other).unwrap();
+    let abs = exp.join("sw.toml").display().to_string();
+    let hash = |cwd: &Path, file: &str| {
+        let o = kiln(cwd, &["check", file]);
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        let out = String::from_utf8_lossy(&o.stdout).to_string();
+        out.split("config hash ")
+            .nth(1)
+            .map(|h| h.trim().to_string())
+            .unwrap_or_else(|| panic!("no config hash in {out}"))
+    };
+    let a = hash(&exp, "sw.toml");
+    let b = hash(d.path(), &abs);
+    let c = hash(&other, "../exp/sw.toml");
+    assert_eq!((&a, &b), (&c, &c));
+}
+
+/// Issue 58, defects 11 and 13: an export into the directory the run started from is refused
+/// (it replaced the pretrained weights, exit 0), and that directory's config.json changing
+/// after the run started no longer stops resume, sample or export (the run's config.toml is
+/// its truth).
+#[test]
+fn the_init_directory_is_never_exported_over_and_its_later_changes_do_not_stop_the_run() {
+    let d = kiln::testdir::tempdir().unwrap();
+    let exp = relative_experiment(d.path());
+    let base = exp.join("base");
+    let o = kiln(&exp, &["run", "sw.toml", "--quiet", "--run-dir", "run"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let before = std::fs::read_dir(&base).unwrap().count();
+    let shards: Vec<Vec<u8>> = ["model-00001-of-00003.safetensors", "model.safetensors.index.json"]
+        .iter()
+        .filter_map(|n| std::fs::read(base.join(n)).ok())
+        .collect();
+    for out in ["base", "./base/", &base.display().to_string()] {
+        let o = kiln(
+            &exp,
+            &["export", "run", "--format", "hf-llama", "-o", out],
+        );
+        assert_eq!(o.status.code(), Some(2), "{out}: {}", stderr(&o));
+        assert!(
+            stderr(&o).contains("is the directory this run was initialised from"),
+            "{}",
+            stderr(&o)
+        );
+    }
+    assert_eq!(std::fs::read_dir(&base).unwrap().count(), before);
+    let after: Vec<Vec<u8>> = ["model-00001-of-00003.safetensors", "model.safetensors.index.json"]
+        .iter()
+        .filter_map(|n| std::fs::read(base.join(n)).ok())
+        .collect();
+    assert_eq!(shards, after);
+    // the base's config.json changes (another layer count): the run goes on as it started
+    let config = std::fs::read_to_string(base.join("config.json")).unwrap();
+    let changed = config.replace("\"num_hidden_layers\": 2", "\"num_hidden_layers\": 3");
+    assert_ne!(config, changed, "the fixture's config.json has no num_hidden_layers of 2");
+    std::fs::write(base.join("config.json"), changed).unwrap();
+    let o = kiln(
+        &exp,
+        &["resume", "run", "--quiet", "--set", "train.max_steps=3"],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let o = kiln(
+        &exp,
+        &["sample", "run", "--prompt", "w1 w2", "--tokens", "2", "--temperature", "0"],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let o = kiln(
+        &exp,
+        &["export", "run", "--format", "hf-llama", "-o", "out"],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+}

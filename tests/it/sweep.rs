@@ -465,3 +465,112 @@ fn a_run_resumed_at_its_pause_step_pauses_there_again() {
         "{s}"
     );
 }
+
+/// Issue 58, defects 2 and 5: `kiln sweep --resume DIR` resumes DIR wherever it is run from
+/// (it rebuilt the directory from `output_dir`, relative to the working directory, and ran
+/// every trial again), a copied sweep directory is resumed as the copy, and a line of the
+/// ledger that cannot be read (a non-UTF-8 byte) is named and skipped (the ledger read as
+/// empty, and a re-run looped for ever).
+#[test]
+fn a_sweep_resumes_in_its_directory_from_anywhere_and_a_bad_ledger_line_is_skipped() {
+    let d = kiln::testdir::tempdir().unwrap();
+    let f = sweep_file(d.path(), r#"grid = { "optim.lr" = [0.01, 0.02] }"#, "");
+    let o = kiln(d.path(), &["sweep", &f, "--quiet"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let dir = d.path().join("runs/tiny");
+    let lines = ledger(&dir).len();
+    let elsewhere = d.path().join("elsewhere");
+    std::fs::create_dir(&elsewhere).unwrap();
+    let o = kiln(
+        &elsewhere,
+        &["sweep", "--resume", dir.to_str().unwrap(), "--quiet"],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(ledger(&dir).len(), lines, "a trial ran again");
+    assert!(!elsewhere.join("runs").exists(), "a new sweep directory was made");
+    // a copy resumes as itself: its own ledger, the original's untouched
+    let copy = d.path().join("copy");
+    crate::common::copy_dir(&dir, &copy);
+    let mut bytes = std::fs::read(copy.join("sweep.jsonl")).unwrap();
+    bytes.extend_from_slice(b"{\"trial\": \"\xff\"}\n");
+    std::fs::write(copy.join("sweep.jsonl"), &bytes).unwrap();
+    let o = kiln(
+        &elsewhere,
+        &["sweep", "--resume", copy.to_str().unwrap(), "--quiet"],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains(&format!("sweep.jsonl:{}: skipped a line that cannot be read", lines + 1)),
+        "{}",
+        stderr(&o)
+    );
+    assert_eq!(trial_dirs(&copy).len(), 2);
+    assert_eq!(ledger(&dir).len(), lines, "the original's ledger changed");
+    assert!(stdout(&o).contains(&format!("sweep dir: {}", copy.display())), "{}", stdout(&o));
+}
+
+/// Issue 58, defect 3: 6 trials with rf 3 promote floor(2 / 3) = 0 trials at the middle rung,
+/// and the sweep ended with every trial paused; the best of the highest rung now goes on to
+/// `train.max_steps`, and the closing line says how many got there.
+#[test]
+fn asha_always_trains_one_trial_to_max_steps() {
+    let d = kiln::testdir::tempdir().unwrap();
+    let f = sweep_file(
+        d.path(),
+        r#"grid = { "optim.lr" = [0.005, 0.01, 0.02, 0.05, 0.1, 0.2] }
+scheduler = "asha"
+reduction_factor = 3
+grace_steps = 2"#,
+        "",
+    );
+    let o = kiln(
+        d.path(),
+        &[
+            "sweep", &f, "--quiet", "--set", "train.max_steps=18", "--set", "train.eval_every=2",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let furthest = crate::common::furthest_rungs(&d.path().join("runs/tiny"));
+    let at_least = |s: u64| furthest.values().filter(|&&g| g >= s).count();
+    assert_eq!((at_least(2), at_least(6), at_least(18)), (6, 2, 1), "{furthest:?}");
+    assert!(
+        stdout(&o).contains("1 of 6 trials reached train.max_steps = 18"),
+        "{}",
+        stdout(&o)
+    );
+}
+
+/// Issue 58, defect 4: asha ranking by a metric no trial reports (perplexity of a classifier,
+/// an evaluation metric without evaluation data) is refused before anything runs.
+#[test]
+fn asha_refuses_a_metric_no_trial_reports() {
+    let d = kiln::testdir::tempdir().unwrap();
+    let f = sweep_file(
+        d.path(),
+        "grid = { \"optim.lr\" = [0.1, 0.2] }\nscheduler = \"asha\"\ngrace_steps = 2",
+        "",
+    );
+    for (sets, want) in [
+        (
+            &["--set", "sweep.metric=eval_perplexity"][..],
+            "asha ranks trials by `sweep.metric` = \"eval_perplexity\", but no trial reports it: a classifier reports eval_loss and eval_accuracy",
+        ),
+        (
+            &["--set", "data.eval_samples=0"][..],
+            "no trial reports it: this experiment has no evaluation data",
+        ),
+    ] {
+        let mut args = vec!["sweep", &f[..], "--set", "train.max_steps=8", "--set", "train.eval_every=2"];
+        args.extend(sets);
+        let o = kiln(d.path(), &args);
+        assert_eq!(o.status.code(), Some(2), "{sets:?}: {}", stderr(&o));
+        assert!(stderr(&o).contains(want), "{sets:?}: {}", stderr(&o));
+        assert!(!d.path().join("runs").exists());
+        // kiln check says the same
+        let mut args = vec!["check", &f[..], "--set", "train.max_steps=8", "--set", "train.eval_every=2"];
+        args.extend(sets);
+        let o = kiln(d.path(), &args);
+        assert_eq!(o.status.code(), Some(2), "{sets:?}: {}", stderr(&o));
+        assert!(stderr(&o).contains("sweep.metric"), "{}", stderr(&o));
+    }
+}

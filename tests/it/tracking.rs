@@ -221,3 +221,90 @@ fn mlflow_addresses_are_checked_up_front() {
         stderr(&o)
     );
 }
+
+/// A fake tracking server on loopback that answers every request with `reply` (a function of
+/// the stream), for `requests` connections at most; returns its port.
+fn fake_server(requests: usize, reply: fn(std::net::TcpStream)) -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().take(requests).flatten() {
+            std::thread::spawn(move || reply(stream));
+        }
+    });
+    port
+}
+
+/// Issue 58, defect 7: a server that answers with an endless body (here: until 256 MiB or the
+/// client hangs up) crashed training allocating 1 GiB; each reply is capped, the run finishes
+/// with its summary and says once that MLflow is unreachable.
+#[test]
+fn a_server_with_an_endless_reply_fails_its_requests_not_the_run() {
+    use std::io::{Read, Write};
+    let port = fake_server(64, |mut s| {
+        let mut head = [0u8; 4096];
+        let _ = s.read(&mut head);
+        let _ = s.write_all(b"HTTP/1.0 200 OK\r\nContent-Type: application/json\r\n\r\n[");
+        let chunk = vec![b'1'; 1 << 20];
+        for _ in 0..256 {
+            if s.write_all(&chunk).is_err() {
+                return;
+            }
+        }
+    });
+    let d = kiln::testdir::tempdir().unwrap();
+    write(d.path(), "t.toml", TINY);
+    let uri = format!("log.mlflow.uri=http://127.0.0.1:{port}");
+    let o = kiln(
+        d.path(),
+        &["run", "t.toml", "--quiet", "--run-dir", "a", "--set", &uri],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(summary(&d.path().join("a"))["status"], "finished");
+    let err = stderr(&o);
+    assert_eq!(err.matches("is unreachable").count(), 1, "{err}");
+    assert!(err.contains("a reply of over 4 MiB"), "{err}");
+}
+
+/// Issue 58, defect 8: a server that takes connections and never answers. The run finishes
+/// and says so once (it exited 0 without a word); `kiln track push` says it timed out, naming
+/// the address (it said "Resource temporarily unavailable (os error 11)"). The requests' limit
+/// is MLflow's own `MLFLOW_HTTP_REQUEST_TIMEOUT` (1 s here).
+#[test]
+fn a_server_that_never_answers_is_said_once_and_push_says_it_timed_out() {
+    let port = fake_server(64, |s| {
+        // hold the connection, say nothing, until the client hangs up
+        let mut s = s;
+        let _ = std::io::Read::read_to_end(&mut s, &mut Vec::new());
+    });
+    let d = kiln::testdir::tempdir().unwrap();
+    write(d.path(), "t.toml", TINY);
+    let uri = format!("log.mlflow.uri=http://127.0.0.1:{port}");
+    let env = [("MLFLOW_HTTP_REQUEST_TIMEOUT", "1")];
+    let o = crate::common::kiln_env(
+        d.path(),
+        &["run", "t.toml", "--quiet", "--run-dir", "a", "--set", &uri],
+        &env,
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let err = stderr(&o);
+    let said = err
+        .lines()
+        .filter(|l| l.starts_with("warning: MLflow at"))
+        .count();
+    assert_eq!(said, 1, "{err}");
+    assert!(err.contains("did not answer within"), "{err}");
+    assert!(err.contains("kiln track push"), "{err}");
+    let o = crate::common::kiln_env(
+        d.path(),
+        &["track", "push", "a", "--uri", &format!("http://127.0.0.1:{port}")],
+        &env,
+    );
+    assert_ne!(o.status.code(), Some(0), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(
+        err.contains(&format!("http://127.0.0.1:{port} did not answer within 1 s (timed out)")),
+        "{err}"
+    );
+    assert!(!err.contains("os error 11"), "{err}");
+}
