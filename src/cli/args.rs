@@ -58,7 +58,7 @@ pub enum Command {
     Init(init::InitArgs),
     /// Measure training throughput (steps/s, samples/s) on the CPU backends.
     Bench(bench::BenchArgs),
-    /// Generate text from a language model run's checkpoint (the gpt's), streaming it to stdout.
+    /// Generate text from a language model run's checkpoint (gpt, llama: every language model), streaming it to stdout.
     Sample(sample::SampleArgs),
     /// Tokenize a text file into nanoGPT-format token files (`data.kind = "tokens"`).
     Tokenize(tokenize::TokenizeArgs),

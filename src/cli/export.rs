@@ -61,12 +61,19 @@ fn parse_size(s: &str) -> std::result::Result<u64, String> {
             ))
         }
     };
-    digits
-        .parse::<u64>()
-        .ok()
-        .and_then(|n| n.checked_mul(scale))
-        .filter(|&n| n > 0)
-        .ok_or_else(|| format!("`{s}` is not a size of at least 1 byte: e.g. 5GB or 500MB"))
+    if digits.is_empty() {
+        return Err(format!("`{s}` is not a size: e.g. 5GB or 500MB"));
+    }
+    // (issue 58, defect 15: a size too large to count said "not a size of at least 1 byte")
+    let too_large = || {
+        format!("`{s}` is larger than any file system holds: give a size up to 16 EiB, e.g. 5GB (transformers' default)")
+    };
+    let n = digits.parse::<u64>().map_err(|_| too_large())?;
+    match n.checked_mul(scale) {
+        None => Err(too_large()),
+        Some(0) => Err(format!("`{s}` is not a size of at least 1 byte: e.g. 5GB or 500MB")),
+        Some(n) => Ok(n),
+    }
 }
 
 pub fn export(a: &ExportArgs) -> Result<()> {
@@ -91,4 +98,23 @@ pub fn export(a: &ExportArgs) -> Result<()> {
         ui::out(&format!("wrote {} (input and logits)", p.display()));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_size;
+
+    #[test]
+    fn sizes_too_large_zero_or_unitless_say_which() {
+        assert_eq!(parse_size("5GB"), Ok(5_000_000_000));
+        assert_eq!(parse_size("2KiB"), Ok(2048));
+        assert!(parse_size("99999999999999999999GB")
+            .unwrap_err()
+            .contains("larger than any file system holds"));
+        assert!(parse_size("20000000000GB")
+            .unwrap_err()
+            .contains("larger than any file system holds"));
+        assert!(parse_size("0MB").unwrap_err().contains("at least 1 byte"));
+        assert!(parse_size("GB").unwrap_err().contains("is not a size"));
+    }
 }

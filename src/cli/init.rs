@@ -18,7 +18,43 @@ pub const TEMPLATES: &[(&str, &str, &str)] = &[
         "MLP classifier on a local CSV file",
         include_str!("../../templates/csv.toml"),
     ),
+    (
+        "gpt-text",
+        "a small GPT trained from scratch on a text file, byte-level",
+        include_str!("../../templates/gpt-text.toml"),
+    ),
+    (
+        "llama-finetune",
+        "fine-tune a Hugging Face Llama directory (model.init_from) on a text file",
+        include_str!("../../templates/llama-finetune.toml"),
+    ),
+    (
+        "hsdp",
+        "hybrid sharded data parallel: 4 ranks in 2 fsdp groups of 2",
+        include_str!("../../templates/hsdp.toml"),
+    ),
 ];
+
+/// The text the text templates train on: the Rust book's prose (MIT OR Apache-2.0;
+/// experiments/data/README.md).
+const SAMPLE_TEXT: &str = include_str!("../../experiments/data/text/rust-book.txt");
+
+/// The data file a template reads, written beside it: (file name, bytes, what it is).
+fn companion(template: &str) -> Option<(&'static str, std::borrow::Cow<'static, [u8]>, &'static str)> {
+    match template {
+        "csv" => Some((
+            "train.csv",
+            sample_csv().into_bytes().into(),
+            "150 rows: 4 features, 3 classes",
+        )),
+        "gpt-text" | "llama-finetune" => Some((
+            "train.txt",
+            SAMPLE_TEXT.as_bytes().into(),
+            "350 KB of English prose: the Rust book's",
+        )),
+        _ => None,
+    }
+}
 
 #[derive(Debug, Args)]
 pub struct InitArgs {
@@ -36,7 +72,7 @@ pub struct InitArgs {
 pub fn init(a: &InitArgs) -> Result<()> {
     if a.list {
         for (name, about, _) in TEMPLATES {
-            crate::outln!("{name:<8} {about}");
+            crate::outln!("{name:<16} {about}");
         }
         return Ok(());
     }
@@ -86,35 +122,33 @@ pub fn init(a: &InitArgs) -> Result<()> {
     } else {
         text.to_string()
     };
-    // a template that reads a CSV gets a small one beside it (never replacing a file)
-    let data_note = if a.template == "csv" {
-        let dir = path
-            .parent()
-            .filter(|p| !p.as_os_str().is_empty())
-            .unwrap_or(std::path::Path::new("."));
-        let csv = dir.join("train.csv");
-        match std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&csv)
-        {
-            Ok(mut f) => {
-                use std::io::Write as _;
-                f.write_all(sample_csv().as_bytes())
-                    .map_err(|e| Error::io(format!("writing {}", csv.display()), e))?;
-                format!(
-                    "\nwrote {} (150 rows: 4 features, 3 classes) for it to train on",
-                    csv.display()
-                )
+    // a template that reads a data file gets one beside it (never replacing a file)
+    let data_note = match companion(&a.template) {
+        Some((name, bytes, what)) => {
+            let dir = path
+                .parent()
+                .filter(|p| !p.as_os_str().is_empty())
+                .unwrap_or(std::path::Path::new("."));
+            let file = dir.join(name);
+            match std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&file)
+            {
+                Ok(mut f) => {
+                    use std::io::Write as _;
+                    f.write_all(&bytes)
+                        .map_err(|e| Error::io(format!("writing {}", file.display()), e))?;
+                    format!("\nwrote {} ({what}) for it to train on", file.display())
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => format!(
+                    "\n{} exists and is left as it is: the experiment reads it",
+                    file.display()
+                ),
+                Err(e) => return Err(Error::io(format!("creating {}", file.display()), e)),
             }
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => format!(
-                "\n{} exists and is left as it is: the experiment reads it",
-                csv.display()
-            ),
-            Err(e) => return Err(Error::io(format!("creating {}", csv.display()), e)),
         }
-    } else {
-        String::new()
+        None => String::new(),
     };
     // create_new: refuse to overwrite even if the file appeared meanwhile.
     use std::io::Write;

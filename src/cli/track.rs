@@ -36,6 +36,14 @@ pub fn track(c: &TrackCommand) -> Result<()> {
             a.run_dir.display()
         ))
     })?;
+    // a run that is training sends its own lines; a push beside it would make the same MLflow
+    // run twice over (issue 58, defect 10: sqlite's UNIQUE constraint failed)
+    if let Some(pid) = crate::rundir::holder(&a.run_dir) {
+        return Err(Error::Usage(format!(
+            "`{}` is running (pid {pid}): its own sender sends its metrics to MLflow\n  = help: push it when the run has ended (or was stopped)",
+            a.run_dir.display()
+        )));
+    }
     let cfg: Config = toml::from_str(&text).map_err(|e| {
         Error::Usage(format!(
             "`{}` does not parse ({})",
@@ -52,15 +60,16 @@ pub fn track(c: &TrackCommand) -> Result<()> {
         )));
     };
     crate::config::http_address(&uri).map_err(|e| Error::Usage(format!("--uri: {e}")))?;
+    let shown = crate::config::redact(&uri);
     let experiment = a
         .experiment
         .clone()
         .or_else(|| m.and_then(|m| m.experiment.clone()))
         .unwrap_or_else(|| cfg.experiment.name.clone());
     let (state, sent) = crate::track::mlflow::push(&a.run_dir, &uri, &experiment)
-        .map_err(|e| Error::Invalid(format!("MLflow at {uri}: {e}")))?;
+        .map_err(|e| Error::Invalid(format!("MLflow at {shown}: {e}")))?;
     crate::ui::out(&format!(
-        "sent {sent} metric line(s) of {} to MLflow run {} (experiment {}) at {uri}",
+        "sent {sent} metric line(s) of {} to MLflow run {} (experiment {}) at {shown}",
         a.run_dir.display(),
         state.run_id,
         state.experiment_id

@@ -93,11 +93,23 @@ impl LaunchConfig {
         // (untrimmed: the rendezvous connects to it as it is)
         let addr = l.master_addr.as_str();
         let host_char = |c: char| c.is_ascii_alphanumeric() || ".-_:[]%".contains(c);
-        if l.nnodes > 1 && (addr.is_empty() || !addr.chars().all(host_char)) {
+        // whatever the node count (issue 58, defect 28: 80,000 characters passed `kiln check`
+        // on one node); a host name has at most 253 bytes (RFC 1035), an IPv6 address fewer
+        let bad = if addr.is_empty() {
+            l.nnodes > 1
+        } else {
+            addr.len() > 253 || !addr.chars().all(host_char)
+        };
+        if bad {
+            let why = if addr.len() > 253 {
+                format!(" (it is {} bytes; a host name has at most 253)", addr.len())
+            } else {
+                String::new()
+            };
             return Err(r.key_error(
                 "launch.master_addr",
                 format!(
-                    "`launch.master_addr` = \"{}\" is not a host name or IP address",
+                    "`launch.master_addr` = \"{}\" is not a host name or IP address{why}",
                     super::brief(&l.master_addr, 200).escape_debug()
                 ),
                 Some("set it (or MASTER_ADDR) to node 0's host name or IP address, the same on every node".into()),

@@ -848,12 +848,14 @@ pub fn describe_source(figment: &Figment, key: &str) -> String {
     let Some(meta) = figment.find_metadata(key) else {
         return DEFAULT_SOURCE.to_string();
     };
+    // (a `--set` of a URL with a password names it without the password)
+    let name = super::redact(&meta.name);
     match meta.source.as_ref().and_then(|s| s.file_path()) {
         Some(path) => match find_line(path, key) {
-            Some(line) => format!("{}:{line}", meta.name),
-            None => meta.name.to_string(),
+            Some(line) => format!("{name}:{line}"),
+            None => name,
         },
-        None => meta.name.to_string(),
+        None => name,
     }
 }
 

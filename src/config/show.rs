@@ -79,6 +79,8 @@ pub fn annotated(r: &Resolved) -> String {
             .max()
             .unwrap_or(0);
         for (line, source) in rows {
+            // (a password in a URL is never shown: issue 58, defect 9)
+            let (line, source) = (super::redact(&line), super::redact(&source));
             out.push_str(&format!("{line:<width$}  # {source}\n"));
         }
     }

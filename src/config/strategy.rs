@@ -120,6 +120,10 @@ pub enum ShardSizeText {
     /// (what is neither, for its error)
     Fraction(f64),
     Flag(bool),
+    /// A list or a table (issue 58, defect 18: `shard_size = [2]` said "data did not match any
+    /// variant of untagged enum ShardSizeText").
+    #[serde(skip_serializing)]
+    Other(serde::de::IgnoredAny),
 }
 
 impl TryFrom<ShardSizeText> for ShardSize {
@@ -138,6 +142,10 @@ impl TryFrom<ShardSizeText> for ShardSize {
                 "{f:?} is not a whole number of ranks (or \"node\")"
             )),
             ShardSizeText::Flag(b) => Err(format!("{b} is neither a number of ranks nor \"node\"")),
+            ShardSizeText::Other(_) => Err(
+                "takes one value: a number of ranks (e.g. 2) or \"node\", not a list or a table"
+                    .into(),
+            ),
         }
     }
 }

@@ -137,6 +137,9 @@ fn stored_config_with(r: &Resolved, env: impl IntoIterator<Item = (String, Strin
     // input files by their absolute paths: the run directory resumes from anywhere, and
     // `kiln sample` and `eval` find its tokenizer.json (issue 45, defect 14)
     let mut c = r.canonical();
+    // no secret in a file: a tracking server's password stays with the session (issue 58,
+    // defect 9)
+    c.log.mlflow = c.log.mlflow.as_ref().map(|m| m.stored());
     // a CUDA run records the NCCL variables of its environment too: its config.toml then
     // reproduces the environment NCCL saw
     if c.backend.device.has_nccl() {

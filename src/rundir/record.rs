@@ -179,7 +179,11 @@ pub fn variables() -> Value {
     let mut vars: Vec<(String, String)> = std::env::vars()
         .filter(|(k, _)| k.starts_with("NCCL_") || k.starts_with("KILN_"))
         .map(|(k, v)| {
-            let v = if shown(&k) { v } else { "<set>".to_string() };
+            let v = if shown(&k) {
+                crate::config::redact(&v)
+            } else {
+                "<set>".to_string()
+            };
             (k, v)
         })
         .collect();
@@ -215,7 +219,7 @@ pub fn record(r: Option<&Resolved>, probe_all: bool) -> Value {
             probe_all || r.is_some_and(|r| r.config.backend.device == crate::config::Device::Wgpu)
         ),
         "pid": std::process::id(),
-        "command_line": std::env::args().collect::<Vec<_>>(),
+        "command_line": std::env::args().map(|a| crate::config::redact(&a)).collect::<Vec<_>>(),
         "working_directory": std::env::current_dir().ok().map(|d| d.display().to_string()),
         "variables": variables(),
     });

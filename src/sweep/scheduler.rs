@@ -46,7 +46,12 @@ impl SweepSpec {
                 .file
                 .canonicalize()
                 .unwrap_or_else(|_| self.file.clone()),
-            sets: self.sets.clone(),
+            // (no secret in a file: a tracking server's password is the session's)
+            sets: self
+                .sets
+                .iter()
+                .map(|s| config::without_password(s))
+                .collect(),
             executor,
             parallel: self.parallel,
             dir: None,
@@ -95,6 +100,8 @@ fn legacy_trial_id(r: &config::Resolved) -> String {
 fn id_of(mut c: Config) -> String {
     c.sweep = SweepConfig::default();
     c.slurm = crate::config::SlurmConfig::default();
+    // (a trial given a tracking server's password is the trial resumed without it)
+    c.log.mlflow = c.log.mlflow.as_ref().map(|m| m.stored());
     config::config_hash(&c)[..8].to_string()
 }
 

@@ -214,8 +214,39 @@ fn remove_stale_tmps(out: &Path) {
     }
 }
 
-/// Tokenizes `o.input` into `o.out` (and the held-out file).
+/// Tokenizes `o.input` into `o.out` (and the held-out file). The directories of the outputs
+/// are made when missing (issue 58, defect 15: `-o newdir/train.bin` failed), and removed again
+/// when the tokenize fails.
 pub fn tokenize(o: &TokenizeOptions) -> Result<TokenizeReport> {
+    let parents: Vec<PathBuf> = std::iter::once(Some(&o.out))
+        .chain(std::iter::once(o.eval_out.as_ref()))
+        .flatten()
+        .filter_map(|p| p.parent().filter(|d| !d.as_os_str().is_empty()))
+        .map(Path::to_path_buf)
+        .collect();
+    let mut made: Vec<(PathBuf, PathBuf)> = Vec::new();
+    for dir in &parents {
+        if let Some(top) = crate::rundir::first_missing(dir) {
+            std::fs::create_dir_all(dir)
+                .map_err(|e| Error::io(format!("making the directory {}", dir.display()), e))?;
+            made.push((dir.clone(), top));
+        }
+    }
+    let result = tokenize_into(o);
+    if result.is_err() {
+        // the directories made here, deepest first, while empty
+        for (dir, top) in &made {
+            for d in dir.ancestors() {
+                if std::fs::remove_dir(d).is_err() || d == top.as_path() {
+                    break;
+                }
+            }
+        }
+    }
+    result
+}
+
+fn tokenize_into(o: &TokenizeOptions) -> Result<TokenizeReport> {
     if let Some(f) = o.eval_fraction {
         if !(0.0..1.0).contains(&f) {
             return Err(Error::Usage(format!(

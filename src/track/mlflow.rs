@@ -42,36 +42,67 @@ const MAX_REPLY: usize = 4 << 20;
 /// Longest param value MLflow keeps (its `MAX_PARAM_VAL_LENGTH` before 2.x grew it).
 const MAX_PARAM: usize = 500;
 
-/// A tracking server's address, from `http://host[:port][/prefix]`.
-#[derive(Debug, Clone, PartialEq)]
+/// A tracking server's address, from `http://[user[:password]@]host[:port][/prefix]`, and how
+/// requests authenticate: the address's user info as HTTP basic auth, else
+/// `MLFLOW_TRACKING_USERNAME` and `MLFLOW_TRACKING_PASSWORD` (basic), else
+/// `MLFLOW_TRACKING_TOKEN` (bearer), as MLflow's own clients do (issue 58, defect 9).
+#[derive(Clone, PartialEq)]
 pub struct Endpoint {
     pub host: String,
     pub port: u16,
     pub prefix: String,
+    /// The `Authorization` header's value; never printed (`Debug` shows whether there is one).
+    auth: Option<String>,
+}
+
+impl std::fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Endpoint")
+            .field("host", &self.host)
+            .field("port", &self.port)
+            .field("prefix", &self.prefix)
+            .field("auth", &self.auth.as_ref().map(|_| "<set>"))
+            .finish()
+    }
 }
 
 impl Endpoint {
     pub fn parse(uri: &str) -> Result<Endpoint, String> {
+        let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+        Self::parse_with(uri, &var)
+    }
+
+    /// `parse`, with the process environment `var`.
+    pub fn parse_with(uri: &str, var: &dyn Fn(&str) -> Option<String>) -> Result<Endpoint, String> {
         // (what `[log.mlflow]`'s check accepts)
-        crate::config::http_address(uri)?;
-        let rest = uri.trim_start_matches("http://");
-        let (hostport, prefix) = match rest.find('/') {
-            Some(i) => (&rest[..i], rest[i..].trim_end_matches('/')),
-            None => (rest, ""),
+        let a = crate::config::parse_http_address(uri)?;
+        let basic = |user: &str, password: &str| {
+            format!("Basic {}", base64(format!("{user}:{password}").as_bytes()))
         };
-        let (host, port) = match hostport.rsplit_once(':') {
-            Some((h, p)) => (h, p.parse::<u16>().unwrap_or(80)),
-            None => (hostport, 80),
+        let auth = match (&a.user, &a.password) {
+            (Some(u), Some(p)) => Some(basic(u, p)),
+            (Some(u), None) => Some(basic(u, &var("MLFLOW_TRACKING_PASSWORD").unwrap_or_default())),
+            (None, _) => match (var("MLFLOW_TRACKING_USERNAME"), var("MLFLOW_TRACKING_PASSWORD")) {
+                (Some(u), Some(p)) => Some(basic(&u, &p)),
+                _ => var("MLFLOW_TRACKING_TOKEN").map(|t| format!("Bearer {t}")),
+            },
         };
         Ok(Endpoint {
-            host: host.to_string(),
-            port,
-            prefix: prefix.to_string(),
+            host: a.host,
+            port: a.port,
+            prefix: a.prefix,
+            auth,
         })
     }
 
-    fn uri(&self) -> String {
-        format!("http://{}:{}{}", self.host, self.port, self.prefix)
+    /// The address as kiln shows it: no user info, an IPv6 host in brackets.
+    pub fn uri(&self) -> String {
+        let host = if self.host.contains(':') {
+            format!("[{}]", self.host)
+        } else {
+            self.host.clone()
+        };
+        format!("http://{host}:{}{}", self.port, self.prefix)
     }
 
     /// A request that timed out (issue 58, defect 8: it said "Resource temporarily
@@ -107,11 +138,16 @@ impl Endpoint {
         let _ = s.set_read_timeout(Some(request_timeout()));
         let _ = s.set_write_timeout(Some(request_timeout()));
         let body = body.map(|b| b.to_string()).unwrap_or_default();
+        let auth = self
+            .auth
+            .as_ref()
+            .map(|a| format!("Authorization: {a}\r\n"))
+            .unwrap_or_default();
+        let shown = self.uri();
+        let host = shown.trim_start_matches("http://").split('/').next().unwrap_or_default();
         let head = format!(
-            "{method} {}{path} HTTP/1.0\r\nHost: {}:{}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+            "{method} {}{path} HTTP/1.0\r\nHost: {host}\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
             self.prefix,
-            self.host,
-            self.port,
             body.len()
         );
         s.write_all(head.as_bytes())
@@ -593,7 +629,7 @@ pub fn open(dir: &Path, uri: &str, experiment: &str, config_toml: String) -> Mlf
         })
         .ok();
     MlflowSink {
-        uri: uri.to_string(),
+        uri: crate::config::redact(uri),
         said,
         dir: run_dir,
         finished: Some(done_rx),
@@ -613,10 +649,11 @@ fn sender(
     said: &std::sync::atomic::AtomicBool,
 ) {
     let down = std::cell::Cell::new(false);
+    let shown = crate::config::redact(&uri);
     let say = |why: &str| {
         if !said.swap(true, std::sync::atomic::Ordering::SeqCst) {
             crate::ui::note(&format!(
-                "warning: MLflow at {uri} is unreachable ({why}); the run goes on, and `kiln track push {}` sends what is missing",
+                "warning: MLflow at {shown} is unreachable ({why}); the run goes on, and `kiln track push {}` sends what is missing",
                 dir.display()
             ));
         }
@@ -674,6 +711,23 @@ fn sender(
     if let Err(e) = end {
         say(&e);
     }
+}
+
+/// Standard base64 (RFC 4648, with padding), for basic auth.
+fn base64(bytes: &[u8]) -> String {
+    const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    for c in bytes.chunks(3) {
+        let n = (c[0] as u32) << 16 | (*c.get(1).unwrap_or(&0) as u32) << 8 | *c.get(2).unwrap_or(&0) as u32;
+        for i in 0..4 {
+            if i <= c.len() {
+                out.push(A[(n >> (18 - 6 * i) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
 }
 
 /// A socket read or write that ran past its timeout (`EAGAIN` on Linux).
@@ -752,9 +806,27 @@ mod tests {
             Endpoint {
                 host: "127.0.0.1".into(),
                 port: 5000,
-                prefix: String::new()
+                prefix: String::new(),
+                auth: None,
             }
         );
+        // user info is basic auth, never shown; the variables MLflow's clients read too
+        let none = |_: &str| None;
+        let e = Endpoint::parse_with("http://alice:hunter2@h:1", &none).unwrap();
+        assert_eq!(e.auth.as_deref(), Some("Basic YWxpY2U6aHVudGVyMg=="));
+        assert_eq!(e.uri(), "http://h:1");
+        assert!(!format!("{e:?}").contains("hunter2") && !format!("{e:?}").contains("YWxp"));
+        let vars = |k: &str| match k {
+            "MLFLOW_TRACKING_USERNAME" => Some("alice".to_string()),
+            "MLFLOW_TRACKING_PASSWORD" => Some("hunter2".to_string()),
+            _ => None,
+        };
+        let e = Endpoint::parse_with("http://h:1", &vars).unwrap();
+        assert_eq!(e.auth.as_deref(), Some("Basic YWxpY2U6aHVudGVyMg=="));
+        let token = |k: &str| (k == "MLFLOW_TRACKING_TOKEN").then(|| "t0k".to_string());
+        let e = Endpoint::parse_with("HTTP://[::1]:5000", &token).unwrap();
+        assert_eq!(e.auth.as_deref(), Some("Bearer t0k"));
+        assert_eq!((e.host.as_str(), e.uri().as_str()), ("::1", "http://[::1]:5000"));
         assert_eq!(
             Endpoint::parse("http://mlflow/base").unwrap().prefix,
             "/base"

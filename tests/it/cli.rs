@@ -134,7 +134,7 @@ fn init_writes_templates_and_never_overwrites() {
     assert_eq!(o.status.code(), Some(2));
     assert_eq!(
         stderr(&o),
-        "error: unknown template `mpl`; did you mean `mlp`? available: mlp, csv\n"
+        "error: unknown template `mpl`; did you mean `mlp`? available: mlp, csv, gpt-text, llama-finetune, hsdp\n"
     );
 }
 
@@ -148,24 +148,33 @@ fn every_template_checks_and_runs_as_written() {
         .lines()
         .filter_map(|l| l.split_whitespace().next().map(str::to_string))
         .collect();
-    assert!(names.len() >= 2, "{names:?}");
+    // (issue 58, defect 24: what people start from, not only mlp and csv)
+    for want in ["gpt-text", "llama-finetune", "hsdp"] {
+        assert!(names.iter().any(|n| n == want), "{names:?}");
+    }
     for name in &names {
         let dir = d.path().join(name);
         std::fs::create_dir_all(&dir).unwrap();
         let o = kiln(&dir, &["init", "my-exp.toml", "--template", name]);
         assert_eq!(o.status.code(), Some(0), "{name}: {}", stderr(&o));
-        let o = kiln(&dir, &["check", "my-exp.toml"]);
+        // a fine-tune needs its Hugging Face directory: without one, the check names the key;
+        // with the llama fixture, it checks and runs
+        let mut sets: Vec<String> = Vec::new();
+        if name == "llama-finetune" {
+            let o = kiln(&dir, &["check", "my-exp.toml"]);
+            assert_eq!(o.status.code(), Some(2), "{name}: {}", stderr(&o));
+            assert!(stderr(&o).contains("model.init_from"), "{}", stderr(&o));
+            let fixture = root().join("tests/fixtures/hf-llama");
+            sets = vec!["--set".into(), format!("model.init_from=\"{}\"", fixture.display())];
+        }
+        let sets: Vec<&str> = sets.iter().map(String::as_str).collect();
+        let mut check = vec!["check", "my-exp.toml"];
+        check.extend(&sets);
+        let o = kiln(&dir, &check);
         assert_eq!(o.status.code(), Some(0), "{name}: {}", stderr(&o));
-        let o = kiln(
-            &dir,
-            &[
-                "run",
-                "my-exp.toml",
-                "--quiet",
-                "--set",
-                "train.max_steps=2",
-            ],
-        );
+        let mut run = vec!["run", "my-exp.toml", "--quiet", "--set", "train.max_steps=2"];
+        run.extend(&sets);
+        let o = kiln(&dir, &run);
         assert_eq!(o.status.code(), Some(0), "{name}: {}", stderr(&o));
         // the run directory carries the file's name
         assert!(dir.join("runs/my-exp/summary.json").is_file(), "{name}");

@@ -377,3 +377,42 @@ fn tensorboard_reads_every_metric_at_its_step() {
     once.dedup();
     assert_eq!(once, steps, "a step twice");
 }
+
+/// Issue 58, defect 15: `kiln tokenize -o newdir/train.bin` makes `newdir` (it failed), and a
+/// tokenize that fails leaves no directory it made.
+#[test]
+fn tokenize_makes_the_output_directory_and_takes_it_back_on_failure() {
+    let d = kiln::testdir::tempdir().unwrap();
+    std::fs::write(d.path().join("in.txt"), "some text to tokenize\n".repeat(20)).unwrap();
+    let o = crate::common::kiln(d.path(), &["tokenize", "in.txt", "-o", "new/sub/train.bin"]);
+    assert_eq!(o.status.code(), Some(0), "{}", crate::common::stderr(&o));
+    assert!(d.path().join("new/sub/train.bin").is_file());
+    let o = crate::common::kiln(d.path(), &["tokenize", "missing.txt", "-o", "other/train.bin"]);
+    assert_eq!(o.status.code(), Some(2), "{}", crate::common::stderr(&o));
+    assert!(!d.path().join("other").exists());
+}
+
+/// Issue 58, defect 18: a save torn by a kill (`step-N.tmp`, no process on the run) is named,
+/// and `kiln ckpt verify` judges the newest finished checkpoint, which a resume takes (it
+/// failed on the torn one, exit 1).
+#[test]
+fn ckpt_verify_names_a_torn_save_and_judges_the_newest_finished_one() {
+    let d = kiln::testdir::tempdir().unwrap();
+    crate::common::write(d.path(), "t.toml", crate::common::TINY);
+    let o = crate::common::kiln(
+        d.path(),
+        &["run", "t.toml", "--quiet", "--run-dir", "run", "--set", "checkpoint.every_steps=4"],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", crate::common::stderr(&o));
+    let ckpts = d.path().join("run/checkpoints");
+    std::fs::create_dir(ckpts.join("step-00000099.tmp")).unwrap();
+    std::fs::write(ckpts.join("step-00000099.tmp/model.safetensors"), "torn").unwrap();
+    let o = crate::common::kiln(d.path(), &["ckpt", "verify", "run"]);
+    assert_eq!(o.status.code(), Some(0), "{}", crate::common::stderr(&o));
+    assert!(crate::common::stdout(&o).contains(": valid"), "{}", crate::common::stdout(&o));
+    assert!(
+        crate::common::stderr(&o).contains("step-00000099.tmp: an unfinished save"),
+        "{}",
+        crate::common::stderr(&o)
+    );
+}

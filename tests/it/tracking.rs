@@ -308,3 +308,83 @@ fn a_server_that_never_answers_is_said_once_and_push_says_it_timed_out() {
     );
     assert!(!err.contains("os error 11"), "{err}");
 }
+
+/// Every file under `dir` whose bytes contain `needle`.
+fn files_with(dir: &Path, needle: &[u8]) -> Vec<String> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(files_with(&p, needle));
+        } else if std::fs::read(&p)
+            .unwrap_or_default()
+            .windows(needle.len())
+            .any(|w| w == needle)
+        {
+            out.push(p.display().to_string());
+        }
+    }
+    out
+}
+
+/// Issue 58, defects 9 and 10: user info in `log.mlflow.uri` is HTTP basic auth (it was read
+/// as part of the host, and never worked), and the password is written nowhere: not in
+/// config.toml, env.json (the command line, `KILN_LOG__MLFLOW__URI`), stdout, stderr or
+/// `kiln check`'s listing. `HTTP://` and `http://[::1]:PORT` are addresses too.
+#[test]
+fn a_tracking_password_authenticates_and_is_written_nowhere() {
+    use std::io::{Read, Write};
+    use std::sync::{Arc, Mutex};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let heads = Arc::new(Mutex::new(Vec::<String>::new()));
+    let seen = heads.clone();
+    std::thread::spawn(move || {
+        for mut s in listener.incoming().take(16).flatten() {
+            let mut buf = [0u8; 8192];
+            let n = s.read(&mut buf).unwrap_or(0);
+            seen.lock().unwrap().push(String::from_utf8_lossy(&buf[..n]).into_owned());
+            let _ = s.write_all(b"HTTP/1.0 500 Internal Server Error\r\n\r\n{}");
+        }
+    });
+    let d = kiln::testdir::tempdir().unwrap();
+    write(d.path(), "t.toml", TINY);
+    let uri = format!("HTTP://alice:hunter2@127.0.0.1:{port}");
+    let o = kiln(d.path(), &["check", "t.toml", "--set", &format!("log.mlflow.uri=\"{uri}\"")]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(!stdout(&o).contains("hunter2"), "{}", stdout(&o));
+    assert!(stdout(&o).contains("alice:***@"), "{}", stdout(&o));
+    let o = crate::common::kiln_env(
+        d.path(),
+        &["run", "t.toml", "--quiet", "--run-dir", "a", "--set", &format!("log.mlflow.uri={uri}")],
+        &[("KILN_LOG__MLFLOW__EXPERIMENT", "e"), ("KILN_LOG__MLFLOW__URI", &uri)],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    for text in [stdout(&o), stderr(&o)] {
+        assert!(!text.contains("hunter2"), "{text}");
+    }
+    let leaked = files_with(&d.path().join("a"), b"hunter2");
+    assert!(leaked.is_empty(), "{leaked:?}");
+    let heads = heads.lock().unwrap().clone();
+    assert!(!heads.is_empty());
+    // base64("alice:hunter2")
+    assert!(
+        heads.iter().all(|h| h.contains("Authorization: Basic YWxpY2U6aHVudGVyMg==\r\n")),
+        "{heads:?}"
+    );
+    assert!(heads.iter().all(|h| h.contains(&format!("Host: 127.0.0.1:{port}\r\n"))), "{heads:?}");
+    // while a process holds the run, a push is refused (sqlite's UNIQUE constraint failed)
+    {
+        use std::os::unix::io::AsRawFd;
+        let lock = std::fs::File::open(d.path().join("a/.kiln.lock")).unwrap();
+        // SAFETY: flock on a descriptor this test owns, released when it is dropped.
+        assert_eq!(unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) }, 0);
+        let o = kiln(d.path(), &["track", "push", "a"]);
+        assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+        assert!(stderr(&o).contains("is running"), "{}", stderr(&o));
+    }
+    // an IPv6 address is an address (it passed the check, then "cannot resolve [::1]")
+    let o = kiln(d.path(), &["track", "push", "a", "--uri", "http://[::1]:9"]);
+    assert!(!stderr(&o).contains("cannot resolve"), "{}", stderr(&o));
+    assert!(stderr(&o).contains("http://[::1]:9"), "{}", stderr(&o));
+}
