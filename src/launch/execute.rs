@@ -317,7 +317,8 @@ impl Session<'_> {
         quiet: bool,
     ) -> Result<()> {
         let (c, p) = (self.c, self.p);
-        let mut ui = Progress::new(quiet).with_tokens(match p.model.task() {
+        // (the job's node 0 only: see `RunFiles::begin`)
+        let mut ui = Progress::new(quiet || !files.primary).with_tokens(match p.model.task() {
             crate::model::Task::LanguageModel { block, .. } => Some(block),
             crate::model::Task::Classification { .. } => None,
         });
@@ -383,6 +384,17 @@ impl Session<'_> {
                 } => {
                     ui.step(step, loss, samples_per_sec, line.is_some());
                     reached.0 = Some(step);
+                    // an evaluation, when it happens (issue 58, defect 19: it reached
+                    // metrics.jsonl only)
+                    if let Some(eval) = line.as_ref().and_then(|l| l.eval_loss.map(|e| (l, e))) {
+                        let (l, e) = eval;
+                        let metric = match (l.eval_perplexity, l.eval_accuracy) {
+                            (Some(p), _) => format!(", eval perplexity {p:.3}"),
+                            (_, Some(a)) => format!(", eval accuracy {a:.4}"),
+                            _ => String::new(),
+                        };
+                        ui.info(&format!("eval at step {step}: eval loss {e:.4}{metric}"));
+                    }
                     if let Some(line) = line {
                         reached.1 = Some(line.epoch);
                         files.line(&line);
@@ -459,6 +471,13 @@ impl Session<'_> {
         };
         let summary = |status, error, res| summary_of(&inputs, status, error, res, reached);
         let run_dir = self.run_dir;
+        // the job's node 0 says how the run ended; the others say nothing (their errors still
+        // reach `main`)
+        let say = |line: &str| {
+            if files.primary {
+                ui::out(line)
+            }
+        };
         match result {
             Ok((res, _)) if res.outcome.preempted.is_some() => {
                 let step = res.outcome.steps;
@@ -473,7 +492,7 @@ impl Session<'_> {
             Ok((res, _)) if res.outcome.paused.is_some() => {
                 let step = res.outcome.steps;
                 files.summary(&summary("paused", None, Some(&res)))?;
-                ui::out(&format!(
+                say(&format!(
                     "paused at step {step} (train.pause_at_step): checkpoint step-{step:08} is saved; run dir: {}\n  = help: continue it with `kiln resume {}`",
                     run_dir.display(),
                     run_dir.display()
@@ -483,7 +502,7 @@ impl Session<'_> {
             Ok((res, traces)) => {
                 files.summary(&summary("finished", None, Some(&res)))?;
                 match traces {
-                    Some(Ok(Some(all))) => ui::out(&format!(
+                    Some(Ok(Some(all))) => say(&format!(
                         "trace: {} (open it in https://ui.perfetto.dev or chrome://tracing)",
                         all.display()
                     )),
@@ -493,7 +512,7 @@ impl Session<'_> {
                 }
                 let steps = res.outcome.steps.saturating_sub(self.first_step);
                 if steps > 0 {
-                    ui::out(&super::profile::breakdown_line(&res, steps));
+                    say(&super::profile::breakdown_line(&res, steps));
                 }
                 let out = &res.outcome;
                 let eval = out.eval_metrics().map_or(String::new(), |m| {
@@ -503,8 +522,23 @@ impl Session<'_> {
                         m.metric(|v| format!("{v:.3}"))
                     )
                 });
-                ui::out(&format!(
-                    "finished {} steps in {:.1}s: final loss {:.4}{eval}; run dir: {}",
+                // (issue 58, defect 19: an early stop said nothing of itself)
+                let early = match (out.stopped_early, out.early_stopping.as_ref()) {
+                    (Some(at), Some(w)) => format!(
+                        "; stopped early at step {at} of {}: {} did not improve for {} evaluations (best {:.4} at step {})",
+                        p.plan.total_steps,
+                        w.metric,
+                        w.bad_evals,
+                        w.best,
+                        w.best_step
+                    ),
+                    (Some(at), None) => {
+                        format!("; stopped early at step {at} of {}", p.plan.total_steps)
+                    }
+                    _ => String::new(),
+                };
+                say(&format!(
+                    "finished {} steps in {:.1}s: final loss {:.4}{eval}{early}; run dir: {}",
                     out.steps,
                     out.wall_seconds,
                     out.final_loss,
@@ -526,7 +560,7 @@ impl Session<'_> {
                 if let Err(w) = files.summary(&s) {
                     ui::note(&format!("warning: the run failed, and {w}"));
                 }
-                ui::out(&format!("failed; run dir: {}", run_dir.display()));
+                say(&format!("failed; run dir: {}", run_dir.display()));
                 Err(e)
             }
         }

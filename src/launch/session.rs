@@ -141,7 +141,11 @@ impl RunFiles {
                     .map_err(|e| Error::io(format!("removing {}", summary.display()), e))?;
             }
         }
-        ui::out(&format!("run dir: {}", dir.display()));
+        // only the job's node 0 speaks (issue 58, defect 22: under torchrun every process
+        // printed its own header and closing line); the others log to their rank logs
+        if primary {
+            ui::out(&format!("run dir: {}", dir.display()));
+        }
         let logs = dir.join("logs");
         fs::create_dir_all(&logs)
             .map_err(|e| Error::io(format!("creating {}", logs.display()), e))?;

@@ -59,6 +59,14 @@ fn early_stopping_stops_after_patience_evaluations_without_improvement_and_not_b
     // the last logged line is the stop (nothing trained after it), with a checkpoint there
     assert_eq!(eval_losses(&r).last().unwrap().0, stop);
     assert!(r.join(format!("checkpoints/step-{stop:08}")).is_dir());
+    // the closing line says so (issue 58, defect 19)
+    let out = crate::common::stdout(&o);
+    assert!(
+        out.contains(&format!(
+            "stopped early at step {stop} of 400: eval_loss did not improve for 3 evaluations"
+        )),
+        "{out}"
+    );
     // a larger patience goes on past that step
     let o = run(
         d.path(),
@@ -243,4 +251,25 @@ fn watched_metrics_are_checked_up_front() {
     let o = kiln(d.path(), &["eval", "r", "--from", "best"]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(stderr(&o).contains("keep_best"), "{}", stderr(&o));
+}
+
+/// Issue 58, defect 19: each evaluation is on the console when it happens (step, eval loss and
+/// the task's metric), not only in metrics.jsonl.
+#[test]
+fn evaluations_are_said_when_they_happen() {
+    let d = kiln::testdir::tempdir().unwrap();
+    write(d.path(), "t.toml", TINY);
+    let o = kiln(
+        d.path(),
+        &["run", "t.toml", "--run-dir", "r", "--set", "train.max_steps=4", "--set", "train.eval_every=2"],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let err = stderr(&o);
+    for step in [2, 4] {
+        assert!(
+            err.contains(&format!("eval at step {step}: eval loss ")),
+            "{err}"
+        );
+    }
+    assert!(err.contains("eval accuracy"), "{err}");
 }

@@ -175,7 +175,7 @@ fn torchrun_group(
             let mut c =
                 crate::common::clean_cmd(std::path::Path::new(crate::common::KILN), dir, args);
             torchrun_env(&mut c, rank, port, restart);
-            c.stdout(std::process::Stdio::null())
+            c.stdout(std::process::Stdio::piped())
                 .stderr(std::process::Stdio::piped())
                 .spawn()
                 .unwrap()
@@ -200,6 +200,12 @@ fn a_torchrun_group_is_one_job_and_a_restarted_group_resumes() {
     for (rank, c) in group.into_iter().enumerate() {
         let o = c.wait_with_output().unwrap();
         assert_eq!(o.status.code(), Some(0), "rank {rank}: {}", stderr(&o));
+        // only the job's rank 0 prints the header and the closing line (issue 58, defect 22)
+        let out = crate::common::stdout(&o);
+        match rank {
+            0 => assert!(out.contains("run dir:") && out.contains("finished "), "{out}"),
+            _ => assert!(out.is_empty(), "rank {rank} printed: {out}"),
+        }
     }
     let run = d.path().join("runs/tiny");
     assert_eq!(
