@@ -62,6 +62,105 @@ impl View for F32View<'_> {
     }
 }
 
+/// The float dtype a file is written in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum FloatDtype {
+    #[default]
+    F32,
+    Bf16,
+    F16,
+}
+
+impl FloatDtype {
+    /// kiln's name (`--dtype`): f32, bf16, f16.
+    pub fn name(self) -> &'static str {
+        match self {
+            FloatDtype::F32 => "f32",
+            FloatDtype::Bf16 => "bf16",
+            FloatDtype::F16 => "f16",
+        }
+    }
+
+    /// PyTorch's name, as transformers' config.json `torch_dtype` says it.
+    pub fn torch_name(self) -> &'static str {
+        match self {
+            FloatDtype::F32 => "float32",
+            FloatDtype::Bf16 => "bfloat16",
+            FloatDtype::F16 => "float16",
+        }
+    }
+
+    fn of(d: Dtype) -> Option<FloatDtype> {
+        match d {
+            Dtype::F32 => Some(FloatDtype::F32),
+            Dtype::BF16 => Some(FloatDtype::Bf16),
+            Dtype::F16 => Some(FloatDtype::F16),
+            _ => None,
+        }
+    }
+}
+
+/// A tensor to write in a 16-bit dtype: its values rounded to it (round to nearest even, as
+/// PyTorch's `.to(torch.bfloat16)`), little-endian.
+struct HalfView {
+    dtype: Dtype,
+    shape: Vec<usize>,
+    bytes: Vec<u8>,
+}
+
+impl View for HalfView {
+    fn dtype(&self) -> Dtype {
+        self.dtype
+    }
+    fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+    fn data(&self) -> Cow<'_, [u8]> {
+        Cow::Borrowed(&self.bytes)
+    }
+    fn data_len(&self) -> usize {
+        self.bytes.len()
+    }
+}
+
+/// `encode` in `dtype`: f32 values as they are, or rounded to bf16 or f16.
+pub fn encode_as(
+    tensors: &[(&str, &[usize], &[f32])],
+    metadata: HashMap<String, String>,
+    dtype: FloatDtype,
+) -> Result<Vec<u8>, String> {
+    let (d, half): (Dtype, fn(f32) -> [u8; 2]) = match dtype {
+        FloatDtype::F32 => return encode(tensors, metadata),
+        FloatDtype::Bf16 => (Dtype::BF16, |x| half::bf16::from_f32(x).to_le_bytes()),
+        FloatDtype::F16 => (Dtype::F16, |x| half::f16::from_f32(x).to_le_bytes()),
+    };
+    let mut views = Vec::with_capacity(tensors.len());
+    let mut seen = std::collections::HashSet::new();
+    for &(name, shape, data) in tensors {
+        if !seen.insert(name) {
+            return Err(format!("two tensors are named `{name}`"));
+        }
+        if shape.iter().product::<usize>() != data.len() {
+            return Err(format!(
+                "tensor `{name}`: shape {shape:?} does not hold {} values",
+                data.len()
+            ));
+        }
+        views.push((
+            name,
+            HalfView {
+                dtype: d,
+                shape: shape.to_vec(),
+                bytes: data.iter().flat_map(|&x| half(x)).collect(),
+            },
+        ));
+    }
+    let mut bytes =
+        safetensors::tensor::serialize(views, Some(metadata)).map_err(|e| describe(&e))?;
+    sort_metadata(&mut bytes);
+    Ok(bytes)
+}
+
 /// The bytes of a safetensors file holding `tensors` (name, shape, values) and `metadata`.
 /// Every tensor's values must fill its shape.
 pub fn encode(
@@ -335,6 +434,17 @@ impl Lazy {
             entries,
             metadata: header.metadata().clone().unwrap_or_default(),
         })
+    }
+
+    /// The float dtype most of the file's values are stored in (by bytes), if any.
+    pub fn float_dtype(&self) -> Option<FloatDtype> {
+        let mut bytes: HashMap<&'static str, (FloatDtype, u64)> = HashMap::new();
+        for e in &self.entries {
+            if let Some(d) = FloatDtype::of(e.dtype) {
+                bytes.entry(d.name()).or_insert((d, 0)).1 += e.end - e.start;
+            }
+        }
+        bytes.into_values().max_by_key(|(d, n)| (*n, d.name())).map(|(d, _)| d)
     }
 
     /// The values of `entries[i]` as f32 (empty for a tensor that is not of a float type).

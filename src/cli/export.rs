@@ -39,6 +39,11 @@ pub struct ExportArgs {
     /// transformers writes them. Default: 5GB.
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub max_shard_size: Option<u64>,
+    /// The dtype of the exported weights: f32, bf16 or f16 (rounded to nearest even, as
+    /// PyTorch's `.to()`). Default: the dtype of the `model.init_from` weights the run started
+    /// from (a bf16 model exports as bf16), else f32.
+    #[arg(long, value_enum)]
+    pub dtype: Option<crate::checkpoint::tensors::FloatDtype>,
 }
 
 /// `5GB`, `500MB`, `100KB` (powers of 1000, as transformers' `max_shard_size`), `2GiB`,
@@ -83,13 +88,15 @@ pub fn export(a: &ExportArgs) -> Result<()> {
         format: a.format.clone(),
         probe: a.probe.clone(),
         max_shard_size: a.max_shard_size,
+        dtype: a.dtype,
     };
     let rep = tools::export(&a.run_dir, &o)?;
     ui::out(&format!(
-        "wrote {} ({} tensors, {} bytes, {} names) from {} (step {})",
+        "wrote {} ({} tensors, {} bytes of {}, {} names) from {} (step {})",
         a.out.display(),
         rep.tensors,
         rep.bytes,
+        rep.dtype.name(),
         rep.format.name(),
         rep.checkpoint.display(),
         rep.step

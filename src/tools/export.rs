@@ -29,6 +29,10 @@ pub struct ExportOptions {
     /// A directory format's weights in shards of at most this many bytes (a tensor larger than
     /// that alone in one), with transformers' `model.safetensors.index.json`; default 5 GB.
     pub max_shard_size: Option<u64>,
+    /// The dtype the weights are written in; default: the dtype of the `model.init_from`
+    /// weights the run started from, else f32 (issue 58, defect 23: a bf16 model came back
+    /// twice its size).
+    pub dtype: Option<tensors::FloatDtype>,
 }
 
 /// transformers' `save_pretrained` default shard size.
@@ -299,6 +303,7 @@ fn exchange(a: &Path, b: &Path) -> std::io::Result<()> {
 pub struct ExportReport {
     pub checkpoint: PathBuf,
     pub format: WeightFormat,
+    pub dtype: tensors::FloatDtype,
     pub step: usize,
     pub tensors: usize,
     pub bytes: usize,
@@ -330,6 +335,46 @@ fn hf_dir(path: &Path, format: WeightFormat) -> Result<PathBuf> {
             refuse_inside_run(path, "-o", None)?;
             Ok(path.to_path_buf())
         }
+    }
+}
+
+/// The float dtype of the weights `model.init_from` names (a safetensors file, or a Hugging Face
+/// directory's `model.safetensors` or first shard), when the run started from some.
+fn init_dtype(r: &crate::config::Resolved) -> Option<tensors::FloatDtype> {
+    let init = r.path_of("model.init_from", r.config.model.init_from.as_deref()?);
+    let file = if init.is_dir() {
+        let single = init.join("model.safetensors");
+        if single.is_file() {
+            single
+        } else {
+            let mut shards: Vec<PathBuf> = fs::read_dir(&init)
+                .ok()?
+                .flatten()
+                .map(|e| e.path())
+                .filter(|p| {
+                    p.file_name()
+                        .map(|n| n.to_string_lossy())
+                        .is_some_and(|n| is_weights(&n) && n.ends_with(".safetensors"))
+                })
+                .collect();
+            shards.sort();
+            shards.into_iter().next()?
+        }
+    } else {
+        init
+    };
+    tensors::Lazy::open(&file).ok()?.float_dtype()
+}
+
+/// transformers' config.json with `torch_dtype` set to `dtype` (the dtype `from_pretrained`
+/// loads in by default with `torch_dtype="auto"`).
+fn with_torch_dtype(config: &str, dtype: tensors::FloatDtype) -> String {
+    match serde_json::from_str::<serde_json::Value>(config) {
+        Ok(mut v) if v.get("torch_dtype").is_some() => {
+            v["torch_dtype"] = dtype.torch_name().into();
+            serde_json::to_string_pretty(&v).map_or(config.to_string(), |s| s + "\n")
+        }
+        _ => config.to_string(),
     }
 }
 
@@ -444,9 +489,14 @@ pub fn export(run_dir: &Path, o: &ExportOptions) -> Result<ExportReport> {
         .as_ref()
         .map(|p| output_path(p, "--probe"))
         .transpose()?;
+    let dtype = o
+        .dtype
+        .or_else(|| init_dtype(&r))
+        .unwrap_or_default();
     let hf_config = model
         .hf_config(format)
-        .map_err(|why| Error::Usage(format!("--format {}: {why}", format.name())))?;
+        .map_err(|why| Error::Usage(format!("--format {}: {why}", format.name())))?
+        .map(|c| with_torch_dtype(&c, dtype));
     let named = portable::export(model.as_ref(), format, &loaded.params);
     let meta = metadata(&r, model.kind(), format, state.step, &state.input_shape);
     let refs: Vec<(&str, &[usize], &[f32])> = named
@@ -454,7 +504,7 @@ pub fn export(run_dir: &Path, o: &ExportOptions) -> Result<ExportReport> {
         .map(|(n, s, d)| (n.as_str(), s.as_slice(), d.as_slice()))
         .collect();
     let encode = |refs: &[(&str, &[usize], &[f32])]| {
-        tensors::encode(refs, meta.clone()).map_err(|e| {
+        tensors::encode_as(refs, meta.clone(), dtype).map_err(|e| {
             Error::Usage(format!(
                 "cannot export model `{}`: {e} (a model of your own maps two parameters to one name in `Family::torch_name`?)",
                 model.kind()
@@ -524,6 +574,7 @@ pub fn export(run_dir: &Path, o: &ExportOptions) -> Result<ExportReport> {
     Ok(ExportReport {
         checkpoint: path,
         format,
+        dtype,
         step: state.step,
         tensors: named.len(),
         bytes,

@@ -13,7 +13,7 @@ use burn::backend::{Autodiff, Flex};
 use kiln::data::Values;
 use kiln::model::ComputeOn;
 
-use crate::common::{kiln, loss_lines, resume_copy, root, stderr, summary, write};
+use crate::common::{kiln, loss_lines, resume_copy, root, stderr, stdout, summary, write};
 use crate::hf::next_token_loss;
 
 fn fixture() -> std::path::PathBuf {
@@ -597,4 +597,74 @@ fn the_init_directory_is_never_exported_over_and_its_later_changes_do_not_stop_t
         &["export", "run", "--format", "hf-llama", "-o", "out"],
     );
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+}
+
+/// The float dtype of every tensor of a Hugging Face directory's weights.
+fn weight_dtypes(dir: &Path) -> std::collections::BTreeSet<String> {
+    let mut out = std::collections::BTreeSet::new();
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        let p = e.path();
+        if p.extension().is_some_and(|x| x == "safetensors") {
+            let bytes = std::fs::read(&p).unwrap();
+            let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+            let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+            for (k, v) in header.as_object().unwrap() {
+                if k != "__metadata__" {
+                    out.insert(v["dtype"].as_str().unwrap().to_string());
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Issue 58, defect 23: `kiln export --dtype bf16|f16|f32`, and by default the dtype of the
+/// weights the run started from (a bf16 model came back as f32, twice its size); config.json's
+/// `torch_dtype` says it.
+#[test]
+fn an_export_keeps_the_dtype_it_started_from_or_the_one_asked() {
+    let d = kiln::testdir::tempdir().unwrap();
+    let exp = relative_experiment(d.path());
+    let o = kiln(&exp, &["run", "sw.toml", "--quiet", "--run-dir", "run"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let size = |dir: &Path| -> u64 {
+        std::fs::read_dir(dir)
+            .unwrap()
+            .flatten()
+            .filter(|e| e.path().extension().is_some_and(|x| x == "safetensors"))
+            .map(|e| e.metadata().unwrap().len())
+            .sum()
+    };
+    let o = kiln(&exp, &["export", "run", "--format", "hf-llama", "-o", "f32"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(weight_dtypes(&exp.join("f32")), ["F32".to_string()].into());
+    let o = kiln(
+        &exp,
+        &["export", "run", "--format", "hf-llama", "-o", "bf16", "--dtype", "bf16"],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(stdout(&o).contains("bytes of bf16"), "{}", stdout(&o));
+    assert_eq!(weight_dtypes(&exp.join("bf16")), ["BF16".to_string()].into());
+    let (a, b) = (size(&exp.join("f32")), size(&exp.join("bf16")));
+    assert!(b * 2 <= a + 4096 && b * 2 >= a - 4096, "{a} vs {b}");
+    let config: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(exp.join("bf16/config.json")).unwrap()).unwrap();
+    assert_eq!(config["torch_dtype"], "bfloat16");
+    // a run from the bf16 model exports bf16 unless told otherwise
+    std::fs::copy(exp.join("base/tokenizer.json"), exp.join("bf16/tokenizer.json")).unwrap();
+    let text = std::fs::read_to_string(exp.join("sw.toml"))
+        .unwrap()
+        .replace("init_from = \"base\"", "init_from = \"bf16\"");
+    write(&exp, "from-bf16.toml", &text);
+    let o = kiln(&exp, &["run", "from-bf16.toml", "--quiet", "--run-dir", "run2"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let o = kiln(&exp, &["export", "run2", "--format", "hf-llama", "-o", "again"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(weight_dtypes(&exp.join("again")), ["BF16".to_string()].into());
+    let o = kiln(
+        &exp,
+        &["export", "run2", "--format", "hf-llama", "-o", "wide", "--dtype", "f32"],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(weight_dtypes(&exp.join("wide")), ["F32".to_string()].into());
 }
