@@ -43,6 +43,54 @@ pub fn config_hash(config: &Config) -> String {
     digest.iter().take(6).map(|b| format!("{b:02x}")).collect()
 }
 
+/// Whether `section.key` belongs to another model family, data kind, optimizer or schedule
+/// than `c` chose (for families kiln does not know, nothing is another's).
+fn elsewhere(c: &Config, section: &str, key: &str) -> bool {
+    use super::{DataKind, OptimKind, ScheduleKind};
+    let not = |keys: &[&str]| keys.contains(&key);
+    match section {
+        "model" => match c.model.kind.as_str() {
+            "gpt" | "llama" => not(&[
+                "input_size",
+                "hidden_sizes",
+                "channels",
+                "kernel_size",
+                "classes",
+                "activation",
+            ]),
+            "mlp" => not(&["channels", "kernel_size", "vocab_size", "block_size"]),
+            "cnn" => not(&["vocab_size", "block_size"]),
+            _ => false,
+        },
+        "data" => {
+            let synthetic = ["samples", "eval_samples", "features"];
+            let csv = ["label_column", "header"];
+            let idx = ["labels_path", "eval_labels_path"];
+            let text = ["eval_fraction", "tokenizer"];
+            let on_disk = ["path", "eval_path"];
+            let others: Vec<&str> = match c.data.kind {
+                DataKind::Synthetic => [&csv[..], &idx, &text, &on_disk].concat(),
+                DataKind::Csv => [&synthetic[..], &idx, &text].concat(),
+                DataKind::Idx => [&synthetic[..], &csv, &text].concat(),
+                DataKind::Text | DataKind::Tokens => {
+                    [&synthetic[..], &csv, &idx, &["classes"]].concat()
+                }
+            };
+            others.contains(&key)
+        }
+        "optim" => match c.optim.kind {
+            OptimKind::Sgd => not(&["betas", "eps"]),
+            OptimKind::Adam | OptimKind::Adamw => not(&["momentum", "nesterov"]),
+        },
+        "schedule" => match c.schedule.kind {
+            ScheduleKind::Constant => not(&["step_size", "gamma", "min_lr", "decay_steps"]),
+            ScheduleKind::Step => not(&["min_lr", "decay_steps"]),
+            ScheduleKind::Cosine | ScheduleKind::Linear => not(&["step_size", "gamma"]),
+        },
+        _ => false,
+    }
+}
+
 /// TOML with a `# source` comment after every value.
 pub fn annotated(r: &Resolved) -> String {
     let table = toml::Table::try_from(&r.config).unwrap_or_default();
@@ -55,16 +103,34 @@ pub fn annotated(r: &Resolved) -> String {
             out.push('\n');
         }
         out.push_str(&format!("[{section}]\n"));
+        let set = |key: &str| describe_source(&r.figment, key) != super::load::DEFAULT_SOURCE;
         let mut rows: Vec<(String, String)> = t
             .iter()
+            // a key of another model family, data kind, optimizer or schedule, left at its
+            // default, is not this experiment's (issue 58, defect 26: a llama listed the mlp's
+            // and the csv reader's keys)
+            .filter(|(k, _)| set(&format!("{section}.{k}")) || !elsewhere(&r.config, section, k))
             .map(|(k, v)| {
                 let key = format!("{section}.{k}");
                 (format!("{k} = {v}"), describe_source(&r.figment, &key))
             })
             .collect();
+        // a key a layer sets to its default value, which the plain TOML leaves out: shown too,
+        // with its source
+        if let Ok(figment::value::Value::Dict(_, given)) = r.figment.find_value(section) {
+            for (k, v) in given {
+                let key = format!("{section}.{k}");
+                if t.contains_key(&k) || !set(&key) {
+                    continue;
+                }
+                if let Ok(v) = v.deserialize::<toml::Value>() {
+                    rows.push((format!("{k} = {v}"), describe_source(&r.figment, &key)));
+                }
+            }
+        }
         for key in OPTIONAL {
             if let Some(k) = key.strip_prefix(&format!("{section}.")) {
-                if !t.contains_key(k) {
+                if !t.contains_key(k) && !elsewhere(&r.config, section, k) {
                     rows.push((format!("# {k} = (unset)"), describe_source(&r.figment, key)));
                 }
             }

@@ -586,3 +586,28 @@ fn master_addr_is_a_host_name_on_one_node_too() {
         assert!(config::load(&f, &[], &sets(&[&set])).is_ok(), "{ok}");
     }
 }
+
+/// Issue 58, defect 26: `kiln check` lists the keys of the chosen model family and data kind
+/// (and the shared ones), not every family's; and every key a file sets, a default value too.
+#[test]
+fn check_lists_this_experiments_keys_and_every_key_the_file_sets() {
+    let d = kiln::testdir::tempdir().unwrap();
+    std::fs::write(d.path().join("t.txt"), "some text ".repeat(100)).unwrap();
+    write(
+        d.path(),
+        "g.toml",
+        "[model]\nkind = \"gpt\"\nvocab_size = 256\nblock_size = 8\nlayers = 1\nheads = 1\ndim = 8\n[data]\nkind = \"text\"\npath = \"t.txt\"\n[optim]\nkind = \"adamw\"\n[sweep]\nreduction_factor = 3\ngrid = { \"optim.lr\" = [0.1] }\n",
+    );
+    let o = crate::common::kiln(d.path(), &["check", "g.toml"]);
+    let out = crate::common::stdout(&o);
+    assert_eq!(o.status.code(), Some(0), "{}", crate::common::stderr(&o));
+    for gone in ["hidden_sizes", "input_size", "label_column", "features =", "momentum"] {
+        assert!(!out.contains(gone), "{gone}: {out}");
+    }
+    for here in ["layers = 1", "path = \"t.txt\"", "betas", "reduction_factor = 3"] {
+        assert!(out.contains(here), "{here}: {out}");
+    }
+    // a key of another family that the file sets is shown (and its check speaks)
+    let o = crate::common::kiln(d.path(), &["check", "g.toml", "--set", "optim.momentum=0.0"]);
+    assert!(crate::common::stdout(&o).contains("momentum = 0.0"), "{}", crate::common::stdout(&o));
+}
