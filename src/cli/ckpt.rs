@@ -97,56 +97,59 @@ pub fn ckpt(cmd: &CkptCommand) -> Result<()> {
             }
             Ok(())
         }
-        CkptCommand::Verify { run_dir } => {
-            let store = rundir::checkpoint_store(run_dir)?;
-            // while a kiln process holds the run, the `.tmp` checkpoint is the save under way,
-            // and retention may delete the newest one as it is read: take the newest finished
-            // one, and look again when the one read is gone
-            let live = rundir::holder(run_dir).is_some();
-            let is_tmp = |e: &crate::checkpoint::Entry| e.path.to_string_lossy().ends_with(".tmp");
-            let mut tries = 0;
-            loop {
-                tries += 1;
-                let entries = store.list().map_err(Error::Checkpoint)?;
-                // a `.tmp` with no kiln process on the run: a save a crash or a kill tore. It is
-                // said, and the newest finished checkpoint is judged: that is what a resume
-                // takes (issue 58, defect 18: verify failed on the torn one, exit 1)
-                if !live {
-                    for e in entries.iter().filter(|e| is_tmp(e)) {
-                        crate::ui::note(&format!(
-                            "note: {}: an unfinished save (interrupted by a crash or a kill); never resumed from, and removed by the next resume",
-                            name(e)
-                        ));
-                    }
-                }
-                let Some(newest) = entries.iter().find(|e| !is_tmp(e)) else {
-                    // a listing made while a save and a deletion renamed their directories
-                    if live && tries < 100 && store.is_changing() {
-                        std::thread::sleep(std::time::Duration::from_millis(10));
-                        continue;
-                    }
-                    return Err(Error::Invalid(format!(
-                        "no checkpoints in {}",
-                        run_dir.display()
-                    )));
-                };
-                return match &newest.status {
-                    Ok(()) => {
-                        crate::outln!("{}: valid", name(newest));
-                        Ok(())
-                    }
-                    // deleted by retention, or renamed into place, while it was read
-                    Err(_)
-                        if live
-                            && tries < 100
-                            && (!newest.path.exists() || store.is_changing()) =>
-                    {
-                        std::thread::sleep(std::time::Duration::from_millis(10));
-                        continue;
-                    }
-                    Err(why) => Err(Error::Invalid(format!("{}: {why}", name(newest)))),
-                };
+        CkptCommand::Verify { run_dir } => verify(run_dir),
+    }
+}
+
+/// `kiln ckpt verify RUN_DIR`: the newest finished checkpoint, verified.
+fn verify(run_dir: &std::path::Path) -> Result<()> {
+    let store = rundir::checkpoint_store(run_dir)?;
+    // while a kiln process holds the run, the `.tmp` checkpoint is the save under way,
+    // and retention may delete the newest one as it is read: take the newest finished
+    // one, and look again when the one read is gone
+    let live = rundir::holder(run_dir).is_some();
+    let is_tmp = |e: &crate::checkpoint::Entry| e.path.to_string_lossy().ends_with(".tmp");
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        let entries = store.list().map_err(Error::Checkpoint)?;
+        // a `.tmp` with no kiln process on the run: a save a crash or a kill tore. It is
+        // said, and the newest finished checkpoint is judged: that is what a resume
+        // takes (issue 58, defect 18: verify failed on the torn one, exit 1)
+        if !live {
+            for e in entries.iter().filter(|e| is_tmp(e)) {
+                crate::ui::note(&format!(
+                    "note: {}: an unfinished save (interrupted by a crash or a kill); never resumed from, and removed by the next resume",
+                    name(e)
+                ));
             }
         }
+        let Some(newest) = entries.iter().find(|e| !is_tmp(e)) else {
+            // a listing made while a save and a deletion renamed their directories
+            if live && tries < 100 && store.is_changing() {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+                continue;
+            }
+            return Err(Error::Invalid(format!(
+                "no checkpoints in {}",
+                run_dir.display()
+            )));
+        };
+        return match &newest.status {
+            Ok(()) => {
+                crate::outln!("{}: valid", name(newest));
+                Ok(())
+            }
+            // deleted by retention, or renamed into place, while it was read
+            Err(_)
+                if live
+                    && tries < 100
+                    && (!newest.path.exists() || store.is_changing()) =>
+            {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+                continue;
+            }
+            Err(why) => Err(Error::Invalid(format!("{}: {why}", name(newest)))),
+        };
     }
 }

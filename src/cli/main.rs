@@ -47,11 +47,12 @@ where
             }
         },
         Err(e @ crate::Error::Preempted(_)) => {
-            eprintln!("kiln: {e}");
+            eprintln!("kiln: {}", crate::ui::printable(&e.to_string()));
             e.exit_code()
         }
         Err(e) => {
-            eprintln!("error: {e}");
+            // (a name quoted from a file never drives the terminal)
+            eprintln!("error: {}", crate::ui::printable(&e.to_string()));
             if let Some(why) = stdout {
                 eprintln!("error: writing to stdout failed as well: {why}");
             }

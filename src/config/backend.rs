@@ -275,3 +275,25 @@ impl BackendConfig {
         Ok(())
     }
 }
+
+/// `OMP_NUM_THREADS` (which torchrun sets to 1 for each process it starts) as `backend.threads`
+/// when no layer of `figment` sets it (issue 58, defect 21: two processes under torchrun ran
+/// two threads each on two cores): the layer, named as its source.
+pub(super) fn omp_threads(
+    figment: &figment::Figment,
+    var: &dyn Fn(&str) -> Option<String>,
+) -> Option<(figment::Metadata, figment::value::Dict)> {
+    let set = figment
+        .find_metadata("backend.threads")
+        .is_some_and(|m| m.name != super::load::DEFAULT_SOURCE);
+    let n = var("OMP_NUM_THREADS")
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .filter(|n| *n > 0 && !set)?;
+    Some((
+        figment::Metadata::named("environment variable OMP_NUM_THREADS"),
+        super::load::nest(
+            &["backend".into(), "threads".into()],
+            figment::value::Value::from(n),
+        ),
+    ))
+}

@@ -28,33 +28,43 @@ pub fn config_json_of(init_from: &Path) -> Option<PathBuf> {
     path.is_file().then_some(path)
 }
 
-/// `[model]` keys (without `model.`) and values a Hugging Face `config.json` implies, or `None`
-/// for a `model_type` kiln does not read.
-pub fn model_keys(c: &Json) -> Option<Vec<(&'static str, Json)>> {
+/// `[model]` keys (without `model.`) and values a Hugging Face `config.json` implies, `None`
+/// for a `model_type` kiln does not read, or what is wrong with the file (a key named, and
+/// what it must be: issue 58, defect 14).
+pub fn model_keys(c: &Json) -> Result<Option<Vec<(&'static str, Json)>>, String> {
     let get = |k: &str| c.get(k).filter(|v| !v.is_null()).cloned();
-    let model_type = c.get("model_type").and_then(Json::as_str)?;
+    let model_type = match c.get("model_type") {
+        Some(Json::String(t)) => t.as_str(),
+        // (it was ignored, and kiln's defaults applied)
+        None | Some(Json::Null) => {
+            return Err("has no `model_type`: transformers' save_pretrained writes one (\"llama\", \"mistral\", \"qwen2\", \"gpt2\" are the ones kiln reads)".into())
+        }
+        Some(other) => {
+            return Err(format!(
+                "`model_type` = {} is not a name (\"llama\", \"mistral\", \"qwen2\", \"gpt2\" are the ones kiln reads)",
+                super::brief(&other.to_string(), 60)
+            ))
+        }
+    };
+    // a positive whole number where one must be (it was ignored when it was a string, a
+    // fraction or negative)
+    let count = |k: &str| -> Result<Option<Json>, String> {
+        match get(k) {
+            None => Ok(None),
+            Some(v) if v.as_u64().is_some_and(|n| n > 0) => Ok(Some(v)),
+            Some(v) => Err(format!(
+                "`{k}` = {} is not a positive whole number",
+                super::brief(&v.to_string(), 60)
+            )),
+        }
+    };
     let mut out: Vec<(&'static str, Option<Json>)> = Vec::new();
     match model_type {
         "llama" | "mistral" | "qwen2" => {
             let rope = get("rope_scaling").or(get("rope_parameters"));
             let theta =
                 get("rope_theta").or(rope.as_ref().and_then(|r| r.get("rope_theta").cloned()));
-            let llama3 = rope.filter(|r| {
-                r.get("rope_type").or(r.get("type")).and_then(Json::as_str) == Some("llama3")
-            });
-            let scaling = llama3.map(|r| {
-                let mut m = serde_json::Map::new();
-                m.insert("rope_type".into(), "llama3".into());
-                for k in [
-                    "factor",
-                    "low_freq_factor",
-                    "high_freq_factor",
-                    "original_max_position_embeddings",
-                ] {
-                    m.insert(k.into(), r.get(k).cloned().unwrap_or(Json::Null));
-                }
-                Json::Object(m)
-            });
+            let scaling = llama3_scaling(c, rope)?;
             out.extend([
                 ("kind", Some("llama".into())),
                 ("vocab_size", get("vocab_size")),
@@ -62,7 +72,7 @@ pub fn model_keys(c: &Json) -> Option<Vec<(&'static str, Json)>> {
                 // windows no run here could hold; `model.block_size` sets more)
                 (
                     "block_size",
-                    get("max_position_embeddings")
+                    count("max_position_embeddings")?
                         .and_then(|v| v.as_u64())
                         .map(|v| v.min(MAX_BLOCK).into()),
                 ),
@@ -109,9 +119,41 @@ pub fn model_keys(c: &Json) -> Option<Vec<(&'static str, Json)>> {
                 ),
             ]);
         }
-        _ => return None,
+        _ => return Ok(None),
     }
-    Some(out.into_iter().filter_map(|(k, v)| Some((k, v?))).collect())
+    Ok(Some(out.into_iter().filter_map(|(k, v)| Some((k, v?))).collect()))
+}
+
+/// Llama 3's rope scaling from `rope` (config.json's `rope_scaling` or `rope_parameters`), when
+/// its type is llama3: every one of its four numbers, or an error naming the one missing (a
+/// missing one said "`model` has the wrong type: found unit").
+fn llama3_scaling(c: &Json, rope: Option<Json>) -> Result<Option<Json>, String> {
+    let Some(r) = rope.filter(|r| {
+        r.get("rope_type").or(r.get("type")).and_then(Json::as_str) == Some("llama3")
+    }) else {
+        return Ok(None);
+    };
+    let mut m = serde_json::Map::new();
+    m.insert("rope_type".into(), "llama3".into());
+    for k in [
+        "factor",
+        "low_freq_factor",
+        "high_freq_factor",
+        "original_max_position_embeddings",
+    ] {
+        let v = r.get(k).filter(|v| v.is_number()).cloned().ok_or_else(|| {
+            let name = if c.get("rope_scaling").is_some_and(|v| !v.is_null()) {
+                "rope_scaling"
+            } else {
+                "rope_parameters"
+            };
+            format!(
+                "`{name}` has rope_type \"llama3\" but no number `{k}` (Llama 3's scaling takes factor, low_freq_factor, high_freq_factor and original_max_position_embeddings)"
+            )
+        })?;
+        m.insert(k.into(), v);
+    }
+    Ok(Some(Json::Object(m)))
 }
 
 /// Two values alike: numbers by value (`10000` and `10000.0`), tables key by key.
@@ -211,8 +253,15 @@ fn layer(figment: &Figment) -> Result<Option<(PathBuf, (Metadata, Dict))>, Confi
             "fix or remove it; it is read for the model's settings",
         )
     })?;
-    let Some(keys) = model_keys(&json) else {
-        return Ok(None);
+    let keys = match model_keys(&json) {
+        Ok(Some(keys)) => keys,
+        Ok(None) => return Ok(None),
+        Err(why) => {
+            return Err(key_error(
+                format!("`{shown}` {why}"),
+                "fix config.json, or give the directory transformers' save_pretrained wrote",
+            ))
+        }
     };
     let json_path_out = json_path.clone();
     let mut dict = Dict::new();

@@ -123,40 +123,6 @@ pub fn load_run(
     load_layers(file, env, sets, flags, Origin::Run)
 }
 
-/// The keys of a run's config.toml that a changed `strategy.kind` does not have (issue 58,
-/// defect 16: an HSDP run's `strategy.shard_size` was refused when it was resumed under ddp, and
-/// nothing could remove it): fsdp's own keys under another strategy, and a device count and a
-/// reduction dtype under single. Only keys the stored file sets; a key set again on the
-/// command line stays (and its check speaks).
-fn strategy_left_out(figment: &Figment) -> Vec<String> {
-    let from_file = |key: &str| {
-        figment
-            .find_metadata(key)
-            .and_then(|m| m.source.as_ref())
-            .and_then(Source::file_path)
-            .is_some()
-    };
-    if from_file("strategy.kind") {
-        return Vec::new();
-    }
-    let kind = figment
-        .find_value("strategy.kind")
-        .ok()
-        .and_then(|v| v.into_string())
-        .unwrap_or_default();
-    let mut keys: Vec<&str> = Vec::new();
-    if kind != "fsdp" {
-        keys.extend(["strategy.shard_size", "strategy.unit", "strategy.sharding"]);
-    }
-    if kind == "single" {
-        keys.extend(["strategy.devices", "strategy.reduce_dtype"]);
-    }
-    keys.into_iter()
-        .filter(|k| from_file(k))
-        .map(str::to_string)
-        .collect()
-}
-
 /// `--set KEY=` with no value: the key is unset (it takes its default, whatever a layer below
 /// says).
 fn unset_key(arg: &str) -> Option<String> {
@@ -183,7 +149,9 @@ fn load_layers(
     let mut errors: Vec<ConfigError> = Vec::new();
     let mut dropped: Vec<String> = Vec::new();
     let left_out = match origin {
-        Origin::Run => strategy_left_out(&build_figment_without(file, env, sets, flags, &[], origin)?),
+        Origin::Run => super::strategy::left_out(&build_figment_without(
+            file, env, sets, flags, &[], origin,
+        )?),
         Origin::Experiment => Vec::new(),
     };
     let outcome = loop {
@@ -288,7 +256,9 @@ fn build_figment_without(
     stack.torchrun_devices(&var);
     stack.sets(&sets)?;
     stack.flags(flags);
-    stack.omp_threads(&var);
+    if let Some((meta, dict)) = super::backend::omp_threads(&stack.figment, &var) {
+        stack.push(meta, dict);
+    }
     // a Hugging Face directory in `model.init_from`: its config.json under every key no layer
     // above the defaults sets (an experiment's: a run's config.toml has them all already)
     let hf = match origin {
@@ -308,7 +278,7 @@ struct Stack<'a> {
 }
 
 /// Whether torchrun's agent started this process (`torchrun --no-python ... kiln run`).
-fn under_torchrun(var: &dyn Fn(&str) -> Option<String>) -> bool {
+pub fn under_torchrun(var: &dyn Fn(&str) -> Option<String>) -> bool {
     var("WORLD_SIZE").is_some()
         && (var("TORCHELASTIC_RUN_ID").is_some() || var("LOCAL_RANK").is_some())
 }
@@ -317,29 +287,6 @@ impl Stack<'_> {
     fn push(&mut self, meta: Metadata, dict: Dict) {
         let figment = std::mem::take(&mut self.figment);
         self.figment = merge_without(figment, self.drop, Layer { meta, dict });
-    }
-
-    /// `OMP_NUM_THREADS` (which torchrun sets to 1 for each process it starts) as
-    /// `backend.threads` when no layer sets it (issue 58, defect 21: two processes under
-    /// torchrun ran two threads each on two cores). Named as its source.
-    fn omp_threads(&mut self, var: &dyn Fn(&str) -> Option<String>) {
-        let set = self
-            .figment
-            .find_metadata("backend.threads")
-            .is_some_and(|m| m.name != DEFAULT_SOURCE);
-        let Some(n) = var("OMP_NUM_THREADS")
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            .filter(|n| *n > 0)
-        else {
-            return;
-        };
-        if set {
-            return;
-        }
-        self.push(
-            Metadata::named("environment variable OMP_NUM_THREADS"),
-            nest(&["backend".into(), "threads".into()], Value::from(n)),
-        );
     }
 
     /// The experiment file and the files it extends, most extended first.
@@ -732,7 +679,7 @@ pub(super) fn key_error(figment: &Figment, e: figment::Error) -> KeyError {
                 format!("{parent}.")
             };
             let path = parent;
-            let help = match (known_elsewhere(field), closest(field, expected)) {
+            let help = match (super::elsewhere::known_elsewhere(field), closest(field, expected)) {
                 (Some((ours, how)), _) => format!("kiln's key is `{ours}`{how}"),
                 (None, Some(c)) => format!("did you mean `{prefix}{c}`?"),
                 (None, None) if path.is_empty() => {
@@ -802,44 +749,6 @@ pub(super) fn key_error(figment: &Figment, e: figment::Error) -> KeyError {
         _ => path,
     };
     ke
-}
-
-/// The names transformers' `TrainingArguments` (and torchrun, TRL, torchtune) give what kiln
-/// calls otherwise (issue 58, defect 25): an unknown key of that name points to kiln's key.
-const ELSEWHERE: &[(&str, &str, &str)] = &[
-    ("gradient_accumulation_steps", "train.grad_accum_steps", ""),
-    (
-        "per_device_train_batch_size",
-        "train.batch_size",
-        " (per rank, as in transformers; the global batch is batch_size x grad_accum_steps x ranks)",
-    ),
-    ("learning_rate", "optim.lr", ""),
-    ("lr", "optim.lr", ""),
-    ("num_train_epochs", "train.epochs", ""),
-    ("max_steps", "train.max_steps", ""),
-    ("warmup_steps", "schedule.warmup_steps", ""),
-    (
-        "lr_scheduler_type",
-        "schedule.kind",
-        " (\"linear\", \"cosine\", \"constant\" or \"step\")",
-    ),
-    ("weight_decay", "optim.weight_decay", ""),
-    ("max_grad_norm", "optim.grad_clip_norm", ""),
-    ("seed", "experiment.seed", ""),
-    ("output_dir", "experiment.output_dir", ""),
-    ("eval_steps", "train.eval_every", ""),
-    ("logging_steps", "train.log_every", ""),
-    ("save_steps", "checkpoint.every_steps", ""),
-    ("save_total_limit", "checkpoint.keep_last", ""),
-    ("gradient_checkpointing", "train.activation_checkpointing", " (= \"units\")"),
-];
-
-/// kiln's key for a key of another tool's name, and a word on how it differs.
-fn known_elsewhere(field: &str) -> Option<(&'static str, &'static str)> {
-    ELSEWHERE
-        .iter()
-        .find(|(theirs, _, _)| *theirs == field)
-        .map(|(_, ours, how)| (*ours, *how))
 }
 
 /// Where the value at dotted `key` came from: "file:line", "environment variable X",

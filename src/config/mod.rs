@@ -21,6 +21,7 @@ mod checkpoint;
 mod data;
 mod experiment;
 mod launch;
+mod elsewhere;
 mod log;
 mod model;
 mod optim;
@@ -41,7 +42,7 @@ pub use experiment::*;
 pub use family_keys::struct_keys;
 pub use launch::*;
 pub use load::{
-    bare_srun, build_figment, build_run_figment, describe_source, extract, find_line, load, load_run,
+    bare_srun, under_torchrun, build_figment, build_run_figment, describe_source, extract, find_line, load, load_run,
     load_with_flags, Flag,
     FlagValue, Resolved, ENV_PREFIX,
 };

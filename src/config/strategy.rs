@@ -277,3 +277,38 @@ impl StrategyConfig {
         Ok(())
     }
 }
+
+/// The keys of a run's config.toml that a changed `strategy.kind` does not have (issue 58,
+/// defect 16: an HSDP run's `strategy.shard_size` was refused when it was resumed under ddp, and
+/// nothing could remove it): fsdp's own keys under another strategy, and a device count and a
+/// reduction dtype under single. Only keys the stored file sets; a key set again on the
+/// command line stays (and its check speaks).
+pub(super) fn left_out(figment: &figment::Figment) -> Vec<String> {
+    let from_file = |key: &str| {
+        figment
+            .find_metadata(key)
+            .and_then(|m| m.source.as_ref())
+            .and_then(figment::Source::file_path)
+            .is_some()
+    };
+    if from_file("strategy.kind") {
+        return Vec::new();
+    }
+    let kind = figment
+        .find_value("strategy.kind")
+        .ok()
+        .and_then(|v| v.into_string())
+        .unwrap_or_default();
+    let mut keys: Vec<&str> = Vec::new();
+    if kind != "fsdp" {
+        keys.extend(["strategy.shard_size", "strategy.unit", "strategy.sharding"]);
+    }
+    if kind == "single" {
+        keys.extend(["strategy.devices", "strategy.reduce_dtype"]);
+    }
+    keys.into_iter()
+        .filter(|k| from_file(k))
+        .map(str::to_string)
+        .collect()
+}
+

@@ -317,8 +317,8 @@ impl Session<'_> {
         quiet: bool,
     ) -> Result<()> {
         let (c, p) = (self.c, self.p);
-        // (the job's node 0 only: see `RunFiles::begin`)
-        let mut ui = Progress::new(quiet || !files.primary).with_tokens(match p.model.task() {
+        // (under torchrun the job's rank 0 only: `speaks`)
+        let mut ui = Progress::new(quiet || !super::session::speaks(files.primary)).with_tokens(match p.model.task() {
             crate::model::Task::LanguageModel { block, .. } => Some(block),
             crate::model::Task::Classification { .. } => None,
         });
@@ -471,10 +471,10 @@ impl Session<'_> {
         };
         let summary = |status, error, res| summary_of(&inputs, status, error, res, reached);
         let run_dir = self.run_dir;
-        // the job's node 0 says how the run ended; the others say nothing (their errors still
-        // reach `main`)
+        // (under torchrun the job's rank 0 only: `speaks`; errors still reach `main`)
+        let speaks = super::session::speaks(files.primary);
         let say = |line: &str| {
-            if files.primary {
+            if speaks {
                 ui::out(line)
             }
         };

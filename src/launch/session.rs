@@ -92,6 +92,13 @@ pub(super) struct RunFiles {
     tracks: Tracks,
 }
 
+/// Whether this process prints a run's header, progress and closing line: every node of
+/// kiln's own, but of the processes torchrun starts only the job's rank 0, as torchrun's own
+/// scripts do (issue 58, defect 22: each printed its own); the others log to their rank logs.
+pub fn speaks(primary: bool) -> bool {
+    primary || !config::under_torchrun(&|k| std::env::var(k).ok())
+}
+
 impl RunFiles {
     /// Starts a session in `dir`: the unfinished checkpoints of an interrupted save removed,
     /// a resumed run's checkpoints after `from_step` set aside and its metrics cut back to it,
@@ -141,9 +148,7 @@ impl RunFiles {
                     .map_err(|e| Error::io(format!("removing {}", summary.display()), e))?;
             }
         }
-        // only the job's node 0 speaks (issue 58, defect 22: under torchrun every process
-        // printed its own header and closing line); the others log to their rank logs
-        if primary {
+        if speaks(primary) {
             ui::out(&format!("run dir: {}", dir.display()));
         }
         let logs = dir.join("logs");

@@ -191,15 +191,7 @@ pub fn join(c: &Config, nproc: usize, token: &str, round: usize) -> Result<Job, 
             });
         }
     };
-    let procs: Vec<String> = (0..nnodes).map(|n| format!("node/{n}/nproc")).collect();
-    if let Ok(p) = client.wait(&procs, Duration::from_secs(5))? {
-        if let Some((n, other)) = p.iter().enumerate().find(|(_, v)| **v != nproc.to_string()) {
-            return Err(StoreError::Refused {
-                addr,
-                why: format!("node {n} has {other} devices but node {node} has {nproc}; every node needs the same `strategy.devices`"),
-            });
-        }
-    }
+    agree(c, &mut client, node, nproc, &addr, deadline)?;
     let ring = if nnodes > 1 {
         let next_addr = &rings[(node + 1) % nnodes];
         // the link out waits for the next node's answer while this node answers its previous
@@ -257,6 +249,117 @@ pub fn join(c: &Config, nproc: usize, token: &str, round: usize) -> Result<Job, 
         done,
         stop,
     })
+}
+
+/// Every node has this node's device count (`nproc`) and settings (`job_settings`): the ones
+/// that shape the job's collectives and steps (issue 58, defect 17: nodes with different
+/// `strategy.shard_size` failed with "collective size mismatch in all_gather #0").
+fn agree(
+    c: &Config,
+    client: &mut StoreClient,
+    node: usize,
+    nproc: usize,
+    addr: &str,
+    deadline: Instant,
+) -> Result<(), StoreError> {
+    let nnodes = c.launch.nnodes;
+    let procs: Vec<String> = (0..nnodes).map(|n| format!("node/{n}/nproc")).collect();
+    if let Ok(p) = client.wait(&procs, Duration::from_secs(5))? {
+        if let Some((n, other)) = p.iter().enumerate().find(|(_, v)| **v != nproc.to_string()) {
+            return Err(StoreError::Refused {
+                addr: addr.to_string(),
+                why: format!("node {n} has {other} devices but node {node} has {nproc}; every node needs the same `strategy.devices`"),
+            });
+        }
+    }
+    let mine = job_settings(c);
+    let text = serde_json::to_string(&mine).unwrap_or_default();
+    client.set(&format!("node/{node}/settings"), &text)?;
+    let keys: Vec<String> = (0..nnodes).map(|n| format!("node/{n}/settings")).collect();
+    if let Ok(all) = client.wait(&keys, deadline.saturating_duration_since(Instant::now()))? {
+        for (n, theirs) in all.iter().enumerate().filter(|(n, _)| *n != node) {
+            let theirs: std::collections::BTreeMap<String, String> =
+                serde_json::from_str(theirs).unwrap_or_default();
+            if let Some(why) = differing(&mine, &theirs, node, n) {
+                return Err(StoreError::Mismatch(why));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Keys that may differ from node to node: where each node is and listens, its threads and
+/// loader, where it reads its files from (a node-local copy), how it reports.
+const NODE_LOCAL: &[&str] = &[
+    "launch.",
+    "backend.threads",
+    "backend.nccl",
+    "data.workers",
+    "data.prefetch",
+    "data.path",
+    "data.eval_path",
+    "data.labels_path",
+    "data.eval_labels_path",
+    "data.tokenizer",
+    "model.init_from",
+    "experiment.output_dir",
+    "log.",
+    "slurm.",
+    "sweep.",
+    "profile.",
+];
+
+/// The config as dotted keys and values, less the `NODE_LOCAL` ones: what every node of a job
+/// must agree on.
+pub fn job_settings(c: &Config) -> std::collections::BTreeMap<String, String> {
+    fn walk(prefix: &str, v: &toml::Value, out: &mut std::collections::BTreeMap<String, String>) {
+        match v {
+            toml::Value::Table(t) => {
+                for (k, v) in t {
+                    let key = if prefix.is_empty() {
+                        k.clone()
+                    } else {
+                        format!("{prefix}.{k}")
+                    };
+                    walk(&key, v, out);
+                }
+            }
+            other => {
+                let local = NODE_LOCAL.iter().any(|l| {
+                    if l.ends_with('.') {
+                        prefix.starts_with(l)
+                    } else {
+                        prefix == *l || prefix.starts_with(&format!("{l}."))
+                    }
+                });
+                if !local {
+                    out.insert(prefix.to_string(), other.to_string());
+                }
+            }
+        }
+    }
+    let mut out = std::collections::BTreeMap::new();
+    if let Ok(t) = toml::Table::try_from(c) {
+        walk("", &toml::Value::Table(t), &mut out);
+    }
+    out
+}
+
+/// The first setting node `n` has otherwise than this node (`node`), said with both values.
+fn differing(
+    mine: &std::collections::BTreeMap<String, String>,
+    theirs: &std::collections::BTreeMap<String, String>,
+    node: usize,
+    n: usize,
+) -> Option<String> {
+    let unset = "(unset)".to_string();
+    let keys: std::collections::BTreeSet<&String> = mine.keys().chain(theirs.keys()).collect();
+    let key = keys.into_iter().find(|k| mine.get(*k) != theirs.get(*k))?;
+    Some(format!(
+        "node {n} has `{key}` = {} but node {node} has {} (only launch.*, thread counts, loaders, input paths and logging may differ)",
+        crate::config::brief(theirs.get(key).unwrap_or(&unset), 100),
+        crate::config::brief(mine.get(key).unwrap_or(&unset), 100)
+    ))
 }
 
 /// Sends this node's heartbeats; when the job is stopped (a node went silent) or node 0's store

@@ -152,7 +152,9 @@ impl From<StoreError> for crate::error::Error {
     fn from(e: StoreError) -> Self {
         match e {
             // bad input: the launcher's variable
-            StoreError::HandedOver { .. } => crate::error::Error::Usage(e.to_string()),
+            StoreError::HandedOver { .. } | StoreError::Mismatch(_) => {
+                crate::error::Error::Usage(e.to_string())
+            }
             e => crate::error::Error::Launch(Box::new(e)),
         }
     }
@@ -180,6 +182,9 @@ pub enum StoreError {
     Io(#[from] std::io::Error),
     #[error("the job was stopped: {0}")]
     Aborted(String),
+    /// Two nodes of one job with different settings (exit 2).
+    #[error("the nodes of this job disagree: {0}\n  = help: start every node with the same experiment file and --set flags")]
+    Mismatch(String),
     /// `KILN_STORE_FD` names no listening TCP socket on the job's port (exit 2).
     #[error("{STORE_FD}={fd}: {why}\n  = help: hand over a listening TCP socket bound to the job's port (--master-port), or unset {STORE_FD} to let node 0 bind it")]
     HandedOver { fd: String, why: String },

@@ -457,6 +457,32 @@ fn metadata(
     meta
 }
 
+/// Where an export goes: a directory format's directory (never the run's `init_from`
+/// directory), the weights file, and the probe's file, each checked.
+fn outputs(
+    r: &crate::config::Resolved,
+    o: &ExportOptions,
+    format: WeightFormat,
+) -> Result<(Option<PathBuf>, PathBuf, Option<PathBuf>)> {
+    let hf_dir = format
+        .is_dir()
+        .then(|| hf_dir(&o.out, format))
+        .transpose()?;
+    if let Some(d) = &hf_dir {
+        refuse_init_dir(r, d)?;
+    }
+    let out = match &hf_dir {
+        Some(d) => d.join("model.safetensors"),
+        None => output_path(&o.out, "-o")?,
+    };
+    let probe = o
+        .probe
+        .as_ref()
+        .map(|p| output_path(p, "--probe"))
+        .transpose()?;
+    Ok((hf_dir, out, probe))
+}
+
 /// Exports the weights of the run in `run_dir` (its newest verified checkpoint, or `o.from`).
 pub fn export(run_dir: &Path, o: &ExportOptions) -> Result<ExportReport> {
     // the run's model and checkpoint, read; then every output is checked before anything is
@@ -473,22 +499,7 @@ pub fn export(run_dir: &Path, o: &ExportOptions) -> Result<ExportReport> {
             model.kind()
         ))
     })?;
-    let hf_dir = format
-        .is_dir()
-        .then(|| hf_dir(&o.out, format))
-        .transpose()?;
-    if let Some(d) = &hf_dir {
-        refuse_init_dir(&r, d)?;
-    }
-    let out = match &hf_dir {
-        Some(d) => d.join("model.safetensors"),
-        None => output_path(&o.out, "-o")?,
-    };
-    let probe = o
-        .probe
-        .as_ref()
-        .map(|p| output_path(p, "--probe"))
-        .transpose()?;
+    let (hf_dir, out, probe) = outputs(&r, o, format)?;
     let dtype = o
         .dtype
         .or_else(|| init_dtype(&r))

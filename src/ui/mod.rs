@@ -9,9 +9,30 @@ mod progress;
 
 pub use progress::*;
 
-/// A result line, on stdout (printed even when quiet: scripts read it).
+/// A result line, on stdout (printed even when quiet: scripts read it), its control
+/// characters escaped (`printable`).
 pub fn out(line: &str) {
-    out_raw(&format!("{line}\n"));
+    out_raw(&format!("{}\n", printable(line)));
+}
+
+/// `text` with every control character but newline and tab escaped as Rust writes it
+/// (`\u{1b}`): a name kiln quotes from a file (a shard, a tensor, a key of a downloaded
+/// model's config.json) can never drive the user's terminal (issue 58, defect 14: ESC, an OSC
+/// title and NUL were printed raw).
+pub fn printable(text: &str) -> std::borrow::Cow<'_, str> {
+    let bad = |c: char| c.is_control() && c != '\n' && c != '\t';
+    if !text.chars().any(bad) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 16);
+    for c in text.chars() {
+        if bad(c) {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(out)
 }
 
 /// `text` on stdout as it is (no newline added). A failed write (a closed pipe, a full disk)
@@ -55,7 +76,7 @@ macro_rules! outln {
 
 /// A note or warning for the person at the terminal, on stderr.
 pub fn note(line: &str) {
-    eprintln!("{line}");
+    eprintln!("{}", printable(line));
 }
 
 /// A byte count for people: `512 B`, `3.4 KiB`, `30.1 MiB`, `2.0 GiB`.
@@ -124,5 +145,17 @@ mod time_tests {
         assert_eq!(super::bytes(512), "512 B");
         assert_eq!(super::bytes(31_530_000), "30.1 MiB");
         assert_eq!(super::bytes(3 << 30), "3.0 GiB");
+    }
+}
+
+#[cfg(test)]
+mod printable_tests {
+    #[test]
+    fn control_characters_are_escaped_and_lines_kept() {
+        assert_eq!(super::printable("a\nb\tc"), "a\nb\tc");
+        assert_eq!(
+            super::printable("shard \u{1b}]0;pwned\u{7}\0.safetensors \u{9b}"),
+            "shard \\u{1b}]0;pwned\\u{7}\\u{0}.safetensors \\u{9b}"
+        );
     }
 }

@@ -99,8 +99,8 @@ impl Progress {
             return;
         }
         match &self.bar {
-            Some(b) => b.println(msg),
-            None => eprintln!("{msg}"),
+            Some(b) => b.println(super::printable(msg)),
+            None => eprintln!("{}", super::printable(msg)),
         }
     }
 }
@@ -146,9 +146,9 @@ impl SweepProgress {
         }
         match &self.multi {
             Some(m) => {
-                let _ = m.println(msg);
+                let _ = m.println(super::printable(msg));
             }
-            None => eprintln!("{msg}"),
+            None => eprintln!("{}", super::printable(msg)),
         }
     }
 

@@ -668,3 +668,82 @@ fn an_export_keeps_the_dtype_it_started_from_or_the_one_asked() {
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert_eq!(weight_dtypes(&exp.join("wide")), ["F32".to_string()].into());
 }
+
+/// Issue 58, defect 14: what a hostile or broken Hugging Face directory gets, each one message
+/// naming the file, the key and the fix that works: no `model_type` (ignored before, defaults
+/// applied), a llama3 rope without `factor` ("`model` has the wrong type: found unit"),
+/// `max_position_embeddings` that is no count (ignored), a Mistral window shorter than the
+/// block (its source said "(default)", the fix was hidden), a tokenizer larger than the
+/// weights' vocabulary (it advised a `model.vocab_size` config.json then refused), and a shard
+/// name with terminal control characters (printed raw).
+#[test]
+fn hostile_hugging_face_directories_get_one_message_each_and_no_raw_control_characters() {
+    let d = kiln::testdir::tempdir().unwrap();
+    experiment(d.path(), &fixture(), false);
+    let copy = d.path().join("copy");
+    crate::common::copy_dir(&fixture(), &copy);
+    let config = std::fs::read_to_string(copy.join("config.json")).unwrap();
+    let set = format!("model.init_from=\"{}\"", copy.display());
+    let check = |edit: &dyn Fn(&str) -> String, want: &[&str]| {
+        std::fs::write(copy.join("config.json"), edit(&config)).unwrap();
+        let o = kiln(d.path(), &["check", "llama.toml", "--set", &set]);
+        let e = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "{e}");
+        for w in want {
+            assert!(e.contains(w), "wants `{w}` in: {e}");
+        }
+        assert!(!e.contains("(default)") && !e.contains("found unit"), "{e}");
+    };
+    check(
+        &|c| c.replace("\"model_type\": \"llama\",", ""),
+        &["config.json` has no `model_type`"],
+    );
+    check(
+        &|c| c.replace("\"factor\": 8.0,", ""),
+        &["`rope_parameters` has rope_type \"llama3\" but no number `factor`"],
+    );
+    for bad in ["\"32\"", "32.5", "-32"] {
+        check(
+            &|c| c.replace("\"max_position_embeddings\": 32", &format!("\"max_position_embeddings\": {bad}")),
+            &["`max_position_embeddings` =", "is not a positive whole number"],
+        );
+    }
+    check(
+        &|c| c.replace("\"model_type\": \"llama\"", "\"model_type\": \"mistral\", \"sliding_window\": 16"),
+        &["sliding_window = 16", "set `model.block_size` to at most 16", "config.json"],
+    );
+    // a tokenizer of more tokens than the weights have embeddings
+    std::fs::write(copy.join("config.json"), &config).unwrap();
+    let vocab: Vec<String> = (0..400).map(|i| format!("\"w{i}\":{i}")).collect();
+    std::fs::write(
+        copy.join("tokenizer.json"),
+        format!(
+            r#"{{"version":"1.0","truncation":null,"padding":null,"added_tokens":[],"normalizer":null,"pre_tokenizer":{{"type":"Whitespace"}},"post_processor":null,"decoder":null,"model":{{"type":"WordLevel","vocab":{{{},"[UNK]":400}},"unk_token":"[UNK]"}}}}"#,
+            vocab.join(",")
+        ),
+    )
+    .unwrap();
+    std::fs::write(d.path().join("words.txt"), "w1 w2 w3 ".repeat(100)).unwrap();
+    let o = kiln(
+        d.path(),
+        &["check", "llama.toml", "--set", &set, "--set", "data.kind=\"text\"", "--set", "data.path=\"words.txt\""],
+    );
+    let e = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{e}");
+    assert!(e.contains("use the tokenizer that came with the model"), "{e}");
+    assert!(!e.contains("set `model.vocab_size = 401`"), "{e}");
+    std::fs::remove_file(copy.join("tokenizer.json")).unwrap();
+    // a shard whose name drives the terminal: escaped wherever it is quoted
+    let index = copy.join("model.safetensors.index.json");
+    let text = std::fs::read_to_string(&index).unwrap();
+    std::fs::write(
+        &index,
+        text.replacen("\"model-00001-of-00003.safetensors\"", "\"model-\\u001b]0;pwned\\u0007.safetensors\"", 1),
+    )
+    .unwrap();
+    let o = kiln(d.path(), &["run", "llama.toml", "--quiet", "--set", &set]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let raw = [o.stdout.clone(), o.stderr.clone()].concat();
+    assert!(!raw.contains(&0x1b) && !raw.contains(&0x07), "{}", stderr(&o));
+    assert!(stderr(&o).contains("\\u{1b}]0;pwned\\u{7}"), "{}", stderr(&o));
+}

@@ -647,3 +647,48 @@ fn a_handed_over_store_socket_is_checked() {
     // SAFETY: the socket made above, closed once.
     unsafe { libc::close(bound) };
 }
+
+/// Issue 58, defect 17: nodes started with different settings (here `strategy.shard_size`)
+/// stop at the rendezvous naming the key, both values and the nodes, exit 2 (they failed with
+/// "collective size mismatch in all_gather #0").
+#[test]
+fn nodes_with_different_settings_are_refused_naming_the_key() {
+    let d = kiln::testdir::tempdir().unwrap();
+    write(d.path(), "t.toml", TINY);
+    let port = crate::common::store_port();
+    let sets = |shard: &str| {
+        vec![
+            "strategy.kind=fsdp".to_string(),
+            "strategy.devices=2".into(),
+            format!("strategy.shard_size={shard}"),
+            "train.max_steps=2".into(),
+        ]
+    };
+    let spawn = |rank: usize, shard: &str| {
+        let mut args = vec!["run".to_string(), "t.toml".into()];
+        for s in sets(shard) {
+            args.extend(["--set".into(), s]);
+        }
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        crate::common::node_cmd(d.path(), &refs, rank, 2, port, "tok")
+            .spawn()
+            .unwrap()
+    };
+    let n0 = spawn(0, "2");
+    let n1 = spawn(1, "4");
+    for (rank, o) in [n0.wait_with_output().unwrap(), n1.wait_with_output().unwrap()]
+        .into_iter()
+        .enumerate()
+    {
+        let e = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "node {rank}: {e}");
+        let (mine, theirs) = if rank == 0 { ("2", "4") } else { ("4", "2") };
+        let other = 1 - rank;
+        assert!(
+            e.contains(&format!(
+                "node {other} has `strategy.shard_size` = {theirs} but node {rank} has {mine}"
+            )),
+            "node {rank}: {e}"
+        );
+    }
+}

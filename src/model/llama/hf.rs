@@ -127,11 +127,15 @@ pub(super) fn mismatches(l: &Llama, c: &Value) -> Vec<(String, String, String, S
     let window = c.get("sliding_window").and_then(Value::as_u64);
     let used = c.get("use_sliding_window").and_then(Value::as_bool) != Some(false);
     if let Some(w) = window.filter(|&w| used && (w as usize) < l.block) {
+        // (the real key, so its source is named, and the fix that works: issue 58, defect 14)
         bad(
             "sliding_window",
             &json!(w),
-            "model.block_size (kiln attends to the whole block)",
-            l.block.to_string(),
+            "model.block_size",
+            format!(
+                "{}, longer than the window: kiln attends to the whole block, so set `model.block_size` to at most {w}",
+                l.block
+            ),
         );
     }
     out
