@@ -54,10 +54,7 @@ fn measure<F: Family>(
     let kiln_step = time(steps, || {
         let mut source = |u: usize| Ok(UnitParams::Host(params[layout.unit_range(u)].to_vec()));
         let mut g = Grads::Host(vec![0.0; params.len()]);
-        let key = StepKey {
-            seed: 0,
-            counters: [0; 3],
-        };
+        let key = StepKey::new(0, [0; 3]);
         kiln::model::forward_backward(
             compute.as_ref(),
             &mut source,

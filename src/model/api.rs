@@ -244,18 +244,42 @@ pub enum ModelError {
 }
 
 /// Where the random draws of one micro-step come from (dropout masks): kiln's RNG keyed by the
-/// seed and (step, micro-step, rank), so every rank and every resume reproduces them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// seed, the optimizer step, each sample's index in the data and the dropout call, so that a
+/// sample gets the same mask whichever rank and micro-step hold it: single, dp, ddp and fsdp
+/// train to the same parameters with dropout too, at any world size and accumulation (issue
+/// 58, defect 29: the masks were keyed by (step, micro-step, rank) and drawn in call order, so
+/// ddp(2) and single differed by 1e-2 with dropout 0.1), and every resume reproduces them.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StepKey {
     pub seed: u64,
+    /// (step, micro-step, rank): the step keys every mask; the other two only the masks of a
+    /// micro-batch without `rows`.
     pub counters: [u64; 3],
+    /// The data index of each sample of the micro-batch, in batch order (empty: the masks are
+    /// drawn for the whole micro-batch from `counters`, as tests and benchmarks do).
+    pub rows: std::sync::Arc<[u64]>,
+}
+
+impl StepKey {
+    /// A key without sample indices (tests, benchmarks).
+    pub fn new(seed: u64, counters: [u64; 3]) -> Self {
+        StepKey {
+            seed,
+            counters,
+            rows: std::sync::Arc::from(Vec::new()),
+        }
+    }
 }
 
 /// What a family's forward may ask for besides its inputs. Cloned at each stage's start, so a
 /// recomputed stage (activation checkpointing) draws the same dropout masks again.
 #[derive(Clone)]
 pub struct Forward {
-    rng: Option<Rng>,
+    /// A training forward's key (`None`: evaluation, no dropout).
+    key: Option<StepKey>,
+    /// Dropout calls so far: each call's masks are keyed by its number (a recomputed stage
+    /// starts from the same count, so it draws the same masks).
+    calls: u64,
     /// Whether the family calls kiln's fused kernels (`kiln::kernels`) where they apply
     /// (`backend.fused`).
     fused: bool,
@@ -265,14 +289,16 @@ impl Forward {
     /// A training forward: dropout draws from `key`'s stream.
     pub fn train(key: StepKey) -> Self {
         Forward {
-            rng: Some(Rng::stream(key.seed, "dropout", &key.counters)),
+            key: Some(key),
+            calls: 0,
             fused: true,
         }
     }
     /// An evaluation forward: dropout is the identity.
     pub fn eval() -> Self {
         Forward {
-            rng: None,
+            key: None,
+            calls: 0,
             fused: true,
         }
     }
@@ -289,25 +315,44 @@ impl Forward {
     /// Whether `dropout(x, rate)` would draw a mask (a training forward and `rate` > 0): a
     /// kernel that fuses past a dropout point must not run then.
     pub fn drops(&self, rate: f64) -> bool {
-        self.rng.is_some() && rate > 0.0
+        self.key.is_some() && rate > 0.0
     }
     /// Inverted dropout with probability `rate`, its mask drawn from kiln's RNG (never Burn's
-    /// process-wide one). Masks are drawn in call order, element by element.
+    /// process-wide one). `x` is sample-major (its leading dimension the micro-batch's samples,
+    /// or samples x positions): each sample's part of the mask comes from a stream of its own,
+    /// keyed by (step, the sample's data index, this call's number), element by element.
     pub fn dropout<B: Backend, const D: usize>(
         &mut self,
         x: Tensor<B, D>,
         rate: f64,
     ) -> Tensor<B, D> {
-        let Some(rng) = self.rng.as_mut().filter(|_| rate > 0.0) else {
+        let Some(key) = self.key.as_ref().filter(|_| rate > 0.0) else {
             return x;
         };
+        let call = self.calls;
+        self.calls += 1;
         let keep = 1.0 - rate;
         let scale = (1.0 / keep) as f32;
         let shape = x.shape();
         let n = shape.num_elements();
-        let mask: Vec<f32> = (0..n)
-            .map(|_| if rng.next_f64() < keep { scale } else { 0.0 })
-            .collect();
+        let mut mask: Vec<f32> = Vec::with_capacity(n);
+        let mut draw = |rng: &mut Rng, count: usize| {
+            for _ in 0..count {
+                mask.push(if rng.next_f64() < keep { scale } else { 0.0 });
+            }
+        };
+        let rows = &key.rows;
+        if !rows.is_empty() && n % rows.len() == 0 {
+            let per = n / rows.len();
+            for &id in rows.iter() {
+                let mut rng = Rng::stream(key.seed, "dropout", &[key.counters[0], id, call]);
+                draw(&mut rng, per);
+            }
+        } else {
+            let [step, micro, rank] = key.counters;
+            let mut rng = Rng::stream(key.seed, "dropout-batch", &[step, micro, rank, call]);
+            draw(&mut rng, n);
+        }
         let mask = Tensor::<B, D>::from_data(TensorData::new(mask, shape), &x.device());
         x * mask
     }

@@ -274,10 +274,9 @@ mod engine_tests {
         ))
     }
 
-    const KEY: StepKey = StepKey {
-        seed: 1,
-        counters: [0, 0, 0],
-    };
+    fn key() -> StepKey {
+        StepKey::new(1, [0, 0, 0])
+    }
 
     #[test]
     fn device_buffers_give_the_host_gradients() {
@@ -302,7 +301,7 @@ mod engine_tests {
                     compute.as_ref(),
                     &mut from_host,
                     input(),
-                    KEY,
+                    key(),
                     0.5,
                     &mut host,
                     false,
@@ -319,7 +318,7 @@ mod engine_tests {
                     compute.as_ref(),
                     &mut from_device,
                     input(),
-                    KEY,
+                    key(),
                     0.5,
                     &mut dev,
                     false,
@@ -338,10 +337,7 @@ mod engine_tests {
         let mut from_host = |u: usize| -> Result<UnitParams, ModelError> {
             Ok(UnitParams::Host(params[layout.unit_range(u)].to_vec()))
         };
-        let other = StepKey {
-            seed: 1,
-            counters: [1, 0, 0],
-        };
+        let other = StepKey::new(1, [1, 0, 0]);
         let l2 = crate::model::forward_backward(
             compute.as_ref(),
             &mut from_host,
@@ -381,7 +377,7 @@ mod engine_tests {
                 compute.as_ref(),
                 &mut from_host,
                 input(),
-                KEY,
+                key(),
                 1.0,
                 &mut hg,
                 false,
@@ -398,7 +394,7 @@ mod engine_tests {
                 compute.as_ref(),
                 &mut from_device,
                 input(),
-                KEY,
+                key(),
                 1.0,
                 &mut dg,
                 false,

@@ -112,6 +112,9 @@ impl Iterator for Source<'_> {
 /// A micro-batch ready for the step: `input` is `None` when this rank has no samples in it.
 pub(super) struct Micro {
     pub pos: Pos,
+    /// The data index of each of this rank's samples, in batch order (dropout's masks are
+    /// keyed by them).
+    pub ids: Vec<u64>,
     pub samples: usize,
     pub global: usize,
     pub input: Option<Input>,
@@ -142,6 +145,7 @@ impl Assembler<'_> {
         };
         Ok(Micro {
             pos: job.pos,
+            ids: job.idx.iter().map(|&i| i as u64).collect(),
             samples: job.idx.len(),
             global: job.global,
             input,

@@ -372,7 +372,7 @@ impl<'a, B: ComputeOn> Trainer<'a, B> {
                 break;
             }
             let pos = self.pos;
-            let micro = self
+            let mut micro = self
                 .clock
                 .time(Phase::Data, || loader.next(pos))
                 .map_err(TrainError::Data)?;
@@ -401,6 +401,7 @@ impl<'a, B: ComputeOn> Trainer<'a, B> {
             let key = StepKey {
                 seed: c.experiment.seed,
                 counters: [self.step as u64, k as u64, self.rank as u64],
+                rows: std::sync::Arc::from(std::mem::take(&mut micro.ids)),
             };
             // ranks without samples run the same collectives
             let batch = micro.input.map(|b| (b, key, weight / plan.accum as f64));

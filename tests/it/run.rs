@@ -150,13 +150,11 @@ fn an_unknown_model_kind_is_bad_input_naming_key_source_and_the_closest_family()
 fn the_mlp_trains_to_the_same_bits_as_before_the_model_redesign() {
     let file = root().join("experiments/quickstart.toml");
     for (sets, want) in [
+        // (issue 58, defect 29 keyed dropout's masks by each sample's data index: the bits of
+        // a dropout run changed on purpose then; measured on an Intel Xeon with AVX-512)
         (
             vec!["model.dropout=0.2"],
-            &[
-                "4002619cf57c607d3c5fb42265f8dbe5f891434c9b5095009682cc0987016fab",
-                "979f1094facd856a7ba69cc92f1bcf13cf317e177d5e3cd2c759c1e04c9e6c04",
-                "cff5771bc75a8b23b2ae97a53fc48c4a5a8b7adbb8eeb0a5c84885dff34109cf",
-            ][..],
+            &["c3b6fe1888dd03d4e041adfe94a2fbb6ed6ea00db994b5536338bd1c61ef5a91"][..],
         ),
         (
             vec![

@@ -73,10 +73,7 @@ fn running_statistics_are_state_and_every_parameter_is_installed_and_trained() {
         compute.as_ref(),
         &mut source,
         m.task().input(batch.clone()),
-        StepKey {
-            seed: 0,
-            counters: [0; 3],
-        },
+        StepKey::new(0, [0; 3]),
         1.0,
         &mut grads,
         false,
@@ -114,10 +111,7 @@ fn a_unit_of_the_wrong_size_is_an_error() {
         shape: vec![2, 4],
         y: vec![0, 1],
     };
-    let key = StepKey {
-        seed: 0,
-        counters: [0; 3],
-    };
+    let key = StepKey::new(0, [0; 3]);
     let e = crate::model::forward_backward(
         compute.as_ref(),
         &mut short,
