@@ -205,6 +205,8 @@ fn an_hsdp_run_resumes_under_another_strategy() {
     let err = crate::common::stderr(&o);
     assert_eq!(o.status.code(), Some(0), "{err}");
     assert!(err.contains("`strategy.devices` of the run's config.toml is left out"), "{err}");
+    // (issue 58, defect 27: the resume's warning names a device count that changes)
+    assert!(err.contains("resuming with `strategy.devices` changed: 4 -> 1"), "{err}");
     let s = crate::common::summary(&d.path().join("r"));
     assert_eq!((s["steps"].as_u64(), s["world_size"].as_u64()), (Some(8), Some(1)), "{s}");
 }
