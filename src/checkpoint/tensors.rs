@@ -134,31 +134,11 @@ pub fn encode_as(
         FloatDtype::Bf16 => (Dtype::BF16, |x| half::bf16::from_f32(x).to_le_bytes()),
         FloatDtype::F16 => (Dtype::F16, |x| half::f16::from_f32(x).to_le_bytes()),
     };
-    let mut views = Vec::with_capacity(tensors.len());
-    let mut seen = std::collections::HashSet::new();
-    for &(name, shape, data) in tensors {
-        if !seen.insert(name) {
-            return Err(format!("two tensors are named `{name}`"));
-        }
-        if shape.iter().product::<usize>() != data.len() {
-            return Err(format!(
-                "tensor `{name}`: shape {shape:?} does not hold {} values",
-                data.len()
-            ));
-        }
-        views.push((
-            name,
-            HalfView {
-                dtype: d,
-                shape: shape.to_vec(),
-                bytes: data.iter().flat_map(|&x| half(x)).collect(),
-            },
-        ));
-    }
-    let mut bytes =
-        safetensors::tensor::serialize(views, Some(metadata)).map_err(|e| describe(&e))?;
-    sort_metadata(&mut bytes);
-    Ok(bytes)
+    serialize(tensors, metadata, |shape, data| HalfView {
+        dtype: d,
+        shape: shape.to_vec(),
+        bytes: data.iter().flat_map(|&x| half(x)).collect(),
+    })
 }
 
 /// The bytes of a safetensors file holding `tensors` (name, shape, values) and `metadata`.
@@ -166,6 +146,19 @@ pub fn encode_as(
 pub fn encode(
     tensors: &[(&str, &[usize], &[f32])],
     metadata: HashMap<String, String>,
+) -> Result<Vec<u8>, String> {
+    serialize(tensors, metadata, |shape, data| F32View {
+        shape: shape.to_vec(),
+        data,
+    })
+}
+
+/// `tensors` as the views `view` makes of them, checked (one name each, values filling their
+/// shape), serialized with `metadata` in name order.
+fn serialize<'a, V: View>(
+    tensors: &[(&'a str, &[usize], &'a [f32])],
+    metadata: HashMap<String, String>,
+    view: impl Fn(&[usize], &'a [f32]) -> V,
 ) -> Result<Vec<u8>, String> {
     let mut views = Vec::with_capacity(tensors.len());
     let mut seen = std::collections::HashSet::new();
@@ -179,13 +172,7 @@ pub fn encode(
                 data.len()
             ));
         }
-        views.push((
-            name,
-            F32View {
-                shape: shape.to_vec(),
-                data,
-            },
-        ));
+        views.push((name, view(shape, data)));
     }
     let mut bytes =
         safetensors::tensor::serialize(views, Some(metadata)).map_err(|e| describe(&e))?;

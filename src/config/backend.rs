@@ -276,21 +276,28 @@ impl BackendConfig {
     }
 }
 
+/// Where `backend.threads` came from when `OMP_NUM_THREADS` set it.
+pub const OMP_SOURCE: &str = "environment variable OMP_NUM_THREADS";
+
 /// `OMP_NUM_THREADS` (which torchrun sets to 1 for each process it starts) as `backend.threads`
-/// when no layer of `figment` sets it (issue 58, defect 21: two processes under torchrun ran
-/// two threads each on two cores): the layer, named as its source.
+/// when no layer of `figment` sets a count (0, the default, shares the cores: a run's
+/// config.toml holds it) (issue 58, defect 21: two processes under torchrun ran two threads
+/// each on two cores): the layer, named as its source. A session setting: the run directory
+/// stores 0 for it, and trial ids leave threads out.
 pub(super) fn omp_threads(
     figment: &figment::Figment,
     var: &dyn Fn(&str) -> Option<String>,
 ) -> Option<(figment::Metadata, figment::value::Dict)> {
     let set = figment
-        .find_metadata("backend.threads")
-        .is_some_and(|m| m.name != super::load::DEFAULT_SOURCE);
+        .find_value("backend.threads")
+        .ok()
+        .and_then(|v| v.deserialize::<i64>().ok())
+        .is_some_and(|n| n > 0);
     let n = var("OMP_NUM_THREADS")
         .and_then(|v| v.trim().parse::<u64>().ok())
         .filter(|n| *n > 0 && !set)?;
     Some((
-        figment::Metadata::named("environment variable OMP_NUM_THREADS"),
+        figment::Metadata::named(OMP_SOURCE),
         super::load::nest(
             &["backend".into(), "threads".into()],
             figment::value::Value::from(n),

@@ -123,12 +123,6 @@ pub fn load_run(
     load_layers(file, env, sets, flags, Origin::Run)
 }
 
-/// `--set KEY=` with no value: the key is unset (it takes its default, whatever a layer below
-/// says).
-fn unset_key(arg: &str) -> Option<String> {
-    let (key, value) = arg.split_once('=')?;
-    (value.trim().is_empty() && !key.trim().is_empty()).then(|| key.trim().to_string())
-}
 
 /// What kind of file a config is loaded from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -148,10 +142,21 @@ fn load_layers(
 ) -> Result<Resolved, ConfigError> {
     let mut errors: Vec<ConfigError> = Vec::new();
     let mut dropped: Vec<String> = Vec::new();
+    // `--set KEY=` unsets a key some layer sets (a misspelt key would unset nothing, silently)
+    if sets.iter().any(|s| super::strategy::unset_key(s).is_some()) {
+        let kept: Vec<String> = sets
+            .iter()
+            .filter(|s| super::strategy::unset_key(s).is_none())
+            .cloned()
+            .collect();
+        let probe = build_figment_without(file, env, &kept, flags, &[], origin)?;
+        super::strategy::check_unsets(&probe, sets)?;
+    }
     let left_out = match origin {
-        Origin::Run => super::strategy::left_out(&build_figment_without(
-            file, env, sets, flags, &[], origin,
-        )?),
+        Origin::Run => super::strategy::left_out(
+            &build_figment_without(file, env, sets, flags, &[], origin)?,
+            file,
+        ),
         Origin::Experiment => Vec::new(),
     };
     let outcome = loop {
@@ -232,10 +237,13 @@ fn build_figment_without(
     origin: Origin,
 ) -> Result<Figment, ConfigError> {
     // `--set KEY=`: left out of every layer
-    let unset: Vec<String> = sets.iter().filter_map(|s| unset_key(s)).collect();
+    let unset: Vec<String> = sets
+        .iter()
+        .filter_map(|s| super::strategy::unset_key(s))
+        .collect();
     let sets: Vec<String> = sets
         .iter()
-        .filter(|s| unset_key(s).is_none())
+        .filter(|s| super::strategy::unset_key(s).is_none())
         .cloned()
         .collect();
     let drop: Vec<String> = drop.iter().chain(&unset).cloned().collect();

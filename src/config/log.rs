@@ -95,13 +95,14 @@ pub fn parse_http_address(uri: &str) -> Result<HttpAddress, String> {
             ))
         }
     };
-    let (authority, prefix) = match rest.find('/') {
+    // user info up to the last `@` (a password may hold a `/`), then host, port and prefix
+    let (userinfo, rest) = match rest.rsplit_once('@') {
+        Some((u, h)) => (Some(u), h),
+        None => (None, rest),
+    };
+    let (hostport, prefix) = match rest.find('/') {
         Some(i) => (&rest[..i], rest[i..].trim_end_matches('/')),
         None => (rest, ""),
-    };
-    let (userinfo, hostport) = match authority.rsplit_once('@') {
-        Some((u, h)) => (Some(u), h),
-        None => (None, authority),
     };
     let (host, port) = if let Some(v6) = hostport.strip_prefix('[') {
         let Some((h, after)) = v6.split_once(']') else {
@@ -181,9 +182,10 @@ pub fn redact(text: &str) -> String {
     while let Some(i) = rest.find("://") {
         let (head, tail) = rest.split_at(i + 3);
         out.push_str(head);
-        // the authority: up to the first `/`, whitespace or quote
+        // the URL: up to whitespace or a quote; its user info up to its last `@` (a password
+        // may hold a `/`)
         let end = tail
-            .find(|c: char| c == '/' || c.is_whitespace() || "\"'<>".contains(c))
+            .find(|c: char| c.is_whitespace() || "\"'<>".contains(c))
             .unwrap_or(tail.len());
         let authority = &tail[..end];
         match authority.rsplit_once('@') {
@@ -236,6 +238,11 @@ mod tests {
         let e = parse_http_address("http://alice:hunter2@host:5x").unwrap_err();
         assert!(!e.contains("hunter2") && e.contains("is not a port"), "{e}");
         assert!(parse_http_address("http://[::1").is_err());
+        // a `/` in the password
+        let a = parse_http_address("http://alice:pa/ss@mlflow:5000/x").unwrap();
+        assert_eq!((a.password.as_deref(), a.host.as_str(), a.prefix.as_str()), (Some("pa/ss"), "mlflow", "/x"));
+        let e = parse_http_address("http://alice:pa/ss@mlflow:50x").unwrap_err();
+        assert!(!e.contains("pa/ss") && !e.contains("ss@"), "{e}");
     }
 
     #[test]
@@ -248,5 +255,6 @@ mod tests {
         assert_eq!(redact("http://host:5000"), "http://host:5000");
         assert_eq!(redact("no url"), "no url");
         assert_eq!(without_password("http://u:p@h:1/x"), "http://u@h:1/x");
+        assert_eq!(redact("uri = \"http://bob:12/34@host\""), "uri = \"http://bob:***@host\"");
     }
 }

@@ -55,7 +55,7 @@ pub use profile::*;
 pub use sampler::*;
 pub use schedule::*;
 pub use schema::*;
-pub use show::{annotated, config_hash, to_toml};
+pub use show::{annotated, config_hash, flat, to_toml};
 pub use slurm::*;
 pub use slurm_syntax::*;
 pub use strategy::*;

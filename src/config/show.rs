@@ -19,6 +19,33 @@ pub fn to_toml(config: &Config) -> String {
     toml::to_string(config).unwrap_or_default()
 }
 
+/// The config as dotted leaf keys and their values, TOML-written (arrays are leaves): what a
+/// resume compares with the run's config, and what the nodes of a job compare.
+pub fn flat(config: &Config) -> std::collections::BTreeMap<String, String> {
+    fn walk(prefix: &str, v: &toml::Value, out: &mut std::collections::BTreeMap<String, String>) {
+        match v {
+            toml::Value::Table(t) => {
+                for (k, v) in t {
+                    let key = if prefix.is_empty() {
+                        k.clone()
+                    } else {
+                        format!("{prefix}.{k}")
+                    };
+                    walk(&key, v, out);
+                }
+            }
+            other => {
+                out.insert(prefix.to_string(), other.to_string());
+            }
+        }
+    }
+    let mut out = std::collections::BTreeMap::new();
+    if let Ok(t) = toml::Table::try_from(config) {
+        walk("", &toml::Value::Table(t), &mut out);
+    }
+    out
+}
+
 /// Keys renamed since hashes were pinned, `(section, name now, name hashed)`: a config hashes
 /// under the old names, so the hash of a config (and a sweep's trial directories) does not
 /// change with a rename.

@@ -283,7 +283,7 @@ impl StrategyConfig {
 /// nothing could remove it): fsdp's own keys under another strategy, and a device count and a
 /// reduction dtype under single. Only keys the stored file sets; a key set again on the
 /// command line stays (and its check speaks).
-pub(super) fn left_out(figment: &figment::Figment) -> Vec<String> {
+pub(super) fn left_out(figment: &figment::Figment, file: &std::path::Path) -> Vec<String> {
     let from_file = |key: &str| {
         figment
             .find_metadata(key)
@@ -294,11 +294,20 @@ pub(super) fn left_out(figment: &figment::Figment) -> Vec<String> {
     if from_file("strategy.kind") {
         return Vec::new();
     }
+    // (a kind set again to what the file says changes nothing)
+    let in_file = std::fs::read_to_string(file)
+        .ok()
+        .and_then(|t| toml::from_str::<toml::Table>(&t).ok())
+        .and_then(|t| t.get("strategy")?.get("kind")?.as_str().map(str::to_string))
+        .unwrap_or_else(|| "single".into());
     let kind = figment
         .find_value("strategy.kind")
         .ok()
         .and_then(|v| v.into_string())
         .unwrap_or_default();
+    if kind == in_file {
+        return Vec::new();
+    }
     let mut keys: Vec<&str> = Vec::new();
     if kind != "fsdp" {
         keys.extend(["strategy.shard_size", "strategy.unit", "strategy.sharding"]);
@@ -312,3 +321,26 @@ pub(super) fn left_out(figment: &figment::Figment) -> Vec<String> {
         .collect()
 }
 
+/// `--set KEY=` with no value: the key is unset (it takes its default, whatever a layer below
+/// says).
+pub(super) fn unset_key(arg: &str) -> Option<String> {
+    let (key, value) = arg.split_once('=')?;
+    (value.trim().is_empty() && !key.trim().is_empty()).then(|| key.trim().to_string())
+}
+
+/// Each `--set KEY=` of `sets` names a key some layer of `probe` (the stack without them) sets.
+pub(super) fn check_unsets(
+    probe: &figment::Figment,
+    sets: &[String],
+) -> Result<(), ConfigError> {
+    for arg in sets {
+        let Some(key) = unset_key(arg) else { continue };
+        if probe.find_value(&key).is_err() {
+            return Err(ConfigError::BadSet {
+                arg: arg.clone(),
+                why: format!("no layer sets `{key}` (a key kiln does not know, or one left unset): there is nothing to unset"),
+            });
+        }
+    }
+    Ok(())
+}

@@ -18,34 +18,9 @@ pub struct Resumption {
     pub from: Option<(PathBuf, State)>,
 }
 
-/// Dotted leaf keys and their values (arrays are leaves).
-fn flatten(prefix: &str, v: &toml::Value, out: &mut Vec<(String, String)>) {
-    match v {
-        toml::Value::Table(t) => {
-            for (k, v) in t {
-                let key = if prefix.is_empty() {
-                    k.clone()
-                } else {
-                    format!("{prefix}.{k}")
-                };
-                flatten(&key, v, out);
-            }
-        }
-        other => out.push((prefix.to_string(), other.to_string())),
-    }
-}
-
 /// (key, old, new) for every value that differs.
 pub fn config_changes(old: &Config, new: &Config) -> Vec<(String, String, String)> {
-    let flat = |c: &Config| {
-        let mut out = Vec::new();
-        if let Ok(t) = toml::Table::try_from(c) {
-            flatten("", &toml::Value::Table(t), &mut out);
-        }
-        out.into_iter()
-            .collect::<std::collections::BTreeMap<_, _>>()
-    };
-    let (a, b) = (flat(old), flat(new));
+    let (a, b) = (crate::config::flat(old), crate::config::flat(new));
     let mut keys: Vec<&String> = a.keys().chain(b.keys()).collect();
     keys.sort();
     keys.dedup();

@@ -276,7 +276,16 @@ fn agree(
     let text = serde_json::to_string(&mine).unwrap_or_default();
     client.set(&format!("node/{node}/settings"), &text)?;
     let keys: Vec<String> = (0..nnodes).map(|n| format!("node/{n}/settings")).collect();
-    if let Ok(all) = client.wait(&keys, deadline.saturating_duration_since(Instant::now()))? {
+    let all = match client.wait(&keys, deadline.saturating_duration_since(Instant::now()))? {
+        Ok(all) => all,
+        Err(missing) => {
+            return Err(StoreError::Mismatch(format!(
+                "{} published no settings (a kiln older than this node's?)",
+                missing.join(", ")
+            )))
+        }
+    };
+    {
         for (n, theirs) in all.iter().enumerate().filter(|(n, _)| *n != node) {
             let theirs: std::collections::BTreeMap<String, String> =
                 serde_json::from_str(theirs).unwrap_or_default();
@@ -292,6 +301,9 @@ fn agree(
 /// loader, where it reads its files from (a node-local copy), how it reports.
 const NODE_LOCAL: &[&str] = &[
     "launch.",
+    // (each node's GPU ordinals; their count is compared on its own)
+    "strategy.devices",
+    "backend.adapter",
     "backend.threads",
     "backend.nccl",
     "data.workers",
@@ -312,36 +324,17 @@ const NODE_LOCAL: &[&str] = &[
 /// The config as dotted keys and values, less the `NODE_LOCAL` ones: what every node of a job
 /// must agree on.
 pub fn job_settings(c: &Config) -> std::collections::BTreeMap<String, String> {
-    fn walk(prefix: &str, v: &toml::Value, out: &mut std::collections::BTreeMap<String, String>) {
-        match v {
-            toml::Value::Table(t) => {
-                for (k, v) in t {
-                    let key = if prefix.is_empty() {
-                        k.clone()
-                    } else {
-                        format!("{prefix}.{k}")
-                    };
-                    walk(&key, v, out);
-                }
+    let local = |k: &str| {
+        NODE_LOCAL.iter().any(|l| {
+            if l.ends_with('.') {
+                k.starts_with(l)
+            } else {
+                k == *l || k.starts_with(&format!("{l}."))
             }
-            other => {
-                let local = NODE_LOCAL.iter().any(|l| {
-                    if l.ends_with('.') {
-                        prefix.starts_with(l)
-                    } else {
-                        prefix == *l || prefix.starts_with(&format!("{l}."))
-                    }
-                });
-                if !local {
-                    out.insert(prefix.to_string(), other.to_string());
-                }
-            }
-        }
-    }
-    let mut out = std::collections::BTreeMap::new();
-    if let Ok(t) = toml::Table::try_from(c) {
-        walk("", &toml::Value::Table(t), &mut out);
-    }
+        })
+    };
+    let mut out = crate::config::flat(c);
+    out.retain(|k, _| !local(k));
     out
 }
 

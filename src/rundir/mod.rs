@@ -140,6 +140,10 @@ fn stored_config_with(r: &Resolved, env: impl IntoIterator<Item = (String, Strin
     // no secret in a file: a tracking server's password stays with the session (issue 58,
     // defect 9)
     c.log.mlflow = c.log.mlflow.as_ref().map(|m| m.stored());
+    // threads from `OMP_NUM_THREADS` are this session's (a resume elsewhere shares its cores)
+    if config::describe_source(&r.figment, "backend.threads") == config::OMP_SOURCE {
+        c.backend.threads = 0;
+    }
     // a CUDA run records the NCCL variables of its environment too: its config.toml then
     // reproduces the environment NCCL saw
     if c.backend.device.has_nccl() {

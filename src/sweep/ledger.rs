@@ -82,16 +82,21 @@ impl Ledger {
     pub fn read(&self) -> Vec<Record> {
         let (records, bad) = self.read_lines();
         for (line, why) in bad {
-            warn_once(&self.path, line, &why);
+            // (a last line without its newline may be one another process is writing now)
+            if line != usize::MAX {
+                warn_once(&self.path, line, &why);
+            }
         }
         records
     }
 
-    /// Every record that reads, and the lines that do not (1-based, with why).
+    /// Every record that reads, and the lines that do not (1-based, with why; `usize::MAX` for
+    /// a last line without its newline, which a writer may not have finished).
     pub fn read_lines(&self) -> (Vec<Record>, Vec<(usize, String)>) {
         let bytes = std::fs::read(&self.path).unwrap_or_default();
         let mut records = Vec::new();
         let mut bad = Vec::new();
+        let lines = bytes.split(|b| *b == b'\n').count();
         for (i, raw) in bytes.split(|b| *b == b'\n').enumerate() {
             if raw.iter().all(u8::is_ascii_whitespace) {
                 continue;
@@ -104,6 +109,7 @@ impl Ledger {
                 });
             match parsed {
                 Ok(r) => records.push(r),
+                Err(why) if i + 1 == lines => bad.push((usize::MAX, why)),
                 Err(why) => bad.push((i + 1, why)),
             }
         }

@@ -39,7 +39,8 @@ pub struct SweepSpec {
 
 impl SweepSpec {
     /// Writes the spec as `dir/sweep.json` for `executor`, with the experiment file's absolute
-    /// path (so `--resume DIR` works from anywhere); returns what it wrote.
+    /// path (so `--resume DIR` works from anywhere) and no password; returns it with this
+    /// session's sets (its trials are this session's).
     pub(super) fn store(&self, dir: &Path, executor: Executor) -> Result<SweepSpec> {
         let stored = SweepSpec {
             file: self
@@ -57,7 +58,11 @@ impl SweepSpec {
             dir: None,
         };
         crate::rundir::write_json(&dir.join("sweep.json"), &stored)?;
-        Ok(stored)
+        // (this session's trials keep what it was given, a password too)
+        Ok(SweepSpec {
+            sets: self.sets.clone(),
+            ..stored
+        })
     }
 }
 
@@ -94,14 +99,19 @@ pub fn trial_id(r: &config::Resolved) -> String {
 /// the experiment file spells them. A sweep directory whose ledger knows a trial by this id
 /// keeps it (its directory has that name).
 fn legacy_trial_id(r: &config::Resolved) -> String {
-    id_of(r.config.clone())
+    let mut c = r.config.clone();
+    c.sweep = SweepConfig::default();
+    c.slurm = crate::config::SlurmConfig::default();
+    config::config_hash(&c)[..8].to_string()
 }
 
 fn id_of(mut c: Config) -> String {
     c.sweep = SweepConfig::default();
     c.slurm = crate::config::SlurmConfig::default();
-    // (a trial given a tracking server's password is the trial resumed without it)
+    // (a trial given a tracking server's password is the trial resumed without it; its threads
+    // are the session's: the sweep sets them, and `OMP_NUM_THREADS` may)
     c.log.mlflow = c.log.mlflow.as_ref().map(|m| m.stored());
+    c.backend.threads = 0;
     config::config_hash(&c)[..8].to_string()
 }
 
@@ -169,11 +179,6 @@ pub fn plan(spec: &SweepSpec, env: &[(String, String)]) -> Result<(Config, Vec<P
             resolved: r,
         });
     }
-    if base.config.sweep.scheduler == crate::config::SweepScheduler::Asha {
-        if let Some(p) = planned.first() {
-            crate::launch::check_sweep_metric(&p.resolved)?;
-        }
-    }
     Ok((base.config, planned))
 }
 
@@ -181,6 +186,17 @@ pub fn plan(spec: &SweepSpec, env: &[(String, String)]) -> Result<(Config, Vec<P
 /// base config's.
 pub fn dir_of(spec: &SweepSpec, base: &Config) -> PathBuf {
     spec.dir.clone().unwrap_or_else(|| sweep_dir(base))
+}
+
+/// An asha sweep's metric is one its trials report (checked on the first trial's data and
+/// model when a sweep is started or resumed, not at each Slurm segment's end).
+pub(super) fn check_metric(base: &Config, planned: &[Planned]) -> Result<()> {
+    match planned.first() {
+        Some(p) if base.sweep.scheduler == crate::config::SweepScheduler::Asha => {
+            crate::launch::check_sweep_metric(&p.resolved)
+        }
+        _ => Ok(()),
+    }
 }
 
 /// The sweep directory of a base config.
@@ -427,6 +443,7 @@ pub(super) fn write_results(dir: &Path, rows: &[Row], metric: &str) -> Result<()
 pub fn run_trials(spec: &SweepSpec, parallel: Option<usize>, quiet: bool) -> Result<String> {
     let env: Vec<(String, String)> = std::env::vars().collect();
     let (base, planned) = plan(spec, &env)?;
+    check_metric(&base, &planned)?;
     let s = &base.sweep;
     if s.scheduler == crate::config::SweepScheduler::Asha {
         return super::asha::run(spec, &base, planned, parallel, quiet);

@@ -131,6 +131,7 @@ pub fn refresh(dir: &Path, ledger: &Ledger, metric: &str) -> Result<Vec<String>>
 pub fn submit(spec: &SweepSpec, parallel: Option<usize>) -> Result<String> {
     let env: Vec<(String, String)> = std::env::vars().collect();
     let (base, planned) = plan(spec, &env)?;
+    super::scheduler::check_metric(&base, &planned)?;
     let s = &base.sweep;
     if s.scheduler == crate::config::SweepScheduler::Asha {
         return super::asha_slurm::submit(spec, &base, &planned, parallel);

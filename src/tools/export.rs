@@ -180,9 +180,15 @@ fn write_dir(dir: &Path, files: &[(PathBuf, Vec<u8>)]) -> Result<()> {
         .map(|n| n.to_string_lossy().to_string())
         .unwrap_or_default();
     let tmp = dir.with_file_name(format!(".{name}.kiln-{}", std::process::id()));
-    // (a directory of that name is not this export's to remove)
-    fs::create_dir(&tmp).map_err(|e| Error::io(format!("making {}", tmp.display()), e))?;
     let existing = dir.is_dir();
+    // (a directory of that name is not this export's to remove); a parent this user cannot
+    // write to (an export directory of theirs in a shared one): file by file in place
+    if let Err(e) = fs::create_dir(&tmp) {
+        if existing && e.kind() == std::io::ErrorKind::PermissionDenied {
+            return write_in_place(dir, files);
+        }
+        return Err(Error::io(format!("making {}", tmp.display()), e));
+    }
     // (what failed, and where)
     let made = (|| -> std::result::Result<(), (PathBuf, std::io::Error)> {
         let at = |p: &Path| {
@@ -227,6 +233,14 @@ fn write_dir(dir: &Path, files: &[(PathBuf, Vec<u8>)]) -> Result<()> {
     })();
     // the temporary name holds the new files (failed) or the old directory (exchanged)
     let _ = fs::remove_dir_all(&tmp);
+    // a directory that cannot be exchanged (a mount point, another file system, an overlay's
+    // lower layer): file by file in place, as before
+    if let Err((p, e)) = &made {
+        let cannot = [libc::EXDEV, libc::EBUSY, libc::EPERM, libc::EACCES, libc::ENOTSUP];
+        if existing && p == dir && e.raw_os_error().is_some_and(|c| cannot.contains(&c)) {
+            return write_in_place(dir, files);
+        }
+    }
     made.map_err(|(p, e)| {
         Error::io(
             format!(
@@ -237,6 +251,27 @@ fn write_dir(dir: &Path, files: &[(PathBuf, Vec<u8>)]) -> Result<()> {
             e,
         )
     })
+}
+
+/// Writes `files` into the existing directory `dir` one by one, each replaced atomically, and
+/// removes the earlier export's weights that are not among them: where the directory cannot be
+/// exchanged whole (a mount point, a parent not writable).
+fn write_in_place(dir: &Path, files: &[(PathBuf, Vec<u8>)]) -> Result<()> {
+    for (p, b) in files {
+        write_atomic(p, b)?;
+    }
+    let ours: Vec<&std::ffi::OsStr> = files.iter().filter_map(|(p, _)| p.file_name()).collect();
+    for e in fs::read_dir(dir)
+        .map_err(|e| Error::io(format!("reading {}", dir.display()), e))?
+        .flatten()
+    {
+        let name = e.file_name();
+        if is_weights(&name.to_string_lossy()) && !ours.contains(&name.as_os_str()) {
+            fs::remove_file(e.path())
+                .map_err(|err| Error::io(format!("removing {}", e.path().display()), err))?;
+        }
+    }
+    Ok(())
 }
 
 /// A file name of Hugging Face weights: `model.safetensors`, its index, or a shard.
@@ -314,7 +349,23 @@ pub struct ExportReport {
 fn hf_dir(path: &Path, format: WeightFormat) -> Result<PathBuf> {
     // (a symlink to a directory is that directory: issue 58, defect 15)
     match fs::metadata(path) {
-        Ok(m) if m.is_dir() => Ok(path.canonicalize().unwrap_or_else(|_| path.to_path_buf())),
+        Ok(m) if m.is_dir() => {
+            let dir = path.canonicalize().unwrap_or_else(|_| path.to_path_buf());
+            // an existing directory is replaced whole: only an earlier export (or an empty
+            // one), never a run's or another directory's files
+            refuse_inside_run(&dir.join("config.json"), "-o", None)?;
+            let empty = fs::read_dir(&dir).is_ok_and(|mut d| d.next().is_none());
+            let export = ["config.json", "model.safetensors", "model.safetensors.index.json"]
+                .iter()
+                .any(|f| dir.join(f).exists());
+            if !empty && !export {
+                return Err(Error::Usage(format!(
+                    "-o `{}` exists and holds no Hugging Face model (no config.json or weights); an export replaces its directory whole\n  = help: give a new directory, or one an earlier export wrote",
+                    path.display()
+                )));
+            }
+            Ok(dir)
+        }
         Ok(_) => Err(Error::Usage(format!(
             "-o `{}` is not a directory; --format {} writes a directory (config.json and the weights) that Hugging Face's `from_pretrained` loads",
             path.display(),
@@ -475,6 +526,20 @@ fn outputs(
         Some(d) => d.join("model.safetensors"),
         None => output_path(&o.out, "-o")?,
     };
+    // (a single file too: never over the weights the run started from)
+    let init = r
+        .config
+        .model
+        .init_from
+        .as_deref()
+        .map(|v| r.path_of("model.init_from", v))
+        .and_then(|p| p.canonicalize().ok());
+    if hf_dir.is_none() && init.is_some() && init == out.canonicalize().ok() {
+        return Err(Error::Usage(format!(
+            "-o `{}` is the weights file this run was initialised from (`model.init_from`); exporting there would replace them\n  = help: give the export a file of its own",
+            o.out.display()
+        )));
+    }
     let probe = o
         .probe
         .as_ref()
@@ -569,8 +634,21 @@ pub fn export(run_dir: &Path, o: &ExportOptions) -> Result<ExportReport> {
     if let Some(probe) = &probe {
         let (x, shape) = probe_input(model.task(), &state.input_shape);
         let compute = <Autodiff<Flex> as ComputeOn>::compute(model.as_ref(), &Default::default());
-        let logits =
-            compute.logits(&loaded.params, &crate::data::Values::F32(x.clone()), &shape)?;
+        // the logits of the weights as exported (rounded to their dtype)
+        let params: Vec<f32> = match dtype {
+            tensors::FloatDtype::F32 => loaded.params.clone(),
+            tensors::FloatDtype::Bf16 => loaded
+                .params
+                .iter()
+                .map(|&v| half::bf16::from_f32(v).to_f32())
+                .collect(),
+            tensors::FloatDtype::F16 => loaded
+                .params
+                .iter()
+                .map(|&v| half::f16::from_f32(v).to_f32())
+                .collect(),
+        };
+        let logits = compute.logits(&params, &crate::data::Values::F32(x.clone()), &shape)?;
         let classes = model.task().classes();
         let probe_bytes = tensors::encode(
             &[

@@ -81,7 +81,12 @@ impl Endpoint {
         };
         let auth = match (&a.user, &a.password) {
             (Some(u), Some(p)) => Some(basic(u, p)),
-            (Some(u), None) => Some(basic(u, &var("MLFLOW_TRACKING_PASSWORD").unwrap_or_default())),
+            // (the address as files keep it: the password from the environment, else a token)
+            (Some(u), None) => match (var("MLFLOW_TRACKING_PASSWORD"), var("MLFLOW_TRACKING_TOKEN")) {
+                (Some(p), _) => Some(basic(u, &p)),
+                (None, Some(t)) => Some(format!("Bearer {t}")),
+                (None, None) => Some(basic(u, "")),
+            },
             (None, _) => match (var("MLFLOW_TRACKING_USERNAME"), var("MLFLOW_TRACKING_PASSWORD")) {
                 (Some(u), Some(p)) => Some(basic(&u, &p)),
                 _ => var("MLFLOW_TRACKING_TOKEN").map(|t| format!("Bearer {t}")),
@@ -97,12 +102,14 @@ impl Endpoint {
 
     /// The address as kiln shows it: no user info, an IPv6 host in brackets.
     pub fn uri(&self) -> String {
-        let host = if self.host.contains(':') {
-            format!("[{}]", self.host)
-        } else {
-            self.host.clone()
-        };
-        format!("http://{host}:{}{}", self.port, self.prefix)
+        crate::config::HttpAddress {
+            host: self.host.clone(),
+            port: self.port,
+            prefix: self.prefix.clone(),
+            user: None,
+            password: None,
+        }
+        .shown()
     }
 
     /// A request that timed out (issue 58, defect 8: it said "Resource temporarily

@@ -460,6 +460,14 @@ fn a_re_export_is_swapped_in_whole_or_not_at_all() {
         "{:?}",
         after.keys()
     );
+    // a directory that holds no export (a project, the run itself) is never replaced whole
+    std::fs::create_dir(d.path().join("project")).unwrap();
+    std::fs::write(d.path().join("project/notes.txt"), "mine").unwrap();
+    for out in ["project", "run"] {
+        let o = kiln(d.path(), &["export", "run", "--format", "hf-gpt2", "-o", out]);
+        assert_eq!(o.status.code(), Some(2), "{out}: {}", stderr(&o));
+    }
+    assert_eq!(std::fs::read_to_string(d.path().join("project/notes.txt")).unwrap(), "mine");
     // nothing left beside it
     let left: Vec<String> = std::fs::read_dir(d.path())
         .unwrap()
