@@ -431,7 +431,10 @@ impl Lazy {
                 bytes.entry(d.name()).or_insert((d, 0)).1 += e.end - e.start;
             }
         }
-        bytes.into_values().max_by_key(|(d, n)| (*n, d.name())).map(|(d, _)| d)
+        bytes
+            .into_values()
+            .max_by_key(|(d, n)| (*n, d.name()))
+            .map(|(d, _)| d)
     }
 
     /// The values of `entries[i]` as f32 (empty for a tensor that is not of a float type).

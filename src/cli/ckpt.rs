@@ -141,11 +141,7 @@ fn verify(run_dir: &std::path::Path) -> Result<()> {
                 Ok(())
             }
             // deleted by retention, or renamed into place, while it was read
-            Err(_)
-                if live
-                    && tries < 100
-                    && (!newest.path.exists() || store.is_changing()) =>
-            {
+            Err(_) if live && tries < 100 && (!newest.path.exists() || store.is_changing()) => {
                 std::thread::sleep(std::time::Duration::from_millis(10));
                 continue;
             }

@@ -76,7 +76,9 @@ fn parse_size(s: &str) -> std::result::Result<u64, String> {
     let n = digits.parse::<u64>().map_err(|_| too_large())?;
     match n.checked_mul(scale) {
         None => Err(too_large()),
-        Some(0) => Err(format!("`{s}` is not a size of at least 1 byte: e.g. 5GB or 500MB")),
+        Some(0) => Err(format!(
+            "`{s}` is not a size of at least 1 byte: e.g. 5GB or 500MB"
+        )),
         Some(n) => Ok(n),
     }
 }

@@ -40,7 +40,9 @@ pub const TEMPLATES: &[(&str, &str, &str)] = &[
 const SAMPLE_TEXT: &str = include_str!("../../experiments/data/text/rust-book.txt");
 
 /// The data file a template reads, written beside it: (file name, bytes, what it is).
-fn companion(template: &str) -> Option<(&'static str, std::borrow::Cow<'static, [u8]>, &'static str)> {
+fn companion(
+    template: &str,
+) -> Option<(&'static str, std::borrow::Cow<'static, [u8]>, &'static str)> {
     match template {
         "csv" => Some((
             "train.csv",

@@ -47,13 +47,19 @@ where
             }
         },
         Err(e @ crate::Error::Preempted(_)) => {
-            eprintln!("kiln: {}", crate::ui::printable(&crate::config::redact(&e.to_string())));
+            eprintln!(
+                "kiln: {}",
+                crate::ui::printable(&crate::config::redact(&e.to_string()))
+            );
             e.exit_code()
         }
         Err(e) => {
             // (a name quoted from a file never drives the terminal)
             // (nor a password in a URL an error quotes)
-            eprintln!("error: {}", crate::ui::printable(&crate::config::redact(&e.to_string())));
+            eprintln!(
+                "error: {}",
+                crate::ui::printable(&crate::config::redact(&e.to_string()))
+            );
             if let Some(why) = stdout {
                 eprintln!("error: writing to stdout failed as well: {why}");
             }

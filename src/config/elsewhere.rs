@@ -37,4 +37,3 @@ pub(super) fn known_elsewhere(field: &str) -> Option<(&'static str, &'static str
         .find(|(theirs, _, _)| *theirs == field)
         .map(|(_, ours, how)| (*ours, *how))
 }
-

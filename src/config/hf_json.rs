@@ -121,16 +121,18 @@ pub fn model_keys(c: &Json) -> Result<Option<Vec<(&'static str, Json)>>, String>
         }
         _ => return Ok(None),
     }
-    Ok(Some(out.into_iter().filter_map(|(k, v)| Some((k, v?))).collect()))
+    Ok(Some(
+        out.into_iter().filter_map(|(k, v)| Some((k, v?))).collect(),
+    ))
 }
 
 /// Llama 3's rope scaling from `rope` (config.json's `rope_scaling` or `rope_parameters`), when
 /// its type is llama3: every one of its four numbers, or an error naming the one missing (a
 /// missing one said "`model` has the wrong type: found unit").
 fn llama3_scaling(c: &Json, rope: Option<Json>) -> Result<Option<Json>, String> {
-    let Some(r) = rope.filter(|r| {
-        r.get("rope_type").or(r.get("type")).and_then(Json::as_str) == Some("llama3")
-    }) else {
+    let Some(r) = rope
+        .filter(|r| r.get("rope_type").or(r.get("type")).and_then(Json::as_str) == Some("llama3"))
+    else {
         return Ok(None);
     };
     let mut m = serde_json::Map::new();

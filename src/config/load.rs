@@ -123,7 +123,6 @@ pub fn load_run(
     load_layers(file, env, sets, flags, Origin::Run)
 }
 
-
 /// What kind of file a config is loaded from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Origin {
@@ -687,7 +686,10 @@ pub(super) fn key_error(figment: &Figment, e: figment::Error) -> KeyError {
                 format!("{parent}.")
             };
             let path = parent;
-            let help = match (super::elsewhere::known_elsewhere(field), closest(field, expected)) {
+            let help = match (
+                super::elsewhere::known_elsewhere(field),
+                closest(field, expected),
+            ) {
                 (Some((ours, how)), _) => format!("kiln's key is `{ours}`{how}"),
                 (None, Some(c)) => format!("did you mean `{prefix}{c}`?"),
                 (None, None) if path.is_empty() => {

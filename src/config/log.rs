@@ -112,7 +112,11 @@ pub fn parse_http_address(uri: &str) -> Result<HttpAddress, String> {
             "" => (h, None),
             p => match p.strip_prefix(':') {
                 Some(p) => (h, Some(p)),
-                None => return Err(format!("{shown:?}: {after:?} after the IPv6 host is not `:PORT`")),
+                None => {
+                    return Err(format!(
+                        "{shown:?}: {after:?} after the IPv6 host is not `:PORT`"
+                    ))
+                }
             },
         }
     } else {
@@ -189,12 +193,10 @@ pub fn redact(text: &str) -> String {
             .unwrap_or(tail.len());
         let authority = &tail[..end];
         match authority.rsplit_once('@') {
-            Some((userinfo, host)) => {
-                match userinfo.split_once(':') {
-                    Some((user, _)) => out.push_str(&format!("{user}:***@{host}")),
-                    None => out.push_str(&format!("{userinfo}@{host}")),
-                }
-            }
+            Some((userinfo, host)) => match userinfo.split_once(':') {
+                Some((user, _)) => out.push_str(&format!("{user}:***@{host}")),
+                None => out.push_str(&format!("{userinfo}@{host}")),
+            },
             None => out.push_str(authority),
         }
         rest = &tail[end..];
@@ -227,7 +229,10 @@ mod tests {
     #[test]
     fn addresses_in_any_case_with_ipv6_hosts_and_user_info() {
         let a = parse_http_address("HTTP://[::1]:5000/mlflow/").unwrap();
-        assert_eq!((a.host.as_str(), a.port, a.prefix.as_str()), ("::1", 5000, "/mlflow"));
+        assert_eq!(
+            (a.host.as_str(), a.port, a.prefix.as_str()),
+            ("::1", 5000, "/mlflow")
+        );
         assert_eq!(a.shown(), "http://[::1]:5000/mlflow");
         let a = parse_http_address("http://alice:s%40cret:x@host:81").unwrap();
         assert_eq!(a.user.as_deref(), Some("alice"));
@@ -240,7 +245,10 @@ mod tests {
         assert!(parse_http_address("http://[::1").is_err());
         // a `/` in the password
         let a = parse_http_address("http://alice:pa/ss@mlflow:5000/x").unwrap();
-        assert_eq!((a.password.as_deref(), a.host.as_str(), a.prefix.as_str()), (Some("pa/ss"), "mlflow", "/x"));
+        assert_eq!(
+            (a.password.as_deref(), a.host.as_str(), a.prefix.as_str()),
+            (Some("pa/ss"), "mlflow", "/x")
+        );
         let e = parse_http_address("http://alice:pa/ss@mlflow:50x").unwrap_err();
         assert!(!e.contains("pa/ss") && !e.contains("ss@"), "{e}");
     }
@@ -251,10 +259,16 @@ mod tests {
             redact("uri = \"http://alice:hunter2@host:5000/x\" and https://bob:pw@h"),
             "uri = \"http://alice:***@host:5000/x\" and https://bob:***@h"
         );
-        assert_eq!(redact("--set log.mlflow.uri=http://u:p@h"), "--set log.mlflow.uri=http://u:***@h");
+        assert_eq!(
+            redact("--set log.mlflow.uri=http://u:p@h"),
+            "--set log.mlflow.uri=http://u:***@h"
+        );
         assert_eq!(redact("http://host:5000"), "http://host:5000");
         assert_eq!(redact("no url"), "no url");
         assert_eq!(without_password("http://u:p@h:1/x"), "http://u@h:1/x");
-        assert_eq!(redact("uri = \"http://bob:12/34@host\""), "uri = \"http://bob:***@host\"");
+        assert_eq!(
+            redact("uri = \"http://bob:12/34@host\""),
+            "uri = \"http://bob:***@host\""
+        );
     }
 }

@@ -19,9 +19,9 @@ mod validate;
 mod backend;
 mod checkpoint;
 mod data;
+mod elsewhere;
 mod experiment;
 mod launch;
-mod elsewhere;
 mod log;
 mod model;
 mod optim;
@@ -42,9 +42,8 @@ pub use experiment::*;
 pub use family_keys::struct_keys;
 pub use launch::*;
 pub use load::{
-    bare_srun, under_torchrun, build_figment, build_run_figment, describe_source, extract, find_line, load, load_run,
-    load_with_flags, Flag,
-    FlagValue, Resolved, ENV_PREFIX,
+    bare_srun, build_figment, build_run_figment, describe_source, extract, find_line, load,
+    load_run, load_with_flags, under_torchrun, Flag, FlagValue, Resolved, ENV_PREFIX,
 };
 pub use log::*;
 pub use model::*;

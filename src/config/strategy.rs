@@ -329,10 +329,7 @@ pub(super) fn unset_key(arg: &str) -> Option<String> {
 }
 
 /// Each `--set KEY=` of `sets` names a key some layer of `probe` (the stack without them) sets.
-pub(super) fn check_unsets(
-    probe: &figment::Figment,
-    sets: &[String],
-) -> Result<(), ConfigError> {
+pub(super) fn check_unsets(probe: &figment::Figment, sets: &[String]) -> Result<(), ConfigError> {
     for arg in sets {
         let Some(key) = unset_key(arg) else { continue };
         if probe.find_value(&key).is_err() {

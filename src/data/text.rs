@@ -32,7 +32,10 @@ pub fn load(r: &Resolved) -> Result<Data, DataError> {
         // the vocabulary of pretrained weights is theirs: no `model.vocab_size` can change it
         // (issue 58, defect 14: the advice named a value config.json then refused)
         let source = crate::config::describe_source(&r.figment, "model.vocab_size");
-        if t.vocab_size() > vocab && r.config.model.init_from.is_some() && source.contains("config.json") {
+        if t.vocab_size() > vocab
+            && r.config.model.init_from.is_some()
+            && source.contains("config.json")
+        {
             return Err(DataError::Invalid(format!(
                 "`data.tokenizer` = \"{}\" has {} tokens, but the weights of `model.init_from` have {vocab} (`model.vocab_size`, from {source}): its ids past {} have no embedding\n  = help: use the tokenizer that came with the model (the tokenizer.json beside its weights: leave `data.tokenizer` unset), or one of at most {vocab} tokens",
                 c.tokenizer,

@@ -178,19 +178,23 @@ pub fn watched_metrics(r: &Resolved, task: crate::model::Task, has_eval: bool) -
 
 /// An asha sweep's `sweep.metric` is one its trials report: asha ranks by it at every rung,
 /// and a metric no trial has would rank them all alike, in trial order (issue 58, defect 4).
-pub fn sweep_metric(
-    r: &Resolved,
-    task: crate::model::Task,
-    has_eval: bool,
-) -> Result<()> {
+pub fn sweep_metric(r: &Resolved, task: crate::model::Task, has_eval: bool) -> Result<()> {
     let c = &r.config;
     if c.sweep.scheduler != crate::config::SweepScheduler::Asha {
         return Ok(());
     }
     let metric = c.sweep.metric.as_str();
     let lm = matches!(task, crate::model::Task::LanguageModel { .. });
-    let what = if lm { "a language model" } else { "a classifier" };
-    let eval = if lm { "eval_perplexity" } else { "eval_accuracy" };
+    let what = if lm {
+        "a language model"
+    } else {
+        "a classifier"
+    };
+    let eval = if lm {
+        "eval_perplexity"
+    } else {
+        "eval_accuracy"
+    };
     let missing = match metric {
         "eval_loss" | "eval_accuracy" | "eval_perplexity" if !has_eval => Some(format!(
             "no trial reports it: this experiment has no evaluation data, so {what} reports \
@@ -205,9 +209,9 @@ pub fn sweep_metric(
         "tokens_per_sec" if !lm => Some(format!(
             "no trial reports it: {what} reports samples_per_sec"
         )),
-        "mfu" if c.backend.device != crate::config::Device::Cuda => Some(
-            "no trial reports it: mfu is measured against a GPU's peak, on CUDA only".into(),
-        ),
+        "mfu" if c.backend.device != crate::config::Device::Cuda => {
+            Some("no trial reports it: mfu is measured against a GPU's peak, on CUDA only".into())
+        }
         _ => None,
     };
     let Some(why) = missing else { return Ok(()) };

@@ -318,10 +318,12 @@ impl Session<'_> {
     ) -> Result<()> {
         let (c, p) = (self.c, self.p);
         // (under torchrun the job's rank 0 only: `speaks`)
-        let mut ui = Progress::new(quiet || !super::session::speaks(files.primary)).with_tokens(match p.model.task() {
-            crate::model::Task::LanguageModel { block, .. } => Some(block),
-            crate::model::Task::Classification { .. } => None,
-        });
+        let mut ui = Progress::new(quiet || !super::session::speaks(files.primary)).with_tokens(
+            match p.model.task() {
+                crate::model::Task::LanguageModel { block, .. } => Some(block),
+                crate::model::Task::Classification { .. } => None,
+            },
+        );
         ui.info(&p.plan.describe());
         ui.info(&format!(
             "backend: {} ({}), strategy {} on {} device{}",

@@ -115,7 +115,10 @@ impl Asha {
                 .iter()
                 .filter(|(_, p)| p.results.contains_key(&rung) && p.furthest <= rung && !p.done)
                 .min_by(|a, b| {
-                    let (x, y) = (self.worst(a.1.results[&rung]), self.worst(b.1.results[&rung]));
+                    let (x, y) = (
+                        self.worst(a.1.results[&rung]),
+                        self.worst(b.1.results[&rung]),
+                    );
                     let by = match self.mode {
                         MetricMode::Min => x.total_cmp(&y),
                         MetricMode::Max => y.total_cmp(&x),

@@ -8,9 +8,7 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use super::scheduler::{
-    add_pending, dir_of, ledger_io, plan, record, rows, write_results, Lock,
-};
+use super::scheduler::{add_pending, dir_of, ledger_io, plan, record, rows, write_results, Lock};
 use super::{to_text, Executor, Ledger, Planned, Record, SweepSpec, TrialState};
 use crate::config;
 use crate::config::Config;
@@ -222,11 +220,7 @@ pub(super) struct Submission {
 }
 
 impl Submission {
-    pub(super) fn open(
-        spec: &SweepSpec,
-        base: &Config,
-        planned: &[Planned],
-    ) -> Result<Submission> {
+    pub(super) fn open(spec: &SweepSpec, base: &Config, planned: &[Planned]) -> Result<Submission> {
         can_submit(base)?;
         let dir = absolute(dir_of(spec, base))?;
         super::scheduler::refuse_run_dir(&dir)?;

@@ -82,12 +82,18 @@ impl Endpoint {
         let auth = match (&a.user, &a.password) {
             (Some(u), Some(p)) => Some(basic(u, p)),
             // (the address as files keep it: the password from the environment, else a token)
-            (Some(u), None) => match (var("MLFLOW_TRACKING_PASSWORD"), var("MLFLOW_TRACKING_TOKEN")) {
+            (Some(u), None) => match (
+                var("MLFLOW_TRACKING_PASSWORD"),
+                var("MLFLOW_TRACKING_TOKEN"),
+            ) {
                 (Some(p), _) => Some(basic(u, &p)),
                 (None, Some(t)) => Some(format!("Bearer {t}")),
                 (None, None) => Some(basic(u, "")),
             },
-            (None, _) => match (var("MLFLOW_TRACKING_USERNAME"), var("MLFLOW_TRACKING_PASSWORD")) {
+            (None, _) => match (
+                var("MLFLOW_TRACKING_USERNAME"),
+                var("MLFLOW_TRACKING_PASSWORD"),
+            ) {
                 (Some(u), Some(p)) => Some(basic(&u, &p)),
                 _ => var("MLFLOW_TRACKING_TOKEN").map(|t| format!("Bearer {t}")),
             },
@@ -151,7 +157,11 @@ impl Endpoint {
             .map(|a| format!("Authorization: {a}\r\n"))
             .unwrap_or_default();
         let shown = self.uri();
-        let host = shown.trim_start_matches("http://").split('/').next().unwrap_or_default();
+        let host = shown
+            .trim_start_matches("http://")
+            .split('/')
+            .next()
+            .unwrap_or_default();
         let head = format!(
             "{method} {}{path} HTTP/1.0\r\nHost: {host}\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
             self.prefix,
@@ -725,7 +735,9 @@ fn base64(bytes: &[u8]) -> String {
     const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
     let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
     for c in bytes.chunks(3) {
-        let n = (c[0] as u32) << 16 | (*c.get(1).unwrap_or(&0) as u32) << 8 | *c.get(2).unwrap_or(&0) as u32;
+        let n = (c[0] as u32) << 16
+            | (*c.get(1).unwrap_or(&0) as u32) << 8
+            | *c.get(2).unwrap_or(&0) as u32;
         for i in 0..4 {
             if i <= c.len() {
                 out.push(A[(n >> (18 - 6 * i) & 63) as usize] as char);
@@ -833,7 +845,10 @@ mod tests {
         let token = |k: &str| (k == "MLFLOW_TRACKING_TOKEN").then(|| "t0k".to_string());
         let e = Endpoint::parse_with("HTTP://[::1]:5000", &token).unwrap();
         assert_eq!(e.auth.as_deref(), Some("Bearer t0k"));
-        assert_eq!((e.host.as_str(), e.uri().as_str()), ("::1", "http://[::1]:5000"));
+        assert_eq!(
+            (e.host.as_str(), e.uri().as_str()),
+            ("::1", "http://[::1]:5000")
+        );
         assert_eq!(
             Endpoint::parse("http://mlflow/base").unwrap().prefix,
             "/base"

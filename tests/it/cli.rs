@@ -165,14 +165,23 @@ fn every_template_checks_and_runs_as_written() {
             assert_eq!(o.status.code(), Some(2), "{name}: {}", stderr(&o));
             assert!(stderr(&o).contains("model.init_from"), "{}", stderr(&o));
             let fixture = root().join("tests/fixtures/hf-llama");
-            sets = vec!["--set".into(), format!("model.init_from=\"{}\"", fixture.display())];
+            sets = vec![
+                "--set".into(),
+                format!("model.init_from=\"{}\"", fixture.display()),
+            ];
         }
         let sets: Vec<&str> = sets.iter().map(String::as_str).collect();
         let mut check = vec!["check", "my-exp.toml"];
         check.extend(&sets);
         let o = kiln(&dir, &check);
         assert_eq!(o.status.code(), Some(0), "{name}: {}", stderr(&o));
-        let mut run = vec!["run", "my-exp.toml", "--quiet", "--set", "train.max_steps=2"];
+        let mut run = vec![
+            "run",
+            "my-exp.toml",
+            "--quiet",
+            "--set",
+            "train.max_steps=2",
+        ];
         run.extend(&sets);
         let o = kiln(&dir, &run);
         assert_eq!(o.status.code(), Some(0), "{name}: {}", stderr(&o));

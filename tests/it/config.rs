@@ -513,7 +513,10 @@ fn an_empty_set_unsets_a_key() {
     assert!(err_text(&f, &[], &[]).contains("`strategy.shard_size` groups fsdp's shards"));
     let r = config::load(&f, &[], &sets(&["strategy.shard_size="])).unwrap();
     assert_eq!(r.config.strategy.shard_size, None);
-    assert_eq!(describe_source(&r.figment, "strategy.shard_size"), "default");
+    assert_eq!(
+        describe_source(&r.figment, "strategy.shard_size"),
+        "default"
+    );
     // a run's config.toml: another strategy drops the HSDP key, with a note
     let f = write(
         d.path(),
@@ -563,7 +566,10 @@ fn transformers_names_point_to_kilns_keys() {
     ] {
         let f = write(d.path(), "t.toml", &format!("{line}\n"));
         let e = err_text(&f, &[], &[]);
-        assert!(e.contains(&format!("kiln's key is `{ours}`")), "{line}: {e}");
+        assert!(
+            e.contains(&format!("kiln's key is `{ours}`")),
+            "{line}: {e}"
+        );
     }
 }
 
@@ -576,7 +582,9 @@ fn master_addr_is_a_host_name_on_one_node_too() {
     let long = format!("launch.master_addr=\"{}\"", "a".repeat(80_000));
     let e = err_text(&f, &[], &[&long]);
     assert!(
-        e.contains("is not a host name or IP address (it is 80000 bytes; a host name has at most 253)"),
+        e.contains(
+            "is not a host name or IP address (it is 80000 bytes; a host name has at most 253)"
+        ),
         "{e}"
     );
     let e = err_text(&f, &[], &["launch.master_addr=\"a b\""]);
@@ -601,13 +609,31 @@ fn check_lists_this_experiments_keys_and_every_key_the_file_sets() {
     let o = crate::common::kiln(d.path(), &["check", "g.toml"]);
     let out = crate::common::stdout(&o);
     assert_eq!(o.status.code(), Some(0), "{}", crate::common::stderr(&o));
-    for gone in ["hidden_sizes", "input_size", "label_column", "features =", "momentum"] {
+    for gone in [
+        "hidden_sizes",
+        "input_size",
+        "label_column",
+        "features =",
+        "momentum",
+    ] {
         assert!(!out.contains(gone), "{gone}: {out}");
     }
-    for here in ["layers = 1", "path = \"t.txt\"", "betas", "reduction_factor = 3"] {
+    for here in [
+        "layers = 1",
+        "path = \"t.txt\"",
+        "betas",
+        "reduction_factor = 3",
+    ] {
         assert!(out.contains(here), "{here}: {out}");
     }
     // a key of another family that the file sets is shown (and its check speaks)
-    let o = crate::common::kiln(d.path(), &["check", "g.toml", "--set", "optim.momentum=0.0"]);
-    assert!(crate::common::stdout(&o).contains("momentum = 0.0"), "{}", crate::common::stdout(&o));
+    let o = crate::common::kiln(
+        d.path(),
+        &["check", "g.toml", "--set", "optim.momentum=0.0"],
+    );
+    assert!(
+        crate::common::stdout(&o).contains("momentum = 0.0"),
+        "{}",
+        crate::common::stdout(&o)
+    );
 }

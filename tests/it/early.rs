@@ -261,7 +261,16 @@ fn evaluations_are_said_when_they_happen() {
     write(d.path(), "t.toml", TINY);
     let o = kiln(
         d.path(),
-        &["run", "t.toml", "--run-dir", "r", "--set", "train.max_steps=4", "--set", "train.eval_every=2"],
+        &[
+            "run",
+            "t.toml",
+            "--run-dir",
+            "r",
+            "--set",
+            "train.max_steps=4",
+            "--set",
+            "train.eval_every=2",
+        ],
     );
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let err = stderr(&o);

@@ -359,7 +359,10 @@ fn init_from_takes_half_precision_and_a_head_under_either_name() {
         let kept = export(d.path(), &b, &format!("{name}-kept.safetensors"), &[]);
         let bytes = std::fs::read(&kept).unwrap();
         let st = SafeTensors::deserialize(&bytes).unwrap();
-        assert!(st.tensors().iter().all(|(_, v)| v.dtype() == dtype), "{name}");
+        assert!(
+            st.tensors().iter().all(|(_, v)| v.dtype() == dtype),
+            "{name}"
+        );
     }
 
     // a gpt saved the way `safetensors.torch.save_model` saves tied weights: one name only

@@ -191,22 +191,61 @@ fn an_hsdp_run_resumes_under_another_strategy() {
     crate::common::write(d.path(), "t.toml", crate::common::TINY);
     let run = |args: &[&str]| crate::common::kiln(d.path(), args);
     let o = run(&[
-        "run", "t.toml", "--quiet", "--run-dir", "r", "--set", "strategy.kind=fsdp", "--set",
-        "strategy.devices=4", "--set", "strategy.shard_size=2", "--set", "train.max_steps=4",
-        "--set", "checkpoint.every_steps=2",
+        "run",
+        "t.toml",
+        "--quiet",
+        "--run-dir",
+        "r",
+        "--set",
+        "strategy.kind=fsdp",
+        "--set",
+        "strategy.devices=4",
+        "--set",
+        "strategy.shard_size=2",
+        "--set",
+        "train.max_steps=4",
+        "--set",
+        "checkpoint.every_steps=2",
     ]);
     assert_eq!(o.status.code(), Some(0), "{}", crate::common::stderr(&o));
-    let o = run(&["resume", "r", "--set", "strategy.kind=ddp", "--set", "train.max_steps=6"]);
+    let o = run(&[
+        "resume",
+        "r",
+        "--set",
+        "strategy.kind=ddp",
+        "--set",
+        "train.max_steps=6",
+    ]);
     let err = crate::common::stderr(&o);
     assert_eq!(o.status.code(), Some(0), "{err}");
-    assert!(err.contains("`strategy.shard_size` of the run's config.toml is left out"), "{err}");
+    assert!(
+        err.contains("`strategy.shard_size` of the run's config.toml is left out"),
+        "{err}"
+    );
     assert_eq!(crate::common::summary(&d.path().join("r"))["steps"], 6);
-    let o = run(&["resume", "r", "--set", "strategy.kind=single", "--set", "train.max_steps=8"]);
+    let o = run(&[
+        "resume",
+        "r",
+        "--set",
+        "strategy.kind=single",
+        "--set",
+        "train.max_steps=8",
+    ]);
     let err = crate::common::stderr(&o);
     assert_eq!(o.status.code(), Some(0), "{err}");
-    assert!(err.contains("`strategy.devices` of the run's config.toml is left out"), "{err}");
+    assert!(
+        err.contains("`strategy.devices` of the run's config.toml is left out"),
+        "{err}"
+    );
     // (issue 58, defect 27: the resume's warning names a device count that changes)
-    assert!(err.contains("resuming with `strategy.devices` changed: 4 -> 1"), "{err}");
+    assert!(
+        err.contains("resuming with `strategy.devices` changed: 4 -> 1"),
+        "{err}"
+    );
     let s = crate::common::summary(&d.path().join("r"));
-    assert_eq!((s["steps"].as_u64(), s["world_size"].as_u64()), (Some(8), Some(1)), "{s}");
+    assert_eq!(
+        (s["steps"].as_u64(), s["world_size"].as_u64()),
+        (Some(8), Some(1)),
+        "{s}"
+    );
 }

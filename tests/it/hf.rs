@@ -418,7 +418,14 @@ fn a_re_export_is_swapped_in_whole_or_not_at_all() {
     let o = kiln(
         d.path(),
         &[
-            "export", "run", "--format", "hf-gpt2", "-o", "hf", "--max-shard-size", "8KB",
+            "export",
+            "run",
+            "--format",
+            "hf-gpt2",
+            "-o",
+            "hf",
+            "--max-shard-size",
+            "8KB",
         ],
     );
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
@@ -434,14 +441,24 @@ fn a_re_export_is_swapped_in_whole_or_not_at_all() {
         std::path::Path::new(crate::common::KILN),
         d.path(),
         &[
-            "export", "run", "--format", "hf-gpt2", "-o", "hf", "--max-shard-size", "4KB",
+            "export",
+            "run",
+            "--format",
+            "hf-gpt2",
+            "-o",
+            "hf",
+            "--max-shard-size",
+            "4KB",
         ],
     );
     crate::common::limit(&mut cmd, libc::RLIMIT_FSIZE, 16 << 10);
     let o = cmd.output().unwrap();
     assert_ne!(o.status.code(), Some(0), "{}", stderr(&o));
     assert!(stderr(&o).contains("File too large"), "{}", stderr(&o));
-    assert_eq!(dir_bytes(&hf).keys().collect::<Vec<_>>(), before.keys().collect::<Vec<_>>());
+    assert_eq!(
+        dir_bytes(&hf).keys().collect::<Vec<_>>(),
+        before.keys().collect::<Vec<_>>()
+    );
     assert!(dir_bytes(&hf) == before, "the directory changed");
     // a re-export as one file: the user's files stay, the shards and their index go
     let o = kiln(
@@ -452,7 +469,11 @@ fn a_re_export_is_swapped_in_whole_or_not_at_all() {
     let after = dir_bytes(&hf);
     assert_eq!(after["README.md"], b"my notes\n");
     assert_eq!(after["extra/a.txt"], b"a");
-    assert!(after.contains_key("model.safetensors"), "{:?}", after.keys());
+    assert!(
+        after.contains_key("model.safetensors"),
+        "{:?}",
+        after.keys()
+    );
     assert!(
         !after
             .keys()
@@ -464,10 +485,16 @@ fn a_re_export_is_swapped_in_whole_or_not_at_all() {
     std::fs::create_dir(d.path().join("project")).unwrap();
     std::fs::write(d.path().join("project/notes.txt"), "mine").unwrap();
     for out in ["project", "run"] {
-        let o = kiln(d.path(), &["export", "run", "--format", "hf-gpt2", "-o", out]);
+        let o = kiln(
+            d.path(),
+            &["export", "run", "--format", "hf-gpt2", "-o", out],
+        );
         assert_eq!(o.status.code(), Some(2), "{out}: {}", stderr(&o));
     }
-    assert_eq!(std::fs::read_to_string(d.path().join("project/notes.txt")).unwrap(), "mine");
+    assert_eq!(
+        std::fs::read_to_string(d.path().join("project/notes.txt")).unwrap(),
+        "mine"
+    );
     // nothing left beside it
     let left: Vec<String> = std::fs::read_dir(d.path())
         .unwrap()

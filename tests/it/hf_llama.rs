@@ -555,15 +555,15 @@ fn the_init_directory_is_never_exported_over_and_its_later_changes_do_not_stop_t
     let o = kiln(&exp, &["run", "sw.toml", "--quiet", "--run-dir", "run"]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let before = std::fs::read_dir(&base).unwrap().count();
-    let shards: Vec<Vec<u8>> = ["model-00001-of-00003.safetensors", "model.safetensors.index.json"]
-        .iter()
-        .filter_map(|n| std::fs::read(base.join(n)).ok())
-        .collect();
+    let shards: Vec<Vec<u8>> = [
+        "model-00001-of-00003.safetensors",
+        "model.safetensors.index.json",
+    ]
+    .iter()
+    .filter_map(|n| std::fs::read(base.join(n)).ok())
+    .collect();
     for out in ["base", "./base/", &base.display().to_string()] {
-        let o = kiln(
-            &exp,
-            &["export", "run", "--format", "hf-llama", "-o", out],
-        );
+        let o = kiln(&exp, &["export", "run", "--format", "hf-llama", "-o", out]);
         assert_eq!(o.status.code(), Some(2), "{out}: {}", stderr(&o));
         assert!(
             stderr(&o).contains("is the directory this run was initialised from"),
@@ -572,15 +572,21 @@ fn the_init_directory_is_never_exported_over_and_its_later_changes_do_not_stop_t
         );
     }
     assert_eq!(std::fs::read_dir(&base).unwrap().count(), before);
-    let after: Vec<Vec<u8>> = ["model-00001-of-00003.safetensors", "model.safetensors.index.json"]
-        .iter()
-        .filter_map(|n| std::fs::read(base.join(n)).ok())
-        .collect();
+    let after: Vec<Vec<u8>> = [
+        "model-00001-of-00003.safetensors",
+        "model.safetensors.index.json",
+    ]
+    .iter()
+    .filter_map(|n| std::fs::read(base.join(n)).ok())
+    .collect();
     assert_eq!(shards, after);
     // the base's config.json changes (another layer count): the run goes on as it started
     let config = std::fs::read_to_string(base.join("config.json")).unwrap();
     let changed = config.replace("\"num_hidden_layers\": 2", "\"num_hidden_layers\": 3");
-    assert_ne!(config, changed, "the fixture's config.json has no num_hidden_layers of 2");
+    assert_ne!(
+        config, changed,
+        "the fixture's config.json has no num_hidden_layers of 2"
+    );
     std::fs::write(base.join("config.json"), changed).unwrap();
     let o = kiln(
         &exp,
@@ -589,7 +595,16 @@ fn the_init_directory_is_never_exported_over_and_its_later_changes_do_not_stop_t
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let o = kiln(
         &exp,
-        &["sample", "run", "--prompt", "w1 w2", "--tokens", "2", "--temperature", "0"],
+        &[
+            "sample",
+            "run",
+            "--prompt",
+            "w1 w2",
+            "--tokens",
+            "2",
+            "--temperature",
+            "0",
+        ],
     );
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let o = kiln(
@@ -635,35 +650,58 @@ fn an_export_keeps_the_dtype_it_started_from_or_the_one_asked() {
             .map(|e| e.metadata().unwrap().len())
             .sum()
     };
-    let o = kiln(&exp, &["export", "run", "--format", "hf-llama", "-o", "f32"]);
+    let o = kiln(
+        &exp,
+        &["export", "run", "--format", "hf-llama", "-o", "f32"],
+    );
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert_eq!(weight_dtypes(&exp.join("f32")), ["F32".to_string()].into());
     let o = kiln(
         &exp,
-        &["export", "run", "--format", "hf-llama", "-o", "bf16", "--dtype", "bf16"],
+        &[
+            "export", "run", "--format", "hf-llama", "-o", "bf16", "--dtype", "bf16",
+        ],
     );
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert!(stdout(&o).contains("bytes of bf16"), "{}", stdout(&o));
-    assert_eq!(weight_dtypes(&exp.join("bf16")), ["BF16".to_string()].into());
+    assert_eq!(
+        weight_dtypes(&exp.join("bf16")),
+        ["BF16".to_string()].into()
+    );
     let (a, b) = (size(&exp.join("f32")), size(&exp.join("bf16")));
     assert!(b * 2 <= a + 4096 && b * 2 >= a - 4096, "{a} vs {b}");
     let config: serde_json::Value =
         serde_json::from_slice(&std::fs::read(exp.join("bf16/config.json")).unwrap()).unwrap();
     assert_eq!(config["torch_dtype"], "bfloat16");
     // a run from the bf16 model exports bf16 unless told otherwise
-    std::fs::copy(exp.join("base/tokenizer.json"), exp.join("bf16/tokenizer.json")).unwrap();
+    std::fs::copy(
+        exp.join("base/tokenizer.json"),
+        exp.join("bf16/tokenizer.json"),
+    )
+    .unwrap();
     let text = std::fs::read_to_string(exp.join("sw.toml"))
         .unwrap()
         .replace("init_from = \"base\"", "init_from = \"bf16\"");
     write(&exp, "from-bf16.toml", &text);
-    let o = kiln(&exp, &["run", "from-bf16.toml", "--quiet", "--run-dir", "run2"]);
-    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-    let o = kiln(&exp, &["export", "run2", "--format", "hf-llama", "-o", "again"]);
-    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-    assert_eq!(weight_dtypes(&exp.join("again")), ["BF16".to_string()].into());
     let o = kiln(
         &exp,
-        &["export", "run2", "--format", "hf-llama", "-o", "wide", "--dtype", "f32"],
+        &["run", "from-bf16.toml", "--quiet", "--run-dir", "run2"],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let o = kiln(
+        &exp,
+        &["export", "run2", "--format", "hf-llama", "-o", "again"],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(
+        weight_dtypes(&exp.join("again")),
+        ["BF16".to_string()].into()
+    );
+    let o = kiln(
+        &exp,
+        &[
+            "export", "run2", "--format", "hf-llama", "-o", "wide", "--dtype", "f32",
+        ],
     );
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert_eq!(weight_dtypes(&exp.join("wide")), ["F32".to_string()].into());
@@ -704,13 +742,30 @@ fn hostile_hugging_face_directories_get_one_message_each_and_no_raw_control_char
     );
     for bad in ["\"32\"", "32.5", "-32"] {
         check(
-            &|c| c.replace("\"max_position_embeddings\": 32", &format!("\"max_position_embeddings\": {bad}")),
-            &["`max_position_embeddings` =", "is not a positive whole number"],
+            &|c| {
+                c.replace(
+                    "\"max_position_embeddings\": 32",
+                    &format!("\"max_position_embeddings\": {bad}"),
+                )
+            },
+            &[
+                "`max_position_embeddings` =",
+                "is not a positive whole number",
+            ],
         );
     }
     check(
-        &|c| c.replace("\"model_type\": \"llama\"", "\"model_type\": \"mistral\", \"sliding_window\": 16"),
-        &["sliding_window = 16", "set `model.block_size` to at most 16", "config.json"],
+        &|c| {
+            c.replace(
+                "\"model_type\": \"llama\"",
+                "\"model_type\": \"mistral\", \"sliding_window\": 16",
+            )
+        },
+        &[
+            "sliding_window = 16",
+            "set `model.block_size` to at most 16",
+            "config.json",
+        ],
     );
     // a tokenizer of more tokens than the weights have embeddings
     std::fs::write(copy.join("config.json"), &config).unwrap();
@@ -726,11 +781,23 @@ fn hostile_hugging_face_directories_get_one_message_each_and_no_raw_control_char
     std::fs::write(d.path().join("words.txt"), "w1 w2 w3 ".repeat(100)).unwrap();
     let o = kiln(
         d.path(),
-        &["check", "llama.toml", "--set", &set, "--set", "data.kind=\"text\"", "--set", "data.path=\"words.txt\""],
+        &[
+            "check",
+            "llama.toml",
+            "--set",
+            &set,
+            "--set",
+            "data.kind=\"text\"",
+            "--set",
+            "data.path=\"words.txt\"",
+        ],
     );
     let e = stderr(&o);
     assert_eq!(o.status.code(), Some(2), "{e}");
-    assert!(e.contains("use the tokenizer that came with the model"), "{e}");
+    assert!(
+        e.contains("use the tokenizer that came with the model"),
+        "{e}"
+    );
     assert!(!e.contains("set `model.vocab_size = 401`"), "{e}");
     std::fs::remove_file(copy.join("tokenizer.json")).unwrap();
     // a shard whose name drives the terminal: escaped wherever it is quoted
@@ -738,12 +805,24 @@ fn hostile_hugging_face_directories_get_one_message_each_and_no_raw_control_char
     let text = std::fs::read_to_string(&index).unwrap();
     std::fs::write(
         &index,
-        text.replacen("\"model-00001-of-00003.safetensors\"", "\"model-\\u001b]0;pwned\\u0007.safetensors\"", 1),
+        text.replacen(
+            "\"model-00001-of-00003.safetensors\"",
+            "\"model-\\u001b]0;pwned\\u0007.safetensors\"",
+            1,
+        ),
     )
     .unwrap();
     let o = kiln(d.path(), &["run", "llama.toml", "--quiet", "--set", &set]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     let raw = [o.stdout.clone(), o.stderr.clone()].concat();
-    assert!(!raw.contains(&0x1b) && !raw.contains(&0x07), "{}", stderr(&o));
-    assert!(stderr(&o).contains("\\u{1b}]0;pwned\\u{7}"), "{}", stderr(&o));
+    assert!(
+        !raw.contains(&0x1b) && !raw.contains(&0x07),
+        "{}",
+        stderr(&o)
+    );
+    assert!(
+        stderr(&o).contains("\\u{1b}]0;pwned\\u{7}"),
+        "{}",
+        stderr(&o)
+    );
 }

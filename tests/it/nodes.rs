@@ -676,9 +676,12 @@ fn nodes_with_different_settings_are_refused_naming_the_key() {
     };
     let n0 = spawn(0, "2");
     let n1 = spawn(1, "4");
-    for (rank, o) in [n0.wait_with_output().unwrap(), n1.wait_with_output().unwrap()]
-        .into_iter()
-        .enumerate()
+    for (rank, o) in [
+        n0.wait_with_output().unwrap(),
+        n1.wait_with_output().unwrap(),
+    ]
+    .into_iter()
+    .enumerate()
     {
         let e = stderr(&o);
         assert_eq!(o.status.code(), Some(2), "node {rank}: {e}");

@@ -298,10 +298,30 @@ fn dropout_keeps_every_strategy_and_world_size_equal() {
     let moved = max_diff(&single.params, &without.params);
     assert!(moved > 1e-4, "dropout must change the result ({moved})");
     for sets in [
-        &[drop, "strategy.kind=dp", "strategy.devices=2", "train.batch_size=32"][..],
-        &[drop, "strategy.kind=ddp", "strategy.devices=2", "train.batch_size=32"],
-        &[drop, "strategy.kind=ddp", "strategy.devices=4", "train.batch_size=16"],
-        &[drop, "strategy.kind=fsdp", "strategy.devices=2", "train.batch_size=32"],
+        &[
+            drop,
+            "strategy.kind=dp",
+            "strategy.devices=2",
+            "train.batch_size=32",
+        ][..],
+        &[
+            drop,
+            "strategy.kind=ddp",
+            "strategy.devices=2",
+            "train.batch_size=32",
+        ],
+        &[
+            drop,
+            "strategy.kind=ddp",
+            "strategy.devices=4",
+            "train.batch_size=16",
+        ],
+        &[
+            drop,
+            "strategy.kind=fsdp",
+            "strategy.devices=2",
+            "train.batch_size=32",
+        ],
         &[drop, "train.batch_size=16", "train.grad_accum_steps=4"],
         &[
             drop,

@@ -200,7 +200,10 @@ fn a_multi_node_resume_that_one_node_refuses_changes_no_file() {
     );
     // (since issue 58, defect 17, the nodes compare their settings at the rendezvous: both
     // refuse there, naming the key, before node 0 loads anything)
-    for (o, theirs) in [(&o1, "node 0 has `model.hidden_sizes` = [16]"), (&o0, "node 1 has `model.hidden_sizes` = [4]")] {
+    for (o, theirs) in [
+        (&o1, "node 0 has `model.hidden_sizes` = [16]"),
+        (&o0, "node 1 has `model.hidden_sizes` = [4]"),
+    ] {
         assert_eq!(o.status.code(), Some(2), "{}", stderr(o));
         assert!(stderr(o).contains(theirs), "{}", stderr(o));
     }

@@ -487,7 +487,10 @@ fn a_sweep_resumes_in_its_directory_from_anywhere_and_a_bad_ledger_line_is_skipp
     );
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert_eq!(ledger(&dir).len(), lines, "a trial ran again");
-    assert!(!elsewhere.join("runs").exists(), "a new sweep directory was made");
+    assert!(
+        !elsewhere.join("runs").exists(),
+        "a new sweep directory was made"
+    );
     // a copy resumes as itself: its own ledger, the original's untouched
     let copy = d.path().join("copy");
     crate::common::copy_dir(&dir, &copy);
@@ -500,13 +503,20 @@ fn a_sweep_resumes_in_its_directory_from_anywhere_and_a_bad_ledger_line_is_skipp
     );
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert!(
-        stderr(&o).contains(&format!("sweep.jsonl:{}: skipped a line that cannot be read", lines + 1)),
+        stderr(&o).contains(&format!(
+            "sweep.jsonl:{}: skipped a line that cannot be read",
+            lines + 1
+        )),
         "{}",
         stderr(&o)
     );
     assert_eq!(trial_dirs(&copy).len(), 2);
     assert_eq!(ledger(&dir).len(), lines, "the original's ledger changed");
-    assert!(stdout(&o).contains(&format!("sweep dir: {}", copy.display())), "{}", stdout(&o));
+    assert!(
+        stdout(&o).contains(&format!("sweep dir: {}", copy.display())),
+        "{}",
+        stdout(&o)
+    );
 }
 
 /// Issue 58, defect 3: 6 trials with rf 3 promote floor(2 / 3) = 0 trials at the middle rung,
@@ -526,13 +536,23 @@ grace_steps = 2"#,
     let o = kiln(
         d.path(),
         &[
-            "sweep", &f, "--quiet", "--set", "train.max_steps=18", "--set", "train.eval_every=2",
+            "sweep",
+            &f,
+            "--quiet",
+            "--set",
+            "train.max_steps=18",
+            "--set",
+            "train.eval_every=2",
         ],
     );
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let furthest = crate::common::furthest_rungs(&d.path().join("runs/tiny"));
     let at_least = |s: u64| furthest.values().filter(|&&g| g >= s).count();
-    assert_eq!((at_least(2), at_least(6), at_least(18)), (6, 2, 1), "{furthest:?}");
+    assert_eq!(
+        (at_least(2), at_least(6), at_least(18)),
+        (6, 2, 1),
+        "{furthest:?}"
+    );
     assert!(
         stdout(&o).contains("1 of 6 trials reached train.max_steps = 18"),
         "{}",

@@ -203,7 +203,10 @@ fn a_torchrun_group_is_one_job_and_a_restarted_group_resumes() {
         // only the job's rank 0 prints the header and the closing line (issue 58, defect 22)
         let out = crate::common::stdout(&o);
         match rank {
-            0 => assert!(out.contains("run dir:") && out.contains("finished "), "{out}"),
+            0 => assert!(
+                out.contains("run dir:") && out.contains("finished "),
+                "{out}"
+            ),
             _ => assert!(out.is_empty(), "rank {rank} printed: {out}"),
         }
     }
@@ -389,11 +392,18 @@ fn tensorboard_reads_every_metric_at_its_step() {
 #[test]
 fn tokenize_makes_the_output_directory_and_takes_it_back_on_failure() {
     let d = kiln::testdir::tempdir().unwrap();
-    std::fs::write(d.path().join("in.txt"), "some text to tokenize\n".repeat(20)).unwrap();
+    std::fs::write(
+        d.path().join("in.txt"),
+        "some text to tokenize\n".repeat(20),
+    )
+    .unwrap();
     let o = crate::common::kiln(d.path(), &["tokenize", "in.txt", "-o", "new/sub/train.bin"]);
     assert_eq!(o.status.code(), Some(0), "{}", crate::common::stderr(&o));
     assert!(d.path().join("new/sub/train.bin").is_file());
-    let o = crate::common::kiln(d.path(), &["tokenize", "missing.txt", "-o", "other/train.bin"]);
+    let o = crate::common::kiln(
+        d.path(),
+        &["tokenize", "missing.txt", "-o", "other/train.bin"],
+    );
     assert_eq!(o.status.code(), Some(2), "{}", crate::common::stderr(&o));
     assert!(!d.path().join("other").exists());
 }
@@ -407,7 +417,15 @@ fn ckpt_verify_names_a_torn_save_and_judges_the_newest_finished_one() {
     crate::common::write(d.path(), "t.toml", crate::common::TINY);
     let o = crate::common::kiln(
         d.path(),
-        &["run", "t.toml", "--quiet", "--run-dir", "run", "--set", "checkpoint.every_steps=4"],
+        &[
+            "run",
+            "t.toml",
+            "--quiet",
+            "--run-dir",
+            "run",
+            "--set",
+            "checkpoint.every_steps=4",
+        ],
     );
     assert_eq!(o.status.code(), Some(0), "{}", crate::common::stderr(&o));
     let ckpts = d.path().join("run/checkpoints");
@@ -415,7 +433,11 @@ fn ckpt_verify_names_a_torn_save_and_judges_the_newest_finished_one() {
     std::fs::write(ckpts.join("step-00000099.tmp/model.safetensors"), "torn").unwrap();
     let o = crate::common::kiln(d.path(), &["ckpt", "verify", "run"]);
     assert_eq!(o.status.code(), Some(0), "{}", crate::common::stderr(&o));
-    assert!(crate::common::stdout(&o).contains(": valid"), "{}", crate::common::stdout(&o));
+    assert!(
+        crate::common::stdout(&o).contains(": valid"),
+        "{}",
+        crate::common::stdout(&o)
+    );
     assert!(
         crate::common::stderr(&o).contains("step-00000099.tmp: an unfinished save"),
         "{}",

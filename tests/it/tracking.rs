@@ -297,13 +297,21 @@ fn a_server_that_never_answers_is_said_once_and_push_says_it_timed_out() {
     assert!(err.contains("kiln track push"), "{err}");
     let o = crate::common::kiln_env(
         d.path(),
-        &["track", "push", "a", "--uri", &format!("http://127.0.0.1:{port}")],
+        &[
+            "track",
+            "push",
+            "a",
+            "--uri",
+            &format!("http://127.0.0.1:{port}"),
+        ],
         &env,
     );
     assert_ne!(o.status.code(), Some(0), "{}", stderr(&o));
     let err = stderr(&o);
     assert!(
-        err.contains(&format!("http://127.0.0.1:{port} did not answer within 1 s (timed out)")),
+        err.contains(&format!(
+            "http://127.0.0.1:{port} did not answer within 1 s (timed out)"
+        )),
         "{err}"
     );
     assert!(!err.contains("os error 11"), "{err}");
@@ -343,21 +351,42 @@ fn a_tracking_password_authenticates_and_is_written_nowhere() {
         for mut s in listener.incoming().take(16).flatten() {
             let mut buf = [0u8; 8192];
             let n = s.read(&mut buf).unwrap_or(0);
-            seen.lock().unwrap().push(String::from_utf8_lossy(&buf[..n]).into_owned());
+            seen.lock()
+                .unwrap()
+                .push(String::from_utf8_lossy(&buf[..n]).into_owned());
             let _ = s.write_all(b"HTTP/1.0 500 Internal Server Error\r\n\r\n{}");
         }
     });
     let d = kiln::testdir::tempdir().unwrap();
     write(d.path(), "t.toml", TINY);
     let uri = format!("HTTP://alice:hunter2@127.0.0.1:{port}");
-    let o = kiln(d.path(), &["check", "t.toml", "--set", &format!("log.mlflow.uri=\"{uri}\"")]);
+    let o = kiln(
+        d.path(),
+        &[
+            "check",
+            "t.toml",
+            "--set",
+            &format!("log.mlflow.uri=\"{uri}\""),
+        ],
+    );
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert!(!stdout(&o).contains("hunter2"), "{}", stdout(&o));
     assert!(stdout(&o).contains("alice:***@"), "{}", stdout(&o));
     let o = crate::common::kiln_env(
         d.path(),
-        &["run", "t.toml", "--quiet", "--run-dir", "a", "--set", &format!("log.mlflow.uri={uri}")],
-        &[("KILN_LOG__MLFLOW__EXPERIMENT", "e"), ("KILN_LOG__MLFLOW__URI", &uri)],
+        &[
+            "run",
+            "t.toml",
+            "--quiet",
+            "--run-dir",
+            "a",
+            "--set",
+            &format!("log.mlflow.uri={uri}"),
+        ],
+        &[
+            ("KILN_LOG__MLFLOW__EXPERIMENT", "e"),
+            ("KILN_LOG__MLFLOW__URI", &uri),
+        ],
     );
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     for text in [stdout(&o), stderr(&o)] {
@@ -369,10 +398,17 @@ fn a_tracking_password_authenticates_and_is_written_nowhere() {
     assert!(!heads.is_empty());
     // base64("alice:hunter2")
     assert!(
-        heads.iter().all(|h| h.contains("Authorization: Basic YWxpY2U6aHVudGVyMg==\r\n")),
+        heads
+            .iter()
+            .all(|h| h.contains("Authorization: Basic YWxpY2U6aHVudGVyMg==\r\n")),
         "{heads:?}"
     );
-    assert!(heads.iter().all(|h| h.contains(&format!("Host: 127.0.0.1:{port}\r\n"))), "{heads:?}");
+    assert!(
+        heads
+            .iter()
+            .all(|h| h.contains(&format!("Host: 127.0.0.1:{port}\r\n"))),
+        "{heads:?}"
+    );
     // while a process holds the run, a push is refused (sqlite's UNIQUE constraint failed)
     {
         use std::os::unix::io::AsRawFd;
