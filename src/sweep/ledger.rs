@@ -96,8 +96,8 @@ impl Ledger {
         let bytes = std::fs::read(&self.path).unwrap_or_default();
         let mut records = Vec::new();
         let mut bad = Vec::new();
-        let lines = bytes.split(|b| *b == b'\n').count();
-        for (i, raw) in bytes.split(|b| *b == b'\n').enumerate() {
+        let lines: Vec<&[u8]> = bytes.split(|b| *b == b'\n').collect();
+        for (i, raw) in lines.iter().enumerate() {
             if raw.iter().all(u8::is_ascii_whitespace) {
                 continue;
             }
@@ -109,7 +109,7 @@ impl Ledger {
                 });
             match parsed {
                 Ok(r) => records.push(r),
-                Err(why) if i + 1 == lines => bad.push((usize::MAX, why)),
+                Err(why) if i + 1 == lines.len() => bad.push((usize::MAX, why)),
                 Err(why) => bad.push((i + 1, why)),
             }
         }

@@ -129,13 +129,7 @@ fn companions(
     };
     let mut out: Vec<(&'static str, Vec<u8>)> = Vec::new();
     let mut config = config.to_string();
-    let init_dir = r
-        .config
-        .model
-        .init_from
-        .as_ref()
-        .map(|v| r.path_of("model.init_from", v))
-        .and_then(|p| crate::config::hf_json::config_json_of(&p));
+    let init_dir = init_path(r).and_then(|p| crate::config::hf_json::config_json_of(&p));
     if let Some(json_path) = init_dir {
         for name in NAMES {
             if let Some(bytes) = read(&json_path.with_file_name(name))? {
@@ -236,7 +230,13 @@ fn write_dir(dir: &Path, files: &[(PathBuf, Vec<u8>)]) -> Result<()> {
     // a directory that cannot be exchanged (a mount point, another file system, an overlay's
     // lower layer): file by file in place, as before
     if let Err((p, e)) = &made {
-        let cannot = [libc::EXDEV, libc::EBUSY, libc::EPERM, libc::EACCES, libc::ENOTSUP];
+        let cannot = [
+            libc::EXDEV,
+            libc::EBUSY,
+            libc::EPERM,
+            libc::EACCES,
+            libc::ENOTSUP,
+        ];
         if existing && p == dir && e.raw_os_error().is_some_and(|c| cannot.contains(&c)) {
             return write_in_place(dir, files);
         }
@@ -304,7 +304,8 @@ fn link_tree(src: &Path, dst: &Path) -> std::io::Result<()> {
 /// directory is then at `a`.
 fn exchange(a: &Path, b: &Path) -> std::io::Result<()> {
     use std::os::unix::ffi::OsStrExt;
-    let c = |p: &Path| std::ffi::CString::new(p.as_os_str().as_bytes()).map_err(std::io::Error::other);
+    let c =
+        |p: &Path| std::ffi::CString::new(p.as_os_str().as_bytes()).map_err(std::io::Error::other);
     let (ca, cb) = (c(a)?, c(b)?);
     // SAFETY: two NUL-terminated paths that live through the call.
     let rc = unsafe {
@@ -389,10 +390,16 @@ fn hf_dir(path: &Path, format: WeightFormat) -> Result<PathBuf> {
     }
 }
 
+/// What `model.init_from` names (a directory or a weights file), resolved, when it is set.
+fn init_path(r: &crate::config::Resolved) -> Option<PathBuf> {
+    let v = r.config.model.init_from.as_deref()?;
+    Some(r.path_of("model.init_from", v))
+}
+
 /// The float dtype of the weights `model.init_from` names (a safetensors file, or a Hugging Face
 /// directory's `model.safetensors` or first shard), when the run started from some.
 fn init_dtype(r: &crate::config::Resolved) -> Option<tensors::FloatDtype> {
-    let init = r.path_of("model.init_from", r.config.model.init_from.as_deref()?);
+    let init = init_path(r)?;
     let file = if init.is_dir() {
         let single = init.join("model.safetensors");
         if single.is_file() {
@@ -432,10 +439,9 @@ fn with_torch_dtype(config: &str, dtype: tensors::FloatDtype) -> String {
 /// Refuses an export into the directory the run was initialised from (issue 58, defect 11: it
 /// replaced the pretrained model's weights, and its shards and index were gone).
 fn refuse_init_dir(r: &crate::config::Resolved, dir: &Path) -> Result<()> {
-    let Some(init) = r.config.model.init_from.as_deref() else {
+    let Some(init) = init_path(r) else {
         return Ok(());
     };
-    let init = r.path_of("model.init_from", init);
     let init_dir = if init.is_dir() {
         init
     } else {
@@ -527,13 +533,7 @@ fn outputs(
         None => output_path(&o.out, "-o")?,
     };
     // (a single file too: never over the weights the run started from)
-    let init = r
-        .config
-        .model
-        .init_from
-        .as_deref()
-        .map(|v| r.path_of("model.init_from", v))
-        .and_then(|p| p.canonicalize().ok());
+    let init = init_path(r).and_then(|p| p.canonicalize().ok());
     if hf_dir.is_none() && init.is_some() && init == out.canonicalize().ok() {
         return Err(Error::Usage(format!(
             "-o `{}` is the weights file this run was initialised from (`model.init_from`); exporting there would replace them\n  = help: give the export a file of its own",
@@ -565,10 +565,7 @@ pub fn export(run_dir: &Path, o: &ExportOptions) -> Result<ExportReport> {
         ))
     })?;
     let (hf_dir, out, probe) = outputs(&r, o, format)?;
-    let dtype = o
-        .dtype
-        .or_else(|| init_dtype(&r))
-        .unwrap_or_default();
+    let dtype = o.dtype.or_else(|| init_dtype(&r)).unwrap_or_default();
     let hf_config = model
         .hf_config(format)
         .map_err(|why| Error::Usage(format!("--format {}: {why}", format.name())))?
