@@ -6,8 +6,8 @@
 use std::time::Instant;
 
 use kiln::checkpoint::{
-    encode_files, load, DataPosition, Layout, OptState, OptimizerInfo, RngState, SchedulerInfo,
-    ShardUnit, State, Store, FORMAT,
+    encode_files, load, CheckpointDir, DataPosition, Layout, OptState, OptimizerInfo, RngState,
+    SchedulerInfo, ShardUnit, State, FORMAT,
 };
 
 const SIZES: [usize; 10] = [512, 1024, 1024, 1024, 1024, 1024, 1024, 1024, 1024, 10];
@@ -90,7 +90,7 @@ fn main() {
         v: params.iter().map(|x| x * x).collect(),
     };
     let dir = kiln::testdir::tempdir().expect("tempdir");
-    let store = Store::new(dir.path().to_path_buf());
+    let store = CheckpointDir::new(dir.path().to_path_buf());
     let world = 2;
     for sharded in [false, true] {
         let (mut saves, mut loads) = (Vec::new(), Vec::new());

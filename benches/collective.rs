@@ -7,7 +7,7 @@ use kiln::collective::{Collective, LocalGroup, ReduceOp};
 
 fn all_reduce_gbps(world: usize, bytes: usize, iters: usize) -> f64 {
     let len = bytes / 4;
-    let ranks = LocalGroup::new(world, Duration::from_secs(60));
+    let ranks = LocalGroup::ranks(world, Duration::from_secs(60));
     let start = Instant::now();
     std::thread::scope(|s| {
         for mut r in ranks {

@@ -132,7 +132,7 @@ fn run(sets: &[String], delay: Duration) -> RunResult {
     };
     let placement = kiln::backend::resolve(&r.config).expect("backend");
     let world = r.config.strategy.devices.count();
-    let comms: Vec<Box<dyn Collective>> = LocalGroup::new(world, Duration::from_secs(300))
+    let comms: Vec<Box<dyn Collective>> = LocalGroup::ranks(world, Duration::from_secs(300))
         .into_iter()
         .map(|inner| Box::new(SlowLink { inner, delay }) as Box<dyn Collective>)
         .collect();

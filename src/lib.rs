@@ -17,7 +17,7 @@
 //! | 11 | `sweep` | trials of a sweep as child processes or a Slurm array, ledger, results table |
 //! | 10 | `slurm`, `tools` | `kiln submit`/`kiln status` and the sbatch scripts; `kiln bench`, `eval`, `sample`, `tokenize`, `export` |
 //! | 9 | `launch` | one session of a run on this node: checks, the session's files and summary, resume, the multi-node node and its restart agent, rank threads |
-//! | 8 | `track` | where metric lines go: `metrics.jsonl` and TensorBoard behind one `MetricSink` trait |
+//! | 8 | `track` | where metric lines go: `metrics.jsonl`, TensorBoard and MLflow, each a `MetricSink` |
 //! | 7 | `rundir`, `rendezvous` | the run directory (choosing, locking, stored config, atomic files, summary, typed readers, session records); a multi-node job's store, rendezvous, job token and NCCL id exchange |
 //! | 6 | `error` | the top-level error and its exit codes |
 //! | 5 | `train`, `backend` | the step loop of one rank; backend/device/collective placement |
@@ -27,11 +27,12 @@
 //! | 1 | `params`, `data` | flat layout, host/device buffers, optimizers, clipping; datasets and the sampler |
 //! | 0 | `config`, `checkpoint`, `ui`, `rng`, `memory`, `panic`, `testdir`, `kernels` | leaves: import nothing from kiln; `memory` counts each rank's allocated bytes; `kernels` are the fused CPU ops of the transformer's hot path; `panic` words a caught panic; `testdir` makes temporary directories for tests |
 //!
-//! `docs/architecture.md` follows one step through these layers and says where each concern
+//! `docs/src/architecture.md` follows one step through these layers and says where each concern
 //! lives.
 //!
 //! A new model family is one `model::Family` impl registered in a `model::Registry`; a new
-//! strategy is one file in `strategy/`; a new transport one `collective::Collective` impl.
+//! transport one `collective::Collective` impl; a new strategy is its file in `strategy/` and
+//! the places `strategy`'s module doc lists.
 
 pub mod backend;
 pub mod checkpoint;

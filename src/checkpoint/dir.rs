@@ -445,7 +445,7 @@ fn check_state(dir: &Path, s: &State) -> Result<(), String> {
     }
     // (HSDP: sharded over each group of `world` ranks, a divisor of the world size)
     if let super::Layout::Sharded { world, .. } = &s.params {
-        if *world == 0 || s.world_size % *world != 0 || s.strategy != "fsdp" {
+        if *world == 0 || !s.world_size.is_multiple_of(*world) || s.strategy != "fsdp" {
             return Err(format!(
                 "the parameters are sharded over {world} ranks, but `world_size` = {} and `strategy` = {:?}",
                 s.world_size, s.strategy

@@ -128,6 +128,9 @@ fn metadata(pairs: &[(&str, String)]) -> HashMap<String, String> {
         .collect()
 }
 
+/// One tensor of a checkpoint file: its name, its shape and its values.
+type Piece<'a> = (String, Vec<usize>, &'a [f32]);
+
 /// The (name, shape, values) tensors of `params` and `opt` for `layout` on `rank`: the whole
 /// model's parameters by `specs` (name and shape of each, in flat order), or each unit's owned
 /// part (`params` and the optimizer buffers then hold the rank's parts of the units, in order).
@@ -136,7 +139,7 @@ fn pieces<'a>(
     rank: usize,
     specs: &'a [(String, Vec<usize>)],
     buf: &'a [f32],
-) -> Result<Vec<(String, Vec<usize>, &'a [f32])>, String> {
+) -> Result<Vec<Piece<'a>>, String> {
     let mut out = Vec::new();
     let mut off = 0;
     let mut take = |len: usize| -> Result<&'a [f32], String> {

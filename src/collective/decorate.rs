@@ -119,7 +119,7 @@ mod tests {
 
     #[test]
     fn every_op_goes_through_around_with_its_name_and_bytes_and_gives_the_inner_result() {
-        let ranks = LocalGroup::new(2, Duration::from_secs(20));
+        let ranks = LocalGroup::ranks(2, Duration::from_secs(20));
         let out: Vec<_> = std::thread::scope(|s| {
             let hs: Vec<_> = ranks
                 .into_iter()

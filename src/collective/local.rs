@@ -62,8 +62,11 @@ struct Exchange {
     family: Arc<Mutex<Family>>,
     /// Sub-groups being formed by a split: (the split's op number, the group's first member)
     /// to the group's exchange and how many of its members have yet to take it.
-    forming: Mutex<HashMap<(u64, usize), (Arc<Exchange>, usize)>>,
+    forming: Mutex<HashMap<(u64, usize), Forming>>,
 }
+
+/// A sub-group being formed: its exchange and how many members have yet to take it.
+type Forming = (Arc<Exchange>, usize);
 
 /// The groups split from one first group, and why they stopped (once one did): a group made
 /// after the stop starts stopped, decided under the same lock as the stop's list of groups.
@@ -130,7 +133,7 @@ pub struct LocalGroup;
 
 impl LocalGroup {
     /// `world` connected ranks; every op times out after `timeout`.
-    pub fn new(world: usize, timeout: Duration) -> Vec<LocalRank> {
+    pub fn ranks(world: usize, timeout: Duration) -> Vec<LocalRank> {
         let shared = Exchange::new(world, timeout, None);
         (0..world)
             .map(|rank| LocalRank {
@@ -651,7 +654,7 @@ mod tests {
 
     /// Runs `f` on every rank of a local group of `world`, each on a thread of its own.
     fn on_ranks<T: Send>(world: usize, f: impl Fn(LocalRank) -> T + Sync) -> Vec<T> {
-        let ranks = LocalGroup::new(world, Duration::from_secs(20));
+        let ranks = LocalGroup::ranks(world, Duration::from_secs(20));
         std::thread::scope(|s| {
             let hs: Vec<_> = ranks.into_iter().map(|l| s.spawn(|| f(l))).collect();
             hs.into_iter().map(|h| h.join().unwrap()).collect()

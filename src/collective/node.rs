@@ -292,7 +292,7 @@ impl NodeRank {
                     .collect();
                 ranks.sort_unstable();
                 let ranks: Vec<usize> = ranks.into_iter().map(|(g, _)| g).collect();
-                (!ranks.is_empty()).then(|| RingPeer {
+                (!ranks.is_empty()).then_some(RingPeer {
                     node: n.node,
                     ranks,
                 })

@@ -362,7 +362,7 @@ mod tests {
     #[test]
     fn submitted_ops_keep_the_order_of_every_rank() {
         for overlap in [false, true] {
-            let ranks = LocalGroup::new(2, Duration::from_secs(20));
+            let ranks = LocalGroup::ranks(2, Duration::from_secs(20));
             let out: Vec<Vec<f32>> = std::thread::scope(|s| {
                 let hs: Vec<_> = ranks
                     .into_iter()
@@ -400,7 +400,7 @@ mod tests {
 
     #[test]
     fn a_failed_op_is_the_error_of_its_wait() {
-        let ranks = LocalGroup::new(2, Duration::from_secs(20));
+        let ranks = LocalGroup::ranks(2, Duration::from_secs(20));
         let errs: Vec<String> = std::thread::scope(|s| {
             let hs: Vec<_> = ranks
                 .into_iter()
@@ -428,7 +428,7 @@ mod tests {
     fn ops_queued_behind_a_failed_one_fail_at_once_without_touching_the_link() {
         // rank 1 never takes part: rank 0's first op times out, and the two queued behind it
         // fail at once (not after a timeout each), saying why
-        let mut ranks = LocalGroup::new(2, Duration::from_secs(1)).into_iter();
+        let mut ranks = LocalGroup::ranks(2, Duration::from_secs(1)).into_iter();
         let (r0, _r1) = (ranks.next().unwrap(), ranks.next().unwrap());
         let mut c = Overlapped::new(Box::new(r0), true, None);
         let p: Vec<_> = (0..3)

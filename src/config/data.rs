@@ -262,14 +262,14 @@ impl DataConfig {
                 }
                 if let Some(t) = self.vocab {
                     at_least(r, "data.vocab", t, 1)?;
-                } else if !self.image.is_empty() {
-                    if self.image.len() != 3 || self.image.contains(&0) {
-                        return Err(r.key_error(
-                            "data.image",
-                            format!("`data.image` = {:?} is not an image shape", self.image),
-                            Some("give [channels, height, width], each at least 1".into()),
-                        ));
-                    }
+                } else if !self.image.is_empty()
+                    && (self.image.len() != 3 || self.image.contains(&0))
+                {
+                    return Err(r.key_error(
+                        "data.image",
+                        format!("`data.image` = {:?} is not an image shape", self.image),
+                        Some("give [channels, height, width], each at least 1".into()),
+                    ));
                 }
             }
             DataKind::Csv => {

@@ -200,8 +200,11 @@ pub fn layers(figment: &Figment) -> Result<Vec<(Metadata, Dict)>, ConfigError> {
     Ok(out)
 }
 
+/// A config layer: where its values come from, and the values.
+type Layer = (Metadata, Dict);
+
 /// The config.json layer of `figment`'s `model.init_from` and that file's path, or `None`.
-fn layer(figment: &Figment) -> Result<Option<(PathBuf, (Metadata, Dict))>, ConfigError> {
+fn layer(figment: &Figment) -> Result<Option<(PathBuf, Layer)>, ConfigError> {
     let Some(value) = figment
         .find_value("model.init_from")
         .ok()

@@ -432,28 +432,6 @@ pub fn nccl_hint() -> String {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn finds_versioned_nccl_in_site_packages_and_the_override_first() {
-        let d = crate::testdir::tempdir().unwrap();
-        let site = d.path().join("site");
-        let lib = site.join("nvidia/nccl/lib");
-        std::fs::create_dir_all(&lib).unwrap();
-        std::fs::write(lib.join("libnccl.so.2"), b"").unwrap();
-        let dirs = nccl_search_dirs(None, Some("/nonexistent"), &[site.clone()]);
-        assert_eq!(find_nccl_in(&dirs[..1]), None);
-        assert_eq!(find_nccl_in(&[lib.clone()]), Some(lib.join("libnccl.so.2")));
-        let over = d.path().join("over");
-        std::fs::create_dir_all(&over).unwrap();
-        std::fs::write(over.join("libnccl.so"), b"").unwrap();
-        let dirs = nccl_search_dirs(Some(over.to_str().unwrap()), None, &[site]);
-        assert_eq!(find_nccl_in(&dirs), Some(over.join("libnccl.so")));
-    }
-}
-
 /// The device address of a flat CUDA tensor (`RawFn` for `Cuda<F>`): resolves Burn's fusion
 /// layer to the cubecl buffer, takes its pointer through cubecl's `get_resource`, and waits until
 /// cubecl's stream has finished every write to it (the stream is private to cubecl, so the
@@ -490,4 +468,26 @@ pub fn raw_buf<F: burn_cubecl::FloatElement>(
     <burn::backend::Cuda<F> as Backend>::sync(&device)
         .map_err(|e| format!("synchronising the CUDA stream: {e:?}"))?;
     Ok((RawBuf { ptr, len, dtype }, Box::new((resource, cube))))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_versioned_nccl_in_site_packages_and_the_override_first() {
+        let d = crate::testdir::tempdir().unwrap();
+        let site = d.path().join("site");
+        let lib = site.join("nvidia/nccl/lib");
+        std::fs::create_dir_all(&lib).unwrap();
+        std::fs::write(lib.join("libnccl.so.2"), b"").unwrap();
+        let dirs = nccl_search_dirs(None, Some("/nonexistent"), std::slice::from_ref(&site));
+        assert_eq!(find_nccl_in(&dirs[..1]), None);
+        assert_eq!(find_nccl_in(std::slice::from_ref(&lib)), Some(lib.join("libnccl.so.2")));
+        let over = d.path().join("over");
+        std::fs::create_dir_all(&over).unwrap();
+        std::fs::write(over.join("libnccl.so"), b"").unwrap();
+        let dirs = nccl_search_dirs(Some(over.to_str().unwrap()), None, &[site]);
+        assert_eq!(find_nccl_in(&dirs), Some(over.join("libnccl.so")));
+    }
 }

@@ -173,7 +173,7 @@ mod tests {
         touch(&cu13.join("include/cuda_runtime.h"));
         touch(&cu13.join("lib/libnvrtc.so.13"));
         touch(&cu13.join("lib/libnvrtc-builtins.so.13.0"));
-        let cands = candidates(None, None, &[site.clone()], &[]);
+        let cands = candidates(None, None, std::slice::from_ref(&site), &[]);
         let t = find_in(&cands).unwrap();
         assert_eq!(t.root, cu13);
         assert_eq!(t.nvrtc, cu13.join("lib/libnvrtc.so.13"));
@@ -182,7 +182,7 @@ mod tests {
         // a system install comes first; one without NVRTC is passed over, and said so
         let sys = d.path().join("usr-local-cuda");
         touch(&sys.join("include/cuda_runtime.h"));
-        let cands = candidates(None, None, &[site.clone()], &[sys.clone()]);
+        let cands = candidates(None, None, std::slice::from_ref(&site), std::slice::from_ref(&sys));
         assert_eq!(find_in(&cands).unwrap().root, cu13);
         touch(&sys.join("lib64/libnvrtc.so"));
         assert_eq!(find_in(&cands).unwrap().root, sys);
@@ -195,8 +195,8 @@ mod tests {
         let t = find_in(&candidates(
             Some(mine.to_str().unwrap()),
             None,
-            &[site.clone()],
-            &[sys.clone()],
+            std::slice::from_ref(&site),
+            std::slice::from_ref(&sys),
         ))
         .unwrap();
         assert_eq!(
@@ -214,7 +214,7 @@ mod tests {
         let site = d.path().join("site");
         let rt = site.join("nvidia/cuda_runtime");
         touch(&rt.join("include/cuda_runtime.h"));
-        let cands = candidates(None, None, &[site.clone()], &[]);
+        let cands = candidates(None, None, std::slice::from_ref(&site), &[]);
         let why = find_in(&cands).unwrap_err();
         assert_eq!(why.len(), 1, "{why:?}");
         assert!(why[0].contains("no libnvrtc.so in"), "{why:?}");

@@ -12,7 +12,7 @@ pub enum Tokenizer {
     /// GPT-2's BPE, with the token of each single byte (for bytes that are not UTF-8).
     Gpt2 {
         bpe: Box<tiktoken_rs::CoreBPE>,
-        byte_token: [u32; 256],
+        byte_token: Box<[u32; 256]>,
     },
     HuggingFace {
         tokenizer: Box<tokenizers::Tokenizer>,
@@ -73,7 +73,7 @@ impl Tokenizer {
                 }
                 Ok(Tokenizer::Gpt2 {
                     bpe: Box::new(bpe),
-                    byte_token,
+                    byte_token: Box::new(byte_token),
                 })
             }
             path => {

@@ -41,6 +41,8 @@ pub fn zeros(n: usize) -> Vec<f32> {
 /// A buffer of `n` values for an output that its kernel writes in full before anything reads
 /// it (a gemm that does not accumulate, an elementwise map): not cleared first, which cost the
 /// baby GPT's step 5% of its time in `memset`.
+// clippy's uninit_vec: deliberate, for the reason above; no caller reads before it writes
+#[allow(clippy::uninit_vec)]
 pub fn for_output(n: usize) -> Vec<f32> {
     let mut v = Vec::<f32>::with_capacity(n);
     // SAFETY: every `f32` bit pattern is a valid value, and each caller writes every value

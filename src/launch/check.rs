@@ -50,34 +50,6 @@ fn fit_advice(
     format!("shrink [model] (model.hidden_sizes, ...), {shard}, or a machine with more memory")
 }
 
-#[cfg(test)]
-mod fit_tests {
-    use super::fit_advice;
-    use crate::config::{Sharding, StrategyKind};
-
-    /// Issue 31: the advice fits the strategy; more devices on one CPU host is never it.
-    #[test]
-    fn the_fit_advice_never_suggests_more_devices_on_one_host() {
-        let ddp = fit_advice(StrategyKind::Ddp, Sharding::Full, 4);
-        assert!(
-            ddp.contains("strategy.kind = \"fsdp\" (its 4 ranks here"),
-            "{ddp}"
-        );
-        for (kind, local) in [
-            (StrategyKind::Fsdp, 4),
-            (StrategyKind::Single, 1),
-            (StrategyKind::Ddp, 1),
-        ] {
-            let a = fit_advice(kind, Sharding::Full, local);
-            assert!(a.contains("launch.nnodes"), "{kind:?}: {a}");
-            assert!(!a.contains("more devices or"), "{kind:?}: {a}");
-        }
-        // fsdp without sharding is ddp: sharding helps, more nodes of whole copies do not
-        let none = fit_advice(StrategyKind::Fsdp, Sharding::None, 4);
-        assert!(none.contains("strategy.sharding = \"full\""), "{none}");
-    }
-}
-
 /// A CPU run's ranks on this node hold their parameters, gradients and optimizer state, and
 /// while a step computes what its stages install (`strategy::step_bytes`), plus one whole copy
 /// of the parameters to start from, in the machine's memory: exit 2, before anything is
@@ -267,4 +239,32 @@ pub fn check(r: &Resolved) -> Result<CheckReport> {
         decayed: model.num_params() - undecayed,
         undecayed,
     })
+}
+
+#[cfg(test)]
+mod fit_tests {
+    use super::fit_advice;
+    use crate::config::{Sharding, StrategyKind};
+
+    /// Issue 31: the advice fits the strategy; more devices on one CPU host is never it.
+    #[test]
+    fn the_fit_advice_never_suggests_more_devices_on_one_host() {
+        let ddp = fit_advice(StrategyKind::Ddp, Sharding::Full, 4);
+        assert!(
+            ddp.contains("strategy.kind = \"fsdp\" (its 4 ranks here"),
+            "{ddp}"
+        );
+        for (kind, local) in [
+            (StrategyKind::Fsdp, 4),
+            (StrategyKind::Single, 1),
+            (StrategyKind::Ddp, 1),
+        ] {
+            let a = fit_advice(kind, Sharding::Full, local);
+            assert!(a.contains("launch.nnodes"), "{kind:?}: {a}");
+            assert!(!a.contains("more devices or"), "{kind:?}: {a}");
+        }
+        // fsdp without sharding is ddp: sharding helps, more nodes of whole copies do not
+        let none = fit_advice(StrategyKind::Fsdp, Sharding::None, 4);
+        assert!(none.contains("strategy.sharding = \"full\""), "{none}");
+    }
 }

@@ -42,10 +42,13 @@ fn init_format(
     }
 }
 
+/// A sharded checkpoint's index: the shard file each tensor is in.
+type ShardOf = HashMap<String, String>;
+
 /// The safetensors files of `init_from`: the file itself, or in a Hugging Face directory
 /// (`from_pretrained`'s layout) its `model.safetensors`, or the shards its
 /// `model.safetensors.index.json` lists (with the shard each tensor is in, as the index says).
-fn weight_files(path: &Path) -> Result<(Vec<PathBuf>, Option<HashMap<String, String>>)> {
+fn weight_files(path: &Path) -> Result<(Vec<PathBuf>, Option<ShardOf>)> {
     if !path.is_dir() {
         return Ok((vec![path.to_path_buf()], None));
     }
@@ -107,7 +110,7 @@ fn weight_files(path: &Path) -> Result<(Vec<PathBuf>, Option<HashMap<String, Str
 /// The safetensors files of `init_from` (`weight_files`), their headers read and checked: each
 /// tensor in one file, and in the shard the index names.
 fn open_weights(path: &Path) -> Result<Vec<tensors::Lazy>> {
-    let (files, index) = weight_files(&path)?;
+    let (files, index) = weight_files(path)?;
     let mut opened = Vec::with_capacity(files.len());
     for f in &files {
         let fshown = f.display();

@@ -105,7 +105,7 @@ pub fn train_ranks<B: RankBackend>(
         }
         (_, Some(mut link)) => {
             let mut ring = link.ring.take();
-            let group = LocalGroup::new(nproc, timeout);
+            let group = LocalGroup::ranks(nproc, timeout);
             // a stopped job stops every rank here at once, even one blocked on the ring
             let stopper = group.first().map(|l| l.stopper());
             let closer = ring.as_ref().map(|r| r.closer());
@@ -131,7 +131,7 @@ pub fn train_ranks<B: RankBackend>(
                 })
                 .collect()
         }
-        (CommKind::Host, None) => LocalGroup::new(nproc, timeout)
+        (CommKind::Host, None) => LocalGroup::ranks(nproc, timeout)
             .into_iter()
             .map(RankComm::Local)
             .collect(),
@@ -144,7 +144,7 @@ pub fn train_ranks<B: RankBackend>(
                 .collect()
         }
         #[cfg(not(feature = "cuda"))]
-        (CommKind::Nccl, None) => LocalGroup::new(nproc, timeout)
+        (CommKind::Nccl, None) => LocalGroup::ranks(nproc, timeout)
             .into_iter()
             .map(RankComm::Local)
             .collect(),

@@ -342,7 +342,7 @@ impl Forward {
             }
         };
         let rows = &key.rows;
-        if !rows.is_empty() && n % rows.len() == 0 {
+        if !rows.is_empty() && n.is_multiple_of(rows.len()) {
             let per = n / rows.len();
             for &id in rows.iter() {
                 let mut rng = Rng::stream(key.seed, "dropout", &[key.counters[0], id, call]);

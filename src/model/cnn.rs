@@ -59,7 +59,7 @@ impl Cnn {
                 .into());
         }
         let k = c.kernel_size.unwrap_or(3);
-        if k % 2 == 0 {
+        if k.is_multiple_of(2) {
             return Err(r
                 .key_error(
                     "model.kernel_size",

@@ -21,8 +21,11 @@ pub type Builder =
 /// builder (by `kiln check` and by a sweep for every trial up front).
 pub struct FamilyKeys {
     names: Vec<String>,
-    read: Box<dyn Fn(&Resolved) -> Result<(), ConfigError> + Send + Sync>,
+    read: Box<ReadKeys>,
 }
+
+/// Reads a family's keys from a resolved config, to check them.
+type ReadKeys = dyn Fn(&Resolved) -> Result<(), ConfigError> + Send + Sync;
 
 impl FamilyKeys {
     /// The keys of `T` (`#[serde(deny_unknown_fields)]`, so that they can be listed).

@@ -275,7 +275,7 @@ fn chunked_sum<B: Backend>(t: &Tensor<B, 1>, f: impl Fn(Tensor<B, 1>) -> Tensor<
     }
     let mut parts: Vec<Tensor<B, 1>> = (0..n)
         .step_by(REDUCE_CHUNK)
-        .map(|s| f(t.clone().slice([s..(s + REDUCE_CHUNK).min(n)])).sum())
+        .map(|s| f(t.clone().slice(s..(s + REDUCE_CHUNK).min(n))).sum())
         .collect();
     while parts.len() > REDUCE_CHUNK {
         parts = parts

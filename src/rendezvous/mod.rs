@@ -713,7 +713,7 @@ mod tests {
             c.strategy.timeout_secs = 30;
             let mut job = join(&c, 2, "tok", 0).unwrap();
             let mut ring = job.ring.take();
-            let ranks = LocalGroup::new(2, Duration::from_secs(30));
+            let ranks = LocalGroup::ranks(2, Duration::from_secs(30));
             let links = Arc::clone(&job.links);
             let out = std::thread::scope(|s| {
                 let hs: Vec<_> = ranks

@@ -11,6 +11,10 @@ use super::{Input, RunData, SweepData};
 use crate::sweep::TrialState;
 
 /// `&`, `<`, `>`, `"` and `'` escaped.
+/// A parameter plot: its points (value, metric, whether the trial finished), the category
+/// names of a non-numeric axis, and the axis description.
+type Plotted = (Vec<(f64, f64, bool)>, Option<Vec<String>>, String);
+
 fn esc(s: &str) -> String {
     s.replace('&', "&amp;")
         .replace('<', "&lt;")
@@ -72,19 +76,19 @@ fn stacked_figure(
 
 /// A figure: the chart's SVG with what a reader (and a test) needs to know about it.
 fn figure(out: &mut String, id: &str, class: &str, series: usize, svg: &str) {
-    let _ = write!(
+    let _ = writeln!(
         out,
-        "<figure id=\"{id}\" class=\"chart {class}\" data-series=\"{series}\">{svg}</figure>\n"
+        "<figure id=\"{id}\" class=\"chart {class}\" data-series=\"{series}\">{svg}</figure>"
     );
 }
 
 /// Curves of `key` (titled `title`) for every x axis; a note when no run logged it.
 fn curves(out: &mut String, runs: &[RunData], key: &str, title: &str) -> Result<(), String> {
-    let _ = write!(out, "<h3>{}</h3>\n", esc(title));
+    let _ = writeln!(out, "<h3>{}</h3>", esc(title));
     if series(runs, key, "step").is_empty() {
-        let _ = write!(
+        let _ = writeln!(
             out,
-            "<p class=\"note\">No run has logged <code>{}</code> yet.</p>\n",
+            "<p class=\"note\">No run has logged <code>{}</code> yet.</p>",
             esc(key)
         );
         return Ok(());
@@ -92,9 +96,9 @@ fn curves(out: &mut String, runs: &[RunData], key: &str, title: &str) -> Result<
     for (axis, desc) in AXES {
         let s = series(runs, key, axis);
         if s.is_empty() {
-            let _ = write!(
+            let _ = writeln!(
                 out,
-                "<p class=\"note x-{axis}\">No <code>{}</code> to plot against {desc} (older runs log no <code>ts</code>).</p>\n",
+                "<p class=\"note x-{axis}\">No <code>{}</code> to plot against {desc} (older runs log no <code>ts</code>).</p>",
                 esc(key),
             );
             continue;
@@ -125,9 +129,9 @@ fn run_table(out: &mut String, runs: &[RunData]) {
         let last = r.lines.last();
         let cell = |v: Option<f64>| v.map(|v| format!("{v:.4}")).unwrap_or_else(|| "-".into());
         let eval = r.lines.iter().rev().find_map(|l| l["eval_loss"].as_f64());
-        let _ = write!(
+        let _ = writeln!(
             out,
-            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td><code>{}</code></td></tr>\n",
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td><code>{}</code></td></tr>",
             esc(&r.name),
             esc(&status_of(r)),
             last.and_then(|l| l["step"].as_u64()).map(|s| s.to_string()).unwrap_or_else(|| "-".into()),
@@ -139,9 +143,9 @@ fn run_table(out: &mut String, runs: &[RunData]) {
     }
     out.push_str("</table>\n");
     for r in runs.iter().filter(|r| r.skipped > 0) {
-        let _ = write!(
+        let _ = writeln!(
             out,
-            "<p class=\"note\">{}: {} line(s) of metrics.jsonl could not be read (cut short, or being written) and are left out.</p>\n",
+            "<p class=\"note\">{}: {} line(s) of metrics.jsonl could not be read (cut short, or being written) and are left out.</p>",
             esc(&r.name),
             r.skipped
         );
@@ -152,9 +156,9 @@ fn run_table(out: &mut String, runs: &[RunData]) {
             .and_then(|s| s["error"].as_str())
             .is_some()
     }) {
-        let _ = write!(
+        let _ = writeln!(
             out,
-            "<p class=\"note\">{} failed: {}</p>\n",
+            "<p class=\"note\">{} failed: {}</p>",
             esc(&r.name),
             esc(r
                 .summary
@@ -304,9 +308,9 @@ fn sweep_section(out: &mut String, s: &SweepData) -> Result<(), String> {
             ""
         };
         let status = crate::config::choice_name(&r.status);
-        let _ = write!(
+        let _ = writeln!(
             out,
-            "<tr{class}><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>\n",
+            "<tr{class}><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
             i + 1,
             esc(&r.trial),
             esc(&r.overrides),
@@ -343,44 +347,43 @@ fn sweep_section(out: &mut String, s: &SweepData) -> Result<(), String> {
             .iter()
             .map(|v| v.0.trim_matches('"').parse::<f64>().ok())
             .collect();
-        let (points, cats, desc): (Vec<(f64, f64, bool)>, Option<Vec<String>>, String) =
-            match numeric {
-                Some(xs) => {
-                    // a key spanning decades (a learning rate) is plotted on log10
-                    let positive = xs.iter().all(|x| *x > 0.0);
-                    let (lo, hi) = xs
-                        .iter()
-                        .fold((f64::INFINITY, 0.0f64), |(a, b), x| (a.min(*x), b.max(*x)));
-                    let log = positive && hi / lo >= 100.0;
-                    let pts = xs
-                        .iter()
-                        .zip(&values)
-                        .map(|(x, v)| (if log { x.log10() } else { *x }, v.1, v.2))
-                        .collect();
-                    let desc = if log {
-                        format!("log10({key})")
-                    } else {
-                        key.clone()
-                    };
-                    (pts, None, desc)
-                }
-                None => {
-                    let cats: Vec<String> = values
-                        .iter()
-                        .map(|v| v.0.clone())
-                        .collect::<BTreeSet<_>>()
-                        .into_iter()
-                        .collect();
-                    let pts = values
-                        .iter()
-                        .map(|v| {
-                            let i = cats.iter().position(|c| *c == v.0).unwrap_or(0);
-                            (i as f64, v.1, v.2)
-                        })
-                        .collect();
-                    (pts, Some(cats), key.clone())
-                }
-            };
+        let (points, cats, desc): Plotted = match numeric {
+            Some(xs) => {
+                // a key spanning decades (a learning rate) is plotted on log10
+                let positive = xs.iter().all(|x| *x > 0.0);
+                let (lo, hi) = xs
+                    .iter()
+                    .fold((f64::INFINITY, 0.0f64), |(a, b), x| (a.min(*x), b.max(*x)));
+                let log = positive && hi / lo >= 100.0;
+                let pts = xs
+                    .iter()
+                    .zip(&values)
+                    .map(|(x, v)| (if log { x.log10() } else { *x }, v.1, v.2))
+                    .collect();
+                let desc = if log {
+                    format!("log10({key})")
+                } else {
+                    key.clone()
+                };
+                (pts, None, desc)
+            }
+            None => {
+                let cats: Vec<String> = values
+                    .iter()
+                    .map(|v| v.0.clone())
+                    .collect::<BTreeSet<_>>()
+                    .into_iter()
+                    .collect();
+                let pts = values
+                    .iter()
+                    .map(|v| {
+                        let i = cats.iter().position(|c| *c == v.0).unwrap_or(0);
+                        (i as f64, v.1, v.2)
+                    })
+                    .collect();
+                (pts, Some(cats), key.clone())
+            }
+        };
         let title = format!("{} against {key}", s.metric);
         let svg = charts::scatter(&title, &desc, &s.metric, &points, cats.as_deref())?;
         figure(out, &format!("sweep-{}", esc(&key)), "sweep", 2, &svg);

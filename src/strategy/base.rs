@@ -615,7 +615,7 @@ mod tests {
     /// `rank` run on a thread per rank of `c`'s world, over a local group; the results in rank
     /// order.
     fn on_ranks<T: Send>(c: &Config, rank: impl Fn(LocalRank) -> T + Sync) -> Vec<T> {
-        let ranks = LocalGroup::new(c.strategy.devices.count(), Duration::from_secs(20));
+        let ranks = LocalGroup::ranks(c.strategy.devices.count(), Duration::from_secs(20));
         let rank = &rank;
         std::thread::scope(|s| {
             let handles: Vec<_> = ranks

@@ -16,7 +16,7 @@ pub struct Hybrid {
 /// below the world size `world`); `None` otherwise.
 pub fn hybrid_size(c: &Config, world: usize) -> Option<usize> {
     let s = c.strategy.shard_ranks(c.launch.nnodes);
-    (c.strategy.kind == StrategyKind::Fsdp && !is_ddp(c) && s < world && world % s == 0)
+    (c.strategy.kind == StrategyKind::Fsdp && !is_ddp(c) && s < world && world.is_multiple_of(s))
         .then_some(s)
 }
 

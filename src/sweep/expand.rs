@@ -177,23 +177,25 @@ mod tests {
 
     #[test]
     fn random_is_deterministic_per_seed_and_in_range() {
-        let mut s = SweepConfig::default();
-        s.random = Some(RandomSearch {
-            samples: 8,
-            seed: 3,
-            space: [
-                (
-                    "optim.lr".to_string(),
-                    Distribution::LogUniform([1e-4, 1e-1]),
-                ),
-                (
-                    "train.batch_size".to_string(),
-                    Distribution::Choice(vec![16.into(), 32.into()]),
-                ),
-            ]
-            .into_iter()
-            .collect(),
-        });
+        let mut s = SweepConfig {
+            random: Some(RandomSearch {
+                samples: 8,
+                seed: 3,
+                space: [
+                    (
+                        "optim.lr".to_string(),
+                        Distribution::LogUniform([1e-4, 1e-1]),
+                    ),
+                    (
+                        "train.batch_size".to_string(),
+                        Distribution::Choice(vec![16.into(), 32.into()]),
+                    ),
+                ]
+                .into_iter()
+                .collect(),
+            }),
+            ..Default::default()
+        };
         let a = expand(&s).unwrap();
         assert_eq!(a, expand(&s).unwrap());
         assert_eq!(a.len(), 8);

@@ -40,20 +40,25 @@ pub const DEFAULT_SHARD_BYTES: u64 = 5_000_000_000;
 
 type Encode<'a> = dyn Fn(&[(&str, &[usize], &[f32])]) -> Result<Vec<u8>> + 'a;
 
+/// One tensor to write: its name, shape and values.
+type TensorRef<'a> = (&'a str, &'a [usize], &'a [f32]);
+/// A file written beside the weights: its name and bytes.
+type Companion = (&'static str, Vec<u8>);
+
 /// The files of a directory export in `dir`: the weights in one `model.safetensors`, or in
 /// shards of at most `max_shard` bytes named as transformers names them with its index; the
 /// family's `config.json` and a `generation_config.json`. Each must be a file kiln may replace
 /// (a directory there is found before anything is written: issue 45, defect 21).
 fn dir_files(
     dir: &Path,
-    refs: &[(&str, &[usize], &[f32])],
+    refs: &[TensorRef<'_>],
     max_shard: Option<u64>,
     encode: &Encode,
     config: Option<&str>,
-    companions: Vec<(&'static str, Vec<u8>)>,
+    companions: Vec<Companion>,
 ) -> Result<Vec<(PathBuf, Vec<u8>)>> {
     let max = max_shard.unwrap_or(DEFAULT_SHARD_BYTES);
-    let mut shards: Vec<Vec<(&str, &[usize], &[f32])>> = vec![Vec::new()];
+    let mut shards: Vec<Vec<TensorRef<'_>>> = vec![Vec::new()];
     let mut size = 0u64;
     for r in refs {
         let b = 4 * r.2.len() as u64;
@@ -109,10 +114,7 @@ fn dir_files(
 /// run started from (`model.init_from`), its generation_config.json and tokenizer files and the
 /// `bos_token_id` / `eos_token_id` of its config.json; the run's own `data.tokenizer` file as
 /// tokenizer.json. What is not there (a directory since removed, a run from scratch) is left out.
-fn companions(
-    r: &crate::config::Resolved,
-    config: &str,
-) -> Result<(String, Vec<(&'static str, Vec<u8>)>)> {
+fn companions(r: &crate::config::Resolved, config: &str) -> Result<(String, Vec<Companion>)> {
     const NAMES: [&str; 4] = [
         "generation_config.json",
         "tokenizer.json",

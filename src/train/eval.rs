@@ -60,9 +60,9 @@ pub(super) fn evaluate_by_units<B: ComputeOn>(
     idx: &[usize],
     batch: usize,
     batches: usize,
-    device: bool,
-    proto: Option<&dyn crate::params::DeviceTensor>,
+    placement: &super::placement::Placement<B::InnerBackend>,
 ) -> Result<(Vec<f64>, Vec<f64>), TrainError> {
+    let proto = placement.proto();
     let (layout, stages) = (compute.layout(), compute.stages());
     let mut out = EvalOut::default();
     let mut chunks = idx.chunks(batch.max(1));
@@ -99,7 +99,7 @@ pub(super) fn evaluate_by_units<B: ComputeOn>(
                 strategy.prefetch(next)?;
             }
             if let Some(e) = eval.as_mut() {
-                if device {
+                if placement.on_device() {
                     for p in &params {
                         if let UnitParams::Host(v) = p {
                             record(Moved::ParamsToDevice, v.len());

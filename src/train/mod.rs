@@ -6,6 +6,7 @@
 mod eval;
 mod events;
 mod loader;
+mod placement;
 pub mod preempt;
 mod save;
 mod scaler;

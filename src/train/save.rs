@@ -29,7 +29,7 @@ pub(super) fn due(
     let ck = &c.checkpoint;
     let epoch_boundary =
         entered.is_some_and(|e| ck.every_epochs > 0 && e % ck.every_epochs as u64 == 0);
-    (ck.every_steps > 0 && done % ck.every_steps == 0)
+    (ck.every_steps > 0 && done.is_multiple_of(ck.every_steps))
         || epoch_boundary
         || (is_last && ck.at_end)
         || ends_here

@@ -24,6 +24,7 @@
 //! so every rank issues the same collectives in the same order.
 
 use super::events::TrainError;
+use super::placement::Placement;
 use super::timing::{Clock, Phase};
 use crate::collective::{device_error, CollectiveError, OpKind};
 use crate::model::{recomputed, Compute, ComputeOn, GradScale, Input, StepKey, UnitParams};
@@ -37,14 +38,10 @@ pub struct MicroOpts<'a, B: ComputeOn> {
     pub checkpointing: bool,
     /// Whether this micro-step's gradients are synchronised (see `Strategy::unit_grad`).
     pub sync: bool,
-    /// A device buffer that device gathers are made like (CUDA over NCCL).
-    pub proto: Option<&'a dyn DeviceTensor>,
-    /// Device buffers for this backend's gradients (and their addresses where a device
-    /// collective can use them): with it gradients stay on the device.
-    pub raw_fn: Option<RawFn<B::InnerBackend>>,
-    /// The backend computes on a device (CUDA, wgpu): host parameters handed to it and
-    /// gradients read from it are counted as host transfers (`params::transfers`).
-    pub device: bool,
+    /// Where the rank computes and keeps its state: on a device, host parameters handed to it
+    /// and gradients read from it are counted as host transfers (`params::transfers`); where
+    /// the state lives there, device gathers are made like its `proto` and gradients stay.
+    pub placement: &'a Placement<B::InnerBackend>,
     /// f16's dynamic loss scale and `strategy.reduce_dtype` (the micro-batch's weight comes
     /// with its batch).
     pub grads: GradScale,
@@ -83,7 +80,9 @@ pub fn micro_step<B: ComputeOn>(
     let fetch = |strategy: &mut dyn Strategy, s: usize| -> Result<Vec<UnitParams>, TrainError> {
         stages[s]
             .iter()
-            .map(|&u| unit_params(strategy, layout, u, opts.proto).map_err(TrainError::from))
+            .map(|&u| {
+                unit_params(strategy, layout, u, opts.placement.proto()).map_err(TrainError::from)
+            })
             .collect()
     };
     let prefetch = |strategy: &mut dyn Strategy, s: usize| -> Result<(), TrainError> {
@@ -121,7 +120,7 @@ pub fn micro_step<B: ComputeOn>(
             kept = host_copy(&params);
         }
         if let Some(m) = micro.as_mut() {
-            count_uploads(&params, opts.device);
+            count_uploads(&params, opts.placement.on_device());
             clock.time(Phase::Forward, || m.forward(s, params))?;
         }
     }
@@ -129,7 +128,8 @@ pub fn micro_step<B: ComputeOn>(
     // gradients stay on the device where the update runs there, or NCCL reduces them there;
     // otherwise they go to the host at once, where the strategy reduces and steps
     let raw_fn = opts
-        .raw_fn
+        .placement
+        .raw_fn()
         .filter(|_| strategy.resident() || strategy.comm_mut().device_ops().is_some());
     let mut pending: Vec<Option<Grads>> = (0..layout.num_units()).map(|_| None).collect();
     for s in (0..n).rev() {
@@ -146,19 +146,19 @@ pub fn micro_step<B: ComputeOn>(
         let grads: Vec<Grads> = match micro.as_mut() {
             Some(m) => {
                 if let Some(p) = &params {
-                    count_uploads(p, opts.device);
+                    count_uploads(p, opts.placement.on_device());
                 }
                 let tensors = clock.time(Phase::Backward, || m.backward(s, params))?;
                 tensors
                     .into_iter()
-                    .map(|g| to_grads::<B>(g, raw_fn, opts.device, rank))
+                    .map(|g| to_grads::<B>(g, raw_fn, opts.placement.on_device(), rank))
                     .collect::<Result<_, _>>()?
             }
             // a rank without samples hands in zeros, so every rank runs the same collectives
             None => zero_grads(
                 &stages[s],
                 layout,
-                opts.proto.filter(|_| raw_fn.is_some()),
+                opts.placement.proto().filter(|_| raw_fn.is_some()),
                 rank,
             )?,
         };

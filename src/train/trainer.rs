@@ -11,6 +11,7 @@ use super::events::{
     TrainInput,
 };
 use super::loader::{Assembler, Loader, LoaderState, Pos, Source};
+use super::placement::Placement;
 use super::scaler::LossScaler;
 use super::schedule::lr_at;
 use super::step::{micro_step, MicroOpts};
@@ -20,7 +21,7 @@ use crate::checkpoint::{DataPosition, State};
 use crate::config::Config;
 use crate::data::Augment;
 use crate::model::{Compute, ComputeOn, StepKey, Task};
-use crate::params::{DeviceFlat, DeviceTensor, RawFn};
+use crate::params::RawFn;
 use crate::plan::{DataSplit, Plan};
 use crate::strategy::{Memory, Strategy};
 
@@ -101,12 +102,8 @@ struct Trainer<'a, B: ComputeOn> {
     first_step: usize,
     total: usize,
     checkpointing: bool,
-    /// A device buffer that device copies are made like (a device backend without
-    /// `strategy.offload`).
-    proto: Option<Box<dyn DeviceTensor>>,
-    raw_fn: Option<RawFn<B::InnerBackend>>,
-    /// The backend computes on a device: host transfers are counted and reported.
-    device: bool,
+    /// Where this rank computes and keeps its state, chosen once here.
+    placement: Placement<B::InnerBackend>,
     /// This thread's transfer counts when the rank started.
     transfers_start: crate::params::Transfers,
     /// This rank's evaluation samples: r, r + world, ... (no padding).
@@ -165,17 +162,10 @@ impl<'a, B: ComputeOn> Trainer<'a, B> {
             ));
         }
         let transfers_start = crate::params::transfers::counted();
-        let on_device = raw_fn.is_some();
         // torch's CPU offload keeps parameters, gradients and optimizer state on the host
-        let raw_fn = raw_fn.filter(|_| c.strategy.offload == crate::config::Offload::None);
-        let proto: Option<Box<dyn DeviceTensor>> = raw_fn.map(|f| {
-            Box::new(DeviceFlat::<B::InnerBackend>::new(
-                crate::params::master_zeros(1, device),
-                f,
-            )) as Box<dyn DeviceTensor>
-        });
-        if let Some(p) = &proto {
-            strategy.keep_on_device(p.as_ref());
+        let placement = Placement::choose(raw_fn, c.strategy.offload, device);
+        if let Some(p) = placement.proto() {
+            strategy.keep_on_device(p);
         }
         let resumed = input.resume.map(|l| &l.state);
         let early_stopping = c.train.early_stopping.as_ref().map(|e| {
@@ -215,9 +205,7 @@ impl<'a, B: ComputeOn> Trainer<'a, B> {
             total,
             checkpointing: c.train.activation_checkpointing
                 == crate::config::ActivationCheckpointing::Units,
-            proto,
-            raw_fn,
-            device: on_device,
+            placement,
             transfers_start,
             eval_idx: data
                 .eval
@@ -341,7 +329,7 @@ impl<'a, B: ComputeOn> Trainer<'a, B> {
         }
         self.last_loss = loss;
         self.pos = self.pos.normalize(plan);
-        if self.device && step == first_step + 1 {
+        if self.placement.on_device() && step == first_step + 1 {
             self.log_placement();
         }
         Ok(Stepped {
@@ -388,9 +376,7 @@ impl<'a, B: ComputeOn> Trainer<'a, B> {
             let opts = MicroOpts::<B> {
                 checkpointing: self.checkpointing,
                 sync: last_micro || !c.strategy.no_sync,
-                proto: self.proto.as_deref(),
-                raw_fn: self.raw_fn,
-                device: self.device,
+                placement: &self.placement,
                 grads: crate::model::GradScale {
                     weight: 1.0,
                     loss_scale: self.scaler.as_ref().map_or(1.0, |s| s.scale()),
@@ -423,7 +409,7 @@ impl<'a, B: ComputeOn> Trainer<'a, B> {
 
     /// Where the rank keeps what on its device backend, as the first step left it (rank logs).
     fn log_placement(&mut self) {
-        let grads = match (self.raw_fn.is_some(), self.strategy.comm_mut().device_ops().is_some()) {
+        let grads = match (self.placement.raw_fn().is_some(), self.strategy.comm_mut().device_ops().is_some()) {
             (true, true) => "gradients: on the device, reduced there by NCCL",
             (true, false) if self.world > 1 => {
                 "gradients: on the device; collectives host-staged (read to the host, reduced there, written back)"
@@ -443,30 +429,21 @@ impl<'a, B: ComputeOn> Trainer<'a, B> {
         };
         let micro_batch = self.input.plan.micro_batch;
         let (compute, strategy, idx) = (self.compute.as_ref(), &mut *self.strategy, &self.eval_idx);
-        let device = self.device;
-        let proto = self.proto.as_deref();
+        let placement = &self.placement;
         // the most batches any rank has (rank 0 has the most samples)
         let batches = ds.len().div_ceil(self.world).div_ceil(micro_batch.max(1));
         let sums = self
             .clock
             .time(Phase::Eval, || -> Result<EvalSums, TrainError> {
                 // parameters kept on the device are read there, unit by unit
-                let by_units = strategy.shards_params() || (proto.is_some() && strategy.resident());
+                let by_units = strategy.shards_params()
+                    || (placement.proto().is_some() && strategy.resident());
                 let (losses, correct) = if by_units {
-                    evaluate_by_units(
-                        compute,
-                        strategy,
-                        ds,
-                        idx,
-                        micro_batch,
-                        batches,
-                        device,
-                        proto,
-                    )
-                    .inspect(|_| strategy.release_params())?
+                    evaluate_by_units(compute, strategy, ds, idx, micro_batch, batches, placement)
+                        .inspect(|_| strategy.release_params())?
                 } else {
                     let params = strategy.params()?;
-                    if device {
+                    if placement.on_device() {
                         crate::params::transfers::record(
                             crate::params::Moved::ParamsToDevice,
                             params.len(),
@@ -497,7 +474,7 @@ impl<'a, B: ComputeOn> Trainer<'a, B> {
         let done = self.step;
         let is_last = done == self.total;
         let do_eval = self.input.data.eval.is_some()
-            && (is_last || (c.train.eval_every > 0 && done % c.train.eval_every == 0));
+            && (is_last || (c.train.eval_every > 0 && done.is_multiple_of(c.train.eval_every)));
         // what this evaluation means (every rank has the same sums, so decides alike)
         let mut new_best = false;
         let mut stop_early = false;
@@ -621,7 +598,7 @@ impl<'a, B: ComputeOn> Trainer<'a, B> {
         let lm = matches!(self.task, Task::LanguageModel { .. });
         let elapsed = self.window_start.elapsed().as_secs_f64().max(1e-9);
         let sps = self.window_samples / elapsed;
-        let log = is_last || do_eval || done % c.train.log_every == 0;
+        let log = is_last || do_eval || done.is_multiple_of(c.train.log_every);
         let eval = self
             .last_eval
             .filter(|_| do_eval)
@@ -698,7 +675,7 @@ impl<'a, B: ComputeOn> Trainer<'a, B> {
             self.step - self.first_step
         ));
         let transfers = crate::params::transfers::counted().since(&self.transfers_start);
-        if self.device {
+        if self.placement.on_device() {
             let b = crate::ui::bytes;
             self.sink.log(&format!(
                 "host transfers: parameters {} to the device, {} back; optimizer state {} to the device, {} back; gradients {} to the host, {} back",
@@ -733,7 +710,7 @@ impl<'a, B: ComputeOn> Trainer<'a, B> {
             params_sha256,
             memory: Memory {
                 peak_bytes: memory_key.and_then(crate::memory::peak_bytes),
-                host_transfers: self.device.then_some(transfers),
+                host_transfers: self.placement.on_device().then_some(transfers),
                 ..self.strategy.memory()
             },
             time,

@@ -14,7 +14,7 @@ fn buf(rank: usize, len: usize) -> Vec<f32> {
 
 /// Runs `f` on every rank of a fresh group, returns the results in rank order.
 fn on_ranks<T: Send>(world: usize, f: impl Fn(&mut dyn Collective) -> T + Sync) -> Vec<T> {
-    let ranks = LocalGroup::new(world, Duration::from_secs(30));
+    let ranks = LocalGroup::ranks(world, Duration::from_secs(30));
     std::thread::scope(|s| {
         let hs: Vec<_> = ranks
             .into_iter()
@@ -82,7 +82,7 @@ fn ops_match_the_reference() {
 
 #[test]
 fn a_rank_that_never_arrives_is_named_within_the_timeout() {
-    let ranks = LocalGroup::new(3, Duration::from_millis(300));
+    let ranks = LocalGroup::ranks(3, Duration::from_millis(300));
     let start = Instant::now();
     let results: Vec<Result<(), CollectiveError>> = std::thread::scope(|s| {
         let hs: Vec<_> = ranks
@@ -120,10 +120,7 @@ fn mismatched_ops_are_reported() {
         } else {
             c.broadcast(&mut b, 0)
         }
-        .map_err(|e| {
-            c.abort("mismatch");
-            e
-        })
+        .inspect_err(|_| c.abort("mismatch"))
     });
     let msgs: Vec<String> = out
         .into_iter()

@@ -126,7 +126,7 @@ fn fsdp_memory_at_rest_is_a_world_fraction_of_ddp() {
         );
     }
     assert!(
-        n as usize % 4 != 0,
+        !(n as usize).is_multiple_of(4),
         "the task must exercise padding ({n} params)"
     );
     let mut g = common.to_vec();

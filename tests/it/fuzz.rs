@@ -200,6 +200,9 @@ fn the_checkpoint_reader_never_panics_on_mutated_checkpoints() {
     }
 }
 
+/// A change made to a state.json.
+type Edit = Box<dyn Fn(&mut serde_json::Value)>;
+
 /// Every number of a sharded checkpoint's layout in `state.json` changed, one at a time (the
 /// manifest resealed): the load is refused as invalid, never a panic or a wrong model.
 #[test]
@@ -237,7 +240,7 @@ fn a_layout_that_disagrees_with_the_shards_is_invalid() {
     );
     let n = state["num_params"].as_u64().unwrap();
     assert_eq!(state["params"]["world"], 2, "{state}");
-    let edits: Vec<(&str, Box<dyn Fn(&mut serde_json::Value)>)> = vec![
+    let edits: Vec<(&str, Edit)> = vec![
         ("world + 1", Box::new(|s| s["params"]["world"] = 3.into())),
         ("world 0", Box::new(|s| s["params"]["world"] = 0.into())),
         (

@@ -191,7 +191,7 @@ fn a_stalled_rank_fails_the_run_naming_rank_and_op() {
     let input = p.input();
     let placement = backend::resolve(&p.r.config).unwrap();
     let d = kiln::testdir::tempdir().unwrap();
-    let mut ranks = LocalGroup::new(2, Duration::from_secs(1)).into_iter();
+    let mut ranks = LocalGroup::ranks(2, Duration::from_secs(1)).into_iter();
     let (r0, r1) = (ranks.next().unwrap(), ranks.next().unwrap());
     let comms: Vec<Box<dyn Collective>> = vec![
         Box::new(r0),

@@ -76,12 +76,9 @@ fn the_rendezvous_store_survives_floods_and_trickling_peers() {
             break;
         }
         let mut buf = [0u8; 64];
-        match slow.read(&mut buf) {
-            Ok(0) => {
-                closed = true;
-                break;
-            }
-            _ => {}
+        if let Ok(0) = slow.read(&mut buf) {
+            closed = true;
+            break;
         }
         if start.elapsed() > Duration::from_secs(HELLO_SECS + 4) {
             break;

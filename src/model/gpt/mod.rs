@@ -224,7 +224,7 @@ impl Gpt {
             }
         }
         g.sized_for_this_machine(r)?;
-        if g.dim % g.heads != 0 {
+        if !g.dim.is_multiple_of(g.heads) {
             return Err(err(
                 "model.dim",
                 format!(
@@ -300,10 +300,10 @@ impl Gpt {
         &self,
         b: &BlockModule<B>,
         x: Tensor<B, 3>,
-        past: Option<(Tensor<B, 4>, Tensor<B, 4>)>,
+        past: Option<Kv<B>>,
         keep: bool,
         ctx: &mut Forward,
-    ) -> (Tensor<B, 3>, Option<(Tensor<B, 4>, Tensor<B, 4>)>) {
+    ) -> (Tensor<B, 3>, Option<Kv<B>>) {
         let fused = ctx.fused() && !ctx.drops(self.dropout);
         let qkv = dense(&b.c_attn, norm(&b.ln_1, x.clone(), fused), None, fused);
         let whole = if fused && past.is_none() && !keep {
@@ -345,7 +345,7 @@ impl Gpt {
     fn attention<B: Backend>(
         &self,
         qkv: Tensor<B, 3>,
-        past: Option<(Tensor<B, 4>, Tensor<B, 4>)>,
+        past: Option<Kv<B>>,
         device: &B::Device,
         ctx: &mut Forward,
     ) -> (Tensor<B, 3>, (Tensor<B, 4>, Tensor<B, 4>)) {

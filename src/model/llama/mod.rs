@@ -173,7 +173,7 @@ impl Llama {
                 ));
             }
         }
-        if (self.dim / self.heads) % 2 != 0 {
+        if !(self.dim / self.heads).is_multiple_of(2) {
             return Err(err(
                 "model.heads",
                 format!(

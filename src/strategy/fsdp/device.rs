@@ -12,6 +12,9 @@ use super::*;
 /// The device path's state, made once by `keep_on_device`: while an fsdp has one, the device
 /// shards are the truth and the host shards a copy brought up to date when asked
 /// (`sync_host`).
+/// A reduce-scatter in flight: the unit, its padded gradient and its shard's buffer.
+pub(super) type Scattering = (usize, [Box<dyn DeviceTensor>; 2], Started);
+
 pub(super) struct OnDevice {
     /// Per unit: this rank's shard and its optimizer state.
     pub shards: Vec<Box<dyn DeviceParams>>,
@@ -24,7 +27,7 @@ pub(super) struct OnDevice {
     pub ahead: VecDeque<(usize, Box<dyn DeviceTensor>, Started)>,
     /// ... and reduce-scatters queued as units' backwards ended: the unit, its padded gradient
     /// and its shard's buffer (both alive until done), oldest first.
-    pub inflight: VecDeque<(usize, [Box<dyn DeviceTensor>; 2], Started)>,
+    pub inflight: VecDeque<Scattering>,
 }
 
 /// What of the host copy lags behind the device shards.
