@@ -1,7 +1,40 @@
-//! The one function that builds the config layering, lowest first:
-//! built-in defaults < `extends` chain < the experiment file < `KILN_` env vars < `--set` flags.
-//! Every value keeps the metadata of the layer that set it, so errors and `kiln check` can name
-//! its source.
+//! The one function that builds the config layering (`build_figment_without`, behind `load`,
+//! `load_with_flags`, `load_run`, `build_figment` and `build_run_figment`). Its layers, in the
+//! order they are merged, lowest first:
+//!
+//! 1. Built-in defaults (`Config::default()`, source `"default"`): always.
+//! 2. The files the experiment file `extends`, depth first, each after the files it extends (a
+//!    later file's `[sweep] grid` replaces the grids of the files below it): when it has any.
+//! 3. The experiment file itself; for a run directory (`load_run`: resume, eval, env;
+//!    `build_run_figment`: export, sample) the run's resolved `config.toml` in its place.
+//! 4. `KILN_<SECTION>__<KEY>` environment variables (`KILN_OPTIM__LR=0.1`); other `KILN_`
+//!    variables (tokens, paths) are not config keys.
+//! 5. The launcher's variables as `launch.*`, each when set: with `WORLD_SIZE` (torchrun)
+//!    `WORLD_SIZE`, `RANK`, `MASTER_ADDR`, `MASTER_PORT` (+ 1 under torchrun, whose agent holds
+//!    that port) and `LOCAL_RANK`; else inside an `srun` step `SLURM_STEP_NUM_TASKS` (or
+//!    `SLURM_NTASKS`), `SLURM_PROCID` and `MASTER_*`; else a Slurm allocation's
+//!    `SLURM_NNODES`, `SLURM_NODEID` and `MASTER_*`.
+//! 6. A bare `srun` step (several tasks, no `WORLD_SIZE` or `MASTER_ADDR`): `launch.master_addr`
+//!    = the step's first host and `launch.master_port` from the job and step ids, each only
+//!    where no layer below set it.
+//! 7. Under torchrun with several processes on the host (`LOCAL_WORLD_SIZE` > 1, or unset):
+//!    `strategy.devices = 1`, each process one kiln node of one device.
+//! 8. `--set key=value` flags, in order.
+//! 9. Typed command-line flags (`kiln run --nnodes 2`), each named after its flag.
+//! 10. `OMP_NUM_THREADS` as `backend.threads`, only when no layer sets a count above 0.
+//! 11. For an experiment file only (a run's `config.toml` has these keys already): the
+//!     `config.json` of a Hugging Face directory in `model.init_from`, for the `[model]` keys no
+//!     layer above the defaults sets (one set to another value is an error; `block_size` may
+//!     differ), and `data.tokenizer` = the `tokenizer.json` beside it when no layer sets it.
+//!
+//! Layers 10 and 11 come last but only fill in: 10 replaces a `backend.threads` of 0 (the
+//! default, "share the cores") and no count above it, 11 no key that another layer sets.
+//! `build_run_figment` passes no environment, `--set` or flag: it has layers 1 and 3 only.
+//! Left out of every layer above the defaults (so they take their defaults): a key unset by
+//! `--set KEY=` (no value), the keys of a run's `config.toml` that a resume's new
+//! `strategy.kind` does not have (`Resolved::left_out`), and a key set aside after an error (so
+//! that every error is reported at once). Every value keeps the metadata of the layer that set
+//! it, so errors and `kiln check` can name its source.
 
 use std::path::{Path, PathBuf};
 

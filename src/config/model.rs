@@ -20,13 +20,15 @@ pub enum Activation {
 
 /// `[model]`: the keys every family shares (or the data reads). Any other key is kept in
 /// `extra`, a family's own: the family reads them with `Resolved::model_keys` into its serde
-/// struct (gpt's `GptKeys`, a user's family's own), and for a family with no keys of its own they
-/// are unknown keys (an error naming the key, its source and the closest key).
+/// struct (gpt's `GptKeys`, llama's `LlamaKeys`, a user's family's own), and for a family with no
+/// keys of its own they are unknown keys (an error naming the key, its source and the closest
+/// key).
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(default)]
 pub struct ModelConfig {
-    /// Model family: a name in the model registry (built in: `"mlp"`, `"cnn"`, `"gpt"`).
-    /// Default: `"mlp"`.
+    /// Model family: a name in the model registry (built in: `"mlp"`, `"cnn"`, `"gpt"`,
+    /// `"llama"`). A Hugging Face directory in `init_from` sets it from its `config.json`
+    /// (`"llama"` for Llama, Mistral and Qwen2, `"gpt"` for GPT-2). Default: `"mlp"`.
     pub kind: String,
     /// mlp: input features. Default: `1000`.
     pub input_size: usize,
@@ -38,34 +40,62 @@ pub struct ModelConfig {
     pub channels: Vec<usize>,
     /// cnn: the (odd) kernel size of every Conv2d, padded to keep the image size. Default: `3`.
     pub kernel_size: Option<usize>,
-    /// Language models (gpt): vocabulary size (at least 256 for byte-level text); the data's
-    /// token ids are checked against it. Default: `256`.
+    /// Language models (gpt, llama): vocabulary size (at least 256 for byte-level text); the
+    /// data's token ids are checked against it. Default: `256`, or the `config.json` of a
+    /// Hugging Face directory in `init_from`.
     pub vocab_size: Option<usize>,
-    /// Language models (gpt): tokens of context; the data's training windows are
-    /// `block_size + 1` tokens. Default: `128`.
+    /// Language models (gpt, llama): tokens of context; the data's training windows are
+    /// `block_size + 1` tokens. Default: `128`, or the `config.json` of a Hugging Face directory
+    /// in `init_from` (GPT-2's `n_positions`; a llama's `max_position_embeddings`, at most
+    /// 2048).
     pub block_size: Option<usize>,
     /// Start training from these weights instead of the seeded initialisation: a safetensors
-    /// file from `kiln export` (either format) or PyTorch's
-    /// `safetensors.torch.save_file(model.state_dict(), path)` (f16/bf16/f64 are converted to
-    /// f32). Every tensor must be there with its shape, and nothing else. A relative path is
-    /// relative to the experiment file. Default: none.
+    /// file (`kiln export`'s, PyTorch's `safetensors.torch.save_file(model.state_dict(), path)`,
+    /// nanoGPT's) or a Hugging Face model directory (`save_pretrained`'s: `model.safetensors`,
+    /// or shards with `model.safetensors.index.json`), in a format `init_format` names; f16,
+    /// bf16 and f64 are converted to f32. Every parameter's tensor must be there with its shape,
+    /// and nothing else (a tied copy may be missing; a format's buffers, GPT-2's attention masks
+    /// or a llama's `rotary_emb.inv_freq`, are skipped). A Hugging Face `config.json` in the
+    /// directory (or beside the file) of a model kiln computes is a config layer
+    /// (`config::hf_json`: the `[model]` keys no other layer sets), and the `tokenizer.json`
+    /// beside it is `data.tokenizer` unless that is set. A relative path is relative to
+    /// the file that set it (to the working directory when a variable or flag did). Default:
+    /// none.
     pub init_from: Option<String>,
-    /// The names and layouts `init_from` holds: `"auto"` (kiln's exports by their metadata,
-    /// gpt files by their names and shapes), `"kiln"` (a `kiln export`, either format),
-    /// `"hf-gpt2"` (Hugging Face's `GPT2LMHeadModel`: `transformer.h.<i>.attn.c_attn.weight`,
-    /// Conv1D weights `[in, out]`) or `"nanogpt"` (nanoGPT's `GPT`: the same names, Linear
-    /// weights `[out, in]`, a `_orig_mod.` prefix of `torch.compile` taken off). Default:
-    /// `"auto"`.
+    /// The names and layouts `init_from` holds (`model::portable`; a name the model's family
+    /// does not have is an error listing those it has):
+    /// - `"auto"`: a `kiln export` by its `kiln.format` metadata, else a format of the family's
+    ///   that the names show (gpt: `hf-gpt2` or `nanogpt` by `c_attn`'s and `c_fc`'s shapes;
+    ///   llama: `hf-llama` by `model.layers.*` or `model.embed_tokens.weight`), else `pytorch`.
+    /// - `"kiln"`: a `kiln export`, in the format its `kiln.format` metadata names (`pytorch`
+    ///   without it).
+    /// - `"pytorch"` (every family): the `state_dict` names of the PyTorch module the family
+    ///   mirrors, Linear weights `[out, in]`, a norm's `weight`/`bias`.
+    /// - `"burn"` (every family): Burn's module paths, Linear weights `[in, out]`, a norm's
+    ///   `gamma`/`beta` (as Burn's `SafetensorsStore` writes them).
+    /// - `"hf-gpt2"` (gpt): Hugging Face's `GPT2LMHeadModel` (its `save_pretrained` directory,
+    ///   or a file of it): `transformer.h.<i>.attn.c_attn.weight`, Conv1D weights `[in, out]`.
+    /// - `"nanogpt"` (gpt): nanoGPT's `GPT`: the same names, Linear weights `[out, in]`, a
+    ///   `_orig_mod.` prefix of `torch.compile` taken off.
+    /// - `"hf-llama"` (llama): Hugging Face's `LlamaForCausalLM` (and `Qwen2ForCausalLM`; its
+    ///   `save_pretrained` directory, or a file of it): `model.` + the module path
+    ///   (`model.layers.<i>.self_attn.q_proj.weight`) and `lm_head.weight`, Linear weights
+    ///   `[out, in]`.
+    ///
+    /// A user's family may add formats of its own (`Family::formats`). Default: `"auto"`.
     pub init_format: Option<String>,
-    /// A family's own keys (gpt's `layers`, `heads`, `dim`, ...; a user's model's), which the
-    /// family reads with `Resolved::model_keys` into its own serde struct. Default: none.
+    /// A family's own keys (gpt's and llama's `layers`, `heads`, `dim`, ...; a user's model's),
+    /// which the family reads with `Resolved::model_keys` into its own serde struct. Default:
+    /// none.
     #[serde(flatten)]
     pub extra: std::collections::BTreeMap<String, toml::Value>,
     /// Output classes. Default: `10`.
     pub classes: usize,
     /// Activation after each hidden layer: relu, gelu, tanh, sigmoid. Default: `"relu"`.
     pub activation: Activation,
-    /// Dropout probability after each hidden activation, in [0, 1). Default: `0.0`.
+    /// Dropout probability, in [0, 1): mlp and cnn after each hidden activation; gpt on the
+    /// embeddings, the attention weights and each residual branch; llama on the attention
+    /// weights (transformers' `attention_dropout`). Default: `0.0`.
     pub dropout: f64,
 }
 

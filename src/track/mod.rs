@@ -1,9 +1,24 @@
 //! Layer: track (above rundir; below launch).
 //!
-//! Where a session's metric lines go: `metrics.jsonl` ([`MetricsJsonl`], always, on node 0)
-//! and the trackers `[log]` turns on ([`tensorboard`]). Each is a [`MetricSink`]; [`Tracks`]
-//! writes every line to every sink. A new tracker is one file here with one `MetricSink` impl,
-//! and its line where the session opens its sinks (`launch/session.rs`).
+//! Where a session's metric lines go, each a [`MetricSink`] (only node 0 writes anywhere: the
+//! other nodes' `metrics.jsonl` is `/dev/null`, and they open no tracker):
+//! - `metrics.jsonl` ([`jsonl`], [`MetricsJsonl`]): always, and first; the run's own record, so
+//!   a failed write fails the run (at its end).
+//! - TensorBoard event files ([`tensorboard`]): with `[log] tensorboard = true`, in `tb/` of the
+//!   run directory.
+//! - An MLflow run ([`mlflow`]): with `[log.mlflow]`; a background thread sends what
+//!   `metrics.jsonl` holds (so the training never waits on the server), and `kiln track push`
+//!   sends later what did not get through.
+//!
+//! [`Tracks`] writes every line to every sink; a tracker whose write fails is said once and
+//! dropped, the run goes on (MLflow's sender handles its own failures and never fails a write).
+//!
+//! A new tracker takes: a file here with a `MetricSink` impl, and its `pub mod` below; its key
+//! in `[log]` (`LogConfig` in `config/log.rs`, with its values checked in `LogConfig::check`,
+//! and a row in README.md's configuration table); and its line in `RunFiles::begin`
+//! (`launch/session.rs`), where the session opens its sinks. A secret in its config (as
+//! `log.mlflow.uri` may hold) is also taken out where a config is stored or hashed
+//! (`MlflowConfig::stored`, called by `rundir`'s `stored_config_with` and the sweep's `id_of`).
 
 pub mod jsonl;
 pub mod mlflow;
