@@ -244,6 +244,34 @@ fn duplicate_name(bytes: &[u8]) -> Option<String> {
         .flatten()
 }
 
+/// The first dtype in the header of `bytes` (a safetensors file, or its first `8 + n` bytes)
+/// that safetensors does not know: read from the JSON itself, as the header's own
+/// deserialization error says it only in words.
+fn unknown_dtype(bytes: &[u8]) -> Option<String> {
+    let n = u64::from_le_bytes(bytes.get(..8)?.try_into().ok()?);
+    let end = 8usize.checked_add(usize::try_from(n).ok()?)?;
+    let header: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_slice(bytes.get(8..end)?).ok()?;
+    header
+        .iter()
+        .filter(|(name, _)| name.as_str() != "__metadata__")
+        .filter_map(|(_, info)| info.get("dtype")?.as_str())
+        .find(|d| {
+            serde_json::from_value::<safetensors::Dtype>(serde_json::Value::from(*d)).is_err()
+        })
+        .map(str::to_string)
+}
+
+/// What a header that does not deserialize means: a dtype safetensors does not know, or no
+/// safetensors file at all.
+fn describe_header(bytes: &[u8], e: SafeTensorError, len: usize) -> String {
+    match unknown_dtype(bytes) {
+        // (`{:?}`: quoted, a control character escaped)
+        Some(d) => format!("a tensor has a dtype safetensors does not know ({d:?})"),
+        None => describe_read(&e, len),
+    }
+}
+
 /// Reads a safetensors file's bytes: every float tensor as f32 (others are marked
 /// `unsupported`), and the metadata.
 pub fn decode(bytes: &[u8]) -> Result<TensorFile, String> {
@@ -252,7 +280,10 @@ pub fn decode(bytes: &[u8]) -> Result<TensorFile, String> {
             "the header names tensor `{name}` twice; a safetensors file names each tensor once"
         ));
     }
-    let st = SafeTensors::deserialize(bytes).map_err(|e| describe_read(&e, bytes.len()))?;
+    let st = SafeTensors::deserialize(bytes).map_err(|e| match e {
+        SafeTensorError::InvalidHeaderDeserialization(_) => describe_header(bytes, e, bytes.len()),
+        e => describe_read(&e, bytes.len()),
+    })?;
     let (_, meta) =
         SafeTensors::read_metadata(bytes).map_err(|e| describe_read(&e, bytes.len()))?;
     let metadata = meta.metadata().clone().unwrap_or_default();
@@ -364,8 +395,9 @@ impl Lazy {
         }
         let header: safetensors::tensor::Metadata =
             serde_json::from_slice(&bytes[8..]).map_err(|e| {
-                describe_read(
-                    &SafeTensorError::InvalidHeaderDeserialization(e),
+                describe_header(
+                    &bytes,
+                    SafeTensorError::InvalidHeaderDeserialization(e),
                     len as usize,
                 )
             })?;
@@ -466,9 +498,6 @@ fn describe_read(e: &SafeTensorError, len: usize) -> String {
         ),
         E::HeaderTooLarge => {
             "not a safetensors file: its header length is over safetensors' 100 MB limit".into()
-        }
-        E::InvalidHeaderDeserialization(j) if j.to_string().contains("unknown variant") => {
-            format!("a tensor has a dtype safetensors does not know ({j})")
         }
         E::InvalidHeaderStart | E::InvalidHeader(_) | E::InvalidHeaderDeserialization(_) => {
             format!("not a safetensors file: its header is not the expected JSON ({e})")

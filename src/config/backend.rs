@@ -201,10 +201,10 @@ impl BackendConfig {
     /// NCCL variables, threads, the wgpu adapter, loss scaling and what ndarray computes in.
     pub(super) fn check(&self, r: &Resolved) -> Result<(), ConfigError> {
         if let Some(p) = self.nccl.problems().into_iter().next() {
-            return Err(r.key_error(&p.key, p.message, p.help));
+            return Err(r.error_of_kind(p.kind, &p.key, p.message, p.help));
         }
         if self.threads > MAX_THREADS {
-            return Err(r.key_error(
+            return Err(r.range_error(
                 "backend.threads",
                 format!(
                     "`backend.threads` = {} is out of range: at most {MAX_THREADS} threads per rank",

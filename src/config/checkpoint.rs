@@ -13,6 +13,7 @@ use super::*;
 #[serde(deny_unknown_fields)]
 pub struct KeepBestConfig {
     /// eval_loss, eval_accuracy (classification) or eval_perplexity (language model).
+    /// Default: none (required).
     pub metric: EvalMetric,
     /// min or max. Default: `"max"` for eval_accuracy, else `"min"`.
     #[serde(default, skip_serializing_if = "Option::is_none")]

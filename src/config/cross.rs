@@ -18,7 +18,7 @@ pub(super) fn waits(r: &Resolved) -> Result<(), ConfigError> {
         ("launch.heartbeat_secs", c.launch.heartbeat_secs),
     ] {
         if v > 604_800 {
-            return Err(r.key_error(
+            return Err(r.range_error(
                 key,
                 format!("`{key}` = {v} is out of range: at most 604800 (a week)"),
                 None,
@@ -123,7 +123,7 @@ pub(super) fn sizes(r: &Resolved) -> Result<(), ConfigError> {
         ("model.classes", c.model.classes),
     ] {
         if v > MAX_SIZE {
-            return Err(r.key_error(
+            return Err(r.range_error(
                 key,
                 format!("`{key}` = {v} is out of range: at most {MAX_SIZE}"),
                 None,
@@ -182,7 +182,7 @@ pub(super) fn host_ranks(r: &Resolved) -> Result<(), ConfigError> {
     // its buffers and its thread pool: beyond these, a run takes the machine's memory before
     // it trains
     if c.backend.device.shared_by_ranks() && st.devices.count() > MAX_HOST_RANKS {
-        return Err(r.key_error(
+        return Err(r.range_error(
             "strategy.devices",
             format!(
                 "`strategy.devices` = {} is out of range: at most {MAX_HOST_RANKS} ranks per node on the {}",

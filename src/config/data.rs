@@ -70,18 +70,22 @@ pub struct DataConfig {
     pub classes: usize,
     /// synthetic: seed of the teacher and the samples. Default: `0`.
     pub seed: u64,
-    /// csv: training file; idx: training images. Relative to the experiment file that sets it.
-    /// No default.
+    /// csv: the training file; idx: the training images; text: the text file; tokens: the
+    /// token file. Relative to the file that sets it. Default: unset (csv, idx, text and tokens
+    /// need it).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub path: Option<String>,
-    /// csv: evaluation file; idx: evaluation images (optional). Relative to the experiment file
-    /// that sets it.
+    /// csv: the evaluation file; idx: the evaluation images; tokens: the held-out token file.
+    /// Relative to the file that sets it. Default: unset (no evaluation data; text and tokens
+    /// hold out `eval_fraction` of `path` instead).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub eval_path: Option<String>,
-    /// idx: training labels (IDX1). Relative to the experiment file that sets it. No default.
+    /// idx: the training labels (IDX1, raw or `.gz`). Relative to the file that sets it.
+    /// Default: unset (idx needs it).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub labels_path: Option<String>,
-    /// idx: evaluation labels, with `eval_path`. Relative to the experiment file that sets it.
+    /// idx: the evaluation labels (IDX1, raw or `.gz`), with `eval_path`. Relative to the file
+    /// that sets it. Default: unset (idx with an `eval_path` needs it).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub eval_labels_path: Option<String>,
     /// idx: `[mean, std]` applied to pixels after scaling them to [0, 1]. Default: `[]` (none).
@@ -339,7 +343,7 @@ impl DataConfig {
         }
         if let Some(f) = self.eval_fraction {
             if !(0.0..1.0).contains(&f) {
-                return Err(r.key_error(
+                return Err(r.range_error(
                     "data.eval_fraction",
                     format!("`data.eval_fraction` = {f} is out of range: must be in [0, 1)"),
                     None,
@@ -347,7 +351,7 @@ impl DataConfig {
             }
         }
         if self.stride == Some(0) {
-            return Err(r.key_error(
+            return Err(r.range_error(
                 "data.stride",
                 "`data.stride` = 0 is out of range: must be at least 1".into(),
                 None,
@@ -408,7 +412,7 @@ impl DataConfig {
     pub(super) fn check_loader(&self, r: &Resolved) -> Result<(), ConfigError> {
         let d = self;
         if d.workers > 64 {
-            return Err(r.key_error(
+            return Err(r.range_error(
                 "data.workers",
                 format!(
                     "`data.workers` = {} is out of range: at most 64 loader threads per rank",
@@ -421,7 +425,7 @@ impl DataConfig {
             at_least(r, "data.prefetch", d.prefetch, 1)?;
         }
         if d.prefetch > 1024 {
-            return Err(r.key_error(
+            return Err(r.range_error(
                 "data.prefetch",
                 format!(
                     "`data.prefetch` = {} is out of range: at most 1024 micro-batches ahead",
@@ -432,7 +436,7 @@ impl DataConfig {
         }
         if let Some(a) = &d.augment {
             if a.random_crop > 4096 {
-                return Err(r.key_error(
+                return Err(r.range_error(
                     "data.augment.random_crop",
                     format!(
                         "`data.augment.random_crop` = {} is out of range: at most 4096 pixels of padding",

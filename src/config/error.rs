@@ -58,12 +58,27 @@ impl ConfigError {
 pub struct KeyError {
     /// The dotted key, e.g. `optim.lr` (empty when the error is about no one key).
     pub key: String,
+    /// What kind of problem it is: whether the other keys can still be judged.
+    pub kind: KeyErrorKind,
     /// What is wrong, e.g. "unknown key `optim.lrr`".
     pub message: String,
     /// Where the offending value came from, e.g. "experiments/a.toml:7" or "--set optim.lr=-1".
     pub source: String,
     /// What to do instead.
     pub help: Option<String>,
+}
+
+/// The kind of a key's error, which the loader matches on (never on the message's words).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum KeyErrorKind {
+    /// A value out of its own range: nothing to do with any other key, so the loader sets the
+    /// key aside and goes on judging the rest, to report every such error at once.
+    Range,
+    /// Anything else: a wrong type, an unknown key or choice (also judged alone, as figment
+    /// reports them before the checks), a missing file, keys that disagree (which could only
+    /// cascade when a key is set aside).
+    #[default]
+    Other,
 }
 
 impl fmt::Display for KeyError {

@@ -4,7 +4,7 @@
 use figment::value::{Dict, Value};
 use figment::{Figment, Metadata};
 
-use super::error::{closest, ConfigError, KeyError};
+use super::error::{closest, ConfigError, KeyError, KeyErrorKind};
 use super::load::{describe_source, key_error, nest, Layer, Resolved, DEFAULT_SOURCE};
 
 impl Resolved {
@@ -67,6 +67,7 @@ impl Resolved {
                 let key = format!("model.{k}");
                 let kind = &self.config.model.kind;
                 Err(ConfigError::Key(KeyError {
+                    kind: KeyErrorKind::Other,
                     key: key.clone(),
                     message: format!(
                         "`{key}` is a key of model.kind = \"{}\", not of \"{kind}\"",
@@ -97,6 +98,7 @@ impl Resolved {
                     None => format!("valid keys in [model]: {}", names.join(", ")),
                 };
                 Err(ConfigError::Key(KeyError {
+                    kind: KeyErrorKind::Other,
                     key: key.clone(),
                     message: format!("unknown key `{key}`"),
                     source: describe_source(&self.figment, &key),

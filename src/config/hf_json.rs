@@ -11,7 +11,7 @@ use figment::value::{Dict, Value};
 use figment::{Figment, Metadata, Source};
 use serde_json::Value as Json;
 
-use super::error::{ConfigError, KeyError};
+use super::error::{ConfigError, KeyError, KeyErrorKind};
 use super::load::{describe_source, DEFAULT_SOURCE};
 
 /// The longest `block_size` a config.json's `max_position_embeddings` gives.
@@ -229,6 +229,7 @@ fn layer(figment: &Figment) -> Result<Option<(PathBuf, Layer)>, ConfigError> {
     let shown = json_path.display().to_string();
     let key_error = |message: String, help: &str| {
         ConfigError::Key(KeyError {
+            kind: KeyErrorKind::Other,
             key: "model.init_from".into(),
             message,
             source: describe_source(figment, "model.init_from"),
@@ -299,6 +300,7 @@ fn layer(figment: &Figment) -> Result<Option<(PathBuf, Layer)>, ConfigError> {
     }
     if !disagree.is_empty() {
         return Err(ConfigError::Key(KeyError {
+            kind: KeyErrorKind::Other,
             key: "model.init_from".into(),
             message: format!(
                 "[model] disagrees with the config.json of model.init_from (`{shown}`):\n{}",

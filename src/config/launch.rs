@@ -69,7 +69,7 @@ impl LaunchConfig {
         let l = self;
         at_least(r, "launch.nnodes", l.nnodes, 1)?;
         if l.nnodes > MAX_NODES {
-            return Err(r.key_error(
+            return Err(r.range_error(
                 "launch.nnodes",
                 format!(
                     "`launch.nnodes` = {} is out of range: at most {MAX_NODES} (what one rendezvous store serves: its replies list every node's address)",

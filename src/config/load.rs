@@ -41,7 +41,11 @@ use std::path::{Path, PathBuf};
 use figment::value::{Dict, Map, Value};
 use figment::{Figment, Metadata, Profile, Provider, Source};
 
-use super::error::{closest, ConfigError, KeyError};
+pub use super::diagnose::extract;
+pub(super) use super::diagnose::{key_error, parse_message};
+use super::error::{ConfigError, KeyErrorKind};
+pub use super::launcher_env::{bare_srun, under_torchrun};
+pub use super::provenance::{describe_source, find_line};
 use super::validate::validate;
 use super::{Config, SECTIONS};
 
@@ -209,7 +213,7 @@ fn load_layers(
                 // a value out of its own range is independent of the rest; anything else (a
                 // missing file, two keys that disagree) would only cascade when set aside
                 validate(&resolved).map(|()| resolved).map_err(|e| {
-                    let alone = e.to_string().contains("is out of range");
+                    let alone = matches!(&e, ConfigError::Key(k) if k.kind == KeyErrorKind::Range);
                     (e, alone)
                 })
             }
@@ -312,19 +316,13 @@ fn build_figment_without(
 }
 
 /// The figment being built, and the keys left out of every layer (`build_figment_without`).
-struct Stack<'a> {
-    figment: Figment,
-    drop: &'a [String],
-}
-
-/// Whether torchrun's agent started this process (`torchrun --no-python ... kiln run`).
-pub fn under_torchrun(var: &dyn Fn(&str) -> Option<String>) -> bool {
-    var("WORLD_SIZE").is_some()
-        && (var("TORCHELASTIC_RUN_ID").is_some() || var("LOCAL_RANK").is_some())
+pub(super) struct Stack<'a> {
+    pub(super) figment: Figment,
+    pub(super) drop: &'a [String],
 }
 
 impl Stack<'_> {
-    fn push(&mut self, meta: Metadata, dict: Dict) {
+    pub(super) fn push(&mut self, meta: Metadata, dict: Dict) {
         let figment = std::mem::take(&mut self.figment);
         self.figment = merge_without(figment, self.drop, Layer { meta, dict });
     }
@@ -371,124 +369,6 @@ impl Stack<'_> {
         }
     }
 
-    /// torchrun (one process per rank: each is one kiln node) and Slurm: inside an `srun` step
-    /// each task is one kiln node (one task per node, or several on one host); outside a step
-    /// (a batch script, `salloc`) the allocation's nodes.
-    fn launcher(&mut self, var: &dyn Fn(&str) -> Option<String>) {
-        let step_tasks = if var("SLURM_STEP_NUM_TASKS").is_some() {
-            "SLURM_STEP_NUM_TASKS"
-        } else {
-            "SLURM_NTASKS"
-        };
-        // torchrun's agent holds MASTER_PORT, so kiln's store takes the port after
-        let torchrun = under_torchrun(var);
-        let launchers: &[(&str, &str)] = if var("WORLD_SIZE").is_some() {
-            &[
-                ("WORLD_SIZE", "nnodes"),
-                ("RANK", "node_rank"),
-                ("MASTER_ADDR", "master_addr"),
-                ("MASTER_PORT", "master_port"),
-                ("LOCAL_RANK", "local_rank"),
-            ]
-        } else if var("SLURM_STEP_ID").is_some() && var("SLURM_PROCID").is_some() {
-            &[
-                (step_tasks, "nnodes"),
-                ("SLURM_PROCID", "node_rank"),
-                ("MASTER_ADDR", "master_addr"),
-                ("MASTER_PORT", "master_port"),
-            ]
-        } else {
-            &[
-                ("SLURM_NNODES", "nnodes"),
-                ("SLURM_NODEID", "node_rank"),
-                ("MASTER_ADDR", "master_addr"),
-                ("MASTER_PORT", "master_port"),
-            ]
-        };
-        for (name, key) in launchers {
-            let Some(value) = var(name) else { continue };
-            let parts = vec!["launch".to_string(), key.to_string()];
-            let (v, source) = match *key {
-                "master_addr" => (Value::from(value.clone()), format!("environment variable {name}")),
-                // (65535 + 1 is past the last port: said as the out-of-range value it is,
-                // never the agent's own port)
-                "master_port" if torchrun => match value.trim().parse::<u16>() {
-                    Ok(p) => (
-                        Value::from(u32::from(p) + 1),
-                        format!("environment variable {name} + 1 (torchrun's agent serves its own store on {name})"),
-                    ),
-                    _ => (parse_value(&value), format!("environment variable {name}")),
-                },
-                _ => (parse_value(&value), format!("environment variable {name}")),
-            };
-            self.push(Metadata::named(source), nest(&parts, v));
-        }
-    }
-
-    /// Inside an `srun` step without MASTER_ADDR / MASTER_PORT (what Lightning does): node 0 is
-    /// the first host of the step's node list, the port is derived from the job and step ids.
-    fn bare_srun(&mut self, var: &dyn Fn(&str) -> Option<String>) {
-        let nodelist = var("SLURM_STEP_NODELIST").or_else(|| var("SLURM_JOB_NODELIST"));
-        let derived = [
-            (
-                "master_addr",
-                var("MASTER_ADDR")
-                    .is_none()
-                    .then(|| nodelist.as_deref().and_then(first_host))
-                    .flatten()
-                    .map(Value::from),
-                "the first host of SLURM_STEP_NODELIST",
-            ),
-            (
-                "master_port",
-                var("MASTER_PORT")
-                    .is_none()
-                    .then(|| {
-                        let id = |k: &str| var(k).and_then(|v| v.trim().parse::<u64>().ok());
-                        Some(
-                            20000
-                                + (id("SLURM_JOB_ID")? + id("SLURM_STEP_ID").unwrap_or(0)) % 20000,
-                        )
-                    })
-                    .flatten()
-                    .map(Value::from),
-                "20000 + (SLURM_JOB_ID + SLURM_STEP_ID) % 20000",
-            ),
-        ];
-        for (key, value, source) in derived {
-            // a value the file, the environment (`KILN_LAUNCH__...`) or an earlier layer set
-            // wins: only what nobody set is derived
-            let unset = self
-                .figment
-                .find_metadata(&format!("launch.{key}"))
-                .is_none_or(|m| m.name == DEFAULT_SOURCE);
-            if let Some(v) = value.filter(|_| unset) {
-                self.push(
-                    Metadata::named(source),
-                    nest(&["launch".to_string(), key.to_string()], v),
-                );
-            }
-        }
-    }
-
-    /// Each process torchrun starts is one kiln node of one device (its LOCAL_RANK's GPU);
-    /// with one process per host (`--nproc-per-node 1`) the process keeps the file's devices,
-    /// kiln's own one-process-per-node layout.
-    fn torchrun_devices(&mut self, var: &dyn Fn(&str) -> Option<String>) {
-        let several_local = var("LOCAL_WORLD_SIZE")
-            .and_then(|v| v.trim().parse::<usize>().ok())
-            .is_none_or(|n| n > 1);
-        if under_torchrun(var) && several_local {
-            self.push(
-                Metadata::named("torchrun (one device per process)"),
-                nest(
-                    &["strategy".to_string(), "devices".to_string()],
-                    Value::from(1u64),
-                ),
-            );
-        }
-    }
-
     /// Typed flags (`--nnodes 2`), each named as its source.
     fn flags(&mut self, flags: &[Flag]) {
         for f in flags {
@@ -528,61 +408,8 @@ impl Stack<'_> {
     }
 }
 
-/// Whether this process is a task of an `srun` step of several tasks that nobody gave a
-/// rendezvous address (`MASTER_ADDR`): a bare `srun kiln run`, whose node 0 and port kiln
-/// derives from the step (and whose job token `rendezvous` derives).
-pub fn bare_srun(var: &dyn Fn(&str) -> Option<String>) -> bool {
-    let tasks = var("SLURM_STEP_NUM_TASKS")
-        .or_else(|| var("SLURM_NTASKS"))
-        .and_then(|v| v.trim().parse::<usize>().ok())
-        .unwrap_or(1);
-    var("WORLD_SIZE").is_none()
-        && var("MASTER_ADDR").is_none()
-        && var("SLURM_STEP_ID").is_some()
-        && var("SLURM_PROCID").is_some()
-        && tasks > 1
-}
-
-/// The first host of a Slurm host list (`node[01-04,07],gpu5` -> `node01`; `rack[1-2]-n[3-4]`
-/// -> `rack1-n3`), as `scontrol show hostnames` would list it first.
-pub fn first_host(list: &str) -> Option<String> {
-    // the first entry: up to a comma outside brackets
-    let mut depth = 0;
-    let end = list
-        .char_indices()
-        .find(|&(_, ch)| {
-            match ch {
-                '[' => depth += 1,
-                ']' => depth -= 1,
-                _ => {}
-            }
-            ch == ',' && depth == 0
-        })
-        .map_or(list.len(), |(i, _)| i);
-    let entry = list[..end].trim();
-    let mut out = String::new();
-    let mut rest = entry;
-    while let Some(open) = rest.find('[') {
-        out.push_str(&rest[..open]);
-        let close = rest[open..].find(']')? + open;
-        let first = rest[open + 1..close]
-            .split(',')
-            .next()?
-            .split('-')
-            .next()?
-            .trim();
-        if first.is_empty() || !first.bytes().all(|b| b.is_ascii_digit()) {
-            return None;
-        }
-        out.push_str(first);
-        rest = &rest[close + 1..];
-    }
-    out.push_str(rest);
-    (!out.is_empty()).then_some(out)
-}
-
 /// Parses a value as TOML (`0.1`, `true`, `[1, 2]`, `"x"`), else takes it as a plain string.
-fn parse_value(raw: &str) -> Value {
+pub(super) fn parse_value(raw: &str) -> Value {
     match toml::from_str::<toml::Table>(&format!("v = {raw}")) {
         Ok(mut t) => t
             .remove("v")
@@ -675,171 +502,6 @@ fn collect_files(
     Ok(())
 }
 
-fn parse_message(text: &str, e: &toml::de::Error) -> String {
-    let line = e
-        .span()
-        .map(|s| text[..s.start.min(text.len())].lines().count().max(1));
-    let msg = e.message().trim().to_string();
-    match line {
-        Some(l) => format!("line {l}: {msg}"),
-        None => msg,
-    }
-}
-
-/// Extracts the typed config, turning the first figment error into a [`KeyError`].
-pub fn extract(figment: &Figment) -> Result<Config, ConfigError> {
-    figment
-        .extract::<Config>()
-        .map_err(|e| ConfigError::Key(key_error(figment, e)))
-}
-
-pub(super) fn key_error(figment: &Figment, e: figment::Error) -> KeyError {
-    use figment::error::Kind;
-    let e = e
-        .into_iter()
-        .next()
-        .unwrap_or_else(|| figment::Error::from("unknown error".to_string()));
-    let path = e.path.join(".");
-    let mut ke = match &e.kind {
-        Kind::UnknownField(field, expected) => {
-            // figment's path may or may not already end with the unknown field.
-            let mut parts = e.path.clone();
-            if parts.last() == Some(field) {
-                parts.pop();
-            }
-            let parent = parts.join(".");
-            let key = if parent.is_empty() {
-                field.clone()
-            } else {
-                format!("{parent}.{field}")
-            };
-            let prefix = if parent.is_empty() {
-                String::new()
-            } else {
-                format!("{parent}.")
-            };
-            let path = parent;
-            let help = match (
-                super::elsewhere::known_elsewhere(field),
-                closest(field, expected),
-            ) {
-                (Some((ours, how)), _) => format!("kiln's key is `{ours}`{how}"),
-                (None, Some(c)) => format!("did you mean `{prefix}{c}`?"),
-                (None, None) if path.is_empty() => {
-                    format!("valid sections: {}", expected.join(", "))
-                }
-                (None, None) => format!("valid keys in [{path}]: {}", expected.join(", ")),
-            };
-            KeyError {
-                key: String::new(),
-                message: format!("unknown key `{key}`"),
-                source: describe_source(figment, &key),
-                help: Some(help),
-            }
-        }
-        Kind::UnknownVariant(value, expected) => {
-            // "ReLU" means relu: the case is the likeliest slip
-            let lower = value.to_ascii_lowercase();
-            let help = match closest(&lower, expected).or_else(|| closest(value, expected)) {
-                Some(c) => format!("did you mean \"{c}\"? allowed: {}", expected.join(", ")),
-                None => format!("allowed: {}", expected.join(", ")),
-            };
-            KeyError {
-                key: String::new(),
-                message: format!("`{path}` = \"{value}\" is not a known choice"),
-                source: describe_source(figment, &path),
-                help: Some(help),
-            }
-        }
-        Kind::InvalidType(actual, expected) => KeyError {
-            key: String::new(),
-            message: format!(
-                "`{path}` has the wrong type: found {}, expected {}",
-                toml_words(&actual.to_string()),
-                toml_words(expected)
-            ),
-            source: describe_source(figment, &path),
-            help: None,
-        },
-        Kind::InvalidValue(actual, expected) => KeyError {
-            key: String::new(),
-            message: format!(
-                "`{path}` has an invalid value: found {}, expected {}",
-                toml_words(&actual.to_string()),
-                toml_words(expected)
-            ),
-            source: describe_source(figment, &path),
-            help: None,
-        },
-        Kind::InvalidLength(n, expected) => KeyError {
-            key: String::new(),
-            message: format!("`{path}` has {n} items, expected {expected}"),
-            source: describe_source(figment, &path),
-            help: None,
-        },
-        other => KeyError {
-            key: String::new(),
-            message: format!("`{path}`: {other}"),
-            source: describe_source(figment, &path),
-            help: None,
-        },
-    };
-    ke.key = match &e.kind {
-        Kind::UnknownField(field, _) if e.path.last() != Some(field) && !path.is_empty() => {
-            format!("{path}.{field}")
-        }
-        Kind::UnknownField(field, _) if path.is_empty() => field.clone(),
-        _ => path,
-    };
-    ke
-}
-
-/// Where the value at dotted `key` came from: "file:line", "environment variable X",
-/// "--set k=v", "flag --nnodes" or "default".
-pub fn describe_source(figment: &Figment, key: &str) -> String {
-    let Some(meta) = figment.find_metadata(key) else {
-        return DEFAULT_SOURCE.to_string();
-    };
-    // (a `--set` of a URL with a password names it without the password)
-    let name = super::redact(&meta.name);
-    match meta.source.as_ref().and_then(|s| s.file_path()) {
-        Some(path) => match find_line(path, key) {
-            Some(line) => format!("{name}:{line}"),
-            None => name,
-        },
-        None => name,
-    }
-}
-
-/// The 1-based line of dotted `key` in a TOML file, by following table headers.
-pub fn find_line(path: &Path, key: &str) -> Option<usize> {
-    let text = std::fs::read_to_string(path).ok()?;
-    let mut table = String::new();
-    let mut header_line = None;
-    for (i, raw) in text.lines().enumerate() {
-        let line = raw.split('#').next().unwrap_or("").trim();
-        if let Some(h) = line.strip_prefix('[') {
-            table = h.trim_end_matches(']').trim().replace(['"', ' '], "");
-            if table == key {
-                header_line = Some(i + 1);
-            }
-            continue;
-        }
-        if let Some((k, _)) = line.split_once('=') {
-            let k = k.trim().replace(['"', ' '], "");
-            let full = if table.is_empty() {
-                k
-            } else {
-                format!("{table}.{k}")
-            };
-            if full == key {
-                return Some(i + 1);
-            }
-        }
-    }
-    header_line
-}
-
 /// Removes `.` and `name/..` pairs without touching the file system, for readable sources.
 fn normalize(p: &Path) -> PathBuf {
     use std::path::Component;
@@ -860,36 +522,6 @@ fn normalize(p: &Path) -> PathBuf {
     }
 }
 
-/// serde's and Rust's type words in TOML's: `usize` is "a non-negative integer", a "signed
-/// int" an "integer", and so on.
-fn toml_words(s: &str) -> String {
-    let words = [
-        ("unsigned int", "integer"),
-        ("signed int", "integer"),
-        ("a map", "a table"),
-        ("map", "table"),
-        ("a sequence", "an array"),
-        ("sequence", "array"),
-        ("a boolean", "a boolean (true or false)"),
-    ];
-    let mut out = s.to_string();
-    for (from, to) in words {
-        if out.contains(from) {
-            out = out.replacen(from, to, 1);
-            break;
-        }
-    }
-    match out.as_str() {
-        "usize" | "u64" | "u32" => "a non-negative integer".into(),
-        "u16" => "an integer from 0 to 65535".into(),
-        "u8" => "an integer from 0 to 255".into(),
-        "isize" | "i64" | "i32" | "i16" | "i8" => "an integer".into(),
-        "f64" | "f32" => "a number".into(),
-        "a string" | "string" => "a string".into(),
-        _ => out,
-    }
-}
-
 /// Merges `layer` without the dotted keys `drop`.
 fn merge_without(figment: Figment, drop: &[String], mut layer: Layer) -> Figment {
     for key in drop {
@@ -907,27 +539,6 @@ fn remove_dotted(dict: &mut Dict, key: &str) {
             if let Some(Value::Dict(_, d)) = dict.get_mut(head) {
                 remove_dotted(d, rest);
             }
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::first_host;
-
-    /// Issue 31: node 0 of an srun step is the first host `scontrol show hostnames` lists.
-    #[test]
-    fn the_first_host_of_a_slurm_host_list() {
-        for (list, want) in [
-            ("node01", Some("node01")),
-            ("node[01-04,07],gpu5", Some("node01")),
-            ("gpu5,node[01-04]", Some("gpu5")),
-            ("node[7,3-4]", Some("node7")),
-            ("rack[1-2]-n[03-04]", Some("rack1-n03")),
-            ("a[x-y]", None),
-            ("", None),
-        ] {
-            assert_eq!(first_host(list).as_deref(), want, "{list}");
         }
     }
 }

@@ -24,6 +24,7 @@ pub struct LogConfig {
 #[serde(deny_unknown_fields)]
 pub struct MlflowConfig {
     /// The tracking server, `http://host:port` (MLflow's REST API over plain HTTP).
+    /// Default: none (required).
     pub uri: String,
     /// The MLflow experiment, made when missing. Default: `experiment.name`.
     #[serde(default, skip_serializing_if = "Option::is_none")]

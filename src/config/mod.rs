@@ -3,14 +3,17 @@
 //! Experiment configuration: schema, the layering stack, validation and rendering.
 
 mod cross;
+mod diagnose;
 mod error;
 mod family_keys;
 pub mod hf_json;
+mod launcher_env;
 mod load;
 mod nccl;
 mod nccl_vars;
+mod provenance;
 #[cfg(test)]
-pub(crate) mod readme_table;
+pub(crate) mod reference;
 mod schema;
 mod show;
 mod validate;
@@ -37,7 +40,7 @@ mod train;
 pub use backend::*;
 pub use checkpoint::*;
 pub use data::*;
-pub use error::{brief, closest, edit_distance, ConfigError, KeyError};
+pub use error::{brief, closest, edit_distance, ConfigError, KeyError, KeyErrorKind};
 pub use experiment::*;
 pub use family_keys::struct_keys;
 pub use launch::*;

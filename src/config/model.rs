@@ -217,7 +217,7 @@ impl ModelConfig {
         at_least(r, "model.classes", self.classes, 2)?;
         for (i, h) in self.hidden_sizes.iter().enumerate() {
             if *h == 0 {
-                return Err(r.key_error(
+                return Err(r.range_error(
                     "model.hidden_sizes",
                     format!(
                         "`model.hidden_sizes[{i}]` = 0 is out of range: every width must be at least 1"
@@ -238,7 +238,7 @@ impl ModelConfig {
             .enumerate()
             .find(|(_, h)| **h > 1 << 24)
         {
-            return Err(r.key_error(
+            return Err(r.range_error(
                 "model.hidden_sizes",
                 format!(
                     "`model.hidden_sizes[{i}]` = {h} is out of range: at most {}",

@@ -9,7 +9,7 @@ use std::fmt;
 use serde::de::{self, Visitor};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use super::error::closest;
+use super::error::{closest, KeyErrorKind};
 use super::nccl_vars::KNOWN;
 
 /// `[backend.nccl]`. Every key is unset by default: NCCL's own default (or the environment's
@@ -196,6 +196,8 @@ const PROTOS: &[&str] = &["LL", "LL128", "Simple"];
 /// One problem with `[backend.nccl]`: the dotted key, what is wrong, what to do.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NcclProblem {
+    /// A value out of its range, or another problem.
+    pub kind: KeyErrorKind,
     pub key: String,
     pub message: String,
     pub help: Option<String>,
@@ -297,8 +299,9 @@ impl NcclConfig {
     /// Every problem of the section, in key order.
     pub fn problems(&self) -> Vec<NcclProblem> {
         let mut out = Vec::new();
-        let mut problem = |key: &str, message: String, help: Option<String>| {
+        let mut problem = |kind: KeyErrorKind, key: &str, message: String, help: Option<String>| {
             out.push(NcclProblem {
+                kind,
                 key: format!("backend.nccl.{key}"),
                 message,
                 help,
@@ -307,6 +310,7 @@ impl NcclConfig {
         if let Some(a) = &self.algo {
             if let Err((word, hint)) = check_list(a, ALGOS, true) {
                 problem(
+                    KeyErrorKind::Other,
                     "algo",
                     format!("`backend.nccl.algo` = {a:?}: `{word}` is not an NCCL algorithm"),
                     Some(hint),
@@ -316,6 +320,7 @@ impl NcclConfig {
         if let Some(p) = &self.proto {
             if let Err((word, hint)) = check_list(p, PROTOS, true) {
                 problem(
+                    KeyErrorKind::Other,
                     "proto",
                     format!("`backend.nccl.proto` = {p:?}: `{word}` is not an NCCL protocol"),
                     Some(hint),
@@ -325,6 +330,7 @@ impl NcclConfig {
         if let Some(s) = &self.socket_ifname {
             if s.trim().is_empty() {
                 problem(
+                    KeyErrorKind::Other,
                     "socket_ifname",
                     "`backend.nccl.socket_ifname` is empty".into(),
                     Some("name interface prefixes, e.g. \"eth0\" or \"^docker,lo\"".into()),
@@ -337,6 +343,7 @@ impl NcclConfig {
         ] {
             if let Some(v) = value.filter(|v| !(1..=max).contains(v)) {
                 problem(
+                    KeyErrorKind::Range,
                     key,
                     format!("`backend.nccl.{key}` = {v} is out of range: must be 1 to {max}"),
                     None,
@@ -346,6 +353,7 @@ impl NcclConfig {
         if let (Some(s), Some(t)) = (self.nsocks_perthread, self.socket_nthreads) {
             if s <= 64 && t <= 16 && s * t > 64 {
                 problem(
+KeyErrorKind::Range,
                     "nsocks_perthread",
                     format!(
                         "`backend.nccl.nsocks_perthread` = {s} x `backend.nccl.socket_nthreads` = {t} is out of range: NCCL allows at most 64 sockets"
@@ -355,51 +363,53 @@ impl NcclConfig {
             }
         }
         for (var, value) in &self.extra {
-            let key = format!("extra.{var}");
-            if let Some((own, _)) = NAMED.iter().find(|(_, v)| v == var) {
-                problem(
-                    &key,
-                    format!("`{var}` has a key of its own"),
-                    Some(format!(
-                        "set `backend.nccl.{own}` instead of `backend.nccl.extra.{var}`"
-                    )),
-                );
-            } else if !KNOWN.contains(&var.as_str()) {
-                let hint = match closest(var, KNOWN) {
-                    Some(c) => format!("did you mean `{c}`?"),
-                    None if !var.starts_with("NCCL_") => {
-                        "only NCCL's own variables (NCCL_...) go here; export others in the shell".into()
-                    }
-                    None => "see NCCL's list: https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html".into(),
-                };
-                problem(
-                    &key,
-                    format!("`backend.nccl.extra.{var}`: `{var}` is not a variable NCCL reads"),
-                    Some(hint),
-                );
-            } else if var == "NCCL_COMM_ID" {
-                problem(
-                    &key,
-                    "`NCCL_COMM_ID` is set by kiln's rendezvous for each job".into(),
-                    Some("remove it; kiln shares NCCL's id through its own store".into()),
-                );
-            } else if var == "NCCL_COMM_BLOCKING" {
-                problem(
-                    &key,
-                    "`NCCL_COMM_BLOCKING` would make communicator init block, and kiln's init timeout (strategy.timeout_secs) could not stop it".into(),
-                    Some("remove it".into()),
-                );
-            } else if PER_PROCESS.contains(&var.as_str()) {
-                problem(
-                    &key,
-                    format!("`{var}` describes one host or process, and [backend.nccl] goes to every node"),
-                    Some("set it in that node's environment instead".into()),
-                );
-            } else if value.as_env().contains('\0') {
-                problem(&key, format!("`{var}` has a NUL character"), None);
+            if let Some((message, help)) = extra_problem(var, value) {
+                problem(KeyErrorKind::Other, &format!("extra.{var}"), message, help);
             }
         }
         out
+    }
+}
+
+/// What is wrong with `[backend.nccl] extra`'s variable `var` = `value`, if anything: its
+/// message and help.
+fn extra_problem(var: &str, value: &EnvValue) -> Option<(String, Option<String>)> {
+    if let Some((own, _)) = NAMED.iter().find(|(_, v)| *v == var) {
+        Some((
+            format!("`{var}` has a key of its own"),
+            Some(format!(
+                "set `backend.nccl.{own}` instead of `backend.nccl.extra.{var}`"
+            )),
+        ))
+    } else if !KNOWN.contains(&var) {
+        let hint = match closest(var, KNOWN) {
+                Some(c) => format!("did you mean `{c}`?"),
+                None if !var.starts_with("NCCL_") => {
+                    "only NCCL's own variables (NCCL_...) go here; export others in the shell".into()
+                }
+                None => "see NCCL's list: https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html".into(),
+            };
+        Some((
+            format!("`backend.nccl.extra.{var}`: `{var}` is not a variable NCCL reads"),
+            Some(hint),
+        ))
+    } else if var == "NCCL_COMM_ID" {
+        Some((
+            "`NCCL_COMM_ID` is set by kiln's rendezvous for each job".into(),
+            Some("remove it; kiln shares NCCL's id through its own store".into()),
+        ))
+    } else if var == "NCCL_COMM_BLOCKING" {
+        Some(("`NCCL_COMM_BLOCKING` would make communicator init block, and kiln's init timeout (strategy.timeout_secs) could not stop it".into(),
+                Some("remove it".into())))
+    } else if PER_PROCESS.contains(&var) {
+        Some((
+            format!("`{var}` describes one host or process, and [backend.nccl] goes to every node"),
+            Some("set it in that node's environment instead".into()),
+        ))
+    } else if value.as_env().contains('\0') {
+        Some((format!("`{var}` has a NUL character"), None))
+    } else {
+        None
     }
 }
 

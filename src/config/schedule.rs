@@ -69,7 +69,7 @@ impl ScheduleConfig {
             "greater than 0",
         )?;
         if let Some(d) = s.decay_steps.filter(|d| *d <= s.warmup_steps) {
-            return Err(r.key_error(
+            return Err(r.range_error(
                 "schedule.decay_steps",
                 format!(
                     "`schedule.decay_steps` = {d} is out of range: the decay ends after the warm-up (`schedule.warmup_steps` = {})",

@@ -73,14 +73,14 @@ impl SlurmConfig {
         at_least(r, "slurm.nodes", s.nodes, 1)?;
         at_least(r, "slurm.tasks_per_node", s.tasks_per_node, 1)?;
         if s.cpus_per_task == Some(0) {
-            return Err(r.key_error(
+            return Err(r.range_error(
                 "slurm.cpus_per_task",
                 "`slurm.cpus_per_task` = 0 is out of range: must be at least 1".into(),
                 Some("leave it unset for Slurm's default".into()),
             ));
         }
         if s.signal_secs > 65535 {
-            return Err(r.key_error(
+            return Err(r.range_error(
                 "slurm.signal_secs",
                 format!(
                     "`slurm.signal_secs` = {} is out of range: Slurm's --signal takes at most 65535 seconds",

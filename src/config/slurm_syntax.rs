@@ -62,3 +62,62 @@ pub fn sbatch_option_ok(a: &str) -> bool {
             .chars()
             .any(|c| c.is_whitespace() || c.is_control() || "'\"\\`$".contains(c))
 }
+
+/// The first host of a Slurm host list (`node[01-04,07],gpu5` -> `node01`; `rack[1-2]-n[3-4]`
+/// -> `rack1-n3`), as `scontrol show hostnames` would list it first.
+pub fn first_host(list: &str) -> Option<String> {
+    // the first entry: up to a comma outside brackets
+    let mut depth = 0;
+    let end = list
+        .char_indices()
+        .find(|&(_, ch)| {
+            match ch {
+                '[' => depth += 1,
+                ']' => depth -= 1,
+                _ => {}
+            }
+            ch == ',' && depth == 0
+        })
+        .map_or(list.len(), |(i, _)| i);
+    let entry = list[..end].trim();
+    let mut out = String::new();
+    let mut rest = entry;
+    while let Some(open) = rest.find('[') {
+        out.push_str(&rest[..open]);
+        let close = rest[open..].find(']')? + open;
+        let first = rest[open + 1..close]
+            .split(',')
+            .next()?
+            .split('-')
+            .next()?
+            .trim();
+        if first.is_empty() || !first.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        out.push_str(first);
+        rest = &rest[close + 1..];
+    }
+    out.push_str(rest);
+    (!out.is_empty()).then_some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::first_host;
+
+    /// Issue 31: node 0 of an srun step is the first host `scontrol show hostnames` lists.
+    #[test]
+    fn the_first_host_of_a_slurm_host_list() {
+        for (list, want) in [
+            ("node01", Some("node01")),
+            ("node[01-04,07],gpu5", Some("node01")),
+            ("gpu5,node[01-04]", Some("gpu5")),
+            ("node[7,3-4]", Some("node7")),
+            ("rack[1-2]-n[03-04]", Some("rack1-n03")),
+            ("a[x-y]", None),
+            ("", None),
+        ] {
+            assert_eq!(first_host(list).as_deref(), want, "{list}");
+        }
+    }
+}

@@ -32,12 +32,12 @@ pub enum Distribution {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RandomSearch {
-    /// How many samples to draw.
+    /// How many samples to draw. Default: none (required).
     pub samples: usize,
     /// Seed of the draws. Default: `0`.
     #[serde(default)]
     pub seed: u64,
-    /// Dotted key -> distribution.
+    /// Dotted key -> distribution (see Sweeps). Default: none (required).
     pub space: std::collections::BTreeMap<String, Distribution>,
 }
 

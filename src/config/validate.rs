@@ -4,14 +4,32 @@
 use std::path::PathBuf;
 
 use super::cross;
-use super::error::{ConfigError, KeyError};
+use super::error::{ConfigError, KeyError, KeyErrorKind};
 use super::load::{describe_source, Resolved};
 
 impl Resolved {
     /// An error about `key`, naming the source that set it.
     pub fn key_error(&self, key: &str, message: String, help: Option<String>) -> ConfigError {
+        self.error_of_kind(KeyErrorKind::Other, key, message, help)
+    }
+
+    /// An error about `key`'s value alone, out of its range (`KeyErrorKind::Range`): the
+    /// loader sets the key aside and goes on judging the others.
+    pub fn range_error(&self, key: &str, message: String, help: Option<String>) -> ConfigError {
+        self.error_of_kind(KeyErrorKind::Range, key, message, help)
+    }
+
+    /// An error of `kind` about `key`, naming the source that set it.
+    pub fn error_of_kind(
+        &self,
+        kind: KeyErrorKind,
+        key: &str,
+        message: String,
+        help: Option<String>,
+    ) -> ConfigError {
         ConfigError::Key(KeyError {
             key: key.to_string(),
+            kind,
             message,
             source: describe_source(&self.figment, key),
             help,
@@ -126,7 +144,7 @@ pub(super) fn at_least(
     min: usize,
 ) -> Result<(), ConfigError> {
     if value < min {
-        return Err(r.key_error(
+        return Err(r.range_error(
             key,
             format!("`{key}` = {value} is out of range: must be at least {min}"),
             None,
@@ -143,7 +161,7 @@ pub(super) fn in_range(
     allowed: &str,
 ) -> Result<(), ConfigError> {
     if !ok || !value.is_finite() {
-        return Err(r.key_error(
+        return Err(r.range_error(
             key,
             format!("`{key}` = {value} is out of range: must be {allowed}"),
             None,

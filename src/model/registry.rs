@@ -17,7 +17,7 @@ pub type Builder =
     Box<dyn Fn(&Resolved, &[usize]) -> Result<SharedModel, ModelError> + Send + Sync>;
 
 /// A family's own `[model]` keys, a serde struct it reads with `Resolved::model_keys`: their
-/// names (for errors and the README's table) and a check that reads them, run before the
+/// names (for errors and the configuration reference) and a check that reads them, run before the
 /// builder (by `kiln check` and by a sweep for every trial up front).
 pub struct FamilyKeys {
     names: Vec<String>,
@@ -204,16 +204,16 @@ pub fn build(r: &Resolved, input: &[usize]) -> Result<SharedModel, ModelError> {
 mod tests {
     use super::*;
 
-    /// The README's config table against the schema: `[model]`'s shared keys and the built-in
-    /// families' own (gpt's `GptKeys`).
+    /// The configuration reference (docs/src/configuration.md) against the schema: `[model]`'s
+    /// shared keys and the built-in families' own (gpt's `GptKeys`, llama's `LlamaKeys`).
     #[test]
-    fn the_readme_table_lists_every_key_and_only_keys_that_exist() {
+    fn the_configuration_reference_is_the_schema() {
         let keys: Vec<String> = Registry::builtin()
             .family_keys()
             .into_iter()
             .map(|(_, k)| k.to_string())
             .collect();
         assert!(keys.contains(&"layers".to_string()), "{keys:?}");
-        crate::config::readme_table::check_readme_table(&keys);
+        crate::config::reference::check(&keys);
     }
 }

@@ -21,7 +21,7 @@ pub(in crate::model) fn sized_for_this_machine(
         .find(|s| s.0 == "model.layers" && s.1 > MAX_LAYERS)
     {
         return Err(r
-            .key_error(
+            .range_error(
                 key,
                 format!("`{key}` = {layers} is out of range: at most {MAX_LAYERS}"),
                 None,

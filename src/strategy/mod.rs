@@ -23,8 +23,9 @@
 //!   `Resolved::notes` (`config/validate.rs`, fsdp's keys), `job_shape_ok` (`slurm/mod.rs`) and
 //!   `job_configs` (`sweep/slurm.rs`), which refuse single across nodes, `fit_advice`
 //!   (`launch/check.rs`), and `check` (`cli/check.rs`, fsdp's note).
-//! - docs: `strategy.kind`'s row and the strategy sections of README.md, the layer tables of
-//!   `src/lib.rs` and `docs/architecture.md`.
+//! - docs: `strategy.kind`'s doc comment (the configuration reference is generated from it),
+//!   the book's strategies chapter (docs/src/strategies.md), the layer tables of
+//!   `src/lib.rs` and `docs/src/architecture.md`.
 //!
 //! Only `build`, `Plan::new` and the tests in `base.rs` match every kind, so only they fail to
 //! compile without the new one; the rest compare with `==` or fall to `_`, silently.

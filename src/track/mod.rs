@@ -14,9 +14,9 @@
 //! dropped, the run goes on (MLflow's sender handles its own failures and never fails a write).
 //!
 //! A new tracker takes: a file here with a `MetricSink` impl, and its `pub mod` below; its key
-//! in `[log]` (`LogConfig` in `config/log.rs`, with its values checked in `LogConfig::check`,
-//! and a row in README.md's configuration table); and its line in `RunFiles::begin`
-//! (`launch/session.rs`), where the session opens its sinks. A secret in its config (as
+//! in `[log]` (`LogConfig` in `config/log.rs`, with its values checked in `LogConfig::check`;
+//! its doc comments become its rows of the book's configuration reference); and its line in
+//! `RunFiles::begin` (`launch/session.rs`), where the session opens its sinks. A secret in its config (as
 //! `log.mlflow.uri` may hold) is also taken out where a config is stored or hashed
 //! (`MlflowConfig::stored`, called by `rundir`'s `stored_config_with` and the sweep's `id_of`).
 

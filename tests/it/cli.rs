@@ -33,7 +33,7 @@ fn check_prints_sources_and_exits_0() {
     assert!(line("batch_size = 8 ").ends_with("# t.toml:19"), "{out}");
     assert!(line("kind = \"sgd\"").ends_with("# default"), "{out}");
     assert!(out.contains("global batch 8"), "{out}");
-    // keys in the schema's order (the README's), not alphabetical: [train] starts with epochs
+    // keys in the schema's order (the configuration reference's), not alphabetical: [train] starts with epochs
     let train: Vec<&str> = out
         .split("[train]\n")
         .nth(1)
