@@ -483,7 +483,10 @@ mod tests {
         std::fs::write(lib.join("libnccl.so.2"), b"").unwrap();
         let dirs = nccl_search_dirs(None, Some("/nonexistent"), std::slice::from_ref(&site));
         assert_eq!(find_nccl_in(&dirs[..1]), None);
-        assert_eq!(find_nccl_in(std::slice::from_ref(&lib)), Some(lib.join("libnccl.so.2")));
+        assert_eq!(
+            find_nccl_in(std::slice::from_ref(&lib)),
+            Some(lib.join("libnccl.so.2"))
+        );
         let over = d.path().join("over");
         std::fs::create_dir_all(&over).unwrap();
         std::fs::write(over.join("libnccl.so"), b"").unwrap();

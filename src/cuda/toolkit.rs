@@ -182,7 +182,12 @@ mod tests {
         // a system install comes first; one without NVRTC is passed over, and said so
         let sys = d.path().join("usr-local-cuda");
         touch(&sys.join("include/cuda_runtime.h"));
-        let cands = candidates(None, None, std::slice::from_ref(&site), std::slice::from_ref(&sys));
+        let cands = candidates(
+            None,
+            None,
+            std::slice::from_ref(&site),
+            std::slice::from_ref(&sys),
+        );
         assert_eq!(find_in(&cands).unwrap().root, cu13);
         touch(&sys.join("lib64/libnvrtc.so"));
         assert_eq!(find_in(&cands).unwrap().root, sys);

@@ -129,14 +129,16 @@ unsafe fn forward_pair(d: Dims, qkv: &[f32], y: Shared, p: usize, prob: &mut [f3
         // SAFETY: q and k are [t, hd] inside qkv; rows r0..r1, columns ..r1 of prob [t, t]
         unsafe {
             dense::gemm(
-                r1 - r0,
-                r1,
-                hd,
+                dense::Product {
+                    m: r1 - r0,
+                    n: r1,
+                    k: hd,
+                    accumulate: false,
+                    scale: d.scale(),
+                },
                 MatMut::rows(prob, t).at(r0 * t),
-                false,
                 q.at(r0 * 3 * dim),
                 k.t(),
-                d.scale(),
                 false,
             )
         };
@@ -148,14 +150,16 @@ unsafe fn forward_pair(d: Dims, qkv: &[f32], y: Shared, p: usize, prob: &mut [f3
         // contract), rows r0..r1
         unsafe {
             dense::gemm(
-                r1 - r0,
-                hd,
-                r1,
+                dense::Product {
+                    m: r1 - r0,
+                    n: hd,
+                    k: r1,
+                    accumulate: false,
+                    scale: 1.0,
+                },
                 out.at(r0 * dim),
-                false,
                 Mat::rows(prob, t).at(r0 * t),
                 v,
-                1.0,
                 false,
             )
         };
@@ -196,7 +200,6 @@ fn forward(d: Dims, qkv: &[f32], keep: bool) -> (Vec<f32>, Vec<f32>) {
 /// # Safety
 /// `dqkv` must be valid for `[n, t, 3 dim]` values, with no one else writing pair `p`'s
 /// columns.
-#[allow(clippy::too_many_arguments)]
 unsafe fn backward_pair(
     d: Dims,
     qkv: &[f32],
@@ -237,26 +240,30 @@ unsafe fn backward_pair(
             // dV = Pᵀ dY: keys r0..r1 from rows r0..t
             let pt = Mat::rows(prob, t).at(r0 * t + r0).t();
             dense::gemm(
-                r1 - r0,
-                hd,
-                t - r0,
+                dense::Product {
+                    m: r1 - r0,
+                    n: hd,
+                    k: t - r0,
+                    accumulate: false,
+                    scale: 1.0,
+                },
                 dv.at(r0 * 3 * dim),
-                false,
                 pt,
                 g.at(r0 * dim),
-                1.0,
                 false,
             );
             // dP = dY Vᵀ: rows r0..r1, keys ..r1
             dense::gemm(
-                r1 - r0,
-                r1,
-                hd,
+                dense::Product {
+                    m: r1 - r0,
+                    n: r1,
+                    k: hd,
+                    accumulate: false,
+                    scale: 1.0,
+                },
                 MatMut::rows(dp, t).at(r0 * t),
-                false,
                 g.at(r0 * dim),
                 v.t(),
-                1.0,
                 false,
             );
         }
@@ -269,27 +276,31 @@ unsafe fn backward_pair(
             // dQ = dS K scale: rows r0..r1, keys ..r1
             let ds = Mat::rows(dp, t).at(r0 * t);
             dense::gemm(
-                r1 - r0,
-                hd,
-                r1,
+                dense::Product {
+                    m: r1 - r0,
+                    n: hd,
+                    k: r1,
+                    accumulate: false,
+                    scale: d.scale(),
+                },
                 dq.at(r0 * 3 * dim),
-                false,
                 ds,
                 k,
-                d.scale(),
                 false,
             );
             // dK = dSᵀ Q scale: keys r0..r1 from rows r0..t
             let dst = Mat::rows(dp, t).at(r0 * t + r0).t();
             dense::gemm(
-                r1 - r0,
-                hd,
-                t - r0,
+                dense::Product {
+                    m: r1 - r0,
+                    n: hd,
+                    k: t - r0,
+                    accumulate: false,
+                    scale: d.scale(),
+                },
                 dk.at(r0 * 3 * dim),
-                false,
                 dst,
                 q.at(r0 * 3 * dim),
-                d.scale(),
                 false,
             );
         }

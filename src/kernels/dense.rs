@@ -116,24 +116,32 @@ impl MatMut {
     }
 }
 
+/// What `gemm` computes: `dst [m, n] = (accumulate ? dst : 0) + scale * lhs [m, k] * rhs
+/// [k, n]`.
+#[derive(Clone, Copy, Debug)]
+pub struct Product {
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    /// Add to `dst` (true) or overwrite it (false: `dst` is never read).
+    pub accumulate: bool,
+    pub scale: f32,
+}
+
 /// `dst [m, n] = (accumulate ? dst : 0) + scale * lhs [m, k] * rhs [k, n]`, split over the
 /// rank's threads when `threads` and the product is large enough.
 ///
 /// # Safety
 /// Every operand must be valid for its `m`, `n`, `k` and strides, and `dst` must not overlap
 /// an operand or be written by anyone else meanwhile.
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn gemm(
-    m: usize,
-    n: usize,
-    k: usize,
-    dst: MatMut,
-    accumulate: bool,
-    lhs: Mat,
-    rhs: Mat,
-    scale: f32,
-    threads: bool,
-) {
+pub unsafe fn gemm(product: Product, dst: MatMut, lhs: Mat, rhs: Mat, threads: bool) {
+    let Product {
+        m,
+        n,
+        k,
+        accumulate,
+        ..
+    } = product;
     if m == 0 || n == 0 {
         return;
     }
@@ -155,7 +163,7 @@ pub unsafe fn gemm(
     };
     if parts == 1 {
         // SAFETY: the caller's contract
-        unsafe { gemm_one(m, n, k, dst, accumulate, lhs, rhs, scale) };
+        unsafe { gemm_one(product, dst, lhs, rhs) };
         return;
     }
     // one block of rows (or of columns, when there are more of them) per thread, each a gemm
@@ -185,7 +193,15 @@ pub unsafe fn gemm(
                     ptr: l.ptr.offset(off * l.rs),
                     ..l
                 };
-                gemm_one(to - from, n, k, dst, accumulate, lhs, r, scale);
+                gemm_one(
+                    Product {
+                        m: to - from,
+                        ..product
+                    },
+                    dst,
+                    lhs,
+                    r,
+                );
             } else {
                 let off = from as isize;
                 let dst = MatMut {
@@ -196,7 +212,15 @@ pub unsafe fn gemm(
                     ptr: r.ptr.offset(off * r.cs),
                     ..r
                 };
-                gemm_one(m, to - from, k, dst, accumulate, l, rhs, scale);
+                gemm_one(
+                    Product {
+                        n: to - from,
+                        ..product
+                    },
+                    dst,
+                    l,
+                    rhs,
+                );
             }
         }
     });
@@ -240,17 +264,14 @@ impl SendConst {
 ///
 /// # Safety
 /// As `gemm`.
-#[allow(clippy::too_many_arguments)]
-unsafe fn gemm_one(
-    m: usize,
-    n: usize,
-    k: usize,
-    dst: MatMut,
-    accumulate: bool,
-    lhs: Mat,
-    rhs: Mat,
-    scale: f32,
-) {
+unsafe fn gemm_one(product: Product, dst: MatMut, lhs: Mat, rhs: Mat) {
+    let Product {
+        m,
+        n,
+        k,
+        accumulate,
+        scale,
+    } = product;
     // SAFETY: the caller's contract
     unsafe {
         gemm::gemm(

@@ -59,14 +59,16 @@ fn forward(
     // SAFETY: x is [rows, i] contiguous, w is [i, o] with its strides, y is [rows, o]
     unsafe {
         dense::gemm(
-            rows,
-            o,
-            i,
+            dense::Product {
+                m: rows,
+                n: o,
+                k: i,
+                accumulate: r.is_some() || b.is_some(),
+                scale: 1.0,
+            },
             MatMut::rows(&mut y, o),
-            r.is_some() || b.is_some(),
             Mat::rows(dense::values(x), i),
             operand(w),
-            1.0,
             true,
         );
     }
@@ -120,14 +122,16 @@ impl<const N: usize> Backward<Flex, N> for LinearBackward<N> {
             // SAFETY: dy [rows, o], wᵀ [o, i] through w's strides, dx [rows, i]
             unsafe {
                 dense::gemm(
-                    rows,
-                    i,
-                    o,
+                    dense::Product {
+                        m: rows,
+                        n: i,
+                        k: o,
+                        accumulate: false,
+                        scale: 1.0,
+                    },
                     MatMut::rows(&mut dx, i),
-                    false,
                     Mat::rows(dys, o),
                     operand(&s.w).t(),
-                    1.0,
                     true,
                 );
             }
@@ -138,14 +142,16 @@ impl<const N: usize> Backward<Flex, N> for LinearBackward<N> {
             // SAFETY: xᵀ [i, rows] through x's strides, dy [rows, o], dw [i, o]
             unsafe {
                 dense::gemm(
-                    i,
-                    o,
-                    rows,
+                    dense::Product {
+                        m: i,
+                        n: o,
+                        k: rows,
+                        accumulate: false,
+                        scale: 1.0,
+                    },
                     MatMut::rows(&mut dw, o),
-                    false,
                     Mat::rows(dense::values(&s.x), i).t(),
                     Mat::rows(dys, o),
-                    1.0,
                     true,
                 );
             }

@@ -35,15 +35,12 @@ pub fn has_avx2() -> bool {
 macro_rules! multiversion {
     ($(#[$m:meta])* $vis:vis fn $name:ident($($a:ident : $t:ty),* $(,)?) $(-> $r:ty)? $body:block) => {
         $(#[$m])*
-        #[allow(clippy::too_many_arguments)]
         $vis fn $name($($a: $t),*) $(-> $r)? {
             #[cfg(target_arch = "x86_64")]
             {
                 #[target_feature(enable = "avx512f,avx512vl,avx512bw,avx512dq,avx2,fma")]
-                #[allow(clippy::too_many_arguments)]
                 unsafe fn v4($($a: $t),*) $(-> $r)? $body
                 #[target_feature(enable = "avx2,fma")]
-                #[allow(clippy::too_many_arguments)]
                 unsafe fn v3($($a: $t),*) $(-> $r)? $body
                 if $crate::kernels::math::has_avx512() {
                     // SAFETY: the CPU has the features v4 was compiled for
@@ -55,7 +52,6 @@ macro_rules! multiversion {
                 }
             }
             #[inline(always)]
-            #[allow(clippy::too_many_arguments)]
             fn base($($a: $t),*) $(-> $r)? $body
             base($($a),*)
         }

@@ -14,6 +14,16 @@ use super::api::{Family, Forward, ModelError, TokenDecoder};
 /// A block's keys and values so far, `[n, kv heads, positions, head dim]` each.
 pub type Kv<B> = (Tensor<B, 4>, Tensor<B, 4>);
 
+/// Where a block runs while decoding: its input starts at position `from`, after the
+/// positions `past` holds (none: the input starts the sequence, causally; with `past`, the
+/// input is one position); with `keep`, the block also returns the keys and values of every
+/// position so far.
+pub struct At<B: Backend> {
+    pub from: usize,
+    pub past: Option<Kv<B>>,
+    pub keep: bool,
+}
+
 /// A family's forward, split for decoding.
 pub trait Incremental: Family {
     /// Positions the model attends over at most (`block_size`).
@@ -29,18 +39,13 @@ pub trait Incremental: Family {
         device: &B::Device,
         ctx: &mut Forward,
     ) -> Tensor<B, 3>;
-    /// Block `i` on `x` at positions `from..`, after the positions `past` holds (none: `x`
-    /// starts the sequence, causally; with `past`, `x` is one position). With `keep`, also the
-    /// keys and values of every position so far.
-    #[allow(clippy::too_many_arguments)]
+    /// Block `i` on `x` where `at` says; the keys and values so far when `at.keep`.
     fn block_at<B: Backend>(
         &self,
         module: &Self::Module<B>,
         i: usize,
         x: Tensor<B, 3>,
-        from: usize,
-        past: Option<Kv<B>>,
-        keep: bool,
+        at: At<B>,
         ctx: &mut Forward,
     ) -> (Tensor<B, 3>, Option<Kv<B>>);
     /// The logits `[rows, vocab]` of the hidden states `h` `[n, t, dim]`.
@@ -100,7 +105,17 @@ impl<'a, F: Incremental, B: Backend> KvDecoder<'a, F, B> {
         let mut x = f.embed_at(m, TensorData::new(ids, [1, t]), 0, &self.device, &mut ctx);
         self.kv.clear();
         for i in 0..f.block_count(m) {
-            let (y, kv) = f.block_at(m, i, x, 0, None, self.cache, &mut ctx);
+            let (y, kv) = f.block_at(
+                m,
+                i,
+                x,
+                At {
+                    from: 0,
+                    past: None,
+                    keep: self.cache,
+                },
+                &mut ctx,
+            );
             self.kv.extend(kv);
             x = y;
         }
@@ -145,7 +160,17 @@ impl<F: Incremental, B: Backend> TokenDecoder for KvDecoder<'_, F, B> {
         let ids = TensorData::new(vec![i64::from(id)], [1, 1]);
         let mut x = f.embed_at(m, ids, at, &self.device, &mut ctx);
         for (i, kv) in self.kv.iter_mut().enumerate() {
-            let (y, next) = f.block_at(m, i, x, at, Some(kv.clone()), true, &mut ctx);
+            let (y, next) = f.block_at(
+                m,
+                i,
+                x,
+                At {
+                    from: at,
+                    past: Some(kv.clone()),
+                    keep: true,
+                },
+                &mut ctx,
+            );
             if let Some(next) = next {
                 *kv = next;
             }

@@ -151,32 +151,45 @@ pub fn sample(
         )));
     }
     let placement = crate::backend::resolve(&r.config)?;
+    let trained = Trained {
+        model: model.as_ref(),
+        block,
+        params: &loaded.params,
+        tokenizer: &tokenizer,
+    };
     macro_rules! dispatch {
         ($($(#[$a:meta])* $v:ident = $name:literal => $ty:ty),* $(,)?) => {
             match placement.backend {
                 $($(#[$a])* crate::backend::BackendKind::$v => generate::<$ty>(
                     &r.config.backend, placement.ordinals.first().copied().unwrap_or(0),
-                    model.as_ref(), block, &loaded.params, &tokenizer, o, on_bytes, $name),)*
+                    trained, o, on_bytes, $name),)*
             }
         };
     }
     crate::model::for_each_backend!(dispatch)
 }
 
+/// What the run trained, to sample from.
+#[derive(Clone, Copy)]
+struct Trained<'a> {
+    model: &'a dyn Model,
+    /// The model's context window (`Task::LanguageModel`'s block).
+    block: usize,
+    params: &'a [f32],
+    tokenizer: &'a Tokenizer,
+}
+
 /// `sample` on backend `B`.
-#[allow(clippy::too_many_arguments)]
 fn generate<B: RankBackend>(
     be: &crate::config::BackendConfig,
     ordinal: usize,
-    model: &dyn Model,
-    // the model's context window (`Task::LanguageModel`'s block)
-    block: usize,
-    params: &[f32],
-    tokenizer: &Tokenizer,
+    trained: Trained<'_>,
     o: &SampleOptions,
     on_bytes: &mut dyn FnMut(&[u8]) -> bool,
     backend: &'static str,
 ) -> Result<SampleReport> {
+    let Trained { model, block, .. } = trained;
+    let (params, tokenizer) = (trained.params, trained.tokenizer);
     let device = B::rank_device(be, ordinal);
     B::prepare(&device, be.precision).map_err(Error::Usage)?;
     let mut dec = crate::model::decoder_on::<B::InnerBackend>(model, params, &device, o.cache)?

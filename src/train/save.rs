@@ -93,23 +93,88 @@ impl Drop for Background {
     }
 }
 
-/// Writes checkpoint `step`: rank 0 opens it, every rank copies its state to host memory and
-/// writes its files, rank 0 commits. With `background` (`checkpoint.async`), a writer thread
-/// writes and commits while training goes on (the caller waited for the previous save).
-#[allow(clippy::too_many_arguments)]
-pub(super) fn save_checkpoint(
+/// What a checkpoint records of the training besides the strategy's state: where it is.
+pub(super) struct Progress {
+    /// The optimizer steps done.
+    pub step: usize,
+    /// The data position the next step starts at.
+    pub position: DataPosition,
+    /// The step's loss and learning rate.
+    pub loss: f64,
+    pub lr: f64,
+    /// Early stopping's and the best checkpoint's watch.
+    pub watched: [Option<WatchState>; 2],
+    /// f16's loss scale.
+    pub loss_scale: Option<LossScaleState>,
+}
+
+/// A rank's checkpoint writer, chosen once from `checkpoint.async`: each save written in place
+/// (training waits for it), or the same writes wrapped by a background writer (training waits
+/// only for the copy to host memory, and for the save before it), as burn-train wraps a
+/// checkpointer in its async one.
+pub(super) struct Checkpointer<'a> {
+    store: &'a CheckpointDir,
+    background: Option<Background>,
+}
+
+impl<'a> Checkpointer<'a> {
+    pub(super) fn new(store: &'a CheckpointDir, in_background: bool) -> Self {
+        Checkpointer {
+            store,
+            background: in_background.then(Background::default),
+        }
+    }
+
+    /// Whether saves are written in the background (`checkpoint.async`).
+    pub(super) fn in_background(&self) -> bool {
+        self.background.is_some()
+    }
+
+    /// Saves checkpoint `progress.step` of `strategy`'s state (every rank).
+    pub(super) fn save(
+        &mut self,
+        input: &TrainInput<'_>,
+        strategy: &mut dyn Strategy,
+        progress: Progress,
+    ) -> Result<(), TrainError> {
+        save_checkpoint(
+            input,
+            strategy,
+            self.store,
+            progress,
+            self.background.as_mut(),
+        )
+    }
+
+    /// Waits for the save in flight: the step it committed (rank 0), if any.
+    pub(super) fn wait(&mut self) -> Result<Option<usize>, TrainError> {
+        self.background.as_mut().map_or(Ok(None), Background::wait)
+    }
+
+    /// Like `wait` when the save in flight is done, else nothing.
+    pub(super) fn poll(&mut self) -> Result<Option<usize>, TrainError> {
+        self.background.as_mut().map_or(Ok(None), Background::poll)
+    }
+
+    /// Seconds the background writer threads took, beside the training.
+    pub(super) fn background_seconds(&self) -> f64 {
+        self.background.as_ref().map_or(0.0, |b| b.seconds)
+    }
+}
+
+/// Writes checkpoint `progress.step`: rank 0 opens it, every rank copies its state to host
+/// memory and writes its files, rank 0 commits. With `background` (`checkpoint.async`), a
+/// writer thread writes and commits while training goes on (the caller waited for the
+/// previous save).
+fn save_checkpoint(
     input: &TrainInput<'_>,
     strategy: &mut dyn Strategy,
     store: &CheckpointDir,
-    step: usize,
-    position: DataPosition,
-    loss: f64,
-    lr: f64,
-    watched: [Option<WatchState>; 2],
-    loss_scale: Option<LossScaleState>,
+    progress: Progress,
     background: Option<&mut Background>,
 ) -> Result<(), TrainError> {
     let c = input.config;
+    let (step, loss) = (progress.step, progress.loss);
     let rank = strategy.rank();
     if rank == 0 {
         store.begin(step as u64)?;
@@ -128,18 +193,7 @@ pub(super) fn save_checkpoint(
             cause: format!("the parameters have NaN or infinite values (the loss is {loss})"),
         });
     }
-    let state = (rank == 0).then(|| {
-        state_of(
-            input,
-            step,
-            position,
-            loss,
-            lr,
-            watched,
-            loss_scale,
-            &snap.layout,
-        )
-    });
+    let state = (rank == 0).then(|| state_of(input, progress, &snap.layout));
     let specs = input.model.layout().specs();
     let (keep_last, keep_every) = (c.checkpoint.keep_last, c.checkpoint.keep_every as u64);
     let Some(background) = background else {
@@ -261,19 +315,17 @@ fn write_files(
     Ok(())
 }
 
-/// Checkpoint `step`'s `state.json` (rank 0's).
-#[allow(clippy::too_many_arguments)]
-fn state_of(
-    input: &TrainInput<'_>,
-    step: usize,
-    position: DataPosition,
-    loss: f64,
-    lr: f64,
-    [early_stopping, best]: [Option<WatchState>; 2],
-    loss_scale: Option<LossScaleState>,
-    layout: &Layout,
-) -> State {
+/// The `state.json` of the checkpoint `progress` describes (rank 0's).
+fn state_of(input: &TrainInput<'_>, progress: Progress, layout: &Layout) -> State {
     let c = input.config;
+    let Progress {
+        step,
+        position,
+        loss,
+        lr,
+        watched: [early_stopping, best],
+        loss_scale,
+    } = progress;
     State {
         format: FORMAT.to_string(),
         step,

@@ -77,12 +77,11 @@ pub fn micro_step<B: ComputeOn>(
     let layout = compute.layout();
     let n = stages.len();
     let rank = strategy.rank();
+    let (proto, on_device) = (opts.placement.proto(), opts.placement.on_device());
     let fetch = |strategy: &mut dyn Strategy, s: usize| -> Result<Vec<UnitParams>, TrainError> {
         stages[s]
             .iter()
-            .map(|&u| {
-                unit_params(strategy, layout, u, opts.placement.proto()).map_err(TrainError::from)
-            })
+            .map(|&u| unit_params(strategy, layout, u, proto).map_err(TrainError::from))
             .collect()
     };
     let prefetch = |strategy: &mut dyn Strategy, s: usize| -> Result<(), TrainError> {
@@ -120,7 +119,7 @@ pub fn micro_step<B: ComputeOn>(
             kept = host_copy(&params);
         }
         if let Some(m) = micro.as_mut() {
-            count_uploads(&params, opts.placement.on_device());
+            count_uploads(&params, on_device);
             clock.time(Phase::Forward, || m.forward(s, params))?;
         }
     }
@@ -146,21 +145,16 @@ pub fn micro_step<B: ComputeOn>(
         let grads: Vec<Grads> = match micro.as_mut() {
             Some(m) => {
                 if let Some(p) = &params {
-                    count_uploads(p, opts.placement.on_device());
+                    count_uploads(p, on_device);
                 }
                 let tensors = clock.time(Phase::Backward, || m.backward(s, params))?;
                 tensors
                     .into_iter()
-                    .map(|g| to_grads::<B>(g, raw_fn, opts.placement.on_device(), rank))
+                    .map(|g| to_grads::<B>(g, raw_fn, on_device, rank))
                     .collect::<Result<_, _>>()?
             }
             // a rank without samples hands in zeros, so every rank runs the same collectives
-            None => zero_grads(
-                &stages[s],
-                layout,
-                opts.placement.proto().filter(|_| raw_fn.is_some()),
-                rank,
-            )?,
+            None => zero_grads(&stages[s], layout, proto.filter(|_| raw_fn.is_some()), rank)?,
         };
         let mut done = Vec::with_capacity(stages[s].len());
         for (&u, g) in stages[s].iter().zip(grads) {

@@ -12,6 +12,7 @@ use super::events::{
 };
 use super::loader::{Assembler, Loader, LoaderState, Pos, Source};
 use super::placement::Placement;
+use super::save::{Checkpointer, Progress};
 use super::scaler::LossScaler;
 use super::schedule::lr_at;
 use super::step::{micro_step, MicroOpts};
@@ -120,8 +121,8 @@ struct Trainer<'a, B: ComputeOn> {
     best: Option<MetricWatch>,
     /// f16's dynamic loss scaling.
     scaler: Option<LossScaler>,
-    /// The checkpoint being written in the background (`checkpoint.async`), and the saves so far.
-    background: super::save::Background,
+    /// Where checkpoints go (none without a run directory), and the saves so far.
+    checkpointer: Option<Checkpointer<'a>>,
     saves: usize,
     /// Wall seconds training waited for checkpoints (the phase breakdown charges a save's
     /// barriers to the barrier phase; this counts the whole wait).
@@ -192,7 +193,9 @@ impl<'a, B: ComputeOn> Trainer<'a, B> {
         });
         Ok(Trainer {
             scaler,
-            background: Default::default(),
+            checkpointer: input
+                .store
+                .map(|store| Checkpointer::new(store, c.checkpoint.async_save)),
             saves: 0,
             blocked: 0.0,
             compute: B::compute(model, device),
@@ -502,30 +505,32 @@ impl<'a, B: ComputeOn> Trainer<'a, B> {
         let ends_here = stop_early || stopping || pausing;
         let save = super::save::due(c, done, entered, is_last, ends_here, new_best);
         let clock = self.clock;
-        if let (true, Some(store)) = (save, self.input.store) {
+        if let (true, Some(checkpointer)) = (save, self.checkpointer.as_mut()) {
             // one save in flight: the previous one first (training waits only for what is
             // left of it)
             let start = Instant::now();
-            let committed = clock.time(Phase::Checkpoint, || self.background.wait())?;
-            self.announce(committed);
+            let committed = clock.time(Phase::Checkpoint, || checkpointer.wait())?;
             let position = DataPosition {
                 epoch: self.pos.epoch,
                 cursor: plan.cursor(self.pos.start, self.pos.j),
                 segment_start: self.pos.start,
                 segment_micro: self.pos.j,
             };
-            let watched = [&self.early_stopping, &self.best]
-                .map(|w| w.as_ref().and_then(|w| w.state.clone()));
+            let progress = Progress {
+                step: done,
+                position,
+                loss: s.loss,
+                lr: s.lr,
+                watched: [&self.early_stopping, &self.best]
+                    .map(|w| w.as_ref().and_then(|w| w.state.clone())),
+                loss_scale: self.scaler.as_ref().map(|s| s.state().clone()),
+            };
             let (input, strategy) = (self.input, &mut *self.strategy);
-            let scale = self.scaler.as_ref().map(|s| s.state().clone());
-            let background = c.checkpoint.async_save.then_some(&mut self.background);
-            let in_background = background.is_some();
+            let in_background = checkpointer.in_background();
             clock.time(Phase::Checkpoint, || {
-                super::save::save_checkpoint(
-                    input, strategy, store, done, position, s.loss, s.lr, watched, scale,
-                    background,
-                )
+                checkpointer.save(input, strategy, progress)
             })?;
+            self.announce(committed);
             self.saves += 1;
             self.blocked += start.elapsed().as_secs_f64();
             let best = if new_best { " (the best so far)" } else { "" };
@@ -540,7 +545,10 @@ impl<'a, B: ComputeOn> Trainer<'a, B> {
             }
         } else {
             // a failed background write fails the run now
-            let committed = self.background.poll()?;
+            let committed = match self.checkpointer.as_mut() {
+                Some(c) => c.poll()?,
+                None => None,
+            };
             self.announce(committed);
         }
         // a stop request at the step early stopping ends the run: the run is complete
@@ -585,7 +593,10 @@ impl<'a, B: ComputeOn> Trainer<'a, B> {
     fn settle(&mut self) -> Result<(), TrainError> {
         let clock = self.clock;
         let start = Instant::now();
-        let committed = clock.time(Phase::Checkpoint, || self.background.wait())?;
+        let committed = match self.checkpointer.as_mut() {
+            Some(c) => clock.time(Phase::Checkpoint, || c.wait())?,
+            None => None,
+        };
         self.blocked += start.elapsed().as_secs_f64();
         self.announce(committed);
         Ok(())
@@ -724,7 +735,11 @@ impl<'a, B: ComputeOn> Trainer<'a, B> {
             loss_scale: self.scaler.as_ref().map(|s| s.state().clone()),
             saves: self.saves,
             blocked_seconds: round4(self.blocked),
-            background_seconds: round4(self.background.seconds),
+            background_seconds: round4(
+                self.checkpointer
+                    .as_ref()
+                    .map_or(0.0, Checkpointer::background_seconds),
+            ),
         })
     }
 }

@@ -20,7 +20,7 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
 
 use super::api::{Act, Family, Forward, ModelError, Task, TokenDecoder};
-use super::decode::{Incremental, Kv, KvDecoder};
+use super::decode::{At, Incremental, Kv, KvDecoder};
 use super::init;
 use super::portable::{External, WeightFormat};
 use super::sizing::{check_token_data, sized_for_this_machine};
@@ -208,6 +208,9 @@ impl Gpt {
         let err = |key: &str, message: String, help: &str| -> ModelError {
             r.key_error(key, message, Some(help.to_string())).into()
         };
+        let range = |key: &str, message: String, help: &str| -> ModelError {
+            r.range_error(key, message, Some(help.to_string())).into()
+        };
         for (key, v) in [
             ("model.block_size", g.block),
             ("model.layers", g.layers),
@@ -216,7 +219,7 @@ impl Gpt {
             ("model.vocab_size", g.vocab),
         ] {
             if v == 0 {
-                return Err(err(
+                return Err(range(
                     key,
                     format!("`{key}` = 0 is out of range: must be at least 1"),
                     "a gpt needs at least one of each",
@@ -443,12 +446,11 @@ impl Incremental for Gpt {
         m: &GptModule<B>,
         i: usize,
         x: Tensor<B, 3>,
-        _from: usize,
-        past: Option<Kv<B>>,
-        keep: bool,
+        at: At<B>,
         ctx: &mut Forward,
     ) -> (Tensor<B, 3>, Option<Kv<B>>) {
-        self.block_kv(&m.blocks[i], x, past, keep, ctx)
+        // (positions are in the embeddings)
+        self.block_kv(&m.blocks[i], x, at.past, at.keep, ctx)
     }
     fn head_of<B: Backend>(&self, m: &GptModule<B>, h: Tensor<B, 3>, fused: bool) -> Tensor<B, 2> {
         self.head(m, h, fused)

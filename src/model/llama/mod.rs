@@ -21,7 +21,7 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
 
 use super::api::{Act, Family, Forward, ModelError, Task, TokenDecoder};
-use super::decode::{Incremental, Kv, KvDecoder};
+use super::decode::{At, Incremental, Kv, KvDecoder};
 use super::gpt::{dense, MaskCache};
 use super::init;
 use super::portable::{External, WeightFormat};
@@ -120,6 +120,9 @@ impl Llama {
         let err = |key: &str, message: String, help: &str| -> ModelError {
             r.key_error(key, message, Some(help.to_string())).into()
         };
+        let range = |key: &str, message: String, help: &str| -> ModelError {
+            r.range_error(key, message, Some(help.to_string())).into()
+        };
         for (key, v) in [
             ("model.block_size", self.block),
             ("model.layers", self.layers),
@@ -130,7 +133,7 @@ impl Llama {
             ("model.vocab_size", self.vocab),
         ] {
             if v == 0 {
-                return Err(err(
+                return Err(range(
                     key,
                     format!("`{key}` = 0 is out of range: must be at least 1"),
                     "a llama needs at least one of each",
@@ -190,7 +193,7 @@ impl Llama {
             ("model.norm_eps", self.norm_eps),
         ] {
             if !(v.is_finite() && v > 0.0) {
-                return Err(err(
+                return Err(range(
                     key,
                     format!("`{key}` = {v} is out of range: must be above 0"),
                     "Llama's are 10000 (500000 for Llama 3) and 1e-5",
@@ -203,7 +206,7 @@ impl Llama {
                 && s.low_freq_factor > 0.0)
                 || s.original_max_position_embeddings == 0
             {
-                return Err(err(
+                return Err(range(
                     "model.rope_scaling",
                     format!("`model.rope_scaling` = {s:?} is out of range: factor and low_freq_factor must be above 0, high_freq_factor above low_freq_factor, original_max_position_embeddings at least 1"),
                     "Llama 3.1's: factor 8, low_freq_factor 1, high_freq_factor 4, original_max_position_embeddings 8192",
@@ -322,7 +325,12 @@ impl Llama {
     }
 
     fn block<B: Backend>(&self, b: &Block<B>, x: Tensor<B, 3>, ctx: &mut Forward) -> Tensor<B, 3> {
-        self.block_kv(b, x, 0, None, false, ctx).0
+        let at = At {
+            from: 0,
+            past: None,
+            keep: false,
+        };
+        self.block_kv(b, x, at, ctx).0
     }
 
     /// Block `b` on `x` `[n, t, dim]` at positions `from..from + t`, after the positions whose
@@ -333,9 +341,7 @@ impl Llama {
         &self,
         b: &Block<B>,
         x: Tensor<B, 3>,
-        from: usize,
-        past: Option<Kv<B>>,
-        keep: bool,
+        At { from, past, keep }: At<B>,
         ctx: &mut Forward,
     ) -> (Tensor<B, 3>, Option<Kv<B>>) {
         let fused = ctx.fused() && !ctx.drops(self.dropout);
@@ -493,12 +499,10 @@ impl Incremental for Llama {
         m: &LlamaModule<B>,
         i: usize,
         x: Tensor<B, 3>,
-        from: usize,
-        past: Option<Kv<B>>,
-        keep: bool,
+        at: At<B>,
         ctx: &mut Forward,
     ) -> (Tensor<B, 3>, Option<Kv<B>>) {
-        self.block_kv(&m.layers[i], x, from, past, keep, ctx)
+        self.block_kv(&m.layers[i], x, at, ctx)
     }
     fn head_of<B: Backend>(
         &self,
