@@ -7,18 +7,18 @@ use kiln::config::{self, describe_source, ConfigError, OptimKind};
 
 use crate::common::write;
 
-fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+pub(crate) fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
     pairs
         .iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect()
 }
 
-fn sets(s: &[&str]) -> Vec<String> {
+pub(crate) fn sets(s: &[&str]) -> Vec<String> {
     s.iter().map(|x| x.to_string()).collect()
 }
 
-fn err_text(file: &Path, e: &[(&str, &str)], s: &[&str]) -> String {
+pub(crate) fn err_text(file: &Path, e: &[(&str, &str)], s: &[&str]) -> String {
     match config::load(file, &env(e), &sets(s)) {
         Ok(_) => panic!("expected an error"),
         Err(err) => err.to_string(),
@@ -26,7 +26,7 @@ fn err_text(file: &Path, e: &[(&str, &str)], s: &[&str]) -> String {
 }
 
 /// base.toml (extended) sets lr, momentum, batch, epochs; the file overrides some.
-fn layered(dir: &Path) -> std::path::PathBuf {
+pub(crate) fn layered(dir: &Path) -> std::path::PathBuf {
     write(
         dir,
         "templates/base.toml",
@@ -218,60 +218,6 @@ fn out_of_range_values_name_their_source() {
         err_text(&ok, &[], &["model.dropout=1.0"]),
         "`model.dropout` = 1 is out of range: must be in [0, 1)\n  --> --set model.dropout=1.0"
     );
-}
-
-#[test]
-fn hsdp_shard_sizes_are_checked_against_the_strategy_and_the_world() {
-    let d = kiln::testdir::tempdir().unwrap();
-    let f = write(
-        d.path(),
-        "e.toml",
-        "[strategy]\nkind = \"fsdp\"\ndevices = 4\nshard_size = 3\n",
-    );
-    assert_eq!(
-        err_text(&f, &[], &[]),
-        format!(
-            "`strategy.shard_size` = 3 does not divide the 4 ranks (strategy.devices 4 x launch.nnodes 1): the shard groups must be equal\n  --> {}:4\n  = help: use a divisor of 4 (e.g. 2), or \"node\"",
-            f.display()
-        )
-    );
-    // "node" is the devices of a node: 3 of 6 ranks
-    let r = config::load(
-        &f,
-        &[],
-        &sets(&[
-            "strategy.shard_size=\"node\"",
-            "strategy.devices=3",
-            "launch.nnodes=2",
-        ]),
-    )
-    .unwrap();
-    assert_eq!(r.config.strategy.shard_ranks(2), 3);
-    assert_eq!(
-        err_text(&f, &[], &["strategy.kind=ddp", "strategy.shard_size=2"]),
-        "`strategy.shard_size` groups fsdp's shards, but the run has no shards (`strategy.kind` = \"ddp\")\n  --> --set strategy.shard_size=2\n  = help: remove it, or use `strategy.kind = \"fsdp\"` with sharding"
-    );
-    for (v, why) in [
-        (
-            "0",
-            "0 is not a number of ranks: a shard group has at least 1",
-        ),
-        (
-            "nodes",
-            "\"nodes\" is neither a number of ranks nor \"node\"",
-        ),
-        ("2.5", "2.5 is not a whole number of ranks (or \"node\")"),
-        (
-            "[2]",
-            "takes one value: a number of ranks (e.g. 2) or \"node\", not a list or a table",
-        ),
-    ] {
-        let set = format!("strategy.shard_size={v}");
-        assert_eq!(
-            err_text(&f, &[], &[&set]),
-            format!("`strategy.shard_size`: {why}\n  --> --set {set}")
-        );
-    }
 }
 
 #[test]

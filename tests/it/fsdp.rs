@@ -4,8 +4,8 @@
 
 use crate::common::{max_diff, train};
 
-const SGD: &[&str] = &["optim.kind=sgd", "optim.momentum=0.9"];
-const ADAMW: &[&str] = &[
+pub(crate) const SGD: &[&str] = &["optim.kind=sgd", "optim.momentum=0.9"];
+pub(crate) const ADAMW: &[&str] = &[
     "optim.kind=adamw",
     "optim.lr=0.01",
     "optim.weight_decay=0.1",
@@ -41,53 +41,6 @@ fn fsdp_matches_ddp_for_every_sharding_unit_and_optimizer() {
                         }
                     }
                 }
-            }
-        }
-    }
-}
-
-#[test]
-fn hsdp_matches_single_and_holds_the_state_of_its_shard_group() {
-    for optim in [SGD, ADAMW] {
-        for extra in [
-            &["strategy.unit=model"][..],
-            // each unit steps as its gradient shard is averaged, in the backward
-            &["strategy.unit=layer"],
-            &[
-                "strategy.unit=layer",
-                "optim.grad_clip_norm=0.5",
-                "train.grad_accum_steps=2",
-            ],
-        ] {
-            let mut single = vec!["strategy.kind=single", "train.batch_size=48"];
-            single.extend_from_slice(optim);
-            single.extend_from_slice(extra);
-            let reference = train(&single).params;
-            let mut h = vec![
-                "strategy.kind=fsdp",
-                "strategy.devices=4",
-                "strategy.shard_size=2",
-                "train.batch_size=12",
-            ];
-            h.extend_from_slice(optim);
-            h.extend_from_slice(extra);
-            let hsdp = train(&h);
-            let d = max_diff(&reference, &hsdp.params);
-            assert!(d <= 1e-5, "{h:?}: max |param diff| vs single = {d}");
-            // each rank holds what a rank of fsdp over 2 ranks holds
-            let mut f = h.clone();
-            f.retain(|s| !s.starts_with("strategy.devices") && !s.starts_with("strategy.shard"));
-            f.extend(["strategy.devices=2", "train.batch_size=24"]);
-            let fsdp2 = train(&f);
-            assert_eq!(hsdp.memory.len(), 4);
-            for m in &hsdp.memory {
-                let want = &fsdp2.memory[m.rank % 2];
-                assert_eq!(
-                    (m.params_bytes, m.grads_bytes, m.optim_bytes),
-                    (want.params_bytes, want.grads_bytes, want.optim_bytes),
-                    "{h:?} rank {}",
-                    m.rank
-                );
             }
         }
     }
@@ -180,72 +133,4 @@ fn the_plan_estimate_equals_what_every_strategy_reports() {
             kiln::strategy::estimate(&r.config, model.layout(), r.config.strategy.devices.count());
         assert_eq!(est, train(sets).memory, "{sets:?}");
     }
-}
-
-/// Issue 58, defect 16: an HSDP run resumes under ddp (its `strategy.shard_size` was refused
-/// and nothing could remove it) and then under single (its device count left out), each
-/// change said in a note.
-#[test]
-fn an_hsdp_run_resumes_under_another_strategy() {
-    let d = kiln::testdir::tempdir().unwrap();
-    crate::common::write(d.path(), "t.toml", crate::common::TINY);
-    let run = |args: &[&str]| crate::common::kiln(d.path(), args);
-    let o = run(&[
-        "run",
-        "t.toml",
-        "--quiet",
-        "--run-dir",
-        "r",
-        "--set",
-        "strategy.kind=fsdp",
-        "--set",
-        "strategy.devices=4",
-        "--set",
-        "strategy.shard_size=2",
-        "--set",
-        "train.max_steps=4",
-        "--set",
-        "checkpoint.every_steps=2",
-    ]);
-    assert_eq!(o.status.code(), Some(0), "{}", crate::common::stderr(&o));
-    let o = run(&[
-        "resume",
-        "r",
-        "--set",
-        "strategy.kind=ddp",
-        "--set",
-        "train.max_steps=6",
-    ]);
-    let err = crate::common::stderr(&o);
-    assert_eq!(o.status.code(), Some(0), "{err}");
-    assert!(
-        err.contains("`strategy.shard_size` of the run's config.toml is left out"),
-        "{err}"
-    );
-    assert_eq!(crate::common::summary(&d.path().join("r"))["steps"], 6);
-    let o = run(&[
-        "resume",
-        "r",
-        "--set",
-        "strategy.kind=single",
-        "--set",
-        "train.max_steps=8",
-    ]);
-    let err = crate::common::stderr(&o);
-    assert_eq!(o.status.code(), Some(0), "{err}");
-    assert!(
-        err.contains("`strategy.devices` of the run's config.toml is left out"),
-        "{err}"
-    );
-    // (issue 58, defect 27: the resume's warning names a device count that changes)
-    assert!(
-        err.contains("resuming with `strategy.devices` changed: 4 -> 1"),
-        "{err}"
-    );
-    let s = crate::common::summary(&d.path().join("r"));
-    assert_eq!(
-        (s["steps"].as_u64(), s["world_size"].as_u64()),
-        (Some(8), Some(1)),
-        "{s}"
-    );
 }

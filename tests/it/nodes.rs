@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use crate::common::{hand_store, kiln, node_cmd, root, stderr, store_port, write, KILN, TINY};
 
-fn node(
+pub(crate) fn node(
     dir: &Path,
     file: &str,
     node: usize,
@@ -27,7 +27,7 @@ fn node(
         .unwrap()
 }
 
-fn final_loss(o: &Output) -> String {
+pub(crate) fn final_loss(o: &Output) -> String {
     let out = String::from_utf8_lossy(&o.stdout);
     out.lines()
         .find_map(|l| {
@@ -38,7 +38,7 @@ fn final_loss(o: &Output) -> String {
         .unwrap_or_else(|| panic!("no final loss in {out} / {}", stderr(o)))
 }
 
-fn summary_hash(run: &Path) -> serde_json::Value {
+pub(crate) fn summary_hash(run: &Path) -> serde_json::Value {
     let s: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(run.join("summary.json")).unwrap()).unwrap();
     s["params_sha256"].clone()
@@ -47,7 +47,7 @@ fn summary_hash(run: &Path) -> serde_json::Value {
 /// nnodes x devices processes vs one process, same global batch: parameters within 1e-5.
 /// `strategy`: the strategy's keys, for both.
 /// Returns the state of the multi-node run's last checkpoint.
-fn equal_to_one_process(
+pub(crate) fn equal_to_one_process(
     nnodes: usize,
     devices: usize,
     strategy: &[&str],
@@ -157,25 +157,6 @@ fn two_nodes_of_one_device_equal_one_process() {
 #[test]
 fn two_nodes_of_two_devices_equal_one_process() {
     equal_to_one_process(2, 2, &["strategy.kind=ddp"]);
-}
-
-#[test]
-fn hsdp_sharded_within_each_of_two_nodes_equals_one_process() {
-    let state = equal_to_one_process(
-        2,
-        2,
-        &[
-            "strategy.kind=fsdp",
-            "strategy.shard_size=node",
-            "strategy.unit=layer",
-        ],
-    );
-    // hybrid: the state is sharded over a node's 2 ranks (node 0's wrote it) in a world of 4
-    assert_eq!(state.world_size, 4);
-    match state.params {
-        kiln::checkpoint::Layout::Sharded { world, .. } => assert_eq!(world, 2),
-        other => panic!("{other:?}"),
-    }
 }
 
 #[test]
@@ -320,12 +301,12 @@ fn launch_settings_come_from_flags_torchrun_and_slurm_variables() {
 }
 
 /// The pid of `agent`'s worker child (Linux).
-fn worker_of(agent: u32) -> Option<u32> {
+pub(crate) fn worker_of(agent: u32) -> Option<u32> {
     let text = std::fs::read_to_string(format!("/proc/{agent}/task/{agent}/children")).ok()?;
     text.split_whitespace().next()?.parse().ok()
 }
 
-fn restart_job(max_restarts: usize) -> (Output, Output, std::path::PathBuf) {
+pub(crate) fn restart_job(max_restarts: usize) -> (Output, Output, std::path::PathBuf) {
     let d = kiln::testdir::tempdir().unwrap().keep();
     write(&d, "t.toml", TINY);
     let port = store_port();
