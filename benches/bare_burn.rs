@@ -48,7 +48,7 @@ fn measure<F: Family>(
     let r = load(std::path::Path::new(file), &[], &[]).unwrap();
     let data = kiln::data::load(&r).unwrap();
     let model = kiln::model::build(&r, &data.input_shape()).unwrap();
-    let compute = <B as ComputeOn>::compute(model.as_ref(), &device);
+    let compute = <B as ComputeOn>::compute(model.as_ref(), &device, true);
     let params = model.init(0);
     let layout = model.layout().clone();
     let kiln_step = time(steps, || {

@@ -31,7 +31,7 @@ pub(super) fn waits(r: &Resolved) -> Result<(), ConfigError> {
 /// `profile.ranks` among the job's ranks.
 pub(super) fn profile_ranks(r: &Resolved) -> Result<(), ConfigError> {
     let c = &r.config;
-    let world = c.strategy.devices.count() * c.launch.nnodes.max(1);
+    let world = super::Mesh::of(c).world;
     if let Some(bad) = c.profile.ranks.iter().find(|&&rk| rk >= world) {
         return Err(r.key_error(
             "profile.ranks",
@@ -65,8 +65,8 @@ pub(super) fn shard_size(r: &Resolved) -> Result<(), ConfigError> {
         ));
     }
     let (devices, nnodes) = (st.devices.count(), c.launch.nnodes.max(1));
-    let world = devices * nnodes;
-    let s = st.shard_ranks(nnodes);
+    let mesh = super::Mesh::of(c);
+    let (world, s) = (mesh.world, mesh.group);
     // (no devices: `strategy.devices`'s own check says so)
     if s == 0 {
         return Ok(());

@@ -82,7 +82,7 @@ pub struct ModelConfig {
     ///   (`model.layers.<i>.self_attn.q_proj.weight`) and `lm_head.weight`, Linear weights
     ///   `[out, in]`.
     ///
-    /// A user's family may add formats of its own (`Family::formats`). Default: `"auto"`.
+    /// A user's family may add formats of its own (`WeightAdapter::formats`). Default: `"auto"`.
     pub init_format: Option<String>,
     /// A family's own keys (gpt's and llama's `layers`, `heads`, `dim`, ...; a user's model's),
     /// which the family reads with `Resolved::model_keys` into its own serde struct. Default:

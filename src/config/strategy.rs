@@ -229,16 +229,49 @@ impl Default for StrategyConfig {
     }
 }
 
-impl StrategyConfig {
-    /// The ranks of a shard group, for `nnodes` nodes: `shard_size`, or every rank.
-    pub fn shard_ranks(&self, nnodes: usize) -> usize {
-        match self.shard_size {
-            Some(ShardSize::Ranks(n)) => n,
-            Some(ShardSize::Node) => self.devices.count(),
-            None => self.devices.count() * nnodes.max(1),
+/// The job's ranks as a 2-D mesh, replicate x shard (torchtitan's `ParallelDims`, torch's
+/// `DeviceMesh`), resolved from `[strategy]` and `[launch]` in this one place: the data plan,
+/// the config's checks, HSDP's groups and the memory estimate all take it from here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Mesh {
+    /// Ranks in the job: `strategy.devices` x `launch.nnodes` (or a collective's size).
+    pub world: usize,
+    /// The ranks of a shard group as configured: `strategy.shard_size` (a count, or a node's
+    /// devices), else every rank.
+    pub group: usize,
+    /// Whether the strategy shards the model state (fsdp, `strategy.sharding` not `none`).
+    pub sharded: bool,
+}
+
+impl Mesh {
+    /// The mesh of the job `c` describes.
+    pub fn of(c: &super::Config) -> Mesh {
+        Mesh::over(c, c.strategy.devices.count() * c.launch.nnodes.max(1))
+    }
+
+    /// The mesh of `c`'s strategy over `world` ranks (a collective's size, or an estimate's).
+    pub fn over(c: &super::Config, world: usize) -> Mesh {
+        let st = &c.strategy;
+        Mesh {
+            world,
+            group: match st.shard_size {
+                Some(ShardSize::Ranks(n)) => n,
+                Some(ShardSize::Node) => st.devices.count(),
+                None => world,
+            },
+            sharded: st.kind == StrategyKind::Fsdp && st.sharding != Sharding::None,
         }
     }
 
+    /// HSDP: the ranks of a shard group, when the state is sharded in groups smaller than the
+    /// world that divide it (the groups then replicate it); `None` otherwise.
+    pub fn hybrid(&self) -> Option<usize> {
+        (self.sharded && self.group < self.world && self.world.is_multiple_of(self.group))
+            .then_some(self.group)
+    }
+}
+
+impl StrategyConfig {
     /// Devices and buckets; `single` has one device and no reduction dtype.
     pub(super) fn check(&self, r: &Resolved) -> Result<(), ConfigError> {
         let st = self;

@@ -21,7 +21,9 @@ use crate::config::{self, Config, Resolved};
 use crate::error::{Error, Result};
 use crate::rendezvous::nccl_env::NcclEnv;
 use crate::rendezvous::Job;
-use crate::rundir::{claim_run_dir, first_missing, is_empty_dir, lock_run_dir, newest_unfinished};
+use crate::rundir::{
+    claim_run_dir, first_missing, is_empty_dir, lock_run_dir, newest_unfinished, RunLock,
+};
 use crate::train::{TrainError, TrainEvent, TrainInput};
 use crate::ui::{self, Progress};
 
@@ -57,9 +59,9 @@ pub fn start(r: &Resolved, a: &RunOptions) -> Result<()> {
         if c.launch.nnodes > 1 {
             return run_node(r, &Target::Dir(d.clone(), None), a.quiet);
         }
-        lock_run_dir(d)?;
+        let lock = lock_run_dir(d)?;
         let res = prepare_resume(d, r, None, a.quiet)?;
-        return execute(r, d, Some(res), a.quiet, None, None);
+        return run_in(lock, r, Some(res), a.quiet);
     }
     let a = &RunOptions {
         resume: a.resume || (restarted && a.run_dir.is_none()),
@@ -86,9 +88,9 @@ pub fn start(r: &Resolved, a: &RunOptions) -> Result<()> {
         if let Some(dir) =
             newest_unfinished(Path::new(&c.experiment.output_dir), &c.experiment.name)
         {
-            lock_run_dir(&dir)?;
+            let lock = lock_run_dir(&dir)?;
             let res = prepare_resume(&dir, r, None, a.quiet)?;
-            return execute(r, &dir, Some(res), a.quiet, None, None);
+            return run_in(lock, r, Some(res), a.quiet);
         }
         if !a.quiet {
             ui::note(&format!(
@@ -99,20 +101,27 @@ pub fn start(r: &Resolved, a: &RunOptions) -> Result<()> {
     }
     // the directory, and what claiming it creates (removed again when the run is refused as
     // bad input)
-    let (run_dir, made) = match &a.run_dir {
-        Some(d) => (d.clone(), take_run_dir(d)?),
+    let (lock, made) = match &a.run_dir {
+        Some(d) => take_run_dir(d)?,
         None => claim_run_dir(Path::new(&c.experiment.output_dir), &c.experiment.name)?,
     };
-    let result = execute(r, &run_dir, None, a.quiet, None, None);
+    let result = execute(r, lock.dir(), None, a.quiet, None, None);
     if result.as_ref().is_err_and(|e| e.exit_code() == 2) {
-        crate::rundir::release_unused(&run_dir, made.as_deref());
+        // (still held: no other process takes the directory while it is removed)
+        crate::rundir::release_unused(lock.dir(), made.as_deref());
     }
     result
 }
 
+/// One session of a single-node run in the directory `lock` holds (for the whole session),
+/// fresh or continuing `resume`.
+fn run_in(lock: RunLock, r: &Resolved, resume: Option<Resumption>, quiet: bool) -> Result<()> {
+    execute(r, lock.dir(), resume, quiet, None, None)
+}
+
 /// `--run-dir DIR` for a new run: refused when it is not a directory or holds a run (checked
-/// before and again after taking its lock); returns what creating it made.
-pub(super) fn take_run_dir(d: &Path) -> Result<Option<PathBuf>> {
+/// before and again after taking its lock); returns its guard and what creating it made.
+pub(super) fn take_run_dir(d: &Path) -> Result<(RunLock, Option<PathBuf>)> {
     let holds = |d: &Path| {
         Error::Usage(format!(
             "--run-dir `{}` already holds a run (or is not a directory); choose a new directory (kiln never overwrites a run)",
@@ -129,12 +138,11 @@ pub(super) fn take_run_dir(d: &Path) -> Result<Option<PathBuf>> {
         return Err(holds(d));
     }
     let made = first_missing(d);
-    lock_run_dir(d)?;
+    let lock = lock_run_dir(d)?;
     if !is_empty_dir(d) {
-        crate::rundir::unlock_run_dir(d);
         return Err(holds(d));
     }
-    Ok(made)
+    Ok((lock, made))
 }
 
 /// `kiln resume`: continues the run in `run_dir` with `sets` applied, from its newest verified
@@ -166,13 +174,15 @@ pub fn resume(
             quiet,
         );
     }
-    lock_run_dir(run_dir)?;
+    let lock = lock_run_dir(run_dir)?;
     let res = prepare_resume(run_dir, &r, from, quiet)?;
-    execute(&r, run_dir, Some(res), quiet, None, None)
+    run_in(lock, &r, Some(res), quiet)
 }
 
 /// Trains one session of `r` in `run_dir`, fresh or continuing `resume`, on `prepared` (made
-/// here when `None`, and again when the checkpoint's seeds replace the config's).
+/// here when `None`, and again when the checkpoint's seeds replace the config's). The caller
+/// holds the directory (`RunLock`): a single-node session through `run_in`, node 0 of a job
+/// in `node_worker` (or its agent); the other nodes only write their logs there.
 pub(super) fn execute(
     r: &Resolved,
     run_dir: &Path,
@@ -192,10 +202,6 @@ pub(super) fn execute(
     let c = &r.config;
     // node 0 (or a single-node run) writes the run's shared files; other nodes their logs
     let primary = job.as_ref().map(|j| j.node == 0).unwrap_or(true);
-    if job.is_none() {
-        // no other kiln process in this directory meanwhile (a no-op when already held)
-        lock_run_dir(run_dir)?;
-    }
     let t = Duration::from_secs(c.launch.rendezvous_timeout_secs);
     let checks = PendingChecks::new(&mut job);
     let from_checkpoint = resume.as_ref().is_some_and(|res| res.from.is_some());

@@ -12,7 +12,7 @@ use crate::model::portable::{self, ImportError, WeightFormat};
 use crate::model::Model;
 
 /// The format of an `init_from` file: as `model.init_format` says, or (`auto`) kiln's export
-/// metadata, else a format of the model's family its names show (`Family::detect_format`: for
+/// metadata, else a format of the model's family its names show (`WeightAdapter::detect_format`: for
 /// a gpt Hugging Face's or nanoGPT's GPT-2 names, for a llama Hugging Face's), else PyTorch's
 /// names.
 fn init_format(
@@ -32,7 +32,7 @@ fn init_format(
             if metadata.contains_key("kiln.format") {
                 return kiln();
             }
-            match model.detect_format(named) {
+            match model.weights().detect_format(named) {
                 Some(f) => Ok(f),
                 None => kiln(),
             }
@@ -228,7 +228,7 @@ pub fn init_weights(r: &Resolved, model: &dyn Model) -> Result<Option<Vec<f32>>>
                 .map(move |(ei, e)| (e, (fi, ei)))
         })
         .map(|(e, loc)| (format.strip(&e.name).to_string(), e, loc))
-        .filter(|(n, _, _)| !model.format_buffer(format, n))
+        .filter(|(n, _, _)| !model.weights().format_buffer(format, n))
         .collect();
     let shapes: HashMap<&str, &[usize]> = kept
         .iter()
@@ -301,24 +301,31 @@ fn beside_config(
             "model.init_from: `{shown}` (beside the weights) is not JSON: {e}\n  = help: fix or remove it; it is read to check the model's settings"
         ))
     })?;
-    let bad = model.hf_config_mismatches(format, &json);
+    let bad = model.weights().hf_config_mismatches(format, &json);
     if bad.is_empty() {
         return Ok(());
     }
     let lines: Vec<String> = bad
         .iter()
-        .map(|(theirs, value, key, ours)| {
-            let source = if key.starts_with("model.") {
-                format!(" ({})", crate::config::describe_source(&r.figment, key))
-            } else {
-                // (no key sets it: such a file cannot be loaded exactly)
-                " (fixed: no [model] key sets it, so this file cannot be loaded exactly)".into()
-            };
-            format!(
-                "  {theirs} = {} there, but `{key}` = {ours}{source}",
-                crate::config::brief(value, 60)
-            )
-        })
+        .map(
+            |crate::model::ConfigMismatch {
+                 theirs,
+                 value,
+                 key,
+                 ours,
+             }| {
+                let source = if key.starts_with("model.") {
+                    format!(" ({})", crate::config::describe_source(&r.figment, key))
+                } else {
+                    // (no key sets it: such a file cannot be loaded exactly)
+                    " (fixed: no [model] key sets it, so this file cannot be loaded exactly)".into()
+                };
+                format!(
+                    "  {theirs} = {} there, but `{key}` = {ours}{source}",
+                    crate::config::brief(value, 60)
+                )
+            },
+        )
         .collect();
     Err(Error::Usage(format!(
         "model.init_from: `{shown}` describes another model than [model]:\n{}\n  = help: set [model] as the file says (a {} export of this model writes a config.json that agrees)",

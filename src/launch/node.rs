@@ -11,7 +11,7 @@ use super::prepare::Prepared;
 use super::resume::{prepare_resume, Resumption};
 use crate::config::{Config, Resolved};
 use crate::error::{Error, Result};
-use crate::rundir::{claim_run_dir, lock_run_dir, newest_unfinished};
+use crate::rundir::{claim_run_dir, lock_run_dir, newest_unfinished, RunLock};
 use crate::ui;
 
 /// Where a multi-node job runs (node 0 decides; the other nodes follow what it publishes).
@@ -24,14 +24,21 @@ pub(super) enum Target {
     Dir(PathBuf, Option<String>),
 }
 
-/// Node 0's run directory, whether it continues a run there, and from which checkpoint
-/// (`None`: the newest verified one). Within a job with restarts the agent has fixed the
-/// directory (`KILN_WORKER_RUN_DIR`) and later rounds always continue.
-pub(super) fn node0_dir(
-    target: &Target,
-    c: &Config,
-    round: usize,
-) -> Result<(PathBuf, bool, Option<String>)> {
+/// Node 0's run directory: held by this process (its guard), except by a worker under its
+/// agent, which holds it for every round.
+pub(super) struct Chosen {
+    pub dir: PathBuf,
+    pub lock: Option<RunLock>,
+    /// Whether the run continues there, and from which checkpoint (`None`: the newest verified
+    /// one).
+    pub resume: bool,
+    pub from: Option<String>,
+}
+
+/// Node 0's run directory, whether it continues a run there, and from which checkpoint.
+/// Within a job with restarts the agent has fixed the directory (`KILN_WORKER_RUN_DIR`) and
+/// later rounds always continue.
+pub(super) fn node0_dir(target: &Target, c: &Config, round: usize) -> Result<Chosen> {
     // a worker under its agent: the agent chose (and holds) the directory
     if let Some(d) = std::env::var_os("KILN_WORKER_RUN_DIR") {
         let d = PathBuf::from(d);
@@ -42,26 +49,28 @@ pub(super) fn node0_dir(
             Target::Newest => (started, None),
             Target::New(_) => (false, None),
         };
-        return Ok((d, resume, from));
+        return Ok(Chosen {
+            dir: d,
+            lock: None,
+            resume,
+            from,
+        });
     }
     let out = Path::new(&c.experiment.output_dir);
+    let held = |lock: RunLock, resume: bool, from: Option<String>| Chosen {
+        dir: lock.dir().to_path_buf(),
+        lock: Some(lock),
+        resume,
+        from,
+    };
     Ok(match target {
-        Target::New(Some(d)) => {
-            take_run_dir(d)?;
-            (d.clone(), false, None)
-        }
-        Target::New(None) => (claim_run_dir(out, &c.experiment.name)?.0, false, None),
+        Target::New(Some(d)) => held(take_run_dir(d)?.0, false, None),
+        Target::New(None) => held(claim_run_dir(out, &c.experiment.name)?.0, false, None),
         Target::Newest => match newest_unfinished(out, &c.experiment.name) {
-            Some(d) => {
-                lock_run_dir(&d)?;
-                (d, true, None)
-            }
-            None => (claim_run_dir(out, &c.experiment.name)?.0, false, None),
+            Some(d) => held(lock_run_dir(&d)?, true, None),
+            None => held(claim_run_dir(out, &c.experiment.name)?.0, false, None),
         },
-        Target::Dir(d, from) => {
-            lock_run_dir(d)?;
-            (d.clone(), true, from.clone())
-        }
+        Target::Dir(d, from) => held(lock_run_dir(d)?, true, from.clone()),
     })
 }
 
@@ -113,7 +122,16 @@ fn node_worker(
     };
     let mut job = crate::rendezvous::join(c, c.strategy.devices.count(), token, round)?;
     let t = std::time::Duration::from_secs(c.launch.rendezvous_timeout_secs);
-    let (run_dir, resume) = if let Some((dir, resuming, from)) = chosen {
+    // node 0 holds its directory until the session ends
+    let mut held = None;
+    let (run_dir, resume) = if let Some(Chosen {
+        dir,
+        lock,
+        resume: resuming,
+        from,
+    }) = chosen
+    {
+        held = lock;
         fs::create_dir_all(&dir)
             .map_err(|e| Error::io(format!("creating run directory {}", dir.display()), e))?;
         let abs = dir.canonicalize().unwrap_or(dir);
@@ -152,7 +170,9 @@ fn node_worker(
         };
         (PathBuf::from(&v[0]), resume)
     };
-    execute(r, &run_dir, resume, quiet, Some(job), Some(prepared))
+    let result = execute(r, &run_dir, resume, quiet, Some(job), Some(prepared));
+    drop(held);
+    result
 }
 
 // The restart agent of a multi-node node (`launch.max_restarts` > 0, like torchrun's agent):
@@ -166,10 +186,11 @@ pub(super) fn node_agent(target: &Target, c: &Config, token: &str) -> Result<()>
     let node = c.launch.node_rank;
     let max = c.launch.max_restarts;
     let run_dir = if node == 0 {
-        let (dir, _, _) = node0_dir(target, c, 0)?;
+        let Chosen { dir, lock, .. } = node0_dir(target, c, 0)?;
         fs::create_dir_all(dir.join("logs"))
             .map_err(|e| Error::io(format!("creating run directory {}", dir.display()), e))?;
-        Some(dir.canonicalize().unwrap_or(dir))
+        // (held for every round: the workers run in it under this agent)
+        Some((dir.canonicalize().unwrap_or(dir), lock))
     } else {
         None
     };
@@ -185,7 +206,7 @@ pub(super) fn node_agent(target: &Target, c: &Config, token: &str) -> Result<()>
         cmd.args(std::env::args_os().skip(1))
             .env("KILN_WORKER_ROUND", round.to_string())
             .env("KILN_JOB_TOKEN", token);
-        if let Some(d) = &run_dir {
+        if let Some((d, _)) = &run_dir {
             cmd.env("KILN_WORKER_RUN_DIR", d);
         }
         #[cfg(target_os = "linux")]
@@ -257,7 +278,7 @@ pub(super) fn node_agent(target: &Target, c: &Config, token: &str) -> Result<()>
             round + 1
         );
         ui::note(&line);
-        if let Some(d) = &run_dir {
+        if let Some((d, _)) = &run_dir {
             use std::io::Write as _;
             if let Ok(mut f) = crate::rundir::open_no_follow(
                 OpenOptions::new().create(true).append(true),

@@ -101,7 +101,7 @@ pub fn write_traces(
     if node != 0 {
         return Ok(None);
     }
-    let world = c.strategy.devices.count() * c.launch.nnodes.max(1);
+    let world = crate::config::Mesh::of(c).world;
     let wanted: Vec<usize> = (0..world).filter(|r| c.profile.traces(*r)).collect();
     let deadline = Instant::now() + Duration::from_secs(c.launch.rendezvous_timeout_secs);
     let mut merged = Vec::new();

@@ -358,6 +358,93 @@ impl Forward {
     }
 }
 
+/// One architecture setting where a Hugging Face `config.json` and the model disagree.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ConfigMismatch {
+    /// The config.json key, e.g. `n_head`.
+    pub theirs: String,
+    /// Its value there, as JSON.
+    pub value: String,
+    /// The `[model]` key that sets it in kiln (`model.heads`), or what fixes it when no key
+    /// does (`(kiln's llama MLP)`).
+    pub key: String,
+    /// kiln's value.
+    pub ours: String,
+}
+
+/// A family's weights as other libraries name and lay them out (torchtitan's
+/// `StateDictAdapter`): one object per family (`Family::weights`, handed out by
+/// `Model::weights`), so a new hook is one method here, with its default, and the families that
+/// have it override it. Every method has a default: PyTorch's names are Burn's paths, and there
+/// is no other format.
+pub trait WeightAdapter: Send + Sync {
+    /// The name of parameter `path` in the PyTorch module this family mirrors, given after
+    /// kiln's module-type renames (a norm's `gamma`/`beta` are already `weight`/`bias`). The
+    /// default keeps Burn's path: right for a PyTorch module with the same field names.
+    fn torch_name(&self, path: &str) -> String {
+        path.to_string()
+    }
+    /// PyTorch names that hold a copy of another parameter, as `(alias, torch name)` (a tied
+    /// `lm_head.weight` of `wte.weight`): an export writes both, an import accepts either.
+    fn torch_aliases(&self) -> Vec<(String, String)> {
+        Vec::new()
+    }
+    /// Weight formats of other libraries this family reads and writes, besides PyTorch's names
+    /// (`torch_name`) and Burn's, which every family has: the gpt's Hugging Face GPT-2 and
+    /// nanoGPT names. `kiln export --format`, `model.init_format` and `auto`'s detection offer
+    /// them for this family only. Default: none.
+    fn formats(&self) -> Vec<WeightFormat> {
+        Vec::new()
+    }
+
+    /// The tensors of this family's weights in `format` (one of `formats`), from PyTorch's
+    /// (`torch`: one per parameter of `layout`, in order, no aliases): the names, layouts and
+    /// tied copies that library uses. Default: PyTorch's.
+    fn format_tensors(
+        &self,
+        _format: WeightFormat,
+        _layout: &ParamLayout,
+        torch: &[External],
+    ) -> Vec<External> {
+        torch.to_vec()
+    }
+
+    /// Whether `name` in a file of `format` is a buffer, not a parameter (GPT-2's causal
+    /// masks): an import skips it. Default: none is.
+    fn format_buffer(&self, _format: WeightFormat, _name: &str) -> bool {
+        false
+    }
+
+    /// Which of `formats` a weight file holding `tensors` (name, shape) is in, when its names
+    /// say so (`model.init_format = "auto"`). Default: none.
+    fn detect_format(&self, _tensors: &[(&str, &[usize])]) -> Option<WeightFormat> {
+        None
+    }
+
+    /// The `config.json` a Hugging Face export in `format` writes beside the weights (`Ok(None)`
+    /// when the format has none), or why this model cannot be written in it.
+    fn hf_config(&self, _format: WeightFormat) -> Result<Option<String>, String> {
+        Ok(None)
+    }
+
+    /// Where the `config.json` found beside an imported file of `format` (`model.init_from`)
+    /// disagrees with this model: one `ConfigMismatch` for each architecture setting that
+    /// differs (a head count or an activation no tensor's shape
+    /// shows). Default: none checked.
+    fn hf_config_mismatches(
+        &self,
+        _format: WeightFormat,
+        _config: &serde_json::Value,
+    ) -> Vec<ConfigMismatch> {
+        Vec::new()
+    }
+}
+
+/// The adapter of a family whose PyTorch module has Burn's field names and no other format.
+pub struct SameNames;
+
+impl WeightAdapter for SameNames {}
+
 /// A model family: a Burn `#[derive(Module)]` struct and how to run it. kiln owns the
 /// parameters (flat buffers, sharded or not): it derives the layout by visiting the module,
 /// installs the rank's parameters before each forward and reads the gradients back, so a family
@@ -414,65 +501,12 @@ pub trait Family: Send + Sync + 'static {
             other => other,
         }
     }
-    /// The name of parameter `path` in the PyTorch module this family mirrors, given after
-    /// kiln's module-type renames (a norm's `gamma`/`beta` are already `weight`/`bias`). The
-    /// default keeps Burn's path: right for a PyTorch module with the same field names.
-    fn torch_name(&self, path: &str) -> String {
-        path.to_string()
-    }
-    /// PyTorch names that hold a copy of another parameter, as `(alias, torch name)` (a tied
-    /// `lm_head.weight` of `wte.weight`): an export writes both, an import accepts either.
-    fn torch_aliases(&self) -> Vec<(String, String)> {
-        Vec::new()
-    }
-    /// Weight formats of other libraries this family reads and writes, besides PyTorch's names
-    /// (`torch_name`) and Burn's, which every family has: the gpt's Hugging Face GPT-2 and
-    /// nanoGPT names. `kiln export --format`, `model.init_format` and `auto`'s detection offer
-    /// them for this family only. Default: none.
-    fn formats(&self) -> Vec<WeightFormat> {
-        Vec::new()
-    }
-
-    /// The tensors of this family's weights in `format` (one of `formats`), from PyTorch's
-    /// (`torch`: one per parameter of `layout`, in order, no aliases): the names, layouts and
-    /// tied copies that library uses. Default: PyTorch's.
-    fn format_tensors(
-        &self,
-        _format: WeightFormat,
-        _layout: &ParamLayout,
-        torch: &[External],
-    ) -> Vec<External> {
-        torch.to_vec()
-    }
-
-    /// Whether `name` in a file of `format` is a buffer, not a parameter (GPT-2's causal
-    /// masks): an import skips it. Default: none is.
-    fn format_buffer(&self, _format: WeightFormat, _name: &str) -> bool {
-        false
-    }
-
-    /// Which of `formats` a weight file holding `tensors` (name, shape) is in, when its names
-    /// say so (`model.init_format = "auto"`). Default: none.
-    fn detect_format(&self, _tensors: &[(&str, &[usize])]) -> Option<WeightFormat> {
-        None
-    }
-
-    /// The `config.json` a Hugging Face export in `format` writes beside the weights (`Ok(None)`
-    /// when the format has none), or why this model cannot be written in it.
-    fn hf_config(&self, _format: WeightFormat) -> Result<Option<String>, String> {
-        Ok(None)
-    }
-
-    /// Where the `config.json` found beside an imported file of `format` (`model.init_from`)
-    /// disagrees with this model: `(its key, its value, the [model] key, kiln's value)` for
-    /// each architecture setting that differs (a head count or an activation no tensor's shape
-    /// shows). Default: none checked.
-    fn hf_config_mismatches(
-        &self,
-        _format: WeightFormat,
-        _config: &serde_json::Value,
-    ) -> Vec<(String, String, String, String)> {
-        Vec::new()
+    /// The family's weights as other libraries name and lay them out: PyTorch's names, the
+    /// formats it reads and writes, Hugging Face's `config.json` (`WeightAdapter`, torchtitan's
+    /// state-dict adapter). Default: PyTorch's names are Burn's paths, no other format
+    /// (`SameNames`).
+    fn weights(&self) -> &dyn WeightAdapter {
+        &SameNames
     }
 
     /// An incremental decoder over `module` (holding trained parameters) on `device`, for `kiln
@@ -673,33 +707,12 @@ pub trait Model: Send + Sync {
     fn task(&self) -> Task;
     /// The initial flat parameters for `seed`.
     fn init(&self, seed: u64) -> Vec<f32>;
-    /// See `Family::torch_name`.
-    fn torch_name(&self, path: &str) -> String;
-    /// See `Family::torch_aliases`.
-    fn torch_aliases(&self) -> Vec<(String, String)>;
+    /// See `Family::weights`.
+    fn weights(&self) -> &dyn WeightAdapter;
     /// See `Family::flops_per_sample`.
     fn flops_per_sample(&self) -> Option<f64>;
-    /// See `Family::formats`.
-    fn formats(&self) -> Vec<WeightFormat>;
-    /// See `Family::format_tensors`.
-    fn format_tensors(&self, format: WeightFormat, torch: &[External]) -> Vec<External>;
-    /// See `Family::format_buffer`.
-    fn format_buffer(&self, format: WeightFormat, name: &str) -> bool;
-    /// See `Family::detect_format`.
-    fn detect_format(&self, tensors: &[(&str, &[usize])]) -> Option<WeightFormat>;
-    /// See `Family::hf_config`.
-    fn hf_config(&self, format: WeightFormat) -> Result<Option<String>, String>;
-    /// See `Family::hf_config_mismatches`.
-    fn hf_config_mismatches(
-        &self,
-        format: WeightFormat,
-        config: &serde_json::Value,
-    ) -> Vec<(String, String, String, String)>;
     /// `optim.decay`, or the family's default (`Family::default_decay`).
     fn decay_rule(&self, optim: &crate::config::OptimConfig) -> DecayRule;
-    /// Turns kiln's fused kernels on or off for every compute made after (`backend.fused`; the
-    /// registry sets it from the config). A model whose families never call them ignores it.
-    fn use_fused_kernels(&self, _on: bool) {}
     /// The family's decoder (`Family::decoder`) on backend `backend` (the `TypeId` of an inner
     /// backend of `model::for_each_backend!`) for `device`, holding `params`; `None` for a type
     /// the list lacks. `decoder_on` asks, typed.
@@ -711,6 +724,7 @@ pub trait Model: Send + Sync {
         device: &dyn std::any::Any,
         params: &[f32],
         cache: bool,
+        fused: bool,
     ) -> Option<Result<Option<Box<dyn TokenDecoder + 'a>>, ModelError>>;
     /// The model's compute on backend `backend` (the `TypeId` of one of
     /// `model::for_each_backend!`'s types) for `device` (its device), as a
@@ -721,6 +735,7 @@ pub trait Model: Send + Sync {
         &self,
         backend: std::any::TypeId,
         device: &dyn std::any::Any,
+        fused: bool,
     ) -> Option<Box<dyn std::any::Any>>;
 }
 
@@ -738,14 +753,16 @@ pub trait TokenDecoder {
 
 /// `model`'s decoder on backend `B` (no autodiff; one of `model::for_each_backend!`'s inner
 /// backends) on `device`, holding the flat `params`; `Ok(None)` when its family has none.
-/// `cache`: keep what the context computed instead of running it again for each token.
+/// `cache`: keep what the context computed instead of running it again for each token;
+/// `fused`: kiln's fused kernels (`backend.fused`).
 pub fn decoder_on<'a, B: Backend>(
     model: &'a dyn Model,
     params: &[f32],
     device: &B::Device,
     cache: bool,
+    fused: bool,
 ) -> Result<Option<Box<dyn TokenDecoder + 'a>>, ModelError> {
-    match model.decoder_erased(std::any::TypeId::of::<B>(), device, params, cache) {
+    match model.decoder_erased(std::any::TypeId::of::<B>(), device, params, cache, fused) {
         Some(d) => d,
         None => not_for_each_backend::<B>(model, "decoder"),
     }
@@ -764,13 +781,15 @@ fn not_for_each_backend<B>(model: &dyn Model, what: &str) -> ! {
 /// The backends a model can be computed on: every Burn autodiff backend; a model computes on
 /// the ones in `model::for_each_backend!`.
 pub trait ComputeOn: AutodiffBackend {
-    fn compute(model: &dyn Model, device: &Self::Device) -> Box<dyn Compute<Self>>;
+    /// `model`'s compute on `device`; `fused`: it calls kiln's fused kernels where they apply
+    /// (`backend.fused`: the CPU in f32; a family that has none ignores it).
+    fn compute(model: &dyn Model, device: &Self::Device, fused: bool) -> Box<dyn Compute<Self>>;
 }
 
 impl<B: AutodiffBackend> ComputeOn for B {
-    fn compute(model: &dyn Model, device: &Self::Device) -> Box<dyn Compute<Self>> {
+    fn compute(model: &dyn Model, device: &Self::Device, fused: bool) -> Box<dyn Compute<Self>> {
         let erased = model
-            .compute_erased(std::any::TypeId::of::<B>(), device)
+            .compute_erased(std::any::TypeId::of::<B>(), device, fused)
             .and_then(|c| c.downcast::<Box<dyn Compute<B>>>().ok());
         match erased {
             Some(c) => *c,

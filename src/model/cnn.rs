@@ -18,6 +18,7 @@ use super::api::{Act, Family, Forward, ModelError, Task};
 use super::init;
 use super::mlp::activate;
 use crate::config::{Activation, Resolved};
+use crate::model::WeightAdapter;
 use crate::params::ParamLayout;
 
 /// The module: `convs.<i>` (weight `[out, in, k, k]`, bias), then `fcs.<i>` (Burn's Linear
@@ -119,6 +120,10 @@ impl Cnn {
 }
 
 impl Family for Cnn {
+    fn weights(&self) -> &dyn WeightAdapter {
+        self
+    }
+
     type Module<B: Backend> = CnnModule<B>;
 
     fn kind(&self) -> &str {
@@ -158,16 +163,6 @@ impl Family for Cnn {
     /// is in*k*k for a Conv2d and in for a Linear.
     fn init(&self, layout: &ParamLayout, seed: u64) -> Vec<f32> {
         init::pytorch_default(layout, seed)
-    }
-
-    /// torch's `nn.Sequential` of `torch_baseline.py`: Conv2d, activation, MaxPool2d per stage,
-    /// Flatten, then Linear and activation (and Dropout when `model.dropout` > 0) per hidden
-    /// layer: `convs.<i>` is module `3i`, `fcs.<j>` module `3 * stages + 1 + 2j` (or `3j`).
-    fn torch_name(&self, path: &str) -> String {
-        let stages = self.channels.len();
-        let per = if self.dropout > 0.0 { 3 } else { 2 };
-        let path = super::portable::renumber(path, "convs", |i| 3 * i);
-        super::portable::renumber(&path, "fcs", |j| 3 * stages + 1 + per * j)
     }
 
     /// 6 x multiply-adds of the convolutions (at each stage's resolution) and Linear layers.
@@ -228,6 +223,19 @@ impl Family for Cnn {
             // a stage out of place: the engine reports the shapes
             x => x,
         }
+    }
+}
+
+/// Cnn's weights as other libraries name and lay them out.
+impl WeightAdapter for Cnn {
+    /// torch's `nn.Sequential` of `torch_baseline.py`: Conv2d, activation, MaxPool2d per stage,
+    /// Flatten, then Linear and activation (and Dropout when `model.dropout` > 0) per hidden
+    /// layer: `convs.<i>` is module `3i`, `fcs.<j>` module `3 * stages + 1 + 2j` (or `3j`).
+    fn torch_name(&self, path: &str) -> String {
+        let stages = self.channels.len();
+        let per = if self.dropout > 0.0 { 3 } else { 2 };
+        let path = super::portable::renumber(path, "convs", |i| 3 * i);
+        super::portable::renumber(&path, "fcs", |j| 3 * stages + 1 + per * j)
     }
 }
 

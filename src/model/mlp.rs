@@ -11,6 +11,7 @@ use burn::tensor::{Tensor, TensorData};
 use super::api::{Act, Family, Forward, ModelError, Task};
 use super::init;
 use crate::config::{Activation, ModelConfig, Resolved};
+use crate::model::WeightAdapter;
 use crate::params::ParamLayout;
 
 /// `model.activation` applied to `h` (the MLP's and the CNN's hidden layers).
@@ -72,6 +73,10 @@ impl Mlp {
 }
 
 impl Family for Mlp {
+    fn weights(&self) -> &dyn WeightAdapter {
+        self
+    }
+
     type Module<B: Backend> = MlpModule<B>;
 
     fn kind(&self) -> &str {
@@ -103,13 +108,6 @@ impl Family for Mlp {
             init::uniform(&mut rng, &mut flat[unit.range.clone()], bound);
         }
         flat
-    }
-
-    /// torch's `nn.Sequential` of `torch_baseline.py`: Linear, activation (and Dropout when
-    /// `model.dropout` > 0) per hidden layer, so `layers.<i>` is module `2i` (or `3i`).
-    fn torch_name(&self, path: &str) -> String {
-        let per = if self.dropout > 0.0 { 3 } else { 2 };
-        super::portable::renumber(path, "layers", |i| i * per)
     }
 
     /// 6 x multiply-adds of the Linear layers: a forward's 2 FLOPs per multiply-add, a backward
@@ -153,6 +151,16 @@ impl Family for Mlp {
             x => return x,
         };
         Act::D2(self.layer(module, stage, h, ctx))
+    }
+}
+
+/// Mlp's weights as other libraries name and lay them out.
+impl WeightAdapter for Mlp {
+    /// torch's `nn.Sequential` of `torch_baseline.py`: Linear, activation (and Dropout when
+    /// `model.dropout` > 0) per hidden layer, so `layers.<i>` is module `2i` (or `3i`).
+    fn torch_name(&self, path: &str) -> String {
+        let per = if self.dropout > 0.0 { 3 } else { 2 };
+        super::portable::renumber(path, "layers", |i| i * per)
     }
 }
 
@@ -285,6 +293,7 @@ mod engine_tests {
             <burn::backend::Autodiff<burn::backend::Flex> as crate::model::ComputeOn>::compute(
                 &m,
                 &Default::default(),
+                true,
             );
         let params = m.init(3);
         let mut host = Grads::Host(vec![0.0; m.num_params()]);
@@ -357,7 +366,7 @@ mod engine_tests {
         let m = model(0.0);
         let compute =
             <burn::backend::Autodiff<burn::backend::Flex> as crate::model::ComputeOn>::compute(
-                &m, &device,
+                &m, &device, true,
             );
         let layout = m.layout().clone();
         let n = m.num_params();

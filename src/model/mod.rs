@@ -21,9 +21,9 @@ mod sizing;
 
 pub use api::decoder_on;
 pub use api::{
-    forward_backward, recomputed, stage_per_unit, Act, Batch, Compute, ComputeOn, EvalOut, Family,
-    Forward, GradScale, Input, MicroStep, Model, ModelError, SharedModel, StagedEval, StepKey,
-    Task, TokenDecoder, UnitParams,
+    forward_backward, recomputed, stage_per_unit, Act, Batch, Compute, ComputeOn, ConfigMismatch,
+    EvalOut, Family, Forward, GradScale, Input, MicroStep, Model, ModelError, SameNames,
+    SharedModel, StagedEval, StepKey, Task, TokenDecoder, UnitParams, WeightAdapter,
 };
 pub(crate) use backends::for_each_backend;
 pub use engine::FamilyModel;

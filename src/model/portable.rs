@@ -2,7 +2,7 @@
 //! the module the family mirrors; Linear weights `[out, in]`; a norm's `weight`/`bias`) or
 //! Burn's own (module paths; Linear weights `[in, out]`; a norm's `gamma`/`beta`, as Burn's
 //! `SafetensorsStore` writes them). The module-type rules are those of burn-store's
-//! `BurnToPyTorchAdapter`; the family maps the module paths (`Family::torch_name`).
+//! `BurnToPyTorchAdapter`; the family maps the module paths (`WeightAdapter::torch_name`).
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
@@ -13,7 +13,7 @@ use crate::params::ParamSpec;
 use super::api::Model;
 
 /// How exported weights are named and laid out: PyTorch's or Burn's names, which every family
-/// has, or one of a family's own formats (`Family::formats`), which the family defines in its
+/// has, or one of a family's own formats (`WeightAdapter::formats`), which the family defines in its
 /// own files (the gpt's `hf-gpt2` and `nanogpt` in `model/gpt/hf.rs`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WeightFormat {
@@ -22,13 +22,13 @@ pub enum WeightFormat {
     Family(FamilyFormat),
 }
 
-/// A format a family defines (`Family::formats`).
+/// A format a family defines (`WeightAdapter::formats`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FamilyFormat {
     /// Its name in `--format`, `model.init_format` and an export's `kiln.format` metadata.
     pub name: &'static str,
     /// An export is a directory: `model.safetensors` beside the `config.json` of
-    /// `Family::hf_config` (Hugging Face's `from_pretrained` layout), not one file.
+    /// `WeightAdapter::hf_config` (Hugging Face's `from_pretrained` layout), not one file.
     pub dir: bool,
     /// A prefix its files may put before every name (nanoGPT's `_orig_mod.` of
     /// `torch.compile`), taken off when they are read.
@@ -61,10 +61,10 @@ impl WeightFormat {
 }
 
 /// The formats `model` reads and writes: PyTorch's and Burn's names, which every family has,
-/// then its family's own (`Family::formats`).
+/// then its family's own (`WeightAdapter::formats`).
 pub fn formats_of(model: &dyn Model) -> Vec<WeightFormat> {
     let mut all = vec![WeightFormat::PyTorch, WeightFormat::Burn];
-    all.extend(model.formats());
+    all.extend(model.weights().formats());
     all
 }
 
@@ -175,20 +175,22 @@ fn torch_external(model: &dyn Model, i: usize, p: &ParamSpec) -> External {
     } else {
         format!("{prefix}.{leaf}")
     };
-    External::stored(model.torch_name(&path), p, i, transpose)
+    External::stored(model.weights().torch_name(&path), p, i, transpose)
 }
 
 /// The tensors of `model`'s weights in `format`, in layout order, aliases last.
 pub fn externals(model: &dyn Model, format: WeightFormat) -> Vec<External> {
     let layout = model.layout();
-    if model.formats().contains(&format) {
+    if model.weights().formats().contains(&format) {
         let torch: Vec<External> = layout
             .params
             .iter()
             .enumerate()
             .map(|(i, p)| torch_external(model, i, p))
             .collect();
-        return model.format_tensors(format, &torch);
+        return model
+            .weights()
+            .format_tensors(format, model.layout(), &torch);
     }
     let mut out: Vec<External> = match format {
         WeightFormat::Burn => layout
@@ -211,7 +213,7 @@ pub fn externals(model: &dyn Model, format: WeightFormat) -> Vec<External> {
             .collect(),
     };
     if format == WeightFormat::PyTorch {
-        for (alias, source) in model.torch_aliases() {
+        for (alias, source) in model.weights().torch_aliases() {
             if let Some(src) = out.iter().find(|e| e.name == source && !e.alias).cloned() {
                 out.push(External {
                     name: alias,

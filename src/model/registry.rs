@@ -174,7 +174,6 @@ impl Registry {
     pub fn build(&self, r: &Resolved, input: &[usize]) -> Result<SharedModel, ModelError> {
         let model = self.builder(r)?(r, input)?;
         model.check()?;
-        model.use_fused_kernels(r.config.backend.fused);
         Ok(model)
     }
 }

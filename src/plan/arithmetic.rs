@@ -34,7 +34,7 @@ pub struct Plan {
 
 impl Plan {
     pub fn new(c: &Config, train_samples: usize, num_params: usize) -> Plan {
-        let world_size = c.strategy.devices.count() * c.launch.nnodes;
+        let world_size = crate::config::Mesh::of(c).world;
         let split = match c.strategy.kind {
             StrategyKind::Dp => DataSplit::SplitBatch,
             StrategyKind::Single | StrategyKind::Ddp | StrategyKind::Fsdp => DataSplit::Distributed,

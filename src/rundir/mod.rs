@@ -256,9 +256,29 @@ pub fn refuse_inside_run(path: &Path, flag: &str, allowed: Option<&Path>) -> Res
 /// The name of a run directory's lock file (held with `flock` while a kiln process uses it).
 pub const LOCK_FILE: &str = ".kiln.lock";
 
-/// Run directories this process holds, each with its open lock file (released when the process
-/// ends, however it ends).
-static HELD: std::sync::Mutex<Vec<(PathBuf, fs::File)>> = std::sync::Mutex::new(Vec::new());
+/// A run directory this process holds: its `.kiln.lock` locked (`flock`), so that no other kiln
+/// process runs in it while the guard lives. Dropping the guard lets go (another process, such
+/// as the Slurm job of a submission, may take the directory then), and so does the end of the
+/// process, however it ends. Whoever runs in a directory owns its guard: a session takes it
+/// once, before its first check of the directory, and nothing locks a directory twice.
+#[must_use = "the directory is held only while its RunLock lives"]
+pub struct RunLock {
+    dir: PathBuf,
+    _file: fs::File,
+}
+
+impl RunLock {
+    /// The directory held.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+}
+
+impl std::fmt::Debug for RunLock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "RunLock({})", self.dir.display())
+    }
+}
 
 /// `opts` opening `path` without following a symbolic link in its last component (a link
 /// there is `ELOOP`): kiln never writes through a link inside a run directory, where a planted
@@ -378,25 +398,16 @@ fn try_lock(dir: &Path, patient: bool) -> std::io::Result<Option<fs::File>> {
     Ok(Some(f))
 }
 
-fn held_key(dir: &Path) -> PathBuf {
-    dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf())
-}
-
-/// Holds `dir` (created when missing) for the rest of this process, so that no other kiln
+/// Holds `dir` (created when missing) while the returned guard lives, so that no other kiln
 /// process runs in it at the same time; exit 2 naming the holder's pid when one does.
-pub fn lock_run_dir(dir: &Path) -> Result<()> {
+pub fn lock_run_dir(dir: &Path) -> Result<RunLock> {
     fs::create_dir_all(dir)
         .map_err(|e| Error::io(format!("creating run directory {}", dir.display()), e))?;
-    let key = held_key(dir);
-    let mut held = HELD.lock().unwrap_or_else(|p| p.into_inner());
-    if held.iter().any(|(p, _)| *p == key) {
-        return Ok(());
-    }
     match try_lock(dir, true).map_err(|e| open_error("locking", &dir.join(LOCK_FILE), e))? {
-        Some(f) => {
-            held.push((key, f));
-            Ok(())
-        }
+        Some(f) => Ok(RunLock {
+            dir: dir.to_path_buf(),
+            _file: f,
+        }),
         None => {
             let pid = read_pid(dir);
             Err(Error::Usage(format!(
@@ -468,20 +479,12 @@ pub fn release_unused(dir: &Path, root: Option<&Path>) {
     }
 }
 
-/// Lets go of `dir` (another process, e.g. a Slurm job, may take it now).
-pub fn unlock_run_dir(dir: &Path) {
-    let key = held_key(dir);
-    HELD.lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .retain(|(p, _)| *p != key);
-}
-
 /// Creates and locks a new run directory: `<output_dir>/<name>`, or the next free
 /// `<name>-2`, ... Race-free: a directory is taken by creating it (or, when it exists empty, by
 /// locking it), never by checking first; one created by another process that has not locked
-/// it yet is left to that process. Returns the directory and the outermost directory this call
-/// created (for `release_unused`).
-pub fn claim_run_dir(output_dir: &Path, name: &str) -> Result<(PathBuf, Option<PathBuf>)> {
+/// it yet is left to that process. Returns the directory's guard and the outermost directory
+/// this call created (for `release_unused`).
+pub fn claim_run_dir(output_dir: &Path, name: &str) -> Result<(RunLock, Option<PathBuf>)> {
     let made_output = first_missing(output_dir);
     fs::create_dir_all(output_dir)
         .map_err(|e| Error::io(format!("creating {}", output_dir.display()), e))?;
@@ -493,16 +496,13 @@ pub fn claim_run_dir(output_dir: &Path, name: &str) -> Result<(PathBuf, Option<P
         };
         match fs::create_dir(&p) {
             Ok(()) => {
-                let key = held_key(&p);
                 match try_lock(&p, false)
                     .map_err(|e| open_error("locking", &p.join(LOCK_FILE), e))?
                 {
                     // (still empty: no process that took it first ran in it and let go)
                     Some(f) if empty_but_lock(&p) => {
-                        HELD.lock()
-                            .unwrap_or_else(|p| p.into_inner())
-                            .push((key, f));
-                        return Ok((p.clone(), made_output.or(Some(p))));
+                        let made = made_output.or(Some(p.clone()));
+                        return Ok((RunLock { dir: p, _file: f }, made));
                     }
                     // taken (empty) by another process between our create and our lock
                     _ => continue,
@@ -512,14 +512,10 @@ pub fn claim_run_dir(output_dir: &Path, name: &str) -> Result<(PathBuf, Option<P
                 if !p.is_dir() || !empty_but_lock(&p) {
                     continue;
                 }
-                let key = held_key(&p);
                 match try_lock(&p, false) {
                     // still empty once it is ours: nobody else claimed it first
                     Ok(Some(f)) if empty_but_lock(&p) => {
-                        HELD.lock()
-                            .unwrap_or_else(|p| p.into_inner())
-                            .push((key, f));
-                        return Ok((p, made_output));
+                        return Ok((RunLock { dir: p, _file: f }, made_output));
                     }
                     _ => continue,
                 }

@@ -462,7 +462,8 @@ pub fn submit(r: &Resolved, o: &SubmitOptions) -> Result<()> {
     }
     // the directory is claimed by creating it (another submission or run may have taken the
     // name meanwhile): the script and config name the one claimed
-    let (claimed, made) = claim_run_dir(&out_abs, &c.experiment.name)?;
+    let (lock, made) = claim_run_dir(&out_abs, &c.experiment.name)?;
+    let claimed = lock.dir().to_path_buf();
     let (run_dir, token_path, script) = if claimed == run_dir {
         (run_dir, token_path, script)
     } else {
@@ -473,7 +474,9 @@ pub fn submit(r: &Resolved, o: &SubmitOptions) -> Result<()> {
         let script = run_script(&job_cfg.config, &kiln, &claimed, &o.extra);
         (claimed, token_path, script)
     };
-    // write everything, submit, and take it all back if sbatch refuses
+    // write everything, submit, and take it all back if sbatch refuses; the job, which may
+    // start at once, takes the directory's lock, so this process lets go of it first
+    drop(lock);
     let result = write_and_submit(&run_dir, &job_cfg, &token_path, &script, &o.extra);
     // the job is submitted: its directory stays, whatever happens to its record
     let result = result.and_then(|id| {
@@ -562,7 +565,7 @@ pub fn absolute(path: PathBuf) -> Result<PathBuf> {
 }
 
 /// Writes the job's directory (logs/, slurm/, config.toml, the token, the script) and submits
-/// the script; the job, which may start at once, takes the directory's lock.
+/// the script (the caller has let go of the directory: the job takes its lock).
 fn write_and_submit(
     run_dir: &Path,
     job_cfg: &Resolved,
@@ -570,7 +573,6 @@ fn write_and_submit(
     script: &str,
     extra: &[String],
 ) -> Result<String> {
-    crate::rundir::unlock_run_dir(run_dir);
     let slurm_dir = run_dir.join("slurm");
     fs::create_dir_all(run_dir.join("logs"))
         .and_then(|_| fs::create_dir_all(&slurm_dir))

@@ -302,7 +302,8 @@ pub trait Strategy {
     /// Sets the initial parameters (every rank passes the same seeded init; ddp/dp then make
     /// rank 0's the truth, as torch does).
     fn init(&mut self, init: &[f32]) -> Result<(), CollectiveError>;
-    /// The full parameters (evaluation, the final result).
+    /// The full parameters. fsdp gathers them, and holds them until `release_params`: outside
+    /// a strategy, use `with_params`, which releases them.
     fn params(&mut self) -> Result<&[f32], CollectiveError>;
     /// Unit `unit`'s parameters (the flat `range`) for forward/backward.
     fn unit_params(
@@ -313,24 +314,10 @@ pub trait Strategy {
         let _ = unit;
         Ok(self.params()?[range].to_vec())
     }
-    /// Unit `unit`'s parameters in a device buffer like `proto`, when this strategy keeps or
-    /// gathers them there (its collective works on device buffers: NCCL); `None`: use
-    /// `unit_params`.
-    fn unit_params_device(
-        &mut self,
-        unit: usize,
-        range: Range<usize>,
-        proto: &dyn DeviceTensor,
-    ) -> Result<Option<Box<dyn DeviceTensor>>, CollectiveError> {
-        let _ = (unit, range, proto);
-        Ok(None)
-    }
-    /// The rank computes on a device backend and keeps its model state there (no
-    /// `strategy.offload`): buffers like `proto`. fsdp moves its shards and their optimizer
-    /// state to the device now; the whole-parameter strategies make their device copy at the
-    /// first forward.
-    fn keep_on_device(&mut self, proto: &dyn DeviceTensor) {
-        let _ = proto;
+    /// What the strategy does for a rank that keeps its model state on a device
+    /// (`DeviceResident`); `None`: it keeps it on the host.
+    fn on_device(&mut self) -> Option<&mut dyn DeviceResident> {
+        None
     }
     /// The weight of this rank's micro-batch gradient in the step's gradient, given its sample
     /// count and the micro-batch's total across ranks (dp weights by samples, ddp averages).
@@ -397,11 +384,6 @@ pub trait Strategy {
     /// of a device run says it after the first step).
     fn placement(&mut self) -> String {
         "parameters and optimizer state: on the host, where the update runs (parameters uploaded for each forward)".into()
-    }
-    /// Whether this rank's parameters are on the device now (`keep_on_device`, or a device
-    /// copy made): evaluation then reads them there.
-    fn resident(&self) -> bool {
-        false
     }
     /// Whether no rank holds the whole parameters between steps and a unit can be gathered on
     /// its own (fsdp with full sharding by layer): evaluation then runs stage by stage on
@@ -492,6 +474,42 @@ pub fn build(
             Box::new(Ddp::new(c, layout.num_params(), whole(), overlapped(comm)))
         }
     }
+}
+
+/// What a strategy does for a rank that computes on a device backend and keeps its model state
+/// there (no `strategy.offload`): its own object, which `Strategy::on_device` hands out. The
+/// trainer asks it to `keep` the state there once, when it starts; the step asks it for units'
+/// parameters in device buffers, and the evaluation whether they are there.
+pub trait DeviceResident {
+    /// From now on the rank computes on a device and keeps its state there, in buffers like
+    /// `proto`. fsdp moves its shards and their optimizer state to the device now (not under
+    /// HSDP or `grad_op`, which keep them on the host: see `Fsdp::keep`); the whole-parameter
+    /// strategies make their device copy at the first forward.
+    fn keep(&mut self, proto: &dyn DeviceTensor);
+    /// Unit `unit`'s parameters in a device buffer like `proto`, when this strategy keeps or
+    /// gathers them there (its collective works on device buffers: NCCL); `None`: use
+    /// `Strategy::unit_params`.
+    fn unit_params(
+        &mut self,
+        unit: usize,
+        range: Range<usize>,
+        proto: &dyn DeviceTensor,
+    ) -> Result<Option<Box<dyn DeviceTensor>>, CollectiveError>;
+    /// Whether this rank's parameters are on the device now (`keep`, or a device copy made):
+    /// evaluation then reads them there.
+    fn resident(&self) -> bool;
+}
+
+/// Calls `f` with `strategy`'s whole parameters, in flat order (every rank takes part: fsdp
+/// gathers them for it), then frees what was gathered, so that the steps after hold only shards
+/// again: the scoped form of `Strategy::params` and `Strategy::release_params`.
+pub fn with_params<T>(
+    strategy: &mut dyn Strategy,
+    f: impl FnOnce(&[f32]) -> T,
+) -> Result<T, CollectiveError> {
+    let out = f(strategy.params()?);
+    strategy.release_params();
+    Ok(out)
 }
 
 /// Whether the run's strategy computes as ddp: `ddp`, or `fsdp` with `sharding = "none"`.
@@ -658,7 +676,7 @@ mod tests {
             let mut on_device = 0;
             let proto = HostFlat(vec![0.0]);
             if device {
-                st.keep_on_device(&proto);
+                st.on_device().expect("a device strategy").keep(&proto);
             }
             for step in 0..2 {
                 // as the step asks: the next unit announced before this one computes
@@ -666,7 +684,10 @@ mod tests {
                 for u in 0..layout.num_units() {
                     let range = layout.unit_range(u);
                     let d = if device {
-                        st.unit_params_device(u, range.clone(), &proto).unwrap()
+                        st.on_device()
+                            .expect("a device strategy")
+                            .unit_params(u, range.clone(), &proto)
+                            .unwrap()
                     } else {
                         None
                     };
@@ -809,8 +830,7 @@ mod tests {
             st.init(&init(n)).unwrap();
             let (mut out, mut moved, mut bad) = (Vec::new(), Vec::new(), false);
             for step in 0..2 {
-                let before = st.params().unwrap().to_vec();
-                st.release_params();
+                let before = with_params(st.as_mut(), <[f32]>::to_vec).unwrap();
                 for k in 0..accum {
                     let last = k + 1 == accum;
                     // clipping needs the whole gradient first: the late update
@@ -833,12 +853,10 @@ mod tests {
                     }
                 }
                 bad |= st.grads_non_finite().unwrap();
-                let now = st.params().unwrap().to_vec();
-                st.release_params();
+                let now = with_params(st.as_mut(), <[f32]>::to_vec).unwrap();
                 moved.push(now != before);
                 st.update(0.1, (!early).then_some(1e9)).unwrap();
-                out.extend(st.params().unwrap());
-                st.release_params();
+                out.extend(with_params(st.as_mut(), <[f32]>::to_vec).unwrap());
             }
             (out, moved, bad)
         })

@@ -18,8 +18,8 @@
 //! (evaluation, checkpoints, the end).
 
 use super::{
-    all_reduce_buckets, full_snapshot, whole_memory, DeviceCopy, InFlight, Memory, Snapshot,
-    Strategy, WholeGrads,
+    all_reduce_buckets, full_snapshot, whole_memory, DeviceCopy, DeviceResident, InFlight, Memory,
+    Snapshot, Strategy, WholeGrads,
 };
 use crate::checkpoint::OptState;
 use std::ops::Range;
@@ -208,6 +208,9 @@ impl Drop for Ddp {
 }
 
 impl Strategy for Ddp {
+    fn on_device(&mut self) -> Option<&mut dyn DeviceResident> {
+        Some(self)
+    }
     fn comm(&self) -> &dyn Collective {
         &self.comm
     }
@@ -224,14 +227,6 @@ impl Strategy for Ddp {
     fn params(&mut self) -> Result<&[f32], CollectiveError> {
         self.sync_host(false)?;
         Ok(&self.params)
-    }
-    fn unit_params_device(
-        &mut self,
-        _unit: usize,
-        range: Range<usize>,
-        proto: &dyn DeviceTensor,
-    ) -> Result<Option<Box<dyn DeviceTensor>>, CollectiveError> {
-        Ok(self.device.slice(&self.params, &self.opt, proto, range))
     }
     fn grad_weight(&self, _local: usize, _global: usize) -> f64 {
         1.0
@@ -364,9 +359,6 @@ impl Strategy for Ddp {
         self.grads.take(self.num_params);
         Ok(())
     }
-    fn resident(&self) -> bool {
-        self.device.dev.is_some()
-    }
     fn placement(&mut self) -> String {
         self.device.placement("the update runs")
     }
@@ -389,5 +381,22 @@ impl Strategy for Ddp {
         self.opt.import_whole(opt);
         // a device copy (if any) is made again from the host state
         self.device.reset();
+    }
+}
+
+impl DeviceResident for Ddp {
+    fn keep(&mut self, _proto: &dyn DeviceTensor) {
+        // (its device copy is made at the first forward)
+    }
+    fn unit_params(
+        &mut self,
+        _unit: usize,
+        range: Range<usize>,
+        proto: &dyn DeviceTensor,
+    ) -> Result<Option<Box<dyn DeviceTensor>>, CollectiveError> {
+        Ok(self.device.slice(&self.params, &self.opt, proto, range))
+    }
+    fn resident(&self) -> bool {
+        self.device.dev.is_some()
     }
 }

@@ -10,7 +10,9 @@
 
 use std::ops::Range;
 
-use super::{full_snapshot, whole_memory, DeviceCopy, Memory, Snapshot, Strategy, WholeGrads};
+use super::{
+    full_snapshot, whole_memory, DeviceCopy, DeviceResident, Memory, Snapshot, Strategy, WholeGrads,
+};
 use crate::checkpoint::OptState;
 use crate::collective::{device_error, Collective, CollectiveError, GradsOps, OpKind, ReduceOp};
 use crate::config::{Config, OptimConfig};
@@ -96,6 +98,9 @@ impl Dp {
 }
 
 impl Strategy for Dp {
+    fn on_device(&mut self) -> Option<&mut dyn DeviceResident> {
+        Some(self)
+    }
     fn comm(&self) -> &dyn Collective {
         self.comm.as_ref()
     }
@@ -110,22 +115,6 @@ impl Strategy for Dp {
     fn params(&mut self) -> Result<&[f32], CollectiveError> {
         self.sync_host(false)?;
         Ok(&self.params)
-    }
-    fn unit_params_device(
-        &mut self,
-        _unit: usize,
-        range: Range<usize>,
-        proto: &dyn DeviceTensor,
-    ) -> Result<Option<Box<dyn DeviceTensor>>, CollectiveError> {
-        // the reduction to the main device and the broadcast back run on device buffers only
-        // over a device collective; host-staged, the replicas take host parameters each step
-        if self.comm.device_ops().is_none() {
-            return Ok(None);
-        }
-        // replicas get the optimizer's settings only; they never step
-        let replica = Optimizer::new(&self.optim);
-        let opt = self.opt.as_ref().unwrap_or(&replica);
-        Ok(self.device.slice(&self.params, opt, proto, range))
     }
     fn grad_weight(&self, local: usize, global: usize) -> f64 {
         local as f64 / global.max(1) as f64
@@ -170,9 +159,6 @@ impl Strategy for Dp {
         self.grads.take(self.num_params);
         Ok(())
     }
-    fn resident(&self) -> bool {
-        self.device.dev.is_some()
-    }
     fn placement(&mut self) -> String {
         self.device.placement("the main device's update runs")
     }
@@ -197,5 +183,30 @@ impl Strategy for Dp {
         }
         // a device copy (if any) is made again from the host state
         self.device.reset();
+    }
+}
+
+impl DeviceResident for Dp {
+    fn keep(&mut self, _proto: &dyn DeviceTensor) {
+        // (its device copy is made at the first forward)
+    }
+    fn unit_params(
+        &mut self,
+        _unit: usize,
+        range: Range<usize>,
+        proto: &dyn DeviceTensor,
+    ) -> Result<Option<Box<dyn DeviceTensor>>, CollectiveError> {
+        // the reduction to the main device and the broadcast back run on device buffers only
+        // over a device collective; host-staged, the replicas take host parameters each step
+        if self.comm.device_ops().is_none() {
+            return Ok(None);
+        }
+        // replicas get the optimizer's settings only; they never step
+        let replica = Optimizer::new(&self.optim);
+        let opt = self.opt.as_ref().unwrap_or(&replica);
+        Ok(self.device.slice(&self.params, opt, proto, range))
+    }
+    fn resident(&self) -> bool {
+        self.device.dev.is_some()
     }
 }

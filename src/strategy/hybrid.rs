@@ -1,9 +1,8 @@
 //! HSDP (`strategy.shard_size`): the shard and replica groups of one rank, split from the job's
 //! collective before fsdp is built over them.
 
-use super::is_ddp;
 use crate::collective::{Collective, CollectiveError};
-use crate::config::{Config, StrategyKind};
+use crate::config::{Config, Mesh};
 
 /// HSDP's groups of one rank (`strategy.shard_size`): the ranks it shards the model state
 /// with, and the ranks that hold its shard in the other groups.
@@ -15,9 +14,7 @@ pub struct Hybrid {
 /// The ranks of a shard group when the run is HSDP (fsdp with sharding, `strategy.shard_size`
 /// below the world size `world`); `None` otherwise.
 pub fn hybrid_size(c: &Config, world: usize) -> Option<usize> {
-    let s = c.strategy.shard_ranks(c.launch.nnodes);
-    (c.strategy.kind == StrategyKind::Fsdp && !is_ddp(c) && s < world && world.is_multiple_of(s))
-        .then_some(s)
+    Mesh::over(c, world).hybrid()
 }
 
 /// Forms HSDP's groups (every rank calls it, before `build`): shard groups of `size`

@@ -148,7 +148,7 @@ fn on<B: RankBackend>(
 ) -> Result<EvalSums> {
     let device = B::rank_device(be, ordinal);
     B::prepare(&device, be.precision).map_err(crate::error::Error::Usage)?;
-    let compute = B::compute(model, &device);
+    let compute = B::compute(model, &device, be.fused);
     Ok(evaluate_like_run(
         compute.as_ref(),
         params,

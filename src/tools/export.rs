@@ -21,7 +21,7 @@ pub struct ExportOptions {
     /// A checkpoint name (`step-00000600`) instead of the newest verified one.
     pub from: Option<String>,
     pub out: PathBuf,
-    /// The format's name: `pytorch`, `burn`, or one of the family's (`Family::formats`).
+    /// The format's name: `pytorch`, `burn`, or one of the family's (`WeightAdapter::formats`).
     pub format: String,
     /// Also write a fixed model input and kiln's logits for it here (`scripts/check-export.py`
     /// compares PyTorch's logits with them).
@@ -392,6 +392,21 @@ fn hf_dir(path: &Path, format: WeightFormat) -> Result<PathBuf> {
     }
 }
 
+/// `params` rounded to `dtype` (to nearest even, as the export writes them), back in f32.
+fn rounded(params: &[f32], dtype: tensors::FloatDtype) -> Vec<f32> {
+    match dtype {
+        tensors::FloatDtype::F32 => params.to_vec(),
+        tensors::FloatDtype::Bf16 => params
+            .iter()
+            .map(|&v| half::bf16::from_f32(v).to_f32())
+            .collect(),
+        tensors::FloatDtype::F16 => params
+            .iter()
+            .map(|&v| half::f16::from_f32(v).to_f32())
+            .collect(),
+    }
+}
+
 /// What `model.init_from` names (a directory or a weights file), resolved, when it is set.
 fn init_path(r: &crate::config::Resolved) -> Option<PathBuf> {
     let v = r.config.model.init_from.as_deref()?;
@@ -558,7 +573,7 @@ pub fn export(run_dir: &Path, o: &ExportOptions) -> Result<ExportReport> {
     let store = checkpoint_store(run_dir)?;
     let (path, (state, model, loaded)) =
         crate::launch::read_model_checkpoint(&store, o.from.as_deref(), &r)?;
-    // a format of the family's own (`Family::formats`), and its config.json where it has one
+    // a format of the family's own (`WeightAdapter::formats`), and its config.json where it has one
     let format = portable::format_named(model.as_ref(), &o.format).map_err(|why| {
         Error::Usage(format!(
             "--format {}: {why} (the run's model.kind = \"{}\")",
@@ -569,6 +584,7 @@ pub fn export(run_dir: &Path, o: &ExportOptions) -> Result<ExportReport> {
     let (hf_dir, out, probe) = outputs(&r, o, format)?;
     let dtype = o.dtype.or_else(|| init_dtype(&r)).unwrap_or_default();
     let hf_config = model
+        .weights()
         .hf_config(format)
         .map_err(|why| Error::Usage(format!("--format {}: {why}", format.name())))?
         .map(|c| with_torch_dtype(&c, dtype));
@@ -581,7 +597,7 @@ pub fn export(run_dir: &Path, o: &ExportOptions) -> Result<ExportReport> {
     let encode = |refs: &[(&str, &[usize], &[f32])]| {
         tensors::encode_as(refs, meta.clone(), dtype).map_err(|e| {
             Error::Usage(format!(
-                "cannot export model `{}`: {e} (a model of your own maps two parameters to one name in `Family::torch_name`?)",
+                "cannot export model `{}`: {e} (a model of your own maps two parameters to one name in `WeightAdapter::torch_name`?)",
                 model.kind()
             ))
         })
@@ -632,21 +648,13 @@ pub fn export(run_dir: &Path, o: &ExportOptions) -> Result<ExportReport> {
     }
     if let Some(probe) = &probe {
         let (x, shape) = probe_input(model.task(), &state.input_shape);
-        let compute = <Autodiff<Flex> as ComputeOn>::compute(model.as_ref(), &Default::default());
-        // the logits of the weights as exported (rounded to their dtype)
-        let params: Vec<f32> = match dtype {
-            tensors::FloatDtype::F32 => loaded.params.clone(),
-            tensors::FloatDtype::Bf16 => loaded
-                .params
-                .iter()
-                .map(|&v| half::bf16::from_f32(v).to_f32())
-                .collect(),
-            tensors::FloatDtype::F16 => loaded
-                .params
-                .iter()
-                .map(|&v| half::f16::from_f32(v).to_f32())
-                .collect(),
-        };
+        let compute = <Autodiff<Flex> as ComputeOn>::compute(
+            model.as_ref(),
+            &Default::default(),
+            r.config.backend.fused,
+        );
+        // the logits of the weights as exported
+        let params = rounded(&loaded.params, dtype);
         let logits = compute.logits(&params, &crate::data::Values::F32(x.clone()), &shape)?;
         let classes = model.task().classes();
         let probe_bytes = tensors::encode(

@@ -192,7 +192,7 @@ fn generate<B: RankBackend>(
     let (params, tokenizer) = (trained.params, trained.tokenizer);
     let device = B::rank_device(be, ordinal);
     B::prepare(&device, be.precision).map_err(Error::Usage)?;
-    let mut dec = crate::model::decoder_on::<B::InnerBackend>(model, params, &device, o.cache)?
+    let mut dec = crate::model::decoder_on::<B::InnerBackend>(model, params, &device, o.cache, be.fused)?
         .ok_or_else(|| {
             Error::Usage(format!(
                 "model.kind = \"{}\" has no decoder for kiln sample (its family does not implement `Family::decoder`)",

@@ -11,6 +11,7 @@ pub mod preempt;
 mod save;
 mod scaler;
 pub mod schedule;
+mod start;
 mod step;
 mod timed;
 pub mod timing;

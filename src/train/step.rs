@@ -57,7 +57,12 @@ pub fn unit_params(
 ) -> Result<UnitParams, CollectiveError> {
     let range = layout.unit_range(u);
     if let Some(proto) = proto {
-        if let Some(d) = strategy.unit_params_device(u, range.clone(), proto)? {
+        let on_device = strategy.on_device();
+        if let Some(d) = on_device
+            .map(|d| d.unit_params(u, range.clone(), proto))
+            .transpose()?
+            .flatten()
+        {
             return Ok(UnitParams::Device(d));
         }
     }
@@ -129,7 +134,7 @@ pub fn micro_step<B: ComputeOn>(
     let raw_fn = opts
         .placement
         .raw_fn()
-        .filter(|_| strategy.resident() || strategy.comm_mut().device_ops().is_some());
+        .filter(|_| resident(strategy) || strategy.comm_mut().device_ops().is_some());
     let mut pending: Vec<Option<Grads>> = (0..layout.num_units()).map(|_| None).collect();
     for s in (0..n).rev() {
         let params = match kept.take_if(|_| keep == Some(s)) {
@@ -204,6 +209,11 @@ fn zero_grads(
         })
         .collect::<Result<_, _>>()?;
     Ok(grads)
+}
+
+/// Whether `strategy` holds this rank's parameters on the device now.
+pub(super) fn resident(strategy: &mut dyn Strategy) -> bool {
+    strategy.on_device().is_some_and(|d| d.resident())
 }
 
 /// Counts the host parameters a device backend is about to upload.

@@ -15,54 +15,17 @@ use super::placement::Placement;
 use super::save::{Checkpointer, Progress};
 use super::scaler::LossScaler;
 use super::schedule::lr_at;
-use super::step::{micro_step, MicroOpts};
+use super::start::{start_from, total_steps};
+use super::step::{micro_step, resident, MicroOpts};
 use super::timing::{Clock, Phase};
 use super::watch::MetricWatch;
-use crate::checkpoint::{DataPosition, State};
+use crate::checkpoint::DataPosition;
 use crate::config::Config;
 use crate::data::Augment;
 use crate::model::{Compute, ComputeOn, StepKey, Task};
 use crate::params::RawFn;
-use crate::plan::{DataSplit, Plan};
-use crate::strategy::{Memory, Strategy};
-
-/// Where a checkpoint's data position continues: exactly (same world, batch and strategy) or by
-/// the global cursor.
-fn resume_pos(plan: &Plan, c: &Config, s: &State) -> Pos {
-    let p = s.position;
-    let same = s.world_size == plan.world_size
-        && s.micro_batch == plan.micro_batch
-        && s.strategy == crate::config::choice_name(&c.strategy.kind);
-    if same {
-        Pos {
-            epoch: p.epoch,
-            start: p.segment_start,
-            j: p.segment_micro,
-        }
-    } else {
-        Pos {
-            epoch: p.epoch,
-            start: p.cursor,
-            j: 0,
-        }
-    }
-    .normalize(plan)
-}
-
-/// Steps the run ends at, from step `step` at position `pos`.
-fn total_steps(c: &Config, plan: &Plan, step: usize, pos: Pos) -> usize {
-    if let Some(m) = c.train.max_steps {
-        return m;
-    }
-    let epochs = c.train.epochs as u64;
-    let remaining = if pos.epoch < epochs {
-        (plan.segment_micro(pos.start) - pos.j)
-            + (epochs - pos.epoch - 1) as usize * plan.micro_per_epoch
-    } else {
-        0
-    };
-    step + remaining.div_ceil(plan.accum)
-}
+use crate::plan::DataSplit;
+use crate::strategy::{with_params, Memory, Strategy};
 
 /// What one step did.
 struct Stepped {
@@ -75,6 +38,29 @@ struct Stepped {
     stop: bool,
     /// The epoch the step began in.
     epoch_at_start: u64,
+}
+
+/// What one step adds up over its micro-steps, then over the ranks in one reduction, so that
+/// every rank decides alike on the loss, a stop and a non-finite gradient.
+#[derive(Default)]
+struct StepTotals {
+    /// The micro-batches' losses, each weighted by its batch's weight.
+    weighted_loss: f64,
+    samples: f64,
+    /// A stop request's signal number (0: none): above 0 once summed when any rank has one.
+    stop: f64,
+    /// Ranks whose gradient has a NaN or an infinity.
+    bad_grads: f64,
+}
+
+impl StepTotals {
+    /// Sums every field over the ranks (one all-reduce, in this order).
+    fn sum_over_ranks(&mut self, strategy: &mut dyn Strategy) -> Result<(), TrainError> {
+        let mut v = [self.weighted_loss, self.samples, self.stop, self.bad_grads];
+        strategy.sum(&mut v)?;
+        [self.weighted_loss, self.samples, self.stop, self.bad_grads] = v;
+        Ok(())
+    }
 }
 
 /// Why the loop ended before its last step.
@@ -107,25 +93,38 @@ struct Trainer<'a, B: ComputeOn> {
     placement: Placement<B::InnerBackend>,
     /// This thread's transfer counts when the rank started.
     transfers_start: crate::params::Transfers,
-    /// This rank's evaluation samples: r, r + world, ... (no padding).
-    eval_idx: Vec<usize>,
+    eval: Evaluation,
     tracing: bool,
-    window_start: Instant,
-    window_samples: f64,
-    /// Steps since the previous logged line.
-    window_steps: usize,
+    window: Window,
     samples_total: f64,
     last_loss: f64,
-    last_eval: Option<EvalSums>,
-    early_stopping: Option<MetricWatch>,
-    best: Option<MetricWatch>,
     /// f16's dynamic loss scaling.
     scaler: Option<LossScaler>,
-    /// Where checkpoints go (none without a run directory), and the saves so far.
+    saving: Saving<'a>,
+}
+
+/// The steps since the previous metrics line, whose throughput it reports.
+struct Window {
+    start: Instant,
+    samples: f64,
+    steps: usize,
+}
+
+/// Evaluation: this rank's samples, the last result, and what watches the results.
+struct Evaluation {
+    /// This rank's evaluation samples: r, r + world, ... (no padding).
+    idx: Vec<usize>,
+    last: Option<EvalSums>,
+    early_stopping: Option<MetricWatch>,
+    best: Option<MetricWatch>,
+}
+
+/// Checkpoints: where they go (none without a run directory), the saves so far, and the wall
+/// seconds training waited for them (the phase breakdown charges a save's barriers to the
+/// barrier phase; this counts the whole wait).
+struct Saving<'a> {
     checkpointer: Option<Checkpointer<'a>>,
     saves: usize,
-    /// Wall seconds training waited for checkpoints (the phase breakdown charges a save's
-    /// barriers to the barrier phase; this counts the whole wait).
     blocked: f64,
 }
 
@@ -166,7 +165,9 @@ impl<'a, B: ComputeOn> Trainer<'a, B> {
         // torch's CPU offload keeps parameters, gradients and optimizer state on the host
         let placement = Placement::choose(raw_fn, c.strategy.offload, device);
         if let Some(p) = placement.proto() {
-            strategy.keep_on_device(p);
+            if let Some(d) = strategy.on_device() {
+                d.keep(p);
+            }
         }
         let resumed = input.resume.map(|l| &l.state);
         let early_stopping = c.train.early_stopping.as_ref().map(|e| {
@@ -193,12 +194,14 @@ impl<'a, B: ComputeOn> Trainer<'a, B> {
         });
         Ok(Trainer {
             scaler,
-            checkpointer: input
-                .store
-                .map(|store| Checkpointer::new(store, c.checkpoint.async_save)),
-            saves: 0,
-            blocked: 0.0,
-            compute: B::compute(model, device),
+            saving: Saving {
+                checkpointer: input
+                    .store
+                    .map(|store| Checkpointer::new(store, c.checkpoint.async_save)),
+                saves: 0,
+                blocked: 0.0,
+            },
+            compute: B::compute(model, device, c.backend.fused),
             task: model.task(),
             rank,
             world,
@@ -210,21 +213,25 @@ impl<'a, B: ComputeOn> Trainer<'a, B> {
                 == crate::config::ActivationCheckpointing::Units,
             placement,
             transfers_start,
-            eval_idx: data
-                .eval
-                .as_ref()
-                .map(|d| (rank..d.len()).step_by(world).collect())
-                .unwrap_or_default(),
+            eval: Evaluation {
+                idx: data
+                    .eval
+                    .as_ref()
+                    .map(|d| (rank..d.len()).step_by(world).collect())
+                    .unwrap_or_default(),
+                last: None,
+                early_stopping,
+                best,
+            },
             tracing: c.profile.traces(rank),
-            window_start: Instant::now(),
-            window_samples: 0.0,
-            window_steps: 0,
+            window: Window {
+                start: Instant::now(),
+                samples: 0.0,
+                steps: 0,
+            },
             samples_total: 0.0,
             // a resumed run that has no step left still reports the loss it reached
             last_loss: input.resume.map_or(f64::NAN, |l| l.state.last_loss),
-            last_eval: None,
-            early_stopping,
-            best,
             input,
             strategy,
             sink,
@@ -254,8 +261,7 @@ impl<'a, B: ComputeOn> Trainer<'a, B> {
             self.tracing && c.profile.records(self.step - first_step),
         );
         let lr = lr_at(&c.schedule, c.optim.lr, self.step, self.total);
-        // [weighted loss, samples, stop request, ranks with a non-finite gradient]
-        let mut totals = [0.0f64; 4];
+        let mut totals = StepTotals::default();
         self.pos = self.pos.normalize(plan);
         let epoch_at_start = self.pos.epoch;
         let micro_in_step = self.micro_steps(loader, lr, &mut totals)?;
@@ -266,18 +272,18 @@ impl<'a, B: ComputeOn> Trainer<'a, B> {
         let grad_bad = self
             .clock
             .time(Phase::Optimizer, || strategy.grads_non_finite())?;
-        totals[2] = super::preempt::requested().map_or(0.0, |s| s as f64);
-        totals[3] = f64::from(u8::from(grad_bad));
-        self.strategy.sum(&mut totals)?;
+        totals.stop = super::preempt::requested().map_or(0.0, |s| s as f64);
+        totals.bad_grads = f64::from(u8::from(grad_bad));
+        totals.sum_over_ranks(&mut *self.strategy)?;
         // single/ddp weights are 1 per rank: average over ranks; dp weights sum to 1 already
         let per_rank = match plan.split {
             DataSplit::Distributed => self.world as f64,
             DataSplit::SplitBatch => 1.0,
         };
-        let loss = totals[0] / per_rank / micro_in_step.max(1) as f64;
-        self.samples_total += totals[1];
-        self.window_samples += totals[1];
-        self.window_steps += 1;
+        let loss = totals.weighted_loss / per_rank / micro_in_step.max(1) as f64;
+        self.samples_total += totals.samples;
+        self.window.samples += totals.samples;
+        self.window.steps += 1;
         self.step += 1;
         let step = self.step;
         if !loss.is_finite() {
@@ -289,7 +295,7 @@ impl<'a, B: ComputeOn> Trainer<'a, B> {
             return Err(TrainError::Diverged { step, cause });
         }
         let loss_scale = self.scaler.as_ref().map(|s| s.scale());
-        let skipped = totals[3] > 0.0 && self.scaler.is_some();
+        let skipped = totals.bad_grads > 0.0 && self.scaler.is_some();
         if let Some(scaler) = self.scaler.as_mut() {
             scaler.update(skipped);
         }
@@ -312,13 +318,13 @@ impl<'a, B: ComputeOn> Trainer<'a, B> {
                 "step {step} skipped: the gradient overflowed at loss scale {}; the scale is now {scale_now}",
                 loss_scale.unwrap_or(1.0),
             ));
-        } else if totals[3] == 0.0 {
+        } else if totals.bad_grads == 0.0 {
             self.clock.time(Phase::Optimizer, || {
                 strategy.update(lr, c.optim.grad_clip_norm)
             })?;
         }
-        if totals[3] > 0.0 && !skipped {
-            let on = match (self.world, totals[3] as usize) {
+        if totals.bad_grads > 0.0 && !skipped {
+            let on = match (self.world, totals.bad_grads as usize) {
                 (1, _) => String::new(),
                 (_, 1) => " on 1 rank".to_string(),
                 (_, n) => format!(" on {n} ranks"),
@@ -340,7 +346,7 @@ impl<'a, B: ComputeOn> Trainer<'a, B> {
             lr,
             loss_scale,
             skipped,
-            stop: totals[2] > 0.0,
+            stop: totals.stop > 0.0,
             epoch_at_start,
         })
     }
@@ -352,7 +358,7 @@ impl<'a, B: ComputeOn> Trainer<'a, B> {
         &mut self,
         loader: &mut Loader<'_, '_>,
         lr: f64,
-        totals: &mut [f64; 4],
+        totals: &mut StepTotals,
     ) -> Result<usize, TrainError> {
         let c = self.config();
         let plan = self.input.plan;
@@ -402,9 +408,9 @@ impl<'a, B: ComputeOn> Trainer<'a, B> {
                 self.clock,
             )?;
             if let Some(loss) = loss {
-                totals[0] += loss * weight;
+                totals.weighted_loss += loss * weight;
             }
-            totals[1] += micro.samples as f64;
+            totals.samples += micro.samples as f64;
             micro_in_step += 1;
         }
         Ok(micro_in_step)
@@ -431,7 +437,7 @@ impl<'a, B: ComputeOn> Trainer<'a, B> {
             return Ok(None);
         };
         let micro_batch = self.input.plan.micro_batch;
-        let (compute, strategy, idx) = (self.compute.as_ref(), &mut *self.strategy, &self.eval_idx);
+        let (compute, strategy, idx) = (self.compute.as_ref(), &mut *self.strategy, &self.eval.idx);
         let placement = &self.placement;
         // the most batches any rank has (rank 0 has the most samples)
         let batches = ds.len().div_ceil(self.world).div_ceil(micro_batch.max(1));
@@ -439,23 +445,22 @@ impl<'a, B: ComputeOn> Trainer<'a, B> {
             .clock
             .time(Phase::Eval, || -> Result<EvalSums, TrainError> {
                 // parameters kept on the device are read there, unit by unit
-                let by_units = strategy.shards_params()
-                    || (placement.proto().is_some() && strategy.resident());
+                let by_units =
+                    strategy.shards_params() || (placement.proto().is_some() && resident(strategy));
                 let (losses, correct) = if by_units {
                     evaluate_by_units(compute, strategy, ds, idx, micro_batch, batches, placement)
                         .inspect(|_| strategy.release_params())?
                 } else {
-                    let params = strategy.params()?;
-                    if placement.on_device() {
-                        crate::params::transfers::record(
-                            crate::params::Moved::ParamsToDevice,
-                            params.len(),
-                        );
-                    }
-                    let out = evaluate(compute, params, ds, idx, micro_batch)?;
-                    // fsdp by model: the whole parameters were gathered for this; not for the steps
-                    strategy.release_params();
-                    out
+                    // fsdp by model: the whole parameters are gathered for this, not for the steps
+                    with_params(strategy, |params| {
+                        if placement.on_device() {
+                            crate::params::transfers::record(
+                                crate::params::Moved::ParamsToDevice,
+                                params.len(),
+                            );
+                        }
+                        evaluate(compute, params, ds, idx, micro_batch)
+                    })??
                 };
                 reduce_eval(strategy, &losses, &correct, ds.len())
             })?;
@@ -482,13 +487,13 @@ impl<'a, B: ComputeOn> Trainer<'a, B> {
         let mut new_best = false;
         let mut stop_early = false;
         if do_eval {
-            self.last_eval = self.evaluate()?;
-            if let Some(sums) = self.last_eval.as_ref() {
-                if let Some(w) = self.best.as_mut() {
+            self.eval.last = self.evaluate()?;
+            if let Some(sums) = self.eval.last.as_ref() {
+                if let Some(w) = self.eval.best.as_mut() {
                     new_best = w.observe(sums, done);
                 }
                 if let (Some(w), Some(cfg)) = (
-                    self.early_stopping.as_mut(),
+                    self.eval.early_stopping.as_mut(),
                     c.train.early_stopping.as_ref(),
                 ) {
                     w.observe(sums, done);
@@ -505,7 +510,7 @@ impl<'a, B: ComputeOn> Trainer<'a, B> {
         let ends_here = stop_early || stopping || pausing;
         let save = super::save::due(c, done, entered, is_last, ends_here, new_best);
         let clock = self.clock;
-        if let (true, Some(checkpointer)) = (save, self.checkpointer.as_mut()) {
+        if let (true, Some(checkpointer)) = (save, self.saving.checkpointer.as_mut()) {
             // one save in flight: the previous one first (training waits only for what is
             // left of it)
             let start = Instant::now();
@@ -521,7 +526,7 @@ impl<'a, B: ComputeOn> Trainer<'a, B> {
                 position,
                 loss: s.loss,
                 lr: s.lr,
-                watched: [&self.early_stopping, &self.best]
+                watched: [&self.eval.early_stopping, &self.eval.best]
                     .map(|w| w.as_ref().and_then(|w| w.state.clone())),
                 loss_scale: self.scaler.as_ref().map(|s| s.state().clone()),
             };
@@ -531,8 +536,8 @@ impl<'a, B: ComputeOn> Trainer<'a, B> {
                 checkpointer.save(input, strategy, progress)
             })?;
             self.announce(committed);
-            self.saves += 1;
-            self.blocked += start.elapsed().as_secs_f64();
+            self.saving.saves += 1;
+            self.saving.blocked += start.elapsed().as_secs_f64();
             let best = if new_best { " (the best so far)" } else { "" };
             if in_background {
                 self.sink.log(&format!(
@@ -545,7 +550,7 @@ impl<'a, B: ComputeOn> Trainer<'a, B> {
             }
         } else {
             // a failed background write fails the run now
-            let committed = match self.checkpointer.as_mut() {
+            let committed = match self.saving.checkpointer.as_mut() {
                 Some(c) => c.poll()?,
                 None => None,
             };
@@ -562,7 +567,10 @@ impl<'a, B: ComputeOn> Trainer<'a, B> {
         }
         if stop_early {
             if let (Some(w), Some(cfg)) = (
-                self.early_stopping.as_ref().and_then(|w| w.state.as_ref()),
+                self.eval
+                    .early_stopping
+                    .as_ref()
+                    .and_then(|w| w.state.as_ref()),
                 c.train.early_stopping.as_ref(),
             ) {
                 self.sink.log(&format!(
@@ -593,11 +601,11 @@ impl<'a, B: ComputeOn> Trainer<'a, B> {
     fn settle(&mut self) -> Result<(), TrainError> {
         let clock = self.clock;
         let start = Instant::now();
-        let committed = match self.checkpointer.as_mut() {
+        let committed = match self.saving.checkpointer.as_mut() {
             Some(c) => clock.time(Phase::Checkpoint, || c.wait())?,
             None => None,
         };
-        self.blocked += start.elapsed().as_secs_f64();
+        self.saving.blocked += start.elapsed().as_secs_f64();
         self.announce(committed);
         Ok(())
     }
@@ -607,11 +615,12 @@ impl<'a, B: ComputeOn> Trainer<'a, B> {
         let c = self.config();
         let done = self.step;
         let lm = matches!(self.task, Task::LanguageModel { .. });
-        let elapsed = self.window_start.elapsed().as_secs_f64().max(1e-9);
-        let sps = self.window_samples / elapsed;
+        let elapsed = self.window.start.elapsed().as_secs_f64().max(1e-9);
+        let sps = self.window.samples / elapsed;
         let log = is_last || do_eval || done.is_multiple_of(c.train.log_every);
         let eval = self
-            .last_eval
+            .eval
+            .last
             .filter(|_| do_eval)
             .map(|e| EvalMetrics::of(self.task, &e));
         // (the window since the previous logged line, taken when this one is)
@@ -626,7 +635,7 @@ impl<'a, B: ComputeOn> Trainer<'a, B> {
                 .map(|d| (d.as_secs_f64() * 1e3).round() / 1e3)
                 .unwrap_or(0.0),
             time: Some(window.fractions_json()),
-            step_ms: Some((window.step_ms(self.window_steps) * 100.0).round() / 100.0),
+            step_ms: Some((window.step_ms(self.window.steps) * 100.0).round() / 100.0),
             step: done,
             epoch: round4(self.pos.epochs(self.input.plan)),
             loss: s.loss,
@@ -640,9 +649,9 @@ impl<'a, B: ComputeOn> Trainer<'a, B> {
             skipped: s.skipped,
         });
         if log {
-            self.window_start = Instant::now();
-            self.window_samples = 0.0;
-            self.window_steps = 0;
+            self.window.start = Instant::now();
+            self.window.samples = 0.0;
+            self.window.steps = 0;
             self.sink.log(&format!(
                 "step {done} loss {} lr {} samples/s {sps:.1}",
                 s.loss, s.lr
@@ -713,7 +722,7 @@ impl<'a, B: ComputeOn> Trainer<'a, B> {
             steps: self.step,
             epochs: round4(self.pos.epochs(self.input.plan)),
             final_loss: self.last_loss,
-            eval: self.last_eval,
+            eval: self.eval.last,
             wall_seconds: round4(wall),
             samples_per_sec: round4(self.samples_total / wall.max(1e-9)),
             task: self.task,
@@ -730,13 +739,14 @@ impl<'a, B: ComputeOn> Trainer<'a, B> {
             preempted,
             stopped_early,
             paused,
-            early_stopping: self.early_stopping.and_then(|w| w.state),
-            best: self.best.and_then(|w| w.state),
+            early_stopping: self.eval.early_stopping.and_then(|w| w.state),
+            best: self.eval.best.and_then(|w| w.state),
             loss_scale: self.scaler.as_ref().map(|s| s.state().clone()),
-            saves: self.saves,
-            blocked_seconds: round4(self.blocked),
+            saves: self.saving.saves,
+            blocked_seconds: round4(self.saving.blocked),
             background_seconds: round4(
-                self.checkpointer
+                self.saving
+                    .checkpointer
                     .as_ref()
                     .map_or(0.0, Checkpointer::background_seconds),
             ),
@@ -780,7 +790,7 @@ pub fn train<B: ComputeOn>(
     };
     let loader_state = LoaderState::new(source);
     let start = Instant::now();
-    t.window_start = start;
+    t.window.start = start;
     // the breakdown covers the steps, not the set-up (module, initial broadcast, resume load)
     clock.reset();
     let ending = std::thread::scope(|scope| -> Result<Option<Ending>, TrainError> {
@@ -824,40 +834,4 @@ fn data_file(c: &Config) -> String {
         Some(p) => format!("data.path = {p:?}"),
         None => format!("the {} data", crate::config::choice_name(&c.data.kind)),
     }
-}
-
-/// The rank's parameters (and optimizer state) given to the strategy, and the step and data
-/// position the run goes on from: a checkpoint's, `model.init_from`'s parameters at step 0, or
-/// the seeded initialisation (once for the process's ranks).
-fn start_from(
-    input: &TrainInput<'_>,
-    strategy: &mut dyn Strategy,
-) -> Result<(usize, Pos), TrainError> {
-    let (c, plan, model) = (input.config, input.plan, input.model);
-    Ok(match input.resume {
-        Some(l) => {
-            strategy.init(&l.params)?;
-            strategy.load_optimizer(&l.opt);
-            (l.state.step, resume_pos(plan, c, &l.state))
-        }
-        None => {
-            match input.init {
-                Some(p) => strategy.init(p)?,
-                None => {
-                    // one seeded initialisation for the process's ranks, freed once they
-                    // took it
-                    let init = input.shared_init.get(|| model.init(c.experiment.seed));
-                    strategy.init(&init)?;
-                }
-            }
-            (
-                0,
-                Pos {
-                    epoch: 0,
-                    start: 0,
-                    j: 0,
-                },
-            )
-        }
-    })
 }

@@ -613,7 +613,7 @@ fn export_checks_every_output_before_writing_any() {
     );
     std::os::unix::fs::symlink("target.safetensors", d.path().join("link.safetensors")).unwrap();
     bad(&["-o", "link.safetensors"], "not a regular file");
-    // GPT-2's formats are the gpt family's own (`Family::formats`): an mlp has none of them
+    // GPT-2's formats are the gpt family's own (`WeightAdapter::formats`): an mlp has none of them
     bad(
         &["-o", "m.safetensors", "--format", "nanogpt"],
         "--format nanogpt: model `mlp` has no nanogpt names (it has pytorch, burn) (the run's model.kind = \"mlp\")",

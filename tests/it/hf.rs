@@ -120,7 +120,7 @@ fn a_transformers_gpt2_loads_and_gives_its_logits_and_loss() {
     let (ids, want, loss) = expected();
     experiment(d.path(), &ids);
     let (model, params) = loaded(d.path());
-    let compute = <Autodiff<Flex> as ComputeOn>::compute(model.as_ref(), &Default::default());
+    let compute = <Autodiff<Flex> as ComputeOn>::compute(model.as_ref(), &Default::default(), true);
     let mut logits = Vec::new();
     for row in ids.chunks(32) {
         logits.extend(
@@ -156,7 +156,7 @@ fn a_transformers_gpt2_loads_and_gives_its_logits_and_loss() {
     .unwrap();
     let r = kiln::config::load(&exact, &[], &[]).unwrap();
     let other = kiln::model::build(&r, &[33]).unwrap();
-    let c = <Autodiff<Flex> as ComputeOn>::compute(other.as_ref(), &Default::default());
+    let c = <Autodiff<Flex> as ComputeOn>::compute(other.as_ref(), &Default::default(), true);
     let l = c
         .logits(&params, &Values::Tokens(ids[..32].to_vec()), &[1, 32])
         .unwrap();

@@ -74,9 +74,9 @@ fn a_transformers_llama_gives_its_logits_and_loss_with_or_without_its_keys_writt
         let d = kiln::testdir::tempdir().unwrap();
         experiment(d.path(), &fixture(), written);
         let (model, params) = loaded(d.path());
-        let compute = <Autodiff<Flex> as ComputeOn>::compute(model.as_ref(), &Default::default());
         for fused in [true, false] {
-            model.use_fused_kernels(fused);
+            let compute =
+                <Autodiff<Flex> as ComputeOn>::compute(model.as_ref(), &Default::default(), fused);
             let logits = compute
                 .logits(&params, &Values::Tokens(ids.clone()), &[2, 32])
                 .unwrap();

@@ -35,7 +35,8 @@ fn hsdp_shard_sizes_are_checked_against_the_strategy_and_the_world() {
         ]),
     )
     .unwrap();
-    assert_eq!(r.config.strategy.shard_ranks(2), 3);
+    let mesh = config::Mesh::of(&r.config);
+    assert_eq!((mesh.world, mesh.group, mesh.hybrid()), (6, 3, Some(3)));
     assert_eq!(
         err_text(&f, &[], &["strategy.kind=ddp", "strategy.shard_size=2"]),
         "`strategy.shard_size` groups fsdp's shards, but the run has no shards (`strategy.kind` = \"ddp\")\n  --> --set strategy.shard_size=2\n  = help: remove it, or use `strategy.kind = \"fsdp\"` with sharding"

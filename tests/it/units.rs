@@ -127,7 +127,8 @@ fn fsdp_evaluates_stage_by_stage_to_the_whole_models_bits() {
         let refs: Vec<&str> = sets.iter().map(String::as_str).collect();
         let trained = train_task(task, &refs);
         let p = crate::common::prepare(task, &refs);
-        let compute = <Autodiff<Flex> as ComputeOn>::compute(p.model.as_ref(), &Default::default());
+        let compute =
+            <Autodiff<Flex> as ComputeOn>::compute(p.model.as_ref(), &Default::default(), true);
         let ds = p.data.eval.as_ref().unwrap();
         let whole = kiln::train::evaluate_like_run(compute.as_ref(), &trained.params, ds, 2, batch)
             .unwrap();

@@ -9,6 +9,7 @@
 //! a full-size zero tensor per slice); the gradients are joined on the device and read with one
 //! `into_data`, not one read per parameter.
 
+use crate::model::WeightAdapter;
 use std::collections::HashMap;
 use std::marker::PhantomData;
 use std::sync::Arc;
@@ -23,7 +24,6 @@ use super::api::{
     recomputed, Act, Batch, Compute, EvalOut, Family, Forward, GradScale, Input, MicroStep, Model,
     ModelError, StagedEval, StepKey, Task, TokenDecoder, UnitParams, Values,
 };
-use crate::model::portable::{External, WeightFormat};
 use crate::params::ParamLayout;
 
 mod install;
@@ -623,8 +623,6 @@ pub struct FamilyModel<F: Family> {
     /// Why the family's stages were refused (`Model::check` reports it; the model then runs as
     /// one stage).
     stage_error: Option<String>,
-    /// Whether its computes call the fused kernels (`Model::use_fused_kernels`).
-    fused: std::sync::atomic::AtomicBool,
 }
 
 impl<F: Family> FamilyModel<F> {
@@ -640,13 +638,7 @@ impl<F: Family> FamilyModel<F> {
             layout,
             stages,
             stage_error,
-            fused: std::sync::atomic::AtomicBool::new(true),
         }
-    }
-
-    /// Whether its computes call the fused kernels.
-    pub fn fused(&self) -> bool {
-        self.fused.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The family itself.
@@ -661,8 +653,8 @@ impl<F: Family> FamilyModel<F> {
         params: &[f32],
         device: &B::Device,
     ) -> Result<F::Module<B>, ModelError> {
+        // (installing parameters calls no kernel)
         Engine::<F, Autodiff<B>>::new(self.family.clone(), &self.layout, &self.stages, device)
-            .with_fused(self.fused())
             .inner_with(params)
     }
 
@@ -672,12 +664,12 @@ impl<F: Family> FamilyModel<F> {
         &self,
         device: &dyn std::any::Any,
         params: &[f32],
-        cache: bool,
+        (cache, fused): (bool, bool),
     ) -> Option<Result<Option<Box<dyn TokenDecoder + '_>>, ModelError>> {
         let device = device.downcast_ref::<B::Device>()?;
         Some(
             self.module_with::<B>(params, device)
-                .map(|m| self.family.decoder(m, device.clone(), cache, self.fused())),
+                .map(|m| self.family.decoder(m, device.clone(), cache, fused)),
         )
     }
 
@@ -685,15 +677,16 @@ impl<F: Family> FamilyModel<F> {
     fn erased_engine<B: AutodiffBackend>(
         &self,
         device: &dyn std::any::Any,
+        fused: bool,
     ) -> Option<Box<dyn std::any::Any>> {
         let device = device.downcast_ref::<B::Device>()?;
-        Some(Box::new(self.engine::<B>(device)))
+        Some(Box::new(self.engine::<B>(device, fused)))
     }
 
-    fn engine<B: AutodiffBackend>(&self, device: &B::Device) -> Box<dyn Compute<B>> {
+    fn engine<B: AutodiffBackend>(&self, device: &B::Device, fused: bool) -> Box<dyn Compute<B>> {
         Box::new(
             Engine::<F, B>::new(self.family.clone(), &self.layout, &self.stages, device)
-                .with_fused(self.fused()),
+                .with_fused(fused),
         )
     }
 }
@@ -723,42 +716,14 @@ impl<F: Family> Model for FamilyModel<F> {
     fn init(&self, seed: u64) -> Vec<f32> {
         self.family.init(&self.layout, seed)
     }
-    fn torch_name(&self, path: &str) -> String {
-        self.family.torch_name(path)
-    }
-    fn torch_aliases(&self) -> Vec<(String, String)> {
-        self.family.torch_aliases()
+    fn weights(&self) -> &dyn WeightAdapter {
+        self.family.weights()
     }
     fn flops_per_sample(&self) -> Option<f64> {
         self.family.flops_per_sample()
     }
-    fn formats(&self) -> Vec<WeightFormat> {
-        self.family.formats()
-    }
-    fn format_tensors(&self, format: WeightFormat, torch: &[External]) -> Vec<External> {
-        self.family.format_tensors(format, self.layout(), torch)
-    }
-    fn format_buffer(&self, format: WeightFormat, name: &str) -> bool {
-        self.family.format_buffer(format, name)
-    }
-    fn detect_format(&self, tensors: &[(&str, &[usize])]) -> Option<WeightFormat> {
-        self.family.detect_format(tensors)
-    }
-    fn hf_config(&self, format: WeightFormat) -> Result<Option<String>, String> {
-        self.family.hf_config(format)
-    }
-    fn hf_config_mismatches(
-        &self,
-        format: WeightFormat,
-        config: &serde_json::Value,
-    ) -> Vec<(String, String, String, String)> {
-        self.family.hf_config_mismatches(format, config)
-    }
     fn decay_rule(&self, optim: &crate::config::OptimConfig) -> crate::config::DecayRule {
         optim.decay.unwrap_or(self.family.default_decay())
-    }
-    fn use_fused_kernels(&self, on: bool) {
-        self.fused.store(on, std::sync::atomic::Ordering::Relaxed);
     }
     fn decoder_erased<'a>(
         &'a self,
@@ -766,6 +731,7 @@ impl<F: Family> Model for FamilyModel<F> {
         device: &dyn std::any::Any,
         params: &[f32],
         cache: bool,
+        fused: bool,
     ) -> Option<Result<Option<Box<dyn TokenDecoder + 'a>>, ModelError>> {
         macro_rules! decoders {
             ($($(#[$a:meta])* $v:ident = $name:literal => $ty:ty),* $(,)?) => {
@@ -773,7 +739,7 @@ impl<F: Family> Model for FamilyModel<F> {
                     $(#[$a])*
                     if backend == std::any::TypeId::of::<<$ty as AutodiffBackend>::InnerBackend>() {
                         return self.typed_decoder::<<$ty as AutodiffBackend>::InnerBackend>(
-                            device, params, cache,
+                            device, params, (cache, fused),
                         );
                     }
                 )*
@@ -787,13 +753,14 @@ impl<F: Family> Model for FamilyModel<F> {
         &self,
         backend: std::any::TypeId,
         device: &dyn std::any::Any,
+        fused: bool,
     ) -> Option<Box<dyn std::any::Any>> {
         macro_rules! engines {
             ($($(#[$a:meta])* $v:ident = $name:literal => $ty:ty),* $(,)?) => {
                 $(
                     $(#[$a])*
                     if backend == std::any::TypeId::of::<$ty>() {
-                        return self.erased_engine::<$ty>(device);
+                        return self.erased_engine::<$ty>(device, fused);
                     }
                 )*
             };

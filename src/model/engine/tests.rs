@@ -57,6 +57,7 @@ fn running_statistics_are_state_and_every_parameter_is_installed_and_trained() {
         <burn::backend::Autodiff<burn::backend::Flex> as crate::model::ComputeOn>::compute(
             &m,
             &Default::default(),
+            true,
         );
     let params = m.init(0);
     let layout = m.layout().clone();
@@ -102,6 +103,7 @@ fn a_unit_of_the_wrong_size_is_an_error() {
         <burn::backend::Autodiff<burn::backend::Flex> as crate::model::ComputeOn>::compute(
             &m,
             &Default::default(),
+            true,
         );
     let mut short =
         |_u: usize| -> Result<UnitParams, ModelError> { Ok(UnitParams::Host(vec![0.0; 3])) };

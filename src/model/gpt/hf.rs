@@ -1,10 +1,11 @@
 //! The gpt's weights in GPT-2's formats: Hugging Face's `GPT2LMHeadModel` (`hf-gpt2`: Conv1D
 //! weights `[in, out]`, the output layer `lm_head.weight` `[vocab, dim]`, and a `config.json`)
 //! and nanoGPT's `GPT` (`nanogpt`: the same names, Linear weights `[out, in]`). `model::portable`
-//! asks the family (`Family::format_tensors` and the hooks beside it) instead of knowing them.
+//! asks the family (`WeightAdapter::format_tensors` and the hooks beside it) instead of knowing them.
 
 use super::Gpt;
 use crate::model::portable::{External, FamilyFormat, WeightFormat};
+use crate::model::ConfigMismatch;
 use crate::params::ParamLayout;
 
 /// Hugging Face's `GPT2LMHeadModel`: a directory, `model.safetensors` beside `config.json`.
@@ -118,10 +119,7 @@ pub(super) fn detect(tensors: &[(&str, &[usize])]) -> Option<WeightFormat> {
 /// sizes (which the tensors' shapes also show), the head count, the activation, the
 /// LayerNorm epsilon and tied embeddings (which they do not). A key the file lacks is
 /// `transformers`' default.
-pub(super) fn mismatches(
-    gpt: &Gpt,
-    config: &serde_json::Value,
-) -> Vec<(String, String, String, String)> {
+pub(super) fn mismatches(gpt: &Gpt, config: &serde_json::Value) -> Vec<ConfigMismatch> {
     use serde_json::{json, Value};
     let gelu = if gpt.gelu_tanh { "tanh" } else { "exact" };
     // (their key, transformers' default, kiln's value as theirs, the [model] key, kiln's value)
@@ -206,13 +204,11 @@ pub(super) fn mismatches(
                 }
                 (a, b) => a == b,
             };
-            (!same).then(|| {
-                (
-                    key.to_string(),
-                    theirs.to_string(),
-                    kiln_key.to_string(),
-                    kiln_value,
-                )
+            (!same).then(|| ConfigMismatch {
+                theirs: key.to_string(),
+                value: theirs.to_string(),
+                key: kiln_key.to_string(),
+                ours: kiln_value,
             })
         })
         .collect()

@@ -13,6 +13,7 @@ mod keys;
 
 pub use keys::{GeluKind, GptKeys};
 
+use crate::model::ConfigMismatch;
 use burn::module::Module;
 use burn::nn::{Embedding, EmbeddingConfig, LayerNorm, LayerNormConfig, Linear, LinearConfig};
 use burn::tensor::activation::{gelu, softmax};
@@ -26,6 +27,7 @@ use super::portable::{External, WeightFormat};
 use super::sizing::{check_token_data, sized_for_this_machine};
 use crate::config::{DecayRule, Resolved};
 use crate::kernels;
+use crate::model::WeightAdapter;
 use crate::params::ParamLayout;
 
 /// GELU's tanh approximation, `0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))` (GPT-2's
@@ -458,6 +460,10 @@ impl Incremental for Gpt {
 }
 
 impl Family for Gpt {
+    fn weights(&self) -> &dyn WeightAdapter {
+        self
+    }
+
     type Module<B: Backend> = GptModule<B>;
 
     fn kind(&self) -> &str {
@@ -525,52 +531,6 @@ impl Family for Gpt {
         flat
     }
 
-    /// nanoGPT's names as in `torch_baseline.py`: the block MLP is `mlp.0` and `mlp.2` of an
-    /// `nn.Sequential(Linear, GELU, Linear)`.
-    fn torch_name(&self, path: &str) -> String {
-        path.replacen(".mlp_fc.", ".mlp.0.", 1)
-            .replacen(".mlp_proj.", ".mlp.2.", 1)
-    }
-
-    fn formats(&self) -> Vec<WeightFormat> {
-        hf::FORMATS.to_vec()
-    }
-
-    fn format_tensors(
-        &self,
-        format: WeightFormat,
-        layout: &ParamLayout,
-        torch: &[External],
-    ) -> Vec<External> {
-        hf::tensors(format, layout, torch)
-    }
-
-    fn format_buffer(&self, format: WeightFormat, name: &str) -> bool {
-        hf::FORMATS.contains(&format) && hf::gpt2_buffer(name)
-    }
-
-    fn detect_format(&self, tensors: &[(&str, &[usize])]) -> Option<WeightFormat> {
-        hf::detect(tensors)
-    }
-
-    fn hf_config(&self, format: WeightFormat) -> Result<Option<String>, String> {
-        match format {
-            hf::HF_GPT2 => hf::config_json(self).map(Some),
-            _ => Ok(None),
-        }
-    }
-
-    fn hf_config_mismatches(
-        &self,
-        format: WeightFormat,
-        config: &serde_json::Value,
-    ) -> Vec<(String, String, String, String)> {
-        match format {
-            hf::HF_GPT2 => hf::mismatches(self, config),
-            _ => Vec::new(),
-        }
-    }
-
     fn decoder<'a, B: Backend>(
         &'a self,
         module: GptModule<B>,
@@ -586,15 +546,6 @@ impl Family for Gpt {
     /// nanoGPT's groups: matrices decay, biases, norms and nothing else of fewer dimensions.
     fn default_decay(&self) -> DecayRule {
         DecayRule::Matrices
-    }
-
-    /// A tied output layer is `lm_head.weight` in PyTorch's state dict too.
-    fn torch_aliases(&self) -> Vec<(String, String)> {
-        if self.tie {
-            vec![("lm_head.weight".into(), "wte.weight".into())]
-        } else {
-            Vec::new()
-        }
     }
 
     /// Per token, nanoGPT's estimate: 6 x the multiply-adds of the matrices (12 dim^2 per block
@@ -648,6 +599,64 @@ impl Family for Gpt {
     }
 }
 
+/// Gpt's weights as other libraries name and lay them out.
+impl WeightAdapter for Gpt {
+    /// nanoGPT's names as in `torch_baseline.py`: the block MLP is `mlp.0` and `mlp.2` of an
+    /// `nn.Sequential(Linear, GELU, Linear)`.
+    fn torch_name(&self, path: &str) -> String {
+        path.replacen(".mlp_fc.", ".mlp.0.", 1)
+            .replacen(".mlp_proj.", ".mlp.2.", 1)
+    }
+
+    fn formats(&self) -> Vec<WeightFormat> {
+        hf::FORMATS.to_vec()
+    }
+
+    fn format_tensors(
+        &self,
+        format: WeightFormat,
+        layout: &ParamLayout,
+        torch: &[External],
+    ) -> Vec<External> {
+        hf::tensors(format, layout, torch)
+    }
+
+    fn format_buffer(&self, format: WeightFormat, name: &str) -> bool {
+        hf::FORMATS.contains(&format) && hf::gpt2_buffer(name)
+    }
+
+    fn detect_format(&self, tensors: &[(&str, &[usize])]) -> Option<WeightFormat> {
+        hf::detect(tensors)
+    }
+
+    fn hf_config(&self, format: WeightFormat) -> Result<Option<String>, String> {
+        match format {
+            hf::HF_GPT2 => hf::config_json(self).map(Some),
+            _ => Ok(None),
+        }
+    }
+
+    fn hf_config_mismatches(
+        &self,
+        format: WeightFormat,
+        config: &serde_json::Value,
+    ) -> Vec<ConfigMismatch> {
+        match format {
+            hf::HF_GPT2 => hf::mismatches(self, config),
+            _ => Vec::new(),
+        }
+    }
+
+    /// A tied output layer is `lm_head.weight` in PyTorch's state dict too.
+    fn torch_aliases(&self) -> Vec<(String, String)> {
+        if self.tie {
+            vec![("lm_head.weight".into(), "wte.weight".into())]
+        } else {
+            Vec::new()
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     //! The attention is causal: a position's logits depend on the tokens up to it only.
@@ -695,7 +704,7 @@ mod tests {
             masks: MaskCache::default(),
         };
         let m = FamilyModel::new(gpt);
-        let compute = <Autodiff<Flex> as ComputeOn>::compute(&m, &Default::default());
+        let compute = <Autodiff<Flex> as ComputeOn>::compute(&m, &Default::default(), true);
         let params = m.init(3);
         let a = compute
             .logits(&params, &Values::Tokens(vec![7, 8, 9, 10]), &[1, 4])

@@ -5,6 +5,7 @@
 //! `[out, in]`. The `[model]` keys a `config.json` sets are read by `config::hf_json`; this file
 //! checks what no key sets.
 
+use crate::model::ConfigMismatch;
 use serde_json::{json, Value};
 
 use super::{Llama, RopeType};
@@ -50,15 +51,15 @@ pub const MODEL_TYPES: [&str; 3] = ["llama", "mistral", "qwen2"];
 /// it sets are compared by `config::hf_json` when the config is read): another architecture, an
 /// activation other than SiLU, MLP biases, an o_proj bias, a head_dim other than dim / heads, a
 /// rope scaling other than Llama 3's, a sliding window shorter than the context.
-pub(super) fn mismatches(l: &Llama, c: &Value) -> Vec<(String, String, String, String)> {
+pub(super) fn mismatches(l: &Llama, c: &Value) -> Vec<ConfigMismatch> {
     let mut out = Vec::new();
     let mut bad = |key: &str, theirs: &Value, kiln_key: &str, ours: String| {
-        out.push((
-            key.to_string(),
-            theirs.to_string(),
-            kiln_key.to_string(),
+        out.push(ConfigMismatch {
+            theirs: key.to_string(),
+            value: theirs.to_string(),
+            key: kiln_key.to_string(),
             ours,
-        ));
+        });
     };
     let s = |k: &str| c.get(k).and_then(Value::as_str);
     let model_type = s("model_type").unwrap_or("llama");

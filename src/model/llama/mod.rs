@@ -14,6 +14,7 @@ mod keys;
 pub use hf::HF_LLAMA;
 pub use keys::{LlamaKeys, RopeScaling, RopeType};
 
+use crate::model::ConfigMismatch;
 use burn::module::Module;
 use burn::nn::{Embedding, EmbeddingConfig, Linear, LinearConfig, RmsNorm, RmsNormConfig};
 use burn::tensor::activation::{silu, softmax};
@@ -28,6 +29,7 @@ use super::portable::{External, WeightFormat};
 use super::sizing::{check_token_data, sized_for_this_machine};
 use crate::config::{DecayRule, Resolved};
 use crate::kernels;
+use crate::model::WeightAdapter;
 use crate::params::ParamLayout;
 
 /// The attention's projections (transformers' `self_attn`).
@@ -515,6 +517,10 @@ impl Incremental for Llama {
 }
 
 impl Family for Llama {
+    fn weights(&self) -> &dyn WeightAdapter {
+        self
+    }
+
     type Module<B: Backend> = LlamaModule<B>;
 
     fn kind(&self) -> &str {
@@ -573,47 +579,6 @@ impl Family for Llama {
         flat
     }
 
-    fn formats(&self) -> Vec<WeightFormat> {
-        vec![HF_LLAMA]
-    }
-
-    fn format_tensors(
-        &self,
-        format: WeightFormat,
-        layout: &ParamLayout,
-        torch: &[External],
-    ) -> Vec<External> {
-        hf::tensors(format, layout, torch)
-    }
-
-    fn format_buffer(&self, format: WeightFormat, name: &str) -> bool {
-        // (older transformers saved the rotary frequencies)
-        format == HF_LLAMA && name.ends_with(".rotary_emb.inv_freq")
-    }
-
-    fn detect_format(&self, tensors: &[(&str, &[usize])]) -> Option<WeightFormat> {
-        tensors
-            .iter()
-            .any(|(n, _)| n.starts_with("model.layers.") || *n == "model.embed_tokens.weight")
-            .then_some(HF_LLAMA)
-    }
-
-    fn hf_config(&self, format: WeightFormat) -> Result<Option<String>, String> {
-        Ok((format == HF_LLAMA).then(|| hf::config_json(self)))
-    }
-
-    fn hf_config_mismatches(
-        &self,
-        format: WeightFormat,
-        config: &serde_json::Value,
-    ) -> Vec<(String, String, String, String)> {
-        if format == HF_LLAMA {
-            hf::mismatches(self, config)
-        } else {
-            Vec::new()
-        }
-    }
-
     fn decoder<'a, B: Backend>(
         &'a self,
         module: LlamaModule<B>,
@@ -629,14 +594,6 @@ impl Family for Llama {
     /// torchtitan's and nanoGPT's groups: matrices decay, norms do not.
     fn default_decay(&self) -> DecayRule {
         DecayRule::Matrices
-    }
-
-    fn torch_aliases(&self) -> Vec<(String, String)> {
-        if self.tie {
-            vec![("lm_head.weight".into(), "embed_tokens.weight".into())]
-        } else {
-            Vec::new()
-        }
     }
 
     /// Per token: 6 x the multiply-adds of the matrices (q, k, v, o, the three MLP matrices and
@@ -690,6 +647,58 @@ impl Family for Llama {
     }
 }
 
+/// Llama's weights as other libraries name and lay them out.
+impl WeightAdapter for Llama {
+    fn formats(&self) -> Vec<WeightFormat> {
+        vec![HF_LLAMA]
+    }
+
+    fn format_tensors(
+        &self,
+        format: WeightFormat,
+        layout: &ParamLayout,
+        torch: &[External],
+    ) -> Vec<External> {
+        hf::tensors(format, layout, torch)
+    }
+
+    fn format_buffer(&self, format: WeightFormat, name: &str) -> bool {
+        // (older transformers saved the rotary frequencies)
+        format == HF_LLAMA && name.ends_with(".rotary_emb.inv_freq")
+    }
+
+    fn detect_format(&self, tensors: &[(&str, &[usize])]) -> Option<WeightFormat> {
+        tensors
+            .iter()
+            .any(|(n, _)| n.starts_with("model.layers.") || *n == "model.embed_tokens.weight")
+            .then_some(HF_LLAMA)
+    }
+
+    fn hf_config(&self, format: WeightFormat) -> Result<Option<String>, String> {
+        Ok((format == HF_LLAMA).then(|| hf::config_json(self)))
+    }
+
+    fn hf_config_mismatches(
+        &self,
+        format: WeightFormat,
+        config: &serde_json::Value,
+    ) -> Vec<ConfigMismatch> {
+        if format == HF_LLAMA {
+            hf::mismatches(self, config)
+        } else {
+            Vec::new()
+        }
+    }
+
+    fn torch_aliases(&self) -> Vec<(String, String)> {
+        if self.tie {
+            vec![("lm_head.weight".into(), "embed_tokens.weight".into())]
+        } else {
+            Vec::new()
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use burn::backend::{Autodiff, Flex};
@@ -723,7 +732,7 @@ mod tests {
     fn causal_and_the_fused_path_agrees_with_burns_ops() {
         for (kv, tie) in [(2, false), (4, true), (1, false)] {
             let m = FamilyModel::new(tiny(kv, tie));
-            let compute = <Autodiff<Flex> as ComputeOn>::compute(&m, &Default::default());
+            let compute = <Autodiff<Flex> as ComputeOn>::compute(&m, &Default::default(), true);
             let params = m.init(5);
             let x = Values::Tokens(vec![7, 8, 9, 10]);
             let a = compute.logits(&params, &x, &[1, 4]).unwrap();
@@ -732,9 +741,10 @@ mod tests {
                 .unwrap();
             assert_eq!(a[..3 * 64], b[..3 * 64]);
             assert_ne!(a[3 * 64..], b[3 * 64..]);
-            m.use_fused_kernels(false);
-            let plain = compute.logits(&params, &x, &[1, 4]).unwrap();
-            m.use_fused_kernels(true);
+            // Burn's own ops: a compute made without the fused kernels
+            let plain = <Autodiff<Flex> as ComputeOn>::compute(&m, &Default::default(), false)
+                .logits(&params, &x, &[1, 4])
+                .unwrap();
             for (x, y) in a.iter().zip(&plain) {
                 assert!(
                     (x - y).abs() <= 1e-5 * y.abs().max(1.0),

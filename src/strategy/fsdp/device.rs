@@ -1,4 +1,4 @@
-//! fsdp's device path: sharding = "full" on a device backend (`keep_on_device`), where each
+//! fsdp's device path: sharding = "full" on a device backend (`DeviceResident::keep`), where each
 //! rank's shards and their optimizer state live on the device ([`OnDevice`]) and the update runs
 //! there. Over NCCL the gathers run on the device, and with `strategy.overlap` they and the
 //! reduce-scatters are queued on NCCL's own stream beside the compute; over a host collective
@@ -9,7 +9,7 @@ use std::collections::VecDeque;
 
 use super::*;
 
-/// The device path's state, made once by `keep_on_device`: while an fsdp has one, the device
+/// The device path's state, made once by `DeviceResident::keep`: while an fsdp has one, the device
 /// shards are the truth and the host shards a copy brought up to date when asked
 /// (`sync_host`).
 /// A reduce-scatter in flight: the unit, its padded gradient and its shard's buffer.

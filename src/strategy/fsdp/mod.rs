@@ -35,7 +35,7 @@
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
-use super::{InFlight, Memory, Reduced, Snapshot, Strategy, WholeGrads};
+use super::{DeviceResident, InFlight, Memory, Reduced, Snapshot, Strategy, WholeGrads};
 use crate::checkpoint::{Layout, OptState, ShardUnit as Unit};
 use crate::collective::{
     device_error, Collective, CollectiveError, GradsOps, OpKind, Overlapped, RawOp, ReduceOp,
@@ -106,7 +106,7 @@ pub struct Fsdp {
     /// current step only.
     device_whole: Option<Box<dyn DeviceTensor>>,
     /// The device path (sharding = "full" on a device backend), chosen once by
-    /// `keep_on_device`: the shards, their optimizer state and gradients on the device. None:
+    /// `DeviceResident::keep`: the shards, their optimizer state and gradients on the device. None:
     /// the host path, the shards and their update on the host.
     dev: Option<OnDevice>,
     /// The fsdp unit of each layout unit.
@@ -279,6 +279,9 @@ impl Fsdp {
 }
 
 impl Strategy for Fsdp {
+    fn on_device(&mut self) -> Option<&mut dyn DeviceResident> {
+        Some(self)
+    }
     fn comm(&self) -> &dyn Collective {
         match &self.world {
             Some(w) => w.as_ref(),
@@ -319,13 +322,6 @@ impl Strategy for Fsdp {
             self.shards.push(shard);
         }
         Ok(())
-    }
-
-    fn keep_on_device(&mut self, proto: &dyn DeviceTensor) {
-        // (HSDP keeps its shards on the host, where the replicas average them)
-        if self.reshard && self.dev.is_none() && self.replica.is_none() {
-            self.dev = OnDevice::new(proto, &self.shards, &self.opts);
-        }
     }
 
     fn params(&mut self) -> Result<&[f32], CollectiveError> {
@@ -421,74 +417,6 @@ impl Strategy for Fsdp {
         });
         self.ahead.push_back((group, p));
         Ok(())
-    }
-
-    fn unit_params_device(
-        &mut self,
-        unit: usize,
-        range: Range<usize>,
-        proto: &dyn DeviceTensor,
-    ) -> Result<Option<Box<dyn DeviceTensor>>, CollectiveError> {
-        // whole parameters on the host (grad_op, none) need no gather
-        if self.whole.is_some() {
-            return Ok(None);
-        }
-        if let Some(d) = &mut self.dev {
-            let comm = &mut self.comm;
-            return match self.units.len() {
-                // unit = "model": gathered once per step; layers are slices of it
-                1 => {
-                    if self.device_whole.is_none() {
-                        self.device_whole = Some(d.gather(comm, &self.units[0], 0, proto)?);
-                    }
-                    Ok(self.device_whole.as_ref().map(|d| d.slice(range)))
-                }
-                _ => {
-                    let i = self.unit_of[unit];
-                    // a gather `prefetch` queued on NCCL's stream
-                    if let Some(p) = d.take_gathered(comm, &self.units[i], i)? {
-                        return Ok(Some(p));
-                    }
-                    // host-staged: a gather `prefetch` started beside the compute, written to
-                    // the device, or one now
-                    if let Some(p) = self.take_ahead(i)? {
-                        crate::params::transfers::record(
-                            crate::params::Moved::ParamsToDevice,
-                            p.len(),
-                        );
-                        let rank = self.comm.rank();
-                        return proto
-                            .upload(&p)
-                            .map(Some)
-                            .map_err(|e| device_error(rank, OpKind::AllGather, e));
-                    }
-                    match &mut self.dev {
-                        Some(d) => Ok(Some(d.gather(&mut self.comm, &self.units[i], i, proto)?)),
-                        None => Ok(None),
-                    }
-                }
-            };
-        }
-        if self.comm.device_ops().is_none() {
-            return Ok(None);
-        }
-        // host shards over NCCL: gathered into device buffers
-        match self.units.len() {
-            // unit = "model": gather once per step on the device; layers are slices of it
-            1 => {
-                if self.device_whole.is_none() {
-                    let g =
-                        gather_host_shard(&mut self.comm, &self.shards[0], &self.units[0], proto)?;
-                    self.device_whole = Some(g);
-                }
-                Ok(self.device_whole.as_ref().map(|d| d.slice(range)))
-            }
-            _ => {
-                let i = self.unit_of[unit];
-                let g = gather_host_shard(&mut self.comm, &self.shards[i], &self.units[i], proto)?;
-                Ok(Some(g))
-            }
-        }
     }
 
     fn grad_weight(&self, _local: usize, _global: usize) -> f64 {
@@ -757,9 +685,6 @@ impl Strategy for Fsdp {
         Ok(())
     }
 
-    fn resident(&self) -> bool {
-        self.dev.is_some()
-    }
     fn placement(&mut self) -> String {
         if self.dev.is_some() {
             let gathered = if self.comm.world() == 1 {
@@ -778,7 +703,9 @@ impl Strategy for Fsdp {
         };
         let hybrid = match &self.replica {
             Some(r) => format!(
-                " (hybrid: sharded over groups of {} ranks, replicated {} times)",
+                " (hybrid: sharded over groups of {} ranks, replicated {} times; on the host \
+                 on a device backend too, where each gradient shard is averaged across the \
+                 replicas)",
                 self.comm.world(),
                 lock(r).world()
             ),
@@ -860,6 +787,90 @@ impl Strategy for Fsdp {
             let own = u.owned(rank);
             o.import(opt, u.start + own.start..u.start + own.end, u.shard_len);
         }
+    }
+}
+
+impl DeviceResident for Fsdp {
+    fn keep(&mut self, proto: &dyn DeviceTensor) {
+        // The one place fsdp's placement is chosen. The shards stay on the host:
+        // - under HSDP (`strategy.shard_size`): each reduced gradient shard is averaged across
+        //   the replicas on host buffers (`across_replicas`), on the thread that reduce-scatters
+        //   it, in one op order over both groups; the device path has no replica step (the
+        //   rank log and the strategies chapter say so);
+        // - with `strategy.sharding = "grad_op"`: the whole parameters stay on the host.
+        if self.reshard && self.dev.is_none() && self.replica.is_none() {
+            self.dev = OnDevice::new(proto, &self.shards, &self.opts);
+        }
+    }
+    fn unit_params(
+        &mut self,
+        unit: usize,
+        range: Range<usize>,
+        proto: &dyn DeviceTensor,
+    ) -> Result<Option<Box<dyn DeviceTensor>>, CollectiveError> {
+        // whole parameters on the host (grad_op, none) need no gather
+        if self.whole.is_some() {
+            return Ok(None);
+        }
+        if let Some(d) = &mut self.dev {
+            let comm = &mut self.comm;
+            return match self.units.len() {
+                // unit = "model": gathered once per step; layers are slices of it
+                1 => {
+                    if self.device_whole.is_none() {
+                        self.device_whole = Some(d.gather(comm, &self.units[0], 0, proto)?);
+                    }
+                    Ok(self.device_whole.as_ref().map(|d| d.slice(range)))
+                }
+                _ => {
+                    let i = self.unit_of[unit];
+                    // a gather `prefetch` queued on NCCL's stream
+                    if let Some(p) = d.take_gathered(comm, &self.units[i], i)? {
+                        return Ok(Some(p));
+                    }
+                    // host-staged: a gather `prefetch` started beside the compute, written to
+                    // the device, or one now
+                    if let Some(p) = self.take_ahead(i)? {
+                        crate::params::transfers::record(
+                            crate::params::Moved::ParamsToDevice,
+                            p.len(),
+                        );
+                        let rank = self.comm.rank();
+                        return proto
+                            .upload(&p)
+                            .map(Some)
+                            .map_err(|e| device_error(rank, OpKind::AllGather, e));
+                    }
+                    match &mut self.dev {
+                        Some(d) => Ok(Some(d.gather(&mut self.comm, &self.units[i], i, proto)?)),
+                        None => Ok(None),
+                    }
+                }
+            };
+        }
+        if self.comm.device_ops().is_none() {
+            return Ok(None);
+        }
+        // host shards over NCCL: gathered into device buffers
+        match self.units.len() {
+            // unit = "model": gather once per step on the device; layers are slices of it
+            1 => {
+                if self.device_whole.is_none() {
+                    let g =
+                        gather_host_shard(&mut self.comm, &self.shards[0], &self.units[0], proto)?;
+                    self.device_whole = Some(g);
+                }
+                Ok(self.device_whole.as_ref().map(|d| d.slice(range)))
+            }
+            _ => {
+                let i = self.unit_of[unit];
+                let g = gather_host_shard(&mut self.comm, &self.shards[i], &self.units[i], proto)?;
+                Ok(Some(g))
+            }
+        }
+    }
+    fn resident(&self) -> bool {
+        self.dev.is_some()
     }
 }
 
