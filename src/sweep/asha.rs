@@ -10,7 +10,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use super::scheduler::{
+use super::{
     claim_gpus, conclude, ended, free_gpus, ledger_io, open_local, record, spawn, terminate,
     Planned, Running, SweepSpec,
 };

@@ -13,8 +13,8 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use super::asha::{in_flight, next_job, pause_at, segment_record};
-use super::scheduler::{ledger_io, plan, read_spec, record, rows, write_results};
 use super::slurm::{job_configs, refresh, write_trials, Submission};
+use super::{ledger_io, plan, read_spec, record, rows, write_results};
 use super::{to_text, Asha, Executor, Ledger, Planned, SweepSpec, TrialState};
 use crate::config::Config;
 use crate::error::{Error, Result};

@@ -1,9 +1,13 @@
 //! The results table: one row per trial, best first, as `results.csv`, `results.md` and text.
 
+use std::collections::BTreeMap;
+use std::fs;
 use std::path::Path;
 
 use super::ledger::{Record, TrialState};
-use crate::config::MetricMode;
+use super::{read_spec, Executor, Ledger};
+use crate::config::{self, Config, MetricMode, SweepConfig};
+use crate::error::{Error, Result};
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Row {
@@ -212,4 +216,87 @@ pub fn to_text(rows: &[Row], metric: &str) -> String {
                 + "\n"
         })
         .collect()
+}
+
+/// The rows of every trial the ledger knows, sorted.
+pub(super) fn rows(dir: &Path, ledger: &Ledger, s: &SweepConfig) -> Vec<Row> {
+    let mut rows: Vec<Row> = ledger
+        .latest()
+        .values()
+        .map(|r| row(r, &dir.join(&r.trial), &s.metric, s.mode))
+        .collect();
+    sort(&mut rows, s.mode);
+    rows
+}
+
+pub(super) fn write_results(dir: &Path, rows: &[Row], metric: &str) -> Result<()> {
+    for (name, text) in [
+        ("results.csv", to_csv(rows, metric)),
+        ("results.md", to_markdown(rows, metric)),
+    ] {
+        let p = dir.join(name);
+        crate::rundir::replace_file(&p, text.as_bytes())
+            .map_err(|e| Error::io(format!("writing {}", p.display()), e))?;
+    }
+    Ok(())
+}
+
+/// A sweep directory's trials (ranked rows, best first, and each trial's overrides) and its
+/// `[sweep]` section, while it runs or afterwards.
+pub fn results(dir: &Path) -> Result<(Vec<Row>, BTreeMap<String, Record>, SweepConfig)> {
+    let spec = read_spec(dir)?;
+    let ledger = Ledger {
+        path: dir.join("sweep.jsonl"),
+    };
+    let latest = ledger.latest();
+    // the `[sweep]` section as a trial stored it: the directory reads anywhere, even when the
+    // experiment file or its data have moved
+    let stored = latest.keys().find_map(|t| {
+        let text = fs::read_to_string(dir.join(t).join("config.toml")).ok()?;
+        toml::from_str::<Config>(&text).ok().map(|c| c.sweep)
+    });
+    let sweep = match stored {
+        Some(s) => s,
+        None => {
+            let env: Vec<(String, String)> = std::env::vars().collect();
+            config::load(&spec.file, &env, &spec.sets)?.config.sweep
+        }
+    };
+    let rows = rows(dir, &ledger, &sweep);
+    Ok((rows, latest, sweep))
+}
+
+/// The results table of a sweep directory, while it runs or afterwards.
+pub fn status(dir: &Path) -> Result<String> {
+    let spec = read_spec(dir)?;
+    let env: Vec<(String, String)> = std::env::vars().collect();
+    let base = config::load(&spec.file, &env, &spec.sets)?;
+    let ledger = Ledger {
+        path: dir.join("sweep.jsonl"),
+    };
+    let s = &base.config.sweep;
+    let rows = if spec.executor == Executor::Slurm {
+        // (not while an asha job decides on the ledger)
+        let _decide = super::asha_slurm::Decide::take(dir)?;
+        for line in super::refresh(dir, &ledger, &s.metric)? {
+            crate::ui::note(&format!("warning: state unknown: {line}"));
+        }
+        // what Slurm said, in results.md/csv too (no local sweep process writes them)
+        let rows = rows(dir, &ledger, s);
+        write_results(dir, &rows, &s.metric)?;
+        rows
+    } else {
+        rows(dir, &ledger, s)
+    };
+    let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
+    for r in &rows {
+        *counts.entry(r.status.word()).or_insert(0) += 1;
+    }
+    let summary: Vec<String> = counts.iter().map(|(k, v)| format!("{v} {k}")).collect();
+    Ok(format!(
+        "{}\n{} trials: {}\n",
+        to_text(&rows, &base.config.sweep.metric),
+        rows.len(),
+        summary.join(", ")
+    ))
 }

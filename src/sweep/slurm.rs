@@ -8,7 +8,7 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use super::scheduler::{add_pending, dir_of, ledger_io, plan, record, rows, write_results, Lock};
+use super::{add_pending, dir_of, ledger_io, plan, record, rows, write_results, Lock};
 use super::{to_text, Executor, Ledger, Planned, Record, SweepSpec, TrialState};
 use crate::config;
 use crate::config::Config;
@@ -129,7 +129,7 @@ pub fn refresh(dir: &Path, ledger: &Ledger, metric: &str) -> Result<Vec<String>>
 pub fn submit(spec: &SweepSpec, parallel: Option<usize>) -> Result<String> {
     let env: Vec<(String, String)> = std::env::vars().collect();
     let (base, planned) = plan(spec, &env)?;
-    super::scheduler::check_metric(&base, &planned)?;
+    super::check_metric(&base, &planned)?;
     let s = &base.sweep;
     if s.scheduler == crate::config::SweepScheduler::Asha {
         return super::asha_slurm::submit(spec, &base, &planned, parallel);
@@ -223,7 +223,7 @@ impl Submission {
     pub(super) fn open(spec: &SweepSpec, base: &Config, planned: &[Planned]) -> Result<Submission> {
         can_submit(base)?;
         let dir = absolute(dir_of(spec, base))?;
-        super::scheduler::refuse_run_dir(&dir)?;
+        super::refuse_run_dir(&dir)?;
         let jobs = job_configs(planned, &base.slurm, &dir)?;
         let created = crate::rundir::first_missing(&dir);
         fs::create_dir_all(dir.join("logs"))

@@ -1,252 +1,27 @@
-//! Sweep planning, scheduling of trials, status.
+//! Sweeps run here: trials as child `kiln` processes (up to `parallel` at once, each with its
+//! share of the CPU and its GPUs), the grid and random loop, the record of how a trial ended,
+//! and the closing table.
 
-use super::{
-    expand, row, sort, to_csv, to_markdown, to_text, Ledger, Record, Row, Trial, TrialState,
-};
 use std::collections::BTreeMap;
 use std::fs::{self, File};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use serde::{Deserialize, Serialize};
-
-use crate::config::{self, Config, SweepConfig};
+use super::{
+    check_metric, dir_of, plan, refuse_run_dir, rows, to_text, write_results, Executor, Ledger,
+    Lock, Planned, Record, SweepSpec, TrialState,
+};
+use crate::config::{Config, SweepConfig};
 use crate::error::{Error, Result};
 use crate::rundir::{MetricsFile, SummaryFile};
 use crate::ui::SweepProgress;
-
-/// What `kiln sweep` was given; kept as `sweep.json` so `--resume DIR` can run it again.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct SweepSpec {
-    pub file: PathBuf,
-    pub sets: Vec<String>,
-    /// Where the trials run: child processes here, or a Slurm job array.
-    #[serde(default)]
-    pub executor: Executor,
-    /// An asha sweep on Slurm: segments queued or running at once, as last submitted (its
-    /// jobs submit the next segments with it).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub parallel: Option<usize>,
-    /// The sweep directory, when the sweep is resumed (`--resume DIR`): DIR, wherever it is
-    /// and whatever the working directory (issue 58, defect 2: the directory was made again
-    /// from the experiment file's `output_dir`, relative to the working directory, so a resume
-    /// from elsewhere started every trial again in a new directory, and a copied sweep
-    /// directory continued the original). Not stored: a sweep directory is where it is.
-    #[serde(skip)]
-    pub dir: Option<PathBuf>,
-}
-
-impl SweepSpec {
-    /// Writes the spec as `dir/sweep.json` for `executor`, with the experiment file's absolute
-    /// path (so `--resume DIR` works from anywhere) and no password; returns it with this
-    /// session's sets (its trials are this session's).
-    pub(super) fn store(&self, dir: &Path, executor: Executor) -> Result<SweepSpec> {
-        let stored = SweepSpec {
-            file: self
-                .file
-                .canonicalize()
-                .unwrap_or_else(|_| self.file.clone()),
-            // (no secret in a file: a tracking server's password is the session's)
-            sets: self
-                .sets
-                .iter()
-                .map(|s| config::without_password(s))
-                .collect(),
-            executor,
-            parallel: self.parallel,
-            dir: None,
-        };
-        crate::rundir::write_json(&dir.join("sweep.json"), &stored)?;
-        // (this session's trials keep what it was given, a password too)
-        Ok(SweepSpec {
-            sets: self.sets.clone(),
-            ..stored
-        })
-    }
-}
-
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "lowercase")]
-pub enum Executor {
-    /// Child `kiln` processes on this machine, `parallel` at once.
-    #[default]
-    Local,
-    /// One Slurm job array (`sbatch --array=...%parallel`).
-    Slurm,
-}
-
-/// A checked trial, ready to run.
-#[derive(Debug, Clone)]
-pub struct Planned {
-    pub trial: Trial,
-    pub id: String,
-    pub config: Config,
-    /// The config as its run directory stores it (data paths absolute).
-    pub stored: Config,
-    /// Its resolved config (with the source of every value).
-    pub resolved: config::Resolved,
-}
-
-/// A trial's id: a short hash of its resolved config (the `[sweep]` and `[slurm]` sections
-/// aside), input files by their absolute paths (`Resolved::canonical`): one id however the
-/// experiment file was spelled and wherever the sweep runs from.
-pub fn trial_id(r: &config::Resolved) -> String {
-    id_of(r.canonical())
-}
-
-/// A trial's id as sweeps made it before input paths were canonical (issue 58, defect 1): paths as
-/// the experiment file spells them. A sweep directory whose ledger knows a trial by this id
-/// keeps it (its directory has that name).
-fn legacy_trial_id(r: &config::Resolved) -> String {
-    let mut c = r.config.clone();
-    c.sweep = SweepConfig::default();
-    c.slurm = crate::config::SlurmConfig::default();
-    config::config_hash(&c)[..8].to_string()
-}
-
-fn id_of(mut c: Config) -> String {
-    c.sweep = SweepConfig::default();
-    c.slurm = crate::config::SlurmConfig::default();
-    // (a trial given a tracking server's password is the trial resumed without it; its threads
-    // are the session's: the sweep sets them, and `OMP_NUM_THREADS` may)
-    c.log.mlflow = c.log.mlflow.as_ref().map(|m| m.stored());
-    c.backend.threads = 0;
-    config::config_hash(&c)[..8].to_string()
-}
 
 fn now() -> f64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs_f64())
         .unwrap_or(0.0)
-}
-
-/// Resolves the base config and every trial; nothing is written. Errors name the trial.
-pub fn plan(spec: &SweepSpec, env: &[(String, String)]) -> Result<(Config, Vec<Planned>)> {
-    let base = config::load(&spec.file, env, &spec.sets)?;
-    let trials = expand(&base.config.sweep).map_err(|e| Error::Usage(e.to_string()))?;
-    // the trials an existing sweep directory knows: one that knows a trial by its id of old
-    // keeps that id
-    let known = Ledger {
-        path: dir_of(spec, &base.config).join("sweep.jsonl"),
-    }
-    .latest();
-    let mut planned: Vec<Planned> = Vec::with_capacity(trials.len());
-    for trial in trials {
-        let mut sets = spec.sets.clone();
-        sets.extend(trial.set_args());
-        let r = config::load(&spec.file, env, &sets).map_err(|e| {
-            Error::Usage(format!(
-                "sweep trial {} ({}): {e}",
-                trial.index,
-                trial.describe()
-            ))
-        })?;
-        crate::backend::resolve(&r.config).map_err(|e| {
-            Error::Usage(format!(
-                "sweep trial {} ({}): {e}",
-                trial.index,
-                trial.describe()
-            ))
-        })?;
-        crate::model::registry().check(&r).map_err(|e| {
-            Error::Usage(format!(
-                "sweep trial {} ({}): {e}",
-                trial.index,
-                trial.describe()
-            ))
-        })?;
-        let mut id = trial_id(&r);
-        let legacy = legacy_trial_id(&r);
-        if !known.contains_key(&id) && known.contains_key(&legacy) {
-            id = legacy;
-        }
-        if let Some(p) = planned.iter().find(|p| p.id == id) {
-            return Err(Error::Usage(format!(
-                "sweep trials {} ({}) and {} ({}) resolve to the same config; remove the duplicate values",
-                p.trial.index,
-                p.trial.describe(),
-                trial.index,
-                trial.describe()
-            )));
-        }
-        planned.push(Planned {
-            trial,
-            id,
-            stored: crate::rundir::stored_config(&r),
-            config: r.config.clone(),
-            resolved: r,
-        });
-    }
-    Ok((base.config, planned))
-}
-
-/// The directory of sweep `spec` with base config `base`: the one it was resumed in, else the
-/// base config's.
-pub fn dir_of(spec: &SweepSpec, base: &Config) -> PathBuf {
-    spec.dir.clone().unwrap_or_else(|| sweep_dir(base))
-}
-
-/// An asha sweep's metric is one its trials report (checked on the first trial's data and
-/// model when a sweep is started or resumed, not at each Slurm segment's end).
-pub(super) fn check_metric(base: &Config, planned: &[Planned]) -> Result<()> {
-    match planned.first() {
-        Some(p) if base.sweep.scheduler == crate::config::SweepScheduler::Asha => {
-            crate::launch::check_sweep_metric(&p.resolved)
-        }
-        _ => Ok(()),
-    }
-}
-
-/// The sweep directory of a base config.
-pub fn sweep_dir(base: &Config) -> PathBuf {
-    let name = base
-        .sweep
-        .name
-        .clone()
-        .unwrap_or_else(|| base.experiment.name.clone());
-    Path::new(&base.experiment.output_dir).join(name)
-}
-
-/// Refuses a sweep directory that holds a run (`config.toml`, no `sweep.json`): the sweep's
-/// files and its trials would be written into the run, over its report.
-pub(super) fn refuse_run_dir(dir: &Path) -> Result<()> {
-    if dir.join("config.toml").exists() && !dir.join("sweep.json").exists() {
-        return Err(Error::Usage(format!(
-            "`{}` holds a run, not a sweep; the sweep would write over its files\n  = help: name the sweep with `--set sweep.name=\"...\"` (or `[sweep] name`), or move the run away",
-            dir.display()
-        )));
-    }
-    Ok(())
-}
-
-/// Holds `sweep.lock` while a sweep runs in a directory.
-pub(super) struct Lock(PathBuf);
-
-impl Lock {
-    pub(super) fn take(dir: &Path) -> Result<Lock> {
-        let path = dir.join("sweep.lock");
-        if let Ok(pid) = fs::read_to_string(&path) {
-            let pid = pid.trim();
-            if pid != std::process::id().to_string() && Path::new("/proc").join(pid).exists() {
-                return Err(Error::Usage(format!(
-                    "the sweep in {} is already running (pid {pid}); wait for it or stop it first",
-                    dir.display()
-                )));
-            }
-        }
-        fs::write(&path, std::process::id().to_string())
-            .map_err(|e| Error::io(format!("writing {}", path.display()), e))?;
-        Ok(Lock(path))
-    }
-}
-
-impl Drop for Lock {
-    fn drop(&mut self) {
-        // A stale lock names a dead process and is taken over next time.
-        let _ = fs::remove_file(&self.0);
-    }
 }
 
 pub(super) struct Running {
@@ -414,29 +189,6 @@ fn last_progress(run_dir: &Path) -> Option<String> {
         v["step"],
         v["loss"].as_f64()?
     ))
-}
-
-/// The rows of every trial the ledger knows, sorted.
-pub(super) fn rows(dir: &Path, ledger: &Ledger, s: &SweepConfig) -> Vec<Row> {
-    let mut rows: Vec<Row> = ledger
-        .latest()
-        .values()
-        .map(|r| row(r, &dir.join(&r.trial), &s.metric, s.mode))
-        .collect();
-    sort(&mut rows, s.mode);
-    rows
-}
-
-pub(super) fn write_results(dir: &Path, rows: &[Row], metric: &str) -> Result<()> {
-    for (name, text) in [
-        ("results.csv", to_csv(rows, metric)),
-        ("results.md", to_markdown(rows, metric)),
-    ] {
-        let p = dir.join(name);
-        crate::rundir::replace_file(&p, text.as_bytes())
-            .map_err(|e| Error::io(format!("writing {}", p.display()), e))?;
-    }
-    Ok(())
 }
 
 /// Runs (or continues) a sweep. Returns the results table.
@@ -737,79 +489,4 @@ pub(super) fn conclude(
         )));
     }
     Ok(table)
-}
-
-/// The spec a sweep directory was started with, for that directory (wherever it is now).
-pub fn read_spec(dir: &Path) -> Result<SweepSpec> {
-    let p = dir.join("sweep.json");
-    let text = fs::read_to_string(&p).map_err(|_| {
-        Error::Usage(format!(
-            "`{}` is not a sweep directory (no sweep.json)",
-            dir.display()
-        ))
-    })?;
-    let mut spec: SweepSpec = serde_json::from_str(&text)
-        .map_err(|e| Error::Usage(format!("{} does not parse: {e}", p.display())))?;
-    spec.dir = Some(dir.to_path_buf());
-    Ok(spec)
-}
-
-/// A sweep directory's trials (ranked rows, best first, and each trial's overrides) and its
-/// `[sweep]` section, while it runs or afterwards.
-pub fn results(dir: &Path) -> Result<(Vec<Row>, BTreeMap<String, Record>, SweepConfig)> {
-    let spec = read_spec(dir)?;
-    let ledger = Ledger {
-        path: dir.join("sweep.jsonl"),
-    };
-    let latest = ledger.latest();
-    // the `[sweep]` section as a trial stored it: the directory reads anywhere, even when the
-    // experiment file or its data have moved
-    let stored = latest.keys().find_map(|t| {
-        let text = fs::read_to_string(dir.join(t).join("config.toml")).ok()?;
-        toml::from_str::<Config>(&text).ok().map(|c| c.sweep)
-    });
-    let sweep = match stored {
-        Some(s) => s,
-        None => {
-            let env: Vec<(String, String)> = std::env::vars().collect();
-            config::load(&spec.file, &env, &spec.sets)?.config.sweep
-        }
-    };
-    let rows = rows(dir, &ledger, &sweep);
-    Ok((rows, latest, sweep))
-}
-
-/// The results table of a sweep directory, while it runs or afterwards.
-pub fn status(dir: &Path) -> Result<String> {
-    let spec = read_spec(dir)?;
-    let env: Vec<(String, String)> = std::env::vars().collect();
-    let base = config::load(&spec.file, &env, &spec.sets)?;
-    let ledger = Ledger {
-        path: dir.join("sweep.jsonl"),
-    };
-    let s = &base.config.sweep;
-    let rows = if spec.executor == Executor::Slurm {
-        // (not while an asha job decides on the ledger)
-        let _decide = super::asha_slurm::Decide::take(dir)?;
-        for line in super::refresh(dir, &ledger, &s.metric)? {
-            crate::ui::note(&format!("warning: state unknown: {line}"));
-        }
-        // what Slurm said, in results.md/csv too (no local sweep process writes them)
-        let rows = rows(dir, &ledger, s);
-        write_results(dir, &rows, &s.metric)?;
-        rows
-    } else {
-        rows(dir, &ledger, s)
-    };
-    let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
-    for r in &rows {
-        *counts.entry(r.status.word()).or_insert(0) += 1;
-    }
-    let summary: Vec<String> = counts.iter().map(|(k, v)| format!("{v} {k}")).collect();
-    Ok(format!(
-        "{}\n{} trials: {}\n",
-        to_text(&rows, &base.config.sweep.metric),
-        rows.len(),
-        summary.join(", ")
-    ))
 }
