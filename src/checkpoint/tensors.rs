@@ -265,10 +265,13 @@ fn unknown_dtype(bytes: &[u8]) -> Option<String> {
 /// What a header that does not deserialize means: a dtype safetensors does not know, or no
 /// safetensors file at all.
 fn describe_header(bytes: &[u8], e: SafeTensorError, len: usize) -> String {
-    match unknown_dtype(bytes) {
-        // (`{:?}`: quoted, a control character escaped)
-        Some(d) => format!("a tensor has a dtype safetensors does not know ({d:?})"),
-        None => describe_read(&e, len),
+    match (unknown_dtype(bytes), &e) {
+        // serde's words, as before (`unknown variant `Q4`, expected one of ...`): the dtype was
+        // found in the JSON, not in them
+        (Some(_), SafeTensorError::InvalidHeaderDeserialization(j)) => {
+            format!("a tensor has a dtype safetensors does not know ({j})")
+        }
+        _ => describe_read(&e, len),
     }
 }
 

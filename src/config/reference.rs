@@ -2,7 +2,8 @@
 //! comments, as ripgrep builds its man page from its flag definitions: each section struct's
 //! `///` and each field's `///` (its meaning, then `Default: ...`) become a table. A test
 //! fails when the page in the repository and the one the schema gives differ, and when the
-//! page and the keys the config accepts differ (a key with no row, a row naming no key);
+//! page and the keys the config accepts differ (a key with no row, a row naming no key), and
+//! when a doc comment's default is one literal that `Config::default()` does not have;
 //! `KILN_BLESS=1 cargo test --release --lib reference` writes the page again.
 //!
 //! The doc comments are read from the source (`src/config/*.rs` and the built-in families'
@@ -70,9 +71,10 @@ fn parse(src: &str, out: &mut BTreeMap<String, Struct>) {
             continue;
         }
         if current.is_none() {
-            let head = t
+            // (a struct at the top of its file only: one inside `mod tests` is no section)
+            let head = line
                 .strip_prefix("pub ")
-                .or_else(|| t.strip_prefix("pub(crate) "));
+                .or_else(|| line.strip_prefix("pub(crate) "));
             if let Some(rest) = head.and_then(|h| h.strip_prefix("struct ")) {
                 if let Some(name) = rest.strip_suffix(" {") {
                     let name = name.split('<').next().unwrap_or(name).to_string();
@@ -338,6 +340,49 @@ fn accepted_keys(family_keys: &[String]) -> BTreeSet<String> {
     keys
 }
 
+/// The rows of `page` whose default is one literal (`` `0.01` ``, `` `"sgd"` ``, `` `[500]` ``)
+/// that differs from the value `Config::default()` has there, each as "key: doc says X, the
+/// default is Y". `[model]`'s rows are left out (its defaults are the families' and the data's,
+/// resolved when the model is built), as are keys the default leaves unset.
+fn stale_defaults(page: &str) -> Vec<String> {
+    let defaults = Figment::from(Serialized::defaults(Config::default()));
+    let mut out = Vec::new();
+    for line in page.lines() {
+        let cells: Vec<&str> = line.split(" | ").collect();
+        let (Some(key), Some(doc)) = (cells.first(), cells.get(1)) else {
+            continue;
+        };
+        let Some(key) = key.strip_prefix("| `").and_then(|k| k.strip_suffix('`')) else {
+            continue;
+        };
+        let Some(lit) = doc.strip_prefix('`').and_then(|d| d.strip_suffix('`')) else {
+            continue;
+        };
+        if key.starts_with("model.") || lit.contains('`') {
+            continue;
+        }
+        let Ok(actual) = defaults.find_value(key) else {
+            continue;
+        };
+        let Ok(mut said) = toml::from_str::<toml::Table>(&format!("v = {lit}")) else {
+            out.push(format!("{key}: `{lit}` is no TOML value"));
+            continue;
+        };
+        let said = serde_json::to_value(said.remove("v")).unwrap_or_default();
+        let actual = serde_json::to_value(&actual).unwrap_or_default();
+        let same = match (said.as_f64(), actual.as_f64()) {
+            (Some(a), Some(b)) => a == b,
+            _ => said == actual,
+        };
+        if !same {
+            out.push(format!(
+                "{key}: the doc says `{lit}`, the default is {actual}"
+            ));
+        }
+    }
+    out
+}
+
 /// The page in the repository against the schema: the same text as `generate` gives, every
 /// key the config accepts (with `family_keys` among `[model]`'s) named, and no other.
 /// `KILN_BLESS=1` writes the page first.
@@ -351,6 +396,12 @@ pub(crate) fn check(family_keys: &[String]) {
     if std::env::var_os("KILN_BLESS").is_some() {
         std::fs::write(&path, &page).expect("write the configuration page");
     }
+    let stale = stale_defaults(&page);
+    assert!(
+        stale.is_empty(),
+        "these keys' doc comments name a default that is not `Config::default()`'s:\n{}",
+        stale.join("\n")
+    );
     let accepted = accepted_keys(family_keys);
     assert!(
         accepted.len() > 100,

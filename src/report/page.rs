@@ -10,11 +10,11 @@ use super::charts;
 use super::{Input, RunData, SweepData};
 use crate::sweep::TrialState;
 
-/// `&`, `<`, `>`, `"` and `'` escaped.
 /// A parameter plot: its points (value, metric, whether the trial finished), the category
 /// names of a non-numeric axis, and the axis description.
 type Plotted = (Vec<(f64, f64, bool)>, Option<Vec<String>>, String);
 
+/// `&`, `<`, `>`, `"` and `'` escaped.
 fn esc(s: &str) -> String {
     s.replace('&', "&amp;")
         .replace('<', "&lt;")

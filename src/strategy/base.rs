@@ -484,8 +484,10 @@ pub trait DeviceResident {
     /// From now on the rank computes on a device and keeps its state there, in buffers like
     /// `proto`. fsdp moves its shards and their optimizer state to the device now (not under
     /// HSDP or `grad_op`, which keep them on the host: see `Fsdp::keep`); the whole-parameter
-    /// strategies make their device copy at the first forward.
-    fn keep(&mut self, proto: &dyn DeviceTensor);
+    /// strategies make their device copy at the first forward, so the default does nothing.
+    fn keep(&mut self, proto: &dyn DeviceTensor) {
+        let _ = proto;
+    }
     /// Unit `unit`'s parameters in a device buffer like `proto`, when this strategy keeps or
     /// gathers them there (its collective works on device buffers: NCCL); `None`: use
     /// `Strategy::unit_params`.

@@ -385,9 +385,6 @@ impl Strategy for Ddp {
 }
 
 impl DeviceResident for Ddp {
-    fn keep(&mut self, _proto: &dyn DeviceTensor) {
-        // (its device copy is made at the first forward)
-    }
     fn unit_params(
         &mut self,
         _unit: usize,

@@ -187,9 +187,6 @@ impl Strategy for Dp {
 }
 
 impl DeviceResident for Dp {
-    fn keep(&mut self, _proto: &dyn DeviceTensor) {
-        // (its device copy is made at the first forward)
-    }
     fn unit_params(
         &mut self,
         _unit: usize,

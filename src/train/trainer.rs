@@ -515,6 +515,7 @@ impl<'a, B: ComputeOn> Trainer<'a, B> {
             // left of it)
             let start = Instant::now();
             let committed = clock.time(Phase::Checkpoint, || checkpointer.wait())?;
+            announce(&mut *self.sink, committed);
             let position = DataPosition {
                 epoch: self.pos.epoch,
                 cursor: plan.cursor(self.pos.start, self.pos.j),
@@ -535,7 +536,6 @@ impl<'a, B: ComputeOn> Trainer<'a, B> {
             clock.time(Phase::Checkpoint, || {
                 checkpointer.save(input, strategy, progress)
             })?;
-            self.announce(committed);
             self.saving.saves += 1;
             self.saving.blocked += start.elapsed().as_secs_f64();
             let best = if new_best { " (the best so far)" } else { "" };
@@ -554,7 +554,7 @@ impl<'a, B: ComputeOn> Trainer<'a, B> {
                 Some(c) => c.poll()?,
                 None => None,
             };
-            self.announce(committed);
+            announce(&mut *self.sink, committed);
         }
         // a stop request at the step early stopping ends the run: the run is complete
         if stopping && !stop_early {
@@ -588,14 +588,6 @@ impl<'a, B: ComputeOn> Trainer<'a, B> {
         Ok(None)
     }
 
-    /// Says that checkpoint `step` is saved (committed), if one is.
-    fn announce(&mut self, step: Option<usize>) {
-        if let Some(step) = step {
-            self.sink.log(&format!("checkpoint step-{step:08} saved"));
-            self.sink.event(TrainEvent::Checkpoint { step });
-        }
-    }
-
     /// Waits for the checkpoint in flight (the end of the run, a stop): no run ends before its
     /// checkpoints are saved.
     fn settle(&mut self) -> Result<(), TrainError> {
@@ -606,7 +598,7 @@ impl<'a, B: ComputeOn> Trainer<'a, B> {
             None => None,
         };
         self.saving.blocked += start.elapsed().as_secs_f64();
-        self.announce(committed);
+        announce(&mut *self.sink, committed);
         Ok(())
     }
 
@@ -751,6 +743,14 @@ impl<'a, B: ComputeOn> Trainer<'a, B> {
                     .map_or(0.0, Checkpointer::background_seconds),
             ),
         })
+    }
+}
+
+/// Says that checkpoint `step` is saved (committed), if one is.
+fn announce(sink: &mut dyn RankSink, step: Option<usize>) {
+    if let Some(step) = step {
+        sink.log(&format!("checkpoint step-{step:08} saved"));
+        sink.event(TrainEvent::Checkpoint { step });
     }
 }
 

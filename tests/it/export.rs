@@ -455,7 +455,11 @@ fn bad_weight_files_are_refused_naming_the_file_and_what_is_wrong() {
     q4.extend_from_slice(header);
     q4.push(0);
     std::fs::write(p("q4.safetensors"), q4).unwrap();
-    refused(d.path(), &p("q4.safetensors"), &["dtype", "Q4"]);
+    refused(
+        d.path(),
+        &p("q4.safetensors"),
+        &["dtype", "unknown variant `Q4`"],
+    );
     // a dtype safetensors knows but weights are not
     let mut ints: Vec<(&str, Dtype, Vec<usize>, Vec<u8>)> = t
         .iter()

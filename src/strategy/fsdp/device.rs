@@ -9,12 +9,12 @@ use std::collections::VecDeque;
 
 use super::*;
 
-/// The device path's state, made once by `DeviceResident::keep`: while an fsdp has one, the device
-/// shards are the truth and the host shards a copy brought up to date when asked
-/// (`sync_host`).
 /// A reduce-scatter in flight: the unit, its padded gradient and its shard's buffer.
 pub(super) type Scattering = (usize, [Box<dyn DeviceTensor>; 2], Started);
 
+/// The device path's state, made once by `DeviceResident::keep`: while an fsdp has one, the
+/// device shards are the truth and the host shards a copy brought up to date when asked
+/// (`sync_host`).
 pub(super) struct OnDevice {
     /// Per unit: this rank's shard and its optimizer state.
     pub shards: Vec<Box<dyn DeviceParams>>,
