@@ -213,6 +213,14 @@ fn sort_metadata(bytes: &mut [u8]) {
     }
 }
 
+/// The JSON header of a safetensors file's `bytes` (after its 8-byte length), when the length
+/// fits in them.
+fn header_bytes(bytes: &[u8]) -> Option<&[u8]> {
+    let n = u64::from_le_bytes(bytes.get(..8)?.try_into().ok()?);
+    let end = 8usize.checked_add(usize::try_from(n).ok()?)?;
+    bytes.get(8..end)
+}
+
 /// A name the header's JSON object has twice (JSON parsers keep one of them silently, so the
 /// file would read as whichever came first or last); `None` when each is once or the header
 /// does not parse (the safetensors reader then says why).
@@ -235,31 +243,27 @@ fn duplicate_name(bytes: &[u8]) -> Option<String> {
             Ok(None)
         }
     }
-    let n = u64::from_le_bytes(bytes.get(..8)?.try_into().ok()?);
-    let end = 8usize.checked_add(usize::try_from(n).ok()?)?;
-    let header = bytes.get(8..end)?;
-    serde_json::Deserializer::from_slice(header)
+    serde_json::Deserializer::from_slice(header_bytes(bytes)?)
         .deserialize_map(Keys)
         .ok()
         .flatten()
 }
 
-/// The first dtype in the header of `bytes` (a safetensors file, or its first `8 + n` bytes)
-/// that safetensors does not know: read from the JSON itself, as the header's own
+/// Whether a tensor in the header of `bytes` (a safetensors file, or its first `8 + n` bytes)
+/// has a dtype safetensors does not know: read from the JSON itself, as the header's own
 /// deserialization error says it only in words.
-fn unknown_dtype(bytes: &[u8]) -> Option<String> {
-    let n = u64::from_le_bytes(bytes.get(..8)?.try_into().ok()?);
-    let end = 8usize.checked_add(usize::try_from(n).ok()?)?;
-    let header: serde_json::Map<String, serde_json::Value> =
-        serde_json::from_slice(bytes.get(8..end)?).ok()?;
-    header
-        .iter()
-        .filter(|(name, _)| name.as_str() != "__metadata__")
-        .filter_map(|(_, info)| info.get("dtype")?.as_str())
-        .find(|d| {
-            serde_json::from_value::<safetensors::Dtype>(serde_json::Value::from(*d)).is_err()
-        })
-        .map(str::to_string)
+fn unknown_dtype(bytes: &[u8]) -> bool {
+    let header = header_bytes(bytes)
+        .and_then(|h| serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(h).ok());
+    header.is_some_and(|header| {
+        header
+            .iter()
+            .filter(|(name, _)| name.as_str() != "__metadata__")
+            .filter_map(|(_, info)| info.get("dtype")?.as_str())
+            .any(|d| {
+                serde_json::from_value::<safetensors::Dtype>(serde_json::Value::from(d)).is_err()
+            })
+    })
 }
 
 /// What a header that does not deserialize means: a dtype safetensors does not know, or no
@@ -268,7 +272,7 @@ fn describe_header(bytes: &[u8], e: SafeTensorError, len: usize) -> String {
     match (unknown_dtype(bytes), &e) {
         // serde's words, as before (`unknown variant `Q4`, expected one of ...`): the dtype was
         // found in the JSON, not in them
-        (Some(_), SafeTensorError::InvalidHeaderDeserialization(j)) => {
+        (true, SafeTensorError::InvalidHeaderDeserialization(j)) => {
             format!("a tensor has a dtype safetensors does not know ({j})")
         }
         _ => describe_read(&e, len),
