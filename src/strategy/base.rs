@@ -1,6 +1,6 @@
 //! The `Strategy` interface, memory accounting and shared helpers.
 
-use super::hybrid::{hybrid_size, Hybrid};
+use super::hybrid::Hybrid;
 use super::{fsdp, Ddp, Dp, Fsdp, Single};
 use std::ops::Range;
 
@@ -11,7 +11,7 @@ use crate::collective::Pending;
 use crate::collective::{
     device_error, Collective, CollectiveError, GradsOps, OpKind, Overlapped, ReduceOp, WaitHook,
 };
-use crate::config::{Config, DecayRule, OptimKind, Sharding, StrategyKind};
+use crate::config::{Config, DecayRule, Mesh, OptimKind, Sharding, StrategyKind};
 use crate::params::{DeviceParams, DeviceTensor, Grads, Optimizer, ParamLayout, Transfers};
 
 /// Bytes one rank holds: its model state by formula (parameters, gradients and optimizer state
@@ -450,6 +450,7 @@ pub fn build(
     // weight decay spares these parameters (`optim.decay`)
     let no_decay = layout.no_decay(decay);
     let whole = || Optimizer::new(&c.optim).with_no_decay(no_decay.clone());
+    let mesh = Mesh::over(c, comm.world());
     match c.strategy.kind {
         StrategyKind::Single => Box::new(Single::new(
             c,
@@ -458,7 +459,7 @@ pub fn build(
             overlapped(comm),
         )),
         StrategyKind::Dp => Box::new(Dp::new(c, layout.num_params(), whole(), comm)),
-        StrategyKind::Fsdp if !is_ddp(c) => match hybrid {
+        StrategyKind::Fsdp if mesh.sharded => match hybrid {
             Some(h) => Box::new(Fsdp::new(
                 c,
                 layout,
@@ -514,15 +515,6 @@ pub fn with_params<T>(
     Ok(out)
 }
 
-/// Whether the run's strategy computes as ddp: `ddp`, or `fsdp` with `sharding = "none"`.
-pub fn is_ddp(c: &Config) -> bool {
-    match c.strategy.kind {
-        StrategyKind::Ddp => true,
-        StrategyKind::Fsdp => c.strategy.sharding == Sharding::None,
-        _ => false,
-    }
-}
-
 /// The parts of `ranges` inside `window`, shifted to start from `window.start` (the undecayed
 /// ranges of a buffer that holds `window` of the flat parameters).
 pub(super) fn within(ranges: &[Range<usize>], window: Range<usize>) -> Vec<Range<usize>> {
@@ -571,13 +563,14 @@ pub fn estimate(c: &Config, layout: &ParamLayout, world: usize) -> Vec<Memory> {
     let n = layout.num_params();
     let whole = n * 4;
     let state = state_per_param(c);
+    let mesh = Mesh::over(c, world);
     (0..world)
         .map(|rank| {
             let (params_bytes, grads_bytes, optim_elems) = match c.strategy.kind {
                 StrategyKind::Dp => (whole, whole, if rank == 0 { n } else { 0 }),
-                StrategyKind::Fsdp if !is_ddp(c) => {
+                StrategyKind::Fsdp if mesh.sharded => {
                     // (HSDP: sharded over a group)
-                    let group = hybrid_size(c, world).unwrap_or(world);
+                    let group = mesh.hybrid().unwrap_or(world);
                     let shard: usize = fsdp::units(layout, c.strategy.unit, group)
                         .iter()
                         .map(|u| u.shard_len)

@@ -11,12 +11,6 @@ pub struct Hybrid {
     pub replica: Box<dyn Collective>,
 }
 
-/// The ranks of a shard group when the run is HSDP (fsdp with sharding, `strategy.shard_size`
-/// below the world size `world`); `None` otherwise.
-pub fn hybrid_size(c: &Config, world: usize) -> Option<usize> {
-    Mesh::over(c, world).hybrid()
-}
-
 /// Forms HSDP's groups (every rank calls it, before `build`): shard groups of `size`
 /// consecutive ranks (ranks 0..size the first), replica groups of the ranks with the same place
 /// in their shard group (torch's 2-D device mesh, replicate x shard). `None` when the run is
@@ -25,7 +19,7 @@ pub fn hybrid_groups(
     c: &Config,
     comm: &mut dyn Collective,
 ) -> Result<Option<Hybrid>, CollectiveError> {
-    let Some(size) = hybrid_size(c, comm.world()) else {
+    let Some(size) = Mesh::over(c, comm.world()).hybrid() else {
         return Ok(None);
     };
     let r = comm.rank();

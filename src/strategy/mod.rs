@@ -11,9 +11,9 @@
 //!   and `left_out` (the keys of a run's `config.toml` that a resume under it drops).
 //! - here: its file with a `Strategy` impl (the trait is in `base.rs`), its `mod` and `pub use`
 //!   below; in `base.rs` its arm of `build`, of `estimate` (its bytes by formula; the `_` arm
-//!   counts a whole replica), and where they apply of `step_bytes` and `is_ddp`; if it
-//!   shards (in groups), `config::Mesh::over` in `config/strategy.rs`, which says which
-//!   strategies shard (`hybrid.rs` asks it).
+//!   counts a whole replica), and where it applies of `step_bytes`; if it shards (in groups),
+//!   `config::Mesh::over` in `config/strategy.rs`, which says which strategies shard (`build`,
+//!   `estimate` and `hybrid.rs` ask it).
 //! - `plan/arithmetic.rs`: its `DataSplit` in `Plan::new` (how a step's samples are divided).
 //! - checkpoints: its `snapshot` gives `Layout::Full` (`full_snapshot`) or `Layout::Sharded`;
 //!   its name goes in `STRATEGIES` of `check_state` (`checkpoint/dir.rs`), with its rules on
@@ -42,5 +42,5 @@ pub use base::*;
 pub use ddp::Ddp;
 pub use dp::Dp;
 pub use fsdp::Fsdp;
-pub use hybrid::{hybrid_groups, hybrid_size, Hybrid};
+pub use hybrid::{hybrid_groups, Hybrid};
 pub use single::Single;

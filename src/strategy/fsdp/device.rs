@@ -1,21 +1,23 @@
 //! fsdp's device path: sharding = "full" on a device backend (`DeviceResident::keep`), where each
-//! rank's shards and their optimizer state live on the device ([`OnDevice`]) and the update runs
-//! there. Over NCCL the gathers run on the device, and with `strategy.overlap` they and the
+//! rank's shards and their optimizer state live on the device ([`DeviceShards`]) and the update
+//! runs there. Over NCCL the gathers run on the device, and with `strategy.overlap` they and the
 //! reduce-scatters are queued on NCCL's own stream beside the compute; over a host collective
 //! they are host-staged (the shard read to the host, the unit written back). Host shards over
 //! NCCL gather into device buffers too (`gather_host_shard`).
 
 use std::collections::VecDeque;
 
+use super::shards::HostState;
 use super::*;
 
 /// A reduce-scatter in flight: the unit, its padded gradient and its shard's buffer.
 pub(super) type Scattering = (usize, [Box<dyn DeviceTensor>; 2], Started);
 
 /// The device path's state, made once by `DeviceResident::keep`: while an fsdp has one, the
-/// device shards are the truth and the host shards a copy brought up to date when asked
-/// (`sync_host`).
-pub(super) struct OnDevice {
+/// device shards are the truth and `host` a copy brought up to date when asked (`host_copy`).
+pub(super) struct DeviceShards {
+    /// The host copy of the shards and their optimizer states.
+    pub host: HostState,
     /// Per unit: this rank's shard and its optimizer state.
     pub shards: Vec<Box<dyn DeviceParams>>,
     /// Per unit: this rank's shard of the step's reduced gradient.
@@ -37,20 +39,22 @@ pub(super) struct Stale {
     pub state: bool,
 }
 
-impl OnDevice {
-    /// The device shards of `shards` and their optimizer states, like `proto`; none when the
-    /// backend's buffers are not f32 (the masters stay on the host).
-    pub fn new(
-        proto: &dyn DeviceTensor,
-        shards: &[Vec<f32>],
-        opts: &[Optimizer],
-    ) -> Option<OnDevice> {
-        let shards = shards
+impl DeviceShards {
+    /// The device shards of `host`'s shards and their optimizer states, like `proto`, `host`
+    /// kept as their copy; `host` back when the backend's buffers are not f32 (the masters stay
+    /// on the host).
+    pub fn new(proto: &dyn DeviceTensor, host: HostState) -> Result<DeviceShards, HostState> {
+        let Some(shards) = host
+            .shards
             .iter()
-            .zip(opts)
+            .zip(&host.opts)
             .map(|(shard, opt)| proto.device_params(shard, opt))
-            .collect::<Option<Vec<_>>>()?;
-        Some(OnDevice {
+            .collect::<Option<Vec<_>>>()
+        else {
+            return Err(host);
+        };
+        Ok(DeviceShards {
+            host,
             grads: shards.iter().map(|_| None).collect(),
             shards,
             stale: Stale::default(),
@@ -59,28 +63,27 @@ impl OnDevice {
         })
     }
 
-    /// Brings the host shards (`with_state`: and their optimizer state) up to date.
-    pub fn sync_host(
+    /// The host copy, its shards (`with_state`: and their optimizer states) brought up to
+    /// date first.
+    pub fn host_copy(
         &mut self,
-        shards: &mut [Vec<f32>],
-        opts: &mut [Optimizer],
-        with_state: bool,
         rank: usize,
-    ) -> Result<(), CollectiveError> {
+        with_state: bool,
+    ) -> Result<&HostState, CollectiveError> {
         let err = |e| device_error(rank, OpKind::Update, e);
         if self.stale.params {
-            for (shard, d) in shards.iter_mut().zip(&mut self.shards) {
+            for (shard, d) in self.host.shards.iter_mut().zip(&mut self.shards) {
                 *shard = d.params().map_err(err)?;
             }
             self.stale.params = false;
         }
         if with_state && self.stale.state {
-            for (opt, d) in opts.iter_mut().zip(&mut self.shards) {
+            for (opt, d) in self.host.opts.iter_mut().zip(&mut self.shards) {
                 opt.import_whole(&d.export().map_err(err)?);
             }
             self.stale.state = false;
         }
-        Ok(())
+        Ok(&self.host)
     }
 
     /// The reduce-scatters queued on NCCL's stream that finished (`all`: every one, waiting)

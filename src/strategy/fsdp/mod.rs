@@ -31,6 +31,12 @@
 //! gradients laid out so that each rank receives its shard of each (torch FSDP2 copies a
 //! module's parameters in and out of one buffer the same way). Each element is reduced as on
 //! its own, so the bits do not change.
+//!
+//! Where the shards live is one value, `Shards`, chosen once: on the host, or (sharding =
+//! "full" on a device backend, not HSDP: `Fsdp::host_only` says why not) on the device from
+//! `DeviceResident::keep` on. Each method below matches on it once and delegates to the host
+//! path (`shards.rs`) or the device path (`device.rs`); the host collectives both use are in
+//! `host.rs`.
 
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
@@ -48,9 +54,11 @@ use crate::params::{
 
 mod device;
 mod host;
+mod shards;
 
-use device::{gather_host_shard, OnDevice};
-use host::add_shard;
+use device::gather_host_shard;
+use host::Ahead;
+use shards::{HostShards, HostState, Shards};
 
 /// HSDP's replica group, shared with the communication thread.
 type Replica = Arc<Mutex<Box<dyn Collective>>>;
@@ -96,19 +104,16 @@ pub struct Fsdp {
     reshard: bool,
     units: Vec<Unit>,
     num_params: usize,
-    /// Per unit: this rank's shard (padded length `shard_len`).
-    shards: Vec<Vec<f32>>,
+    /// This rank's shards, their optimizer states and gradients: on the host, or on the device.
+    shards: Shards,
+    /// Why the shards stay on the host on a device backend too (decided at build); `None`:
+    /// `DeviceResident::keep` moves them to the device.
+    host_only: Option<&'static str>,
     /// Whole parameters: at rest for grad_op; for full only while a step needs them.
     whole: Option<Vec<f32>>,
-    /// Per unit optimizer over the shard.
-    opts: Vec<Optimizer>,
     /// unit = "model" over a device collective: the gathered parameters on the device, for the
     /// current step only.
     device_whole: Option<Box<dyn DeviceTensor>>,
-    /// The device path (sharding = "full" on a device backend), chosen once by
-    /// `DeviceResident::keep`: the shards, their optimizer state and gradients on the device. None:
-    /// the host path, the shards and their update on the host.
-    dev: Option<OnDevice>,
     /// The fsdp unit of each layout unit.
     unit_of: Vec<usize>,
     /// Layout units per fsdp unit, and how many of them handed in their gradient this
@@ -118,29 +123,17 @@ pub struct Fsdp {
     /// Per fsdp unit: the micro-step's gradient being assembled (unit = "model": from every
     /// layout unit), until the unit is complete and reduce-scattered.
     pending: Vec<WholeGrads>,
-    /// Per fsdp unit: this rank's shard of the step's reduced gradient, summed over micro-steps.
-    shard_grads: Vec<Option<Vec<f32>>>,
-    /// All-gathers started by `prefetch`, oldest first: the fsdp units each gathers together,
-    /// until the step asks for them.
-    ahead: std::collections::VecDeque<(Vec<usize>, Reduced)>,
-    /// Per fsdp unit: its gathered parameters, split from a gather of several, until asked for.
-    ready: Vec<Option<Vec<f32>>>,
+    /// All-gathers `prefetch` started on the communication thread, until the step asks.
+    ahead: Ahead,
     /// Reduce-scatters running beside the compute: the fsdp units whose shards come back, and
     /// the learning rate to step them with as soon as they are back (`step_in_backward`).
     inflight: InFlight<(Vec<usize>, Option<f64>)>,
-    /// The learning rate of the update this micro-step leads to, when its gradients are the
-    /// step's final ones and each unit steps as soon as its shard is reduced (`before_micro`).
-    backward_lr: Option<f64>,
-    /// Per fsdp unit: whether it stepped early this step; and whether a gradient it stepped
-    /// with had NaN or infinite values.
-    stepped: Vec<bool>,
-    stepped_non_finite: bool,
 }
 
 impl Drop for Fsdp {
     fn drop(&mut self) {
         // (a failed step leaves ops in flight: their buffers outlive them)
-        if let Some(d) = &mut self.dev {
+        if let Shards::Device(d) = &mut self.shards {
             d.settle(&mut self.comm);
         }
     }
@@ -179,6 +172,18 @@ impl Fsdp {
         for &u in &unit_of {
             members[u] += 1;
         }
+        let reshard = c.strategy.sharding == Sharding::Full;
+        // The one place fsdp's placement is decided. The shards stay on the host:
+        // - under HSDP (`strategy.shard_size`): each reduced gradient shard is averaged across
+        //   the replicas on host buffers (`across_replicas`), on the thread that reduce-scatters
+        //   it, in one op order over both groups; the device path has no replica step (the
+        //   rank log and the strategies chapter say so);
+        // - with `strategy.sharding = "grad_op"`: the whole parameters stay on the host.
+        let host_only = match (&hybrid, reshard) {
+            (Some(_), _) => Some("HSDP averages gradient shards across replicas on the host"),
+            (None, false) => Some("sharding = \"grad_op\" keeps the whole parameters on the host"),
+            (None, true) => None,
+        };
         let (world, replica) = match hybrid {
             Some((w, r)) => (Some(w), Some(r)),
             None => (None, None),
@@ -187,51 +192,32 @@ impl Fsdp {
             unit_of,
             arrived: vec![0; units.len()],
             pending: units.iter().map(|_| WholeGrads::default()).collect(),
-            shard_grads: vec![None; units.len()],
             members,
-            ahead: Default::default(),
-            ready: vec![None; units.len()],
+            ahead: Ahead::new(units.len()),
             inflight: InFlight::default(),
-            backward_lr: None,
-            stepped: vec![false; units.len()],
-            stepped_non_finite: false,
             comm,
             world,
             replica: replica.map(|r| Arc::new(Mutex::new(r))),
-            reshard: c.strategy.sharding == Sharding::Full,
+            reshard,
             units,
             num_params: layout.num_params(),
-            shards: Vec::new(),
+            shards: Shards::Host(HostShards::new(HostState {
+                shards: Vec::new(),
+                opts,
+            })),
+            host_only,
             whole: None,
-            opts,
             device_whole: None,
-            dev: None,
-        }
-    }
-
-    /// Brings the host shards (`with_state`: and their optimizer state) up to date with the
-    /// device shards.
-    fn sync_host(&mut self, with_state: bool) -> Result<(), CollectiveError> {
-        let rank = self.comm.rank();
-        match &mut self.dev {
-            Some(d) => d.sync_host(&mut self.shards, &mut self.opts, with_state, rank),
-            None => Ok(()),
         }
     }
 
     /// Back to the host path (the host copy is the truth again: `init`, `load_optimizer`),
-    /// and nothing of the state being replaced in flight.
-    fn reset_device(&mut self) {
-        if let Some(mut d) = self.dev.take() {
-            d.settle(&mut self.comm);
-        }
+    /// with nothing of the state being replaced in flight.
+    fn reset(&mut self) -> &mut HostShards {
         self.device_whole = None;
         self.ahead.clear();
-        self.ready.iter_mut().for_each(|p| *p = None);
         self.inflight = InFlight::default();
-        self.backward_lr = None;
-        self.stepped.iter_mut().for_each(|d| *d = false);
-        self.stepped_non_finite = false;
+        self.shards.move_to_host(&mut self.comm)
     }
 
     fn shard_of(&self, u: &Unit, whole: &[f32]) -> Vec<f32> {
@@ -245,23 +231,19 @@ impl Fsdp {
     /// micro-step's gradients are final and the update needs nothing of the whole gradient:
     /// host shards, full sharding by layer (a unit = "model" gathers once a step anyway).
     fn step_in_backward(&self) -> Option<f64> {
-        self.backward_lr.filter(|_| {
-            self.reshard && self.dev.is_none() && self.units.len() > 1 && self.whole.is_none()
-        })
+        match &self.shards {
+            Shards::Host(h) => h
+                .backward_lr
+                .filter(|_| self.reshard && self.units.len() > 1 && self.whole.is_none()),
+            Shards::Device(_) => None,
+        }
     }
 
-    /// Steps fsdp unit `i`'s shard with its final gradient shard, which is freed: the update
-    /// `update` would make (each unit has its own optimizer state), only earlier.
-    fn step_unit(&mut self, i: usize, lr: f64) -> Result<(), CollectiveError> {
-        let g = self.shard_grads[i]
-            .take()
-            .unwrap_or_else(|| vec![0.0; self.units[i].shard_len]);
-        if !crate::params::all_finite(&g) {
-            self.stepped_non_finite = true;
+    /// Steps fsdp unit `i`'s host shard with its final gradient shard (`step_in_backward`).
+    fn step_unit(&mut self, i: usize, lr: f64) {
+        if let Shards::Host(h) = &mut self.shards {
+            h.step_unit(i, self.units[i].shard_len, lr);
         }
-        self.opts[i].step(&mut self.shards[i], &g, lr);
-        self.stepped[i] = true;
-        Ok(())
     }
 
     /// Broadcasts rank 0's `buf` to every rank: across the replicas (HSDP), then within the
@@ -296,20 +278,19 @@ impl Strategy for Fsdp {
     }
 
     fn init(&mut self, init: &[f32]) -> Result<(), CollectiveError> {
-        self.reset_device();
+        self.reset();
         // sync_module_states: rank 0's initialisation is the truth
         if !self.reshard {
             let mut full = init.to_vec();
             self.broadcast_init(&mut full)?;
-            if !self.reshard {
-                self.shards = self.units.iter().map(|u| self.shard_of(u, &full)).collect();
-            }
+            let shards = self.units.iter().map(|u| self.shard_of(u, &full)).collect();
+            self.reset().state.shards = shards;
             self.whole = Some(full);
             return Ok(());
         }
         // a unit at a time: no rank makes a copy of the whole model
         self.whole = None;
-        self.shards = Vec::with_capacity(self.units.len());
+        let mut shards = Vec::with_capacity(self.units.len());
         for i in 0..self.units.len() {
             let range = self.units[i].range();
             let mut unit = init[range].to_vec();
@@ -318,14 +299,13 @@ impl Strategy for Fsdp {
                 start: 0,
                 ..self.units[i].clone()
             };
-            let shard = self.shard_of(&u, &unit);
-            self.shards.push(shard);
+            shards.push(self.shard_of(&u, &unit));
         }
+        self.reset().state.shards = shards;
         Ok(())
     }
 
     fn params(&mut self) -> Result<&[f32], CollectiveError> {
-        self.sync_host(false)?;
         if self.whole.is_none() {
             self.whole = Some(self.gather_all()?);
         }
@@ -340,13 +320,15 @@ impl Strategy for Fsdp {
         if let Some(full) = &self.whole {
             return Ok(full[range].to_vec());
         }
-        self.sync_host(false)?;
         match self.units.len() {
             // unit = "model": gather everything once; it stays until the update reshards
             1 => Ok(self.params()?[range].to_vec()),
             // unit = "layer": gather only this unit (or take the gather `prefetch` started),
             // hand it straight to the autodiff graph
-            _ => match self.take_ahead(self.unit_of[unit])? {
+            _ => match self
+                .ahead
+                .take(&mut self.comm, &self.units, self.unit_of[unit])?
+            {
                 Some(p) => Ok(p),
                 None => self.gather_unit(unit),
             },
@@ -354,9 +336,10 @@ impl Strategy for Fsdp {
     }
 
     fn prefetch(&mut self, units: &[usize]) -> Result<(), CollectiveError> {
+        let device = matches!(self.shards, Shards::Device(_));
         // over NCCL with device shards: queued on NCCL's stream, waited for when asked
-        if let Some(d) = self.dev.as_mut().filter(|_| self.whole.is_none()) {
-            if self.units.len() > 1 && self.comm.overlaps_on_device() {
+        if let Shards::Device(d) = &mut self.shards {
+            if self.whole.is_none() && self.units.len() > 1 && self.comm.overlaps_on_device() {
                 for &u in units {
                     let i = self.unit_of[u];
                     d.start_gather(&mut self.comm, &self.units[i], i)?;
@@ -370,15 +353,14 @@ impl Strategy for Fsdp {
         if self.whole.is_some()
             || self.units.len() == 1
             || self.comm.device_ops().is_some()
-            || (self.dev.is_some() && self.comm.world() == 1)
+            || (device && self.comm.world() == 1)
         {
             return Ok(());
         }
         let mut group: Vec<usize> = Vec::with_capacity(units.len());
         for &u in units {
             let i = self.unit_of[u];
-            let held = self.ready[i].is_some() || self.ahead.iter().any(|(g, _)| g.contains(&i));
-            if !held && !group.contains(&i) {
+            if !self.ahead.holds(i) && !group.contains(&i) {
                 group.push(i);
             }
         }
@@ -387,19 +369,12 @@ impl Strategy for Fsdp {
         if group.is_empty() || (group.len() == 1 && !self.comm.overlaps()) {
             return Ok(());
         }
-        let world = self.comm.world();
+        let (rank, world) = (self.comm.rank(), self.comm.world());
         let block: usize = group.iter().map(|&i| self.units[i].shard_len).sum();
         let mut send = Vec::with_capacity(block);
         for &i in &group {
-            match &mut self.dev {
-                // host-staged: the device shard read to the host
-                Some(d) => send.extend_from_slice(
-                    &d.shards[i]
-                        .params()
-                        .map_err(|e| device_error(self.comm.rank(), OpKind::AllGather, e))?,
-                ),
-                None => send.extend_from_slice(&self.shards[i]),
-            }
+            // (host-staged on the device path: the device shard read to the host)
+            self.shards.read_shard(i, rank, &mut send)?;
         }
         let one = match group[..] {
             [i] => Some(self.units[i].len),
@@ -415,7 +390,7 @@ impl Strategy for Fsdp {
             }
             Ok(out)
         });
-        self.ahead.push_back((group, p));
+        self.ahead.push(group, p);
         Ok(())
     }
 
@@ -452,7 +427,7 @@ impl Strategy for Fsdp {
         let shard_len = u.shard_len;
         let mut pending = self.pending[i].take(len);
         let staged = self.comm.world() > 1 && self.comm.device_ops().is_none();
-        if let Some(d) = &mut self.dev {
+        if let Shards::Device(d) = &mut self.shards {
             if !(staged && self.comm.overlaps()) {
                 return d.reduce_scatter(&mut self.comm, &self.units[i], i, pending);
             }
@@ -496,9 +471,9 @@ impl Strategy for Fsdp {
                 )?;
                 across_replicas(self.replica.as_ref(), &mut shard)?;
                 drop(pending);
-                add_shard(&mut self.shard_grads[i], shard);
+                self.shards.add_grad(i, rank, shard)?;
                 if let Some(lr) = self.step_in_backward() {
-                    self.step_unit(i, lr)?;
+                    self.step_unit(i, lr);
                 }
                 Ok(())
             }
@@ -537,24 +512,21 @@ impl Strategy for Fsdp {
     fn before_micro(&mut self, lr: f64, clip: Option<f64>, last: bool, skippable: bool) {
         // clipping scales by the norm of the whole gradient, and whether the step is skipped
         // depends on every unit's: both are known only after the backward
-        self.backward_lr = (last && clip.is_none() && !skippable).then_some(lr);
+        if let Shards::Host(h) = &mut self.shards {
+            h.backward_lr = (last && clip.is_none() && !skippable).then_some(lr);
+        }
     }
 
     fn grads_non_finite(&mut self) -> Result<bool, CollectiveError> {
         let rank = self.comm.rank();
         self.collect(true)?;
-        if let Some(d) = &mut self.dev {
-            d.collect(&mut self.comm, true)?;
-            if d.grads_non_finite(rank)? {
-                return Ok(true);
+        match &mut self.shards {
+            Shards::Host(h) => Ok(h.grads_non_finite()),
+            Shards::Device(d) => {
+                d.collect(&mut self.comm, true)?;
+                d.grads_non_finite(rank)
             }
         }
-        Ok(self.stepped_non_finite
-            || self
-                .shard_grads
-                .iter()
-                .flatten()
-                .any(|g| !crate::params::all_finite(g)))
     }
 
     fn update(&mut self, lr: f64, clip: Option<f64>) -> Result<(), CollectiveError> {
@@ -562,67 +534,20 @@ impl Strategy for Fsdp {
         // a gather started for a unit the step never asked for is of parameters this update
         // replaces
         self.ahead.clear();
-        self.ready.iter_mut().for_each(|p| *p = None);
         self.device_whole = None;
-        if let Some(d) = &mut self.dev {
-            d.collect(&mut self.comm, true)?;
-            d.drop_ahead(&mut self.comm)?;
-            for (p, u) in self.pending.iter_mut().zip(&self.units) {
-                p.take(u.len);
-            }
-            d.update(&mut self.comm, &self.units, lr, clip)?;
-            // whole parameters an evaluation gathered are of the parameters this replaced
-            self.whole = None;
-            return Ok(());
-        }
-        // a unit that got no gradient this step (none can: every unit is in a stage) steps
-        // with zeros; a unit that stepped in the backward (`step_in_backward`) is done
-        let stepped = std::mem::replace(&mut self.stepped, vec![false; self.units.len()]);
-        self.stepped_non_finite = false;
-        self.backward_lr = None;
-        let mut shard_grads: Vec<Vec<f32>> = self
-            .shard_grads
-            .iter_mut()
-            .zip(&self.units)
-            .zip(&stepped)
-            .map(|((g, u), &done)| {
-                let g = g.take();
-                match done {
-                    // (its gradient went with its step; nothing arrives after it)
-                    true => {
-                        debug_assert!(g.is_none(), "a gradient arrived after its unit stepped");
-                        Vec::new()
-                    }
-                    false => g.unwrap_or_else(|| vec![0.0; u.shard_len]),
-                }
-            })
-            .collect();
-        debug_assert!(
-            clip.is_none() || !stepped.contains(&true),
-            "clipping after units stepped early"
-        );
         for (p, u) in self.pending.iter_mut().zip(&self.units) {
             p.take(u.len);
         }
-        if let Some(max_norm) = clip {
-            // the global norm: every shard's sum of squares, all-reduced
-            let mut sq = [shard_grads.iter().map(|g| sum_squares(g)).sum::<f64>()];
-            self.comm.all_reduce_f64(&mut sq, ReduceOp::Sum)?;
-            let norm = sq[0].sqrt();
-            for g in &mut shard_grads {
-                clip_by_norm(g, norm, max_norm);
+        match &mut self.shards {
+            Shards::Device(d) => {
+                d.collect(&mut self.comm, true)?;
+                d.drop_ahead(&mut self.comm)?;
+                d.update(&mut self.comm, &self.units, lr, clip)?;
+                // whole parameters an evaluation gathered are of the parameters this replaced
+                self.whole = None;
+                return Ok(());
             }
-        }
-        for (((shard, g), opt), done) in self
-            .shards
-            .iter_mut()
-            .zip(&shard_grads)
-            .zip(&mut self.opts)
-            .zip(stepped)
-        {
-            if !done {
-                opt.step(shard, g, lr);
-            }
+            Shards::Host(h) => h.update(&mut self.comm, &self.units, lr, clip)?,
         }
         self.whole = match self.reshard {
             // ZeRO-3: reshard, free the whole parameters
@@ -635,23 +560,17 @@ impl Strategy for Fsdp {
 
     fn discard_grads(&mut self) -> Result<(), CollectiveError> {
         self.collect(true)?;
-        if let Some(d) = &mut self.dev {
-            d.collect(&mut self.comm, true)?;
-            d.drop_ahead(&mut self.comm)?;
-            d.grads.iter_mut().for_each(|g| *g = None);
+        match &mut self.shards {
+            Shards::Host(h) => h.discard(),
+            Shards::Device(d) => {
+                d.collect(&mut self.comm, true)?;
+                d.drop_ahead(&mut self.comm)?;
+                d.grads.iter_mut().for_each(|g| *g = None);
+            }
         }
-        debug_assert!(
-            !self.stepped.contains(&true),
-            "a skippable step stepped units early"
-        );
         // what `update` forgets, less the update itself
         self.ahead.clear();
-        self.ready.iter_mut().for_each(|p| *p = None);
         self.device_whole = None;
-        self.backward_lr = None;
-        self.stepped.iter_mut().for_each(|d| *d = false);
-        self.stepped_non_finite = false;
-        self.shard_grads.iter_mut().for_each(|g| *g = None);
         for (p, u) in self.pending.iter_mut().zip(&self.units) {
             p.take(u.len);
         }
@@ -673,7 +592,6 @@ impl Strategy for Fsdp {
     }
 
     fn visit_params(&mut self, f: &mut dyn FnMut(&[f32])) -> Result<(), CollectiveError> {
-        self.sync_host(false)?;
         if let Some(full) = &self.whole {
             f(full);
             return Ok(());
@@ -686,7 +604,7 @@ impl Strategy for Fsdp {
     }
 
     fn placement(&mut self) -> String {
-        if self.dev.is_some() {
+        if let Shards::Device(_) = self.shards {
             let gathered = if self.comm.world() == 1 {
                 "one rank's shard is its unit (nothing to gather)"
             } else if self.comm.device_ops().is_some() {
@@ -726,29 +644,24 @@ impl Strategy for Fsdp {
             rank: self.rank(),
             params_bytes,
             grads_bytes,
-            optim_bytes: match &self.dev {
-                Some(d) => d.state_bytes(),
-                None => self.opts.iter().map(|o| o.state_bytes()).sum(),
-            },
+            optim_bytes: self.shards.state_bytes(),
             peak_bytes: None,
             host_transfers: None,
         }
     }
 
     fn snapshot(&mut self) -> Result<Snapshot, CollectiveError> {
-        self.sync_host(true)?;
-        // (HSDP: the first shard group writes; the others hold the same shards)
         let rank = self.comm.rank();
+        let host = self.shards.host(rank, true)?;
+        let layout = Layout::Sharded {
+            world: self.comm.world(),
+            units: self.units.clone(),
+        };
+        // (HSDP: the first shard group writes; the others hold the same shards)
         if self.replica.as_ref().is_some_and(|r| lock(r).rank() > 0) {
-            return Ok(Snapshot {
-                layout: Layout::Sharded {
-                    world: self.comm.world(),
-                    units: self.units.clone(),
-                },
-                data: None,
-            });
+            return Ok(Snapshot { layout, data: None });
         }
-        let steps = self.opts.first().map(|o| o.steps).unwrap_or(0);
+        let steps = host.opts.first().map(|o| o.steps).unwrap_or(0);
         // each unit's owned part, without the padding of the last ranks
         let owned = |bufs: &mut dyn Iterator<Item = &Vec<f32>>| -> Vec<f32> {
             let mut out = Vec::new();
@@ -758,10 +671,10 @@ impl Strategy for Fsdp {
             out
         };
         let pick = |f: fn(&Optimizer) -> &Vec<f32>| -> Vec<f32> {
-            if self.opts.iter().any(|o| f(o).is_empty()) {
+            if host.opts.iter().any(|o| f(o).is_empty()) {
                 Vec::new()
             } else {
-                owned(&mut self.opts.iter().map(f))
+                owned(&mut host.opts.iter().map(f))
             }
         };
         let opt = OptState {
@@ -769,21 +682,19 @@ impl Strategy for Fsdp {
             m: pick(|o| &o.m),
             v: pick(|o| &o.v),
         };
-        let params = owned(&mut self.shards.iter());
+        let params = owned(&mut host.shards.iter());
         Ok(Snapshot {
-            layout: Layout::Sharded {
-                world: self.comm.world(),
-                units: self.units.clone(),
-            },
+            layout,
             data: Some((params, opt)),
         })
     }
 
     fn load_optimizer(&mut self, opt: &OptState) {
         // device shards (if any) are made again from the host state
-        self.reset_device();
         let rank = self.comm.rank();
-        for (u, o) in self.units.iter().zip(&mut self.opts) {
+        let units = self.units.clone();
+        let host = self.reset();
+        for (u, o) in units.iter().zip(&mut host.state.opts) {
             let own = u.owned(rank);
             o.import(opt, u.start + own.start..u.start + own.end, u.shard_len);
         }
@@ -792,14 +703,9 @@ impl Strategy for Fsdp {
 
 impl DeviceResident for Fsdp {
     fn keep(&mut self, proto: &dyn DeviceTensor) {
-        // The one place fsdp's placement is chosen. The shards stay on the host:
-        // - under HSDP (`strategy.shard_size`): each reduced gradient shard is averaged across
-        //   the replicas on host buffers (`across_replicas`), on the thread that reduce-scatters
-        //   it, in one op order over both groups; the device path has no replica step (the
-        //   rank log and the strategies chapter say so);
-        // - with `strategy.sharding = "grad_op"`: the whole parameters stay on the host.
-        if self.reshard && self.dev.is_none() && self.replica.is_none() {
-            self.dev = OnDevice::new(proto, &self.shards, &self.opts);
+        // (`host_only`, decided at build, says why not)
+        if self.host_only.is_none() {
+            self.shards.move_to_device(proto);
         }
     }
     fn unit_params(
@@ -812,65 +718,55 @@ impl DeviceResident for Fsdp {
         if self.whole.is_some() {
             return Ok(None);
         }
-        if let Some(d) = &mut self.dev {
-            let comm = &mut self.comm;
-            return match self.units.len() {
+        let i = self.unit_of[unit];
+        let comm = &mut self.comm;
+        match &mut self.shards {
+            Shards::Device(d) => {
                 // unit = "model": gathered once per step; layers are slices of it
-                1 => {
+                if self.units.len() == 1 {
                     if self.device_whole.is_none() {
                         self.device_whole = Some(d.gather(comm, &self.units[0], 0, proto)?);
                     }
+                    return Ok(self.device_whole.as_ref().map(|d| d.slice(range)));
+                }
+                // a gather `prefetch` queued on NCCL's stream
+                if let Some(p) = d.take_gathered(comm, &self.units[i], i)? {
+                    return Ok(Some(p));
+                }
+                // host-staged: a gather `prefetch` started beside the compute, written to the
+                // device, or one now
+                if let Some(p) = self.ahead.take(comm, &self.units, i)? {
+                    crate::params::transfers::record(crate::params::Moved::ParamsToDevice, p.len());
+                    let rank = comm.rank();
+                    return proto
+                        .upload(&p)
+                        .map(Some)
+                        .map_err(|e| device_error(rank, OpKind::AllGather, e));
+                }
+                Ok(Some(d.gather(comm, &self.units[i], i, proto)?))
+            }
+            // host shards over NCCL: gathered into device buffers
+            Shards::Host(h) if comm.device_ops().is_some() => match self.units.len() {
+                // unit = "model": gather once per step on the device; layers are slices of it
+                1 => {
+                    if self.device_whole.is_none() {
+                        let g = gather_host_shard(comm, &h.state.shards[0], &self.units[0], proto)?;
+                        self.device_whole = Some(g);
+                    }
                     Ok(self.device_whole.as_ref().map(|d| d.slice(range)))
                 }
-                _ => {
-                    let i = self.unit_of[unit];
-                    // a gather `prefetch` queued on NCCL's stream
-                    if let Some(p) = d.take_gathered(comm, &self.units[i], i)? {
-                        return Ok(Some(p));
-                    }
-                    // host-staged: a gather `prefetch` started beside the compute, written to
-                    // the device, or one now
-                    if let Some(p) = self.take_ahead(i)? {
-                        crate::params::transfers::record(
-                            crate::params::Moved::ParamsToDevice,
-                            p.len(),
-                        );
-                        let rank = self.comm.rank();
-                        return proto
-                            .upload(&p)
-                            .map(Some)
-                            .map_err(|e| device_error(rank, OpKind::AllGather, e));
-                    }
-                    match &mut self.dev {
-                        Some(d) => Ok(Some(d.gather(&mut self.comm, &self.units[i], i, proto)?)),
-                        None => Ok(None),
-                    }
-                }
-            };
-        }
-        if self.comm.device_ops().is_none() {
-            return Ok(None);
-        }
-        // host shards over NCCL: gathered into device buffers
-        match self.units.len() {
-            // unit = "model": gather once per step on the device; layers are slices of it
-            1 => {
-                if self.device_whole.is_none() {
-                    let g =
-                        gather_host_shard(&mut self.comm, &self.shards[0], &self.units[0], proto)?;
-                    self.device_whole = Some(g);
-                }
-                Ok(self.device_whole.as_ref().map(|d| d.slice(range)))
-            }
-            _ => {
-                let i = self.unit_of[unit];
-                let g = gather_host_shard(&mut self.comm, &self.shards[i], &self.units[i], proto)?;
-                Ok(Some(g))
-            }
+                _ => Ok(Some(gather_host_shard(
+                    comm,
+                    &h.state.shards[i],
+                    &self.units[i],
+                    proto,
+                )?)),
+            },
+            Shards::Host(_) => Ok(None),
         }
     }
     fn resident(&self) -> bool {
-        self.dev.is_some()
+        matches!(self.shards, Shards::Device(_))
     }
 }
 
