@@ -30,7 +30,7 @@ pub struct SweepArgs {
     /// Where the trials run: `local` child processes (the default), or one Slurm job array
     /// (`slurm`, shaped by `[slurm]`); a resumed sweep keeps the one it was started with.
     #[arg(long, value_enum)]
-    pub executor: Option<sweep::Executor>,
+    pub executor: Option<sweep::ExecutorKind>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -124,10 +124,10 @@ pub fn sweep(a: &SweepArgs) -> Result<()> {
         return Err(Error::Usage("--parallel must be at least 1".into()));
     }
     match spec.executor {
-        sweep::Executor::Local => {
+        sweep::ExecutorKind::Local => {
             crate::train::preempt::install();
             sweep::run_trials(&spec, a.parallel, a.quiet).map(|_| ())
         }
-        sweep::Executor::Slurm => sweep::submit(&spec, a.parallel).map(|_| ()),
+        sweep::ExecutorKind::Slurm => sweep::submit(&spec, a.parallel).map(|_| ()),
     }
 }

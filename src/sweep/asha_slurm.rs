@@ -10,15 +10,15 @@
 //! to the next submission, which `refresh`es the ledger and fills the free places again.
 
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use super::asha::{in_flight, next_job, pause_at, segment_record};
-use super::slurm::{job_configs, refresh, write_trials, Submission};
-use super::{ledger_io, plan, read_spec, record, rows, write_results};
-use super::{to_text, Asha, Executor, Ledger, Planned, SweepSpec, TrialState};
+use super::asha::segment_record;
+use super::policy::{fill, Again, AshaPolicy};
+use super::slurm::{job_configs, refresh, Slurm};
+use super::{ledger_io, plan, read_spec, rows, write_results};
+use super::{ExecutorKind, Ledger, Planned, SweepSpec, TrialState};
 use crate::config::Config;
 use crate::error::{Error, Result};
-use crate::slurm as sl;
 use crate::ui;
 
 /// An exclusive `flock` on `sweep.decide.lock`, held while the ledger is read and decided on
@@ -54,74 +54,6 @@ impl Decide {
     }
 }
 
-/// Submits the segments an asha sweep can run now (at most `parallel` queued or running).
-pub(super) fn submit(
-    spec: &SweepSpec,
-    base: &Config,
-    planned: &[Planned],
-    parallel: Option<usize>,
-) -> Result<String> {
-    let s = &base.sweep;
-    let opened = Submission::open(spec, base, planned)?;
-    let Submission {
-        dir,
-        jobs,
-        old_spec,
-        ledger,
-        ..
-    } = &opened;
-    let _decide = Decide::take(dir)?;
-    // the jobs submit the next segments with the `parallel` last given
-    let stored = old_spec
-        .as_deref()
-        .and_then(|b| serde_json::from_slice::<SweepSpec>(b).ok())
-        .and_then(|s| s.parallel);
-    let parallel = parallel.or(stored).unwrap_or(s.parallel).max(1);
-    let mut spec = spec.clone();
-    spec.parallel = Some(parallel);
-    spec.store(dir, Executor::Slurm)?;
-    opened.refresh(planned, &s.metric, "segments")?;
-    let mut made = Vec::new();
-    // (a submission runs stopped and failed segments again, as it does a job array's trials)
-    let (sent, res) = fill(
-        dir,
-        base,
-        planned,
-        jobs,
-        (parallel, Again::All),
-        ledger,
-        &mut made,
-    );
-    if let Err(e) = res {
-        if sent.is_empty() {
-            opened.take_back(None, &made);
-        } else {
-            ui::out(&format!("submitted {}", sent.join(", ")));
-        }
-        return Err(e);
-    }
-    let rows = rows(dir, ledger, s);
-    write_results(dir, &rows, &s.metric)?;
-    if sent.is_empty() {
-        ui::out(&to_text(&rows, &s.metric));
-        ui::out(&format!(
-            "nothing to submit: no segment of {} can run now (done, paused below its rung's quota, queued or running)",
-            dir.display()
-        ));
-        return Ok(String::new());
-    }
-    ui::out(&format!(
-        "submitted asha segment(s): {}; at most {parallel} queued or running, each job submits the next as trials reach their rungs; sweep dir: {}",
-        sent.join(", "),
-        dir.display()
-    ));
-    ui::note(&format!(
-        "  = `kiln sweep status {}` shows the rungs; the jobs' output is in logs/slurm-<job>_<index>.out",
-        dir.display()
-    ));
-    Ok(sent.join(","))
-}
-
 /// A segment's job, as its script names it to `kiln sweep advance`.
 #[derive(Debug, Clone, Copy)]
 pub struct Segment<'a> {
@@ -140,7 +72,7 @@ fn planned_sweep(dir: &Path) -> Result<(SweepSpec, Config, Vec<Planned>)> {
         .collect();
     let (base, planned) = plan(&spec, &env)?;
     if base.sweep.scheduler != crate::config::SweepScheduler::Asha
-        || spec.executor != Executor::Slurm
+        || spec.executor != ExecutorKind::Slurm
     {
         return Err(Error::Usage(format!(
             "`kiln sweep advance` goes on with an asha sweep on Slurm; {} is not one",
@@ -263,22 +195,13 @@ fn submit_next(
         ui::out(&format!("kiln: state unknown: {line}"));
     }
     let parallel = spec.parallel.unwrap_or(s.parallel).max(1);
-    let again = (parallel, Again::FailedWithin(s.retries));
-    let (sent, res) = fill(dir, base, planned, jobs, again, ledger, &mut Vec::new());
-    for l in &sent {
+    let mut policy = AshaPolicy::on_slurm(base, Again::FailedWithin(s.retries));
+    let mut exec = Slurm::new(dir, base, (planned, jobs), parallel, true);
+    let res = fill(&mut policy, &mut exec, planned, ledger);
+    for l in &exec.sent {
         ui::out(&format!("kiln: submitted {l}"));
     }
     res
-}
-
-/// Which segments that did not reach their rung run again.
-#[derive(Debug, Clone, Copy)]
-enum Again {
-    /// A submission: every one, stopped or failed.
-    All,
-    /// A job going on with the sweep: failed ones while they failed at most this often (a
-    /// stopped one was cancelled or preempted: the requeued job or the next submission).
-    FailedWithin(usize),
 }
 
 /// Set by a stop signal to `kiln sweep advance`.
@@ -286,6 +209,11 @@ static STOPPED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::n
 
 extern "C" fn on_stop(_: libc::c_int) {
     STOPPED.store(true, std::sync::atomic::Ordering::SeqCst);
+}
+
+/// Whether a stop signal reached `kiln sweep advance` (it submits nothing more).
+pub(super) fn stopped() -> bool {
+    STOPPED.load(std::sync::atomic::Ordering::SeqCst)
 }
 
 /// A variable Slurm, torchrun or a kiln job script sets for a job's launch.
@@ -301,97 +229,4 @@ fn is_launcher_var(name: &str) -> bool {
                 | "MASTER_ADDR"
                 | "MASTER_PORT"
         )
-}
-
-/// Submits segments while fewer than `parallel` are queued or running (those that did not
-/// reach their rung again as `again` says): the submitted ones ("trial I to step S (job J)"),
-/// and the error that stopped it, if any.
-fn fill(
-    dir: &Path,
-    base: &Config,
-    planned: &[Planned],
-    jobs: &[Config],
-    (parallel, again_as): (usize, Again),
-    ledger: &Ledger,
-    made: &mut Vec<PathBuf>,
-) -> (Vec<String>, Result<()>) {
-    let s = &base.sweep;
-    let asha = Asha::new(s, base.train.max_steps.unwrap_or(1));
-    let mut sent = Vec::new();
-    let kiln = match sl::kiln_exe() {
-        Ok(k) => k,
-        Err(e) => return (sent, Err(e)),
-    };
-    loop {
-        let latest = ledger.latest();
-        let live: Vec<String> = latest
-            .values()
-            .filter(|r| r.with_slurm())
-            .map(|r| r.trial.clone())
-            .collect();
-        // (a cancelled job's `kiln sweep advance` submits nothing more)
-        if live.len() >= parallel || STOPPED.load(std::sync::atomic::Ordering::SeqCst) {
-            break;
-        }
-        let retries = match again_as {
-            Again::All => usize::MAX,
-            Again::FailedWithin(n) => n,
-        };
-        let mut again = in_flight(ledger, &ledger.failures(), retries);
-        again.retain(|(id, _)| {
-            let stopped = latest.get(id).map(|r| r.state) == Some(TrialState::Preempted);
-            !live.contains(id)
-                && planned.iter().any(|p| &p.id == id)
-                && (matches!(again_as, Again::All) || !stopped)
-        });
-        let Some((id, target)) = next_job(&asha, planned, &live, &mut again, ledger) else {
-            break;
-        };
-        let Some(i) = planned.iter().position(|p| p.id == id) else {
-            break;
-        };
-        let p = &planned[i];
-        let seg = (target, pause_at(&asha, target));
-        let job = match submit_segment(dir, base, &kiln, (p, &jobs[i]), seg, made) {
-            Ok(job) => job,
-            Err(e) => return (sent, Err(e)),
-        };
-        let mut r = record(p, TrialState::Queued);
-        r.job = Some(job.clone());
-        r.array_index = Some(p.trial.index);
-        r.rung = Some(target);
-        if let Err(e) = ledger.append(&r).map_err(ledger_io) {
-            return (sent, Err(e));
-        }
-        sent.push(format!(
-            "trial {} to step {target} (job {job})",
-            p.trial.index
-        ));
-    }
-    (sent, Ok(()))
-}
-
-/// Writes trial `p`'s job config and its segment's script (to rung step `target`, pausing at
-/// `pause`) and submits it: the job id.
-fn submit_segment(
-    dir: &Path,
-    base: &Config,
-    kiln: &Path,
-    (p, job): (&Planned, &Config),
-    (target, pause): (usize, usize),
-    made: &mut Vec<PathBuf>,
-) -> Result<String> {
-    let mut trials = Vec::new();
-    write_trials(dir, &[(p, job)], made, &mut trials)?;
-    let path = dir.join(format!("slurm/{}-step-{target}.sbatch", p.id));
-    let seg = sl::Segment {
-        sweep_dir: dir,
-        trial: &p.id,
-        pause_at: pause,
-    };
-    let script = sl::array_script(base, kiln, dir, &trials, 1, Some(&seg));
-    fs::write(&path, &script).map_err(|e| Error::io(format!("writing {}", path.display()), e))?;
-    sl::sbatch(&path, &[]).inspect_err(|_| {
-        let _ = fs::remove_file(&path);
-    })
 }

@@ -1,6 +1,6 @@
-//! Sweeps run here: trials as child `kiln` processes (up to `parallel` at once, each with its
-//! share of the CPU and its GPUs), the grid and random loop, the record of how a trial ended,
-//! and the closing table.
+//! Sweeps run here: the local executor (jobs as child `kiln` processes, up to `parallel` at
+//! once, each with its share of the CPU and its GPUs) and its loop, for every policy; the
+//! record of how a trial ended, and the closing table.
 
 use std::collections::BTreeMap;
 use std::fs::{self, File};
@@ -8,8 +8,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use super::policy::{fill, is_asha, AshaPolicy, Executor, Grid, Job, Policy};
 use super::{
-    check_metric, dir_of, plan, refuse_run_dir, rows, to_text, write_results, Executor, Ledger,
+    check_metric, dir_of, plan, refuse_run_dir, rows, to_text, write_results, ExecutorKind, Ledger,
     Lock, Planned, Record, SweepSpec, TrialState,
 };
 use crate::config::{Config, SweepConfig};
@@ -22,15 +23,6 @@ fn now() -> f64 {
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs_f64())
         .unwrap_or(0.0)
-}
-
-pub(super) struct Running {
-    pub planned: Planned,
-    pub child: Child,
-    /// The GPUs this trial holds (CUDA trials get whole devices).
-    pub gpus: Vec<usize>,
-    /// asha: the rung step it was sent to.
-    pub target: usize,
 }
 
 /// GPUs a trial needs: its device count on CUDA, none on the CPU (and on wgpu, whose ranks
@@ -191,102 +183,197 @@ fn last_progress(run_dir: &Path) -> Option<String> {
     ))
 }
 
-/// Runs (or continues) a sweep. Returns the results table.
+/// Runs (or continues) a sweep here, grid, random or asha alike: the policy's jobs as child
+/// processes, at most `parallel` at once. Returns the results table.
 pub fn run_trials(spec: &SweepSpec, parallel: Option<usize>, quiet: bool) -> Result<String> {
     let env: Vec<(String, String)> = std::env::vars().collect();
     let (base, planned) = plan(spec, &env)?;
     check_metric(&base, &planned)?;
     let s = &base.sweep;
-    if s.scheduler == crate::config::SweepScheduler::Asha {
-        return super::asha::run(spec, &base, planned, parallel, quiet);
-    }
     let parallel = parallel.unwrap_or(s.parallel).max(1);
     let (dir, _lock, spec_abs, ledger) = open_local(spec, &base, &planned)?;
-    let latest = ledger.latest();
-    let mut failures = ledger.failures();
-    let mut queue = queue_of(&planned, &latest, &failures, s.retries);
     let total = planned.len();
-    let cores = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1);
-    let mut ui = SweepProgress::new(total, total - queue.len(), quiet);
-    if queue.is_empty() {
+    let (mut policy, done): (Box<dyn Policy>, usize) = if is_asha(s) {
+        refuse_slurm_segments(&dir, &ledger)?;
+        let done = ledger
+            .latest()
+            .values()
+            .filter(|r| r.state == TrialState::Done)
+            .count();
+        let asha = AshaPolicy::local(&base, &planned, &ledger);
+        (Box::new(asha), done)
+    } else {
+        let grid = grid_here(&planned, &ledger, s.retries);
+        let done = total - grid.len();
+        (Box::new(grid), done)
+    };
+    let ui = SweepProgress::new(total, done, quiet);
+    if !is_asha(s) && done == total {
         ui.info(&format!(
             "all {total} trials of {} are done; nothing to run",
             dir.display()
         ));
     }
-    let mut running: Vec<Running> = Vec::new();
-    let mut free_gpus = free_gpus(&planned);
-    // a stop signal: no new trials; the running ones checkpoint and stop (they get SIGTERM,
-    // which never escalates, even when a Ctrl-C reached them too)
-    let mut stopping = false;
-    while !queue.is_empty() || !running.is_empty() {
-        if !stopping && crate::train::preempt::requested().is_some() {
-            stopping = true;
-            queue.clear();
-            terminate(&running);
-            ui.info("stopping: the running trials checkpoint and stop");
+    let mut local = Local {
+        dir: dir.clone(),
+        spec: spec_abs,
+        parallel,
+        cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        running: Vec::new(),
+        free_gpus: free_gpus(&planned),
+        stopping: false,
+        ui,
+    };
+    let mut failures = ledger.failures();
+    loop {
+        // a stop signal: no new jobs; the running ones checkpoint and stop (they get SIGTERM,
+        // which never escalates, even when a Ctrl-C reached them too)
+        if !local.stopping && crate::train::preempt::requested().is_some() {
+            local.stopping = true;
+            terminate(&local.running);
+            local
+                .ui
+                .info("stopping: the running trials checkpoint and stop");
         }
-        while running.len() < parallel {
-            let Some(p) = queue.pop() else { break };
-            let Some(gpus) = claim_gpus(&p, &mut free_gpus, running.len())? else {
-                // wait for a running trial to give its GPUs back
-                queue.push(p);
-                break;
-            };
-            let run_dir = dir.join(&p.id);
-            let log = dir.join("logs").join(format!("{}.log", p.id));
-            let threads = (cores / parallel / p.config.strategy.devices.count().max(1)).max(1);
-            ledger
-                .append(&record(&p, TrialState::Running))
-                .map_err(ledger_io)?;
-            let child = spawn(&spec_abs, &p, &run_dir, &log, threads, &gpus, &[])?;
-            ui.started(&p.id, &p.trial.describe());
-            running.push(Running {
-                planned: p,
-                child,
-                gpus,
-                target: 0,
-            });
+        fill(policy.as_mut(), &mut local, &planned, &ledger)?;
+        if local.running.is_empty() {
+            break;
         }
         std::thread::sleep(Duration::from_millis(50));
+        for (r, status) in local.poll()? {
+            let rec = r
+                .job
+                .ended(&dir, &r.planned, status, local.stopping, &s.metric);
+            if rec.state == TrialState::Failed {
+                let n = failures.entry(r.job.id.clone()).or_insert(0);
+                *n += 1;
+                if *n <= s.retries {
+                    policy.again(r.job, true);
+                }
+            }
+            ledger.append(&rec).map_err(ledger_io)?;
+            policy.report(&mut local.ui, &rec);
+        }
+    }
+    local.ui.finish();
+    let closing = policy.closing(&planned, &ledger);
+    conclude(&dir, &ledger, s, local.stopping, total, closing)
+}
+
+/// A job running here.
+pub(super) struct Running {
+    pub job: Job,
+    pub planned: Planned,
+    pub child: Child,
+    /// The GPUs this trial holds (CUDA trials get whole devices).
+    pub gpus: Vec<usize>,
+}
+
+/// The executor of a sweep run here: jobs as child `kiln` processes, at most `parallel` at
+/// once, each with its share of the CPU's threads and its own GPUs.
+struct Local {
+    dir: PathBuf,
+    /// The spec, its paths absolute.
+    spec: SweepSpec,
+    parallel: usize,
+    cores: usize,
+    running: Vec<Running>,
+    free_gpus: Vec<usize>,
+    /// The sweep's stop came: nothing new starts; the running jobs checkpoint and stop.
+    stopping: bool,
+    ui: SweepProgress,
+}
+
+impl Executor for Local {
+    fn busy(&self, _: &Ledger) -> Vec<String> {
+        self.running.iter().map(|r| r.job.id.clone()).collect()
+    }
+    fn room(&self, busy: usize) -> bool {
+        !self.stopping && busy < self.parallel
+    }
+    fn start(&mut self, p: &Planned, job: &Job, ledger: &Ledger) -> Result<bool> {
+        let Some(gpus) = claim_gpus(p, &mut self.free_gpus, self.running.len())? else {
+            // it waits for a running trial to give its GPUs back
+            return Ok(false);
+        };
+        let run_dir = self.dir.join(&p.id);
+        let log = self.dir.join("logs").join(format!("{}.log", p.id));
+        let threads =
+            (self.cores / self.parallel / p.config.strategy.devices.count().max(1)).max(1);
+        ledger
+            .append(&job.record(p, TrialState::Running))
+            .map_err(ledger_io)?;
+        // an asha segment pauses at its rung (0 for the last: a run that paused before goes
+        // on to the end)
+        let extra: Vec<String> = match job.rung {
+            Some(_) => vec![format!("train.pause_at_step={}", job.pause)],
+            None => Vec::new(),
+        };
+        let child = spawn(&self.spec, p, &run_dir, &log, threads, &gpus, &extra)?;
+        self.ui.started(&p.id, &job.describe(p));
+        self.running.push(Running {
+            job: job.clone(),
+            planned: p.clone(),
+            child,
+            gpus,
+        });
+        Ok(true)
+    }
+}
+
+impl Local {
+    /// The jobs whose processes ended, with how (their GPUs given back); the others' progress
+    /// shown.
+    fn poll(&mut self) -> Result<Vec<(Running, std::process::ExitStatus)>> {
+        let mut out = Vec::new();
         let mut i = 0;
-        while i < running.len() {
-            let id = running[i].planned.id.clone();
-            let status = running[i]
+        while i < self.running.len() {
+            let status = self.running[i]
                 .child
                 .try_wait()
                 .map_err(|e| Error::io("waiting for a trial", e))?;
             let Some(status) = status else {
-                if let Some(msg) = last_progress(&dir.join(&id)) {
-                    ui.update(&id, &msg);
+                let id = &self.running[i].job.id;
+                if let Some(msg) = last_progress(&self.dir.join(id)) {
+                    self.ui.update(id, &msg);
                 }
                 i += 1;
                 continue;
             };
-            let done = running.swap_remove(i);
-            free_gpus.extend(&done.gpus);
-            free_gpus.sort_unstable();
-            let p = done.planned;
-            let rec = ended(&dir, &p, status, stopping, s.metric.as_str());
-            if rec.state == TrialState::Failed {
-                let n = failures.entry(p.id.clone()).or_insert(0);
-                *n += 1;
-                if *n <= s.retries {
-                    queue.insert(0, p.clone());
-                }
-            }
-            ledger.append(&rec).map_err(ledger_io)?;
-            ui.finished(
-                &p.id,
-                matches!(rec.state, TrialState::Done | TrialState::Paused),
-                &rec.error.clone().unwrap_or_default(),
-            );
+            let done = self.running.swap_remove(i);
+            self.free_gpus.extend(&done.gpus);
+            self.free_gpus.sort_unstable();
+            out.push((done, status));
         }
+        Ok(out)
     }
-    ui.finish();
-    conclude(&dir, &ledger, s, stopping, total, None)
+}
+
+/// An asha sweep's segments queued or running in Slurm: running the sweep here too would run
+/// a trial twice.
+fn refuse_slurm_segments(dir: &Path, ledger: &Ledger) -> Result<()> {
+    let with_slurm = ledger.latest().values().filter(|r| r.with_slurm()).count();
+    if with_slurm > 0 {
+        return Err(Error::Usage(format!(
+            "{with_slurm} segment(s) of the sweep in {} are queued or running in Slurm; running it here too would run a trial twice\n  = help: let the Slurm jobs go on (`kiln sweep status {}`), or cancel them (scancel) first",
+            dir.display(),
+            dir.display()
+        )));
+    }
+    Ok(())
+}
+
+/// A grid or random sweep's trials to run here, in trial order: not done, not with Slurm, and
+/// failed ones while retries are left.
+fn grid_here(planned: &[Planned], ledger: &Ledger, retries: usize) -> Grid {
+    let (latest, failures) = (ledger.latest(), ledger.failures());
+    Grid::new(planned, |p| match latest.get(&p.id) {
+        Some(r) if r.state == TrialState::Done || r.with_slurm() => false,
+        Some(r) if r.state == TrialState::Failed => {
+            failures.get(&p.id).copied().unwrap_or(0) <= retries
+        }
+        _ => true,
+    })
 }
 
 /// A local sweep's directory, opened: checked, `logs/` made, locked (the lock is returned),
@@ -302,7 +389,7 @@ pub(super) fn open_local(
     fs::create_dir_all(dir.join("logs"))
         .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
     let lock = Lock::take(&dir)?;
-    let spec_abs = spec.store(&dir, Executor::Local)?;
+    let spec_abs = spec.store(&dir, ExecutorKind::Local)?;
     let ledger = Ledger {
         path: dir.join("sweep.jsonl"),
     };
@@ -379,29 +466,6 @@ fn refuse_unknown_slurm_trials(dir: &Path, ledger: &Ledger, metric: &str) -> Res
         }
     }
     Ok(())
-}
-
-/// The trials to run, last first (popped from the back in trial order): not done, not with
-/// Slurm, and failed ones while retries are left.
-fn queue_of(
-    planned: &[Planned],
-    latest: &BTreeMap<String, Record>,
-    failures: &BTreeMap<String, usize>,
-    retries: usize,
-) -> Vec<Planned> {
-    let mut queue: Vec<Planned> = planned
-        .iter()
-        .filter(|p| match latest.get(&p.id) {
-            Some(r) if r.state == TrialState::Done || r.with_slurm() => false,
-            Some(r) if r.state == TrialState::Failed => {
-                failures.get(&p.id).copied().unwrap_or(0) <= retries
-            }
-            _ => true,
-        })
-        .cloned()
-        .collect();
-    queue.reverse(); // pop from the back in trial order
-    queue
 }
 
 /// The ledger record of trial `p`, whose process ended with `status`: done (with its metric),

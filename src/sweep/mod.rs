@@ -8,12 +8,13 @@
 //! Its files, one thing each: `spec.rs` (what `kiln sweep` was given, `sweep.json`), `plan.rs`
 //! (the trials resolved and checked, their ids), `dir.rs` (the sweep directory and its lock),
 //! `expand.rs` (grid and random samples), `ledger.rs` (what happened to each trial),
-//! `results.rs` (the ranked table, `kiln sweep status`), `local.rs` (trials as child processes
-//! here: the grid and random loop), `asha.rs` (ASHA's rungs and promotions, and its local
-//! loop), `slurm.rs` (a job array on Slurm), `asha_slurm.rs` (ASHA on Slurm: a job per
-//! segment, `kiln sweep advance`). The local loop still exists twice (`local.rs`, `asha.rs`)
-//! and the two Slurm submits are near-copies: one executor trait (local, Slurm) and one policy
-//! trait (grid/random, ASHA) are the next step.
+//! `results.rs` (the ranked table, `kiln sweep status`), `policy.rs` (what runs next: the
+//! `Policy` trait, `Grid` and `AshaPolicy`; what runs it: the `Executor` trait; `fill`, where
+//! they meet), `asha.rs` (ASHA's rungs and promotions), `local.rs` (the local executor: child
+//! processes and the loop that waits for them), `slurm.rs` (the Slurm executor: a job array, or
+//! a job per asha segment), `asha_slurm.rs` (an asha segment's job going on with the sweep,
+//! `kiln sweep advance`). A spec goes down once: `run_trials` (here) or `submit` (Slurm) plans
+//! it, picks the policy and fills the executor.
 
 mod asha;
 mod asha_slurm;
@@ -22,6 +23,7 @@ mod expand;
 mod ledger;
 mod local;
 mod plan;
+mod policy;
 mod results;
 mod slurm;
 mod spec;

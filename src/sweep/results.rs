@@ -5,7 +5,7 @@ use std::fs;
 use std::path::Path;
 
 use super::ledger::{Record, TrialState};
-use super::{read_spec, Executor, Ledger};
+use super::{read_spec, ExecutorKind, Ledger};
 use crate::config::{self, Config, MetricMode, SweepConfig};
 use crate::error::{Error, Result};
 
@@ -275,7 +275,7 @@ pub fn status(dir: &Path) -> Result<String> {
         path: dir.join("sweep.jsonl"),
     };
     let s = &base.config.sweep;
-    let rows = if spec.executor == Executor::Slurm {
+    let rows = if spec.executor == ExecutorKind::Slurm {
         // (not while an asha job decides on the ledger)
         let _decide = super::asha_slurm::Decide::take(dir)?;
         for line in super::refresh(dir, &ledger, &s.metric)? {

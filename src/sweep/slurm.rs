@@ -1,5 +1,6 @@
-//! `kiln sweep FILE --executor slurm`: the trials as one Slurm job array, at most `parallel` at
-//! once (`%N`). Each array task runs `kiln resume <trial dir>` (a fresh start when the trial has
+//! `kiln sweep FILE --executor slurm`: the Slurm executor. A grid's trials go as one Slurm job
+//! array, at most `parallel` at once (`%N`); an asha sweep's segments as a job each
+//! (`asha_slurm.rs` says how they go on). Each array task runs `kiln resume <trial dir>` (a fresh start when the trial has
 //! no checkpoint), so a requeued, cancelled or failed trial continues where it stopped when the
 //! sweep is submitted again. The ledger records each trial's job and array index; `refresh`
 //! folds Slurm's states and the trials' summaries back into it, and a new submission skips the
@@ -8,8 +9,10 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
+use super::asha_slurm::Decide;
+use super::policy::{fill, is_asha, Again, AshaPolicy, Executor, Grid, Job, Policy};
 use super::{add_pending, dir_of, ledger_io, plan, record, rows, write_results, Lock};
-use super::{to_text, Executor, Ledger, Planned, Record, SweepSpec, TrialState};
+use super::{to_text, ExecutorKind, Ledger, Planned, Record, SweepSpec, TrialState};
 use crate::config;
 use crate::config::Config;
 use crate::error::{Error, Result};
@@ -125,83 +128,255 @@ pub fn refresh(dir: &Path, ledger: &Ledger, metric: &str) -> Result<Vec<String>>
     Ok(unknown)
 }
 
-/// Submits the trials that are not done, queued or running as one job array.
+/// Submits what a sweep can run now: a grid's trials that are not done, queued or running as
+/// one job array; an asha sweep's segments, each a job, while fewer than `parallel` are queued
+/// or running (the jobs submit the next ones, `kiln sweep advance`).
 pub fn submit(spec: &SweepSpec, parallel: Option<usize>) -> Result<String> {
     let env: Vec<(String, String)> = std::env::vars().collect();
     let (base, planned) = plan(spec, &env)?;
     super::check_metric(&base, &planned)?;
     let s = &base.sweep;
-    if s.scheduler == crate::config::SweepScheduler::Asha {
-        return super::asha_slurm::submit(spec, &base, &planned, parallel);
-    }
-    let parallel = parallel.unwrap_or(s.parallel).max(1);
+    let asha = is_asha(s);
     let opened = Submission::open(spec, &base, &planned)?;
     let Submission {
-        dir, jobs, ledger, ..
+        dir,
+        jobs,
+        old_spec,
+        ledger,
+        ..
     } = &opened;
-    spec.store(dir, Executor::Slurm)?;
-    opened.refresh(&planned, &s.metric, "trials")?;
-    let latest = ledger.latest();
-    let todo: Vec<(&Planned, &Config)> = planned
-        .iter()
-        .zip(jobs)
-        .filter(|(p, _)| {
-            !matches!(
-                latest.get(&p.id).map(|r| r.state),
-                Some(TrialState::Done | TrialState::Queued | TrialState::Running)
-            )
-        })
-        .collect();
-    if todo.is_empty() {
-        let rows = rows(dir, ledger, s);
-        write_results(dir, &rows, &s.metric)?;
-        ui::out(&to_text(&rows, &s.metric));
-        ui::out(&format!(
-            "nothing to submit: every trial of {} is done, queued or running",
-            dir.display()
-        ));
-        return Ok(String::new());
-    }
-    let mut made = Vec::new();
-    let mut trials: Vec<(usize, PathBuf)> = Vec::new();
-    let prepared = write_trials(dir, &todo, &mut made, &mut trials);
-    let n = fs::read_dir(dir.join("slurm"))
-        .map(|d| d.count())
-        .unwrap_or(0);
-    let script_path = dir.join(format!("slurm/array-{}.sbatch", n + 1));
-    let submitted = prepared.and_then(|_| {
-        let kiln = sl::kiln_exe()?;
-        let script = sl::array_script(&base, &kiln, dir, &trials, parallel, None);
-        fs::write(&script_path, &script)
-            .map_err(|e| Error::io(format!("writing {}", script_path.display()), e))?;
-        sl::sbatch(&script_path, &[])
-    });
-    let id = match submitted {
-        Ok(id) => id,
-        Err(e) => {
-            // nothing submitted: take back what this call wrote
-            opened.take_back(Some(&script_path), &made);
-            return Err(e);
+    // asha decides under `Decide`, as its jobs do, and they submit the next segments with the
+    // `parallel` last given
+    let _decide = asha.then(|| Decide::take(dir)).transpose()?;
+    let mut spec = spec.clone();
+    let parallel = match asha {
+        true => {
+            let stored = old_spec
+                .as_deref()
+                .and_then(|b| serde_json::from_slice::<SweepSpec>(b).ok())
+                .and_then(|s| s.parallel);
+            let parallel = parallel.or(stored).unwrap_or(s.parallel).max(1);
+            spec.parallel = Some(parallel);
+            parallel
+        }
+        false => parallel.unwrap_or(s.parallel).max(1),
+    };
+    spec.store(dir, ExecutorKind::Slurm)?;
+    opened.refresh(
+        &planned,
+        &s.metric,
+        if asha { "segments" } else { "trials" },
+    )?;
+    // (a submission runs stopped and failed trials again, and an asha sweep's segments)
+    let mut policy: Box<dyn Policy> = match asha {
+        true => Box::new(AshaPolicy::on_slurm(&base, Again::All)),
+        false => {
+            let latest = ledger.latest();
+            Box::new(Grid::new(&planned, |p| {
+                !matches!(
+                    latest.get(&p.id).map(|r| r.state),
+                    Some(TrialState::Done | TrialState::Queued | TrialState::Running)
+                )
+            }))
         }
     };
-    for (p, _) in &todo {
-        let mut r = record(p, TrialState::Queued);
+    let mut exec = Slurm::new(dir, &base, (&planned, jobs), parallel, asha);
+    if let Err(e) = fill(policy.as_mut(), &mut exec, &planned, ledger) {
+        if exec.sent.is_empty() {
+            // nothing submitted: take back what this call wrote
+            opened.take_back(exec.script.as_deref(), &exec.made);
+        } else {
+            ui::out(&format!("submitted {}", exec.sent.join(", ")));
+        }
+        return Err(e);
+    }
+    let rows = rows(dir, ledger, s);
+    if asha || exec.sent.is_empty() {
+        write_results(dir, &rows, &s.metric)?;
+    }
+    if exec.sent.is_empty() {
+        ui::out(&to_text(&rows, &s.metric));
+        ui::out(&match asha {
+            true => format!("nothing to submit: no segment of {} can run now (done, paused below its rung's quota, queued or running)", dir.display()),
+            false => format!("nothing to submit: every trial of {} is done, queued or running", dir.display()),
+        });
+        return Ok(String::new());
+    }
+    Ok(exec.announce(planned.len()))
+}
+
+/// The executor of a sweep on Slurm. A grid's trials go as one job array, at most `parallel`
+/// at once (`%N`), which `flush` submits; an asha sweep's segments each as a job (a one-task
+/// array) while fewer than `parallel` are queued or running, since which segment comes next
+/// depends on the rungs the others reach.
+pub(super) struct Slurm<'a> {
+    dir: &'a Path,
+    base: &'a Config,
+    /// The planned trials, and each one's config as its job runs it.
+    planned: &'a [Planned],
+    jobs: &'a [Config],
+    parallel: usize,
+    /// asha: a job per segment.
+    segments: bool,
+    /// A job array's trials (their places in `planned`), gathered by `start`.
+    array: Vec<usize>,
+    /// The run directories this submission made and the script it wrote: taken back when
+    /// sbatch refuses the first job.
+    pub made: Vec<PathBuf>,
+    pub script: Option<PathBuf>,
+    /// What was submitted: the job array's id, or "trial I to step S (job J)" per segment.
+    pub sent: Vec<String>,
+    /// The job array's trials' indices.
+    indices: Vec<usize>,
+}
+
+impl<'a> Slurm<'a> {
+    pub fn new(
+        dir: &'a Path,
+        base: &'a Config,
+        (planned, jobs): (&'a [Planned], &'a [Config]),
+        parallel: usize,
+        segments: bool,
+    ) -> Slurm<'a> {
+        Slurm {
+            dir,
+            base,
+            planned,
+            jobs,
+            parallel,
+            segments,
+            array: Vec::new(),
+            made: Vec::new(),
+            script: None,
+            sent: Vec::new(),
+            indices: Vec::new(),
+        }
+    }
+
+    fn job_of(&self, p: &Planned) -> Result<(usize, &'a Config)> {
+        let i = self
+            .planned
+            .iter()
+            .position(|q| q.id == p.id)
+            .ok_or_else(|| Error::Invalid(format!("trial {} is not planned", p.id)))?;
+        Ok((i, &self.jobs[i]))
+    }
+
+    /// Writes trial `p`'s job config and the script of its segment (to rung step `target`,
+    /// pausing at `pause`) and submits it: the job id.
+    fn submit_segment(&mut self, p: &Planned, job: &Job, target: usize) -> Result<String> {
+        let (_, config) = self.job_of(p)?;
+        let kiln = sl::kiln_exe()?;
+        let mut trials = Vec::new();
+        write_trials(self.dir, &[(p, config)], &mut self.made, &mut trials)?;
+        let path = self
+            .dir
+            .join(format!("slurm/{}-step-{target}.sbatch", p.id));
+        let seg = sl::Segment {
+            sweep_dir: self.dir,
+            trial: &p.id,
+            pause_at: job.pause,
+        };
+        let script = sl::array_script(self.base, &kiln, self.dir, &trials, 1, Some(&seg));
+        fs::write(&path, &script)
+            .map_err(|e| Error::io(format!("writing {}", path.display()), e))?;
+        sl::sbatch(&path, &[]).inspect_err(|_| {
+            let _ = fs::remove_file(&path);
+        })
+    }
+
+    /// What a successful submission says, and returns.
+    fn announce(&self, trials: usize) -> String {
+        let dir = self.dir.display();
+        if self.segments {
+            ui::out(&format!(
+                "submitted asha segment(s): {}; at most {} queued or running, each job submits the next as trials reach their rungs; sweep dir: {dir}",
+                self.sent.join(", "),
+                self.parallel,
+            ));
+            ui::note(&format!(
+                "  = `kiln sweep status {dir}` shows the rungs; the jobs' output is in logs/slurm-<job>_<index>.out"
+            ));
+            return self.sent.join(",");
+        }
+        let id = self.sent.join(",");
+        let indices: Vec<String> = self.indices.iter().map(|i| i.to_string()).collect();
+        ui::out(&format!(
+            "submitted Slurm job array {id}: trial(s) {} of {trials}, at most {} at once; sweep dir: {dir}",
+            indices.join(","),
+            self.parallel,
+        ));
+        ui::note(&format!(
+            "  = `kiln sweep status {dir}` shows them; their output is in logs/slurm-{id}_<index>.out"
+        ));
+        id
+    }
+}
+
+impl Executor for Slurm<'_> {
+    fn busy(&self, ledger: &Ledger) -> Vec<String> {
+        ledger
+            .latest()
+            .values()
+            .filter(|r| r.with_slurm())
+            .map(|r| r.trial.clone())
+            .collect()
+    }
+    fn room(&self, busy: usize) -> bool {
+        // (a job array holds every trial, `%parallel` of them at once; a cancelled job's
+        // `kiln sweep advance` submits nothing more)
+        !self.segments || (busy < self.parallel && !super::asha_slurm::stopped())
+    }
+    fn start(&mut self, p: &Planned, job: &Job, ledger: &Ledger) -> Result<bool> {
+        if !self.segments {
+            let (i, _) = self.job_of(p)?;
+            self.array.push(i);
+            return Ok(true);
+        }
+        let target = job.rung.unwrap_or(0);
+        let id = self.submit_segment(p, job, target)?;
+        let mut r = job.record(p, TrialState::Queued);
         r.job = Some(id.clone());
         r.array_index = Some(p.trial.index);
         ledger.append(&r).map_err(ledger_io)?;
+        self.sent.push(format!(
+            "trial {} to step {target} (job {id})",
+            p.trial.index
+        ));
+        Ok(true)
     }
-    let indices: Vec<String> = trials.iter().map(|(i, _)| i.to_string()).collect();
-    ui::out(&format!(
-        "submitted Slurm job array {id}: trial(s) {} of {}, at most {parallel} at once; sweep dir: {}",
-        indices.join(","),
-        planned.len(),
-        dir.display()
-    ));
-    ui::note(&format!(
-        "  = `kiln sweep status {}` shows them; their output is in logs/slurm-{id}_<index>.out",
-        dir.display()
-    ));
-    Ok(id)
+    fn flush(&mut self, ledger: &Ledger) -> Result<()> {
+        if self.array.is_empty() {
+            return Ok(());
+        }
+        let todo: Vec<(&Planned, &Config)> = self
+            .array
+            .iter()
+            .map(|&i| (&self.planned[i], &self.jobs[i]))
+            .collect();
+        let mut trials: Vec<(usize, PathBuf)> = Vec::new();
+        let n = fs::read_dir(self.dir.join("slurm"))
+            .map(|d| d.count())
+            .unwrap_or(0);
+        let script_path = self.dir.join(format!("slurm/array-{}.sbatch", n + 1));
+        self.script = Some(script_path.clone());
+        write_trials(self.dir, &todo, &mut self.made, &mut trials)?;
+        let kiln = sl::kiln_exe()?;
+        let script = sl::array_script(self.base, &kiln, self.dir, &trials, self.parallel, None);
+        fs::write(&script_path, &script)
+            .map_err(|e| Error::io(format!("writing {}", script_path.display()), e))?;
+        let id = sl::sbatch(&script_path, &[])?;
+        self.sent.push(id.clone());
+        self.indices = trials.iter().map(|(i, _)| *i).collect();
+        for (p, _) in &todo {
+            let mut r = record(p, TrialState::Queued);
+            r.job = Some(id.clone());
+            r.array_index = Some(p.trial.index);
+            ledger.append(&r).map_err(ledger_io)?;
+        }
+        self.array.clear();
+        Ok(())
+    }
 }
 
 /// A Slurm sweep's directory opened for a submission: every trial's job config checked before

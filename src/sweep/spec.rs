@@ -15,7 +15,7 @@ pub struct SweepSpec {
     pub sets: Vec<String>,
     /// Where the trials run: child processes here, or a Slurm job array.
     #[serde(default)]
-    pub executor: Executor,
+    pub executor: ExecutorKind,
     /// An asha sweep on Slurm: segments queued or running at once, as last submitted (its
     /// jobs submit the next segments with it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -33,7 +33,7 @@ impl SweepSpec {
     /// Writes the spec as `dir/sweep.json` for `executor`, with the experiment file's absolute
     /// path (so `--resume DIR` works from anywhere) and no password; returns it with this
     /// session's sets (its trials are this session's).
-    pub(super) fn store(&self, dir: &Path, executor: Executor) -> Result<SweepSpec> {
+    pub(super) fn store(&self, dir: &Path, executor: ExecutorKind) -> Result<SweepSpec> {
         let stored = SweepSpec {
             file: self
                 .file
@@ -60,7 +60,7 @@ impl SweepSpec {
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
-pub enum Executor {
+pub enum ExecutorKind {
     /// Child `kiln` processes on this machine, `parallel` at once.
     #[default]
     Local,
