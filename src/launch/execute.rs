@@ -1,6 +1,8 @@
 //! Executing a run on this node: `start` (a fresh run, or `--resume` of the newest unfinished
 //! one), `resume` (a given run directory), and `execute`, which trains one session in a run
-//! directory. A session goes in order, each step needing what the one before made:
+//! directory. Every single-node session goes through `run_in` (the directory held for the
+//! whole session, a fresh run refused as bad input taken back), every node of a job through
+//! `node.rs`; both hand `execute` an [`Entry`]. A session goes in order, each step needing what the one before made:
 //! [`Prepared`] (data, model, plan and checkpoint, checked), the checks passed ([`Passed`]),
 //! the job's NCCL variables exported ([`NcclEnv`]), the run's files begun ([`RunFiles`]),
 //! training, then `summary.json` and the report. Multi-node jobs go through `node.rs` (and
@@ -59,9 +61,7 @@ pub fn start(r: &Resolved, a: &RunOptions) -> Result<()> {
         if c.launch.nnodes > 1 {
             return run_node(r, &Target::Dir(d.clone(), None), a.quiet);
         }
-        let lock = lock_run_dir(d)?;
-        let res = prepare_resume(d, r, None, a.quiet)?;
-        return run_in(lock, r, Some(res), a.quiet);
+        return continue_in(d, r, None, a.quiet);
     }
     let a = &RunOptions {
         resume: a.resume || (restarted && a.run_dir.is_none()),
@@ -88,9 +88,7 @@ pub fn start(r: &Resolved, a: &RunOptions) -> Result<()> {
         if let Some(dir) =
             newest_unfinished(Path::new(&c.experiment.output_dir), &c.experiment.name)
         {
-            let lock = lock_run_dir(&dir)?;
-            let res = prepare_resume(&dir, r, None, a.quiet)?;
-            return run_in(lock, r, Some(res), a.quiet);
+            return continue_in(&dir, r, None, a.quiet);
         }
         if !a.quiet {
             ui::note(&format!(
@@ -105,18 +103,45 @@ pub fn start(r: &Resolved, a: &RunOptions) -> Result<()> {
         Some(d) => take_run_dir(d)?,
         None => claim_run_dir(Path::new(&c.experiment.output_dir), &c.experiment.name)?,
     };
-    let result = execute(r, lock.dir(), None, a.quiet, None, None);
-    if result.as_ref().is_err_and(|e| e.exit_code() == 2) {
-        // (still held: no other process takes the directory while it is removed)
+    run_in(lock, Start::Fresh { made }, r, a.quiet)
+}
+
+/// What a single-node session starts from.
+enum Start {
+    /// A new run in a directory claimed for it; `made`: the outermost directory claiming it
+    /// created.
+    Fresh { made: Option<PathBuf> },
+    /// A run continued (from its newest verified checkpoint, or one given).
+    Continue(Box<Resumption>),
+}
+
+/// The one way a single-node session trains: in the directory `lock` holds for the whole
+/// session. A fresh run refused as bad input (exit 2) leaves nothing behind: the directory
+/// claiming made is removed again, still held.
+fn run_in(lock: RunLock, start: Start, r: &Resolved, quiet: bool) -> Result<()> {
+    let (resume, made) = match start {
+        Start::Fresh { made } => (None, Some(made)),
+        Start::Continue(res) => (Some(*res), None),
+    };
+    let entry = Entry {
+        run_dir: lock.dir(),
+        resume,
+        job: None,
+        prepared: None,
+    };
+    let result = execute(r, entry, quiet);
+    if let Some(made) = made.filter(|_| result.as_ref().is_err_and(|e| e.exit_code() == 2)) {
         crate::rundir::release_unused(lock.dir(), made.as_deref());
     }
     result
 }
 
-/// One session of a single-node run in the directory `lock` holds (for the whole session),
-/// fresh or continuing `resume`.
-fn run_in(lock: RunLock, r: &Resolved, resume: Option<Resumption>, quiet: bool) -> Result<()> {
-    execute(r, lock.dir(), resume, quiet, None, None)
+/// A single-node session continuing the run in `dir` (from its newest verified checkpoint,
+/// or `from`), the directory held for the whole session.
+fn continue_in(dir: &Path, r: &Resolved, from: Option<&str>, quiet: bool) -> Result<()> {
+    let lock = lock_run_dir(dir)?;
+    let res = prepare_resume(dir, r, from, quiet)?;
+    run_in(lock, Start::Continue(Box::new(res)), r, quiet)
 }
 
 /// `--run-dir DIR` for a new run: refused when it is not a directory or holds a run (checked
@@ -174,23 +199,32 @@ pub fn resume(
             quiet,
         );
     }
-    let lock = lock_run_dir(run_dir)?;
-    let res = prepare_resume(run_dir, &r, from, quiet)?;
-    run_in(lock, &r, Some(res), quiet)
+    continue_in(run_dir, &r, from, quiet)
 }
 
-/// Trains one session of `r` in `run_dir`, fresh or continuing `resume`, on `prepared` (made
-/// here when `None`, and again when the checkpoint's seeds replace the config's). The caller
-/// holds the directory (`RunLock`): a single-node session through `run_in`, node 0 of a job
-/// in `node_worker` (or its agent); the other nodes only write their logs there.
-pub(super) fn execute(
-    r: &Resolved,
-    run_dir: &Path,
-    resume: Option<Resumption>,
-    quiet: bool,
-    mut job: Option<Job>,
-    prepared: Option<Prepared>,
-) -> Result<()> {
+/// How a session enters `execute`: where, continuing what, as which node of a job.
+pub(super) struct Entry<'a> {
+    /// The run directory. Its holder (`RunLock`) is the caller: a single-node session through
+    /// `run_in`, node 0 of a job in `node_worker` (or its agent); the other nodes only write
+    /// their logs there.
+    pub run_dir: &'a Path,
+    /// A run continued (`None`: a fresh one).
+    pub resume: Option<Resumption>,
+    /// A job of several nodes: this node's part of it.
+    pub job: Option<Job>,
+    /// What a node prepared while the others joined (made here when `None`, and again when
+    /// the checkpoint's seeds replace the config's).
+    pub prepared: Option<Prepared>,
+}
+
+/// Trains one session of `r` as `entry` says.
+pub(super) fn execute(r: &Resolved, entry: Entry, quiet: bool) -> Result<()> {
+    let Entry {
+        run_dir,
+        resume,
+        mut job,
+        prepared,
+    } = entry;
     // the random streams of a resumed run are the checkpoint's (its `rng`), whatever seeds
     // the config now says: a resume continues the run it resumes, bit for bit
     let restored = resume

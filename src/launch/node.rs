@@ -6,7 +6,7 @@
 use std::fs::{self, OpenOptions};
 use std::path::{Path, PathBuf};
 
-use super::execute::{execute, take_run_dir};
+use super::execute::{execute, take_run_dir, Entry};
 use super::prepare::Prepared;
 use super::resume::{prepare_resume, Resumption};
 use crate::config::{Config, Resolved};
@@ -170,7 +170,13 @@ fn node_worker(
         };
         (PathBuf::from(&v[0]), resume)
     };
-    let result = execute(r, &run_dir, resume, quiet, Some(job), Some(prepared));
+    let entry = Entry {
+        run_dir: &run_dir,
+        resume,
+        job: Some(job),
+        prepared: Some(prepared),
+    };
+    let result = execute(r, entry, quiet);
     drop(held);
     result
 }

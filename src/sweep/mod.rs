@@ -13,8 +13,8 @@
 //! they meet), `asha.rs` (ASHA's rungs and promotions), `local.rs` (the local executor: child
 //! processes and the loop that waits for them), `slurm.rs` (the Slurm executor: a job array, or
 //! a job per asha segment), `asha_slurm.rs` (an asha segment's job going on with the sweep,
-//! `kiln sweep advance`). A spec goes down once: `run_trials` (here) or `submit` (Slurm) plans
-//! it, picks the policy and fills the executor.
+//! `kiln sweep advance`). A spec goes down once: `run_trials` (`local.rs`) or `submit`
+//! (`slurm.rs`) plans it, picks the policy and fills the executor.
 
 mod asha;
 mod asha_slurm;
