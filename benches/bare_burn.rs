@@ -144,6 +144,7 @@ fn main() {
             x: kiln::data::Values::F32(images),
             shape: vec![32, 1, 28, 28],
             y: vec![3; 32],
+            starts: None,
         },
         20,
     );
@@ -169,6 +170,7 @@ fn main() {
             x: kiln::data::Values::Tokens(tokens.iter().map(|&t| t as u32).collect()),
             shape: vec![8, 129],
             y: vec![0; 8],
+            starts: None,
         },
         5,
     );

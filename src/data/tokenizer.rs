@@ -51,6 +51,16 @@ pub fn json_file(path: std::path::PathBuf) -> std::path::PathBuf {
 /// GPT-2's end-of-text token.
 pub const GPT2_EOT: u32 = 50256;
 
+/// The `eos_token` of a tokenizer_config.json or special_tokens_map.json: a string, or an
+/// added token's `{"content": ...}`.
+fn eos_token_of(v: &serde_json::Value) -> Option<String> {
+    match &v["eos_token"] {
+        serde_json::Value::String(s) => Some(s.clone()),
+        serde_json::Value::Object(o) => o.get("content")?.as_str().map(str::to_string),
+        _ => None,
+    }
+}
+
 impl Tokenizer {
     /// `spec`: `"bytes"`, `"gpt2"`, or the path of a `tokenizer.json` (relative paths against
     /// `base`).
@@ -179,7 +189,48 @@ impl Tokenizer {
         }
     }
 
-    /// The bytes of `ids` (an id outside the vocabulary is an error naming it).
+    /// A document's ids as transformers gives them, `tokenizer(text)["input_ids"]`: with the
+    /// tokenizer's own special tokens (its post-processor: Llama's BOS; GPT-2 adds none), the
+    /// end-of-sequence id not included.
+    pub fn encode_document(&self, text: &str) -> Result<Vec<u32>, String> {
+        match self {
+            Tokenizer::HuggingFace { tokenizer, .. } => tokenizer
+                .encode(text, true)
+                .map(|e| e.get_ids().to_vec())
+                .map_err(|e| format!("tokenizing: {e}")),
+            _ => self.encode(text.as_bytes()).map(|(ids, _)| ids),
+        }
+    }
+
+    /// The id a document ends with, and where it was found: a tokenizer.json's
+    /// `tokenizer_config.json` (`eos_token`) or `special_tokens_map.json` beside it, as
+    /// transformers reads them; else its end-of-text token; GPT-2's `<|endoftext|>`. `None`
+    /// for bytes, which have no such token.
+    pub fn eos(&self) -> Option<(u32, String)> {
+        match self {
+            Tokenizer::Bytes => None,
+            Tokenizer::Gpt2 { .. } => Some((GPT2_EOT, "GPT-2's <|endoftext|>".into())),
+            Tokenizer::HuggingFace { tokenizer, path } => {
+                let dir = path.parent().unwrap_or(Path::new("."));
+                for file in ["tokenizer_config.json", "special_tokens_map.json"] {
+                    let p = dir.join(file);
+                    let Some(token) = std::fs::read(&p)
+                        .ok()
+                        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+                        .and_then(|v| eos_token_of(&v))
+                    else {
+                        continue;
+                    };
+                    if let Some(id) = tokenizer.token_to_id(&token) {
+                        return Some((id, format!("`eos_token` {token:?} of {}", p.display())));
+                    }
+                }
+                self.eot()
+                    .map(|id| (id, format!("the end-of-text token of {}", path.display())))
+            }
+        }
+    }
+
     pub fn decode(&self, ids: &[u32]) -> Result<Vec<u8>, String> {
         match self {
             Tokenizer::Bytes => ids
@@ -332,5 +383,51 @@ mod tests {
         assert_eq!(stream("bytes.json", &[0], &[1, 2, 0]), ["", "é", "a", ""]);
         // held back at the end: what the tokenizer makes of it
         assert_eq!(stream("bytes.json", &[0], &[1]), ["", "\u{FFFD}"]);
+    }
+
+    #[test]
+    fn a_document_gets_the_post_processors_bos_and_the_configs_eos() {
+        // a Llama-style tokenizer.json: a template that puts <s> first, as transformers saves
+        // LlamaTokenizerFast's; its tokenizer_config.json names </s> the eos_token
+        let dir = crate::testdir::tempdir().unwrap();
+        let json = r#"{"version":"1.0","truncation":null,"padding":null,
+            "added_tokens":[{"id":1,"content":"<s>","single_word":false,"lstrip":false,"rstrip":false,"normalized":false,"special":true},
+                            {"id":2,"content":"</s>","single_word":false,"lstrip":false,"rstrip":false,"normalized":false,"special":true}],
+            "normalizer":null,"pre_tokenizer":{"type":"Whitespace"},
+            "post_processor":{"type":"TemplateProcessing",
+                "single":[{"SpecialToken":{"id":"<s>","type_id":0}},{"Sequence":{"id":"A","type_id":0}}],
+                "pair":[{"SpecialToken":{"id":"<s>","type_id":0}},{"Sequence":{"id":"A","type_id":0}},{"Sequence":{"id":"B","type_id":1}}],
+                "special_tokens":{"<s>":{"id":"<s>","ids":[1],"tokens":["<s>"]}}},
+            "decoder":null,
+            "model":{"type":"WordLevel","vocab":{"[UNK]":0,"<s>":1,"</s>":2,"a":3,"b":4},"unk_token":"[UNK]"}}"#;
+        std::fs::write(dir.path().join("tokenizer.json"), json).unwrap();
+        let t = Tokenizer::load(&dir.path().display().to_string(), Path::new(".")).unwrap();
+        assert_eq!(t.encode_document("a b a").unwrap(), [1, 3, 4, 3]);
+        // (the plain encoding stays nanoGPT's: no special tokens)
+        assert_eq!(t.encode(b"a b a").unwrap().0, [3, 4, 3]);
+        // no config: none of the usual end-of-text names is in this vocabulary but </s>
+        assert_eq!(t.eos().map(|(id, _)| id), Some(2));
+        std::fs::write(
+            dir.path().join("tokenizer_config.json"),
+            r#"{"eos_token": {"content": "b", "special": true}}"#,
+        )
+        .unwrap();
+        let (id, from) = t.eos().unwrap();
+        assert_eq!(id, 4);
+        assert!(from.contains("tokenizer_config.json"), "{from}");
+        std::fs::write(
+            dir.path().join("tokenizer_config.json"),
+            r#"{"eos_token": "a"}"#,
+        )
+        .unwrap();
+        assert_eq!(t.eos().map(|(id, _)| id), Some(3));
+        // GPT-2 adds nothing and ends with <|endoftext|>; bytes have no end-of-sequence token
+        let g = Tokenizer::load("gpt2", Path::new(".")).unwrap();
+        assert_eq!(
+            g.encode_document("Hello").unwrap(),
+            g.encode(b"Hello").unwrap().0
+        );
+        assert_eq!(g.eos().map(|(id, _)| id), Some(GPT2_EOT));
+        assert!(Tokenizer::Bytes.eos().is_none());
     }
 }

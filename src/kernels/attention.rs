@@ -57,6 +57,11 @@ impl Dims {
     fn scale(&self) -> f32 {
         1.0 / (self.hd as f32).sqrt()
     }
+    /// Pair `p`'s row of document starts.
+    fn row_starts<'a>(&self, starts: Option<&'a [u32]>, p: usize) -> Option<&'a [u32]> {
+        let b = self.pair(p).0;
+        starts.map(|s| &s[b * self.t..(b + 1) * self.t])
+    }
 }
 
 /// Rows (or keys) per block of the causal products: a block of rows is multiplied with the keys
@@ -69,11 +74,20 @@ fn blocks(t: usize) -> impl Iterator<Item = (usize, usize)> {
     (0..t.div_ceil(BLOCK)).map(move |b| (b * BLOCK, ((b + 1) * BLOCK).min(t)))
 }
 
-// row i of `s` (t values) becomes the softmax of its first i + 1 values, zeros after
+/// Where row `i`'s document starts (0 without documents).
+#[inline(always)]
+fn start_of(starts: Option<&[u32]>, i: usize) -> usize {
+    starts.map_or(0, |s| (s[i] as usize).min(i))
+}
+
+// row i of `s` (t values) becomes the softmax of its values from its document's start to i,
+// zeros elsewhere
 multiversion! {
-    fn causal_softmax(s: &mut [f32], t: usize) {
+    fn causal_softmax(s: &mut [f32], t: usize, starts: Option<&[u32]>) {
         for (i, row) in s.chunks_exact_mut(t).enumerate() {
-            let (live, masked) = row.split_at_mut(i + 1);
+            let (upto, masked) = row.split_at_mut(i + 1);
+            let (before, live) = upto.split_at_mut(start_of(starts, i));
+            before.fill(0.0);
             let m = max(live);
             let mut total = 0.0;
             for v in live.iter_mut() {
@@ -89,15 +103,17 @@ multiversion! {
     }
 }
 
-// dP (in `dp`) becomes dS = P ⊙ (dP - rowsum(P ⊙ dP)), row by row over the causal part
+// dP (in `dp`) becomes dS = P ⊙ (dP - rowsum(P ⊙ dP)), row by row over the causal part of
+// the row's document
 multiversion! {
-    fn softmax_grad(p: &[f32], dp: &mut [f32], t: usize) {
+    fn softmax_grad(p: &[f32], dp: &mut [f32], t: usize, starts: Option<&[u32]>) {
         for (i, (pr, dr)) in p.chunks_exact(t).zip(dp.chunks_exact_mut(t)).enumerate() {
-            let n = i + 1;
-            let c = dot(&pr[..n], &dr[..n]);
-            for (d, &pv) in dr[..n].iter_mut().zip(&pr[..n]) {
+            let (lo, n) = (start_of(starts, i), i + 1);
+            let c = dot(&pr[lo..n], &dr[lo..n]);
+            for (d, &pv) in dr[lo..n].iter_mut().zip(&pr[lo..n]) {
                 *d = pv * (*d - c);
             }
+            dr[..lo].fill(0.0);
             dr[n..].fill(0.0);
         }
     }
@@ -108,7 +124,14 @@ multiversion! {
 ///
 /// # Safety
 /// `y` must be valid for `[n, t, dim]` values, with no one else writing pair `p`'s columns.
-unsafe fn forward_pair(d: Dims, qkv: &[f32], y: Shared, p: usize, prob: &mut [f32]) {
+unsafe fn forward_pair(
+    d: Dims,
+    qkv: &[f32],
+    starts: Option<&[u32]>,
+    y: Shared,
+    p: usize,
+    prob: &mut [f32],
+) {
     let (t, hd, dim) = (d.t, d.hd, d.dim());
     let q = Mat {
         ptr: qkv.as_ptr(),
@@ -144,7 +167,7 @@ unsafe fn forward_pair(d: Dims, qkv: &[f32], y: Shared, p: usize, prob: &mut [f3
         };
     }
     // every row's first i + 1 values were written above; the rest become zeros here
-    causal_softmax(prob, t);
+    causal_softmax(prob, t, d.row_starts(starts, p));
     for (r0, r1) in blocks(t) {
         // SAFETY: prob [t, t], v [t, hd] inside qkv, out: pair p's columns (the caller's
         // contract), rows r0..r1
@@ -168,7 +191,7 @@ unsafe fn forward_pair(d: Dims, qkv: &[f32], y: Shared, p: usize, prob: &mut [f3
 
 /// The attention of every pair: `y` `[n, t, dim]` and, with `keep`, the probabilities
 /// `[n * heads, t, t]`.
-fn forward(d: Dims, qkv: &[f32], keep: bool) -> (Vec<f32>, Vec<f32>) {
+fn forward(d: Dims, qkv: &[f32], starts: Option<&[u32]>, keep: bool) -> (Vec<f32>, Vec<f32>) {
     let tt = d.t * d.t;
     let pairs = d.n * d.heads;
     let mut y = dense::for_output(d.n * d.t * d.dim());
@@ -183,12 +206,12 @@ fn forward(d: Dims, qkv: &[f32], keep: bool) -> (Vec<f32>, Vec<f32>) {
             .par_chunks_mut(tt.max(1))
             .enumerate()
             // SAFETY: each pair writes its own columns of y
-            .for_each(|(p, prob)| unsafe { forward_pair(d, qkv, out, p, prob) });
+            .for_each(|(p, prob)| unsafe { forward_pair(d, qkv, starts, out, p, prob) });
     } else {
         (0..pairs).into_par_iter().for_each_init(
             || dense::for_output(tt),
             // SAFETY: each pair writes its own columns of y
-            |prob, p| unsafe { forward_pair(d, qkv, out, p, prob) },
+            |prob, p| unsafe { forward_pair(d, qkv, starts, out, p, prob) },
         );
     }
     (y, probs)
@@ -202,7 +225,7 @@ fn forward(d: Dims, qkv: &[f32], keep: bool) -> (Vec<f32>, Vec<f32>) {
 /// columns.
 unsafe fn backward_pair(
     d: Dims,
-    qkv: &[f32],
+    (qkv, starts): (&[f32], Option<&[u32]>),
     prob: &[f32],
     dy: &[f32],
     dqkv: Shared,
@@ -269,7 +292,7 @@ unsafe fn backward_pair(
         }
     }
     // every row's first i + 1 values were written above; the rest become zeros here
-    softmax_grad(prob, dp, t);
+    softmax_grad(prob, dp, t, d.row_starts(starts, p));
     for (r0, r1) in blocks(t) {
         // SAFETY (both): as above
         unsafe {
@@ -307,7 +330,12 @@ unsafe fn backward_pair(
     }
 }
 
-fn backward(d: Dims, qkv: &[f32], probs: &[f32], dy: &[f32]) -> Vec<f32> {
+fn backward(
+    d: Dims,
+    (qkv, starts): (&[f32], Option<&[u32]>),
+    probs: &[f32],
+    dy: &[f32],
+) -> Vec<f32> {
     let tt = d.t * d.t;
     let mut dqkv = dense::for_output(d.n * d.t * 3 * d.dim());
     let out = Shared(dqkv.as_mut_ptr());
@@ -316,18 +344,20 @@ fn backward(d: Dims, qkv: &[f32], probs: &[f32], dy: &[f32]) -> Vec<f32> {
         |dp, p| {
             let prob = &probs[p * tt..(p + 1) * tt];
             // SAFETY: each pair writes its own columns of dqkv
-            unsafe { backward_pair(d, qkv, prob, dy, out, p, dp) }
+            unsafe { backward_pair(d, (qkv, starts), prob, dy, out, p, dp) }
         },
     );
     dqkv
 }
 
-/// What the backward keeps: the projection (contiguous), the probabilities and the shape.
+/// What the backward keeps: the projection (contiguous), the probabilities, the shape and
+/// the documents' starts.
 #[derive(Debug, Clone)]
 struct Saved {
     qkv: FlexTensor,
     probs: FlexTensor,
     dims: (usize, usize, usize, usize),
+    starts: Option<Starts>,
 }
 
 #[derive(Debug)]
@@ -345,7 +375,7 @@ impl Backward<Flex, 1> for AttentionBackward {
         if let Some(p) = parent {
             let g = backward(
                 d,
-                dense::values(&s.qkv),
+                (dense::values(&s.qkv), s.starts.as_deref()),
                 dense::values(&s.probs),
                 dense::values(&dy),
             );
@@ -358,10 +388,35 @@ impl Backward<Flex, 1> for AttentionBackward {
 /// as one projection makes them): `[n, t, dim]`, the heads' outputs side by side. On flex in
 /// f32 only; `None` elsewhere (the caller runs Burn's ops).
 pub fn causal_attention<B: Backend>(qkv: Tensor<B, 3>, heads: usize) -> Option<Tensor<B, 3>> {
+    document_attention(qkv, heads, None)
+}
+
+/// Where each token's document starts in its row, `[n * t]` (row b's position i at
+/// `b * t + i`, the value at most i): packed rows of several documents.
+pub type Starts = std::sync::Arc<[u32]>;
+
+/// `causal_attention` inside documents (flash-attention's varlen): with `starts`, a position
+/// attends to the positions of its own document up to itself only, so each document of a
+/// packed row gets the attention it has alone. `None` for starts of another shape.
+pub fn document_attention<B: Backend>(
+    qkv: Tensor<B, 3>,
+    heads: usize,
+    starts: Option<Starts>,
+) -> Option<Tensor<B, 3>> {
     let [n, t, three] = qkv.dims();
     if heads == 0 || three % (3 * heads) != 0 {
         return None;
     }
+    if let Some(s) = &starts {
+        let fits = s.len() == n * t
+            && s.iter()
+                .enumerate()
+                .all(|(j, &v)| v as usize <= j % t.max(1));
+        if !fits {
+            return None;
+        }
+    }
+    let st = starts.as_deref();
     let d = Dims {
         n,
         t,
@@ -377,16 +432,17 @@ pub fn causal_attention<B: Backend>(qkv: Tensor<B, 3>, heads: usize) -> Option<T
                 .stateful()
             {
                 OpsKind::Tracked(prep) => {
-                    let (y, probs) = forward(d, dense::values(&x), true);
+                    let (y, probs) = forward(d, dense::values(&x), st, true);
                     let saved = Saved {
                         qkv: x,
                         probs: dense::tensor(probs, &[n * heads, t, t]),
                         dims: (n, t, heads, d.hd),
+                        starts: starts.clone(),
                     };
                     prep.finish(saved, dense::tensor(y, &[n, t, d.dim()]))
                 }
                 OpsKind::UnTracked(prep) => {
-                    let (y, _) = forward(d, dense::values(&x), false);
+                    let (y, _) = forward(d, dense::values(&x), st, false);
                     prep.finish(dense::tensor(y, &[n, t, d.dim()]))
                 }
             };
@@ -394,7 +450,7 @@ pub fn causal_attention<B: Backend>(qkv: Tensor<B, 3>, heads: usize) -> Option<T
         }
         Routes::Plain([f]) => {
             let x = dense::contiguous(f);
-            let (y, _) = forward(d, dense::values(&x), false);
+            let (y, _) = forward(d, dense::values(&x), st, false);
             route::back::<B, _, 3>(dense::tensor(y, &[n, t, d.dim()]))
         }
     }

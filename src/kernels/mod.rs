@@ -24,7 +24,7 @@ mod optim;
 mod route;
 
 pub use activation::{gelu, gelu_tanh_ops};
-pub use attention::causal_attention;
+pub use attention::{causal_attention, document_attention, Starts};
 pub use linear::linear;
 pub use loss::cross_entropy;
 pub use norm::layer_norm;

@@ -125,6 +125,97 @@ fn attention_matches_burns_ops() {
     }
 }
 
+/// Burn's attention from `qkv` `[n, t, 3 dim]` inside documents: position i of row b sees
+/// the keys from `starts[b * t + i]` to i.
+fn document_attention_ops(qkv: Tensor<Ad, 3>, heads: usize, starts: &[u32]) -> Tensor<Ad, 3> {
+    let [n, t, three] = qkv.dims();
+    let d = three / 3;
+    let hd = d / heads;
+    let split = |i: usize| {
+        qkv.clone()
+            .slice([0..n, 0..t, i * d..(i + 1) * d])
+            .reshape([n, t, heads, hd])
+            .swap_dims(1, 2)
+    };
+    let (q, k, v) = (split(0), split(1), split(2));
+    let mask: Vec<f32> = (0..n * t * t)
+        .map(|x| {
+            let (b, i, j) = (x / (t * t), x / t % t, x % t);
+            let lo = starts[b * t + i] as usize;
+            if j > i || j < lo {
+                -1e9
+            } else {
+                0.0
+            }
+        })
+        .collect();
+    let mask = Tensor::<Ad, 4>::from_data(TensorData::new(mask, [n, 1, t, t]), &Default::default());
+    let att = q.matmul(k.swap_dims(2, 3)).div_scalar((hd as f64).sqrt()) + mask;
+    softmax(att, 3).matmul(v).swap_dims(1, 2).reshape([n, t, d])
+}
+
+/// Document starts for rows of `t` positions made of documents of `lens` (row by row).
+fn starts_of(rows: &[&[usize]], t: usize) -> Starts {
+    let mut out = Vec::new();
+    for lens in rows {
+        let mut at = 0;
+        for &l in lens.iter() {
+            out.extend(std::iter::repeat_n(at as u32, l));
+            at += l;
+        }
+        // (padding after the last document: a document of its own)
+        out.extend(std::iter::repeat_n(at as u32, t - at));
+    }
+    out.into()
+}
+
+#[test]
+fn document_attention_matches_burns_ops_with_a_block_diagonal_mask() {
+    let cases: [(&[&[usize]], usize, usize, usize); 4] = [
+        (&[&[3, 4]], 7, 2, 3),
+        (&[&[1, 1, 1], &[2, 1]], 3, 1, 2),
+        (&[&[70, 10, 20], &[100]], 100, 2, 4),
+        (&[&[5], &[2, 2], &[1, 3]], 5, 3, 1),
+    ];
+    for (rows, t, heads, hd) in cases {
+        let n = rows.len();
+        let starts = starts_of(rows, t);
+        let qkv = leaf([n, t, 3 * heads * hd], (n * t * heads * hd + 3) as u64, 2.0);
+        compare(
+            &format!("document attention {rows:?} heads={heads} hd={hd}"),
+            vec![qkv],
+            |x| document_attention(x[0].clone(), heads, Some(starts.clone())).expect("flex f32"),
+            |x| document_attention_ops(x[0].clone(), heads, &starts),
+        );
+    }
+}
+
+#[test]
+fn a_document_in_a_packed_row_gets_the_attention_it_has_alone() {
+    // a row of documents of 5, 9 and 2 positions; the second alone is a row of 9
+    let (heads, hd, t) = (2, 3, 16);
+    let d3 = 3 * heads * hd;
+    let packed = values(t * d3, 11, 2.0);
+    let alone = packed[5 * d3..14 * d3].to_vec();
+    let tensor = |v: Vec<f32>, t: usize| {
+        Tensor::<Flex, 3>::from_data(TensorData::new(v, [1, t, d3]), &Default::default())
+    };
+    let starts = starts_of(&[&[5, 9, 2]], t);
+    let y = vec_of(document_attention(tensor(packed, t), heads, Some(starts)).unwrap());
+    let y_alone = vec_of(causal_attention(tensor(alone, 9), heads).unwrap());
+    let d = heads * hd;
+    close(
+        "the packed row's second document",
+        &y[5 * d..14 * d],
+        &y_alone,
+    );
+    // starts that do not fit the shape are refused (the caller runs Burn's ops)
+    let bad: Starts = vec![0u32; t - 1].into();
+    assert!(document_attention(tensor(values(t * d3, 1, 1.0), t), heads, Some(bad)).is_none());
+    let ahead: Starts = (0..t as u32).map(|i| i + 1).collect::<Vec<_>>().into();
+    assert!(document_attention(tensor(values(t * d3, 1, 1.0), t), heads, Some(ahead)).is_none());
+}
+
 #[test]
 fn layer_norm_matches_burns_op() {
     for (rows, d, bias) in [

@@ -10,6 +10,7 @@ use burn::tensor::{Tensor, TensorData};
 use super::portable::{External, WeightFormat};
 use crate::config::DecayRule;
 pub use crate::data::Values;
+pub use crate::kernels::Starts;
 use crate::params::{DeviceTensor, Grads, ParamLayout};
 use crate::rng::Rng;
 
@@ -49,6 +50,10 @@ pub struct Batch {
     pub x: Values,
     pub shape: Vec<usize>,
     pub y: Vec<u32>,
+    /// Packed rows of documents (a language model's): where each input position's document
+    /// starts in its row, `[rows * block]` (see `Forward::with_segments`); `None`: each row is
+    /// one sequence.
+    pub starts: Option<Starts>,
 }
 
 /// A micro-batch in the form the model takes, built on the host ahead of the step (by the data
@@ -62,6 +67,8 @@ pub struct Input {
     pub x: TensorData,
     /// The target of each output row (one per sample; `block` per window).
     pub targets: Vec<u32>,
+    /// Packed rows: where each input position's document starts (`Batch::starts`).
+    pub starts: Option<Starts>,
 }
 
 impl Input {
@@ -75,8 +82,9 @@ impl Task {
     /// `batch` as the model takes it: the batch as it is for classification; for a language
     /// model, each window's first `block` tokens and the `block` tokens after them.
     pub fn input(&self, batch: Batch) -> Input {
+        let starts = batch.starts.clone();
         let (x, targets) = self.split(batch);
-        Input { x, targets }
+        Input { x, targets, starts }
     }
 
     /// The input tensor's data and the targets.
@@ -283,6 +291,8 @@ pub struct Forward {
     /// Whether the family calls kiln's fused kernels (`kiln::kernels`) where they apply
     /// (`backend.fused`).
     fused: bool,
+    /// Packed rows: where each position's document starts in its row.
+    segments: Option<Starts>,
 }
 
 impl Forward {
@@ -292,6 +302,7 @@ impl Forward {
             key: Some(key),
             calls: 0,
             fused: true,
+            segments: None,
         }
     }
     /// An evaluation forward: dropout is the identity.
@@ -300,12 +311,60 @@ impl Forward {
             key: None,
             calls: 0,
             fused: true,
+            segments: None,
         }
     }
     /// This forward with the fused kernels on or off (`backend.fused`; on by default).
     pub fn with_fused(mut self, on: bool) -> Self {
         self.fused = on;
         self
+    }
+    /// This forward over rows packed with documents: `starts[b * t + i]` is where the
+    /// document of row b's position i starts in the row (at most i; a larger value counts as
+    /// i). A family keeps attention and
+    /// positions inside each document (`segments`, `positions`, `document_mask`), so each
+    /// document's logits are the ones it has alone. `None`: each row is one sequence.
+    pub fn with_segments(mut self, starts: Option<Starts>) -> Self {
+        self.segments = starts;
+        self
+    }
+    /// The documents' starts of packed rows, if the rows are packed.
+    pub fn segments(&self) -> Option<&Starts> {
+        self.segments.as_ref()
+    }
+    /// Each position's place in its document, `[n * t]` row by row (packed rows of `n` x
+    /// `t`); `None` when the rows are not packed (or the starts are of another shape).
+    pub fn positions(&self, n: usize, t: usize) -> Option<Vec<i64>> {
+        let s = self.segments.as_ref().filter(|s| s.len() == n * t)?;
+        Some(
+            s.iter()
+                .enumerate()
+                .map(|(j, &start)| (j % t - (start as usize).min(j % t)) as i64)
+                .collect(),
+        )
+    }
+    /// The additive mask of Burn's attention over packed rows, `[n, 1, t, t]`: 0 where a
+    /// position may attend (its document, up to itself), -1e9 elsewhere (as the causal mask);
+    /// `None` when the rows are not packed.
+    pub fn document_mask<B: Backend>(
+        &self,
+        n: usize,
+        t: usize,
+        device: &B::Device,
+    ) -> Option<Tensor<B, 4>> {
+        let s = self.segments.as_ref().filter(|s| s.len() == n * t)?;
+        let mut mask = vec![-1e9f32; n * t * t];
+        for b in 0..n {
+            for i in 0..t {
+                let row = &mut mask[(b * t + i) * t..(b * t + i + 1) * t];
+                let lo = (s[b * t + i] as usize).min(i);
+                row[lo..=i].fill(0.0);
+            }
+        }
+        Some(Tensor::from_data(
+            TensorData::new(mask, [n, 1, t, t]),
+            device,
+        ))
     }
     /// Whether the family should call kiln's fused kernels (`kiln::kernels`), which run on
     /// flex in f32 and fall back to Burn's ops elsewhere.

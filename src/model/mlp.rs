@@ -267,6 +267,7 @@ mod engine_tests {
             x: crate::data::Values::F32((0..20).map(|i| (i as f32 * 0.37).sin()).collect()),
             shape: vec![5, 4],
             y: vec![0, 2, 1, 2, 0],
+            starts: None,
         }
     }
 

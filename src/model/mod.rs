@@ -15,6 +15,8 @@ pub mod gpt;
 pub mod init;
 pub mod llama;
 pub mod mlp;
+#[cfg(test)]
+mod packed_tests;
 pub mod portable;
 mod registry;
 mod sizing;

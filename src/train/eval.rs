@@ -35,6 +35,7 @@ pub(super) fn evaluate<B: ComputeOn>(
                 x,
                 shape: batch_shape(chunk.len(), ds),
                 y,
+                starts: None,
             }),
             Err(e) => {
                 failed = Some(e);
@@ -76,6 +77,7 @@ pub(super) fn evaluate_by_units<B: ComputeOn>(
                     x,
                     shape: batch_shape(chunk.len(), ds),
                     y,
+                    starts: None,
                 }))
             }
             None => None,

@@ -141,7 +141,12 @@ impl Assembler<'_> {
             let mut shape = Vec::with_capacity(1 + self.data.shape.len());
             shape.push(y.len());
             shape.extend(&self.data.shape);
-            Some(self.task.input(Batch { x, shape, y }))
+            Some(self.task.input(Batch {
+                x,
+                shape,
+                y,
+                starts: None,
+            }))
         };
         Ok(Micro {
             pos: job.pos,

@@ -540,7 +540,9 @@ impl<F: Family, B: AutodiffBackend> Compute<B> for Engine<F, B> {
     ) -> Box<dyn MicroStep<B> + 'a> {
         Box::new(EngineMicro {
             engine: self,
-            ctx: Forward::train(key).with_fused(self.fused),
+            ctx: Forward::train(key)
+                .with_fused(self.fused)
+                .with_segments(batch.starts),
             checkpointing,
             grads,
             x: Some(batch.x),
@@ -562,12 +564,13 @@ impl<F: Family, B: AutodiffBackend> Compute<B> for Engine<F, B> {
         let module = self.inner_with(params)?;
         let mut out = EvalOut::default();
         for batch in batches {
+            let starts = batch.starts.clone();
             let (x, targets) = task.split(batch);
             let logits = self.family.forward(
                 &module,
                 x,
                 &self.device,
-                &mut Forward::eval().with_fused(self.fused),
+                &mut Forward::eval().with_fused(self.fused).with_segments(starts),
             );
             score(&task, logits, &targets, &mut out)?;
         }
@@ -576,12 +579,13 @@ impl<F: Family, B: AutodiffBackend> Compute<B> for Engine<F, B> {
 
     fn eval_batch<'a>(&'a self, batch: Batch) -> Box<dyn StagedEval + 'a> {
         let task = self.family.task();
+        let starts = batch.starts.clone();
         let (x, targets) = task.split(batch);
         Box::new(EngineEval {
             engine: self,
             act: Some(Act::Data(x)),
             targets,
-            ctx: Forward::eval().with_fused(self.fused),
+            ctx: Forward::eval().with_fused(self.fused).with_segments(starts),
         })
     }
 

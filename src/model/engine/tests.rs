@@ -69,6 +69,7 @@ fn running_statistics_are_state_and_every_parameter_is_installed_and_trained() {
         x: Values::F32((0..16).map(|i| (i as f32 * 0.7).cos()).collect()),
         shape: vec![4, 4],
         y: vec![0, 1, 2, 1],
+        starts: None,
     };
     let loss = crate::model::forward_backward(
         compute.as_ref(),
@@ -112,6 +113,7 @@ fn a_unit_of_the_wrong_size_is_an_error() {
         x: Values::F32(vec![0.0; 8]),
         shape: vec![2, 4],
         y: vec![0, 1],
+        starts: None,
     };
     let key = StepKey::new(0, [0; 3]);
     let e = crate::model::forward_backward(

@@ -312,7 +312,7 @@ impl Gpt {
         let fused = ctx.fused() && !ctx.drops(self.dropout);
         let qkv = dense(&b.c_attn, norm(&b.ln_1, x.clone(), fused), None, fused);
         let whole = if fused && past.is_none() && !keep {
-            kernels::causal_attention(qkv.clone(), self.heads)
+            kernels::document_attention(qkv.clone(), self.heads, ctx.segments().cloned())
         } else {
             None
         };
@@ -375,11 +375,12 @@ impl Gpt {
         let att = q
             .matmul(k.clone().swap_dims(2, 3))
             .div_scalar((hd as f64).sqrt());
-        let att = if causal {
+        let att = match (causal, ctx.document_mask::<B>(n, t, device)) {
+            // packed rows: position i attends to its document's positions <= i
+            (true, Some(mask)) => att + mask,
             // position i attends to positions <= i
-            att + self.masks.get::<B>(t, device)
-        } else {
-            att
+            (true, None) => att + self.masks.get::<B>(t, device),
+            (false, _) => att,
         };
         let att = ctx.dropout(softmax(att, 3), self.dropout);
         let y = att.matmul(v.clone()).swap_dims(1, 2).reshape([n, t, d]);
@@ -407,9 +408,14 @@ impl Gpt {
         ctx: &mut Forward,
     ) -> Tensor<B, 3> {
         let idx = Tensor::<B, 2, Int>::from_data(x, device);
-        let [_, t] = idx.dims();
-        let pos =
-            Tensor::<B, 1, Int>::arange(from as i64..(from + t) as i64, device).reshape([1, t]);
+        let [n, t] = idx.dims();
+        // packed rows: each document's positions start at 0
+        let pos = match ctx.positions(n, t).filter(|_| from == 0) {
+            Some(p) => Tensor::<B, 2, Int>::from_data(TensorData::new(p, [n, t]), device),
+            None => {
+                Tensor::<B, 1, Int>::arange(from as i64..(from + t) as i64, device).reshape([1, t])
+            }
+        };
         ctx.dropout(m.wte.forward(idx) + m.wpe.forward(pos), self.dropout)
     }
 
@@ -722,5 +728,22 @@ mod tests {
         for (x, y) in c.iter().zip(&a[..2 * 256]) {
             assert!((x - y).abs() <= 1e-5 * y.abs().max(1.0), "{x} vs {y}");
         }
+    }
+
+    #[test]
+    fn packed_documents_get_their_own_logits() {
+        let gpt = Gpt {
+            vocab: 32,
+            block: 8,
+            layers: 2,
+            heads: 2,
+            dim: 16,
+            bias: true,
+            tie: true,
+            gelu_tanh: false,
+            dropout: 0.0,
+            masks: MaskCache::default(),
+        };
+        crate::model::packed_tests::each_document_gets_its_own_logits(gpt, 32);
     }
 }

@@ -268,11 +268,13 @@ impl Llama {
 
     /// cos and sin of every position's angles `[block, head_dim]` (each frequency twice, halves
     /// side by side as transformers' `cat((freqs, freqs))`), positions `from..from + t` of them
-    /// as `[1, t, 1, head_dim]`.
+    /// as `[1, t, 1, head_dim]`; over packed rows (`ctx.positions`), each position's place in
+    /// its document, `[n, t, 1, head_dim]`.
     fn rotary<B: Backend>(
         &self,
         from: usize,
-        t: usize,
+        (n, t): (usize, usize),
+        ctx: &Forward,
         device: &B::Device,
     ) -> (Tensor<B, 4>, Tensor<B, 4>) {
         let hd = self.head_dim();
@@ -296,6 +298,12 @@ impl Llama {
         let sin: Tensor<B, 2> = self
             .cache
             .cached("rope_sin", self.block, device, || table(true));
+        // packed rows: each document's positions start at 0, the angles picked per position
+        if let Some(p) = ctx.positions(n, t).filter(|_| from == 0) {
+            let idx = Tensor::<B, 1, Int>::from_data(TensorData::new(p, [n * t]), device);
+            let at = |x: Tensor<B, 2>| x.select(0, idx.clone()).reshape([n, t, 1, hd]);
+            return (at(cos), at(sin));
+        }
         let at = |x: Tensor<B, 2>| x.slice([from..from + t, 0..hd]).reshape([1, t, 1, hd]);
         (at(cos), at(sin))
     }
@@ -354,7 +362,7 @@ impl Llama {
         let q = dense(&a.q_proj, hx.clone(), None, fused).reshape([n, t, h, hd]);
         let k = dense(&a.k_proj, hx.clone(), None, fused).reshape([n, t, g, hd]);
         let v = dense(&a.v_proj, hx, None, fused).reshape([n, t, g, hd]);
-        let (cos, sin) = self.rotary::<B>(from, t, &x.device());
+        let (cos, sin) = self.rotary::<B>(from, (n, t), ctx, &x.device());
         let (q, k) = (Self::rotate(q, &cos, &sin), Self::rotate(k, &cos, &sin));
         let whole = if fused && past.is_none() && !keep {
             // kiln's fused causal attention reads q, k and v side by side, one per query head
@@ -371,7 +379,7 @@ impl Llama {
                 ],
                 2,
             );
-            kernels::causal_attention(qkv, h)
+            kernels::document_attention(qkv, h, ctx.segments().cloned())
         } else {
             None
         };
@@ -424,10 +432,11 @@ impl Llama {
         let att = q
             .matmul(self.repeat_kv(k.clone()).swap_dims(2, 3))
             .div_scalar((hd as f64).sqrt());
-        let att = if causal {
-            att + self.cache.get::<B>(t, device)
-        } else {
-            att
+        let att = match (causal, ctx.document_mask::<B>(n, t, device)) {
+            // packed rows: position i attends to its document's positions <= i
+            (true, Some(mask)) => att + mask,
+            (true, None) => att + self.cache.get::<B>(t, device),
+            (false, _) => att,
         };
         let att = ctx.dropout(softmax(att, 3), self.dropout);
         let y = att
@@ -751,6 +760,41 @@ mod tests {
                     "kv {kv}: {x} vs {y}"
                 );
             }
+        }
+    }
+
+    /// Over packed rows each position takes the rotary angles of its place in its document
+    /// (RoPE's scores depend on distances only, so the logits test above cannot see them).
+    #[test]
+    fn packed_positions_take_their_documents_angles() {
+        let l = tiny(2, false);
+        let dev = Default::default();
+        let starts: crate::kernels::Starts = vec![0u32, 0, 0, 0, 0, 2].into();
+        let ctx = Forward::eval().with_segments(Some(starts));
+        let (cos, sin) = l.rotary::<Flex>(0, (2, 3), &ctx, &dev);
+        let (cos0, sin0) = l.rotary::<Flex>(0, (1, 3), &Forward::eval(), &dev);
+        let v = |x: Tensor<Flex, 4>| x.into_data().convert::<f32>().into_vec::<f32>().unwrap();
+        let (c, s, c0, s0) = (v(cos), v(sin), v(cos0), v(sin0));
+        let hd = l.head_dim();
+        // row 1: two documents, positions 0, 1 and 0
+        for (j, p) in [0, 1, 2, 0, 1, 0].into_iter().enumerate() {
+            assert_eq!(
+                c[j * hd..(j + 1) * hd],
+                c0[p * hd..(p + 1) * hd],
+                "token {j}"
+            );
+            assert_eq!(
+                s[j * hd..(j + 1) * hd],
+                s0[p * hd..(p + 1) * hd],
+                "token {j}"
+            );
+        }
+    }
+
+    #[test]
+    fn packed_documents_get_their_own_logits() {
+        for kv in [4, 2] {
+            crate::model::packed_tests::each_document_gets_its_own_logits(tiny(kv, false), 64);
         }
     }
 
