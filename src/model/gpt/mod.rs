@@ -695,10 +695,10 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_later_token_never_changes_earlier_logits() {
-        let gpt = Gpt {
-            vocab: 256,
+    /// A gpt of two blocks of 16 over positions up to 8.
+    fn tiny(vocab: usize) -> Gpt {
+        Gpt {
+            vocab,
             block: 8,
             layers: 2,
             heads: 2,
@@ -708,8 +708,12 @@ mod tests {
             gelu_tanh: false,
             dropout: 0.0,
             masks: MaskCache::default(),
-        };
-        let m = FamilyModel::new(gpt);
+        }
+    }
+
+    #[test]
+    fn a_later_token_never_changes_earlier_logits() {
+        let m = FamilyModel::new(tiny(256));
         let compute = <Autodiff<Flex> as ComputeOn>::compute(&m, &Default::default(), true);
         let params = m.init(3);
         let a = compute
@@ -732,18 +736,6 @@ mod tests {
 
     #[test]
     fn packed_documents_get_their_own_logits() {
-        let gpt = Gpt {
-            vocab: 32,
-            block: 8,
-            layers: 2,
-            heads: 2,
-            dim: 16,
-            bias: true,
-            tie: true,
-            gelu_tanh: false,
-            dropout: 0.0,
-            masks: MaskCache::default(),
-        };
-        crate::model::packed_tests::each_document_gets_its_own_logits(gpt, 32);
+        crate::model::packed_tests::each_document_gets_its_own_logits(tiny(32), 32);
     }
 }
