@@ -26,7 +26,7 @@ use super::DataError;
 /// A format of record files.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Format {
-    /// JSON Lines: one JSON object per line (`.jsonl`, `.json`, `.jsonl.gz`, `.jsonl.zst`).
+    /// JSON Lines: one JSON object per line (`.jsonl`, `.ndjson`, `.jsonl.gz`, `.jsonl.zst`).
     Jsonl,
     /// Apache Parquet (`.parquet`).
     Parquet,
@@ -36,7 +36,9 @@ impl Format {
     /// The file names a directory's shards of this format end with.
     fn suffixes(self) -> &'static [&'static str] {
         match self {
-            Format::Jsonl => &[".jsonl", ".jsonl.gz", ".jsonl.zst", ".json", ".ndjson"],
+            // (not `.json`: a dataset directory holds `dataset_info.json` and `state.json`
+            // beside its shards; a `.json` file of JSON Lines is read when named itself)
+            Format::Jsonl => &[".jsonl", ".jsonl.gz", ".jsonl.zst", ".ndjson"],
             Format::Parquet => &[".parquet"],
         }
     }
@@ -73,7 +75,7 @@ pub fn shards(spec: &Path, format: Format, key: &'static str) -> Result<Vec<Path
         out.sort();
         if out.is_empty() {
             return Err(DataError::Invalid(format!(
-                "`{key}` = \"{text}\" matches no file\n  = help: a glob is matched from the working directory, or from the directory of the config file that set it when relative"
+                "`{key}` = \"{text}\" matches no file\n  = help: check the pattern (`*` within a name, `**` across directories)"
             )));
         }
         return Ok(out);
@@ -233,7 +235,11 @@ impl Documents {
                     }))
                 }
             }
-            let text = buf.trim_ascii();
+            let mut text = buf.trim_ascii();
+            if *line == 1 {
+                // (a UTF-8 byte-order mark, as some Windows editors write one)
+                text = text.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(text);
+            }
             if text.is_empty() {
                 // (blank lines, a trailing one too, are not records)
                 continue;
@@ -444,7 +450,7 @@ mod tests {
     #[test]
     fn jsonl_plain_gz_and_zst_give_the_same_documents() {
         let dir = crate::testdir::tempdir().unwrap();
-        let body = "{\"text\": \"one\", \"id\": 1}\n\n{\"id\": 2, \"text\": \"two \\u00e9\\n\"}\n";
+        let body = "\u{feff}{\"text\": \"one\", \"id\": 1}\r\n\n{\"id\": 2, \"text\": \"two \\u00e9\\n\"}\n";
         let plain = dir.path().join("a.jsonl");
         std::fs::write(&plain, body).unwrap();
         let gz = dir.path().join("a.jsonl.gz");
@@ -498,7 +504,7 @@ mod tests {
     fn shards_are_a_file_a_directorys_files_in_name_order_or_a_glob() {
         let dir = crate::testdir::tempdir().unwrap();
         let d = dir.path();
-        for name in ["b.jsonl", "a.jsonl.gz", "c.txt", "d.parquet"] {
+        for name in ["b.jsonl", "a.jsonl.gz", "c.txt", "d.parquet", "state.json"] {
             std::fs::write(d.join(name), "").unwrap();
         }
         let names = |v: Vec<PathBuf>| -> Vec<String> {
