@@ -229,10 +229,6 @@ impl AshaPolicy {
             reread: Some(again),
         }
     }
-
-    fn sweep(&self) -> (&Asha, &str) {
-        (&self.asha, &self.metric)
-    }
 }
 
 impl Policy for AshaPolicy {
@@ -279,7 +275,7 @@ impl Policy for AshaPolicy {
         }
     }
     fn report(&self, ui: &mut SweepProgress, rec: &Record) {
-        let (asha, metric) = self.sweep();
+        let (asha, metric) = (&self.asha, &self.metric);
         match rec.state {
             TrialState::Paused => ui.paused(
                 &rec.trial,

@@ -160,6 +160,19 @@ impl MaskCache {
         })
     }
 
+    /// The additive mask of `ctx`'s causal attention over `n` rows of `t` positions: over
+    /// packed rows the block-diagonal one (`Forward::document_mask`, `[n, 1, t, t]`), else the
+    /// causal mask (`get`, `[1, 1, t, t]`, made once).
+    pub(in crate::model) fn attention_mask<B: Backend>(
+        &self,
+        ctx: &Forward,
+        (n, t): (usize, usize),
+        device: &B::Device,
+    ) -> Tensor<B, 4> {
+        ctx.document_mask(n, t, device)
+            .unwrap_or_else(|| self.get(t, device))
+    }
+
     /// The tensor called `name` for length `t` on `device`, made from `make`'s values once.
     pub(in crate::model) fn cached<B: Backend, const D: usize>(
         &self,
@@ -375,12 +388,11 @@ impl Gpt {
         let att = q
             .matmul(k.clone().swap_dims(2, 3))
             .div_scalar((hd as f64).sqrt());
-        let att = match (causal, ctx.document_mask::<B>(n, t, device)) {
-            // packed rows: position i attends to its document's positions <= i
-            (true, Some(mask)) => att + mask,
-            // position i attends to positions <= i
-            (true, None) => att + self.masks.get::<B>(t, device),
-            (false, _) => att,
+        let att = if causal {
+            // position i attends to positions <= i (of its document, over packed rows)
+            att + self.masks.attention_mask::<B>(ctx, (n, t), device)
+        } else {
+            att
         };
         let att = ctx.dropout(softmax(att, 3), self.dropout);
         let y = att.matmul(v.clone()).swap_dims(1, 2).reshape([n, t, d]);

@@ -432,11 +432,10 @@ impl Llama {
         let att = q
             .matmul(self.repeat_kv(k.clone()).swap_dims(2, 3))
             .div_scalar((hd as f64).sqrt());
-        let att = match (causal, ctx.document_mask::<B>(n, t, device)) {
-            // packed rows: position i attends to its document's positions <= i
-            (true, Some(mask)) => att + mask,
-            (true, None) => att + self.cache.get::<B>(t, device),
-            (false, _) => att,
+        let att = if causal {
+            att + self.cache.attention_mask::<B>(ctx, (n, t), device)
+        } else {
+            att
         };
         let att = ctx.dropout(softmax(att, 3), self.dropout);
         let y = att

@@ -33,8 +33,8 @@
 //! its own, so the bits do not change.
 //!
 //! Where the shards live is one value, `Shards`, chosen once: on the host, or (sharding =
-//! "full" on a device backend, not HSDP: `Fsdp::host_only` says why not) on the device from
-//! `DeviceResident::keep` on. Each method below matches on it once and delegates to the host
+//! "full" on a device backend, not HSDP: `Fsdp::new` decides `host_only` and says why) on the
+//! device from `DeviceResident::keep` on. Each method below matches on it once and delegates to the host
 //! path (`shards.rs`) or the device path (`device.rs`); the host collectives both use are in
 //! `host.rs`.
 
@@ -106,9 +106,9 @@ pub struct Fsdp {
     num_params: usize,
     /// This rank's shards, their optimizer states and gradients: on the host, or on the device.
     shards: Shards,
-    /// Why the shards stay on the host on a device backend too (decided at build); `None`:
-    /// `DeviceResident::keep` moves them to the device.
-    host_only: Option<&'static str>,
+    /// Whether the shards stay on the host on a device backend too (decided at build, where
+    /// `new` says why); else `DeviceResident::keep` moves them to the device.
+    host_only: bool,
     /// Whole parameters: at rest for grad_op; for full only while a step needs them.
     whole: Option<Vec<f32>>,
     /// unit = "model" over a device collective: the gathered parameters on the device, for the
@@ -179,11 +179,7 @@ impl Fsdp {
         //   it, in one op order over both groups; the device path has no replica step (the
         //   rank log and the strategies chapter say so);
         // - with `strategy.sharding = "grad_op"`: the whole parameters stay on the host.
-        let host_only = match (&hybrid, reshard) {
-            (Some(_), _) => Some("HSDP averages gradient shards across replicas on the host"),
-            (None, false) => Some("sharding = \"grad_op\" keeps the whole parameters on the host"),
-            (None, true) => None,
-        };
+        let host_only = hybrid.is_some() || !reshard;
         let (world, replica) = match hybrid {
             Some((w, r)) => (Some(w), Some(r)),
             None => (None, None),
@@ -213,11 +209,11 @@ impl Fsdp {
 
     /// Back to the host path (the host copy is the truth again: `init`, `load_optimizer`),
     /// with nothing of the state being replaced in flight.
-    fn reset(&mut self) -> &mut HostShards {
+    fn reset(&mut self) {
         self.device_whole = None;
         self.ahead.clear();
         self.inflight = InFlight::default();
-        self.shards.move_to_host(&mut self.comm)
+        self.shards.move_to_host(&mut self.comm);
     }
 
     fn shard_of(&self, u: &Unit, whole: &[f32]) -> Vec<f32> {
@@ -280,28 +276,31 @@ impl Strategy for Fsdp {
     fn init(&mut self, init: &[f32]) -> Result<(), CollectiveError> {
         self.reset();
         // sync_module_states: rank 0's initialisation is the truth
-        if !self.reshard {
+        let (shards, whole) = if !self.reshard {
             let mut full = init.to_vec();
             self.broadcast_init(&mut full)?;
             let shards = self.units.iter().map(|u| self.shard_of(u, &full)).collect();
-            self.reset().state.shards = shards;
-            self.whole = Some(full);
-            return Ok(());
-        }
-        // a unit at a time: no rank makes a copy of the whole model
-        self.whole = None;
-        let mut shards = Vec::with_capacity(self.units.len());
-        for i in 0..self.units.len() {
-            let range = self.units[i].range();
-            let mut unit = init[range].to_vec();
-            self.broadcast_init(&mut unit)?;
-            let u = Unit {
-                start: 0,
-                ..self.units[i].clone()
-            };
-            shards.push(self.shard_of(&u, &unit));
-        }
-        self.reset().state.shards = shards;
+            (shards, Some(full))
+        } else {
+            // a unit at a time: no rank makes a copy of the whole model
+            let mut shards = Vec::with_capacity(self.units.len());
+            for i in 0..self.units.len() {
+                let range = self.units[i].range();
+                let mut unit = init[range].to_vec();
+                self.broadcast_init(&mut unit)?;
+                let u = Unit {
+                    start: 0,
+                    ..self.units[i].clone()
+                };
+                shards.push(self.shard_of(&u, &unit));
+            }
+            (shards, None)
+        };
+        self.whole = whole;
+        let Shards::Host(host) = &mut self.shards else {
+            unreachable!("reset made the host path")
+        };
+        host.state.shards = shards;
         Ok(())
     }
 
@@ -692,9 +691,11 @@ impl Strategy for Fsdp {
     fn load_optimizer(&mut self, opt: &OptState) {
         // device shards (if any) are made again from the host state
         let rank = self.comm.rank();
-        let units = self.units.clone();
-        let host = self.reset();
-        for (u, o) in units.iter().zip(&mut host.state.opts) {
+        self.reset();
+        let Shards::Host(host) = &mut self.shards else {
+            unreachable!("reset made the host path")
+        };
+        for (u, o) in self.units.iter().zip(&mut host.state.opts) {
             let own = u.owned(rank);
             o.import(opt, u.start + own.start..u.start + own.end, u.shard_len);
         }
@@ -703,8 +704,8 @@ impl Strategy for Fsdp {
 
 impl DeviceResident for Fsdp {
     fn keep(&mut self, proto: &dyn DeviceTensor) {
-        // (`host_only`, decided at build, says why not)
-        if self.host_only.is_none() {
+        // (`host_only` was decided at build)
+        if !self.host_only {
             self.shards.move_to_device(proto);
         }
     }

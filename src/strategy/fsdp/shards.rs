@@ -204,7 +204,7 @@ impl Shards {
 
     /// Back to the host path, the host copy being the truth again (`init`, `load_optimizer`
     /// replace it), with nothing of the state it replaces in flight.
-    pub fn move_to_host(&mut self, comm: &mut Overlapped) -> &mut HostShards {
+    pub fn move_to_host(&mut self, comm: &mut Overlapped) {
         let state = match std::mem::replace(self, Shards::Host(HostShards::default())) {
             Shards::Host(h) => h.state,
             Shards::Device(mut d) => {
@@ -213,10 +213,6 @@ impl Shards {
             }
         };
         *self = Shards::Host(HostShards::new(state));
-        let Shards::Host(h) = self else {
-            unreachable!("the host path was made above")
-        };
-        h
     }
 
     /// The device path from the host path's state, in buffers like `proto`; the host path
