@@ -62,6 +62,7 @@ fn state(n: usize, layout: Layout) -> State {
         early_stopping: None,
         best: None,
         loss_scale: None,
+        documents: None,
     }
 }
 

@@ -732,6 +732,7 @@ mod tests {
             early_stopping: None,
             best: None,
             loss_scale: None,
+            documents: None,
         }
     }
 

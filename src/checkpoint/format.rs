@@ -400,6 +400,26 @@ pub struct DataPosition {
     pub segment_micro: usize,
 }
 
+/// Where a stream of documents stands (`data.kind = "jsonl"` or `"parquet"`): the next
+/// document to read, and the rows packed from earlier documents that no step has taken yet
+/// (their tokens: a checkpoint never needs the files read again to go on).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct DocumentsPosition {
+    /// Passes over the documents begun, from 0.
+    pub epoch: u64,
+    /// The shard being read, by its place in the epoch's order of shards, and how many of its
+    /// documents (in their shuffled order) were read.
+    pub shard: usize,
+    pub doc: usize,
+    /// Rows handed out so far, over all passes: the global row the next step starts at.
+    pub rows: u64,
+    /// Rows packed and closed but not handed out, in order, then the rows still open (at most
+    /// the packing window): each row its pieces' tokens.
+    pub ready: Vec<Vec<Vec<u32>>>,
+    pub open: Vec<Vec<Vec<u32>>>,
+}
+
 /// `state.json`: everything besides tensors that resume needs.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct State {
@@ -437,6 +457,9 @@ pub struct State {
     /// f16's dynamic loss scale at this step (`backend.precision = "f16"`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub loss_scale: Option<LossScaleState>,
+    /// Where a stream of documents stands (`data.kind = "jsonl"` or `"parquet"`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub documents: Option<DocumentsPosition>,
 }
 
 /// Where f16's dynamic loss scaling stands (torch `GradScaler`'s `scale` and `_growth_tracker`).

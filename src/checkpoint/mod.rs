@@ -11,7 +11,7 @@ mod written;
 
 pub use dir::{load, read_state, step_of, verify, CheckpointDir, CheckpointError, Entry, Loaded};
 pub use format::{
-    encode_files, DataPosition, Layout, LossScaleState, Manifest, OptState, OptimizerInfo,
-    RngState, SchedulerInfo, ShardUnit, State, WatchState, FORMAT,
+    encode_files, DataPosition, DocumentsPosition, Layout, LossScaleState, Manifest, OptState,
+    OptimizerInfo, RngState, SchedulerInfo, ShardUnit, State, WatchState, FORMAT,
 };
 pub use retention::to_delete;

@@ -18,6 +18,30 @@ pub enum DataKind {
     Text,
     /// nanoGPT's token files: little-endian `u16` (or `u32`) ids, mapped.
     Tokens,
+    /// JSON Lines records (`.jsonl`, `.jsonl.gz`, `.jsonl.zst`), each a document.
+    Jsonl,
+    /// Apache Parquet records, each a document.
+    Parquet,
+}
+
+impl DataKind {
+    /// Records of documents (`jsonl`, `parquet`): tokenized as they stream, packed into rows.
+    pub fn documents(self) -> bool {
+        matches!(self, DataKind::Jsonl | DataKind::Parquet)
+    }
+
+    /// Data of token ids for a language model (text, token files, documents).
+    pub fn tokens(self) -> bool {
+        matches!(self, DataKind::Text | DataKind::Tokens) || self.documents()
+    }
+}
+
+fn is_text(s: &String) -> bool {
+    s == "text"
+}
+
+fn is_true(b: &bool) -> bool {
+    *b
 }
 
 fn is_bytes(s: &String) -> bool {
@@ -38,15 +62,18 @@ pub enum TokenFileDtype {
 pub struct DataConfig {
     /// `"synthetic"` (a learnable classification task from a fixed random teacher), `"csv"`,
     /// `"idx"` (MNIST-style IDX image and label files, raw or `.gz`), `"text"` (any file as
-    /// byte-level tokens, for `model.kind = "gpt"`) or `"tokens"` (nanoGPT's token files,
-    /// memory-mapped, for `model.kind = "gpt"`). Default: `"synthetic"`.
+    /// byte-level tokens, for `model.kind = "gpt"`), `"tokens"` (nanoGPT's token files,
+    /// memory-mapped, for `model.kind = "gpt"`), or `"jsonl"` / `"parquet"` (records of
+    /// documents, tokenized as they stream and packed into rows, for a language model; runs
+    /// for `train.max_steps`). Default: `"synthetic"`.
     pub kind: DataKind,
     /// tokens: the file's element type, `"u16"` (nanoGPT's `prepare.py`) or `"u32"` (for
     /// vocabularies over 65,535). Default: `"u16"`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub dtype: Option<TokenFileDtype>,
-    /// text, tokens: `"bytes"` (each byte a token), `"gpt2"` (GPT-2's BPE) or the path of a
-    /// Hugging Face `tokenizer.json`; text files are tokenized with it as they load, and
+    /// text, tokens, jsonl, parquet: `"bytes"` (each byte a token), `"gpt2"` (GPT-2's BPE) or
+    /// the path of a Hugging Face `tokenizer.json` (or of the directory that holds it); text
+    /// files and documents are tokenized with it as they load, and
     /// `kiln sample` encodes the prompt and decodes the output with it (a token file's ids must
     /// come from it: `kiln tokenize`). Default: `"bytes"`.
     #[serde(skip_serializing_if = "is_bytes")]
@@ -71,13 +98,15 @@ pub struct DataConfig {
     /// synthetic: seed of the teacher and the samples. Default: `0`.
     pub seed: u64,
     /// csv: the training file; idx: the training images; text: the text file; tokens: the
-    /// token file. Relative to the file that sets it. Default: unset (csv, idx, text and tokens
-    /// need it).
+    /// token file; jsonl, parquet: a file, a directory (its `*.jsonl`, `*.jsonl.gz`,
+    /// `*.jsonl.zst`, `*.ndjson` or `*.parquet` shards, in name order) or a glob of shards.
+    /// Relative to the file that sets it. Default: unset (every kind but synthetic needs it).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub path: Option<String>,
-    /// csv: the evaluation file; idx: the evaluation images; tokens: the held-out token file.
-    /// Relative to the file that sets it. Default: unset (no evaluation data; text and tokens
-    /// hold out `eval_fraction` of `path` instead).
+    /// csv: the evaluation file; idx: the evaluation images; tokens: the held-out token file;
+    /// jsonl, parquet: the evaluation documents (a file, a directory or a glob), packed once in
+    /// file order. Relative to the file that sets it. Default: unset (no evaluation data; text
+    /// and tokens hold out `eval_fraction` of `path` instead).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub eval_path: Option<String>,
     /// idx: the training labels (IDX1, raw or `.gz`). Relative to the file that sets it.
@@ -99,6 +128,17 @@ pub struct DataConfig {
     /// (tokens: without `data.eval_path`). Default: `0.1`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub eval_fraction: Option<f64>,
+    /// jsonl, parquet: the field (column) of each record that holds its text; other fields are
+    /// not read. Default: `"text"`.
+    #[serde(skip_serializing_if = "is_text")]
+    pub text_field: String,
+    /// jsonl, parquet: pack documents side by side into rows of `model.block_size + 1`
+    /// tokens (first fit among 32 open rows; a longer document is cut into pieces of a row
+    /// each); attention, positions and targets stay inside each document. `false`: one
+    /// document (or piece) per row, padded. Either way a token's loss is the one it has in its
+    /// document alone. Default: `true`.
+    #[serde(skip_serializing_if = "is_true")]
+    pub packing: bool,
     /// csv: the label column, by header name or 0-based index (a string or an integer).
     /// Default: `"label"`.
     #[serde(deserialize_with = "name_or_index")]
@@ -154,6 +194,8 @@ impl Default for DataConfig {
             normalize: Vec::new(),
             stride: None,
             eval_fraction: None,
+            text_field: "text".into(),
+            packing: true,
             label_column: "label".into(),
             header: true,
             workers: 0,
@@ -198,14 +240,14 @@ impl DataConfig {
                 ))
             }
         }
-        if self.tokenizer != "bytes" && !matches!(self.kind, DataKind::Text | DataKind::Tokens) {
+        if self.tokenizer != "bytes" && !self.kind.tokens() {
             return Err(r.key_error(
                 "data.tokenizer",
                 format!(
                     "`data.tokenizer` tokenizes text for a language model, but `data.kind` = \"{}\"",
                     choice_name(&self.kind)
                 ),
-                Some("remove it, or use `data.kind = \"text\"` (or \"tokens\")".into()),
+                Some("remove it, or use `data.kind = \"text\"` (or \"tokens\", \"jsonl\", \"parquet\")".into()),
             ));
         }
         let tok = self.tokenizer.as_str();
@@ -297,6 +339,64 @@ impl DataConfig {
             }
             DataKind::Text | DataKind::Tokens => self.check_text(r)?,
             DataKind::Idx => self.check_idx(r)?,
+            DataKind::Jsonl | DataKind::Parquet => self.check_documents(r)?,
+        }
+        Ok(())
+    }
+
+    /// Records of documents: `data.path` (a file, a directory or a glob), a field name, a run
+    /// length in steps (a stream's passes have no length before they are read).
+    fn check_documents(&self, r: &Resolved) -> Result<(), ConfigError> {
+        let kind = choice_name(&self.kind);
+        if self.path.is_none() {
+            return Err(r.key_error(
+                "data.kind",
+                format!("`data.kind` = \"{kind}\" needs `data.path`"),
+                Some(format!(
+                    "add `path = \"train.{kind}\"` to [data] (a file, a directory of shards or a glob, relative to the experiment file)"
+                )),
+            ));
+        }
+        for (key, value) in [
+            ("data.path", &self.path),
+            ("data.eval_path", &self.eval_path),
+        ] {
+            let Some(value) = value else { continue };
+            let p = r.path_of(key, value);
+            let glob = value.contains(['*', '?', '[']);
+            if !glob && !p.exists() {
+                return Err(r.key_error(
+                    key,
+                    format!("`{key}` = \"{value}\": `{}` not found", p.display()),
+                    Some("give a file, a directory of shards or a glob (relative to the experiment file)".into()),
+                ));
+            }
+        }
+        for (key, set) in [
+            ("data.eval_fraction", self.eval_fraction.is_some()),
+            ("data.stride", self.stride.is_some()),
+        ] {
+            if set {
+                return Err(r.key_error(
+                    key,
+                    format!("`{key}` applies to text and token files, not to `data.kind` = \"{kind}\" (each record is a document)"),
+                    Some("remove it; evaluation documents are `data.eval_path`".into()),
+                ));
+            }
+        }
+        if self.text_field.is_empty() {
+            return Err(r.key_error(
+                "data.text_field",
+                "`data.text_field` is empty".into(),
+                Some("name the field of each record that holds its text, e.g. \"text\"".into()),
+            ));
+        }
+        if r.config.train.max_steps.is_none() {
+            return Err(r.key_error(
+                "data.kind",
+                format!("`data.kind` = \"{kind}\" streams its documents, tokenized as they are read, so a pass over them has no length before it is read: the run needs `train.max_steps` (as transformers' Trainer does for an iterable dataset)"),
+                Some("set `train.max_steps` (passes over the documents follow each other until then)".into()),
+            ));
         }
         Ok(())
     }
@@ -449,6 +549,7 @@ impl DataConfig {
                 DataKind::Idx => true,
                 DataKind::Synthetic => d.image.len() == 3 && d.vocab.is_none(),
                 DataKind::Csv | DataKind::Text | DataKind::Tokens => false,
+                DataKind::Jsonl | DataKind::Parquet => false,
             };
             if !images {
                 return Err(r.key_error(
@@ -456,7 +557,7 @@ impl DataConfig {
                     format!(
                         "`data.augment` transforms images, but `data.kind` = \"{}\" gives {}",
                         crate::config::choice_name(&d.kind),
-                        if matches!(d.kind, DataKind::Text | DataKind::Tokens) || d.vocab.is_some() {
+                        if d.kind.tokens() || d.vocab.is_some() {
                             "token windows"
                         } else {
                             "flat feature rows"

@@ -95,13 +95,21 @@ fn elsewhere(c: &Config, section: &str, key: &str) -> bool {
             let idx = ["labels_path", "eval_labels_path"];
             let text = ["eval_fraction", "tokenizer"];
             let on_disk = ["path", "eval_path"];
+            let docs = ["text_field", "packing"];
             let others: Vec<&str> = match c.data.kind {
-                DataKind::Synthetic => [&csv[..], &idx, &text, &on_disk].concat(),
-                DataKind::Csv => [&synthetic[..], &idx, &text].concat(),
-                DataKind::Idx => [&synthetic[..], &csv, &text].concat(),
+                DataKind::Synthetic => [&csv[..], &idx, &text, &on_disk, &docs].concat(),
+                DataKind::Csv => [&synthetic[..], &idx, &text, &docs].concat(),
+                DataKind::Idx => [&synthetic[..], &csv, &text, &docs].concat(),
                 DataKind::Text | DataKind::Tokens => {
-                    [&synthetic[..], &csv, &idx, &["classes"]].concat()
+                    [&synthetic[..], &csv, &idx, &["classes"], &docs].concat()
                 }
+                DataKind::Jsonl | DataKind::Parquet => [
+                    &synthetic[..],
+                    &csv,
+                    &idx,
+                    &["classes", "eval_fraction", "stride", "dtype"],
+                ]
+                .concat(),
             };
             others.contains(&key)
         }

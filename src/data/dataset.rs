@@ -1,5 +1,6 @@
 //! The in-memory dataset, data loading and its errors.
 
+use super::documents::{DocumentSource, PackedRows};
 use super::tokens::Windows;
 use super::{csv, idx, synthetic, text, tokens, Augment};
 use std::path::{Path, PathBuf};
@@ -26,6 +27,16 @@ impl Values {
     }
 }
 
+/// Samples gathered into a batch: `shape[0]` samples' values, their labels and (rows of
+/// documents) where each token's document starts in its row.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Gathered {
+    pub x: Values,
+    pub shape: Vec<usize>,
+    pub y: Vec<u32>,
+    pub starts: Option<Vec<u32>>,
+}
+
 /// A dataset's samples.
 #[derive(Debug, Clone)]
 pub enum Samples {
@@ -35,7 +46,16 @@ pub enum Samples {
     /// Token windows (a language model's samples; no labels: the targets are the window
     /// shifted by one).
     Windows(Windows),
+    /// Rows of documents held in memory (evaluation documents, packed once).
+    Packed(PackedRows),
+    /// Rows of documents as a stream (training documents): a rank's loader reads them in
+    /// order (`documents::Stream`); they have no index of their own.
+    Stream(std::sync::Arc<DocumentSource>),
 }
+
+/// The rows a stream of documents counts as having: endless to the sampler (passes over the
+/// documents follow each other inside the stream), small enough that no count overflows.
+pub const STREAM_ROWS: usize = 1 << 48;
 
 /// A dataset: samples of one shape.
 #[derive(Debug, Clone)]
@@ -59,6 +79,8 @@ impl PartialEq for Dataset {
                         && (a.offset, a.count, a.width, a.stride)
                             == (b.offset, b.count, b.width, b.stride)
                 }
+                (Samples::Packed(a), Samples::Packed(b)) => a == b,
+                (Samples::Stream(a), Samples::Stream(b)) => std::sync::Arc::ptr_eq(a, b),
                 _ => false,
             }
     }
@@ -83,10 +105,30 @@ impl Dataset {
         }
     }
 
+    /// Rows of documents: packed in memory, or a stream.
+    pub fn packed(rows: PackedRows) -> Self {
+        Dataset {
+            features: rows.width,
+            shape: vec![rows.width],
+            samples: Samples::Packed(rows),
+        }
+    }
+
+    pub fn stream(src: std::sync::Arc<DocumentSource>) -> Self {
+        let width = src.encoder.width;
+        Dataset {
+            features: width,
+            shape: vec![width],
+            samples: Samples::Stream(src),
+        }
+    }
+
     pub fn len(&self) -> usize {
         match &self.samples {
             Samples::Rows { y, .. } => y.len(),
             Samples::Windows(w) => w.count,
+            Samples::Packed(p) => p.len(),
+            Samples::Stream(_) => STREAM_ROWS,
         }
     }
 
@@ -94,11 +136,16 @@ impl Dataset {
         self.len() == 0
     }
 
+    /// Rows of documents read as a stream (training documents).
+    pub fn is_stream(&self) -> bool {
+        matches!(self.samples, Samples::Stream(_))
+    }
+
     /// The feature rows and labels (in-memory row datasets; `None` for token windows).
     pub fn rows_ref(&self) -> Option<(&[f32], &[u32])> {
         match &self.samples {
             Samples::Rows { x, y } => Some((x, y)),
-            Samples::Windows(_) => None,
+            _ => None,
         }
     }
 
@@ -122,7 +169,44 @@ impl Dataset {
                 }
                 Ok((Values::Tokens(x), vec![0; idx.len()]))
             }
+            Samples::Packed(p) => {
+                let (mut x, mut starts) = (Vec::new(), Vec::new());
+                for &i in idx {
+                    p.read(i, &mut x, &mut starts);
+                }
+                Ok((Values::Tokens(x), vec![0; idx.len()]))
+            }
+            Samples::Stream(_) => Err(DataError::Invalid(
+                "a stream of documents is read in order by the data loader, not by index".into(),
+            )),
         }
+    }
+
+    /// The samples at `idx` as a batch: their values, labels and (rows of documents) where
+    /// each token's document starts.
+    pub fn batch(&self, idx: &[usize]) -> Result<Gathered, DataError> {
+        let mut shape = Vec::with_capacity(1 + self.shape.len());
+        shape.push(idx.len());
+        shape.extend(&self.shape);
+        if let Samples::Packed(p) = &self.samples {
+            let (mut x, mut starts) = (Vec::new(), Vec::new());
+            for &i in idx {
+                p.read(i, &mut x, &mut starts);
+            }
+            return Ok(Gathered {
+                x: Values::Tokens(x),
+                shape,
+                y: vec![0; idx.len()],
+                starts: Some(starts),
+            });
+        }
+        let (x, y) = self.gather(idx)?;
+        Ok(Gathered {
+            x,
+            shape,
+            y,
+            starts: None,
+        })
     }
 
     /// `gather`, then each image transformed as `augment` draws it for its sample index in
@@ -302,5 +386,6 @@ pub fn load(r: &Resolved) -> Result<Data, DataError> {
         DataKind::Idx => idx::load(r),
         DataKind::Text => text::load(r),
         DataKind::Tokens => tokens::load(r),
+        DataKind::Jsonl | DataKind::Parquet => super::documents::load(r),
     }
 }

@@ -7,6 +7,7 @@
 mod augment;
 mod csv;
 mod dataset;
+pub mod documents;
 mod idx;
 pub mod packing;
 pub mod records;

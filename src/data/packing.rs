@@ -56,6 +56,8 @@ impl PackedRow {
 pub struct Packer {
     width: usize,
     window: usize,
+    /// `false`: each document (or piece) is a row of its own (`data.packing = false`).
+    pack: bool,
     open: VecDeque<PackedRow>,
     docs: usize,
 }
@@ -66,9 +68,37 @@ impl Packer {
         Packer {
             width,
             window: window.max(1),
+            pack: true,
             open: VecDeque::new(),
             docs: 0,
         }
+    }
+
+    /// One document (or piece) per row, the rest of each row padding (`data.packing =
+    /// false`).
+    pub fn unpacked(width: usize) -> Packer {
+        Packer {
+            pack: false,
+            ..Packer::new(width, 1)
+        }
+    }
+
+    /// A packer that goes on from `open` rows (a checkpoint's) with the next document numbered
+    /// `docs`.
+    pub fn resume(mut self, open: Vec<PackedRow>, docs: usize) -> Packer {
+        self.open = open.into();
+        self.docs = docs;
+        self
+    }
+
+    /// The rows still open, oldest first.
+    pub fn open_rows(&self) -> impl Iterator<Item = &PackedRow> {
+        self.open.iter()
+    }
+
+    /// The number the next document gets.
+    pub fn next_doc(&self) -> usize {
+        self.docs
     }
 
     /// Adds the next document, of `len` tokens; returns the rows it closed, in order.
@@ -85,6 +115,13 @@ impl Packer {
             };
             start = end;
             let l = piece.len();
+            if !self.pack {
+                closed.push(PackedRow {
+                    pieces: vec![piece],
+                    len: l,
+                });
+                continue;
+            }
             match self.open.iter_mut().find(|r| r.len + l <= self.width) {
                 Some(row) => {
                     row.len += l;
@@ -128,22 +165,8 @@ pub fn pack(lens: &[usize], width: usize, window: usize) -> Vec<PackedRow> {
 /// One document (or piece) per row, without packing (`data.packing = false`): the rows and
 /// their lengths, the rest of each row padding.
 pub fn unpacked(lens: &[usize], width: usize) -> Vec<PackedRow> {
-    let mut rows = Vec::new();
-    for (doc, &len) in lens.iter().enumerate() {
-        let mut start = 0;
-        while start < len {
-            let end = (start + width).min(len);
-            rows.push(PackedRow {
-                pieces: vec![Piece {
-                    doc,
-                    tokens: start..end,
-                }],
-                len: end - start,
-            });
-            start = end;
-        }
-    }
-    rows
+    let mut p = Packer::unpacked(width);
+    lens.iter().flat_map(|&l| p.push(l)).collect()
 }
 
 #[cfg(test)]

@@ -148,6 +148,7 @@ pub struct Documents {
     path: PathBuf,
     field: String,
     key: &'static str,
+    file_key: &'static str,
     inner: Inner,
     /// Records read so far (an empty file is an error).
     count: usize,
@@ -170,17 +171,18 @@ enum Inner {
 }
 
 impl Documents {
-    /// Opens `path` (a shard of `format`) for its records' `field` (the value of `key`, e.g.
-    /// `data.text_field`).
+    /// Opens `path` (a shard of `format`, named by `file_key`, e.g. `data.path`) for its
+    /// records' `field` (the value of `key`, e.g. `data.text_field`).
     pub fn open(
         path: &Path,
         format: Format,
         field: &str,
         key: &'static str,
+        file_key: &'static str,
     ) -> Result<Documents, DataError> {
         let io = |source| DataError::Io {
             path: path.to_path_buf(),
-            key,
+            key: file_key,
             source,
         };
         let inner = match format {
@@ -200,12 +202,13 @@ impl Documents {
                     buf: Vec::new(),
                 }
             }
-            Format::Parquet => open_parquet(path, field, key)?,
+            Format::Parquet => open_parquet(path, field, key, file_key)?,
         };
         Ok(Documents {
             path: path.to_path_buf(),
             field: field.to_string(),
             key,
+            file_key,
             inner,
             count: 0,
             done: false,
@@ -230,7 +233,7 @@ impl Documents {
                 Err(source) => {
                     return Some(Err(DataError::Io {
                         path: self.path.clone(),
-                        key: self.key,
+                        key: self.file_key,
                         source,
                     }))
                 }
@@ -246,7 +249,15 @@ impl Documents {
             }
             let value: serde_json::Value = match serde_json::from_slice(text) {
                 Ok(v) => v,
-                Err(e) => return Some(Err(self.bad(at, format!("not JSON ({e})")))),
+                Err(e) => {
+                    return Some(Err(self.bad(
+                        at,
+                        format!(
+                            "not JSON ({e})\n  = help: each line of a JSON Lines file is one object, such as {{\"{}\": \"...\"}}",
+                            self.field
+                        ),
+                    )))
+                }
             };
             let serde_json::Value::Object(mut record) = value else {
                 return Some(Err(self.bad(
@@ -366,10 +377,15 @@ fn text_of(r: &Row) -> Result<String, &'static str> {
 }
 
 /// A parquet file opened for its column `field`, checked to be a string column.
-fn open_parquet(path: &Path, field: &str, key: &'static str) -> Result<Inner, DataError> {
+fn open_parquet(
+    path: &Path,
+    field: &str,
+    key: &'static str,
+    file_key: &'static str,
+) -> Result<Inner, DataError> {
     let file = File::open(path).map_err(|source| DataError::Io {
         path: path.to_path_buf(),
-        key,
+        key: file_key,
         source,
     })?;
     let bad = |m: String| DataError::Invalid(format!("{}: {m}", path.display()));
@@ -460,10 +476,18 @@ mod tests {
         let zst = dir.path().join("a.jsonl.zst");
         std::fs::write(&zst, zstd::encode_all(body.as_bytes(), 3).unwrap()).unwrap();
         for p in [&plain, &gz, &zst] {
-            let d = Documents::open(p, Format::Jsonl, "text", "data.text_field").unwrap();
+            let d =
+                Documents::open(p, Format::Jsonl, "text", "data.text_field", "data.path").unwrap();
             assert_eq!(texts(d).unwrap(), ["one", "two é\n"], "{}", p.display());
         }
-        let d = Documents::open(&plain, Format::Jsonl, "text", "data.text_field").unwrap();
+        let d = Documents::open(
+            &plain,
+            Format::Jsonl,
+            "text",
+            "data.text_field",
+            "data.path",
+        )
+        .unwrap();
         let at: Vec<At> = d.map(|r| r.unwrap().at).collect();
         assert_eq!(at, [At::Line(1), At::Line(3)]);
     }
@@ -493,7 +517,8 @@ mod tests {
         for (i, (body, want)) in cases.iter().enumerate() {
             let p = dir.path().join(format!("bad{i}.jsonl"));
             std::fs::write(&p, body).unwrap();
-            let d = Documents::open(&p, Format::Jsonl, "text", "data.text_field").unwrap();
+            let d =
+                Documents::open(&p, Format::Jsonl, "text", "data.text_field", "data.path").unwrap();
             let err = texts(d).unwrap_err();
             assert!(err.contains(&p.display().to_string()), "{err}");
             assert!(err.contains(want), "{err}\nwants: {want}");
@@ -608,7 +633,8 @@ mod tests {
         let dir = crate::testdir::tempdir().unwrap();
         let p = dir.path().join("a.parquet");
         write_parquet(&p, &[Some("one"), Some("two"), Some("three")], 2, false);
-        let d = Documents::open(&p, Format::Parquet, "text", "data.text_field").unwrap();
+        let d =
+            Documents::open(&p, Format::Parquet, "text", "data.text_field", "data.path").unwrap();
         let docs: Vec<Document> = d.map(|r| r.unwrap()).collect();
         let got: Vec<(&str, At)> = docs.iter().map(|d| (d.text.as_str(), d.at)).collect();
         assert_eq!(
@@ -621,13 +647,20 @@ mod tests {
         );
         let nulls = dir.path().join("nulls.parquet");
         write_parquet(&nulls, &[Some("a"), Some("b"), None], 2, false);
-        let d = Documents::open(&nulls, Format::Parquet, "text", "data.text_field").unwrap();
+        let d = Documents::open(
+            &nulls,
+            Format::Parquet,
+            "text",
+            "data.text_field",
+            "data.path",
+        )
+        .unwrap();
         let e = texts(d).unwrap_err();
         assert!(
             e.contains("row group 1, row 0: `text` (data.text_field) is null"),
             "{e}"
         );
-        let e = Documents::open(&p, Format::Parquet, "body", "data.text_field")
+        let e = Documents::open(&p, Format::Parquet, "body", "data.text_field", "data.path")
             .err()
             .unwrap()
             .to_string();
@@ -637,20 +670,32 @@ mod tests {
         );
         let ints = dir.path().join("ints.parquet");
         write_parquet(&ints, &[Some("x")], 1, true);
-        let e = Documents::open(&ints, Format::Parquet, "text", "data.text_field")
-            .err()
-            .unwrap()
-            .to_string();
+        let e = Documents::open(
+            &ints,
+            Format::Parquet,
+            "text",
+            "data.text_field",
+            "data.path",
+        )
+        .err()
+        .unwrap()
+        .to_string();
         assert!(
             e.contains("column `text` (data.text_field) is INT64, not a string"),
             "{e}"
         );
         let junk = dir.path().join("junk.parquet");
         std::fs::write(&junk, "{\"text\": 1}\n").unwrap();
-        let e = Documents::open(&junk, Format::Parquet, "text", "data.text_field")
-            .err()
-            .unwrap()
-            .to_string();
+        let e = Documents::open(
+            &junk,
+            Format::Parquet,
+            "text",
+            "data.text_field",
+            "data.path",
+        )
+        .err()
+        .unwrap()
+        .to_string();
         assert!(
             e.contains("junk.parquet: not a readable parquet file"),
             "{e}"

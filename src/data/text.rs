@@ -29,28 +29,7 @@ pub fn load(r: &Resolved) -> Result<Data, DataError> {
     } else {
         // tokenized once, as it loads
         let t = super::tokenizer::from_config(r)?;
-        // the vocabulary of pretrained weights is theirs: no `model.vocab_size` can change it
-        // (issue 58, defect 14: the advice named a value config.json then refused)
-        let source = crate::config::describe_source(&r.figment, "model.vocab_size");
-        if t.vocab_size() > vocab
-            && r.config.model.init_from.is_some()
-            && source.contains("config.json")
-        {
-            return Err(DataError::Invalid(format!(
-                "`data.tokenizer` = \"{}\" has {} tokens, but the weights of `model.init_from` have {vocab} (`model.vocab_size`, from {source}): its ids past {} have no embedding\n  = help: use the tokenizer that came with the model (the tokenizer.json beside its weights: leave `data.tokenizer` unset), or one of at most {vocab} tokens",
-                c.tokenizer,
-                t.vocab_size(),
-                vocab - 1
-            )));
-        }
-        if t.vocab_size() > vocab {
-            return Err(DataError::Invalid(format!(
-                "`data.tokenizer` = \"{}\" has {} tokens, but `model.vocab_size` = {vocab}; set `model.vocab_size = {}` (or more, e.g. a multiple of 64)",
-                c.tokenizer,
-                t.vocab_size(),
-                t.vocab_size()
-            )));
-        }
+        check_vocab(r, &t)?;
         let (ids, _) = t
             .encode(&bytes)
             .map_err(|e| DataError::Invalid(format!("{}: {e}", path.display())))?;
@@ -65,6 +44,36 @@ pub fn load(r: &Resolved) -> Result<Data, DataError> {
         vocab,
         unit,
     )
+}
+
+/// The tokenizer's ids are all below `model.vocab_size` (the vocabulary of pretrained weights
+/// is theirs: no `model.vocab_size` can change it).
+pub(super) fn check_vocab(r: &Resolved, t: &super::tokenizer::Tokenizer) -> Result<(), DataError> {
+    let c = &r.config.data;
+    let vocab = r.config.model.vocab_size.unwrap_or(256);
+    // the vocabulary of pretrained weights is theirs: no `model.vocab_size` can change it
+    // (issue 58, defect 14: the advice named a value config.json then refused)
+    let source = crate::config::describe_source(&r.figment, "model.vocab_size");
+    if t.vocab_size() > vocab
+        && r.config.model.init_from.is_some()
+        && source.contains("config.json")
+    {
+        return Err(DataError::Invalid(format!(
+            "`data.tokenizer` = \"{}\" has {} tokens, but the weights of `model.init_from` have {vocab} (`model.vocab_size`, from {source}): its ids past {} have no embedding\n  = help: use the tokenizer that came with the model (the tokenizer.json beside its weights: leave `data.tokenizer` unset), or one of at most {vocab} tokens",
+            c.tokenizer,
+            t.vocab_size(),
+            vocab - 1
+        )));
+    }
+    if t.vocab_size() > vocab {
+        return Err(DataError::Invalid(format!(
+            "`data.tokenizer` = \"{}\" has {} tokens, but `model.vocab_size` = {vocab}; set `model.vocab_size = {}` (or more, e.g. a multiple of 64)",
+            c.tokenizer,
+            t.vocab_size(),
+            t.vocab_size()
+        )));
+    }
+    Ok(())
 }
 
 /// Training windows (every `stride` tokens) over the head of `store` and evaluation windows

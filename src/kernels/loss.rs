@@ -1,6 +1,8 @@
 //! Softmax cross-entropy over the classes in one pass per row: the row's log-sum-exp, its
 //! loss, and its gradient ((softmax - one-hot) / rows) all at once, so the backward is the
 //! saved gradient times the incoming scalar and no log-softmax of the logits' size is kept.
+//! A target of [`IGNORE`] (torch's `ignore_index = -100`) has no loss and no gradient, and the
+//! mean is over the other rows.
 
 use burn::tensor::backend::Backend;
 use burn::tensor::Tensor;
@@ -34,12 +36,18 @@ multiversion! {
     }
 }
 
+/// The target of a row that has no loss (padding, the last token of a document): torch's
+/// `ignore_index`.
+pub const IGNORE: u32 = u32::MAX;
+
 /// The mean loss of rows `x` (`[rows, classes]`) for `targets`, and with `grad` the
-/// gradient of that mean (NaN loss for a target outside the classes). Rows go in chunks of a
-/// size fixed by the shape, their losses summed in f64 in chunk order.
+/// gradient of that mean (NaN loss for a target outside the classes). Rows whose target is
+/// `IGNORE` add nothing and count for nothing. Rows go in chunks of a size fixed by the shape,
+/// their losses summed in f64 in chunk order.
 fn forward(x: &[f32], classes: usize, targets: &[u32], grad: bool) -> (f64, Vec<f32>) {
     let rows = targets.len();
-    let inv = 1.0 / rows.max(1) as f32;
+    let counted = targets.iter().filter(|&&t| t != IGNORE).count();
+    let inv = 1.0 / counted.max(1) as f32;
     let mut g = if grad {
         dense::for_output(x.len())
     } else {
@@ -62,6 +70,12 @@ fn forward(x: &[f32], classes: usize, targets: &[u32], grad: bool) -> (f64, Vec<
             } else {
                 &mut scratch[..]
             };
+            if targets[r] == IGNORE {
+                if grad {
+                    g.fill(0.0);
+                }
+                continue;
+            }
             let m = max(row);
             let s = exp_shifted(row, m, g);
             let lse = m + s.ln();
@@ -85,7 +99,7 @@ fn forward(x: &[f32], classes: usize, targets: &[u32], grad: bool) -> (f64, Vec<
     } else {
         (0..chunks).map(chunk).collect()
     };
-    (losses.iter().sum::<f64>() / rows.max(1) as f64, g)
+    (losses.iter().sum::<f64>() / counted.max(1) as f64, g)
 }
 
 #[derive(Debug)]

@@ -26,7 +26,7 @@ mod route;
 pub use activation::{gelu, gelu_tanh_ops};
 pub use attention::{causal_attention, document_attention, Starts};
 pub use linear::linear;
-pub use loss::cross_entropy;
+pub use loss::{cross_entropy, IGNORE};
 pub use norm::layer_norm;
 pub use optim::{adam_update, add_into, all_finite, scale, sum_squares, AdamStep};
 pub use route::fused_on;

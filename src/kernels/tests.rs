@@ -322,6 +322,51 @@ fn cross_entropy_matches_burns_ops() {
 }
 
 #[test]
+fn cross_entropy_leaves_out_ignored_targets() {
+    // every third row ignored (and one all-ignored batch): the mean is over the others
+    for (rows, classes, every) in [(13, 7, 3), (4, 5, 1), (700, 65, 2)] {
+        let x = leaf([rows, classes], 40 + rows as u64, 6.0);
+        let targets: Vec<u32> = (0..rows)
+            .map(|r| {
+                if r % every == 0 {
+                    IGNORE
+                } else {
+                    ((r * 5 + 1) % classes) as u32
+                }
+            })
+            .collect();
+        let ids: Vec<i64> = targets
+            .iter()
+            .map(|&t| if t == IGNORE { 0 } else { i64::from(t) })
+            .collect();
+        let mask: Vec<f32> = targets
+            .iter()
+            .map(|&t| if t == IGNORE { 0.0 } else { 1.0 })
+            .collect();
+        let counted = mask.iter().sum::<f32>().max(1.0);
+        compare(
+            &format!("cross_entropy {rows}x{classes}, every {every}th ignored"),
+            vec![x],
+            |x| cross_entropy(x[0].clone(), &targets).expect("flex f32"),
+            |x| {
+                let idx = Tensor::<Ad, 2, Int>::from_data(
+                    TensorData::new(ids.clone(), [rows, 1]),
+                    &Default::default(),
+                );
+                let m = Tensor::<Ad, 2>::from_data(
+                    TensorData::new(mask.clone(), [rows, 1]),
+                    &Default::default(),
+                );
+                (log_softmax(x[0].clone(), 1).gather(1, idx) * m)
+                    .sum()
+                    .neg()
+                    .div_scalar(f64::from(counted))
+            },
+        );
+    }
+}
+
+#[test]
 fn without_autodiff_the_kernels_give_the_same_forward() {
     let qkv = leaf([2, 9, 3 * 2 * 3], 7, 2.0);
     let a = vec_of(causal_attention(qkv.clone(), 2).unwrap().inner());

@@ -50,10 +50,23 @@ pub struct Batch {
     pub x: Values,
     pub shape: Vec<usize>,
     pub y: Vec<u32>,
-    /// Packed rows of documents (a language model's): where each input position's document
-    /// starts in its row, `[rows * block]` (see `Forward::with_segments`); `None`: each row is
-    /// one sequence.
+    /// Rows of documents (a language model's): where each token's document starts in its
+    /// row, `[rows * (block + 1)]`. A token whose document is not the next token's has no
+    /// target (the last token of a document, and padding, which is a document of one token
+    /// each); attention and positions stay inside documents (`Forward::with_segments`).
+    /// `None`: each row is one sequence, every token a target.
     pub starts: Option<Starts>,
+}
+
+impl From<crate::data::Gathered> for Batch {
+    fn from(g: crate::data::Gathered) -> Batch {
+        Batch {
+            x: g.x,
+            shape: g.shape,
+            y: g.y,
+            starts: g.starts.map(Starts::from),
+        }
+    }
 }
 
 /// A micro-batch in the form the model takes, built on the host ahead of the step (by the data
@@ -82,13 +95,13 @@ impl Task {
     /// `batch` as the model takes it: the batch as it is for classification; for a language
     /// model, each window's first `block` tokens and the `block` tokens after them.
     pub fn input(&self, batch: Batch) -> Input {
-        let starts = batch.starts.clone();
-        let (x, targets) = self.split(batch);
+        let (x, targets, starts) = self.split(batch);
         Input { x, targets, starts }
     }
 
-    /// The input tensor's data and the targets.
-    pub(crate) fn split(&self, batch: Batch) -> (TensorData, Vec<u32>) {
+    /// The input tensor's data, the targets (`kernels::IGNORE` where a token has none) and,
+    /// for rows of documents, where each input position's document starts.
+    pub(crate) fn split(&self, batch: Batch) -> (TensorData, Vec<u32>, Option<Starts>) {
         match *self {
             Task::Classification { .. } => {
                 let x = match batch.x {
@@ -98,7 +111,7 @@ impl Task {
                         batch.shape,
                     ),
                 };
-                (x, batch.y)
+                (x, batch.y, None)
             }
             Task::LanguageModel { block, .. } => {
                 let rows = batch.shape.first().copied().unwrap_or(0);
@@ -113,7 +126,19 @@ impl Task {
                     inputs.extend(w[..block].iter().map(|&t| i64::from(t)));
                     targets.extend_from_slice(&w[1..]);
                 }
-                (TensorData::new(inputs, [rows, block]), targets)
+                let starts = batch.starts.filter(|s| s.len() == rows * width).map(|s| {
+                    let mut input_starts = Vec::with_capacity(rows * block);
+                    for (r, row) in s.chunks(width).enumerate() {
+                        input_starts.extend_from_slice(&row[..block]);
+                        for i in 0..block {
+                            if row[i + 1] != row[i] {
+                                targets[r * block + i] = crate::kernels::IGNORE;
+                            }
+                        }
+                    }
+                    Starts::from(input_starts)
+                });
+                (TensorData::new(inputs, [rows, block]), targets, starts)
             }
         }
     }
@@ -216,9 +241,13 @@ impl<B: AutodiffBackend> Act<B> {
 /// Per-sample results of an evaluation batch.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct EvalOut {
+    /// Each sample's mean loss over its targets, or (rows of documents) the sum.
     pub losses: Vec<f64>,
-    /// 1.0 where the prediction was right, else 0.0.
+    /// The fraction of each sample's targets predicted right, or (rows of documents) their
+    /// number.
     pub correct: Vec<f64>,
+    /// Rows of documents: each sample's targets (tokens with a loss); empty otherwise.
+    pub targets: Vec<u64>,
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -74,7 +74,12 @@ pub(in crate::model) fn check_token_data(
     let err = |key: &str, message: String, help: &str| -> ModelError {
         r.key_error(key, message, Some(help.to_string())).into()
     };
-    if r.config.data.kind == DataKind::Text && r.config.data.tokenizer == "bytes" && vocab < 256 {
+    if matches!(
+        r.config.data.kind,
+        DataKind::Text | DataKind::Jsonl | DataKind::Parquet
+    ) && r.config.data.tokenizer == "bytes"
+        && vocab < 256
+    {
         return Err(err(
             "model.vocab_size",
             format!(
@@ -91,8 +96,7 @@ pub(in crate::model) fn check_token_data(
             "tokens must be ids below the vocabulary size",
         ));
     }
-    let tokens = matches!(r.config.data.kind, DataKind::Text | DataKind::Tokens)
-        || r.config.data.vocab.is_some();
+    let tokens = r.config.data.kind.tokens() || r.config.data.vocab.is_some();
     if !tokens || input != [block + 1] {
         return Err(err(
                 "model.kind",
@@ -101,7 +105,7 @@ pub(in crate::model) fn check_token_data(
                     block + 1,
                     r.config.data.kind
                 ),
-                "use `data.kind = \"text\"` or `\"tokens\"` (or synthetic `data.vocab = 256`)",
+                "use `data.kind = \"text\"`, `\"tokens\"`, `\"jsonl\"` or `\"parquet\"` (or synthetic `data.vocab = 256`)",
             ));
     }
     Ok(())

@@ -47,7 +47,8 @@ impl Plan {
                 DataSplit::Distributed => world_size,
                 DataSplit::SplitBatch => 1,
             },
-            shuffle: c.sampler.shuffle,
+            // (a stream of documents shuffles its documents itself: its rows go in order)
+            shuffle: c.sampler.shuffle && !c.data.kind.documents(),
             seed: c.sampler.seed,
             drop_last: c.sampler.drop_last,
             // token files: windows can number billions, so no order is held in memory

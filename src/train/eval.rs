@@ -5,17 +5,9 @@
 use super::events::{EvalSums, TrainError};
 use crate::collective::CollectiveError;
 use crate::data::Dataset;
-use crate::model::{Batch, Compute, ComputeOn, EvalOut, ModelError, UnitParams};
+use crate::model::{Compute, ComputeOn, EvalOut, ModelError, UnitParams};
 use crate::params::transfers::{record, Moved};
 use crate::strategy::Strategy;
-
-/// `[rows, ...sample shape]`.
-fn batch_shape(rows: usize, ds: &Dataset) -> Vec<usize> {
-    let mut shape = Vec::with_capacity(1 + ds.shape.len());
-    shape.push(rows);
-    shape.extend(&ds.shape);
-    shape
-}
 
 /// Per-sample losses and correctness of `params` on the rows `idx` of `ds`, in batches of
 /// `batch`.
@@ -25,18 +17,13 @@ pub(super) fn evaluate<B: ComputeOn>(
     ds: &Dataset,
     idx: &[usize],
     batch: usize,
-) -> Result<(Vec<f64>, Vec<f64>), ModelError> {
+) -> Result<EvalOut, ModelError> {
     // (a token file's ids are checked as they are read: the first bad one stops the batches)
     let mut failed = None;
     let mut batches = idx
         .chunks(batch.max(1))
-        .map_while(|chunk| match ds.gather(chunk) {
-            Ok((x, y)) => Some(Batch {
-                x,
-                shape: batch_shape(chunk.len(), ds),
-                y,
-                starts: None,
-            }),
+        .map_while(|chunk| match ds.batch(chunk) {
+            Ok(b) => Some(b.into()),
             Err(e) => {
                 failed = Some(e);
                 None
@@ -46,7 +33,7 @@ pub(super) fn evaluate<B: ComputeOn>(
     if let Some(e) = failed {
         return Err(ModelError::Data(format!("evaluation data: {e}")));
     }
-    Ok((out.losses, out.correct))
+    Ok(out)
 }
 
 /// Like `evaluate`, stage by stage with each stage's units from the strategy (fsdp gathers
@@ -62,7 +49,7 @@ pub(super) fn evaluate_by_units<B: ComputeOn>(
     batch: usize,
     batches: usize,
     placement: &super::placement::Placement<B::InnerBackend>,
-) -> Result<(Vec<f64>, Vec<f64>), TrainError> {
+) -> Result<EvalOut, TrainError> {
     let proto = placement.proto();
     let (layout, stages) = (compute.layout(), compute.stages());
     let mut out = EvalOut::default();
@@ -70,15 +57,10 @@ pub(super) fn evaluate_by_units<B: ComputeOn>(
     for b in 0..batches {
         let mut eval = match chunks.next() {
             Some(chunk) => {
-                let (x, y) = ds
-                    .gather(chunk)
+                let b = ds
+                    .batch(chunk)
                     .map_err(|e| TrainError::Data(format!("evaluation data: {e}")))?;
-                Some(compute.eval_batch(Batch {
-                    x,
-                    shape: batch_shape(chunk.len(), ds),
-                    y,
-                    starts: None,
-                }))
+                Some(compute.eval_batch(b.into()))
             }
             None => None,
         };
@@ -115,7 +97,7 @@ pub(super) fn evaluate_by_units<B: ComputeOn>(
             e.finish(&mut out)?;
         }
     }
-    Ok((out.losses, out.correct))
+    Ok(out)
 }
 
 /// Evaluates `params` on `ds` exactly as a run of `world` ranks with micro-batches of `batch`
@@ -138,24 +120,26 @@ pub fn evaluate_like_run<B: ComputeOn>(
         })
         .collect::<Result<Vec<_>, _>>()?;
     Ok(sum_in_global_order(ds.len(), world, |r, p| {
-        (per_rank[r].0[p], per_rank[r].1[p])
+        let out = &per_rank[r];
+        (out.losses[p], out.correct[p], out.targets.get(p).copied())
     }))
 }
 
-/// The sums of `n` per-sample (loss, correct) results spread over `world` ranks (global index i
-/// on rank i % world at position i / world, as `get(rank, position)` gives them), added in
-/// global index order: the same bits for every world size.
+/// The sums of `n` per-sample (loss, correct, targets) results spread over `world` ranks
+/// (global index i on rank i % world at position i / world, as `get(rank, position)` gives
+/// them), added in global index order: the same bits for every world size. A sample counts
+/// once, or (rows of documents) as many times as it has targets.
 fn sum_in_global_order(
     n: usize,
     world: usize,
-    get: impl Fn(usize, usize) -> (f64, f64),
+    get: impl Fn(usize, usize) -> (f64, f64, Option<u64>),
 ) -> EvalSums {
     let mut sums = EvalSums::default();
     for i in 0..n {
-        let (loss, correct) = get(i % world, i / world);
+        let (loss, correct, targets) = get(i % world, i / world);
         sums.loss_sum += loss;
         sums.correct += correct;
-        sums.count += 1;
+        sums.count += targets.unwrap_or(1);
     }
     sums
 }
@@ -164,17 +148,25 @@ fn sum_in_global_order(
 /// are identical for every world size.
 pub(super) fn reduce_eval(
     strategy: &mut dyn Strategy,
-    losses: &[f64],
-    correct: &[f64],
+    out: &EvalOut,
     n: usize,
 ) -> Result<EvalSums, TrainError> {
     let world = strategy.world();
     let per = n.div_ceil(world);
-    let mut mine = vec![f64::NAN; 2 * per];
-    mine[..losses.len()].copy_from_slice(losses);
-    mine[per..per + correct.len()].copy_from_slice(correct);
+    // rows of documents also send their targets (every rank alike: all or none of the data is)
+    let fields = if out.targets.is_empty() { 2 } else { 3 };
+    let mut mine = vec![f64::NAN; fields * per];
+    mine[..out.losses.len()].copy_from_slice(&out.losses);
+    mine[per..per + out.correct.len()].copy_from_slice(&out.correct);
+    if fields == 3 {
+        for (m, &t) in mine[2 * per..].iter_mut().zip(&out.targets) {
+            *m = t as f64;
+        }
+    }
     let all = strategy.gather(&mine)?;
     Ok(sum_in_global_order(n, world, |r, p| {
-        (all[r * 2 * per + p], all[r * 2 * per + per + p])
+        let at = r * fields * per;
+        let targets = (fields == 3).then(|| all[at + 2 * per + p] as u64);
+        (all[at + p], all[at + per + p], targets)
     }))
 }

@@ -17,6 +17,10 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::thread::Scope;
 
+use std::sync::Arc;
+
+use crate::checkpoint::DocumentsPosition;
+use crate::data::documents::{PackedRows, Stream};
 use crate::data::{Augment, Dataset};
 use crate::model::{Batch, Input, Task};
 use crate::plan::Plan;
@@ -56,6 +60,10 @@ pub(super) struct MicroTask {
     pub pos: Pos,
     pub idx: Vec<usize>,
     pub global: usize,
+    /// A stream of documents: this rank's rows (read by the source, in order), and where the
+    /// stream stands after the micro-batch.
+    pub rows: Option<Result<PackedRows, String>>,
+    pub after: Option<Arc<DocumentsPosition>>,
 }
 
 /// The micro-batches of one rank from `pos` on, in the order the step loop consumes them: at
@@ -67,6 +75,9 @@ pub(super) struct Source<'a> {
     pub left: usize,
     pub epochs: Option<u64>,
     segment: Option<((u64, usize), crate::data::sampler::Segment)>,
+    /// Training documents: the stream every rank reads whole (its global rows in order),
+    /// keeping its own.
+    docs: Option<Stream>,
 }
 
 impl<'a> Source<'a> {
@@ -78,7 +89,44 @@ impl<'a> Source<'a> {
             left,
             epochs,
             segment: None,
+            docs: None,
         }
+    }
+
+    /// The same, reading the rows of a stream of documents (which must stand at `pos`).
+    pub fn documents(mut self, stream: Stream) -> Self {
+        self.docs = Some(stream);
+        self
+    }
+
+    /// This rank's rows `idx` of the micro-batch at `pos` (global row numbers, ascending), read
+    /// from the stream with the other ranks' rows of the micro-batch.
+    fn read_rows(
+        stream: &mut Stream,
+        plan: &Plan,
+        pos: Pos,
+        idx: &[usize],
+    ) -> Result<PackedRows, String> {
+        let (from, to) = (
+            plan.cursor(pos.start, pos.j),
+            plan.cursor(pos.start, pos.j + 1),
+        );
+        if stream.rows() != from as u64 {
+            return Err(format!(
+                "the documents stream stands at row {}, but this micro-batch starts at row {from}",
+                stream.rows()
+            ));
+        }
+        let mut rows = PackedRows::new(stream.width());
+        let mut mine = idx.iter().peekable();
+        for g in from..to {
+            let row = stream.next_row().map_err(|e| e.to_string())?;
+            if mine.peek() == Some(&&g) {
+                mine.next();
+                rows.push(row.iter().map(Vec::as_slice));
+            }
+        }
+        Ok(rows)
     }
 }
 
@@ -99,7 +147,20 @@ impl Iterator for Source<'_> {
             Some((_, seg)) => self.plan.micro_indices(seg, pos.j, self.rank),
             None => (Vec::new(), 0),
         };
-        let job = MicroTask { pos, idx, global };
+        let (rows, after) = match self.docs.as_mut() {
+            Some(stream) => {
+                let rows = Self::read_rows(stream, self.plan, pos, &idx);
+                (Some(rows), Some(Arc::new(stream.position())))
+            }
+            None => (None, None),
+        };
+        let job = MicroTask {
+            pos,
+            idx,
+            global,
+            rows,
+            after,
+        };
         self.pos = Pos {
             j: pos.j + 1,
             ..pos
@@ -118,6 +179,10 @@ pub(super) struct Micro {
     pub samples: usize,
     pub global: usize,
     pub input: Option<Input>,
+    /// Rows of documents: this rank's targets (tokens with a loss), by which its loss weighs,
+    /// and where the stream stands after the micro-batch.
+    pub targets: usize,
+    pub documents: Option<Arc<DocumentsPosition>>,
 }
 
 /// How a job becomes the model's input.
@@ -132,6 +197,28 @@ pub(super) struct Assembler<'a> {
 
 impl Assembler<'_> {
     fn assemble(&self, job: MicroTask) -> Result<Micro, crate::data::DataError> {
+        if let Some(rows) = job.rows {
+            let rows = rows.map_err(crate::data::DataError::Invalid)?;
+            let n = rows.len();
+            let targets = (0..n).map(|i| rows.targets(i)).sum();
+            let input = (n > 0).then(|| {
+                self.task.input(Batch {
+                    x: crate::data::Values::Tokens(rows.tokens),
+                    shape: vec![n, rows.width],
+                    y: vec![0; n],
+                    starts: Some(rows.starts.into()),
+                })
+            });
+            return Ok(Micro {
+                pos: job.pos,
+                ids: job.idx.iter().map(|&i| i as u64).collect(),
+                samples: n,
+                global: job.global,
+                input,
+                targets,
+                documents: job.after,
+            });
+        }
         let input = if job.idx.is_empty() {
             None
         } else {
@@ -154,6 +241,8 @@ impl Assembler<'_> {
             samples: job.idx.len(),
             global: job.global,
             input,
+            targets: 0,
+            documents: None,
         })
     }
 
@@ -344,6 +433,22 @@ impl<'s, 'a> Loader<'s, 'a> {
             ));
         }
         Ok(micro)
+    }
+}
+
+impl Loader<'_, '_> {
+    /// The next `n` micro-batches from `pos` on (which moves past them).
+    pub fn take(
+        &mut self,
+        pos: &mut Pos,
+        n: usize,
+    ) -> Result<std::collections::VecDeque<Micro>, String> {
+        let mut out = std::collections::VecDeque::with_capacity(n);
+        for _ in 0..n {
+            out.push_back(self.next(*pos)?);
+            pos.j += 1;
+        }
+        Ok(out)
     }
 }
 

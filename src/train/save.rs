@@ -106,6 +106,8 @@ pub(super) struct Progress {
     pub watched: [Option<WatchState>; 2],
     /// f16's loss scale.
     pub loss_scale: Option<LossScaleState>,
+    /// Where a stream of documents stands.
+    pub documents: Option<std::sync::Arc<crate::checkpoint::DocumentsPosition>>,
 }
 
 /// A rank's checkpoint writer, chosen once from `checkpoint.async`: each save written in place
@@ -325,6 +327,7 @@ fn state_of(input: &TrainInput<'_>, progress: Progress, layout: &Layout) -> Stat
         lr,
         watched: [early_stopping, best],
         loss_scale,
+        documents,
     } = progress;
     State {
         format: FORMAT.to_string(),
@@ -359,6 +362,7 @@ fn state_of(input: &TrainInput<'_>, progress: Progress, layout: &Layout) -> Stat
         early_stopping,
         best,
         loss_scale,
+        documents: documents.map(|d| (*d).clone()),
     }
 }
 

@@ -3,6 +3,7 @@
 //! when it is due: evaluation (`eval.rs`), early stopping and the best checkpoint (`watch.rs`),
 //! the metrics line, a checkpoint (`save.rs`) and a stop request (`preempt.rs`).
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use super::eval::{evaluate, evaluate_by_units, reduce_eval};
@@ -10,7 +11,7 @@ use super::events::{
     round4, EvalMetrics, EvalSums, MetricLine, Outcome, RankSink, TrainError, TrainEvent,
     TrainInput,
 };
-use super::loader::{Assembler, Loader, LoaderState, Pos, Source};
+use super::loader::{Assembler, Loader, LoaderState, Micro, Pos, Source};
 use super::placement::Placement;
 use super::save::{Checkpointer, Progress};
 use super::scaler::LossScaler;
@@ -19,7 +20,7 @@ use super::start::{start_from, total_steps};
 use super::step::{micro_step, resident, MicroOpts};
 use super::timing::{Clock, Phase};
 use super::watch::MetricWatch;
-use crate::checkpoint::DataPosition;
+use crate::checkpoint::{DataPosition, DocumentsPosition};
 use crate::config::Config;
 use crate::data::Augment;
 use crate::model::{Compute, ComputeOn, StepKey, Task};
@@ -63,6 +64,9 @@ impl StepTotals {
     }
 }
 
+/// A step's micro-batches of documents, and their targets over every rank.
+type Taken = (std::collections::VecDeque<Micro>, f64);
+
 /// Why the loop ended before its last step.
 enum Ending {
     /// A stop request: what asked.
@@ -101,6 +105,8 @@ struct Trainer<'a, B: ComputeOn> {
     /// f16's dynamic loss scaling.
     scaler: Option<LossScaler>,
     saving: Saving<'a>,
+    /// Training documents: where their stream stands after the last micro-batch taken.
+    documents: Option<Arc<DocumentsPosition>>,
 }
 
 /// The steps since the previous metrics line, whose throughput it reports.
@@ -193,6 +199,7 @@ impl<'a, B: ComputeOn> Trainer<'a, B> {
             )
         });
         Ok(Trainer {
+            documents: resumed.and_then(|s| s.documents.clone()).map(Arc::new),
             scaler,
             saving: Saving {
                 checkpointer: input
@@ -363,19 +370,44 @@ impl<'a, B: ComputeOn> Trainer<'a, B> {
         let c = self.config();
         let plan = self.input.plan;
         let mut micro_in_step = 0;
+        // rows of documents weigh by their targets: the step's micro-batches are taken first,
+        // and their targets counted over every rank (transformers' `num_items_in_batch`)
+        let mut taken = self.take_documents(loader)?;
+        let per_rank = match plan.split {
+            DataSplit::Distributed => self.world as f64,
+            DataSplit::SplitBatch => 1.0,
+        };
         for k in 0..plan.accum {
-            self.pos = self.pos.normalize(plan);
-            if self.exhausted(self.pos) {
-                break;
-            }
-            let pos = self.pos;
-            let mut micro = self
-                .clock
-                .time(Phase::Data, || loader.next(pos))
-                .map_err(TrainError::Data)?;
-            let weight = self.strategy.grad_weight(micro.samples, micro.global);
-            self.pos.j += 1;
-            let last_micro = k + 1 == plan.accum || self.exhausted(self.pos.normalize(plan));
+            let mut micro = match taken.as_mut() {
+                Some((micros, _)) => match micros.pop_front() {
+                    Some(m) => m,
+                    None => break,
+                },
+                None => {
+                    self.pos = self.pos.normalize(plan);
+                    if self.exhausted(self.pos) {
+                        break;
+                    }
+                    let pos = self.pos;
+                    let m = self
+                        .clock
+                        .time(Phase::Data, || loader.next(pos))
+                        .map_err(TrainError::Data)?;
+                    self.pos.j += 1;
+                    m
+                }
+            };
+            let weight = match &taken {
+                Some((_, targets)) => {
+                    micro.targets as f64 * per_rank * plan.accum as f64 / targets.max(1.0)
+                }
+                None => self.strategy.grad_weight(micro.samples, micro.global),
+            };
+            let last_micro = k + 1 == plan.accum
+                || match &taken {
+                    Some((micros, _)) => micros.is_empty(),
+                    None => self.exhausted(self.pos.normalize(plan)),
+                };
             self.strategy.before_micro(
                 lr,
                 c.optim.grad_clip_norm,
@@ -416,6 +448,23 @@ impl<'a, B: ComputeOn> Trainer<'a, B> {
         Ok(micro_in_step)
     }
 
+    /// Training documents: the step's micro-batches, and their targets summed over every rank
+    /// (before any backward, so each micro-batch's loss weighs by its share of them); `None`
+    /// for other data, whose micro-batches come one at a time.
+    fn take_documents(&mut self, loader: &mut Loader<'_, '_>) -> Result<Option<Taken>, TrainError> {
+        if !self.input.data.train.is_stream() {
+            return Ok(None);
+        }
+        let (clock, accum) = (self.clock, self.input.plan.accum);
+        let micros = clock
+            .time(Phase::Data, || loader.take(&mut self.pos, accum))
+            .map_err(TrainError::Data)?;
+        let mut targets = [micros.iter().map(|m| m.targets as f64).sum::<f64>()];
+        self.documents = micros.back().and_then(|m| m.documents.clone());
+        self.strategy.sum(&mut targets)?;
+        Ok(Some((micros, targets[0])))
+    }
+
     /// Where the rank keeps what on its device backend, as the first step left it (rank logs).
     fn log_placement(&mut self) {
         let grads = match (self.placement.raw_fn().is_some(), self.strategy.comm_mut().device_ops().is_some()) {
@@ -447,7 +496,7 @@ impl<'a, B: ComputeOn> Trainer<'a, B> {
                 // parameters kept on the device are read there, unit by unit
                 let by_units =
                     strategy.shards_params() || (placement.proto().is_some() && resident(strategy));
-                let (losses, correct) = if by_units {
+                let out = if by_units {
                     evaluate_by_units(compute, strategy, ds, idx, micro_batch, batches, placement)
                         .inspect(|_| strategy.release_params())?
                 } else {
@@ -462,7 +511,7 @@ impl<'a, B: ComputeOn> Trainer<'a, B> {
                         evaluate(compute, params, ds, idx, micro_batch)
                     })??
                 };
-                reduce_eval(strategy, &losses, &correct, ds.len())
+                reduce_eval(strategy, &out, ds.len())
             })?;
         let metric = EvalMetrics::of(self.task, &sums).metric(|v| v.to_string());
         self.sink.log(&format!(
@@ -530,6 +579,7 @@ impl<'a, B: ComputeOn> Trainer<'a, B> {
                 watched: [&self.eval.early_stopping, &self.eval.best]
                     .map(|w| w.as_ref().and_then(|w| w.state.clone())),
                 loss_scale: self.scaler.as_ref().map(|s| s.state().clone()),
+                documents: self.documents.clone(),
             };
             let (input, strategy) = (self.input, &mut *self.strategy);
             let in_background = checkpointer.in_background();
@@ -787,6 +837,13 @@ pub fn train<B: ComputeOn>(
         augment: Augment::new(&c.data, c.experiment.seed),
         file: data_file(c),
         rank: t.rank,
+    };
+    let source = match &input.data.train.samples {
+        crate::data::Samples::Stream(src) => {
+            let at = input.resume.and_then(|l| l.state.documents.as_ref());
+            source.documents(crate::data::documents::Stream::new(src.clone(), at))
+        }
+        _ => source,
     };
     let loader_state = LoaderState::new(source);
     let start = Instant::now();

@@ -40,6 +40,7 @@ mod config;
 mod cuda;
 mod custom;
 mod docs;
+mod documents;
 mod early;
 mod experiments;
 mod export;

@@ -24,6 +24,7 @@ use super::api::{
     recomputed, Act, Batch, Compute, EvalOut, Family, Forward, GradScale, Input, MicroStep, Model,
     ModelError, StagedEval, StepKey, Task, TokenDecoder, UnitParams, Values,
 };
+use crate::kernels::IGNORE;
 use crate::params::ParamLayout;
 
 mod install;
@@ -37,7 +38,9 @@ fn target_index<B: Backend>(targets: &[u32], device: &B::Device) -> Tensor<B, 2,
 }
 
 /// Adds each sample's loss and correctness of `logits` (`[rows, classes]`) against `targets`
-/// to `out`: a sample's result is the mean over its targets (one for classification). Each
+/// to `out`: a sample's result is the mean over its targets (one for classification), or with
+/// `by_tokens` (rows packed with documents) the sum over its targets that are not `IGNORE`,
+/// with their count in `out.targets` (the evaluation is then a mean over tokens). Each
 /// row's loss (its log-probability of its target, in f32) and whether its argmax is the target
 /// are taken on the device; only a value per row comes back, so nothing on the host grows with
 /// the number of classes (GPT-2's 50,257).
@@ -45,12 +48,17 @@ fn score<B: Backend>(
     task: &Task,
     logits: Tensor<B, 2>,
     targets: &[u32],
+    by_tokens: bool,
     out: &mut EvalOut,
 ) -> Result<(), ModelError> {
     let per_sample = task.targets_per_sample();
     let rows = targets.len();
     let logits = logits.cast(FloatDType::F32);
-    let idx = target_index::<B>(targets, &logits.device());
+    let idx = if targets.contains(&IGNORE) {
+        ignored::<B>(targets, &logits.device()).0
+    } else {
+        target_index::<B>(targets, &logits.device())
+    };
     let picked = log_softmax(logits.clone(), 1)
         .gather(1, idx.clone())
         .reshape([rows]);
@@ -62,14 +70,23 @@ fn score<B: Backend>(
         .cast(FloatDType::F32)
         .reshape([rows]);
     let (picked, right) = (to_vec(picked)?, to_vec(right)?);
-    let (mut loss, mut hits) = (0.0, 0.0);
+    let (mut loss, mut hits, mut counted) = (0.0, 0.0, 0usize);
     for (i, (p, r)) in picked.iter().zip(&right).enumerate() {
-        loss -= f64::from(*p);
-        hits += f64::from(*r);
+        if targets[i] != IGNORE {
+            loss -= f64::from(*p);
+            hits += f64::from(*r);
+            counted += 1;
+        }
         if (i + 1) % per_sample == 0 {
-            out.losses.push(loss / per_sample as f64);
-            out.correct.push(hits / per_sample as f64);
-            (loss, hits) = (0.0, 0.0);
+            if by_tokens {
+                out.losses.push(loss);
+                out.correct.push(hits);
+                out.targets.push(counted as u64);
+            } else {
+                out.losses.push(loss / per_sample as f64);
+                out.correct.push(hits / per_sample as f64);
+            }
+            (loss, hits, counted) = (0.0, 0.0, 0);
         }
     }
     Ok(())
@@ -107,7 +124,8 @@ impl<F: Family, B: AutodiffBackend> StagedEval for EngineEval<'_, F, B> {
             .ok_or_else(|| ModelError::Stage("the evaluation ran no stage".into()))?
             .into_logits()?;
         let task = self.engine.family.task();
-        score(&task, logits, &self.targets, out)
+        let by_tokens = self.ctx.segments().is_some();
+        score(&task, logits, &self.targets, by_tokens, out)
     }
 }
 
@@ -514,12 +532,41 @@ fn cross_entropy<B: Backend>(logits: Tensor<B, 2>, targets: &[u32], fused: bool)
             return loss;
         }
     }
-    let idx = target_index::<B>(targets, &logits.device());
-    log_softmax(logits, 1)
-        .gather(1, idx)
+    let device = logits.device();
+    if !targets.contains(&IGNORE) {
+        let idx = target_index::<B>(targets, &device);
+        return log_softmax(logits, 1)
+            .gather(1, idx)
+            .sum()
+            .neg()
+            .div_scalar(targets.len() as f64);
+    }
+    // targets without a loss (padding, a document's last token): picked at class 0, then
+    // multiplied by 0; the mean is over the others
+    let (idx, mask) = ignored(targets, &device);
+    let counted = targets.iter().filter(|&&t| t != IGNORE).count().max(1);
+    (log_softmax(logits, 1).gather(1, idx) * mask)
         .sum()
         .neg()
-        .div_scalar(targets.len() as f64)
+        .div_scalar(counted as f64)
+}
+
+/// `targets` as a `[rows, 1]` index tensor with `IGNORE` at class 0, and the `[rows, 1]` mask
+/// that is 0 there and 1 elsewhere.
+fn ignored<B: Backend>(targets: &[u32], device: &B::Device) -> (Tensor<B, 2, Int>, Tensor<B, 2>) {
+    let rows = targets.len();
+    let ids: Vec<i64> = targets
+        .iter()
+        .map(|&t| if t == IGNORE { 0 } else { i64::from(t) })
+        .collect();
+    let mask: Vec<f32> = targets
+        .iter()
+        .map(|&t| if t == IGNORE { 0.0 } else { 1.0 })
+        .collect();
+    (
+        Tensor::from_data(TensorData::new(ids, [rows, 1]), device),
+        Tensor::from_data(TensorData::new(mask, [rows, 1]), device),
+    )
 }
 
 impl<F: Family, B: AutodiffBackend> Compute<B> for Engine<F, B> {
@@ -564,23 +611,22 @@ impl<F: Family, B: AutodiffBackend> Compute<B> for Engine<F, B> {
         let module = self.inner_with(params)?;
         let mut out = EvalOut::default();
         for batch in batches {
-            let starts = batch.starts.clone();
-            let (x, targets) = task.split(batch);
+            let (x, targets, starts) = task.split(batch);
+            let by_tokens = starts.is_some();
             let logits = self.family.forward(
                 &module,
                 x,
                 &self.device,
                 &mut Forward::eval().with_fused(self.fused).with_segments(starts),
             );
-            score(&task, logits, &targets, &mut out)?;
+            score(&task, logits, &targets, by_tokens, &mut out)?;
         }
         Ok(out)
     }
 
     fn eval_batch<'a>(&'a self, batch: Batch) -> Box<dyn StagedEval + 'a> {
         let task = self.family.task();
-        let starts = batch.starts.clone();
-        let (x, targets) = task.split(batch);
+        let (x, targets, starts) = task.split(batch);
         Box::new(EngineEval {
             engine: self,
             act: Some(Act::Data(x)),

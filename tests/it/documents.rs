@@ -1,0 +1,273 @@
+//! Documents as data (`data.kind = "jsonl"` / `"parquet"`): packed rows give each token the
+//! loss of its document alone (eval packed == unpacked), the loss is a mean over the global
+//! batch's tokens (batch 8 == 4 x accumulation 2 == ddp(2) x 4), parquet gives the bits of
+//! jsonl, a resumed run the bits of a straight one, and bad records exit 2 naming file and line.
+
+use std::path::Path;
+
+use crate::common::{kiln, resume_copy, stderr, summary, train_task, write};
+
+/// Documents of 1 to 90 characters (the longest are cut into pieces of a row), deterministic.
+fn docs(n: usize, seed: usize) -> Vec<String> {
+    let words = [
+        "the", "cat", "sat", "on", "a", "mat", "while", "dogs", "ran", "far", "away", "x",
+    ];
+    (0..n)
+        .map(|i| {
+            let len = 1 + (i * 37 + seed * 11) % 17;
+            (0..len)
+                .map(|k| words[(i * 7 + k * 5 + seed) % words.len()])
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .collect()
+}
+
+fn jsonl(path: &Path, docs: &[String]) {
+    let text: String = docs
+        .iter()
+        .enumerate()
+        .map(|(i, d)| format!("{}\n", serde_json::json!({ "id": i, "text": d })))
+        .collect();
+    std::fs::write(path, text).unwrap();
+}
+
+/// A parquet file of `docs` (a `text` column beside an `id`), in row groups of 7.
+fn parquet(path: &Path, docs: &[String]) {
+    use parquet::data_type::{ByteArray, ByteArrayType, Int64Type};
+    use parquet::file::properties::WriterProperties;
+    use parquet::file::writer::SerializedFileWriter;
+    use parquet::schema::parser::parse_message_type;
+    let schema = "message schema { REQUIRED INT64 id; REQUIRED BYTE_ARRAY text (UTF8); }";
+    let schema = std::sync::Arc::new(parse_message_type(schema).unwrap());
+    let props = std::sync::Arc::new(WriterProperties::builder().build());
+    let file = std::fs::File::create(path).unwrap();
+    let mut w = SerializedFileWriter::new(file, schema, props).unwrap();
+    for (g, chunk) in docs.chunks(7).enumerate() {
+        let mut rg = w.next_row_group().unwrap();
+        let mut col = rg.next_column().unwrap().unwrap();
+        let ids: Vec<i64> = (0..chunk.len()).map(|i| (g * 7 + i) as i64).collect();
+        col.typed::<Int64Type>()
+            .write_batch(&ids, None, None)
+            .unwrap();
+        col.close().unwrap();
+        let mut col = rg.next_column().unwrap().unwrap();
+        let values: Vec<ByteArray> = chunk.iter().map(|s| ByteArray::from(s.as_str())).collect();
+        col.typed::<ByteArrayType>()
+            .write_batch(&values, None, None)
+            .unwrap();
+        col.close().unwrap();
+        rg.close().unwrap();
+    }
+    w.close().unwrap();
+}
+
+/// Two training shards and an evaluation file of jsonl (or parquet) in `dir`.
+fn corpus(dir: &Path, ext: &str) {
+    std::fs::create_dir_all(dir.join("train")).unwrap();
+    let write = |p: &Path, d: &[String]| match ext {
+        "parquet" => parquet(p, d),
+        _ => jsonl(p, d),
+    };
+    write(&dir.join(format!("train/a.{ext}")), &docs(60, 1));
+    write(&dir.join(format!("train/b.{ext}")), &docs(45, 2));
+    write(&dir.join(format!("eval.{ext}")), &docs(23, 3));
+}
+
+const GPT: &str = r#"
+[experiment]
+seed = 7
+
+[model]
+kind = "gpt"
+vocab_size = 256
+block_size = 32
+layers = 2
+heads = 2
+dim = 32
+
+[data]
+kind = "jsonl"
+path = "DIR/train"
+eval_path = "DIR/eval.jsonl"
+
+[train]
+max_steps = 3
+batch_size = 8
+
+[optim]
+kind = "adamw"
+lr = 0.003
+
+[backend]
+threads = 1
+"#;
+
+fn task(dir: &Path, model: &str) -> String {
+    let t = GPT.replace("DIR", dir.to_str().unwrap());
+    match model {
+        "llama" => t.replace(
+            "kind = \"gpt\"",
+            "kind = \"llama\"\nkv_heads = 1\nffn_dim = 48",
+        ),
+        _ => t,
+    }
+}
+
+fn rel_diff(a: &[f32], b: &[f32]) -> f32 {
+    let scale = a.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-12);
+    crate::common::max_diff(a, b) / scale
+}
+
+#[test]
+fn packed_rows_give_each_token_the_loss_of_its_document_alone() {
+    let d = kiln::testdir::tempdir().unwrap();
+    corpus(d.path(), "jsonl");
+    for model in ["gpt", "llama"] {
+        for fused in ["true", "false"] {
+            // no step moves the parameters: both evaluate the initialisation
+            let eval = |packing: &str| {
+                train_task(
+                    &task(d.path(), model),
+                    &[
+                        "optim.lr=0",
+                        "train.max_steps=1",
+                        &format!("data.packing={packing}"),
+                        &format!("backend.fused={fused}"),
+                    ],
+                )
+                .eval
+            };
+            let (packed, unpacked) = (eval("true"), eval("false"));
+            // the same tokens are targets either way
+            assert_eq!(packed.2, unpacked.2, "{model} fused={fused}");
+            assert!(
+                (packed.0 - unpacked.0).abs() <= 1e-5 * unpacked.0,
+                "{model} fused={fused}: eval loss packed {} vs unpacked {}",
+                packed.0,
+                unpacked.0
+            );
+        }
+    }
+}
+
+#[test]
+fn the_loss_is_a_mean_over_the_global_batchs_tokens() {
+    let d = kiln::testdir::tempdir().unwrap();
+    corpus(d.path(), "jsonl");
+    let t = task(d.path(), "gpt");
+    let single = train_task(&t, &["train.batch_size=8"]);
+    for sets in [
+        vec!["train.batch_size=4", "train.grad_accum_steps=2"],
+        vec![
+            "train.batch_size=4",
+            "strategy.kind=ddp",
+            "strategy.devices=2",
+        ],
+        vec![
+            "train.batch_size=2",
+            "train.grad_accum_steps=2",
+            "strategy.kind=fsdp",
+            "strategy.devices=2",
+            "data.workers=2",
+        ],
+        vec![
+            "train.batch_size=4",
+            "strategy.kind=dp",
+            "strategy.devices=2",
+        ],
+    ] {
+        let other = train_task(&t, &sets);
+        let diff = rel_diff(&single.params, &other.params);
+        assert!(diff < 1e-5, "{sets:?}: relative difference {diff}");
+        assert_eq!(single.eval.2, other.eval.2);
+    }
+}
+
+#[test]
+fn parquet_records_train_to_the_bits_of_the_same_jsonl_records() {
+    let d = kiln::testdir::tempdir().unwrap();
+    corpus(d.path(), "jsonl");
+    corpus(d.path(), "parquet");
+    let t = task(d.path(), "llama");
+    let a = train_task(&t, &[]);
+    let p = t
+        .replace("kind = \"jsonl\"", "kind = \"parquet\"")
+        .replace("eval.jsonl", "eval.parquet");
+    let b = train_task(&p, &[]);
+    assert_eq!(a.params, b.params);
+    assert_eq!(a.eval, b.eval);
+}
+
+#[test]
+fn a_run_resumed_mid_stream_has_the_bits_of_a_straight_one() {
+    let d = kiln::testdir::tempdir().unwrap();
+    corpus(d.path(), "jsonl");
+    // small rows: the 6 steps read past the end of the documents into a second pass
+    let t = task(d.path(), "gpt")
+        .replace("max_steps = 3", "max_steps = 6")
+        .replace("block_size = 32", "block_size = 24");
+    write(d.path(), "t.toml", &t);
+    let o = kiln(
+        d.path(),
+        &[
+            "run",
+            "t.toml",
+            "--quiet",
+            "--set",
+            "checkpoint.every_steps=2",
+            "--set",
+            "experiment.name=full",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let full = d.path().join("runs/full");
+    // on loader threads, from a checkpoint mid-stream
+    let resumed = resume_copy(d.path(), &full, "step-00000002", &["data.workers=2"]);
+    let (a, b) = (summary(&full), summary(&resumed));
+    assert_eq!(a["params_sha256"], b["params_sha256"]);
+    assert_eq!(a["eval_loss"], b["eval_loss"]);
+    // the checkpoint says where the documents stand
+    let state: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(full.join("checkpoints/step-00000004/state.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(state["documents"]["rows"], 32, "{}", state["documents"]);
+}
+
+#[test]
+fn bad_records_exit_2_naming_the_file_and_line() {
+    let d = kiln::testdir::tempdir().unwrap();
+    corpus(d.path(), "jsonl");
+    let t = task(d.path(), "gpt");
+    write(d.path(), "t.toml", &t);
+    let a = d.path().join("train/a.jsonl");
+    let good = std::fs::read_to_string(&a).unwrap();
+    for (line, want, why) in [
+        (
+            "{\"text\": \"fine\"}\n{not json\n",
+            "a.jsonl: line 2",
+            "not JSON",
+        ),
+        (
+            "{\"text\": \"fine\"}\n{\"body\": \"x\"}\n",
+            "a.jsonl: line 2",
+            "no `text` (data.text_field)",
+        ),
+        ("{\"text\": 3}\n", "a.jsonl: line 1", "not a string"),
+    ] {
+        std::fs::write(&a, line).unwrap();
+        let o = kiln(d.path(), &["run", "t.toml", "--quiet"]);
+        assert_eq!(o.status.code(), Some(2), "{line:?}: {}", stderr(&o));
+        let e = stderr(&o);
+        assert!(e.contains(want) && e.contains(why), "{line:?}: {e}");
+        assert!(!d.path().join("runs").exists(), "{line:?}: a run directory");
+    }
+    std::fs::write(&a, good).unwrap();
+    // a stream has no length: the run needs train.max_steps
+    let no_steps = t.replace("max_steps = 3", "epochs = 1");
+    write(d.path(), "e.toml", &no_steps);
+    let o = kiln(d.path(), &["run", "e.toml", "--quiet"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("train.max_steps"), "{}", stderr(&o));
+}
