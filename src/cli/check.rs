@@ -17,6 +17,9 @@ pub fn check(a: &ConfigArgs) -> Result<()> {
         crate::outln!("# {n}");
     }
     crate::outln!("# {}", report.plan.describe());
+    if let Some(line) = &report.data {
+        crate::outln!("# {line}");
+    }
     for m in &report.memory {
         crate::outln!(
             "# memory at rest, rank {}: params {}, grads {}, optimizer state {}",

@@ -136,6 +136,12 @@ impl Dataset {
         self.len() == 0
     }
 
+    /// Rows of documents held in memory (evaluation documents: their loss is a mean over
+    /// tokens).
+    pub fn is_packed(&self) -> bool {
+        matches!(self.samples, Samples::Packed(_))
+    }
+
     /// Rows of documents read as a stream (training documents).
     pub fn is_stream(&self) -> bool {
         matches!(self.samples, Samples::Stream(_))
@@ -239,6 +245,19 @@ impl Data {
     /// The shape of one input sample (what a model is built for).
     pub fn input_shape(&self) -> Vec<usize> {
         self.train.shape.clone()
+    }
+
+    /// What a run reads, where a line says more than the plan (documents: their shards,
+    /// tokenizer and EOS id, their evaluation rows).
+    pub fn describe(&self) -> Option<String> {
+        let Samples::Stream(src) = &self.train.samples else {
+            return None;
+        };
+        let eval = match &self.eval {
+            Some(e) => format!("; {} evaluation rows", e.len()),
+            None => String::new(),
+        };
+        Some(format!("{}{eval}", src.describe()))
     }
 }
 

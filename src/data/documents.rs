@@ -257,6 +257,34 @@ pub struct DocumentSource {
     pub seed: u64,
 }
 
+impl DocumentSource {
+    /// One line for `kiln check` and the start of `kiln run`: the shards, the tokenizer and its
+    /// EOS id (and where that was found), the rows and the order.
+    pub fn describe(&self) -> String {
+        let e = &self.encoder;
+        let eos = match e.tokenizer.eos() {
+            Some((id, from)) => format!("EOS id {id} ({from})"),
+            None => "no EOS id (bytes have none: documents are kept apart by packing alone)".into(),
+        };
+        format!(
+            "documents: {} shard{} of {} ({}), field `{}`, tokenizer {}, {eos}; {} into rows of {} tokens; {}",
+            self.corpus.shards.len(),
+            if self.corpus.shards.len() == 1 { "" } else { "s" },
+            self.corpus.format.name(),
+            self.corpus.key,
+            self.corpus.field,
+            e.tokenizer.name(),
+            if e.packing { "packed" } else { "one document per row" },
+            e.width,
+            if self.shuffle {
+                format!("shards in a seeded order, documents shuffled in chunks of {CHUNK}")
+            } else {
+                "in file order".into()
+            }
+        )
+    }
+}
+
 impl std::fmt::Debug for DocumentSource {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(

@@ -13,6 +13,8 @@ use crate::strategy::{self, Memory};
 pub struct CheckReport {
     pub placement: Placement,
     pub plan: Plan,
+    /// What the run reads, where a line says more than the plan (`Data::describe`).
+    pub data: Option<String>,
     /// Bytes each rank would hold at rest.
     pub memory: Vec<Memory>,
     /// Bytes a rank holds on top while a step computes (`strategy::step_bytes`).
@@ -231,6 +233,7 @@ pub fn check(r: &Resolved) -> Result<CheckReport> {
     Ok(CheckReport {
         placement,
         plan,
+        data: d.describe(),
         memory,
         step_bytes,
         stages: model.stages().len(),

@@ -365,6 +365,9 @@ impl Session<'_> {
             },
         );
         ui.info(&p.plan.describe());
+        if let Some(line) = p.data.describe() {
+            ui.info(&line);
+        }
         ui.info(&format!(
             "backend: {} ({}), strategy {} on {} device{}",
             p.placement.backend.name(),

@@ -127,6 +127,17 @@ impl Plan {
 
     /// A one-paragraph description for `kiln check` and the start of `kiln run`.
     pub fn describe(&self) -> String {
+        if self.train_samples >= crate::data::STREAM_ROWS {
+            return format!(
+                "plan: world {} x batch {} x accum {} = global batch {} rows; rows of documents streamed, {} optimizer steps; {} parameters",
+                self.world_size,
+                self.micro_batch,
+                self.accum,
+                self.global_batch,
+                self.total_steps,
+                self.num_params
+            );
+        }
         format!(
             "plan: world {} x batch {} x accum {} = global batch {}; {} train samples, {} micro-batches/epoch/rank, {} optimizer steps; {} parameters",
             self.world_size,

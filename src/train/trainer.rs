@@ -514,8 +514,9 @@ impl<'a, B: ComputeOn> Trainer<'a, B> {
                 reduce_eval(strategy, &out, ds.len())
             })?;
         let metric = EvalMetrics::of(self.task, &sums).metric(|v| v.to_string());
+        let unit = if ds.is_packed() { "tokens" } else { "samples" };
         self.sink.log(&format!(
-            "eval at step {} on {} samples: loss {}, {metric}",
+            "eval at step {} on {} {unit}: loss {}, {metric}",
             self.step,
             sums.count,
             sums.loss()
