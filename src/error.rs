@@ -56,10 +56,12 @@ impl Error {
         }
     }
 
-    /// 2 for bad input (nothing was run), 1 for a run that failed, 75 for a run a signal
-    /// stopped with a checkpoint.
+    /// 2 for bad input (found before anything ran, or a bad record a stream of documents
+    /// reached mid-run: the checkpoints before it are kept), 1 for a run that failed, 75 for a
+    /// run a signal stopped with a checkpoint.
     pub fn exit_code(&self) -> i32 {
         match self {
+            Error::Train(crate::train::TrainError::Data(_)) => 2,
             Error::Config(_)
             | Error::Data(_)
             | Error::Backend(_)

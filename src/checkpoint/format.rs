@@ -400,24 +400,34 @@ pub struct DataPosition {
     pub segment_micro: usize,
 }
 
-/// Where a stream of documents stands (`data.kind = "jsonl"` or `"parquet"`): the next
-/// document to read, and the rows packed from earlier documents that no step has taken yet
-/// (their tokens: a checkpoint never needs the files read again to go on).
+/// Where a stream of documents stands (`data.kind = "jsonl"` or `"parquet"`): each source's
+/// next document, the documents drawn, and the rows packed from earlier documents that no step
+/// has taken yet (their tokens: a checkpoint never needs the files read again to go on).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 pub struct DocumentsPosition {
-    /// Passes over the documents begun, from 0.
-    pub epoch: u64,
-    /// The shard being read, by its place in the epoch's order of shards, and how many of its
-    /// documents (in their shuffled order) were read.
-    pub shard: usize,
-    pub doc: usize,
+    /// The stream's passes ended (with `data.mix_stop = "first_exhausted"` or one source).
+    pub pass: u64,
+    /// Documents drawn from the sources so far (the mixture's draws are keyed by it).
+    pub drawn: u64,
+    /// Each source's place (`data.path`, or each of `data.mix`).
+    pub sources: Vec<SourcePosition>,
     /// Rows handed out so far, over all passes: the global row the next step starts at.
     pub rows: u64,
     /// Rows packed and closed but not handed out, in order, then the rows still open (at most
-    /// the packing window): each row its pieces' tokens.
-    pub ready: Vec<Vec<Vec<u32>>>,
-    pub open: Vec<Vec<Vec<u32>>>,
+    /// the packing window): each row its pieces, each its source's index and tokens.
+    pub ready: Vec<Vec<(u32, Vec<u32>)>>,
+    pub open: Vec<Vec<(u32, Vec<u32>)>>,
+}
+
+/// Where one source of documents stands: its pass, the shard being read (by its place in the
+/// pass's order of shards) and how many of its documents (in their shuffled order) were read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct SourcePosition {
+    pub epoch: u64,
+    pub shard: usize,
+    pub doc: usize,
 }
 
 /// `state.json`: everything besides tensors that resume needs.

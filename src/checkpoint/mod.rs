@@ -12,6 +12,6 @@ mod written;
 pub use dir::{load, read_state, step_of, verify, CheckpointDir, CheckpointError, Entry, Loaded};
 pub use format::{
     encode_files, DataPosition, DocumentsPosition, Layout, LossScaleState, Manifest, OptState,
-    OptimizerInfo, RngState, SchedulerInfo, ShardUnit, State, WatchState, FORMAT,
+    OptimizerInfo, RngState, SchedulerInfo, ShardUnit, SourcePosition, State, WatchState, FORMAT,
 };
 pub use retention::to_delete;

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 
 use super::{
-    bench, check, ckpt, env, eval, export, init, report, resume, run, sample, submit, sweep,
+    bench, check, ckpt, data, env, eval, export, init, report, resume, run, sample, submit, sweep,
     tokenize, track,
 };
 
@@ -62,6 +62,10 @@ pub enum Command {
     Sample(sample::SampleArgs),
     /// Tokenize a text file into nanoGPT-format token files (`data.kind = "tokens"`).
     Tokenize(tokenize::TokenizeArgs),
+    /// See what an experiment trains on: `kiln data preview` (its rows, in order) and `kiln
+    /// data stats` (its documents and tokens counted).
+    #[command(subcommand)]
+    Data(data::DataCommand),
     /// Experiment tracking: `kiln track push RUN` sends a run's metrics to MLflow.
     #[command(subcommand)]
     Track(track::TrackCommand),
@@ -77,6 +81,7 @@ impl Command {
             | Command::Status(_)
             | Command::Ckpt(_)
             | Command::Env(_)
+            | Command::Data(_)
             | Command::Sample(_) => true,
             Command::Init(a) => a.list,
             Command::Sweep(a) => a.command.is_some(),
@@ -135,6 +140,7 @@ pub fn dispatch(cli: Cli) -> Result<()> {
         Command::Bench(a) => bench::bench(&a),
         Command::Sample(a) => sample::sample(&a),
         Command::Tokenize(a) => tokenize::tokenize(&a),
+        Command::Data(c) => data::data(&c),
         Command::Track(c) => track::track(&c),
     }
 }

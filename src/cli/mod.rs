@@ -6,6 +6,7 @@ mod args;
 mod bench;
 mod check;
 mod ckpt;
+mod data;
 mod env;
 mod eval;
 mod export;

@@ -36,6 +36,39 @@ impl DataKind {
     }
 }
 
+/// A source of a mixture (`data.mix`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MixSource {
+    /// A file, a directory of shards or a glob, relative to the file that sets `data.mix`.
+    pub path: String,
+    /// Its documents' share, relative to the other sources' weights.
+    #[serde(default = "one")]
+    pub weight: f64,
+    /// The field of its records that holds the text (else `data.text_field`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text_field: Option<String>,
+}
+
+fn one() -> f64 {
+    1.0
+}
+
+/// `data.mix_stop`: what a mixture does when a source runs out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum MixStop {
+    /// The source starts its next pass; the others go on.
+    #[default]
+    Restart,
+    /// The pass ends for every source (`datasets.interleave_datasets`'s default).
+    FirstExhausted,
+}
+
+fn is_restart(m: &MixStop) -> bool {
+    *m == MixStop::Restart
+}
+
 fn is_text(s: &String) -> bool {
     s == "text"
 }
@@ -139,6 +172,18 @@ pub struct DataConfig {
     /// document alone. Default: `true`.
     #[serde(skip_serializing_if = "is_true")]
     pub packing: bool,
+    /// jsonl, parquet: documents mixed from several sources instead of `data.path`, each an
+    /// inline table `{ path = "...", weight = 3.0, text_field = "..." }` (weight default 1,
+    /// text_field default `data.text_field`): each document comes from source i with
+    /// probability weight_i / sum (as `datasets.interleave_datasets`' probabilities), drawn
+    /// from `sampler.seed` and the document's number. Default: `[]` (no mixture).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub mix: Vec<MixSource>,
+    /// jsonl, parquet with `data.mix`: `"restart"` (a source that runs out starts its next
+    /// pass, which the run log says) or `"first_exhausted"` (the first source that runs out
+    /// ends the pass for all). Default: `"restart"`.
+    #[serde(skip_serializing_if = "is_restart")]
+    pub mix_stop: MixStop,
     /// csv: the label column, by header name or 0-based index (a string or an integer).
     /// Default: `"label"`.
     #[serde(deserialize_with = "name_or_index")]
@@ -196,6 +241,8 @@ impl Default for DataConfig {
             eval_fraction: None,
             text_field: "text".into(),
             packing: true,
+            mix: Vec::new(),
+            mix_stop: MixStop::Restart,
             label_column: "label".into(),
             header: true,
             workers: 0,
@@ -273,6 +320,23 @@ impl DataConfig {
                 )),
             ));
         }
+        if !self.mix.is_empty() && !self.kind.documents() {
+            return Err(r.key_error(
+                "data.mix",
+                format!(
+                    "`data.mix` mixes sources of documents, but `data.kind` = \"{}\"",
+                    choice_name(&self.kind)
+                ),
+                Some("use `data.kind = \"jsonl\"` (or \"parquet\"), or remove `data.mix`".into()),
+            ));
+        }
+        if self.mix_stop != MixStop::Restart && self.mix.is_empty() {
+            return Err(r.key_error(
+                "data.mix_stop",
+                "`data.mix_stop` says what a mixture does when a source runs out, but `data.mix` is not set".into(),
+                Some("remove it, or mix sources with `data.mix`".into()),
+            ));
+        }
         if self.dtype.is_some() && self.kind != DataKind::Tokens {
             return Err(r.key_error(
                 "data.dtype",
@@ -348,10 +412,12 @@ impl DataConfig {
     /// length in steps (a stream's passes have no length before they are read).
     fn check_documents(&self, r: &Resolved) -> Result<(), ConfigError> {
         let kind = choice_name(&self.kind);
-        if self.path.is_none() {
+        if !self.mix.is_empty() {
+            self.check_mix(r)?;
+        } else if self.path.is_none() {
             return Err(r.key_error(
                 "data.kind",
-                format!("`data.kind` = \"{kind}\" needs `data.path`"),
+                format!("`data.kind` = \"{kind}\" needs `data.path` (or `data.mix`)"),
                 Some(format!(
                     "add `path = \"train.{kind}\"` to [data] (a file, a directory of shards or a glob, relative to the experiment file)"
                 )),
@@ -456,6 +522,45 @@ impl DataConfig {
                 "`data.stride` = 0 is out of range: must be at least 1".into(),
                 None,
             ));
+        }
+        Ok(())
+    }
+
+    /// A mixture: instead of `data.path`, sources that exist, weights that are positive.
+    fn check_mix(&self, r: &Resolved) -> Result<(), ConfigError> {
+        if self.path.is_some() {
+            return Err(r.key_error(
+                "data.mix",
+                "`data.mix` names the training documents, but `data.path` is set too".into(),
+                Some("keep one: `data.path` for one source, `data.mix` for several".into()),
+            ));
+        }
+        for (i, m) in self.mix.iter().enumerate() {
+            if !(m.weight > 0.0 && m.weight.is_finite()) {
+                return Err(r.range_error(
+                    "data.mix",
+                    format!(
+                        "`data.mix[{i}].weight` = {} is out of range: must be a finite number above 0",
+                        m.weight
+                    ),
+                    None,
+                ));
+            }
+            let p = r.path_of("data.mix", &m.path);
+            if !m.path.contains(['*', '?', '[']) && !p.exists() {
+                return Err(r.key_error(
+                    "data.mix",
+                    format!("`data.mix[{i}].path` = \"{}\": `{}` not found", m.path, p.display()),
+                    Some("give a file, a directory of shards or a glob (relative to the experiment file)".into()),
+                ));
+            }
+            if m.text_field.as_ref().is_some_and(|f| f.is_empty()) {
+                return Err(r.key_error(
+                    "data.mix",
+                    format!("`data.mix[{i}].text_field` is empty"),
+                    Some("name the field of each record that holds its text, or leave it out (`data.text_field`)".into()),
+                ));
+            }
         }
         Ok(())
     }

@@ -95,7 +95,7 @@ fn elsewhere(c: &Config, section: &str, key: &str) -> bool {
             let idx = ["labels_path", "eval_labels_path"];
             let text = ["eval_fraction", "tokenizer"];
             let on_disk = ["path", "eval_path"];
-            let docs = ["text_field", "packing"];
+            let docs = ["text_field", "packing", "mix", "mix_stop"];
             let others: Vec<&str> = match c.data.kind {
                 DataKind::Synthetic => [&csv[..], &idx, &text, &on_disk, &docs].concat(),
                 DataKind::Csv => [&synthetic[..], &idx, &text, &docs].concat(),

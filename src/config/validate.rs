@@ -75,6 +75,9 @@ impl Resolved {
         ] {
             *value = value.as_deref().map(|v| abs(key, v));
         }
+        for m in &mut c.data.mix {
+            m.path = abs("data.mix", &m.path);
+        }
         c.model.init_from = c
             .model
             .init_from

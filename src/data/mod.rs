@@ -12,6 +12,7 @@ mod idx;
 pub mod packing;
 pub mod records;
 pub mod sampler;
+pub mod stream;
 mod synthetic;
 mod text;
 pub mod tokenizer;

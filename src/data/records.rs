@@ -346,7 +346,7 @@ impl Iterator for Documents {
                     return Some(Err(DataError::Invalid(format!(
                         "{} ({}): the file has no records",
                         self.path.display(),
-                        self.key
+                        self.file_key
                     ))));
                 }
             }

@@ -6,6 +6,7 @@
 //! `kiln export` (a checkpoint's weights for PyTorch, Burn, nanoGPT or Hugging Face).
 
 mod bench;
+pub mod data;
 mod eval;
 mod export;
 mod sample;

@@ -20,7 +20,8 @@ use std::thread::Scope;
 use std::sync::Arc;
 
 use crate::checkpoint::DocumentsPosition;
-use crate::data::documents::{PackedRows, Stream};
+use crate::data::documents::PackedRows;
+use crate::data::stream::Stream;
 use crate::data::{Augment, Dataset};
 use crate::model::{Batch, Input, Task};
 use crate::plan::Plan;
@@ -64,6 +65,8 @@ pub(super) struct MicroTask {
     /// stream stands after the micro-batch.
     pub rows: Option<Result<PackedRows, String>>,
     pub after: Option<Arc<DocumentsPosition>>,
+    /// What the run log should say about the stream (a source that ran out).
+    pub notes: Vec<String>,
 }
 
 /// The micro-batches of one rank from `pos` on, in the order the step loop consumes them: at
@@ -123,7 +126,7 @@ impl<'a> Source<'a> {
             let row = stream.next_row().map_err(|e| e.to_string())?;
             if mine.peek() == Some(&&g) {
                 mine.next();
-                rows.push(row.iter().map(Vec::as_slice));
+                rows.push(row.iter().map(|(_, t)| t.as_slice()));
             }
         }
         Ok(rows)
@@ -147,12 +150,13 @@ impl Iterator for Source<'_> {
             Some((_, seg)) => self.plan.micro_indices(seg, pos.j, self.rank),
             None => (Vec::new(), 0),
         };
-        let (rows, after) = match self.docs.as_mut() {
+        let (rows, after, notes) = match self.docs.as_mut() {
             Some(stream) => {
                 let rows = Self::read_rows(stream, self.plan, pos, &idx);
-                (Some(rows), Some(Arc::new(stream.position())))
+                let after = Arc::new(stream.position());
+                (Some(rows), Some(after), stream.take_notes())
             }
-            None => (None, None),
+            None => (None, None, Vec::new()),
         };
         let job = MicroTask {
             pos,
@@ -160,6 +164,7 @@ impl Iterator for Source<'_> {
             global,
             rows,
             after,
+            notes,
         };
         self.pos = Pos {
             j: pos.j + 1,
@@ -183,6 +188,8 @@ pub(super) struct Micro {
     /// and where the stream stands after the micro-batch.
     pub targets: usize,
     pub documents: Option<Arc<DocumentsPosition>>,
+    /// What the run log should say about the stream.
+    pub notes: Vec<String>,
 }
 
 /// How a job becomes the model's input.
@@ -217,6 +224,7 @@ impl Assembler<'_> {
                 input,
                 targets,
                 documents: job.after,
+                notes: job.notes,
             });
         }
         let input = if job.idx.is_empty() {
@@ -243,6 +251,7 @@ impl Assembler<'_> {
             input,
             targets: 0,
             documents: None,
+            notes: Vec::new(),
         })
     }
 

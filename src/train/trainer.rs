@@ -459,6 +459,9 @@ impl<'a, B: ComputeOn> Trainer<'a, B> {
         let micros = clock
             .time(Phase::Data, || loader.take(&mut self.pos, accum))
             .map_err(TrainError::Data)?;
+        for note in micros.iter().flat_map(|m| &m.notes) {
+            self.sink.log(note);
+        }
         let mut targets = [micros.iter().map(|m| m.targets as f64).sum::<f64>()];
         self.documents = micros.back().and_then(|m| m.documents.clone());
         self.strategy.sum(&mut targets)?;
@@ -842,7 +845,7 @@ pub fn train<B: ComputeOn>(
     let source = match &input.data.train.samples {
         crate::data::Samples::Stream(src) => {
             let at = input.resume.and_then(|l| l.state.documents.as_ref());
-            source.documents(crate::data::documents::Stream::new(src.clone(), at))
+            source.documents(crate::data::stream::Stream::new(src.clone(), at))
         }
         _ => source,
     };

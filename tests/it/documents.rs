@@ -5,7 +5,7 @@
 
 use std::path::Path;
 
-use crate::common::{kiln, resume_copy, stderr, summary, train_task, write};
+use crate::common::{kiln, resume_copy, stderr, stdout, summary, train_task, write};
 
 /// Documents of 1 to 90 characters (the longest are cut into pieces of a row), deterministic.
 fn docs(n: usize, seed: usize) -> Vec<String> {
@@ -199,6 +199,17 @@ fn parquet_records_train_to_the_bits_of_the_same_jsonl_records() {
     assert_eq!(a.eval, b.eval);
 }
 
+/// A mixture of the two training shards, 3:1, instead of `data.path`.
+fn mixed(t: &str, dir: &Path) -> String {
+    let d = dir.to_str().unwrap();
+    t.replace(
+        &format!("path = \"{d}/train\""),
+        &format!(
+            "mix = [{{ path = \"{d}/train/a.jsonl\", weight = 3.0 }}, {{ path = \"{d}/train/b.jsonl\" }}]"
+        ),
+    )
+}
+
 #[test]
 fn a_run_resumed_mid_stream_has_the_bits_of_a_straight_one() {
     let d = kiln::testdir::tempdir().unwrap();
@@ -207,6 +218,27 @@ fn a_run_resumed_mid_stream_has_the_bits_of_a_straight_one() {
     let t = task(d.path(), "gpt")
         .replace("max_steps = 3", "max_steps = 6")
         .replace("block_size = 32", "block_size = 24");
+    // a mixture too: its sources run out and start again on their own
+    write(d.path(), "m.toml", &mixed(&t, d.path()));
+    let o = kiln(
+        d.path(),
+        &[
+            "run",
+            "m.toml",
+            "--quiet",
+            "--set",
+            "checkpoint.every_steps=2",
+            "--set",
+            "experiment.name=mixed",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let full = d.path().join("runs/mixed");
+    let resumed = resume_copy(d.path(), &full, "step-00000004", &[]);
+    assert_eq!(
+        summary(&full)["params_sha256"],
+        summary(&resumed)["params_sha256"]
+    );
     write(d.path(), "t.toml", &t);
     let o = kiln(
         d.path(),
@@ -243,26 +275,33 @@ fn bad_records_exit_2_naming_the_file_and_line() {
     write(d.path(), "t.toml", &t);
     let a = d.path().join("train/a.jsonl");
     let good = std::fs::read_to_string(&a).unwrap();
-    for (line, want, why) in [
-        (
-            "{\"text\": \"fine\"}\n{not json\n",
-            "a.jsonl: line 2",
-            "not JSON",
-        ),
-        (
-            "{\"text\": \"fine\"}\n{\"body\": \"x\"}\n",
-            "a.jsonl: line 2",
-            "no `text` (data.text_field)",
-        ),
-        ("{\"text\": 3}\n", "a.jsonl: line 1", "not a string"),
+    // a shard's first record is read before anything is written
+    for (line, why) in [
+        ("{not json\n", "not JSON"),
+        ("{\"body\": \"x\"}\n", "no `text` (data.text_field)"),
+        ("{\"text\": 3}\n", "not a string"),
+        ("", "has no records"),
     ] {
         std::fs::write(&a, line).unwrap();
         let o = kiln(d.path(), &["run", "t.toml", "--quiet"]);
         assert_eq!(o.status.code(), Some(2), "{line:?}: {}", stderr(&o));
         let e = stderr(&o);
-        assert!(e.contains(want) && e.contains(why), "{line:?}: {e}");
+        assert!(e.contains("a.jsonl") && e.contains(why), "{line:?}: {e}");
         assert!(!d.path().join("runs").exists(), "{line:?}: a run directory");
     }
+    // a bad record further in stops the run where the stream reaches it, naming it
+    let bad = format!("{}{{\"text\": \"fine\"}}\n{{not json\n", good);
+    std::fs::write(&a, bad).unwrap();
+    let o = kiln(
+        d.path(),
+        &["run", "t.toml", "--quiet", "--set", "train.max_steps=40"],
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("a.jsonl: line 62: not JSON"),
+        "{}",
+        stderr(&o)
+    );
     std::fs::write(&a, good).unwrap();
     // a stream has no length: the run needs train.max_steps
     let no_steps = t.replace("max_steps = 3", "epochs = 1");
@@ -270,4 +309,64 @@ fn bad_records_exit_2_naming_the_file_and_line() {
     let o = kiln(d.path(), &["run", "e.toml", "--quiet"]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(stderr(&o).contains("train.max_steps"), "{}", stderr(&o));
+}
+
+#[test]
+fn a_mixture_previews_its_sources_by_weight_and_rows_as_transformers_would_train_on_them() {
+    let d = kiln::testdir::tempdir().unwrap();
+    corpus(d.path(), "jsonl");
+    let t = mixed(&task(d.path(), "gpt"), d.path());
+    write(d.path(), "m.toml", &t);
+    let o = kiln(
+        d.path(),
+        &["data", "preview", "m.toml", "--rows", "800", "--json"],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let rows: Vec<serde_json::Value> = stdout(&o)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(rows.len(), 800);
+    let (mut docs, mut second) = (0, 0);
+    for r in &rows {
+        let ids = r["input_ids"].as_array().unwrap();
+        let labels = r["labels"].as_array().unwrap();
+        let pos = r["position_ids"].as_array().unwrap();
+        let source = r["source"].as_array().unwrap();
+        assert_eq!(ids.len(), 33);
+        for i in 0..ids.len() {
+            let s = source[i].as_i64().unwrap();
+            if s >= 0 && pos[i] == 0 {
+                // a document (or piece) starts: no token before it predicts it
+                assert_eq!(labels[i], -100);
+                docs += 1;
+                second += usize::from(s == 1);
+            } else if s >= 0 {
+                assert_eq!(labels[i], ids[i]);
+            } else {
+                assert_eq!(labels[i], -100);
+            }
+        }
+    }
+    let share = second as f64 / docs as f64;
+    assert!((share - 0.25).abs() <= 0.05, "{second} of {docs} documents");
+    // the text preview marks each document's first token and counts the padding
+    let o = kiln(d.path(), &["data", "preview", "m.toml", "--rows", "2"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let text = stdout(&o);
+    assert!(
+        text.starts_with("row 0: ") && text.contains("padding"),
+        "{text}"
+    );
+    assert!(
+        text.contains("  | [source ") && text.contains('⟦'),
+        "{text}"
+    );
+    let o = kiln(d.path(), &["data", "stats", "m.toml"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let text = stdout(&o);
+    assert!(
+        text.contains("105 documents") && text.contains("data.mix[1]: 45 documents"),
+        "{text}"
+    );
 }
