@@ -370,3 +370,69 @@ fn a_mixture_previews_its_sources_by_weight_and_rows_as_transformers_would_train
         "{text}"
     );
 }
+
+/// transformers' Llama (`tests/fixtures/hf-llama`) with a tokenizer whose post-processor adds a
+/// BOS and whose `eos_token` ends each document (`scripts/check-documents-loss.py` makes both
+/// and computes transformers' loss document by document): kiln's evaluation of the same jsonl,
+/// packed or not, is that mean over target tokens within 1e-4, over the same tokens.
+#[test]
+fn a_transformers_llama_evaluates_documents_to_transformers_loss() {
+    let d = kiln::testdir::tempdir().unwrap();
+    let model = d.path().join("model");
+    crate::common::copy_dir(
+        &crate::common::root().join("tests/fixtures/hf-llama"),
+        &model,
+    );
+    let python = crate::common::torch_python();
+    let o = std::process::Command::new(python)
+        .arg(crate::common::root().join("scripts/check-documents-loss.py"))
+        .arg(&model)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let want: serde_json::Value = serde_json::from_str(stdout(&o).trim()).unwrap();
+    let (loss, tokens) = (
+        want["loss"].as_f64().unwrap(),
+        want["tokens"].as_u64().unwrap(),
+    );
+    let docs = model.join("docs.jsonl");
+    let t = format!(
+        "[model]\nkind = \"llama\"\nblock_size = 32\ninit_from = \"{}\"\n\n[data]\nkind = \"jsonl\"\npath = \"{}\"\neval_path = \"{}\"\n\n[train]\nbatch_size = 3\nmax_steps = 1\n\n[optim]\nkind = \"sgd\"\nlr = 0.0\n\n[backend]\nthreads = 1\n",
+        model.display(),
+        docs.display(),
+        docs.display()
+    );
+    // kiln check names the EOS id and where it came from
+    write(d.path(), "t.toml", &t);
+    let o = kiln(d.path(), &["check", "t.toml"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains("EOS id 2 (`eos_token` \"</s>\" of"),
+        "{}",
+        stdout(&o)
+    );
+    for packing in ["true", "false"] {
+        let name = format!("packing-{packing}");
+        let o = kiln(
+            d.path(),
+            &[
+                "run",
+                "t.toml",
+                "--quiet",
+                "--set",
+                &format!("data.packing={packing}"),
+                "--set",
+                &format!("experiment.name=\"{name}\""),
+            ],
+        );
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        let s = summary(&d.path().join("runs").join(&name));
+        // (a run of documents counts its evaluation in tokens)
+        assert_eq!(s["eval_samples"], tokens, "packing = {packing}");
+        let got = s["eval_loss"].as_f64().unwrap();
+        assert!(
+            (got - loss).abs() <= 1e-4,
+            "packing = {packing}: kiln {got} vs transformers {loss}"
+        );
+    }
+}
