@@ -13,7 +13,7 @@
 #   the tail of the step's output and of its rank log.
 # - Everything is written under $OUT/gpu-check when OUT is set (the device runner brings $OUT
 #   back): metrics, rank logs, summaries, the `kiln env` report, each step's output.
-# - The throughput comparison is last. The timeouts add up to 520 s on one GPU (each step is
+# - The throughput comparison is last. The timeouts add up to 600 s on one GPU (each step is
 #   killed at most 1 s after its timeout); with two GPUs the NCCL overlap step gets 120 s more.
 # - Exact resume on CUDA is checked by the f16 run (AdamW, its loss scale saved and restored).
 set -uo pipefail
@@ -64,6 +64,17 @@ run() { # run-dir name, extra --set args...
   local args=()
   for s in "$@"; do args+=(--set "$s"); done
   "$KILN" run "$Q" --quiet --run-dir "$WORK/$dir" --set train.max_steps=30 --set train.log_every=1 "${args[@]}"
+}
+
+docs_run() { # run-dir name, extra --set args...: experiments/llama-tiny.toml on jsonl
+  # documents packed into rows (attention, positions and targets kept inside each document)
+  local dir=$1; shift
+  local args=()
+  for s in "$@"; do args+=(--set "$s"); done
+  "$KILN" run experiments/llama-tiny.toml --quiet --run-dir "$WORK/$dir" --set train.max_steps=10 \
+    --set train.log_every=1 --set train.eval_every=0 --set 'data.kind="jsonl"' --set data.dtype= \
+    --set 'data.path="experiments/data/jsonl/rust-book/train-*.jsonl"' \
+    --set 'data.eval_path="experiments/data/jsonl/rust-book/eval.jsonl"' "${args[@]}"
 }
 
 compare_losses() { # dir a, dir b, relative tolerance
@@ -275,6 +286,9 @@ step 40 "ddp 2 ranks on one GPU, host collective" run cuda-ddp2 backend.device=c
 step 5 "ddp(2) == single(32) on CUDA (rel 1e-3)" compare_losses cuda-ddp2 cuda-single 1e-3
 step 10 "two ranks on one GPU with nccl is refused, saying why" refused_with_message
 step 30 "a NaN gradient on the device stops the run as diverged" diverges_on_the_device
+step 45 "packed llama on CUDA (jsonl documents, document attention)" docs_run cuda-docs backend.device=cuda
+step 30 "packed llama on CPU" docs_run cpu-docs
+step 5 "packed llama: CUDA vs CPU losses (rel 1e-3)" compare_losses cuda-docs cpu-docs 1e-3
 gpus=$( (nvidia-smi -L 2>/dev/null || true) | grep -c '^GPU ')
 step "$([ "$gpus" -ge 2 ] && echo 120 || echo 5)" "overlap on NCCL's own stream (2 GPUs: ddp/fsdp(2) == overlap off; else SKIP)" two_gpu_overlap
 step 60 "throughput: MLP 1024 -> 4096 x 4 -> 10, batch 512, SGD; kiln vs PyTorch" throughput
