@@ -554,6 +554,17 @@ fn work(shared: &Pipeline<'_>, assembler: &Assembler<'_>, ahead: usize) {
     }
 }
 
+/// A step's micro-batches of documents, and their targets over every rank.
+pub(super) type Taken = (std::collections::VecDeque<Micro>, f64);
+
+/// The training data as the config names it, for the loader's errors.
+pub(super) fn data_file(c: &crate::config::Config) -> String {
+    match &c.data.path {
+        Some(p) => format!("data.path = {p:?}"),
+        None => format!("the {} data", crate::config::choice_name(&c.data.kind)),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

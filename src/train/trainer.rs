@@ -11,7 +11,7 @@ use super::events::{
     round4, EvalMetrics, EvalSums, MetricLine, Outcome, RankSink, TrainError, TrainEvent,
     TrainInput,
 };
-use super::loader::{Assembler, Loader, LoaderState, Micro, Pos, Source};
+use super::loader::{data_file, Assembler, Loader, LoaderState, Pos, Source, Taken};
 use super::placement::Placement;
 use super::save::{Checkpointer, Progress};
 use super::scaler::LossScaler;
@@ -63,9 +63,6 @@ impl StepTotals {
         Ok(())
     }
 }
-
-/// A step's micro-batches of documents, and their targets over every rank.
-type Taken = (std::collections::VecDeque<Micro>, f64);
 
 /// Why the loop ended before its last step.
 enum Ending {
@@ -448,6 +445,14 @@ impl<'a, B: ComputeOn> Trainer<'a, B> {
         Ok(micro_in_step)
     }
 
+    /// Epochs done: of the samples, or (documents) the passes of the stream's first source.
+    fn epochs(&self) -> f64 {
+        match &self.documents {
+            Some(d) => d.sources.first().map_or(0.0, |s| s.epoch as f64),
+            None => self.pos.epochs(self.input.plan),
+        }
+    }
+
     /// Training documents: the step's micro-batches, and their targets summed over every rank
     /// (before any backward, so each micro-batch's loss weighs by its share of them); `None`
     /// for other data, whose micro-batches come one at a time.
@@ -683,7 +688,7 @@ impl<'a, B: ComputeOn> Trainer<'a, B> {
             time: Some(window.fractions_json()),
             step_ms: Some((window.step_ms(self.window.steps) * 100.0).round() / 100.0),
             step: done,
-            epoch: round4(self.pos.epochs(self.input.plan)),
+            epoch: round4(self.epochs()),
             loss: s.loss,
             lr: s.lr,
             samples_per_sec: round4(sps),
@@ -766,7 +771,7 @@ impl<'a, B: ComputeOn> Trainer<'a, B> {
         };
         Ok(Outcome {
             steps: self.step,
-            epochs: round4(self.pos.epochs(self.input.plan)),
+            epochs: round4(self.epochs()),
             final_loss: self.last_loss,
             eval: self.eval.last,
             wall_seconds: round4(wall),
@@ -887,12 +892,4 @@ pub fn train<B: ComputeOn>(
     t.settle()?;
     let wall = start.elapsed().as_secs_f64();
     t.finish(ending, wall, memory_key)
-}
-
-/// The training data as the config names it, for the loader's errors.
-fn data_file(c: &Config) -> String {
-    match &c.data.path {
-        Some(p) => format!("data.path = {p:?}"),
-        None => format!("the {} data", crate::config::choice_name(&c.data.kind)),
-    }
 }
