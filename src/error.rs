@@ -61,7 +61,7 @@ impl Error {
     /// run a signal stopped with a checkpoint.
     pub fn exit_code(&self) -> i32 {
         match self {
-            Error::Train(crate::train::TrainError::Data(_)) => 2,
+            Error::Train(crate::train::TrainError::BadData(_)) => 2,
             Error::Config(_)
             | Error::Data(_)
             | Error::Backend(_)

@@ -418,6 +418,11 @@ pub struct DocumentsPosition {
     /// the packing window): each row its pieces, each its source's index and tokens.
     pub ready: Vec<Vec<(u32, Vec<u32>)>>,
     pub open: Vec<Vec<(u32, Vec<u32>)>>,
+    /// Each source's shards when the checkpoint was taken, their file names and sizes: a
+    /// resume over other files (a shard added to a directory, one rewritten) would read
+    /// other documents at the same place, and is refused.
+    #[serde(default)]
+    pub files: Vec<Vec<(String, u64)>>,
 }
 
 /// Where one source of documents stands: its pass, the shard being read (by its place in the

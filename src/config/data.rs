@@ -457,6 +457,13 @@ impl DataConfig {
                 Some("name the field of each record that holds its text, e.g. \"text\"".into()),
             ));
         }
+        if r.config.checkpoint.every_epochs > 0 {
+            return Err(r.key_error(
+                "checkpoint.every_epochs",
+                format!("`checkpoint.every_epochs` counts epochs of samples, but `data.kind` = \"{kind}\" is a stream of documents whose passes have no length before they are read"),
+                Some("use `checkpoint.every_steps`".into()),
+            ));
+        }
         if r.config.train.max_steps.is_none() {
             return Err(r.key_error(
                 "data.kind",

@@ -15,6 +15,7 @@ use super::packing::{PackedRow, Packer};
 use super::records::{Document, Documents, Format};
 use super::tokenizer::Tokenizer;
 use super::DataError;
+use crate::checkpoint::DocumentsPosition;
 
 /// Documents read and shuffled together (the shuffle buffer): a shard is read in chunks of this
 /// many documents, each chunk in a seeded order.
@@ -168,6 +169,9 @@ pub struct Corpus {
     pub key: &'static str,
     /// The corpus in messages: its key, `data.mix[1]` for a mixture's second source.
     pub name: String,
+    /// The key that names the text field: `data.text_field`, or `data.mix` for a source that
+    /// names its own.
+    pub field_key: &'static str,
 }
 
 impl Corpus {
@@ -188,6 +192,7 @@ impl Corpus {
             field: field.to_string(),
             key,
             name: key.to_string(),
+            field_key: "data.text_field",
         })
     }
 
@@ -200,7 +205,7 @@ impl Corpus {
                 &shard.path,
                 self.format,
                 &self.field,
-                "data.text_field",
+                self.field_key,
                 self.key,
             )?;
             if let Some(first) = docs.next() {
@@ -226,7 +231,7 @@ impl Corpus {
                 &shard.path,
                 self.format,
                 &self.field,
-                "data.text_field",
+                self.field_key,
                 self.key,
             )? {
                 let doc = doc?;
@@ -336,6 +341,62 @@ impl DocumentSource {
     }
 }
 
+impl DocumentSource {
+    /// Each source's shards: their file names and sizes (`DocumentsPosition::files`).
+    pub fn files(&self) -> Vec<Vec<(String, u64)>> {
+        self.sources
+            .iter()
+            .map(|s| {
+                s.corpus
+                    .shards
+                    .iter()
+                    .map(|sh| {
+                        let name = sh.path.file_name().map_or_else(
+                            || sh.path.display().to_string(),
+                            |n| n.to_string_lossy().into_owned(),
+                        );
+                        (name, sh.len)
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+
+    /// A checkpoint's position can go on over these files: the same shards, of the same sizes
+    /// (a checkpoint written before positions kept them is taken as it is).
+    pub fn check_resume(&self, at: &DocumentsPosition) -> Result<(), DataError> {
+        let now = self.files();
+        if at.files.is_empty() || at.files == now {
+            return Ok(());
+        }
+        for (i, (was, is)) in at.files.iter().zip(&now).enumerate() {
+            if was != is {
+                let name = &self.sources[i].corpus.name;
+                let show = |f: &[(String, u64)]| {
+                    let v: Vec<String> = f
+                        .iter()
+                        .take(6)
+                        .map(|(n, b)| format!("{n} ({b} bytes)"))
+                        .collect();
+                    format!("{}{}", v.join(", "), if f.len() > 6 { ", ..." } else { "" })
+                };
+                return Err(DataError::Invalid(format!(
+                    "{name}: the shards are not those of the checkpoint, which stands at a place in them (it had {} shard(s): {}; now {}: {})\n  = help: resume over the files the run started with, or start a new run",
+                    was.len(),
+                    crate::ui::printable(&show(was)),
+                    is.len(),
+                    crate::ui::printable(&show(is))
+                )));
+            }
+        }
+        Err(DataError::Invalid(format!(
+            "the checkpoint's documents have {} source(s), the config {}\n  = help: resume with the `data.mix` the run started with",
+            at.files.len(),
+            now.len()
+        )))
+    }
+}
+
 impl std::fmt::Debug for DocumentSource {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "DocumentSource({} sources)", self.sources.len())
@@ -395,6 +456,9 @@ pub fn load(r: &crate::config::Resolved) -> Result<super::Data, DataError> {
                 let mut corpus =
                     Corpus::open(&r.path_of("data.mix", &m.path), format, field, "data.mix")?;
                 corpus.name = format!("data.mix[{i}]");
+                if m.text_field.is_some() {
+                    corpus.field_key = "data.mix";
+                }
                 Ok(Source {
                     corpus,
                     weight: m.weight,

@@ -119,6 +119,7 @@ impl Stream {
             rows: self.rows,
             ready: self.ready.iter().cloned().collect(),
             open: self.packer.open_rows().map(|r| self.row_of(r)).collect(),
+            files: self.src.files(),
         }
     }
 
@@ -281,7 +282,7 @@ impl Stream {
                     &shard.path,
                     corpus.format,
                     &corpus.field,
-                    "data.text_field",
+                    corpus.field_key,
                     corpus.key,
                 )?;
                 // the chunk the position is in: the documents before it are read past

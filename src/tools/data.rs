@@ -276,7 +276,7 @@ pub fn stats(r: &Resolved, eval: bool) -> Result<Stats> {
                 &shard.path,
                 c.format,
                 &c.field,
-                "data.text_field",
+                c.field_key,
                 c.key,
             )?;
             for doc in docs {

@@ -145,16 +145,17 @@ fn sum_in_global_order(
 }
 
 /// Gathers every rank's per-sample results and sums them in global index order, so the totals
-/// are identical for every world size.
+/// are identical for every world size. Rows of documents (`by_tokens`) also send each row's
+/// targets: every rank sends the same fields, a rank without rows too.
 pub(super) fn reduce_eval(
     strategy: &mut dyn Strategy,
     out: &EvalOut,
     n: usize,
+    by_tokens: bool,
 ) -> Result<EvalSums, TrainError> {
     let world = strategy.world();
     let per = n.div_ceil(world);
-    // rows of documents also send their targets (every rank alike: all or none of the data is)
-    let fields = if out.targets.is_empty() { 2 } else { 3 };
+    let fields = if by_tokens { 3 } else { 2 };
     let mut mine = vec![f64::NAN; fields * per];
     mine[..out.losses.len()].copy_from_slice(&out.losses);
     mine[per..per + out.correct.len()].copy_from_slice(&out.correct);

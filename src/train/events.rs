@@ -144,6 +144,10 @@ pub enum TrainError {
     /// The data loader could not give the next micro-batch.
     #[error("{0}")]
     Data(String),
+    /// The data the loader reached is bad (a record that is not what it should be, an id past
+    /// the vocabulary): bad input, found mid-run.
+    #[error("{0}")]
+    BadData(String),
 }
 
 /// Everything the loop needs, built before it starts (shared by all ranks).

@@ -175,6 +175,34 @@ impl Iterator for Source<'_> {
     }
 }
 
+/// Why the loader has no micro-batch: `bad_input` when the data itself is bad (a record that is
+/// not what it should be, an id past the vocabulary: exit 2, as bad input found up front), not
+/// for a failure of the loader (a panic, a thread that would not start) or of the file system.
+#[derive(Debug)]
+pub(super) struct LoadError {
+    pub message: String,
+    pub bad_input: bool,
+}
+
+impl From<String> for LoadError {
+    fn from(message: String) -> Self {
+        LoadError {
+            message,
+            bad_input: false,
+        }
+    }
+}
+
+impl From<LoadError> for super::events::TrainError {
+    fn from(e: LoadError) -> Self {
+        if e.bad_input {
+            super::events::TrainError::BadData(e.message)
+        } else {
+            super::events::TrainError::Data(e.message)
+        }
+    }
+}
+
 /// A micro-batch ready for the step: `input` is `None` when this rank has no samples in it.
 pub(super) struct Micro {
     pub pos: Pos,
@@ -257,15 +285,15 @@ impl Assembler<'_> {
 
     /// `assemble`, with an error or a panic turned into an error that names the samples and
     /// the file.
-    fn try_assemble(&self, job: MicroTask) -> Result<Micro, String> {
+    fn try_assemble(&self, job: MicroTask) -> Result<Micro, LoadError> {
         let what = self.describe(&job);
         match catch_unwind(AssertUnwindSafe(|| self.assemble(job))) {
             Ok(Ok(m)) => Ok(m),
-            Ok(Err(e)) => Err(format!("{what} failed: {e}")),
-            Err(p) => Err(format!(
-                "{what} failed: {}",
-                crate::panic::message(p.as_ref())
-            )),
+            Ok(Err(e)) => Err(LoadError {
+                bad_input: !matches!(e, crate::data::DataError::Io { .. }),
+                message: format!("{what} failed: {e}"),
+            }),
+            Err(p) => Err(format!("{what} failed: {}", crate::panic::message(p.as_ref())).into()),
         }
     }
 
@@ -291,7 +319,7 @@ struct PipelineState<'a> {
     /// The source has nothing more (or failed).
     finished: bool,
     closed: bool,
-    done: BTreeMap<usize, Result<Micro, String>>,
+    done: BTreeMap<usize, Result<Micro, LoadError>>,
 }
 
 struct Pipeline<'a> {
@@ -379,7 +407,8 @@ impl<'s, 'a> Loader<'s, 'a> {
                         Err(format!(
                             "rank {}: cannot start a data loader thread: {e}",
                             assembler.rank
-                        )),
+                        )
+                        .into()),
                     );
                     st.issued += 1;
                     st.finished = true;
@@ -395,7 +424,7 @@ impl<'s, 'a> Loader<'s, 'a> {
     }
 
     /// The next micro-batch, which must be at `pos` (the step loop's own position).
-    pub fn next(&mut self, pos: Pos) -> Result<Micro, String> {
+    pub fn next(&mut self, pos: Pos) -> Result<Micro, LoadError> {
         let shared = self.shared;
         let micro = if self.threaded {
             let mut st = shared.lock();
@@ -410,7 +439,8 @@ impl<'s, 'a> Loader<'s, 'a> {
                     return Err(format!(
                         "rank {}: the data loader ({}) has no micro-batch at {pos:?}",
                         self.assembler.rank, self.assembler.file
-                    ));
+                    )
+                    .into());
                 }
                 st = shared.ready.wait(st).unwrap_or_else(|p| p.into_inner());
             }
@@ -431,7 +461,8 @@ impl<'s, 'a> Loader<'s, 'a> {
                     return Err(format!(
                         "rank {}: the data loader ({}) has no micro-batch at {pos:?}",
                         self.assembler.rank, self.assembler.file
-                    ))
+                    )
+                    .into())
                 }
             }
         };
@@ -439,7 +470,8 @@ impl<'s, 'a> Loader<'s, 'a> {
             return Err(format!(
                 "rank {}: the data loader ({}) is out of step: it assembled {:?} for {pos:?}",
                 self.assembler.rank, self.assembler.file, micro.pos
-            ));
+            )
+            .into());
         }
         Ok(micro)
     }
@@ -451,7 +483,7 @@ impl Loader<'_, '_> {
         &mut self,
         pos: &mut Pos,
         n: usize,
-    ) -> Result<std::collections::VecDeque<Micro>, String> {
+    ) -> Result<std::collections::VecDeque<Micro>, LoadError> {
         let mut out = std::collections::VecDeque::with_capacity(n);
         for _ in 0..n {
             out.push_back(self.next(*pos)?);
@@ -488,7 +520,8 @@ impl Drop for Holding<'_, '_> {
                 Err(format!(
                     "rank {}: a data loader thread stopped while assembling micro-batch number {seq}",
                     self.rank
-                )),
+                )
+                .into()),
             );
             st.finished = true;
             self.shared.ready.notify_all();
@@ -535,7 +568,8 @@ fn work(shared: &Pipeline<'_>, assembler: &Assembler<'_>, ahead: usize) {
                             "rank {}: the sampler failed: {}",
                             assembler.rank,
                             crate::panic::message(p.as_ref())
-                        )),
+                        )
+                        .into()),
                     );
                     st.issued += 1;
                     st.finished = true;
@@ -653,7 +687,8 @@ mod tests {
                     j: 3,
                 })
                 .err()
-                .unwrap();
+                .unwrap()
+                .message;
             assert!(e.contains("no micro-batch"), "{e}");
         });
         // a loop that stops after one batch of many: the scope ends (threads stop)
@@ -679,7 +714,7 @@ mod tests {
             loop {
                 match l.next(pos) {
                     Ok(_) => pos.j += 1,
-                    Err(e) => return (pos.j, e),
+                    Err(e) => return (pos.j, e.message),
                 }
             }
         };

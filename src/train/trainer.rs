@@ -389,7 +389,7 @@ impl<'a, B: ComputeOn> Trainer<'a, B> {
                     let m = self
                         .clock
                         .time(Phase::Data, || loader.next(pos))
-                        .map_err(TrainError::Data)?;
+                        .map_err(TrainError::from)?;
                     self.pos.j += 1;
                     m
                 }
@@ -463,7 +463,7 @@ impl<'a, B: ComputeOn> Trainer<'a, B> {
         let (clock, accum) = (self.clock, self.input.plan.accum);
         let micros = clock
             .time(Phase::Data, || loader.take(&mut self.pos, accum))
-            .map_err(TrainError::Data)?;
+            .map_err(TrainError::from)?;
         for note in micros.iter().flat_map(|m| &m.notes) {
             self.sink.log(note);
         }
@@ -519,7 +519,7 @@ impl<'a, B: ComputeOn> Trainer<'a, B> {
                         evaluate(compute, params, ds, idx, micro_batch)
                     })??
                 };
-                reduce_eval(strategy, &out, ds.len())
+                reduce_eval(strategy, &out, ds.len(), ds.is_packed())
             })?;
         let metric = EvalMetrics::of(self.task, &sums).metric(|v| v.to_string());
         let unit = if ds.is_packed() { "tokens" } else { "samples" };
@@ -850,6 +850,10 @@ pub fn train<B: ComputeOn>(
     let source = match &input.data.train.samples {
         crate::data::Samples::Stream(src) => {
             let at = input.resume.and_then(|l| l.state.documents.as_ref());
+            if let Some(at) = at {
+                src.check_resume(at)
+                    .map_err(|e| TrainError::BadData(e.to_string()))?;
+            }
             source.documents(crate::data::stream::Stream::new(src.clone(), at))
         }
         _ => source,

@@ -182,6 +182,20 @@ fn the_loss_is_a_mean_over_the_global_batchs_tokens() {
         assert!(diff < 1e-5, "{sets:?}: relative difference {diff}");
         assert_eq!(single.eval.2, other.eval.2);
     }
+    // one evaluation row for two ranks: the rank without one takes part in the reduction
+    jsonl(&d.path().join("one.jsonl"), &docs(1, 5));
+    let one = t.replace("eval.jsonl", "one.jsonl");
+    let a = train_task(&one, &["train.batch_size=8"]);
+    let b = train_task(
+        &one,
+        &[
+            "train.batch_size=4",
+            "strategy.kind=ddp",
+            "strategy.devices=2",
+        ],
+    );
+    assert_eq!(a.eval.2, b.eval.2);
+    assert!((a.eval.0 - b.eval.0).abs() <= 1e-5 * a.eval.0);
 }
 
 #[test]
@@ -259,6 +273,27 @@ fn a_run_resumed_mid_stream_has_the_bits_of_a_straight_one() {
     let (a, b) = (summary(&full), summary(&resumed));
     assert_eq!(a["params_sha256"], b["params_sha256"]);
     assert_eq!(a["eval_loss"], b["eval_loss"]);
+    // a resume over other files is refused: a shard added to the directory
+    let copy = d.path().join("changed");
+    crate::common::copy_dir(&full, &copy);
+    jsonl(&d.path().join("train/c.jsonl"), &docs(5, 4));
+    let o = kiln(
+        d.path(),
+        &[
+            "resume",
+            copy.to_str().unwrap(),
+            "--quiet",
+            "--from",
+            "step-00000002",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("the shards are not those of the checkpoint"),
+        "{}",
+        stderr(&o)
+    );
+    std::fs::remove_file(d.path().join("train/c.jsonl")).unwrap();
     // the checkpoint says where the documents stand
     let state: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(full.join("checkpoints/step-00000004/state.json")).unwrap(),
