@@ -494,6 +494,21 @@ mod tests {
     }
 
     #[test]
+    fn a_shard_changed_under_a_running_stream_is_an_error_naming_it() {
+        let dir = crate::testdir::tempdir().unwrap();
+        let c = corpus(dir.path(), &[("a.jsonl", &["abc"]), ("b.jsonl", &["de"])]);
+        let mut s = Stream::new(source(one(c), 8, false, false), None);
+        s.next_row().unwrap();
+        // b.jsonl is opened after a.jsonl: rewritten in between
+        std::fs::write(dir.path().join("b.jsonl"), "{\"text\": \"longer now\"}\n").unwrap();
+        let e = (0..3).find_map(|_| s.next_row().err()).unwrap().to_string();
+        assert!(
+            e.contains("b.jsonl") && e.contains("changed while the run was reading it"),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn shuffled_passes_differ_and_hold_the_same_documents() {
         let dir = crate::testdir::tempdir().unwrap();
         let docs: Vec<String> = (0..50).map(|i| format!("doc {i:03}")).collect();

@@ -273,6 +273,30 @@ fn a_run_resumed_mid_stream_has_the_bits_of_a_straight_one() {
     let (a, b) = (summary(&full), summary(&resumed));
     assert_eq!(a["params_sha256"], b["params_sha256"]);
     assert_eq!(a["eval_loss"], b["eval_loss"]);
+    // under another world size (ddp over 2 ranks of 4 rows): the same global rows, so the
+    // same losses within 1e-5
+    let other = resume_copy(
+        d.path(),
+        &full,
+        "step-00000002",
+        &[
+            "strategy.kind=\"ddp\"",
+            "strategy.devices=2",
+            "train.batch_size=4",
+        ],
+    );
+    let (x, y) = (
+        crate::common::loss_lines(&full),
+        crate::common::loss_lines(&other),
+    );
+    assert_eq!(x.len(), y.len());
+    for ((s1, l1), (s2, l2)) in x.iter().zip(&y) {
+        assert_eq!(s1, s2);
+        assert!(
+            (l1 - l2).abs() <= 1e-5 * l1.abs(),
+            "step {s1}: {l1} vs {l2}"
+        );
+    }
     // a resume over other files is refused: a shard added to the directory
     let copy = d.path().join("changed");
     crate::common::copy_dir(&full, &copy);
