@@ -390,7 +390,11 @@ fn open_parquet(
     })?;
     let bad = |m: String| DataError::Invalid(format!("{}: {m}", path.display()));
     let reader = SerializedFileReader::new(file)
-        .map_err(|e| bad(format!("not a readable parquet file ({e})")))?;
+        .map_err(|e| {
+            bad(format!(
+                "not a readable parquet file ({e})\n  = help: is `data.kind` right? JSON Lines files are `data.kind = \"jsonl\"`"
+            ))
+        })?;
     let meta = reader.metadata();
     let schema = meta.file_metadata().schema_descr();
     let fields = schema.root_schema().get_fields();

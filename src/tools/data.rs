@@ -230,6 +230,11 @@ pub struct Stats {
     /// Rows after packing (in file order), and their padding tokens.
     pub rows: usize,
     pub padding: usize,
+    /// Whether documents end with an EOS id, and are packed (`data.packing`).
+    pub eos: bool,
+    pub packing: bool,
+    /// Each source's share of the documents a run draws (`data.mix`'s weights).
+    pub drawn: Vec<f64>,
 }
 
 /// The documents of every source of `r` (or its evaluation documents), tokenized once in file
@@ -264,8 +269,12 @@ pub fn stats(r: &Resolved, eval: bool) -> Result<Stats> {
         src.sources.iter().map(|s| &s.corpus).collect()
     };
     let enc = &src.encoder;
+    let total: f64 = src.sources.iter().map(|s| s.weight).sum();
     let mut st = Stats {
         per_source: vec![(0, 0); corpora.len()],
+        eos: enc.eos.is_some(),
+        packing: enc.packing,
+        drawn: src.sources.iter().map(|s| s.weight / total).collect(),
         ..Default::default()
     };
     let mut packer = enc.packer();
@@ -313,7 +322,14 @@ pub fn stats_text(st: &Stats, names: &[String], width: usize) -> Vec<String> {
         st.tokens,
         st.tokens as f64 / st.documents.max(1) as f64
     )];
-    out.push("document lengths (tokens, with the EOS id):".into());
+    out.push(
+        if st.eos {
+            "document lengths (tokens, with the EOS id):"
+        } else {
+            "document lengths (tokens):"
+        }
+        .into(),
+    );
     let top = st.lengths.iter().copied().max().unwrap_or(0).max(1);
     for (k, &n) in st.lengths.iter().enumerate() {
         let (lo, hi) = (1usize << k, (1usize << (k + 1)) - 1);
@@ -322,8 +338,11 @@ pub fn stats_text(st: &Stats, names: &[String], width: usize) -> Vec<String> {
     }
     if st.per_source.len() > 1 {
         for (i, (d, t)) in st.per_source.iter().enumerate() {
+            let drawn = st.drawn.get(i).map_or(String::new(), |w| {
+                format!("; a run draws {:.1}% of its documents from it", 100.0 * w)
+            });
             out.push(format!(
-                "{}: {d} documents ({:.1}%), {t} tokens ({:.1}%)",
+                "{}: {d} documents ({:.1}% of the files'), {t} tokens ({:.1}%){drawn}",
                 names.get(i).map_or("?", String::as_str),
                 100.0 * *d as f64 / st.documents.max(1) as f64,
                 100.0 * *t as f64 / st.tokens.max(1) as f64
@@ -331,8 +350,13 @@ pub fn stats_text(st: &Stats, names: &[String], width: usize) -> Vec<String> {
         }
     }
     out.push(format!(
-        "{} rows of {width} tokens after packing (file order), {:.2}% padding",
+        "{} rows of {width} tokens{} (file order), {:.2}% padding",
         st.rows,
+        if st.packing {
+            " after packing"
+        } else {
+            ", one document or piece each"
+        },
         100.0 * st.padding as f64 / (st.rows * width).max(1) as f64
     ));
     out
