@@ -300,6 +300,15 @@ impl Assembler<'_> {
     fn describe(&self, job: &MicroTask) -> String {
         let shown: Vec<String> = job.idx.iter().take(8).map(|i| i.to_string()).collect();
         let more = if job.idx.len() > 8 { ", ..." } else { "" };
+        if job.rows.is_some() {
+            // a stream of documents: its rows are numbered over the whole stream
+            return format!(
+                "rank {}: reading rows {}{more} of {}",
+                self.rank,
+                shown.join(", "),
+                self.file
+            );
+        }
         format!(
             "rank {}: assembling micro-batch {} of epoch {} (samples {}{more} of {})",
             self.rank,

@@ -361,6 +361,11 @@ fn bad_records_exit_2_naming_the_file_and_line() {
         "{}",
         stderr(&o)
     );
+    assert!(
+        stderr(&o).contains("rank 0: reading rows "),
+        "{}",
+        stderr(&o)
+    );
     std::fs::write(&a, good).unwrap();
     // a stream has no length: the run needs train.max_steps
     let no_steps = t.replace("max_steps = 3", "epochs = 1");
