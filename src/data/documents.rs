@@ -196,19 +196,23 @@ impl Corpus {
         })
     }
 
+    /// The documents of `shard` (one of this corpus's), read with its field and keys.
+    pub fn documents(&self, shard: &Shard) -> Result<Documents, DataError> {
+        Documents::open(
+            &shard.path,
+            self.format,
+            &self.field,
+            self.field_key,
+            self.key,
+        )
+    }
+
     /// Each shard's first record: an empty shard, or one whose records are not JSON or lack
     /// the text field, is found before a run starts (records further in, when the stream
     /// reaches them).
     pub fn check_first_records(&self) -> Result<(), DataError> {
         for shard in &self.shards {
-            let mut docs = Documents::open(
-                &shard.path,
-                self.format,
-                &self.field,
-                self.field_key,
-                self.key,
-            )?;
-            if let Some(first) = docs.next() {
+            if let Some(first) = self.documents(shard)?.next() {
                 first?;
             }
         }
@@ -227,13 +231,7 @@ impl Corpus {
                 }
             };
         for shard in &self.shards {
-            for doc in Documents::open(
-                &shard.path,
-                self.format,
-                &self.field,
-                self.field_key,
-                self.key,
-            )? {
+            for doc in self.documents(shard)? {
                 let doc = doc?;
                 let ids = encode_at(enc, &doc, shard, &self.name)?;
                 let n = packer.next_doc();
@@ -242,10 +240,7 @@ impl Corpus {
                 let closed = packer.push(len);
                 put(&mut rows, closed, &held);
                 // (documents no open row holds are dropped)
-                let open: std::collections::HashSet<usize> = packer
-                    .open_rows()
-                    .flat_map(|r| r.pieces.iter().map(|p| p.doc))
-                    .collect();
+                let open = packer.open_docs();
                 held.retain(|d, _| open.contains(d));
             }
         }

@@ -96,6 +96,14 @@ impl Packer {
         self.open.iter()
     }
 
+    /// The documents the open rows hold pieces of (whose tokens must still be kept).
+    pub fn open_docs(&self) -> std::collections::HashSet<usize> {
+        self.open
+            .iter()
+            .flat_map(|r| r.pieces.iter().map(|p| p.doc))
+            .collect()
+    }
+
     /// The number the next document gets.
     pub fn next_doc(&self) -> usize {
         self.docs

@@ -16,7 +16,7 @@
 //! and the tokens of the rows packed but not yet taken. A checkpoint keeps it, and a resumed
 //! run goes on with the bits of a straight one.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
 use super::documents::{encode_at, DocumentSource, CHUNK};
@@ -244,11 +244,7 @@ impl Stream {
             self.ready.push_back(row);
         }
         if !closed.is_empty() {
-            let open: HashSet<usize> = self
-                .packer
-                .open_rows()
-                .flat_map(|r| r.pieces.iter().map(|p| p.doc))
-                .collect();
+            let open = self.packer.open_docs();
             self.held.retain(|d, _| open.contains(d));
         }
     }
@@ -278,13 +274,7 @@ impl Stream {
                 };
                 let shard = &corpus.shards[index];
                 shard.unchanged(corpus.key)?;
-                let mut docs = Documents::open(
-                    &shard.path,
-                    corpus.format,
-                    &corpus.field,
-                    corpus.field_key,
-                    corpus.key,
-                )?;
+                let mut docs = corpus.documents(shard)?;
                 // the chunk the position is in: the documents before it are read past
                 let chunk_start = at.doc / CHUNK * CHUNK;
                 for d in docs.by_ref().take(chunk_start) {

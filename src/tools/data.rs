@@ -281,14 +281,7 @@ pub fn stats(r: &Resolved, eval: bool) -> Result<Stats> {
     let mut rows = 0usize;
     for (i, c) in corpora.iter().enumerate() {
         for shard in &c.shards {
-            let docs = crate::data::records::Documents::open(
-                &shard.path,
-                c.format,
-                &c.field,
-                c.field_key,
-                c.key,
-            )?;
-            for doc in docs {
+            for doc in c.documents(shard)? {
                 let doc = doc?;
                 let ids = crate::data::documents::encode_at(enc, &doc, shard, &c.name)?;
                 let n = ids.len();
