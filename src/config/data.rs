@@ -24,6 +24,14 @@ pub enum DataKind {
     Parquet,
 }
 
+impl DataConfig {
+    /// The training rows are a stream read in order (documents, or a mixture's windows), not
+    /// samples the sampler numbers and shuffles.
+    pub fn streams(&self) -> bool {
+        self.kind.documents() || (self.kind.tokens() && !self.mix.is_empty())
+    }
+}
+
 impl DataKind {
     /// Records of documents (`jsonl`, `parquet`): tokenized as they stream, packed into rows.
     pub fn documents(self) -> bool {
@@ -136,10 +144,11 @@ pub struct DataConfig {
     /// Relative to the file that sets it. Default: unset (every kind but synthetic needs it).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub path: Option<String>,
-    /// csv: the evaluation file; idx: the evaluation images; tokens: the held-out token file;
-    /// jsonl, parquet: the evaluation documents (a file, a directory or a glob), packed once in
-    /// file order. Relative to the file that sets it. Default: unset (no evaluation data; text
-    /// and tokens hold out `eval_fraction` of `path` instead).
+    /// csv: the evaluation file; idx: the evaluation images; text, tokens: the held-out text or
+    /// token file (windows every `model.block_size` tokens); jsonl, parquet: the evaluation
+    /// documents (a file, a directory or a glob), packed once in file order. Relative to the
+    /// file that sets it. Default: unset (no evaluation data; text and tokens without `data.mix`
+    /// hold out `eval_fraction` of `path` instead).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub eval_path: Option<String>,
     /// idx: the training labels (IDX1, raw or `.gz`). Relative to the file that sets it.
@@ -158,7 +167,7 @@ pub struct DataConfig {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stride: Option<usize>,
     /// text, tokens: the fraction at the end of the file held out for evaluation, in [0, 1)
-    /// (tokens: without `data.eval_path`). Default: `0.1`.
+    /// (without `data.eval_path` or `data.mix`). Default: `0.1`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub eval_fraction: Option<f64>,
     /// jsonl, parquet: the field (column) of each record that holds its text; other fields are
@@ -172,14 +181,17 @@ pub struct DataConfig {
     /// document alone. Default: `true`.
     #[serde(skip_serializing_if = "is_true")]
     pub packing: bool,
-    /// jsonl, parquet: documents mixed from several sources instead of `data.path`, each an
-    /// inline table `{ path = "...", weight = 3.0, text_field = "..." }` (weight default 1,
-    /// text_field default `data.text_field`): each document comes from source i with
+    /// jsonl, parquet, text, tokens: sources mixed by weight instead of `data.path`, each an
+    /// inline table `{ path = "...", weight = 3.0, text_field = "..." }` (weight default 1;
+    /// text_field, for records, default `data.text_field`): each document (text, tokens: each
+    /// window of `model.block_size + 1` tokens of one file) comes from source i with
     /// probability weight_i / sum (as `datasets.interleave_datasets`' probabilities), drawn
-    /// from `sampler.seed` and the document's number. Default: `[]` (no mixture).
+    /// from `sampler.seed` and its number. Jsonl, parquet: a source is a file, a directory or a
+    /// glob; text, tokens: one file, trained whole. A mixture is a stream: the run needs
+    /// `train.max_steps`. Default: `[]` (no mixture).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub mix: Vec<MixSource>,
-    /// jsonl, parquet with `data.mix`: `"restart"` (a source that runs out starts its next
+    /// With `data.mix`: `"restart"` (a source that runs out starts its next
     /// pass, which the run log says) or `"first_exhausted"` (the first source that runs out
     /// ends the pass for all). Default: `"restart"`.
     #[serde(skip_serializing_if = "is_restart")]
@@ -320,14 +332,14 @@ impl DataConfig {
                 )),
             ));
         }
-        if !self.mix.is_empty() && !self.kind.documents() {
+        if !self.mix.is_empty() && !self.kind.tokens() {
             return Err(r.key_error(
                 "data.mix",
                 format!(
-                    "`data.mix` mixes sources of documents, but `data.kind` = \"{}\"",
+                    "`data.mix` mixes sources of a language model's data, but `data.kind` = \"{}\"",
                     choice_name(&self.kind)
                 ),
-                Some("use `data.kind = \"jsonl\"` (or \"parquet\"), or remove `data.mix`".into()),
+                Some("use `data.kind = \"jsonl\"`, \"parquet\", \"text\" or \"tokens\", or remove `data.mix`".into()),
             ));
         }
         if self.mix_stop != MixStop::Restart && self.mix.is_empty() {
@@ -457,18 +469,28 @@ impl DataConfig {
                 Some("name the field of each record that holds its text, e.g. \"text\"".into()),
             ));
         }
+        self.check_stream(
+            r,
+            "data.kind",
+            format!("`data.kind` = \"{kind}\" streams its documents, tokenized as they are read, so a pass over them has no length before it is read"),
+        )
+    }
+
+    /// A stream of rows (documents, or a mixture's windows): passes have no length before they
+    /// are read, so the run is counted in steps. `key` and `why` say what makes it a stream.
+    fn check_stream(&self, r: &Resolved, key: &str, why: String) -> Result<(), ConfigError> {
         if r.config.checkpoint.every_epochs > 0 {
             return Err(r.key_error(
                 "checkpoint.every_epochs",
-                format!("`checkpoint.every_epochs` counts epochs of samples, but `data.kind` = \"{kind}\" is a stream of documents whose passes have no length before they are read"),
+                format!("`checkpoint.every_epochs` counts epochs of samples, but {why}"),
                 Some("use `checkpoint.every_steps`".into()),
             ));
         }
         if r.config.train.max_steps.is_none() {
             return Err(r.key_error(
-                "data.kind",
-                format!("`data.kind` = \"{kind}\" streams its documents, tokenized as they are read, so a pass over them has no length before it is read: the run needs `train.max_steps` (as transformers' Trainer does for an iterable dataset)"),
-                Some("set `train.max_steps` (passes over the documents follow each other until then)".into()),
+                key,
+                format!("{why}: the run needs `train.max_steps` (as transformers' Trainer does for an iterable dataset)"),
+                Some("set `train.max_steps` (passes follow each other until then)".into()),
             ));
         }
         Ok(())
@@ -480,39 +502,31 @@ impl DataConfig {
             DataKind::Text => ("text", "corpus.txt"),
             _ => ("tokens", "train.bin"),
         };
-        if self.path.is_none() {
+        if !self.mix.is_empty() {
+            self.check_mix(r)?;
+            self.check_window_mix(r, kind)?;
+        } else if self.path.is_none() {
             return Err(r.key_error(
                 "data.kind",
-                format!("`data.kind` = \"{kind}\" needs `data.path`"),
+                format!("`data.kind` = \"{kind}\" needs `data.path` (or `data.mix`)"),
                 Some(format!(
                     "add `path = \"{example}\"` to [data] (relative to the experiment file)"
                 )),
             ));
         }
-        if self.kind == DataKind::Tokens {
-            files_exist(
-                r,
-                &[
-                    ("data.path", &self.path),
-                    ("data.eval_path", &self.eval_path),
-                ],
-            )?;
-            if self.eval_path.is_some() && self.eval_fraction.is_some() {
-                return Err(r.key_error(
-                    "data.eval_fraction",
-                    "`data.eval_fraction` holds out the end of `data.path`, but `data.eval_path` is set too".into(),
-                    Some("keep one of them".into()),
-                ));
-            }
-        } else {
-            files_exist(r, &[("data.path", &self.path)])?;
-            if self.eval_path.is_some() {
-                return Err(r.key_error(
-                    "data.eval_path",
-                    "`data.kind` = \"text\" holds out the end of `data.path` (`data.eval_fraction`); it has no `data.eval_path`".into(),
-                    Some("remove `data.eval_path`, or `kiln tokenize` both files and use `data.kind = \"tokens\"`".into()),
-                ));
-            }
+        files_exist(
+            r,
+            &[
+                ("data.path", &self.path),
+                ("data.eval_path", &self.eval_path),
+            ],
+        )?;
+        if self.eval_path.is_some() && self.eval_fraction.is_some() {
+            return Err(r.key_error(
+                "data.eval_fraction",
+                "`data.eval_fraction` holds out the end of `data.path`, but `data.eval_path` is set too".into(),
+                Some("keep one of them".into()),
+            ));
         }
         if let Some(f) = self.eval_fraction {
             if !(0.0..1.0).contains(&f) {
@@ -570,6 +584,40 @@ impl DataConfig {
             }
         }
         Ok(())
+    }
+
+    /// A mixture of text or token files: each source one file, trained whole (evaluation is
+    /// `data.eval_path`), drawn as a stream.
+    fn check_window_mix(&self, r: &Resolved, kind: &str) -> Result<(), ConfigError> {
+        for (i, m) in self.mix.iter().enumerate() {
+            let p = r.path_of("data.mix", &m.path);
+            if m.path.contains(['*', '?', '[']) || p.is_dir() {
+                return Err(r.key_error(
+                    "data.mix",
+                    format!("`data.mix[{i}].path` = \"{}\" is not a file: a source of `data.kind` = \"{kind}\" is one file", m.path),
+                    Some("give each file its own entry in `data.mix` (shards of documents are `data.kind = \"jsonl\"` or \"parquet\")".into()),
+                ));
+            }
+            if m.text_field.is_some() {
+                return Err(r.key_error(
+                    "data.mix",
+                    format!("`data.mix[{i}].text_field` names a field of records, but `data.kind` = \"{kind}\" has none"),
+                    Some("remove it".into()),
+                ));
+            }
+        }
+        if self.eval_fraction.is_some() {
+            return Err(r.key_error(
+                "data.eval_fraction",
+                "`data.eval_fraction` holds out the end of `data.path`, but `data.mix` trains on the whole of each of its files".into(),
+                Some(format!("hold out a file of its own as `data.eval_path` (a {kind} file)")),
+            ));
+        }
+        self.check_stream(
+            r,
+            "data.mix",
+            "`data.mix` draws windows from its files as a stream (a file that runs out starts its next pass), so a run has no epochs".into(),
+        )
     }
 
     /// IDX files: images and labels, and both evaluation files or neither.

@@ -100,9 +100,13 @@ fn elsewhere(c: &Config, section: &str, key: &str) -> bool {
                 DataKind::Synthetic => [&csv[..], &idx, &text, &on_disk, &docs].concat(),
                 DataKind::Csv => [&synthetic[..], &idx, &text, &docs].concat(),
                 DataKind::Idx => [&synthetic[..], &csv, &text, &docs].concat(),
-                DataKind::Text | DataKind::Tokens => {
-                    [&synthetic[..], &csv, &idx, &["classes"], &docs].concat()
-                }
+                DataKind::Text | DataKind::Tokens => [
+                    &synthetic[..],
+                    &csv,
+                    &idx,
+                    &["classes", "text_field", "packing"],
+                ]
+                .concat(),
                 DataKind::Jsonl | DataKind::Parquet => [
                     &synthetic[..],
                     &csv,

@@ -403,6 +403,7 @@ pub fn load(r: &Resolved) -> Result<Data, DataError> {
             Ok(Data { train, eval })
         }
         DataKind::Idx => idx::load(r),
+        DataKind::Text | DataKind::Tokens if !c.mix.is_empty() => super::mixture::load(r),
         DataKind::Text => text::load(r),
         DataKind::Tokens => tokens::load(r),
         DataKind::Jsonl | DataKind::Parquet => super::documents::load(r),

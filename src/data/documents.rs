@@ -266,12 +266,60 @@ pub fn encode_at(
     })
 }
 
+/// What a source of the stream reads: records of documents, or the windows of a text or token
+/// file (`data.mix` of `data.kind = "text"` or `"tokens"`: each window is a "document" that
+/// fills a row, so the mixture's draw, its passes and its position are the documents' own).
+pub enum Origin {
+    Documents(Corpus),
+    Windows(super::mixture::WindowFile),
+}
+
 /// Where documents come from: one corpus (`data.path`), or several mixed by weight
 /// (`data.mix`).
 pub struct Source {
-    pub corpus: Corpus,
+    pub origin: Origin,
     /// The share of documents drawn from it, relative to the others' (1 alone).
     pub weight: f64,
+}
+
+impl Source {
+    /// A source of documents.
+    pub fn documents(corpus: Corpus, weight: f64) -> Source {
+        Source {
+            origin: Origin::Documents(corpus),
+            weight,
+        }
+    }
+
+    /// The source in messages: its key, `data.mix[1]` for a mixture's second source.
+    pub fn name(&self) -> &str {
+        match &self.origin {
+            Origin::Documents(c) => &c.name,
+            Origin::Windows(w) => &w.name,
+        }
+    }
+
+    /// Its records of documents (`None` for the windows of a file).
+    pub fn corpus(&self) -> Option<&Corpus> {
+        match &self.origin {
+            Origin::Documents(c) => Some(c),
+            Origin::Windows(_) => None,
+        }
+    }
+
+    /// Its files: their names and sizes (`DocumentsPosition::files`).
+    fn files(&self) -> Vec<(String, u64)> {
+        let name = |p: &std::path::Path| {
+            p.file_name().map_or_else(
+                || p.display().to_string(),
+                |n| n.to_string_lossy().into_owned(),
+            )
+        };
+        match &self.origin {
+            Origin::Documents(c) => c.shards.iter().map(|sh| (name(&sh.path), sh.len)).collect(),
+            Origin::Windows(w) => vec![(name(&w.path), w.bytes)],
+        }
+    }
 }
 
 /// Everything a rank needs to read the training documents.
@@ -291,6 +339,9 @@ impl DocumentSource {
     /// One line for `kiln check` and the start of `kiln run`: the shards, the tokenizer and its
     /// EOS id (and where that was found), the rows and the order.
     pub fn describe(&self) -> String {
+        if self.sources.iter().all(|s| s.corpus().is_none()) {
+            return super::mixture::describe(self);
+        }
         let e = &self.encoder;
         let eos = match e.tokenizer.eos() {
             Some((id, from)) => format!("EOS id {id} ({from})"),
@@ -300,8 +351,8 @@ impl DocumentSource {
         let sources: Vec<String> = self
             .sources
             .iter()
-            .map(|s| {
-                let c = &s.corpus;
+            .filter_map(|s| Some((s, s.corpus()?)))
+            .map(|(s, c)| {
                 let share = if self.sources.len() > 1 {
                     format!(", {:.1}% of documents", 100.0 * s.weight / total)
                 } else {
@@ -339,22 +390,7 @@ impl DocumentSource {
 impl DocumentSource {
     /// Each source's shards: their file names and sizes (`DocumentsPosition::files`).
     pub fn files(&self) -> Vec<Vec<(String, u64)>> {
-        self.sources
-            .iter()
-            .map(|s| {
-                s.corpus
-                    .shards
-                    .iter()
-                    .map(|sh| {
-                        let name = sh.path.file_name().map_or_else(
-                            || sh.path.display().to_string(),
-                            |n| n.to_string_lossy().into_owned(),
-                        );
-                        (name, sh.len)
-                    })
-                    .collect()
-            })
-            .collect()
+        self.sources.iter().map(Source::files).collect()
     }
 
     /// A checkpoint's position can go on over these files: the same shards, of the same sizes
@@ -366,7 +402,7 @@ impl DocumentSource {
         }
         for (i, (was, is)) in at.files.iter().zip(&now).enumerate() {
             if was != is {
-                let name = &self.sources[i].corpus.name;
+                let name = self.sources[i].name();
                 let show = |f: &[(String, u64)]| {
                     let v: Vec<String> = f
                         .iter()
@@ -433,15 +469,15 @@ pub fn load(r: &crate::config::Resolved) -> Result<super::Data, DataError> {
         None => None,
     };
     let sources = match &c.path {
-        Some(path) => vec![Source {
-            corpus: Corpus::open(
+        Some(path) => vec![Source::documents(
+            Corpus::open(
                 &r.path_of("data.path", path),
                 format,
                 &c.text_field,
                 "data.path",
             )?,
-            weight: 1.0,
-        }],
+            1.0,
+        )],
         None if !c.mix.is_empty() => c
             .mix
             .iter()
@@ -454,10 +490,7 @@ pub fn load(r: &crate::config::Resolved) -> Result<super::Data, DataError> {
                 if m.text_field.is_some() {
                     corpus.field_key = "data.mix";
                 }
-                Ok(Source {
-                    corpus,
-                    weight: m.weight,
-                })
+                Ok(Source::documents(corpus, m.weight))
             })
             .collect::<Result<_, DataError>>()?,
         None => {
@@ -477,8 +510,8 @@ pub fn load(r: &crate::config::Resolved) -> Result<super::Data, DataError> {
     // each shard's first record is read now, and the first row: a file that is not what it
     // should be (empty, not JSON, without the field, a column that is not text) fails here,
     // before the run writes anything
-    for s in &src.sources {
-        s.corpus.check_first_records()?;
+    for c in src.sources.iter().filter_map(Source::corpus) {
+        c.check_first_records()?;
     }
     let src = Arc::new(src);
     super::stream::Stream::new(src.clone(), None).next_row()?;

@@ -50,7 +50,7 @@ impl EpochOrder {
 /// the smallest even number of bits that covers `n`, walking the cycle until it lands below `n`
 /// (each step stays a bijection of the larger domain, so the walk ends and the whole is one of
 /// `0..n`).
-fn feistel(key: u64, n: usize, i: usize) -> usize {
+pub(crate) fn feistel(key: u64, n: usize, i: usize) -> usize {
     if n <= 1 {
         return i;
     }

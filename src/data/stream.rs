@@ -3,7 +3,9 @@
 //! Each source (`data.path`, or each of `data.mix`) is read by a cursor: a pass over its
 //! shards in a seeded order, each shard in chunks of [`CHUNK`] documents in a seeded order of
 //! their own (a shuffle of shards plus a bounded buffer: a compressed or parquet shard has no
-//! cheap random access). Document number n of the stream comes from source i with probability
+//! cheap random access). A source of windows (`data.mix` of text or token files,
+//! `mixture.rs`) has one "shard", its file, whose windows are its documents, each in a keyed
+//! order per pass computed window by window (`sampler::feistel`). Document number n of the stream comes from source i with probability
 //! `weight_i / sum` (as `datasets.interleave_datasets`' probabilities), drawn from (seed, n)
 //! alone. A source that runs out starts its next pass (the run log says so), unless
 //! `data.mix_stop = "first_exhausted"` (or there is one source): then the stream's pass ends,
@@ -19,7 +21,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
-use super::documents::{encode_at, DocumentSource, CHUNK};
+use super::documents::{encode_at, Corpus, DocumentSource, Origin, CHUNK};
 use super::packing::{PackedRow, Packer, Piece};
 use super::records::{Document, Documents};
 use super::DataError;
@@ -178,7 +180,7 @@ impl Stream {
                     if empty[i] > 1 {
                         return Err(DataError::Invalid(format!(
                             "{}: no document has any token",
-                            self.src.sources[i].corpus.name
+                            self.src.sources[i].name()
                         )));
                     }
                     if self.src.first_exhausted || self.cursors.len() == 1 {
@@ -196,12 +198,14 @@ impl Stream {
                         }
                         if self.cursors.len() > 1 {
                             self.notes.push(format!(
-                                "documents: {} ran out (data.mix_stop = \"first_exhausted\"): every source starts pass {}",
-                                self.src.sources[i].corpus.name,
+                                "{}: {} ran out (data.mix_stop = \"first_exhausted\"): every source starts pass {}",
+                                self.what(i),
+                                self.src.sources[i].name(),
                                 self.pass + 1
                             ));
                         }
                     } else {
+                        let what = self.what(i);
                         let c = &mut self.cursors[i];
                         c.at = SourcePosition {
                             epoch: c.at.epoch + 1,
@@ -209,8 +213,8 @@ impl Stream {
                         };
                         c.reading = None;
                         self.notes.push(format!(
-                            "documents: {} ran out and starts its pass {}",
-                            self.src.sources[i].corpus.name,
+                            "{what}: {} ran out and starts its pass {}",
+                            self.src.sources[i].name(),
                             c.at.epoch + 1
                         ));
                     }
@@ -250,8 +254,7 @@ impl Stream {
     }
 
     /// Source `i`'s shards in its pass `epoch`, in the order it reads them.
-    fn shard_order(&self, i: usize, epoch: u64) -> Vec<usize> {
-        let n = self.src.sources[i].corpus.shards.len();
+    fn shard_order(&self, i: usize, n: usize, epoch: u64) -> Vec<usize> {
         if self.src.shuffle {
             crate::rng::Rng::stream(self.src.seed, "document shards", &[i as u64, epoch])
                 .permutation(n)
@@ -260,15 +263,47 @@ impl Stream {
         }
     }
 
+    /// What source `i` draws, in the run log: documents, or windows.
+    fn what(&self, i: usize) -> &'static str {
+        match self.src.sources[i].origin {
+            Origin::Documents(_) => "documents",
+            Origin::Windows(_) => "windows",
+        }
+    }
+
     /// Source `i`'s next document's ids in its pass, or `None` at its end (documents without
     /// a token are passed over).
     fn next_document(&mut self, i: usize) -> Result<Option<Vec<u32>>, DataError> {
         let src = self.src.clone();
-        let corpus = &src.sources[i].corpus;
+        match &src.sources[i].origin {
+            Origin::Documents(corpus) => self.next_record(i, corpus),
+            Origin::Windows(w) => {
+                // the pass's windows in a keyed order, computed window by window
+                let at = &mut self.cursors[i].at;
+                let count = w.windows.count;
+                if at.doc >= count {
+                    return Ok(None);
+                }
+                let j = if src.shuffle {
+                    let key = crate::rng::derive(src.seed, "window order", &[i as u64, at.epoch]);
+                    super::sampler::feistel(key, count, at.doc)
+                } else {
+                    at.doc
+                };
+                let mut ids = Vec::with_capacity(w.windows.width);
+                w.windows.read(j, &mut ids)?;
+                at.doc += 1;
+                Ok(Some(ids))
+            }
+        }
+    }
+
+    /// Source `i`'s next record's ids in its pass over `corpus`, or `None` at its end.
+    fn next_record(&mut self, i: usize, corpus: &Corpus) -> Result<Option<Vec<u32>>, DataError> {
         loop {
             if self.cursors[i].reading.is_none() {
                 let at = self.cursors[i].at;
-                let order = self.shard_order(i, at.epoch);
+                let order = self.shard_order(i, corpus.shards.len(), at.epoch);
                 let Some(&index) = order.get(at.shard) else {
                     return Ok(None);
                 };
@@ -306,7 +341,7 @@ impl Stream {
                 continue;
             }
             let ids = encode_at(
-                &src.encoder,
+                &self.src.encoder,
                 &r.chunk[k],
                 &corpus.shards[r.index],
                 &corpus.name,
@@ -389,10 +424,7 @@ mod tests {
     }
 
     fn one(c: Corpus) -> Vec<Source> {
-        vec![Source {
-            corpus: c,
-            weight: 1.0,
-        }]
+        vec![Source::documents(c, 1.0)]
     }
 
     fn rows(s: &mut Stream, n: usize) -> Vec<Row> {
@@ -428,17 +460,14 @@ mod tests {
         let refs: Vec<&str> = docs.iter().map(String::as_str).collect();
         let a = crate::testdir::tempdir().unwrap();
         let mixed = vec![
-            Source {
-                corpus: corpus(
+            Source::documents(
+                corpus(
                     dir.path(),
                     &[("a.jsonl", &refs[..200]), ("b.jsonl", &refs[200..])],
                 ),
-                weight: 3.0,
-            },
-            Source {
-                corpus: corpus(a.path(), &[("c.jsonl", &refs[..40])]),
-                weight: 1.0,
-            },
+                3.0,
+            ),
+            Source::documents(corpus(a.path(), &[("c.jsonl", &refs[..40])]), 1.0),
         ];
         let src = source(mixed, 16, true, true);
         let mut straight = Stream::new(src.clone(), None);
@@ -468,14 +497,8 @@ mod tests {
         let docs: Vec<String> = (0..100).map(|i| format!("d{i}")).collect();
         let refs: Vec<&str> = docs.iter().map(String::as_str).collect();
         let mixed = vec![
-            Source {
-                corpus: corpus(&a, &[("a.jsonl", &refs)]),
-                weight: 3.0,
-            },
-            Source {
-                corpus: corpus(&b, &[("b.jsonl", &refs)]),
-                weight: 1.0,
-            },
+            Source::documents(corpus(&a, &[("a.jsonl", &refs)]), 3.0),
+            Source::documents(corpus(&b, &[("b.jsonl", &refs)]), 1.0),
         ];
         let mut s = Stream::new(source(mixed, 8, false, true), None);
         let got = rows(&mut s, 2000);

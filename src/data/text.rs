@@ -21,29 +21,76 @@ pub fn load(r: &Resolved) -> Result<Data, DataError> {
         ));
     };
     let path = r.path_of("data.path", value);
-    let bytes = super::read_bounded(&path, "data.path", Some(super::MAX_TEXT_BYTES))?;
     let block = r.config.model.block_size.unwrap_or(128).max(1);
     let vocab = r.config.model.vocab_size.unwrap_or(256);
-    let (store, unit) = if c.tokenizer == "bytes" {
-        (TokenStore::Bytes(bytes), "tokens (bytes)")
-    } else {
-        // tokenized once, as it loads
-        let t = super::tokenizer::from_config(r)?;
-        check_vocab(r, &t)?;
-        let (ids, _) = t
-            .encode(&bytes)
-            .map_err(|e| DataError::Invalid(format!("{}: {e}", path.display())))?;
-        (TokenStore::Ids(ids), "tokens")
+    let (store, unit) = store(r, &path, "data.path")?;
+    let what = path.display().to_string();
+    let stride = c.stride.unwrap_or(block);
+    let eval = eval_file(r)?;
+    let fraction = match eval {
+        Some(_) => 0.0,
+        None => c.eval_fraction.unwrap_or(0.1),
     };
-    split(
+    let mut data = split(Arc::new(store), &what, block, stride, fraction, vocab, unit)?;
+    if eval.is_some() {
+        data.eval = eval;
+    }
+    Ok(data)
+}
+
+/// A text file's tokens (`key` names it): its bytes (`data.tokenizer = "bytes"`), or the ids of
+/// `data.tokenizer`, tokenized once as it loads; and what its tokens are called in messages.
+pub(super) fn store(
+    r: &Resolved,
+    path: &std::path::Path,
+    key: &'static str,
+) -> Result<(TokenStore, &'static str), DataError> {
+    let bytes = super::read_bounded(path, key, Some(super::MAX_TEXT_BYTES))?;
+    if r.config.data.tokenizer == "bytes" {
+        return Ok((TokenStore::Bytes(bytes), "tokens (bytes)"));
+    }
+    let t = super::tokenizer::from_config(r)?;
+    check_vocab(r, &t)?;
+    let (ids, _) = t
+        .encode(&bytes)
+        .map_err(|e| DataError::Invalid(format!("{}: {e}", path.display())))?;
+    Ok((TokenStore::Ids(ids), "tokens"))
+}
+
+/// The evaluation windows of `data.eval_path` (a text file for `data.kind = "text"`, a token
+/// file for `"tokens"`), every `block` tokens so that each held-out target is scored once;
+/// `None` without it.
+pub(super) fn eval_file(r: &Resolved) -> Result<Option<Dataset>, DataError> {
+    let c = &r.config.data;
+    let Some(value) = &c.eval_path else {
+        return Ok(None);
+    };
+    let block = r.config.model.block_size.unwrap_or(128).max(1);
+    let vocab = r.config.model.vocab_size.unwrap_or(256);
+    let path = r.path_of("data.eval_path", value);
+    let store = match c.kind {
+        crate::config::DataKind::Tokens => {
+            TokenStore::open(&path, "data.eval_path", super::tokens::dtype(c), vocab)?
+        }
+        _ => store(r, &path, "data.eval_path")?.0,
+    };
+    let width = block + 1;
+    if store.len() < width {
+        return Err(DataError::Invalid(format!(
+            "{} (data.eval_path) has {} tokens, shorter than one window of model.block_size + 1 = {width}",
+            path.display(),
+            store.len()
+        )));
+    }
+    let len = store.len();
+    Ok(Some(Dataset::windows(Windows::over(
         Arc::new(store),
-        &path.display().to_string(),
+        0,
+        len,
+        width,
         block,
-        c.stride.unwrap_or(block),
-        c.eval_fraction.unwrap_or(0.1),
         vocab,
-        unit,
-    )
+    ))))
 }
 
 /// The tokenizer's ids are all below `model.vocab_size` (the vocabulary of pretrained weights

@@ -269,49 +269,30 @@ pub fn load(r: &crate::config::Resolved) -> Result<super::Data, DataError> {
             "`data.kind` = \"tokens\" needs `data.path`: a token file (nanoGPT's `train.bin`, or `kiln tokenize`'s output)".into(),
         ));
     };
-    let dtype = match c.dtype.unwrap_or(crate::config::TokenFileDtype::U16) {
-        crate::config::TokenFileDtype::U16 => TokenDType::U16,
-        crate::config::TokenFileDtype::U32 => TokenDType::U32,
-    };
     let vocab = r.config.model.vocab_size.unwrap_or(256);
     let block = r.config.model.block_size.unwrap_or(128).max(1);
     let stride = c.stride.unwrap_or(block);
     let path = r.path_of("data.path", value);
-    let store = std::sync::Arc::new(TokenStore::open(&path, "data.path", dtype, vocab)?);
+    let store = std::sync::Arc::new(TokenStore::open(&path, "data.path", dtype(c), vocab)?);
     let what = path.display().to_string();
-    let Some(eval) = &c.eval_path else {
-        return super::text::split(
-            store,
-            &what,
-            block,
-            stride,
-            c.eval_fraction.unwrap_or(0.1),
-            vocab,
-            "tokens",
-        );
+    let eval = super::text::eval_file(r)?;
+    let fraction = match eval {
+        Some(_) => 0.0,
+        None => c.eval_fraction.unwrap_or(0.1),
     };
-    let mut data = super::text::split(store, &what, block, stride, 0.0, vocab, "tokens")?;
-    let eval_path = r.path_of("data.eval_path", eval);
-    let es = std::sync::Arc::new(TokenStore::open(
-        &eval_path,
-        "data.eval_path",
-        dtype,
-        vocab,
-    )?);
-    let width = block + 1;
-    if es.len() < width {
-        return Err(DataError::Invalid(format!(
-            "{} (data.eval_path) has {} tokens, shorter than one window of model.block_size + 1 = {width}",
-            eval_path.display(),
-            es.len()
-        )));
+    let mut data = super::text::split(store, &what, block, stride, fraction, vocab, "tokens")?;
+    if eval.is_some() {
+        data.eval = eval;
     }
-    let len = es.len();
-    // every held-out target scored once: windows every block tokens
-    data.eval = Some(super::Dataset::windows(Windows::over(
-        es, 0, len, width, block, vocab,
-    )));
     Ok(data)
+}
+
+/// `data.dtype`: the element type of the token files (default u16, nanoGPT's).
+pub fn dtype(c: &crate::config::DataConfig) -> TokenDType {
+    match c.dtype.unwrap_or(crate::config::TokenFileDtype::U16) {
+        crate::config::TokenFileDtype::U16 => TokenDType::U16,
+        crate::config::TokenFileDtype::U32 => TokenDType::U32,
+    }
 }
 
 #[cfg(test)]

@@ -47,8 +47,9 @@ impl Plan {
                 DataSplit::Distributed => world_size,
                 DataSplit::SplitBatch => 1,
             },
-            // (a stream of documents shuffles its documents itself: its rows go in order)
-            shuffle: c.sampler.shuffle && !c.data.kind.documents(),
+            // (a stream of documents or of a mixture's windows shuffles them itself: its rows
+            // go in order)
+            shuffle: c.sampler.shuffle && !c.data.streams(),
             seed: c.sampler.seed,
             drop_last: c.sampler.drop_last,
             // token files: windows can number billions, so no order is held in memory
@@ -129,7 +130,7 @@ impl Plan {
     pub fn describe(&self) -> String {
         if self.train_samples >= crate::data::STREAM_ROWS {
             return format!(
-                "plan: world {} x batch {} x accum {} = global batch {} rows; rows of documents streamed, {} optimizer steps; {} parameters",
+                "plan: world {} x batch {} x accum {} = global batch {} rows, streamed; {} optimizer steps; {} parameters",
                 self.world_size,
                 self.micro_batch,
                 self.accum,

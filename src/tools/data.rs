@@ -240,16 +240,26 @@ pub struct Stats {
 /// The documents of every source of `r` (or its evaluation documents), tokenized once in file
 /// order: counts, a length histogram, and the rows packing makes of them.
 pub fn stats(r: &Resolved, eval: bool) -> Result<Stats> {
-    use crate::data::documents::{Corpus, DocumentSource};
+    use crate::data::documents::{Corpus, DocumentSource, Source};
     let data = crate::data::load(r)?;
-    let Samples::Stream(src) = &data.train.samples else {
-        return Err(DataError::Invalid(format!(
-            "`kiln data stats` counts documents (`data.kind` = \"jsonl\" or \"parquet\"), not `data.kind` = \"{}\"",
+    let not_documents = || {
+        DataError::Invalid(format!(
+            "`kiln data stats` counts documents (`data.kind` = \"jsonl\" or \"parquet\"), not `data.kind` = \"{}\"; `kiln data preview` shows the rows of any token data",
             crate::config::choice_name(&r.config.data.kind)
         ))
-        .into());
+    };
+    let Samples::Stream(src) = &data.train.samples else {
+        return Err(not_documents().into());
     };
     let src: &DocumentSource = src;
+    let Some(sources) = src
+        .sources
+        .iter()
+        .map(Source::corpus)
+        .collect::<Option<Vec<&Corpus>>>()
+    else {
+        return Err(not_documents().into());
+    };
     let eval_corpus;
     let corpora: Vec<&Corpus> = if eval {
         let p = r.config.data.eval_path.as_ref().ok_or_else(|| {
@@ -257,7 +267,7 @@ pub fn stats(r: &Resolved, eval: bool) -> Result<Stats> {
                 "the experiment has no evaluation documents (`data.eval_path`)".into(),
             )
         })?;
-        let format = src.sources[0].corpus.format;
+        let format = sources[0].format;
         eval_corpus = Corpus::open(
             &r.path_of("data.eval_path", p),
             format,
@@ -266,7 +276,7 @@ pub fn stats(r: &Resolved, eval: bool) -> Result<Stats> {
         )?;
         vec![&eval_corpus]
     } else {
-        src.sources.iter().map(|s| &s.corpus).collect()
+        sources
     };
     let enc = &src.encoder;
     let total: f64 = src.sources.iter().map(|s| s.weight).sum();

@@ -20,6 +20,7 @@
 //! | language models, tokenizers, token files | `lm.rs`, `tokens.rs` |
 //! | Hugging Face GPT-2 and Llama directories, `kiln export` | `hf.rs`, `hf_llama.rs`, `export.rs` |
 //! | data loading and augmentation | `loader.rs` |
+//! | documents (jsonl, parquet), packing, mixtures | `documents.rs`, `mixture.rs` |
 //! | mixed precision | `precision.rs` |
 //! | the fused CPU kernels | `kernels.rs` |
 //! | CUDA, NCCL settings, wgpu | `cuda.rs`, `nccl.rs`, `wgpu.rs` |
@@ -56,6 +57,7 @@ mod kernels;
 mod layers;
 mod lm;
 mod loader;
+mod mixture;
 mod models;
 mod nccl;
 mod nodes;
