@@ -400,7 +400,8 @@ pub struct DataPosition {
     pub segment_micro: usize,
 }
 
-/// Where a stream of documents stands (`data.kind = "jsonl"` or `"parquet"`): each source's
+/// Where a stream of documents stands (`data.kind = "jsonl"` or `"parquet"`, or a `data.mix`
+/// of text or token files, whose windows are its documents): each source's
 /// next document, the documents drawn, and the rows packed from earlier documents that no step
 /// has taken yet (their tokens: a checkpoint never needs the files read again to go on).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -472,7 +473,7 @@ pub struct State {
     /// f16's dynamic loss scale at this step (`backend.precision = "f16"`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub loss_scale: Option<LossScaleState>,
-    /// Where a stream of documents stands (`data.kind = "jsonl"` or `"parquet"`).
+    /// Where a stream of documents (or a mixture's windows) stands.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub documents: Option<DocumentsPosition>,
 }

@@ -569,10 +569,19 @@ impl DataConfig {
             }
             let p = r.path_of("data.mix", &m.path);
             if !m.path.contains(['*', '?', '[']) && !p.exists() {
+                let give = if self.kind.documents() {
+                    "a file, a directory of shards or a glob"
+                } else {
+                    "a file"
+                };
                 return Err(r.key_error(
                     "data.mix",
-                    format!("`data.mix[{i}].path` = \"{}\": `{}` not found", m.path, p.display()),
-                    Some("give a file, a directory of shards or a glob (relative to the experiment file)".into()),
+                    format!(
+                        "`data.mix[{i}].path` = \"{}\": `{}` not found",
+                        m.path,
+                        p.display()
+                    ),
+                    Some(format!("give {give} (relative to the experiment file)")),
                 ));
             }
             if m.text_field.as_ref().is_some_and(|f| f.is_empty()) {
@@ -591,10 +600,10 @@ impl DataConfig {
     fn check_window_mix(&self, r: &Resolved, kind: &str) -> Result<(), ConfigError> {
         for (i, m) in self.mix.iter().enumerate() {
             let p = r.path_of("data.mix", &m.path);
-            if m.path.contains(['*', '?', '[']) || p.is_dir() {
+            if !std::fs::metadata(&p).is_ok_and(|m| m.is_file()) {
                 return Err(r.key_error(
                     "data.mix",
-                    format!("`data.mix[{i}].path` = \"{}\" is not a file: a source of `data.kind` = \"{kind}\" is one file", m.path),
+                    format!("`data.mix[{i}].path` = \"{}\" is not a file (`{}`): a source of `data.kind` = \"{kind}\" is one file", m.path, p.display()),
                     Some("give each file its own entry in `data.mix` (shards of documents are `data.kind = \"jsonl\"` or \"parquet\")".into()),
                 ));
             }

@@ -20,12 +20,15 @@ const FILE: &str = "inputs.json";
 const END: u64 = 1 << 20;
 
 /// The config keys of the files a run reads, with their paths as this config resolves them.
-fn files(r: &Resolved) -> Vec<(&'static str, std::path::PathBuf)> {
+fn files(r: &Resolved) -> Vec<(String, std::path::PathBuf)> {
     let d = &r.config.data;
     let mut out = Vec::new();
     if !matches!(d.tokenizer.as_str(), "bytes" | "gpt2") {
         let p = r.path_of("data.tokenizer", &d.tokenizer);
-        out.push(("data.tokenizer", crate::data::tokenizer::json_file(p)));
+        out.push((
+            "data.tokenizer".to_string(),
+            crate::data::tokenizer::json_file(p),
+        ));
     }
     for (key, v) in [
         ("data.path", &d.path),
@@ -34,8 +37,13 @@ fn files(r: &Resolved) -> Vec<(&'static str, std::path::PathBuf)> {
         ("data.eval_labels_path", &d.eval_labels_path),
     ] {
         if let Some(v) = v {
-            out.push((key, r.path_of(key, v)));
+            out.push((key.to_string(), r.path_of(key, v)));
         }
+    }
+    // a mixture's sources that are files (a directory or a glob of shards is not fingerprinted:
+    // the checkpoint's `documents.files` names its shards and their sizes)
+    for (i, m) in d.mix.iter().enumerate() {
+        out.push((format!("data.mix[{i}]"), r.path_of("data.mix", &m.path)));
     }
     // (canonical: the stored config's absolute paths and the experiment's relative ones
     // name a file alike)
@@ -67,7 +75,10 @@ fn fingerprint(path: &Path, whole: bool) -> Option<Value> {
 fn current(r: &Resolved) -> Map<String, Value> {
     files(r)
         .into_iter()
-        .filter_map(|(k, p)| Some((k.to_string(), fingerprint(&p, k == "data.tokenizer")?)))
+        .filter_map(|(k, p)| {
+            let f = fingerprint(&p, k == "data.tokenizer")?;
+            Some((k, f))
+        })
         .collect()
 }
 

@@ -115,7 +115,7 @@ pub fn preview_rows(r: &Resolved, n: usize, eval: bool) -> Result<(Vec<PreviewRo
     let ds = if eval {
         data.eval.as_ref().ok_or_else(|| {
             DataError::Invalid(
-                "the experiment has no evaluation data (`data.eval_path`, or `data.eval_fraction` of text and token files)".into(),
+                "the experiment has no evaluation data (`data.eval_path`, or `data.eval_fraction` of a text or token file without `data.mix`)".into(),
             )
         })?
     } else {
@@ -241,13 +241,16 @@ pub struct Stats {
 /// order: counts, a length histogram, and the rows packing makes of them.
 pub fn stats(r: &Resolved, eval: bool) -> Result<Stats> {
     use crate::data::documents::{Corpus, DocumentSource, Source};
-    let data = crate::data::load(r)?;
     let not_documents = || {
         DataError::Invalid(format!(
             "`kiln data stats` counts documents (`data.kind` = \"jsonl\" or \"parquet\"), not `data.kind` = \"{}\"; `kiln data preview` shows the rows of any token data",
             crate::config::choice_name(&r.config.data.kind)
         ))
     };
+    if !r.config.data.kind.documents() {
+        return Err(not_documents().into());
+    }
+    let data = crate::data::load(r)?;
     let Samples::Stream(src) = &data.train.samples else {
         return Err(not_documents().into());
     };

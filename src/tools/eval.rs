@@ -71,7 +71,7 @@ pub fn eval(run_dir: &Path, o: &EvalOptions) -> Result<EvalReport> {
     let data = crate::data::load(&r)?;
     let ds = data.eval.as_ref().ok_or_else(|| {
         Error::Usage(format!(
-            "`{}` has no evaluation data\n  = help: name some with --set data.eval_path=\"FILE\" (csv, idx, text) or --set data.eval_samples=N (synthetic)",
+            "`{}` has no evaluation data\n  = help: name some with --set data.eval_path=\"FILE\" (csv, idx, text, tokens, jsonl, parquet) or --set data.eval_samples=N (synthetic)",
             run_dir.display()
         ))
     })?;

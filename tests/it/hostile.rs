@@ -8,7 +8,7 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
-use crate::common::{clean_cmd, kiln, stderr, summary, write, KILN, TINY};
+use crate::common::{clean_cmd, kiln, stderr, stdout, summary, write, KILN, TINY};
 
 /// TINY with a checkpoint every 2 steps (8 steps an epoch).
 fn tiny(dir: &Path) {
@@ -624,7 +624,8 @@ fn a_runs_files_are_never_written_over_and_a_failed_resume_says_where_it_stopped
     // the report's own file is its default, in the run
     let o = kiln(d.path(), &["report", "run"]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-    // a text run: --set data.eval_path is refused, and nothing is written to evals/
+    // a text run: --set data.eval_path of a file that is not there is refused, and nothing is
+    // written to evals/; a text file that is there is evaluated (text takes `data.eval_path`)
     write(d.path(), "corpus.txt", &"hello world, ".repeat(200));
     write(
         d.path(),
@@ -641,7 +642,20 @@ fn a_runs_files_are_never_written_over_and_a_failed_resume_says_where_it_stopped
         &["eval", "text", "--set", "data.eval_path=\"missing.txt\""],
     );
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("not found"), "{}", stderr(&o));
     assert!(!d.path().join("text/evals").exists());
+    write(d.path(), "other.txt", &"world, hello. ".repeat(40));
+    write(
+        d.path(),
+        "text2.toml",
+        &crate::models::GPT.replace("eval_fraction = 0.2", "eval_path = \"other.txt\""),
+    );
+    let o = kiln(
+        d.path(),
+        &["data", "preview", "text2.toml", "--eval", "--rows", "1"],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(stdout(&o).contains("world, hello."), "{}", stdout(&o));
     // a resume that diverges after training past its checkpoint (step 8) says where it got to
     let o = kiln(
         d.path(),

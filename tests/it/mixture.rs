@@ -95,8 +95,22 @@ fn a_mixture_of_token_files_draws_windows_by_weight() {
     }
     let share = second as f64 / 800.0;
     assert!((share - 0.25).abs() <= 0.05, "{second} of 800 rows");
-    // both files' windows all come round (800 rows are several passes of each)
-    assert!(seen.len() > 60, "{}", seen.len());
+    // each pass of b draws each of its 7 windows once, in another order each pass
+    let b: Vec<u64> = rows
+        .iter()
+        .filter(|r| r["source"][0] == 1)
+        .map(|r| r["input_ids"][0].as_u64().unwrap())
+        .collect();
+    let passes: Vec<Vec<u64>> = b.chunks_exact(7).map(<[u64]>::to_vec).collect();
+    for p in &passes {
+        let mut sorted = p.clone();
+        sorted.sort();
+        assert_eq!(sorted, [100, 114, 116, 130, 132, 146, 148], "{passes:?}");
+    }
+    assert!(passes.windows(2).any(|w| w[0] != w[1]), "{passes:?}");
+    // a's 100 windows all come round too (800 rows are several passes of it): their first
+    // ids, 16 j mod 97, take 97 values
+    assert_eq!(seen.iter().filter(|(s, _)| *s == 0).count(), 97);
     // the plan names the files, their windows and shares
     let o = kiln(d.path(), &["check", "m.toml"]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
@@ -159,26 +173,30 @@ fn a_token_mixture_resumed_mid_stream_has_the_bits_of_a_straight_run() {
             "step {s1}: {l1} vs {l2}"
         );
     }
-    // a resume over another file is refused, naming the source
-    let copy = d.path().join("changed");
-    crate::common::copy_dir(&full, &copy);
-    token_file(&d.path().join("b.bin"), 140, 100, 50);
-    let o = kiln(
-        d.path(),
-        &[
-            "resume",
-            copy.to_str().unwrap(),
-            "--quiet",
-            "--from",
-            "step-00000002",
-        ],
-    );
-    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
-    assert!(
-        stderr(&o).contains("data.mix[1]: the shards are not those of the checkpoint"),
-        "{}",
-        stderr(&o)
-    );
+    // a resume over another file is refused, naming the source: another size, or the same
+    // size with other tokens
+    for (n, from) in [(140, 100), (120, 150)] {
+        let copy = d.path().join(format!("changed-{n}-{from}"));
+        crate::common::copy_dir(&full, &copy);
+        token_file(&d.path().join("b.bin"), n, from, 50);
+        let o = kiln(
+            d.path(),
+            &[
+                "resume",
+                copy.to_str().unwrap(),
+                "--quiet",
+                "--from",
+                "step-00000002",
+            ],
+        );
+        assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+        assert!(
+            stderr(&o).contains("`data.mix[1]` =")
+                && stderr(&o).contains("changed since the run was made"),
+            "{}",
+            stderr(&o)
+        );
+    }
 }
 
 #[test]
@@ -188,7 +206,7 @@ fn a_text_mixture_trains_and_bad_mixtures_exit_2_naming_the_key() {
         std::fs::read_to_string(crate::common::root().join("experiments/data/text/rust-book.txt"))
             .unwrap();
     write(d.path(), "a.txt", &text[..6000]);
-    write(d.path(), "b.txt", &text[6000..7000]);
+    write(d.path(), "b.txt", &text[6000..6100]);
     write(d.path(), "ev.txt", &text[7000..8000]);
     let t = TOKENS
         .replace("kind = \"tokens\"", "kind = \"text\"")
@@ -208,6 +226,12 @@ fn a_text_mixture_trains_and_bad_mixtures_exit_2_naming_the_key() {
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let s = summary(&d.path().join("runs/text"));
     assert!(s["eval_loss"].as_f64().unwrap() > 0.0, "{s}");
+    // b.txt (100 bytes, 6 windows) runs out first and ends the pass for both
+    let log = std::fs::read_to_string(d.path().join("runs/text/logs/rank-0.log")).unwrap();
+    assert!(
+        log.contains("windows: data.mix[1] ran out (data.mix_stop = \"first_exhausted\"): every source starts pass 2"),
+        "{log}"
+    );
     // the evaluation is data.eval_path's windows every block_size bytes: (1000 - 17) / 16 + 1
     let o = kiln(
         d.path(),
