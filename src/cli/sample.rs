@@ -55,6 +55,14 @@ pub struct SampleArgs {
     /// Print the generated ids as one JSON list on stdout instead of their text.
     #[arg(long)]
     pub ids: bool,
+    /// Talk to a chat model: the message is rendered with the run's chat template and the
+    /// generation prompt, the reply stops at the template's end of turn (or the EOS id), and
+    /// only the reply is printed. `-` reads a turn per line of stdin, the conversation kept.
+    #[arg(long, value_name = "MESSAGE", conflicts_with_all = ["prompt", "prompt_ids"])]
+    pub chat: Option<String>,
+    /// With --chat: the system message the conversation starts with.
+    #[arg(long, value_name = "TEXT", requires = "chat")]
+    pub system: Option<String>,
 }
 
 pub fn sample(a: &SampleArgs) -> Result<()> {
@@ -71,6 +79,10 @@ pub fn sample(a: &SampleArgs) -> Result<()> {
         cache: !a.no_cache,
         prompt_ids: a.prompt_ids.clone(),
         ids: a.ids,
+        chat: a.chat.as_ref().map(|m| tools::ChatOptions {
+            message: m.clone(),
+            system: a.system.clone(),
+        }),
     };
     if a.ids && !a.stop.is_empty() {
         return Err(Error::Usage(

@@ -73,6 +73,49 @@ pub enum MixStop {
     FirstExhausted,
 }
 
+/// `data.format`: what each record of jsonl or parquet holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum RecordFormat {
+    /// Told by the first record's fields: `data.messages_field` is a conversation, `prompt`
+    /// and `completion` a prompt and its completion, anything else a text.
+    #[default]
+    Auto,
+    /// A document in `data.text_field`.
+    Text,
+    /// String fields `prompt` and `completion` (TRL's prompt-completion datasets).
+    PromptCompletion,
+    /// A list of messages in `data.messages_field` (TRL's conversational datasets).
+    Messages,
+}
+
+/// `data.truncation`: what becomes of a prompt-completion or a conversation longer than a row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Truncation {
+    /// Its first `model.block_size + 1` tokens are kept.
+    #[default]
+    Right,
+    /// It is left out.
+    Drop,
+}
+
+fn is_auto(f: &RecordFormat) -> bool {
+    *f == RecordFormat::Auto
+}
+
+fn is_right(t: &Truncation) -> bool {
+    *t == Truncation::Right
+}
+
+fn is_messages(s: &String) -> bool {
+    s == "messages"
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
 fn is_restart(m: &MixStop) -> bool {
     *m == MixStop::Restart
 }
@@ -174,6 +217,34 @@ pub struct DataConfig {
     /// not read. Default: `"text"`.
     #[serde(skip_serializing_if = "is_text")]
     pub text_field: String,
+    /// jsonl, parquet: what each record holds: `"text"` (a document in `data.text_field`),
+    /// `"prompt_completion"` (string fields `prompt` and `completion`: the ids are
+    /// `tokenizer(prompt)` + `tokenizer(completion, add_special_tokens=False)` + EOS, the loss
+    /// on the completion and the EOS) or `"messages"` (a conversation in
+    /// `data.messages_field`, rendered with the chat template, the loss on the assistant's
+    /// turns); `"auto"` tells them by the first record's fields. Default: `"auto"`.
+    #[serde(skip_serializing_if = "is_auto")]
+    pub format: RecordFormat,
+    /// jsonl, parquet: the field of each record that holds its conversation, a list of
+    /// `{"role": ..., "content": ...}` messages. Default: `"messages"`.
+    #[serde(skip_serializing_if = "is_messages")]
+    pub messages_field: String,
+    /// jsonl, parquet: the Jinja chat template conversations are rendered with, a file
+    /// relative to the file that sets it. Default: unset (the tokenizer's:
+    /// `chat_template.jinja` beside its tokenizer.json, else the `chat_template` of its
+    /// tokenizer_config.json).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub chat_template: Option<String>,
+    /// jsonl, parquet: the loss on every token of a prompt-completion or a conversation, the
+    /// prompt's and the user's too. Default: `false` (the completion's, the assistant's).
+    #[serde(skip_serializing_if = "is_false")]
+    pub train_on_prompt: bool,
+    /// jsonl, parquet: a prompt-completion or a conversation longer than a row
+    /// (`model.block_size + 1` tokens): `"right"` keeps its first tokens, `"drop"` leaves it
+    /// out; the run log and `kiln data stats` count them. (A text longer than a row is cut into
+    /// pieces instead.) Default: `"right"`.
+    #[serde(skip_serializing_if = "is_right")]
+    pub truncation: Truncation,
     /// jsonl, parquet: pack documents side by side into rows of `model.block_size + 1`
     /// tokens (first fit among 32 open rows; a longer document is cut into pieces of a row
     /// each); attention, positions and targets stay inside each document. `false`: one
@@ -252,6 +323,11 @@ impl Default for DataConfig {
             stride: None,
             eval_fraction: None,
             text_field: "text".into(),
+            format: RecordFormat::Auto,
+            messages_field: "messages".into(),
+            chat_template: None,
+            train_on_prompt: false,
+            truncation: Truncation::Right,
             packing: true,
             mix: Vec::new(),
             mix_stop: MixStop::Restart,
@@ -462,6 +538,17 @@ impl DataConfig {
                 ));
             }
         }
+        if self.messages_field.is_empty() {
+            return Err(r.key_error(
+                "data.messages_field",
+                "`data.messages_field` is empty".into(),
+                Some(
+                    "name the field of each record that holds its conversation, e.g. \"messages\""
+                        .into(),
+                ),
+            ));
+        }
+        files_exist(r, &[("data.chat_template", &self.chat_template)])?;
         if self.text_field.is_empty() {
             return Err(r.key_error(
                 "data.text_field",

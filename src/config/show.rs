@@ -95,7 +95,17 @@ fn elsewhere(c: &Config, section: &str, key: &str) -> bool {
             let idx = ["labels_path", "eval_labels_path"];
             let text = ["eval_fraction", "tokenizer"];
             let on_disk = ["path", "eval_path"];
-            let docs = ["text_field", "packing", "mix", "mix_stop"];
+            let docs = [
+                "text_field",
+                "packing",
+                "mix",
+                "mix_stop",
+                "format",
+                "messages_field",
+                "chat_template",
+                "train_on_prompt",
+                "truncation",
+            ];
             let others: Vec<&str> = match c.data.kind {
                 DataKind::Synthetic => [&csv[..], &idx, &text, &on_disk, &docs].concat(),
                 DataKind::Csv => [&synthetic[..], &idx, &text, &docs].concat(),
@@ -104,7 +114,16 @@ fn elsewhere(c: &Config, section: &str, key: &str) -> bool {
                     &synthetic[..],
                     &csv,
                     &idx,
-                    &["classes", "text_field", "packing"],
+                    &[
+                        "classes",
+                        "text_field",
+                        "packing",
+                        "format",
+                        "messages_field",
+                        "chat_template",
+                        "train_on_prompt",
+                        "truncation",
+                    ],
                 ]
                 .concat(),
                 DataKind::Jsonl | DataKind::Parquet => [

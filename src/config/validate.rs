@@ -72,6 +72,7 @@ impl Resolved {
             ("data.eval_path", &mut d.eval_path),
             ("data.labels_path", &mut d.labels_path),
             ("data.eval_labels_path", &mut d.eval_labels_path),
+            ("data.chat_template", &mut d.chat_template),
         ] {
             *value = value.as_deref().map(|v| abs(key, v));
         }

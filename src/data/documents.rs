@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use super::packing::{PackedRow, Packer};
-use super::records::{Document, Documents, Format};
+use super::records::{Content, Document, Documents, Format, Shape};
 use super::tokenizer::Tokenizer;
 use super::DataError;
 use crate::checkpoint::DocumentsPosition;
@@ -28,6 +28,12 @@ pub const WINDOW: usize = 32;
 /// itself).
 pub const PAD: u32 = 0;
 
+/// A token a document holds but the loss does not predict (a prompt's, a user's turn): its id
+/// with this bit set, from the encoder through the stream, its checkpointed rows and the packed
+/// rows to `Task::split`, which takes the bit off the input id and makes the target
+/// `kernels::IGNORE` (transformers' label -100). Ids stay below 2^31.
+pub const NO_LOSS: u32 = 1 << 31;
+
 /// How a document becomes tokens, and tokens rows.
 pub struct Encoder {
     pub tokenizer: Arc<Tokenizer>,
@@ -38,13 +44,75 @@ pub struct Encoder {
     pub width: usize,
     /// `data.packing`.
     pub packing: bool,
+    /// `data.train_on_prompt`: the loss on a prompt's (a conversation's other turns') tokens
+    /// too.
+    pub train_on_prompt: bool,
+    /// The chat template conversations are rendered with (`data.format = "messages"`).
+    pub template: Option<Arc<super::chat::ChatTemplate>>,
+    /// `data.truncation`: a prompt-completion or a conversation longer than a row.
+    pub truncation: crate::config::Truncation,
+}
+
+/// What became of a record that is longer than a row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fit {
+    /// It fits, or it is a text (cut into pieces of a row when packed).
+    Whole,
+    /// A prompt-completion or a conversation: its first row of tokens kept.
+    Truncated,
+    /// A prompt-completion or a conversation left out (`data.truncation = "drop"`).
+    Dropped,
 }
 
 impl Encoder {
-    /// A document's ids: the tokenizer's (with its own special tokens, such as a BOS), then
-    /// the EOS id.
-    pub fn encode(&self, text: &str) -> Result<Vec<u32>, String> {
-        let mut ids = self.tokenizer.encode_document(text)?;
+    /// A text's ids as a document of its own: the tokenizer's (with its own special tokens,
+    /// such as a BOS), then the EOS id.
+    pub fn encode_text(&self, text: &str) -> Result<Vec<u32>, String> {
+        self.encode(&Content::Text(text.to_string()))
+    }
+
+    /// A record's ids as `encode` gives them, a prompt-completion or a conversation longer than
+    /// a row truncated or dropped (no ids) as `data.truncation` says.
+    pub fn fit(&self, content: &Content) -> Result<(Vec<u32>, Fit), String> {
+        let mut ids = self.encode(content)?;
+        if matches!(content, Content::Text(_)) || ids.len() <= self.width {
+            return Ok((ids, Fit::Whole));
+        }
+        Ok(match self.truncation {
+            crate::config::Truncation::Right => {
+                ids.truncate(self.width);
+                (ids, Fit::Truncated)
+            }
+            crate::config::Truncation::Drop => (Vec::new(), Fit::Dropped),
+        })
+    }
+
+    /// A record's ids, the tokens without a loss marked `NO_LOSS`. A text: the tokenizer's ids
+    /// (`tokenizer(text)["input_ids"]`), then the EOS id. A prompt and its completion:
+    /// `tokenizer(prompt)` + `tokenizer(completion, add_special_tokens=False)` + EOS, the
+    /// prompt's without a loss (unless `data.train_on_prompt`). A conversation: the chat
+    /// template's ids (`apply_chat_template(messages, tokenize=True)`), the loss on the
+    /// assistant's turns alone (`chat.rs`).
+    pub fn encode(&self, content: &Content) -> Result<Vec<u32>, String> {
+        let mut ids = match content {
+            Content::Text(text) => self.tokenizer.encode_document(text)?,
+            Content::PromptCompletion { prompt, completion } => {
+                let mut ids = self.tokenizer.encode_document(prompt)?;
+                if !self.train_on_prompt {
+                    for t in &mut ids {
+                        *t |= NO_LOSS;
+                    }
+                }
+                ids.extend(self.tokenizer.encode(completion.as_bytes())?.0);
+                ids
+            }
+            Content::Messages(messages) => {
+                let Some(t) = &self.template else {
+                    return Err("a conversation, but the tokenizer has no chat template: set `data.chat_template` to a Jinja file".into());
+                };
+                return t.encode(messages, &self.tokenizer, self.train_on_prompt);
+            }
+        };
         ids.extend(self.eos);
         Ok(ids)
     }
@@ -114,11 +182,13 @@ impl PackedRows {
         starts.extend_from_slice(&self.starts[r]);
     }
 
-    /// How many of row `i`'s tokens are targets (a token whose next one is of its document).
+    /// How many of row `i`'s tokens are targets (the next token is of its document and has a
+    /// loss).
     pub fn targets(&self, i: usize) -> usize {
-        self.starts[i * self.width..(i + 1) * self.width]
-            .windows(2)
-            .filter(|w| w[0] == w[1])
+        let r = i * self.width..(i + 1) * self.width;
+        let (starts, tokens) = (&self.starts[r.clone()], &self.tokens[r]);
+        (1..self.width)
+            .filter(|&j| starts[j] == starts[j - 1] && tokens[j] & NO_LOSS == 0)
             .count()
     }
 }
@@ -160,18 +230,18 @@ impl Shard {
     }
 }
 
-/// The documents of a run (`data.path`): its shards, their format and the text field.
+/// The documents of a run (`data.path`): its shards, their format and what a record holds.
 pub struct Corpus {
     pub shards: Vec<Shard>,
     pub format: Format,
-    pub field: String,
+    /// What each record holds: a text (its field, and the key that names it:
+    /// `data.text_field`, or `data.mix` for a source that names its own), a prompt and its
+    /// completion, or a conversation.
+    pub shape: Shape,
     /// The config key that named the shards, for errors (`data.mix` for all of a mixture's).
     pub key: &'static str,
     /// The corpus in messages: its key, `data.mix[1]` for a mixture's second source.
     pub name: String,
-    /// The key that names the text field: `data.text_field`, or `data.mix` for a source that
-    /// names its own.
-    pub field_key: &'static str,
 }
 
 impl Corpus {
@@ -189,22 +259,46 @@ impl Corpus {
         Ok(Corpus {
             shards,
             format,
-            field: field.to_string(),
+            shape: Shape::Text {
+                field: field.to_string(),
+                key: "data.text_field",
+            },
             key,
             name: key.to_string(),
-            field_key: "data.text_field",
         })
     }
 
-    /// The documents of `shard` (one of this corpus's), read with its field and keys.
+    /// The documents of `shard` (one of this corpus's), read with its shape and keys.
     pub fn documents(&self, shard: &Shard) -> Result<Documents, DataError> {
-        Documents::open(
-            &shard.path,
-            self.format,
-            &self.field,
-            self.field_key,
-            self.key,
-        )
+        Documents::open_shape(&shard.path, self.format, &self.shape, self.key)
+    }
+
+    /// The shape `data.format` gives its records: `"auto"` tells it by its first shard's first
+    /// record (a conversation in `data.messages_field`, else `prompt` and `completion`, else
+    /// the text of its text shape).
+    pub fn with_format(mut self, d: &crate::config::DataConfig) -> Result<Corpus, DataError> {
+        use crate::config::RecordFormat;
+        let messages = Shape::Messages {
+            field: d.messages_field.clone(),
+        };
+        self.shape = match d.format {
+            RecordFormat::Text => self.shape,
+            RecordFormat::PromptCompletion => Shape::PromptCompletion,
+            RecordFormat::Messages => messages,
+            RecordFormat::Auto => {
+                let fields =
+                    super::records::first_fields(&self.shards[0].path, self.format, self.key)?;
+                let has = |f: &str| fields.iter().any(|g| g == f);
+                if has(&d.messages_field) {
+                    messages
+                } else if has("prompt") && has("completion") {
+                    Shape::PromptCompletion
+                } else {
+                    self.shape
+                }
+            }
+        };
+        Ok(self)
     }
 
     /// Each shard's first record: an empty shard, or one whose records are not JSON or lack
@@ -233,7 +327,10 @@ impl Corpus {
         for shard in &self.shards {
             for doc in self.documents(shard)? {
                 let doc = doc?;
-                let ids = encode_at(enc, &doc, shard, &self.name)?;
+                let (ids, _) = encode_at(enc, &doc, shard, &self.name)?;
+                if ids.is_empty() {
+                    continue;
+                }
                 let n = packer.next_doc();
                 let len = ids.len();
                 held.insert(n, ids);
@@ -250,14 +347,15 @@ impl Corpus {
     }
 }
 
-/// A document's ids, or an error naming its file and record (and the corpus, `name`).
+/// A document's ids (fitted to a row: `Encoder::fit`) and what became of it, or an error naming
+/// its file and record (and the corpus, `name`).
 pub fn encode_at(
     enc: &Encoder,
     doc: &Document,
     shard: &Shard,
     name: &str,
-) -> Result<Vec<u32>, DataError> {
-    enc.encode(&doc.text).map_err(|e| {
+) -> Result<(Vec<u32>, Fit), DataError> {
+    enc.fit(&doc.content).map_err(|e| {
         DataError::Invalid(format!(
             "{}: {}: {e} ({name})",
             shard.path.display(),
@@ -358,13 +456,22 @@ impl DocumentSource {
                 } else {
                     String::new()
                 };
+                let holds = match &c.shape {
+                    Shape::Text { field, .. } => format!("field `{field}`"),
+                    Shape::PromptCompletion => {
+                        "prompt and completion (the loss on the completion)".to_string()
+                    }
+                    Shape::Messages { field } => format!(
+                        "conversations in `{field}` (the loss on the assistant's turns), chat template {}",
+                        e.template.as_ref().map_or("?".into(), |t| t.origin.clone())
+                    ),
+                };
                 format!(
-                    "{} shard{} of {} ({}), field `{}`{share}",
+                    "{} shard{} of {} ({}), {holds}{share}",
                     c.shards.len(),
                     if c.shards.len() == 1 { "" } else { "s" },
                     c.format.name(),
                     c.name,
-                    c.field,
                 )
             })
             .collect();
@@ -442,63 +549,37 @@ pub fn load(r: &crate::config::Resolved) -> Result<super::Data, DataError> {
         crate::config::DataKind::Parquet => Format::Parquet,
         _ => Format::Jsonl,
     };
-    let tokenizer = super::tokenizer::from_config(r)?;
-    super::text::check_vocab(r, &tokenizer)?;
-    let encoder = Encoder {
-        eos: tokenizer.eos().map(|(id, _)| id),
-        tokenizer: Arc::new(tokenizer),
-        width: r.config.model.block_size.unwrap_or(128).max(1) + 1,
-        packing: c.packing,
-    };
+    let sources = sources(r, format)?;
     let eval = match &c.eval_path {
-        Some(p) => {
-            let corpus = Corpus::open(
+        Some(p) => Some(
+            Corpus::open(
                 &r.path_of("data.eval_path", p),
                 format,
                 &c.text_field,
                 "data.eval_path",
-            )?;
+            )?
+            .with_format(c)?,
+        ),
+        None => None,
+    };
+    let conversations = sources
+        .iter()
+        .filter_map(Source::corpus)
+        .chain(eval.as_ref())
+        .any(|c| matches!(c.shape, Shape::Messages { .. }));
+    let encoder = encoder(r, conversations)?;
+    let eval = match eval {
+        Some(corpus) => {
             let rows = corpus.pack_all(&encoder)?;
             if rows.is_empty() {
                 return Err(DataError::Invalid(format!(
-                    "`data.eval_path` = {p:?}: no evaluation document has any token"
+                    "`data.eval_path` = {:?}: no evaluation document has any token",
+                    c.eval_path.as_deref().unwrap_or_default()
                 )));
             }
             Some(super::Dataset::packed(rows))
         }
         None => None,
-    };
-    let sources = match &c.path {
-        Some(path) => vec![Source::documents(
-            Corpus::open(
-                &r.path_of("data.path", path),
-                format,
-                &c.text_field,
-                "data.path",
-            )?,
-            1.0,
-        )],
-        None if !c.mix.is_empty() => c
-            .mix
-            .iter()
-            .enumerate()
-            .map(|(i, m)| {
-                let field = m.text_field.as_deref().unwrap_or(&c.text_field);
-                let mut corpus =
-                    Corpus::open(&r.path_of("data.mix", &m.path), format, field, "data.mix")?;
-                corpus.name = format!("data.mix[{i}]");
-                if m.text_field.is_some() {
-                    corpus.field_key = "data.mix";
-                }
-                Ok(Source::documents(corpus, m.weight))
-            })
-            .collect::<Result<_, DataError>>()?,
-        None => {
-            return Err(DataError::Invalid(format!(
-                "`data.kind` = \"{}\" needs `data.path` (or `data.mix`)",
-                format.name()
-            )))
-        }
     };
     let src = DocumentSource {
         sources,
@@ -518,6 +599,78 @@ pub fn load(r: &crate::config::Resolved) -> Result<super::Data, DataError> {
     Ok(super::Data {
         train: super::Dataset::stream(src),
         eval,
+    })
+}
+
+/// The training sources: `data.path`, or each of `data.mix`, each of the shape `data.format`
+/// gives (or its first record tells).
+fn sources(r: &crate::config::Resolved, format: Format) -> Result<Vec<Source>, DataError> {
+    let c = &r.config.data;
+    match &c.path {
+        Some(path) => Ok(vec![Source::documents(
+            Corpus::open(
+                &r.path_of("data.path", path),
+                format,
+                &c.text_field,
+                "data.path",
+            )?
+            .with_format(c)?,
+            1.0,
+        )]),
+        None if !c.mix.is_empty() => c
+            .mix
+            .iter()
+            .enumerate()
+            .map(|(i, m)| {
+                let field = m.text_field.as_deref().unwrap_or(&c.text_field);
+                let mut corpus =
+                    Corpus::open(&r.path_of("data.mix", &m.path), format, field, "data.mix")?;
+                corpus.name = format!("data.mix[{i}]");
+                if m.text_field.is_some() {
+                    corpus.shape = Shape::Text {
+                        field: field.to_string(),
+                        key: "data.mix",
+                    };
+                }
+                Ok(Source::documents(corpus.with_format(c)?, m.weight))
+            })
+            .collect(),
+        None => Err(DataError::Invalid(format!(
+            "`data.kind` = \"{}\" needs `data.path` (or `data.mix`)",
+            format.name()
+        ))),
+    }
+}
+
+/// The encoder the config describes: its tokenizer and EOS id, rows, and (for
+/// `conversations`) the chat template, which must then be found.
+pub fn encoder(r: &crate::config::Resolved, conversations: bool) -> Result<Encoder, DataError> {
+    let c = &r.config.data;
+    let tokenizer = super::tokenizer::from_config(r)?;
+    super::text::check_vocab(r, &tokenizer)?;
+    let template = if conversations {
+        let file = super::chat::template_file(r);
+        let found = super::chat::ChatTemplate::find(file.as_deref(), &tokenizer)
+            .map_err(DataError::Invalid)?;
+        let Some(t) = found else {
+            return Err(DataError::Invalid(format!(
+                "the records are conversations (`{}`), but the tokenizer {} has no chat template (no chat_template.jinja beside it, no `chat_template` in its tokenizer_config.json)\n  = help: set `data.chat_template` to a Jinja file (the model's own, from its Hugging Face directory)",
+                c.messages_field,
+                crate::ui::printable(&tokenizer.name())
+            )));
+        };
+        Some(Arc::new(t))
+    } else {
+        None
+    };
+    Ok(Encoder {
+        eos: tokenizer.eos().map(|(id, _)| id),
+        tokenizer: Arc::new(tokenizer),
+        width: r.config.model.block_size.unwrap_or(128).max(1) + 1,
+        packing: c.packing,
+        train_on_prompt: c.train_on_prompt,
+        template,
+        truncation: c.truncation,
     })
 }
 

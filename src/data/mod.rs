@@ -6,6 +6,7 @@
 //! `stream.rs` reads them (and `mixture.rs`' windows of text and token files) as a stream.
 
 mod augment;
+pub mod chat;
 mod csv;
 mod dataset;
 pub mod documents;
@@ -14,6 +15,7 @@ mod mixture;
 pub mod packing;
 pub mod records;
 pub mod sampler;
+mod shape;
 pub mod stream;
 mod synthetic;
 mod text;

@@ -21,6 +21,8 @@ use parquet::record::reader::RowIter;
 use parquet::record::{Field, Row};
 use parquet::schema::types::Type;
 
+use super::shape::{json_kind, messages};
+pub use super::shape::{Content, Shape};
 use super::DataError;
 
 /// A format of record files.
@@ -135,19 +137,28 @@ impl std::fmt::Display for At {
     }
 }
 
-/// One record's text and where it is.
+/// One record's content and where it is.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Document {
-    pub text: String,
+    pub content: Content,
     pub at: At,
+}
+
+impl Document {
+    /// The text of a text record (`None` for the other shapes).
+    pub fn text(&self) -> Option<&str> {
+        match &self.content {
+            Content::Text(t) => Some(t),
+            _ => None,
+        }
+    }
 }
 
 /// The documents of one file, in order, read as a stream: each item a document or the error
 /// of its record (after which the stream ends).
 pub struct Documents {
     path: PathBuf,
-    field: String,
-    key: &'static str,
+    shape: Shape,
     file_key: &'static str,
     inner: Inner,
     /// Records read so far (an empty file is an error).
@@ -180,6 +191,20 @@ impl Documents {
         key: &'static str,
         file_key: &'static str,
     ) -> Result<Documents, DataError> {
+        let shape = Shape::Text {
+            field: field.to_string(),
+            key,
+        };
+        Documents::open_shape(path, format, &shape, file_key)
+    }
+
+    /// Opens `path` for records of `shape`.
+    pub fn open_shape(
+        path: &Path,
+        format: Format,
+        shape: &Shape,
+        file_key: &'static str,
+    ) -> Result<Documents, DataError> {
         let io = |source| DataError::Io {
             path: path.to_path_buf(),
             key: file_key,
@@ -202,12 +227,11 @@ impl Documents {
                     buf: Vec::new(),
                 }
             }
-            Format::Parquet => open_parquet(path, field, key, file_key)?,
+            Format::Parquet => open_parquet(path, shape, file_key)?,
         };
         Ok(Documents {
             path: path.to_path_buf(),
-            field: field.to_string(),
-            key,
+            shape: shape.clone(),
             file_key,
             inner,
             count: 0,
@@ -254,30 +278,63 @@ impl Documents {
                         at,
                         format!(
                             "not JSON ({e})\n  = help: each line of a JSON Lines file is one object, such as {{\"{}\": \"...\"}}",
-                            self.field
+                            self.shape.fields()[0]
                         ),
                     )))
                 }
             };
-            let serde_json::Value::Object(mut record) = value else {
+            let serde_json::Value::Object(record) = value else {
                 return Some(Err(self.bad(
                     at,
                     format!("a record must be a JSON object, not {}", json_kind(&value)),
                 )));
             };
-            return Some(match record.remove(&self.field) {
-                Some(serde_json::Value::String(text)) => Ok(Document { text, at }),
-                Some(other) => Err(self.bad(
-                    at,
-                    format!(
-                        "`{}` ({}) is {}, not a string",
-                        self.field,
-                        self.key,
-                        json_kind(&other)
-                    ),
-                )),
-                None => Err(self.bad(at, self.missing(record.keys()))),
-            });
+            return Some(
+                self.content(record)
+                    .map(|content| Document { content, at })
+                    .map_err(|m| self.bad(at, m)),
+            );
+        }
+    }
+
+    /// A record's content, as its shape says, or what is wrong with it.
+    fn content(
+        &self,
+        mut record: serde_json::Map<String, serde_json::Value>,
+    ) -> Result<Content, String> {
+        let key = self.shape.key();
+        let mut string = |field: &str| match record.remove(field) {
+            Some(serde_json::Value::String(text)) => Ok(text),
+            Some(other) => Err(format!(
+                "`{field}` ({key}) is {}, not a string",
+                json_kind(&other)
+            )),
+            None => Err(String::new()),
+        };
+        let missing = |record: &serde_json::Map<String, serde_json::Value>, field: &str| {
+            self.missing(field, record.keys())
+        };
+        match &self.shape {
+            Shape::Text { field, .. } => match string(field) {
+                Err(e) if e.is_empty() => Err(missing(&record, field)),
+                r => r.map(Content::Text),
+            },
+            Shape::PromptCompletion => {
+                let prompt = string("prompt");
+                let completion = string("completion");
+                match (prompt, completion) {
+                    (Ok(prompt), Ok(completion)) => {
+                        Ok(Content::PromptCompletion { prompt, completion })
+                    }
+                    (Err(e), _) | (_, Err(e)) if !e.is_empty() => Err(e),
+                    (Err(_), _) => Err(missing(&record, "prompt")),
+                    (_, Err(_)) => Err(missing(&record, "completion")),
+                }
+            }
+            Shape::Messages { field } => match record.remove(field) {
+                Some(v) => messages(v, field).map(Content::Messages),
+                None => Err(missing(&record, field)),
+            },
         }
     }
 
@@ -302,26 +359,60 @@ impl Documents {
         let r = rows.next()?;
         *row += 1;
         Some(match r {
-            Ok(r) => text_of(&r)
-                .map(|text| Document { text, at })
-                .map_err(|kind| {
-                    self.bad(
-                        at,
-                        format!("`{}` ({}) is {kind}, not a string", self.field, self.key),
-                    )
-                }),
+            Ok(r) => self
+                .parquet_content(&r)
+                .map(|content| Document { content, at })
+                .map_err(|m| self.bad(at, m)),
             Err(e) => Err(self.bad(at, format!("cannot read the row: {e}"))),
         })
     }
 
-    fn missing<'a>(&self, keys: impl Iterator<Item = &'a String>) -> String {
+    /// A parquet row's content (its columns are the shape's fields, checked when the file was
+    /// opened to be strings, or a list for messages).
+    fn parquet_content(&self, r: &Row) -> Result<Content, String> {
+        let key = self.shape.key();
+        let string = |field: &str| -> Result<String, String> {
+            match r
+                .get_column_iter()
+                .find(|(n, _)| n.as_str() == field)
+                .map(|(_, f)| f)
+            {
+                Some(Field::Str(s)) => Ok(s.clone()),
+                Some(Field::Null) | None => Err(format!("`{field}` ({key}) is null, not a string")),
+                Some(_) => Err(format!("`{field}` ({key}) is not a string")),
+            }
+        };
+        match &self.shape {
+            Shape::Text { field, .. } => string(field).map(Content::Text),
+            Shape::PromptCompletion => Ok(Content::PromptCompletion {
+                prompt: string("prompt")?,
+                completion: string("completion")?,
+            }),
+            Shape::Messages { field } => {
+                let v = r
+                    .get_column_iter()
+                    .find(|(n, _)| n.as_str() == field)
+                    .map_or(serde_json::Value::Null, |(_, f)| f.to_json_value());
+                messages(v, field).map(Content::Messages)
+            }
+        }
+    }
+
+    fn missing<'a>(&self, field: &str, keys: impl Iterator<Item = &'a String>) -> String {
         let keys: Vec<String> = keys.take(8).map(|k| format!("`{k}`")).collect();
+        let fields = if keys.is_empty() {
+            "none".to_string()
+        } else {
+            keys.join(", ")
+        };
+        let help = match &self.shape {
+            Shape::Text { key, .. } => format!("set `{key}` to the field that holds the text"),
+            Shape::PromptCompletion => "a prompt-completion record has string fields `prompt` and `completion`; set `data.format` if the records are of another shape".into(),
+            Shape::Messages { .. } => "a conversation is a list of messages (`[{\"role\": \"user\", \"content\": \"...\"}, ...]`); set `data.messages_field` to the field that holds it, or `data.format` if the records are of another shape".into(),
+        };
         format!(
-            "the record has no `{}` ({}); its fields: {}\n  = help: set `{}` to the field that holds the text",
-            self.field,
-            self.key,
-            if keys.is_empty() { "none".to_string() } else { keys.join(", ") },
-            self.key
+            "the record has no `{field}` ({}); its fields: {fields}\n  = help: {help}",
+            self.shape.key()
         )
     }
 }
@@ -355,34 +446,77 @@ impl Iterator for Documents {
     }
 }
 
-/// What kind of JSON value `v` is, for a message.
-fn json_kind(v: &serde_json::Value) -> &'static str {
-    match v {
-        serde_json::Value::Null => "null",
-        serde_json::Value::Bool(_) => "a boolean",
-        serde_json::Value::Number(_) => "a number",
-        serde_json::Value::String(_) => "a string",
-        serde_json::Value::Array(_) => "an array",
-        serde_json::Value::Object(_) => "an object",
-    }
-}
-
-/// The text of a row projected to the text column, or what it is instead.
-fn text_of(r: &Row) -> Result<String, &'static str> {
-    match r.get_column_iter().next().map(|(_, f)| f) {
-        Some(Field::Str(s)) => Ok(s.clone()),
-        Some(Field::Null) | None => Err("null"),
-        Some(_) => Err("not a string"),
+/// The fields of the first record of `path` (a jsonl object's keys, a parquet file's
+/// columns), to tell the records' shape by (`data.format = "auto"`); `file_key` names the file.
+pub fn first_fields(
+    path: &Path,
+    format: Format,
+    file_key: &'static str,
+) -> Result<Vec<String>, DataError> {
+    match format {
+        Format::Parquet => {
+            let file = File::open(path).map_err(|source| DataError::Io {
+                path: path.to_path_buf(),
+                key: file_key,
+                source,
+            })?;
+            let reader = SerializedFileReader::new(file).map_err(|e| {
+                DataError::Invalid(format!(
+                    "{}: not a readable parquet file ({e})\n  = help: is `data.kind` right? JSON Lines files are `data.kind = \"jsonl\"`",
+                    path.display()
+                ))
+            })?;
+            let meta = reader.metadata();
+            let schema = meta.file_metadata().schema_descr();
+            Ok(schema
+                .root_schema()
+                .get_fields()
+                .iter()
+                .map(|f| f.name().to_string())
+                .collect())
+        }
+        Format::Jsonl => {
+            // (opened as records of any shape: only its first line is read here)
+            let probe = Shape::Text {
+                field: "\u{0}".into(),
+                key: "data.format",
+            };
+            let mut d = Documents::open_shape(path, format, &probe, file_key)?;
+            let Inner::Jsonl { lines, line, buf } = &mut d.inner else {
+                return Ok(Vec::new());
+            };
+            loop {
+                buf.clear();
+                *line += 1;
+                let n = lines
+                    .read_until(b'\n', buf)
+                    .map_err(|source| DataError::Io {
+                        path: path.to_path_buf(),
+                        key: file_key,
+                        source,
+                    })?;
+                if n == 0 {
+                    return Ok(Vec::new());
+                }
+                let mut text = buf.trim_ascii();
+                if *line == 1 {
+                    text = text.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(text);
+                }
+                if text.is_empty() {
+                    continue;
+                }
+                return Ok(match serde_json::from_slice::<serde_json::Value>(text) {
+                    Ok(serde_json::Value::Object(o)) => o.keys().cloned().collect(),
+                    // (what is wrong with it is said when it is read as a record)
+                    _ => Vec::new(),
+                });
+            }
+        }
     }
 }
 
 /// A parquet file opened for its column `field`, checked to be a string column.
-fn open_parquet(
-    path: &Path,
-    field: &str,
-    key: &'static str,
-    file_key: &'static str,
-) -> Result<Inner, DataError> {
+fn open_parquet(path: &Path, shape: &Shape, file_key: &'static str) -> Result<Inner, DataError> {
     let file = File::open(path).map_err(|source| DataError::Io {
         path: path.to_path_buf(),
         key: file_key,
@@ -398,35 +532,52 @@ fn open_parquet(
     let meta = reader.metadata();
     let schema = meta.file_metadata().schema_descr();
     let fields = schema.root_schema().get_fields();
-    let Some(column) = fields.iter().find(|f| f.name() == field) else {
-        let names: Vec<String> = fields
-            .iter()
-            .take(8)
-            .map(|f| format!("`{}`", f.name()))
-            .collect();
-        return Err(bad(format!(
-            "no column `{field}` ({key}); its columns: {}\n  = help: set `{key}` to the column that holds the text",
-            names.join(", ")
-        )));
-    };
-    if !is_string(column) {
-        return Err(bad(format!(
-            "column `{field}` ({key}) is {}, not a string",
-            describe_type(column)
-        )));
+    let key = shape.key();
+    let mut columns = Vec::new();
+    for field in shape.fields() {
+        let Some(column) = fields.iter().find(|f| f.name() == field) else {
+            let names: Vec<String> = fields
+                .iter()
+                .take(8)
+                .map(|f| format!("`{}`", f.name()))
+                .collect();
+            let help = match shape {
+                Shape::Text { .. } => format!("set `{key}` to the column that holds the text"),
+                _ => "set `data.format` (and `data.messages_field`) to the records' shape".into(),
+            };
+            return Err(bad(format!(
+                "no column `{field}` ({key}); its columns: {}\n  = help: {help}",
+                names.join(", ")
+            )));
+        };
+        let messages = matches!(shape, Shape::Messages { .. });
+        if messages && column.is_primitive() {
+            return Err(bad(format!(
+                "column `{field}` ({key}) is {}, not a list of messages",
+                describe_type(column)
+            )));
+        }
+        if !messages && !is_string(column) {
+            return Err(bad(format!(
+                "column `{field}` ({key}) is {}, not a string",
+                describe_type(column)
+            )));
+        }
+        columns.push(Arc::clone(column));
     }
     let groups: Vec<usize> = meta
         .row_groups()
         .iter()
         .map(|g| g.num_rows().max(0) as usize)
         .collect();
+    let names = shape.fields().join("`, `");
     let projection = Type::group_type_builder("schema")
-        .with_fields(vec![Arc::clone(column)])
+        .with_fields(columns)
         .build()
-        .map_err(|e| bad(format!("cannot read column `{field}` ({e})")))?;
+        .map_err(|e| bad(format!("cannot read column `{names}` ({e})")))?;
     let rows = RowIter::from_file_into(Box::new(reader))
         .project(Some(projection))
-        .map_err(|e| bad(format!("cannot read column `{field}` ({e})")))?;
+        .map_err(|e| bad(format!("cannot read column `{names}` ({e})")))?;
     Ok(Inner::Parquet {
         rows,
         groups,
@@ -463,8 +614,11 @@ mod tests {
     use std::io::Write;
 
     fn texts(d: Documents) -> Result<Vec<String>, String> {
-        d.map(|r| r.map(|d| d.text).map_err(|e| e.to_string()))
-            .collect()
+        d.map(|r| {
+            r.map(|d| d.text().unwrap().to_string())
+                .map_err(|e| e.to_string())
+        })
+        .collect()
     }
 
     #[test]
@@ -640,7 +794,7 @@ mod tests {
         let d =
             Documents::open(&p, Format::Parquet, "text", "data.text_field", "data.path").unwrap();
         let docs: Vec<Document> = d.map(|r| r.unwrap()).collect();
-        let got: Vec<(&str, At)> = docs.iter().map(|d| (d.text.as_str(), d.at)).collect();
+        let got: Vec<(&str, At)> = docs.iter().map(|d| (d.text().unwrap(), d.at)).collect();
         assert_eq!(
             got,
             [

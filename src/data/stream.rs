@@ -21,7 +21,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
-use super::documents::{encode_at, Corpus, DocumentSource, Origin, CHUNK};
+use super::documents::{encode_at, Corpus, DocumentSource, Fit, Origin, CHUNK};
 use super::packing::{PackedRow, Packer, Piece};
 use super::records::{Document, Documents};
 use super::DataError;
@@ -61,6 +61,9 @@ pub struct Stream {
     rows: u64,
     /// What the run log should say (a source starting its next pass), not yet taken.
     notes: Vec<String>,
+    /// Records longer than a row truncated, and dropped, since the stream was opened.
+    truncated: u64,
+    dropped: u64,
 }
 
 impl Stream {
@@ -84,6 +87,8 @@ impl Stream {
             ready: VecDeque::new(),
             rows: 0,
             notes: Vec::new(),
+            truncated: 0,
+            dropped: 0,
         };
         if let Some(p) = at {
             s.pass = p.pass;
@@ -340,16 +345,56 @@ impl Stream {
                 self.fill_chunk(i)?;
                 continue;
             }
-            let ids = encode_at(
+            let (ids, fit) = encode_at(
                 &self.src.encoder,
                 &r.chunk[k],
                 &corpus.shards[r.index],
                 &corpus.name,
             )?;
+            let at = format!(
+                "{}: {}",
+                corpus.shards[r.index].path.display(),
+                r.chunk[k].at
+            );
             c.at.doc += 1;
+            self.count(fit, &at);
             if !ids.is_empty() {
                 return Ok(Some(ids));
             }
+        }
+    }
+
+    /// Counts a record longer than a row, truncated or dropped: the run log says so at the
+    /// first (naming it), and at the 10th, 100th, ... since the stream was opened.
+    fn count(&mut self, fit: Fit, at: &str) {
+        let (n, what) = match fit {
+            Fit::Whole => return,
+            Fit::Truncated => {
+                self.truncated += 1;
+                (
+                    self.truncated,
+                    "truncated to a row (data.truncation = \"right\")",
+                )
+            }
+            Fit::Dropped => {
+                self.dropped += 1;
+                (self.dropped, "left out (data.truncation = \"drop\")")
+            }
+        };
+        if n == 1 {
+            self.notes.push(format!(
+                "documents: {} is longer than a row of {} tokens: {what}",
+                crate::ui::printable(at),
+                self.src.encoder.width
+            ));
+        } else if format!("{n}")
+            .strip_prefix('1')
+            .is_some_and(|r| r.bytes().all(|b| b == b'0'))
+        {
+            // (10, 100, 1000, ...)
+            self.notes.push(format!(
+                "documents: {n} records longer than a row so far {what}"
+            ));
         }
     }
 
@@ -417,6 +462,9 @@ mod tests {
                 eos: Some(0),
                 width,
                 packing,
+                train_on_prompt: false,
+                template: None,
+                truncation: crate::config::Truncation::Right,
             },
             shuffle,
             seed: 5,

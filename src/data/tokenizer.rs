@@ -48,6 +48,9 @@ pub fn json_file(path: std::path::PathBuf) -> std::path::PathBuf {
     }
 }
 
+/// Each id's byte range in the text it was encoded from.
+pub type Offsets = Vec<(usize, usize)>;
+
 /// GPT-2's end-of-text token.
 pub const GPT2_EOT: u32 = 50256;
 
@@ -186,6 +189,47 @@ impl Tokenizer {
                     .map_err(|e| format!("tokenizing: {e}"))?;
                 Ok((enc.get_ids().to_vec(), replaced))
             }
+        }
+    }
+
+    /// The ids of `text` without the tokenizer's own special tokens (transformers'
+    /// `tokenizer(text, add_special_tokens=False)`, what `apply_chat_template` tokenizes a
+    /// rendering with), and each id's byte range in `text`.
+    pub fn encode_offsets(&self, text: &str) -> Result<(Vec<u32>, Offsets), String> {
+        match self {
+            Tokenizer::HuggingFace { tokenizer, .. } => {
+                let enc = tokenizer
+                    .encode(text, false)
+                    .map_err(|e| format!("tokenizing: {e}"))?;
+                Ok((enc.get_ids().to_vec(), enc.get_offsets().to_vec()))
+            }
+            _ => {
+                // byte-level: each id's bytes follow the one before's
+                let (ids, _) = self.encode(text.as_bytes())?;
+                let mut offsets = Vec::with_capacity(ids.len());
+                let mut at = 0;
+                for &id in &ids {
+                    let n = match self {
+                        Tokenizer::Bytes => 1,
+                        _ => self.decode(&[id])?.len(),
+                    };
+                    offsets.push((at, at + n));
+                    at += n;
+                }
+                Ok((ids, offsets))
+            }
+        }
+    }
+
+    /// Whether `id` is one of the tokenizer's special tokens (a tokenizer.json's added tokens
+    /// marked special).
+    pub fn is_special(&self, id: u32) -> bool {
+        match self {
+            Tokenizer::HuggingFace { tokenizer, .. } => tokenizer
+                .get_added_tokens_decoder()
+                .get(&id)
+                .is_some_and(|t| t.special),
+            _ => false,
         }
     }
 

@@ -122,9 +122,18 @@ impl Task {
                 };
                 let mut inputs = Vec::with_capacity(rows * block);
                 let mut targets = Vec::with_capacity(rows * block);
+                // (a token of a document that has no loss carries `NO_LOSS`: the input is its
+                // id, the target `IGNORE`)
+                let no_loss = crate::data::documents::NO_LOSS;
                 for w in tokens.chunks(width) {
-                    inputs.extend(w[..block].iter().map(|&t| i64::from(t)));
-                    targets.extend_from_slice(&w[1..]);
+                    inputs.extend(w[..block].iter().map(|&t| i64::from(t & !no_loss)));
+                    targets.extend(w[1..].iter().map(|&t| {
+                        if t & no_loss == 0 {
+                            t
+                        } else {
+                            crate::kernels::IGNORE
+                        }
+                    }));
                 }
                 let starts = batch.starts.filter(|s| s.len() == rows * width).map(|s| {
                     let mut input_starts = Vec::with_capacity(rows * block);

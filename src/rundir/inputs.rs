@@ -16,6 +16,14 @@ use crate::error::{Error, Result};
 
 const FILE: &str = "inputs.json";
 
+/// The files beside a tokenizer.json that say how text becomes ids (its special tokens, its
+/// chat template): fingerprinted with it, where they are.
+pub const TOKENIZER_FILES: [&str; 3] = [
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+];
+
 /// A data file's ends that are hashed.
 const END: u64 = 1 << 20;
 
@@ -24,17 +32,21 @@ fn files(r: &Resolved) -> Vec<(String, std::path::PathBuf)> {
     let d = &r.config.data;
     let mut out = Vec::new();
     if !matches!(d.tokenizer.as_str(), "bytes" | "gpt2") {
-        let p = r.path_of("data.tokenizer", &d.tokenizer);
-        out.push((
-            "data.tokenizer".to_string(),
-            crate::data::tokenizer::json_file(p),
-        ));
+        let p = crate::data::tokenizer::json_file(r.path_of("data.tokenizer", &d.tokenizer));
+        // the files beside it that say its chat template and special tokens
+        if let Some(dir) = p.parent() {
+            for f in TOKENIZER_FILES {
+                out.push((format!("data.tokenizer ({f})"), dir.join(f)));
+            }
+        }
+        out.push(("data.tokenizer".to_string(), p));
     }
     for (key, v) in [
         ("data.path", &d.path),
         ("data.eval_path", &d.eval_path),
         ("data.labels_path", &d.labels_path),
         ("data.eval_labels_path", &d.eval_labels_path),
+        ("data.chat_template", &d.chat_template),
     ] {
         if let Some(v) = v {
             out.push((key.to_string(), r.path_of(key, v)));
@@ -76,7 +88,7 @@ fn current(r: &Resolved) -> Map<String, Value> {
     files(r)
         .into_iter()
         .filter_map(|(k, p)| {
-            let f = fingerprint(&p, k == "data.tokenizer")?;
+            let f = fingerprint(&p, k.starts_with("data.tokenizer"))?;
             Some((k, f))
         })
         .collect()
@@ -114,7 +126,7 @@ pub fn changed(run_dir: &Path, r: &Resolved, keys: Option<&[&str]>) -> Vec<Strin
         if now_path.is_some_and(|p| p.display().to_string() != path) {
             continue;
         }
-        match now_path.and_then(|p| fingerprint(p, key == "data.tokenizer")) {
+        match now_path.and_then(|p| fingerprint(p, key.starts_with("data.tokenizer"))) {
             None => out.push(format!("  `{key}` = {path}: gone or unreadable now")),
             Some(is) if is["sha256"] != was["sha256"] || is["bytes"] != was["bytes"] => {
                 out.push(format!(
@@ -131,6 +143,15 @@ pub fn changed(run_dir: &Path, r: &Resolved, keys: Option<&[&str]>) -> Vec<Strin
     }
     out
 }
+
+/// The keys of the tokenizer and the files beside it (what `kiln sample` and `kiln eval`
+/// read of a run's inputs).
+pub const TOKENIZER_KEYS: [&str; 4] = [
+    "data.tokenizer",
+    "data.tokenizer (tokenizer_config.json)",
+    "data.tokenizer (special_tokens_map.json)",
+    "data.tokenizer (chat_template.jinja)",
+];
 
 /// `changed` as an error for `what` (a command), exit 2.
 pub fn refuse_changed(

@@ -22,6 +22,9 @@ pub struct PreviewRow {
     pub starts: Vec<u32>,
     /// Each token's source (`-1`: padding).
     pub sources: Vec<i64>,
+    /// Whether a token has a loss where it is a target (a prompt's and a user's turns have
+    /// none).
+    pub loss: Vec<bool>,
 }
 
 impl PreviewRow {
@@ -30,10 +33,11 @@ impl PreviewRow {
             tokens: Vec::with_capacity(width),
             starts: Vec::with_capacity(width),
             sources: Vec::with_capacity(width),
+            loss: Vec::with_capacity(width),
         };
         for (source, t) in pieces {
             let start = r.tokens.len() as u32;
-            r.tokens.extend_from_slice(t);
+            r.push_ids(t);
             r.starts.extend(std::iter::repeat_n(start, t.len()));
             r.sources
                 .extend(std::iter::repeat_n(i64::from(*source), t.len()));
@@ -47,8 +51,11 @@ impl PreviewRow {
             tokens: Vec::new(),
             starts: Vec::new(),
             sources: Vec::new(),
+            loss: Vec::new(),
         };
-        rows.read(i, &mut r.tokens, &mut r.starts);
+        let mut ids = Vec::new();
+        rows.read(i, &mut ids, &mut r.starts);
+        r.push_ids(&ids);
         let used = rows.used[i];
         r.sources = (0..r.tokens.len())
             .map(|j| if j < used { 0 } else { -1 })
@@ -56,19 +63,31 @@ impl PreviewRow {
         r
     }
 
+    /// Ids as a row holds them: the id, and whether it has a loss (`NO_LOSS`).
+    fn push_ids(&mut self, ids: &[u32]) {
+        use crate::data::documents::NO_LOSS;
+        self.tokens.extend(ids.iter().map(|&t| t & !NO_LOSS));
+        self.loss.extend(ids.iter().map(|&t| t & NO_LOSS == 0));
+    }
+
     fn pad(&mut self, width: usize) {
         for i in self.tokens.len()..width {
             self.tokens.push(crate::data::documents::PAD);
             self.starts.push(i as u32);
             self.sources.push(-1);
+            self.loss.push(false);
         }
     }
 
-    /// transformers' labels: the token where it is a target of the one before it, else -100.
+    /// transformers' labels: the token where it is a target of the one before it and has a
+    /// loss, else -100.
     pub fn labels(&self) -> Vec<i64> {
         (0..self.tokens.len())
             .map(|i| {
-                let target = i > 0 && self.starts[i] == self.starts[i - 1] && self.sources[i] >= 0;
+                let target = i > 0
+                    && self.starts[i] == self.starts[i - 1]
+                    && self.sources[i] >= 0
+                    && self.loss[i];
                 if target {
                     i64::from(self.tokens[i])
                 } else {
@@ -153,6 +172,7 @@ pub fn preview_rows(r: &Resolved, n: usize, eval: bool) -> Result<(Vec<PreviewRo
                     tokens,
                     starts: vec![0; len],
                     sources: vec![0; len],
+                    loss: vec![true; len],
                 });
             }
             rows
@@ -198,22 +218,31 @@ pub fn row_text(i: usize, row: &PreviewRow, t: &Tokenizer, colour: bool, mixed: 
         let text = String::from_utf8_lossy(&bytes).replace('\n', "\\n");
         crate::ui::printable(&text).into_owned()
     };
+    let labels = row.labels();
     for (r, source) in docs {
-        let (first, rest) = (
-            show(&row.tokens[r.start..r.start + 1]),
-            show(&row.tokens[r.start + 1..r.end]),
-        );
-        let first = if colour {
-            format!("\x1b[2m{first}\x1b[0m")
-        } else {
-            format!("⟦{first}⟧")
-        };
         let tag = if mixed {
             format!("[source {source}] ")
         } else {
             String::new()
         };
-        out.push_str(&format!("  | {tag}{first}{rest}\n"));
+        out.push_str(&format!("  | {tag}"));
+        // runs of tokens with a loss and without (a document's first token, a prompt), the
+        // latter dim or in ⟦ ⟧
+        let mut at = r.start;
+        while at < r.end {
+            let trained = labels[at] >= 0;
+            let end = (at..r.end)
+                .find(|&j| (labels[j] >= 0) != trained)
+                .unwrap_or(r.end);
+            let text = show(&row.tokens[at..end]);
+            out.push_str(&match (trained, colour) {
+                (true, _) => text,
+                (false, true) => format!("\x1b[2m{text}\x1b[0m"),
+                (false, false) => format!("⟦{text}⟧"),
+            });
+            at = end;
+        }
+        out.push('\n');
     }
     out
 }
@@ -235,6 +264,11 @@ pub struct Stats {
     pub packing: bool,
     /// Each source's share of the documents a run draws (`data.mix`'s weights).
     pub drawn: Vec<f64>,
+    /// Target tokens with a loss (a prompt's and a user's turns have none), and the records
+    /// longer than a row truncated or dropped (`data.truncation`).
+    pub trained: usize,
+    pub truncated: usize,
+    pub dropped: usize,
 }
 
 /// The documents of every source of `r` (or its evaluation documents), tokenized once in file
@@ -276,7 +310,8 @@ pub fn stats(r: &Resolved, eval: bool) -> Result<Stats> {
             format,
             &r.config.data.text_field,
             "data.eval_path",
-        )?;
+        )?
+        .with_format(&r.config.data)?;
         vec![&eval_corpus]
     } else {
         sources
@@ -285,7 +320,11 @@ pub fn stats(r: &Resolved, eval: bool) -> Result<Stats> {
     let total: f64 = src.sources.iter().map(|s| s.weight).sum();
     let mut st = Stats {
         per_source: vec![(0, 0); corpora.len()],
-        eos: enc.eos.is_some(),
+        // (a conversation ends as its template ends it, with no EOS id added)
+        eos: enc.eos.is_some()
+            && corpora
+                .iter()
+                .all(|c| !matches!(c.shape, crate::data::records::Shape::Messages { .. })),
         packing: enc.packing,
         drawn: src.sources.iter().map(|s| s.weight / total).collect(),
         ..Default::default()
@@ -296,11 +335,21 @@ pub fn stats(r: &Resolved, eval: bool) -> Result<Stats> {
         for shard in &c.shards {
             for doc in c.documents(shard)? {
                 let doc = doc?;
-                let ids = crate::data::documents::encode_at(enc, &doc, shard, &c.name)?;
+                let (ids, fit) = crate::data::documents::encode_at(enc, &doc, shard, &c.name)?;
+                match fit {
+                    crate::data::documents::Fit::Truncated => st.truncated += 1,
+                    crate::data::documents::Fit::Dropped => st.dropped += 1,
+                    crate::data::documents::Fit::Whole => {}
+                }
                 let n = ids.len();
                 if n == 0 {
                     continue;
                 }
+                // (a document's first token is no target; nor is one marked without a loss)
+                st.trained += ids[1..]
+                    .iter()
+                    .filter(|&&t| t & crate::data::documents::NO_LOSS == 0)
+                    .count();
                 st.documents += 1;
                 st.tokens += n;
                 st.per_source[i].0 += 1;
@@ -328,6 +377,22 @@ pub fn stats_text(st: &Stats, names: &[String], width: usize) -> Vec<String> {
         st.tokens,
         st.tokens as f64 / st.documents.max(1) as f64
     )];
+    let targets = st.tokens - st.documents;
+    if st.trained < targets {
+        out.push(format!(
+            "{} of the {targets} target tokens have a loss ({:.1}%: a prompt's and a user's turns have none)",
+            st.trained,
+            100.0 * st.trained as f64 / targets.max(1) as f64
+        ));
+    }
+    if st.truncated + st.dropped > 0 {
+        out.push(format!(
+            "{} records longer than a row of {width} tokens: {} truncated, {} left out (data.truncation)",
+            st.truncated + st.dropped,
+            st.truncated,
+            st.dropped
+        ));
+    }
     out.push(
         if st.eos {
             "document lengths (tokens, with the EOS id):"

@@ -59,7 +59,12 @@ pub fn eval(run_dir: &Path, o: &EvalOptions) -> Result<EvalReport> {
     let env: Vec<(String, String)> = std::env::vars().collect();
     let r = config::load_run(&file, &env, &o.sets, &[])?;
     // the run's own tokenizer, unchanged (one given anew is not compared: issue 45, defect 14)
-    crate::rundir::inputs::refuse_changed(run_dir, &r, Some(&["data.tokenizer"]), "kiln eval")?;
+    crate::rundir::inputs::refuse_changed(
+        run_dir,
+        &r,
+        Some(&crate::rundir::inputs::TOKENIZER_KEYS),
+        "kiln eval",
+    )?;
     let c = &r.config;
     let store = checkpoint_store(run_dir)?;
     // the one place it writes: evals/ and its files are never written through a link

@@ -15,5 +15,5 @@ mod tokenize;
 pub use bench::{bench, BenchEvent};
 pub use eval::{eval, EvalOptions, EvalReport};
 pub use export::{export, ExportOptions, ExportReport};
-pub use sample::{sample, SampleOptions};
+pub use sample::{sample, ChatOptions, SampleOptions};
 pub use tokenize::{tokenize, TokenizeOptions, TokenizeReport};

@@ -14,6 +14,7 @@ use std::path::Path;
 use std::time::Instant;
 
 use crate::backend::RankBackend;
+use crate::data::chat::ChatTemplate;
 use crate::data::tokenizer::Tokenizer;
 use crate::error::{Error, Result};
 use crate::model::{Model, Task, TokenDecoder};
@@ -45,6 +46,15 @@ pub struct SampleOptions {
     /// Hand no text to `on_bytes`: the generated ids come back in `SampleReport::ids`
     /// (`--ids`), drawn from the model's whole vocabulary.
     pub ids: bool,
+    /// `--chat`: the prompt is a conversation, rendered with the run's chat template.
+    pub chat: Option<ChatOptions>,
+}
+
+/// `--chat MESSAGE` (`-`: a turn per line of stdin, the conversation kept) and `--system`.
+#[derive(Debug, Clone)]
+pub struct ChatOptions {
+    pub message: String,
+    pub system: Option<String>,
 }
 
 /// What a sample did.
@@ -128,7 +138,12 @@ pub fn sample(
     }
     let r = run_config(run_dir)?;
     // the tokenizer the run was trained with, not one replaced since (issue 45, defect 14)
-    crate::rundir::inputs::refuse_changed(run_dir, &r, Some(&["data.tokenizer"]), "kiln sample")?;
+    crate::rundir::inputs::refuse_changed(
+        run_dir,
+        &r,
+        Some(&crate::rundir::inputs::TOKENIZER_KEYS),
+        "kiln sample",
+    )?;
     let store = checkpoint_store(run_dir)?;
     let (_, (_, model, loaded)) =
         crate::launch::read_model_checkpoint(&store, o.from.as_deref(), &r)?;
@@ -150,12 +165,17 @@ pub fn sample(
             tokenizer.vocab_size()
         )));
     }
+    let template = match &o.chat {
+        Some(_) => Some(chat_template(&r, &tokenizer, run_dir)?),
+        None => None,
+    };
     let placement = crate::backend::resolve(&r.config)?;
     let trained = Trained {
         model: model.as_ref(),
         block,
         params: &loaded.params,
         tokenizer: &tokenizer,
+        template: template.as_ref(),
     };
     macro_rules! dispatch {
         ($($(#[$a:meta])* $v:ident = $name:literal => $ty:ty),* $(,)?) => {
@@ -177,6 +197,25 @@ struct Trained<'a> {
     block: usize,
     params: &'a [f32],
     tokenizer: &'a Tokenizer,
+    /// `--chat`'s template.
+    template: Option<&'a ChatTemplate>,
+}
+
+/// The chat template of the run (`data.chat_template`, or the tokenizer's), for `--chat`.
+fn chat_template(
+    r: &crate::config::Resolved,
+    tokenizer: &Tokenizer,
+    run_dir: &Path,
+) -> Result<ChatTemplate> {
+    let file = crate::data::chat::template_file(r);
+    match ChatTemplate::find(file.as_deref(), tokenizer).map_err(Error::Usage)? {
+        Some(t) => Ok(t),
+        None => Err(Error::Usage(format!(
+            "--chat renders the conversation with a chat template, but the run `{}` has none (its tokenizer {} has no chat_template.jinja beside it nor a `chat_template` in its tokenizer_config.json)\n  = help: train with `data.chat_template` set, or sample with --prompt",
+            run_dir.display(),
+            crate::ui::printable(&tokenizer.name())
+        ))),
+    }
 }
 
 /// `sample` on backend `B`.
@@ -192,104 +231,41 @@ fn generate<B: RankBackend>(
     let (params, tokenizer) = (trained.params, trained.tokenizer);
     let device = B::rank_device(be, ordinal);
     B::prepare(&device, be.precision).map_err(Error::Usage)?;
-    let mut dec = crate::model::decoder_on::<B::InnerBackend>(model, params, &device, o.cache, be.fused)?
+    let dec = crate::model::decoder_on::<B::InnerBackend>(model, params, &device, o.cache, be.fused)?
         .ok_or_else(|| {
             Error::Usage(format!(
                 "model.kind = \"{}\" has no decoder for kiln sample (its family does not implement `Family::decoder`)",
                 model.kind()
             ))
         })?;
-    let (mut context, prompt_text) = prompt(model, tokenizer, o)?;
-    let mut open = o.ids || on_bytes(&prompt_text);
-    if context.is_empty() {
-        // nothing to continue: a new document (GPT-2's end-of-text) or a new paragraph
-        context.push(tokenizer.eot().unwrap_or(u32::from(b'\n')));
-    }
-    if context.len() > block {
-        context.drain(..context.len() - block);
-    }
     let vocab = if o.ids {
         model.task().classes()
     } else {
         tokenizer.vocab_size()
     };
-    let mut ids = Vec::new();
-    let mut rng = Rng::stream(o.seed, "sample", &[]);
-    let mut logits = dec.prefill(&context)?;
-    // each token's text decoded after the ones before it (issue 45, defect 15)
-    let mut text = crate::data::tokenizer::StreamDecoder::new(tokenizer, &context);
+    let mut g = Generator {
+        dec,
+        block,
+        vocab,
+        tokenizer,
+        o,
+        rng: Rng::stream(o.seed, "sample", &[]),
+    };
     let start = Instant::now();
-    let mut out: Vec<u8> = Vec::new();
-    // (a reader gone before the first token: nothing is generated)
-    let mut stopped = (!open).then(|| "a closed output".to_string());
-    let mut made = 0;
-    while made < o.tokens && open {
-        // (a padded vocabulary's extra rows are never drawn)
-        let row = &logits[..vocab.min(logits.len())];
-        let next = if o.temperature == 0.0 {
-            argmax(row)
-        } else {
-            let mut scaled: Vec<f32> = row
-                .iter()
-                .map(|&l| (f64::from(l) / o.temperature) as f32)
-                .collect();
-            if scaled.iter().any(|v| !v.is_finite()) {
-                // a tiny temperature overflows f32 (1e-45 drew the least likely token): shifted
-                // by the largest logit first, in f64, the others become -inf (probability 0),
-                // never +inf, which tends to greedy as the temperature does
-                let top = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                scaled = row
-                    .iter()
-                    .map(|&l| ((f64::from(l) - f64::from(top)) / o.temperature) as f32)
-                    .collect();
+    let (made, ids, stopped) = match (&o.chat, trained.template) {
+        (Some(chat), Some(t)) => g.chat(chat, t, on_bytes)?,
+        _ => {
+            let (mut context, prompt_text) = prompt(model, tokenizer, o)?;
+            let open = o.ids || on_bytes(&prompt_text);
+            if context.is_empty() {
+                // nothing to continue: a new document (GPT-2's end-of-text) or a new paragraph
+                context.push(tokenizer.eot().unwrap_or(u32::from(b'\n')));
             }
-            if scaled.iter().any(|v| v.is_nan()) || !scaled.iter().any(|v| v.is_finite()) {
-                argmax(row)
-            } else {
-                draw(&scaled, o.top_k, o.top_p, rng.next_f64())
-            }
-        } as u32;
-        made += 1;
-        ids.push(next);
-        if !o.ignore_eos && tokenizer.eot() == Some(next) {
-            stopped = Some("end of text".to_string());
-            break;
+            let stops: Vec<u32> = tokenizer.eot().into_iter().collect();
+            let r = g.reply(context, &stops, open, false, on_bytes)?;
+            (r.ids.len(), r.ids, r.stopped)
         }
-        let bytes = if o.ids {
-            Vec::new()
-        } else {
-            text.push(next).map_err(Error::Usage)?
-        };
-        // a reader that is gone stops the generation (issue 45, defect 16)
-        open = o.ids || on_bytes(&bytes);
-        if !open {
-            stopped = Some("a closed output".to_string());
-            break;
-        }
-        out.extend_from_slice(&bytes);
-        if let Some(s) = o.stop.iter().find(|s| out.ends_with(s.as_bytes())) {
-            stopped = Some(format!("stop sequence {s:?}"));
-            break;
-        }
-        if made == o.tokens {
-            break;
-        }
-        logits = if dec.context().len() >= block {
-            // the context is full: drop to its last half, then this token
-            let mut ctx = dec_context(dec.as_ref(), block / 2);
-            ctx.push(next);
-            dec.prefill(&ctx)?
-        } else {
-            dec.step(next)?
-        };
-    }
-    // (an incomplete character held back at the end)
-    if open && !o.ids {
-        let rest = text.finish().map_err(Error::Usage)?;
-        if !rest.is_empty() {
-            on_bytes(&rest);
-        }
-    }
+    };
     Ok(SampleReport {
         tokens: made,
         seconds: start.elapsed().as_secs_f64(),
@@ -297,6 +273,182 @@ fn generate<B: RankBackend>(
         backend,
         ids,
     })
+}
+
+/// A reply: its ids (the stop id last, where one stopped it), its text, why it stopped, and
+/// whether the reader is still there.
+struct Reply {
+    ids: Vec<u32>,
+    text: Vec<u8>,
+    stopped: Option<String>,
+    open: bool,
+}
+
+/// Generates from a decoder: one reply at a time.
+struct Generator<'a> {
+    dec: Box<dyn TokenDecoder + 'a>,
+    block: usize,
+    /// Ids drawn from: below the tokenizer's vocabulary (or the model's, with `--ids`).
+    vocab: usize,
+    tokenizer: &'a Tokenizer,
+    o: &'a SampleOptions,
+    rng: Rng,
+}
+
+impl Generator<'_> {
+    /// Up to `o.tokens` ids after `context`, each one's text handed to `on_bytes` (decoded
+    /// after the context's, or, `alone`, as the reply's own text: transformers'
+    /// `decode(new_ids)`); an id of `stops` ends it (unless `--ignore-eos`), as does a stop
+    /// sequence or a reader gone.
+    fn reply(
+        &mut self,
+        mut context: Vec<u32>,
+        stops: &[u32],
+        mut open: bool,
+        alone: bool,
+        on_bytes: &mut dyn FnMut(&[u8]) -> bool,
+    ) -> Result<Reply> {
+        let (o, block, tokenizer) = (self.o, self.block, self.tokenizer);
+        if context.len() > block {
+            context.drain(..context.len() - block);
+        }
+        let mut logits = self.dec.prefill(&context)?;
+        // each token's text decoded after the ones before it (issue 45, defect 15)
+        let before: &[u32] = if alone { &[] } else { &context };
+        let mut text = crate::data::tokenizer::StreamDecoder::new(tokenizer, before);
+        let mut out: Vec<u8> = Vec::new();
+        let mut ids = Vec::new();
+        // (a reader gone before the first token: nothing is generated)
+        let mut stopped = (!open).then(|| "a closed output".to_string());
+        while ids.len() < o.tokens && open {
+            // (a padded vocabulary's extra rows are never drawn)
+            let next = self.next(&logits[..self.vocab.min(logits.len())]);
+            ids.push(next);
+            if !o.ignore_eos && stops.contains(&next) {
+                stopped = Some("end of text".to_string());
+                break;
+            }
+            let bytes = if o.ids {
+                Vec::new()
+            } else {
+                text.push(next).map_err(Error::Usage)?
+            };
+            // a reader that is gone stops the generation (issue 45, defect 16)
+            open = o.ids || on_bytes(&bytes);
+            if !open {
+                stopped = Some("a closed output".to_string());
+                break;
+            }
+            out.extend_from_slice(&bytes);
+            if let Some(s) = o.stop.iter().find(|s| out.ends_with(s.as_bytes())) {
+                stopped = Some(format!("stop sequence {s:?}"));
+                break;
+            }
+            if ids.len() == o.tokens {
+                break;
+            }
+            logits = if self.dec.context().len() >= block {
+                // the context is full: drop to its last half, then this token
+                let mut ctx = dec_context(self.dec.as_ref(), block / 2);
+                ctx.push(next);
+                self.dec.prefill(&ctx)?
+            } else {
+                self.dec.step(next)?
+            };
+        }
+        // (an incomplete character held back at the end)
+        if open && !o.ids {
+            let rest = text.finish().map_err(Error::Usage)?;
+            if !rest.is_empty() {
+                open = on_bytes(&rest);
+                out.extend_from_slice(&rest);
+            }
+        }
+        Ok(Reply {
+            ids,
+            text: out,
+            stopped,
+            open,
+        })
+    }
+
+    /// The next id from `row`'s logits: the most likely at temperature 0, else drawn.
+    fn next(&mut self, row: &[f32]) -> u32 {
+        let o = self.o;
+        if o.temperature == 0.0 {
+            return argmax(row) as u32;
+        }
+        let mut scaled: Vec<f32> = row
+            .iter()
+            .map(|&l| (f64::from(l) / o.temperature) as f32)
+            .collect();
+        if scaled.iter().any(|v| !v.is_finite()) {
+            // a tiny temperature overflows f32 (1e-45 drew the least likely token): shifted
+            // by the largest logit first, in f64, the others become -inf (probability 0),
+            // never +inf, which tends to greedy as the temperature does
+            let top = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            scaled = row
+                .iter()
+                .map(|&l| ((f64::from(l) - f64::from(top)) / o.temperature) as f32)
+                .collect();
+        }
+        if scaled.iter().any(|v| v.is_nan()) || !scaled.iter().any(|v| v.is_finite()) {
+            argmax(row) as u32
+        } else {
+            draw(&scaled, o.top_k, o.top_p, self.rng.next_f64()) as u32
+        }
+    }
+
+    /// `--chat`: each user turn (the message, or each line of stdin for `-`) rendered with the
+    /// conversation so far and the generation prompt; the reply, to the template's end of turn
+    /// or the EOS id, is printed alone and kept in the conversation.
+    fn chat(
+        &mut self,
+        chat: &ChatOptions,
+        t: &ChatTemplate,
+        on_bytes: &mut dyn FnMut(&[u8]) -> bool,
+    ) -> Result<(usize, Vec<u32>, Option<String>)> {
+        let tokenizer = self.tokenizer;
+        let end_of_turn = t.end_of_turn(tokenizer);
+        let mut stops: Vec<u32> = tokenizer.eos().map(|(id, _)| id).into_iter().collect();
+        stops.extend(end_of_turn);
+        stops.extend(tokenizer.eot());
+        let mut messages: Vec<serde_json::Value> = chat
+            .system
+            .iter()
+            .map(|s| serde_json::json!({"role": "system", "content": s}))
+            .collect();
+        let turns: Box<dyn Iterator<Item = std::io::Result<String>>> = if chat.message == "-" {
+            Box::new(std::io::stdin().lines())
+        } else {
+            Box::new(std::iter::once(Ok(chat.message.clone())))
+        };
+        let (mut made, mut all, mut stopped) = (0, Vec::new(), None);
+        for turn in turns {
+            let turn = turn.map_err(|e| Error::io("reading a turn from stdin", e))?;
+            if turn.trim().is_empty() {
+                continue;
+            }
+            messages.push(serde_json::json!({"role": "user", "content": turn}));
+            let (text, _) = t.render(&messages, true).map_err(Error::Usage)?;
+            let (context, _) = tokenizer.encode_offsets(&text).map_err(Error::Usage)?;
+            let r = self.reply(context, &stops, true, true, on_bytes)?;
+            made += r.ids.len();
+            all.extend(&r.ids);
+            stopped = match r.stopped {
+                Some(s) if s == "end of text" && r.ids.last() == end_of_turn.as_ref() => {
+                    Some("the template's end of turn".to_string())
+                }
+                s => s,
+            };
+            if !r.open || (chat.message == "-" && !on_bytes(b"\n")) {
+                break;
+            }
+            let reply = String::from_utf8_lossy(&r.text).into_owned();
+            messages.push(serde_json::json!({"role": "assistant", "content": reply}));
+        }
+        Ok((made, all, stopped))
+    }
 }
 
 /// The prompt's ids (`--prompt-ids`, each below the model's vocabulary, or `--prompt`'s text

@@ -70,6 +70,7 @@ mod resume;
 mod resume_safety;
 mod run;
 mod run_dirs;
+mod sft;
 mod slurm;
 mod store;
 mod sweep;
