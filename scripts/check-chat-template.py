@@ -6,7 +6,8 @@ ids (each space and newline a token of its own, so that whitespace shows) with C
 (transformers 5 writes it beside the tokenizer) that marks the assistant's turns with
 `{% generation %}` and uses what real templates use (namespace, loop, loop controls,
 raise_exception, string methods, the special-token variables). Writes DIR/chats.jsonl
-(40 conversations) and DIR/pc.jsonl (prompt-completion records), and prints as JSON:
+(40 conversations) and DIR/pc.jsonl (prompt-completion records), the same as DIR/chats.parquet
+and DIR/pc.parquet (pyarrow), and prints as JSON:
 
 - `chats`: for each conversation, `apply_chat_template(messages, tokenize=True,
   return_dict=True, return_assistant_tokens_mask=True)`'s `input_ids` and `assistant_masks`;
@@ -23,6 +24,8 @@ raise_exception, string methods, the special-token variables). Writes DIR/chats.
 import json
 import sys
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import torch
 from tokenizers import AddedToken, Regex, Tokenizer, models, pre_tokenizers, processors
 from transformers import AutoTokenizer, LlamaForCausalLM, PreTrainedTokenizerFast
@@ -99,6 +102,10 @@ pcs = [{"prompt": words(p, 1 + p % 5), "completion": " " + words(p + 50, 1 + p %
 with open(f"{out}/pc.jsonl", "w") as f:
     for r in pcs:
         f.write(json.dumps(r) + "\n")
+# the same records as parquet, as `datasets` writes them: messages a list of structs, in row
+# groups of 16
+pq.write_table(pa.Table.from_pylist([{"messages": m} for m in chats]), f"{out}/chats.parquet", row_group_size=16)
+pq.write_table(pa.Table.from_pylist(pcs), f"{out}/pc.parquet")
 
 tok = AutoTokenizer.from_pretrained(out)
 result = {"chats": [], "pc": []}

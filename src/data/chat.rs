@@ -628,18 +628,7 @@ fn strftime(format: &str, secs: i64) -> String {
         "Sunday",
     ];
     let days = secs.div_euclid(86_400);
-    let tod = secs.rem_euclid(86_400);
-    let (h, mi, s) = (tod / 3600, tod % 3600 / 60, tod % 60);
-    // civil from days (Howard Hinnant's algorithm)
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
+    let [y, m, d, h, mi, s] = crate::ui::civil(secs);
     let leap = (y % 4 == 0 && y % 100 != 0) || y % 400 == 0;
     let before = [0, 31, 59, 90, 120, 151, 181, 212, 243, 273, 304, 334][(m - 1) as usize];
     let yday = before + d + i64::from(leap && m > 2);

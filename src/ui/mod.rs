@@ -115,6 +115,12 @@ fn utc_parts(t: std::time::SystemTime) -> ([i64; 6], i64) {
         .map(|d| d.as_millis() as i64)
         .unwrap_or(0);
     let (secs, ms) = (ms_total.div_euclid(1000), ms_total.rem_euclid(1000));
+    (civil(secs), ms)
+}
+
+/// Year, month, day, hour, minute and second of `secs` seconds after 1970-01-01T00:00:00
+/// (Howard Hinnant's days-to-civil algorithm).
+pub fn civil(secs: i64) -> [i64; 6] {
     let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
     let z = days + 719_468;
     let era = z.div_euclid(146_097);
@@ -125,7 +131,7 @@ fn utc_parts(t: std::time::SystemTime) -> ([i64; 6], i64) {
     let d = doy - (153 * mp + 2) / 5 + 1;
     let m = if mp < 10 { mp + 3 } else { mp - 9 };
     let y = yoe + era * 400 + i64::from(m <= 2);
-    ([y, m, d, rem / 3600, rem % 3600 / 60, rem % 60], ms)
+    [y, m, d, rem / 3600, rem % 3600 / 60, rem % 60]
 }
 
 #[cfg(test)]

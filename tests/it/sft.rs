@@ -125,6 +125,17 @@ fn chat_rows_and_loss_are_transformers() {
             &format!("record {k}"),
         );
     }
+    // the same records as parquet (a list of structs for the messages) give the same rows
+    for (toml, n) in [("t.toml", 40), ("pc.toml", 10)] {
+        let text = std::fs::read_to_string(d.path().join(toml)).unwrap();
+        let pq = text
+            .replace(".jsonl", ".parquet")
+            .replace("kind = \"jsonl\"", "kind = \"parquet\"");
+        write(d.path(), "pq.toml", &pq);
+        let a = preview(d.path(), toml, n);
+        let b = preview(d.path(), "pq.toml", n);
+        assert_eq!(a, b, "{toml} as parquet");
+    }
     let (loss, tokens) = (
         want["loss"].as_f64().unwrap(),
         want["tokens"].as_u64().unwrap(),
@@ -296,6 +307,24 @@ fn chat_data_trains_to_a_mean_over_the_global_batchs_trained_tokens() {
         text.contains("target tokens have a loss")
             && text.contains("records longer than a row of 49 tokens:"),
         "{text}"
+    );
+    // the run log names the first one truncated
+    let o = kiln(
+        d.path(),
+        &[
+            "run",
+            "t.toml",
+            "--quiet",
+            "--set",
+            "experiment.name=\"cut\"",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let log = std::fs::read_to_string(d.path().join("runs/cut/logs/rank-0.log")).unwrap();
+    assert!(
+        log.contains("chats.jsonl: line ")
+            && log.contains("is longer than a row of 49 tokens: truncated to a row"),
+        "{log}"
     );
 }
 
