@@ -22,6 +22,7 @@ and DIR/pc.parquet (pyarrow), and prints as JSON:
     python3 scripts/check-chat-template.py DIR
 """
 import json
+import os
 import sys
 
 import pyarrow as pa
@@ -150,4 +151,34 @@ with torch.no_grad():
         pad_token_id=0,
     )
 result["generated"] = g[0, len(prompt):].tolist()
+
+# templates in the style of Llama 3.1's, Qwen2.5's and Mistral's
+# (tests/fixtures/chat-templates), rendered to text, or the error they raise
+here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "fixtures", "chat-templates")
+call = {"type": "function", "function": {"name": "add", "arguments": {"a": 1, "b": 2.5}}}
+convs = [
+    [{"role": "system", "content": " Be brief. "}, {"role": "user", "content": "Hi"},
+     {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "1 + 2?"},
+     {"role": "assistant", "content": " 3 "}],
+    [{"role": "user", "content": "Add 1 and 2.5"}, {"role": "assistant", "content": None, "tool_calls": [call]},
+     {"role": "tool", "content": "3.5"}, {"role": "assistant", "content": "It is 3.5."}],
+    [{"role": "user", "content": "Ünïcode ☃ and \"quotes\""}],
+]
+result["specials"] = dict(tok.special_tokens_map)
+result["templates"] = []
+for name in sorted(os.listdir(here)):
+    if not name.endswith(".jinja"):
+        continue
+    with open(os.path.join(here, name)) as f:
+        template = f.read()
+    for i, conv in enumerate(convs):
+        for prompt in (False, True):
+            case = {"template": name, "conversation": conv, "prompt": prompt}
+            try:
+                case["text"] = tok.apply_chat_template(
+                    conv, chat_template=template, tokenize=False, add_generation_prompt=prompt
+                )
+            except Exception as e:  # the template's raise_exception
+                case["error"] = str(e)
+            result["templates"].append(case)
 print(json.dumps(result))

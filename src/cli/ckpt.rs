@@ -125,8 +125,10 @@ fn verify(run_dir: &std::path::Path) -> Result<()> {
             }
         }
         let Some(newest) = entries.iter().find(|e| !is_tmp(e)) else {
-            // a listing made while a save and a deletion renamed their directories
-            if live && tries < 100 && store.is_changing() {
+            // a listing made while a save and a deletion renamed their directories (the
+            // renames may be over by the time `is_changing` looks: a live run is listed
+            // again, for up to a second, whatever it says)
+            if live && tries < 100 {
                 std::thread::sleep(std::time::Duration::from_millis(10));
                 continue;
             }

@@ -92,6 +92,13 @@ pub fn sample(a: &SampleArgs) -> Result<()> {
     if a.prompt_ids.as_ref().is_some_and(|p| p.is_empty()) {
         return Err(Error::Usage("--prompt-ids: give at least one id".into()));
     }
+    if a.chat.as_ref().is_some_and(|m| m.trim().is_empty()) {
+        return Err(Error::Usage(
+            "--chat: give a message (or `-` to read a turn per line of stdin)".into(),
+        ));
+    }
+    // `--chat -` ends each reply with its own line
+    let turns = a.chat.as_deref() == Some("-");
     let mut out = std::io::stdout().lock();
     let mut failed = None;
     // the first failed write stops the sampling (`| head` closed the pipe)
@@ -103,7 +110,8 @@ pub fn sample(a: &SampleArgs) -> Result<()> {
         }
         failed.is_none()
     })?;
-    if a.ids {
+    if turns {
+    } else if a.ids {
         let list = serde_json::to_string(&rep.ids).unwrap_or_default();
         if let Err(e) = writeln!(out, "{list}") {
             if e.kind() != std::io::ErrorKind::BrokenPipe {

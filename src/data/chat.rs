@@ -422,7 +422,7 @@ fn read_json(p: &Path) -> Option<serde_json::Value> {
 fn describe(e: &Error) -> String {
     let mut s = e.to_string();
     if let Some(line) = e.line() {
-        if !s.contains("line") {
+        if !s.contains("line") && !s.contains("(in ") {
             s.push_str(&format!(" (line {line})"));
         }
     }

@@ -289,7 +289,8 @@ impl Corpus {
                 let fields =
                     super::records::first_fields(&self.shards[0].path, self.format, self.key)?;
                 let has = |f: &str| fields.iter().any(|g| g == f);
-                if has(&d.messages_field) {
+                // (a `data.messages_field` of one's own says the records are conversations)
+                if has(&d.messages_field) || d.messages_field != "messages" {
                     messages
                 } else if has("prompt") && has("completion") {
                     Shape::PromptCompletion

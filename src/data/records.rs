@@ -302,6 +302,15 @@ impl Documents {
         &self,
         mut record: serde_json::Map<String, serde_json::Value>,
     ) -> Result<Content, String> {
+        // a missing field is said with the fields the record has
+        if let Some(f) = self
+            .shape
+            .fields()
+            .into_iter()
+            .find(|f| !record.contains_key(*f))
+        {
+            return Err(self.missing(f, record.keys()));
+        }
         let key = self.shape.key();
         let mut string = |field: &str| match record.remove(field) {
             Some(serde_json::Value::String(text)) => Ok(text),
@@ -309,32 +318,18 @@ impl Documents {
                 "`{field}` ({key}) is {}, not a string",
                 json_kind(&other)
             )),
-            None => Err(String::new()),
-        };
-        let missing = |record: &serde_json::Map<String, serde_json::Value>, field: &str| {
-            self.missing(field, record.keys())
+            None => Err(format!("`{field}` ({key}) is missing")),
         };
         match &self.shape {
-            Shape::Text { field, .. } => match string(field) {
-                Err(e) if e.is_empty() => Err(missing(&record, field)),
-                r => r.map(Content::Text),
-            },
-            Shape::PromptCompletion => {
-                let prompt = string("prompt");
-                let completion = string("completion");
-                match (prompt, completion) {
-                    (Ok(prompt), Ok(completion)) => {
-                        Ok(Content::PromptCompletion { prompt, completion })
-                    }
-                    (Err(e), _) | (_, Err(e)) if !e.is_empty() => Err(e),
-                    (Err(_), _) => Err(missing(&record, "prompt")),
-                    (_, Err(_)) => Err(missing(&record, "completion")),
-                }
+            Shape::Text { field, .. } => string(field).map(Content::Text),
+            Shape::PromptCompletion => Ok(Content::PromptCompletion {
+                prompt: string("prompt")?,
+                completion: string("completion")?,
+            }),
+            Shape::Messages { field } => {
+                let v = record.remove(field).unwrap_or_default();
+                messages(v, field).map(Content::Messages)
             }
-            Shape::Messages { field } => match record.remove(field) {
-                Some(v) => messages(v, field).map(Content::Messages),
-                None => Err(missing(&record, field)),
-            },
         }
     }
 
@@ -680,6 +675,32 @@ mod tests {
             let err = texts(d).unwrap_err();
             assert!(err.contains(&p.display().to_string()), "{err}");
             assert!(err.contains(want), "{err}\nwants: {want}");
+        }
+    }
+
+    #[test]
+    fn a_prompt_completion_record_without_a_field_lists_the_ones_it_has() {
+        let dir = crate::testdir::tempdir().unwrap();
+        for (body, want) in [
+            (
+                "{\"prompt\": \"1 plus 2\"}\n",
+                "line 1: the record has no `completion` (data.format); its fields: `prompt`",
+            ),
+            (
+                "{\"completion\": \"3\", \"extra\": 1}\n",
+                "line 1: the record has no `prompt` (data.format); its fields: `completion`, `extra`",
+            ),
+            (
+                "{\"prompt\": \"1\", \"completion\": 3}\n",
+                "line 1: `completion` (data.format) is a number, not a string",
+            ),
+        ] {
+            let p = dir.path().join("pc.jsonl");
+            std::fs::write(&p, body).unwrap();
+            let d = Documents::open_shape(&p, Format::Jsonl, &Shape::PromptCompletion, "data.path")
+                .unwrap();
+            let err = d.map(|r| r.map(|_| ())).collect::<Result<Vec<_>, _>>().unwrap_err();
+            assert!(err.to_string().contains(want), "{err}\nwants: {want}");
         }
     }
 

@@ -146,8 +146,9 @@ pub fn changed(run_dir: &Path, r: &Resolved, keys: Option<&[&str]>) -> Vec<Strin
 
 /// The keys of the tokenizer and the files beside it (what `kiln sample` and `kiln eval`
 /// read of a run's inputs).
-pub const TOKENIZER_KEYS: [&str; 4] = [
+pub const TOKENIZER_KEYS: [&str; 5] = [
     "data.tokenizer",
+    "data.chat_template",
     "data.tokenizer (tokenizer_config.json)",
     "data.tokenizer (special_tokens_map.json)",
     "data.tokenizer (chat_template.jinja)",

@@ -387,8 +387,9 @@ pub fn stats_text(st: &Stats, names: &[String], width: usize) -> Vec<String> {
     }
     if st.truncated + st.dropped > 0 {
         out.push(format!(
-            "{} records longer than a row of {width} tokens: {} truncated, {} left out (data.truncation)",
+            "{} record{} longer than a row of {width} tokens: {} truncated, {} left out (data.truncation)",
             st.truncated + st.dropped,
+            if st.truncated + st.dropped == 1 { "" } else { "s" },
             st.truncated,
             st.dropped
         ));

@@ -441,7 +441,13 @@ impl Generator<'_> {
                 }
                 s => s,
             };
-            if !r.open || (chat.message == "-" && !on_bytes(b"\n")) {
+            // a turn per line: each reply (or, `--ids`, its ids as a JSON list) on a line
+            let end = if self.o.ids {
+                format!("{}\n", serde_json::to_string(&r.ids).unwrap_or_default())
+            } else {
+                "\n".to_string()
+            };
+            if !r.open || (chat.message == "-" && !on_bytes(end.as_bytes())) {
                 break;
             }
             let reply = String::from_utf8_lossy(&r.text).into_owned();

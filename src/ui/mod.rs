@@ -20,7 +20,13 @@ pub fn out(line: &str) {
 /// model's config.json) can never drive the user's terminal (issue 58, defect 14: ESC, an OSC
 /// title and NUL were printed raw).
 pub fn printable(text: &str) -> std::borrow::Cow<'_, str> {
-    let bad = |c: char| c.is_control() && c != '\n' && c != '\t';
+    // control characters, and the bidirectional overrides and isolates that reorder how a
+    // line shows (U+202A-U+202E, U+2066-U+2069)
+    let bad = |c: char| {
+        (c.is_control() && c != '\n' && c != '\t')
+            || ('\u{202A}'..='\u{202E}').contains(&c)
+            || ('\u{2066}'..='\u{2069}').contains(&c)
+    };
     if !text.chars().any(bad) {
         return std::borrow::Cow::Borrowed(text);
     }
@@ -162,6 +168,11 @@ mod printable_tests {
         assert_eq!(
             super::printable("shard \u{1b}]0;pwned\u{7}\0.safetensors \u{9b}"),
             "shard \\u{1b}]0;pwned\\u{7}\\u{0}.safetensors \\u{9b}"
+        );
+        // a right-to-left override would show the rest of the line reversed
+        assert_eq!(
+            super::printable("a\u{202e}txt.exe \u{2066}b"),
+            "a\\u{202e}txt.exe \\u{2066}b"
         );
     }
 }

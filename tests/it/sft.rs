@@ -70,6 +70,26 @@ fn chat_rows_and_loss_are_transformers() {
         .unwrap();
     assert!(o.status.success(), "{}", stderr(&o));
     let want: serde_json::Value = serde_json::from_str(stdout(&o).trim()).unwrap();
+    // templates in the style of Llama 3.1's, Qwen2.5's and Mistral's render to transformers'
+    // text (today's date included), or fail where transformers' do
+    let specials: std::collections::BTreeMap<String, String> =
+        serde_json::from_value(want["specials"].clone()).unwrap();
+    let cases = want["templates"].as_array().unwrap();
+    assert_eq!(cases.len(), 18);
+    for c in cases {
+        let name = c["template"].as_str().unwrap();
+        let source =
+            std::fs::read_to_string(root().join("tests/fixtures/chat-templates").join(name))
+                .unwrap();
+        let t =
+            kiln::data::chat::ChatTemplate::new(&source, name.into(), specials.clone()).unwrap();
+        let conv = c["conversation"].as_array().unwrap();
+        let got = t.render(conv, c["prompt"].as_bool().unwrap());
+        match c["text"].as_str() {
+            Some(text) => assert_eq!(got.unwrap().0, text, "{c}"),
+            None => assert!(got.is_err(), "{c}: kiln rendered {got:?}"),
+        }
+    }
     // (the fixture's files are the script's)
     for f in [
         "tokenizer.json",
@@ -201,6 +221,45 @@ fn chat_rows_and_loss_are_transformers() {
     let o = child.wait_with_output().unwrap();
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert_eq!(stdout(&o).trim_end().lines().count(), 2, "{}", stdout(&o));
+    // with --ids, each turn's ids on a line; an empty message is exit 2
+    let mut child = std::process::Command::new(crate::common::KILN)
+        .current_dir(d.path())
+        .args([
+            "sample",
+            run.to_str().unwrap(),
+            "--chat",
+            "-",
+            "--temperature",
+            "0",
+            "--tokens",
+            "3",
+            "--ids",
+        ])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write;
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(b"w9 w10\nw11\n").unwrap();
+    }
+    let o = child.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let lines: Vec<String> = stdout(&o).lines().map(str::to_string).collect();
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    for l in &lines {
+        let ids: Vec<u32> = serde_json::from_str(l).unwrap();
+        assert!(!ids.is_empty() && ids.len() <= 3, "{l}");
+    }
+    let o = kiln(d.path(), &["sample", run.to_str().unwrap(), "--chat", " "]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("--chat: give a message"),
+        "{}",
+        stderr(&o)
+    );
     for packing in ["true", "false"] {
         let name = format!("packing-{packing}");
         let o = kiln(
