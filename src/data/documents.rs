@@ -65,12 +65,6 @@ pub enum Fit {
 }
 
 impl Encoder {
-    /// A text's ids as a document of its own: the tokenizer's (with its own special tokens,
-    /// such as a BOS), then the EOS id.
-    pub fn encode_text(&self, text: &str) -> Result<Vec<u32>, String> {
-        self.encode(&Content::Text(text.to_string()))
-    }
-
     /// A record's ids as `encode` gives them, a prompt-completion or a conversation longer than
     /// a row truncated or dropped (no ids) as `data.truncation` says.
     pub fn fit(&self, content: &Content) -> Result<(Vec<u32>, Fit), String> {

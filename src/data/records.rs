@@ -18,10 +18,10 @@ use std::sync::Arc;
 use parquet::basic::{ConvertedType, LogicalType, Type as Physical};
 use parquet::file::reader::{FileReader, SerializedFileReader};
 use parquet::record::reader::RowIter;
-use parquet::record::{Field, Row};
+use parquet::record::Row;
 use parquet::schema::types::Type;
 
-use super::shape::{json_kind, messages};
+use super::shape::json_kind;
 pub use super::shape::{Content, Shape};
 use super::DataError;
 
@@ -311,26 +311,7 @@ impl Documents {
         {
             return Err(self.missing(f, record.keys()));
         }
-        let key = self.shape.key();
-        let mut string = |field: &str| match record.remove(field) {
-            Some(serde_json::Value::String(text)) => Ok(text),
-            Some(other) => Err(format!(
-                "`{field}` ({key}) is {}, not a string",
-                json_kind(&other)
-            )),
-            None => Err(format!("`{field}` ({key}) is missing")),
-        };
-        match &self.shape {
-            Shape::Text { field, .. } => string(field).map(Content::Text),
-            Shape::PromptCompletion => Ok(Content::PromptCompletion {
-                prompt: string("prompt")?,
-                completion: string("completion")?,
-            }),
-            Shape::Messages { field } => {
-                let v = record.remove(field).unwrap_or_default();
-                messages(v, field).map(Content::Messages)
-            }
-        }
+        self.shape.content(|f| record.remove(f))
     }
 
     fn next_parquet(&mut self) -> Option<Result<Document, DataError>> {
@@ -365,32 +346,11 @@ impl Documents {
     /// A parquet row's content (its columns are the shape's fields, checked when the file was
     /// opened to be strings, or a list for messages).
     fn parquet_content(&self, r: &Row) -> Result<Content, String> {
-        let key = self.shape.key();
-        let string = |field: &str| -> Result<String, String> {
-            match r
-                .get_column_iter()
-                .find(|(n, _)| n.as_str() == field)
-                .map(|(_, f)| f)
-            {
-                Some(Field::Str(s)) => Ok(s.clone()),
-                Some(Field::Null) | None => Err(format!("`{field}` ({key}) is null, not a string")),
-                Some(_) => Err(format!("`{field}` ({key}) is not a string")),
-            }
-        };
-        match &self.shape {
-            Shape::Text { field, .. } => string(field).map(Content::Text),
-            Shape::PromptCompletion => Ok(Content::PromptCompletion {
-                prompt: string("prompt")?,
-                completion: string("completion")?,
-            }),
-            Shape::Messages { field } => {
-                let v = r
-                    .get_column_iter()
-                    .find(|(n, _)| n.as_str() == field)
-                    .map_or(serde_json::Value::Null, |(_, f)| f.to_json_value());
-                messages(v, field).map(Content::Messages)
-            }
-        }
+        self.shape.content(|f| {
+            r.get_column_iter()
+                .find(|(n, _)| n.as_str() == f)
+                .map(|(_, v)| v.to_json_value())
+        })
     }
 
     fn missing<'a>(&self, field: &str, keys: impl Iterator<Item = &'a String>) -> String {

@@ -23,6 +23,33 @@ impl Shape {
         }
     }
 
+    /// A record's content from its fields, `take` handing out each field's value (`None` where
+    /// the record has none): jsonl's object and parquet's row alike.
+    pub(super) fn content(
+        &self,
+        mut take: impl FnMut(&str) -> Option<serde_json::Value>,
+    ) -> Result<Content, String> {
+        let key = self.key();
+        let mut string = |field: &str| match take(field) {
+            Some(serde_json::Value::String(text)) => Ok(text),
+            Some(other) => Err(format!(
+                "`{field}` ({key}) is {}, not a string",
+                json_kind(&other)
+            )),
+            None => Err(format!("`{field}` ({key}) is missing")),
+        };
+        match self {
+            Shape::Text { field, .. } => string(field).map(Content::Text),
+            Shape::PromptCompletion => Ok(Content::PromptCompletion {
+                prompt: string("prompt")?,
+                completion: string("completion")?,
+            }),
+            Shape::Messages { field } => {
+                messages(take(field).unwrap_or_default(), field).map(Content::Messages)
+            }
+        }
+    }
+
     /// The config key that names a field, for messages.
     pub(super) fn key(&self) -> &'static str {
         match self {
@@ -58,10 +85,7 @@ pub(super) fn json_kind(v: &serde_json::Value) -> &'static str {
 }
 
 /// A conversation (the value of `field`): a list of objects, each with a string `role`.
-pub(super) fn messages(
-    v: serde_json::Value,
-    field: &str,
-) -> Result<Vec<serde_json::Value>, String> {
+fn messages(v: serde_json::Value, field: &str) -> Result<Vec<serde_json::Value>, String> {
     let serde_json::Value::Array(list) = v else {
         return Err(format!(
             "`{field}` (data.messages_field) is {}, not a list of messages",

@@ -33,6 +33,26 @@ pub fn kiln_env(cwd: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
     cmd.output().expect("run kiln")
 }
 
+/// Runs kiln in `cwd` with `args` (as `kiln`), `input` on its stdin.
+pub fn kiln_stdin(cwd: &Path, args: &[&str], input: &[u8]) -> Output {
+    use std::io::Write as _;
+    use std::process::Stdio;
+    let mut child = clean_cmd(Path::new(KILN), cwd, args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run kiln");
+    // (stdin is closed when this write's handle drops: kiln reads to its end)
+    child
+        .stdin
+        .take()
+        .expect("kiln's stdin")
+        .write_all(input)
+        .expect("write kiln's stdin");
+    child.wait_with_output().expect("wait for kiln")
+}
+
 /// The exit code of a finished kiln (`None`: killed by a signal).
 pub fn code(o: &Output) -> Option<i32> {
     o.status.code()

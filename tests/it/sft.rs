@@ -196,37 +196,29 @@ fn chat_rows_and_loss_are_transformers() {
         "kiln sample --chat vs transformers' generate"
     );
     // `--chat -`: a turn per line of stdin, each reply on a line of its own
-    let mut child = std::process::Command::new(crate::common::KILN)
-        .current_dir(d.path())
-        .args([
+    let run_dir = run.to_str().unwrap();
+    let o = crate::common::kiln_stdin(
+        d.path(),
+        &[
             "sample",
-            run.to_str().unwrap(),
+            run_dir,
             "--chat",
             "-",
             "--temperature",
             "0",
             "--tokens",
             "4",
-        ])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    {
-        use std::io::Write;
-        let mut stdin = child.stdin.take().unwrap();
-        stdin.write_all(b"w9 w10\n\nw11\n").unwrap();
-    }
-    let o = child.wait_with_output().unwrap();
+        ],
+        b"w9 w10\n\nw11\n",
+    );
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert_eq!(stdout(&o).trim_end().lines().count(), 2, "{}", stdout(&o));
     // with --ids, each turn's ids on a line; an empty message is exit 2
-    let mut child = std::process::Command::new(crate::common::KILN)
-        .current_dir(d.path())
-        .args([
+    let o = crate::common::kiln_stdin(
+        d.path(),
+        &[
             "sample",
-            run.to_str().unwrap(),
+            run_dir,
             "--chat",
             "-",
             "--temperature",
@@ -234,18 +226,9 @@ fn chat_rows_and_loss_are_transformers() {
             "--tokens",
             "3",
             "--ids",
-        ])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    {
-        use std::io::Write;
-        let mut stdin = child.stdin.take().unwrap();
-        stdin.write_all(b"w9 w10\nw11\n").unwrap();
-    }
-    let o = child.wait_with_output().unwrap();
+        ],
+        b"w9 w10\nw11\n",
+    );
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let lines: Vec<String> = stdout(&o).lines().map(str::to_string).collect();
     assert_eq!(lines.len(), 2, "{lines:?}");
