@@ -45,6 +45,7 @@ fn state(n: usize, layout: Layout) -> State {
         micro_batch: 32,
         grad_accum_steps: 1,
         num_params: n,
+        frozen_params: 0,
         input_shape: vec![512],
         params: layout,
         optimizer: OptimizerInfo {
@@ -137,7 +138,7 @@ fn main() {
                         (part(&params), o)
                     }
                 };
-                for (name, bytes) in encode_files(&layout, r, &specs, &p, &o).expect("encode") {
+                for (name, bytes) in encode_files(&layout, r, &specs, 0, &p, &o).expect("encode") {
                     store.write_file(it, &name, &bytes).expect("write");
                 }
             }

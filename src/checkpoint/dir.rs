@@ -573,14 +573,28 @@ pub fn load(dir: &Path, specs: &[(String, Vec<usize>)]) -> Result<Loaded, Checkp
         .map(|(name, b)| tensors::decode(b).map_err(|e| invalid(dir, format!("{name}: {e}"))))
         .collect::<Result<Vec<TensorFile>, _>>()?
         .into_iter();
-    let mut whole = Whole::new(n);
+    let frozen = state.frozen_params;
+    if frozen > n {
+        return Err(invalid(
+            dir,
+            format!(
+                "state.json: `frozen_params` = {frozen} is more than the model's {n} parameters"
+            ),
+        ));
+    }
+    let mut whole = Whole::new(n, n - frozen);
     for r in 0..ranks {
         let (mname, oname) = (state.params.model_file(r), state.params.optim_file(r));
         let (Some(model), Some(optim)) = (decoded.next(), decoded.next()) else {
             break;
         };
         whole
-            .read(&model, &optim, &placements(&state.params, r, specs))
+            .read(
+                &model,
+                &optim,
+                &placements(&state.params, r, specs, 0),
+                &placements(&state.params, r, specs, frozen),
+            )
             .map_err(|e| invalid(dir, format!("{mname}/{oname}: {e}")))?;
     }
     let (params, opt) = whole.finish().map_err(|e| invalid(dir, e))?;
@@ -715,6 +729,7 @@ mod tests {
             micro_batch: 1,
             grad_accum_steps: 1,
             num_params: n,
+            frozen_params: 0,
             input_shape: vec![2],
             params,
             optimizer: OptimizerInfo {
@@ -799,7 +814,8 @@ mod tests {
                         v: part(&opt.v),
                     }
                 };
-                for (name, bytes) in encode_files(&sharded, r, &specs, &part(&params), &o).unwrap()
+                for (name, bytes) in
+                    encode_files(&sharded, r, &specs, 0, &part(&params), &o).unwrap()
                 {
                     store.write_file(step, &name, &bytes).unwrap();
                 }
@@ -824,7 +840,7 @@ mod tests {
         );
 
         store.begin(2).unwrap();
-        for (name, bytes) in encode_files(&Layout::Full, 0, &specs, &params, &opt).unwrap() {
+        for (name, bytes) in encode_files(&Layout::Full, 0, &specs, 0, &params, &opt).unwrap() {
             store.write_file(2, &name, &bytes).unwrap();
         }
         store

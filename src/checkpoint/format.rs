@@ -134,10 +134,13 @@ type Piece<'a> = (String, Vec<usize>, &'a [f32]);
 /// The (name, shape, values) tensors of `params` and `opt` for `layout` on `rank`: the whole
 /// model's parameters by `specs` (name and shape of each, in flat order), or each unit's owned
 /// part (`params` and the optimizer buffers then hold the rank's parts of the units, in order).
+/// Only the tensors from flat element `from` on are there (the optimizer state of a model
+/// whose first `from` parameters are frozen: a boundary between parameters and units).
 fn pieces<'a>(
     layout: &Layout,
     rank: usize,
     specs: &'a [(String, Vec<usize>)],
+    from: usize,
     buf: &'a [f32],
 ) -> Result<Vec<Piece<'a>>, String> {
     let mut out = Vec::new();
@@ -154,12 +157,17 @@ fn pieces<'a>(
     };
     match layout {
         Layout::Full => {
+            let mut at = 0;
             for (name, shape) in specs {
-                out.push((name.clone(), shape.clone(), take(shape.iter().product())?));
+                let n: usize = shape.iter().product();
+                at += n;
+                if at > from {
+                    out.push((name.clone(), shape.clone(), take(n)?));
+                }
             }
         }
         Layout::Sharded { units, .. } => {
-            for (i, u) in units.iter().enumerate() {
+            for (i, u) in units.iter().enumerate().filter(|(_, u)| u.start >= from) {
                 let n = u.owned(rank).len();
                 out.push((u.tensor(i), vec![n], take(n)?));
             }
@@ -175,11 +183,13 @@ fn pieces<'a>(
 }
 
 /// The files rank `rank` writes for a checkpoint in `layout`: `params` and `opt` are the whole
-/// model's (rank 0 of `Full`) or the rank's parts of every unit (`Sharded`).
+/// model's (rank 0 of `Full`) or the rank's parts of every unit (`Sharded`); `opt` covers the
+/// parameters after the first `frozen`.
 pub fn encode_files(
     layout: &Layout,
     rank: usize,
     specs: &[(String, Vec<usize>)],
+    frozen: usize,
     params: &[f32],
     opt: &OptState,
 ) -> Result<Vec<(String, Vec<u8>)>, String> {
@@ -192,7 +202,7 @@ pub fn encode_files(
             serde_json::to_string(units).map_err(|e| e.to_string())?,
         ));
     }
-    let model = pieces(layout, rank, specs, params)?;
+    let model = pieces(layout, rank, specs, 0, params)?;
     let refs: Vec<(&str, &[usize], &[f32])> = model
         .iter()
         .map(|(n, s, d)| (n.as_str(), s.as_slice(), *d))
@@ -200,7 +210,7 @@ pub fn encode_files(
     let model_bytes = tensors::encode(&refs, metadata(&meta))?;
     let mut named = Vec::new();
     for (prefix, buf) in opt.named() {
-        for (n, s, d) in pieces(layout, rank, specs, buf)? {
+        for (n, s, d) in pieces(layout, rank, specs, frozen, buf)? {
             named.push((format!("{prefix}.{n}"), s, d));
         }
     }
@@ -260,13 +270,16 @@ fn fill(
     }
 }
 
-/// Where each tensor of rank `rank`'s files goes in the whole flat buffer: (name, range, shape).
+/// Where each tensor of rank `rank`'s files goes in the whole flat buffer: (name, range, shape);
+/// with `from` > 0, only those from flat element `from` on, in a buffer that starts there (the
+/// optimizer state of a model with frozen parameters).
 pub(super) fn placements(
     layout: &Layout,
     rank: usize,
     specs: &[(String, Vec<usize>)],
+    from: usize,
 ) -> Vec<(String, Range<usize>, Vec<usize>)> {
-    match layout {
+    let all = match layout {
         Layout::Full => {
             let mut off = 0;
             specs
@@ -289,13 +302,28 @@ pub(super) fn placements(
                     vec![own.len()],
                 )
             })
-            .collect(),
+            .collect::<Vec<_>>(),
+    };
+    if from == 0 {
+        return all;
     }
+    // (a unit's owned part may be empty: it is there when its unit starts at or after `from`)
+    let starts: Vec<usize> = match layout {
+        Layout::Full => all.iter().map(|(_, r, _)| r.start).collect(),
+        Layout::Sharded { units, .. } => units.iter().map(|u| u.start).collect(),
+    };
+    all.into_iter()
+        .zip(starts)
+        .filter(|(_, start)| *start >= from)
+        .map(|((name, r, shape), _)| (name, r.start - from..r.end - from, shape))
+        .collect()
 }
 
 /// A checkpoint's tensors made whole while its ranks' files are read.
 pub(super) struct Whole {
     pub params: Vec<f32>,
+    /// Elements of the optimizer state (the parameters that train).
+    trained: usize,
     pub m: Option<Vec<f32>>,
     pub v: Option<Vec<f32>>,
     pub steps: u64,
@@ -305,9 +333,10 @@ pub(super) struct Whole {
 }
 
 impl Whole {
-    pub fn new(n: usize) -> Self {
+    pub fn new(n: usize, trained: usize) -> Self {
         Whole {
             params: vec![0f32; n],
+            trained,
             m: None,
             v: None,
             steps: 0,
@@ -336,11 +365,13 @@ impl Whole {
     }
 
     /// Reads one rank's model and optimizer files into place.
+    /// `pieces` place the model's tensors, `opt_pieces` the optimizer state's.
     pub fn read(
         &mut self,
         model: &TensorFile,
         optim: &TensorFile,
         pieces: &[(String, Range<usize>, Vec<usize>)],
+        opt_pieces: &[(String, Range<usize>, Vec<usize>)],
     ) -> Result<(), String> {
         if !fill(model, "", pieces, &mut self.params)? && pieces.iter().any(|p| !p.1.is_empty()) {
             let want: Vec<&str> = pieces.iter().take(3).map(|p| p.0.as_str()).collect();
@@ -361,7 +392,8 @@ impl Whole {
             .get("steps")
             .and_then(|s| s.parse().ok())
             .ok_or("the optimizer file's metadata has no `steps`")?;
-        let n = self.params.len();
+        let n = self.trained;
+        let pieces = opt_pieces;
         let owns = pieces.iter().any(|p| !p.1.is_empty());
         for (k, (prefix, second)) in OPT_PREFIXES.into_iter().enumerate() {
             let dotted = format!("{prefix}.");
@@ -454,6 +486,10 @@ pub struct State {
     pub micro_batch: usize,
     pub grad_accum_steps: usize,
     pub num_params: usize,
+    /// Leading flat parameters that do not train (`model.freeze`, LoRA's base): the optimizer
+    /// state covers the parameters after them, and its files hold their tensors only.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub frozen_params: usize,
     /// The shape of one input sample, to build the model again without its data (`kiln
     /// export`).
     pub input_shape: Vec<usize>,
@@ -476,6 +512,10 @@ pub struct State {
     /// Where a stream of documents (or a mixture's windows) stands.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub documents: Option<DocumentsPosition>,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 /// Where f16's dynamic loss scaling stands (torch `GradScaler`'s `scale` and `_growth_tracker`).

@@ -17,6 +17,18 @@ pub fn check(a: &ConfigArgs) -> Result<()> {
         crate::outln!("# {n}");
     }
     crate::outln!("# {}", report.plan.describe());
+    if !report.frozen.is_empty() {
+        let p = &report.plan;
+        crate::outln!(
+            "# frozen: {} parameters in {} tensors (no gradient, no optimizer state); trainable: {}",
+            p.num_params - p.trainable_params,
+            report.frozen.len(),
+            p.trainable_params
+        );
+        for name in &report.frozen {
+            crate::outln!("#   {}", crate::ui::printable(name));
+        }
+    }
     if let Some(line) = &report.data {
         crate::outln!("# {line}");
     }

@@ -381,13 +381,19 @@ pub(crate) mod emulated {
         fn as_any_mut(&mut self) -> &mut dyn Any {
             self
         }
-        fn device_params(&self, params: &[f32], opt: &Optimizer) -> Option<Box<dyn DeviceParams>> {
-            Some(Box::new(HostParams(params.to_vec(), opt.clone())))
+        fn device_params(
+            &self,
+            params: &[f32],
+            frozen: usize,
+            opt: &Optimizer,
+        ) -> Option<Box<dyn DeviceParams>> {
+            Some(Box::new(HostParams(params.to_vec(), opt.clone(), frozen)))
         }
     }
 
-    /// Device parameters in host memory, updated by the host optimizer.
-    pub struct HostParams(pub Vec<f32>, pub Optimizer);
+    /// Device parameters in host memory, updated by the host optimizer (which steps the
+    /// elements after the frozen head).
+    pub struct HostParams(pub Vec<f32>, pub Optimizer, pub usize);
 
     impl DeviceParams for HostParams {
         fn slice(&self, range: Range<usize>) -> Box<dyn DeviceTensor> {
@@ -403,7 +409,7 @@ pub(crate) mod emulated {
             if let Some(c) = coef {
                 g.iter_mut().for_each(|v| *v *= c as f32);
             }
-            self.1.step(&mut self.0, &g, lr);
+            self.1.step(&mut self.0[self.2..], &g, lr);
             Ok(())
         }
         fn params(&mut self) -> Result<Vec<f32>, String> {

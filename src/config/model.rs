@@ -84,6 +84,14 @@ pub struct ModelConfig {
     ///
     /// A user's family may add formats of its own (`WeightAdapter::formats`). Default: `"auto"`.
     pub init_format: Option<String>,
+    /// Parameters that do not train: globs over their names as Hugging Face writes them for the
+    /// gpt and llama families (the names `kiln export --format hf-gpt2` / `hf-llama` writes,
+    /// e.g. `"model.embed_tokens.weight"`, `"model.layers.0.*"`), PyTorch's names for the others;
+    /// `*` matches any run of characters, dots too. A frozen parameter gets no gradient, no
+    /// reduction and no optimizer state, and keeps its initial (or `init_from`) values bit for
+    /// bit; `kiln check` lists them with the counts of frozen and trainable parameters. A glob
+    /// that matches nothing, or a list that freezes everything, is an error. Default: `[]`.
+    pub freeze: Vec<String>,
     /// A family's own keys (gpt's and llama's `layers`, `heads`, `dim`, ...; a user's model's),
     /// which the family reads with `Resolved::model_keys` into its own serde struct. Default:
     /// none.
@@ -114,6 +122,7 @@ impl ModelConfig {
             block_size: Some(0),
             init_from: Some(String::new()),
             init_format: Some(String::new()),
+            freeze: vec![String::new()],
             extra: std::collections::BTreeMap::new(),
             classes: 0,
             activation: Activation::Relu,
@@ -146,6 +155,7 @@ impl Serialize for ModelConfig {
             block_size,
             init_from,
             init_format,
+            freeze,
             extra,
             classes,
             activation,
@@ -178,6 +188,9 @@ impl Serialize for ModelConfig {
         if let Some(v) = init_format {
             m.serialize_entry("init_format", v)?;
         }
+        if !freeze.is_empty() {
+            m.serialize_entry("freeze", freeze)?;
+        }
         for (k, v) in extra {
             if !FORMER_FIELDS.contains(&k.as_str()) {
                 m.serialize_entry(k, v)?;
@@ -202,6 +215,7 @@ impl Default for ModelConfig {
             block_size: None,
             init_from: None,
             init_format: None,
+            freeze: Vec::new(),
             extra: Default::default(),
             classes: 10,
             activation: Activation::Relu,
@@ -274,6 +288,7 @@ mod known_key_tests {
             "block_size",
             "init_from",
             "init_format",
+            "freeze",
         ];
         want.sort();
         assert_eq!(got, want);

@@ -28,6 +28,8 @@ pub struct CheckReport {
     pub decay: crate::config::DecayRule,
     pub decayed: usize,
     pub undecayed: usize,
+    /// The frozen parameters' names (`model.freeze`), as the freeze globs match them.
+    pub frozen: Vec<String>,
 }
 
 /// What to change when a CPU run does not fit: the ranks of one node share its memory, so more
@@ -219,7 +221,8 @@ pub fn check(r: &Resolved) -> Result<CheckReport> {
     watched_metrics(r, model.task(), d.eval.is_some())?;
     sweep_metric(r, model.task(), d.eval.is_some())?;
     super::init_from::init_weights(r, model.as_ref())?;
-    let plan = Plan::new(&r.config, d.train.len(), model.num_params());
+    let plan = Plan::new(&r.config, d.train.len(), model.num_params())
+        .with_trainable(model.layout().num_trainable());
     let memory = strategy::estimate(&r.config, model.layout(), plan.world_size);
     fits(r, &memory, model.as_ref())?;
     let step_bytes = strategy::step_bytes(&r.config, model.layout(), model.stages());
@@ -229,7 +232,20 @@ pub fn check(r: &Resolved) -> Result<CheckReport> {
         r.config.data.workers,
     );
     let decay = model.decay_rule(&r.config.optim);
-    let undecayed: usize = model.layout().no_decay(decay).iter().map(|r| r.len()).sum();
+    // (of the parameters that train)
+    let layout = model.layout();
+    let undecayed: usize = crate::strategy::within(&layout.no_decay(decay), layout.trainable())
+        .iter()
+        .map(|r| r.len())
+        .sum();
+    let names = crate::model::freeze_names(model.as_ref());
+    let frozen = layout
+        .params
+        .iter()
+        .zip(names)
+        .filter(|(p, _)| p.offset < layout.frozen)
+        .flat_map(|(_, n)| n)
+        .collect();
     Ok(CheckReport {
         placement,
         plan,
@@ -239,8 +255,9 @@ pub fn check(r: &Resolved) -> Result<CheckReport> {
         stages: model.stages().len(),
         threads,
         decay,
-        decayed: model.num_params() - undecayed,
+        decayed: layout.num_trainable() - undecayed,
         undecayed,
+        frozen,
     })
 }
 

@@ -37,7 +37,8 @@ impl Prepared {
         let placement = backend::resolve(c)?;
         let data = data::load(r)?;
         let model = crate::model::build(r, &data.input_shape())?;
-        let plan = Plan::new(c, data.train.len(), model.num_params());
+        let plan = Plan::new(c, data.train.len(), model.num_params())
+            .with_trainable(model.layout().num_trainable());
         let init = if resuming {
             None
         } else {

@@ -294,6 +294,7 @@ pub(super) fn summary_of(
         precision: c.backend.precision,
         loss_scale: o.and_then(|o| o.loss_scale.clone()),
         num_params: s.plan.num_params,
+        trainable_params: s.plan.trainable_params,
         config_hash: s.config_hash.clone(),
         resumed_from_step: s.first_step,
         params_sha256: o.map(|o| o.params_sha256.clone()),

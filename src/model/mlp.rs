@@ -377,7 +377,7 @@ mod engine_tests {
             ..OptimConfig::default()
         });
         let mut hp = m.init(5);
-        let mut dev = BurnParams::<Flex>::new(&hp, &host_opt, &device, no_address);
+        let mut dev = BurnParams::<Flex>::new(&hp, 0, &host_opt, &device, no_address);
         for _ in 0..3 {
             let mut hg = Grads::Host(vec![0.0; n]);
             let mut from_host = |u: usize| -> Result<UnitParams, ModelError> {

@@ -11,6 +11,8 @@ pub(crate) mod backends;
 pub mod cnn;
 pub mod decode;
 mod engine;
+mod forward;
+mod freeze;
 pub mod gpt;
 pub mod init;
 pub mod llama;
@@ -28,5 +30,6 @@ pub use api::{
     SharedModel, StagedEval, StepKey, Task, TokenDecoder, UnitParams, WeightAdapter,
 };
 pub(crate) use backends::for_each_backend;
-pub use engine::FamilyModel;
+pub use engine::{trains_up_to, FamilyModel};
+pub use freeze::{freeze_names, frozen};
 pub use registry::{build, install, registry, Builder, Registry};

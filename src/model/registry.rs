@@ -173,6 +173,7 @@ impl Registry {
     /// The model `model.kind` names, for samples of shape `input`.
     pub fn build(&self, r: &Resolved, input: &[usize]) -> Result<SharedModel, ModelError> {
         let model = self.builder(r)?(r, input)?;
+        let model = super::freeze::frozen(r, model)?;
         model.check()?;
         Ok(model)
     }

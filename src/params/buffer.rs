@@ -85,8 +85,14 @@ pub trait DeviceTensor {
     fn as_any_mut(&mut self) -> &mut dyn Any;
     /// `params` and the state of `opt` moved to this buffer's device, to stay there between
     /// steps; `None` for a buffer that is not f32 (the masters are f32 whatever the compute
-    /// dtype, so kiln's own buffers always are).
-    fn device_params(&self, params: &[f32], opt: &Optimizer) -> Option<Box<dyn DeviceParams>>;
+    /// dtype, so kiln's own buffers always are). The first `frozen` elements never train
+    /// (`ParamLayout::frozen`): `opt` steps the rest, with gradients of the rest's length.
+    fn device_params(
+        &self,
+        params: &[f32],
+        frozen: usize,
+        opt: &Optimizer,
+    ) -> Option<Box<dyn DeviceParams>>;
 }
 
 /// How a backend reaches the device address of a flat tensor (pending work finished). The second
@@ -247,10 +253,16 @@ impl<B: Backend> DeviceTensor for DeviceFlat<B> {
     fn as_any_mut(&mut self) -> &mut dyn Any {
         self
     }
-    fn device_params(&self, params: &[f32], opt: &Optimizer) -> Option<Box<dyn DeviceParams>> {
+    fn device_params(
+        &self,
+        params: &[f32],
+        frozen: usize,
+        opt: &Optimizer,
+    ) -> Option<Box<dyn DeviceParams>> {
         (self.tensor.dtype() == DType::F32).then(|| {
             Box::new(BurnParams::<B>::new(
                 params,
+                frozen,
                 opt,
                 &self.tensor.device(),
                 self.raw_fn,

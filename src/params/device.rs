@@ -58,6 +58,8 @@ pub struct BurnParams<B: Backend> {
     v: Option<Tensor<B, 1>>,
     /// Hyperparameters and the step count (its own buffers stay empty).
     opt: Optimizer,
+    /// Leading elements that never train: the optimizer steps `params[frozen..]`.
+    frozen: usize,
     /// The weight decay of each element, where some get none (`Optimizer::no_decay`).
     decay: Option<Tensor<B, 1>>,
     raw_fn: RawFn<B>,
@@ -78,8 +80,14 @@ fn download<B: Backend>(t: &Tensor<B, 1>) -> Result<Vec<f32>, String> {
 }
 
 impl<B: Backend> BurnParams<B> {
-    /// Uploads `params` and the state of `opt`.
-    pub fn new(params: &[f32], opt: &Optimizer, device: &B::Device, raw_fn: RawFn<B>) -> Self {
+    /// Uploads `params` and the state of `opt`, which steps `params[frozen..]`.
+    pub fn new(
+        params: &[f32],
+        frozen: usize,
+        opt: &Optimizer,
+        device: &B::Device,
+        raw_fn: RawFn<B>,
+    ) -> Self {
         record(Moved::ParamsToDevice, params.len());
         record(Moved::StateToDevice, opt.m.len() + opt.v.len());
         let state = |v: &[f32]| (!v.is_empty()).then(|| upload::<B>(v, device));
@@ -87,7 +95,7 @@ impl<B: Backend> BurnParams<B> {
         hyper.m = Vec::new();
         hyper.v = Vec::new();
         let decay = (!opt.no_decay.is_empty() && opt.weight_decay != 0.0).then(|| {
-            let mut wd = vec![opt.weight_decay; params.len()];
+            let mut wd = vec![opt.weight_decay; params.len() - frozen];
             for r in &opt.no_decay {
                 let r = r.start.min(wd.len())..r.end.min(wd.len());
                 wd[r].fill(0.0);
@@ -100,6 +108,7 @@ impl<B: Backend> BurnParams<B> {
             v: state(&opt.v),
             decay,
             opt: hyper,
+            frozen,
             raw_fn,
             guard: None,
         }
@@ -134,7 +143,13 @@ impl<B: Backend> DeviceParams for BurnParams<B> {
         o.steps += 1;
         let lr = lr as f32;
         let wd = o.weight_decay;
-        let p = self.params.clone();
+        let n = self.params.dims()[0];
+        let frozen = self.frozen;
+        let whole = self.params.clone();
+        let p = match frozen {
+            0 => whole.clone(),
+            _ => whole.clone().slice(frozen..n),
+        };
         // wd * p, per element where some elements get no decay
         let decayed = |p: Tensor<B, 1>| match &self.decay {
             Some(w) => p * w.clone(),
@@ -184,6 +199,11 @@ impl<B: Backend> DeviceParams for BurnParams<B> {
                 self.v = Some(v);
             }
         }
+        if frozen > 0 {
+            // the frozen head as it was, the stepped tail after it
+            let tail = std::mem::replace(&mut self.params, whole.clone());
+            self.params = whole.slice_assign(frozen..n, tail);
+        }
         Ok(())
     }
 
@@ -212,7 +232,7 @@ impl<B: Backend> DeviceParams for BurnParams<B> {
     }
 
     fn state_bytes(&self) -> usize {
-        let n = self.params.dims()[0];
+        let n = self.params.dims()[0] - self.frozen;
         (usize::from(self.m.is_some()) + usize::from(self.v.is_some())) * n * 4
     }
 }
@@ -265,7 +285,7 @@ mod tests {
                 let mut hp = init.clone();
                 // the device state starts from one host step (as after a resume)
                 host.step(&mut hp, &grad(0), 0.1);
-                let mut dev = BurnParams::<Flex>::new(&hp, &host, &device, no_address);
+                let mut dev = BurnParams::<Flex>::new(&hp, 0, &host, &device, no_address);
                 for s in 1..4 {
                     let mut g = grad(s);
                     if let Some(max) = clip {

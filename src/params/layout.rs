@@ -46,6 +46,11 @@ pub struct UnitSpec {
 pub struct ParamLayout {
     pub params: Vec<ParamSpec>,
     pub units: Vec<UnitSpec>,
+    /// Flat elements at the head of the buffer that never train (`model.freeze`, LoRA's base
+    /// weights): the parameters `frozen` made first, so that the trainable ones are one
+    /// contiguous tail, `trainable()`, and no unit mixes the two. Gradients, their reductions
+    /// and the optimizer state cover the tail only. 0: everything trains.
+    pub frozen: usize,
 }
 
 impl ParamLayout {
@@ -106,7 +111,71 @@ impl ParamLayout {
                 }),
             }
         }
-        ParamLayout { params, units }
+        ParamLayout {
+            params,
+            units,
+            frozen: 0,
+        }
+    }
+
+    /// This layout with the parameters `freeze` picks (by index) moved to the head of the
+    /// buffer, each group in its own order: a unit with both becomes two units of the same
+    /// name, its frozen part first. `None` when nothing is picked (the layout is unchanged).
+    pub fn frozen_first(&self, freeze: &[bool]) -> Option<ParamLayout> {
+        if !freeze.iter().any(|&f| f) {
+            return None;
+        }
+        let pick = |want: bool| {
+            self.params
+                .iter()
+                .zip(freeze)
+                .filter(move |(_, &f)| f == want)
+                .map(|(p, _)| (p.name.clone(), p.shape.clone(), p.module.clone()))
+        };
+        let frozen: Vec<_> = pick(true).collect();
+        let n_frozen: usize = frozen
+            .iter()
+            .map(|(_, s, _)| s.iter().product::<usize>())
+            .sum();
+        let count = frozen.len();
+        let mut out = Self::with_modules(frozen.into_iter().chain(pick(false)).collect());
+        // units never straddle the boundary, even where a name continues across it
+        let mut units = Vec::with_capacity(out.units.len() + 1);
+        for u in out.units.drain(..) {
+            if u.params.start < count && u.params.end > count {
+                let at = out.params[count].offset;
+                units.push(UnitSpec {
+                    name: u.name.clone(),
+                    params: u.params.start..count,
+                    range: u.range.start..at,
+                });
+                units.push(UnitSpec {
+                    name: u.name,
+                    params: count..u.params.end,
+                    range: at..u.range.end,
+                });
+            } else {
+                units.push(u);
+            }
+        }
+        out.units = units;
+        out.frozen = n_frozen;
+        Some(out)
+    }
+
+    /// The flat range of the parameters that train (everything after `frozen`).
+    pub fn trainable(&self) -> Range<usize> {
+        self.frozen..self.num_params()
+    }
+
+    /// Whether unit `u` is frozen (all of its parameters: units never mix).
+    pub fn unit_frozen(&self, u: usize) -> bool {
+        self.units[u].range.start < self.frozen
+    }
+
+    /// Elements that train.
+    pub fn num_trainable(&self) -> usize {
+        self.num_params() - self.frozen
     }
 
     /// Elements in the flat buffer.
@@ -177,5 +246,41 @@ mod tests {
         assert_eq!(l.unit_range(1), 8..15);
         assert_eq!(l.unit_of_param(2), 1);
         assert_eq!(l.params[3].offset, 15);
+        assert_eq!((l.frozen, l.trainable()), (0, 0..20));
+    }
+
+    #[test]
+    fn frozen_parameters_lead_and_no_unit_mixes_them() {
+        let l = ParamLayout::new(vec![
+            ("wte.weight".into(), vec![4, 2]),
+            ("blocks.0.a".into(), vec![3]),
+            ("blocks.0.b".into(), vec![2, 2]),
+            ("blocks.1.a".into(), vec![3]),
+        ]);
+        assert!(l.frozen_first(&[false; 4]).is_none());
+        let f = l.frozen_first(&[true, false, true, false]).unwrap();
+        let names: Vec<_> = f.params.iter().map(|p| p.name.as_str()).collect();
+        assert_eq!(
+            names,
+            ["wte.weight", "blocks.0.b", "blocks.0.a", "blocks.1.a"]
+        );
+        assert_eq!(f.frozen, 12);
+        assert_eq!(f.trainable(), 12..18);
+        let units: Vec<_> = f
+            .units
+            .iter()
+            .map(|u| (u.name.as_str(), u.range.clone()))
+            .collect();
+        assert_eq!(
+            units,
+            [
+                ("wte", 0..8),
+                ("blocks.0", 8..12),
+                ("blocks.0", 12..15),
+                ("blocks.1", 15..18)
+            ]
+        );
+        let frozen: Vec<_> = (0..4).map(|u| f.unit_frozen(u)).collect();
+        assert_eq!(frozen, [true, true, false, false]);
     }
 }

@@ -30,6 +30,8 @@ pub struct Plan {
     /// Micro-batches the run consumes.
     pub total_micro: usize,
     pub num_params: usize,
+    /// The parameters that train (all of them unless some are frozen: `with_trainable`).
+    pub trainable_params: usize,
 }
 
 impl Plan {
@@ -79,6 +81,27 @@ impl Plan {
             total_steps,
             total_micro,
             num_params,
+            trainable_params: num_params,
+        }
+    }
+
+    /// This plan for a model of which `n` parameters train (`ParamLayout::num_trainable`).
+    pub fn with_trainable(mut self, n: usize) -> Plan {
+        self.trainable_params = n;
+        self
+    }
+
+    /// "N parameters", and how many train where not all do.
+    fn params_said(&self) -> String {
+        if self.trainable_params == self.num_params {
+            format!("{} parameters", self.num_params)
+        } else {
+            format!(
+                "{} parameters, {} of them trainable ({:.2}%)",
+                self.num_params,
+                self.trainable_params,
+                100.0 * self.trainable_params as f64 / self.num_params.max(1) as f64
+            )
         }
     }
 
@@ -130,17 +153,17 @@ impl Plan {
     pub fn describe(&self) -> String {
         if self.train_samples >= crate::data::STREAM_ROWS {
             return format!(
-                "plan: world {} x batch {} x accum {} = global batch {} rows, streamed; {} optimizer steps; {} parameters",
+                "plan: world {} x batch {} x accum {} = global batch {} rows, streamed; {} optimizer steps; {}",
                 self.world_size,
                 self.micro_batch,
                 self.accum,
                 self.global_batch,
                 self.total_steps,
-                self.num_params
+                self.params_said()
             );
         }
         format!(
-            "plan: world {} x batch {} x accum {} = global batch {}; {} train samples, {} micro-batches/epoch/rank, {} optimizer steps; {} parameters",
+            "plan: world {} x batch {} x accum {} = global batch {}; {} train samples, {} micro-batches/epoch/rank, {} optimizer steps; {}",
             self.world_size,
             self.micro_batch,
             self.accum,
@@ -148,7 +171,7 @@ impl Plan {
             self.train_samples,
             self.micro_per_epoch,
             self.total_steps,
-            self.num_params
+            self.params_said()
         )
     }
 }

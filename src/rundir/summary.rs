@@ -54,6 +54,8 @@ pub struct Summary {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub loss_scale: Option<crate::checkpoint::LossScaleState>,
     pub num_params: usize,
+    /// Parameters that train (`num_params` less the frozen ones: `model.freeze`, LoRA's base).
+    pub trainable_params: usize,
     pub config_hash: String,
     /// The step this session started from (0 unless resumed).
     pub resumed_from_step: usize,

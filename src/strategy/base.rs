@@ -1,7 +1,7 @@
 //! The `Strategy` interface, memory accounting and shared helpers.
 
 use super::hybrid::Hybrid;
-use super::{fsdp, Ddp, Dp, Fsdp, Single};
+use super::{Ddp, Dp, Fsdp, Single};
 use std::ops::Range;
 
 use serde::Serialize;
@@ -11,7 +11,7 @@ use crate::collective::Pending;
 use crate::collective::{
     device_error, Collective, CollectiveError, GradsOps, OpKind, Overlapped, ReduceOp, WaitHook,
 };
-use crate::config::{Config, DecayRule, Mesh, OptimKind, Sharding, StrategyKind};
+use crate::config::{Config, DecayRule, Mesh, StrategyKind};
 use crate::params::{DeviceParams, DeviceTensor, Grads, Optimizer, ParamLayout, Transfers};
 
 /// Bytes one rank holds: its model state by formula (parameters, gradients and optimizer state
@@ -50,6 +50,9 @@ pub struct Snapshot {
 #[derive(Default)]
 pub(super) struct DeviceCopy {
     pub dev: Option<Box<dyn DeviceParams>>,
+    /// Leading parameters that never train (`ParamLayout::frozen`): the device update steps
+    /// the rest.
+    pub frozen: usize,
     /// Whether the host parameters lag behind `dev`.
     stale: bool,
     /// Whether the host optimizer state lags behind `dev`.
@@ -57,6 +60,14 @@ pub(super) struct DeviceCopy {
 }
 
 impl DeviceCopy {
+    /// No device copy yet, of parameters whose first `frozen` never train.
+    pub fn with_frozen(frozen: usize) -> Self {
+        DeviceCopy {
+            frozen,
+            ..DeviceCopy::default()
+        }
+    }
+
     /// Elements `range` of the device copy, made from `params` and `opt` first; `None` when the
     /// buffer cannot keep the f32 masters (`DeviceTensor::device_params`).
     pub fn slice(
@@ -67,7 +78,7 @@ impl DeviceCopy {
         range: Range<usize>,
     ) -> Option<Box<dyn DeviceTensor>> {
         if self.dev.is_none() {
-            self.dev = proto.device_params(params, opt);
+            self.dev = proto.device_params(params, self.frozen, opt);
         }
         self.dev.as_ref().map(|d| d.slice(range))
     }
@@ -263,13 +274,17 @@ pub(super) fn all_reduce_buckets(
     Ok(())
 }
 
-/// Memory of a rank holding whole parameters and gradients.
-pub(super) fn whole_memory(rank: usize, params: &[f32], optim_bytes: usize) -> Memory {
-    let bytes = std::mem::size_of_val(params);
+/// Memory of a rank holding whole parameters and the gradients of the `trainable` ones.
+pub(super) fn whole_memory(
+    rank: usize,
+    params: &[f32],
+    trainable: usize,
+    optim_bytes: usize,
+) -> Memory {
     Memory {
         rank,
-        params_bytes: bytes,
-        grads_bytes: bytes,
+        params_bytes: std::mem::size_of_val(params),
+        grads_bytes: trainable * std::mem::size_of::<f32>(),
         optim_bytes,
         peak_bytes: None,
         host_transfers: None,
@@ -447,18 +462,15 @@ pub fn build(
     wait: Option<WaitHook>,
 ) -> Box<dyn Strategy> {
     let overlapped = |comm| Overlapped::new(comm, c.strategy.overlap, wait.clone());
-    // weight decay spares these parameters (`optim.decay`)
+    // weight decay spares these parameters (`optim.decay`); a whole-parameter strategy's
+    // optimizer steps the trainable tail (`ParamLayout::trainable`)
     let no_decay = layout.no_decay(decay);
-    let whole = || Optimizer::new(&c.optim).with_no_decay(no_decay.clone());
+    let tail = within(&no_decay, layout.trainable());
+    let whole = || Optimizer::new(&c.optim).with_no_decay(tail.clone());
     let mesh = Mesh::over(c, comm.world());
     match c.strategy.kind {
-        StrategyKind::Single => Box::new(Single::new(
-            c,
-            layout.num_params(),
-            whole(),
-            overlapped(comm),
-        )),
-        StrategyKind::Dp => Box::new(Dp::new(c, layout.num_params(), whole(), comm)),
+        StrategyKind::Single => Box::new(Single::new(c, layout, whole(), overlapped(comm))),
+        StrategyKind::Dp => Box::new(Dp::new(c, layout, whole(), comm)),
         StrategyKind::Fsdp if mesh.sharded => match hybrid {
             Some(h) => Box::new(Fsdp::new(
                 c,
@@ -472,7 +484,7 @@ pub fn build(
         // and fsdp without sharding (torch's `NO_SHARD`): whole parameters, all-reduced
         // gradients
         StrategyKind::Ddp | StrategyKind::Fsdp => {
-            Box::new(Ddp::new(c, layout.num_params(), whole(), overlapped(comm)))
+            Box::new(Ddp::new(c, layout, whole(), overlapped(comm)))
         }
     }
 }
@@ -517,81 +529,12 @@ pub fn with_params<T>(
 
 /// The parts of `ranges` inside `window`, shifted to start from `window.start` (the undecayed
 /// ranges of a buffer that holds `window` of the flat parameters).
-pub(super) fn within(ranges: &[Range<usize>], window: Range<usize>) -> Vec<Range<usize>> {
+pub fn within(ranges: &[Range<usize>], window: Range<usize>) -> Vec<Range<usize>> {
     ranges
         .iter()
         .filter_map(|r| {
             let (s, e) = (r.start.max(window.start), r.end.min(window.end));
             (s < e).then(|| s - window.start..e - window.start)
-        })
-        .collect()
-}
-
-/// Optimizer state elements per parameter element.
-pub(super) fn state_per_param(c: &Config) -> usize {
-    match c.optim.kind {
-        OptimKind::Sgd if c.optim.momentum > 0.0 => 1,
-        OptimKind::Sgd => 0,
-        OptimKind::Adam | OptimKind::Adamw => 2,
-    }
-}
-
-/// The bytes a rank holds on top of its model state while a step computes, from the per-unit
-/// figures: the parameters a stage installs and their gradient. With activation checkpointing
-/// one stage's at a time; without it every stage keeps its parameters for the backward (its
-/// graph holds them), so the whole parameters, plus the largest stage's gradient.
-/// (Activations come on top; they depend on the batch.)
-pub fn step_bytes(c: &Config, layout: &ParamLayout, stages: &[Vec<usize>]) -> usize {
-    let stage_bytes =
-        |s: &Vec<usize>| -> usize { s.iter().map(|&u| layout.unit_range(u).len() * 4).sum() };
-    let largest = stages.iter().map(stage_bytes).max().unwrap_or(0);
-    let whole_model_unit = c.strategy.kind == StrategyKind::Fsdp
-        && c.strategy.unit == crate::config::FsdpUnit::Model
-        && c.strategy.sharding == Sharding::Full;
-    let checkpointing =
-        c.train.activation_checkpointing == crate::config::ActivationCheckpointing::Units;
-    if checkpointing && !whole_model_unit {
-        2 * largest
-    } else {
-        layout.num_params() * 4 + largest
-    }
-}
-
-/// The bytes each rank will hold at rest, from the plan alone (`kiln check` prints it; the
-/// strategies report the same numbers after training).
-pub fn estimate(c: &Config, layout: &ParamLayout, world: usize) -> Vec<Memory> {
-    let n = layout.num_params();
-    let whole = n * 4;
-    let state = state_per_param(c);
-    let mesh = Mesh::over(c, world);
-    (0..world)
-        .map(|rank| {
-            let (params_bytes, grads_bytes, optim_elems) = match c.strategy.kind {
-                StrategyKind::Dp => (whole, whole, if rank == 0 { n } else { 0 }),
-                StrategyKind::Fsdp if mesh.sharded => {
-                    // (HSDP: sharded over a group)
-                    let group = mesh.hybrid().unwrap_or(world);
-                    let shard: usize = fsdp::units(layout, c.strategy.unit, group)
-                        .iter()
-                        .map(|u| u.shard_len)
-                        .sum();
-                    if c.strategy.sharding == Sharding::Full {
-                        (shard * 4, shard * 4, shard)
-                    } else {
-                        (whole, shard * 4, shard)
-                    }
-                }
-                // single, ddp, and fsdp without sharding (built as ddp)
-                _ => (whole, whole, n),
-            };
-            Memory {
-                rank,
-                params_bytes,
-                grads_bytes,
-                optim_bytes: optim_elems * state * 4,
-                peak_bytes: None,
-                host_transfers: None,
-            }
         })
         .collect()
 }
@@ -606,7 +549,7 @@ mod tests {
     use super::*;
     use crate::collective::emulated::{Emulated, HostFlat};
     use crate::collective::{LocalGroup, LocalRank};
-    use crate::config::{Devices, FsdpUnit, OptimKind};
+    use crate::config::{Devices, FsdpUnit, OptimKind, Sharding};
 
     /// Deterministic initial parameters.
     fn init(n: usize) -> Vec<f32> {

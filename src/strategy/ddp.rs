@@ -29,7 +29,7 @@ use crate::collective::{
     Started,
 };
 use crate::config::Config;
-use crate::params::{clip_and_step, grads_to_host, DeviceTensor, Grads, Optimizer};
+use crate::params::{clip_and_step, grads_to_host, DeviceTensor, Grads, Optimizer, ParamLayout};
 
 pub struct Ddp {
     comm: Overlapped,
@@ -38,7 +38,11 @@ pub struct Ddp {
     bucket_elems: usize,
     /// Parameters and optimizer state on the device, once the forward has asked for them there.
     device: DeviceCopy,
+    /// Elements of the gradient: the trainable parameters (`ParamLayout::trainable`).
     num_params: usize,
+    /// Leading parameters that never train: the gradient's element i is parameter
+    /// `frozen + i`'s, and the optimizer steps `params[frozen..]`.
+    frozen: usize,
     /// The step's gradient, each unit's part averaged across ranks as it is handed in.
     grads: WholeGrads,
     /// Units whose all-reduce runs beside the compute (those handed in together share one):
@@ -50,8 +54,9 @@ pub struct Ddp {
 }
 
 impl Ddp {
-    /// `opt`: the optimizer of the whole parameters (its undecayed ranges set).
-    pub fn new(c: &Config, num_params: usize, opt: Optimizer, comm: Overlapped) -> Self {
+    /// `opt`: the optimizer of `layout`'s trainable parameters (its undecayed ranges set).
+    pub fn new(c: &Config, layout: &ParamLayout, opt: Optimizer, comm: Overlapped) -> Self {
+        let num_params = layout.num_trainable();
         let bucket_elems = ((c.strategy.bucket_cap_mb * 1024.0 * 1024.0 / 4.0) as usize)
             .clamp(1, num_params.max(1));
         Ddp {
@@ -59,8 +64,9 @@ impl Ddp {
             params: Vec::new(),
             opt,
             bucket_elems,
-            device: DeviceCopy::default(),
+            device: DeviceCopy::with_frozen(layout.frozen),
             num_params,
+            frozen: layout.frozen,
             grads: WholeGrads::default(),
             inflight: InFlight::default(),
             dev_inflight: Default::default(),
@@ -246,6 +252,12 @@ impl Strategy for Ddp {
         sync: bool,
     ) -> Result<(), CollectiveError> {
         let rank = self.comm.rank();
+        // in the gradient's coordinates: from the first parameter that trains
+        let f = self.frozen;
+        let grads: Vec<_> = grads
+            .into_iter()
+            .map(|(u, r, g)| (u, r.start - f..r.end - f, g))
+            .collect();
         // (`no_sync = false`) the previous micro-step's reductions on NCCL's stream come back
         // before anything is added to the ranges they write
         if self.dev_inflight.iter().any(|(a, _, _)| {
@@ -350,7 +362,8 @@ impl Strategy for Ddp {
         self.sync_host(true)?;
         self.device.reset();
         let mut grads = grads.into_host(rank)?;
-        clip_and_step(&mut self.opt, &mut self.params, &mut grads, lr, clip);
+        let tail = &mut self.params[self.frozen..];
+        clip_and_step(&mut self.opt, tail, &mut grads, lr, clip);
         Ok(())
     }
     fn discard_grads(&mut self) -> Result<(), CollectiveError> {
@@ -367,7 +380,7 @@ impl Strategy for Ddp {
             .device
             .state_bytes()
             .unwrap_or_else(|| self.opt.state_bytes());
-        whole_memory(self.rank(), &self.params, optim)
+        whole_memory(self.rank(), &self.params, self.num_params, optim)
     }
     fn snapshot(&mut self) -> Result<Snapshot, CollectiveError> {
         self.sync_host(true)?;

@@ -16,7 +16,7 @@ use super::{
 use crate::checkpoint::OptState;
 use crate::collective::{device_error, Collective, CollectiveError, GradsOps, OpKind, ReduceOp};
 use crate::config::{Config, OptimConfig};
-use crate::params::{clip_and_step, DeviceTensor, Grads, Optimizer};
+use crate::params::{clip_and_step, DeviceTensor, Grads, Optimizer, ParamLayout};
 
 pub struct Dp {
     comm: Box<dyn Collective>,
@@ -26,22 +26,31 @@ pub struct Dp {
     optim: OptimConfig,
     /// This replica's parameters (and, on the main device, the optimizer state) on the device.
     device: DeviceCopy,
+    /// Elements of the gradient: the trainable parameters (`ParamLayout::trainable`).
     num_params: usize,
+    /// Leading parameters that never train (see `Ddp`).
+    frozen: usize,
     /// The step's gradient, reduced onto the main device at the update.
     grads: WholeGrads,
 }
 
 impl Dp {
     /// `opt`: the main device's optimizer of the whole parameters (its undecayed ranges set).
-    pub fn new(c: &Config, num_params: usize, opt: Optimizer, comm: Box<dyn Collective>) -> Self {
+    pub fn new(
+        c: &Config,
+        layout: &ParamLayout,
+        opt: Optimizer,
+        comm: Box<dyn Collective>,
+    ) -> Self {
         let opt = (comm.rank() == 0).then_some(opt);
         Dp {
             comm,
             params: Vec::new(),
             opt,
             optim: c.optim.clone(),
-            device: DeviceCopy::default(),
-            num_params,
+            device: DeviceCopy::with_frozen(layout.frozen),
+            num_params: layout.num_trainable(),
+            frozen: layout.frozen,
             grads: WholeGrads::default(),
         }
     }
@@ -128,7 +137,9 @@ impl Strategy for Dp {
     ) -> Result<(), CollectiveError> {
         // DataParallel reduces once, after the backward
         let rank = self.comm.rank();
-        self.grads.add(rank, self.num_params, range, grad)?;
+        let f = self.frozen;
+        self.grads
+            .add(rank, self.num_params, range.start - f..range.end - f, grad)?;
         Ok(())
     }
     fn grads_non_finite(&mut self) -> Result<bool, CollectiveError> {
@@ -150,7 +161,7 @@ impl Strategy for Dp {
             grads.into_host(0)?
         };
         if let Some(opt) = &mut self.opt {
-            clip_and_step(opt, &mut self.params, &mut grads, lr, clip);
+            clip_and_step(opt, &mut self.params[self.frozen..], &mut grads, lr, clip);
         }
         self.replicate()
     }
@@ -167,7 +178,7 @@ impl Strategy for Dp {
             .device
             .state_bytes()
             .unwrap_or_else(|| self.opt.as_ref().map(|o| o.state_bytes()).unwrap_or(0));
-        whole_memory(self.rank(), &self.params, optim)
+        whole_memory(self.rank(), &self.params, self.num_params, optim)
     }
     fn snapshot(&mut self) -> Result<Snapshot, CollectiveError> {
         self.sync_host(true)?;

@@ -34,6 +34,7 @@
 mod base;
 mod ddp;
 mod dp;
+mod estimate;
 mod fsdp;
 mod hybrid;
 mod single;
@@ -41,6 +42,7 @@ mod single;
 pub use base::*;
 pub use ddp::Ddp;
 pub use dp::Dp;
+pub use estimate::{estimate, step_bytes};
 pub use fsdp::Fsdp;
 pub use hybrid::{hybrid_groups, Hybrid};
 pub use single::Single;

@@ -197,9 +197,10 @@ fn save_checkpoint(
     }
     let state = (rank == 0).then(|| state_of(input, progress, &snap.layout));
     let specs = input.model.layout().specs();
+    let frozen = input.model.layout().frozen;
     let (keep_last, keep_every) = (c.checkpoint.keep_last, c.checkpoint.keep_every as u64);
     let Some(background) = background else {
-        write_files(store, step, rank, &specs, &snap)?;
+        write_files(store, step, rank, (&specs, frozen), &snap)?;
         strategy.barrier()?;
         if let Some(state) = &state {
             store.commit(step as u64, state, keep_last, keep_every)?;
@@ -212,6 +213,7 @@ fn save_checkpoint(
         step,
         rank,
         specs,
+        frozen,
         snap,
         state,
         keep: (keep_last, keep_every),
@@ -227,6 +229,8 @@ struct Job {
     step: usize,
     rank: usize,
     specs: Vec<(String, Vec<usize>)>,
+    /// Leading parameters that do not train (their optimizer state is not there).
+    frozen: usize,
     snap: Snapshot,
     state: Option<State>,
     keep: (usize, u64),
@@ -254,12 +258,11 @@ impl Background {
                 crate::memory::attribute(k);
             }
             let start = Instant::now();
-            let written = write_files(&store, step, rank, &job.specs, &job.snap).and_then(|()| {
-                match rank > 0 && job.snap.data.is_some() {
+            let written = write_files(&store, step, rank, (&job.specs, job.frozen), &job.snap)
+                .and_then(|()| match rank > 0 && job.snap.data.is_some() {
                     true => store.mark_written(step as u64, rank),
                     false => Ok(()),
-                }
-            });
+                });
             if let Err(e) = written {
                 // rank 0 stops waiting for this rank's files
                 if rank > 0 {
@@ -299,13 +302,13 @@ fn write_files(
     store: &CheckpointDir,
     step: usize,
     rank: usize,
-    specs: &[(String, Vec<usize>)],
+    (specs, frozen): (&[(String, Vec<usize>)], usize),
     snap: &Snapshot,
 ) -> Result<(), CheckpointError> {
     let Some((params, opt)) = &snap.data else {
         return Ok(());
     };
-    let files = encode_files(&snap.layout, rank, specs, params, opt).map_err(|why| {
+    let files = encode_files(&snap.layout, rank, specs, frozen, params, opt).map_err(|why| {
         CheckpointError::Invalid {
             path: store.dir.clone(),
             why,
@@ -345,6 +348,7 @@ fn state_of(input: &TrainInput<'_>, progress: Progress, layout: &Layout) -> Stat
         micro_batch: input.plan.micro_batch,
         grad_accum_steps: input.plan.accum,
         num_params: input.model.num_params(),
+        frozen_params: input.model.layout().frozen,
         input_shape: input.data.input_shape(),
         params: layout.clone(),
         optimizer: OptimizerInfo {
@@ -376,6 +380,7 @@ mod tests {
             step,
             rank: 0,
             specs: vec![("w".into(), vec![4])],
+            frozen: 0,
             snap: Snapshot {
                 layout: Layout::Full,
                 data: Some((
@@ -414,7 +419,7 @@ mod tests {
         sa.begin(3).unwrap();
         sb.begin(3).unwrap();
         let j = job(3);
-        write_files(&sa, 3, 0, &j.specs, &j.snap).unwrap();
+        write_files(&sa, 3, 0, (&j.specs, 0), &j.snap).unwrap();
         let mut bg = Background::default();
         bg.start(&sb, job(3)).unwrap();
         // rank 0 without a state commits nothing

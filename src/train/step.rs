@@ -92,13 +92,18 @@ pub fn micro_step<B: ComputeOn>(
     let prefetch = |strategy: &mut dyn Strategy, s: usize| -> Result<(), TrainError> {
         Ok(strategy.prefetch(&stages[s])?)
     };
-    // uses of each unit still to come in the backward (a tied unit is used by two stages)
+    // uses of each unit that trains still to come in the backward (a tied unit is used by two
+    // stages); a frozen unit's backward computes no gradient of it, and hands none in
+    let trains = |u: &&usize| !layout.unit_frozen(**u);
     let mut uses = vec![0usize; layout.num_units()];
     for s in stages {
-        for &u in s {
+        for &u in s.iter().filter(trains) {
             uses[u] += 1;
         }
     }
+    // the stages whose backward has something to compute: from the first with a unit that
+    // trains on (frozen embeddings need no backward, nor do frozen first layers)
+    let needed = crate::model::trains_up_to(layout, stages);
     let mut micro = batch.map(|(input, key, scale)| {
         let grads = GradScale {
             weight: scale,
@@ -137,6 +142,10 @@ pub fn micro_step<B: ComputeOn>(
         .filter(|_| resident(strategy) || strategy.comm_mut().device_ops().is_some());
     let mut pending: Vec<Option<Grads>> = (0..layout.num_units()).map(|_| None).collect();
     for s in (0..n).rev() {
+        if !needed[s] {
+            // (every rank stops here: the layout decides it)
+            break;
+        }
         let params = match kept.take_if(|_| keep == Some(s)) {
             Some(p) => Some(p),
             None if recomputed(s, n, opts.checkpointing) => Some(fetch(strategy, s)?),
@@ -144,7 +153,7 @@ pub fn micro_step<B: ComputeOn>(
         };
         // (the kept stage needs no gather)
         let held = s > 0 && keep == Some(s - 1) && kept.is_some();
-        if s > 0 && recomputed(s - 1, n, opts.checkpointing) && !held {
+        if s > 0 && needed[s - 1] && recomputed(s - 1, n, opts.checkpointing) && !held {
             prefetch(strategy, s - 1)?;
         }
         let grads: Vec<Grads> = match micro.as_mut() {
@@ -159,32 +168,51 @@ pub fn micro_step<B: ComputeOn>(
                     .collect::<Result<_, _>>()?
             }
             // a rank without samples hands in zeros, so every rank runs the same collectives
-            None => zero_grads(&stages[s], layout, proto.filter(|_| raw_fn.is_some()), rank)?,
-        };
-        let mut done = Vec::with_capacity(stages[s].len());
-        for (&u, g) in stages[s].iter().zip(grads) {
-            let g = match pending[u].take() {
-                // a tied unit: the later use's gradient (in backward order) is added to the
-                // earlier's, always in this order
-                Some(mut acc) => {
-                    acc.add_at(0, g)
-                        .map_err(|e| device_error(rank, OpKind::Update, e))?;
-                    acc
-                }
-                None => g,
-            };
-            uses[u] -= 1;
-            if uses[u] == 0 {
-                done.push((u, layout.unit_range(u), g));
-            } else {
-                pending[u] = Some(g);
+            None => {
+                let units: Vec<usize> = stages[s].iter().filter(trains).copied().collect();
+                zero_grads(&units, layout, proto.filter(|_| raw_fn.is_some()), rank)?
             }
-        }
+        };
+        let units: Vec<usize> = stages[s].iter().filter(trains).copied().collect();
+        let done = ready(layout, &units, grads, (&mut pending, &mut uses), rank)?;
         if !done.is_empty() {
             strategy.unit_grads(done, opts.sync)?;
         }
     }
     Ok(loss)
+}
+
+/// The gradients of `units` (a stage's that train, in stage order) whose last use in the
+/// backward this was, with their flat ranges; the others wait in `pending` (`uses`: each unit's
+/// uses still to come).
+#[allow(clippy::type_complexity)]
+fn ready(
+    layout: &crate::params::ParamLayout,
+    units: &[usize],
+    grads: Vec<Grads>,
+    (pending, uses): (&mut [Option<Grads>], &mut [usize]),
+    rank: usize,
+) -> Result<Vec<(usize, std::ops::Range<usize>, Grads)>, TrainError> {
+    let mut done = Vec::with_capacity(units.len());
+    for (&u, g) in units.iter().zip(grads) {
+        let g = match pending[u].take() {
+            // a tied unit: the later use's gradient (in backward order) is added to the
+            // earlier's, always in this order
+            Some(mut acc) => {
+                acc.add_at(0, g)
+                    .map_err(|e| device_error(rank, OpKind::Update, e))?;
+                acc
+            }
+            None => g,
+        };
+        uses[u] -= 1;
+        if uses[u] == 0 {
+            done.push((u, layout.unit_range(u), g));
+        } else {
+            pending[u] = Some(g);
+        }
+    }
+    Ok(done)
 }
 
 /// Zero gradients for `units`: on the device (made like `proto`) where the gradients stay

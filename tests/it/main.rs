@@ -46,6 +46,7 @@ mod early;
 mod experiments;
 mod export;
 mod failures;
+mod freeze;
 mod fsdp;
 mod fuzz;
 mod hf;

@@ -100,6 +100,11 @@ pub(super) struct Install<'a, B: Backend, I: Backend, L: Lift<B, I>> {
 /// How an inner-backend tensor becomes a parameter of the module's backend.
 pub(super) trait Lift<B: Backend, I: Backend> {
     fn lift<const D: usize>(t: Tensor<I, D>) -> Tensor<B, D>;
+    /// A frozen parameter (`ParamLayout::frozen`): no gradient is ever taken of it, so in
+    /// training it is a constant of the graph (its backward computes no weight gradient).
+    fn frozen<const D: usize>(t: Tensor<I, D>) -> Tensor<B, D> {
+        Self::lift(t)
+    }
 }
 
 /// Training: a leaf of the autodiff graph that requires a gradient.
@@ -107,6 +112,9 @@ pub(super) struct Leaf;
 impl<B: AutodiffBackend> Lift<B, B::InnerBackend> for Leaf {
     fn lift<const D: usize>(t: Tensor<B::InnerBackend, D>) -> Tensor<B, D> {
         Tensor::from_inner(t).require_grad()
+    }
+    fn frozen<const D: usize>(t: Tensor<B::InnerBackend, D>) -> Tensor<B, D> {
+        Tensor::from_inner(t)
     }
 }
 
@@ -194,7 +202,12 @@ impl<B: Backend, I: Backend, L: Lift<B, I>> ModuleMapper<B> for Install<'_, B, I
         self.installed += 1;
         // reshaped before it becomes a leaf: the parameter itself must be the leaf
         let t: Tensor<I, D> = unit.clone().slice(rel).reshape(shape);
-        Param::initialized(param.id, L::lift(t))
+        let t = if self.layout.unit_frozen(u) {
+            L::frozen(t)
+        } else {
+            L::lift(t)
+        };
+        Param::initialized(param.id, t)
     }
 }
 

@@ -16,81 +16,20 @@ use std::sync::Arc;
 
 use burn::backend::{Autodiff, NdArray};
 use burn::module::Module;
-use burn::tensor::activation::log_softmax;
 use burn::tensor::backend::{AutodiffBackend, Backend};
-use burn::tensor::{FloatDType, Int, Tensor, TensorData};
+use burn::tensor::{FloatDType, Tensor, TensorData};
 
 use super::api::{
     recomputed, Act, Batch, Compute, EvalOut, Family, Forward, GradScale, Input, MicroStep, Model,
     ModelError, StagedEval, StepKey, Task, TokenDecoder, UnitParams, Values,
 };
-use crate::kernels::IGNORE;
 use crate::params::ParamLayout;
 
 mod install;
+mod loss;
 
 use install::*;
-
-/// `targets` as a `[rows, 1]` index tensor on `device`.
-fn target_index<B: Backend>(targets: &[u32], device: &B::Device) -> Tensor<B, 2, Int> {
-    let ids: Vec<i64> = targets.iter().map(|&t| i64::from(t)).collect();
-    Tensor::from_data(TensorData::new(ids, [targets.len(), 1]), device)
-}
-
-/// Adds each sample's loss and correctness of `logits` (`[rows, classes]`) against `targets`
-/// to `out`: a sample's result is the mean over its targets (one for classification), or with
-/// `by_tokens` (rows packed with documents) the sum over its targets that are not `IGNORE`,
-/// with their count in `out.targets` (the evaluation is then a mean over tokens). Each
-/// row's loss (its log-probability of its target, in f32) and whether its argmax is the target
-/// are taken on the device; only a value per row comes back, so nothing on the host grows with
-/// the number of classes (GPT-2's 50,257).
-fn score<B: Backend>(
-    task: &Task,
-    logits: Tensor<B, 2>,
-    targets: &[u32],
-    by_tokens: bool,
-    out: &mut EvalOut,
-) -> Result<(), ModelError> {
-    let per_sample = task.targets_per_sample();
-    let rows = targets.len();
-    let logits = logits.cast(FloatDType::F32);
-    let idx = if targets.contains(&IGNORE) {
-        ignored::<B>(targets, &logits.device()).0
-    } else {
-        target_index::<B>(targets, &logits.device())
-    };
-    let picked = log_softmax(logits.clone(), 1)
-        .gather(1, idx.clone())
-        .reshape([rows]);
-    // (a float, not a bool tensor: CubeCL cannot read bools back)
-    let right = logits
-        .argmax(1)
-        .equal(idx)
-        .float()
-        .cast(FloatDType::F32)
-        .reshape([rows]);
-    let (picked, right) = (to_vec(picked)?, to_vec(right)?);
-    let (mut loss, mut hits, mut counted) = (0.0, 0.0, 0usize);
-    for (i, (p, r)) in picked.iter().zip(&right).enumerate() {
-        if targets[i] != IGNORE {
-            loss -= f64::from(*p);
-            hits += f64::from(*r);
-            counted += 1;
-        }
-        if (i + 1) % per_sample == 0 {
-            if by_tokens {
-                out.losses.push(loss);
-                out.correct.push(hits);
-                out.targets.push(counted as u64);
-            } else {
-                out.losses.push(loss / per_sample as f64);
-                out.correct.push(hits / per_sample as f64);
-            }
-            (loss, hits, counted) = (0.0, 0.0, 0);
-        }
-    }
-    Ok(())
-}
+use loss::{cross_entropy, score};
 
 /// One batch's evaluation, stage by stage, on the inner backend.
 struct EngineEval<'a, F: Family, B: AutodiffBackend> {
@@ -138,6 +77,9 @@ pub struct Engine<F: Family, B: AutodiffBackend> {
     unit_of: Vec<usize>,
     /// The layout units of each stage of the forward.
     stages: Vec<Vec<usize>>,
+    /// Per stage: whether it or a stage before it has a unit that trains (else its backward
+    /// has nothing to compute: frozen embeddings, `model.freeze` of the first layers).
+    trains: Vec<bool>,
     template: F::Module<B>,
     inner: F::Module<B::InnerBackend>,
     device: B::Device,
@@ -186,6 +128,18 @@ pub fn stage_units<F: Family>(family: &F, layout: &ParamLayout) -> Result<Vec<Ve
     Ok(out)
 }
 
+/// Per stage of `stages`: whether it or a stage before it has a unit that trains.
+pub fn trains_up_to(layout: &ParamLayout, stages: &[Vec<usize>]) -> Vec<bool> {
+    let mut any = false;
+    stages
+        .iter()
+        .map(|s| {
+            any |= s.iter().any(|&u| !layout.unit_frozen(u));
+            any
+        })
+        .collect()
+}
+
 impl<F: Family, B: AutodiffBackend> Engine<F, B> {
     pub fn new(
         family: Arc<F>,
@@ -203,6 +157,7 @@ impl<F: Family, B: AutodiffBackend> Engine<F, B> {
             .map(|(i, p)| (p.name.clone(), i))
             .collect();
         Engine {
+            trains: trains_up_to(layout, stages),
             template: family.build::<B>(device),
             inner: family.build::<B::InnerBackend>(device),
             family,
@@ -262,6 +217,16 @@ impl<F: Family, B: AutodiffBackend> Engine<F, B> {
         Ok(module)
     }
 
+    /// Stage `s`'s input in a graph: a leaf whose gradient the backward takes when a stage
+    /// before it trains, else a constant.
+    fn input_act(&self, s: usize, x: Act<B::InnerBackend>) -> Act<B> {
+        if s > 0 && self.trains[s - 1] {
+            Act::<B>::leaf(x)
+        } else {
+            Act::<B>::untracked(x)
+        }
+    }
+
     /// The inner-backend module (no autodiff) holding the whole flat `params`.
     fn inner_with(&self, params: &[f32]) -> Result<F::Module<B::InnerBackend>, ModelError> {
         let units = (0..self.layout.num_units())
@@ -292,7 +257,7 @@ impl<F: Family, B: AutodiffBackend> Engine<F, B> {
         Ok(units.iter().copied().zip(params).collect())
     }
 
-    /// The flat gradient of each unit of stage `s`, taken out of `tape`, in f32 (rounded to
+    /// The flat gradient of each unit of stage `s` that trains, taken out of `tape`, in f32 (rounded to
     /// `scale.round_to` and divided by `scale.loss_scale` first, where they are set), in stage
     /// order. The module (the stage's gathered parameters)
     /// is freed before the gradients are joined, so the parameters, their gradients and the
@@ -305,7 +270,12 @@ impl<F: Family, B: AutodiffBackend> Engine<F, B> {
         scale: GradScale,
     ) -> Result<Vec<Tensor<B::InnerBackend, 1>>, ModelError> {
         let mut chosen = vec![false; self.layout.num_units()];
-        for &u in &self.stages[s] {
+        let units: Vec<usize> = self.stages[s]
+            .iter()
+            .copied()
+            .filter(|&u| !self.layout.unit_frozen(u))
+            .collect();
+        for &u in &units {
             chosen[u] = true;
         }
         let mut collect = GradVisitor::<B> {
@@ -320,8 +290,8 @@ impl<F: Family, B: AutodiffBackend> Engine<F, B> {
         let mut grads = collect.out;
         drop(module);
         drop(tape);
-        let mut out = Vec::with_capacity(self.stages[s].len());
-        for &u in &self.stages[s] {
+        let mut out = Vec::with_capacity(units.len());
+        for u in units {
             let range = self.layout.units[u].params.clone();
             let mut parts = Vec::with_capacity(range.len());
             for i in range {
@@ -429,6 +399,22 @@ impl<F: Family, B: AutodiffBackend> MicroStep<B> for EngineMicro<'_, F, B> {
         let n = e.stages.len();
         let units = e.stage_params(s, params)?;
         let x = self.input(s)?;
+        if !e.trains[s] {
+            // nothing up to here trains: no graph, nothing kept for a backward
+            let module = e.install::<B, Untracked>(e.template.clone(), units)?;
+            let y = e.family.stage_forward(
+                &module,
+                s,
+                Act::<B>::untracked(x),
+                &e.device,
+                &mut self.ctx,
+            );
+            if s + 1 == n {
+                return Err(ModelError::Stage("no parameter of the model trains".into()));
+            }
+            self.next = Some(y.inner());
+            return Ok(());
+        }
         if recomputed(s, n, self.checkpointing) {
             // no graph (nothing requires a gradient): the stage's parameters are freed with the
             // module
@@ -445,7 +431,7 @@ impl<F: Family, B: AutodiffBackend> MicroStep<B> for EngineMicro<'_, F, B> {
             self.saved[s] = Saved::Input { x, ctx };
         } else {
             let module = e.install::<B, Leaf>(e.template.clone(), units)?;
-            let input = Act::<B>::leaf(x);
+            let input = e.input_act(s, x);
             let y = e
                 .family
                 .stage_forward(&module, s, input.clone(), &e.device, &mut self.ctx);
@@ -474,6 +460,10 @@ impl<F: Family, B: AutodiffBackend> MicroStep<B> for EngineMicro<'_, F, B> {
         params: Option<Vec<UnitParams>>,
     ) -> Result<Vec<Tensor<B::InnerBackend, 1>>, ModelError> {
         let e = self.engine;
+        if !e.trains[s] {
+            // (nothing here or before trains: the forward kept nothing)
+            return Ok(Vec::new());
+        }
         let saved = std::mem::replace(&mut self.saved[s], Saved::Empty);
         let (module, input, output) = match saved {
             Saved::Graph {
@@ -487,7 +477,7 @@ impl<F: Family, B: AutodiffBackend> MicroStep<B> for EngineMicro<'_, F, B> {
                 })?;
                 let module =
                     e.install::<B, Leaf>(e.template.clone(), e.stage_params(s, params)?)?;
-                let input = Act::<B>::leaf(x);
+                let input = e.input_act(s, x);
                 let y = e
                     .family
                     .stage_forward(&module, s, input.clone(), &e.device, &mut ctx);
@@ -508,7 +498,7 @@ impl<F: Family, B: AutodiffBackend> MicroStep<B> for EngineMicro<'_, F, B> {
                 y.vjp(g)?.backward()
             }
         };
-        if s > 0 {
+        if s > 0 && e.trains[s - 1] {
             self.grad = Some(
                 input
                     .grad(&tape)
@@ -518,55 +508,6 @@ impl<F: Family, B: AutodiffBackend> MicroStep<B> for EngineMicro<'_, F, B> {
         drop(input);
         e.stage_grads(s, module, tape, self.grads)
     }
-}
-
-/// The mean cross-entropy of `logits` for the class `targets` of their rows, as torch's
-/// `cross_entropy` computes it, in f32 whatever the compute dtype (as under torch's autocast):
-/// each row's log-probability of its target is picked on the device (no one-hot rows: nothing
-/// of the size rows x classes is made on the host).
-/// With `fused`, on flex in f32 it is one pass per row (`kernels::cross_entropy`).
-fn cross_entropy<B: Backend>(logits: Tensor<B, 2>, targets: &[u32], fused: bool) -> Tensor<B, 1> {
-    let logits = logits.cast(FloatDType::F32);
-    if fused {
-        if let Some(loss) = crate::kernels::cross_entropy(logits.clone(), targets) {
-            return loss;
-        }
-    }
-    let device = logits.device();
-    if !targets.contains(&IGNORE) {
-        let idx = target_index::<B>(targets, &device);
-        return log_softmax(logits, 1)
-            .gather(1, idx)
-            .sum()
-            .neg()
-            .div_scalar(targets.len() as f64);
-    }
-    // targets without a loss (padding, a document's last token): picked at class 0, then
-    // multiplied by 0; the mean is over the others
-    let (idx, mask) = ignored(targets, &device);
-    let counted = targets.iter().filter(|&&t| t != IGNORE).count().max(1);
-    (log_softmax(logits, 1).gather(1, idx) * mask)
-        .sum()
-        .neg()
-        .div_scalar(counted as f64)
-}
-
-/// `targets` as a `[rows, 1]` index tensor with `IGNORE` at class 0, and the `[rows, 1]` mask
-/// that is 0 there and 1 elsewhere.
-fn ignored<B: Backend>(targets: &[u32], device: &B::Device) -> (Tensor<B, 2, Int>, Tensor<B, 2>) {
-    let rows = targets.len();
-    let ids: Vec<i64> = targets
-        .iter()
-        .map(|&t| if t == IGNORE { 0 } else { i64::from(t) })
-        .collect();
-    let mask: Vec<f32> = targets
-        .iter()
-        .map(|&t| if t == IGNORE { 0.0 } else { 1.0 })
-        .collect();
-    (
-        Tensor::from_data(TensorData::new(ids, [rows, 1]), device),
-        Tensor::from_data(TensorData::new(mask, [rows, 1]), device),
-    )
 }
 
 impl<F: Family, B: AutodiffBackend> Compute<B> for Engine<F, B> {
@@ -669,6 +610,9 @@ impl<F: Family, B: AutodiffBackend> Compute<B> for Engine<F, B> {
 pub struct FamilyModel<F: Family> {
     family: Arc<F>,
     layout: ParamLayout,
+    /// The layout as the module lists its parameters, where `layout` froze some (the family
+    /// initialises in it: a frozen model starts from the unfrozen one's values).
+    natural: Option<ParamLayout>,
     stages: Vec<Vec<usize>>,
     /// Why the family's stages were refused (`Model::check` reports it; the model then runs as
     /// one stage).
@@ -686,9 +630,41 @@ impl<F: Family> FamilyModel<F> {
         FamilyModel {
             family: Arc::new(family),
             layout,
+            natural: None,
             stages,
             stage_error,
         }
+    }
+
+    /// `Model::with_frozen`: the layout with the marked parameters first, each stage's units
+    /// those of the same names in it (a unit split in two is used where it was).
+    fn frozen(&self, freeze: &[bool]) -> Option<Self> {
+        let natural = self.natural.as_ref().unwrap_or(&self.layout);
+        let layout = natural.frozen_first(freeze)?;
+        // the stages in the natural layout's units
+        let natural_stages = match &self.natural {
+            None => self.stages.clone(),
+            Some(_) => stage_units(self.family.as_ref(), natural).ok()?,
+        };
+        let stages = natural_stages
+            .iter()
+            .map(|s| {
+                let mut units = Vec::new();
+                for &u in s {
+                    let name = &natural.units[u].name;
+                    units
+                        .extend((0..layout.num_units()).filter(|&v| &layout.units[v].name == name));
+                }
+                units
+            })
+            .collect();
+        Some(FamilyModel {
+            family: self.family.clone(),
+            layout,
+            natural: Some(natural.clone()),
+            stages,
+            stage_error: self.stage_error.clone(),
+        })
     }
 
     /// The family itself.
@@ -764,7 +740,41 @@ impl<F: Family> Model for FamilyModel<F> {
         self.family.task()
     }
     fn init(&self, seed: u64) -> Vec<f32> {
-        self.family.init(&self.layout, seed)
+        let Some(natural) = &self.natural else {
+            return self.family.init(&self.layout, seed);
+        };
+        let values = self.family.init(natural, seed);
+        let at: HashMap<&str, std::ops::Range<usize>> = natural
+            .params
+            .iter()
+            .map(|p| (p.name.as_str(), p.range()))
+            .collect();
+        let mut out = vec![0f32; self.layout.num_params()];
+        for p in &self.layout.params {
+            if let Some(r) = at.get(p.name.as_str()) {
+                out[p.range()].copy_from_slice(&values[r.clone()]);
+            }
+        }
+        out
+    }
+    fn with_frozen(&self, freeze: &[bool]) -> Option<crate::model::SharedModel> {
+        // marked here, or frozen already
+        let names: std::collections::HashSet<&str> = self
+            .layout
+            .params
+            .iter()
+            .zip(freeze.iter().chain(std::iter::repeat(&false)))
+            .filter(|(p, &f)| f || p.offset < self.layout.frozen)
+            .map(|(p, _)| p.name.as_str())
+            .collect();
+        let natural = self.natural.as_ref().unwrap_or(&self.layout);
+        let marks: Vec<bool> = natural
+            .params
+            .iter()
+            .map(|p| names.contains(p.name.as_str()))
+            .collect();
+        self.frozen(&marks)
+            .map(|m| Arc::new(m) as crate::model::SharedModel)
     }
     fn weights(&self) -> &dyn WeightAdapter {
         self.family.weights()

@@ -48,7 +48,7 @@ impl DeviceShards {
             .shards
             .iter()
             .zip(&host.opts)
-            .map(|(shard, opt)| proto.device_params(shard, opt))
+            .map(|(shard, opt)| proto.device_params(shard, 0, opt))
             .collect::<Option<Vec<_>>>()
         else {
             return Err(host);
@@ -250,6 +250,7 @@ impl DeviceShards {
         &mut self,
         comm: &mut Overlapped,
         units: &[Unit],
+        frozen: usize,
         lr: f64,
         clip: Option<f64>,
     ) -> Result<(), CollectiveError> {
@@ -258,16 +259,17 @@ impl DeviceShards {
         let mut grads = Vec::with_capacity(units.len());
         for (i, u) in units.iter().enumerate() {
             // a unit that got no gradient this step (none can: every unit is in a stage)
-            // steps with zeros
+            // steps with zeros; a frozen unit (inside the first `frozen` elements) never steps
             grads.push(match self.grads[i].take() {
-                Some(g) => g,
-                None => self.shards[i].slice(0..0).zeros(u.shard_len).map_err(err)?,
+                _ if u.start < frozen => None,
+                Some(g) => Some(g),
+                None => Some(self.shards[i].slice(0..0).zeros(u.shard_len).map_err(err)?),
             });
         }
         let coef = match clip {
             Some(max_norm) => {
                 let mut sq = [0.0f64];
-                for g in &grads {
+                for g in grads.iter().flatten() {
                     sq[0] += g.sum_squares().map_err(err)?;
                 }
                 comm.all_reduce_f64(&mut sq, ReduceOp::Sum)?;
@@ -276,7 +278,9 @@ impl DeviceShards {
             None => None,
         };
         for (d, g) in self.shards.iter_mut().zip(&mut grads) {
-            d.step_scaled(g.as_mut(), lr, coef).map_err(err)?;
+            if let Some(g) = g {
+                d.step_scaled(g.as_mut(), lr, coef).map_err(err)?;
+            }
         }
         self.stale = Stale {
             params: true,

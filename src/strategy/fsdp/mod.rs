@@ -104,6 +104,9 @@ pub struct Fsdp {
     reshard: bool,
     units: Vec<Unit>,
     num_params: usize,
+    /// Leading flat elements that never train (`ParamLayout::frozen`): the fsdp units inside
+    /// them are sharded and gathered, never reduced or stepped, and have no optimizer state.
+    frozen: usize,
     /// This rank's shards, their optimizer states and gradients: on the host, or on the device.
     shards: Shards,
     /// Whether the shards stay on the host on a device backend too (decided at build, where
@@ -168,9 +171,12 @@ impl Fsdp {
             FsdpUnit::Model => vec![0; layout.num_units()],
             FsdpUnit::Layer => (0..layout.num_units()).collect(),
         };
+        // (the layout units that hand in gradients: those that train)
         let mut members = vec![0; units.len()];
-        for &u in &unit_of {
-            members[u] += 1;
+        for (lu, &u) in unit_of.iter().enumerate() {
+            if !layout.unit_frozen(lu) {
+                members[u] += 1;
+            }
         }
         let reshard = c.strategy.sharding == Sharding::Full;
         // The one place fsdp's placement is decided. The shards stay on the host:
@@ -197,6 +203,7 @@ impl Fsdp {
             reshard,
             units,
             num_params: layout.num_params(),
+            frozen: layout.frozen,
             shards: Shards::Host(HostShards::new(HostState {
                 shards: Vec::new(),
                 opts,
@@ -253,6 +260,12 @@ impl Fsdp {
 
     fn shard_elems(&self) -> usize {
         self.units.iter().map(|u| u.shard_len).sum()
+    }
+
+    /// Whether fsdp unit `u` trains (units never straddle `frozen`: fsdp refuses
+    /// `unit = "model"` with frozen parameters).
+    fn trains(&self, u: &Unit) -> bool {
+        u.start >= self.frozen
     }
 }
 
@@ -541,12 +554,12 @@ impl Strategy for Fsdp {
             Shards::Device(d) => {
                 d.collect(&mut self.comm, true)?;
                 d.drop_ahead(&mut self.comm)?;
-                d.update(&mut self.comm, &self.units, lr, clip)?;
+                d.update(&mut self.comm, &self.units, self.frozen, lr, clip)?;
                 // whole parameters an evaluation gathered are of the parameters this replaced
                 self.whole = None;
                 return Ok(());
             }
-            Shards::Host(h) => h.update(&mut self.comm, &self.units, lr, clip)?,
+            Shards::Host(h) => h.update(&mut self.comm, &self.units, self.frozen, lr, clip)?,
         }
         self.whole = match self.reshard {
             // ZeRO-3: reshard, free the whole parameters
@@ -638,7 +651,12 @@ impl Strategy for Fsdp {
         let whole = self.num_params * 4;
         let shard = self.shard_elems() * 4;
         let params_bytes = if self.reshard { shard } else { whole };
-        let grads_bytes = shard;
+        let grads_bytes: usize = self
+            .units
+            .iter()
+            .filter(|u| self.trains(u))
+            .map(|u| u.shard_len * 4)
+            .sum();
         Memory {
             rank: self.rank(),
             params_bytes,
@@ -660,20 +678,36 @@ impl Strategy for Fsdp {
         if self.replica.as_ref().is_some_and(|r| lock(r).rank() > 0) {
             return Ok(Snapshot { layout, data: None });
         }
-        let steps = host.opts.first().map(|o| o.steps).unwrap_or(0);
+        // (the optimizer state: of the units that train, which have it)
+        let trains: Vec<bool> = self.units.iter().map(|u| u.start >= self.frozen).collect();
+        let steps = host
+            .opts
+            .iter()
+            .zip(&trains)
+            .find(|(_, &t)| t)
+            .map(|(o, _)| o.steps)
+            .unwrap_or(0);
         // each unit's owned part, without the padding of the last ranks
-        let owned = |bufs: &mut dyn Iterator<Item = &Vec<f32>>| -> Vec<f32> {
+        let owned = |bufs: &mut dyn Iterator<Item = (&Unit, &Vec<f32>)>| -> Vec<f32> {
             let mut out = Vec::new();
-            for (u, b) in self.units.iter().zip(bufs) {
+            for (u, b) in bufs {
                 out.extend_from_slice(&b[..u.owned(rank).len().min(b.len())]);
             }
             out
         };
+        let stepped = || {
+            self.units
+                .iter()
+                .zip(&host.opts)
+                .zip(&trains)
+                .filter(|(_, &t)| t)
+                .map(|(p, _)| p)
+        };
         let pick = |f: fn(&Optimizer) -> &Vec<f32>| -> Vec<f32> {
-            if host.opts.iter().any(|o| f(o).is_empty()) {
+            if stepped().any(|(_, o)| f(o).is_empty()) {
                 Vec::new()
             } else {
-                owned(&mut host.opts.iter().map(f))
+                owned(&mut stepped().map(|(u, o)| (u, f(o))))
             }
         };
         let opt = OptState {
@@ -681,7 +715,7 @@ impl Strategy for Fsdp {
             m: pick(|o| &o.m),
             v: pick(|o| &o.v),
         };
-        let params = owned(&mut host.shards.iter());
+        let params = owned(&mut self.units.iter().zip(&host.shards));
         Ok(Snapshot {
             layout,
             data: Some((params, opt)),
@@ -695,9 +729,17 @@ impl Strategy for Fsdp {
         let Shards::Host(host) = &mut self.shards else {
             unreachable!("reset made the host path")
         };
+        // (the state covers the units that train, from the first of them)
+        let f = self.frozen;
         for (u, o) in self.units.iter().zip(&mut host.state.opts) {
-            let own = u.owned(rank);
-            o.import(opt, u.start + own.start..u.start + own.end, u.shard_len);
+            if u.start >= f {
+                let own = u.owned(rank);
+                o.import(
+                    opt,
+                    u.start + own.start - f..u.start + own.end - f,
+                    u.shard_len,
+                );
+            }
         }
     }
 }

@@ -72,16 +72,22 @@ impl HostShards {
 
     /// The step's update of every shard that did not step in the backward: the gradient
     /// shards clipped by their global norm (all-reduced over `comm`), then each unit's step.
+    /// The units inside the first `frozen` flat elements never step.
     pub fn update(
         &mut self,
         comm: &mut Overlapped,
         units: &[Unit],
+        frozen: usize,
         lr: f64,
         clip: Option<f64>,
     ) -> Result<(), CollectiveError> {
         // a unit that got no gradient this step (none can: every unit is in a stage) steps
-        // with zeros; a unit that stepped in the backward (`step_in_backward`) is done
-        let stepped = std::mem::replace(&mut self.stepped, vec![false; units.len()]);
+        // with zeros; a unit that stepped in the backward (`step_in_backward`) is done, and a
+        // frozen one never steps (AdamW would decay it)
+        let mut stepped = std::mem::replace(&mut self.stepped, vec![false; units.len()]);
+        for (s, u) in stepped.iter_mut().zip(units) {
+            *s |= u.start < frozen;
+        }
         self.stepped_non_finite = false;
         self.backward_lr = None;
         let mut shard_grads: Vec<Vec<f32>> = self
@@ -102,7 +108,11 @@ impl HostShards {
             })
             .collect();
         debug_assert!(
-            clip.is_none() || !stepped.contains(&true),
+            clip.is_none()
+                || !stepped
+                    .iter()
+                    .zip(units)
+                    .any(|(&s, u)| s && u.start >= frozen),
             "clipping after units stepped early"
         );
         if let Some(max_norm) = clip {

@@ -1,0 +1,96 @@
+//! `model.freeze`: the parameters that do not train, picked by globs over their names as a
+//! user of Hugging Face knows them (the names `kiln export --format hf-*` writes for the gpt and
+//! llama families; PyTorch's names, kiln's own, for the others).
+
+use super::api::{Model, ModelError, SharedModel};
+use super::portable::{externals, WeightFormat};
+use crate::config::{FsdpUnit, Resolved, Sharding, StrategyKind};
+
+/// The names `model.freeze` matches, per parameter of `model`'s layout: its tensors in the
+/// family's Hugging Face format (the first `hf-*` of `WeightAdapter::formats`), else in
+/// PyTorch's names. A parameter stored in several tensors has each name.
+pub fn freeze_names(model: &dyn Model) -> Vec<Vec<String>> {
+    let format = model
+        .weights()
+        .formats()
+        .into_iter()
+        .find(|f| f.name().starts_with("hf-"))
+        .unwrap_or(WeightFormat::PyTorch);
+    let mut names = vec![Vec::new(); model.layout().params.len()];
+    for e in externals(model, format) {
+        if !e.alias {
+            if let Some(n) = names.get_mut(e.param) {
+                n.push(e.name);
+            }
+        }
+    }
+    names
+}
+
+/// `model` with the parameters `model.freeze` names frozen (`Model::with_frozen`); `model`
+/// itself when the list is empty. A glob that is not one, or that matches no parameter, and a
+/// list that freezes everything are errors naming `model.freeze`.
+pub fn frozen(r: &Resolved, model: SharedModel) -> Result<SharedModel, ModelError> {
+    let globs = &r.config.model.freeze;
+    if globs.is_empty() {
+        return Ok(model);
+    }
+    let names = freeze_names(model.as_ref());
+    let mut marks = vec![false; names.len()];
+    for (i, g) in globs.iter().enumerate() {
+        let key = format!("model.freeze[{i}]");
+        let pattern = glob::Pattern::new(g).map_err(|e| {
+            r.key_error(
+                "model.freeze",
+                format!("`{key}` = {g:?} is not a glob: {}", e.msg),
+                Some(
+                    "`*` matches any run of characters (dots too), `?` one, `[abc]` one of a set"
+                        .into(),
+                ),
+            )
+        })?;
+        let mut hit = false;
+        for (mark, ns) in marks.iter_mut().zip(&names) {
+            if ns.iter().any(|n| pattern.matches(n)) {
+                *mark = true;
+                hit = true;
+            }
+        }
+        if !hit {
+            let some: Vec<&str> = names.iter().flatten().map(String::as_str).take(4).collect();
+            return Err(r
+                .key_error(
+                    "model.freeze",
+                    format!("`{key}` = {g:?} matches no parameter of this {} model", model.kind()),
+                    Some(format!(
+                        "its parameters are named as in Hugging Face's checkpoints, e.g. {} ... (`kiln check` lists them)",
+                        some.join(", ")
+                    )),
+                )
+                .into());
+        }
+    }
+    if marks.iter().all(|&m| m) {
+        return Err(r
+            .key_error(
+                "model.freeze",
+                "`model.freeze` freezes every parameter: nothing would train".into(),
+                Some("leave out the parameters to train".into()),
+            )
+            .into());
+    }
+    let s = &r.config.strategy;
+    if s.kind == StrategyKind::Fsdp && s.unit == FsdpUnit::Model && s.sharding != Sharding::None {
+        return Err(r
+            .key_error(
+                "strategy.unit",
+                "fsdp's `strategy.unit = \"model\"` shards the whole model as one unit, which cannot leave its frozen parameters out of the reduce-scatter and the update".into(),
+                Some("use `strategy.unit = \"layer\"` (each block its own unit, as torchtitan wraps them) with model.freeze".into()),
+            )
+            .into());
+    }
+    model.with_frozen(&marks).ok_or_else(|| ModelError::Build {
+        kind: model.kind().to_string(),
+        reason: "this family's model cannot freeze parameters (`Model::with_frozen`)".into(),
+    })
+}
