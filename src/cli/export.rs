@@ -28,6 +28,9 @@ pub struct ExportArgs {
     /// `GPT2LMHeadModel`: `-o` is a directory that gets model.safetensors and config.json, for
     /// `from_pretrained(DIR)`) and `nanogpt` (nanoGPT's `GPT` state dict), a llama's `hf-llama`
     /// (Hugging Face's `LlamaForCausalLM` directory, `Qwen2ForCausalLM` with `attn_bias`).
+    /// A run with `[model.lora]` also has `peft` (`-o` is a directory that gets PEFT's
+    /// adapter_config.json and adapter_model.safetensors, for `PeftModel.from_pretrained(base,
+    /// DIR)`); its `hf-llama` / `hf-gpt2` export holds the adapters merged into the weights.
     #[arg(long, value_name = "FORMAT", default_value = "pytorch")]
     pub format: String,
     /// Also write a fixed input and kiln's logits for it to this safetensors file (for

@@ -92,6 +92,8 @@ pub struct ModelConfig {
     /// bit; `kiln check` lists them with the counts of frozen and trainable parameters. A glob
     /// that matches nothing, or a list that freezes everything, is an error. Default: `[]`.
     pub freeze: Vec<String>,
+    /// LoRA adapters (PEFT's `LoraConfig`). Default: none.
+    pub lora: Option<LoraConfig>,
     /// A family's own keys (gpt's and llama's `layers`, `heads`, `dim`, ...; a user's model's),
     /// which the family reads with `Resolved::model_keys` into its own serde struct. Default:
     /// none.
@@ -123,6 +125,7 @@ impl ModelConfig {
             init_from: Some(String::new()),
             init_format: Some(String::new()),
             freeze: vec![String::new()],
+            lora: Some(LoraConfig::default()),
             extra: std::collections::BTreeMap::new(),
             classes: 0,
             activation: Activation::Relu,
@@ -156,6 +159,7 @@ impl Serialize for ModelConfig {
             init_from,
             init_format,
             freeze,
+            lora,
             extra,
             classes,
             activation,
@@ -191,6 +195,9 @@ impl Serialize for ModelConfig {
         if !freeze.is_empty() {
             m.serialize_entry("freeze", freeze)?;
         }
+        if let Some(v) = lora {
+            m.serialize_entry("lora", v)?;
+        }
         for (k, v) in extra {
             if !FORMER_FIELDS.contains(&k.as_str()) {
                 m.serialize_entry(k, v)?;
@@ -200,6 +207,49 @@ impl Serialize for ModelConfig {
         m.serialize_entry("activation", activation)?;
         m.serialize_entry("dropout", dropout)?;
         m.end()
+    }
+}
+
+/// `[model.lora]`: low-rank adapters as PEFT's `LoraConfig` makes them (kiln's gpt and llama).
+/// Each targeted Linear computes `W x + (alpha / rank) B A dropout(x)`, A `[rank, in]` drawn as
+/// PEFT's default (Kaiming-uniform: U(-1/sqrt(in), 1/sqrt(in))), B `[out, rank]` zero; every
+/// other parameter is frozen (no gradient, no optimizer state). The adapters are parameters
+/// of the model like any other: every strategy, checkpoint, resume and sweep takes them;
+/// `kiln export --format peft` writes them as PEFT does, `hf-llama` / `hf-gpt2` the merged
+/// weights.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LoraConfig {
+    /// The adapters' rank `r`; 0 turns LoRA off. At most the smaller dimension of each
+    /// targeted layer. Default: `8`.
+    pub rank: usize,
+    /// `lora_alpha`: the adapter's output is scaled by `alpha / rank`. Default: `8.0`.
+    pub alpha: f64,
+    /// `lora_dropout`: dropout on the adapter's input only, in [0, 1) (drawn like every kiln
+    /// mask, so every strategy and world size gives the same result). Default: `0.0`.
+    pub dropout: f64,
+    /// `target_modules`: the Hugging Face module names to adapt, every layer's (llama:
+    /// `q_proj`, `k_proj`, `v_proj`, `o_proj`, `gate_proj`, `up_proj`, `down_proj`; gpt:
+    /// `c_attn`, `c_proj` (the attention's and the MLP's), `c_fc`), or `["all-linear"]` (every
+    /// one of those). Default: PEFT's for the architecture (llama: `["q_proj", "v_proj"]`;
+    /// gpt: `["c_attn"]`).
+    pub targets: Option<Vec<String>>,
+    /// Start the adapters from a PEFT adapter directory (`adapter_config.json` +
+    /// `adapter_model.safetensors`, `save_pretrained`'s or `kiln export --format peft`'s)
+    /// instead of PEFT's initialisation: its rank, alpha and target modules must be these. A
+    /// relative path is relative to the file that set it. Default: none.
+    pub init_from: Option<String>,
+}
+
+impl Default for LoraConfig {
+    fn default() -> Self {
+        LoraConfig {
+            rank: 8,
+            alpha: 8.0,
+            dropout: 0.0,
+            targets: None,
+            init_from: None,
+        }
     }
 }
 
@@ -216,6 +266,7 @@ impl Default for ModelConfig {
             init_from: None,
             init_format: None,
             freeze: Vec::new(),
+            lora: None,
             extra: Default::default(),
             classes: 10,
             activation: Activation::Relu,
@@ -242,6 +293,24 @@ impl ModelConfig {
         }
         let d = self.dropout;
         in_range(r, "model.dropout", d, (0.0..1.0).contains(&d), "in [0, 1)")?;
+        if let Some(l) = &self.lora {
+            let d = l.dropout;
+            in_range(
+                r,
+                "model.lora.dropout",
+                d,
+                (0.0..1.0).contains(&d),
+                "in [0, 1)",
+            )?;
+            let a = l.alpha;
+            in_range(
+                r,
+                "model.lora.alpha",
+                a,
+                a > 0.0 && a.is_finite(),
+                "a positive number",
+            )?;
+        }
         if let Some(block) = self.block_size {
             // the data's windows depend on it too, so it is checked before any data is read
             at_least(r, "model.block_size", block, 1)?;
@@ -289,6 +358,7 @@ mod known_key_tests {
             "init_from",
             "init_format",
             "freeze",
+            "lora",
         ];
         want.sort();
         assert_eq!(got, want);

@@ -331,7 +331,8 @@ fn accepted_keys(family_keys: &[String]) -> BTreeSet<String> {
         };
         for k in found {
             let key = format!("{path}.{k}");
-            if path != "model" && table_keys(&key).is_some() {
+            // ([model] takes any key, a family's; its own tables are probed: `[model.lora]`)
+            if (path != "model" || key == "model.lora") && table_keys(&key).is_some() {
                 todo.push(key.clone());
             }
             keys.insert(key);

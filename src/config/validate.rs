@@ -84,6 +84,12 @@ impl Resolved {
             .init_from
             .as_deref()
             .map(|v| abs("model.init_from", v));
+        if let Some(l) = &mut c.model.lora {
+            l.init_from = l
+                .init_from
+                .as_deref()
+                .map(|v| abs("model.lora.init_from", v));
+        }
         if !matches!(c.data.tokenizer.as_str(), "bytes" | "gpt2") {
             c.data.tokenizer = abs("data.tokenizer", &c.data.tokenizer);
         }

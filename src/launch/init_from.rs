@@ -174,7 +174,15 @@ fn open_weights(path: &Path) -> Result<Vec<tensors::Lazy>> {
 /// parameters, once every name and shape fits.
 pub fn init_weights(r: &Resolved, model: &dyn Model) -> Result<Option<Vec<f32>>> {
     let Some(value) = &r.config.model.init_from else {
-        return Ok(None);
+        // (an adapter to start from, on the seeded base)
+        return match adapter_dir(r) {
+            Some(_) => Ok(Some(with_adapters(
+                r,
+                model,
+                model.init(r.config.experiment.seed),
+            )?)),
+            None => Ok(None),
+        };
     };
     let path = r.path_of("model.init_from", value);
     let shown = path.display();
@@ -278,7 +286,37 @@ pub fn init_weights(r: &Resolved, model: &dyn Model) -> Result<Option<Vec<f32>>>
             format.name()
         )),
     })?;
-    Ok(Some(params))
+    Ok(Some(with_adapters(r, model, params)?))
+}
+
+/// `params` (a base model's weights) with the LoRA adapters' initial values: PEFT's
+/// initialisation from the experiment's seed (as without `init_from`), or the adapter
+/// `model.lora.init_from` names.
+fn with_adapters(r: &Resolved, model: &dyn Model, mut params: Vec<f32>) -> Result<Vec<f32>> {
+    let layout = model.layout();
+    let adapters: Vec<_> = layout
+        .params
+        .iter()
+        .filter(|p| crate::model::lora::is_adapter(&p.name))
+        .collect();
+    if adapters.is_empty() {
+        return Ok(params);
+    }
+    if let Some(dir) = adapter_dir(r) {
+        super::lora_from::load_adapter(r, model, dir, &mut params)?;
+        return Ok(params);
+    }
+    let fresh = model.init(r.config.experiment.seed);
+    for p in adapters {
+        params[p.range()].copy_from_slice(&fresh[p.range()]);
+    }
+    Ok(params)
+}
+
+/// `model.lora.init_from`, where LoRA is on.
+fn adapter_dir(r: &Resolved) -> Option<&str> {
+    let l = r.config.model.lora.as_ref().filter(|l| l.rank > 0)?;
+    l.init_from.as_deref()
 }
 
 /// The `config.json` beside a Hugging Face file (`from_pretrained`'s layout), when there is

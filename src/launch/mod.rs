@@ -15,6 +15,7 @@
 mod check;
 mod execute;
 mod init_from;
+mod lora_from;
 mod node;
 mod prepare;
 mod profile;

@@ -321,6 +321,11 @@ pub trait WeightAdapter: Send + Sync {
     fn torch_aliases(&self) -> Vec<(String, String)> {
         Vec::new()
     }
+    /// The LoRA adapters the model has (`[model.lora]`), for the exports that merge them or
+    /// write them as PEFT does. Default: none.
+    fn lora(&self) -> Option<&super::lora::LoraSpec> {
+        None
+    }
     /// Weight formats of other libraries this family reads and writes, besides PyTorch's names
     /// (`torch_name`) and Burn's, which every family has: the gpt's Hugging Face GPT-2 and
     /// nanoGPT names. `kiln export --format`, `model.init_format` and `auto`'s detection offer

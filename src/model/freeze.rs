@@ -3,6 +3,7 @@
 //! llama families; PyTorch's names, kiln's own, for the others).
 
 use super::api::{Model, ModelError, SharedModel};
+use super::lora::is_adapter;
 use super::portable::{externals, WeightFormat};
 use crate::config::{FsdpUnit, Resolved, Sharding, StrategyKind};
 
@@ -27,16 +28,36 @@ pub fn freeze_names(model: &dyn Model) -> Vec<Vec<String>> {
     names
 }
 
-/// `model` with the parameters `model.freeze` names frozen (`Model::with_frozen`); `model`
-/// itself when the list is empty. A glob that is not one, or that matches no parameter, and a
-/// list that freezes everything are errors naming `model.freeze`.
+/// `model` with the parameters `model.freeze` names frozen (`Model::with_frozen`), and with
+/// LoRA (`[model.lora]` with a rank) every parameter but the adapters' (PEFT freezes the base
+/// model); `model` itself when nothing is. A glob that is not one, or that matches no
+/// parameter, and a list that freezes everything are errors naming `model.freeze`.
 pub fn frozen(r: &Resolved, model: SharedModel) -> Result<SharedModel, ModelError> {
     let globs = &r.config.model.freeze;
-    if globs.is_empty() {
+    let lora = r.config.model.lora.as_ref().is_some_and(|l| l.rank > 0);
+    if globs.is_empty() && !lora {
         return Ok(model);
     }
     let names = freeze_names(model.as_ref());
     let mut marks = vec![false; names.len()];
+    if lora {
+        let params = &model.layout().params;
+        if !params.iter().any(|p| is_adapter(&p.name)) {
+            return Err(r
+                .key_error(
+                    "model.lora",
+                    format!(
+                        "`[model.lora]`: kiln's {} family has no LoRA adapters",
+                        model.kind()
+                    ),
+                    Some("LoRA adapts kiln's llama and gpt; for another model, `model.freeze` trains a part of it".into()),
+                )
+                .into());
+        }
+        for (m, p) in marks.iter_mut().zip(params) {
+            *m = !is_adapter(&p.name);
+        }
+    }
     for (i, g) in globs.iter().enumerate() {
         let key = format!("model.freeze[{i}]");
         let pattern = glob::Pattern::new(g).map_err(|e| {
@@ -75,7 +96,7 @@ pub fn frozen(r: &Resolved, model: SharedModel) -> Result<SharedModel, ModelErro
             .key_error(
                 "model.freeze",
                 "`model.freeze` freezes every parameter: nothing would train".into(),
-                Some("leave out the parameters to train".into()),
+                Some("leave out the parameters to train (or adapt some with [model.lora])".into()),
             )
             .into());
     }
@@ -85,7 +106,7 @@ pub fn frozen(r: &Resolved, model: SharedModel) -> Result<SharedModel, ModelErro
             .key_error(
                 "strategy.unit",
                 "fsdp's `strategy.unit = \"model\"` shards the whole model as one unit, which cannot leave its frozen parameters out of the reduce-scatter and the update".into(),
-                Some("use `strategy.unit = \"layer\"` (each block its own unit, as torchtitan wraps them) with model.freeze".into()),
+                Some("use `strategy.unit = \"layer\"` (each block its own unit, as torchtitan wraps them) with model.freeze or [model.lora]".into()),
             )
             .into());
     }

@@ -16,6 +16,7 @@ mod freeze;
 pub mod gpt;
 pub mod init;
 pub mod llama;
+pub mod lora;
 pub mod mlp;
 #[cfg(test)]
 mod packed_tests;

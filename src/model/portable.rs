@@ -65,6 +65,10 @@ impl WeightFormat {
 pub fn formats_of(model: &dyn Model) -> Vec<WeightFormat> {
     let mut all = vec![WeightFormat::PyTorch, WeightFormat::Burn];
     all.extend(model.weights().formats());
+    // (a model with LoRA adapters writes them as PEFT does)
+    if model.weights().lora().is_some() {
+        all.push(crate::model::lora::PEFT);
+    }
     all
 }
 
@@ -181,6 +185,23 @@ fn torch_external(model: &dyn Model, i: usize, p: &ParamSpec) -> External {
 /// The tensors of `model`'s weights in `format`, in layout order, aliases last.
 pub fn externals(model: &dyn Model, format: WeightFormat) -> Vec<External> {
     let layout = model.layout();
+    if format == crate::model::lora::PEFT {
+        // the adapters under the family's Hugging Face names (PyTorch's without one), prefixed
+        let base = model
+            .weights()
+            .formats()
+            .into_iter()
+            .find(|f| f.is_dir())
+            .unwrap_or(WeightFormat::PyTorch);
+        return externals(model, base)
+            .into_iter()
+            .filter(|e| !e.alias && crate::model::lora::is_adapter(&layout.params[e.param].name))
+            .map(|e| External {
+                name: format!("base_model.model.{}", e.name),
+                ..e
+            })
+            .collect();
+    }
     if model.weights().formats().contains(&format) {
         let torch: Vec<External> = layout
             .params
@@ -236,15 +257,26 @@ fn transpose(data: &[f32], rows: usize, cols: usize) -> Vec<f32> {
     out
 }
 
-/// The flat parameters `flat` as named tensors `(name, shape, values)` in `format`.
+/// The flat parameters `flat` as named tensors `(name, shape, values)` in `format`. A Hugging
+/// Face format (a directory's) of a model with LoRA adapters gets the merged weights, as PEFT's
+/// `merge_and_unload` makes them (`merged`), and no adapter tensor.
 pub fn export(
     model: &dyn Model,
     format: WeightFormat,
     flat: &[f32],
 ) -> Vec<(String, Vec<usize>, Vec<f32>)> {
     let layout = model.layout();
+    let merged;
+    let (flat, skip) = match model.weights().lora() {
+        Some(spec) if format.is_dir() && format != crate::model::lora::PEFT => {
+            merged = merge(model, spec.scale(), flat);
+            (merged.as_slice(), true)
+        }
+        _ => (flat, false),
+    };
     externals(model, format)
         .into_iter()
+        .filter(|e| !(skip && crate::model::lora::is_adapter(&layout.params[e.param].name)))
         .map(|e| {
             let p = &layout.params[e.param];
             let values = &flat[p.range()];
@@ -256,6 +288,45 @@ pub fn export(
             (e.name, e.shape, data)
         })
         .collect()
+}
+
+/// `flat` with each LoRA adapter merged into the weight it adapts: `W += scale * B A` (in
+/// Burn's `[in, out]`: `W += scale * A B`), the adapters' own values left as they are. The
+/// weight of adapter `X.lora_A.weight` is `X.weight`, by PyTorch's names.
+pub fn merge(model: &dyn Model, scale: f64, flat: &[f32]) -> Vec<f32> {
+    let layout = model.layout();
+    let mut out = flat.to_vec();
+    let by_name: HashMap<String, usize> = layout
+        .params
+        .iter()
+        .enumerate()
+        .map(|(i, p)| (torch_external(model, i, p).name, i))
+        .collect();
+    for (name, &ia) in &by_name {
+        let Some(stem) = name.strip_suffix(".lora_A.weight") else {
+            continue;
+        };
+        let (Some(&ib), Some(&iw)) = (
+            by_name.get(&format!("{stem}.lora_B.weight")),
+            by_name.get(&format!("{stem}.weight")),
+        ) else {
+            continue;
+        };
+        let (a, b, w) = (&layout.params[ia], &layout.params[ib], &layout.params[iw]);
+        let (d_in, r, d_out) = (a.shape[0], a.shape[1], b.shape[1]);
+        let (av, bv) = (&flat[a.range()], &flat[b.range()]);
+        let wv = &mut out[w.range()];
+        for i in 0..d_in {
+            let row = &mut wv[i * d_out..(i + 1) * d_out];
+            for k in 0..r {
+                let s = (scale * f64::from(av[i * r + k])) as f32;
+                for (o, x) in row.iter_mut().zip(&bv[k * d_out..(k + 1) * d_out]) {
+                    *o += s * x;
+                }
+            }
+        }
+    }
+    out
 }
 
 /// Why a set of named tensors does not fit a model: every problem at once.
@@ -442,6 +513,11 @@ pub fn import_with(
             }
         }
         let Some((cand, shape)) = found else {
+            // a base model's file has no LoRA adapters: they keep their own initial values
+            // (`launch::init_from` fills them)
+            if crate::model::lora::is_adapter(&layout.params[e.param].name) {
+                continue;
+            }
             match std::iter::once(e)
                 .chain(aliases.iter().copied())
                 .find_map(|cand| other.get(cand.name.as_str()).map(|d| (cand, d)))

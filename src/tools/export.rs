@@ -279,6 +279,7 @@ fn write_in_place(dir: &Path, files: &[(PathBuf, Vec<u8>)]) -> Result<()> {
 /// A file name of Hugging Face weights: `model.safetensors`, its index, or a shard.
 fn is_weights(n: &str) -> bool {
     n == "model.safetensors"
+        || n == "adapter_model.safetensors"
         || n == "model.safetensors.index.json"
         || (n.starts_with("model-") && n.contains("-of-") && n.ends_with(".safetensors"))
 }
@@ -358,7 +359,12 @@ fn hf_dir(path: &Path, format: WeightFormat) -> Result<PathBuf> {
             // one), never a run's or another directory's files
             refuse_inside_run(&dir.join("config.json"), "-o", None)?;
             let empty = fs::read_dir(&dir).is_ok_and(|mut d| d.next().is_none());
-            let export = ["config.json", "model.safetensors", "model.safetensors.index.json"]
+            let export = [
+                "config.json",
+                "model.safetensors",
+                "model.safetensors.index.json",
+                "adapter_config.json",
+            ]
                 .iter()
                 .any(|f| dir.join(f).exists());
             if !empty && !export {
@@ -565,6 +571,54 @@ fn outputs(
     Ok((hf_dir, out, probe))
 }
 
+/// The files of an export: a directory's (weights, their index, config.json,
+/// generation_config.json; PEFT's adapter_model.safetensors and adapter_config.json), or the one
+/// file.
+#[allow(clippy::too_many_arguments, clippy::type_complexity)]
+fn export_files(
+    r: &crate::config::Resolved,
+    model: &dyn crate::model::Model,
+    format: WeightFormat,
+    (hf_dir, out): (&Option<PathBuf>, &Path),
+    refs: &[(&str, &[usize], &[f32])],
+    o: &ExportOptions,
+    encode: &dyn Fn(&[(&str, &[usize], &[f32])]) -> Result<Vec<u8>>,
+    hf_config: Option<String>,
+) -> Result<Vec<(PathBuf, Vec<u8>)>> {
+    let peft = (format == crate::model::lora::PEFT)
+        .then(|| model.weights().lora())
+        .flatten();
+    Ok(match (hf_dir, peft) {
+        // PEFT's `save_pretrained` directory
+        (Some(dir), Some(spec)) => {
+            let base = r.config.model.init_from.as_deref();
+            let config = crate::model::lora::adapter_config(model, spec, base);
+            vec![
+                (dir.join("adapter_model.safetensors"), encode(refs)?),
+                (dir.join("adapter_config.json"), config.into_bytes()),
+            ]
+        }
+        (Some(dir), None) => {
+            let (config, companions) = match &hf_config {
+                Some(c) => {
+                    let (c, files) = companions(r, c)?;
+                    (Some(c), files)
+                }
+                None => (None, Vec::new()),
+            };
+            dir_files(
+                dir,
+                refs,
+                o.max_shard_size,
+                encode,
+                config.as_deref(),
+                companions,
+            )?
+        }
+        (None, _) => vec![(out.to_path_buf(), encode(refs)?)],
+    })
+}
+
 /// Exports the weights of the run in `run_dir` (its newest verified checkpoint, or `o.from`).
 pub fn export(run_dir: &Path, o: &ExportOptions) -> Result<ExportReport> {
     // the run's model and checkpoint, read; then every output is checked before anything is
@@ -602,28 +656,16 @@ pub fn export(run_dir: &Path, o: &ExportOptions) -> Result<ExportReport> {
             ))
         })
     };
-    // a directory's files (weights, their index, config.json, generation_config.json), or the
-    // one file
-    let files: Vec<(PathBuf, Vec<u8>)> = match &hf_dir {
-        Some(dir) => {
-            let (config, companions) = match &hf_config {
-                Some(c) => {
-                    let (c, files) = companions(&r, c)?;
-                    (Some(c), files)
-                }
-                None => (None, Vec::new()),
-            };
-            dir_files(
-                dir,
-                &refs,
-                o.max_shard_size,
-                &encode,
-                config.as_deref(),
-                companions,
-            )?
-        }
-        None => vec![(out.clone(), encode(&refs)?)],
-    };
+    let files = export_files(
+        &r,
+        model.as_ref(),
+        format,
+        (&hf_dir, &out),
+        &refs,
+        o,
+        &encode,
+        hf_config,
+    )?;
     let bytes = files
         .iter()
         .filter(|(p, _)| p.extension().is_some_and(|e| e == "safetensors"))

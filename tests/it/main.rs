@@ -58,6 +58,7 @@ mod kernels;
 mod layers;
 mod lm;
 mod loader;
+mod lora;
 mod mixture;
 mod models;
 mod nccl;

@@ -28,6 +28,13 @@ pub(super) const FORMATS: [WeightFormat; 2] = [HF_GPT2, NANOGPT];
 /// GPT-2's name of a kiln gpt parameter (norm leaves already `weight`/`bias`): `wte.weight` is
 /// `transformer.wte.weight`, `blocks.3.mlp_fc.bias` is `transformer.h.3.mlp.c_fc.bias`.
 fn gpt2_name(path: &str) -> String {
+    // an adapter: after the module it adapts (`transformer.h.3.attn.c_attn.lora_A.weight`)
+    if let Some((module, rest)) = super::adapters::adapted_module(path) {
+        return format!(
+            "{}.{rest}",
+            gpt2_name(&format!("{module}.x")).trim_end_matches(".x")
+        );
+    }
     if let Some(rest) = path.strip_prefix("blocks.") {
         let (i, tail) = rest.split_once('.').unwrap_or((rest, ""));
         let tail = if let Some(t) = tail.strip_prefix("c_attn.") {
@@ -72,7 +79,10 @@ pub(super) fn tensors(
             let path = format!("{prefix}.{leaf}");
             // Hugging Face's Conv1D keeps Burn's [in, out]; its lm_head and every nanoGPT
             // Linear are PyTorch's [out, in]
-            let transpose = e.transpose && (format == NANOGPT || p.name == "lm_head.weight");
+            // (PEFT's adapters are Linears `[out, in]` whatever the layer they adapt)
+            let adapter = crate::model::lora::is_adapter(&p.name);
+            let transpose =
+                e.transpose && (format == NANOGPT || p.name == "lm_head.weight" || adapter);
             External::stored(gpt2_name(&path), p, e.param, transpose)
         })
         .collect();

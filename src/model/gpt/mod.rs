@@ -8,9 +8,11 @@
 //! scale 1 and shift 0. Each block is one unit, so fsdp `unit = "layer"` gathers one block at
 //! a time.
 
+mod adapters;
 mod hf;
 mod keys;
 
+pub use adapters::BlockLora;
 pub use keys::{GeluKind, GptKeys};
 
 use crate::model::ConfigMismatch;
@@ -23,6 +25,7 @@ use burn::tensor::{Int, Tensor, TensorData};
 use super::api::{Act, Family, Forward, ModelError, Task, TokenDecoder};
 use super::decode::{At, Incremental, Kv, KvDecoder};
 use super::init;
+use super::lora::{self, adapted, LoraSpec};
 use super::portable::{External, WeightFormat};
 use super::sizing::{check_token_data, sized_for_this_machine};
 use crate::config::{DecayRule, Resolved};
@@ -85,6 +88,8 @@ pub struct BlockModule<B: Backend> {
     pub mlp_fc: Linear<B>,
     /// The MLP's output projection (residual).
     pub mlp_proj: Linear<B>,
+    /// LoRA adapters of this block's modules (`[model.lora]`), after its own parameters.
+    pub lora: Option<BlockLora<B>>,
 }
 
 /// The module: `wte`, `wpe`, `blocks.<i>`, `ln_f` (and `lm_head` when not tied).
@@ -110,6 +115,8 @@ pub struct Gpt {
     /// The MLP's GELU is the tanh approximation (GPT-2's `gelu_new`), not the exact one.
     pub gelu_tanh: bool,
     pub dropout: f64,
+    /// LoRA adapters (`[model.lora]` with a rank): each block's targeted modules get one.
+    pub lora: Option<LoraSpec>,
     /// The causal masks made so far, one per backend, device, length and dtype.
     pub masks: MaskCache,
 }
@@ -218,8 +225,12 @@ impl Gpt {
             tie: k.tie_embeddings.unwrap_or(true),
             gelu_tanh: k.gelu == Some(GeluKind::Tanh),
             dropout: c.dropout,
+            lora: LoraSpec::of(r, &adapters::TARGETS, &adapters::DEFAULT)?,
             masks: MaskCache::default(),
         };
+        if let Some(s) = &g.lora {
+            s.check(r, &g.adaptable())?;
+        }
         let err = |key: &str, message: String, help: &str| -> ModelError {
             r.key_error(key, message, Some(help.to_string())).into()
         };
@@ -268,7 +279,7 @@ impl Gpt {
         // LayerNorms, attention (qkv and its projection), MLP (4x): weights and biases
         let block = 12 * d * d + bias * 9 * d + 2 * d * (1 + bias);
         let head = if self.tie { 0 } else { v * d };
-        v * d + t * d + l * block + d * (1 + bias) + head
+        v * d + t * d + l * block + d * (1 + bias) + head + self.adapter_count()
     }
 
     fn sized_for_this_machine(&self, r: &Resolved) -> Result<(), ModelError> {
@@ -323,7 +334,15 @@ impl Gpt {
         ctx: &mut Forward,
     ) -> (Tensor<B, 3>, Option<Kv<B>>) {
         let fused = ctx.fused() && !ctx.drops(self.dropout);
-        let qkv = dense(&b.c_attn, norm(&b.ln_1, x.clone(), fused), None, fused);
+        let h = norm(&b.ln_1, x.clone(), fused);
+        let qkv = adapted(
+            &b.c_attn,
+            self.adapter(b, |l| &l.c_attn),
+            h,
+            None,
+            fused,
+            ctx,
+        );
         let whole = if fused && past.is_none() && !keep {
             kernels::document_attention(qkv.clone(), self.heads, ctx.segments().cloned())
         } else {
@@ -336,12 +355,22 @@ impl Gpt {
                 (y, keep.then_some(kv))
             }
         };
+        let proj = self.adapter(b, |l| &l.c_proj);
         let x = if fused {
-            dense(&b.c_proj, y, Some(x), true)
+            adapted(&b.c_proj, proj, y, Some(x), true, ctx)
         } else {
-            x + ctx.dropout(b.c_proj.forward(y), self.dropout)
+            let y = adapted(&b.c_proj, proj, y, None, false, ctx);
+            x + ctx.dropout(y, self.dropout)
         };
-        let h = dense(&b.mlp_fc, norm(&b.ln_2, x.clone(), fused), None, fused);
+        let h = norm(&b.ln_2, x.clone(), fused);
+        let h = adapted(
+            &b.mlp_fc,
+            self.adapter(b, |l| &l.mlp_fc),
+            h,
+            None,
+            fused,
+            ctx,
+        );
         let h = if fused {
             kernels::gelu(h, self.gelu_tanh)
         } else if self.gelu_tanh {
@@ -349,10 +378,12 @@ impl Gpt {
         } else {
             gelu(h)
         };
+        let proj = self.adapter(b, |l| &l.mlp_proj);
         let x = if fused {
-            dense(&b.mlp_proj, h, Some(x), true)
+            adapted(&b.mlp_proj, proj, h, Some(x), true, ctx)
         } else {
-            x + ctx.dropout(b.mlp_proj.forward(h), self.dropout)
+            let h = adapted(&b.mlp_proj, proj, h, None, false, ctx);
+            x + ctx.dropout(h, self.dropout)
         };
         (x, kv)
     }
@@ -508,6 +539,7 @@ impl Family for Gpt {
                     ln_2: self.ln(device),
                     mlp_fc: self.linear(d, 4 * d, device),
                     mlp_proj: self.linear(4 * d, d, device),
+                    lora: self.block_lora(device),
                 })
                 .collect(),
             ln_f: self.ln(device),
@@ -526,6 +558,10 @@ impl Family for Gpt {
             let mut rng = init::named_stream(seed, &unit.name);
             for p in &layout.params[unit.params.clone()] {
                 let out = &mut flat[p.range()];
+                // (an adapter's parameters come after its block's: they draw last)
+                if lora::init(&p.name, &p.shape, out, &mut rng) {
+                    continue;
+                }
                 let leaf = p.name.rsplit('.').next().unwrap_or("");
                 let layer = p.name.rsplit('.').nth(1).unwrap_or("");
                 match leaf {
@@ -622,8 +658,17 @@ impl WeightAdapter for Gpt {
     /// nanoGPT's names as in `torch_baseline.py`: the block MLP is `mlp.0` and `mlp.2` of an
     /// `nn.Sequential(Linear, GELU, Linear)`.
     fn torch_name(&self, path: &str) -> String {
+        // an adapter is named after the module it adapts (`blocks.0.c_attn.lora_A.weight`)
+        let path = match adapters::adapted_module(path) {
+            Some((module, rest)) => format!("{module}.{rest}"),
+            None => path.to_string(),
+        };
         path.replacen(".mlp_fc.", ".mlp.0.", 1)
             .replacen(".mlp_proj.", ".mlp.2.", 1)
+    }
+
+    fn lora(&self) -> Option<&LoraSpec> {
+        self.lora.as_ref()
     }
 
     fn formats(&self) -> Vec<WeightFormat> {
@@ -699,6 +744,7 @@ mod tests {
                 tie,
                 gelu_tanh: false,
                 dropout: 0.0,
+                lora: None,
                 masks: MaskCache::default(),
             };
             let counted = gpt.param_count();
@@ -719,6 +765,7 @@ mod tests {
             tie: true,
             gelu_tanh: false,
             dropout: 0.0,
+            lora: None,
             masks: MaskCache::default(),
         }
     }

@@ -8,9 +8,11 @@
 //! `unit = "layer"` gathers one block at a time; checkpointing recomputes one block).
 //! Initialisation: normal(0, 0.02) for every matrix and the embedding, RMSNorm weights 1.
 
+mod adapters;
 mod hf;
 mod keys;
 
+pub use adapters::BlockLora;
 pub use hf::HF_LLAMA;
 pub use keys::{LlamaKeys, RopeScaling, RopeType};
 
@@ -25,6 +27,7 @@ use super::api::{Act, Family, Forward, ModelError, Task, TokenDecoder};
 use super::decode::{At, Incremental, Kv, KvDecoder};
 use super::gpt::{dense, MaskCache};
 use super::init;
+use super::lora::{self, adapted, LoraSpec};
 use super::portable::{External, WeightFormat};
 use super::sizing::{check_token_data, sized_for_this_machine};
 use crate::config::{DecayRule, Resolved};
@@ -56,6 +59,8 @@ pub struct Block<B: Backend> {
     pub self_attn: Attention<B>,
     pub post_attention_layernorm: RmsNorm<B>,
     pub mlp: Mlp<B>,
+    /// LoRA adapters of this block's modules (`[model.lora]`), after its own parameters.
+    pub lora: Option<BlockLora<B>>,
 }
 
 /// The module: `embed_tokens`, `layers.<i>`, `norm` (and `lm_head` when not tied).
@@ -84,6 +89,8 @@ pub struct Llama {
     pub attn_bias: bool,
     /// On the attention's weights (transformers' `attention_dropout`).
     pub dropout: f64,
+    /// LoRA adapters (`[model.lora]` with a rank): each block's targeted modules get one.
+    pub lora: Option<LoraSpec>,
     /// The causal masks and rotary tables made so far.
     pub cache: MaskCache,
 }
@@ -111,9 +118,13 @@ impl Llama {
             tie: k.tie_embeddings.unwrap_or(false),
             attn_bias: k.attn_bias.unwrap_or(false),
             dropout: c.dropout,
+            lora: LoraSpec::of(r, &adapters::TARGETS.map(|(m, _)| m), &adapters::DEFAULT)?,
             cache: MaskCache::default(),
         };
         l.check(r, input)?;
+        if let Some(s) = &l.lora {
+            s.check(r, &l.adaptable())?;
+        }
         Ok(l)
     }
 
@@ -231,7 +242,7 @@ impl Llama {
         let bias = if self.attn_bias { d + 2 * kv } else { 0 };
         let block = 2 * d * d + 2 * d * kv + bias + 3 * d * f + 2 * d;
         let head = if self.tie { 0 } else { v * d };
-        v * d + l * block + d + head
+        v * d + l * block + d + head + self.adapter_count()
     }
 
     fn head_dim(&self) -> usize {
@@ -359,9 +370,33 @@ impl Llama {
         let (h, g, hd) = (self.heads, self.kv_heads, self.head_dim());
         let a = &b.self_attn;
         let hx = self.norm(&b.input_layernorm, x.clone());
-        let q = dense(&a.q_proj, hx.clone(), None, fused).reshape([n, t, h, hd]);
-        let k = dense(&a.k_proj, hx.clone(), None, fused).reshape([n, t, g, hd]);
-        let v = dense(&a.v_proj, hx, None, fused).reshape([n, t, g, hd]);
+        let q = adapted(
+            &a.q_proj,
+            self.adapter(b, |l| &l.q_proj),
+            hx.clone(),
+            None,
+            fused,
+            ctx,
+        )
+        .reshape([n, t, h, hd]);
+        let k = adapted(
+            &a.k_proj,
+            self.adapter(b, |l| &l.k_proj),
+            hx.clone(),
+            None,
+            fused,
+            ctx,
+        )
+        .reshape([n, t, g, hd]);
+        let v = adapted(
+            &a.v_proj,
+            self.adapter(b, |l| &l.v_proj),
+            hx,
+            None,
+            fused,
+            ctx,
+        )
+        .reshape([n, t, g, hd]);
         let (cos, sin) = self.rotary::<B>(from, (n, t), ctx, &x.device());
         let (q, k) = (Self::rotate(q, &cos, &sin), Self::rotate(k, &cos, &sin));
         let whole = if fused && past.is_none() && !keep {
@@ -390,20 +425,35 @@ impl Llama {
                 (y, keep.then_some(kv))
             }
         };
-        let x = if fused {
-            dense(&a.o_proj, y, Some(x), true)
-        } else {
-            x + a.o_proj.forward(y)
-        };
+        // (`x + o_proj(y)` without `fused`)
+        let x = adapted(
+            &a.o_proj,
+            self.adapter(b, |l| &l.o_proj),
+            y,
+            Some(x),
+            fused,
+            ctx,
+        );
         let hx = self.norm(&b.post_attention_layernorm, x.clone());
         let m = &b.mlp;
-        let gate = silu(dense(&m.gate_proj, hx.clone(), None, fused));
-        let up = dense(&m.up_proj, hx, None, fused);
-        let x = if fused {
-            dense(&m.down_proj, gate * up, Some(x), true)
-        } else {
-            x + m.down_proj.forward(gate * up)
-        };
+        let gate = adapted(
+            &m.gate_proj,
+            self.adapter(b, |l| &l.gate_proj),
+            hx.clone(),
+            None,
+            fused,
+            ctx,
+        );
+        let up = adapted(
+            &m.up_proj,
+            self.adapter(b, |l| &l.up_proj),
+            hx,
+            None,
+            fused,
+            ctx,
+        );
+        let down = self.adapter(b, |l| &l.down_proj);
+        let x = adapted(&m.down_proj, down, silu(gate) * up, Some(x), fused, ctx);
         (x, kv)
     }
 
@@ -562,6 +612,7 @@ impl Family for Llama {
                         up_proj: self.linear(d, self.ffn_dim, false, device),
                         down_proj: self.linear(self.ffn_dim, d, false, device),
                     },
+                    lora: self.block_lora(device),
                 })
                 .collect(),
             norm: self.rms(device),
@@ -575,6 +626,10 @@ impl Family for Llama {
             let mut rng = init::named_stream(seed, &unit.name);
             for p in &layout.params[unit.params.clone()] {
                 let out = &mut flat[p.range()];
+                // (an adapter's parameters come after its block's: they draw last)
+                if lora::init(&p.name, &p.shape, out, &mut rng) {
+                    continue;
+                }
                 match p.name.rsplit('.').next().unwrap_or("") {
                     "gamma" => out.fill(1.0),
                     "bias" => out.fill(0.0),
@@ -657,6 +712,15 @@ impl Family for Llama {
 
 /// Llama's weights as other libraries name and lay them out.
 impl WeightAdapter for Llama {
+    /// Transformers' names are the module's paths, but for the adapters: PEFT's.
+    fn torch_name(&self, path: &str) -> String {
+        adapters::torch_name(path).unwrap_or_else(|| path.to_string())
+    }
+
+    fn lora(&self) -> Option<&LoraSpec> {
+        self.lora.as_ref()
+    }
+
     fn formats(&self) -> Vec<WeightFormat> {
         vec![HF_LLAMA]
     }
@@ -708,130 +772,4 @@ impl WeightAdapter for Llama {
 }
 
 #[cfg(test)]
-mod tests {
-    use burn::backend::{Autodiff, Flex};
-
-    use super::*;
-    use crate::data::Values;
-    use crate::model::{ComputeOn, FamilyModel, Model};
-
-    pub(super) fn tiny(kv_heads: usize, tie: bool) -> Llama {
-        Llama {
-            vocab: 64,
-            block: 8,
-            layers: 2,
-            heads: 4,
-            kv_heads,
-            dim: 16,
-            ffn_dim: 24,
-            rope_theta: 10_000.0,
-            rope_scaling: None,
-            norm_eps: 1e-5,
-            tie,
-            attn_bias: false,
-            dropout: 0.0,
-            cache: MaskCache::default(),
-        }
-    }
-
-    /// A position's logits depend on the tokens up to it only, and the fused kernels give the
-    /// logits Burn's ops give.
-    #[test]
-    fn causal_and_the_fused_path_agrees_with_burns_ops() {
-        for (kv, tie) in [(2, false), (4, true), (1, false)] {
-            let m = FamilyModel::new(tiny(kv, tie));
-            let compute = <Autodiff<Flex> as ComputeOn>::compute(&m, &Default::default(), true);
-            let params = m.init(5);
-            let x = Values::Tokens(vec![7, 8, 9, 10]);
-            let a = compute.logits(&params, &x, &[1, 4]).unwrap();
-            let b = compute
-                .logits(&params, &Values::Tokens(vec![7, 8, 9, 60]), &[1, 4])
-                .unwrap();
-            assert_eq!(a[..3 * 64], b[..3 * 64]);
-            assert_ne!(a[3 * 64..], b[3 * 64..]);
-            // Burn's own ops: a compute made without the fused kernels
-            let plain = <Autodiff<Flex> as ComputeOn>::compute(&m, &Default::default(), false)
-                .logits(&params, &x, &[1, 4])
-                .unwrap();
-            for (x, y) in a.iter().zip(&plain) {
-                assert!(
-                    (x - y).abs() <= 1e-5 * y.abs().max(1.0),
-                    "kv {kv}: {x} vs {y}"
-                );
-            }
-        }
-    }
-
-    /// Over packed rows each position takes the rotary angles of its place in its document
-    /// (RoPE's scores depend on distances only, so the logits test above cannot see them).
-    #[test]
-    fn packed_positions_take_their_documents_angles() {
-        let l = tiny(2, false);
-        let dev = Default::default();
-        let starts: crate::kernels::Starts = vec![0u32, 0, 0, 0, 0, 2].into();
-        let ctx = Forward::eval().with_segments(Some(starts));
-        let (cos, sin) = l.rotary::<Flex>(0, (2, 3), &ctx, &dev);
-        let (cos0, sin0) = l.rotary::<Flex>(0, (1, 3), &Forward::eval(), &dev);
-        let v = |x: Tensor<Flex, 4>| x.into_data().convert::<f32>().into_vec::<f32>().unwrap();
-        let (c, s, c0, s0) = (v(cos), v(sin), v(cos0), v(sin0));
-        let hd = l.head_dim();
-        // row 1: two documents, positions 0, 1 and 0
-        for (j, p) in [0, 1, 2, 0, 1, 0].into_iter().enumerate() {
-            assert_eq!(
-                c[j * hd..(j + 1) * hd],
-                c0[p * hd..(p + 1) * hd],
-                "token {j}"
-            );
-            assert_eq!(
-                s[j * hd..(j + 1) * hd],
-                s0[p * hd..(p + 1) * hd],
-                "token {j}"
-            );
-        }
-    }
-
-    #[test]
-    fn packed_documents_get_their_own_logits() {
-        for kv in [4, 2] {
-            crate::model::packed_tests::each_document_gets_its_own_logits(tiny(kv, false), 64);
-        }
-    }
-
-    /// The count the memory check uses before building is the built model's.
-    #[test]
-    fn the_parameters_counted_before_the_build_are_the_models() {
-        for (kv, tie, bias) in [(2, false, false), (4, true, true), (1, false, true)] {
-            let mut l = tiny(kv, tie);
-            l.attn_bias = bias;
-            let counted = l.param_count();
-            assert_eq!(counted, FamilyModel::new(l).num_params() as u128);
-        }
-    }
-
-    /// Llama 3.1's scaling keeps high frequencies, divides low ones by the factor and blends
-    /// between (the values transformers' `_compute_llama3_parameters` gives for these settings).
-    #[test]
-    fn llama3_scaling_splits_the_frequencies_in_three() {
-        let mut l = tiny(2, false);
-        l.dim = 32;
-        l.rope_scaling = Some(RopeScaling {
-            rope_type: RopeType::Llama3,
-            factor: 8.0,
-            low_freq_factor: 1.0,
-            high_freq_factor: 4.0,
-            original_max_position_embeddings: 16,
-        });
-        let f = l.inv_freq();
-        // wavelengths 2 pi, 62.8, 628, 6283 against 16 / 1 and 16 / 4
-        let smooth = (16.0 / (2.0 * std::f64::consts::PI) - 1.0) / 3.0;
-        let want = [
-            (1.0 - smooth) / 8.0 + smooth,
-            0.1 / 8.0,
-            0.01 / 8.0,
-            0.001 / 8.0,
-        ];
-        for (a, b) in f.iter().zip(want) {
-            assert!((a - b).abs() < 1e-12, "{f:?}");
-        }
-    }
-}
+mod tests;

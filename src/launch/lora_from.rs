@@ -1,0 +1,221 @@
+//! `model.lora.init_from`: LoRA adapters from a PEFT adapter directory (`adapter_config.json`
+//! and `adapter_model.safetensors`, as `PeftModel.save_pretrained` and `kiln export --format
+//! peft` write them), checked against `[model.lora]` and the model.
+
+use std::collections::{HashMap, HashSet};
+use std::path::Path;
+
+use crate::checkpoint::tensors;
+use crate::config::Resolved;
+use crate::error::{Error, Result};
+use crate::model::lora::PEFT;
+use crate::model::portable::externals;
+use crate::model::Model;
+
+const KEY: &str = "model.lora.init_from";
+
+fn usage(why: String, help: &str) -> Error {
+    Error::Usage(format!("{KEY}: {why}\n  = help: {help}"))
+}
+
+/// Writes the adapters of the PEFT directory at `value` into `params` (in `model`'s layout).
+pub fn load_adapter(
+    r: &Resolved,
+    model: &dyn Model,
+    value: &str,
+    params: &mut [f32],
+) -> Result<()> {
+    let dir = r.path_of(KEY, value);
+    let shown = dir.display().to_string();
+    if !dir.is_dir() {
+        return Err(usage(
+            format!("`{shown}` is not a directory"),
+            "give the directory `PeftModel.save_pretrained` or `kiln export --format peft` wrote",
+        ));
+    }
+    let Some(spec) = model.weights().lora() else {
+        return Err(usage(
+            "the model has no LoRA adapters (`[model.lora]` with a rank)".into(),
+            "set `model.lora.rank` and `model.lora.targets` as the adapter's were made",
+        ));
+    };
+    check_config(&dir.join("adapter_config.json"), spec)?;
+    let file = dir.join("adapter_model.safetensors");
+    let lazy = tensors::Lazy::open(&file).map_err(|e| {
+        usage(
+            format!("`{}`: {e}", file.display()),
+            "PEFT saves the adapter's weights as adapter_model.safetensors (safe_serialization)",
+        )
+    })?;
+    let layout = model.layout();
+    let want = externals(model, PEFT);
+    let at: HashMap<&str, usize> = lazy
+        .entries
+        .iter()
+        .enumerate()
+        .map(|(i, e)| (e.name.as_str(), i))
+        .collect();
+    // PEFT writes without the adapter's name; a file saved with it has `.default.` inside
+    let find = |name: &str| {
+        at.get(name).copied().or_else(|| {
+            let (stem, leaf) = name.rsplit_once('.')?;
+            at.get(format!("{stem}.default.{leaf}").as_str()).copied()
+        })
+    };
+    let mut problems = Vec::new();
+    let mut used = HashSet::new();
+    let mut reads = Vec::new();
+    for e in &want {
+        match find(&e.name) {
+            None => problems.push(format!("`{}` is missing", e.name)),
+            Some(i) if lazy.entries[i].shape != e.shape => problems.push(format!(
+                "`{}` has shape {:?}, the model's is {:?}",
+                e.name, lazy.entries[i].shape, e.shape
+            )),
+            Some(i) => {
+                used.insert(i);
+                reads.push((e, i));
+            }
+        }
+    }
+    for (i, e) in lazy.entries.iter().enumerate() {
+        if !used.contains(&i) && problems.len() < 12 {
+            problems.push(format!(
+                "`{}` is not an adapter of this model",
+                crate::ui::printable(&e.name)
+            ));
+        }
+    }
+    if !problems.is_empty() {
+        let n = problems.len();
+        problems.truncate(10);
+        return Err(usage(
+            format!(
+                "`{}` does not fit the model's adapters ({n} problem(s)): {}",
+                file.display(),
+                problems.join("; ")
+            ),
+            "the adapter must be for this base model with these targets (an adapter of another model has other names or shapes)",
+        ));
+    }
+    for (e, i) in reads {
+        let values = lazy.read(i).map_err(|why| {
+            usage(
+                format!("`{}`: {why}", file.display()),
+                "save the adapter again",
+            )
+        })?;
+        if values.iter().any(|v| !v.is_finite()) {
+            return Err(usage(
+                format!(
+                    "`{}` holds NaN or infinite values in `{}`",
+                    file.display(),
+                    e.name
+                ),
+                "save the adapter again from a healthy model",
+            ));
+        }
+        let p = &layout.params[e.param];
+        let out = &mut params[p.range()];
+        if e.transpose {
+            let (rows, cols) = (e.shape[0], e.shape[1]);
+            for (rr, row) in values.chunks_exact(cols).enumerate() {
+                for (c, v) in row.iter().enumerate() {
+                    out[c * rows + rr] = *v;
+                }
+            }
+        } else {
+            out.copy_from_slice(&values);
+        }
+    }
+    Ok(())
+}
+
+/// `adapter_config.json` against `[model.lora]`: its rank, alpha and target modules, and no
+/// variant kiln does not compute (DoRA, rsLoRA, per-layer ranks).
+fn check_config(path: &Path, spec: &crate::model::lora::LoraSpec) -> Result<()> {
+    let help = "set [model.lora] as the adapter was made (its adapter_config.json)";
+    let text = crate::data::read_bounded(path, KEY, Some(1 << 20)).map_err(|e| {
+        usage(
+            format!("{e}"),
+            "PEFT writes adapter_config.json beside the weights",
+        )
+    })?;
+    let c: serde_json::Value = serde_json::from_slice(&text).map_err(|e| {
+        usage(
+            format!("`{}` is not JSON: {e}", path.display()),
+            "save the adapter again",
+        )
+    })?;
+    let mut bad = Vec::new();
+    if let Some(t) = c
+        .get("peft_type")
+        .and_then(|v| v.as_str())
+        .filter(|t| *t != "LORA")
+    {
+        bad.push(format!("`peft_type` is {t:?}, not \"LORA\""));
+    }
+    match c.get("r").and_then(|v| v.as_u64()) {
+        Some(r) if r as usize == spec.rank => {}
+        other => bad.push(format!(
+            "`r` is {}, `model.lora.rank` = {}",
+            other.map_or("missing".into(), |r| r.to_string()),
+            spec.rank
+        )),
+    }
+    match c.get("lora_alpha").and_then(|v| v.as_f64()) {
+        Some(a) if (a - spec.alpha).abs() < 1e-9 => {}
+        other => bad.push(format!(
+            "`lora_alpha` is {}, `model.lora.alpha` = {}",
+            other.map_or("missing".into(), |a| a.to_string()),
+            spec.alpha
+        )),
+    }
+    let theirs: Option<Vec<String>> = match c.get("target_modules") {
+        Some(serde_json::Value::Array(a)) => {
+            a.iter().map(|v| v.as_str().map(str::to_string)).collect()
+        }
+        _ => None,
+    };
+    match theirs {
+        Some(mut t) => {
+            let mut ours = spec.targets.clone();
+            t.sort();
+            ours.sort();
+            if t != ours {
+                bad.push(format!(
+                    "`target_modules` is {t:?}, `model.lora.targets` resolves to {ours:?}"
+                ));
+            }
+        }
+        None => {
+            bad.push("`target_modules` is not a list of module names (a regex is not read)".into())
+        }
+    }
+    for key in ["use_dora", "use_rslora"] {
+        if c.get(key).and_then(|v| v.as_bool()) == Some(true) {
+            bad.push(format!("`{key}` is true (kiln computes plain LoRA)"));
+        }
+    }
+    for key in ["rank_pattern", "alpha_pattern"] {
+        if c.get(key)
+            .and_then(|v| v.as_object())
+            .is_some_and(|o| !o.is_empty())
+        {
+            bad.push(format!(
+                "`{key}` is not empty (one rank and alpha for every layer here)"
+            ));
+        }
+    }
+    if bad.is_empty() {
+        return Ok(());
+    }
+    Err(usage(
+        format!(
+            "`{}` disagrees with [model.lora]: {}",
+            path.display(),
+            bad.join("; ")
+        ),
+        help,
+    ))
+}
