@@ -84,6 +84,13 @@ docs_cpu_and_compare() { # the same on the CPU, then its losses against CUDA's (
   docs_run cpu-docs && compare_losses cuda-docs cpu-docs 1e-3
 }
 
+lora_cpu_and_compare() { # LoRA on the CPU, its losses against CUDA's (rel 1e-3), and only the
+  # adapters trained there (summary.json's trainable_params)
+  docs_run cpu-lora model.lora.rank=4 'model.lora.targets=["all-linear"]' \
+    && compare_losses cuda-lora cpu-lora 1e-3 \
+    && python3 -c "import json,sys; s=json.load(open('$WORK/cuda-lora/summary.json')); print('trainable', s['trainable_params'], 'of', s['num_params']); sys.exit(0 if 0 < s['trainable_params'] < s['num_params'] else 1)"
+}
+
 compare_losses() { # dir a, dir b, relative tolerance
   python3 - "$WORK/$1/metrics.jsonl" "$WORK/$2/metrics.jsonl" "$3" <<'PY'
 import json, sys
@@ -259,7 +266,7 @@ PY
 }
 
 export KILN WORK Q
-export -f run compare_losses stays_on_device preflight cache_filled refused_with_message diverges_on_the_device throughput outlier_run scales_as_torch same_run two_gpu_overlap
+export -f run docs_run docs_cpu_and_compare lora_cpu_and_compare compare_losses stays_on_device preflight cache_filled refused_with_message diverges_on_the_device throughput outlier_run scales_as_torch same_run two_gpu_overlap
 if [ "$DRY" = 0 ]; then
   [ -x "$KILN" ] || { echo "no kiln binary at $KILN (see the top of this script)"; exit 2; }
   echo "work dir: $WORK"
@@ -285,16 +292,18 @@ step 5 "fsdp(1): shards, gradient shards, optimizer on the device (counted)" sta
 step 30 "bf16 with f32 masters, ddp world 1 over NCCL" run cuda-bf16-ddp1 backend.device=cuda backend.precision=bf16 strategy.kind=ddp strategy.devices=1 strategy.collective=nccl
 step 5 "bf16 == f32 on CUDA (rel 2e-2)" compare_losses cuda-bf16-ddp1 cuda-ddp1 2e-2
 step 5 "bf16: f32 masters and optimizer state stay on the device (counted)" stays_on_device cuda-bf16-ddp1
-step 40 "f16 with loss scaling on CUDA: an overflowing step" outlier_run cuda-f16 backend.device=cuda
+step 35 "f16 with loss scaling on CUDA: an overflowing step" outlier_run cuda-f16 backend.device=cuda
 step 5 "f16: exactly step 4 skipped, the scale backed off and grown as torch's GradScaler" scales_as_torch cuda-f16
 step 25 "f16: resume from step 3, before the skip" bash -c "rm -rf '$WORK/cuda-f16-resumed' && cp -r '$WORK/cuda-f16' '$WORK/cuda-f16-resumed' && '$KILN' resume '$WORK/cuda-f16-resumed' --from step-00000003 --quiet"
 step 5 "f16 resumed == uninterrupted (bits, loss scales)" same_run cuda-f16 cuda-f16-resumed
-step 40 "ddp 2 ranks on one GPU, host collective" run cuda-ddp2 backend.device=cuda strategy.kind=ddp strategy.devices=2 strategy.collective=host train.batch_size=16
+step 35 "ddp 2 ranks on one GPU, host collective" run cuda-ddp2 backend.device=cuda strategy.kind=ddp strategy.devices=2 strategy.collective=host train.batch_size=16
 step 5 "ddp(2) == single(32) on CUDA (rel 1e-3)" compare_losses cuda-ddp2 cuda-single 1e-3
 step 10 "two ranks on one GPU with nccl is refused, saying why" refused_with_message
-step 30 "a NaN gradient on the device stops the run as diverged" diverges_on_the_device
+step 26 "a NaN gradient on the device stops the run as diverged" diverges_on_the_device
 step 15 "packed llama on CUDA (jsonl documents, document attention)" docs_run cuda-docs backend.device=cuda
 step 4 "packed llama on CPU, losses vs CUDA (rel 1e-3)" docs_cpu_and_compare
+step 10 "LoRA llama on CUDA (adapters on every projection, the base frozen)" docs_run cuda-lora backend.device=cuda model.lora.rank=4 'model.lora.targets=["all-linear"]'
+step 4 "LoRA on CPU: losses vs CUDA (rel 1e-3), only the adapters train" lora_cpu_and_compare
 gpus=$( (nvidia-smi -L 2>/dev/null || true) | grep -c '^GPU ')
 step "$([ "$gpus" -ge 2 ] && echo 120 || echo 5)" "overlap on NCCL's own stream (2 GPUs: ddp/fsdp(2) == overlap off; else SKIP)" two_gpu_overlap
 step 60 "throughput: MLP 1024 -> 4096 x 4 -> 10, batch 512, SGD; kiln vs PyTorch" throughput

@@ -743,19 +743,31 @@ impl<F: Family> Model for FamilyModel<F> {
         let Some(natural) = &self.natural else {
             return self.family.init(&self.layout, seed);
         };
-        let values = self.family.init(natural, seed);
-        let at: HashMap<&str, std::ops::Range<usize>> = natural
+        // reordered in place (no second copy of the model): the frozen parameters keep their
+        // order and only move towards the head, the trainable ones go to the tail after them
+        let mut values = self.family.init(natural, seed);
+        let at: HashMap<&str, std::ops::Range<usize>> = self
+            .layout
             .params
             .iter()
             .map(|p| (p.name.as_str(), p.range()))
             .collect();
-        let mut out = vec![0f32; self.layout.num_params()];
-        for p in &self.layout.params {
-            if let Some(r) = at.get(p.name.as_str()) {
-                out[p.range()].copy_from_slice(&values[r.clone()]);
+        let mut tail = vec![0f32; self.layout.num_trainable()];
+        let frozen = self.layout.frozen;
+        for p in &natural.params {
+            let to = &at[p.name.as_str()];
+            if to.start >= frozen {
+                tail[to.start - frozen..to.end - frozen].copy_from_slice(&values[p.range()]);
             }
         }
-        out
+        for p in &natural.params {
+            let to = &at[p.name.as_str()];
+            if to.start < frozen {
+                values.copy_within(p.range(), to.start);
+            }
+        }
+        values[frozen..].copy_from_slice(&tail);
+        values
     }
     fn with_frozen(&self, freeze: &[bool]) -> Option<crate::model::SharedModel> {
         // marked here, or frozen already
