@@ -174,15 +174,7 @@ fn open_weights(path: &Path) -> Result<Vec<tensors::Lazy>> {
 /// parameters, once every name and shape fits.
 pub fn init_weights(r: &Resolved, model: &dyn Model) -> Result<Option<Vec<f32>>> {
     let Some(value) = &r.config.model.init_from else {
-        // (an adapter to start from, on the seeded base)
-        return match adapter_dir(r) {
-            Some(_) => Ok(Some(with_adapters(
-                r,
-                model,
-                model.init(r.config.experiment.seed),
-            )?)),
-            None => Ok(None),
-        };
+        return seeded_with_adapter(r, model);
     };
     let path = r.path_of("model.init_from", value);
     let shown = path.display();
@@ -269,6 +261,9 @@ pub fn init_weights(r: &Resolved, model: &dyn Model) -> Result<Option<Vec<f32>>>
     if format.is_dir() {
         beside_config(r, model, format, &path)?;
     }
+    // the parameters the file has (a base model's has no adapters; kiln's own export of a LoRA
+    // run in PyTorch's names has them)
+    let in_file = params_in(model, format, &shapes);
     let imported = portable::import_with(model, format, &shapes, &other, &mut load);
     if !nonfinite.is_empty() {
         return Err(Error::Usage(format!(
@@ -286,31 +281,52 @@ pub fn init_weights(r: &Resolved, model: &dyn Model) -> Result<Option<Vec<f32>>>
             format.name()
         )),
     })?;
-    Ok(Some(with_adapters(r, model, params)?))
+    Ok(Some(with_adapters(r, model, params, &in_file)?))
 }
 
-/// `params` (a base model's weights) with the LoRA adapters' initial values: PEFT's
-/// initialisation from the experiment's seed (as without `init_from`), or the adapter
-/// `model.lora.init_from` names.
-fn with_adapters(r: &Resolved, model: &dyn Model, mut params: Vec<f32>) -> Result<Vec<f32>> {
-    let layout = model.layout();
-    let adapters: Vec<_> = layout
-        .params
-        .iter()
-        .filter(|p| crate::model::lora::is_adapter(&p.name))
-        .collect();
-    if adapters.is_empty() {
-        return Ok(params);
-    }
+/// `params` (weights from `model.init_from`, `loaded` the parameters it had) with the LoRA
+/// adapters the adapter directory `model.lora.init_from` holds, else those `init_from` had,
+/// else PEFT's initialisation from the experiment's seed (as without `init_from`).
+fn with_adapters(
+    r: &Resolved,
+    model: &dyn Model,
+    mut params: Vec<f32>,
+    loaded: &std::collections::HashSet<usize>,
+) -> Result<Vec<f32>> {
     if let Some(dir) = adapter_dir(r) {
         super::lora_from::load_adapter(r, model, dir, &mut params)?;
         return Ok(params);
     }
-    let fresh = model.init(r.config.experiment.seed);
-    for p in adapters {
-        params[p.range()].copy_from_slice(&fresh[p.range()]);
+    let seed = r.config.experiment.seed;
+    for (i, p) in model.layout().params.iter().enumerate() {
+        if crate::model::lora::is_adapter(&p.name) && !loaded.contains(&i) {
+            crate::model::lora::init(&p.name, &p.shape, &mut params[p.range()], seed);
+        }
     }
     Ok(params)
+}
+
+/// Without `model.init_from`: the seeded initialisation with the adapters of
+/// `model.lora.init_from`, or `None` (the seeded initialisation is made later).
+fn seeded_with_adapter(r: &Resolved, model: &dyn Model) -> Result<Option<Vec<f32>>> {
+    if adapter_dir(r).is_none() {
+        return Ok(None);
+    }
+    let seeded = model.init(r.config.experiment.seed);
+    with_adapters(r, model, seeded, &Default::default()).map(Some)
+}
+
+/// The layout indices of the parameters whose tensors (in `format`) a file of `shapes` holds.
+fn params_in(
+    model: &dyn Model,
+    format: WeightFormat,
+    shapes: &HashMap<&str, &[usize]>,
+) -> std::collections::HashSet<usize> {
+    portable::externals(model, format)
+        .iter()
+        .filter(|e| shapes.contains_key(e.name.as_str()))
+        .map(|e| e.param)
+        .collect()
 }
 
 /// `model.lora.init_from`, where LoRA is on.

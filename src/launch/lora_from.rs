@@ -148,28 +148,56 @@ fn check_config(path: &Path, spec: &crate::model::lora::LoraSpec) -> Result<()> 
         )
     })?;
     let mut bad = Vec::new();
-    if let Some(t) = c
-        .get("peft_type")
-        .and_then(|v| v.as_str())
-        .filter(|t| *t != "LORA")
-    {
-        bad.push(format!("`peft_type` is {t:?}, not \"LORA\""));
+    // (a value as the file has it, for the message: its JSON, shortened and printable)
+    let shown = |key: &str| match c.get(key) {
+        None => "missing".to_string(),
+        Some(v) => crate::ui::printable(&crate::config::brief(&v.to_string(), 60)).into_owned(),
+    };
+    match c.get("peft_type").and_then(|v| v.as_str()) {
+        Some("LORA") => {}
+        _ => bad.push(format!(
+            "`peft_type` is {}, not \"LORA\"",
+            shown("peft_type")
+        )),
     }
     match c.get("r").and_then(|v| v.as_u64()) {
         Some(r) if r as usize == spec.rank => {}
-        other => bad.push(format!(
+        _ => bad.push(format!(
             "`r` is {}, `model.lora.rank` = {}",
-            other.map_or("missing".into(), |r| r.to_string()),
+            shown("r"),
             spec.rank
         )),
     }
     match c.get("lora_alpha").and_then(|v| v.as_f64()) {
         Some(a) if (a - spec.alpha).abs() < 1e-9 => {}
-        other => bad.push(format!(
+        _ => bad.push(format!(
             "`lora_alpha` is {}, `model.lora.alpha` = {}",
-            other.map_or("missing".into(), |a| a.to_string()),
+            shown("lora_alpha"),
             spec.alpha
         )),
+    }
+    // what kiln's adapters are not: biases trained, whole modules saved, some layers only
+    if c.get("bias")
+        .and_then(|v| v.as_str())
+        .is_some_and(|b| b != "none")
+    {
+        bad.push(format!(
+            "`bias` is {} (kiln trains no biases with LoRA: \"none\")",
+            shown("bias")
+        ));
+    }
+    for key in ["modules_to_save", "layers_to_transform", "layers_pattern"] {
+        let set = match c.get(key) {
+            None | Some(serde_json::Value::Null) => false,
+            Some(serde_json::Value::Array(a)) => !a.is_empty(),
+            Some(_) => true,
+        };
+        if set {
+            bad.push(format!(
+                "`{key}` is {} (kiln adapts every layer's targets and nothing else)",
+                shown(key)
+            ));
+        }
     }
     let theirs: Option<Vec<String>> = match c.get("target_modules") {
         Some(serde_json::Value::Array(a)) => {
@@ -184,13 +212,15 @@ fn check_config(path: &Path, spec: &crate::model::lora::LoraSpec) -> Result<()> 
             ours.sort();
             if t != ours {
                 bad.push(format!(
-                    "`target_modules` is {t:?}, `model.lora.targets` resolves to {ours:?}"
+                    "`target_modules` is {}, `model.lora.targets` resolves to {ours:?}",
+                    shown("target_modules")
                 ));
             }
         }
-        None => {
-            bad.push("`target_modules` is not a list of module names (a regex is not read)".into())
-        }
+        None => bad.push(format!(
+            "`target_modules` is {}, not a list of module names (a regex is not read)",
+            shown("target_modules")
+        )),
     }
     for key in ["use_dora", "use_rslora"] {
         if c.get(key).and_then(|v| v.as_bool()) == Some(true) {

@@ -11,12 +11,7 @@ use crate::config::{FsdpUnit, Resolved, Sharding, StrategyKind};
 /// family's Hugging Face format (the first `hf-*` of `WeightAdapter::formats`), else in
 /// PyTorch's names. A parameter stored in several tensors has each name.
 pub fn freeze_names(model: &dyn Model) -> Vec<Vec<String>> {
-    let format = model
-        .weights()
-        .formats()
-        .into_iter()
-        .find(|f| f.name().starts_with("hf-"))
-        .unwrap_or(WeightFormat::PyTorch);
+    let format = hf_or_torch(model);
     let mut names = vec![Vec::new(); model.layout().params.len()];
     for e in externals(model, format) {
         if !e.alias {
@@ -26,6 +21,16 @@ pub fn freeze_names(model: &dyn Model) -> Vec<Vec<String>> {
         }
     }
     names
+}
+
+/// The format whose names `model.freeze` matches: the family's Hugging Face one, else PyTorch's.
+fn hf_or_torch(model: &dyn Model) -> WeightFormat {
+    model
+        .weights()
+        .formats()
+        .into_iter()
+        .find(|f| f.name().starts_with("hf-"))
+        .unwrap_or(WeightFormat::PyTorch)
 }
 
 /// `model` with the parameters `model.freeze` names frozen (`Model::with_frozen`), and with
@@ -78,13 +83,43 @@ pub fn frozen(r: &Resolved, model: SharedModel) -> Result<SharedModel, ModelErro
             }
         }
         if !hit {
+            // a tied copy (a gpt's `lm_head.weight`) is the tensor it copies
+            if let Some(e) = externals(model.as_ref(), hf_or_torch(model.as_ref()))
+                .into_iter()
+                .find(|e| e.alias && pattern.matches(&e.name))
+            {
+                let source = names
+                    .get(e.param)
+                    .and_then(|n| n.first())
+                    .cloned()
+                    .unwrap_or_default();
+                return Err(r
+                    .key_error(
+                        "model.freeze",
+                        format!(
+                            "`{key}` = {g:?} names `{}`, a tied copy of `{source}`",
+                            e.name
+                        ),
+                        Some(format!(
+                            "freeze `{source}` (the one tensor both names hold)"
+                        )),
+                    )
+                    .into());
+            }
             let some: Vec<&str> = names.iter().flatten().map(String::as_str).take(4).collect();
+            let naming = match hf_or_torch(model.as_ref()) {
+                WeightFormat::PyTorch => "as in PyTorch's state_dict",
+                _ => "as in Hugging Face's checkpoints",
+            };
             return Err(r
                 .key_error(
                     "model.freeze",
-                    format!("`{key}` = {g:?} matches no parameter of this {} model", model.kind()),
+                    format!(
+                        "`{key}` = {g:?} matches no parameter of this {} model",
+                        model.kind()
+                    ),
                     Some(format!(
-                        "its parameters are named as in Hugging Face's checkpoints, e.g. {} ... (`kiln check` lists them)",
+                        "its parameters are named {naming}, e.g. {} ... (`kiln check` lists them)",
                         some.join(", ")
                     )),
                 )

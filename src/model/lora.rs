@@ -88,9 +88,6 @@ impl LoraSpec {
         let Some(c) = &r.config.model.lora else {
             return Ok(None);
         };
-        if c.rank == 0 {
-            return Ok(None);
-        }
         let asked: Vec<String> = match &c.targets {
             Some(t) => t.clone(),
             None => default.iter().map(|s| s.to_string()).collect(),
@@ -136,6 +133,23 @@ impl LoraSpec {
         }
         targets.sort_by_key(|t| names.iter().position(|n| n == t));
         targets.dedup();
+        if c.rank == 0 {
+            // (off: its targets were still checked, and an adapter to start from is an error)
+            if c.init_from.is_some() {
+                return Err(r
+                    .key_error(
+                        "model.lora.init_from",
+                        "`model.lora.init_from` is set but `model.lora.rank` = 0 turns LoRA off"
+                            .into(),
+                        Some(
+                            "set `model.lora.rank` to the adapter's `r`, or leave init_from out"
+                                .into(),
+                        ),
+                    )
+                    .into());
+            }
+            return Ok(None);
+        }
         Ok(Some(LoraSpec {
             rank: c.rank,
             alpha: c.alpha,
@@ -156,7 +170,9 @@ impl LoraSpec {
     /// That `rank` fits every adapted layer (`(name, in, out)` of each): at most its smaller
     /// dimension.
     pub fn check(&self, r: &Resolved, layers: &[(&str, usize, usize)]) -> Result<(), ModelError> {
-        for &(name, d_in, d_out) in layers.iter().filter(|(n, _, _)| self.targets(n)) {
+        let targeted = || layers.iter().filter(|(n, _, _)| self.targets(n));
+        let most = targeted().map(|&(_, i, o)| i.min(o)).min().unwrap_or(0);
+        for &(name, d_in, d_out) in targeted() {
             if self.rank > d_in.min(d_out) {
                 return Err(r
                     .range_error(
@@ -165,7 +181,9 @@ impl LoraSpec {
                             "`model.lora.rank` = {} is larger than {name}'s dimensions ({d_in} -> {d_out})",
                             self.rank
                         ),
-                        Some(format!("a rank of at most {} for this model", d_in.min(d_out))),
+                        Some(format!(
+                            "a rank of at most {most} for these targets (the smallest dimension of a targeted layer)"
+                        )),
                     )
                     .into());
             }
@@ -194,13 +212,16 @@ impl LoraSpec {
 
 /// PEFT's initial values of an adapter parameter `name` of `shape` (Burn's) into `out`, or
 /// false when `name` is none: A Kaiming-uniform with a = sqrt(5) (torch's Linear default:
-/// U(-1/sqrt(in), 1/sqrt(in))) from `rng`, B zero.
-pub fn init(name: &str, shape: &[usize], out: &mut [f32], rng: &mut crate::rng::Rng) -> bool {
+/// U(-1/sqrt(in), 1/sqrt(in))) from a stream of its own (keyed by `seed` and its name: the
+/// adapters' values never depend on the base's: a base from `model.init_from` gets them
+/// without a second initialisation of the whole model), B zero.
+pub fn init(name: &str, shape: &[usize], out: &mut [f32], seed: u64) -> bool {
     let module = name.rsplit('.').nth(1).unwrap_or("");
     match module {
         "lora_a" => {
             let fan_in = shape.first().copied().unwrap_or(1).max(1);
-            super::init::uniform(rng, out, 1.0 / (fan_in as f64).sqrt());
+            let mut rng = super::init::named_stream(seed, &format!("lora/{name}"));
+            super::init::uniform(&mut rng, out, 1.0 / (fan_in as f64).sqrt());
             true
         }
         "lora_b" => {

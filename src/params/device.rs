@@ -145,6 +145,8 @@ impl<B: Backend> DeviceParams for BurnParams<B> {
         let wd = o.weight_decay;
         let n = self.params.dims()[0];
         let frozen = self.frozen;
+        // (with a frozen head, `whole` is the buffer's one handle when the tail is assigned
+        // back: `slice_assign` then writes in place instead of copying the parameters)
         let whole = self.params.clone();
         let p = match frozen {
             0 => whole.clone(),
@@ -201,8 +203,11 @@ impl<B: Backend> DeviceParams for BurnParams<B> {
         }
         if frozen > 0 {
             // the frozen head as it was, the stepped tail after it
-            let tail = std::mem::replace(&mut self.params, whole.clone());
+            let empty = Tensor::<B, 1>::zeros([0], &whole.device());
+            let tail = std::mem::replace(&mut self.params, empty);
             self.params = whole.slice_assign(frozen..n, tail);
+        } else {
+            drop(whole);
         }
         Ok(())
     }
@@ -247,6 +252,39 @@ mod tests {
 
     fn no_address(_: &Tensor<Flex, 1>) -> Result<(RawBuf, Box<dyn std::any::Any>), String> {
         Err("a CPU tensor has no device address".into())
+    }
+
+    /// With a frozen head (`ParamLayout::frozen`) the device steps the tail as the host
+    /// optimizer steps `params[frozen..]`, and the head keeps its bits.
+    #[test]
+    fn a_frozen_head_keeps_its_bits_and_the_tail_steps_as_on_the_host() {
+        let device = Default::default();
+        let (n, frozen) = (300, 120);
+        let init: Vec<f32> = (0..n)
+            .map(|i| ((i * 31) % 97) as f32 / 50.0 - 1.0)
+            .collect();
+        let cfg = OptimConfig {
+            kind: OptimKind::Adamw,
+            weight_decay: 0.1,
+            ..OptimConfig::default()
+        };
+        let mut host = Optimizer::new(&cfg).with_no_decay(vec![10..20]);
+        let mut dev = BurnParams::<Flex>::new(&init, frozen, &host, &device, no_address);
+        let mut hp = init.clone();
+        for s in 0..3 {
+            let g: Vec<f32> = (0..n - frozen)
+                .map(|i| ((i * 7 + s * 13) % 23) as f32 / 11.0 - 1.0)
+                .collect();
+            host.step(&mut hp[frozen..], &g, 0.05);
+            let mut dg = DeviceFlat::<Flex>::new(upload(&g, &device), no_address);
+            dev.step(&mut dg, 0.05, None).unwrap();
+        }
+        let dp = dev.params().unwrap();
+        assert_eq!(dp[..frozen], init[..frozen]);
+        assert_eq!(dp, hp);
+        assert_ne!(dp[frozen..], init[frozen..]);
+        assert_eq!(dev.state_bytes(), host.state_bytes());
+        assert_eq!(dev.export().unwrap().m.len(), n - frozen);
     }
 
     #[test]

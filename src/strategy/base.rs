@@ -644,8 +644,11 @@ mod tests {
                 let g: Vec<f32> = (0..n)
                     .map(|i| ((i * 31 + r * 7 + step * 13) % 17) as f32 * 0.01 - 0.08)
                     .collect();
-                // each unit's gradient as its backward would hand it in
+                // each unit's gradient as its backward would hand it in (a frozen unit's: none)
                 for u in (0..layout.num_units()).rev() {
+                    if layout.unit_frozen(u) {
+                        continue;
+                    }
                     let range = layout.unit_range(u);
                     let part = g[range.clone()].to_vec();
                     let grads = if device {
@@ -660,6 +663,60 @@ mod tests {
             seen.extend(st.params().unwrap());
             (seen, on_device, st.snapshot().unwrap().data)
         })
+    }
+
+    /// A frozen first layer (`ParamLayout::frozen`): on the host, the device (NCCL emulated)
+    /// and host-staged paths alike, every strategy keeps its bits, trains the rest to the same
+    /// parameters, and checkpoints optimizer state of the trainable tail only.
+    #[test]
+    fn frozen_units_keep_their_bits_on_every_path() {
+        let layout = mlp_layout()
+            .frozen_first(&[true, true, false, false])
+            .unwrap();
+        let (n, frozen) = (layout.num_params(), layout.frozen);
+        assert_eq!(frozen, 42);
+        let mut cases = vec![
+            (StrategyKind::Single, Sharding::Full, 1),
+            (StrategyKind::Dp, Sharding::Full, 3),
+            (StrategyKind::Ddp, Sharding::Full, 3),
+        ];
+        for sharding in [Sharding::Full, Sharding::GradOp, Sharding::None] {
+            cases.push((StrategyKind::Fsdp, sharding, 4));
+        }
+        for (kind, sharding, world) in cases {
+            let mut c = Config::default();
+            c.strategy.kind = kind;
+            c.strategy.sharding = sharding;
+            c.strategy.unit = FsdpUnit::Layer;
+            c.strategy.devices = Devices::Count(world);
+            c.strategy.bucket_cap_mb = 40.0 / (1024.0 * 1024.0);
+            c.optim.kind = OptimKind::Adamw;
+            c.optim.weight_decay = 0.1;
+            let what = format!("{kind:?} {sharding:?}");
+            let host = run_strategy(&c, &layout, Path::Host);
+            let last = |o: &Out| o.0[o.0.len() - n..].to_vec();
+            let params = last(&host[0]);
+            assert_eq!(params[..frozen], init(n)[..frozen], "{what}: frozen moved");
+            assert_ne!(
+                params[frozen..],
+                init(n)[frozen..],
+                "{what}: nothing trained"
+            );
+            for path in [Path::Device, Path::Staged] {
+                let other = run_strategy(&c, &layout, path);
+                for (a, b) in host.iter().zip(&other) {
+                    assert_eq!(last(a), last(b), "{what} {path:?}");
+                    assert!(a.2 == b.2, "{what} {path:?}: checkpoints differ");
+                }
+            }
+            // the optimizer state written covers the trainable tail
+            let state: usize = host
+                .iter()
+                .filter_map(|o| o.2.as_ref())
+                .map(|(_, o)| o.m.len())
+                .sum();
+            assert_eq!(state, n - frozen, "{what}");
+        }
     }
 
     #[test]

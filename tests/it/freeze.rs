@@ -181,6 +181,24 @@ lr = 0.01
 [backend]
 threads = 1
 "#;
+    // the tied output layer's name is the embedding's copy: the error says which to freeze
+    let d = kiln::testdir::tempdir().unwrap();
+    write(d.path(), "g.toml", gpt);
+    let o = kiln(
+        d.path(),
+        &[
+            "check",
+            "g.toml",
+            "--set",
+            "model.freeze=[\"lm_head.weight\"]",
+        ],
+    );
+    assert_eq!(code(&o), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("a tied copy of `transformer.wte.weight`"),
+        "{}",
+        stderr(&o)
+    );
     let p = prepare(gpt, &[]);
     let layout = p.model.layout();
     let names: Vec<&str> = layout

@@ -134,6 +134,37 @@ fn peft_loads_kilns_adapters_and_merges_as_kiln_exports() {
         })
         .collect();
     assert_eq!(greedy[0], greedy[1]);
+    // kiln's own export in PyTorch's names holds the adapters: a run from it starts from them
+    // (not from new ones), bit for bit
+    run_ok(dir, &["export", "run", "-o", "all.safetensors"]);
+    std::fs::copy(fixture().join("config.json"), dir.join("config.json")).unwrap();
+    run_ok(
+        dir,
+        &[
+            "run",
+            "llama.toml",
+            "--quiet",
+            "--run-dir",
+            "again",
+            "--set",
+            "model.init_from=\"all.safetensors\"",
+            "--set",
+            "optim.lr=0",
+            "--set",
+            "train.max_steps=1",
+        ],
+    );
+    let ckpt = |run: &str| {
+        let steps = dir.join(run).join("checkpoints");
+        let mut names: Vec<_> = std::fs::read_dir(&steps)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+            .filter(|n| n.starts_with("step-"))
+            .collect();
+        names.sort();
+        crate::common::checkpoint_params(&dir.join(run), &steps.join(names.last().unwrap()))
+    };
+    assert_eq!(ckpt("run"), ckpt("again"));
     let base = fixture();
     let trainable = trainable.to_string();
     check_peft(&[
@@ -277,18 +308,23 @@ fn a_peft_adapter_starts_a_run_with_pefts_logits() {
         );
         assert!(stderr(&o).contains(want), "{set}: {}", stderr(&o));
     }
-    write(
-        dir,
-        "mlp.toml",
-        "[model]\nkind = \"mlp\"\n[model.lora]\nrank = 2\n[data]\nsamples = 32\n",
-    );
-    let o = kiln(dir, &["check", "mlp.toml"]);
+    // an adapter of what kiln does not compute: trained biases, some layers only
+    let path = dir.join("theirs/adapter_config.json");
+    let original = std::fs::read_to_string(&path).unwrap();
+    let mut config: serde_json::Value = serde_json::from_str(&original).unwrap();
+    config["bias"] = "all".into();
+    config["layers_to_transform"] = serde_json::json!([0]);
+    std::fs::write(&path, config.to_string()).unwrap();
+    let o = kiln(dir, &["check", "llama.toml"]);
     assert_eq!(code(&o), Some(2), "{}", stderr(&o));
-    assert!(
-        stderr(&o).contains("mlp family has no LoRA adapters"),
-        "{}",
-        stderr(&o)
-    );
+    for want in ["`bias` is \"all\"", "`layers_to_transform` is [0]"] {
+        assert!(stderr(&o).contains(want), "{}", stderr(&o));
+    }
+    // rank 0 turns LoRA off: an adapter to start from is then an error
+    std::fs::write(&path, original).unwrap();
+    let o = kiln(dir, &["check", "llama.toml", "--set", "model.lora.rank=0"]);
+    assert_eq!(code(&o), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("turns LoRA off"), "{}", stderr(&o));
 }
 
 /// A small llama with LoRA adapters and their dropout, no init_from.

@@ -627,7 +627,7 @@ impl Family for Llama {
             for p in &layout.params[unit.params.clone()] {
                 let out = &mut flat[p.range()];
                 // (an adapter's parameters come after its block's: they draw last)
-                if lora::init(&p.name, &p.shape, out, &mut rng) {
+                if lora::init(&p.name, &p.shape, out, seed) {
                     continue;
                 }
                 match p.name.rsplit('.').next().unwrap_or("") {
