@@ -268,7 +268,7 @@ mod tests {
             weight_decay: 0.1,
             ..OptimConfig::default()
         };
-        let mut host = Optimizer::new(&cfg).with_no_decay(vec![10..20]);
+        let mut host = Optimizer::new(&cfg).with_no_decay(vec![10..20, 40..41]);
         let mut dev = BurnParams::<Flex>::new(&init, frozen, &host, &device, no_address);
         let mut hp = init.clone();
         for s in 0..3 {
