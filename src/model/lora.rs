@@ -167,6 +167,16 @@ impl LoraSpec {
         self.targets.iter().any(|t| t == name)
     }
 
+    /// The adapters' parameters over `layers` (`(name, in, out)` of one block's adaptable
+    /// modules): `rank * (in + out)` for each targeted one.
+    pub fn params_per_block(&self, layers: &[(&str, usize, usize)]) -> u128 {
+        layers
+            .iter()
+            .filter(|(n, _, _)| self.targets(n))
+            .map(|&(_, i, o)| (self.rank * (i + o)) as u128)
+            .sum()
+    }
+
     /// That `rank` fits every adapted layer (`(name, in, out)` of each): at most its smaller
     /// dimension.
     pub fn check(&self, r: &Resolved, layers: &[(&str, usize, usize)]) -> Result<(), ModelError> {

@@ -80,16 +80,9 @@ impl Llama {
 
     /// The adapters' parameters of the sizes, counted before anything is built.
     pub(super) fn adapter_count(&self) -> u128 {
-        let Some(s) = &self.lora else {
-            return 0;
-        };
-        let per_block: u128 = self
-            .adaptable()
-            .iter()
-            .filter(|(n, _, _)| s.targets(n))
-            .map(|&(_, i, o)| (s.rank * (i + o)) as u128)
-            .sum();
-        per_block * self.layers as u128
+        self.lora.as_ref().map_or(0, |s| {
+            s.params_per_block(&self.adaptable()) * self.layers as u128
+        })
     }
 }
 
