@@ -37,63 +37,23 @@ pub fn model_keys(c: &Json) -> Result<Option<Vec<(&'static str, Json)>>, String>
         Some(Json::String(t)) => t.as_str(),
         // (it was ignored, and kiln's defaults applied)
         None | Some(Json::Null) => {
-            return Err("has no `model_type`: transformers' save_pretrained writes one (\"llama\", \"mistral\", \"qwen2\", \"gpt2\" are the ones kiln reads)".into())
+            return Err("has no `model_type`: transformers' save_pretrained writes one (kiln computes: llama, mistral, qwen2, qwen3, gemma3_text, phi3, mixtral, gpt2)".into())
         }
         Some(other) => {
             return Err(format!(
-                "`model_type` = {} is not a name (\"llama\", \"mistral\", \"qwen2\", \"gpt2\" are the ones kiln reads)",
+                "`model_type` = {} is not a name (kiln computes: llama, mistral, qwen2, qwen3, gemma3_text, phi3, mixtral, gpt2)",
                 super::brief(&other.to_string(), 60)
             ))
         }
     };
-    // a positive whole number where one must be (it was ignored when it was a string, a
-    // fraction or negative)
-    let count = |k: &str| -> Result<Option<Json>, String> {
-        match get(k) {
-            None => Ok(None),
-            Some(v) if v.as_u64().is_some_and(|n| n > 0) => Ok(Some(v)),
-            Some(v) => Err(format!(
-                "`{k}` = {} is not a positive whole number",
-                super::brief(&v.to_string(), 60)
-            )),
-        }
-    };
     let mut out: Vec<(&'static str, Option<Json>)> = Vec::new();
+    let family = LLAMA_TYPES
+        .iter()
+        .find(|(t, _)| *t == model_type)
+        .map(|(_, kind)| *kind);
     match model_type {
-        "llama" | "mistral" | "qwen2" => {
-            let rope = get("rope_scaling").or(get("rope_parameters"));
-            let theta =
-                get("rope_theta").or(rope.as_ref().and_then(|r| r.get("rope_theta").cloned()));
-            let scaling = llama3_scaling(c, rope)?;
-            out.extend([
-                ("kind", Some("llama".into())),
-                ("vocab_size", get("vocab_size")),
-                // (a context of at most MAX_BLOCK: Llama 3's 131,072 positions would make
-                // windows no run here could hold; `model.block_size` sets more)
-                (
-                    "block_size",
-                    count("max_position_embeddings")?
-                        .and_then(|v| v.as_u64())
-                        .map(|v| v.min(MAX_BLOCK).into()),
-                ),
-                ("layers", get("num_hidden_layers")),
-                ("heads", get("num_attention_heads")),
-                (
-                    "kv_heads",
-                    get("num_key_value_heads").or(get("num_attention_heads")),
-                ),
-                ("dim", get("hidden_size")),
-                ("ffn_dim", get("intermediate_size")),
-                ("rope_theta", theta),
-                ("rope_scaling", scaling),
-                // (transformers' Llama, Mistral and Qwen2 configs default to 1e-6)
-                ("norm_eps", Some(get("rms_norm_eps").unwrap_or(1e-6.into()))),
-                (
-                    "tie_embeddings",
-                    Some(get("tie_word_embeddings").unwrap_or(false.into())),
-                ),
-                ("attn_bias", Some((model_type == "qwen2").into())),
-            ]);
+        _ if family.is_some() => {
+            out = llama_keys(c, model_type, family.unwrap_or("llama"))?;
         }
         "gpt2" => {
             let tanh = ["gelu_new", "gelu_pytorch_tanh", "gelu_fast"];
@@ -119,11 +79,178 @@ pub fn model_keys(c: &Json) -> Result<Option<Vec<(&'static str, Json)>>, String>
                 ),
             ]);
         }
-        _ => return Ok(None),
+        other => {
+            return Err(format!(
+                "has model_type \"{}\"; kiln computes: {}",
+                super::brief(other, 40).escape_debug(),
+                MODEL_TYPES.join(", ")
+            ))
+        }
     }
     Ok(Some(
         out.into_iter().filter_map(|(k, v)| Some((k, v?))).collect(),
     ))
+}
+
+/// The llama family's `[model]` keys (`kind` one of its architectures) from a config.json of
+/// `model_type`.
+fn llama_keys(
+    c: &Json,
+    model_type: &str,
+    kind: &'static str,
+) -> Result<Vec<(&'static str, Option<Json>)>, String> {
+    let get = |k: &str| c.get(k).filter(|v| !v.is_null()).cloned();
+    let count = |k: &str| count_of(c, k);
+    let mut out: Vec<(&'static str, Option<Json>)> = Vec::new();
+    let rope = get("rope_scaling").or(get("rope_parameters"));
+    // (Gemma 3's rope_parameters have one entry per layer type)
+    let global = rope
+        .as_ref()
+        .and_then(|r| r.get("full_attention").cloned())
+        .or(rope.clone());
+    let local = rope
+        .as_ref()
+        .and_then(|r| r.get("sliding_attention").cloned());
+    let theta = get("rope_theta").or(global.as_ref().and_then(|r| r.get("rope_theta").cloned()));
+    let scaling = llama3_scaling(c, global)?;
+    let (window, types) = sliding(c)?;
+    out.extend([
+        ("kind", Some(kind.into())),
+        ("vocab_size", get("vocab_size")),
+        // (a context of at most MAX_BLOCK: Llama 3's 131,072 positions would make
+        // windows no run here could hold; `model.block_size` sets more)
+        (
+            "block_size",
+            count("max_position_embeddings")?
+                .and_then(|v| v.as_u64())
+                .map(|v| v.min(MAX_BLOCK).into()),
+        ),
+        ("layers", get("num_hidden_layers")),
+        ("heads", get("num_attention_heads")),
+        (
+            "kv_heads",
+            get("num_key_value_heads").or(get("num_attention_heads")),
+        ),
+        ("dim", get("hidden_size")),
+        ("ffn_dim", get("intermediate_size")),
+        // (only where it is not hidden / heads, which kiln assumes: configs that
+        // write the usual one keep their runs' config hashes)
+        ("head_dim", count("head_dim")?.filter(|hd| {
+            let (d, h) = (
+                c.get("hidden_size").and_then(Json::as_u64),
+                c.get("num_attention_heads").and_then(Json::as_u64),
+            );
+            !matches!((d, h, hd.as_u64()), (Some(d), Some(h), Some(hd)) if h > 0 && d / h == hd && d % h == 0)
+        })),
+        ("rope_theta", theta),
+        ("rope_scaling", scaling),
+        // (transformers' Llama, Mistral and Qwen2 configs default to 1e-6)
+        ("norm_eps", Some(get("rms_norm_eps").unwrap_or(1e-6.into()))),
+        (
+            "tie_embeddings",
+            Some(get("tie_word_embeddings").unwrap_or((kind == "gemma3").into())),
+        ),
+        ("sliding_window", window),
+        ("layer_types", types),
+    ]);
+    if kind == "llama" {
+        out.push(("attn_bias", Some((model_type == "qwen2").into())));
+    }
+    if kind == "gemma3" {
+        out.extend([
+            (
+                "rope_local_theta",
+                get("rope_local_base_freq").or(local.and_then(|r| r.get("rope_theta").cloned())),
+            ),
+            ("query_pre_attn_scalar", get("query_pre_attn_scalar")),
+        ]);
+    }
+    if kind == "mixtral" {
+        out.extend([
+            ("experts", count("num_local_experts")?),
+            ("experts_per_token", count("num_experts_per_tok")?),
+            ("router_aux_loss_coef", get("router_aux_loss_coef")),
+        ]);
+    }
+    Ok(out)
+}
+
+/// Key `k` of `c` when it is a positive whole number, none when it is missing or null, else an
+/// error naming it (it was ignored when it was a string, a fraction or negative).
+fn count_of(c: &Json, k: &str) -> Result<Option<Json>, String> {
+    match c.get(k).filter(|v| !v.is_null()).cloned() {
+        None => Ok(None),
+        Some(v) if v.as_u64().is_some_and(|n| n > 0) => Ok(Some(v)),
+        Some(v) => Err(format!(
+            "`{k}` = {} is not a positive whole number",
+            super::brief(&v.to_string(), 60)
+        )),
+    }
+}
+
+/// The `config.json` model types of the llama family's architectures, with their `model.kind`.
+pub const LLAMA_TYPES: [(&str, &str); 7] = [
+    ("llama", "llama"),
+    ("mistral", "llama"),
+    ("qwen2", "llama"),
+    ("qwen3", "qwen3"),
+    ("gemma3_text", "gemma3"),
+    ("phi3", "phi3"),
+    ("mixtral", "mixtral"),
+];
+
+/// Every `model_type` kiln computes.
+pub const MODEL_TYPES: [&str; 8] = [
+    "llama",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "gemma3_text",
+    "phi3",
+    "mixtral",
+    "gpt2",
+];
+
+/// The sliding window and layer types of a llama-family `config.json`: its `layer_types` when
+/// it has them (transformers 5 writes them for Qwen2, Qwen3 and Gemma 3), else every layer
+/// sliding when `sliding_window` is set and used (Mistral, Phi-3, Mixtral; Gemma 3's five to
+/// one by kiln's default); no window when no layer slides.
+fn sliding(c: &Json) -> Result<(Option<Json>, Option<Json>), String> {
+    let window = match c.get("sliding_window").filter(|v| !v.is_null()) {
+        None => None,
+        Some(v) if v.as_u64().is_some_and(|n| n > 0) => Some(v.clone()),
+        Some(v) => {
+            return Err(format!(
+                "`sliding_window` = {} is not a positive whole number",
+                super::brief(&v.to_string(), 60)
+            ))
+        }
+    };
+    let used = c.get("use_sliding_window").and_then(Json::as_bool) != Some(false);
+    let Some(window) = window.filter(|_| used) else {
+        return Ok((None, None));
+    };
+    match c.get("layer_types").filter(|v| !v.is_null()) {
+        Some(Json::Array(types)) => {
+            let ok = types
+                .iter()
+                .all(|t| matches!(t.as_str(), Some("sliding_attention" | "full_attention")));
+            if !ok {
+                return Err("`layer_types` has an entry other than \"sliding_attention\" and \"full_attention\"".into());
+            }
+            if types
+                .iter()
+                .any(|t| t.as_str() == Some("sliding_attention"))
+            {
+                Ok((Some(window), Some(Json::Array(types.clone()))))
+            } else {
+                Ok((None, None))
+            }
+        }
+        Some(_) => Err("`layer_types` is not a list".into()),
+        // (Gemma 3's five sliding layers to one global are kiln's default for it)
+        None => Ok((Some(window), None)),
+    }
 }
 
 /// Llama 3's rope scaling from `rope` (config.json's `rope_scaling` or `rope_parameters`), when

@@ -77,7 +77,7 @@ fn elsewhere(c: &Config, section: &str, key: &str) -> bool {
     let not = |keys: &[&str]| keys.contains(&key);
     match section {
         "model" => match c.model.kind.as_str() {
-            "gpt" | "llama" => not(&[
+            "gpt" | "llama" | "qwen3" | "gemma3" | "phi3" | "mixtral" => not(&[
                 "input_size",
                 "hidden_sizes",
                 "channels",

@@ -168,13 +168,24 @@ pub enum Act<B: Backend> {
     D2(Tensor<B, 2>),
     D3(Tensor<B, 3>),
     D4(Tensor<B, 4>),
+    /// A hidden state `[samples, positions, dim]` with statistics that travel beside it from
+    /// stage to stage (a mixture of experts' router statistics, summed over its blocks).
+    WithStats(Tensor<B, 3>, Tensor<B, 3>),
+    /// The logits with a loss of the model's own, added to the task's in training (a mixture of
+    /// experts' load-balancing loss).
+    WithLoss(Tensor<B, 2>, Tensor<B, 1>),
 }
 
 impl<B: Backend> Act<B> {
     /// The logits of the last stage.
     pub fn into_logits(self) -> Result<Tensor<B, 2>, ModelError> {
+        Ok(self.into_logits_and_loss()?.0)
+    }
+    /// The logits of the last stage and the model's own loss, if it has one.
+    pub fn into_logits_and_loss(self) -> Result<(Tensor<B, 2>, Option<Tensor<B, 1>>), ModelError> {
         match self {
-            Act::D2(t) => Ok(t),
+            Act::D2(t) => Ok((t, None)),
+            Act::WithLoss(t, loss) => Ok((t, Some(loss))),
             other => Err(ModelError::Stage(format!(
                 "the last stage must return logits [rows, classes], not {}",
                 other.describe()
@@ -187,6 +198,10 @@ impl<B: Backend> Act<B> {
             Act::D2(t) => format!("a tensor {:?}", t.dims()),
             Act::D3(t) => format!("a tensor {:?}", t.dims()),
             Act::D4(t) => format!("a tensor {:?}", t.dims()),
+            Act::WithStats(t, s) => {
+                format!("a tensor {:?} with statistics {:?}", t.dims(), s.dims())
+            }
+            Act::WithLoss(t, _) => format!("logits {:?} with a loss", t.dims()),
         }
     }
 }
@@ -199,6 +214,8 @@ impl<B: AutodiffBackend> Act<B> {
             Act::D2(t) => Act::D2(t.clone().inner()),
             Act::D3(t) => Act::D3(t.clone().inner()),
             Act::D4(t) => Act::D4(t.clone().inner()),
+            Act::WithStats(t, s) => Act::WithStats(t.clone().inner(), s.clone().inner()),
+            Act::WithLoss(t, l) => Act::WithLoss(t.clone().inner(), l.clone().inner()),
         }
     }
     /// `x` as a new leaf of the graph that requires a gradient (data stays data).
@@ -208,6 +225,14 @@ impl<B: AutodiffBackend> Act<B> {
             Act::D2(t) => Act::D2(Tensor::from_inner(t).require_grad()),
             Act::D3(t) => Act::D3(Tensor::from_inner(t).require_grad()),
             Act::D4(t) => Act::D4(Tensor::from_inner(t).require_grad()),
+            Act::WithStats(t, s) => Act::WithStats(
+                Tensor::from_inner(t).require_grad(),
+                Tensor::from_inner(s).require_grad(),
+            ),
+            Act::WithLoss(t, l) => Act::WithLoss(
+                Tensor::from_inner(t).require_grad(),
+                Tensor::from_inner(l).require_grad(),
+            ),
         }
     }
     /// `x` on this backend outside the graph (nothing derived from it is tracked).
@@ -217,6 +242,8 @@ impl<B: AutodiffBackend> Act<B> {
             Act::D2(t) => Act::D2(Tensor::from_inner(t)),
             Act::D3(t) => Act::D3(Tensor::from_inner(t)),
             Act::D4(t) => Act::D4(Tensor::from_inner(t)),
+            Act::WithStats(t, s) => Act::WithStats(Tensor::from_inner(t), Tensor::from_inner(s)),
+            Act::WithLoss(t, l) => Act::WithLoss(Tensor::from_inner(t), Tensor::from_inner(l)),
         }
     }
     /// The gradient of this leaf in `tape`.
@@ -226,6 +253,17 @@ impl<B: AutodiffBackend> Act<B> {
             Act::D2(t) => t.grad(tape).map(Act::D2),
             Act::D3(t) => t.grad(tape).map(Act::D3),
             Act::D4(t) => t.grad(tape).map(Act::D4),
+            // (the statistics' gradient is zeros where nothing reached them)
+            Act::WithStats(t, s) => Some(Act::WithStats(
+                t.grad(tape)?,
+                s.grad(tape)
+                    .unwrap_or_else(|| s.clone().inner().zeros_like()),
+            )),
+            Act::WithLoss(t, l) => Some(Act::WithLoss(
+                t.grad(tape)?,
+                l.grad(tape)
+                    .unwrap_or_else(|| l.clone().inner().zeros_like()),
+            )),
         }
     }
     /// `sum(self * g)`: its backward gives the vector-Jacobian product of `g` with the stage
@@ -235,6 +273,9 @@ impl<B: AutodiffBackend> Act<B> {
             (Act::D2(y), Act::D2(g)) => (y * Tensor::from_inner(g)).sum(),
             (Act::D3(y), Act::D3(g)) => (y * Tensor::from_inner(g)).sum(),
             (Act::D4(y), Act::D4(g)) => (y * Tensor::from_inner(g)).sum(),
+            (Act::WithStats(y, s), Act::WithStats(g, gs)) => {
+                (y * Tensor::from_inner(g)).sum() + (s * Tensor::from_inner(gs)).sum()
+            }
             (y, g) => {
                 return Err(ModelError::Stage(format!(
                     "a stage's output ({}) and the gradient arriving at it ({}) differ in shape",
@@ -503,6 +544,11 @@ pub trait MicroStep<B: AutodiffBackend> {
     fn forward(&mut self, stage: usize, params: Vec<UnitParams>) -> Result<(), ModelError>;
     /// The unscaled mean loss, once the last stage's forward ran.
     fn loss(&self) -> f64;
+    /// The part of `loss` that is the model's own (a mixture of experts' load-balancing loss),
+    /// if it has one.
+    fn own_loss(&self) -> Option<f64> {
+        None
+    }
     /// Stage `stage`'s backward (a vector-Jacobian step on the gradient arriving at its output):
     /// d(loss * scale)/d(params) of each of its units that trains (`ParamLayout::unit_frozen`:
     /// none of a frozen one's), flat, in f32, in stage order. A recomputed stage

@@ -85,6 +85,12 @@ pub fn format_named(model: &dyn Model, name: &str) -> Result<WeightFormat, Strin
     if let Some(f) = all.iter().find(|f| f.name() == name) {
         return Ok(*f);
     }
+    // `hf`: the Hugging Face directory of the model's own architecture
+    if name == "hf" {
+        if let Some(f) = model.weights().formats().into_iter().find(|f| f.is_dir()) {
+            return Ok(f);
+        }
+    }
     let names: Vec<&str> = all.iter().map(|f| f.name()).collect();
     let near = crate::config::closest(name, &names)
         .map(|c| format!("; did you mean \"{c}\"?"))

@@ -80,9 +80,12 @@ impl Registry {
         r.register_with_keys::<GptKeys>("gpt", |r, input| {
             Ok(Arc::new(FamilyModel::new(Gpt::for_input(r, input)?)))
         });
-        r.register_with_keys::<LlamaKeys>("llama", |r, input| {
-            Ok(Arc::new(FamilyModel::new(Llama::for_input(r, input)?)))
-        });
+        // Llama, Mistral, Qwen2; Qwen3, Gemma 3, Phi-3 and Mixtral: one family's block
+        for (kind, _) in crate::model::llama::Arch::ALL {
+            r.register_with_keys::<LlamaKeys>(kind, |r, input| {
+                Ok(Arc::new(FamilyModel::new(Llama::for_input(r, input)?)))
+            });
+        }
         r
     }
 
@@ -138,10 +141,12 @@ impl Registry {
             match keys {
                 Keys::Shared => {
                     let owners = self.family_keys();
+                    // (a key every llama-family kind reads is named as gpt's or llama's)
                     r.no_extra_model_keys_but(|k| {
                         owners
                             .iter()
-                            .find(|(_, n)| *n == k)
+                            .filter(|(_, n)| *n == k)
+                            .min_by_key(|(kind, _)| !matches!(*kind, "gpt" | "llama"))
                             .map(|(kind, _)| kind.to_string())
                     })?
                 }

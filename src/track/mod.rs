@@ -160,6 +160,7 @@ mod tests {
             eval_loss: None,
             eval_accuracy: None,
             eval_perplexity: None,
+            aux_loss: None,
             loss_scale: None,
             skipped: false,
             ts: 0.0,

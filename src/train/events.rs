@@ -26,6 +26,10 @@ pub struct MetricLine {
     pub tokens_per_sec: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub eval_loss: Option<f64>,
+    /// The part of `loss` that is the model's own: Mixtral's `router_aux_loss_coef` x its
+    /// load-balancing loss.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub aux_loss: Option<f64>,
     /// Classification only.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub eval_accuracy: Option<f64>,
@@ -63,7 +67,7 @@ pub enum TrainEvent {
         step: usize,
         loss: f64,
         samples_per_sec: f64,
-        line: Option<MetricLine>,
+        line: Option<Box<MetricLine>>,
     },
 }
 

@@ -15,6 +15,7 @@ mod start;
 mod step;
 mod timed;
 pub mod timing;
+mod totals;
 mod trainer;
 mod watch;
 

@@ -70,14 +70,15 @@ pub fn unit_params(
 }
 
 /// Runs one micro-step on `batch` (`None`: this rank has no samples in it) with its dropout key
-/// and gradient scale; returns the unscaled mean loss when there was a batch.
+/// and gradient scale; returns the unscaled mean loss when there was a batch, with the part of it
+/// that is the model's own (`MicroStep::own_loss`).
 pub fn micro_step<B: ComputeOn>(
     compute: &dyn Compute<B>,
     strategy: &mut dyn Strategy,
     batch: Option<(Input, StepKey, f64)>,
     opts: &MicroOpts<'_, B>,
     clock: &Clock,
-) -> Result<Option<f64>, TrainError> {
+) -> Result<Option<(f64, Option<f64>)>, TrainError> {
     let stages = compute.stages();
     let layout = compute.layout();
     let n = stages.len();
@@ -133,7 +134,7 @@ pub fn micro_step<B: ComputeOn>(
             clock.time(Phase::Forward, || m.forward(s, params))?;
         }
     }
-    let loss = micro.as_ref().map(|m| m.loss());
+    let loss = micro.as_ref().map(|m| (m.loss(), m.own_loss()));
     // gradients stay on the device where the update runs there, or NCCL reduces them there;
     // otherwise they go to the host at once, where the strategy reduces and steps
     let raw_fn = opts

@@ -19,6 +19,7 @@ use super::schedule::lr_at;
 use super::start::{start_from, total_steps};
 use super::step::{micro_step, resident, MicroOpts};
 use super::timing::{Clock, Phase};
+use super::totals::StepTotals;
 use super::watch::MetricWatch;
 use crate::checkpoint::{DataPosition, DocumentsPosition};
 use crate::config::Config;
@@ -31,6 +32,8 @@ use crate::strategy::{with_params, Memory, Strategy};
 /// What one step did.
 struct Stepped {
     loss: f64,
+    /// The part of `loss` that is the model's own (Mixtral's load-balancing loss).
+    own_loss: Option<f64>,
     lr: f64,
     /// The loss scale it ran with (f16), and whether its gradient overflowed so it was skipped.
     loss_scale: Option<f64>,
@@ -39,29 +42,6 @@ struct Stepped {
     stop: bool,
     /// The epoch the step began in.
     epoch_at_start: u64,
-}
-
-/// What one step adds up over its micro-steps, then over the ranks in one reduction, so that
-/// every rank decides alike on the loss, a stop and a non-finite gradient.
-#[derive(Default)]
-struct StepTotals {
-    /// The micro-batches' losses, each weighted by its batch's weight.
-    weighted_loss: f64,
-    samples: f64,
-    /// A stop request's signal number (0: none): above 0 once summed when any rank has one.
-    stop: f64,
-    /// Ranks whose gradient has a NaN or an infinity.
-    bad_grads: f64,
-}
-
-impl StepTotals {
-    /// Sums every field over the ranks (one all-reduce, in this order).
-    fn sum_over_ranks(&mut self, strategy: &mut dyn Strategy) -> Result<(), TrainError> {
-        let mut v = [self.weighted_loss, self.samples, self.stop, self.bad_grads];
-        strategy.sum(&mut v)?;
-        [self.weighted_loss, self.samples, self.stop, self.bad_grads] = v;
-        Ok(())
-    }
 }
 
 /// Why the loop ended before its last step.
@@ -285,6 +265,8 @@ impl<'a, B: ComputeOn> Trainer<'a, B> {
             DataSplit::SplitBatch => 1.0,
         };
         let loss = totals.weighted_loss / per_rank / micro_in_step.max(1) as f64;
+        let own_loss = (totals.owns > 0.0)
+            .then(|| totals.weighted_own / per_rank / micro_in_step.max(1) as f64);
         self.samples_total += totals.samples;
         self.window.samples += totals.samples;
         self.window.steps += 1;
@@ -347,6 +329,7 @@ impl<'a, B: ComputeOn> Trainer<'a, B> {
         }
         Ok(Stepped {
             loss,
+            own_loss,
             lr,
             loss_scale,
             skipped,
@@ -436,8 +419,12 @@ impl<'a, B: ComputeOn> Trainer<'a, B> {
                 &opts,
                 self.clock,
             )?;
-            if let Some(loss) = loss {
+            if let Some((loss, own)) = loss {
                 totals.weighted_loss += loss * weight;
+                if let Some(own) = own {
+                    totals.weighted_own += own * weight;
+                    totals.owns += 1.0;
+                }
             }
             totals.samples += micro.samples as f64;
             micro_in_step += 1;
@@ -690,6 +677,7 @@ impl<'a, B: ComputeOn> Trainer<'a, B> {
             step: done,
             epoch: round4(self.epochs()),
             loss: s.loss,
+            aux_loss: s.own_loss,
             lr: s.lr,
             samples_per_sec: round4(sps),
             tokens_per_sec: lm.then(|| round4(sps * self.task.targets_per_sample() as f64)),
@@ -712,7 +700,7 @@ impl<'a, B: ComputeOn> Trainer<'a, B> {
             step: done,
             loss: s.loss,
             samples_per_sec: sps,
-            line,
+            line: line.map(Box::new),
         });
     }
 

@@ -710,8 +710,8 @@ fn an_export_keeps_the_dtype_it_started_from_or_the_one_asked() {
 /// Issue 58, defect 14: what a hostile or broken Hugging Face directory gets, each one message
 /// naming the file, the key and the fix that works: no `model_type` (ignored before, defaults
 /// applied), a llama3 rope without `factor` ("`model` has the wrong type: found unit"),
-/// `max_position_embeddings` that is no count (ignored), a Mistral window shorter than the
-/// block (its source said "(default)", the fix was hidden), a tokenizer larger than the
+/// `max_position_embeddings` that is no count (ignored), a Mistral window of 0 (a shorter
+/// window than the block is computed since issue 63), a tokenizer larger than the
 /// weights' vocabulary (it advised a `model.vocab_size` config.json then refused), and a shard
 /// name with terminal control characters (printed raw).
 #[test]
@@ -758,14 +758,30 @@ fn hostile_hugging_face_directories_get_one_message_each_and_no_raw_control_char
         &|c| {
             c.replace(
                 "\"model_type\": \"llama\"",
-                "\"model_type\": \"mistral\", \"sliding_window\": 16",
+                "\"model_type\": \"mistral\", \"sliding_window\": 0",
             )
         },
         &[
-            "sliding_window = 16",
-            "set `model.block_size` to at most 16",
+            "`sliding_window` = 0 is not a positive whole number",
             "config.json",
         ],
+    );
+    // (a Mistral window shorter than the block is computed since issue 63, from config.json)
+    std::fs::write(
+        copy.join("config.json"),
+        config.replace(
+            "\"model_type\": \"llama\"",
+            "\"model_type\": \"mistral\", \"sliding_window\": 16",
+        ),
+    )
+    .unwrap();
+    let o = kiln(d.path(), &["check", "llama.toml", "--set", &set]);
+    let out = String::from_utf8_lossy(&o.stdout).to_string();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("sliding_window = 16") && l.ends_with("config.json")),
+        "{out}"
     );
     // a tokenizer of more tokens than the weights have embeddings
     std::fs::write(copy.join("config.json"), &config).unwrap();

@@ -33,6 +33,7 @@
 //! The configuration reference (docs/src/configuration.md) is checked against the schema by a
 //! unit test, `config::reference`.
 
+mod architectures;
 mod async_checkpoint;
 mod cli;
 mod collective;

@@ -134,7 +134,7 @@ fn an_unknown_model_kind_is_bad_input_naming_key_source_and_the_closest_family()
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert_eq!(
         stderr(&o),
-        "error: `model.kind` = \"mpl\" is not a registered model family\n  --> t.toml:7\n  = help: did you mean \"mlp\"? registered: cnn, gpt, llama, mlp\n"
+        "error: `model.kind` = \"mpl\" is not a registered model family\n  --> t.toml:7\n  = help: did you mean \"mlp\"? registered: cnn, gemma3, gpt, llama, mixtral, mlp, phi3, qwen3\n"
     );
     assert!(!d.path().join("runs").exists(), "nothing may be written");
 }

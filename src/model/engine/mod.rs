@@ -363,6 +363,8 @@ struct EngineMicro<'a, F: Family, B: AutodiffBackend> {
     /// The gradient arriving at the output of the stage whose backward is next.
     grad: Option<Act<B::InnerBackend>>,
     loss: f64,
+    /// The model's own part of `loss`.
+    own_loss: Option<f64>,
 }
 
 impl<F: Family, B: AutodiffBackend> EngineMicro<'_, F, B> {
@@ -372,7 +374,16 @@ impl<F: Family, B: AutodiffBackend> EngineMicro<'_, F, B> {
             .targets
             .take()
             .ok_or_else(|| ModelError::Stage("the last stage ran twice".into()))?;
-        let loss = cross_entropy(logits.into_logits()?, &targets, self.engine.fused);
+        let (logits, own) = logits.into_logits_and_loss()?;
+        let loss = cross_entropy(logits, &targets, self.engine.fused);
+        // the model's own loss (a mixture of experts' load balancing) trains with the task's
+        let loss = match own {
+            Some(own) => {
+                self.own_loss = to_vec(own.clone().inner())?.first().map(|&v| f64::from(v));
+                loss + own
+            }
+            None => loss,
+        };
         self.loss = f64::from(
             to_vec(loss.clone().inner())?
                 .first()
@@ -452,6 +463,10 @@ impl<F: Family, B: AutodiffBackend> MicroStep<B> for EngineMicro<'_, F, B> {
 
     fn loss(&self) -> f64 {
         self.loss
+    }
+
+    fn own_loss(&self) -> Option<f64> {
+        self.own_loss
     }
 
     fn backward(
@@ -539,6 +554,7 @@ impl<F: Family, B: AutodiffBackend> Compute<B> for Engine<F, B> {
             saved: (0..self.stages.len()).map(|_| Saved::Empty).collect(),
             grad: None,
             loss: f64::NAN,
+            own_loss: None,
         })
     }
 

@@ -6,7 +6,7 @@
 use burn::module::Module;
 use burn::tensor::backend::Backend;
 
-use super::{Block, Llama};
+use super::{Arch, Block, Llama};
 use crate::model::lora::{Lora, LoraSpec};
 
 /// The modules a llama's adapters may target, in a block's order, with the submodule that holds
@@ -37,35 +37,46 @@ pub struct BlockLora<B: Backend> {
 }
 
 impl Llama {
-    /// Each adaptable module's `(name, in, out)`.
-    pub(super) fn adaptable(&self) -> [(&'static str, usize, usize); 7] {
+    /// Each adaptable module's `(name, in, out)`: the architecture's own Linear layers (not
+    /// Phi-3's fused ones, nor Mixtral's experts).
+    pub(super) fn adaptable(&self) -> Vec<(&'static str, usize, usize)> {
         let (d, f) = (self.dim, self.ffn_dim);
-        let kv = self.kv_heads * self.head_dim();
-        [
-            ("q_proj", d, d),
+        let (q, kv) = (self.heads * self.head_dim, self.kv_heads * self.head_dim);
+        let all = [
+            ("q_proj", d, q),
             ("k_proj", d, kv),
             ("v_proj", d, kv),
-            ("o_proj", d, d),
+            ("o_proj", q, d),
             ("gate_proj", d, f),
             ("up_proj", d, f),
             ("down_proj", f, d),
-        ]
+        ];
+        let has = |name: &str| match self.arch {
+            Arch::Phi3 => matches!(name, "o_proj" | "down_proj"),
+            Arch::Mixtral => matches!(name, "q_proj" | "k_proj" | "v_proj" | "o_proj"),
+            _ => true,
+        };
+        all.into_iter().filter(|(n, ..)| has(n)).collect()
     }
 
     /// A block's adapters, when `[model.lora]` asks for them.
     pub(super) fn block_lora<B: Backend>(&self, device: &B::Device) -> Option<BlockLora<B>> {
         let s = self.lora.as_ref()?;
-        let [q, k, v, o, g, u, dn] = self
-            .adaptable()
-            .map(|(name, i, out)| s.build::<B>(name, i, out, device));
+        let layers = self.adaptable();
+        let one = |name: &str| {
+            layers
+                .iter()
+                .find(|(n, ..)| *n == name)
+                .and_then(|&(n, i, o)| s.build::<B>(n, i, o, device))
+        };
         Some(BlockLora {
-            q_proj: q,
-            k_proj: k,
-            v_proj: v,
-            o_proj: o,
-            gate_proj: g,
-            up_proj: u,
-            down_proj: dn,
+            q_proj: one("q_proj"),
+            k_proj: one("k_proj"),
+            v_proj: one("v_proj"),
+            o_proj: one("o_proj"),
+            gate_proj: one("gate_proj"),
+            up_proj: one("up_proj"),
+            down_proj: one("down_proj"),
         })
     }
 

@@ -8,16 +8,31 @@
 use crate::model::ConfigMismatch;
 use serde_json::{json, Value};
 
-use super::{Llama, RopeType};
+use super::{Arch, Llama, RopeType};
 use crate::model::portable::{External, FamilyFormat, WeightFormat};
 use crate::params::ParamLayout;
 
 /// Hugging Face's `LlamaForCausalLM` directory.
-pub const HF_LLAMA: WeightFormat = WeightFormat::Family(FamilyFormat {
-    name: "hf-llama",
-    dir: true,
-    prefix: None,
-});
+pub const HF_LLAMA: WeightFormat = hf("hf-llama");
+
+const fn hf(name: &'static str) -> WeightFormat {
+    WeightFormat::Family(FamilyFormat {
+        name,
+        dir: true,
+        prefix: None,
+    })
+}
+
+/// The Hugging Face directory format of `arch` (`--format hf` names it too).
+pub fn format_of(arch: Arch) -> WeightFormat {
+    match arch {
+        Arch::Llama => HF_LLAMA,
+        Arch::Qwen3 => hf("hf-qwen3"),
+        Arch::Gemma3 => hf("hf-gemma3"),
+        Arch::Phi3 => hf("hf-phi3"),
+        Arch::Mixtral => hf("hf-mixtral"),
+    }
+}
 
 /// The tensors in `hf-llama`, from PyTorch's (one per parameter, in layout order).
 pub(super) fn tensors(
@@ -25,7 +40,7 @@ pub(super) fn tensors(
     _layout: &ParamLayout,
     torch: &[External],
 ) -> Vec<External> {
-    if format != HF_LLAMA {
+    if !format.is_dir() {
         return torch.to_vec();
     }
     let mut out: Vec<External> = torch
@@ -44,13 +59,22 @@ pub(super) fn tensors(
     out
 }
 
-/// The architectures kiln computes exactly, by `config.json`'s `model_type`.
-pub const MODEL_TYPES: [&str; 3] = ["llama", "mistral", "qwen2"];
+/// The `config.json` model types each architecture computes.
+fn model_types(arch: Arch) -> &'static [&'static str] {
+    match arch {
+        Arch::Llama => &["llama", "mistral", "qwen2"],
+        Arch::Qwen3 => &["qwen3"],
+        Arch::Gemma3 => &["gemma3_text"],
+        Arch::Phi3 => &["phi3"],
+        Arch::Mixtral => &["mixtral"],
+    }
+}
 
 /// Where a Hugging Face `config.json` describes something no `[model]` key can say (the keys
 /// it sets are compared by `config::hf_json` when the config is read): another architecture, an
-/// activation other than SiLU, MLP biases, an o_proj bias, a head_dim other than dim / heads, a
-/// rope scaling other than Llama 3's, a sliding window shorter than the context.
+/// activation other than the architecture's, MLP biases, an o_proj bias, another head_dim, a
+/// rope scaling other than Llama 3's, soft-capping, bidirectional attention, partial rotation,
+/// router jitter.
 pub(super) fn mismatches(l: &Llama, c: &Value) -> Vec<ConfigMismatch> {
     let mut out = Vec::new();
     let mut bad = |key: &str, theirs: &Value, kiln_key: &str, ours: String| {
@@ -62,23 +86,39 @@ pub(super) fn mismatches(l: &Llama, c: &Value) -> Vec<ConfigMismatch> {
         });
     };
     let s = |k: &str| c.get(k).and_then(Value::as_str);
-    let model_type = s("model_type").unwrap_or("llama");
-    if !MODEL_TYPES.contains(&model_type) {
+    let types = model_types(l.arch);
+    let model_type = s("model_type").unwrap_or(types[0]);
+    let kind = l.arch.kind();
+    if !types.contains(&model_type) {
         bad(
             "model_type",
             &json!(model_type),
-            "(kiln's llama computes)",
-            MODEL_TYPES.join(", "),
+            &format!("(kiln's {kind} computes)"),
+            types.join(", "),
         );
     }
-    if let Some(act) = s("hidden_act").filter(|a| *a != "silu") {
+    let (act_key, act) = if l.arch == Arch::Gemma3 {
+        ("hidden_activation", "gelu_pytorch_tanh")
+    } else {
+        ("hidden_act", "silu")
+    };
+    if let Some(theirs) = s(act_key).filter(|a| *a != act) {
         bad(
-            "hidden_act",
-            &json!(act),
-            "(kiln's llama MLP)",
-            "\"silu\"".into(),
+            act_key,
+            &json!(theirs),
+            &format!("(kiln's {kind} MLP)"),
+            format!("\"{act}\""),
         );
     }
+    out.extend(unsupported(c, kind));
+    let mut bad = |key: &str, theirs: &Value, kiln_key: &str, ours: String| {
+        out.push(ConfigMismatch {
+            theirs: key.to_string(),
+            value: theirs.to_string(),
+            key: kiln_key.to_string(),
+            ours,
+        });
+    };
     if c.get("mlp_bias").and_then(Value::as_bool) == Some(true) {
         bad(
             "mlp_bias",
@@ -99,56 +139,110 @@ pub(super) fn mismatches(l: &Llama, c: &Value) -> Vec<ConfigMismatch> {
     if let Some(hd) = c
         .get("head_dim")
         .and_then(Value::as_u64)
-        .filter(|&hd| hd as usize != l.dim / l.heads)
+        .filter(|&hd| hd as usize != l.head_dim)
     {
         bad(
             "head_dim",
             &json!(hd),
-            "model.dim / model.heads",
-            (l.dim / l.heads).to_string(),
+            "model.head_dim",
+            l.head_dim.to_string(),
         );
     }
     let rope = c
         .get("rope_scaling")
         .filter(|v| !v.is_null())
         .or(c.get("rope_parameters"));
-    if let Some(kind) = rope
-        .and_then(|r| r.get("rope_type").or(r.get("type")))
-        .and_then(Value::as_str)
-    {
-        if !matches!(kind, "default" | "llama3") {
-            bad(
-                "rope_type",
-                &json!(kind),
-                "model.rope_scaling.rope_type",
-                format!("{:?}", l.rope_scaling.map(|r| r.rope_type)),
-            );
+    // (Gemma 3's: one entry per layer type)
+    let ropes: Vec<&Value> = match rope {
+        Some(r) if r.get("full_attention").is_some() || r.get("sliding_attention").is_some() => {
+            ["full_attention", "sliding_attention"]
+                .iter()
+                .filter_map(|k| r.get(*k))
+                .collect()
+        }
+        Some(r) => vec![r],
+        None => Vec::new(),
+    };
+    for r in ropes {
+        if let Some(rope_type) = r.get("rope_type").or(r.get("type")).and_then(Value::as_str) {
+            if !matches!(rope_type, "default" | "llama3") {
+                bad(
+                    "rope_type",
+                    &json!(rope_type),
+                    "model.rope_scaling.rope_type",
+                    format!("{:?}", l.rope_scaling.map(|r| r.rope_type)),
+                );
+            }
         }
     }
-    let window = c.get("sliding_window").and_then(Value::as_u64);
-    let used = c.get("use_sliding_window").and_then(Value::as_bool) != Some(false);
-    if let Some(w) = window.filter(|&w| used && (w as usize) < l.block) {
-        // (the real key, so its source is named, and the fix that works: issue 58, defect 14)
+    out
+}
+
+/// What a config.json asks for that no llama-family kind computes, by name: logit
+/// soft-capping, router jitter, bidirectional attention, partial rotation.
+fn unsupported(c: &Value, kind: &str) -> Vec<ConfigMismatch> {
+    let mut out = Vec::new();
+    let mut bad = |key: &str, theirs: &Value, kiln_key: &str, ours: String| {
+        out.push(ConfigMismatch {
+            theirs: key.to_string(),
+            value: theirs.to_string(),
+            key: kiln_key.to_string(),
+            ours,
+        });
+    };
+    for key in [
+        "final_logit_softcapping",
+        "attn_logit_softcapping",
+        "router_jitter_noise",
+    ] {
+        if let Some(v) = c
+            .get(key)
+            .filter(|v| !v.is_null() && v.as_f64() != Some(0.0))
+        {
+            bad(key, v, &format!("(kiln's {kind})"), "null".into());
+        }
+    }
+    if c.get("use_bidirectional_attention")
+        .and_then(Value::as_bool)
+        == Some(true)
+    {
         bad(
-            "sliding_window",
-            &json!(w),
-            "model.block_size",
-            format!(
-                "{}, longer than the window: kiln attends to the whole block, so set `model.block_size` to at most {w}",
-                l.block
-            ),
+            "use_bidirectional_attention",
+            &json!(true),
+            &format!("(kiln's {kind}: causal)"),
+            "false".into(),
+        );
+    }
+    let partial = c
+        .get("partial_rotary_factor")
+        .or(c
+            .get("rope_parameters")
+            .and_then(|r| r.get("partial_rotary_factor")))
+        .and_then(Value::as_f64);
+    if let Some(p) = partial.filter(|&p| p != 1.0) {
+        bad(
+            "partial_rotary_factor",
+            &json!(p),
+            &format!("(kiln's {kind} rotates every channel)"),
+            "1.0".into(),
         );
     }
     out
 }
 
-/// Hugging Face's `config.json` for `l`: `LlamaForCausalLM`, or `Qwen2ForCausalLM` with
-/// `attn_bias` (Llama's `attention_bias` would put a bias on o_proj too).
+/// Hugging Face's `config.json` for `l`: `LlamaForCausalLM` (or `Qwen2ForCausalLM` with
+/// `attn_bias`: Llama's `attention_bias` would put a bias on o_proj too; `MistralForCausalLM`
+/// with a sliding window), `Qwen3ForCausalLM`, `Gemma3ForCausalLM`, `Phi3ForCausalLM`,
+/// `MixtralForCausalLM`.
 pub(super) fn config_json(l: &Llama) -> String {
-    let (arch, model_type) = if l.attn_bias {
-        ("Qwen2ForCausalLM", "qwen2")
-    } else {
-        ("LlamaForCausalLM", "llama")
+    let (arch, model_type) = match l.arch {
+        Arch::Llama if l.attn_bias => ("Qwen2ForCausalLM", "qwen2"),
+        Arch::Llama if l.sliding_window.is_some() => ("MistralForCausalLM", "mistral"),
+        Arch::Llama => ("LlamaForCausalLM", "llama"),
+        Arch::Qwen3 => ("Qwen3ForCausalLM", "qwen3"),
+        Arch::Gemma3 => ("Gemma3ForCausalLM", "gemma3_text"),
+        Arch::Phi3 => ("Phi3ForCausalLM", "phi3"),
+        Arch::Mixtral => ("MixtralForCausalLM", "mixtral"),
     };
     let scaling = l.rope_scaling.map(|s| {
         json!({
@@ -159,6 +253,17 @@ pub(super) fn config_json(l: &Llama) -> String {
             "original_max_position_embeddings": s.original_max_position_embeddings,
         })
     });
+    let layer_types: Vec<&str> = l
+        .sliding
+        .iter()
+        .map(|&s| {
+            if s && l.sliding_window.is_some() {
+                "sliding_attention"
+            } else {
+                "full_attention"
+            }
+        })
+        .collect();
     let mut config = json!({
         "architectures": [arch],
         "model_type": model_type,
@@ -168,7 +273,7 @@ pub(super) fn config_json(l: &Llama) -> String {
         "num_hidden_layers": l.layers,
         "num_attention_heads": l.heads,
         "num_key_value_heads": l.kv_heads,
-        "head_dim": l.dim / l.heads,
+        "head_dim": l.head_dim,
         "max_position_embeddings": l.block,
         "rms_norm_eps": l.norm_eps,
         "rope_theta": l.rope_theta,
@@ -179,14 +284,62 @@ pub(super) fn config_json(l: &Llama) -> String {
         "initializer_range": 0.02,
         "bos_token_id": null,
         "eos_token_id": null,
+        "pad_token_id": null,
         "torch_dtype": "float32",
         "use_cache": true,
+        "sliding_window": l.sliding_window,
     });
-    if l.attn_bias {
-        config["use_sliding_window"] = json!(false);
-    } else {
-        config["attention_bias"] = json!(false);
-        config["mlp_bias"] = json!(false);
+    match l.arch {
+        Arch::Llama if l.attn_bias => {
+            config["use_sliding_window"] = json!(l.sliding_window.is_some());
+            config["layer_types"] = json!(layer_types);
+        }
+        Arch::Llama => {
+            config["attention_bias"] = json!(false);
+            config["mlp_bias"] = json!(false);
+        }
+        Arch::Qwen3 => {
+            config["attention_bias"] = json!(false);
+            config["use_sliding_window"] = json!(l.sliding_window.is_some());
+            config["layer_types"] = json!(layer_types);
+        }
+        Arch::Gemma3 => {
+            let obj = config.as_object_mut().expect("an object");
+            obj.remove("hidden_act");
+            obj.remove("rope_theta");
+            obj.remove("rope_scaling");
+            config["hidden_activation"] = json!("gelu_pytorch_tanh");
+            // (transformers takes a whole number where it is one)
+            let qpas = 1.0 / (l.query_scale * l.query_scale);
+            config["query_pre_attn_scalar"] = if (qpas - qpas.round()).abs() < 1e-9 {
+                json!(qpas.round() as u64)
+            } else {
+                json!(qpas)
+            };
+            config["layer_types"] = json!(layer_types);
+            config["rope_parameters"] = json!({
+                "full_attention": {"rope_type": "default", "rope_theta": l.rope_theta},
+                "sliding_attention": {"rope_type": "default", "rope_theta": l.rope_local_theta},
+            });
+            config["final_logit_softcapping"] = json!(null);
+            config["attn_logit_softcapping"] = json!(null);
+            config["attention_bias"] = json!(false);
+            // (Gemma's window must be a number even when no layer slides)
+            config["sliding_window"] = json!(l.sliding_window.unwrap_or(l.block));
+        }
+        Arch::Phi3 => {
+            config["original_max_position_embeddings"] = json!(l.block);
+            config["partial_rotary_factor"] = json!(1.0);
+        }
+        Arch::Mixtral => {
+            if let Some(m) = &l.moe {
+                config["num_local_experts"] = json!(m.experts);
+                config["num_experts_per_tok"] = json!(m.top_k);
+                config["router_aux_loss_coef"] = json!(m.aux_coef);
+            }
+            config["output_router_logits"] = json!(false);
+            config["router_jitter_noise"] = json!(0.0);
+        }
     }
     serde_json::to_string_pretty(&config).unwrap_or_default() + "\n"
 }

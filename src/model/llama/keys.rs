@@ -51,6 +51,39 @@ pub struct LlamaKeys {
     pub norm_eps: Option<f64>,
     /// The output layer shares the token embedding's weights. Default: `false`.
     pub tie_embeddings: Option<bool>,
-    /// Biases on the query, key and value projections (Qwen2's). Default: `false`.
+    /// Biases on the query, key and value projections (Qwen2's; kind `llama` only). Default:
+    /// `false`.
     pub attn_bias: Option<bool>,
+    /// Channels per attention head (Qwen3's and Gemma 3's `head_dim`, which may differ from
+    /// `dim / heads`). Default: `dim / heads`.
+    pub head_dim: Option<usize>,
+    /// The attention window of the layers `layer_types` marks `"sliding_attention"`: position i
+    /// attends to positions i - window + 1 ..= i (transformers' `sliding_window`; Mistral's,
+    /// Phi-3's, Gemma 3's local layers). Default: none, every layer attends to the whole block.
+    pub sliding_window: Option<usize>,
+    /// Each layer's attention, `"sliding_attention"` or `"full_attention"` (transformers'
+    /// `layer_types`). Default: with a `sliding_window`, gemma3's five local layers to one
+    /// global one, every layer sliding for the other kinds; without, all full.
+    pub layer_types: Option<Vec<LayerType>>,
+    /// gemma3: the rotary base of its sliding layers (transformers' `rope_local_base_freq`,
+    /// `rope_parameters.sliding_attention.rope_theta`). Default: `10000.0`.
+    pub rope_local_theta: Option<f64>,
+    /// gemma3: the attention scores are scaled by `query_pre_attn_scalar ** -0.5`. Default:
+    /// `head_dim`.
+    pub query_pre_attn_scalar: Option<f64>,
+    /// mixtral: experts per layer (transformers' `num_local_experts`). Default: `4`.
+    pub experts: Option<usize>,
+    /// mixtral: experts each token is routed to (`num_experts_per_tok`). Default: `2`.
+    pub experts_per_token: Option<usize>,
+    /// mixtral: weight of the router's load-balancing loss in the training loss
+    /// (`router_aux_loss_coef`; 0 leaves it out). Default: `0.001`.
+    pub router_aux_loss_coef: Option<f64>,
+}
+
+/// One layer's attention (`model.layer_types`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LayerType {
+    SlidingAttention,
+    FullAttention,
 }

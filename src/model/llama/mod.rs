@@ -9,17 +9,20 @@
 //! Initialisation: normal(0, 0.02) for every matrix and the embedding, RMSNorm weights 1.
 
 mod adapters;
+mod attention;
+mod check;
 mod hf;
 mod keys;
+mod moe;
 
 pub use adapters::BlockLora;
 pub use hf::HF_LLAMA;
-pub use keys::{LlamaKeys, RopeScaling, RopeType};
+pub use keys::{LayerType, LlamaKeys, RopeScaling, RopeType};
+pub use moe::{Expert, MoeSpec, SparseMoe};
 
 use crate::model::ConfigMismatch;
 use burn::module::Module;
 use burn::nn::{Embedding, EmbeddingConfig, Linear, LinearConfig, RmsNorm, RmsNormConfig};
-use burn::tensor::activation::{silu, softmax};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
 
@@ -27,38 +30,47 @@ use super::api::{Act, Family, Forward, ModelError, Task, TokenDecoder};
 use super::decode::{At, Incremental, Kv, KvDecoder};
 use super::gpt::{dense, MaskCache};
 use super::init;
-use super::lora::{self, adapted, LoraSpec};
+use super::lora::{self, LoraSpec};
 use super::portable::{External, WeightFormat};
-use super::sizing::{check_token_data, sized_for_this_machine};
 use crate::config::{DecayRule, Resolved};
 use crate::kernels;
 use crate::model::WeightAdapter;
 use crate::params::ParamLayout;
 
-/// The attention's projections (transformers' `self_attn`).
+/// The attention's projections (transformers' `self_attn`): q, k and v apart, or side by side
+/// in Phi-3's `qkv_proj`; Qwen3's and Gemma 3's norms of each head's q and k.
 #[derive(Module, Debug)]
 pub struct Attention<B: Backend> {
-    pub q_proj: Linear<B>,
-    pub k_proj: Linear<B>,
-    pub v_proj: Linear<B>,
+    pub q_proj: Option<Linear<B>>,
+    pub k_proj: Option<Linear<B>>,
+    pub v_proj: Option<Linear<B>>,
+    pub qkv_proj: Option<Linear<B>>,
     pub o_proj: Linear<B>,
+    pub q_norm: Option<RmsNorm<B>>,
+    pub k_norm: Option<RmsNorm<B>>,
 }
 
-/// The SwiGLU MLP: `down(silu(gate(x)) * up(x))`.
+/// The MLP: `down(act(gate(x)) * up(x))` (gate and up side by side in Phi-3's `gate_up_proj`).
 #[derive(Module, Debug)]
 pub struct Mlp<B: Backend> {
-    pub gate_proj: Linear<B>,
-    pub up_proj: Linear<B>,
+    pub gate_proj: Option<Linear<B>>,
+    pub up_proj: Option<Linear<B>>,
+    pub gate_up_proj: Option<Linear<B>>,
     pub down_proj: Linear<B>,
 }
 
-/// One decoder block.
+/// One decoder block (Gemma 3's with norms before and after its MLP as well).
 #[derive(Module, Debug)]
 pub struct Block<B: Backend> {
     pub input_layernorm: RmsNorm<B>,
     pub self_attn: Attention<B>,
     pub post_attention_layernorm: RmsNorm<B>,
-    pub mlp: Mlp<B>,
+    pub pre_feedforward_layernorm: Option<RmsNorm<B>>,
+    pub post_feedforward_layernorm: Option<RmsNorm<B>>,
+    /// Dense blocks' MLP.
+    pub mlp: Option<Mlp<B>>,
+    /// Mixtral's experts instead.
+    pub block_sparse_moe: Option<SparseMoe<B>>,
     /// LoRA adapters of this block's modules (`[model.lora]`), after its own parameters.
     pub lora: Option<BlockLora<B>>,
 }
@@ -72,9 +84,56 @@ pub struct LlamaModule<B: Backend> {
     pub lm_head: Option<Linear<B>>,
 }
 
+/// Which decoder of the family `model.kind` names: they share the llama's block and differ
+/// where transformers' modeling files differ.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Arch {
+    /// Llama 2/3, Mistral, Qwen2 (`attn_bias`).
+    Llama,
+    /// Qwen3: per-head RMSNorm on q and k.
+    Qwen3,
+    /// Gemma 3 (text): scaled embeddings, `(1 + weight)` norms, GeGLU, q/k norms, norms after
+    /// the attention and the MLP, sliding layers with their own rotary base.
+    Gemma3,
+    /// Phi-3: fused `qkv_proj` and `gate_up_proj`.
+    Phi3,
+    /// Mixtral: a sparse mixture of SwiGLU experts in every block.
+    Mixtral,
+}
+
+impl Arch {
+    /// Every architecture by its `model.kind`.
+    pub const ALL: [(&'static str, Arch); 5] = [
+        ("llama", Arch::Llama),
+        ("qwen3", Arch::Qwen3),
+        ("gemma3", Arch::Gemma3),
+        ("phi3", Arch::Phi3),
+        ("mixtral", Arch::Mixtral),
+    ];
+
+    /// The architecture of `model.kind` `kind`.
+    pub fn of(kind: &str) -> Option<Arch> {
+        Self::ALL.iter().find(|(k, _)| *k == kind).map(|(_, a)| *a)
+    }
+
+    /// Its `model.kind`.
+    pub fn kind(self) -> &'static str {
+        Self::ALL
+            .iter()
+            .find(|(_, a)| *a == self)
+            .map_or("llama", |(k, _)| k)
+    }
+
+    /// Whether each head's q and k are RMS-normed before the rotation.
+    pub fn qk_norm(self) -> bool {
+        matches!(self, Arch::Qwen3 | Arch::Gemma3)
+    }
+}
+
 /// The llama family for one `[model]` section.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Llama {
+    pub arch: Arch,
     pub vocab: usize,
     pub block: usize,
     pub layers: usize,
@@ -91,6 +150,21 @@ pub struct Llama {
     pub dropout: f64,
     /// LoRA adapters (`[model.lora]` with a rank): each block's targeted modules get one.
     pub lora: Option<LoraSpec>,
+    /// Channels per head.
+    pub head_dim: usize,
+    /// Whether `model.head_dim` was given (else `dim / heads`).
+    pub explicit_head_dim: bool,
+    /// The sliding layers' window.
+    pub sliding_window: Option<usize>,
+    /// Whether each layer is a sliding one.
+    pub sliding: Vec<bool>,
+    /// Gemma 3's sliding layers' rotary base.
+    pub rope_local_theta: f64,
+    /// What the scores `q . k` are multiplied by (`head_dim^-0.5`; Gemma 3's
+    /// `query_pre_attn_scalar^-0.5`).
+    pub query_scale: f64,
+    /// Mixtral's experts.
+    pub moe: Option<MoeSpec>,
     /// The causal masks and rotary tables made so far.
     pub cache: MaskCache,
 }
@@ -99,13 +173,28 @@ impl Llama {
     /// The llama of `[model]`; its samples must be windows of `block_size + 1` tokens.
     pub fn for_input(r: &Resolved, input: &[usize]) -> Result<Self, ModelError> {
         let c = &r.config.model;
+        let arch = Arch::of(&c.kind).unwrap_or(Arch::Llama);
         let k: LlamaKeys = r.model_keys()?;
         let heads = k.heads.unwrap_or(4);
         let dim = k.dim.unwrap_or(128);
+        let layers = k.layers.unwrap_or(4);
+        let head_dim = k.head_dim.unwrap_or(dim / heads.max(1));
+        let sliding = match (&k.layer_types, k.sliding_window) {
+            (Some(types), _) => types
+                .iter()
+                .map(|t| *t == LayerType::SlidingAttention)
+                .collect(),
+            // Gemma 3: five local layers to one global
+            (None, Some(_)) if arch == Arch::Gemma3 => {
+                (0..layers).map(|i| (i + 1) % 6 != 0).collect()
+            }
+            (None, window) => vec![window.is_some(); layers],
+        };
         let l = Llama {
+            arch,
             vocab: c.vocab_size.unwrap_or(256),
             block: c.block_size.unwrap_or(128),
-            layers: k.layers.unwrap_or(4),
+            layers,
             heads,
             kv_heads: k.kv_heads.unwrap_or(heads),
             dim,
@@ -115,384 +204,38 @@ impl Llama {
             rope_theta: k.rope_theta.unwrap_or(10_000.0),
             rope_scaling: k.rope_scaling,
             norm_eps: k.norm_eps.unwrap_or(1e-5),
-            tie: k.tie_embeddings.unwrap_or(false),
+            tie: k.tie_embeddings.unwrap_or(arch == Arch::Gemma3),
             attn_bias: k.attn_bias.unwrap_or(false),
             dropout: c.dropout,
-            lora: LoraSpec::of(r, &adapters::TARGETS.map(|(m, _)| m), &adapters::DEFAULT)?,
+            lora: None,
+            head_dim,
+            explicit_head_dim: k.head_dim.is_some(),
+            sliding_window: k.sliding_window,
+            sliding,
+            rope_local_theta: k.rope_local_theta.unwrap_or(10_000.0),
+            query_scale: 1.0 / k.query_pre_attn_scalar.unwrap_or(head_dim as f64).sqrt(),
+            moe: (arch == Arch::Mixtral).then(|| MoeSpec {
+                experts: k.experts.unwrap_or(4),
+                top_k: k.experts_per_token.unwrap_or(2),
+                aux_coef: k.router_aux_loss_coef.unwrap_or(0.001),
+            }),
             cache: MaskCache::default(),
+        };
+        let names: Vec<&str> = l.adaptable().iter().map(|(m, ..)| *m).collect();
+        let defaults: Vec<&str> = adapters::DEFAULT
+            .iter()
+            .copied()
+            .filter(|d| names.contains(d))
+            .collect();
+        let l = Llama {
+            lora: LoraSpec::of(r, &names, &defaults)?,
+            ..l
         };
         l.check(r, input)?;
         if let Some(s) = &l.lora {
             s.check(r, &l.adaptable())?;
         }
         Ok(l)
-    }
-
-    /// Every size in range and consistent, the data token windows of `block + 1`.
-    fn check(&self, r: &Resolved, input: &[usize]) -> Result<(), ModelError> {
-        let err = |key: &str, message: String, help: &str| -> ModelError {
-            r.key_error(key, message, Some(help.to_string())).into()
-        };
-        let range = |key: &str, message: String, help: &str| -> ModelError {
-            r.range_error(key, message, Some(help.to_string())).into()
-        };
-        for (key, v) in [
-            ("model.block_size", self.block),
-            ("model.layers", self.layers),
-            ("model.heads", self.heads),
-            ("model.kv_heads", self.kv_heads),
-            ("model.dim", self.dim),
-            ("model.ffn_dim", self.ffn_dim),
-            ("model.vocab_size", self.vocab),
-        ] {
-            if v == 0 {
-                return Err(range(
-                    key,
-                    format!("`{key}` = 0 is out of range: must be at least 1"),
-                    "a llama needs at least one of each",
-                ));
-            }
-        }
-        sized_for_this_machine(
-            r,
-            "llama",
-            self.param_count(),
-            &[
-                ("model.layers", self.layers, 4),
-                ("model.dim", self.dim, 128),
-                ("model.ffn_dim", self.ffn_dim, 352),
-                ("model.vocab_size", self.vocab, 256),
-            ],
-        )?;
-        let pairs = [
-            (
-                "model.dim",
-                self.dim,
-                "model.heads",
-                self.heads,
-                "every head gets dim / heads channels",
-            ),
-            (
-                "model.heads",
-                self.heads,
-                "model.kv_heads",
-                self.kv_heads,
-                "each key/value head serves heads / kv_heads query heads",
-            ),
-        ];
-        for (a, va, b, vb, why) in pairs {
-            if va % vb != 0 {
-                return Err(err(
-                    a,
-                    format!("`{a}` = {va} is not a multiple of `{b}` = {vb}"),
-                    &format!("{why}; change one of them"),
-                ));
-            }
-        }
-        if !(self.dim / self.heads).is_multiple_of(2) {
-            return Err(err(
-                "model.heads",
-                format!(
-                    "`model.dim` / `model.heads` = {} / {} = {} is odd, but rotary embeddings rotate channel pairs",
-                    self.dim,
-                    self.heads,
-                    self.dim / self.heads
-                ),
-                "choose heads so that dim / heads is even",
-            ));
-        }
-        for (key, v) in [
-            ("model.rope_theta", self.rope_theta),
-            ("model.norm_eps", self.norm_eps),
-        ] {
-            if !(v.is_finite() && v > 0.0) {
-                return Err(range(
-                    key,
-                    format!("`{key}` = {v} is out of range: must be above 0"),
-                    "Llama's are 10000 (500000 for Llama 3) and 1e-5",
-                ));
-            }
-        }
-        if let Some(s) = &self.rope_scaling {
-            if !(s.factor > 0.0
-                && s.high_freq_factor > s.low_freq_factor
-                && s.low_freq_factor > 0.0)
-                || s.original_max_position_embeddings == 0
-            {
-                return Err(range(
-                    "model.rope_scaling",
-                    format!("`model.rope_scaling` = {s:?} is out of range: factor and low_freq_factor must be above 0, high_freq_factor above low_freq_factor, original_max_position_embeddings at least 1"),
-                    "Llama 3.1's: factor 8, low_freq_factor 1, high_freq_factor 4, original_max_position_embeddings 8192",
-                ));
-            }
-        }
-        check_token_data(r, "llama", self.vocab, self.block, input)
-    }
-
-    /// The parameters its sizes give, counted before anything is built (u128: no size
-    /// overflows it).
-    fn param_count(&self) -> u128 {
-        let (d, v, f, l) = (
-            self.dim as u128,
-            self.vocab as u128,
-            self.ffn_dim as u128,
-            self.layers as u128,
-        );
-        let kv = (self.kv_heads as u128) * (d / (self.heads as u128).max(1));
-        let bias = if self.attn_bias { d + 2 * kv } else { 0 };
-        let block = 2 * d * d + 2 * d * kv + bias + 3 * d * f + 2 * d;
-        let head = if self.tie { 0 } else { v * d };
-        v * d + l * block + d + head + self.adapter_count()
-    }
-
-    fn head_dim(&self) -> usize {
-        self.dim / self.heads
-    }
-
-    /// The rotary inverse frequencies, `head_dim / 2` of them (transformers'
-    /// `_compute_default_rope_parameters`, and `_compute_llama3_parameters` with scaling).
-    pub fn inv_freq(&self) -> Vec<f64> {
-        let hd = self.head_dim();
-        let base: Vec<f64> = (0..hd / 2)
-            .map(|i| 1.0 / self.rope_theta.powf((2 * i) as f64 / hd as f64))
-            .collect();
-        let Some(s) = self.rope_scaling else {
-            return base;
-        };
-        let old = s.original_max_position_embeddings as f64;
-        let (low_wavelen, high_wavelen) = (old / s.low_freq_factor, old / s.high_freq_factor);
-        base.into_iter()
-            .map(|f| {
-                let wavelen = 2.0 * std::f64::consts::PI / f;
-                if wavelen > low_wavelen {
-                    f / s.factor
-                } else if wavelen < high_wavelen {
-                    f
-                } else {
-                    let smooth = (old / wavelen - s.low_freq_factor)
-                        / (s.high_freq_factor - s.low_freq_factor);
-                    (1.0 - smooth) * f / s.factor + smooth * f
-                }
-            })
-            .collect()
-    }
-
-    /// cos and sin of every position's angles `[block, head_dim]` (each frequency twice, halves
-    /// side by side as transformers' `cat((freqs, freqs))`), positions `from..from + t` of them
-    /// as `[1, t, 1, head_dim]`; over packed rows (`ctx.positions`), each position's place in
-    /// its document, `[n, t, 1, head_dim]`.
-    fn rotary<B: Backend>(
-        &self,
-        from: usize,
-        (n, t): (usize, usize),
-        ctx: &Forward,
-        device: &B::Device,
-    ) -> (Tensor<B, 4>, Tensor<B, 4>) {
-        let hd = self.head_dim();
-        let table = |sin: bool| {
-            let inv = self.inv_freq();
-            let mut v = Vec::with_capacity(self.block * hd);
-            for p in 0..self.block {
-                for _ in 0..2 {
-                    for f in &inv {
-                        // f32 angles, as transformers computes them
-                        let a = (p as f32) * (*f as f32);
-                        v.push(if sin { a.sin() } else { a.cos() });
-                    }
-                }
-            }
-            TensorData::new(v, [self.block, hd])
-        };
-        let cos: Tensor<B, 2> = self
-            .cache
-            .cached("rope_cos", self.block, device, || table(false));
-        let sin: Tensor<B, 2> = self
-            .cache
-            .cached("rope_sin", self.block, device, || table(true));
-        // packed rows: each document's positions start at 0, the angles picked per position
-        if let Some(p) = ctx.positions(n, t).filter(|_| from == 0) {
-            let idx = Tensor::<B, 1, Int>::from_data(TensorData::new(p, [n * t]), device);
-            let at = |x: Tensor<B, 2>| x.select(0, idx.clone()).reshape([n, t, 1, hd]);
-            return (at(cos), at(sin));
-        }
-        let at = |x: Tensor<B, 2>| x.slice([from..from + t, 0..hd]).reshape([1, t, 1, hd]);
-        (at(cos), at(sin))
-    }
-
-    /// `x` `[n, t, heads, head_dim]` rotated: `x cos + rotate_half(x) sin`.
-    fn rotate<B: Backend>(x: Tensor<B, 4>, cos: &Tensor<B, 4>, sin: &Tensor<B, 4>) -> Tensor<B, 4> {
-        let [n, t, h, hd] = x.dims();
-        let x1 = x.clone().slice([0..n, 0..t, 0..h, 0..hd / 2]);
-        let x2 = x.clone().slice([0..n, 0..t, 0..h, hd / 2..hd]);
-        let rotated = Tensor::cat(vec![x2.neg(), x1], 3);
-        x * cos.clone() + rotated * sin.clone()
-    }
-
-    /// `kv` `[n, kv_heads, p, hd]` repeated for the query heads: `[n, heads, p, hd]` (head j
-    /// reads key/value head j / (heads / kv_heads), transformers' `repeat_kv`).
-    fn repeat_kv<B: Backend>(&self, kv: Tensor<B, 4>) -> Tensor<B, 4> {
-        let rep = self.heads / self.kv_heads;
-        if rep == 1 {
-            return kv;
-        }
-        let [n, g, p, hd] = kv.dims();
-        kv.reshape([n, g, 1, p, hd])
-            .repeat_dim(2, rep)
-            .reshape([n, g * rep, p, hd])
-    }
-
-    fn norm<B: Backend, const D: usize>(&self, n: &RmsNorm<B>, x: Tensor<B, D>) -> Tensor<B, D> {
-        n.forward(x)
-    }
-
-    fn block<B: Backend>(&self, b: &Block<B>, x: Tensor<B, 3>, ctx: &mut Forward) -> Tensor<B, 3> {
-        let at = At {
-            from: 0,
-            past: None,
-            keep: false,
-        };
-        self.block_kv(b, x, at, ctx).0
-    }
-
-    /// Block `b` on `x` `[n, t, dim]` at positions `from..from + t`, after the positions whose
-    /// keys and values `past` holds (none: `x` starts the sequence and attends causally within
-    /// itself; with `past`, `x` is one position that attends to all). With `keep`, also the keys
-    /// and values of every position so far, `kv_heads` of them (a decoder's cache).
-    fn block_kv<B: Backend>(
-        &self,
-        b: &Block<B>,
-        x: Tensor<B, 3>,
-        At { from, past, keep }: At<B>,
-        ctx: &mut Forward,
-    ) -> (Tensor<B, 3>, Option<Kv<B>>) {
-        let fused = ctx.fused() && !ctx.drops(self.dropout);
-        let [n, t, _] = x.dims();
-        let (h, g, hd) = (self.heads, self.kv_heads, self.head_dim());
-        let a = &b.self_attn;
-        let hx = self.norm(&b.input_layernorm, x.clone());
-        let q = adapted(
-            &a.q_proj,
-            self.adapter(b, |l| &l.q_proj),
-            hx.clone(),
-            None,
-            fused,
-            ctx,
-        )
-        .reshape([n, t, h, hd]);
-        let k = adapted(
-            &a.k_proj,
-            self.adapter(b, |l| &l.k_proj),
-            hx.clone(),
-            None,
-            fused,
-            ctx,
-        )
-        .reshape([n, t, g, hd]);
-        let v = adapted(
-            &a.v_proj,
-            self.adapter(b, |l| &l.v_proj),
-            hx,
-            None,
-            fused,
-            ctx,
-        )
-        .reshape([n, t, g, hd]);
-        let (cos, sin) = self.rotary::<B>(from, (n, t), ctx, &x.device());
-        let (q, k) = (Self::rotate(q, &cos, &sin), Self::rotate(k, &cos, &sin));
-        let whole = if fused && past.is_none() && !keep {
-            // kiln's fused causal attention reads q, k and v side by side, one per query head
-            let wide = |kv: Tensor<B, 4>| {
-                self.repeat_kv(kv.swap_dims(1, 2))
-                    .swap_dims(1, 2)
-                    .reshape([n, t, h * hd])
-            };
-            let qkv = Tensor::cat(
-                vec![
-                    q.clone().reshape([n, t, h * hd]),
-                    wide(k.clone()),
-                    wide(v.clone()),
-                ],
-                2,
-            );
-            kernels::document_attention(qkv, h, ctx.segments().cloned())
-        } else {
-            None
-        };
-        let (y, kv) = match whole {
-            Some(y) => (y, None),
-            None => {
-                let (y, kv) = self.attention(q, k, v, past, &x.device(), ctx);
-                (y, keep.then_some(kv))
-            }
-        };
-        // (`x + o_proj(y)` without `fused`)
-        let x = adapted(
-            &a.o_proj,
-            self.adapter(b, |l| &l.o_proj),
-            y,
-            Some(x),
-            fused,
-            ctx,
-        );
-        let hx = self.norm(&b.post_attention_layernorm, x.clone());
-        let m = &b.mlp;
-        let gate = adapted(
-            &m.gate_proj,
-            self.adapter(b, |l| &l.gate_proj),
-            hx.clone(),
-            None,
-            fused,
-            ctx,
-        );
-        let up = adapted(
-            &m.up_proj,
-            self.adapter(b, |l| &l.up_proj),
-            hx,
-            None,
-            fused,
-            ctx,
-        );
-        let down = self.adapter(b, |l| &l.down_proj);
-        let x = adapted(&m.down_proj, down, silu(gate) * up, Some(x), fused, ctx);
-        (x, kv)
-    }
-
-    /// The attention in Burn's ops from rotated `q` `[n, t, heads, hd]` and `k`, `v` `[n, t,
-    /// kv_heads, hd]`: the heads' outputs side by side `[n, t, dim]`, and the keys and values of
-    /// every position so far (`past`'s and these), `[n, kv_heads, p, hd]`.
-    fn attention<B: Backend>(
-        &self,
-        q: Tensor<B, 4>,
-        k: Tensor<B, 4>,
-        v: Tensor<B, 4>,
-        past: Option<Kv<B>>,
-        device: &B::Device,
-        ctx: &mut Forward,
-    ) -> (Tensor<B, 3>, Kv<B>) {
-        let [n, t, h, hd] = q.dims();
-        let (q, k, v) = (q.swap_dims(1, 2), k.swap_dims(1, 2), v.swap_dims(1, 2));
-        let (k, v, causal) = match past {
-            Some((pk, pv)) => (
-                Tensor::cat(vec![pk, k], 2),
-                Tensor::cat(vec![pv, v], 2),
-                false,
-            ),
-            None => (k, v, true),
-        };
-        let att = q
-            .matmul(self.repeat_kv(k.clone()).swap_dims(2, 3))
-            .div_scalar((hd as f64).sqrt());
-        let att = if causal {
-            att + self.cache.attention_mask::<B>(ctx, (n, t), device)
-        } else {
-            att
-        };
-        let att = ctx.dropout(softmax(att, 3), self.dropout);
-        let y = att
-            .matmul(self.repeat_kv(v.clone()))
-            .swap_dims(1, 2)
-            .reshape([n, t, h * hd]);
-        (y, (k, v))
     }
 
     /// The token embeddings of the ids `x` `[samples, positions]`.
@@ -502,8 +245,15 @@ impl Llama {
         x: TensorData,
         device: &B::Device,
     ) -> Tensor<B, 3> {
-        m.embed_tokens
-            .forward(Tensor::<B, 2, Int>::from_data(x, device))
+        let h = m
+            .embed_tokens
+            .forward(Tensor::<B, 2, Int>::from_data(x, device));
+        if self.arch == Arch::Gemma3 {
+            // Gemma's embeddings scaled by sqrt(dim), the factor rounded to f32 as transformers'
+            h.mul_scalar((self.dim as f32).sqrt())
+        } else {
+            h
+        }
     }
 
     /// The final RMSNorm and the output layer: logits `[samples * positions, vocab]`.
@@ -529,10 +279,52 @@ impl Llama {
         LinearConfig::new(d_in, d_out).with_bias(bias).init(device)
     }
 
-    fn rms<B: Backend>(&self, device: &B::Device) -> RmsNorm<B> {
-        RmsNormConfig::new(self.dim)
+    fn rms<B: Backend>(&self, width: usize, device: &B::Device) -> RmsNorm<B> {
+        RmsNormConfig::new(width)
             .with_epsilon(self.norm_eps)
             .init(device)
+    }
+
+    /// One block's modules.
+    fn build_block<B: Backend>(&self, device: &B::Device) -> Block<B> {
+        let (d, hd, f) = (self.dim, self.head_dim, self.ffn_dim);
+        let (q, kv) = (self.heads * hd, self.kv_heads * hd);
+        let (fused, gemma) = (self.arch == Arch::Phi3, self.arch == Arch::Gemma3);
+        let dense = self.moe.is_none();
+        let lin = |i: usize, o: usize, bias: bool| self.linear(i, o, bias, device);
+        let split = |i: usize, o: usize, bias: bool, on: bool| on.then(|| lin(i, o, bias));
+        Block {
+            input_layernorm: self.rms(d, device),
+            self_attn: Attention {
+                q_proj: split(d, q, self.attn_bias, !fused),
+                k_proj: split(d, kv, self.attn_bias, !fused),
+                v_proj: split(d, kv, self.attn_bias, !fused),
+                qkv_proj: split(d, q + 2 * kv, false, fused),
+                o_proj: lin(q, d, false),
+                q_norm: self.arch.qk_norm().then(|| self.rms(hd, device)),
+                k_norm: self.arch.qk_norm().then(|| self.rms(hd, device)),
+            },
+            post_attention_layernorm: self.rms(d, device),
+            pre_feedforward_layernorm: gemma.then(|| self.rms(d, device)),
+            post_feedforward_layernorm: gemma.then(|| self.rms(d, device)),
+            mlp: dense.then(|| Mlp {
+                gate_proj: split(d, f, false, !fused),
+                up_proj: split(d, f, false, !fused),
+                gate_up_proj: split(d, 2 * f, false, fused),
+                down_proj: lin(f, d, false),
+            }),
+            block_sparse_moe: self.moe.map(|m| SparseMoe {
+                gate: lin(d, m.experts, false),
+                experts: (0..m.experts)
+                    .map(|_| Expert {
+                        w1: lin(d, f, false),
+                        w2: lin(f, d, false),
+                        w3: lin(d, f, false),
+                    })
+                    .collect(),
+            }),
+            lora: self.block_lora(device),
+        }
     }
 }
 
@@ -562,7 +354,8 @@ impl Incremental for Llama {
         at: At<B>,
         ctx: &mut Forward,
     ) -> (Tensor<B, 3>, Option<Kv<B>>) {
-        self.block_kv(&m.layers[i], x, at, ctx)
+        let (x, kv, _) = self.block_kv(i, &m.layers[i], x, at, ctx);
+        (x, kv)
     }
     fn head_of<B: Backend>(
         &self,
@@ -582,7 +375,7 @@ impl Family for Llama {
     type Module<B: Backend> = LlamaModule<B>;
 
     fn kind(&self) -> &str {
-        "llama"
+        self.arch.kind()
     }
 
     fn task(&self) -> Task {
@@ -593,29 +386,11 @@ impl Family for Llama {
     }
 
     fn build<B: Backend>(&self, device: &B::Device) -> LlamaModule<B> {
-        let (d, hd) = (self.dim, self.head_dim());
-        let kv = self.kv_heads * hd;
+        let d = self.dim;
         LlamaModule {
             embed_tokens: EmbeddingConfig::new(self.vocab, d).init(device),
-            layers: (0..self.layers)
-                .map(|_| Block {
-                    input_layernorm: self.rms(device),
-                    self_attn: Attention {
-                        q_proj: self.linear(d, d, self.attn_bias, device),
-                        k_proj: self.linear(d, kv, self.attn_bias, device),
-                        v_proj: self.linear(d, kv, self.attn_bias, device),
-                        o_proj: self.linear(d, d, false, device),
-                    },
-                    post_attention_layernorm: self.rms(device),
-                    mlp: Mlp {
-                        gate_proj: self.linear(d, self.ffn_dim, false, device),
-                        up_proj: self.linear(d, self.ffn_dim, false, device),
-                        down_proj: self.linear(self.ffn_dim, d, false, device),
-                    },
-                    lora: self.block_lora(device),
-                })
-                .collect(),
-            norm: self.rms(device),
+            layers: (0..self.layers).map(|_| self.build_block(device)).collect(),
+            norm: self.rms(d, device),
             lm_head: (!self.tie).then(|| self.linear(d, self.vocab, false, device)),
         }
     }
@@ -631,7 +406,8 @@ impl Family for Llama {
                     continue;
                 }
                 match p.name.rsplit('.').next().unwrap_or("") {
-                    "gamma" => out.fill(1.0),
+                    // (Gemma's norms multiply by 1 + weight)
+                    "gamma" => out.fill(if self.arch == Arch::Gemma3 { 0.0 } else { 1.0 }),
                     "bias" => out.fill(0.0),
                     _ => out
                         .iter_mut()
@@ -663,10 +439,16 @@ impl Family for Llama {
     /// the output layer) plus 12 x layers x dim x block for the attention; times `block` tokens.
     fn flops_per_sample(&self) -> Option<f64> {
         let (d, t, f) = (self.dim as f64, self.block as f64, self.ffn_dim as f64);
-        let kv = (self.kv_heads * self.head_dim()) as f64;
-        let block = 2.0 * d * d + 2.0 * d * kv + 3.0 * d * f;
+        let hd = self.head_dim as f64;
+        let (q, kv) = (self.heads as f64 * hd, self.kv_heads as f64 * hd);
+        // a token runs top_k experts (and the router)
+        let mlp = match &self.moe {
+            Some(m) => m.top_k as f64 * 3.0 * d * f + d * m.experts as f64,
+            None => 3.0 * d * f,
+        };
+        let block = 2.0 * d * q + 2.0 * d * kv + mlp;
         let matrices = self.layers as f64 * block + d * self.vocab as f64;
-        Some(t * (6.0 * matrices + 12.0 * self.layers as f64 * d * t))
+        Some(t * (6.0 * matrices + 12.0 * self.layers as f64 * q * t))
     }
 
     fn forward<B: Backend>(
@@ -677,8 +459,8 @@ impl Family for Llama {
         ctx: &mut Forward,
     ) -> Tensor<B, 2> {
         let mut h = self.embed(m, x, device);
-        for b in &m.layers {
-            h = self.block(b, h, ctx);
+        for (i, b) in m.layers.iter().enumerate() {
+            h = self.block(i, b, h, ctx).0;
         }
         self.head(m, h, ctx.fused())
     }
@@ -703,8 +485,24 @@ impl Family for Llama {
     ) -> Act<B> {
         match (stage, x) {
             (0, Act::Data(x)) => Act::D3(self.embed(m, x, device)),
-            (s, Act::D3(h)) if s <= self.layers => Act::D3(self.block(&m.layers[s - 1], h, ctx)),
+            // a mixture of experts' router statistics travel beside the hidden state, summed
+            (s, Act::D3(h)) if s <= self.layers => {
+                match self.block(s - 1, &m.layers[s - 1], h, ctx) {
+                    (h, Some(stats)) => Act::WithStats(h, stats),
+                    (h, None) => Act::D3(h),
+                }
+            }
+            (s, Act::WithStats(h, sum)) if s <= self.layers => {
+                match self.block(s - 1, &m.layers[s - 1], h, ctx) {
+                    (h, Some(stats)) => Act::WithStats(h, sum + stats),
+                    (h, None) => Act::WithStats(h, sum),
+                }
+            }
             (_, Act::D3(h)) => Act::D2(self.head(m, h, ctx.fused())),
+            (_, Act::WithStats(h, stats)) => {
+                let t = h.dims()[1];
+                Act::WithLoss(self.head(m, h, ctx.fused()), self.aux_loss(stats, t))
+            }
             (_, x) => x,
         }
     }
@@ -722,7 +520,7 @@ impl WeightAdapter for Llama {
     }
 
     fn formats(&self) -> Vec<WeightFormat> {
-        vec![HF_LLAMA]
+        vec![hf::format_of(self.arch)]
     }
 
     fn format_tensors(
@@ -736,18 +534,18 @@ impl WeightAdapter for Llama {
 
     fn format_buffer(&self, format: WeightFormat, name: &str) -> bool {
         // (older transformers saved the rotary frequencies)
-        format == HF_LLAMA && name.ends_with(".rotary_emb.inv_freq")
+        format == hf::format_of(self.arch) && name.ends_with(".rotary_emb.inv_freq")
     }
 
     fn detect_format(&self, tensors: &[(&str, &[usize])]) -> Option<WeightFormat> {
         tensors
             .iter()
             .any(|(n, _)| n.starts_with("model.layers.") || *n == "model.embed_tokens.weight")
-            .then_some(HF_LLAMA)
+            .then_some(hf::format_of(self.arch))
     }
 
     fn hf_config(&self, format: WeightFormat) -> Result<Option<String>, String> {
-        Ok((format == HF_LLAMA).then(|| hf::config_json(self)))
+        Ok((format == hf::format_of(self.arch)).then(|| hf::config_json(self)))
     }
 
     fn hf_config_mismatches(
@@ -755,7 +553,7 @@ impl WeightAdapter for Llama {
         format: WeightFormat,
         config: &serde_json::Value,
     ) -> Vec<ConfigMismatch> {
-        if format == HF_LLAMA {
+        if format == hf::format_of(self.arch) {
             hf::mismatches(self, config)
         } else {
             Vec::new()

@@ -9,6 +9,7 @@ use crate::model::{ComputeOn, FamilyModel, Model};
 
 pub(super) fn tiny(kv_heads: usize, tie: bool) -> Llama {
     Llama {
+        arch: Arch::Llama,
         vocab: 64,
         block: 8,
         layers: 2,
@@ -23,6 +24,13 @@ pub(super) fn tiny(kv_heads: usize, tie: bool) -> Llama {
         attn_bias: false,
         dropout: 0.0,
         lora: None,
+        head_dim: 4,
+        explicit_head_dim: false,
+        sliding_window: None,
+        sliding: vec![false; 2],
+        rope_local_theta: 10_000.0,
+        query_scale: 0.5,
+        moe: None,
         cache: MaskCache::default(),
     }
 }
@@ -63,11 +71,11 @@ fn packed_positions_take_their_documents_angles() {
     let dev = Default::default();
     let starts: crate::kernels::Starts = vec![0u32, 0, 0, 0, 0, 2].into();
     let ctx = Forward::eval().with_segments(Some(starts));
-    let (cos, sin) = l.rotary::<Flex>(0, (2, 3), &ctx, &dev);
-    let (cos0, sin0) = l.rotary::<Flex>(0, (1, 3), &Forward::eval(), &dev);
+    let (cos, sin) = l.rotary::<Flex>(0, (2, 3), &ctx, &dev, false);
+    let (cos0, sin0) = l.rotary::<Flex>(0, (1, 3), &Forward::eval(), &dev, false);
     let v = |x: Tensor<Flex, 4>| x.into_data().convert::<f32>().into_vec::<f32>().unwrap();
     let (c, s, c0, s0) = (v(cos), v(sin), v(cos0), v(sin0));
-    let hd = l.head_dim();
+    let hd = l.head_dim;
     // row 1: two documents, positions 0, 1 and 0
     for (j, p) in [0, 1, 2, 0, 1, 0].into_iter().enumerate() {
         assert_eq!(
@@ -107,6 +115,7 @@ fn the_parameters_counted_before_the_build_are_the_models() {
 fn llama3_scaling_splits_the_frequencies_in_three() {
     let mut l = tiny(2, false);
     l.dim = 32;
+    l.head_dim = 8;
     l.rope_scaling = Some(RopeScaling {
         rope_type: RopeType::Llama3,
         factor: 8.0,

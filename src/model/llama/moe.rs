@@ -1,0 +1,166 @@
+//! Mixtral's sparse mixture of experts, as transformers 5 computes `MixtralSparseMoeBlock`: a
+//! router (`gate`, no bias) gives each token a softmax over the experts, the top
+//! `experts_per_token` of them run (their probabilities renormalised to sum to 1 weigh their
+//! outputs), each a SwiGLU MLP `w2(silu(w1(x)) * w3(x))`. The names are those transformers
+//! 5.25 saves (`model.layers.0.block_sparse_moe.experts.3.w1.weight`, `...gate.weight`): it
+//! computes with the experts fused in two tensors (`mlp.experts.gate_up_proj`) but converts
+//! them back to Mixtral's original per-expert names in `save_pretrained`, and reads those.
+//!
+//! The load-balancing loss (transformers' `load_balancing_loss_func`, Switch Transformer's):
+//! `experts * sum_e f_e * p_e`, `f_e` the fraction of routing choices that went to expert e and
+//! `p_e` its mean routing probability, both over every layer's tokens. kiln computes it per
+//! sample (each row's tokens) and averages the samples, so that a batch split across ranks or
+//! micro-steps trains to the same parameters as the whole batch (transformers computes it over
+//! the whole micro-batch of each rank: the same for one sequence). Its statistics travel from
+//! block to block beside the hidden state (`Act::WithStats`), so the staged engine, fsdp and
+//! activation checkpointing carry its gradient like any activation's.
+
+use burn::module::Module;
+use burn::nn::Linear;
+use burn::tensor::activation::{silu, softmax};
+use burn::tensor::backend::Backend;
+use burn::tensor::{Int, Tensor, TensorData};
+
+use super::Llama;
+use crate::model::gpt::dense;
+
+/// `[model]`'s mixture of experts (kind `mixtral`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MoeSpec {
+    pub experts: usize,
+    pub top_k: usize,
+    /// `router_aux_loss_coef`.
+    pub aux_coef: f64,
+}
+
+/// One expert: `w2(silu(w1(x)) * w3(x))`.
+#[derive(Module, Debug)]
+pub struct Expert<B: Backend> {
+    pub w1: Linear<B>,
+    pub w2: Linear<B>,
+    pub w3: Linear<B>,
+}
+
+/// One block's mixture: the router and the experts.
+#[derive(Module, Debug)]
+pub struct SparseMoe<B: Backend> {
+    pub gate: Linear<B>,
+    pub experts: Vec<Expert<B>>,
+}
+
+/// A block's router statistics, per sample: `[n, 2, experts]`, row 0 the sum over the sample's
+/// tokens of each expert's routing probability (with its graph), row 1 how many times its
+/// tokens chose each expert (a constant). Summed over the blocks.
+pub type RouterStats<B> = Tensor<B, 3>;
+
+impl Llama {
+    /// The experts' output for the normed `hx` `[n, t, dim]`, and the router's statistics.
+    pub(super) fn experts<B: Backend>(
+        &self,
+        moe: &SparseMoe<B>,
+        hx: Tensor<B, 3>,
+        fused: bool,
+    ) -> (Tensor<B, 3>, RouterStats<B>) {
+        let [n, t, d] = hx.dims();
+        let MoeSpec {
+            experts: ne,
+            top_k: k,
+            ..
+        } = self.moe.unwrap_or(MoeSpec {
+            experts: 1,
+            top_k: 1,
+            aux_coef: 0.0,
+        });
+        let rows = n * t;
+        let device = hx.device();
+        let x = hx.reshape([rows, d]);
+        let probs = softmax(dense(&moe.gate, x.clone(), None, fused), 1);
+        // the choices (no gradient flows through them): each row's k most probable experts, the
+        // most probable first (torch.topk; a tie goes to the lower index)
+        let host: Vec<f32> = probs
+            .clone()
+            .into_data()
+            .convert::<f32>()
+            .into_vec()
+            .unwrap_or_default();
+        let mut chosen = Vec::with_capacity(rows * k);
+        let mut counts = vec![0f32; n * ne];
+        for r in 0..rows {
+            let row = &host[r * ne..(r + 1) * ne];
+            let mut order: Vec<usize> = (0..ne).collect();
+            order.sort_by(|&a, &b| row[b].total_cmp(&row[a]).then(a.cmp(&b)));
+            for &ex in &order[..k] {
+                chosen.push(ex);
+                counts[(r / t) * ne + ex] += 1.0;
+            }
+        }
+        let ints = |v: Vec<i64>| {
+            let len = v.len();
+            Tensor::<B, 1, Int>::from_data(TensorData::new(v, [len]), &device)
+        };
+        let at: Vec<i64> = chosen
+            .iter()
+            .enumerate()
+            .map(|(j, &ex)| ((j / k) * ne + ex) as i64)
+            .collect();
+        let w = probs.clone().reshape([rows * ne]).select(0, ints(at));
+        let w = w.reshape([rows, k]);
+        let w = w.clone() / w.sum_dim(1);
+        // each expert on the tokens that chose it, its outputs stacked, then put back in order
+        let mut outs = Vec::new();
+        let mut place = vec![0i64; rows * k];
+        let mut next = 0i64;
+        // an expert no token chose still takes part, times 0: its gradient is zeros
+        let mut idle: Option<Tensor<B, 1>> = None;
+        for ex in 0..ne {
+            let slots: Vec<usize> = (0..rows * k).filter(|&j| chosen[j] == ex).collect();
+            if slots.is_empty() {
+                let e = &moe.experts[ex];
+                let zero = [&e.w1, &e.w2, &e.w3]
+                    .into_iter()
+                    .map(|l| l.weight.val().sum().mul_scalar(0.0))
+                    .reduce(|a, b| a + b);
+                idle = match (idle, zero) {
+                    (Some(a), Some(b)) => Some(a + b),
+                    (a, b) => a.or(b),
+                };
+                continue;
+            }
+            let tokens = ints(slots.iter().map(|&j| (j / k) as i64).collect());
+            let xe = x.clone().select(0, tokens);
+            let e = &moe.experts[ex];
+            let h = silu(dense(&e.w1, xe.clone(), None, fused)) * dense(&e.w3, xe, None, fused);
+            outs.push(dense(&e.w2, h, None, fused));
+            for j in slots {
+                place[j] = next;
+                next += 1;
+            }
+        }
+        let each = Tensor::cat(outs, 0)
+            .select(0, ints(place))
+            .reshape([rows, k, d]);
+        let y = (each * w.reshape([rows, k, 1]))
+            .sum_dim(1)
+            .reshape([n, t, d]);
+        let y = match idle {
+            Some(z) => y + z.reshape([1, 1, 1]),
+            None => y,
+        };
+        let p = probs.reshape([n, t, ne]).sum_dim(1);
+        let c = Tensor::<B, 3>::from_data(TensorData::new(counts, [n, 1, ne]), &device);
+        (y, Tensor::cat(vec![p, c], 1))
+    }
+
+    /// The load-balancing loss (times `router_aux_loss_coef`) of the router statistics summed
+    /// over every block, for samples of `t` tokens: each sample's, averaged.
+    pub(super) fn aux_loss<B: Backend>(&self, stats: Tensor<B, 3>, t: usize) -> Tensor<B, 1> {
+        let [n, _, ne] = stats.dims();
+        let coef = self.moe.map_or(0.0, |m| m.aux_coef);
+        let p = stats.clone().slice([0..n, 0..1, 0..ne]);
+        let c = stats.slice([0..n, 1..2, 0..ne]).detach();
+        let lt = (self.layers * t) as f64;
+        (p * c)
+            .sum()
+            .mul_scalar(coef * ne as f64 / (lt * lt * n as f64))
+    }
+}
