@@ -91,6 +91,18 @@ lora_cpu_and_compare() { # LoRA on the CPU, its losses against CUDA's (rel 1e-3)
     && python3 -c "import json,sys; s=json.load(open('$WORK/cuda-lora/summary.json')); print('trainable', s['trainable_params'], 'of', s['num_params']); sys.exit(0 if 0 < s['trainable_params'] < s['num_params'] else 1)"
 }
 
+archs_cuda_and_cpu() { # Gemma 3 (a sliding window of 8 in a block of 32: Burn's ops with the
+  # window's mask on CUDA) and Mixtral (4 routed experts, the load-balancing loss) on CUDA and the
+  # CPU, their losses within rel 1e-3
+  for a in gemma3 mixtral; do
+    local keys=(model.sliding_window=8)
+    [ "$a" = mixtral ] && keys=(model.experts=4 model.experts_per_token=2)
+    docs_run "cuda-$a" backend.device=cuda "model.kind=\"$a\"" "${keys[@]}" \
+      && docs_run "cpu-$a" "model.kind=\"$a\"" "${keys[@]}" \
+      && compare_losses "cuda-$a" "cpu-$a" 1e-3 || return 1
+  done
+}
+
 compare_losses() { # dir a, dir b, relative tolerance
   python3 - "$WORK/$1/metrics.jsonl" "$WORK/$2/metrics.jsonl" "$3" <<'PY'
 import json, sys
@@ -266,12 +278,12 @@ PY
 }
 
 export KILN WORK Q
-export -f run docs_run docs_cpu_and_compare lora_cpu_and_compare compare_losses stays_on_device preflight cache_filled refused_with_message diverges_on_the_device throughput outlier_run scales_as_torch same_run two_gpu_overlap
+export -f run docs_run docs_cpu_and_compare lora_cpu_and_compare archs_cuda_and_cpu compare_losses stays_on_device preflight cache_filled refused_with_message diverges_on_the_device throughput outlier_run scales_as_torch same_run two_gpu_overlap
 if [ "$DRY" = 0 ]; then
   [ -x "$KILN" ] || { echo "no kiln binary at $KILN (see the top of this script)"; exit 2; }
   echo "work dir: $WORK"
 fi
-step 20 "preflight: driver, GPU, toolkit, NVRTC, NCCL (kiln env)" preflight
+step 16 "preflight: driver, GPU, toolkit, NVRTC, NCCL (kiln env)" preflight
 if [ "$DRY" = 0 ] && [ "$fail" -gt 0 ]; then
   echo "preflight failed: stopping here (the reason is above)"
   exit 1
@@ -298,15 +310,16 @@ step 25 "f16: resume from step 3, before the skip" bash -c "rm -rf '$WORK/cuda-f
 step 5 "f16 resumed == uninterrupted (bits, loss scales)" same_run cuda-f16 cuda-f16-resumed
 step 35 "ddp 2 ranks on one GPU, host collective" run cuda-ddp2 backend.device=cuda strategy.kind=ddp strategy.devices=2 strategy.collective=host train.batch_size=16
 step 5 "ddp(2) == single(32) on CUDA (rel 1e-3)" compare_losses cuda-ddp2 cuda-single 1e-3
-step 10 "two ranks on one GPU with nccl is refused, saying why" refused_with_message
-step 26 "a NaN gradient on the device stops the run as diverged" diverges_on_the_device
+step 6 "two ranks on one GPU with nccl is refused, saying why" refused_with_message
+step 22 "a NaN gradient on the device stops the run as diverged" diverges_on_the_device
 step 15 "packed llama on CUDA (jsonl documents, document attention)" docs_run cuda-docs backend.device=cuda
 step 4 "packed llama on CPU, losses vs CUDA (rel 1e-3)" docs_cpu_and_compare
 step 10 "LoRA llama on CUDA (adapters on every projection, the base frozen)" docs_run cuda-lora backend.device=cuda model.lora.rank=4 'model.lora.targets=["all-linear"]'
 step 4 "LoRA on CPU: losses vs CUDA (rel 1e-3), only the adapters train" lora_cpu_and_compare
+step 20 "Gemma 3 (sliding window) and Mixtral (routed experts) on CUDA and CPU: losses (rel 1e-3)" archs_cuda_and_cpu
 gpus=$( (nvidia-smi -L 2>/dev/null || true) | grep -c '^GPU ')
 step "$([ "$gpus" -ge 2 ] && echo 120 || echo 5)" "overlap on NCCL's own stream (2 GPUs: ddp/fsdp(2) == overlap off; else SKIP)" two_gpu_overlap
-step 60 "throughput: MLP 1024 -> 4096 x 4 -> 10, batch 512, SGD; kiln vs PyTorch" throughput
+step 52 "throughput: MLP 1024 -> 4096 x 4 -> 10, batch 512, SGD; kiln vs PyTorch" throughput
 
 if [ "$DRY" = 1 ]; then
   echo "$n steps; timeouts add up to ${total}s"
