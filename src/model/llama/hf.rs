@@ -78,12 +78,7 @@ fn model_types(arch: Arch) -> &'static [&'static str] {
 pub(super) fn mismatches(l: &Llama, c: &Value) -> Vec<ConfigMismatch> {
     let mut out = Vec::new();
     let mut bad = |key: &str, theirs: &Value, kiln_key: &str, ours: String| {
-        out.push(ConfigMismatch {
-            theirs: key.to_string(),
-            value: theirs.to_string(),
-            key: kiln_key.to_string(),
-            ours,
-        });
+        out.push(mismatch(key, theirs, kiln_key, ours))
     };
     let s = |k: &str| c.get(k).and_then(Value::as_str);
     let types = model_types(l.arch);
@@ -112,12 +107,7 @@ pub(super) fn mismatches(l: &Llama, c: &Value) -> Vec<ConfigMismatch> {
     }
     out.extend(unsupported(c, kind));
     let mut bad = |key: &str, theirs: &Value, kiln_key: &str, ours: String| {
-        out.push(ConfigMismatch {
-            theirs: key.to_string(),
-            value: theirs.to_string(),
-            key: kiln_key.to_string(),
-            ours,
-        });
+        out.push(mismatch(key, theirs, kiln_key, ours))
     };
     if c.get("mlp_bias").and_then(Value::as_bool) == Some(true) {
         bad(
@@ -178,17 +168,22 @@ pub(super) fn mismatches(l: &Llama, c: &Value) -> Vec<ConfigMismatch> {
     out
 }
 
+/// config.json's `key` = `theirs` where kiln computes `ours` (`kiln_key`).
+fn mismatch(key: &str, theirs: &Value, kiln_key: &str, ours: String) -> ConfigMismatch {
+    ConfigMismatch {
+        theirs: key.to_string(),
+        value: theirs.to_string(),
+        key: kiln_key.to_string(),
+        ours,
+    }
+}
+
 /// What a config.json asks for that no llama-family kind computes, by name: logit
 /// soft-capping, router jitter, bidirectional attention, partial rotation.
 fn unsupported(c: &Value, kind: &str) -> Vec<ConfigMismatch> {
     let mut out = Vec::new();
     let mut bad = |key: &str, theirs: &Value, kiln_key: &str, ours: String| {
-        out.push(ConfigMismatch {
-            theirs: key.to_string(),
-            value: theirs.to_string(),
-            key: kiln_key.to_string(),
-            ours,
-        });
+        out.push(mismatch(key, theirs, kiln_key, ours))
     };
     for key in [
         "final_logit_softcapping",
