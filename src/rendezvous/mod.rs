@@ -285,13 +285,23 @@ fn agree(
             )))
         }
     };
-    {
-        for (n, theirs) in all.iter().enumerate().filter(|(n, _)| *n != node) {
-            let theirs: std::collections::BTreeMap<String, String> =
-                serde_json::from_str(theirs).unwrap_or_default();
-            if let Some(why) = differing(&mine, &theirs, node, n) {
-                return Err(StoreError::Mismatch(why));
+    // (read: node 0, which serves the store, waits for this before it exits on a mismatch, so
+    // that every node reports the mismatch (exit 2) instead of a lost connection)
+    let _ = client.set(&format!("node/{node}/settings_read"), "1");
+    for (n, theirs) in all.iter().enumerate().filter(|(n, _)| *n != node) {
+        let theirs: std::collections::BTreeMap<String, String> =
+            serde_json::from_str(theirs).unwrap_or_default();
+        if let Some(why) = differing(&mine, &theirs, node, n) {
+            if node == 0 {
+                let read: Vec<String> = (1..nnodes)
+                    .map(|n| format!("node/{n}/settings_read"))
+                    .collect();
+                let wait = deadline
+                    .saturating_duration_since(Instant::now())
+                    .min(Duration::from_secs(10));
+                let _ = client.wait(&read, wait);
             }
+            return Err(StoreError::Mismatch(why));
         }
     }
     Ok(())
