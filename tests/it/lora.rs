@@ -480,3 +480,45 @@ fn bad_lora_settings_are_exit_2_naming_the_key() {
         stderr(&o)
     );
 }
+
+/// LoRA on the architectures of issue 63: `all-linear` adapters of a Gemma 3 (every projection,
+/// the norms around them frozen) and of a Mixtral (its attention's: the experts are no Linear
+/// layers in transformers either) train, and PEFT loads kiln's `--format peft` export on the
+/// transformers directory and computes kiln's logits and loss.
+#[test]
+fn peft_loads_kilns_adapters_of_a_gemma3_and_a_mixtral() {
+    for arch in ["gemma3", "mixtral"] {
+        let d = kiln::testdir::tempdir().unwrap();
+        let dir = d.path();
+        let base = root().join(format!("tests/fixtures/hf-{arch}"));
+        experiment_of(
+            dir,
+            arch,
+            &base,
+            "rank = 4\nalpha = 8.0\ntargets = [\"all-linear\"]",
+            "kind = \"adamw\"\nlr = 0.01",
+        );
+        run_ok(dir, &["run", "llama.toml", "--quiet", "--run-dir", "run"]);
+        run_ok(
+            dir,
+            &[
+                "export",
+                "run",
+                "--format",
+                "peft",
+                "-o",
+                "adapter",
+                "--probe",
+                "probe.safetensors",
+            ],
+        );
+        check_peft(&[
+            "check",
+            base.to_str().unwrap(),
+            "--probe",
+            dir.join("probe.safetensors").to_str().unwrap(),
+            "--adapter",
+            dir.join("adapter").to_str().unwrap(),
+        ]);
+    }
+}
