@@ -286,13 +286,28 @@ threads = 1
 "#;
 
 /// The load-balancing loss is each sample's, so a batch split across ranks (ddp, fsdp by
-/// layer, with and without activation checkpointing) trains to single's parameters.
+/// layer, with and without activation checkpointing, hsdp) trains to single's parameters.
 #[test]
 fn mixtral_agrees_across_strategies_with_its_load_balancing_loss() {
     let d = kiln::testdir::tempdir().unwrap();
     crate::models::corpus(d.path());
     let task = MIXTRAL.replace("corpus.txt", d.path().join("corpus.txt").to_str().unwrap());
     crate::units::strategies_agree(&task, 2, &[]);
+    // hsdp: 4 ranks, fsdp within pairs, the pairs replicated
+    let single = crate::common::train_task(&task, &["train.batch_size=4"]).params;
+    let hsdp = crate::common::train_task(
+        &task,
+        &[
+            "train.batch_size=1",
+            "strategy.kind=fsdp",
+            "strategy.devices=4",
+            "strategy.shard_size=2",
+            "strategy.unit=layer",
+        ],
+    )
+    .params;
+    let d = crate::common::max_diff(&single, &hsdp);
+    assert!(d < 1e-5, "hsdp vs single: {d}");
     // (the loss moves the parameters: without it they differ)
     let with = crate::common::train_task(&task, &["train.batch_size=4"]).params;
     let without = crate::common::train_task(
