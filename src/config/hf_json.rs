@@ -111,9 +111,37 @@ fn llama_keys(
     let local = rope
         .as_ref()
         .and_then(|r| r.get("sliding_attention").cloned());
-    let theta = get("rope_theta").or(global.as_ref().and_then(|r| r.get("rope_theta").cloned()));
+    for (key, v) in [
+        ("rope_parameters", get("rope_parameters")),
+        ("rope_scaling", get("rope_scaling")),
+    ] {
+        if v.as_ref().is_some_and(|v| !v.is_object()) {
+            return Err(format!("`{key}` is not a table"));
+        }
+    }
+    // (transformers takes rope_parameters' theta over a top-level rope_theta; without either,
+    // its config class's default: Mixtral's and Gemma 3's global 1e6)
+    let theta = global
+        .as_ref()
+        .and_then(|r| r.get("rope_theta").cloned())
+        .or(get("rope_theta"))
+        .or(match model_type {
+            "mixtral" | "gemma3_text" => Some(1e6.into()),
+            _ => None,
+        });
     let scaling = llama3_scaling(c, global)?;
-    let (window, types) = sliding(c)?;
+    let (window, types) = sliding(c, model_type)?;
+    // transformers' defaults where config.json leaves a key out
+    let default_head_dim = match model_type {
+        "qwen3" => Some(128.into()),
+        "gemma3_text" => Some(256.into()),
+        _ => None,
+    };
+    let default_eps = if matches!(model_type, "phi3" | "mixtral") {
+        1e-5
+    } else {
+        1e-6
+    };
     out.extend([
         ("kind", Some(kind.into())),
         ("vocab_size", get("vocab_size")),
@@ -135,7 +163,7 @@ fn llama_keys(
         ("ffn_dim", get("intermediate_size")),
         // (only where it is not hidden / heads, which kiln assumes: configs that
         // write the usual one keep their runs' config hashes)
-        ("head_dim", count("head_dim")?.filter(|hd| {
+        ("head_dim", count("head_dim")?.or(default_head_dim).filter(|hd| {
             let (d, h) = (
                 c.get("hidden_size").and_then(Json::as_u64),
                 c.get("num_attention_heads").and_then(Json::as_u64),
@@ -144,8 +172,8 @@ fn llama_keys(
         })),
         ("rope_theta", theta),
         ("rope_scaling", scaling),
-        // (transformers' Llama, Mistral and Qwen2 configs default to 1e-6)
-        ("norm_eps", Some(get("rms_norm_eps").unwrap_or(1e-6.into()))),
+        // (transformers' configs default to 1e-6, Phi-3's and Mixtral's to 1e-5)
+        ("norm_eps", Some(get("rms_norm_eps").unwrap_or(default_eps.into()))),
         (
             "tie_embeddings",
             Some(get("tie_word_embeddings").unwrap_or((kind == "gemma3").into())),
@@ -160,16 +188,38 @@ fn llama_keys(
         out.extend([
             (
                 "rope_local_theta",
-                get("rope_local_base_freq").or(local.and_then(|r| r.get("rope_theta").cloned())),
+                local
+                    .and_then(|r| r.get("rope_theta").cloned())
+                    .or(get("rope_local_base_freq")),
             ),
-            ("query_pre_attn_scalar", get("query_pre_attn_scalar")),
+            (
+                "query_pre_attn_scalar",
+                Some(get("query_pre_attn_scalar").unwrap_or(256.into())),
+            ),
         ]);
     }
     if kind == "mixtral" {
         out.extend([
-            ("experts", count("num_local_experts")?),
-            ("experts_per_token", count("num_experts_per_tok")?),
-            ("router_aux_loss_coef", get("router_aux_loss_coef")),
+            (
+                "experts",
+                Some(count("num_local_experts")?.unwrap_or(8.into())),
+            ),
+            (
+                "experts_per_token",
+                Some(count("num_experts_per_tok")?.unwrap_or(2.into())),
+            ),
+            // transformers adds the router's loss only with `output_router_logits` (false by
+            // default): a training setting `model.router_aux_loss_coef` may change
+            (
+                "router_aux_loss_coef",
+                Some(
+                    if c.get("output_router_logits").and_then(Json::as_bool) == Some(true) {
+                        get("router_aux_loss_coef").unwrap_or(0.001.into())
+                    } else {
+                        0.0.into()
+                    },
+                ),
+            ),
         ]);
     }
     Ok(out)
@@ -211,46 +261,84 @@ pub const MODEL_TYPES: [&str; 8] = [
     "gpt2",
 ];
 
-/// The sliding window and layer types of a llama-family `config.json`: its `layer_types` when
-/// it has them (transformers 5 writes them for Qwen2, Qwen3 and Gemma 3), else every layer
-/// sliding when `sliding_window` is set and used (Mistral, Phi-3, Mixtral; Gemma 3's five to
-/// one by kiln's default); no window when no layer slides.
-fn sliding(c: &Json) -> Result<(Option<Json>, Option<Json>), String> {
-    let window = match c.get("sliding_window").filter(|v| !v.is_null()) {
+/// The sliding window and layer types of a llama-family `config.json` of `model_type`, as
+/// transformers reads them: Llama never slides; Mistral, Phi-3 and Mixtral slide every layer
+/// when `sliding_window` is set (Mistral honours `layer_types`); Qwen2 and Qwen3 only with
+/// `use_sliding_window`, the layers from `max_window_layers` on (28 by default) unless
+/// `layer_types` says; Gemma 3's window (4096 by default) in its `layer_types`, else five
+/// sliding layers to one global (`sliding_window_pattern`). No window when no layer slides.
+fn sliding(c: &Json, model_type: &str) -> Result<(Option<Json>, Option<Json>), String> {
+    let layers = c
+        .get("num_hidden_layers")
+        .and_then(Json::as_u64)
+        .unwrap_or(0) as usize;
+    let mut window = count_of(c, "sliding_window")?;
+    let listed = match c.get("layer_types").filter(|v| !v.is_null()) {
         None => None,
-        Some(v) if v.as_u64().is_some_and(|n| n > 0) => Some(v.clone()),
-        Some(v) => {
-            return Err(format!(
-                "`sliding_window` = {} is not a positive whole number",
-                super::brief(&v.to_string(), 60)
-            ))
-        }
-    };
-    let used = c.get("use_sliding_window").and_then(Json::as_bool) != Some(false);
-    let Some(window) = window.filter(|_| used) else {
-        return Ok((None, None));
-    };
-    match c.get("layer_types").filter(|v| !v.is_null()) {
         Some(Json::Array(types)) => {
-            let ok = types
+            let slides: Option<Vec<bool>> = types
                 .iter()
-                .all(|t| matches!(t.as_str(), Some("sliding_attention" | "full_attention")));
-            if !ok {
-                return Err("`layer_types` has an entry other than \"sliding_attention\" and \"full_attention\"".into());
-            }
-            if types
-                .iter()
-                .any(|t| t.as_str() == Some("sliding_attention"))
-            {
-                Ok((Some(window), Some(Json::Array(types.clone()))))
-            } else {
-                Ok((None, None))
-            }
+                .map(|t| match t.as_str() {
+                    Some("sliding_attention") => Some(true),
+                    Some("full_attention") => Some(false),
+                    _ => None,
+                })
+                .collect();
+            Some(slides.ok_or("`layer_types` has an entry other than \"sliding_attention\" and \"full_attention\"")?)
         }
-        Some(_) => Err("`layer_types` is not a list".into()),
-        // (Gemma 3's five sliding layers to one global are kiln's default for it)
-        None => Ok((Some(window), None)),
+        Some(_) => return Err("`layer_types` is not a list".into()),
+    };
+    let slides: Vec<bool> = match model_type {
+        "llama" => return Ok((None, None)),
+        "phi3" | "mixtral" => vec![true; layers],
+        "mistral" => listed.unwrap_or_else(|| vec![true; layers]),
+        "qwen2" | "qwen3" => {
+            let used = match c.get("use_sliding_window") {
+                None | Some(Json::Null) => false,
+                Some(Json::Bool(b)) => *b,
+                Some(v) => {
+                    return Err(format!(
+                        "`use_sliding_window` = {} is not true or false",
+                        super::brief(&v.to_string(), 40)
+                    ))
+                }
+            };
+            if !used {
+                return Ok((None, None));
+            }
+            window = window.or(Some(4096.into()));
+            let from = count_of(c, "max_window_layers")?
+                .and_then(|v| v.as_u64())
+                .unwrap_or(28) as usize;
+            listed.unwrap_or_else(|| (0..layers).map(|i| i >= from).collect())
+        }
+        // gemma3_text
+        _ => {
+            if c.get("sliding_window").is_some_and(Json::is_null) {
+                return Err("`sliding_window` is null, but Gemma 3's local layers need one".into());
+            }
+            window = window.or(Some(4096.into()));
+            let pattern = count_of(c, "sliding_window_pattern")?
+                .and_then(|v| v.as_u64())
+                .unwrap_or(6) as usize;
+            listed.unwrap_or_else(|| (0..layers).map(|i| (i + 1) % pattern != 0).collect())
+        }
+    };
+    if window.is_none() || !slides.contains(&true) {
+        return Ok((None, None));
     }
+    let types: Vec<Json> = slides
+        .iter()
+        .map(|&s| {
+            if s {
+                "sliding_attention"
+            } else {
+                "full_attention"
+            }
+            .into()
+        })
+        .collect();
+    Ok((window, Some(Json::Array(types))))
 }
 
 /// Llama 3's rope scaling from `rope` (config.json's `rope_scaling` or `rope_parameters`), when
@@ -386,6 +474,22 @@ fn layer(figment: &Figment) -> Result<Option<(PathBuf, Layer)>, ConfigError> {
             "fix or remove it; it is read for the model's settings",
         )
     })?;
+    // another architecture is refused only for a model it would give its weights to (a
+    // config.json beside the weights of a model of kiln's mlp or cnn, or a user's family, is
+    // not that model's)
+    let kind = figment
+        .find_metadata("model.kind")
+        .filter(|m| m.name != DEFAULT_SOURCE)
+        .and_then(|_| figment.find_value("model.kind").ok())
+        .and_then(|v| v.into_string());
+    let readers = ["gpt", "llama", "qwen3", "gemma3", "phi3", "mixtral"];
+    let known = json
+        .get("model_type")
+        .and_then(Json::as_str)
+        .is_none_or(|t| MODEL_TYPES.contains(&t));
+    if !known && kind.is_some_and(|k| !readers.contains(&k.as_str())) {
+        return Ok(None);
+    }
     let keys = match model_keys(&json) {
         Ok(Some(keys)) => keys,
         Ok(None) => return Ok(None),
@@ -410,7 +514,8 @@ fn layer(figment: &Figment) -> Result<Option<(PathBuf, Layer)>, ConfigError> {
             .and_then(|v| serde_json::to_value(&v).ok());
         match ours.filter(|_| set) {
             // the context trained on may be shorter (or longer) than the model's positions
-            Some(_) if key == "block_size" => {}
+            // (a training setting: `output_router_logits` is config.json's)
+            Some(_) if key == "block_size" || key == "router_aux_loss_coef" => {}
             Some(ours) if !same(&ours, &theirs) => disagree.push(format!(
                 "  `{dotted}` = {ours} ({}), but config.json says {theirs}",
                 describe_source(figment, &dotted)
@@ -443,4 +548,103 @@ fn layer(figment: &Figment) -> Result<Option<(PathBuf, Layer)>, ConfigError> {
         json_path_out,
         (Metadata::from(shown, Source::File(json_path)), top),
     )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// The `[model]` keys a config.json gives, by name.
+    fn keys(c: Json) -> std::collections::BTreeMap<&'static str, Json> {
+        model_keys(&c).unwrap().unwrap().into_iter().collect()
+    }
+
+    fn types(list: &[&str]) -> Json {
+        json!(list)
+    }
+
+    /// Windows and layer types as transformers 5.25 reads each model type's config.
+    #[test]
+    fn sliding_windows_are_read_as_transformers_reads_them() {
+        let base = |t: &str, extra: Json| {
+            let mut c = json!({"model_type": t, "num_hidden_layers": 2, "hidden_size": 32,
+                "num_attention_heads": 4});
+            for (k, v) in extra.as_object().unwrap() {
+                c[k] = v.clone();
+            }
+            keys(c)
+        };
+        // Llama never slides; Qwen2/3 only with use_sliding_window, from max_window_layers on
+        assert!(!base("llama", json!({"sliding_window": 4})).contains_key("sliding_window"));
+        assert!(!base("qwen3", json!({"sliding_window": 4})).contains_key("sliding_window"));
+        let q = base(
+            "qwen3",
+            json!({"sliding_window": 4, "use_sliding_window": true, "max_window_layers": 1}),
+        );
+        assert_eq!(
+            q["layer_types"],
+            types(&["full_attention", "sliding_attention"])
+        );
+        // Phi-3 and Mixtral slide every layer whatever layer_types says
+        let p = base(
+            "phi3",
+            json!({"sliding_window": 4, "layer_types": ["full_attention", "sliding_attention"]}),
+        );
+        assert_eq!(
+            p["layer_types"],
+            types(&["sliding_attention", "sliding_attention"])
+        );
+        // Gemma 3: a window of 4096 by default, sliding_window_pattern honoured
+        let g = base(
+            "gemma3_text",
+            json!({"sliding_window_pattern": 2, "num_hidden_layers": 4}),
+        );
+        assert_eq!(g["sliding_window"], json!(4096));
+        assert_eq!(
+            g["layer_types"],
+            types(&[
+                "sliding_attention",
+                "full_attention",
+                "sliding_attention",
+                "full_attention"
+            ])
+        );
+        assert!(
+            model_keys(&json!({"model_type": "qwen3", "use_sliding_window": "false"}))
+                .unwrap_err()
+                .contains("use_sliding_window")
+        );
+    }
+
+    /// transformers' defaults where config.json leaves a key out.
+    #[test]
+    fn missing_keys_take_transformers_defaults() {
+        let m = keys(json!({"model_type": "mixtral"}));
+        assert_eq!(
+            (&m["rope_theta"], &m["norm_eps"], &m["experts"]),
+            (&json!(1e6), &json!(1e-5), &json!(8))
+        );
+        // the router's loss only with output_router_logits
+        assert_eq!(m["router_aux_loss_coef"], json!(0.0));
+        let m = keys(
+            json!({"model_type": "mixtral", "output_router_logits": true,
+            "router_aux_loss_coef": 0.02}),
+        );
+        assert_eq!(m["router_aux_loss_coef"], json!(0.02));
+        let g = keys(json!({"model_type": "gemma3_text", "hidden_size": 32,
+            "num_attention_heads": 4}));
+        assert_eq!(
+            (
+                &g["query_pre_attn_scalar"],
+                &g["head_dim"],
+                &g["rope_theta"]
+            ),
+            (&json!(256), &json!(256), &json!(1e6))
+        );
+        // rope_parameters' theta wins over a top-level one
+        let q = keys(json!({"model_type": "qwen3", "rope_theta": 1.0,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 5.0}}));
+        assert_eq!(q["rope_theta"], json!(5.0));
+    }
 }

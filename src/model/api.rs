@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use burn::module::Module;
 use burn::tensor::backend::{AutodiffBackend, Backend};
-use burn::tensor::{Tensor, TensorData};
+use burn::tensor::{FloatDType, Tensor, TensorData};
 
 use super::portable::{External, WeightFormat};
 use crate::config::DecayRule;
@@ -171,8 +171,9 @@ pub enum Act<B: Backend> {
     /// A hidden state `[samples, positions, dim]` with statistics that travel beside it from
     /// stage to stage (a mixture of experts' router statistics, summed over its blocks).
     WithStats(Tensor<B, 3>, Tensor<B, 3>),
-    /// The logits with a loss of the model's own, added to the task's in training (a mixture of
-    /// experts' load-balancing loss).
+    /// The logits with each sample's loss of the model's own `[samples]`, added to the task's in
+    /// training, the samples weighted as their targets are (a mixture of experts'
+    /// load-balancing loss).
     WithLoss(Tensor<B, 2>, Tensor<B, 1>),
 }
 
@@ -273,8 +274,10 @@ impl<B: AutodiffBackend> Act<B> {
             (Act::D2(y), Act::D2(g)) => (y * Tensor::from_inner(g)).sum(),
             (Act::D3(y), Act::D3(g)) => (y * Tensor::from_inner(g)).sum(),
             (Act::D4(y), Act::D4(g)) => (y * Tensor::from_inner(g)).sum(),
+            // (the statistics are f32 whatever the hidden state's dtype)
             (Act::WithStats(y, s), Act::WithStats(g, gs)) => {
-                (y * Tensor::from_inner(g)).sum() + (s * Tensor::from_inner(gs)).sum()
+                (y * Tensor::from_inner(g)).sum().cast(FloatDType::F32)
+                    + (s * Tensor::from_inner(gs)).sum().cast(FloatDType::F32)
             }
             (y, g) => {
                 return Err(ModelError::Stage(format!(

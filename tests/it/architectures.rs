@@ -212,6 +212,10 @@ fn mixtrals_training_loss_carries_transformers_load_balancing_loss() {
             "run",
             "--set",
             "model.block_size=15",
+            // (config.json's output_router_logits is false, as transformers' default: the
+            // router's loss is asked for here, as the fixture's transformers run asked for it)
+            "--set",
+            "model.router_aux_loss_coef=0.02",
         ],
     );
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
@@ -226,6 +230,42 @@ fn mixtrals_training_loss_carries_transformers_load_balancing_loss() {
     let aux = line["aux_loss"].as_f64().unwrap();
     let want = 0.02 * e.number("aux_loss");
     assert!((aux - want).abs() < 1e-6, "aux_loss {aux} vs {want}");
+    // without the set, config.json's output_router_logits = false leaves the loss out
+    let o = kiln(
+        d.path(),
+        &[
+            "run",
+            "m.toml",
+            "--quiet",
+            "--run-dir",
+            "off",
+            "--set",
+            "model.block_size=15",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let line = &crate::common::metric_lines(&d.path().join("off"))[0];
+    assert_eq!(line["aux_loss"].as_f64(), Some(0.0), "{line}");
+    // in bf16 (the router's statistics and loss stay f32)
+    let o = kiln(
+        d.path(),
+        &[
+            "run",
+            "m.toml",
+            "--quiet",
+            "--run-dir",
+            "bf16",
+            "--set",
+            "model.block_size=15",
+            "--set",
+            "model.router_aux_loss_coef=0.02",
+            "--set",
+            "backend.precision=\"bf16\"",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let bf16 = crate::common::loss_lines(&d.path().join("bf16"))[0].1;
+    assert!((bf16 - got).abs() < 0.05, "bf16 loss {bf16} vs f32 {got}");
 }
 
 #[test]
@@ -316,4 +356,38 @@ fn mixtral_agrees_across_strategies_with_its_load_balancing_loss() {
     )
     .params;
     assert!(with != without);
+}
+
+/// Rows of documents hold different numbers of targets: the router's loss weighs each row as
+/// the cross-entropy weighs its tokens, so single, ddp(2) and accumulation over 4 micro-steps
+/// train alike there too.
+#[test]
+fn mixtrals_load_balancing_loss_is_split_invariant_over_documents() {
+    let d = kiln::testdir::tempdir().unwrap();
+    let docs: String = (0..12)
+        .map(|i| format!("{{\"text\": \"{}\"}}\n", "abcdefgh ".repeat(1 + i % 4)))
+        .collect();
+    write(d.path(), "train.jsonl", &docs);
+    let task = MIXTRAL.replace(
+        "kind = \"text\"\npath = \"corpus.txt\"\neval_fraction = 0.2",
+        &format!(
+            "kind = \"jsonl\"\npath = \"{0}\"\neval_path = \"{0}\"\npacking = false\n\n[sampler]\nshuffle = false",
+            d.path().join("train.jsonl").display()
+        ),
+    );
+    assert!(task.contains("jsonl"));
+    let run = |sets: &[&str]| crate::common::train_task(&task, sets).params;
+    let single = run(&["train.batch_size=4"]);
+    assert!(single != run(&["train.batch_size=4", "model.router_aux_loss_coef=0.0"]));
+    for sets in [
+        &[
+            "train.batch_size=2",
+            "strategy.kind=ddp",
+            "strategy.devices=2",
+        ][..],
+        &["train.batch_size=1", "train.grad_accum_steps=4"][..],
+    ] {
+        let d = crate::common::max_diff(&single, &run(sets));
+        assert!(d < 1e-5, "{sets:?}: {d}");
+    }
 }

@@ -122,3 +122,26 @@ fn ignored<B: Backend>(targets: &[u32], device: &B::Device) -> (Tensor<B, 2, Int
         Tensor::from_data(TensorData::new(mask, [rows, 1]), device),
     )
 }
+
+/// A model's own loss from each sample's `[n]` (a mixture of experts' load balancing), in f32:
+/// the samples weighted by their targets (`targets`, row by row), as the cross-entropy weighs
+/// their tokens, so that the step's loss is the same however its rows are split over ranks
+/// and micro-steps.
+pub(super) fn own_loss<B: Backend>(per_sample: Tensor<B, 1>, targets: &[u32]) -> Tensor<B, 1> {
+    let per_sample = per_sample.cast(FloatDType::F32);
+    let n = per_sample.dims()[0].max(1);
+    let t = targets.len() / n;
+    let counts: Vec<f32> = (0..n)
+        .map(|r| {
+            targets[r * t..(r + 1) * t]
+                .iter()
+                .filter(|&&x| x != IGNORE)
+                .count() as f32
+        })
+        .collect();
+    let total: f32 = counts.iter().sum();
+    let w: Vec<f32> = counts.iter().map(|c| c / total.max(1.0)).collect();
+    let w = Tensor::<B, 1>::from_data(TensorData::new(w, [n]), &per_sample.device())
+        .cast(FloatDType::F32);
+    (per_sample * w).sum()
+}

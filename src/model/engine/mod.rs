@@ -29,7 +29,7 @@ mod install;
 mod loss;
 
 use install::*;
-use loss::{cross_entropy, score};
+use loss::{cross_entropy, own_loss, score};
 
 /// One batch's evaluation, stage by stage, on the inner backend.
 struct EngineEval<'a, F: Family, B: AutodiffBackend> {
@@ -379,6 +379,7 @@ impl<F: Family, B: AutodiffBackend> EngineMicro<'_, F, B> {
         // the model's own loss (a mixture of experts' load balancing) trains with the task's
         let loss = match own {
             Some(own) => {
+                let own = own_loss(own, &targets);
                 self.own_loss = to_vec(own.clone().inner())?.first().map(|&v| f64::from(v));
                 loss + own
             }

@@ -209,7 +209,8 @@ impl Llama {
             q = self.norm(qn, q);
             k = self.norm(kn, k);
         }
-        let local = self.arch == Arch::Gemma3 && self.window(i).is_some();
+        // (Gemma 3 picks the base by the layer's type)
+        let local = self.arch == Arch::Gemma3 && self.sliding.get(i).copied().unwrap_or(false);
         let (cos, sin) = self.rotary::<B>(from, (n, t), ctx, &q.device(), local);
         [
             Self::rotate(q, &cos, &sin),

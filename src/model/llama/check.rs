@@ -199,6 +199,22 @@ impl Llama {
                 ));
             }
         }
+        // transformers' Mistral, Phi-3 and Mixtral slide every layer or none
+        let mixed = self.sliding.contains(&true) && self.sliding.contains(&false);
+        let takes = matches!(self.arch, Arch::Qwen3 | Arch::Gemma3)
+            || (self.arch == Arch::Llama && self.attn_bias);
+        if mixed && self.sliding_window.is_some() && !takes {
+            let theirs = match self.arch {
+                Arch::Phi3 => "Phi-3",
+                Arch::Mixtral => "Mixtral",
+                _ => "Mistral",
+            };
+            return Err(range(
+                "model.layer_types",
+                format!("`model.layer_types` mixes sliding and full layers, which transformers' {theirs} does not compute (it slides every layer)"),
+                "make every layer \"sliding_attention\", or leave `model.sliding_window` out",
+            ));
+        }
         if self.sliding_window == Some(0) {
             return Err(range(
                 "model.sliding_window",
@@ -210,7 +226,7 @@ impl Llama {
             ("model.rope_local_theta", self.rope_local_theta),
             (
                 "model.query_pre_attn_scalar",
-                1.0 / (self.query_scale * self.query_scale),
+                k.query_pre_attn_scalar.unwrap_or(1.0),
             ),
         ] {
             if !(v.is_finite() && v > 0.0) {

@@ -9,9 +9,10 @@
 //! The load-balancing loss (transformers' `load_balancing_loss_func`, Switch Transformer's):
 //! `experts * sum_e f_e * p_e`, `f_e` the fraction of routing choices that went to expert e and
 //! `p_e` its mean routing probability, both over every layer's tokens. kiln computes it per
-//! sample (each row's tokens) and averages the samples, so that a batch split across ranks or
-//! micro-steps trains to the same parameters as the whole batch (transformers computes it over
-//! the whole micro-batch of each rank: the same for one sequence). Its statistics travel from
+//! sample (each row's tokens) and the engine averages the samples weighted by their targets, as
+//! their tokens' losses are, so that a batch split across ranks or micro-steps trains to the
+//! same parameters as the whole batch (transformers computes it over the whole micro-batch of
+//! each rank: the same for one sequence). Its statistics travel from
 //! block to block beside the hidden state (`Act::WithStats`), so the staged engine, fsdp and
 //! activation checkpointing carry its gradient like any activation's.
 
@@ -19,7 +20,7 @@ use burn::module::Module;
 use burn::nn::Linear;
 use burn::tensor::activation::{silu, softmax};
 use burn::tensor::backend::Backend;
-use burn::tensor::{Int, Tensor, TensorData};
+use burn::tensor::{FloatDType, Int, Tensor, TensorData};
 
 use super::Llama;
 use crate::model::gpt::dense;
@@ -146,21 +147,27 @@ impl Llama {
             Some(z) => y + z.reshape([1, 1, 1]),
             None => y,
         };
-        let p = probs.reshape([n, t, ne]).sum_dim(1);
-        let c = Tensor::<B, 3>::from_data(TensorData::new(counts, [n, 1, ne]), &device);
+        // (in f32 whatever the compute dtype: counts over every layer's tokens pass bf16's exact
+        // integers and f16's range)
+        let p = probs.reshape([n, t, ne]).sum_dim(1).cast(FloatDType::F32);
+        let c = Tensor::<B, 3>::from_data(TensorData::new(counts, [n, 1, ne]), &device)
+            .cast(FloatDType::F32);
         (y, Tensor::cat(vec![p, c], 1))
     }
 
-    /// The load-balancing loss (times `router_aux_loss_coef`) of the router statistics summed
-    /// over every block, for samples of `t` tokens: each sample's, averaged.
+    /// Each sample's load-balancing loss (times `router_aux_loss_coef`) `[n]`, in f32, from
+    /// the router statistics summed over every block, for samples of `t` tokens (the engine
+    /// weighs the samples as it weighs their tokens' losses).
     pub(super) fn aux_loss<B: Backend>(&self, stats: Tensor<B, 3>, t: usize) -> Tensor<B, 1> {
         let [n, _, ne] = stats.dims();
+        let stats = stats.cast(FloatDType::F32);
         let coef = self.moe.map_or(0.0, |m| m.aux_coef);
         let p = stats.clone().slice([0..n, 0..1, 0..ne]);
         let c = stats.slice([0..n, 1..2, 0..ne]).detach();
         let lt = (self.layers * t) as f64;
         (p * c)
-            .sum()
-            .mul_scalar(coef * ne as f64 / (lt * lt * n as f64))
+            .sum_dim(2)
+            .reshape([n])
+            .mul_scalar(coef * ne as f64 / (lt * lt))
     }
 }
