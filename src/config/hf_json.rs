@@ -92,16 +92,15 @@ pub fn model_keys(c: &Json) -> Result<Option<Vec<(&'static str, Json)>>, String>
     ))
 }
 
-/// The llama family's `[model]` keys (`kind` one of its architectures) from a config.json of
-/// `model_type`.
-fn llama_keys(
+/// The rotary keys of a llama-family config.json: the global base, Llama 3's scaling, Gemma
+/// 3's local base (`rope_parameters` over the top-level `rope_theta`, as transformers takes
+/// them; without either, its config class's default: Mixtral's and Gemma 3's global 1e6).
+#[allow(clippy::type_complexity)]
+fn rope_keys(
     c: &Json,
     model_type: &str,
-    kind: &'static str,
-) -> Result<Vec<(&'static str, Option<Json>)>, String> {
+) -> Result<(Option<Json>, Option<Json>, Option<Json>), String> {
     let get = |k: &str| c.get(k).filter(|v| !v.is_null()).cloned();
-    let count = |k: &str| count_of(c, k);
-    let mut out: Vec<(&'static str, Option<Json>)> = Vec::new();
     let rope = get("rope_scaling").or(get("rope_parameters"));
     // (Gemma 3's rope_parameters have one entry per layer type)
     let global = rope
@@ -119,8 +118,6 @@ fn llama_keys(
             return Err(format!("`{key}` is not a table"));
         }
     }
-    // (transformers takes rope_parameters' theta over a top-level rope_theta; without either,
-    // its config class's default: Mixtral's and Gemma 3's global 1e6)
     let theta = global
         .as_ref()
         .and_then(|r| r.get("rope_theta").cloned())
@@ -130,6 +127,23 @@ fn llama_keys(
             _ => None,
         });
     let scaling = llama3_scaling(c, global)?;
+    let local = local
+        .and_then(|r| r.get("rope_theta").cloned())
+        .or(get("rope_local_base_freq"));
+    Ok((theta, scaling, local))
+}
+
+/// The llama family's `[model]` keys (`kind` one of its architectures) from a config.json of
+/// `model_type`.
+fn llama_keys(
+    c: &Json,
+    model_type: &str,
+    kind: &'static str,
+) -> Result<Vec<(&'static str, Option<Json>)>, String> {
+    let get = |k: &str| c.get(k).filter(|v| !v.is_null()).cloned();
+    let count = |k: &str| count_of(c, k);
+    let mut out: Vec<(&'static str, Option<Json>)> = Vec::new();
+    let (theta, scaling, local) = rope_keys(c, model_type)?;
     let (window, types) = sliding(c, model_type)?;
     // transformers' defaults where config.json leaves a key out
     let default_head_dim = match model_type {
@@ -186,12 +200,7 @@ fn llama_keys(
     }
     if kind == "gemma3" {
         out.extend([
-            (
-                "rope_local_theta",
-                local
-                    .and_then(|r| r.get("rope_theta").cloned())
-                    .or(get("rope_local_base_freq")),
-            ),
+            ("rope_local_theta", local),
             (
                 "query_pre_attn_scalar",
                 Some(get("query_pre_attn_scalar").unwrap_or(256.into())),
@@ -418,6 +427,23 @@ pub fn layers(figment: &Figment) -> Result<Vec<(Metadata, Dict)>, ConfigError> {
 /// A config layer: where its values come from, and the values.
 type Layer = (Metadata, Dict);
 
+/// Whether `figment`'s model takes `json` (a config.json) as its own: another architecture is
+/// refused only for a model it would give its weights to (a config.json beside the weights of
+/// a model of kiln's mlp or cnn, or of a user's family, is not that model's).
+fn reads_config(figment: &Figment, json: &Json) -> bool {
+    let kind = figment
+        .find_metadata("model.kind")
+        .filter(|m| m.name != DEFAULT_SOURCE)
+        .and_then(|_| figment.find_value("model.kind").ok())
+        .and_then(|v| v.into_string());
+    let readers = ["gpt", "llama", "qwen3", "gemma3", "phi3", "mixtral"];
+    let known = json
+        .get("model_type")
+        .and_then(Json::as_str)
+        .is_none_or(|t| MODEL_TYPES.contains(&t));
+    known || kind.is_none_or(|k| readers.contains(&k.as_str()))
+}
+
 /// The config.json layer of `figment`'s `model.init_from` and that file's path, or `None`.
 fn layer(figment: &Figment) -> Result<Option<(PathBuf, Layer)>, ConfigError> {
     let Some(value) = figment
@@ -474,20 +500,7 @@ fn layer(figment: &Figment) -> Result<Option<(PathBuf, Layer)>, ConfigError> {
             "fix or remove it; it is read for the model's settings",
         )
     })?;
-    // another architecture is refused only for a model it would give its weights to (a
-    // config.json beside the weights of a model of kiln's mlp or cnn, or a user's family, is
-    // not that model's)
-    let kind = figment
-        .find_metadata("model.kind")
-        .filter(|m| m.name != DEFAULT_SOURCE)
-        .and_then(|_| figment.find_value("model.kind").ok())
-        .and_then(|v| v.into_string());
-    let readers = ["gpt", "llama", "qwen3", "gemma3", "phi3", "mixtral"];
-    let known = json
-        .get("model_type")
-        .and_then(Json::as_str)
-        .is_none_or(|t| MODEL_TYPES.contains(&t));
-    if !known && kind.is_some_and(|k| !readers.contains(&k.as_str())) {
+    if !reads_config(figment, &json) {
         return Ok(None);
     }
     let keys = match model_keys(&json) {
