@@ -436,12 +436,11 @@ fn reads_config(figment: &Figment, json: &Json) -> bool {
         .filter(|m| m.name != DEFAULT_SOURCE)
         .and_then(|_| figment.find_value("model.kind").ok())
         .and_then(|v| v.into_string());
-    let readers = ["gpt", "llama", "qwen3", "gemma3", "phi3", "mixtral"];
     let known = json
         .get("model_type")
         .and_then(Json::as_str)
         .is_none_or(|t| MODEL_TYPES.contains(&t));
-    known || kind.is_none_or(|k| readers.contains(&k.as_str()))
+    known || kind.is_none_or(|k| k == "gpt" || LLAMA_TYPES.iter().any(|(_, kind)| *kind == k))
 }
 
 /// The config.json layer of `figment`'s `model.init_from` and that file's path, or `None`.

@@ -332,6 +332,7 @@ pub enum ModelError {
     Config(#[from] crate::config::ConfigError),
 }
 
+pub(crate) use super::forward::starts_mask;
 pub use super::forward::{Forward, StepKey};
 
 /// One architecture setting where a Hugging Face `config.json` and the model disagree.

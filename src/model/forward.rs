@@ -110,18 +110,7 @@ impl Forward {
         device: &B::Device,
     ) -> Option<Tensor<B, 4>> {
         let s = self.segments.as_ref().filter(|s| s.len() == n * t)?;
-        let mut mask = vec![-1e9f32; n * t * t];
-        for b in 0..n {
-            for i in 0..t {
-                let row = &mut mask[(b * t + i) * t..(b * t + i + 1) * t];
-                let lo = (s[b * t + i] as usize).min(i);
-                row[lo..=i].fill(0.0);
-            }
-        }
-        Some(Tensor::from_data(
-            TensorData::new(mask, [n, 1, t, t]),
-            device,
-        ))
+        Some(starts_mask(s, (n, t), device))
     }
     /// Whether the family should call kiln's fused kernels (`kiln::kernels`), which run on
     /// flex in f32 and fall back to Burn's ops elsewhere.
@@ -172,4 +161,23 @@ impl Forward {
         let mask = Tensor::<B, D>::from_data(TensorData::new(mask, shape), &x.device());
         x * mask
     }
+}
+
+/// The additive attention mask `[n, 1, t, t]` of rows whose position `b * t + i` attends from
+/// `starts[b * t + i]` (at most i) up to itself: 0 there, -1e9 elsewhere (packed documents,
+/// sliding windows).
+pub(crate) fn starts_mask<B: Backend>(
+    starts: &[u32],
+    (n, t): (usize, usize),
+    device: &B::Device,
+) -> Tensor<B, 4> {
+    let mut mask = vec![-1e9f32; n * t * t];
+    for b in 0..n {
+        for i in 0..t {
+            let row = &mut mask[(b * t + i) * t..(b * t + i + 1) * t];
+            let lo = (starts[b * t + i] as usize).min(i);
+            row[lo..=i].fill(0.0);
+        }
+    }
+    Tensor::from_data(TensorData::new(mask, [n, 1, t, t]), device)
 }

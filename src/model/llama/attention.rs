@@ -10,7 +10,7 @@ use burn::tensor::{Int, Tensor, TensorData};
 use super::moe::RouterStats;
 use super::{Arch, Block, Llama};
 use crate::kernels::{self, Starts};
-use crate::model::api::Forward;
+use crate::model::api::{starts_mask, Forward};
 use crate::model::decode::{At, Kv};
 use crate::model::gpt::gelu_tanh;
 use crate::model::lora::adapted;
@@ -141,10 +141,14 @@ impl Llama {
         (x / rms) * w.reshape(shape)
     }
 
-    /// Whether layer `i` attends within a sliding window, and that window.
+    /// Whether layer `i` is a sliding one (`model.layer_types`).
+    fn slides(&self, i: usize) -> bool {
+        self.sliding.get(i).copied().unwrap_or(false)
+    }
+
+    /// Layer `i`'s sliding window, if it slides.
     fn window(&self, i: usize) -> Option<usize> {
-        self.sliding_window
-            .filter(|_| self.sliding.get(i).copied().unwrap_or(false))
+        self.sliding_window.filter(|_| self.slides(i))
     }
 
     pub(super) fn block<B: Backend>(
@@ -210,7 +214,7 @@ impl Llama {
             k = self.norm(kn, k);
         }
         // (Gemma 3 picks the base by the layer's type)
-        let local = self.arch == Arch::Gemma3 && self.sliding.get(i).copied().unwrap_or(false);
+        let local = self.arch == Arch::Gemma3 && self.slides(i);
         let (cos, sin) = self.rotary::<B>(from, (n, t), ctx, &q.device(), local);
         [
             Self::rotate(q, &cos, &sin),
@@ -272,28 +276,21 @@ impl Llama {
                 (y, keep.then_some(kv))
             }
         };
-        let a = &b.self_attn;
-        let x = if b.pre_feedforward_layernorm.is_some() {
-            // Gemma 3: the branch's output normed before the residual
-            let y = adapted(
-                &a.o_proj,
-                self.adapter(b, |l| &l.o_proj),
-                y,
-                None,
-                fused,
-                ctx,
-            );
-            x + self.norm(&b.post_attention_layernorm, y)
+        // `x + o_proj(y)` (the residual folded into the projection), or Gemma 3's
+        // `x + norm(o_proj(y))`: the branch's output normed before the residual
+        let gemma = b.pre_feedforward_layernorm.is_some();
+        let o = adapted(
+            &b.self_attn.o_proj,
+            self.adapter(b, |l| &l.o_proj),
+            y,
+            (!gemma).then(|| x.clone()),
+            fused,
+            ctx,
+        );
+        let x = if gemma {
+            x + self.norm(&b.post_attention_layernorm, o)
         } else {
-            // (`x + o_proj(y)` without `fused`)
-            adapted(
-                &a.o_proj,
-                self.adapter(b, |l| &l.o_proj),
-                y,
-                Some(x),
-                fused,
-                ctx,
-            )
+            o
         };
         let hx = match &b.pre_feedforward_layernorm {
             Some(pre) => self.norm(pre, x.clone()),
@@ -406,12 +403,10 @@ impl Llama {
             .div_scalar((hd as f64).sqrt());
         let att = if causal {
             let mask = match starts {
-                Some(s) => Forward::eval()
-                    .with_segments(Some(s))
-                    .document_mask::<B>(n, t, device),
-                None => None,
+                Some(s) => starts_mask::<B>(&s, (n, t), device),
+                None => self.cache.attention_mask::<B>(ctx, (n, t), device),
             };
-            att + mask.unwrap_or_else(|| self.cache.attention_mask::<B>(ctx, (n, t), device))
+            att + mask
         } else {
             att
         };

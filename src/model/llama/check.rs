@@ -1,14 +1,20 @@
 //! The llama family's checks of its sizes and of what each architecture takes, before anything
 //! is built: every error names its key.
 
-use super::{Arch, Llama};
+use super::{Arch, Llama, LlamaKeys};
 use crate::config::Resolved;
 use crate::model::api::ModelError;
 use crate::model::sizing::{check_token_data, sized_for_this_machine};
 
 impl Llama {
     /// Every size in range and consistent, the data token windows of `block + 1`.
-    pub(super) fn check(&self, r: &Resolved, input: &[usize]) -> Result<(), ModelError> {
+    pub(super) fn check(
+        &self,
+        r: &Resolved,
+        k: &LlamaKeys,
+        input: &[usize],
+    ) -> Result<(), ModelError> {
+        let explicit_head_dim = k.head_dim.is_some();
         let err = |key: &str, message: String, help: &str| -> ModelError {
             r.key_error(key, message, Some(help.to_string())).into()
         };
@@ -50,7 +56,7 @@ impl Llama {
             self.kv_heads,
             "each key/value head serves heads / kv_heads query heads",
         )];
-        if !self.explicit_head_dim {
+        if !explicit_head_dim {
             pairs.push((
                 "model.dim",
                 self.dim,
@@ -69,7 +75,7 @@ impl Llama {
             }
         }
         if !self.head_dim.is_multiple_of(2) || self.head_dim == 0 {
-            let (key, help) = if self.explicit_head_dim {
+            let (key, help) = if explicit_head_dim {
                 ("model.head_dim", "choose an even head_dim")
             } else {
                 ("model.heads", "choose heads so that dim / heads is even")
@@ -83,7 +89,7 @@ impl Llama {
                 help,
             ));
         }
-        self.check_arch(r)?;
+        self.check_arch(r, k)?;
         for (key, v) in [
             ("model.rope_theta", self.rope_theta),
             ("model.norm_eps", self.norm_eps),
@@ -141,8 +147,7 @@ impl Llama {
 
     /// The keys only some architectures read, set for another; Gemma 3's and Mixtral's numbers
     /// in range; the layer types one per layer.
-    fn check_arch(&self, r: &Resolved) -> Result<(), ModelError> {
-        let k: super::LlamaKeys = r.model_keys()?;
+    fn check_arch(&self, r: &Resolved, k: &LlamaKeys) -> Result<(), ModelError> {
         let kind = self.arch.kind();
         let only = [
             ("attn_bias", k.attn_bias.is_some_and(|b| b), Arch::Llama),

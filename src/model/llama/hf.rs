@@ -59,15 +59,14 @@ pub(super) fn tensors(
     out
 }
 
-/// The `config.json` model types each architecture computes.
-fn model_types(arch: Arch) -> &'static [&'static str] {
-    match arch {
-        Arch::Llama => &["llama", "mistral", "qwen2"],
-        Arch::Qwen3 => &["qwen3"],
-        Arch::Gemma3 => &["gemma3_text"],
-        Arch::Phi3 => &["phi3"],
-        Arch::Mixtral => &["mixtral"],
-    }
+/// The `config.json` model types architecture `arch` computes (`config::hf_json`'s table,
+/// which also gives each its `model.kind`).
+fn model_types(arch: Arch) -> Vec<&'static str> {
+    crate::config::hf_json::LLAMA_TYPES
+        .iter()
+        .filter(|(_, kind)| *kind == arch.kind())
+        .map(|(t, _)| *t)
+        .collect()
 }
 
 /// Where a Hugging Face `config.json` describes something no `[model]` key can say (the keys

@@ -152,8 +152,6 @@ pub struct Llama {
     pub lora: Option<LoraSpec>,
     /// Channels per head.
     pub head_dim: usize,
-    /// Whether `model.head_dim` was given (else `dim / heads`).
-    pub explicit_head_dim: bool,
     /// The sliding layers' window.
     pub sliding_window: Option<usize>,
     /// Whether each layer is a sliding one.
@@ -209,7 +207,6 @@ impl Llama {
             dropout: c.dropout,
             lora: None,
             head_dim,
-            explicit_head_dim: k.head_dim.is_some(),
             sliding_window: k.sliding_window,
             sliding,
             rope_local_theta: k.rope_local_theta.unwrap_or(10_000.0),
@@ -231,7 +228,7 @@ impl Llama {
             lora: LoraSpec::of(r, &names, &defaults)?,
             ..l
         };
-        l.check(r, input)?;
+        l.check(r, &k, input)?;
         if let Some(s) = &l.lora {
             s.check(r, &l.adaptable())?;
         }

@@ -63,15 +63,8 @@ impl Llama {
         fused: bool,
     ) -> (Tensor<B, 3>, RouterStats<B>) {
         let [n, t, d] = hx.dims();
-        let MoeSpec {
-            experts: ne,
-            top_k: k,
-            ..
-        } = self.moe.unwrap_or(MoeSpec {
-            experts: 1,
-            top_k: 1,
-            aux_coef: 0.0,
-        });
+        let ne = moe.experts.len();
+        let k = self.moe.map_or(1, |m| m.top_k);
         let rows = n * t;
         let device = hx.device();
         let x = hx.reshape([rows, d]);
@@ -85,12 +78,15 @@ impl Llama {
             .into_vec()
             .unwrap_or_default();
         let mut chosen = Vec::with_capacity(rows * k);
+        // each expert's routing slots (row * k + rank among the row's choices), in row order
+        let mut slots: Vec<Vec<usize>> = vec![Vec::new(); ne];
         let mut counts = vec![0f32; n * ne];
         for r in 0..rows {
             let row = &host[r * ne..(r + 1) * ne];
             let mut order: Vec<usize> = (0..ne).collect();
             order.sort_by(|&a, &b| row[b].total_cmp(&row[a]).then(a.cmp(&b)));
             for &ex in &order[..k] {
+                slots[ex].push(chosen.len());
                 chosen.push(ex);
                 counts[(r / t) * ne + ex] += 1.0;
             }
@@ -113,10 +109,8 @@ impl Llama {
         let mut next = 0i64;
         // an expert no token chose still takes part, times 0: its gradient is zeros
         let mut idle: Option<Tensor<B, 1>> = None;
-        for ex in 0..ne {
-            let slots: Vec<usize> = (0..rows * k).filter(|&j| chosen[j] == ex).collect();
+        for (e, slots) in moe.experts.iter().zip(slots) {
             if slots.is_empty() {
-                let e = &moe.experts[ex];
                 let zero = [&e.w1, &e.w2, &e.w3]
                     .into_iter()
                     .map(|l| l.weight.val().sum().mul_scalar(0.0))
@@ -129,7 +123,6 @@ impl Llama {
             }
             let tokens = ints(slots.iter().map(|&j| (j / k) as i64).collect());
             let xe = x.clone().select(0, tokens);
-            let e = &moe.experts[ex];
             let h = silu(dense(&e.w1, xe.clone(), None, fused)) * dense(&e.w3, xe, None, fused);
             outs.push(dense(&e.w2, h, None, fused));
             for j in slots {

@@ -25,7 +25,6 @@ pub(super) fn tiny(kv_heads: usize, tie: bool) -> Llama {
         dropout: 0.0,
         lora: None,
         head_dim: 4,
-        explicit_head_dim: false,
         sliding_window: None,
         sliding: vec![false; 2],
         rope_local_theta: 10_000.0,
