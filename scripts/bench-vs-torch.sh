@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# kiln against PyTorch eager on the same GPT shapes, in one sitting: rounds interleaved (kiln,
+# kiln against PyTorch eager on the same GPT and Llama shapes, in one sitting: rounds interleaved (kiln,
 # then PyTorch, shape by shape), 2 threads each, the steady-state milliseconds per step of each
 # run (kiln: `kiln bench`'s ms/step, the median gap between step ends, the first step not
 # counted; PyTorch: scripts/torch_gpt_step.py's median after 5 warm-up steps), then per shape the
@@ -14,12 +14,16 @@
 #
 # The shapes: nanoGPT's CPU baby GPT (experiments/bench-baby-gpt.toml), its shakespeare-char
 # GPT at batch 4 (experiments/bench-gpt-6x384.toml) and experiments/bench-gpt.toml; the
-# PyTorch model is nanoGPT's architecture (scripts/torch_gpt_step.py) with the same settings.
+# PyTorch model is nanoGPT's architecture (scripts/torch_gpt_step.py) with the same settings;
+# and a llama (experiments/bench-llama.toml: 4 layers of 256, 8 heads over 4 key/value heads,
+# SwiGLU of 704, context 256, batch 4, vocabulary 2000) against transformers' LlamaForCausalLM
+# with eager attention (scripts/torch_llama_step.py), both with AdamW and clipping.
+# The first lines say which CPU ran it and which instructions kiln's kernels used.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS="${ROUNDS:-3}"
 THREADS="${THREADS:-2}"
-SHAPES="${SHAPES:-baby 6x384 bench-gpt}"
+SHAPES="${SHAPES:-baby 6x384 bench-gpt llama}"
 KILN="${KILN:-target/release/kiln}"
 if [[ -z "${PYTHON:-}" ]]; then
     PYTHON=python3
@@ -36,15 +40,21 @@ config() { case "$1" in
     baby) echo experiments/bench-baby-gpt.toml ;;
     6x384) echo experiments/bench-gpt-6x384.toml ;;
     bench-gpt) echo experiments/bench-gpt.toml ;;
-    *) echo "bench-vs-torch: unknown shape $1 (baby, 6x384, bench-gpt)" >&2; exit 2 ;;
+    llama) echo experiments/bench-llama.toml ;;
+    *) echo "bench-vs-torch: unknown shape $1 (baby, 6x384, bench-gpt, llama)" >&2; exit 2 ;;
 esac; }
-steps() { case "$1" in 6x384) echo 12 ;; *) echo 30 ;; esac; }
+steps() { case "$1" in 6x384|llama) echo 12 ;; *) echo 30 ;; esac; }
+torch_script() { case "$1" in llama) echo scripts/torch_llama_step.py ;; *) echo scripts/torch_gpt_step.py ;; esac; }
 torch_args() { case "$1" in
     baby) echo "--layers 4 --heads 4 --dim 128 --block 64 --batch 12 --vocab 65" ;;
     6x384) echo "--layers 6 --heads 6 --dim 384 --block 256 --batch 4 --vocab 65 --steps 12" ;;
     bench-gpt) echo "--layers 4 --heads 4 --dim 128 --block 128 --batch 8 --vocab 256 --bias --beta2 0.999 --weight-decay 0 --clip 0" ;;
+    llama) echo "--layers 4 --dim 256 --heads 8 --kv-heads 4 --ffn 704 --block 256 --batch 4 --vocab 2000 --steps 12" ;;
 esac; }
 
+echo "cpu: $(grep -m1 'model name' /proc/cpuinfo 2>/dev/null | cut -d: -f2- | sed 's/^ *//' || uname -m)"
+"$KILN" bench "$(config "${SHAPES%% *}")" --cpu flex --steps 1 --repeats 1 --set "backend.threads=$THREADS" \
+    | grep '^cpu:' | sed 's/^cpu: .*; /kiln: /'
 sets=(--set "backend.threads=$THREADS")
 for s in ${KILN_SET:-}; do sets+=(--set "$s"); done
 
@@ -54,7 +64,7 @@ for round in $(seq 1 "$ROUNDS"); do
         k=$("$KILN" bench "$(config "$shape")" --cpu flex --steps "$(steps "$shape")" --repeats 1 "${sets[@]}" \
             | awk '$1 == "flex" { print $6 }')
         # shellcheck disable=SC2046
-        t=$("$PYTHON" scripts/torch_gpt_step.py $(torch_args "$shape") --threads "$THREADS" \
+        t=$("$PYTHON" "$(torch_script "$shape")" $(torch_args "$shape") --threads "$THREADS" \
             | "$PYTHON" -c 'import json,sys; print(json.load(sys.stdin)["ms_per_step_median"])')
         KMS[$shape]="${KMS[$shape]:-} $k"
         TMS[$shape]="${TMS[$shape]:-} $t"

@@ -45,6 +45,11 @@ pub fn bench(a: &BenchArgs) -> Result<()> {
         match ev {
         BenchEvent::Plan { describe, repeats } => {
             crate::outln!("{describe}");
+            crate::outln!(
+                "cpu: {}; flex's kernels: {}",
+                crate::ui::printable(&crate::rundir::record::cpu_model()),
+                crate::kernels::instructions()
+            );
             crate::outln!("backend   threads  loaders  steps/s  samples/s  ms/step  tokens/s  data  peak/rank  (median of {repeats}; ms/step: steady state, the first step not counted; peak: the largest rank's, measured)");
         }
         BenchEvent::Skipped { backend, why } => crate::outln!("{backend:<9} skipped: {why}"),

@@ -157,3 +157,129 @@ pub fn gelu_tanh_ops<B: Backend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D
     let inner = (x.clone() + x.clone().powi_scalar(3).mul_scalar(0.044715)).mul_scalar(c);
     x.mul_scalar(0.5) * inner.tanh().add_scalar(1.0)
 }
+
+/// The activation of a gated MLP's gate: SiLU (Llama's SwiGLU) or GELU's tanh approximation
+/// (Gemma's GeGLU).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Gate {
+    Silu,
+    GeluTanh,
+}
+
+// act(g) u, and act(g) kept for the backward
+multiversion! {
+    fn glu_forward(g: &[f32], u: &[f32], tanh: bool, y: &mut [f32]) {
+        if tanh {
+            zip32(g, u, y, |v, u| v * sigmoid(2.0 * C * (v + A * v * v * v)) * u);
+        } else {
+            zip32(g, u, y, |v, u| v * sigmoid(v) * u);
+        }
+    }
+}
+
+// dg = dy u act'(g), du = dy act(g)
+multiversion! {
+    fn glu_backward(g: &[f32], u: &[f32], dy: &[f32], tanh: bool, dg: &mut [f32], du: &mut [f32]) {
+        let n = dg.len();
+        let (g, u, dy, du) = (&g[..n], &u[..n], &dy[..n], &mut du[..n]);
+        for i in 0..n {
+            let v = g[i];
+            let (act, d) = if tanh {
+                let s = sigmoid(2.0 * C * (v + A * v * v * v));
+                let dz = 2.0 * C * (1.0 + 3.0 * A * v * v);
+                (v * s, s + v * s * (1.0 - s) * dz)
+            } else {
+                let s = sigmoid(v);
+                (v * s, s * (1.0 + v * (1.0 - s)))
+            };
+            dg[i] = dy[i] * u[i] * d;
+            du[i] = dy[i] * act;
+        }
+    }
+}
+
+fn glu_values(g: &FlexTensor, u: &FlexTensor, gate: Gate) -> FlexTensor {
+    let (gs, us) = (dense::values(g), dense::values(u));
+    let mut y = dense::for_output(gs.len());
+    dense::for_rows(&mut y, 1, |first, c| {
+        let r = first..first + c.len();
+        glu_forward(&gs[r.clone()], &us[r], gate == Gate::GeluTanh, c)
+    });
+    dense::tensor(y, &dense::dims(g))
+}
+
+#[derive(Debug)]
+struct GluBackward;
+
+/// What the backward keeps: the gate and up projections (contiguous) and the activation.
+#[derive(Debug, Clone)]
+struct GluSaved {
+    g: FlexTensor,
+    u: FlexTensor,
+    gate: Gate,
+}
+
+impl Backward<Flex, 2> for GluBackward {
+    type State = GluSaved;
+
+    fn backward(self, ops: Ops<GluSaved, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let dy = dense::contiguous(grads.consume::<Flex>(&ops.node));
+        let GluSaved { g, u, gate } = ops.state;
+        let (gs, us, dys) = (dense::values(&g), dense::values(&u), dense::values(&dy));
+        let mut dg = dense::for_output(gs.len());
+        let mut du = dense::for_output(gs.len());
+        dense::for_rows2(&mut dg, 1, &mut du, 1, |first, gc, uc| {
+            let r = first..first + gc.len();
+            let tanh = gate == Gate::GeluTanh;
+            glu_backward(&gs[r.clone()], &us[r.clone()], &dys[r], tanh, gc, uc)
+        });
+        let dims = dense::dims(&g);
+        let [pg, pu] = ops.parents;
+        if let Some(p) = pg {
+            grads.register::<Flex>(p.id, dense::tensor(dg, &dims));
+        }
+        if let Some(p) = pu {
+            grads.register::<Flex>(p.id, dense::tensor(du, &dims));
+        }
+    }
+}
+
+/// A gated MLP's inner activation `act(gate) * up` (SwiGLU, GeGLU) in one pass, forward and
+/// backward, on flex in f32; `None` elsewhere or for tensors of different shapes (the caller
+/// runs Burn's ops).
+pub fn glu<B: Backend, const D: usize>(
+    gate: Tensor<B, D>,
+    up: Tensor<B, D>,
+    act: Gate,
+) -> Option<Tensor<B, D>> {
+    if gate.dims() != up.dims() {
+        return None;
+    }
+    match route::route([gate, up]).ok()? {
+        Routes::Autodiff([g, u]) => {
+            let gc = dense::contiguous(g.primitive.clone());
+            let uc = dense::contiguous(u.primitive.clone());
+            let y = glu_values(&gc, &uc, act);
+            let y = match GluBackward
+                .prepare::<NoCheckpointing>([g.node.clone(), u.node.clone()])
+                .compute_bound()
+                .stateful()
+            {
+                OpsKind::Tracked(prep) => prep.finish(
+                    GluSaved {
+                        g: gc,
+                        u: uc,
+                        gate: act,
+                    },
+                    y,
+                ),
+                OpsKind::UnTracked(prep) => prep.finish(y),
+            };
+            route::back::<B, _, D>(y)
+        }
+        Routes::Plain([g, u]) => {
+            let y = glu_values(&dense::contiguous(g), &dense::contiguous(u), act);
+            route::back::<B, _, D>(y)
+        }
+    }
+}

@@ -25,37 +25,50 @@ use rayon::prelude::*;
 
 use super::dense::{self, Mat, MatMut, Shared};
 use super::math::{dot, exp, max, multiversion};
+use super::rope::Rope;
 use super::route::{self, AdTensor, Routes};
 
-/// The shape of one call: samples, positions, heads and channels per head.
+/// The shape of one call: samples, positions, query heads, key/value heads (grouped-query
+/// attention: query head h reads key/value head h / (heads / kv_heads)), channels per head and
+/// the scores' scale.
 #[derive(Debug, Clone, Copy)]
-struct Dims {
-    n: usize,
-    t: usize,
-    heads: usize,
-    hd: usize,
+pub(super) struct Dims {
+    pub n: usize,
+    pub t: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub hd: usize,
+    pub scale: f32,
 }
 
 impl Dims {
-    fn dim(&self) -> usize {
+    /// The output's width: the query heads' channels.
+    pub fn dim(&self) -> usize {
         self.heads * self.hd
+    }
+    /// A row of `qkv`: the query heads, then the key heads, then the value heads.
+    pub fn width(&self) -> usize {
+        (self.heads + 2 * self.kv_heads) * self.hd
     }
     /// Pair `p`'s sample and head.
     fn pair(&self, p: usize) -> (usize, usize) {
         (p / self.heads, p % self.heads)
     }
-    /// Where pair `p`'s q (then k at + dim, v at + 2 dim) starts in `qkv`, rows `3 dim` apart.
+    /// Where pair `p`'s q starts in `qkv` (rows `width` apart).
     fn q_at(&self, p: usize) -> usize {
         let (b, h) = self.pair(p);
-        b * self.t * 3 * self.dim() + h * self.hd
+        b * self.t * self.width() + h * self.hd
+    }
+    /// Where pair `p`'s k starts in `qkv` (its v: `kv_heads * hd` further).
+    fn k_at(&self, p: usize) -> usize {
+        let (b, h) = self.pair(p);
+        let kv = h / (self.heads / self.kv_heads);
+        b * self.t * self.width() + (self.heads + kv) * self.hd
     }
     /// Where pair `p`'s output columns start in `y` (rows `dim` apart).
     fn y_at(&self, p: usize) -> usize {
         let (b, h) = self.pair(p);
         b * self.t * self.dim() + h * self.hd
-    }
-    fn scale(&self) -> f32 {
-        1.0 / (self.hd as f32).sqrt()
     }
     /// Pair `p`'s row of document starts.
     fn row_starts<'a>(&self, starts: Option<&'a [u32]>, p: usize) -> Option<&'a [u32]> {
@@ -132,14 +145,14 @@ unsafe fn forward_pair(
     p: usize,
     prob: &mut [f32],
 ) {
-    let (t, hd, dim) = (d.t, d.hd, d.dim());
-    let q = Mat {
+    let (t, hd, dim, w) = (d.t, d.hd, d.dim(), d.width());
+    let at = Mat {
         ptr: qkv.as_ptr(),
-        rs: 3 * dim as isize,
+        rs: w as isize,
         cs: 1,
-    }
-    .at(d.q_at(p));
-    let (k, v) = (q.at(dim), q.at(2 * dim));
+    };
+    let (q, k) = (at.at(d.q_at(p)), at.at(d.k_at(p)));
+    let v = k.at(d.kv_heads * hd);
     let out = MatMut {
         ptr: y.0,
         rs: dim as isize,
@@ -157,10 +170,10 @@ unsafe fn forward_pair(
                     n: r1,
                     k: hd,
                     accumulate: false,
-                    scale: d.scale(),
+                    scale: d.scale,
                 },
                 MatMut::rows(prob, t).at(r0 * t),
-                q.at(r0 * 3 * dim),
+                q.at(r0 * w),
                 k.t(),
                 false,
             )
@@ -217,60 +230,59 @@ fn forward(d: Dims, qkv: &[f32], starts: Option<&[u32]>, keep: bool) -> (Vec<f32
     (y, probs)
 }
 
-/// The backward of pair `p` into its q, k and v columns of `dqkv`, with `dp` (`[t, t]`) as
-/// scratch.
+/// The backward of pair `p` into its q columns of `dqkv` and its key/value head's k and v
+/// columns (added to what the group's earlier heads wrote there unless `first`), with `dp`
+/// (`[t, t]`) as scratch.
 ///
 /// # Safety
-/// `dqkv` must be valid for `[n, t, 3 dim]` values, with no one else writing pair `p`'s
-/// columns.
+/// `dqkv` must be valid for `[n, t, width]` values, with no one else writing pair `p`'s q
+/// columns or its key/value head's columns meanwhile.
 unsafe fn backward_pair(
     d: Dims,
     (qkv, starts): (&[f32], Option<&[u32]>),
-    prob: &[f32],
-    dy: &[f32],
+    (prob, dy): (&[f32], &[f32]),
     dqkv: Shared,
-    p: usize,
+    (p, first): (usize, bool),
     dp: &mut [f32],
 ) {
-    let (t, hd, dim) = (d.t, d.hd, d.dim());
-    let rows3 = 3 * dim as isize;
-    let q = Mat {
+    let (t, hd, dim, w) = (d.t, d.hd, d.dim(), d.width());
+    let at = Mat {
         ptr: qkv.as_ptr(),
-        rs: rows3,
+        rs: w as isize,
         cs: 1,
-    }
-    .at(d.q_at(p));
-    let (k, v) = (q.at(dim), q.at(2 * dim));
+    };
+    let (q, k) = (at.at(d.q_at(p)), at.at(d.k_at(p)));
+    let v = k.at(d.kv_heads * hd);
     let g = Mat {
         ptr: dy.as_ptr(),
         rs: dim as isize,
         cs: 1,
     }
     .at(d.y_at(p));
-    let dq = MatMut {
+    let dat = MatMut {
         ptr: dqkv.0,
-        rs: rows3,
+        rs: w as isize,
         cs: 1,
-    }
-    .at(d.q_at(p));
-    let (dk, dv) = (dq.at(dim), dq.at(2 * dim));
+    };
+    let (dq, dk) = (dat.at(d.q_at(p)), dat.at(d.k_at(p)));
+    let dv = dk.at(d.kv_heads * hd);
     // the causal zeros of P and dS are skipped: a row block of dP, dS and dQ reads the keys
     // before its end; a key block of dV and dK reads the rows from its start
     for (r0, r1) in blocks(t) {
         // SAFETY (all): operands inside qkv, dy, prob and dp by the dims; dq, dk, dv are this
         // pair's columns of dqkv (the caller's contract)
         unsafe {
-            // dV = Pᵀ dY: keys r0..r1 from rows r0..t
+            // dV (+)= Pᵀ dY: keys r0..r1 from rows r0..t
             let pt = Mat::rows(prob, t).at(r0 * t + r0).t();
             dense::gemm(
                 dense::Product {
                     m: r1 - r0,
                     n: hd,
                     k: t - r0,
-                    accumulate: false,
+                    accumulate: !first,
                     scale: 1.0,
                 },
-                dv.at(r0 * 3 * dim),
+                dv.at(r0 * w),
                 pt,
                 g.at(r0 * dim),
                 false,
@@ -304,32 +316,35 @@ unsafe fn backward_pair(
                     n: hd,
                     k: r1,
                     accumulate: false,
-                    scale: d.scale(),
+                    scale: d.scale,
                 },
-                dq.at(r0 * 3 * dim),
+                dq.at(r0 * w),
                 ds,
                 k,
                 false,
             );
-            // dK = dSᵀ Q scale: keys r0..r1 from rows r0..t
+            // dK (+)= dSᵀ Q scale: keys r0..r1 from rows r0..t
             let dst = Mat::rows(dp, t).at(r0 * t + r0).t();
             dense::gemm(
                 dense::Product {
                     m: r1 - r0,
                     n: hd,
                     k: t - r0,
-                    accumulate: false,
-                    scale: d.scale(),
+                    accumulate: !first,
+                    scale: d.scale,
                 },
-                dk.at(r0 * 3 * dim),
+                dk.at(r0 * w),
                 dst,
-                q.at(r0 * 3 * dim),
+                q.at(r0 * w),
                 false,
             );
         }
     }
 }
 
+/// The gradient of `qkv` (as the forward read it) from the kept probabilities and `dy`: the
+/// (sample, key/value head) groups run on the rank's threads, each one's query heads in order
+/// (their k and v gradients added in that order, whatever the thread count).
 fn backward(
     d: Dims,
     (qkv, starts): (&[f32], Option<&[u32]>),
@@ -337,27 +352,34 @@ fn backward(
     dy: &[f32],
 ) -> Vec<f32> {
     let tt = d.t * d.t;
-    let mut dqkv = dense::for_output(d.n * d.t * 3 * d.dim());
+    let rep = d.heads / d.kv_heads;
+    let mut dqkv = dense::for_output(d.n * d.t * d.width());
     let out = Shared(dqkv.as_mut_ptr());
-    (0..d.n * d.heads).into_par_iter().for_each_init(
+    (0..d.n * d.kv_heads).into_par_iter().for_each_init(
         || dense::for_output(tt),
-        |dp, p| {
-            let prob = &probs[p * tt..(p + 1) * tt];
-            // SAFETY: each pair writes its own columns of dqkv
-            unsafe { backward_pair(d, (qkv, starts), prob, dy, out, p, dp) }
+        |dp, group| {
+            let (b, kv) = (group / d.kv_heads, group % d.kv_heads);
+            for j in 0..rep {
+                let p = b * d.heads + kv * rep + j;
+                let prob = &probs[p * tt..(p + 1) * tt];
+                // SAFETY: each group writes its own heads' columns of dqkv
+                unsafe { backward_pair(d, (qkv, starts), (prob, dy), out, (p, j == 0), dp) }
+            }
         },
     );
     dqkv
 }
 
-/// What the backward keeps: the projection (contiguous), the probabilities, the shape and
-/// the documents' starts.
+/// What the backward keeps: the projection as the products read it (contiguous, q and k
+/// rotated), the probabilities, the shape, the documents' starts and the rotation (to take
+/// the gradient back through it).
 #[derive(Debug, Clone)]
 struct Saved {
     qkv: FlexTensor,
     probs: FlexTensor,
-    dims: (usize, usize, usize, usize),
+    dims: Dims,
     starts: Option<Starts>,
+    rope: Option<Rope>,
 }
 
 #[derive(Debug)]
@@ -369,17 +391,19 @@ impl Backward<Flex, 1> for AttentionBackward {
     fn backward(self, ops: Ops<Saved, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
         let dy = dense::contiguous(grads.consume::<Flex>(&ops.node));
         let s = ops.state;
-        let (n, t, heads, hd) = s.dims;
-        let d = Dims { n, t, heads, hd };
+        let d = s.dims;
         let [parent] = ops.parents;
         if let Some(p) = parent {
-            let g = backward(
+            let mut g = backward(
                 d,
                 (dense::values(&s.qkv), s.starts.as_deref()),
                 dense::values(&s.probs),
                 dense::values(&dy),
             );
-            grads.register::<Flex>(p.id, dense::tensor(g, &[n, t, 3 * d.dim()]));
+            if let Some(r) = &s.rope {
+                r.apply(&mut g, &d, true);
+            }
+            grads.register::<Flex>(p.id, dense::tensor(g, &[d.n, d.t, d.width()]));
         }
     }
 }
@@ -403,10 +427,49 @@ pub fn document_attention<B: Backend>(
     heads: usize,
     starts: Option<Starts>,
 ) -> Option<Tensor<B, 3>> {
-    let [n, t, three] = qkv.dims();
-    if heads == 0 || three % (3 * heads) != 0 {
+    let heads = Heads {
+        heads,
+        kv_heads: heads,
+        scale: None,
+    };
+    grouped_attention(qkv, heads, None, starts)
+}
+
+/// The heads of `grouped_attention`: query heads, key/value heads (a divisor of `heads`) and
+/// the scores' scale (`None`: 1 / sqrt(head_dim)).
+#[derive(Debug, Clone, Copy)]
+pub struct Heads {
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub scale: Option<f64>,
+}
+
+/// `document_attention` with grouped-query heads and rotary embeddings, as a llama computes
+/// it: `qkv` `[n, t, (heads + 2 kv_heads) head_dim]` holds the query heads, then the key
+/// heads, then the value heads, as the projections make them (before any rotation); query
+/// head h reads key/value head h / (heads / kv_heads) where it lies (never a repeated copy),
+/// and with `rope` the q and k heads are rotated in the same pass that makes the projection
+/// contiguous. `None` elsewhere than flex in f32, and for shapes, starts or tables that do
+/// not fit.
+pub fn grouped_attention<B: Backend>(
+    qkv: Tensor<B, 3>,
+    heads: Heads,
+    rope: Option<Rope>,
+    starts: Option<Starts>,
+) -> Option<Tensor<B, 3>> {
+    let [n, t, width] = qkv.dims();
+    let Heads {
+        heads,
+        kv_heads,
+        scale,
+    } = heads;
+    if heads == 0 || kv_heads == 0 || heads % kv_heads != 0 {
         return None;
     }
+    if width % (heads + 2 * kv_heads) != 0 {
+        return None;
+    }
+    let hd = width / (heads + 2 * kv_heads);
     if let Some(s) = &starts {
         let fits = s.len() == n * t
             && s.iter()
@@ -416,16 +479,31 @@ pub fn document_attention<B: Backend>(
             return None;
         }
     }
-    let st = starts.as_deref();
     let d = Dims {
         n,
         t,
         heads,
-        hd: three / (3 * heads),
+        kv_heads,
+        hd,
+        scale: scale.map_or(1.0 / (hd as f32).sqrt(), |s| s as f32),
     };
+    if rope.as_ref().is_some_and(|r| !r.fits(&d)) {
+        return None;
+    }
+    let st = starts.as_deref();
+    // the projection as the products read it: contiguous, q and k rotated
+    let prepare = |x: FlexTensor| match &rope {
+        Some(r) => {
+            let mut v = dense::values(&dense::contiguous(x)).to_vec();
+            r.apply(&mut v, &d, false);
+            dense::tensor(v, &[n, t, width])
+        }
+        None => dense::contiguous(x),
+    };
+    let out = |y: Vec<f32>| dense::tensor(y, &[n, t, d.dim()]);
     match route::route1(qkv).ok()? {
         Routes::Autodiff([a]) => {
-            let x = dense::contiguous(a.primitive.clone());
+            let x = prepare(a.primitive.clone());
             let y: AdTensor = match AttentionBackward
                 .prepare::<NoCheckpointing>([a.node.clone()])
                 .compute_bound()
@@ -436,22 +514,23 @@ pub fn document_attention<B: Backend>(
                     let saved = Saved {
                         qkv: x,
                         probs: dense::tensor(probs, &[n * heads, t, t]),
-                        dims: (n, t, heads, d.hd),
+                        dims: d,
                         starts: starts.clone(),
+                        rope,
                     };
-                    prep.finish(saved, dense::tensor(y, &[n, t, d.dim()]))
+                    prep.finish(saved, out(y))
                 }
                 OpsKind::UnTracked(prep) => {
                     let (y, _) = forward(d, dense::values(&x), st, false);
-                    prep.finish(dense::tensor(y, &[n, t, d.dim()]))
+                    prep.finish(out(y))
                 }
             };
             route::back::<B, _, 3>(y)
         }
         Routes::Plain([f]) => {
-            let x = dense::contiguous(f);
+            let x = prepare(f);
             let (y, _) = forward(d, dense::values(&x), st, false);
-            route::back::<B, _, 3>(dense::tensor(y, &[n, t, d.dim()]))
+            route::back::<B, _, 3>(out(y))
         }
     }
 }

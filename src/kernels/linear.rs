@@ -13,6 +13,7 @@ use burn_autodiff::ops::{Backward, Ops, OpsKind};
 use burn_flex::{Flex, FlexTensor};
 
 use super::dense::{self, Mat, MatMut};
+use super::reshard::Kept;
 use super::route::{self, AdTensor, Routes};
 
 /// A 2-D tensor as a gemm operand (its strides as they are).
@@ -79,12 +80,13 @@ fn forward(
     dense::tensor(y, &dims)
 }
 
-/// What the backward keeps: the input (contiguous) and the weight (as it was), and which of
+/// What the backward keeps: the input (contiguous) and the weight (as it was, or its unit's
+/// slot while resharded), and which of
 /// the optional parents there are.
 #[derive(Debug, Clone)]
 struct Saved {
     x: FlexTensor,
-    w: FlexTensor,
+    w: Kept,
     bias: bool,
     residual: bool,
 }
@@ -98,7 +100,8 @@ impl<const N: usize> Backward<Flex, N> for LinearBackward<N> {
     fn backward(self, ops: Ops<Saved, N>, grads: &mut Gradients, _: &mut Checkpointer) {
         let dy = dense::contiguous(grads.consume::<Flex>(&ops.node));
         let s = ops.state;
-        let wd = dense::dims(&s.w);
+        let w = s.w.get();
+        let wd = dense::dims(&w);
         let (i, o) = (wd[0], wd[1]);
         let dys = dense::values(&dy);
         let rows = dys.len() / o.max(1);
@@ -131,7 +134,7 @@ impl<const N: usize> Backward<Flex, N> for LinearBackward<N> {
                     },
                     MatMut::rows(&mut dx, i),
                     Mat::rows(dys, o),
-                    operand(&s.w).t(),
+                    operand(&w).t(),
                     true,
                 );
             }
@@ -201,7 +204,7 @@ fn autodiff(
     let out = forward(&xc, &w.primitive, bc.as_ref(), rc.as_ref());
     let saved = Saved {
         x: xc,
-        w: w.primitive.clone(),
+        w: Kept::of(&w.primitive),
         bias: b.is_some(),
         residual: r.is_some(),
     };

@@ -16,20 +16,40 @@
 mod activation;
 mod attention;
 mod dense;
+mod embedding;
 mod linear;
 mod loss;
 pub(crate) mod math;
 mod norm;
 mod optim;
+mod reshard;
+mod rms_norm;
+mod rope;
 mod route;
 
-pub use activation::{gelu, gelu_tanh_ops};
-pub use attention::{causal_attention, document_attention, Starts};
+pub use activation::{gelu, gelu_tanh_ops, glu, Gate};
+pub use attention::{causal_attention, document_attention, grouped_attention, Heads, Starts};
+pub use embedding::embedding;
 pub use linear::linear;
 pub use loss::{cross_entropy, IGNORE};
 pub use norm::layer_norm;
 pub use optim::{adam_update, add_into, all_finite, scale, sum_squares, AdamStep};
+pub use reshard::{hollow, Resharded};
+pub use rms_norm::rms_norm;
+pub use rope::Rope;
 pub use route::fused_on;
+
+/// The instructions the kernels run with on this CPU: gemm's AVX-512 microkernels and kiln's
+/// loops compiled for AVX-512, AVX2 + FMA, or the baseline.
+pub fn instructions() -> &'static str {
+    if math::has_avx512() {
+        "AVX-512 (gemm's avx512f microkernels)"
+    } else if math::has_avx2() {
+        "AVX2 + FMA (gemm's fma microkernels)"
+    } else {
+        "baseline x86-64 / the target's"
+    }
+}
 
 #[cfg(test)]
 mod tests;

@@ -15,6 +15,7 @@ use burn_flex::{Flex, FlexTensor};
 use super::dense::{self, Shared};
 use super::math::multiversion;
 use super::math::{dot, sum};
+use super::reshard::Kept;
 use super::route::{self, AdTensor, Routes};
 
 // each row's mean and 1/σ (`stats`: two values per row) and the normalised, scaled and shifted
@@ -120,11 +121,12 @@ fn forward(x: &FlexTensor, gamma: &[f32], beta: Option<&[f32]>, eps: f64) -> (Ve
     (y, stats)
 }
 
-/// What the backward keeps: the input (contiguous), γ, the statistics and whether β exists.
+/// What the backward keeps: the input (contiguous), γ (or its unit's slot while resharded) and
+/// the statistics.
 #[derive(Debug, Clone)]
 struct Saved {
     x: FlexTensor,
-    gamma: FlexTensor,
+    gamma: Kept,
     stats: Arc<Vec<f32>>,
 }
 
@@ -137,9 +139,10 @@ impl<const N: usize> Backward<Flex, N> for LayerNormBackward<N> {
     fn backward(self, ops: Ops<Saved, N>, grads: &mut Gradients, _: &mut Checkpointer) {
         let dy = dense::contiguous(grads.consume::<Flex>(&ops.node));
         let s = ops.state;
+        let gamma = dense::contiguous(s.gamma.get());
         let (xs, gamma, dys) = (
             dense::values(&s.x),
-            dense::values(&s.gamma),
+            dense::values(&gamma),
             dense::values(&dy),
         );
         let d = gamma.len();
@@ -184,7 +187,7 @@ fn autodiff(x: AdTensor, gamma: AdTensor, beta: Option<AdTensor>, eps: f64) -> A
     let out = dense::tensor(y, &dense::dims(&xc));
     let saved = || Saved {
         x: xc.clone(),
-        gamma: g.clone(),
+        gamma: Kept::of(&g),
         stats: Arc::new(stats.clone()),
     };
     match beta {

@@ -7,6 +7,8 @@ use burn::backend::{Autodiff, Flex};
 use burn::tensor::activation::{gelu, log_softmax, softmax};
 use burn::tensor::{Int, Tensor, TensorData, TensorPrimitive};
 
+use std::sync::Arc;
+
 use super::*;
 
 type Ad = Autodiff<Flex>;
@@ -398,4 +400,207 @@ fn other_backends_and_dtypes_are_not_routed() {
         causal_attention(x, 1).is_none(),
         "ndarray has no fused attention"
     );
+}
+
+/// Burn's grouped-query attention with rotary embeddings from `qkv` `[n, t, (heads + 2 kv)
+/// hd]` (the q heads, the k heads, the v heads): q and k rotated by the rows `pos` of the
+/// tables, query head h reading key/value head h / (heads / kv), scores scaled by `scale`,
+/// inside documents `starts`.
+fn grouped_attention_ops(
+    qkv: Tensor<Ad, 3>,
+    (heads, kv, scale): (usize, usize, f64),
+    (cos, sin, pos): (&[f32], &[f32], &[u32]),
+    starts: &[u32],
+) -> Tensor<Ad, 3> {
+    let [n, t, w] = qkv.dims();
+    let hd = w / (heads + 2 * kv);
+    let dev = Default::default();
+    let part = |from: usize, h: usize| {
+        qkv.clone()
+            .slice([0..n, 0..t, from * hd..(from + h) * hd])
+            .reshape([n, t, h, hd])
+    };
+    let table = |v: &[f32]| {
+        let rows: Vec<f32> = pos
+            .iter()
+            .flat_map(|&p| v[p as usize * hd..(p as usize + 1) * hd].to_vec())
+            .collect();
+        Tensor::<Ad, 4>::from_data(TensorData::new(rows, [n, t, 1, hd]), &dev)
+    };
+    let (c, s) = (table(cos), table(sin));
+    let rotate = |x: Tensor<Ad, 4>| {
+        let [n, t, h, _] = x.dims();
+        let x1 = x.clone().slice([0..n, 0..t, 0..h, 0..hd / 2]);
+        let x2 = x.clone().slice([0..n, 0..t, 0..h, hd / 2..hd]);
+        x * c.clone() + Tensor::cat(vec![x2.neg(), x1], 3) * s.clone()
+    };
+    let repeat = |x: Tensor<Ad, 4>| {
+        let x = x.swap_dims(1, 2);
+        x.reshape([n, kv, 1, t, hd])
+            .repeat_dim(2, heads / kv)
+            .reshape([n, heads, t, hd])
+    };
+    let q = rotate(part(0, heads)).swap_dims(1, 2);
+    let k = repeat(rotate(part(heads, kv)));
+    let v = repeat(part(heads + kv, kv));
+    let mask: Vec<f32> = (0..n * t * t)
+        .map(|x| {
+            let (b, i, j) = (x / (t * t), x / t % t, x % t);
+            if j > i || j < starts[b * t + i] as usize {
+                -1e9
+            } else {
+                0.0
+            }
+        })
+        .collect();
+    let mask = Tensor::<Ad, 4>::from_data(TensorData::new(mask, [n, 1, t, t]), &dev);
+    let att = q.matmul(k.swap_dims(2, 3)).mul_scalar(scale) + mask;
+    softmax(att, 3)
+        .matmul(v)
+        .swap_dims(1, 2)
+        .reshape([n, t, heads * hd])
+}
+
+#[test]
+fn grouped_attention_with_rotary_embeddings_matches_burns_ops() {
+    // (rows of documents, t, heads, kv heads, hd, packed positions)
+    type Case<'a> = (&'a [&'a [usize]], usize, usize, usize, usize, bool);
+    let cases: [Case; 6] = [
+        (&[&[1]], 1, 1, 1, 2, false),
+        (&[&[7], &[7]], 7, 4, 2, 6, false),
+        (&[&[3, 4]], 7, 3, 1, 4, true),
+        (&[&[70, 10, 20], &[100]], 100, 4, 2, 8, true),
+        (&[&[65]], 65, 2, 2, 2, false),
+        (&[&[2, 2], &[1, 3]], 4, 6, 3, 4, true),
+    ];
+    for (rows, t, heads, kv, hd, packed) in cases {
+        let n = rows.len();
+        let starts = starts_of(rows, t);
+        let block = t + 3;
+        let cos: Arc<[f32]> = values(block * hd, 7, 1.0).into();
+        let sin: Arc<[f32]> = values(block * hd, 8, 1.0).into();
+        let pos: Vec<u32> = (0..n * t)
+            .map(|j| {
+                let i = j % t;
+                (if packed { i - starts[j] as usize } else { i }) as u32
+            })
+            .collect();
+        let rope = Rope {
+            cos: cos.clone(),
+            sin: sin.clone(),
+            positions: packed.then(|| pos.clone().into()),
+            from: 0,
+        };
+        let scale = 0.3;
+        let h = Heads {
+            heads,
+            kv_heads: kv,
+            scale: Some(scale),
+        };
+        let st = packed.then(|| starts.clone());
+        let no_docs = vec![0u32; n * t];
+        let ref_starts: &[u32] = if packed { &starts } else { &no_docs };
+        let qkv = leaf(
+            [n, t, (heads + 2 * kv) * hd],
+            (n * t * heads + kv) as u64,
+            2.0,
+        );
+        compare(
+            &format!("grouped attention {rows:?} heads={heads} kv={kv} hd={hd}"),
+            vec![qkv],
+            |x| {
+                grouped_attention(x[0].clone(), h, Some(rope.clone()), st.clone())
+                    .expect("flex f32")
+            },
+            |x| {
+                let tables = (&cos[..], &sin[..], &pos[..]);
+                grouped_attention_ops(x[0].clone(), (heads, kv, scale), tables, ref_starts)
+            },
+        );
+    }
+    // tables too short for the positions, or heads that do not divide, are refused
+    let qkv = Tensor::<Flex, 3>::from_data(
+        TensorData::new(values(4 * 16, 1, 1.0), [1, 4, 16]),
+        &Default::default(),
+    );
+    let short = Rope {
+        cos: vec![0.0; 3 * 4].into(),
+        sin: vec![0.0; 3 * 4].into(),
+        positions: None,
+        from: 0,
+    };
+    let h = Heads {
+        heads: 2,
+        kv_heads: 1,
+        scale: None,
+    };
+    assert!(grouped_attention(qkv.clone(), h, Some(short), None).is_none());
+    let odd = Heads {
+        heads: 3,
+        kv_heads: 2,
+        scale: None,
+    };
+    assert!(grouped_attention(qkv, odd, None, None).is_none());
+}
+
+#[test]
+fn rms_norm_matches_burns_ops_with_and_without_gemmas_offset() {
+    for (rows, d, offset) in [
+        (1, 2, 0.0),
+        (5, 3, 1.0),
+        (13, 17, 0.0),
+        (40, 128, 1.0),
+        (3, 700, 0.0),
+    ] {
+        let x = leaf([rows, 1, d], rows as u64 + 40, 3.0);
+        let inputs = vec![x, leaf([1, 1, d], 5, 1.0)];
+        compare(
+            &format!("rms_norm rows={rows} d={d} offset={offset}"),
+            inputs,
+            |x| rms_norm(x[0].clone(), x[1].clone().reshape([d]), offset, 1e-6).expect("flex"),
+            |x| {
+                let w: Tensor<Ad, 1> = x[1].clone().reshape([d]);
+                let rms = (x[0].clone().powf_scalar(2.0).mean_dim(2) + 1e-6).sqrt();
+                (x[0].clone() / rms) * w.add_scalar(offset).reshape([1, 1, d])
+            },
+        );
+    }
+}
+
+#[test]
+fn glu_matches_burns_ops_for_silu_and_gelu_tanh() {
+    for n in [1, 15, 33, 1000] {
+        let inputs = vec![leaf([n], n as u64 + 7, 6.0), leaf([n], n as u64 + 8, 2.0)];
+        compare(
+            &format!("swiglu n={n}"),
+            inputs.clone(),
+            |x| glu(x[0].clone(), x[1].clone(), Gate::Silu).expect("flex"),
+            |x| burn::tensor::activation::silu(x[0].clone()) * x[1].clone(),
+        );
+        compare(
+            &format!("geglu n={n}"),
+            inputs,
+            |x| glu(x[0].clone(), x[1].clone(), Gate::GeluTanh).expect("flex"),
+            |x| gelu_tanh_ops(x[0].clone()) * x[1].clone(),
+        );
+    }
+}
+
+#[test]
+fn embedding_matches_burns_op_with_repeated_ids() {
+    let (vocab, d) = (7, 5);
+    let ids = [3i64, 0, 3, 6, 1, 3];
+    let idx = || {
+        Tensor::<Ad, 2, Int>::from_data(TensorData::new(ids.to_vec(), [2, 3]), &Default::default())
+    };
+    compare(
+        "embedding",
+        vec![leaf([vocab, d], 17, 1.0)],
+        |w| embedding(w[0].clone(), idx()).expect("flex"),
+        |w| burn::tensor::module::embedding(w[0].clone(), idx()),
+    );
+    // an id outside the table is left to Burn's op
+    let bad =
+        Tensor::<Ad, 2, Int>::from_data(TensorData::new(vec![7i64], [1, 1]), &Default::default());
+    assert!(embedding(leaf([vocab, d], 1, 1.0), bad).is_none());
 }

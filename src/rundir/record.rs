@@ -70,11 +70,7 @@ pub fn machine() -> Value {
             .ok()
             .map(|kb| kb * 1024)
     });
-    // x86's name, else what other architectures call it
-    let cpu_model = ["model name", "Model", "cpu model", "Processor", "cpu"]
-        .iter()
-        .find_map(|k| proc_field("/proc/cpuinfo", k))
-        .unwrap_or_else(|| "unknown".into());
+    let cpu_model = cpu_model();
     json!({
         "os": {
             "name": std::env::consts::OS,
@@ -89,6 +85,15 @@ pub fn machine() -> Value {
         "memory_bytes": memory,
         "host": hostname(),
     })
+}
+
+/// The CPU's model name: x86's, else what other architectures call it ("unknown" without
+/// `/proc/cpuinfo`).
+pub fn cpu_model() -> String {
+    ["model name", "Model", "cpu model", "Processor", "cpu"]
+        .iter()
+        .find_map(|k| proc_field("/proc/cpuinfo", k))
+        .unwrap_or_else(|| "unknown".into())
 }
 
 /// The GPUs and their software: driver, CUDA, NVRTC, NCCL (a CUDA build), wgpu adapters (a

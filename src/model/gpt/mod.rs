@@ -155,6 +155,21 @@ impl PartialEq for MaskCache {
     }
 }
 
+/// `e`'s rows of `ids`: with `fused`, kiln's embedding kernel (whose backward keeps only the
+/// ids), else Burn's.
+pub(in crate::model) fn lookup<B: Backend>(
+    e: &Embedding<B>,
+    ids: Tensor<B, 2, Int>,
+    fused: bool,
+) -> Tensor<B, 3> {
+    if fused {
+        if let Some(y) = crate::kernels::embedding(e.weight.val(), ids.clone()) {
+            return y;
+        }
+    }
+    e.forward(ids)
+}
+
 impl MaskCache {
     /// The additive causal mask `[1, 1, t, t]` (0 where position i may attend to j <= i, -1e9
     /// above the diagonal) in the device's float dtype, made once.
@@ -178,6 +193,33 @@ impl MaskCache {
     ) -> Tensor<B, 4> {
         ctx.document_mask(n, t, device)
             .unwrap_or_else(|| self.get(t, device))
+    }
+
+    /// The values called `name` for length `t` (a kernel's table), made by `make` once.
+    pub(in crate::model) fn values(
+        &self,
+        name: &'static str,
+        t: usize,
+        make: impl FnOnce() -> Vec<f32>,
+    ) -> std::sync::Arc<[f32]> {
+        let key = (
+            name,
+            std::any::TypeId::of::<std::sync::Arc<[f32]>>(),
+            std::thread::current().id(),
+            String::new(),
+            t,
+            String::new(),
+        );
+        let mut cache = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(v) = cache
+            .get(&key)
+            .and_then(|v| v.downcast_ref::<std::sync::Arc<[f32]>>())
+        {
+            return v.clone();
+        }
+        let made: std::sync::Arc<[f32]> = make().into();
+        cache.insert(key, Box::new(made.clone()));
+        made
     }
 
     /// The tensor called `name` for length `t` on `device`, made from `make`'s values once.
@@ -459,7 +501,9 @@ impl Gpt {
                 Tensor::<B, 1, Int>::arange(from as i64..(from + t) as i64, device).reshape([1, t])
             }
         };
-        ctx.dropout(m.wte.forward(idx) + m.wpe.forward(pos), self.dropout)
+        let fused = ctx.fused();
+        let h = lookup(&m.wte, idx, fused) + lookup(&m.wpe, pos, fused);
+        ctx.dropout(h, self.dropout)
     }
 
     /// The final LayerNorm and the output layer: logits `[samples * positions, vocab]`. With

@@ -50,10 +50,41 @@ impl Llama {
         self.inv_freq_of(self.rope_theta, true)
     }
 
-    /// cos and sin of every position's angles `[block, head_dim]` (each frequency twice, halves
-    /// side by side as transformers' `cat((freqs, freqs))`), positions `from..from + t` of them
-    /// as `[1, t, 1, head_dim]`; over packed rows (`ctx.positions`), each position's place in
-    /// its document, `[n, t, 1, head_dim]`. `local`: Gemma 3's sliding layers' base.
+    /// cos (or `sin`) of every position's angles, `[block, head_dim]` row by row (each frequency
+    /// twice, halves side by side as transformers' `cat((freqs, freqs))`). `local`: Gemma 3's
+    /// sliding layers' base.
+    fn rope_table(&self, local: bool, sin: bool) -> Vec<f32> {
+        let hd = self.head_dim;
+        let inv = if local {
+            self.inv_freq_of(self.rope_local_theta, false)
+        } else {
+            self.inv_freq()
+        };
+        let mut v = Vec::with_capacity(self.block * hd);
+        for p in 0..self.block {
+            for _ in 0..2 {
+                for f in &inv {
+                    // f32 angles, as transformers computes them
+                    let a = (p as f32) * (*f as f32);
+                    v.push(if sin { a.sin() } else { a.cos() });
+                }
+            }
+        }
+        v
+    }
+
+    /// The names of the rotary tables in the cache.
+    fn table_names(local: bool) -> (&'static str, &'static str) {
+        if local {
+            ("rope_local_cos", "rope_local_sin")
+        } else {
+            ("rope_cos", "rope_sin")
+        }
+    }
+
+    /// cos and sin of every position's angles (`rope_table`), positions `from..from + t` of
+    /// them as `[1, t, 1, head_dim]`; over packed rows (`ctx.positions`), each position's place
+    /// in its document, `[n, t, 1, head_dim]`.
     pub(super) fn rotary<B: Backend>(
         &self,
         from: usize,
@@ -63,29 +94,8 @@ impl Llama {
         local: bool,
     ) -> (Tensor<B, 4>, Tensor<B, 4>) {
         let hd = self.head_dim;
-        let table = |sin: bool| {
-            let inv = if local {
-                self.inv_freq_of(self.rope_local_theta, false)
-            } else {
-                self.inv_freq()
-            };
-            let mut v = Vec::with_capacity(self.block * hd);
-            for p in 0..self.block {
-                for _ in 0..2 {
-                    for f in &inv {
-                        // f32 angles, as transformers computes them
-                        let a = (p as f32) * (*f as f32);
-                        v.push(if sin { a.sin() } else { a.cos() });
-                    }
-                }
-            }
-            TensorData::new(v, [self.block, hd])
-        };
-        let (cn, sn) = if local {
-            ("rope_local_cos", "rope_local_sin")
-        } else {
-            ("rope_cos", "rope_sin")
-        };
+        let table = |sin: bool| TensorData::new(self.rope_table(local, sin), [self.block, hd]);
+        let (cn, sn) = Self::table_names(local);
         let cos: Tensor<B, 2> = self.cache.cached(cn, self.block, device, || table(false));
         let sin: Tensor<B, 2> = self.cache.cached(sn, self.block, device, || table(true));
         // packed rows: each document's positions start at 0, the angles picked per position
@@ -96,6 +106,25 @@ impl Llama {
         }
         let at = |x: Tensor<B, 2>| x.slice([from..from + t, 0..hd]).reshape([1, t, 1, hd]);
         (at(cos), at(sin))
+    }
+
+    /// The rotation of the fused attention kernel for rows `[n, t]` from position 0 (each
+    /// document's positions from 0 over packed rows), its tables made once.
+    fn rope(&self, (n, t): (usize, usize), ctx: &Forward, local: bool) -> kernels::Rope {
+        let (cn, sn) = Self::table_names(local);
+        let positions = ctx
+            .positions(n, t)
+            .map(|p| p.into_iter().map(|v| v as u32).collect::<Vec<u32>>().into());
+        kernels::Rope {
+            cos: self
+                .cache
+                .values(cn, self.block, || self.rope_table(local, false)),
+            sin: self
+                .cache
+                .values(sn, self.block, || self.rope_table(local, true)),
+            positions,
+            from: 0,
+        }
     }
 
     /// `x` `[n, t, heads, head_dim]` rotated: `x cos + rotate_half(x) sin`.
@@ -125,13 +154,21 @@ impl Llama {
     }
 
     /// An RMSNorm as the architecture computes it: `x / rms(x) * weight`, Gemma's
-    /// `x / rms(x) * (1 + weight)` (its weights start at 0).
+    /// `x / rms(x) * (1 + weight)` (its weights start at 0); in one pass when `fused`.
     pub(super) fn norm<B: Backend, const D: usize>(
         &self,
         n: &RmsNorm<B>,
         x: Tensor<B, D>,
+        fused: bool,
     ) -> Tensor<B, D> {
-        if self.arch != Arch::Gemma3 {
+        let gemma = self.arch == Arch::Gemma3;
+        if fused {
+            let offset = if gemma { 1.0 } else { 0.0 };
+            if let Some(y) = kernels::rms_norm(x.clone(), n.gamma.val(), offset, n.epsilon) {
+                return y;
+            }
+        }
+        if !gemma {
             return n.forward(x);
         }
         let rms = (x.clone().powf_scalar(2.0).mean_dim(D - 1) + n.epsilon).sqrt();
@@ -167,16 +204,14 @@ impl Llama {
         (x, stats)
     }
 
-    /// q `[n, t, heads, hd]`, k and v `[n, t, kv_heads, hd]` of `hx`, normed (Qwen3, Gemma 3)
-    /// and rotated.
-    fn qkv<B: Backend>(
+    /// The query, key and value heads of `hx`, q and k normed (Qwen3, Gemma 3), not rotated.
+    fn projections<B: Backend>(
         &self,
-        (i, b): (usize, &Block<B>),
+        b: &Block<B>,
         hx: Tensor<B, 3>,
-        from: usize,
         fused: bool,
         ctx: &mut Forward,
-    ) -> [Tensor<B, 4>; 3] {
+    ) -> Qkv<B> {
         let [n, t, _] = hx.dims();
         let (h, g, hd) = (self.heads, self.kv_heads, self.head_dim);
         let a = &b.self_attn;
@@ -187,40 +222,52 @@ impl Llama {
             l.as_ref()
                 .map(|l| adapted(l, self.adapter(b, pick), x, None, fused, ctx))
         };
-        let (q, k, v) = match &a.qkv_proj {
+        let qkv = match &a.qkv_proj {
             // Phi-3: q, k and v side by side in one projection
-            Some(l) => {
-                let y = crate::model::gpt::dense(l, hx, None, fused);
-                let (q_end, k_end) = (h * hd, (h + g) * hd);
-                (
-                    y.clone().slice([0..n, 0..t, 0..q_end]),
-                    y.clone().slice([0..n, 0..t, q_end..k_end]),
-                    y.slice([0..n, 0..t, k_end..k_end + g * hd]),
-                )
-            }
+            Some(l) => Qkv::Whole(crate::model::gpt::dense(l, hx, None, fused)),
             None => {
                 let q = proj(&a.q_proj, |l| &l.q_proj, hx.clone(), ctx);
                 let k = proj(&a.k_proj, |l| &l.k_proj, hx.clone(), ctx);
                 let v = proj(&a.v_proj, |l| &l.v_proj, hx, ctx);
                 match (q, k, v) {
-                    (Some(q), Some(k), Some(v)) => (q, k, v),
+                    (Some(q), Some(k), Some(v)) => Qkv::Parts([q, k, v]),
                     _ => unreachable!("a llama block without q/k/v projections"),
                 }
             }
         };
-        let (mut q, mut k) = (q.reshape([n, t, h, hd]), k.reshape([n, t, g, hd]));
-        if let (Some(qn), Some(kn)) = (&a.q_norm, &a.k_norm) {
-            q = self.norm(qn, q);
-            k = self.norm(kn, k);
-        }
+        let (Some(qn), Some(kn)) = (&a.q_norm, &a.k_norm) else {
+            return qkv;
+        };
+        let [q, k, v] = qkv.parts(h * hd, g * hd);
+        let q = self.norm(qn, q.reshape([n, t, h, hd]), fused);
+        let k = self.norm(kn, k.reshape([n, t, g, hd]), fused);
+        Qkv::Parts([q.reshape([n, t, h * hd]), k.reshape([n, t, g * hd]), v])
+    }
+
+    /// q `[n, t, heads, hd]`, k and v `[n, t, kv_heads, hd]` of the projections, q and k
+    /// rotated (Burn's ops) for positions from `from`, q scaled for the scores.
+    fn rotated<B: Backend>(
+        &self,
+        i: usize,
+        qkv: Qkv<B>,
+        from: usize,
+        ctx: &mut Forward,
+    ) -> [Tensor<B, 4>; 3] {
+        let (h, g, hd) = (self.heads, self.kv_heads, self.head_dim);
+        let [q, k, v] = qkv.parts(h * hd, g * hd);
+        let [n, t, _] = q.dims();
+        let (q, k) = (q.reshape([n, t, h, hd]), k.reshape([n, t, g, hd]));
         // (Gemma 3 picks the base by the layer's type)
         let local = self.arch == Arch::Gemma3 && self.slides(i);
         let (cos, sin) = self.rotary::<B>(from, (n, t), ctx, &q.device(), local);
-        [
-            Self::rotate(q, &cos, &sin),
-            Self::rotate(k, &cos, &sin),
-            v.reshape([n, t, g, hd]),
-        ]
+        let q = Self::rotate(q, &cos, &sin);
+        // Gemma 3 scales the scores by query_pre_attn_scalar^-0.5, not head_dim^-0.5
+        let q = if self.query_scale != 1.0 / (hd as f64).sqrt() {
+            q.mul_scalar(self.query_scale * (hd as f64).sqrt())
+        } else {
+            q
+        };
+        [q, Self::rotate(k, &cos, &sin), v.reshape([n, t, g, hd])]
     }
 
     /// Block `i` (`b`) on `x` `[n, t, dim]` at positions `from..from + t`, after the positions
@@ -238,41 +285,31 @@ impl Llama {
     ) -> (Tensor<B, 3>, Option<Kv<B>>, Option<RouterStats<B>>) {
         let fused = ctx.fused() && !ctx.drops(self.dropout);
         let [n, t, _] = x.dims();
-        let (h, hd) = (self.heads, self.head_dim);
-        let hx = self.norm(&b.input_layernorm, x.clone());
-        let [q, k, v] = self.qkv((i, b), hx, from, fused, ctx);
-        // Gemma 3 scales the scores by query_pre_attn_scalar^-0.5, not head_dim^-0.5
-        let q = if self.query_scale != 1.0 / (hd as f64).sqrt() {
-            q.mul_scalar(self.query_scale * (hd as f64).sqrt())
-        } else {
-            q
-        };
+        let hx = self.norm(&b.input_layernorm, x.clone(), fused);
+        let qkv = self.projections(b, hx, fused, ctx);
         let window = self.window(i).filter(|&w| w < from + t);
         let starts = window.map(|w| window_starts(ctx, (n, t), w));
-        let segments = starts.clone().or_else(|| ctx.segments().cloned());
         let whole = if fused && past.is_none() && !keep {
-            // kiln's fused causal attention reads q, k and v side by side, one per query head
-            let wide = |kv: Tensor<B, 4>| {
-                self.repeat_kv(kv.swap_dims(1, 2))
-                    .swap_dims(1, 2)
-                    .reshape([n, t, h * hd])
+            // kiln's fused attention reads the heads where the projections put them, each
+            // query head its key/value head, rotating q and k as it reads them
+            let heads = kernels::Heads {
+                heads: self.heads,
+                kv_heads: self.kv_heads,
+                scale: Some(self.query_scale),
             };
-            let qkv = Tensor::cat(
-                vec![
-                    q.clone().reshape([n, t, h * hd]),
-                    wide(k.clone()),
-                    wide(v.clone()),
-                ],
-                2,
-            );
-            kernels::document_attention(qkv, h, segments)
+            let local = self.arch == Arch::Gemma3 && self.slides(i);
+            let rope = self.rope((n, t), ctx, local);
+            let segments = starts.clone().or_else(|| ctx.segments().cloned());
+            let all = qkv.clone().whole();
+            kernels::grouped_attention(all, heads, Some(rope), segments)
         } else {
             None
         };
         let (y, kv) = match whole {
             Some(y) => (y, None),
             None => {
-                let (y, kv) = self.attention([q, k, v], past, (window, starts), &x.device(), ctx);
+                let qkv = self.rotated(i, qkv, from, ctx);
+                let (y, kv) = self.attention(qkv, past, (window, starts), &x.device(), ctx);
                 (y, keep.then_some(kv))
             }
         };
@@ -288,17 +325,17 @@ impl Llama {
             ctx,
         );
         let x = if gemma {
-            x + self.norm(&b.post_attention_layernorm, o)
+            x + self.norm(&b.post_attention_layernorm, o, fused)
         } else {
             o
         };
         let hx = match &b.pre_feedforward_layernorm {
-            Some(pre) => self.norm(pre, x.clone()),
-            None => self.norm(&b.post_attention_layernorm, x.clone()),
+            Some(pre) => self.norm(pre, x.clone(), fused),
+            None => self.norm(&b.post_attention_layernorm, x.clone(), fused),
         };
         let (y, stats) = self.mlp(b, hx, fused, ctx);
         let x = match &b.post_feedforward_layernorm {
-            Some(post) => x + self.norm(post, y),
+            Some(post) => x + self.norm(post, y, fused),
             None => x + y,
         };
         (x, kv, stats)
@@ -321,11 +358,21 @@ impl Llama {
             (Some(m), None) => m,
             (None, None) => unreachable!("a llama block without an MLP"),
         };
-        let act = |g: Tensor<B, 3>| {
-            if self.arch == Arch::Gemma3 {
-                gelu_tanh(g)
-            } else {
-                silu(g)
+        // act(gate) * up: in one pass when fused
+        let gate_kind = if self.arch == Arch::Gemma3 {
+            kernels::Gate::GeluTanh
+        } else {
+            kernels::Gate::Silu
+        };
+        let glu = |g: Tensor<B, 3>, u: Tensor<B, 3>| {
+            if fused {
+                if let Some(y) = kernels::glu(g.clone(), u.clone(), gate_kind) {
+                    return y;
+                }
+            }
+            match gate_kind {
+                kernels::Gate::GeluTanh => gelu_tanh(g) * u,
+                kernels::Gate::Silu => silu(g) * u,
             }
         };
         let down = &m.down_proj;
@@ -336,7 +383,7 @@ impl Llama {
                 let y = crate::model::gpt::dense(gu, hx, None, fused);
                 let f = self.ffn_dim;
                 let gate = y.clone().slice([0..n, 0..t, 0..f]);
-                act(gate) * y.slice([0..n, 0..t, f..2 * f])
+                glu(gate, y.slice([0..n, 0..t, f..2 * f]))
             }
             (None, Some(g), Some(u)) => {
                 let gate = adapted(
@@ -348,7 +395,7 @@ impl Llama {
                     ctx,
                 );
                 let up = adapted(u, self.adapter(b, |l| &l.up_proj), hx, None, fused, ctx);
-                act(gate) * up
+                glu(gate, up)
             }
             _ => unreachable!("a dense llama MLP without gate and up projections"),
         };
@@ -431,4 +478,39 @@ fn window_starts(ctx: &Forward, (n, t): (usize, usize), w: usize) -> Starts {
         })
         .collect::<Vec<u32>>()
         .into()
+}
+
+/// A block's query, key and value heads as the projections made them: side by side in one
+/// tensor `[n, t, (heads + 2 kv_heads) hd]` (Phi-3's `qkv_proj`; what the fused attention
+/// reads), or three.
+#[derive(Clone)]
+enum Qkv<B: Backend> {
+    Whole(Tensor<B, 3>),
+    Parts([Tensor<B, 3>; 3]),
+}
+
+impl<B: Backend> Qkv<B> {
+    /// Side by side.
+    fn whole(self) -> Tensor<B, 3> {
+        match self {
+            Qkv::Whole(x) => x,
+            Qkv::Parts(p) => Tensor::cat(p.to_vec(), 2),
+        }
+    }
+
+    /// q, k and v of `q_width`, `kv_width` channels.
+    fn parts(self, q_width: usize, kv_width: usize) -> [Tensor<B, 3>; 3] {
+        match self {
+            Qkv::Parts(p) => p,
+            Qkv::Whole(y) => {
+                let [n, t, _] = y.dims();
+                let k_end = q_width + kv_width;
+                [
+                    y.clone().slice([0..n, 0..t, 0..q_width]),
+                    y.clone().slice([0..n, 0..t, q_width..k_end]),
+                    y.slice([0..n, 0..t, k_end..k_end + kv_width]),
+                ]
+            }
+        }
+    }
 }

@@ -241,10 +241,10 @@ impl Llama {
         m: &LlamaModule<B>,
         x: TensorData,
         device: &B::Device,
+        fused: bool,
     ) -> Tensor<B, 3> {
-        let h = m
-            .embed_tokens
-            .forward(Tensor::<B, 2, Int>::from_data(x, device));
+        let ids = Tensor::<B, 2, Int>::from_data(x, device);
+        let h = crate::model::gpt::lookup(&m.embed_tokens, ids, fused);
         if self.arch == Arch::Gemma3 {
             // Gemma's embeddings scaled by sqrt(dim), the factor rounded to f32 as transformers'
             h.mul_scalar((self.dim as f32).sqrt())
@@ -256,7 +256,7 @@ impl Llama {
     /// The final RMSNorm and the output layer: logits `[samples * positions, vocab]`.
     fn head<B: Backend>(&self, m: &LlamaModule<B>, h: Tensor<B, 3>, fused: bool) -> Tensor<B, 2> {
         let [n, t, _] = h.dims();
-        let h = self.norm(&m.norm, h).reshape([n * t, self.dim]);
+        let h = self.norm(&m.norm, h, fused).reshape([n * t, self.dim]);
         match &m.lm_head {
             Some(head) => dense(head, h, None, fused),
             None if fused => {
@@ -339,9 +339,9 @@ impl Incremental for Llama {
         ids: TensorData,
         _from: usize,
         device: &B::Device,
-        _ctx: &mut Forward,
+        ctx: &mut Forward,
     ) -> Tensor<B, 3> {
-        self.embed(m, ids, device)
+        self.embed(m, ids, device, ctx.fused())
     }
     fn block_at<B: Backend>(
         &self,
@@ -455,7 +455,7 @@ impl Family for Llama {
         device: &B::Device,
         ctx: &mut Forward,
     ) -> Tensor<B, 2> {
-        let mut h = self.embed(m, x, device);
+        let mut h = self.embed(m, x, device, ctx.fused());
         for (i, b) in m.layers.iter().enumerate() {
             h = self.block(i, b, h, ctx).0;
         }
@@ -481,7 +481,7 @@ impl Family for Llama {
         ctx: &mut Forward,
     ) -> Act<B> {
         match (stage, x) {
-            (0, Act::Data(x)) => Act::D3(self.embed(m, x, device)),
+            (0, Act::Data(x)) => Act::D3(self.embed(m, x, device, ctx.fused())),
             // a mixture of experts' router statistics travel beside the hidden state, summed
             (s, Act::D3(h)) if s <= self.layers => {
                 match self.block(s - 1, &m.layers[s - 1], h, ctx) {
