@@ -208,6 +208,15 @@ pub struct StrategyConfig {
     /// shard).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub shard_size: Option<ShardSize>,
+    /// fsdp with full sharding by layer: each stage drops its gathered parameters once its
+    /// forward is done, and its backward gathers them again (torch FSDP's
+    /// `reshard_after_forward=True`), so the graph that waits for the backward holds no whole
+    /// parameters and nothing is recomputed; `false` keeps them until the stage's backward
+    /// (torch's `reshard_after_forward=False`: one all-gather less per stage, more memory).
+    /// The CPU's fused kernels (flex, f32, `backend.fused`) drop them; elsewhere the graph
+    /// keeps them either way. The results are the same bits. Default: `true`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reshard_after_forward: Option<bool>,
 }
 
 impl Default for StrategyConfig {
@@ -225,6 +234,7 @@ impl Default for StrategyConfig {
             offload: Offload::None,
             reduce_dtype: Precision::F32,
             shard_size: None,
+            reshard_after_forward: None,
         }
     }
 }
@@ -343,7 +353,12 @@ pub(super) fn left_out(figment: &figment::Figment, file: &std::path::Path) -> Ve
     }
     let mut keys: Vec<&str> = Vec::new();
     if kind != "fsdp" {
-        keys.extend(["strategy.shard_size", "strategy.unit", "strategy.sharding"]);
+        keys.extend([
+            "strategy.shard_size",
+            "strategy.unit",
+            "strategy.sharding",
+            "strategy.reshard_after_forward",
+        ]);
     }
     if kind == "single" {
         keys.extend(["strategy.devices", "strategy.reduce_dtype"]);

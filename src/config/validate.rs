@@ -121,7 +121,11 @@ impl Resolved {
             ));
         }
         if c.strategy.kind != StrategyKind::Fsdp {
-            for key in ["strategy.unit", "strategy.sharding"] {
+            for key in [
+                "strategy.unit",
+                "strategy.sharding",
+                "strategy.reshard_after_forward",
+            ] {
                 if set(key) {
                     out.push(format!(
                         "note: `{key}` ({}) applies to fsdp only; `strategy.kind` = \"{}\" ignores it",
@@ -130,6 +134,16 @@ impl Resolved {
                     ));
                 }
             }
+        }
+        if c.strategy.kind == StrategyKind::Fsdp
+            && c.strategy.reshard_after_forward == Some(true)
+            && (c.strategy.sharding != super::Sharding::Full
+                || c.strategy.unit != super::FsdpUnit::Layer)
+        {
+            out.push(format!(
+                "note: `strategy.reshard_after_forward` ({}) applies to `strategy.sharding` = \"full\" with `strategy.unit` = \"layer\" only (gathered a stage at a time); here the whole parameters stay for the step",
+                describe_source(&self.figment, "strategy.reshard_after_forward")
+            ));
         }
         if c.schedule.decay_steps.is_some()
             && !matches!(

@@ -34,7 +34,7 @@ pub use linear::linear;
 pub use loss::{cross_entropy, IGNORE};
 pub use norm::layer_norm;
 pub use optim::{adam_update, add_into, all_finite, scale, sum_squares, AdamStep};
-pub use reshard::{hollow, Resharded};
+pub use reshard::{hollow, param_view, Resharded};
 pub use rms_norm::rms_norm;
 pub use rope::Rope;
 pub use route::fused_on;

@@ -178,7 +178,7 @@ impl Drop for Resharded {
 }
 
 /// The flex tensor of `t` (shared, not copied), when its backend is flex.
-fn flex_of<I: Backend>(t: &Tensor<I, 1>) -> Option<FlexTensor> {
+pub(super) fn flex_of<I: Backend>(t: &Tensor<I, 1>) -> Option<FlexTensor> {
     match route::route1(t.clone()).ok()? {
         Routes::Plain([f]) => Some(f),
         Routes::Autodiff([a]) => Some(a.primitive),
@@ -209,5 +209,32 @@ pub fn hollow<B: Backend, const D: usize>(t: Tensor<B, D>) -> Tensor<B, D> {
             route::back::<B, _, D>(h).expect("routed to flex")
         }
         Err(t) => t,
+    }
+}
+
+/// The parameter of `shape` at `start` in unit buffer `unit` (flat, contiguous) as a view of
+/// the buffer, not a copy (flex copies a reshaped slice that does not start at 0): every
+/// parameter of a unit then shares its buffer, which `Resharded` can drop as one. `None` where
+/// the backend is not flex or the view would not fit.
+pub fn param_view<I: Backend, const D: usize>(
+    unit: &Tensor<I, 1>,
+    start: usize,
+    shape: [usize; D],
+) -> Option<Tensor<I, D>> {
+    let f = flex_of(unit)?;
+    let len: usize = shape.iter().product();
+    if !f.layout().is_contiguous() || start + len > f.layout().num_elements() {
+        return None;
+    }
+    let mut strides = vec![1isize; D];
+    for d in (0..D.saturating_sub(1)).rev() {
+        strides[d] = strides[d + 1] * shape[d + 1] as isize;
+    }
+    let at = f.layout().start_offset() + start;
+    let layout = Layout::new(burn::tensor::Shape::from(shape.to_vec()), strides, at);
+    let view = FlexTensor::from_arc(f.data_arc(), layout, f.dtype());
+    match route::route1(unit.clone()).ok()? {
+        Routes::Plain(_) => route::back::<I, _, D>(view),
+        Routes::Autodiff(_) => None,
     }
 }

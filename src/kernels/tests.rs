@@ -604,3 +604,57 @@ fn embedding_matches_burns_op_with_repeated_ids() {
         Tensor::<Ad, 2, Int>::from_data(TensorData::new(vec![7i64], [1, 1]), &Default::default());
     assert!(embedding(leaf([vocab, d], 1, 1.0), bad).is_none());
 }
+
+#[test]
+fn a_resharded_units_buffer_is_freed_after_the_forward_and_comes_back_for_the_backward() {
+    let dev = Default::default();
+    let vals = values(15, 3, 1.0);
+    let x = leaf([2, 5, 4], 1, 1.0);
+    let run = |reshard: bool| {
+        let unit = Tensor::<Flex, 1>::from_data(TensorData::new(vals.clone(), [15]), &dev);
+        let mut held = Resharded::default();
+        if reshard {
+            assert!(held.add(&unit));
+        }
+        // the unit's parameters: views of its buffer (the weight [4, 3], then a scale [3])
+        let w = Tensor::<Ad, 2>::from_inner(param_view(&unit, 0, [4, 3]).unwrap()).require_grad();
+        let g = Tensor::<Ad, 1>::from_inner(param_view(&unit, 12, [3]).unwrap()).require_grad();
+        let buffer = std::sync::Arc::downgrade(&reshard::flex_of(&unit).unwrap().data_arc());
+        drop(unit);
+        let x = Tensor::<Ad, 3>::from_inner(x.clone().inner()).require_grad();
+        let y = linear(x.clone(), w.clone().transpose().transpose(), None, None);
+        let y = rms_norm(y, g.clone(), 0.0, 1e-6).unwrap();
+        let (w, g) = if reshard {
+            held.release();
+            let (w, g) = (hollow(w), hollow(g));
+            // nothing holds the buffer between the forward and the backward
+            assert!(
+                buffer.upgrade().is_none(),
+                "the unit's buffer outlived the forward"
+            );
+            let again = Tensor::<Flex, 1>::from_data(TensorData::new(vals.clone(), [15]), &dev);
+            held.refill(vec![again]).unwrap();
+            (w, g)
+        } else {
+            assert!(buffer.upgrade().is_some());
+            (w, g)
+        };
+        let wts = Tensor::<Ad, 3>::from_data(TensorData::new(values(30, 5, 1.0), [2, 5, 3]), &dev);
+        let grads = (y * wts).sum().backward();
+        [
+            vec_of(x.grad(&grads).unwrap()),
+            vec_of(w.grad(&grads).unwrap()),
+            vec_of(g.grad(&grads).unwrap()),
+        ]
+    };
+    assert_eq!(run(true), run(false), "the same gradients, bit for bit");
+    // a buffer of another length is refused
+    let mut held = Resharded::default();
+    assert!(held.add(&Tensor::<Flex, 1>::from_data(
+        TensorData::new(vals.clone(), [15]),
+        &dev
+    )));
+    held.release();
+    let short = Tensor::<Flex, 1>::from_data(TensorData::new(vec![0f32; 14], [14]), &dev);
+    assert!(held.refill(vec![short]).is_err());
+}

@@ -530,6 +530,19 @@ pub fn recomputed(stage: usize, stages: usize, checkpointing: bool) -> bool {
     checkpointing && stage + 1 < stages
 }
 
+/// Whether stage `stage` of `stages` needs its parameters again for its backward: recomputed
+/// (`recomputed`), or resharded after its forward (`resharded`).
+pub fn regathered(stage: usize, stages: usize, (checkpointing, reshard): (bool, bool)) -> bool {
+    recomputed(stage, stages, checkpointing) || resharded(stage, stages, reshard)
+}
+
+/// Whether stage `stage` of `stages` drops its parameters after its forward under `reshard`:
+/// every stage but the last two, whose backwards come first, right after the forward (torch
+/// FSDP2 leaves the last module unsharded after its forward the same way).
+pub fn resharded(stage: usize, stages: usize, reshard: bool) -> bool {
+    reshard && stage + 2 < stages
+}
+
 /// One batch's evaluation, stage by stage (`Compute::eval_batch`).
 pub trait StagedEval {
     /// Runs stage `stage` (stages in order) on its units' parameters, in stage order.
@@ -572,14 +585,22 @@ pub trait Compute<B: AutodiffBackend> {
     fn stages(&self) -> &[Vec<usize>];
     /// Starts one micro-step on `batch`, whose gradients are scaled as `grads` says; with
     /// `checkpointing`, every stage but the last keeps only its input and is recomputed in the
-    /// backward (torch `checkpoint_wrapper`).
+    /// backward (torch `checkpoint_wrapper`); with `reshard` (and `reshards`), every stage but
+    /// the last keeps its graph without its parameters, which its backward is handed again
+    /// (torch FSDP's `reshard_after_forward`).
     fn micro<'a>(
         &'a self,
         batch: Input,
         key: StepKey,
         grads: GradScale,
-        checkpointing: bool,
+        checkpointing_reshard: (bool, bool),
     ) -> Box<dyn MicroStep<B> + 'a>;
+    /// Whether a stage's graph can hold no parameter between its forward and its backward
+    /// (`micro`'s `reshard`: the fused kernels on flex in f32 keep parameters through
+    /// `kernels::Resharded`). Default: no.
+    fn reshards(&self) -> bool {
+        false
+    }
     /// Per-sample loss and correctness of the whole flat `params` on every batch of `batches`
     /// (no dropout); the parameters are installed once.
     fn evaluate(
@@ -643,7 +664,7 @@ pub fn forward_backward<B: AutodiffBackend>(
      -> Result<Vec<UnitParams>, ModelError> {
         stages[s].iter().map(|&u| params(u)).collect()
     };
-    let mut micro = compute.micro(batch, key, GradScale::plain(scale), checkpointing);
+    let mut micro = compute.micro(batch, key, GradScale::plain(scale), (checkpointing, false));
     for s in 0..stages.len() {
         micro.forward(s, fetch(params, s)?)?;
     }

@@ -26,9 +26,10 @@ mod sizing;
 
 pub use api::decoder_on;
 pub use api::{
-    forward_backward, recomputed, stage_per_unit, Act, Batch, Compute, ComputeOn, ConfigMismatch,
-    EvalOut, Family, Forward, GradScale, Input, MicroStep, Model, ModelError, SameNames,
-    SharedModel, StagedEval, StepKey, Task, TokenDecoder, UnitParams, WeightAdapter,
+    forward_backward, recomputed, regathered, resharded, stage_per_unit, Act, Batch, Compute,
+    ComputeOn, ConfigMismatch, EvalOut, Family, Forward, GradScale, Input, MicroStep, Model,
+    ModelError, SameNames, SharedModel, StagedEval, StepKey, Task, TokenDecoder, UnitParams,
+    WeightAdapter,
 };
 pub(crate) use backends::for_each_backend;
 pub use engine::{trains_up_to, FamilyModel};

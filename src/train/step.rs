@@ -9,8 +9,8 @@
 //! prefetch(0)
 //! for s in 0..n:   params(s) -> prefetch(s+1) -> forward(s) -> (drop params unless s keeps
 //!                  its graph)
-//! for s in n-1..0: params(s) again if s is recomputed -> prefetch(s-1) if it is recomputed
-//!                  -> backward(s)
+//! for s in n-1..0: params(s) again if s is recomputed or resharded -> prefetch(s-1) if it
+//!                  is -> backward(s)
 //!                  -> strategy.unit_grads(the units of s whose last use this was)
 //! ```
 //!
@@ -27,7 +27,7 @@ use super::events::TrainError;
 use super::placement::Placement;
 use super::timing::{Clock, Phase};
 use crate::collective::{device_error, CollectiveError, OpKind};
-use crate::model::{recomputed, Compute, ComputeOn, GradScale, Input, StepKey, UnitParams};
+use crate::model::{regathered, Compute, ComputeOn, GradScale, Input, StepKey, UnitParams};
 use crate::params::transfers::{record, Moved};
 use crate::params::{DeviceFlat, DeviceTensor, Grads, RawFn};
 use crate::strategy::Strategy;
@@ -36,6 +36,10 @@ use crate::strategy::Strategy;
 pub struct MicroOpts<'a, B: ComputeOn> {
     /// `train.activation_checkpointing = "units"`: every stage but the last is recomputed.
     pub checkpointing: bool,
+    /// `strategy.reshard_after_forward`: where the strategy gathers each stage's units and the
+    /// compute can (`Compute::reshards`), every stage but the last drops its gathered
+    /// parameters after its forward and is handed them again, gathered anew, for its backward.
+    pub reshard: bool,
     /// Whether this micro-step's gradients are synchronised (see `Strategy::unit_grad`).
     pub sync: bool,
     /// Where the rank computes and keeps its state: on a device, host parameters handed to it
@@ -105,12 +109,16 @@ pub fn micro_step<B: ComputeOn>(
     // the stages whose backward has something to compute: from the first with a unit that
     // trains on (frozen embeddings need no backward, nor do frozen first layers)
     let needed = crate::model::trains_up_to(layout, stages);
+    // (every rank decides the same: the strategy, the config and the build decide it)
+    let reshard =
+        opts.reshard && !opts.checkpointing && strategy.shards_params() && compute.reshards();
+    let how = (opts.checkpointing, reshard);
     let mut micro = batch.map(|(input, key, scale)| {
         let grads = GradScale {
             weight: scale,
             ..opts.grads
         };
-        compute.micro(input, key, grads, opts.checkpointing)
+        compute.micro(input, key, grads, how)
     });
     // the last recomputed stage's backward comes right after the head's: when the strategy
     // gathers, its parameters are kept from the forward instead of gathered again (torch FSDP2
@@ -149,12 +157,12 @@ pub fn micro_step<B: ComputeOn>(
         }
         let params = match kept.take_if(|_| keep == Some(s)) {
             Some(p) => Some(p),
-            None if recomputed(s, n, opts.checkpointing) => Some(fetch(strategy, s)?),
+            None if regathered(s, n, how) => Some(fetch(strategy, s)?),
             None => None,
         };
         // (the kept stage needs no gather)
         let held = s > 0 && keep == Some(s - 1) && kept.is_some();
-        if s > 0 && needed[s - 1] && recomputed(s - 1, n, opts.checkpointing) && !held {
+        if s > 0 && needed[s - 1] && regathered(s - 1, n, how) && !held {
             prefetch(strategy, s - 1)?;
         }
         let grads: Vec<Grads> = match micro.as_mut() {

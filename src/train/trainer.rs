@@ -396,6 +396,7 @@ impl<'a, B: ComputeOn> Trainer<'a, B> {
             );
             let opts = MicroOpts::<B> {
                 checkpointing: self.checkpointing,
+                reshard: c.strategy.reshard_after_forward.unwrap_or(true),
                 sync: last_micro || !c.strategy.no_sync,
                 placement: &self.placement,
                 grads: crate::model::GradScale {

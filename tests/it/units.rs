@@ -1,6 +1,7 @@
 //! The unit-by-unit engine: for mlp, cnn and gpt (tied and untied embeddings), single == ddp(2)
 //! == fsdp(2) == fsdp(4) by layer within 1e-5, with and without activation checkpointing, and
-//! neither activation checkpointing nor overlap (`strategy.overlap`) changes a bit; a user's family trains under fsdp(2) with its
+//! neither activation checkpointing, overlap (`strategy.overlap`) nor fsdp's reshard after forward
+//! (`strategy.reshard_after_forward`) changes a bit; a user's family trains under fsdp(2) with its
 //! declared stages and as one stage, to the same bits; each rank's peak is measured.
 
 use crate::common::{kiln, stderr, summary, write, TINY};
@@ -46,6 +47,16 @@ pub(crate) fn strategies_agree(task: &str, quarter: usize, extra: &[&str]) {
             let mut inline = sets.clone();
             inline.push("strategy.overlap=false".into());
             assert!(overlapped == run(&inline), "{sets:?}: overlap changed bits");
+            // fsdp by layer reshards after each stage's forward (the default) or keeps the
+            // gathered parameters until its backward: the same bits
+            if kind == "fsdp" && world == 2 && ac == "none" {
+                let mut kept = sets.clone();
+                kept.push("strategy.reshard_after_forward=false".into());
+                assert!(
+                    overlapped == run(&kept),
+                    "{sets:?}: resharding changed bits"
+                );
+            }
         }
     }
 }
@@ -165,7 +176,7 @@ fn step_ops(task: &str, sets: &[&str]) -> std::collections::BTreeMap<&'static st
 }
 
 #[test]
-fn a_stages_units_travel_in_one_collective_and_the_last_recomputed_stage_is_not_gathered_twice() {
+fn a_stages_units_travel_in_one_collective_and_the_last_stages_are_not_gathered_twice() {
     let d = kiln::testdir::tempdir().unwrap();
     corpus(d.path());
     let task = GPT.replace("corpus.txt", d.path().join("corpus.txt").to_str().unwrap());
@@ -180,10 +191,20 @@ fn a_stages_units_travel_in_one_collective_and_the_last_recomputed_stage_is_not_
             sets.extend_from_slice(&base);
             step_ops(&task, &sets)
         };
-        // one gather per stage in the forward; with checkpointing again for each recomputed
-        // stage but the last, whose forward gather is kept; one reduce-scatter per stage whose
-        // units are done (the tied `wte` with `wpe`, in stage 0)
+        // one gather per stage in the forward; resharded after the forward (the default) or
+        // with checkpointing again for each stage but the last two (the last recomputed
+        // stage's forward gather is kept); one reduce-scatter per stage whose units are done
+        // (the tied `wte` with `wpe`, in stage 0)
         let ops = fsdp("none");
+        assert_eq!(
+            ops.get("all_gather"),
+            Some(&(n + n - 2)),
+            "{overlap}: {ops:?}"
+        );
+        assert_eq!(ops.get("reduce_scatter"), Some(&n), "{overlap}: {ops:?}");
+        let mut kept = vec!["strategy.kind=fsdp", "strategy.reshard_after_forward=false"];
+        kept.extend_from_slice(&base);
+        let ops = step_ops(&task, &kept);
         assert_eq!(ops.get("all_gather"), Some(&n), "{overlap}: {ops:?}");
         assert_eq!(ops.get("reduce_scatter"), Some(&n), "{overlap}: {ops:?}");
         let ops = fsdp("units");

@@ -200,14 +200,45 @@ impl<B: Backend, I: Backend, L: Lift<B, I>> ModuleMapper<B> for Install<'_, B, I
         let base = self.layout.units[u].range.start;
         let rel = spec.offset - base..spec.offset - base + spec.len();
         self.installed += 1;
-        // reshaped before it becomes a leaf: the parameter itself must be the leaf
-        let t: Tensor<I, D> = unit.clone().slice(rel).reshape(shape);
+        // reshaped before it becomes a leaf: the parameter itself must be the leaf; on flex a
+        // view of the unit's buffer (the parameters of a unit share it, and a resharded stage
+        // drops it whole), elsewhere a copy
+        let dims: [usize; D] = shape.dims();
+        let t: Tensor<I, D> = crate::kernels::param_view(unit, rel.start, dims)
+            .unwrap_or_else(|| unit.clone().slice(rel).reshape(shape));
         let t = if self.layout.unit_frozen(u) {
             L::frozen(t)
         } else {
             L::lift(t)
         };
         Param::initialized(param.id, t)
+    }
+}
+
+/// Leaves every layout parameter of the chosen units without its values (`kernels::hollow`:
+/// the same graph node over one zero), after a resharded stage's forward.
+pub(super) struct Hollow<'a> {
+    pub(super) index: &'a HashMap<String, usize>,
+    pub(super) unit_of: &'a [usize],
+    pub(super) units: &'a [bool],
+    pub(super) path: Path,
+}
+
+impl<B: Backend> ModuleMapper<B> for Hollow<'_> {
+    fn enter_module(&mut self, name: &str, _container: &str) {
+        self.path.enter(name);
+    }
+    fn exit_module(&mut self, _name: &str, _container: &str) {
+        self.path.exit();
+    }
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+        match self.index.get(&self.path.name()) {
+            Some(&i) if self.units[self.unit_of[i]] => {
+                let id = param.id;
+                Param::initialized(id, crate::kernels::hollow(param.val()))
+            }
+            _ => param,
+        }
     }
 }
 

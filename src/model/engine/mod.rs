@@ -20,9 +20,10 @@ use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{FloatDType, Tensor, TensorData};
 
 use super::api::{
-    recomputed, Act, Batch, Compute, EvalOut, Family, Forward, GradScale, Input, MicroStep, Model,
-    ModelError, StagedEval, StepKey, Task, TokenDecoder, UnitParams, Values,
+    recomputed, resharded, Act, Batch, Compute, EvalOut, Family, Forward, GradScale, Input,
+    MicroStep, Model, ModelError, StagedEval, StepKey, Task, TokenDecoder, UnitParams, Values,
 };
+use crate::kernels;
 use crate::params::ParamLayout;
 
 mod install;
@@ -184,12 +185,27 @@ impl<F: Family, B: AutodiffBackend> Engine<F, B> {
         module: F::Module<M>,
         units: Vec<(usize, UnitParams)>,
     ) -> Result<F::Module<M>, ModelError> {
+        self.install_held::<M, L>(module, units, None)
+    }
+
+    /// `install`, with each unit's buffer registered in `held` (the fused kernels then keep
+    /// its parameters through its slot: `kernels::Resharded`).
+    fn install_held<M: Backend, L: Lift<M, B::InnerBackend>>(
+        &self,
+        module: F::Module<M>,
+        units: Vec<(usize, UnitParams)>,
+        mut held: Option<&mut kernels::Resharded>,
+    ) -> Result<F::Module<M>, ModelError> {
         let mut slots: Vec<Option<Tensor<B::InnerBackend, 1>>> =
             vec![None; self.layout.num_units()];
         let mut want = 0;
         for (u, p) in units {
             want += self.layout.units[u].params.len();
-            slots[u] = Some(unit_tensor(&self.layout, u, p, &self.device, self.dtype)?);
+            let t = unit_tensor(&self.layout, u, p, &self.device, self.dtype)?;
+            if let Some(h) = held.as_deref_mut() {
+                h.add(&t);
+            }
+            slots[u] = Some(t);
         }
         let mut install = Install::<M, B::InnerBackend, L> {
             layout: &self.layout,
@@ -225,6 +241,21 @@ impl<F: Family, B: AutodiffBackend> Engine<F, B> {
         } else {
             Act::<B>::untracked(x)
         }
+    }
+
+    /// `module` with the parameters of stage `s`'s units left without their values (their
+    /// graph nodes kept, so `stage_grads` still finds their gradients).
+    fn hollow(&self, s: usize, module: F::Module<B>) -> F::Module<B> {
+        let mut units = vec![false; self.layout.num_units()];
+        for &u in &self.stages[s] {
+            units[u] = true;
+        }
+        module.map(&mut Hollow {
+            index: &self.index,
+            unit_of: &self.unit_of,
+            units: &units,
+            path: Path::default(),
+        })
     }
 
     /// The inner-backend module (no autodiff) holding the whole flat `params`.
@@ -334,11 +365,13 @@ enum Saved<F: Family, B: AutodiffBackend> {
         ctx: Forward,
     },
     /// Kept: the module with its leaves, the input leaf and the output (the scaled loss for the
-    /// last stage), with their graph.
+    /// last stage), with their graph; resharded, the module's parameters without their values
+    /// and `held`, the slots the backward's gathered units fill.
     Graph {
         module: F::Module<B>,
         input: Act<B>,
         output: Output<B>,
+        held: Option<kernels::Resharded>,
     },
 }
 
@@ -352,6 +385,8 @@ struct EngineMicro<'a, F: Family, B: AutodiffBackend> {
     engine: &'a Engine<F, B>,
     ctx: Forward,
     checkpointing: bool,
+    /// Stages drop their parameters after their forward (`Compute::micro`, `resharded`).
+    reshard: bool,
     grads: GradScale,
     /// The batch's input, until stage 0 takes it.
     x: Option<TensorData>,
@@ -442,7 +477,10 @@ impl<F: Family, B: AutodiffBackend> MicroStep<B> for EngineMicro<'_, F, B> {
             self.next = Some(y.inner());
             self.saved[s] = Saved::Input { x, ctx };
         } else {
-            let module = e.install::<B, Leaf>(e.template.clone(), units)?;
+            let mut held = kernels::Resharded::default();
+            let reshard = resharded(s, n, self.reshard);
+            let module =
+                e.install_held::<B, Leaf>(e.template.clone(), units, reshard.then_some(&mut held))?;
             let input = e.input_act(s, x);
             let y = e
                 .family
@@ -453,10 +491,18 @@ impl<F: Family, B: AutodiffBackend> MicroStep<B> for EngineMicro<'_, F, B> {
                 self.next = Some(y.inner());
                 Output::Act(y)
             };
+            // resharded: the graph keeps the units' slots, the module none of their values
+            let (module, held) = if held.any() {
+                held.release();
+                (e.hollow(s, module), Some(held))
+            } else {
+                (module, None)
+            };
             self.saved[s] = Saved::Graph {
                 module,
                 input,
                 output,
+                held,
             };
         }
         Ok(())
@@ -481,13 +527,33 @@ impl<F: Family, B: AutodiffBackend> MicroStep<B> for EngineMicro<'_, F, B> {
             return Ok(Vec::new());
         }
         let saved = std::mem::replace(&mut self.saved[s], Saved::Empty);
+        // (a resharded stage's slots, filled until its gradients are out)
+        let reheld;
         let (module, input, output) = match saved {
             Saved::Graph {
                 module,
                 input,
                 output,
-            } => (module, input, output),
+                held,
+            } => {
+                if let Some(h) = &held {
+                    let params = params.ok_or_else(|| {
+                        ModelError::Stage(format!("stage {s} is resharded but got no parameters"))
+                    })?;
+                    let units = e
+                        .stage_params(s, params)?
+                        .into_iter()
+                        .map(|(u, p)| {
+                            unit_tensor::<B::InnerBackend>(&e.layout, u, p, &e.device, e.dtype)
+                        })
+                        .collect::<Result<Vec<_>, _>>()?;
+                    h.refill(units).map_err(ModelError::Stage)?;
+                }
+                reheld = held;
+                (module, input, output)
+            }
             Saved::Input { x, mut ctx } => {
+                reheld = None;
                 let params = params.ok_or_else(|| {
                     ModelError::Stage(format!("stage {s} is recomputed but got no parameters"))
                 })?;
@@ -522,7 +588,9 @@ impl<F: Family, B: AutodiffBackend> MicroStep<B> for EngineMicro<'_, F, B> {
             );
         }
         drop(input);
-        e.stage_grads(s, module, tape, self.grads)
+        let grads = e.stage_grads(s, module, tape, self.grads);
+        drop(reheld);
+        grads
     }
 }
 
@@ -535,12 +603,16 @@ impl<F: Family, B: AutodiffBackend> Compute<B> for Engine<F, B> {
         &self.stages
     }
 
+    fn reshards(&self) -> bool {
+        self.fused && kernels::fused_on::<B::InnerBackend>(self.dtype.into())
+    }
+
     fn micro<'a>(
         &'a self,
         batch: Input,
         key: StepKey,
         grads: GradScale,
-        checkpointing: bool,
+        (checkpointing, reshard): (bool, bool),
     ) -> Box<dyn MicroStep<B> + 'a> {
         Box::new(EngineMicro {
             engine: self,
@@ -548,6 +620,7 @@ impl<F: Family, B: AutodiffBackend> Compute<B> for Engine<F, B> {
                 .with_fused(self.fused)
                 .with_segments(batch.starts),
             checkpointing,
+            reshard: reshard && !checkpointing && self.reshards(),
             grads,
             x: Some(batch.x),
             targets: Some(batch.targets),
