@@ -54,7 +54,7 @@ esac; }
 
 echo "cpu: $(grep -m1 'model name' /proc/cpuinfo 2>/dev/null | cut -d: -f2- | sed 's/^ *//' || uname -m)"
 "$KILN" bench "$(config "${SHAPES%% *}")" --cpu flex --steps 1 --repeats 1 --set "backend.threads=$THREADS" \
-    | grep '^cpu:' | sed 's/^cpu: .*; /kiln: /'
+    | grep '^cpu:' | sed 's/^cpu: .*; //'
 sets=(--set "backend.threads=$THREADS")
 for s in ${KILN_SET:-}; do sets+=(--set "$s"); done
 
