@@ -213,8 +213,9 @@ pub struct StrategyConfig {
     /// `reshard_after_forward=True`), so the graph that waits for the backward holds no whole
     /// parameters and nothing is recomputed; `false` keeps them until the stage's backward
     /// (torch's `reshard_after_forward=False`: one all-gather less per stage, more memory).
-    /// The CPU's fused kernels (flex, f32, `backend.fused`) drop them; elsewhere the graph
-    /// keeps them either way. The results are the same bits. Default: `true`.
+    /// A gpt or llama on the CPU's fused kernels (flex, f32, `backend.fused`, no dropout)
+    /// drops them; elsewhere Burn's ops keep them and nothing changes. The results are the same
+    /// bits. Default: `true`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reshard_after_forward: Option<bool>,
 }

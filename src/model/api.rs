@@ -505,6 +505,16 @@ pub trait Family: Send + Sync + 'static {
         None
     }
 
+    /// Whether the family's fused forward (`backend.fused`, flex, f32) reads every parameter
+    /// through kiln's kernels, which keep a parameter for the backward through its unit's slot
+    /// (`kernels::Resharded`): its parameters are then installed as views of their unit's
+    /// buffer, and fsdp can drop a stage's gathered parameters after its forward
+    /// (`strategy.reshard_after_forward`). Burn's ops keep what they read, and copy a view that
+    /// does not start its buffer. Default: no.
+    fn kernel_params(&self) -> bool {
+        false
+    }
+
     /// Which parameters weight decay applies to when `optim.decay` is not set. Default: all.
     fn default_decay(&self) -> DecayRule {
         DecayRule::All
@@ -586,8 +596,8 @@ pub trait Compute<B: AutodiffBackend> {
     /// Starts one micro-step on `batch`, whose gradients are scaled as `grads` says; with
     /// `checkpointing`, every stage but the last keeps only its input and is recomputed in the
     /// backward (torch `checkpoint_wrapper`); with `reshard` (and `reshards`), every stage but
-    /// the last keeps its graph without its parameters, which its backward is handed again
-    /// (torch FSDP's `reshard_after_forward`).
+    /// the last two keeps its graph without its parameters, which its backward is handed again
+    /// (`resharded`; torch FSDP's `reshard_after_forward`).
     fn micro<'a>(
         &'a self,
         batch: Input,
@@ -596,8 +606,8 @@ pub trait Compute<B: AutodiffBackend> {
         checkpointing_reshard: (bool, bool),
     ) -> Box<dyn MicroStep<B> + 'a>;
     /// Whether a stage's graph can hold no parameter between its forward and its backward
-    /// (`micro`'s `reshard`: the fused kernels on flex in f32 keep parameters through
-    /// `kernels::Resharded`). Default: no.
+    /// (`micro`'s `reshard`: a family whose fused forward reads its parameters through kiln's
+    /// kernels, `Family::kernel_params`, on flex in f32). Default: no.
     fn reshards(&self) -> bool {
         false
     }

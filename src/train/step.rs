@@ -37,7 +37,7 @@ pub struct MicroOpts<'a, B: ComputeOn> {
     /// `train.activation_checkpointing = "units"`: every stage but the last is recomputed.
     pub checkpointing: bool,
     /// `strategy.reshard_after_forward`: where the strategy gathers each stage's units and the
-    /// compute can (`Compute::reshards`), every stage but the last drops its gathered
+    /// compute can (`Compute::reshards`), every stage but the last two drops its gathered
     /// parameters after its forward and is handed them again, gathered anew, for its backward.
     pub reshard: bool,
     /// Whether this micro-step's gradients are synchronised (see `Strategy::unit_grad`).

@@ -86,6 +86,8 @@ pub fn layout_of<B: AutodiffBackend, M: Module<B>>(module: &M) -> ParamLayout {
 /// the module (autodiff for training: each tensor becomes a leaf that requires a gradient), `I`
 /// its inner backend.
 pub(super) struct Install<'a, B: Backend, I: Backend, L: Lift<B, I>> {
+    /// Parameters as views of their unit's buffer (`kernels::param_view`) rather than copies.
+    pub(super) views: bool,
     pub(super) layout: &'a ParamLayout,
     pub(super) index: &'a HashMap<String, usize>,
     pub(super) unit_of: &'a [usize],
@@ -200,12 +202,16 @@ impl<B: Backend, I: Backend, L: Lift<B, I>> ModuleMapper<B> for Install<'_, B, I
         let base = self.layout.units[u].range.start;
         let rel = spec.offset - base..spec.offset - base + spec.len();
         self.installed += 1;
-        // reshaped before it becomes a leaf: the parameter itself must be the leaf; on flex a
-        // view of the unit's buffer (the parameters of a unit share it, and a resharded stage
-        // drops it whole), elsewhere a copy
+        // reshaped before it becomes a leaf: the parameter itself must be the leaf; a view of
+        // the unit's buffer where the family reads it through kiln's kernels (the parameters
+        // of a unit share it, and a resharded stage drops it whole), elsewhere a copy (Burn's
+        // ops would copy a view that does not start the buffer at each use)
         let dims: [usize; D] = shape.dims();
-        let t: Tensor<I, D> = crate::kernels::param_view(unit, rel.start, dims)
-            .unwrap_or_else(|| unit.clone().slice(rel).reshape(shape));
+        let view = self
+            .views
+            .then(|| crate::kernels::param_view(unit, rel.start, dims))
+            .flatten();
+        let t: Tensor<I, D> = view.unwrap_or_else(|| unit.clone().slice(rel).reshape(shape));
         let t = if self.layout.unit_frozen(u) {
             L::frozen(t)
         } else {

@@ -642,6 +642,12 @@ impl Family for Gpt {
     }
 
     /// nanoGPT's groups: matrices decay, biases, norms and nothing else of fewer dimensions.
+    /// (every parameter goes through kiln's kernels, unless dropout switches a block to
+    /// Burn's ops)
+    fn kernel_params(&self) -> bool {
+        self.dropout == 0.0
+    }
+
     fn default_decay(&self) -> DecayRule {
         DecayRule::Matrices
     }

@@ -289,7 +289,7 @@ impl Llama {
         let qkv = self.projections(b, hx, fused, ctx);
         let window = self.window(i).filter(|&w| w < from + t);
         let starts = window.map(|w| window_starts(ctx, (n, t), w));
-        let whole = if fused && past.is_none() && !keep {
+        let whole = if fused && past.is_none() && !keep && from == 0 {
             // kiln's fused attention reads the heads where the projections put them, each
             // query head its key/value head, rotating q and k as it reads them
             let heads = kernels::Heads {

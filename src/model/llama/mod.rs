@@ -428,6 +428,12 @@ impl Family for Llama {
     }
 
     /// torchtitan's and nanoGPT's groups: matrices decay, norms do not.
+    /// (every parameter goes through kiln's kernels, unless dropout switches a block to
+    /// Burn's ops)
+    fn kernel_params(&self) -> bool {
+        self.dropout == 0.0
+    }
+
     fn default_decay(&self) -> DecayRule {
         DecayRule::Matrices
     }
