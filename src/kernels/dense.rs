@@ -385,3 +385,22 @@ pub fn sum_rows(
     partials.truncate(width);
     partials
 }
+
+/// `sum_rows` over the rows of `out` (rows of `cols` values) that also hands each chunk its
+/// own rows of `out` to write: `f(first_row, rows, out_rows, partial)` (a backward's input
+/// gradient beside its parameters' sums).
+pub fn sum_rows_writing(
+    out: &mut [f32],
+    cols: usize,
+    width: usize,
+    f: impl Fn(usize, usize, &mut [f32], &mut [f32]) + Sync + Send,
+) -> Vec<f32> {
+    let rows = out.len() / cols.max(1);
+    let at = Shared(out.as_mut_ptr());
+    sum_rows(rows, cols, width, |first, n, partial| {
+        let (a, b) = (first * cols, (first + n) * cols);
+        // SAFETY: sum_rows's chunks of rows are disjoint, and `out` outlives the call
+        let chunk = unsafe { std::slice::from_raw_parts_mut(at.ptr().add(a), b - a) };
+        f(first, n, chunk, partial)
+    })
+}

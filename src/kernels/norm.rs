@@ -12,7 +12,7 @@ use burn_autodiff::grads::Gradients;
 use burn_autodiff::ops::{Backward, Ops, OpsKind};
 use burn_flex::{Flex, FlexTensor};
 
-use super::dense::{self, Shared};
+use super::dense;
 use super::math::multiversion;
 use super::math::{dot, sum};
 use super::reshard::Kept;
@@ -146,14 +146,10 @@ impl<const N: usize> Backward<Flex, N> for LayerNormBackward<N> {
             dense::values(&dy),
         );
         let d = gamma.len();
-        let rows = xs.len() / d.max(1);
         let mut dx = dense::for_output(xs.len());
-        let out = Shared(dx.as_mut_ptr());
         let stats = &s.stats;
-        let partial = dense::sum_rows(rows, d, 2 * d, |first, n, partial| {
+        let partial = dense::sum_rows_writing(&mut dx, d, 2 * d, |first, n, dxc, partial| {
             let (a, b) = (first * d, (first + n) * d);
-            // SAFETY: chunks of rows are disjoint, and `dx` outlives the call
-            let dxc = unsafe { std::slice::from_raw_parts_mut(out.ptr().add(a), b - a) };
             let st = &stats[2 * first..2 * (first + n)];
             backward_rows(&xs[a..b], &dys[a..b], st, gamma, dxc, partial);
         });

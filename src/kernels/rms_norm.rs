@@ -13,7 +13,7 @@ use burn_autodiff::grads::Gradients;
 use burn_autodiff::ops::{Backward, Ops, OpsKind};
 use burn_flex::{Flex, FlexTensor};
 
-use super::dense::{self, Shared};
+use super::dense;
 use super::math::{dot, multiversion};
 use super::reshard::Kept;
 use super::route::{self, AdTensor, Routes};
@@ -114,14 +114,10 @@ impl Backward<Flex, 2> for RmsNormBackward {
         let w = dense::contiguous(s.w.get());
         let (xs, w, dys) = (dense::values(&s.x), dense::values(&w), dense::values(&dy));
         let d = w.len();
-        let rows = xs.len() / d.max(1);
         let mut dx = dense::for_output(xs.len());
-        let out = Shared(dx.as_mut_ptr());
         let (rstd, offset) = (&s.rstd, s.offset);
-        let dw = dense::sum_rows(rows, d, d, |first, n, partial| {
+        let dw = dense::sum_rows_writing(&mut dx, d, d, |first, n, dxc, partial| {
             let (a, b) = (first * d, (first + n) * d);
-            // SAFETY: chunks of rows are disjoint, and `dx` outlives the call
-            let dxc = unsafe { std::slice::from_raw_parts_mut(out.ptr().add(a), b - a) };
             let r = &rstd[first..first + n];
             backward_rows(&xs[a..b], &dys[a..b], r, w, offset, dxc, partial);
         });
