@@ -16,10 +16,8 @@ use super::math::multiversion;
 pub struct Rope {
     pub cos: Arc<[f32]>,
     pub sin: Arc<[f32]>,
-    /// Row b's position i's place in its document (packed rows), `[n * t]`; `None`: `from + i`.
+    /// Row b's position i's place in its document (packed rows), `[n * t]`; `None`: `i`.
     pub positions: Option<Arc<[u32]>>,
-    /// The first row's position without `positions` (a decoder's offset).
-    pub from: usize,
 }
 
 // one row's heads (`heads` of `hd` channels side by side at the row's start) rotated in place
@@ -62,7 +60,7 @@ impl Rope {
         let rows = self.cos.len() / hd;
         match &self.positions {
             Some(p) => p.len() == d.n * d.t && p.iter().all(|&v| (v as usize) < rows),
-            None => self.from + d.t <= rows,
+            None => d.t <= rows,
         }
     }
 
@@ -70,7 +68,7 @@ impl Rope {
     fn position(&self, r: usize, t: usize) -> usize {
         match &self.positions {
             Some(p) => p[r] as usize,
-            None => self.from + r % t,
+            None => r % t,
         }
     }
 

@@ -489,7 +489,6 @@ fn grouped_attention_with_rotary_embeddings_matches_burns_ops() {
             cos: cos.clone(),
             sin: sin.clone(),
             positions: packed.then(|| pos.clone().into()),
-            from: 0,
         };
         let scale = 0.3;
         let h = Heads {
@@ -527,7 +526,6 @@ fn grouped_attention_with_rotary_embeddings_matches_burns_ops() {
         cos: vec![0.0; 3 * 4].into(),
         sin: vec![0.0; 3 * 4].into(),
         positions: None,
-        from: 0,
     };
     let h = Heads {
         heads: 2,

@@ -595,7 +595,8 @@ pub trait Compute<B: AutodiffBackend> {
     fn stages(&self) -> &[Vec<usize>];
     /// Starts one micro-step on `batch`, whose gradients are scaled as `grads` says; with
     /// `checkpointing`, every stage but the last keeps only its input and is recomputed in the
-    /// backward (torch `checkpoint_wrapper`); with `reshard` (and `reshards`), every stage but
+    /// backward (torch `checkpoint_wrapper`); with `reshard` (the caller's decision, `true`
+    /// only where `reshards` and not `checkpointing`: `train::step` makes it), every stage but
     /// the last two keeps its graph without its parameters, which its backward is handed again
     /// (`resharded`; torch FSDP's `reshard_after_forward`).
     fn micro<'a>(

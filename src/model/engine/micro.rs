@@ -9,8 +9,8 @@ use super::loss::{cross_entropy, own_loss};
 use super::{to_vec, Engine};
 use crate::kernels;
 use crate::model::api::{
-    recomputed, resharded, Act, Compute, Family, Forward, GradScale, Input, MicroStep, ModelError,
-    StepKey, UnitParams,
+    recomputed, resharded, Act, Family, Forward, GradScale, Input, MicroStep, ModelError, StepKey,
+    UnitParams,
 };
 
 /// What a stage keeps between its forward and its backward.
@@ -267,7 +267,7 @@ impl<'a, F: Family, B: AutodiffBackend> EngineMicro<'a, F, B> {
                 .with_fused(engine.fused)
                 .with_segments(batch.starts),
             checkpointing,
-            reshard: reshard && !checkpointing && engine.reshards(),
+            reshard,
             grads,
             x: Some(batch.x),
             targets: Some(batch.targets),

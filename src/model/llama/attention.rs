@@ -123,7 +123,6 @@ impl Llama {
                 .cache
                 .values(sn, self.block, || self.rope_table(local, true)),
             positions,
-            from: 0,
         }
     }
 
@@ -181,6 +180,11 @@ impl Llama {
     /// Whether layer `i` is a sliding one (`model.layer_types`).
     fn slides(&self, i: usize) -> bool {
         self.sliding.get(i).copied().unwrap_or(false)
+    }
+
+    /// Whether layer `i` rotates by Gemma 3's sliding layers' base (`rope_local_theta`).
+    fn local_rope(&self, i: usize) -> bool {
+        self.arch == Arch::Gemma3 && self.slides(i)
     }
 
     /// Layer `i`'s sliding window, if it slides.
@@ -257,8 +261,7 @@ impl Llama {
         let [q, k, v] = qkv.parts(h * hd, g * hd);
         let [n, t, _] = q.dims();
         let (q, k) = (q.reshape([n, t, h, hd]), k.reshape([n, t, g, hd]));
-        // (Gemma 3 picks the base by the layer's type)
-        let local = self.arch == Arch::Gemma3 && self.slides(i);
+        let local = self.local_rope(i);
         let (cos, sin) = self.rotary::<B>(from, (n, t), ctx, &q.device(), local);
         let q = Self::rotate(q, &cos, &sin);
         // Gemma 3 scales the scores by query_pre_attn_scalar^-0.5, not head_dim^-0.5
@@ -297,8 +300,7 @@ impl Llama {
                 kv_heads: self.kv_heads,
                 scale: Some(self.query_scale),
             };
-            let local = self.arch == Arch::Gemma3 && self.slides(i);
-            let rope = self.rope((n, t), ctx, local);
+            let rope = self.rope((n, t), ctx, self.local_rope(i));
             let segments = starts.clone().or_else(|| ctx.segments().cloned());
             let all = qkv.clone().whole();
             kernels::grouped_attention(all, heads, Some(rope), segments)
