@@ -17,14 +17,13 @@ Prints one JSON line: the median and mean ms per step over `--steps` timed steps
 `torch.set_num_threads`.
 """
 import argparse
-import json
 import math
-import statistics
-import time
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from torch_step import run
 
 p = argparse.ArgumentParser()
 p.add_argument("--layers", type=int, default=4)
@@ -112,39 +111,11 @@ class GPT(nn.Module):
 
 
 model = GPT()
-params = [p for p in model.parameters() if p.requires_grad]
-groups = [
-    {"params": [p for p in params if p.dim() >= 2], "weight_decay": a.weight_decay},
-    {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
-]
-opt = torch.optim.AdamW(groups, lr=a.lr, betas=(0.9, a.beta2))
-gen = torch.Generator().manual_seed(a.seed)
 
 
-def step():
+def loss_of(gen):
     toks = torch.randint(0, a.vocab, (a.batch, a.block + 1), generator=gen)
-    loss = model(toks[:, :-1], toks[:, 1:])
-    loss.backward()
-    if a.clip > 0:
-        torch.nn.utils.clip_grad_norm_(model.parameters(), a.clip)
-    opt.step()
-    opt.zero_grad(set_to_none=True)
-    return loss
+    return model(toks[:, :-1], toks[:, 1:])
 
 
-for _ in range(a.warmup):
-    step()
-times = []
-for _ in range(a.steps):
-    t0 = time.perf_counter()
-    loss = step()
-    times.append(time.perf_counter() - t0)
-print(json.dumps({
-    "torch": torch.__version__,
-    "threads": torch.get_num_threads(),
-    "params": sum(p.numel() for p in params),
-    "ms_per_step_median": 1e3 * statistics.median(times),
-    "ms_per_step_mean": 1e3 * statistics.fmean(times),
-    "tokens_per_step": a.batch * a.block,
-    "loss": float(loss.detach()),
-}))
+run(model, loss_of, a, a.batch * a.block)

@@ -14,11 +14,10 @@ eager, the issue's comparison), the loss transformers computes from `labels`, an
 Prints one JSON line like scripts/torch_gpt_step.py's.
 """
 import argparse
-import json
-import statistics
-import time
 
 import torch
+
+from torch_step import run
 
 p = argparse.ArgumentParser()
 p.add_argument("--layers", type=int, default=4)
@@ -51,40 +50,11 @@ cfg = LlamaConfig(
     attn_implementation=a.attn, use_cache=False,
 )
 model = LlamaForCausalLM(cfg).train()
-params = [p for p in model.parameters() if p.requires_grad]
-groups = [
-    {"params": [p for p in params if p.dim() >= 2], "weight_decay": a.weight_decay},
-    {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
-]
-opt = torch.optim.AdamW(groups, lr=a.lr, betas=(0.9, a.beta2))
-gen = torch.Generator().manual_seed(a.seed)
 
 
-def step():
+def loss_of(gen):
     toks = torch.randint(0, a.vocab, (a.batch, a.block), generator=gen)
-    loss = model(input_ids=toks, labels=toks).loss
-    loss.backward()
-    if a.clip > 0:
-        torch.nn.utils.clip_grad_norm_(params, a.clip)
-    opt.step()
-    opt.zero_grad(set_to_none=True)
-    return loss
+    return model(input_ids=toks, labels=toks).loss
 
 
-for _ in range(a.warmup):
-    step()
-times = []
-for _ in range(a.steps):
-    t0 = time.perf_counter()
-    loss = step()
-    times.append(time.perf_counter() - t0)
-print(json.dumps({
-    "torch": torch.__version__,
-    "attn": a.attn,
-    "threads": torch.get_num_threads(),
-    "params": sum(p.numel() for p in params),
-    "ms_per_step_median": 1e3 * statistics.median(times),
-    "ms_per_step_mean": 1e3 * statistics.fmean(times),
-    "tokens_per_step": a.batch * a.block,
-    "loss": float(loss.detach()),
-}))
+run(model, loss_of, a, a.batch * a.block, attn=a.attn)
