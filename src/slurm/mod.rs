@@ -199,6 +199,7 @@ pid=""
 # stops here)
 SWEEP_DIR={dir}
 TRIAL={trial}
+if [ -n "$stop" ]; then echo "kiln: stopped by $stop before the segment started"; exit 0; fi
 verdict=$("$KILN" sweep advance "$SWEEP_DIR" --trial "$TRIAL" --job "$SLURM_ARRAY_JOB_ID" --check) || exit
 if [ "$verdict" != run ]; then
   echo "kiln: job $SLURM_ARRAY_JOB_ID is not trial $TRIAL's segment in the sweep's ledger (any more); not running it"

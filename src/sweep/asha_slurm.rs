@@ -191,6 +191,11 @@ fn submit_next(
     ledger: &Ledger,
 ) -> Result<()> {
     let s = &base.sweep;
+    if this_job_cancelled() {
+        // (a stop signal can come before `kiln sweep advance` has its handler, or reach only
+        // the job's script: Slurm's word on the job is the last check)
+        STOPPED.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
     for line in refresh(dir, ledger, &s.metric)? {
         ui::out(&format!("kiln: state unknown: {line}"));
     }
@@ -204,7 +209,20 @@ fn submit_next(
     res
 }
 
-/// Set by a stop signal to `kiln sweep advance`.
+/// Whether Slurm says the job running this process (`SLURM_JOB_ID`) is no longer running (a
+/// cancelled job is COMPLETING while its script ends): its segments' decisions submit nothing.
+/// Not in a job, or Slurm cannot be asked: no.
+fn this_job_cancelled() -> bool {
+    let Ok(id) = std::env::var("SLURM_JOB_ID") else {
+        return false;
+    };
+    matches!(
+        crate::slurm::query(&id),
+        Ok(Some(st)) if st.state.split_whitespace().next() != Some("RUNNING")
+    )
+}
+
+/// Set by a stop signal to `kiln sweep advance`, or by Slurm's word that its job was cancelled.
 static STOPPED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 extern "C" fn on_stop(_: libc::c_int) {

@@ -555,21 +555,31 @@ fn an_asha_sweep_promotes_by_resubmission_survives_a_cancel_and_the_winner_has_a
     wait_until(120, "three paused segments", || {
         ledger().iter().filter(|r| r["state"] == "paused").count() >= 3
     });
-    // (a job deciding as the cancel comes may have submitted one more: cancel until none is
-    // left, as a user would)
-    wait_until(60, "the cancelled jobs to leave the queue", || {
+    // (a job deciding as the cancel comes may have submitted one more: cancel until Slurm
+    // lists no job of the sweep, as a user would; it lists a cancelled job until its script
+    // has ended, and only a listed job's script can submit more)
+    wait_until(90, "the cancelled jobs to leave the queue", || {
         let c = Command::new("scancel")
             .args(["--name", "kiln-sweep-asha-sl"])
             .output()
             .unwrap();
         assert!(c.status.success(), "{}", stderr(&c));
-        settled(&status())
+        let q = Command::new("squeue")
+            .args(["-h", "--name", "kiln-sweep-asha-sl", "-o", "%i %T"])
+            .output()
+            .unwrap();
+        assert!(q.status.success(), "{}", stderr(&q));
+        stdout(&q).trim().is_empty() && settled(&status())
     });
     let after_cancel = status();
     assert!(!after_cancel.contains("1 done"), "{after_cancel}");
     // submitted again: the ledger says where every trial is, and the jobs go on from there
     let out = sweep();
-    assert!(out.contains("submitted asha segment(s)"), "{out}");
+    assert!(
+        out.contains("submitted asha segment(s)"),
+        "{out}\nledger:\n{}",
+        std::fs::read_to_string(dir.join("sweep.jsonl")).unwrap_or_default()
+    );
     wait_until(240, "the winner done", || {
         status().contains("9 trials: 1 done, 8 paused")
     });
