@@ -246,9 +246,12 @@ impl<F: Family, B: AutodiffBackend> MicroStep<B> for EngineMicro<'_, F, B> {
             );
         }
         drop(input);
-        let grads = e.stage_grads(s, module, tape, self.grads);
-        drop(reheld);
-        grads
+        // the tape has every gradient: the re-gathered parameters go before the gradients are
+        // joined (only the slots hold them; the module is hollow)
+        if let Some(h) = reheld {
+            h.release();
+        }
+        e.stage_grads(s, module, tape, self.grads)
     }
 }
 

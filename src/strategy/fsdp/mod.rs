@@ -392,10 +392,13 @@ impl Strategy for Fsdp {
             [i] => Some(self.units[i].len),
             _ => None,
         };
-        // the output buffer is made here, on the compute thread that frees it: the
-        // communication thread's allocator keeps nothing of it
-        let mut out = vec![0f32; block * world];
+        // the output buffer is made when the gather runs, after the reduce-scatters queued
+        // before it have let go of theirs (made here, it would coexist with them: a unit more
+        // at the backward's peak); a unit's buffer is large enough that the allocator maps it
+        // apart, so the compute thread that frees it gives it back
+        let n = block * world;
         let p = self.comm.submit(OpKind::AllGather, move |c| {
+            let mut out = vec![0f32; n];
             c.all_gather(&send, &mut out)?;
             if let Some(len) = one {
                 out.truncate(len);
