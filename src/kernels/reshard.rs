@@ -133,7 +133,11 @@ impl Resharded {
     pub fn release(&self) {
         let mut r = lock(registry());
         for (k, slot) in &self.slots {
-            r.remove(k);
+            // (only this stage's own entry: released again after the backward, the address
+            // may be another rank's buffer by then)
+            if r.get(k).is_some_and(|s| Arc::ptr_eq(s, slot)) {
+                r.remove(k);
+            }
             *lock(&slot.unit) = None;
         }
     }

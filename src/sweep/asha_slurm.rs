@@ -98,6 +98,7 @@ fn live_record(ledger: &Ledger, seg: Segment) -> Option<super::Record> {
 /// whose segment was recorded, or whose submission never reached the ledger, must not train
 /// in a run directory another job may be using; it fills the place it leaves instead.
 pub fn check_segment(dir: &Path, seg: Segment) -> Result<bool> {
+    catch_stops();
     let (spec, base, planned) = planned_sweep(dir)?;
     let _decide = Decide::take(dir)?;
     let ledger = Ledger {
@@ -129,18 +130,7 @@ pub fn check_segment(dir: &Path, seg: Segment) -> Result<bool> {
 /// cancelled), brings the ledger up to date with Slurm and submits the sweep's next segments.
 pub fn advance(dir: &Path, seg: Segment, exit: i32, submit: bool) -> Result<()> {
     use std::os::unix::process::ExitStatusExt;
-    // a cancel of the job (SIGTERM to all of it) must not cut a decision in half, between a
-    // segment's sbatch and its ledger record (this takes well under Slurm's KillWait); it
-    // stops the submitting of more
-    for sig in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGUSR1] {
-        // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
-        unsafe {
-            libc::signal(
-                sig,
-                on_stop as extern "C" fn(libc::c_int) as libc::sighandler_t,
-            )
-        };
-    }
+    catch_stops();
     let (spec, base, planned) = planned_sweep(dir)?;
     let s = &base.sweep;
     let jobs = job_configs(&planned, &base.slurm, dir)?;
@@ -209,17 +199,61 @@ fn submit_next(
     res
 }
 
-/// Whether Slurm says the job running this process (`SLURM_JOB_ID`) is no longer running (a
-/// cancelled job is COMPLETING while its script ends): its segments' decisions submit nothing.
-/// Not in a job, or Slurm cannot be asked: no.
+/// A cancel of the job (SIGTERM to all of it) must not cut a decision in half, between a
+/// segment's sbatch and its ledger record (a decision takes well under Slurm's KillWait): a
+/// stop signal to `kiln sweep advance` stops the submitting of more instead.
+fn catch_stops() {
+    for sig in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGUSR1] {
+        // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+        unsafe {
+            libc::signal(
+                sig,
+                on_stop as extern "C" fn(libc::c_int) as libc::sighandler_t,
+            )
+        };
+    }
+}
+
+/// Whether Slurm says the job running this process is ending (a cancelled job is COMPLETING
+/// while its script ends), so its segments' decisions submit nothing; said in the job's log
+/// when so. Not in a job, Slurm cannot be asked, or a state a live job can be in
+/// (RUNNING, SUSPENDED, ...): no.
 fn this_job_cancelled() -> bool {
-    let Ok(id) = std::env::var("SLURM_JOB_ID") else {
+    // (the task's own record: the array's id alone lists every task of the array)
+    let id = match (
+        std::env::var("SLURM_ARRAY_JOB_ID"),
+        std::env::var("SLURM_ARRAY_TASK_ID"),
+    ) {
+        (Ok(job), Ok(task)) => format!("{job}_{task}"),
+        _ => match std::env::var("SLURM_JOB_ID") {
+            Ok(id) => id,
+            Err(_) => return false,
+        },
+    };
+    let Ok(Some(st)) = crate::slurm::query(&id) else {
         return false;
     };
-    matches!(
-        crate::slurm::query(&id),
-        Ok(Some(st)) if st.state.split_whitespace().next() != Some("RUNNING")
-    )
+    let word = st.state.split_whitespace().next().unwrap_or("");
+    let ending = matches!(
+        word,
+        "COMPLETING"
+            | "COMPLETED"
+            | "CANCELLED"
+            | "TIMEOUT"
+            | "PREEMPTED"
+            | "NODE_FAIL"
+            | "FAILED"
+            | "DEADLINE"
+            | "OUT_OF_MEMORY"
+            | "BOOT_FAIL"
+    ) || word.starts_with("REQUEUE");
+    if ending {
+        // (stderr: a `--check`'s stdout is its verdict)
+        ui::note(&format!(
+            "kiln: Slurm says job {id} is {word}: submitting no more segments from it"
+        ));
+    }
+    ending
 }
 
 /// Set by a stop signal to `kiln sweep advance`, or by Slurm's word that its job was cancelled.

@@ -394,8 +394,8 @@ impl Strategy for Fsdp {
         };
         // the output buffer is made when the gather runs, after the reduce-scatters queued
         // before it have let go of theirs (made here, it would coexist with them: a unit more
-        // at the backward's peak); a unit's buffer is large enough that the allocator maps it
-        // apart, so the compute thread that frees it gives it back
+        // at the backward's peak); kiln's allocator maps a block of 64 KiB or more apart
+        // (Linux, 4 KiB pages: `memory`), so the compute thread that frees it gives it back
         let n = block * world;
         let p = self.comm.submit(OpKind::AllGather, move |c| {
             let mut out = vec![0f32; n];
