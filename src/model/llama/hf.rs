@@ -179,7 +179,7 @@ fn mismatch(key: &str, theirs: &Value, kiln_key: &str, ours: String) -> ConfigMi
 
 /// What a config.json asks for that no llama-family kind computes, by name: logit
 /// soft-capping, router jitter, bidirectional attention, partial rotation.
-fn unsupported(c: &Value, kind: &str) -> Vec<ConfigMismatch> {
+pub(super) fn unsupported(c: &Value, kind: &str) -> Vec<ConfigMismatch> {
     let mut out = Vec::new();
     let mut bad = |key: &str, theirs: &Value, kiln_key: &str, ours: String| {
         out.push(mismatch(key, theirs, kiln_key, ours))
@@ -207,16 +207,20 @@ fn unsupported(c: &Value, kind: &str) -> Vec<ConfigMismatch> {
             "false".into(),
         );
     }
-    let partial = c
-        .get("partial_rotary_factor")
-        .or(c
-            .get("rope_parameters")
-            .and_then(|r| r.get("partial_rotary_factor")))
-        .and_then(Value::as_f64);
-    if let Some(p) = partial.filter(|&p| p != 1.0) {
+    // (any value but the number 1: a string "0.5" is no more computed than 0.5)
+    let partial = [
+        c.get("partial_rotary_factor"),
+        c.get("rope_parameters")
+            .and_then(|r| r.get("partial_rotary_factor")),
+    ];
+    if let Some(p) = partial
+        .into_iter()
+        .flatten()
+        .find(|v| !v.is_null() && v.as_f64() != Some(1.0))
+    {
         bad(
             "partial_rotary_factor",
-            &json!(p),
+            p,
             &format!("(kiln's {kind} rotates every channel)"),
             "1.0".into(),
         );

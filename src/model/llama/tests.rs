@@ -135,3 +135,46 @@ fn llama3_scaling_splits_the_frequencies_in_three() {
         assert!((a - b).abs() < 1e-12, "{f:?}");
     }
 }
+
+/// What a config.json asks for that no llama-family kind computes is named, whatever the
+/// value's JSON type; what computes the same (null, 0 soft-capping, a factor of 1) is not.
+#[test]
+fn unsupported_settings_are_named_whatever_their_json_type() {
+    use serde_json::json;
+    let named = |c: serde_json::Value| -> Vec<(String, String)> {
+        hf::unsupported(&c, "llama")
+            .into_iter()
+            .map(|m| (m.theirs, m.value))
+            .collect()
+    };
+    let one = |k: &str, v: &str| vec![(k.to_string(), v.to_string())];
+    assert!(named(json!({})).is_empty());
+    assert!(named(json!({
+        "final_logit_softcapping": null, "attn_logit_softcapping": 0.0,
+        "router_jitter_noise": 0, "use_bidirectional_attention": false,
+        "partial_rotary_factor": 1.0, "rope_parameters": {"partial_rotary_factor": null}
+    }))
+    .is_empty());
+    assert_eq!(
+        named(json!({"final_logit_softcapping": 30.0})),
+        one("final_logit_softcapping", "30.0")
+    );
+    assert_eq!(
+        named(json!({"use_bidirectional_attention": true})),
+        one("use_bidirectional_attention", "true")
+    );
+    assert_eq!(
+        named(json!({"partial_rotary_factor": 0.5})),
+        one("partial_rotary_factor", "0.5")
+    );
+    assert_eq!(
+        named(json!({"partial_rotary_factor": "0.5"})),
+        one("partial_rotary_factor", "\"0.5\"")
+    );
+    assert_eq!(
+        named(
+            json!({"partial_rotary_factor": null, "rope_parameters": {"partial_rotary_factor": 0.25}})
+        ),
+        one("partial_rotary_factor", "0.25")
+    );
+}
