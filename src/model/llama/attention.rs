@@ -187,6 +187,30 @@ impl Llama {
         self.arch == Arch::Gemma3 && self.slides(i)
     }
 
+    /// A gated MLP's `act(gate) * up` (Gemma 3's GeGLU, SwiGLU otherwise: the dense MLP's and
+    /// each Mixtral expert's), in one pass when fused.
+    pub(super) fn gated<B: Backend, const D: usize>(
+        &self,
+        g: Tensor<B, D>,
+        u: Tensor<B, D>,
+        fused: bool,
+    ) -> Tensor<B, D> {
+        let act = if self.arch == Arch::Gemma3 {
+            kernels::Gate::GeluTanh
+        } else {
+            kernels::Gate::Silu
+        };
+        if fused {
+            if let Some(y) = kernels::glu(g.clone(), u.clone(), act) {
+                return y;
+            }
+        }
+        match act {
+            kernels::Gate::GeluTanh => gelu_tanh(g) * u,
+            kernels::Gate::Silu => silu(g) * u,
+        }
+    }
+
     /// Layer `i`'s sliding window, if it slides.
     fn window(&self, i: usize) -> Option<usize> {
         self.sliding_window.filter(|_| self.slides(i))
@@ -360,23 +384,7 @@ impl Llama {
             (Some(m), None) => m,
             (None, None) => unreachable!("a llama block without an MLP"),
         };
-        // act(gate) * up: in one pass when fused
-        let gate_kind = if self.arch == Arch::Gemma3 {
-            kernels::Gate::GeluTanh
-        } else {
-            kernels::Gate::Silu
-        };
-        let glu = |g: Tensor<B, 3>, u: Tensor<B, 3>| {
-            if fused {
-                if let Some(y) = kernels::glu(g.clone(), u.clone(), gate_kind) {
-                    return y;
-                }
-            }
-            match gate_kind {
-                kernels::Gate::GeluTanh => gelu_tanh(g) * u,
-                kernels::Gate::Silu => silu(g) * u,
-            }
-        };
+        let glu = |g: Tensor<B, 3>, u: Tensor<B, 3>| self.gated(g, u, fused);
         let down = &m.down_proj;
         let inner = match (&m.gate_up_proj, &m.gate_proj, &m.up_proj) {
             // Phi-3: gate and up side by side in one projection

@@ -18,7 +18,7 @@
 
 use burn::module::Module;
 use burn::nn::Linear;
-use burn::tensor::activation::{silu, softmax};
+use burn::tensor::activation::softmax;
 use burn::tensor::backend::Backend;
 use burn::tensor::{FloatDType, Int, Tensor, TensorData};
 
@@ -124,12 +124,7 @@ impl Llama {
             let tokens = ints(slots.iter().map(|&j| (j / k) as i64).collect());
             let xe = x.clone().select(0, tokens);
             let g = dense(&e.w1, xe.clone(), None, fused);
-            let u = dense(&e.w3, xe, None, fused);
-            // silu(gate) * up: in one pass when fused, as the dense MLP's
-            let h = fused
-                .then(|| crate::kernels::glu(g.clone(), u.clone(), crate::kernels::Gate::Silu))
-                .flatten()
-                .unwrap_or_else(|| silu(g) * u);
+            let h = self.gated(g, dense(&e.w3, xe, None, fused), fused);
             outs.push(dense(&e.w2, h, None, fused));
             for j in slots {
                 place[j] = next;
