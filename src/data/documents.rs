@@ -25,13 +25,19 @@ pub const CHUNK: usize = 4096;
 pub const WINDOW: usize = 32;
 
 /// The id that fills a row past its documents (it is never a target, and it attends only to
-/// itself).
+/// itself). A row holds it as `PAD | PADDING`.
 pub const PAD: u32 = 0;
+
+/// A row's position past its documents, marked from the packer to `Task::split`, which takes
+/// the bit off the input id (the input is `PAD`, never a target) and tells the model where the
+/// padding is (`Forward::padding`: a mixture of experts leaves those positions out of its
+/// router's statistics, as transformers' `attention_mask` does). Ids stay below 2^30.
+pub const PADDING: u32 = 1 << 30;
 
 /// A token a document holds but the loss does not predict (a prompt's, a user's turn): its id
 /// with this bit set, from the encoder through the stream, its checkpointed rows and the packed
 /// rows to `Task::split`, which takes the bit off the input id and makes the target
-/// `kernels::IGNORE` (transformers' label -100). Ids stay below 2^31.
+/// `kernels::IGNORE` (transformers' label -100). Ids stay below 2^30 (`PADDING`).
 pub const NO_LOSS: u32 = 1 << 31;
 
 /// How a document becomes tokens, and tokens rows.
@@ -164,7 +170,7 @@ impl PackedRows {
         );
         self.used.push(used);
         for i in used..self.width {
-            self.tokens.push(PAD);
+            self.tokens.push(PAD | PADDING);
             self.starts.push(i as u32);
         }
     }
@@ -677,7 +683,10 @@ mod tests {
     fn packed_rows_pad_with_documents_of_one_token() {
         let mut r = PackedRows::new(6);
         r.push([&[7u32, 8][..], &[9][..]]);
-        assert_eq!(r.tokens, [7, 8, 9, PAD, PAD, PAD]);
+        assert_eq!(
+            r.tokens,
+            [7, 8, 9, PAD | PADDING, PAD | PADDING, PAD | PADDING]
+        );
         assert_eq!(r.starts, [0, 0, 2, 3, 4, 5]);
         assert_eq!(r.targets(0), 1);
     }

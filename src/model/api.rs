@@ -81,6 +81,8 @@ pub struct Input {
     pub targets: Vec<u32>,
     /// Packed rows: where each input position's document starts (`Batch::starts`).
     pub starts: Option<Starts>,
+    /// Rows of documents: which input positions are padding (`None`: none is).
+    pub padding: Option<super::forward::Padding>,
 }
 
 impl Input {
@@ -93,14 +95,10 @@ impl Input {
 impl Task {
     /// `batch` as the model takes it: the batch as it is for classification; for a language
     /// model, each window's first `block` tokens and the `block` tokens after them.
-    pub fn input(&self, batch: Batch) -> Input {
-        let (x, targets, starts) = self.split(batch);
-        Input { x, targets, starts }
-    }
-
     /// The input tensor's data, the targets (`kernels::IGNORE` where a token has none) and,
-    /// for rows of documents, where each input position's document starts.
-    pub(crate) fn split(&self, batch: Batch) -> (TensorData, Vec<u32>, Option<Starts>) {
+    /// for rows of documents, where each input position's document starts and which positions
+    /// are padding.
+    pub fn input(&self, batch: Batch) -> Input {
         match *self {
             Task::Classification { .. } => {
                 let x = match batch.x {
@@ -110,7 +108,12 @@ impl Task {
                         batch.shape,
                     ),
                 };
-                (x, batch.y, None)
+                Input {
+                    x,
+                    targets: batch.y,
+                    starts: None,
+                    padding: None,
+                }
             }
             Task::LanguageModel { block, .. } => {
                 let rows = batch.shape.first().copied().unwrap_or(0);
@@ -121,20 +124,29 @@ impl Task {
                 };
                 let mut inputs = Vec::with_capacity(rows * block);
                 let mut targets = Vec::with_capacity(rows * block);
-                // (a token of a document that has no loss carries `NO_LOSS`: the input is its
-                // id, the target `IGNORE`)
-                let no_loss = crate::data::documents::NO_LOSS;
+                // (a token of a document that has no loss carries `NO_LOSS`, a row's padding
+                // `PADDING`: the input is its id, the target `IGNORE`)
+                let marks = crate::data::documents::NO_LOSS | crate::data::documents::PADDING;
                 for w in tokens.chunks(width) {
-                    inputs.extend(w[..block].iter().map(|&t| i64::from(t & !no_loss)));
+                    inputs.extend(w[..block].iter().map(|&t| i64::from(t & !marks)));
                     targets.extend(w[1..].iter().map(|&t| {
-                        if t & no_loss == 0 {
+                        if t & marks == 0 {
                             t
                         } else {
                             crate::kernels::IGNORE
                         }
                     }));
                 }
-                let starts = batch.starts.filter(|s| s.len() == rows * width).map(|s| {
+                let starts = batch.starts.filter(|s| s.len() == rows * width);
+                let padding = starts.as_ref().and_then(|_| {
+                    let pad = crate::data::documents::PADDING;
+                    let p: Vec<bool> = tokens
+                        .chunks(width)
+                        .flat_map(|w| w[..block].iter().map(|&t| t & pad != 0))
+                        .collect();
+                    p.contains(&true).then(|| p.into())
+                });
+                let starts = starts.map(|s| {
                     let mut input_starts = Vec::with_capacity(rows * block);
                     for (r, row) in s.chunks(width).enumerate() {
                         input_starts.extend_from_slice(&row[..block]);
@@ -146,7 +158,12 @@ impl Task {
                     }
                     Starts::from(input_starts)
                 });
-                (TensorData::new(inputs, [rows, block]), targets, starts)
+                Input {
+                    x: TensorData::new(inputs, [rows, block]),
+                    targets,
+                    starts,
+                    padding,
+                }
             }
         }
     }

@@ -1,12 +1,16 @@
 //! What one forward draws from and sees besides its input: the dropout stream of a micro-step
 //! (`StepKey`), and the forward's context (`Forward`: training or evaluation, the fused kernels,
-//! the documents packed in each row).
+//! the documents packed in each row and the padding after them).
 
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
 
 use crate::kernels::Starts;
 use crate::rng::Rng;
+
+/// Which positions of rows of documents are padding (past the row's documents), `[n * t]` row
+/// by row.
+pub type Padding = std::sync::Arc<[bool]>;
 
 /// Where the random draws of one micro-step come from (dropout masks): kiln's RNG keyed by the
 /// seed, the optimizer step, each sample's index in the data and the dropout call, so that a
@@ -50,6 +54,8 @@ pub struct Forward {
     fused: bool,
     /// Packed rows: where each position's document starts in its row.
     segments: Option<Starts>,
+    /// Rows of documents: which positions are padding (`None`: none is).
+    padding: Option<Padding>,
 }
 
 impl Forward {
@@ -60,6 +66,7 @@ impl Forward {
             calls: 0,
             fused: true,
             segments: None,
+            padding: None,
         }
     }
     /// An evaluation forward: dropout is the identity.
@@ -69,6 +76,7 @@ impl Forward {
             calls: 0,
             fused: true,
             segments: None,
+            padding: None,
         }
     }
     /// This forward with the fused kernels on or off (`backend.fused`; on by default).
@@ -88,6 +96,19 @@ impl Forward {
     /// The documents' starts of packed rows, if the rows are packed.
     pub fn segments(&self) -> Option<&Starts> {
         self.segments.as_ref()
+    }
+    /// This forward over rows whose `padding` positions are past their documents (`None`:
+    /// no position is). Attention already keeps padding to itself (each padding position is
+    /// a document of one token, without a target); a family that sums over a row's positions
+    /// besides the loss leaves them out, as transformers' `attention_mask` does.
+    pub fn with_padding(mut self, padding: Option<Padding>) -> Self {
+        self.padding = padding;
+        self
+    }
+    /// Which of `rows` positions are padding; `None` when none is (or the padding is of
+    /// another shape).
+    pub fn padding(&self, rows: usize) -> Option<&[bool]> {
+        self.padding.as_deref().filter(|p| p.len() == rows)
     }
     /// Each position's place in its document, `[n * t]` row by row (packed rows of `n` x
     /// `t`); `None` when the rows are not packed (or the starts are of another shape).

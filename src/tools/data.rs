@@ -65,8 +65,9 @@ impl PreviewRow {
 
     /// Ids as a row holds them: the id, and whether it has a loss (`NO_LOSS`).
     fn push_ids(&mut self, ids: &[u32]) {
-        use crate::data::documents::NO_LOSS;
-        self.tokens.extend(ids.iter().map(|&t| t & !NO_LOSS));
+        use crate::data::documents::{NO_LOSS, PADDING};
+        self.tokens
+            .extend(ids.iter().map(|&t| t & !(NO_LOSS | PADDING)));
         self.loss.extend(ids.iter().map(|&t| t & NO_LOSS == 0));
     }
 

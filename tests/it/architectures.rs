@@ -391,3 +391,38 @@ fn mixtrals_load_balancing_loss_is_split_invariant_over_documents() {
         assert!(d < 1e-5, "{sets:?}: {d}");
     }
 }
+
+/// Padding is no token of its row's: rows of one document each (`data.packing = false`) train
+/// to the same parameters whatever padding follows the document (block 16 or 40: a llama's
+/// parameters do not depend on its block), as transformers' `attention_mask` leaves padding out
+/// of the router's loss (it was counted: the shorter the document, the smaller its loss).
+#[test]
+fn mixtrals_load_balancing_loss_leaves_padding_out() {
+    let d = kiln::testdir::tempdir().unwrap();
+    let docs: String = (0..8)
+        .map(|i| format!("{{\"text\": \"{}\"}}\n", "abc ".repeat(1 + i % 3)))
+        .collect();
+    write(d.path(), "train.jsonl", &docs);
+    let task = MIXTRAL.replace(
+        "kind = \"text\"\npath = \"corpus.txt\"\neval_fraction = 0.2",
+        &format!(
+            "kind = \"jsonl\"\npath = \"{0}\"\neval_path = \"{0}\"\npacking = false\n\n[sampler]\nshuffle = false",
+            d.path().join("train.jsonl").display()
+        ),
+    );
+    assert!(task.contains("jsonl"));
+    let run = |sets: &[&str]| crate::common::train_task(&task, sets).params;
+    let short = run(&["train.batch_size=4", "model.block_size=16"]);
+    let long = run(&["train.batch_size=4", "model.block_size=40"]);
+    let d = crate::common::max_diff(&short, &long);
+    assert!(d < 1e-6, "block 16 vs 40: {d}");
+    // (the router's loss moves the parameters: without it they differ)
+    assert!(
+        short
+            != run(&[
+                "train.batch_size=4",
+                "model.block_size=16",
+                "model.router_aux_loss_coef=0.0"
+            ])
+    );
+}

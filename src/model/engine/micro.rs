@@ -268,7 +268,8 @@ impl<'a, F: Family, B: AutodiffBackend> EngineMicro<'a, F, B> {
             engine,
             ctx: Forward::train(key)
                 .with_fused(engine.fused)
-                .with_segments(batch.starts),
+                .with_segments(batch.starts)
+                .with_padding(batch.padding),
             checkpointing,
             reshard,
             grads,

@@ -404,27 +404,33 @@ impl<F: Family, B: AutodiffBackend> Compute<B> for Engine<F, B> {
         let module = self.inner_with(params)?;
         let mut out = EvalOut::default();
         for batch in batches {
-            let (x, targets, starts) = task.split(batch);
-            let by_tokens = starts.is_some();
+            let input = task.input(batch);
+            let by_tokens = input.starts.is_some();
             let logits = self.family.forward(
                 &module,
-                x,
+                input.x,
                 &self.device,
-                &mut Forward::eval().with_fused(self.fused).with_segments(starts),
+                &mut Forward::eval()
+                    .with_fused(self.fused)
+                    .with_segments(input.starts)
+                    .with_padding(input.padding),
             );
-            score(&task, logits, &targets, by_tokens, &mut out)?;
+            score(&task, logits, &input.targets, by_tokens, &mut out)?;
         }
         Ok(out)
     }
 
     fn eval_batch<'a>(&'a self, batch: Batch) -> Box<dyn StagedEval + 'a> {
         let task = self.family.task();
-        let (x, targets, starts) = task.split(batch);
+        let input = task.input(batch);
         Box::new(EngineEval {
             engine: self,
-            act: Some(Act::Data(x)),
-            targets,
-            ctx: Forward::eval().with_fused(self.fused).with_segments(starts),
+            act: Some(Act::Data(input.x)),
+            targets: input.targets,
+            ctx: Forward::eval()
+                .with_fused(self.fused)
+                .with_segments(input.starts)
+                .with_padding(input.padding),
         })
     }
 

@@ -378,7 +378,8 @@ impl Llama {
     ) -> (Tensor<B, 3>, Option<RouterStats<B>>) {
         let m = match (&b.mlp, &b.block_sparse_moe) {
             (_, Some(moe)) => {
-                let (y, stats) = self.experts(moe, hx, fused);
+                let [n, t, _] = hx.dims();
+                let (y, stats) = self.experts(moe, hx, fused, ctx.padding(n * t));
                 return (y, Some(stats));
             }
             (Some(m), None) => m,

@@ -503,8 +503,7 @@ impl Family for Llama {
             }
             (_, Act::D3(h)) => Act::D2(self.head(m, h, ctx.fused())),
             (_, Act::WithStats(h, stats)) => {
-                let t = h.dims()[1];
-                Act::WithLoss(self.head(m, h, ctx.fused()), self.aux_loss(stats, t))
+                Act::WithLoss(self.head(m, h, ctx.fused()), self.aux_loss(stats))
             }
             (_, x) => x,
         }

@@ -8,7 +8,8 @@
 //!
 //! The load-balancing loss (transformers' `load_balancing_loss_func`, Switch Transformer's):
 //! `experts * sum_e f_e * p_e`, `f_e` the fraction of routing choices that went to expert e and
-//! `p_e` its mean routing probability, both over every layer's tokens. kiln computes it per
+//! `p_e` its mean routing probability, both over every layer's tokens but a row's padding
+//! (transformers leaves out what `attention_mask` masks). kiln computes it per
 //! sample (each row's tokens) and the engine averages the samples weighted by their targets, as
 //! their tokens' losses are, so that a batch split across ranks or micro-steps trains to the
 //! same parameters as the whole batch (transformers computes it over the whole micro-batch of
@@ -49,18 +50,21 @@ pub struct SparseMoe<B: Backend> {
     pub experts: Vec<Expert<B>>,
 }
 
-/// A block's router statistics, per sample: `[n, 2, experts]`, row 0 the sum over the sample's
+/// A block's router statistics, per sample: `[n, 3, experts]`, row 0 the sum over the sample's
 /// tokens of each expert's routing probability (with its graph), row 1 how many times its
-/// tokens chose each expert (a constant). Summed over the blocks.
+/// tokens chose each expert, row 2 (every column) how many tokens it has (constants); padding
+/// is not a token of the sample's. Summed over the blocks.
 pub type RouterStats<B> = Tensor<B, 3>;
 
 impl Llama {
-    /// The experts' output for the normed `hx` `[n, t, dim]`, and the router's statistics.
+    /// The experts' output for the normed `hx` `[n, t, dim]`, and the router's statistics
+    /// over the positions that are not `padding` (`[n * t]`; `None`: none is).
     pub(super) fn experts<B: Backend>(
         &self,
         moe: &SparseMoe<B>,
         hx: Tensor<B, 3>,
         fused: bool,
+        padding: Option<&[bool]>,
     ) -> (Tensor<B, 3>, RouterStats<B>) {
         let [n, t, d] = hx.dims();
         let ne = moe.experts.len();
@@ -81,6 +85,8 @@ impl Llama {
         // each expert's routing slots (row * k + rank among the row's choices), in row order
         let mut slots: Vec<Vec<usize>> = vec![Vec::new(); ne];
         let mut counts = vec![0f32; n * ne];
+        let mut tokens = vec![0f32; n * ne];
+        let pad = |r: usize| padding.is_some_and(|p| p[r]);
         for r in 0..rows {
             let row = &host[r * ne..(r + 1) * ne];
             let mut order: Vec<usize> = (0..ne).collect();
@@ -88,7 +94,14 @@ impl Llama {
             for &ex in &order[..k] {
                 slots[ex].push(chosen.len());
                 chosen.push(ex);
-                counts[(r / t) * ne + ex] += 1.0;
+                if !pad(r) {
+                    counts[(r / t) * ne + ex] += 1.0;
+                }
+            }
+            if !pad(r) {
+                for c in &mut tokens[(r / t) * ne..(r / t + 1) * ne] {
+                    *c += 1.0;
+                }
             }
         }
         let ints = |v: Vec<i64>| {
@@ -143,25 +156,38 @@ impl Llama {
         };
         // (in f32 whatever the compute dtype: counts over every layer's tokens pass bf16's exact
         // integers and f16's range)
+        let probs = match padding {
+            Some(p) => {
+                let keep: Vec<f32> = p.iter().map(|&pad| if pad { 0.0 } else { 1.0 }).collect();
+                probs * Tensor::<B, 2>::from_data(TensorData::new(keep, [rows, 1]), &device)
+            }
+            None => probs,
+        };
         let p = probs.reshape([n, t, ne]).sum_dim(1).cast(FloatDType::F32);
-        let c = Tensor::<B, 3>::from_data(TensorData::new(counts, [n, 1, ne]), &device)
-            .cast(FloatDType::F32);
-        (y, Tensor::cat(vec![p, c], 1))
+        let constant = |v: Vec<f32>| {
+            Tensor::<B, 3>::from_data(TensorData::new(v, [n, 1, ne]), &device).cast(FloatDType::F32)
+        };
+        (
+            y,
+            Tensor::cat(vec![p, constant(counts), constant(tokens)], 1),
+        )
     }
 
     /// Each sample's load-balancing loss (times `router_aux_loss_coef`) `[n]`, in f32, from
-    /// the router statistics summed over every block, for samples of `t` tokens (the engine
-    /// weighs the samples as it weighs their tokens' losses).
-    pub(super) fn aux_loss<B: Backend>(&self, stats: Tensor<B, 3>, t: usize) -> Tensor<B, 1> {
+    /// the router statistics summed over every block (the engine weighs the samples as it
+    /// weighs their tokens' losses).
+    pub(super) fn aux_loss<B: Backend>(&self, stats: Tensor<B, 3>) -> Tensor<B, 1> {
         let [n, _, ne] = stats.dims();
         let stats = stats.cast(FloatDType::F32);
         let coef = self.moe.map_or(0.0, |m| m.aux_coef);
         let p = stats.clone().slice([0..n, 0..1, 0..ne]);
-        let c = stats.slice([0..n, 1..2, 0..ne]).detach();
-        let lt = (self.layers * t) as f64;
-        (p * c)
-            .sum_dim(2)
+        let c = stats.clone().slice([0..n, 1..2, 0..ne]).detach();
+        // every layer's tokens of the sample (a row of nothing but padding has no loss)
+        let lt = stats
+            .slice([0..n, 2..3, 0..1])
+            .detach()
             .reshape([n])
-            .mul_scalar(coef * ne as f64 / (lt * lt))
+            .clamp_min(1.0);
+        (p * c).sum_dim(2).reshape([n]).mul_scalar(coef * ne as f64) / (lt.clone() * lt)
     }
 }
