@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Regenerates tests/fixtures/hf-{qwen3,gemma3,phi3,mixtral}/: small Hugging Face decoders of the
-architectures kiln's llama family computes besides Llama (random weights from torch's seed 0,
+"""Regenerates tests/fixtures/hf-{qwen3,gemma3,gemma3vl,phi3,mixtral}/: small Hugging Face decoders of
+the architectures kiln's llama family computes besides Llama (random weights from torch's seed 0,
 nothing downloaded), each saved with `save_pretrained` as transformers writes it (transformers
 5 keeps Mixtral's experts in fused tensors), and expected.safetensors: fixed token ids with the
 logits and loss transformers computes for them, a prompt with the 12 ids
@@ -8,12 +8,15 @@ logits and loss transformers computes for them, a prompt with the 12 ids
 with the load-balancing loss of `output_router_logits`, in its metadata (`expected`, JSON).
 
   bash scripts/torch-up.sh
-  python3 scripts/make-hf-arch-fixtures.py [OUT_ROOT]
+  python3 scripts/make-hf-arch-fixtures.py [OUT_ROOT [ARCH...]]
 
 Shapes where kiln could go wrong quietly: Qwen3's head_dim is not hidden / heads; Gemma 3's
 window (4) is shorter than the 16-token block, its layers alternate sliding and global with
 two rotary bases, and query_pre_attn_scalar is not head_dim; Phi-3's q/k/v and gate/up are
-fused; Mixtral routes each token to 2 of 4 experts. Weights are drawn wider than the
+fused; Mixtral routes each token to 2 of 4 experts. gemma3vl is a Gemma 3 vision-language model
+(`Gemma3ForConditionalGeneration`, as Gemma 3 4B-27B): a tiny SigLIP vision tower beside the
+language model, whose global layers scale their rotary positions linearly (factor 8); its
+expected values are the text-only forward's. Weights are drawn wider than the
 initializers (norms away from their identity) so that a wrong norm, rotation or routing shows
 in the loss. `tests/it/architectures.rs` loads each directory with only `model.init_from`.
 """
@@ -26,6 +29,7 @@ from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM
 
 root = sys.argv[1] if len(sys.argv) > 1 else "tests/fixtures"
+only = set(sys.argv[2:])
 common = dict(vocab_size=300, hidden_size=32, intermediate_size=48, num_attention_heads=4,
               num_key_value_heads=2, max_position_embeddings=16, bos_token_id=None,
               eos_token_id=None, pad_token_id=None)
@@ -39,6 +43,19 @@ configs = {
         rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
                          "full_attention": {"rope_type": "default", "rope_theta": 1000000.0}},
         tie_word_embeddings=True),
+    "gemma3vl": transformers.Gemma3Config(
+        text_config=dict(
+            **common, num_hidden_layers=3, head_dim=16, query_pre_attn_scalar=24,
+            sliding_window=4,
+            layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+            rope_parameters={
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0}}),
+        vision_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                           num_attention_heads=2, image_size=16, patch_size=8),
+        # (the image token outside the vocabulary: no text id is taken for one)
+        mm_tokens_per_image=4, image_token_index=1000, boi_token_index=297,
+        eoi_token_index=298, tie_word_embeddings=True),
     "phi3": transformers.Phi3Config(**common, num_hidden_layers=2, rope_theta=10000.0,
                                     tie_word_embeddings=False),
     "mixtral": transformers.MixtralConfig(**common, num_hidden_layers=2, num_local_experts=4,
@@ -46,9 +63,14 @@ configs = {
                                           rope_theta=10000.0, tie_word_embeddings=False),
 }
 for name, config in configs.items():
+    if only and name not in only:
+        continue
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config).eval()
-    gemma = name == "gemma3"
+    if name == "gemma3vl":
+        model = transformers.Gemma3ForConditionalGeneration(config).eval()
+    else:
+        model = AutoModelForCausalLM.from_config(config).eval()
+    gemma = name.startswith("gemma3")
     with torch.no_grad():
         for n, p in model.named_parameters():
             if n.endswith("norm.weight"):

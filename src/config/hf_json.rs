@@ -32,20 +32,32 @@ pub fn config_json_of(init_from: &Path) -> Option<PathBuf> {
 /// for a `model_type` kiln does not read, or what is wrong with the file (a key named, and
 /// what it must be: issue 58, defect 14).
 pub fn model_keys(c: &Json) -> Result<Option<Vec<(&'static str, Json)>>, String> {
-    let get = |k: &str| c.get(k).filter(|v| !v.is_null()).cloned();
     let model_type = match c.get("model_type") {
         Some(Json::String(t)) => t.as_str(),
         // (it was ignored, and kiln's defaults applied)
         None | Some(Json::Null) => {
-            return Err("has no `model_type`: transformers' save_pretrained writes one (kiln computes: llama, mistral, qwen2, qwen3, gemma3_text, phi3, mixtral, gpt2)".into())
+            return Err("has no `model_type`: transformers' save_pretrained writes one (kiln computes: llama, mistral, qwen2, qwen3, gemma3_text, gemma3, phi3, mixtral, gpt2)".into())
         }
         Some(other) => {
             return Err(format!(
-                "`model_type` = {} is not a name (kiln computes: llama, mistral, qwen2, qwen3, gemma3_text, phi3, mixtral, gpt2)",
+                "`model_type` = {} is not a name (kiln computes: llama, mistral, qwen2, qwen3, gemma3_text, gemma3, phi3, mixtral, gpt2)",
                 super::brief(&other.to_string(), 60)
             ))
         }
     };
+    // (Gemma 3 4B-27B: a vision-language model, whose language model kiln computes; a
+    // Gemma 3 config takes transformers' defaults for the keys it leaves out)
+    let mut lm = language_model(c)?.into_owned();
+    let model_type = if model_type == "gemma3" {
+        "gemma3_text"
+    } else {
+        model_type
+    };
+    if model_type == "gemma3_text" {
+        gemma3_defaults(&mut lm);
+    }
+    let c = &lm;
+    let get = |k: &str| c.get(k).filter(|v| !v.is_null()).cloned();
     let mut out: Vec<(&'static str, Option<Json>)> = Vec::new();
     let family = LLAMA_TYPES
         .iter()
@@ -92,6 +104,61 @@ pub fn model_keys(c: &Json) -> Result<Option<Vec<(&'static str, Json)>>, String>
     ))
 }
 
+/// The config.json of the language model `c` describes: `c` itself, or a Gemma 3
+/// vision-language model's (`model_type` "gemma3", `Gemma3ForConditionalGeneration`) `text_config`
+/// with transformers' `Gemma3TextConfig` defaults where it leaves a key out (the Hub's Gemma 3
+/// 4B-27B configs set a few keys only) and the whole model's `tie_word_embeddings`.
+pub fn language_model(c: &Json) -> Result<std::borrow::Cow<'_, Json>, String> {
+    if c.get("model_type").and_then(Json::as_str) != Some("gemma3") {
+        return Ok(std::borrow::Cow::Borrowed(c));
+    }
+    let mut text = match c.get("text_config") {
+        None | Some(Json::Null) => serde_json::Map::new(),
+        Some(Json::Object(t)) => t.clone(),
+        Some(_) => return Err("has model_type \"gemma3\" and a `text_config` that is not a table (Gemma 3's language model's settings)".into()),
+    };
+    match text.get("model_type") {
+        None | Some(Json::Null) => {}
+        Some(Json::String(t)) if t == "gemma3_text" => {}
+        Some(t) => {
+            return Err(format!(
+            "has model_type \"gemma3\" and a `text_config` of model_type {}, not \"gemma3_text\"",
+            super::brief(&t.to_string(), 40)
+        ))
+        }
+    }
+    text.insert("model_type".into(), "gemma3_text".into());
+    if let Some(tie) = c.get("tie_word_embeddings").filter(|v| !v.is_null()) {
+        text.insert("tie_word_embeddings".into(), tie.clone());
+    }
+    let mut text = Json::Object(text);
+    gemma3_defaults(&mut text);
+    Ok(std::borrow::Cow::Owned(text))
+}
+
+/// transformers' `Gemma3TextConfig` defaults (Gemma 3 1B's shape is not them: 4B's and up
+/// leave these out of their `text_config`), where `c` leaves a key out.
+fn gemma3_defaults(c: &mut Json) {
+    let Some(m) = c.as_object_mut() else { return };
+    for (k, v) in [
+        ("vocab_size", json_u(262_208)),
+        ("hidden_size", json_u(2304)),
+        ("intermediate_size", json_u(9216)),
+        ("num_hidden_layers", json_u(26)),
+        ("num_attention_heads", json_u(8)),
+        ("num_key_value_heads", json_u(4)),
+        ("max_position_embeddings", json_u(131_072)),
+    ] {
+        if m.get(k).is_none_or(Json::is_null) {
+            m.insert(k.into(), v);
+        }
+    }
+}
+
+fn json_u(v: u64) -> Json {
+    Json::from(v)
+}
+
 /// The rotary keys of a llama-family config.json: the global base, Llama 3's scaling, Gemma
 /// 3's local base (`rope_parameters` over the top-level `rope_theta`, as transformers takes
 /// them; without either, its config class's default: Mixtral's and Gemma 3's global 1e6).
@@ -126,7 +193,7 @@ fn rope_keys(
             "mixtral" | "gemma3_text" => Some(1e6.into()),
             _ => None,
         });
-    let scaling = llama3_scaling(c, global)?;
+    let scaling = rope_scaling(c, global)?;
     let local = local
         .and_then(|r| r.get("rope_theta").cloned())
         .or(get("rope_local_base_freq"));
@@ -259,12 +326,13 @@ pub const LLAMA_TYPES: [(&str, &str); 7] = [
 ];
 
 /// Every `model_type` kiln computes.
-pub const MODEL_TYPES: [&str; 8] = [
+pub const MODEL_TYPES: [&str; 9] = [
     "llama",
     "mistral",
     "qwen2",
     "qwen3",
     "gemma3_text",
+    "gemma3",
     "phi3",
     "mixtral",
     "gpt2",
@@ -350,34 +418,48 @@ fn sliding(c: &Json, model_type: &str) -> Result<(Option<Json>, Option<Json>), S
     Ok((window, Some(Json::Array(types))))
 }
 
-/// Llama 3's rope scaling from `rope` (config.json's `rope_scaling` or `rope_parameters`), when
-/// its type is llama3: every one of its four numbers, or an error naming the one missing (a
-/// missing one said "`model` has the wrong type: found unit").
-fn llama3_scaling(c: &Json, rope: Option<Json>) -> Result<Option<Json>, String> {
-    let Some(r) = rope
-        .filter(|r| r.get("rope_type").or(r.get("type")).and_then(Json::as_str) == Some("llama3"))
-    else {
+/// The rope scaling of `rope` (config.json's `rope_scaling` or `rope_parameters`, the global
+/// layers' entry of Gemma 3's) when kiln computes its type: Llama 3's, every one of its four
+/// numbers, or linear's factor; an error naming a number that is missing (a missing one said
+/// "`model` has the wrong type: found unit"). Another type is refused when the weights load
+/// (`model::llama::hf::mismatches`).
+fn rope_scaling(c: &Json, rope: Option<Json>) -> Result<Option<Json>, String> {
+    let Some((r, rope_type)) = rope.and_then(|r| {
+        let t = r
+            .get("rope_type")
+            .or(r.get("type"))
+            .and_then(Json::as_str)?;
+        matches!(t, "llama3" | "linear").then(|| (r.clone(), t.to_string()))
+    }) else {
         return Ok(None);
     };
     let mut m = serde_json::Map::new();
-    m.insert("rope_type".into(), "llama3".into());
-    for k in [
-        "factor",
-        "low_freq_factor",
-        "high_freq_factor",
-        "original_max_position_embeddings",
-    ] {
-        let v = r.get(k).filter(|v| v.is_number()).cloned().ok_or_else(|| {
+    m.insert("rope_type".into(), rope_type.as_str().into());
+    let numbers: &[&str] = if rope_type == "linear" {
+        &["factor"]
+    } else {
+        &[
+            "factor",
+            "low_freq_factor",
+            "high_freq_factor",
+            "original_max_position_embeddings",
+        ]
+    };
+    for k in numbers {
+        let v = r.get(*k).filter(|v| v.is_number()).cloned().ok_or_else(|| {
             let name = if c.get("rope_scaling").is_some_and(|v| !v.is_null()) {
                 "rope_scaling"
             } else {
                 "rope_parameters"
             };
-            format!(
-                "`{name}` has rope_type \"llama3\" but no number `{k}` (Llama 3's scaling takes factor, low_freq_factor, high_freq_factor and original_max_position_embeddings)"
-            )
+            let takes = if rope_type == "linear" {
+                "linear scaling takes a factor"
+            } else {
+                "Llama 3's scaling takes factor, low_freq_factor, high_freq_factor and original_max_position_embeddings"
+            };
+            format!("`{name}` has rope_type \"{rope_type}\" but no number `{k}` ({takes})")
         })?;
-        m.insert(k.into(), v);
+        m.insert((*k).into(), v);
     }
     Ok(Some(Json::Object(m)))
 }
@@ -574,6 +656,79 @@ mod tests {
 
     fn types(list: &[&str]) -> Json {
         json!(list)
+    }
+
+    /// Gemma 3 4B's config.json as the Hub has it (transformers 4.50 wrote it): a
+    /// vision-language model whose `text_config` sets five keys and a linear rope scaling; kiln
+    /// reads its language model as transformers 5.25's `Gemma3TextConfig` does (checked with
+    /// `AutoConfig.from_pretrained(...).text_config`).
+    #[test]
+    fn a_vision_language_gemma3_reads_as_its_language_model() {
+        let k = keys(json!({
+            "architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3",
+            "boi_token_index": 255999, "eoi_token_index": 256000, "image_token_index": 262144,
+            "mm_tokens_per_image": 256, "eos_token_id": [1, 106],
+            "text_config": {"hidden_size": 2560, "intermediate_size": 10240,
+                "model_type": "gemma3_text", "num_hidden_layers": 34,
+                "rope_scaling": {"factor": 8.0, "rope_type": "linear"}, "sliding_window": 1024},
+            "vision_config": {"hidden_size": 1152, "model_type": "siglip_vision_model"}
+        }));
+        for (key, want) in [
+            ("kind", json!("gemma3")),
+            ("vocab_size", json!(262_208)),
+            ("dim", json!(2560)),
+            ("ffn_dim", json!(10240)),
+            ("layers", json!(34)),
+            ("heads", json!(8)),
+            ("kv_heads", json!(4)),
+            ("head_dim", json!(256)),
+            ("block_size", json!(MAX_BLOCK)),
+            ("rope_theta", json!(1e6)),
+            (
+                "rope_scaling",
+                json!({"rope_type": "linear", "factor": 8.0}),
+            ),
+            ("sliding_window", json!(1024)),
+            ("query_pre_attn_scalar", json!(256)),
+            ("tie_embeddings", json!(true)),
+            ("norm_eps", json!(1e-6)),
+        ] {
+            assert_eq!(k.get(key), Some(&want), "{key}: {k:?}");
+        }
+        let types = k["layer_types"].as_array().unwrap();
+        assert_eq!(types.len(), 34);
+        assert_eq!(types[5], json!("full_attention"));
+        assert_eq!(types[6], json!("sliding_attention"));
+        // transformers 5's rope_parameters, one entry per layer type
+        let k = keys(
+            json!({"model_type": "gemma3", "text_config": {"rope_parameters": {
+            "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 5e5},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 2e4}}}}),
+        );
+        assert_eq!(
+            k["rope_scaling"],
+            json!({"rope_type": "linear", "factor": 4.0})
+        );
+        assert_eq!(k["rope_theta"], json!(5e5));
+        assert_eq!(k["rope_local_theta"], json!(2e4));
+        // what is not Gemma 3's language model is named
+        for (c, says) in [
+            (
+                json!({"model_type": "gemma3", "text_config": 3}),
+                "not a table",
+            ),
+            (
+                json!({"model_type": "gemma3", "text_config": {"model_type": "llama"}}),
+                "\"llama\"",
+            ),
+            (
+                json!({"model_type": "gemma3", "text_config": {"rope_scaling": {"rope_type": "linear"}}}),
+                "no number `factor`",
+            ),
+        ] {
+            let e = model_keys(&c).unwrap_err();
+            assert!(e.contains(says), "{e}");
+        }
     }
 
     /// Windows and layer types as transformers 5.25 reads each model type's config.

@@ -1,4 +1,5 @@
-//! The decoders kiln's llama family computes besides Llama: Qwen3, Gemma 3 (text), Phi-3 and
+//! The decoders kiln's llama family computes besides Llama: Qwen3, Gemma 3 (text, and the
+//! language model of a vision-language Gemma 3), Phi-3 and
 //! Mixtral. `tests/fixtures/hf-<arch>` are small transformers-initialised directories
 //! (`scripts/make-hf-arch-fixtures.py`) with their logits and loss on fixed ids and the greedy
 //! continuation of a prompt. With only `model.init_from` set, kiln reads the architecture from
@@ -17,9 +18,15 @@ use kiln::model::ComputeOn;
 use crate::common::{kiln, root, stderr, write};
 use crate::hf::next_token_loss;
 
-const ARCHS: [&str; 4] = ["qwen3", "gemma3", "phi3", "mixtral"];
+const ARCHS: [&str; 5] = ["qwen3", "gemma3", "gemma3vl", "phi3", "mixtral"];
 const VOCAB: usize = 300;
 const T: usize = 16;
+
+/// The kind an architecture's directory loads as (`gemma3vl`: a Gemma 3 vision-language
+/// model, whose language model is kind `gemma3`).
+fn kind_of(arch: &str) -> &str {
+    arch.strip_suffix("vl").unwrap_or(arch)
+}
 
 fn fixture(arch: &str) -> PathBuf {
     root().join(format!("tests/fixtures/hf-{arch}"))
@@ -88,7 +95,7 @@ fn each_architecture_gives_transformers_loss_from_its_directory_alone() {
         let d = kiln::testdir::tempdir().unwrap();
         experiment(d.path(), &fixture(arch), &e.ids);
         let (model, params) = loaded(d.path());
-        assert_eq!(model.kind(), arch);
+        assert_eq!(model.kind(), kind_of(arch));
         let loss = e.number("loss");
         for fused in [true, false] {
             let compute =
@@ -112,7 +119,7 @@ fn each_architecture_gives_transformers_loss_from_its_directory_alone() {
         let out = String::from_utf8_lossy(&o.stdout).to_string();
         let line = out
             .lines()
-            .find(|l| l.starts_with(&format!("kind = \"{arch}\"")))
+            .find(|l| l.starts_with(&format!("kind = \"{}\"", kind_of(arch))))
             .unwrap_or_default();
         assert!(line.ends_with(&format!("hf-{arch}/config.json")), "{out}");
     }
@@ -285,7 +292,8 @@ fn an_architecture_kiln_does_not_compute_is_one_short_error() {
     assert!(err.lines().count() <= 6, "{err}");
     assert!(
         err.contains("\"gpt_neox\"")
-            && err.contains("llama, mistral, qwen2, qwen3, gemma3_text, phi3, mixtral, gpt2"),
+            && err
+                .contains("llama, mistral, qwen2, qwen3, gemma3_text, gemma3, phi3, mixtral, gpt2"),
         "{err}"
     );
 }

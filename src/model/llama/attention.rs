@@ -17,8 +17,8 @@ use crate::model::lora::adapted;
 
 impl Llama {
     /// The rotary inverse frequencies of base `theta`, `head_dim / 2` of them (transformers'
-    /// `_compute_default_rope_parameters`, and `_compute_llama3_parameters` with scaling, which
-    /// applies to the global layers only).
+    /// `_compute_default_rope_parameters`; with `scaled`, the global layers', its
+    /// `_compute_llama3_parameters` or `_compute_linear_scaling_rope_parameters`).
     pub fn inv_freq_of(&self, theta: f64, scaled: bool) -> Vec<f64> {
         let hd = self.head_dim;
         let base: Vec<f64> = (0..hd / 2)
@@ -27,8 +27,16 @@ impl Llama {
         let Some(s) = self.rope_scaling.filter(|_| scaled) else {
             return base;
         };
-        let old = s.original_max_position_embeddings as f64;
-        let (low_wavelen, high_wavelen) = (old / s.low_freq_factor, old / s.high_freq_factor);
+        let (Some(old), Some(low), Some(high)) = (
+            s.original_max_position_embeddings,
+            s.low_freq_factor,
+            s.high_freq_factor,
+        ) else {
+            // linear (`check` refuses llama3 without all four numbers)
+            return base.into_iter().map(|f| f / s.factor).collect();
+        };
+        let old = old as f64;
+        let (low_wavelen, high_wavelen) = (old / low, old / high);
         base.into_iter()
             .map(|f| {
                 let wavelen = 2.0 * std::f64::consts::PI / f;
@@ -37,8 +45,7 @@ impl Llama {
                 } else if wavelen < high_wavelen {
                     f
                 } else {
-                    let smooth = (old / wavelen - s.low_freq_factor)
-                        / (s.high_freq_factor - s.low_freq_factor);
+                    let smooth = (old / wavelen - low) / (high - low);
                     (1.0 - smooth) * f / s.factor + smooth * f
                 }
             })

@@ -103,15 +103,11 @@ impl Llama {
             }
         }
         if let Some(s) = &self.rope_scaling {
-            if !(s.factor > 0.0
-                && s.high_freq_factor > s.low_freq_factor
-                && s.low_freq_factor > 0.0)
-                || s.original_max_position_embeddings == 0
-            {
+            if let Some(why) = rope_scaling_fault(s) {
                 return Err(range(
                     "model.rope_scaling",
-                    format!("`model.rope_scaling` = {s:?} is out of range: factor and low_freq_factor must be above 0, high_freq_factor above low_freq_factor, original_max_position_embeddings at least 1"),
-                    "Llama 3.1's: factor 8, low_freq_factor 1, high_freq_factor 4, original_max_position_embeddings 8192",
+                    format!("`model.rope_scaling` = {s:?}: {why}"),
+                    "Llama 3.1's: { rope_type = \"llama3\", factor = 8, low_freq_factor = 1, high_freq_factor = 4, original_max_position_embeddings = 8192 }; Gemma 3's: { rope_type = \"linear\", factor = 8 }",
                 ));
             }
         }
@@ -265,5 +261,68 @@ impl Llama {
             }
         }
         Ok(())
+    }
+}
+
+/// What is wrong with a rope scaling, if anything: llama3 takes all four numbers, linear
+/// `factor` alone; every number in range.
+fn rope_scaling_fault(s: &super::RopeScaling) -> Option<String> {
+    let llama3 = [
+        ("low_freq_factor", s.low_freq_factor.is_some()),
+        ("high_freq_factor", s.high_freq_factor.is_some()),
+        (
+            "original_max_position_embeddings",
+            s.original_max_position_embeddings.is_some(),
+        ),
+    ];
+    if !(s.factor.is_finite() && s.factor > 0.0) {
+        return Some("factor must be above 0".into());
+    }
+    match s.rope_type {
+        super::RopeType::Linear => llama3
+            .iter()
+            .find(|(_, set)| *set)
+            .map(|(k, _)| format!("`{k}` is llama3's: linear scaling takes `factor` alone")),
+        super::RopeType::Llama3 => {
+            if let Some((k, _)) = llama3.iter().find(|(_, set)| !*set) {
+                return Some(format!("rope_type \"llama3\" needs `{k}` too"));
+            }
+            let (low, high) = (
+                s.low_freq_factor.unwrap_or(0.0),
+                s.high_freq_factor.unwrap_or(0.0),
+            );
+            (!(low > 0.0 && high > low && s.original_max_position_embeddings > Some(0))).then(|| {
+                "out of range: low_freq_factor must be above 0, high_freq_factor above low_freq_factor, original_max_position_embeddings at least 1".into()
+            })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::RopeScaling;
+    use super::rope_scaling_fault;
+
+    #[test]
+    fn a_rope_scaling_takes_its_types_numbers_alone() {
+        assert_eq!(rope_scaling_fault(&RopeScaling::linear(8.0)), None);
+        assert_eq!(
+            rope_scaling_fault(&RopeScaling::llama3(8.0, 1.0, 4.0, 8192)),
+            None
+        );
+        let mut linear = RopeScaling::linear(8.0);
+        linear.low_freq_factor = Some(1.0);
+        let mut llama3 = RopeScaling::llama3(8.0, 1.0, 4.0, 8192);
+        llama3.original_max_position_embeddings = None;
+        for (s, says) in [
+            (RopeScaling::linear(0.0), "factor must be above 0"),
+            (RopeScaling::linear(f64::NAN), "factor must be above 0"),
+            (linear, "`low_freq_factor` is llama3's"),
+            (llama3, "needs `original_max_position_embeddings`"),
+            (RopeScaling::llama3(8.0, 4.0, 1.0, 8192), "out of range"),
+        ] {
+            let why = rope_scaling_fault(&s).unwrap_or_default();
+            assert!(why.contains(says), "{s:?}: {why}");
+        }
     }
 }

@@ -8,7 +8,7 @@
 use crate::model::ConfigMismatch;
 use serde_json::{json, Value};
 
-use super::{Arch, Llama, RopeType};
+use super::{Arch, Llama};
 use crate::model::portable::{External, FamilyFormat, WeightFormat};
 use crate::params::ParamLayout;
 
@@ -23,12 +23,27 @@ const fn hf(name: &'static str) -> WeightFormat {
     })
 }
 
+/// The prefix of a Gemma 3 vision-language checkpoint's language model
+/// (`Gemma3ForConditionalGeneration`: `language_model.model.layers.0...`,
+/// `language_model.lm_head.weight`).
+pub const GEMMA3_LANGUAGE_MODEL: &str = "language_model.";
+
+/// The tensors of a Gemma 3 vision-language checkpoint that are not its language model's.
+pub const GEMMA3_VISION: [&str; 2] = ["vision_tower.", "multi_modal_projector."];
+
 /// The Hugging Face directory format of `arch` (`--format hf` names it too).
 pub fn format_of(arch: Arch) -> WeightFormat {
     match arch {
         Arch::Llama => HF_LLAMA,
         Arch::Qwen3 => hf("hf-qwen3"),
-        Arch::Gemma3 => hf("hf-gemma3"),
+        // (Gemma 3 4B-27B are vision-language models saved as `language_model.model.*` beside
+        // `vision_tower.*`: kiln computes the language model, `Llama::format_buffer` leaves
+        // the vision side out)
+        Arch::Gemma3 => WeightFormat::Family(FamilyFormat {
+            name: "hf-gemma3",
+            dir: true,
+            prefix: Some(GEMMA3_LANGUAGE_MODEL),
+        }),
         Arch::Phi3 => hf("hf-phi3"),
         Arch::Mixtral => hf("hf-mixtral"),
     }
@@ -72,7 +87,7 @@ fn model_types(arch: Arch) -> Vec<&'static str> {
 /// Where a Hugging Face `config.json` describes something no `[model]` key can say (the keys
 /// it sets are compared by `config::hf_json` when the config is read): another architecture, an
 /// activation other than the architecture's, MLP biases, an o_proj bias, another head_dim, a
-/// rope scaling other than Llama 3's, soft-capping, bidirectional attention, partial rotation,
+/// rope scaling other than Llama 3's and linear, soft-capping, bidirectional attention, partial rotation,
 /// router jitter.
 pub(super) fn mismatches(l: &Llama, c: &Value) -> Vec<ConfigMismatch> {
     let mut out = Vec::new();
@@ -154,7 +169,7 @@ pub(super) fn mismatches(l: &Llama, c: &Value) -> Vec<ConfigMismatch> {
     };
     for r in ropes {
         if let Some(rope_type) = r.get("rope_type").or(r.get("type")).and_then(Value::as_str) {
-            if !matches!(rope_type, "default" | "llama3") {
+            if !matches!(rope_type, "default" | "llama3" | "linear") {
                 bad(
                     "rope_type",
                     &json!(rope_type),
@@ -242,15 +257,10 @@ pub(super) fn config_json(l: &Llama) -> String {
         Arch::Phi3 => ("Phi3ForCausalLM", "phi3"),
         Arch::Mixtral => ("MixtralForCausalLM", "mixtral"),
     };
-    let scaling = l.rope_scaling.map(|s| {
-        json!({
-            "rope_type": match s.rope_type { RopeType::Llama3 => "llama3" },
-            "factor": s.factor,
-            "low_freq_factor": s.low_freq_factor,
-            "high_freq_factor": s.high_freq_factor,
-            "original_max_position_embeddings": s.original_max_position_embeddings,
-        })
-    });
+    // (transformers' names: llama3's four numbers, linear's factor)
+    let scaling = l
+        .rope_scaling
+        .map(|s| serde_json::to_value(s).expect("numbers and a name"));
     let layer_types: Vec<&str> = l
         .sliding
         .iter()
@@ -275,7 +285,7 @@ pub(super) fn config_json(l: &Llama) -> String {
         "max_position_embeddings": l.block,
         "rms_norm_eps": l.norm_eps,
         "rope_theta": l.rope_theta,
-        "rope_scaling": scaling,
+        "rope_scaling": scaling.clone(),
         "hidden_act": "silu",
         "tie_word_embeddings": l.tie,
         "attention_dropout": l.dropout,
@@ -315,8 +325,11 @@ pub(super) fn config_json(l: &Llama) -> String {
                 json!(qpas)
             };
             config["layer_types"] = json!(layer_types);
+            // (the scaling is the global layers': Gemma 3 4B-27B's linear)
+            let mut global = scaling.unwrap_or_else(|| json!({"rope_type": "default"}));
+            global["rope_theta"] = json!(l.rope_theta);
             config["rope_parameters"] = json!({
-                "full_attention": {"rope_type": "default", "rope_theta": l.rope_theta},
+                "full_attention": global,
                 "sliding_attention": {"rope_type": "default", "rope_theta": l.rope_local_theta},
             });
             config["final_logit_softcapping"] = json!(null);

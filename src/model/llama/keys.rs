@@ -4,21 +4,50 @@
 
 use serde::{Deserialize, Serialize};
 
-/// `model.rope_scaling`: Llama 3's frequency-dependent rotary scaling (transformers'
-/// `rope_type = "llama3"`).
+/// `model.rope_scaling`: the rotary scaling of the global layers (Gemma 3's sliding layers keep
+/// their own base unscaled), as transformers' `rope_type`: `"llama3"` (Llama 3's frequency-
+/// dependent scaling, all four numbers) or `"linear"` (every frequency divided by `factor`:
+/// positions interpolated, Gemma 3 4B-27B's; `factor` alone).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RopeScaling {
-    /// Only `"llama3"`.
+    /// `"llama3"` or `"linear"`.
     pub rope_type: RopeType,
-    /// Low frequencies are divided by it (Llama 3.1: 8).
+    /// Frequencies are divided by it (llama3: the low ones; Llama 3.1: 8, Gemma 3: 8).
     pub factor: f64,
-    /// Llama 3.1: 1.
-    pub low_freq_factor: f64,
-    /// Llama 3.1: 4.
-    pub high_freq_factor: f64,
-    /// The context the model was pretrained on before scaling (Llama 3.1: 8192).
-    pub original_max_position_embeddings: usize,
+    /// llama3 (Llama 3.1: 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub low_freq_factor: Option<f64>,
+    /// llama3 (Llama 3.1: 4).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub high_freq_factor: Option<f64>,
+    /// llama3: the context the model was pretrained on before scaling (Llama 3.1: 8192).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub original_max_position_embeddings: Option<usize>,
+}
+
+impl RopeScaling {
+    /// Llama 3's scaling of `factor` and its three other numbers.
+    pub fn llama3(factor: f64, low: f64, high: f64, original: usize) -> Self {
+        RopeScaling {
+            rope_type: RopeType::Llama3,
+            factor,
+            low_freq_factor: Some(low),
+            high_freq_factor: Some(high),
+            original_max_position_embeddings: Some(original),
+        }
+    }
+
+    /// Linear scaling by `factor`.
+    pub fn linear(factor: f64) -> Self {
+        RopeScaling {
+            rope_type: RopeType::Linear,
+            factor,
+            low_freq_factor: None,
+            high_freq_factor: None,
+            original_max_position_embeddings: None,
+        }
+    }
 }
 
 /// The rope scalings kiln computes.
@@ -26,6 +55,17 @@ pub struct RopeScaling {
 #[serde(rename_all = "lowercase")]
 pub enum RopeType {
     Llama3,
+    Linear,
+}
+
+impl RopeType {
+    /// transformers' name.
+    pub fn name(self) -> &'static str {
+        match self {
+            RopeType::Llama3 => "llama3",
+            RopeType::Linear => "linear",
+        }
+    }
 }
 
 /// llama's keys of `[model]` (besides the shared `vocab_size`, `block_size`, `dropout`).
@@ -44,8 +84,9 @@ pub struct LlamaKeys {
     pub ffn_dim: Option<usize>,
     /// The rotary embeddings' base. Default: `10000.0`.
     pub rope_theta: Option<f64>,
-    /// Llama 3's rotary scaling: `{ rope_type = "llama3", factor, low_freq_factor,
-    /// high_freq_factor, original_max_position_embeddings }`. Default: none.
+    /// The global layers' rotary scaling: Llama 3's `{ rope_type = "llama3", factor,
+    /// low_freq_factor, high_freq_factor, original_max_position_embeddings }`, or `{ rope_type =
+    /// "linear", factor }`. Default: none.
     pub rope_scaling: Option<RopeScaling>,
     /// The RMSNorms' epsilon. Default: `1e-5`.
     pub norm_eps: Option<f64>,

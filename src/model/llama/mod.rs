@@ -535,15 +535,21 @@ impl WeightAdapter for Llama {
     }
 
     fn format_buffer(&self, format: WeightFormat, name: &str) -> bool {
-        // (older transformers saved the rotary frequencies)
-        format == hf::format_of(self.arch) && name.ends_with(".rotary_emb.inv_freq")
+        // (older transformers saved the rotary frequencies; a Gemma 3 vision-language
+        // checkpoint has its vision tower beside the language model kiln computes)
+        format == hf::format_of(self.arch)
+            && (name.ends_with(".rotary_emb.inv_freq")
+                || self.arch == Arch::Gemma3
+                    && hf::GEMMA3_VISION.iter().any(|p| name.starts_with(p)))
     }
 
     fn detect_format(&self, tensors: &[(&str, &[usize])]) -> Option<WeightFormat> {
+        let format = hf::format_of(self.arch);
         tensors
             .iter()
-            .any(|(n, _)| n.starts_with("model.layers.") || *n == "model.embed_tokens.weight")
-            .then_some(hf::format_of(self.arch))
+            .map(|(n, _)| format.strip(n))
+            .any(|n| n.starts_with("model.layers.") || n == "model.embed_tokens.weight")
+            .then_some(format)
     }
 
     fn hf_config(&self, format: WeightFormat) -> Result<Option<String>, String> {
@@ -556,7 +562,12 @@ impl WeightAdapter for Llama {
         config: &serde_json::Value,
     ) -> Vec<ConfigMismatch> {
         if format == hf::format_of(self.arch) {
-            hf::mismatches(self, config)
+            // (a Gemma 3 vision-language config.json: its language model's, `text_config`)
+            // (one whose text_config is not a table was refused when the config was read)
+            match crate::config::hf_json::language_model(config) {
+                Ok(c) => hf::mismatches(self, &c),
+                Err(_) => hf::mismatches(self, config),
+            }
         } else {
             Vec::new()
         }

@@ -115,13 +115,7 @@ fn llama3_scaling_splits_the_frequencies_in_three() {
     let mut l = tiny(2, false);
     l.dim = 32;
     l.head_dim = 8;
-    l.rope_scaling = Some(RopeScaling {
-        rope_type: RopeType::Llama3,
-        factor: 8.0,
-        low_freq_factor: 1.0,
-        high_freq_factor: 4.0,
-        original_max_position_embeddings: 16,
-    });
+    l.rope_scaling = Some(RopeScaling::llama3(8.0, 1.0, 4.0, 16));
     let f = l.inv_freq();
     // wavelengths 2 pi, 62.8, 628, 6283 against 16 / 1 and 16 / 4
     let smooth = (16.0 / (2.0 * std::f64::consts::PI) - 1.0) / 3.0;
