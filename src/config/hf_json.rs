@@ -48,7 +48,8 @@ pub fn model_keys(c: &Json) -> Result<Option<Vec<(&'static str, Json)>>, String>
     // (Gemma 3 4B-27B: a vision-language model, whose language model kiln computes; a
     // Gemma 3 config takes transformers' defaults for the keys it leaves out)
     let mut lm = language_model(c)?.into_owned();
-    let model_type = if model_type == "gemma3" {
+    let lm_of_vision = model_type == "gemma3";
+    let model_type = if lm_of_vision {
         "gemma3_text"
     } else {
         model_type
@@ -57,6 +58,13 @@ pub fn model_keys(c: &Json) -> Result<Option<Vec<(&'static str, Json)>>, String>
         gemma3_defaults(&mut lm);
     }
     let c = &lm;
+    let within = |e: String| {
+        if lm_of_vision {
+            format!("{e} (in `text_config`, Gemma 3's language model)")
+        } else {
+            e
+        }
+    };
     let get = |k: &str| c.get(k).filter(|v| !v.is_null()).cloned();
     let mut out: Vec<(&'static str, Option<Json>)> = Vec::new();
     let family = LLAMA_TYPES
@@ -65,7 +73,7 @@ pub fn model_keys(c: &Json) -> Result<Option<Vec<(&'static str, Json)>>, String>
         .map(|(_, kind)| *kind);
     match model_type {
         _ if family.is_some() => {
-            out = llama_keys(c, model_type, family.unwrap_or("llama"))?;
+            out = llama_keys(c, model_type, family.unwrap_or("llama")).map_err(within)?;
         }
         "gpt2" => {
             let tanh = ["gelu_new", "gelu_pytorch_tanh", "gelu_fast"];
@@ -104,10 +112,22 @@ pub fn model_keys(c: &Json) -> Result<Option<Vec<(&'static str, Json)>>, String>
     ))
 }
 
+/// Where a vision-language model's language model sits among its modules (PEFT's names of
+/// them: `model.language_model.layers.0.self_attn.q_proj`), when `init_from` is such a model's
+/// directory (Gemma 3 4B-27B); `None` for a language model's, or when its config.json cannot be
+/// read.
+pub fn language_model_modules(init_from: &Path) -> Option<&'static str> {
+    let text = std::fs::read(config_json_of(init_from)?).ok()?;
+    let c: Json = serde_json::from_slice(&text).ok()?;
+    (c.get("model_type").and_then(Json::as_str) == Some("gemma3"))
+        .then_some("model.language_model.")
+}
+
 /// The config.json of the language model `c` describes: `c` itself, or a Gemma 3
 /// vision-language model's (`model_type` "gemma3", `Gemma3ForConditionalGeneration`) `text_config`
 /// with transformers' `Gemma3TextConfig` defaults where it leaves a key out (the Hub's Gemma 3
-/// 4B-27B configs set a few keys only) and the whole model's `tie_word_embeddings`.
+/// 4B-27B configs set a few keys only) and the whole model's `tie_word_embeddings`. An error
+/// says what is wrong with `text_config`.
 pub fn language_model(c: &Json) -> Result<std::borrow::Cow<'_, Json>, String> {
     if c.get("model_type").and_then(Json::as_str) != Some("gemma3") {
         return Ok(std::borrow::Cow::Borrowed(c));
@@ -128,9 +148,14 @@ pub fn language_model(c: &Json) -> Result<std::borrow::Cow<'_, Json>, String> {
         }
     }
     text.insert("model_type".into(), "gemma3_text".into());
-    if let Some(tie) = c.get("tie_word_embeddings").filter(|v| !v.is_null()) {
-        text.insert("tie_word_embeddings".into(), tie.clone());
-    }
+    // (the whole model's ties the head, `Gemma3Config`'s default true; text_config's is not
+    // read)
+    let tie = c
+        .get("tie_word_embeddings")
+        .filter(|v| !v.is_null())
+        .cloned()
+        .unwrap_or(true.into());
+    text.insert("tie_word_embeddings".into(), tie);
     let mut text = Json::Object(text);
     gemma3_defaults(&mut text);
     Ok(std::borrow::Cow::Owned(text))
@@ -711,7 +736,18 @@ mod tests {
         );
         assert_eq!(k["rope_theta"], json!(5e5));
         assert_eq!(k["rope_local_theta"], json!(2e4));
-        // what is not Gemma 3's language model is named
+        // the whole model's tie_word_embeddings ties the head (true by default), not text_config's
+        let tie = |c: Json| keys(c)["tie_embeddings"].clone();
+        let text = json!({"tie_word_embeddings": false});
+        assert_eq!(
+            tie(json!({"model_type": "gemma3", "text_config": text})),
+            json!(true)
+        );
+        assert_eq!(
+            tie(json!({"model_type": "gemma3", "tie_word_embeddings": false, "text_config": {}})),
+            json!(false)
+        );
+        // what is not Gemma 3's language model is named, a key of its text_config as such
         for (c, says) in [
             (
                 json!({"model_type": "gemma3", "text_config": 3}),
@@ -723,7 +759,7 @@ mod tests {
             ),
             (
                 json!({"model_type": "gemma3", "text_config": {"rope_scaling": {"rope_type": "linear"}}}),
-                "no number `factor`",
+                "no number `factor` (linear scaling takes a factor) (in `text_config`",
             ),
         ] {
             let e = model_keys(&c).unwrap_err();

@@ -26,7 +26,24 @@ pub const PEFT: WeightFormat = WeightFormat::Family(FamilyFormat {
 
 /// The `adapter_config.json` of `model`'s adapters (`spec`), as PEFT writes it for a causal
 /// language model; `base` is the model the adapters go on (`model.init_from`), when known.
-pub fn adapter_config(model: &dyn Model, spec: &LoraSpec, base: Option<&str>) -> String {
+/// With `language_model` (a vision-language base: its language model's modules, as
+/// `hf_json::language_model_modules` says), `target_modules` is the pattern of the adapted
+/// modules under it (PEFT matches a string in full), so the vision tower's modules of the
+/// same names get none.
+pub fn adapter_config(
+    model: &dyn Model,
+    spec: &LoraSpec,
+    base: Option<&str>,
+    language_model: Option<&str>,
+) -> String {
+    let targets = match language_model {
+        Some(prefix) => serde_json::json!(format!(
+            "{}.*\\.({})",
+            prefix.replace('.', "\\."),
+            spec.targets.join("|")
+        )),
+        None => serde_json::json!(spec.targets),
+    };
     let v = serde_json::json!({
         "peft_type": "LORA",
         "task_type": "CAUSAL_LM",
@@ -34,7 +51,7 @@ pub fn adapter_config(model: &dyn Model, spec: &LoraSpec, base: Option<&str>) ->
         "r": spec.rank,
         "lora_alpha": spec.alpha,
         "lora_dropout": spec.dropout,
-        "target_modules": spec.targets,
+        "target_modules": targets,
         "bias": "none",
         // GPT-2's Conv1D weights are [in, out]
         "fan_in_fan_out": model.kind() == "gpt",

@@ -592,9 +592,33 @@ fn export_files(
         // PEFT's `save_pretrained` directory
         (Some(dir), Some(spec)) => {
             let base = r.config.model.init_from.as_deref();
-            let config = crate::model::lora::adapter_config(model, spec, base);
+            // (a vision-language base, Gemma 3 4B-27B's: PEFT names the language model's
+            // modules `model.language_model.layers...`, where kiln's are `model.layers...`)
+            let lm =
+                base.and_then(|b| crate::config::hf_json::language_model_modules(Path::new(b)));
+            let config = crate::model::lora::adapter_config(model, spec, base, lm);
+            let weights = match lm {
+                Some(lm) => {
+                    let names: Vec<String> = refs
+                        .iter()
+                        .map(
+                            |(n, _, _)| match n.strip_prefix("base_model.model.model.") {
+                                Some(rest) => format!("base_model.model.{lm}{rest}"),
+                                None => n.to_string(),
+                            },
+                        )
+                        .collect();
+                    let renamed: Vec<(&str, &[usize], &[f32])> = refs
+                        .iter()
+                        .zip(&names)
+                        .map(|((_, s, v), n)| (n.as_str(), *s, *v))
+                        .collect();
+                    encode(&renamed)?
+                }
+                None => encode(refs)?,
+            };
             vec![
-                (dir.join("adapter_model.safetensors"), encode(refs)?),
+                (dir.join("adapter_model.safetensors"), weights),
                 (dir.join("adapter_config.json"), config.into_bytes()),
             ]
         }

@@ -434,3 +434,24 @@ fn mixtrals_load_balancing_loss_leaves_padding_out() {
             ])
     );
 }
+
+/// transformers' Phi-3 computes no llama3 or linear rope scaling (its export would not load):
+/// `model.rope_scaling` on a phi3 is exit 2 naming the key; the other kinds take it.
+#[test]
+fn a_rope_scaling_on_phi3_is_refused_naming_the_key() {
+    let d = kiln::testdir::tempdir().unwrap();
+    let e = Expected::of("phi3");
+    experiment(d.path(), &fixture("phi3"), &e.ids);
+    let scaling = "model.rope_scaling={ rope_type = \"linear\", factor = 4.0 }";
+    let o = kiln(d.path(), &["check", "m.toml", "--set", scaling]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("`model.rope_scaling`") && stderr(&o).contains("Phi-3"),
+        "{}",
+        stderr(&o)
+    );
+    let e = Expected::of("qwen3");
+    experiment(d.path(), &fixture("qwen3"), &e.ids);
+    let o = kiln(d.path(), &["check", "m.toml", "--set", scaling]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+}

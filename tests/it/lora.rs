@@ -248,6 +248,52 @@ fn peft_loads_a_gpt2_adapter_and_merges_as_kiln_exports() {
     ]);
 }
 
+/// A Gemma 3 vision-language base (Gemma 3 4B-27B's kind of directory): kiln adapts its
+/// language model, and its PEFT export goes on that base in PEFT, under the names PEFT gives
+/// the language model's modules (`model.language_model.layers...`), with kiln's logits; the
+/// vision tower's modules of the same names get no adapter (they were named as the text
+/// model's, and PEFT applied nothing: silently, with B at zero).
+#[test]
+fn peft_loads_a_gemma3_vision_language_adapter_with_kilns_logits() {
+    let d = kiln::testdir::tempdir().unwrap();
+    let dir = d.path();
+    let base = root().join("tests/fixtures/hf-gemma3vl");
+    experiment_of(
+        dir,
+        "gemma3",
+        &base,
+        "rank = 4\nalpha = 8.0\ntargets = [\"q_proj\", \"v_proj\"]",
+        "kind = \"adamw\"\nlr = 0.01",
+    );
+    run_ok(dir, &["run", "llama.toml", "--quiet", "--run-dir", "run"]);
+    run_ok(
+        dir,
+        &[
+            "export",
+            "run",
+            "--format",
+            "peft",
+            "-o",
+            "adapter",
+            "--probe",
+            "probe.safetensors",
+        ],
+    );
+    let config = std::fs::read_to_string(dir.join("adapter/adapter_config.json")).unwrap();
+    assert!(
+        config.contains(r#""target_modules": "model\\.language_model\\..*\\.(q_proj|v_proj)""#),
+        "{config}"
+    );
+    check_peft(&[
+        "check",
+        base.to_str().unwrap(),
+        "--probe",
+        dir.join("probe.safetensors").to_str().unwrap(),
+        "--adapter",
+        dir.join("adapter").to_str().unwrap(),
+    ]);
+}
+
 /// An adapter PEFT made (A and B non-zero) starts a run through `model.lora.init_from`: with
 /// SGD at lr 0 kiln's logits are PEFT's within 1e-4; a mismatching `[model.lora]` is exit 2
 /// naming the disagreement.

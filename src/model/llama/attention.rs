@@ -8,7 +8,7 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
 
 use super::moe::RouterStats;
-use super::{Arch, Block, Llama};
+use super::{Arch, Block, Llama, RopeType};
 use crate::kernels::{self, Starts};
 use crate::model::api::{starts_mask, Forward};
 use crate::model::decode::{At, Kv};
@@ -27,13 +27,16 @@ impl Llama {
         let Some(s) = self.rope_scaling.filter(|_| scaled) else {
             return base;
         };
+        if s.rope_type == RopeType::Linear {
+            return base.into_iter().map(|f| f / s.factor).collect();
+        }
+        // (`check` refuses llama3 without all four numbers)
         let (Some(old), Some(low), Some(high)) = (
             s.original_max_position_embeddings,
             s.low_freq_factor,
             s.high_freq_factor,
         ) else {
-            // linear (`check` refuses llama3 without all four numbers)
-            return base.into_iter().map(|f| f / s.factor).collect();
+            return base;
         };
         let old = old as f64;
         let (low_wavelen, high_wavelen) = (old / low, old / high);

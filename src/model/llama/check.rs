@@ -216,6 +216,14 @@ impl Llama {
                 "make every layer \"sliding_attention\", or leave `model.sliding_window` out",
             ));
         }
+        // (transformers' Phi-3 takes longrope alone: an export would not load)
+        if self.arch == Arch::Phi3 && self.rope_scaling.is_some() {
+            return Err(range(
+                "model.rope_scaling",
+                "`model.rope_scaling` is set, but transformers' Phi-3 computes no llama3 or linear scaling (it takes longrope alone, which kiln does not compute)".into(),
+                "leave `model.rope_scaling` out for kind phi3",
+            ));
+        }
         if self.sliding_window == Some(0) {
             return Err(range(
                 "model.sliding_window",

@@ -156,20 +156,24 @@ pub(super) fn mismatches(l: &Llama, c: &Value) -> Vec<ConfigMismatch> {
         .get("rope_scaling")
         .filter(|v| !v.is_null())
         .or(c.get("rope_parameters"));
-    // (Gemma 3's: one entry per layer type)
-    let ropes: Vec<&Value> = match rope {
+    // (Gemma 3's: one entry per layer type; kiln scales the global layers' alone)
+    let ropes: Vec<(&Value, &[&str])> = match rope {
         Some(r) if r.get("full_attention").is_some() || r.get("sliding_attention").is_some() => {
-            ["full_attention", "sliding_attention"]
-                .iter()
-                .filter_map(|k| r.get(*k))
-                .collect()
+            let mut v: Vec<(&Value, &[&str])> = Vec::new();
+            if let Some(g) = r.get("full_attention") {
+                v.push((g, &["default", "llama3", "linear"]));
+            }
+            if let Some(s) = r.get("sliding_attention") {
+                v.push((s, &["default"]));
+            }
+            v
         }
-        Some(r) => vec![r],
+        Some(r) => vec![(r, &["default", "llama3", "linear"])],
         None => Vec::new(),
     };
-    for r in ropes {
+    for (r, computed) in ropes {
         if let Some(rope_type) = r.get("rope_type").or(r.get("type")).and_then(Value::as_str) {
-            if !matches!(rope_type, "default" | "llama3" | "linear") {
+            if !computed.contains(&rope_type) {
                 bad(
                     "rope_type",
                     &json!(rope_type),

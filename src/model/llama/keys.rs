@@ -58,16 +58,6 @@ pub enum RopeType {
     Linear,
 }
 
-impl RopeType {
-    /// transformers' name.
-    pub fn name(self) -> &'static str {
-        match self {
-            RopeType::Llama3 => "llama3",
-            RopeType::Linear => "linear",
-        }
-    }
-}
-
 /// llama's keys of `[model]` (besides the shared `vocab_size`, `block_size`, `dropout`).
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -21,7 +21,7 @@ use burn::module::Module;
 use burn::nn::Linear;
 use burn::tensor::activation::softmax;
 use burn::tensor::backend::Backend;
-use burn::tensor::{FloatDType, Int, Tensor, TensorData};
+use burn::tensor::{DType, FloatDType, Int, Tensor, TensorData};
 
 use super::Llama;
 use crate::model::gpt::dense;
@@ -154,8 +154,6 @@ impl Llama {
             Some(z) => y + z.reshape([1, 1, 1]),
             None => y,
         };
-        // (in f32 whatever the compute dtype: counts over every layer's tokens pass bf16's exact
-        // integers and f16's range)
         let probs = match padding {
             Some(p) => {
                 let keep: Vec<f32> = p.iter().map(|&pad| if pad { 0.0 } else { 1.0 }).collect();
@@ -163,9 +161,11 @@ impl Llama {
             }
             None => probs,
         };
+        // (in f32 whatever the compute dtype, the counts made so: a block's counts pass bf16's
+        // exact integers (256) from 128 tokens of 2 choices, and every layer's f16's range)
         let p = probs.reshape([n, t, ne]).sum_dim(1).cast(FloatDType::F32);
         let constant = |v: Vec<f32>| {
-            Tensor::<B, 3>::from_data(TensorData::new(v, [n, 1, ne]), &device).cast(FloatDType::F32)
+            Tensor::<B, 3>::from_data(TensorData::new(v, [n, 1, ne]), (&device, DType::F32))
         };
         (
             y,

@@ -172,3 +172,34 @@ fn unsupported_settings_are_named_whatever_their_json_type() {
         one("partial_rotary_factor", "0.25")
     );
 }
+
+/// Linear scaling divides every frequency by the factor (transformers'
+/// `_compute_linear_scaling_rope_parameters`), on the global layers alone: Gemma 3's sliding
+/// layers keep their base, and a config.json that scales them is named, as is a rotary type
+/// kiln does not compute.
+#[test]
+fn linear_scaling_divides_the_global_layers_frequencies() {
+    let mut l = tiny(2, false);
+    let plain = l.inv_freq();
+    l.rope_scaling = Some(RopeScaling::linear(8.0));
+    for (a, b) in l.inv_freq().iter().zip(&plain) {
+        assert!((a * 8.0 - b).abs() < 1e-15);
+    }
+    assert_eq!(l.inv_freq_of(l.rope_local_theta, false), plain);
+    l.arch = Arch::Gemma3;
+    let types = |c: serde_json::Value| -> Vec<String> {
+        hf::mismatches(&l, &c)
+            .into_iter()
+            .filter(|m| m.theirs == "rope_type")
+            .map(|m| m.value)
+            .collect()
+    };
+    let gemma = |global: &str, local: &str| {
+        serde_json::json!({"model_type": "gemma3_text", "rope_parameters": {
+            "full_attention": {"rope_type": global, "factor": 8.0},
+            "sliding_attention": {"rope_type": local, "factor": 8.0}}})
+    };
+    assert!(types(gemma("linear", "default")).is_empty());
+    assert_eq!(types(gemma("linear", "linear")), ["\"linear\""]);
+    assert_eq!(types(gemma("yarn", "default")), ["\"yarn\""]);
+}
