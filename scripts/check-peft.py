@@ -3,7 +3,7 @@
 
   check-peft.py make BASE OUT --rank R --alpha A --targets q_proj,v_proj
       a PEFT adapter with non-zero A and B (`init_lora_weights=False`), saved in OUT, for kiln's
-      `model.lora.init_from`.
+      `model.lora.init_from` (--targets with a "(" is one pattern, as PEFT takes a string).
   check-peft.py check BASE --probe P [--adapter DIR] [--merged DIR] [--trainable N --rank R
                       --alpha A --targets ...]
       --adapter: `PeftModel.from_pretrained(BASE, DIR)` (kiln's `export --format peft`, or an
@@ -48,7 +48,9 @@ def base():
 
 
 def config(**kw):
-    return LoraConfig(r=a.rank, lora_alpha=a.alpha, target_modules=a.targets.split(","),
+    # (a pattern, which PEFT matches against whole module names, is passed as it is)
+    targets = a.targets if "(" in a.targets else a.targets.split(",")
+    return LoraConfig(r=a.rank, lora_alpha=a.alpha, target_modules=targets,
                       task_type="CAUSAL_LM", **kw)
 
 

@@ -178,6 +178,14 @@ fn gemma3_defaults(c: &mut Json) {
             m.insert(k.into(), v);
         }
     }
+    // (not `[model]` keys: an export's config.json takes them; null is transformers' None)
+    for (k, v) in [
+        ("bos_token_id", 2),
+        ("eos_token_id", 1),
+        ("pad_token_id", 0),
+    ] {
+        m.entry(k).or_insert(json_u(v));
+    }
 }
 
 fn json_u(v: u64) -> Json {
@@ -736,6 +744,18 @@ mod tests {
         );
         assert_eq!(k["rope_theta"], json!(5e5));
         assert_eq!(k["rope_local_theta"], json!(2e4));
+        // the special tokens an export writes: Gemma3TextConfig's where text_config leaves them
+        // out, null where it says null (transformers' None)
+        let vl = json!({"model_type": "gemma3", "text_config": {"pad_token_id": null}});
+        let lm = language_model(&vl).unwrap();
+        assert_eq!(
+            [
+                &lm["bos_token_id"],
+                &lm["eos_token_id"],
+                &lm["pad_token_id"]
+            ],
+            [&json!(2), &json!(1), &Json::Null]
+        );
         // the whole model's tie_word_embeddings ties the head (true by default), not text_config's
         let tie = |c: Json| keys(c)["tie_embeddings"].clone();
         let text = json!({"tie_word_embeddings": false});

@@ -14,6 +14,10 @@ use crate::model::Model;
 
 const KEY: &str = "model.lora.init_from";
 
+/// Where a vision-language model's language model sits among PEFT's module names (Gemma 3
+/// 4B-27B's, `hf_json::language_model_modules`).
+const VISION_LANGUAGE: &str = "model.language_model.";
+
 fn usage(why: String, help: &str) -> Error {
     Error::Usage(format!("{KEY}: {why}\n  = help: {help}"))
 }
@@ -55,11 +59,19 @@ pub fn load_adapter(
         .enumerate()
         .map(|(i, e)| (e.name.as_str(), i))
         .collect();
-    // PEFT writes without the adapter's name; a file saved with it has `.default.` inside
+    // PEFT writes without the adapter's name; a file saved with it has `.default.` inside. On
+    // a vision-language base (Gemma 3 4B-27B) the language model's modules are
+    // `model.language_model.layers...` where kiln's are `model.layers...`
     let find = |name: &str| {
-        at.get(name).copied().or_else(|| {
-            let (stem, leaf) = name.rsplit_once('.')?;
-            at.get(format!("{stem}.default.{leaf}").as_str()).copied()
+        let named = |n: &str| {
+            at.get(n).copied().or_else(|| {
+                let (stem, leaf) = n.rsplit_once('.')?;
+                at.get(format!("{stem}.default.{leaf}").as_str()).copied()
+            })
+        };
+        named(name).or_else(|| {
+            let rest = name.strip_prefix("base_model.model.model.")?;
+            named(&format!("base_model.model.{VISION_LANGUAGE}{rest}"))
         })
     };
     let mut problems = Vec::new();
@@ -80,10 +92,7 @@ pub fn load_adapter(
     }
     for (i, e) in lazy.entries.iter().enumerate() {
         if !used.contains(&i) && problems.len() < 12 {
-            problems.push(format!(
-                "`{}` is not an adapter of this model",
-                crate::ui::printable(&e.name)
-            ));
+            problems.push(not_ours(&e.name));
         }
     }
     if !problems.is_empty() {
@@ -129,6 +138,19 @@ pub fn load_adapter(
         }
     }
     Ok(())
+}
+
+/// What is wrong with a tensor `name` of the adapter file that no adapter of the model is.
+fn not_ours(name: &str) -> String {
+    let shown = crate::ui::printable(name);
+    let vision = ["vision_tower.", "multi_modal_projector."]
+        .iter()
+        .any(|p| name.starts_with(&format!("base_model.model.model.{p}")));
+    if vision {
+        format!("`{shown}` adapts the vision tower, which kiln does not compute (make the adapter for the language model alone: PEFT's target_modules = r\"model\\.language_model\\..*\\.(q_proj|v_proj)\" with your modules)")
+    } else {
+        format!("`{shown}` is not an adapter of this model")
+    }
 }
 
 /// `adapter_config.json` against `[model.lora]`: its rank, alpha and target modules, and no
@@ -203,6 +225,9 @@ fn check_config(path: &Path, spec: &crate::model::lora::LoraSpec) -> Result<()> 
         Some(serde_json::Value::Array(a)) => {
             a.iter().map(|v| v.as_str().map(str::to_string)).collect()
         }
+        // the one pattern read: a vision-language base's language model's modules, as `kiln
+        // export --format peft` writes it (`model\.language_model\..*\.(q_proj|v_proj)`)
+        Some(serde_json::Value::String(p)) => language_model_targets(p),
         _ => None,
     };
     match theirs {
@@ -218,7 +243,7 @@ fn check_config(path: &Path, spec: &crate::model::lora::LoraSpec) -> Result<()> 
             }
         }
         None => bad.push(format!(
-            "`target_modules` is {}, not a list of module names (a regex is not read)",
+            "`target_modules` is {}, not a list of module names (a regex is not read, but for a vision-language base's `model\\.language_model\\..*\\.(q_proj|v_proj)`)",
             shown("target_modules")
         )),
     }
@@ -248,4 +273,37 @@ fn check_config(path: &Path, spec: &crate::model::lora::LoraSpec) -> Result<()> 
         ),
         help,
     ))
+}
+
+/// The modules of `target_modules` = `pattern` when it names a vision-language base's language
+/// model's modules as `kiln export --format peft` writes it
+/// (`model\.language_model\..*\.(q_proj|v_proj)`); `None` for any other pattern.
+fn language_model_targets(pattern: &str) -> Option<Vec<String>> {
+    let head = format!("{}.*\\.(", VISION_LANGUAGE.replace('.', "\\."));
+    let names = pattern.strip_prefix(&head)?.strip_suffix(')')?;
+    let names: Vec<String> = names.split('|').map(str::to_string).collect();
+    names
+        .iter()
+        .all(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'))
+        .then_some(names)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_language_model_pattern_is_read_and_no_other() {
+        let read = super::language_model_targets;
+        assert_eq!(
+            read(r"model\.language_model\..*\.(q_proj|v_proj)"),
+            Some(vec!["q_proj".to_string(), "v_proj".to_string()])
+        );
+        for other in [
+            r"model\.language_model\..*\.(q_proj|v_.*)",
+            r"model\.language_model\..*\.()",
+            r".*\.(q_proj|v_proj)",
+            r"model\.language_model\..*\.(q_proj|v_proj)x",
+        ] {
+            assert_eq!(read(other), None, "{other}");
+        }
+    }
 }

@@ -143,8 +143,14 @@ fn companions(r: &crate::config::Resolved, config: &str) -> Result<(String, Vec<
         if let (Some(theirs), Ok(mut ours)) =
             (theirs, serde_json::from_str::<serde_json::Value>(&config))
         {
+            // (a vision-language config's text_config has them where its top level does not,
+            // Gemma3TextConfig's defaults where neither says)
+            let lm = crate::config::hf_json::language_model(&theirs).ok();
             for key in ["bos_token_id", "eos_token_id", "pad_token_id"] {
-                if let Some(v) = theirs.get(key).filter(|v| !v.is_null()) {
+                let v = std::iter::once(&theirs)
+                    .chain(lm.as_deref())
+                    .find_map(|c| c.get(key).filter(|v| !v.is_null()));
+                if let Some(v) = v {
                     ours[key] = v.clone();
                 }
             }

@@ -366,6 +366,21 @@ fn mixtral_agrees_across_strategies_with_its_load_balancing_loss() {
     assert!(with != without);
 }
 
+/// `MIXTRAL` on the jsonl `docs` (written in `dir`), one document a row (`data.packing =
+/// false`), in order.
+fn mixtral_on_rows(dir: &Path, docs: &str) -> String {
+    write(dir, "train.jsonl", docs);
+    let task = MIXTRAL.replace(
+        "kind = \"text\"\npath = \"corpus.txt\"\neval_fraction = 0.2",
+        &format!(
+            "kind = \"jsonl\"\npath = \"{0}\"\neval_path = \"{0}\"\npacking = false\n\n[sampler]\nshuffle = false",
+            dir.join("train.jsonl").display()
+        ),
+    );
+    assert!(task.contains("jsonl"));
+    task
+}
+
 /// Rows of documents hold different numbers of targets: the router's loss weighs each row as
 /// the cross-entropy weighs its tokens, so single, ddp(2) and accumulation over 4 micro-steps
 /// train alike there too.
@@ -375,15 +390,7 @@ fn mixtrals_load_balancing_loss_is_split_invariant_over_documents() {
     let docs: String = (0..12)
         .map(|i| format!("{{\"text\": \"{}\"}}\n", "abcdefgh ".repeat(1 + i % 4)))
         .collect();
-    write(d.path(), "train.jsonl", &docs);
-    let task = MIXTRAL.replace(
-        "kind = \"text\"\npath = \"corpus.txt\"\neval_fraction = 0.2",
-        &format!(
-            "kind = \"jsonl\"\npath = \"{0}\"\neval_path = \"{0}\"\npacking = false\n\n[sampler]\nshuffle = false",
-            d.path().join("train.jsonl").display()
-        ),
-    );
-    assert!(task.contains("jsonl"));
+    let task = mixtral_on_rows(d.path(), &docs);
     let run = |sets: &[&str]| crate::common::train_task(&task, sets).params;
     let single = run(&["train.batch_size=4"]);
     assert!(single != run(&["train.batch_size=4", "model.router_aux_loss_coef=0.0"]));
@@ -410,15 +417,7 @@ fn mixtrals_load_balancing_loss_leaves_padding_out() {
     let docs: String = (0..8)
         .map(|i| format!("{{\"text\": \"{}\"}}\n", "abc ".repeat(1 + i % 3)))
         .collect();
-    write(d.path(), "train.jsonl", &docs);
-    let task = MIXTRAL.replace(
-        "kind = \"text\"\npath = \"corpus.txt\"\neval_fraction = 0.2",
-        &format!(
-            "kind = \"jsonl\"\npath = \"{0}\"\neval_path = \"{0}\"\npacking = false\n\n[sampler]\nshuffle = false",
-            d.path().join("train.jsonl").display()
-        ),
-    );
-    assert!(task.contains("jsonl"));
+    let task = mixtral_on_rows(d.path(), &docs);
     let run = |sets: &[&str]| crate::common::train_task(&task, sets).params;
     let short = run(&["train.batch_size=4", "model.block_size=16"]);
     let long = run(&["train.batch_size=4", "model.block_size=40"]);

@@ -248,52 +248,6 @@ fn peft_loads_a_gpt2_adapter_and_merges_as_kiln_exports() {
     ]);
 }
 
-/// A Gemma 3 vision-language base (Gemma 3 4B-27B's kind of directory): kiln adapts its
-/// language model, and its PEFT export goes on that base in PEFT, under the names PEFT gives
-/// the language model's modules (`model.language_model.layers...`), with kiln's logits; the
-/// vision tower's modules of the same names get no adapter (they were named as the text
-/// model's, and PEFT applied nothing: silently, with B at zero).
-#[test]
-fn peft_loads_a_gemma3_vision_language_adapter_with_kilns_logits() {
-    let d = kiln::testdir::tempdir().unwrap();
-    let dir = d.path();
-    let base = root().join("tests/fixtures/hf-gemma3vl");
-    experiment_of(
-        dir,
-        "gemma3",
-        &base,
-        "rank = 4\nalpha = 8.0\ntargets = [\"q_proj\", \"v_proj\"]",
-        "kind = \"adamw\"\nlr = 0.01",
-    );
-    run_ok(dir, &["run", "llama.toml", "--quiet", "--run-dir", "run"]);
-    run_ok(
-        dir,
-        &[
-            "export",
-            "run",
-            "--format",
-            "peft",
-            "-o",
-            "adapter",
-            "--probe",
-            "probe.safetensors",
-        ],
-    );
-    let config = std::fs::read_to_string(dir.join("adapter/adapter_config.json")).unwrap();
-    assert!(
-        config.contains(r#""target_modules": "model\\.language_model\\..*\\.(q_proj|v_proj)""#),
-        "{config}"
-    );
-    check_peft(&[
-        "check",
-        base.to_str().unwrap(),
-        "--probe",
-        dir.join("probe.safetensors").to_str().unwrap(),
-        "--adapter",
-        dir.join("adapter").to_str().unwrap(),
-    ]);
-}
-
 /// An adapter PEFT made (A and B non-zero) starts a run through `model.lora.init_from`: with
 /// SGD at lr 0 kiln's logits are PEFT's within 1e-4; a mismatching `[model.lora]` is exit 2
 /// naming the disagreement.
@@ -371,6 +325,72 @@ fn a_peft_adapter_starts_a_run_with_pefts_logits() {
     let o = kiln(dir, &["check", "llama.toml", "--set", "model.lora.rank=0"]);
     assert_eq!(code(&o), Some(2), "{}", stderr(&o));
     assert!(stderr(&o).contains("turns LoRA off"), "{}", stderr(&o));
+}
+
+/// A PEFT adapter of a Gemma 3 vision-language base's language model (PEFT's names
+/// `model.language_model.layers...`, `target_modules` a pattern under them) starts a run with
+/// PEFT's logits, and kiln's export of it loads in PEFT alike; one that adapts the vision tower
+/// too (a list of names, which PEFT also matches there) is exit 2 saying so.
+#[test]
+fn a_peft_adapter_of_a_vision_language_gemma3_starts_a_run() {
+    let d = kiln::testdir::tempdir().unwrap();
+    let dir = d.path();
+    let base = root().join("tests/fixtures/hf-gemma3vl");
+    let pattern = r"model\.language_model\..*\.(q_proj|v_proj)";
+    for (out, targets) in [("theirs", pattern), ("both", "q_proj,v_proj")] {
+        check_peft(&[
+            "make",
+            base.to_str().unwrap(),
+            dir.join(out).to_str().unwrap(),
+            "--rank",
+            "4",
+            "--alpha",
+            "8",
+            "--targets",
+            targets,
+        ]);
+    }
+    let lora = "rank = 4\nalpha = 8.0\ntargets = [\"q_proj\", \"v_proj\"]\ninit_from = \"theirs\"";
+    experiment_of(dir, "gemma3", &base, lora, "kind = \"sgd\"\nlr = 0.0");
+    run_ok(dir, &["run", "llama.toml", "--quiet", "--run-dir", "run"]);
+    run_ok(
+        dir,
+        &[
+            "export",
+            "run",
+            "--format",
+            "peft",
+            "-o",
+            "ours",
+            "--probe",
+            "probe.safetensors",
+        ],
+    );
+    for adapter in ["theirs", "ours"] {
+        check_peft(&[
+            "check",
+            base.to_str().unwrap(),
+            "--probe",
+            dir.join("probe.safetensors").to_str().unwrap(),
+            "--adapter",
+            dir.join(adapter).to_str().unwrap(),
+        ]);
+    }
+    let o = kiln(
+        dir,
+        &[
+            "check",
+            "llama.toml",
+            "--set",
+            "model.lora.init_from=\"both\"",
+        ],
+    );
+    assert_eq!(code(&o), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("adapts the vision tower, which kiln does not compute"),
+        "{}",
+        stderr(&o)
+    );
 }
 
 /// A small llama with LoRA adapters and their dropout, no init_from.
@@ -530,16 +550,20 @@ fn bad_lora_settings_are_exit_2_naming_the_key() {
 /// LoRA on the architectures of issue 63: `all-linear` adapters of a Gemma 3 (every projection,
 /// the norms around them frozen) and of a Mixtral (its attention's: the experts are no Linear
 /// layers in transformers either) train, and PEFT loads kiln's `--format peft` export on the
-/// transformers directory and computes kiln's logits and loss.
+/// transformers directory and computes kiln's logits and loss. On a Gemma 3 vision-language
+/// base (`gemma3vl`, as Gemma 3 4B-27B) the adapters are its language model's, under the names
+/// PEFT gives those modules (`model.language_model.layers...`) and a `target_modules` pattern
+/// the vision tower's modules do not match (named as the text model's, PEFT applied nothing:
+/// silently, B at zero).
 #[test]
 fn peft_loads_kilns_adapters_of_a_gemma3_and_a_mixtral() {
-    for arch in ["gemma3", "mixtral"] {
+    for arch in ["gemma3", "gemma3vl", "mixtral"] {
         let d = kiln::testdir::tempdir().unwrap();
         let dir = d.path();
         let base = root().join(format!("tests/fixtures/hf-{arch}"));
         experiment_of(
             dir,
-            arch,
+            arch.strip_suffix("vl").unwrap_or(arch),
             &base,
             "rank = 4\nalpha = 8.0\ntargets = [\"all-linear\"]",
             "kind = \"adamw\"\nlr = 0.01",
@@ -558,6 +582,9 @@ fn peft_loads_kilns_adapters_of_a_gemma3_and_a_mixtral() {
                 "probe.safetensors",
             ],
         );
+        let config = std::fs::read_to_string(dir.join("adapter/adapter_config.json")).unwrap();
+        let pattern = r#""target_modules": "model\\.language_model\\..*\\.(q_proj|k_proj|"#;
+        assert_eq!(config.contains(pattern), arch == "gemma3vl", "{config}");
         check_peft(&[
             "check",
             base.to_str().unwrap(),

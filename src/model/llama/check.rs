@@ -103,7 +103,7 @@ impl Llama {
             }
         }
         if let Some(s) = &self.rope_scaling {
-            if let Some(why) = rope_scaling_fault(s) {
+            if let Some(why) = rope_scaling_fault(s, self.arch) {
                 return Err(range(
                     "model.rope_scaling",
                     format!("`model.rope_scaling` = {s:?}: {why}"),
@@ -216,14 +216,6 @@ impl Llama {
                 "make every layer \"sliding_attention\", or leave `model.sliding_window` out",
             ));
         }
-        // (transformers' Phi-3 takes longrope alone: an export would not load)
-        if self.arch == Arch::Phi3 && self.rope_scaling.is_some() {
-            return Err(range(
-                "model.rope_scaling",
-                "`model.rope_scaling` is set, but transformers' Phi-3 computes no llama3 or linear scaling (it takes longrope alone, which kiln does not compute)".into(),
-                "leave `model.rope_scaling` out for kind phi3",
-            ));
-        }
         if self.sliding_window == Some(0) {
             return Err(range(
                 "model.sliding_window",
@@ -272,9 +264,13 @@ impl Llama {
     }
 }
 
-/// What is wrong with a rope scaling, if anything: llama3 takes all four numbers, linear
-/// `factor` alone; every number in range.
-fn rope_scaling_fault(s: &super::RopeScaling) -> Option<String> {
+/// What is wrong with a rope scaling of `arch`, if anything: llama3 takes all four numbers,
+/// linear `factor` alone; every number in range; Phi-3 takes none (transformers' Phi-3 takes
+/// longrope alone, so an export would not load).
+fn rope_scaling_fault(s: &super::RopeScaling, arch: Arch) -> Option<String> {
+    if arch == Arch::Phi3 {
+        return Some("transformers' Phi-3 computes no llama3 or linear scaling (it takes longrope alone, which kiln does not compute): leave it out for kind phi3".into());
+    }
     let llama3 = [
         ("low_freq_factor", s.low_freq_factor.is_some()),
         ("high_freq_factor", s.high_freq_factor.is_some()),
@@ -308,8 +304,11 @@ fn rope_scaling_fault(s: &super::RopeScaling) -> Option<String> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::RopeScaling;
-    use super::rope_scaling_fault;
+    use super::super::{Arch, RopeScaling};
+
+    fn rope_scaling_fault(s: &RopeScaling) -> Option<String> {
+        super::rope_scaling_fault(s, Arch::Llama)
+    }
 
     #[test]
     fn a_rope_scaling_takes_its_types_numbers_alone() {
