@@ -60,7 +60,7 @@ pub fn model_keys(c: &Json) -> Result<Option<Vec<(&'static str, Json)>>, String>
     let c = &lm;
     let within = |e: String| {
         if lm_of_vision {
-            format!("{e} (in `text_config`, Gemma 3's language model)")
+            format!("{e}; in `text_config`, Gemma 3's language model's settings")
         } else {
             e
         }
@@ -113,14 +113,22 @@ pub fn model_keys(c: &Json) -> Result<Option<Vec<(&'static str, Json)>>, String>
 }
 
 /// Where a vision-language model's language model sits among its modules (PEFT's names of
-/// them: `model.language_model.layers.0.self_attn.q_proj`), when `init_from` is such a model's
-/// directory (Gemma 3 4B-27B); `None` for a language model's, or when its config.json cannot be
-/// read.
-pub fn language_model_modules(init_from: &Path) -> Option<&'static str> {
-    let text = std::fs::read(config_json_of(init_from)?).ok()?;
-    let c: Json = serde_json::from_slice(&text).ok()?;
-    (c.get("model_type").and_then(Json::as_str) == Some("gemma3"))
-        .then_some("model.language_model.")
+/// them since transformers 4.52: `model.language_model.layers.0.self_attn.q_proj`).
+pub const VISION_LANGUAGE_MODULES: &str = "model.language_model.";
+
+/// `VISION_LANGUAGE_MODULES` when `init_from` is a vision-language model's directory (Gemma 3
+/// 4B-27B), `None` when it is a language model's; an error saying why its config.json cannot
+/// be read (then nobody can tell).
+pub fn language_model_modules(init_from: &Path) -> Result<Option<&'static str>, String> {
+    let path = config_json_of(init_from)
+        .ok_or_else(|| format!("`{}` has no config.json", init_from.display()))?;
+    let text = std::fs::read(&path).map_err(|e| format!("`{}`: {e}", path.display()))?;
+    let c: Json = serde_json::from_slice(&text)
+        .map_err(|e| format!("`{}` is not JSON: {e}", path.display()))?;
+    Ok(
+        (c.get("model_type").and_then(Json::as_str) == Some("gemma3"))
+            .then_some(VISION_LANGUAGE_MODULES),
+    )
 }
 
 /// The config.json of the language model `c` describes: `c` itself, or a Gemma 3
@@ -779,7 +787,7 @@ mod tests {
             ),
             (
                 json!({"model_type": "gemma3", "text_config": {"rope_scaling": {"rope_type": "linear"}}}),
-                "no number `factor` (linear scaling takes a factor) (in `text_config`",
+                "no number `factor` (linear scaling takes a factor); in `text_config`",
             ),
         ] {
             let e = model_keys(&c).unwrap_err();

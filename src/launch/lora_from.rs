@@ -6,6 +6,7 @@ use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
 use crate::checkpoint::tensors;
+use crate::config::hf_json::VISION_LANGUAGE_MODULES as VISION_LANGUAGE;
 use crate::config::Resolved;
 use crate::error::{Error, Result};
 use crate::model::lora::PEFT;
@@ -14,9 +15,9 @@ use crate::model::Model;
 
 const KEY: &str = "model.lora.init_from";
 
-/// Where a vision-language model's language model sits among PEFT's module names (Gemma 3
-/// 4B-27B's, `hf_json::language_model_modules`).
-const VISION_LANGUAGE: &str = "model.language_model.";
+/// How PEFT named a vision-language base's language model's modules before transformers
+/// 4.52 (`language_model.model.layers...`, the checkpoint's names).
+const VISION_LANGUAGE_OLD: &str = "language_model.model.";
 
 fn usage(why: String, help: &str) -> Error {
     Error::Usage(format!("{KEY}: {why}\n  = help: {help}"))
@@ -61,7 +62,8 @@ pub fn load_adapter(
         .collect();
     // PEFT writes without the adapter's name; a file saved with it has `.default.` inside. On
     // a vision-language base (Gemma 3 4B-27B) the language model's modules are
-    // `model.language_model.layers...` where kiln's are `model.layers...`
+    // `model.language_model.layers...` (`language_model.model.layers...` before transformers
+    // 4.52) where kiln's are `model.layers...`
     let find = |name: &str| {
         let named = |n: &str| {
             at.get(n).copied().or_else(|| {
@@ -69,10 +71,10 @@ pub fn load_adapter(
                 at.get(format!("{stem}.default.{leaf}").as_str()).copied()
             })
         };
-        named(name).or_else(|| {
-            let rest = name.strip_prefix("base_model.model.model.")?;
-            named(&format!("base_model.model.{VISION_LANGUAGE}{rest}"))
-        })
+        let rest = name.strip_prefix("base_model.model.model.");
+        named(name)
+            .or_else(|| named(&format!("base_model.model.{VISION_LANGUAGE}{}", rest?)))
+            .or_else(|| named(&format!("base_model.model.{VISION_LANGUAGE_OLD}{}", rest?)))
     };
     let mut problems = Vec::new();
     let mut used = HashSet::new();
@@ -143,9 +145,12 @@ pub fn load_adapter(
 /// What is wrong with a tensor `name` of the adapter file that no adapter of the model is.
 fn not_ours(name: &str) -> String {
     let shown = crate::ui::printable(name);
-    let vision = ["vision_tower.", "multi_modal_projector."]
-        .iter()
-        .any(|p| name.starts_with(&format!("base_model.model.model.{p}")));
+    // (`base_model.model.vision_tower.` before transformers 4.52)
+    let vision = ["vision_tower.", "multi_modal_projector."].iter().any(|p| {
+        ["base_model.model.model.", "base_model.model."]
+            .iter()
+            .any(|at| name.starts_with(&format!("{at}{p}")))
+    });
     if vision {
         format!("`{shown}` adapts the vision tower, which kiln does not compute (make the adapter for the language model alone: PEFT's target_modules = r\"model\\.language_model\\..*\\.(q_proj|v_proj)\" with your modules)")
     } else {
@@ -243,7 +248,7 @@ fn check_config(path: &Path, spec: &crate::model::lora::LoraSpec) -> Result<()> 
             }
         }
         None => bad.push(format!(
-            "`target_modules` is {}, not a list of module names (a regex is not read, but for a vision-language base's `model\\.language_model\\..*\\.(q_proj|v_proj)`)",
+            "`target_modules` is {}: kiln reads a list of module names, or for a vision-language base the one pattern model\\.language_model\\..*\\.(NAME|NAME...) as kiln's export writes it",
             shown("target_modules")
         )),
     }

@@ -600,8 +600,15 @@ fn export_files(
             let base = r.config.model.init_from.as_deref();
             // (a vision-language base, Gemma 3 4B-27B's: PEFT names the language model's
             // modules `model.language_model.layers...`, where kiln's are `model.layers...`)
-            let lm =
-                base.and_then(|b| crate::config::hf_json::language_model_modules(Path::new(b)));
+            let lm = match init_path(r).map(|p| crate::config::hf_json::language_model_modules(&p))
+            {
+                Some(Ok(lm)) => lm,
+                Some(Err(why)) if model.kind() == "gemma3" => {
+                    eprintln!("warning: the adapter is named for a text Gemma 3 (Gemma3ForCausalLM): the base model's config ({why}) cannot tell whether it is a vision-language Gemma 3 (4B-27B), on which PEFT would not find these names; export again with the base directory where `model.init_from` says");
+                    None
+                }
+                _ => None,
+            };
             let config = crate::model::lora::adapter_config(model, spec, base, lm);
             let weights = match lm {
                 Some(lm) => {

@@ -248,27 +248,9 @@ fn peft_loads_a_gpt2_adapter_and_merges_as_kiln_exports() {
     ]);
 }
 
-/// An adapter PEFT made (A and B non-zero) starts a run through `model.lora.init_from`: with
-/// SGD at lr 0 kiln's logits are PEFT's within 1e-4; a mismatching `[model.lora]` is exit 2
-/// naming the disagreement.
-#[test]
-fn a_peft_adapter_starts_a_run_with_pefts_logits() {
-    let d = kiln::testdir::tempdir().unwrap();
-    let dir = d.path();
-    let base = fixture();
-    check_peft(&[
-        "make",
-        base.to_str().unwrap(),
-        dir.join("theirs").to_str().unwrap(),
-        "--rank",
-        "4",
-        "--alpha",
-        "16",
-        "--targets",
-        "q_proj,v_proj,down_proj",
-    ]);
-    let lora = "rank = 4\nalpha = 16.0\ntargets = [\"q_proj\", \"v_proj\", \"down_proj\"]\ninit_from = \"theirs\"";
-    experiment(dir, lora, "kind = \"sgd\"\nlr = 0.0");
+/// Runs `llama.toml` in `dir` (an adapter `theirs` in `model.lora.init_from`), exports its
+/// adapter as `ours` with a probe, and checks that PEFT gives both on `base` kiln's logits.
+fn theirs_and_ours_give_kilns_logits(dir: &Path, base: &Path) {
     run_ok(dir, &["run", "llama.toml", "--quiet", "--run-dir", "run"]);
     run_ok(
         dir,
@@ -293,6 +275,30 @@ fn a_peft_adapter_starts_a_run_with_pefts_logits() {
             dir.join(adapter).to_str().unwrap(),
         ]);
     }
+}
+
+/// An adapter PEFT made (A and B non-zero) starts a run through `model.lora.init_from`: with
+/// SGD at lr 0 kiln's logits are PEFT's within 1e-4; a mismatching `[model.lora]` is exit 2
+/// naming the disagreement.
+#[test]
+fn a_peft_adapter_starts_a_run_with_pefts_logits() {
+    let d = kiln::testdir::tempdir().unwrap();
+    let dir = d.path();
+    let base = fixture();
+    check_peft(&[
+        "make",
+        base.to_str().unwrap(),
+        dir.join("theirs").to_str().unwrap(),
+        "--rank",
+        "4",
+        "--alpha",
+        "16",
+        "--targets",
+        "q_proj,v_proj,down_proj",
+    ]);
+    let lora = "rank = 4\nalpha = 16.0\ntargets = [\"q_proj\", \"v_proj\", \"down_proj\"]\ninit_from = \"theirs\"";
+    experiment(dir, lora, "kind = \"sgd\"\nlr = 0.0");
+    theirs_and_ours_give_kilns_logits(dir, &base);
     // another rank or alpha than the adapter's
     for (set, want) in [
         ("model.lora.rank=8", "`r` is 4, `model.lora.rank` = 8"),
@@ -328,8 +334,9 @@ fn a_peft_adapter_starts_a_run_with_pefts_logits() {
 }
 
 /// A PEFT adapter of a Gemma 3 vision-language base's language model (PEFT's names
-/// `model.language_model.layers...`, `target_modules` a pattern under them) starts a run with
-/// PEFT's logits, and kiln's export of it loads in PEFT alike; one that adapts the vision tower
+/// `model.language_model.layers...`, or `language_model.model.layers...` as before
+/// transformers 4.52; `target_modules` a pattern under them) starts a run with PEFT's logits,
+/// and kiln's export of it loads in PEFT alike; one that adapts the vision tower
 /// too (a list of names, which PEFT also matches there) is exit 2 saying so.
 #[test]
 fn a_peft_adapter_of_a_vision_language_gemma3_starts_a_run() {
@@ -352,39 +359,40 @@ fn a_peft_adapter_of_a_vision_language_gemma3_starts_a_run() {
     }
     let lora = "rank = 4\nalpha = 8.0\ntargets = [\"q_proj\", \"v_proj\"]\ninit_from = \"theirs\"";
     experiment_of(dir, "gemma3", &base, lora, "kind = \"sgd\"\nlr = 0.0");
-    run_ok(dir, &["run", "llama.toml", "--quiet", "--run-dir", "run"]);
-    run_ok(
-        dir,
-        &[
-            "export",
-            "run",
-            "--format",
-            "peft",
-            "-o",
-            "ours",
-            "--probe",
-            "probe.safetensors",
-        ],
-    );
-    for adapter in ["theirs", "ours"] {
-        check_peft(&[
-            "check",
-            base.to_str().unwrap(),
-            "--probe",
-            dir.join("probe.safetensors").to_str().unwrap(),
-            "--adapter",
-            dir.join(adapter).to_str().unwrap(),
-        ]);
-    }
-    let o = kiln(
-        dir,
-        &[
-            "check",
-            "llama.toml",
-            "--set",
-            "model.lora.init_from=\"both\"",
-        ],
-    );
+    theirs_and_ours_give_kilns_logits(dir, &base);
+    // PEFT's names before transformers 4.52 (`language_model.model.layers...`) read too
+    let old = dir.join("old");
+    std::fs::create_dir(&old).unwrap();
+    std::fs::copy(
+        dir.join("theirs/adapter_config.json"),
+        old.join("adapter_config.json"),
+    )
+    .unwrap();
+    let bytes = std::fs::read(dir.join("theirs/adapter_model.safetensors")).unwrap();
+    let f = kiln::checkpoint::tensors::decode(&bytes).unwrap();
+    let names: Vec<String> = f
+        .tensors
+        .iter()
+        .map(|t| {
+            t.name.replace(
+                "base_model.model.model.language_model.",
+                "base_model.model.language_model.model.",
+            )
+        })
+        .collect();
+    assert!(names.iter().all(|n| n.contains(".language_model.model.")));
+    let renamed: Vec<(&str, &[usize], &[f32])> = f
+        .tensors
+        .iter()
+        .zip(&names)
+        .map(|(t, n)| (n.as_str(), t.shape.as_slice(), t.data.as_slice()))
+        .collect();
+    let bytes = kiln::checkpoint::tensors::encode(&renamed, Default::default()).unwrap();
+    std::fs::write(old.join("adapter_model.safetensors"), bytes).unwrap();
+    let set = |adapter: &str| format!("model.lora.init_from=\"{adapter}\"");
+    let o = kiln(dir, &["check", "llama.toml", "--set", &set("old")]);
+    assert_eq!(code(&o), Some(0), "{}", stderr(&o));
+    let o = kiln(dir, &["check", "llama.toml", "--set", &set("both")]);
     assert_eq!(code(&o), Some(2), "{}", stderr(&o));
     assert!(
         stderr(&o).contains("adapts the vision tower, which kiln does not compute"),

@@ -161,8 +161,9 @@ impl Llama {
             }
             None => probs,
         };
-        // (in f32 whatever the compute dtype, the counts made so: a block's counts pass bf16's
-        // exact integers (256) from 128 tokens of 2 choices, and every layer's f16's range)
+        // (the statistics in f32 whatever the compute dtype: the probabilities' sums cast to
+        // it, the counts made in it, as a block's counts pass bf16's exact integers (256) from
+        // 128 tokens of 2 choices, and every layer's f16's range)
         let p = probs.reshape([n, t, ne]).sum_dim(1).cast(FloatDType::F32);
         let constant = |v: Vec<f32>| {
             Tensor::<B, 3>::from_data(TensorData::new(v, [n, 1, ne]), (&device, DType::F32))
