@@ -116,6 +116,10 @@ pub fn model_keys(c: &Json) -> Result<Option<Vec<(&'static str, Json)>>, String>
 /// them since transformers 4.52: `model.language_model.layers.0.self_attn.q_proj`).
 pub const VISION_LANGUAGE_MODULES: &str = "model.language_model.";
 
+/// What of a Gemma 3 vision-language model is not its language model: the checkpoint's tensors
+/// (and PEFT's modules, under `model.`) with these prefixes.
+pub const VISION_SIDE: [&str; 2] = ["vision_tower.", "multi_modal_projector."];
+
 /// `VISION_LANGUAGE_MODULES` when `init_from` is a vision-language model's directory (Gemma 3
 /// 4B-27B), `None` when it is a language model's; an error saying why its config.json cannot
 /// be read (then nobody can tell).

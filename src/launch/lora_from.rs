@@ -146,7 +146,7 @@ pub fn load_adapter(
 fn not_ours(name: &str) -> String {
     let shown = crate::ui::printable(name);
     // (`base_model.model.vision_tower.` before transformers 4.52)
-    let vision = ["vision_tower.", "multi_modal_projector."].iter().any(|p| {
+    let vision = crate::config::hf_json::VISION_SIDE.iter().any(|p| {
         ["base_model.model.model.", "base_model.model."]
             .iter()
             .any(|at| name.starts_with(&format!("{at}{p}")))
@@ -284,8 +284,9 @@ fn check_config(path: &Path, spec: &crate::model::lora::LoraSpec) -> Result<()> 
 /// model's modules as `kiln export --format peft` writes it
 /// (`model\.language_model\..*\.(q_proj|v_proj)`); `None` for any other pattern.
 fn language_model_targets(pattern: &str) -> Option<Vec<String>> {
-    let head = format!("{}.*\\.(", VISION_LANGUAGE.replace('.', "\\."));
-    let names = pattern.strip_prefix(&head)?.strip_suffix(')')?;
+    let empty = crate::model::lora::modules_pattern(VISION_LANGUAGE, &[]);
+    let head = empty.strip_suffix(')')?;
+    let names = pattern.strip_prefix(head)?.strip_suffix(')')?;
     let names: Vec<String> = names.split('|').map(str::to_string).collect();
     names
         .iter()

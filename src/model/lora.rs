@@ -37,11 +37,7 @@ pub fn adapter_config(
     language_model: Option<&str>,
 ) -> String {
     let targets = match language_model {
-        Some(prefix) => serde_json::json!(format!(
-            "{}.*\\.({})",
-            prefix.replace('.', "\\."),
-            spec.targets.join("|")
-        )),
+        Some(prefix) => serde_json::json!(modules_pattern(prefix, &spec.targets)),
         None => serde_json::json!(spec.targets),
     };
     let v = serde_json::json!({
@@ -67,6 +63,12 @@ pub fn adapter_config(
         "revision": null
     });
     serde_json::to_string_pretty(&v).unwrap_or_default() + "\n"
+}
+
+/// PEFT's `target_modules` pattern of the modules `targets` under `prefix` (a vision-language
+/// base's language model): `model\.language_model\..*\.(q_proj|v_proj)`, matched in full.
+pub fn modules_pattern(prefix: &str, targets: &[String]) -> String {
+    format!("{}.*\\.({})", prefix.replace('.', "\\."), targets.join("|"))
 }
 
 /// One adapter: `lora_a` (Burn's Linear, weight `[in, rank]`: PEFT's `lora_A.weight`

@@ -28,9 +28,6 @@ const fn hf(name: &'static str) -> WeightFormat {
 /// `language_model.lm_head.weight`).
 pub const GEMMA3_LANGUAGE_MODEL: &str = "language_model.";
 
-/// The tensors of a Gemma 3 vision-language checkpoint that are not its language model's.
-pub const GEMMA3_VISION: [&str; 2] = ["vision_tower.", "multi_modal_projector."];
-
 /// The Hugging Face directory format of `arch` (`--format hf` names it too).
 pub fn format_of(arch: Arch) -> WeightFormat {
     match arch {

@@ -540,7 +540,9 @@ impl WeightAdapter for Llama {
         format == hf::format_of(self.arch)
             && (name.ends_with(".rotary_emb.inv_freq")
                 || self.arch == Arch::Gemma3
-                    && hf::GEMMA3_VISION.iter().any(|p| name.starts_with(p)))
+                    && crate::config::hf_json::VISION_SIDE
+                        .iter()
+                        .any(|p| name.starts_with(p)))
     }
 
     fn detect_format(&self, tensors: &[(&str, &[usize])]) -> Option<WeightFormat> {
