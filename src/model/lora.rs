@@ -21,7 +21,7 @@ use crate::config::Resolved;
 pub const PEFT: WeightFormat = WeightFormat::Family(FamilyFormat {
     name: "peft",
     dir: true,
-    prefix: Some("base_model.model."),
+    renames: &[("base_model.model.", "")],
 });
 
 /// The `adapter_config.json` of `model`'s adapters (`spec`), as PEFT writes it for a causal

@@ -30,9 +30,12 @@ pub struct FamilyFormat {
     /// An export is a directory: `model.safetensors` beside the `config.json` of
     /// `WeightAdapter::hf_config` (Hugging Face's `from_pretrained` layout), not one file.
     pub dir: bool,
-    /// A prefix its files may put before every name (nanoGPT's `_orig_mod.` of
-    /// `torch.compile`), taken off when they are read.
-    pub prefix: Option<&'static str>,
+    /// How its files' names read as kiln's: a name that begins with a pair's first part is read
+    /// with the second in its place (nanoGPT's `_orig_mod.` of `torch.compile` taken off; a
+    /// Gemma 3 vision-language checkpoint's `language_model.model.` or, as transformers 5
+    /// saves it with `save_original_format=False`, `model.language_model.`, read as `model.`).
+    /// The first pair that matches is taken.
+    pub renames: &'static [(&'static str, &'static str)],
 }
 
 impl WeightFormat {
@@ -49,14 +52,22 @@ impl WeightFormat {
         matches!(self, WeightFormat::Family(f) if f.dir)
     }
 
-    /// Tensor name `n` of a file in this format, its prefix (if any) taken off.
-    pub fn strip(self, n: &str) -> &str {
-        match self {
-            WeightFormat::Family(FamilyFormat {
-                prefix: Some(p), ..
-            }) => n.strip_prefix(p).unwrap_or(n),
-            _ => n,
-        }
+    /// Tensor name `n` of a file in this format as kiln reads it (`FamilyFormat::renames`).
+    pub fn strip(self, n: &str) -> std::borrow::Cow<'_, str> {
+        let WeightFormat::Family(f) = self else {
+            return n.into();
+        };
+        f.renames
+            .iter()
+            .find_map(|(theirs, ours)| {
+                let rest = n.strip_prefix(theirs)?;
+                Some(if ours.is_empty() {
+                    rest.into()
+                } else {
+                    format!("{ours}{rest}").into()
+                })
+            })
+            .unwrap_or(n.into())
     }
 }
 

@@ -454,3 +454,48 @@ fn a_rope_scaling_on_phi3_is_refused_naming_the_key() {
     let o = kiln(d.path(), &["check", "m.toml", "--set", scaling]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
 }
+
+/// transformers 5's `save_pretrained(save_original_format=False)` (and its save of an
+/// offloaded model) names a Gemma 3 vision-language checkpoint by its modules:
+/// `model.language_model.layers...`, `model.vision_tower...`, where the Hub's have
+/// `language_model.model.layers...`, `vision_tower...`. Both load to the same weights.
+#[test]
+fn a_gemma3_vision_language_checkpoint_under_its_module_names_loads_alike() {
+    let e = Expected::of("gemma3vl");
+    let d = kiln::testdir::tempdir().unwrap();
+    experiment(d.path(), &fixture("gemma3vl"), &e.ids);
+    let (_, hub) = loaded(d.path());
+    let dir = d.path().join("saved");
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::copy(
+        fixture("gemma3vl").join("config.json"),
+        dir.join("config.json"),
+    )
+    .unwrap();
+    let bytes = std::fs::read(fixture("gemma3vl").join("model.safetensors")).unwrap();
+    let f = kiln::checkpoint::tensors::decode(&bytes).unwrap();
+    let names: Vec<String> = f
+        .tensors
+        .iter()
+        .map(|t| match t.name.strip_prefix("language_model.") {
+            Some(rest) if rest.starts_with("model.") => {
+                format!("model.language_model.{}", &rest[6..])
+            }
+            Some(rest) => rest.to_string(),
+            None => format!("model.{}", t.name),
+        })
+        .collect();
+    assert!(names.iter().any(|n| n.starts_with("model.vision_tower.")));
+    let renamed: Vec<(&str, &[usize], &[f32])> = f
+        .tensors
+        .iter()
+        .zip(&names)
+        .map(|(t, n)| (n.as_str(), t.shape.as_slice(), t.data.as_slice()))
+        .collect();
+    let out = kiln::checkpoint::tensors::encode(&renamed, f.metadata.clone()).unwrap();
+    std::fs::write(dir.join("model.safetensors"), out).unwrap();
+    experiment(d.path(), &dir, &e.ids);
+    let (model, theirs) = loaded(d.path());
+    assert_eq!(model.kind(), "gemma3");
+    assert!(hub == theirs, "the two name forms loaded different weights");
+}

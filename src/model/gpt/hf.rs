@@ -12,14 +12,14 @@ use crate::params::ParamLayout;
 pub const HF_GPT2: WeightFormat = WeightFormat::Family(FamilyFormat {
     name: "hf-gpt2",
     dir: true,
-    prefix: None,
+    renames: &[],
 });
 
 /// nanoGPT's `GPT` (`torch.compile`'s `_orig_mod.` prefix taken off when read).
 pub const NANOGPT: WeightFormat = WeightFormat::Family(FamilyFormat {
     name: "nanogpt",
     dir: false,
-    prefix: Some("_orig_mod."),
+    renames: &[("_orig_mod.", "")],
 });
 
 /// The formats the gpt reads and writes besides PyTorch's and Burn's names.
@@ -95,7 +95,7 @@ pub(super) fn tensors(
 /// Conv1D `[dim, 3 dim]`, nanoGPT's Linear `[3 dim, dim]` (a compiled model's `_orig_mod.`
 /// prefix ignored).
 pub(super) fn detect(tensors: &[(&str, &[usize])]) -> Option<WeightFormat> {
-    let gpt2: Vec<(&str, &[usize])> = tensors
+    let gpt2: Vec<(std::borrow::Cow<str>, &[usize])> = tensors
         .iter()
         .map(|(name, shape)| (NANOGPT.strip(name), *shape))
         .filter(|(n, _)| n.starts_with("transformer.h."))

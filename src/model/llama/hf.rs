@@ -19,14 +19,17 @@ const fn hf(name: &'static str) -> WeightFormat {
     WeightFormat::Family(FamilyFormat {
         name,
         dir: true,
-        prefix: None,
+        renames: &[],
     })
 }
 
-/// The prefix of a Gemma 3 vision-language checkpoint's language model
-/// (`Gemma3ForConditionalGeneration`: `language_model.model.layers.0...`,
-/// `language_model.lm_head.weight`).
-pub const GEMMA3_LANGUAGE_MODEL: &str = "language_model.";
+/// How a Gemma 3 vision-language checkpoint (`Gemma3ForConditionalGeneration`) names its
+/// language model: `language_model.model.layers.0...` and `language_model.lm_head.weight` on
+/// the Hub and from transformers' `save_pretrained`, `model.language_model.layers.0...` and
+/// `lm_head.weight` from transformers 5's `save_pretrained(save_original_format=False)` (its
+/// modules' own names, also what it writes for an offloaded model).
+pub const GEMMA3_LANGUAGE_MODEL: [(&str, &str); 2] =
+    [("language_model.", ""), ("model.language_model.", "model.")];
 
 /// The Hugging Face directory format of `arch` (`--format hf` names it too).
 pub fn format_of(arch: Arch) -> WeightFormat {
@@ -39,7 +42,7 @@ pub fn format_of(arch: Arch) -> WeightFormat {
         Arch::Gemma3 => WeightFormat::Family(FamilyFormat {
             name: "hf-gemma3",
             dir: true,
-            prefix: Some(GEMMA3_LANGUAGE_MODEL),
+            renames: &GEMMA3_LANGUAGE_MODEL,
         }),
         Arch::Phi3 => hf("hf-phi3"),
         Arch::Mixtral => hf("hf-mixtral"),

@@ -536,13 +536,14 @@ impl WeightAdapter for Llama {
 
     fn format_buffer(&self, format: WeightFormat, name: &str) -> bool {
         // (older transformers saved the rotary frequencies; a Gemma 3 vision-language
-        // checkpoint has its vision tower beside the language model kiln computes)
+        // checkpoint has its vision tower beside the language model kiln computes, under
+        // `model.` when transformers 5 saved its modules' names)
         format == hf::format_of(self.arch)
             && (name.ends_with(".rotary_emb.inv_freq")
                 || self.arch == Arch::Gemma3
                     && crate::config::hf_json::VISION_SIDE
                         .iter()
-                        .any(|p| name.starts_with(p)))
+                        .any(|p| name.strip_prefix("model.").unwrap_or(name).starts_with(p)))
     }
 
     fn detect_format(&self, tensors: &[(&str, &[usize])]) -> Option<WeightFormat> {
