@@ -881,5 +881,18 @@ mod tests {
         let q = keys(json!({"model_type": "qwen3", "rope_theta": 1.0,
             "rope_parameters": {"rope_type": "default", "rope_theta": 5.0}}));
         assert_eq!(q["rope_theta"], json!(5.0));
+        // with both, transformers 5 takes `rope_scaling` whole (`convert_rope_params_to_dict`:
+        // `rope_scaling or rope_parameters`) and the top-level theta: rope_parameters' is dropped
+        let both = json!({"model_type": "llama", "rope_theta": 7.0,
+            "rope_scaling": {"rope_type": "linear", "factor": 4.0},
+            "rope_parameters": {"rope_type": "default", "rope_theta": 5.0}});
+        let b = keys(both.clone());
+        assert_eq!(
+            (&b["rope_theta"], &b["rope_scaling"]["factor"]),
+            (&json!(7.0), &json!(4.0))
+        );
+        let mut none = both;
+        none.as_object_mut().unwrap().remove("rope_theta");
+        assert_eq!(keys(none).get("rope_theta"), None);
     }
 }
