@@ -44,7 +44,7 @@ pub fn load_adapter(
             "set `model.lora.rank` and `model.lora.targets` as the adapter's were made",
         ));
     };
-    check_config(&dir.join("adapter_config.json"), spec)?;
+    check_config(&dir.join("adapter_config.json"), spec, &modules_of(model))?;
     let file = dir.join("adapter_model.safetensors");
     let lazy = tensors::Lazy::open(&file).map_err(|e| {
         usage(
@@ -160,7 +160,7 @@ fn not_ours(name: &str) -> String {
 
 /// `adapter_config.json` against `[model.lora]`: its rank, alpha and target modules, and no
 /// variant kiln does not compute (DoRA, rsLoRA, per-layer ranks).
-fn check_config(path: &Path, spec: &crate::model::lora::LoraSpec) -> Result<()> {
+fn check_config(path: &Path, spec: &crate::model::lora::LoraSpec, modules: &Modules) -> Result<()> {
     let help = "set [model.lora] as the adapter was made (its adapter_config.json)";
     let text = crate::data::read_bounded(path, KEY, Some(1 << 20)).map_err(|e| {
         usage(
@@ -226,31 +226,12 @@ fn check_config(path: &Path, spec: &crate::model::lora::LoraSpec) -> Result<()> 
             ));
         }
     }
-    let theirs: Option<Vec<String>> = match c.get("target_modules") {
-        Some(serde_json::Value::Array(a)) => {
-            a.iter().map(|v| v.as_str().map(str::to_string)).collect()
-        }
-        // the one pattern read: a vision-language base's language model's modules, as `kiln
-        // export --format peft` writes it (`model\.language_model\..*\.(q_proj|v_proj)`)
-        Some(serde_json::Value::String(p)) => language_model_targets(p),
-        _ => None,
-    };
-    match theirs {
-        Some(mut t) => {
-            let mut ours = spec.targets.clone();
-            t.sort();
-            ours.sort();
-            if t != ours {
-                bad.push(format!(
-                    "`target_modules` is {}, `model.lora.targets` resolves to {ours:?}",
-                    shown("target_modules")
-                ));
-            }
-        }
-        None => bad.push(format!(
-            "`target_modules` is {}: kiln reads a list of module names, or for a vision-language base the one pattern model\\.language_model\\..*\\.(NAME|NAME...) as kiln's export writes it",
-            shown("target_modules")
-        )),
+    if let Err(why) = same_targets(c.get("target_modules"), modules) {
+        bad.push(format!(
+            "`target_modules` is {}: {why}, `model.lora.targets` resolves to {:?}",
+            shown("target_modules"),
+            spec.targets
+        ));
     }
     for key in ["use_dora", "use_rslora"] {
         if c.get(key).and_then(|v| v.as_bool()) == Some(true) {
@@ -280,36 +261,181 @@ fn check_config(path: &Path, spec: &crate::model::lora::LoraSpec) -> Result<()> 
     ))
 }
 
-/// The modules of `target_modules` = `pattern` when it names a vision-language base's language
-/// model's modules as `kiln export --format peft` writes it
-/// (`model\.language_model\..*\.(q_proj|v_proj)`); `None` for any other pattern.
-fn language_model_targets(pattern: &str) -> Option<Vec<String>> {
-    let empty = crate::model::lora::modules_pattern(VISION_LANGUAGE, &[]);
-    let head = empty.strip_suffix(')')?;
-    let names = pattern.strip_prefix(head)?.strip_suffix(')')?;
-    let names: Vec<String> = names.split('|').map(str::to_string).collect();
-    names
+/// The base's modules PEFT may adapt, under kiln's Hugging Face names (`model.layers.0.self_attn.q_proj`,
+/// `lm_head`; the weights' names less their leaf), and those kiln's adapters adapt.
+struct Modules {
+    all: Vec<String>,
+    adapted: Vec<String>,
+}
+
+fn modules_of(model: &dyn Model) -> Modules {
+    let layout = model.layout();
+    let stem = |n: &str| n.rsplit_once('.').map_or(n, |(s, _)| s).to_string();
+    let base = model
+        .weights()
+        .formats()
+        .into_iter()
+        .find(|f| f.is_dir())
+        .unwrap_or(crate::model::portable::WeightFormat::PyTorch);
+    let mut all: Vec<String> = externals(model, base)
         .iter()
-        .all(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'))
-        .then_some(names)
+        .filter(|e| !crate::model::lora::is_adapter(&layout.params[e.param].name))
+        .map(|e| stem(&e.name))
+        .collect();
+    all.dedup();
+    let mut adapted: Vec<String> = externals(model, PEFT)
+        .iter()
+        .filter_map(|e| {
+            let n = e.name.strip_prefix("base_model.model.")?;
+            Some(n.split(".lora_").next()?.to_string())
+        })
+        .collect();
+    adapted.dedup();
+    Modules { all, adapted }
+}
+
+/// Whether `target_modules` adapts exactly `modules.adapted` among `modules.all` by PEFT's
+/// rules (`check_target_module_exists`: a string is a pattern a module's whole name matches,
+/// `re.fullmatch`; a list names modules, each a whole name or its last dotted parts), under the
+/// names PEFT saw: the base's own, or a vision-language base's language model's
+/// (`model.language_model.layers...`, `language_model.model.layers...` before transformers
+/// 4.52; what it matched in the vision tower shows as tensors kiln refuses). Else what differs.
+fn same_targets(
+    targets: Option<&serde_json::Value>,
+    modules: &Modules,
+) -> std::result::Result<(), String> {
+    use serde_json::Value;
+    let matches: Box<dyn Fn(&str) -> bool> = match targets {
+        Some(Value::String(p)) => {
+            let re = regex::Regex::new(&format!("^(?:{p})$")).map_err(|e| {
+                let e = e.to_string();
+                let last = e.lines().last().unwrap_or_default().trim().to_string();
+                format!(
+                    "a pattern kiln cannot read ({})",
+                    crate::ui::printable(&last)
+                )
+            })?;
+            Box::new(move |m| re.is_match(m))
+        }
+        Some(Value::Array(a)) => {
+            let names: Vec<String> = a
+                .iter()
+                .map(|v| v.as_str().map(str::to_string))
+                .collect::<Option<_>>()
+                .ok_or("a list that is not all names")?;
+            Box::new(move |m| {
+                names
+                    .iter()
+                    .any(|t| m == t || m.ends_with(&format!(".{t}")))
+            })
+        }
+        _ => return Err("neither a list of module names nor a pattern".into()),
+    };
+    let namings: [fn(&str) -> String; 3] = [
+        |m| m.to_string(),
+        |m| match m.strip_prefix("model.") {
+            Some(rest) => format!("{VISION_LANGUAGE}{rest}"),
+            None => m.to_string(),
+        },
+        |m| format!("language_model.{m}"),
+    ];
+    let mut differences = Vec::new();
+    for name in namings {
+        let (mut extra, mut lacking) = (Vec::new(), Vec::new());
+        for m in &modules.all {
+            match (matches(&name(m)), modules.adapted.contains(m)) {
+                (true, false) => extra.push(m.as_str()),
+                (false, true) => lacking.push(m.as_str()),
+                _ => {}
+            }
+        }
+        if extra.is_empty() && lacking.is_empty() {
+            return Ok(());
+        }
+        differences.push((extra, lacking));
+    }
+    let (extra, lacking) = differences
+        .into_iter()
+        .min_by_key(|(e, l)| e.len() + l.len())
+        .unwrap_or_default();
+    let some = |v: &[&str]| {
+        let shown: Vec<String> = v.iter().take(3).map(|m| format!("`{m}`")).collect();
+        let more = v.len().saturating_sub(3);
+        let more = if more > 0 {
+            format!(" and {more} more")
+        } else {
+            String::new()
+        };
+        format!("{}{more}", shown.join(", "))
+    };
+    let mut why = Vec::new();
+    if !extra.is_empty() {
+        why.push(format!(
+            "it adapts {} which kiln's targets do not",
+            some(&extra)
+        ));
+    }
+    if !lacking.is_empty() {
+        why.push(format!(
+            "it leaves out {} which kiln's targets adapt",
+            some(&lacking)
+        ));
+    }
+    Err(why.join(" and "))
 }
 
 #[cfg(test)]
 mod tests {
-    #[test]
-    fn the_language_model_pattern_is_read_and_no_other() {
-        let read = super::language_model_targets;
-        assert_eq!(
-            read(r"model\.language_model\..*\.(q_proj|v_proj)"),
-            Some(vec!["q_proj".to_string(), "v_proj".to_string()])
-        );
-        for other in [
-            r"model\.language_model\..*\.(q_proj|v_.*)",
-            r"model\.language_model\..*\.()",
-            r".*\.(q_proj|v_proj)",
-            r"model\.language_model\..*\.(q_proj|v_proj)x",
-        ] {
-            assert_eq!(read(other), None, "{other}");
+    use super::{same_targets, Modules};
+    use serde_json::json;
+
+    /// A two-layer base with q/k/v projections and a head, kiln adapting q and v.
+    fn modules() -> Modules {
+        let layer = |i: usize, m: &str| format!("model.layers.{i}.self_attn.{m}");
+        let mut all = vec!["model.embed_tokens".to_string()];
+        for i in 0..2 {
+            all.extend(["q_proj", "k_proj", "v_proj"].map(|m| layer(i, m)));
         }
+        all.push("lm_head".into());
+        let adapted = (0..2)
+            .flat_map(|i| ["q_proj", "v_proj"].map(|m| layer(i, m)))
+            .collect();
+        Modules { all, adapted }
+    }
+
+    #[test]
+    fn target_modules_read_as_peft_matches_them() {
+        let m = modules();
+        for same in [
+            json!(["q_proj", "v_proj"]),
+            json!(["self_attn.v_proj", "q_proj"]),
+            json!(r".*\.(q_proj|v_proj)"),
+            json!(r"model\.layers\.\d+\.self_attn\.[qv]_proj"),
+            // a vision-language base's language model, as kiln's export writes it, and before 4.52
+            json!(r"model\.language_model\..*\.(q_proj|v_proj)"),
+            json!(r"language_model\.model\..*\.(q_proj|v_proj)"),
+        ] {
+            assert_eq!(same_targets(Some(&same), &m), Ok(()), "{same}");
+        }
+        for (other, says) in [
+            (
+                json!(["q_proj"]),
+                "leaves out `model.layers.0.self_attn.v_proj`",
+            ),
+            (json!(["q_proj", "v_proj", "lm_head"]), "adapts `lm_head`"),
+            // fullmatch: a pattern that matches part of a name adapts nothing
+            (json!("q_proj|v_proj"), "leaves out"),
+            (
+                json!(r"model\.layers\.0\..*_proj"),
+                "`model.layers.0.self_attn.k_proj`",
+            ),
+            (json!("(q_proj"), "a pattern kiln cannot read"),
+            (json!(4), "neither a list"),
+            (json!(["q_proj", 4]), "not all names"),
+        ] {
+            let why = same_targets(Some(&other), &m).unwrap_err();
+            assert!(why.contains(says), "{other}: {why}");
+        }
+        assert!(same_targets(None, &m).is_err());
     }
 }

@@ -299,6 +299,50 @@ fn a_peft_adapter_starts_a_run_with_pefts_logits() {
     let lora = "rank = 4\nalpha = 16.0\ntargets = [\"q_proj\", \"v_proj\", \"down_proj\"]\ninit_from = \"theirs\"";
     experiment(dir, lora, "kind = \"sgd\"\nlr = 0.0");
     theirs_and_ours_give_kilns_logits(dir, &base);
+    // `target_modules` as a pattern PEFT matched in full reads too; one that adapts some
+    // layers only is exit 2 naming a module it leaves out
+    for (targets, code_is) in [
+        (
+            r"model\.layers\.\d+\.(self_attn\.[qv]_proj|mlp\.down_proj)",
+            0,
+        ),
+        (
+            r"model\.layers\.0\.(self_attn\.[qv]_proj|mlp\.down_proj)",
+            2,
+        ),
+    ] {
+        let _ = std::fs::remove_dir_all(dir.join("pattern"));
+        let out = dir.join("pattern");
+        let made = [base.to_str().unwrap(), out.to_str().unwrap()];
+        check_peft(&[
+            "make",
+            made[0],
+            made[1],
+            "--rank",
+            "4",
+            "--alpha",
+            "16",
+            "--targets",
+            targets,
+        ]);
+        let o = kiln(
+            dir,
+            &[
+                "check",
+                "llama.toml",
+                "--set",
+                "model.lora.init_from=\"pattern\"",
+            ],
+        );
+        assert_eq!(code(&o), Some(code_is), "{targets}: {}", stderr(&o));
+        if code_is == 2 {
+            assert!(
+                stderr(&o).contains("leaves out `model.layers.1.self_attn.q_proj`"),
+                "{}",
+                stderr(&o)
+            );
+        }
+    }
     // another rank or alpha than the adapter's
     for (set, want) in [
         ("model.lora.rank=8", "`r` is 4, `model.lora.rank` = 8"),
