@@ -213,7 +213,12 @@ fn check_config(path: &Path, spec: &crate::model::lora::LoraSpec, modules: &Modu
             shown("bias")
         ));
     }
-    for key in ["modules_to_save", "layers_to_transform", "layers_pattern"] {
+    for key in [
+        "modules_to_save",
+        "layers_to_transform",
+        "layers_pattern",
+        "target_parameters",
+    ] {
         let set = match c.get(key) {
             None | Some(serde_json::Value::Null) => false,
             Some(serde_json::Value::Array(a)) => !a.is_empty(),
@@ -226,7 +231,7 @@ fn check_config(path: &Path, spec: &crate::model::lora::LoraSpec, modules: &Modu
             ));
         }
     }
-    if let Err(why) = same_targets(c.get("target_modules"), modules) {
+    if let Err(why) = same_targets(&c, modules) {
         bad.push(format!(
             "`target_modules` is {}: {why}, `model.lora.targets` resolves to {:?}",
             shown("target_modules"),
@@ -294,18 +299,16 @@ fn modules_of(model: &dyn Model) -> Modules {
     Modules { all, adapted }
 }
 
-/// Whether `target_modules` adapts exactly `modules.adapted` among `modules.all` by PEFT's
-/// rules (`check_target_module_exists`: a string is a pattern a module's whole name matches,
-/// `re.fullmatch`; a list names modules, each a whole name or its last dotted parts), under the
-/// names PEFT saw: the base's own, or a vision-language base's language model's
-/// (`model.language_model.layers...`, `language_model.model.layers...` before transformers
-/// 4.52; what it matched in the vision tower shows as tensors kiln refuses). Else what differs.
-fn same_targets(
-    targets: Option<&serde_json::Value>,
-    modules: &Modules,
-) -> std::result::Result<(), String> {
+/// PEFT's test of a module name by `target_modules` or `exclude_modules` = `v`: a string is a
+/// pattern the whole name matches (`re.fullmatch`), a list names modules, each the whole name or
+/// its last dotted parts; `None` when unset.
+#[allow(clippy::type_complexity)]
+fn matcher(
+    v: Option<&serde_json::Value>,
+) -> std::result::Result<Option<Box<dyn Fn(&str) -> bool>>, String> {
     use serde_json::Value;
-    let matches: Box<dyn Fn(&str) -> bool> = match targets {
+    Ok(Some(match v {
+        None | Some(Value::Null) => return Ok(None),
         Some(Value::String(p)) => {
             let re = regex::Regex::new(&format!("^(?:{p})$")).map_err(|e| {
                 let e = e.to_string();
@@ -329,8 +332,21 @@ fn same_targets(
                     .any(|t| m == t || m.ends_with(&format!(".{t}")))
             })
         }
-        _ => return Err("neither a list of module names nor a pattern".into()),
-    };
+        Some(_) => return Err("neither a list of module names nor a pattern".into()),
+    }))
+}
+
+/// Whether adapter config `c`'s `target_modules` (less its `exclude_modules`) adapts exactly
+/// `modules.adapted` among `modules.all` by PEFT's rules (`check_target_module_exists`), under the
+/// names PEFT saw: the base's own, or a vision-language base's language model's
+/// (`model.language_model.layers...`, `language_model.model.layers...` before transformers
+/// 4.52; what it matched in the vision tower shows as tensors kiln refuses). Else what differs.
+fn same_targets(c: &serde_json::Value, modules: &Modules) -> std::result::Result<(), String> {
+    let targets =
+        matcher(c.get("target_modules"))?.ok_or("neither a list of module names nor a pattern")?;
+    let excluded =
+        matcher(c.get("exclude_modules")).map_err(|e| format!("`exclude_modules` is {e}"))?;
+    let matches = |m: &str| targets(m) && !excluded.as_ref().is_some_and(|x| x(m));
     let namings: [fn(&str) -> String; 3] = [
         |m| m.to_string(),
         |m| match m.strip_prefix("model.") {
@@ -415,7 +431,8 @@ mod tests {
             json!(r"model\.language_model\..*\.(q_proj|v_proj)"),
             json!(r"language_model\.model\..*\.(q_proj|v_proj)"),
         ] {
-            assert_eq!(same_targets(Some(&same), &m), Ok(()), "{same}");
+            let c = json!({ "target_modules": same });
+            assert_eq!(same_targets(&c, &m), Ok(()), "{same}");
         }
         for (other, says) in [
             (
@@ -433,9 +450,19 @@ mod tests {
             (json!(4), "neither a list"),
             (json!(["q_proj", 4]), "not all names"),
         ] {
-            let why = same_targets(Some(&other), &m).unwrap_err();
+            let why = same_targets(&json!({ "target_modules": other }), &m).unwrap_err();
             assert!(why.contains(says), "{other}: {why}");
         }
-        assert!(same_targets(None, &m).is_err());
+        assert!(same_targets(&json!({}), &m).is_err());
+        // exclude_modules takes modules back out, as PEFT's check does first
+        let c = json!({"target_modules": ["q_proj", "v_proj", "k_proj"], "exclude_modules": ["k_proj"]});
+        assert_eq!(same_targets(&c, &m), Ok(()));
+        let c =
+            json!({"target_modules": ["q_proj", "v_proj"], "exclude_modules": r".*layers\.1\..*"});
+        let why = same_targets(&c, &m).unwrap_err();
+        assert!(
+            why.contains("leaves out `model.layers.1.self_attn.q_proj`"),
+            "{why}"
+        );
     }
 }
