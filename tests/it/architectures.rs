@@ -15,7 +15,7 @@ use burn::backend::{Autodiff, Flex};
 use kiln::data::Values;
 use kiln::model::ComputeOn;
 
-use crate::common::{kiln, root, stderr, write};
+use crate::common::{kiln, renamed_safetensors, root, stderr, write};
 use crate::hf::next_token_loss;
 
 const ARCHS: [&str; 5] = ["qwen3", "gemma3", "gemma3vl", "phi3", "mixtral"];
@@ -472,28 +472,18 @@ fn a_gemma3_vision_language_checkpoint_under_its_module_names_loads_alike() {
         dir.join("config.json"),
     )
     .unwrap();
-    let bytes = std::fs::read(fixture("gemma3vl").join("model.safetensors")).unwrap();
-    let f = kiln::checkpoint::tensors::decode(&bytes).unwrap();
-    let names: Vec<String> = f
-        .tensors
-        .iter()
-        .map(|t| match t.name.strip_prefix("language_model.") {
+    let names = renamed_safetensors(
+        &fixture("gemma3vl").join("model.safetensors"),
+        &dir.join("model.safetensors"),
+        |n| match n.strip_prefix("language_model.") {
             Some(rest) if rest.starts_with("model.") => {
                 format!("model.language_model.{}", &rest[6..])
             }
             Some(rest) => rest.to_string(),
-            None => format!("model.{}", t.name),
-        })
-        .collect();
+            None => format!("model.{n}"),
+        },
+    );
     assert!(names.iter().any(|n| n.starts_with("model.vision_tower.")));
-    let renamed: Vec<(&str, &[usize], &[f32])> = f
-        .tensors
-        .iter()
-        .zip(&names)
-        .map(|(t, n)| (n.as_str(), t.shape.as_slice(), t.data.as_slice()))
-        .collect();
-    let out = kiln::checkpoint::tensors::encode(&renamed, f.metadata.clone()).unwrap();
-    std::fs::write(dir.join("model.safetensors"), out).unwrap();
     experiment(d.path(), &dir, &e.ids);
     let (model, theirs) = loaded(d.path());
     assert_eq!(model.kind(), "gemma3");

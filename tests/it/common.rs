@@ -151,6 +151,22 @@ pub fn copy_dir(from: &Path, to: &Path) {
     }
 }
 
+/// The safetensors file `from` written to `to` with each tensor renamed by `rename` (values,
+/// shapes and metadata kept); the new names.
+pub fn renamed_safetensors(from: &Path, to: &Path, rename: impl Fn(&str) -> String) -> Vec<String> {
+    let f = kiln::checkpoint::tensors::decode(&std::fs::read(from).unwrap()).unwrap();
+    let names: Vec<String> = f.tensors.iter().map(|t| rename(&t.name)).collect();
+    let renamed: Vec<(&str, &[usize], &[f32])> = f
+        .tensors
+        .iter()
+        .zip(&names)
+        .map(|(t, n)| (n.as_str(), t.shape.as_slice(), t.data.as_slice()))
+        .collect();
+    let bytes = kiln::checkpoint::tensors::encode(&renamed, f.metadata.clone()).unwrap();
+    std::fs::write(to, bytes).unwrap();
+    names
+}
+
 /// Copies the run `full` into `dir`, resumes the copy from checkpoint `from` with `sets`
 /// (asserting it succeeds), and returns the copy.
 pub fn resume_copy(dir: &Path, full: &Path, from: &str, sets: &[&str]) -> PathBuf {

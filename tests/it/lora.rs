@@ -9,7 +9,8 @@ use std::path::Path;
 use std::process::Command;
 
 use crate::common::{
-    code, kiln, max_diff, root, stderr, stdout, summary, torch_python, train_task, write,
+    code, kiln, max_diff, renamed_safetensors, root, stderr, stdout, summary, torch_python,
+    train_task, write,
 };
 
 fn fixture() -> std::path::PathBuf {
@@ -412,27 +413,17 @@ fn a_peft_adapter_of_a_vision_language_gemma3_starts_a_run() {
         old.join("adapter_config.json"),
     )
     .unwrap();
-    let bytes = std::fs::read(dir.join("theirs/adapter_model.safetensors")).unwrap();
-    let f = kiln::checkpoint::tensors::decode(&bytes).unwrap();
-    let names: Vec<String> = f
-        .tensors
-        .iter()
-        .map(|t| {
-            t.name.replace(
+    let names = renamed_safetensors(
+        &dir.join("theirs/adapter_model.safetensors"),
+        &old.join("adapter_model.safetensors"),
+        |n| {
+            n.replace(
                 "base_model.model.model.language_model.",
                 "base_model.model.language_model.model.",
             )
-        })
-        .collect();
+        },
+    );
     assert!(names.iter().all(|n| n.contains(".language_model.model.")));
-    let renamed: Vec<(&str, &[usize], &[f32])> = f
-        .tensors
-        .iter()
-        .zip(&names)
-        .map(|(t, n)| (n.as_str(), t.shape.as_slice(), t.data.as_slice()))
-        .collect();
-    let bytes = kiln::checkpoint::tensors::encode(&renamed, Default::default()).unwrap();
-    std::fs::write(old.join("adapter_model.safetensors"), bytes).unwrap();
     let set = |adapter: &str| format!("model.lora.init_from=\"{adapter}\"");
     let o = kiln(dir, &["check", "llama.toml", "--set", &set("old")]);
     assert_eq!(code(&o), Some(0), "{}", stderr(&o));
