@@ -221,29 +221,41 @@ impl<B: Backend, I: Backend, L: Lift<B, I>> ModuleMapper<B> for Install<'_, B, I
     }
 }
 
-/// Leaves every layout parameter of the chosen units without its values (`kernels::hollow`:
-/// the same graph node over one zero), after a resharded stage's forward.
-pub(super) struct Hollow<'a> {
+/// The layout parameters of chosen units, found by the path of the parameter being visited.
+pub(super) struct Chosen<'a> {
     pub(super) index: &'a HashMap<String, usize>,
     pub(super) unit_of: &'a [usize],
+    /// Per layout unit: whether it is chosen.
     pub(super) units: &'a [bool],
     pub(super) path: Path,
 }
 
+impl Chosen<'_> {
+    /// The layout index of the parameter at the current path, when its unit is chosen.
+    fn here(&self) -> Option<usize> {
+        let &i = self.index.get(&self.path.name())?;
+        self.units[self.unit_of[i]].then_some(i)
+    }
+}
+
+/// Leaves every layout parameter of the chosen units without its values (`kernels::hollow`:
+/// the same graph node over one zero), after a resharded stage's forward.
+pub(super) struct Hollow<'a>(pub(super) Chosen<'a>);
+
 impl<B: Backend> ModuleMapper<B> for Hollow<'_> {
     fn enter_module(&mut self, name: &str, _container: &str) {
-        self.path.enter(name);
+        self.0.path.enter(name);
     }
     fn exit_module(&mut self, _name: &str, _container: &str) {
-        self.path.exit();
+        self.0.path.exit();
     }
     fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
-        match self.index.get(&self.path.name()) {
-            Some(&i) if self.units[self.unit_of[i]] => {
+        match self.0.here() {
+            Some(_) => {
                 let id = param.id;
                 Param::initialized(id, crate::kernels::hollow(param.val()))
             }
-            _ => param,
+            None => param,
         }
     }
 }
@@ -252,26 +264,19 @@ impl<B: Backend> ModuleMapper<B> for Hollow<'_> {
 /// (the other units' parameters are never touched: they may be lazy and uninitialised).
 pub(super) struct GradVisitor<'a, B: AutodiffBackend> {
     pub(super) tape: &'a mut <B as AutodiffBackend>::Gradients,
-    pub(super) index: &'a HashMap<String, usize>,
-    pub(super) unit_of: &'a [usize],
-    pub(super) units: &'a [bool],
-    pub(super) path: Path,
+    pub(super) chosen: Chosen<'a>,
     pub(super) out: Vec<Option<Tensor<B::InnerBackend, 1>>>,
 }
 
 impl<B: AutodiffBackend> ModuleVisitor<B> for GradVisitor<'_, B> {
     fn enter_module(&mut self, name: &str, _container: &str) {
-        self.path.enter(name);
+        self.chosen.path.enter(name);
     }
     fn exit_module(&mut self, _name: &str, _container: &str) {
-        self.path.exit();
+        self.chosen.path.exit();
     }
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-        if let Some(&i) = self
-            .index
-            .get(&self.path.name())
-            .filter(|&&i| self.units[self.unit_of[i]])
-        {
+        if let Some(i) = self.chosen.here() {
             let t = param.val();
             let n = t.shape().num_elements();
             // taken out of the tape: it is freed as soon as the unit's gradient is joined

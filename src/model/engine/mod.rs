@@ -266,12 +266,12 @@ impl<F: Family, B: AutodiffBackend> Engine<F, B> {
         for &u in &self.stages[s] {
             units[u] = true;
         }
-        module.map(&mut Hollow {
+        module.map(&mut Hollow(Chosen {
             index: &self.index,
             unit_of: &self.unit_of,
             units: &units,
             path: Path::default(),
-        })
+        }))
     }
 
     /// The inner-backend module (no autodiff) holding the whole flat `params`.
@@ -327,10 +327,12 @@ impl<F: Family, B: AutodiffBackend> Engine<F, B> {
         }
         let mut collect = GradVisitor::<B> {
             tape: &mut tape,
-            index: &self.index,
-            unit_of: &self.unit_of,
-            units: &chosen,
-            path: Path::default(),
+            chosen: Chosen {
+                index: &self.index,
+                unit_of: &self.unit_of,
+                units: &chosen,
+                path: Path::default(),
+            },
             out: vec![None; self.layout.params.len()],
         };
         module.visit(&mut collect);
