@@ -138,7 +138,7 @@ fn open_weights(path: &Path) -> Result<Vec<tensors::Lazy>> {
             if let Some((other, _)) = at.insert(e.name.as_str(), (fi, ei)) {
                 return Err(Error::Usage(format!(
                     "model.init_from: tensor `{}` is in both `{}` and `{}`\n  = help: each tensor belongs in one shard",
-                    e.name,
+                    crate::ui::printable(&e.name),
                     files[other].display(),
                     files[fi].display()
                 )));
@@ -167,6 +167,29 @@ fn open_weights(path: &Path) -> Result<Vec<tensors::Lazy>> {
         }
     }
     Ok(opened)
+}
+
+/// Refuses a file two of whose names `format` reads as one (`language_model.model.x` and
+/// `model.language_model.x` of a Gemma 3 checkpoint), naming both.
+fn one_name_each(
+    kept: &[(String, &tensors::Entry, (usize, usize))],
+    shown: &std::path::Display,
+    format: WeightFormat,
+) -> Result<()> {
+    let mut read_as: HashMap<&str, &str> = HashMap::new();
+    for (n, e, _) in kept {
+        if let Some(first) = read_as.insert(n.as_str(), e.name.as_str()) {
+            let p = crate::ui::printable;
+            return Err(Error::Usage(format!(
+                "model.init_from: `{shown}` holds both `{}` and `{}`, which format {} reads as the same tensor `{}`\n  = help: keep one of the two (they are two saves of one weight)",
+                p(first),
+                p(&e.name),
+                format.name(),
+                p(n)
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// The parameters `model.init_from` names, checked against `model` (every problem in one
@@ -230,6 +253,7 @@ pub fn init_weights(r: &Resolved, model: &dyn Model) -> Result<Option<Vec<f32>>>
         .map(|(e, loc)| (format.strip(&e.name).to_string(), e, loc))
         .filter(|(n, _, _)| !model.weights().format_buffer(format, n))
         .collect();
+    one_name_each(&kept, &shown, format)?;
     let shapes: HashMap<&str, &[usize]> = kept
         .iter()
         .filter(|(_, e, _)| e.unsupported.is_none())

@@ -44,9 +44,19 @@ pub fn load_adapter(
             "set `model.lora.rank` and `model.lora.targets` as the adapter's were made",
         ));
     };
-    check_config(&dir.join("adapter_config.json"), spec, &modules_of(model))?;
     let file = dir.join("adapter_model.safetensors");
-    let lazy = tensors::Lazy::open(&file).map_err(|e| {
+    let lazy = tensors::Lazy::open(&file);
+    // (the names PEFT saw for the base's modules show in the adapter's tensors)
+    let naming = lazy.as_ref().map_or(Naming::Plain, |l| {
+        Naming::of(l.entries.iter().map(|e| e.name.as_str()))
+    });
+    check_config(
+        &dir.join("adapter_config.json"),
+        spec,
+        &modules_of(model),
+        naming,
+    )?;
+    let lazy = lazy.map_err(|e| {
         usage(
             format!("`{}`: {e}", file.display()),
             "PEFT saves the adapter's weights as adapter_model.safetensors (safe_serialization)",
@@ -126,20 +136,23 @@ pub fn load_adapter(
                 "save the adapter again from a healthy model",
             ));
         }
-        let p = &layout.params[e.param];
-        let out = &mut params[p.range()];
-        if e.transpose {
-            let (rows, cols) = (e.shape[0], e.shape[1]);
-            for (rr, row) in values.chunks_exact(cols).enumerate() {
-                for (c, v) in row.iter().enumerate() {
-                    out[c * rows + rr] = *v;
-                }
-            }
-        } else {
-            out.copy_from_slice(&values);
-        }
+        put(e, &values, &mut params[layout.params[e.param].range()]);
     }
     Ok(())
+}
+
+/// Tensor `e`'s `values` as its parameter's `out` (transposed back where `e` is).
+fn put(e: &crate::model::portable::External, values: &[f32], out: &mut [f32]) {
+    if e.transpose {
+        let (rows, cols) = (e.shape[0], e.shape[1]);
+        for (rr, row) in values.chunks_exact(cols).enumerate() {
+            for (c, v) in row.iter().enumerate() {
+                out[c * rows + rr] = *v;
+            }
+        }
+    } else {
+        out.copy_from_slice(values);
+    }
 }
 
 /// What is wrong with a tensor `name` of the adapter file that no adapter of the model is.
@@ -160,7 +173,12 @@ fn not_ours(name: &str) -> String {
 
 /// `adapter_config.json` against `[model.lora]`: its rank, alpha and target modules, and no
 /// variant kiln does not compute (DoRA, rsLoRA, per-layer ranks).
-fn check_config(path: &Path, spec: &crate::model::lora::LoraSpec, modules: &Modules) -> Result<()> {
+fn check_config(
+    path: &Path,
+    spec: &crate::model::lora::LoraSpec,
+    modules: &Modules,
+    naming: Naming,
+) -> Result<()> {
     let help = "set [model.lora] as the adapter was made (its adapter_config.json)";
     let text = crate::data::read_bounded(path, KEY, Some(1 << 20)).map_err(|e| {
         usage(
@@ -231,13 +249,7 @@ fn check_config(path: &Path, spec: &crate::model::lora::LoraSpec, modules: &Modu
             ));
         }
     }
-    if let Err(why) = same_targets(&c, modules) {
-        bad.push(format!(
-            "`target_modules` is {}: {why}, `model.lora.targets` resolves to {:?}",
-            shown("target_modules"),
-            spec.targets
-        ));
-    }
+    bad.extend(targets_faults(&c, modules, naming, &spec.targets, &shown));
     for key in ["use_dora", "use_rslora"] {
         if c.get(key).and_then(|v| v.as_bool()) == Some(true) {
             bad.push(format!("`{key}` is true (kiln computes plain LoRA)"));
@@ -299,26 +311,77 @@ fn modules_of(model: &dyn Model) -> Modules {
     Modules { all, adapted }
 }
 
+/// How PEFT named the base's modules: kiln's Hugging Face names, or those of a vision-language
+/// base's language model (`model.language_model.layers...`, `language_model.model.layers...`
+/// before transformers 4.52), as the adapter file's tensors show.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Naming {
+    Plain,
+    VisionLanguage,
+    VisionLanguageOld,
+}
+
+impl Naming {
+    fn of<'a>(mut tensors: impl Iterator<Item = &'a str>) -> Naming {
+        let under = |n: &str, p: &str| {
+            n.strip_prefix("base_model.model.")
+                .is_some_and(|n| n.starts_with(p))
+        };
+        tensors
+            .find_map(|n| {
+                if under(n, VISION_LANGUAGE) {
+                    Some(Naming::VisionLanguage)
+                } else if under(n, VISION_LANGUAGE_OLD) {
+                    Some(Naming::VisionLanguageOld)
+                } else {
+                    None
+                }
+            })
+            .unwrap_or(Naming::Plain)
+    }
+
+    /// Module `m` (kiln's Hugging Face name) as PEFT named it.
+    fn name(self, m: &str) -> String {
+        match self {
+            Naming::Plain => m.to_string(),
+            Naming::VisionLanguage => match m.strip_prefix("model.") {
+                Some(rest) => format!("{VISION_LANGUAGE}{rest}"),
+                None => m.to_string(),
+            },
+            Naming::VisionLanguageOld => format!("language_model.{m}"),
+        }
+    }
+}
+
 /// PEFT's test of a module name by `target_modules` or `exclude_modules` = `v`: a string is a
-/// pattern the whole name matches (`re.fullmatch`), a list names modules, each the whole name or
-/// its last dotted parts; `None` when unset.
+/// pattern the whole name matches (`re.fullmatch`; look-around and back-references too), a list
+/// names modules, each the whole name or its last dotted parts; `None` when unset.
 #[allow(clippy::type_complexity)]
 fn matcher(
     v: Option<&serde_json::Value>,
 ) -> std::result::Result<Option<Box<dyn Fn(&str) -> bool>>, String> {
     use serde_json::Value;
+    let unreadable = |e: fancy_regex::Error| {
+        let e = e.to_string();
+        let last = e.lines().last().unwrap_or_default().trim().to_string();
+        format!(
+            "a pattern kiln cannot read ({}); write the module names it matched as a list",
+            crate::ui::printable(&last)
+        )
+    };
     Ok(Some(match v {
         None | Some(Value::Null) => return Ok(None),
+        Some(Value::String(p)) if p == "all-linear" => {
+            return Err("PEFT's \"all-linear\", which PEFT turns into the list of modules it adapted when it makes the adapter; save the adapter from PEFT again".into())
+        }
         Some(Value::String(p)) => {
-            let re = regex::Regex::new(&format!("^(?:{p})$")).map_err(|e| {
-                let e = e.to_string();
-                let last = e.lines().last().unwrap_or_default().trim().to_string();
-                format!(
-                    "a pattern kiln cannot read ({})",
-                    crate::ui::printable(&last)
-                )
-            })?;
-            Box::new(move |m| re.is_match(m))
+            // (read alone first, so that `a)|(b` is refused as Python refuses it; a verbose
+            // pattern's closing comment swallows the anchors, a newline ends the comment)
+            fancy_regex::Regex::new(p).map_err(unreadable)?;
+            let re = fancy_regex::Regex::new(&format!("^(?:{p})$"))
+                .or_else(|_| fancy_regex::Regex::new(&format!("^(?:{p}\n)$")))
+                .map_err(unreadable)?;
+            Box::new(move |m| re.is_match(m).unwrap_or(false))
         }
         Some(Value::Array(a)) => {
             let names: Vec<String> = a
@@ -336,45 +399,61 @@ fn matcher(
     }))
 }
 
-/// Whether adapter config `c`'s `target_modules` (less its `exclude_modules`) adapts exactly
-/// `modules.adapted` among `modules.all` by PEFT's rules (`check_target_module_exists`), under the
-/// names PEFT saw: the base's own, or a vision-language base's language model's
-/// (`model.language_model.layers...`, `language_model.model.layers...` before transformers
-/// 4.52; what it matched in the vision tower shows as tensors kiln refuses). Else what differs.
-fn same_targets(c: &serde_json::Value, modules: &Modules) -> std::result::Result<(), String> {
-    let targets =
-        matcher(c.get("target_modules"))?.ok_or("neither a list of module names nor a pattern")?;
-    let excluded =
-        matcher(c.get("exclude_modules")).map_err(|e| format!("`exclude_modules` is {e}"))?;
-    let matches = |m: &str| targets(m) && !excluded.as_ref().is_some_and(|x| x(m));
-    let namings: [fn(&str) -> String; 3] = [
-        |m| m.to_string(),
-        |m| match m.strip_prefix("model.") {
-            Some(rest) => format!("{VISION_LANGUAGE}{rest}"),
-            None => m.to_string(),
-        },
-        |m| format!("language_model.{m}"),
-    ];
-    let mut differences = Vec::new();
-    for name in namings {
-        let (mut extra, mut lacking) = (Vec::new(), Vec::new());
-        for m in &modules.all {
-            match (matches(&name(m)), modules.adapted.contains(m)) {
-                (true, false) => extra.push(m.as_str()),
-                (false, true) => lacking.push(m.as_str()),
-                _ => {}
-            }
-        }
-        if extra.is_empty() && lacking.is_empty() {
-            return Ok(());
-        }
-        differences.push((extra, lacking));
+/// What is wrong with adapter config `c`'s `target_modules` (less its `exclude_modules`) for
+/// kiln's adapters of `modules` (`model.lora.targets` = `targets`), under the names PEFT saw;
+/// `shown` gives a key's value as the file has it.
+fn targets_faults(
+    c: &serde_json::Value,
+    modules: &Modules,
+    naming: Naming,
+    targets: &[String],
+    shown: &dyn Fn(&str) -> String,
+) -> Vec<String> {
+    let mut bad = Vec::new();
+    let excluded = matcher(c.get("exclude_modules")).unwrap_or_else(|why| {
+        bad.push(format!(
+            "`exclude_modules` is {}: {why}",
+            shown("exclude_modules")
+        ));
+        None
+    });
+    let theirs = matcher(c.get("target_modules"))
+        .and_then(|t| t.ok_or_else(|| "PEFT writes the modules it adapted there".to_string()));
+    let why = theirs.and_then(|t| {
+        let matches = |m: &str| t(m) && !excluded.as_ref().is_some_and(|x| x(m));
+        same_targets(&matches, modules, naming)
+    });
+    if let Err(why) = why {
+        bad.push(format!(
+            "`target_modules` is {}: {why}; `model.lora.targets` resolves to {targets:?} (set it to the modules the adapter adapts)",
+            shown("target_modules"),
+        ));
     }
-    let (extra, lacking) = differences
-        .into_iter()
-        .min_by_key(|(e, l)| e.len() + l.len())
-        .unwrap_or_default();
-    let some = |v: &[&str]| {
+    bad
+}
+
+/// Whether `matches` (PEFT's test of a module's name: `target_modules` less `exclude_modules`,
+/// `check_target_module_exists`) picks exactly `modules.adapted` among `modules.all`, under the
+/// names PEFT saw (`naming`; what it matched in a vision tower shows as tensors kiln refuses).
+/// Else what differs, in PEFT's names.
+fn same_targets(
+    matches: &dyn Fn(&str) -> bool,
+    modules: &Modules,
+    naming: Naming,
+) -> std::result::Result<(), String> {
+    let (mut extra, mut lacking) = (Vec::new(), Vec::new());
+    for m in &modules.all {
+        let theirs = naming.name(m);
+        match (matches(&theirs), modules.adapted.contains(m)) {
+            (true, false) => extra.push(theirs),
+            (false, true) => lacking.push(theirs),
+            _ => {}
+        }
+    }
+    if extra.is_empty() && lacking.is_empty() {
+        return Ok(());
+    }
+    let some = |v: &[String]| {
         let shown: Vec<String> = v.iter().take(3).map(|m| format!("`{m}`")).collect();
         let more = v.len().saturating_sub(3);
         let more = if more > 0 {
@@ -402,8 +481,8 @@ fn same_targets(c: &serde_json::Value, modules: &Modules) -> std::result::Result
 
 #[cfg(test)]
 mod tests {
-    use super::{same_targets, Modules};
-    use serde_json::json;
+    use super::{targets_faults, Modules, Naming};
+    use serde_json::{json, Value};
 
     /// A two-layer base with q/k/v projections and a head, kiln adapting q and v.
     fn modules() -> Modules {
@@ -419,21 +498,34 @@ mod tests {
         Modules { all, adapted }
     }
 
+    /// The faults of an adapter config with these keys, PEFT's names being `naming`.
+    fn faults(c: Value, naming: Naming) -> String {
+        let targets = ["q_proj".to_string(), "v_proj".to_string()];
+        let shown = |k: &str| c.get(k).map_or("missing".into(), |v| v.to_string());
+        targets_faults(&c, &modules(), naming, &targets, &shown).join("; ")
+    }
+
     #[test]
     fn target_modules_read_as_peft_matches_them() {
-        let m = modules();
+        let plain = |t: Value| faults(json!({ "target_modules": t }), Naming::Plain);
         for same in [
             json!(["q_proj", "v_proj"]),
             json!(["self_attn.v_proj", "q_proj"]),
             json!(r".*\.(q_proj|v_proj)"),
             json!(r"model\.layers\.\d+\.self_attn\.[qv]_proj"),
-            // a vision-language base's language model, as kiln's export writes it, and before 4.52
-            json!(r"model\.language_model\..*\.(q_proj|v_proj)"),
-            json!(r"language_model\.model\..*\.(q_proj|v_proj)"),
+            // Python's look-around, and a verbose pattern ending in a comment
+            json!(r"^(?!.*k_proj).*layers.*_proj"),
+            json!("(?x) .*\\. [qv]_proj  # q and v"),
         ] {
-            let c = json!({ "target_modules": same });
-            assert_eq!(same_targets(&c, &m), Ok(()), "{same}");
+            assert_eq!(plain(same.clone()), "", "{same}");
         }
+        // a vision-language base's language model, as kiln's export writes it, and before 4.52
+        let vl = |t: &str, n| faults(json!({ "target_modules": t }), n);
+        let pattern = r"model\.language_model\..*\.(q_proj|v_proj)";
+        assert_eq!(vl(pattern, Naming::VisionLanguage), "");
+        let old = r"language_model\.model\..*\.(q_proj|v_proj)";
+        assert_eq!(vl(old, Naming::VisionLanguageOld), "");
+        assert!(vl(pattern, Naming::Plain).contains("leaves out"));
         for (other, says) in [
             (
                 json!(["q_proj"]),
@@ -447,22 +539,38 @@ mod tests {
                 "`model.layers.0.self_attn.k_proj`",
             ),
             (json!("(q_proj"), "a pattern kiln cannot read"),
+            // unbalanced, as Python refuses it, though it would close inside the anchors
+            (json!("q_proj)|(.*"), "a pattern kiln cannot read"),
+            (json!("all-linear"), "save the adapter from PEFT again"),
             (json!(4), "neither a list"),
             (json!(["q_proj", 4]), "not all names"),
         ] {
-            let why = same_targets(&json!({ "target_modules": other }), &m).unwrap_err();
+            let why = plain(other.clone());
             assert!(why.contains(says), "{other}: {why}");
         }
-        assert!(same_targets(&json!({}), &m).is_err());
-        // exclude_modules takes modules back out, as PEFT's check does first
+        assert!(faults(json!({}), Naming::Plain).contains("`target_modules` is missing"));
+        // exclude_modules takes modules back out, as PEFT's check does first, in PEFT's names
         let c = json!({"target_modules": ["q_proj", "v_proj", "k_proj"], "exclude_modules": ["k_proj"]});
-        assert_eq!(same_targets(&c, &m), Ok(()));
-        let c =
-            json!({"target_modules": ["q_proj", "v_proj"], "exclude_modules": r".*layers\.1\..*"});
-        let why = same_targets(&c, &m).unwrap_err();
+        assert_eq!(faults(c, Naming::Plain), "");
+        let c = json!({"target_modules": ["q_proj", "v_proj"],
+            "exclude_modules": r"model\.language_model\.layers\.1\..*"});
+        let why = faults(c, Naming::VisionLanguage);
         assert!(
-            why.contains("leaves out `model.layers.1.self_attn.q_proj`"),
+            why.contains("leaves out `model.language_model.layers.1.self_attn.q_proj`"),
             "{why}"
         );
+        let c = json!({"target_modules": ["q_proj", "v_proj"], "exclude_modules": "(k"});
+        assert!(faults(c, Naming::Plain).starts_with("`exclude_modules` is \"(k\": a pattern"));
+    }
+
+    #[test]
+    fn the_names_peft_saw_show_in_the_adapters_tensors() {
+        let of = |n: &str| Naming::of([n].into_iter());
+        let leaf = "layers.0.self_attn.q_proj.lora_A.weight";
+        assert_eq!(of(&format!("base_model.model.model.{leaf}")), Naming::Plain);
+        let vl = format!("base_model.model.model.language_model.{leaf}");
+        assert_eq!(of(&vl), Naming::VisionLanguage);
+        let old = format!("base_model.model.language_model.model.{leaf}");
+        assert_eq!(of(&old), Naming::VisionLanguageOld);
     }
 }

@@ -455,10 +455,11 @@ fn a_rope_scaling_on_phi3_is_refused_naming_the_key() {
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
 }
 
-/// transformers 5's `save_pretrained(save_original_format=False)` (and its save of an
-/// offloaded model) names a Gemma 3 vision-language checkpoint by its modules:
+/// transformers 5's `save_pretrained(save_original_format=False)` names a Gemma 3
+/// vision-language checkpoint by its modules:
 /// `model.language_model.layers...`, `model.vision_tower...`, where the Hub's have
-/// `language_model.model.layers...`, `vision_tower...`. Both load to the same weights.
+/// `language_model.model.layers...`, `vision_tower...`. Both load to the same weights; a file
+/// with one weight under both names is refused.
 #[test]
 fn a_gemma3_vision_language_checkpoint_under_its_module_names_loads_alike() {
     let e = Expected::of("gemma3vl");
@@ -488,4 +489,27 @@ fn a_gemma3_vision_language_checkpoint_under_its_module_names_loads_alike() {
     let (model, theirs) = loaded(d.path());
     assert_eq!(model.kind(), "gemma3");
     assert!(hub == theirs, "the two name forms loaded different weights");
+    // one weight under both names is refused, naming both (not one of them kept silently)
+    let f = kiln::checkpoint::tensors::decode(
+        &std::fs::read(fixture("gemma3vl").join("model.safetensors")).unwrap(),
+    )
+    .unwrap();
+    let norm = f.get("language_model.model.norm.weight").unwrap();
+    let mut both: Vec<(&str, &[usize], &[f32])> = f
+        .tensors
+        .iter()
+        .map(|t| (t.name.as_str(), t.shape.as_slice(), t.data.as_slice()))
+        .collect();
+    both.push(("model.language_model.norm.weight", &norm.shape, &norm.data));
+    let bytes = kiln::checkpoint::tensors::encode(&both, f.metadata.clone()).unwrap();
+    std::fs::write(dir.join("model.safetensors"), bytes).unwrap();
+    let o = kiln(d.path(), &["check", "m.toml"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains(
+            "holds both `language_model.model.norm.weight` and `model.language_model.norm.weight`"
+        ),
+        "{}",
+        stderr(&o)
+    );
 }

@@ -405,14 +405,15 @@ fn a_peft_adapter_of_a_vision_language_gemma3_starts_a_run() {
     let lora = "rank = 4\nalpha = 8.0\ntargets = [\"q_proj\", \"v_proj\"]\ninit_from = \"theirs\"";
     experiment_of(dir, "gemma3", &base, lora, "kind = \"sgd\"\nlr = 0.0");
     theirs_and_ours_give_kilns_logits(dir, &base);
-    // PEFT's names before transformers 4.52 (`language_model.model.layers...`) read too
+    // PEFT's names before transformers 4.52 (`language_model.model.layers...`, the pattern
+    // under them) read too
     let old = dir.join("old");
     std::fs::create_dir(&old).unwrap();
-    std::fs::copy(
-        dir.join("theirs/adapter_config.json"),
-        old.join("adapter_config.json"),
-    )
-    .unwrap();
+    let config = std::fs::read_to_string(dir.join("theirs/adapter_config.json")).unwrap();
+    let ours = r#""model\\.language_model\\.."#;
+    assert!(config.contains(ours), "{config}");
+    let config = config.replace(ours, r#""language_model\\.model\\.."#);
+    std::fs::write(old.join("adapter_config.json"), config).unwrap();
     let names = renamed_safetensors(
         &dir.join("theirs/adapter_model.safetensors"),
         &old.join("adapter_model.safetensors"),

@@ -26,8 +26,8 @@ const fn hf(name: &'static str) -> WeightFormat {
 /// How a Gemma 3 vision-language checkpoint (`Gemma3ForConditionalGeneration`) names its
 /// language model: `language_model.model.layers.0...` and `language_model.lm_head.weight` on
 /// the Hub and from transformers' `save_pretrained`, `model.language_model.layers.0...` and
-/// `lm_head.weight` from transformers 5's `save_pretrained(save_original_format=False)` (its
-/// modules' own names, also what it writes for an offloaded model).
+/// `lm_head.weight` (an untied head) from transformers 5's
+/// `save_pretrained(save_original_format=False)` (its modules' own names).
 pub const GEMMA3_LANGUAGE_MODEL: [(&str, &str); 2] =
     [("language_model.", ""), ("model.language_model.", "model.")];
 
