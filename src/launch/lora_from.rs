@@ -424,8 +424,12 @@ fn targets_faults(
         same_targets(&matches, modules, naming)
     });
     if let Err(why) = why {
+        let less = match &excluded {
+            Some(_) => format!(" less `exclude_modules` {}", shown("exclude_modules")),
+            None => String::new(),
+        };
         bad.push(format!(
-            "`target_modules` is {}: {why}; `model.lora.targets` resolves to {targets:?} (set it to the modules the adapter adapts)",
+            "`target_modules` is {}{less}: {why}; `model.lora.targets` resolves to {targets:?} (kiln adapts those modules in every layer)",
             shown("target_modules"),
         ));
     }
@@ -556,7 +560,8 @@ mod tests {
             "exclude_modules": r"model\.language_model\.layers\.1\..*"});
         let why = faults(c, Naming::VisionLanguage);
         assert!(
-            why.contains("leaves out `model.language_model.layers.1.self_attn.q_proj`"),
+            why.contains("less `exclude_modules` \"model\\\\.language_model")
+                && why.contains("leaves out `model.language_model.layers.1.self_attn.q_proj`"),
             "{why}"
         );
         let c = json!({"target_modules": ["q_proj", "v_proj"], "exclude_modules": "(k"});
