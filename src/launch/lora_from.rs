@@ -70,21 +70,18 @@ pub fn load_adapter(
         .enumerate()
         .map(|(i, e)| (e.name.as_str(), i))
         .collect();
-    // PEFT writes without the adapter's name; a file saved with it has `.default.` inside. On
-    // a vision-language base (Gemma 3 4B-27B) the language model's modules are
-    // `model.language_model.layers...` (`language_model.model.layers...` before transformers
-    // 4.52) where kiln's are `model.layers...`
+    // PEFT writes without the adapter's name; a file saved with it has `.default.` inside. The
+    // modules are named as PEFT saw them (`naming`: a vision-language base's language model's
+    // `model.language_model.layers...` where kiln's are `model.layers...`)
     let find = |name: &str| {
-        let named = |n: &str| {
-            at.get(n).copied().or_else(|| {
-                let (stem, leaf) = n.rsplit_once('.')?;
-                at.get(format!("{stem}.default.{leaf}").as_str()).copied()
-            })
+        let n = match name.strip_prefix("base_model.model.") {
+            Some(rest) => format!("base_model.model.{}", naming.name(rest)),
+            None => name.to_string(),
         };
-        let rest = name.strip_prefix("base_model.model.model.");
-        named(name)
-            .or_else(|| named(&format!("base_model.model.{VISION_LANGUAGE}{}", rest?)))
-            .or_else(|| named(&format!("base_model.model.{VISION_LANGUAGE_OLD}{}", rest?)))
+        at.get(n.as_str()).copied().or_else(|| {
+            let (stem, leaf) = n.rsplit_once('.')?;
+            at.get(format!("{stem}.default.{leaf}").as_str()).copied()
+        })
     };
     let mut problems = Vec::new();
     let mut used = HashSet::new();
@@ -340,7 +337,7 @@ impl Naming {
             .unwrap_or(Naming::Plain)
     }
 
-    /// Module `m` (kiln's Hugging Face name) as PEFT named it.
+    /// Module `m` (kiln's Hugging Face name, or a name under it) as PEFT named it.
     fn name(self, m: &str) -> String {
         match self {
             Naming::Plain => m.to_string(),
