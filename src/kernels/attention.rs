@@ -24,7 +24,7 @@ use burn_flex::{Flex, FlexTensor};
 use rayon::prelude::*;
 
 use super::dense::{self, Mat, MatMut, Shared};
-use super::math::{dot, exp, max, multiversion};
+use super::math::{dot, exp, map32_in_place, max, multiversion, sum};
 use super::rope::Rope;
 use super::route::{self, AdTensor, Routes};
 
@@ -102,12 +102,10 @@ multiversion! {
             let (before, live) = upto.split_at_mut(start_of(starts, i));
             before.fill(0.0);
             let m = max(live);
-            let mut total = 0.0;
-            for v in live.iter_mut() {
-                *v = exp(*v - m);
-                total += *v;
-            }
-            let inv = 1.0 / total;
+            // the exponentials, then their sum (as the loss does): a running total kept the
+            // exponentials to one lane at a time
+            map32_in_place(live, |v| exp(v - m));
+            let inv = 1.0 / sum(live);
             for v in live.iter_mut() {
                 *v *= inv;
             }
@@ -160,25 +158,31 @@ unsafe fn forward_pair(
     }
     .at(d.y_at(p));
     // rows r0..r1 see the keys before r1 only: their scores (and, below, their weighted sum)
-    // skip the columns the mask would zero
-    for (r0, r1) in blocks(t) {
-        // SAFETY: q and k are [t, hd] inside qkv; rows r0..r1, columns ..r1 of prob [t, t]
-        unsafe {
-            dense::gemm(
-                dense::Product {
-                    m: r1 - r0,
-                    n: r1,
-                    k: hd,
-                    accumulate: false,
-                    scale: d.scale,
-                },
-                MatMut::rows(prob, t).at(r0 * t),
-                q.at(r0 * w),
-                k.t(),
-                false,
-            )
-        };
-    }
+    // skip the columns the mask would zero; kᵀ is copied to rows once (gemm would gather it
+    // value by value for every block)
+    dense::with_scratch(hd * t, |kt| {
+        // SAFETY: k is [t, hd] inside qkv (rows w apart), kt holds [hd, t]
+        unsafe { dense::transpose(k.ptr, w, t, hd, kt) };
+        let kt = Mat::rows(kt, t);
+        for (r0, r1) in blocks(t) {
+            // SAFETY: q is [t, hd] inside qkv, kᵀ [hd, t]; rows r0..r1, columns ..r1 of prob
+            unsafe {
+                dense::gemm(
+                    dense::Product {
+                        m: r1 - r0,
+                        n: r1,
+                        k: hd,
+                        accumulate: false,
+                        scale: d.scale,
+                    },
+                    MatMut::rows(prob, t).at(r0 * t),
+                    q.at(r0 * w),
+                    kt,
+                    false,
+                )
+            };
+        }
+    });
     // every row's first i + 1 values were written above; the rest become zeros here
     causal_softmax(prob, t, d.row_starts(starts, p));
     for (r0, r1) in blocks(t) {
@@ -267,42 +271,48 @@ unsafe fn backward_pair(
     let (dq, dk) = (dat.at(d.q_at(p)), dat.at(d.k_at(p)));
     let dv = dk.at(d.kv_heads * hd);
     // the causal zeros of P and dS are skipped: a row block of dP, dS and dQ reads the keys
-    // before its end; a key block of dV and dK reads the rows from its start
-    for (r0, r1) in blocks(t) {
-        // SAFETY (all): operands inside qkv, dy, prob and dp by the dims; dq, dk, dv are this
-        // pair's columns of dqkv (the caller's contract)
-        unsafe {
-            // dV (+)= Pᵀ dY: keys r0..r1 from rows r0..t
-            let pt = Mat::rows(prob, t).at(r0 * t + r0).t();
-            dense::gemm(
-                dense::Product {
-                    m: r1 - r0,
-                    n: hd,
-                    k: t - r0,
-                    accumulate: !first,
-                    scale: 1.0,
-                },
-                dv.at(r0 * w),
-                pt,
-                g.at(r0 * dim),
-                false,
-            );
-            // dP = dY Vᵀ: rows r0..r1, keys ..r1
-            dense::gemm(
-                dense::Product {
-                    m: r1 - r0,
-                    n: r1,
-                    k: hd,
-                    accumulate: false,
-                    scale: 1.0,
-                },
-                MatMut::rows(dp, t).at(r0 * t),
-                g.at(r0 * dim),
-                v.t(),
-                false,
-            );
+    // before its end; a key block of dV and dK reads the rows from its start. Vᵀ is copied to
+    // rows once, as kᵀ in the forward.
+    dense::with_scratch(hd * t, |vt| {
+        // SAFETY: v is [t, hd] inside qkv (rows w apart), vt holds [hd, t]
+        unsafe { dense::transpose(v.ptr, w, t, hd, vt) };
+        let vt = Mat::rows(vt, t);
+        for (r0, r1) in blocks(t) {
+            // SAFETY (all): operands inside qkv, dy, prob and dp by the dims; dq, dk, dv are this
+            // pair's columns of dqkv (the caller's contract)
+            unsafe {
+                // dV (+)= Pᵀ dY: keys r0..r1 from rows r0..t
+                let pt = Mat::rows(prob, t).at(r0 * t + r0).t();
+                dense::gemm(
+                    dense::Product {
+                        m: r1 - r0,
+                        n: hd,
+                        k: t - r0,
+                        accumulate: !first,
+                        scale: 1.0,
+                    },
+                    dv.at(r0 * w),
+                    pt,
+                    g.at(r0 * dim),
+                    false,
+                );
+                // dP = dY Vᵀ: rows r0..r1, keys ..r1
+                dense::gemm(
+                    dense::Product {
+                        m: r1 - r0,
+                        n: r1,
+                        k: hd,
+                        accumulate: false,
+                        scale: 1.0,
+                    },
+                    MatMut::rows(dp, t).at(r0 * t),
+                    g.at(r0 * dim),
+                    vt,
+                    false,
+                );
+            }
         }
-    }
+    });
     // every row's first i + 1 values were written above; the rest become zeros here
     softmax_grad(prob, dp, t, d.row_starts(starts, p));
     for (r0, r1) in blocks(t) {

@@ -156,6 +156,20 @@ pub unsafe fn gemm(product: Product, dst: MatMut, lhs: Mat, rhs: Mat, threads: b
         }
         return;
     }
+    // gemm multiplies a row-major dst as its transpose, packing rhsᵀ by columns: a rhs read
+    // down its columns (a transposed weight, `kᵀ` in attention) is gathered one value at a
+    // time, by every thread; copied to rows once here, it is packed with vector copies
+    if dst.cs == 1 && rhs.rs == 1 && rhs.cs != 1 && n * k >= TRANSPOSE_RHS {
+        with_scratch(n * k, |rows| {
+            // SAFETY: rhs is [k, n] through its strides (the caller's contract): rhsᵀ is
+            // [n, k] row-major with row stride rhs.cs; then the caller's contract, rhs in rows
+            unsafe {
+                transpose(rhs.ptr, rhs.cs as usize, n, k, rows);
+                gemm(product, dst, lhs, Mat::rows(rows, n), threads)
+            }
+        });
+        return;
+    }
     let parts = if threads && m * n * k >= PARALLEL_GEMM {
         rayon::current_num_threads().min(m.max(n) / 16).max(1)
     } else {
@@ -224,6 +238,113 @@ pub unsafe fn gemm(product: Product, dst: MatMut, lhs: Mat, rhs: Mat, threads: b
             }
         }
     });
+}
+
+/// Values of a column-read rhs above which `gemm` copies it to rows first.
+const TRANSPOSE_RHS: usize = 4096;
+
+thread_local! {
+    /// This thread's buffer for `with_scratch`, kept between calls (a fresh buffer per call
+    /// would fault its pages in every step).
+    static SCRATCH: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// `f` on a buffer of `n` values whose contents are unspecified (`f` writes before it reads),
+/// kept by this thread between calls. Taken while `f` runs, so a call made meanwhile on this
+/// thread (nested, or a task rayon's work stealing runs here) uses a buffer of its own.
+pub fn with_scratch<R>(n: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
+    let mut v = SCRATCH.take();
+    if v.len() < n {
+        v = for_output(n.max(v.len() * 2));
+    }
+    let r = f(&mut v[..n]);
+    SCRATCH.set(v);
+    r
+}
+
+/// `dst` (`[cols, rows]` row-major) = the transpose of `src` (`[rows, cols]`, row stride
+/// `stride`), by 8 x 8 tiles (AVX shuffles where the CPU has AVX2).
+///
+/// # Safety
+/// `src` must be valid for `rows` rows of `cols` values `stride` apart; `dst` holds
+/// `rows * cols` values.
+pub unsafe fn transpose(src: *const f32, stride: usize, rows: usize, cols: usize, dst: &mut [f32]) {
+    assert!(dst.len() >= rows * cols);
+    let d = dst.as_mut_ptr();
+    let (r8, c8) = (rows / 8 * 8, cols / 8 * 8);
+    #[cfg(target_arch = "x86_64")]
+    let tiles = super::math::has_avx2();
+    #[cfg(not(target_arch = "x86_64"))]
+    let tiles = false;
+    // SAFETY (all): indices inside src's rows x cols and dst's cols x rows (the contract)
+    unsafe {
+        if tiles {
+            for r in (0..r8).step_by(8) {
+                for c in (0..c8).step_by(8) {
+                    #[cfg(target_arch = "x86_64")]
+                    tile8(src.add(r * stride + c), stride, d.add(c * rows + r), rows);
+                }
+            }
+        }
+        let scalar = |r0: usize, r1: usize, c0: usize, c1: usize| {
+            for r in r0..r1 {
+                for c in c0..c1 {
+                    *d.add(c * rows + r) = *src.add(r * stride + c);
+                }
+            }
+        };
+        if tiles {
+            scalar(0, r8, c8, cols);
+            scalar(r8, rows, 0, cols);
+        } else {
+            for r in (0..rows).step_by(8) {
+                for c in (0..cols).step_by(8) {
+                    scalar(r, (r + 8).min(rows), c, (c + 8).min(cols));
+                }
+            }
+        }
+    }
+}
+
+/// One 8 x 8 tile of `transpose`: rows `s`, `s + ss`, ... into rows `d`, `d + ds`, ...
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn tile8(s: *const f32, ss: usize, d: *mut f32, ds: usize) {
+    use std::arch::x86_64::*;
+    // SAFETY: 8 rows of 8 values at s and d (the caller's contract)
+    unsafe {
+        let r = |i: usize| _mm256_loadu_ps(s.add(i * ss));
+        let (r0, r1, r2, r3, r4, r5, r6, r7) = (r(0), r(1), r(2), r(3), r(4), r(5), r(6), r(7));
+        let (t0, t1) = (_mm256_unpacklo_ps(r0, r1), _mm256_unpackhi_ps(r0, r1));
+        let (t2, t3) = (_mm256_unpacklo_ps(r2, r3), _mm256_unpackhi_ps(r2, r3));
+        let (t4, t5) = (_mm256_unpacklo_ps(r4, r5), _mm256_unpackhi_ps(r4, r5));
+        let (t6, t7) = (_mm256_unpacklo_ps(r6, r7), _mm256_unpackhi_ps(r6, r7));
+        let (u0, u1) = (
+            _mm256_shuffle_ps::<0x44>(t0, t2),
+            _mm256_shuffle_ps::<0xEE>(t0, t2),
+        );
+        let (u2, u3) = (
+            _mm256_shuffle_ps::<0x44>(t1, t3),
+            _mm256_shuffle_ps::<0xEE>(t1, t3),
+        );
+        let (u4, u5) = (
+            _mm256_shuffle_ps::<0x44>(t4, t6),
+            _mm256_shuffle_ps::<0xEE>(t4, t6),
+        );
+        let (u6, u7) = (
+            _mm256_shuffle_ps::<0x44>(t5, t7),
+            _mm256_shuffle_ps::<0xEE>(t5, t7),
+        );
+        let w = |i: usize, v: __m256| _mm256_storeu_ps(d.add(i * ds), v);
+        w(0, _mm256_permute2f128_ps::<0x20>(u0, u4));
+        w(1, _mm256_permute2f128_ps::<0x20>(u1, u5));
+        w(2, _mm256_permute2f128_ps::<0x20>(u2, u6));
+        w(3, _mm256_permute2f128_ps::<0x20>(u3, u7));
+        w(4, _mm256_permute2f128_ps::<0x31>(u0, u4));
+        w(5, _mm256_permute2f128_ps::<0x31>(u1, u5));
+        w(6, _mm256_permute2f128_ps::<0x31>(u2, u6));
+        w(7, _mm256_permute2f128_ps::<0x31>(u3, u7));
+    }
 }
 
 /// A destination pointer sent to the threads of `gemm` (each writes its own part).

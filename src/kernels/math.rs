@@ -162,6 +162,20 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     s
 }
 
+/// `x[i] = f(x[i])` in place, 32 values at a time like `map32`.
+#[inline(always)]
+pub fn map32_in_place(x: &mut [f32], f: impl Fn(f32) -> f32) {
+    let mut xc = x.chunks_exact_mut(32);
+    for xs in &mut xc {
+        for v in xs.iter_mut() {
+            *v = f(*v);
+        }
+    }
+    for v in xc.into_remainder() {
+        *v = f(*v);
+    }
+}
+
 /// The largest of `xs` (negative infinity for none; NaN if any is NaN).
 #[inline(always)]
 pub fn max(xs: &[f32]) -> f32 {

@@ -656,3 +656,23 @@ fn a_resharded_units_buffer_is_freed_after_the_forward_and_comes_back_for_the_ba
     let short = Tensor::<Flex, 1>::from_data(TensorData::new(vec![0f32; 14], [14]), &dev);
     assert!(held.refill(vec![short]).is_err());
 }
+
+#[test]
+fn transpose_puts_every_value_in_its_place_at_any_size() {
+    // whole 8 x 8 tiles, ragged edges on either side, rows longer than the values read
+    for (rows, cols, stride) in [(1, 1, 1), (8, 8, 8), (7, 13, 20), (17, 33, 33), (64, 9, 70)] {
+        let src = values(rows * stride, 7, 1.0);
+        let mut dst = vec![f32::NAN; rows * cols];
+        // SAFETY: src holds rows rows of stride values, dst rows * cols
+        unsafe { super::dense::transpose(src.as_ptr(), stride, rows, cols, &mut dst) };
+        for r in 0..rows {
+            for c in 0..cols {
+                assert_eq!(
+                    dst[c * rows + r].to_bits(),
+                    src[r * stride + c].to_bits(),
+                    "{rows}x{cols} (stride {stride}): value ({r}, {c})"
+                );
+            }
+        }
+    }
+}
