@@ -18,7 +18,8 @@
 # and a llama (experiments/bench-llama.toml: 4 layers of 256, 8 heads over 4 key/value heads,
 # SwiGLU of 704, context 256, batch 4, vocabulary 2000) against transformers' LlamaForCausalLM
 # with eager attention (scripts/torch_llama_step.py), both with AdamW and clipping.
-# The first lines say which CPU ran it and which instructions kiln's kernels used.
+# The first lines say which CPU ran it, whether cpu0 shares its core with another (hyperthreads),
+# and which instructions kiln's kernels used.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS="${ROUNDS:-3}"
@@ -53,6 +54,8 @@ torch_args() { case "$1" in
 esac; }
 
 echo "cpu: $(grep -m1 'model name' /proc/cpuinfo 2>/dev/null | cut -d: -f2- | sed 's/^ *//' || uname -m)"
+# two threads on one core's hyperthreads share its FMA units and caches: a 2-vCPU VM may be that
+echo "cpus: $(nproc); cpu0's core holds cpus $(cat /sys/devices/system/cpu/cpu0/topology/thread_siblings_list 2>/dev/null || echo '?')"
 "$KILN" bench "$(config "${SHAPES%% *}")" --cpu flex --steps 1 --repeats 1 --set "backend.threads=$THREADS" \
     | grep '^cpu:' | sed 's/^cpu: .*; //'
 sets=(--set "backend.threads=$THREADS")

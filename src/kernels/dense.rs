@@ -1,6 +1,7 @@
 //! flex tensors as the kernels read and write them: a row-major `f32` view of a tensor (copied
 //! only when its layout is not contiguous), new tensors from `Vec<f32>`, gemm with strides (a
-//! transposed operand is a pair of strides, never a copy), and rows split over the rank's
+//! transposed operand is a pair of strides; `gemm` copies one to rows only where gemm would
+//! otherwise gather it value by value, see there), and rows split over the rank's
 //! threads in chunks whose size depends on the shape only, so that every sum across rows is
 //! added in the same order whatever the thread count (bit-equal runs, exact resume).
 
@@ -157,9 +158,17 @@ pub unsafe fn gemm(product: Product, dst: MatMut, lhs: Mat, rhs: Mat, threads: b
         return;
     }
     // gemm multiplies a row-major dst as its transpose, packing rhsᵀ by columns: a rhs read
-    // down its columns (a transposed weight, `kᵀ` in attention) is gathered one value at a
-    // time, by every thread; copied to rows once here, it is packed with vector copies
-    if dst.cs == 1 && rhs.rs == 1 && rhs.cs != 1 && n * k >= TRANSPOSE_RHS {
+    // down its columns (a transposed weight) is gathered one value at a time, by every
+    // thread; copied to rows once here, it is packed with vector copies. Not for few rows
+    // (decoding: gemm then reads the operand once, in a kernel of its own), nor for a rhs
+    // whose copy would hold much memory (a large vocabulary's tied head)
+    if dst.cs == 1
+        && rhs.rs == 1
+        && rhs.cs > 1
+        && m >= COPY_ROWS
+        && n >= 16
+        && (COPY_RHS..=COPY_RHS_MAX).contains(&(n * k))
+    {
         with_scratch(n * k, |rows| {
             // SAFETY: rhs is [k, n] through its strides (the caller's contract): rhsᵀ is
             // [n, k] row-major with row stride rhs.cs; then the caller's contract, rhs in rows
@@ -240,22 +249,34 @@ pub unsafe fn gemm(product: Product, dst: MatMut, lhs: Mat, rhs: Mat, threads: b
     });
 }
 
-/// Values of a column-read rhs above which `gemm` copies it to rows first.
-const TRANSPOSE_RHS: usize = 4096;
+/// The values (from, to) of a column-read rhs that `gemm` copies to rows first, and the rows
+/// of the product it needs to: below, gemm's packing costs little; above, the copy would hold
+/// 16 MiB more while it runs.
+const COPY_RHS: usize = 4096;
+const COPY_RHS_MAX: usize = 1 << 22;
+const COPY_ROWS: usize = 64;
+
+/// The most values `with_scratch` keeps on a thread (256 KiB): a larger buffer is allocated
+/// for its call (the allocator keeps blocks of a size that comes back, see `kiln::memory`).
+const SCRATCH_KEPT: usize = 1 << 16;
 
 thread_local! {
-    /// This thread's buffer for `with_scratch`, kept between calls (a fresh buffer per call
-    /// would fault its pages in every step).
+    /// This thread's buffer for `with_scratch`, kept between calls (the attention asks for
+    /// one per head, layer and step).
     static SCRATCH: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
-/// `f` on a buffer of `n` values whose contents are unspecified (`f` writes before it reads),
-/// kept by this thread between calls. Taken while `f` runs, so a call made meanwhile on this
-/// thread (nested, or a task rayon's work stealing runs here) uses a buffer of its own.
+/// `f` on a buffer of `n` values whose contents are unspecified (`f` must write a value before
+/// it reads it), kept by this thread between calls up to `SCRATCH_KEPT` values. Taken while
+/// `f` runs, so a call made meanwhile on this thread (nested, or a task rayon's work stealing
+/// runs here) uses a buffer of its own.
 pub fn with_scratch<R>(n: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
+    if n > SCRATCH_KEPT {
+        return f(&mut for_output(n));
+    }
     let mut v = SCRATCH.take();
     if v.len() < n {
-        v = for_output(n.max(v.len() * 2));
+        v = for_output(n);
     }
     let r = f(&mut v[..n]);
     SCRATCH.set(v);
@@ -278,10 +299,10 @@ pub unsafe fn transpose(src: *const f32, stride: usize, rows: usize, cols: usize
     let tiles = false;
     // SAFETY (all): indices inside src's rows x cols and dst's cols x rows (the contract)
     unsafe {
+        #[cfg(target_arch = "x86_64")]
         if tiles {
             for r in (0..r8).step_by(8) {
                 for c in (0..c8).step_by(8) {
-                    #[cfg(target_arch = "x86_64")]
                     tile8(src.add(r * stride + c), stride, d.add(c * rows + r), rows);
                 }
             }

@@ -1,7 +1,8 @@
 //! A linear layer `y = x W (+ b) (+ r)` as one gemm over all rows of `x` (`[..., in]` taken as
 //! `[rows, in]`), with an optional residual `r` added in the same pass (the gemm accumulates
 //! into it). The weight is read through its strides, so a transposed view (the tied output
-//! layer's `wte^T`) is never copied; the backward is two more gemms whose operands are
+//! layer's `wte^T`) is not made contiguous first (`dense::gemm` copies such an operand to rows
+//! where gemm would gather it value by value, a bounded size); the backward is two more gemms whose operands are
 //! transposed the same way (dx = dy Wᵀ, dW = xᵀ dy) and a sum of dy's rows for the bias.
 
 use burn::tensor::backend::Backend;

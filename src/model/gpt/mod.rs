@@ -507,7 +507,8 @@ impl Gpt {
     }
 
     /// The final LayerNorm and the output layer: logits `[samples * positions, vocab]`. With
-    /// `fused`, the tied output layer reads `wte` through transposed strides (no copy).
+    /// `fused`, the tied output layer reads `wte` through transposed strides (see
+    /// `kernels::linear`).
     fn head<B: Backend>(&self, m: &GptModule<B>, h: Tensor<B, 3>, fused: bool) -> Tensor<B, 2> {
         let [n, t, _] = h.dims();
         let h = norm(&m.ln_f, h, fused).reshape([n * t, self.dim]);
