@@ -87,6 +87,31 @@ fn blocks(t: usize) -> impl Iterator<Item = (usize, usize)> {
     (0..t.div_ceil(BLOCK)).map(move |b| (b * BLOCK, ((b + 1) * BLOCK).min(t)))
 }
 
+/// Values of the buffer that `transposed` copies a `[t, hd]` operand into: none when one block
+/// reads it (gemm gathers it once, as it would anyway).
+fn transposed_len(t: usize, hd: usize) -> usize {
+    if t > BLOCK {
+        t * hd
+    } else {
+        0
+    }
+}
+
+/// `x`ᵀ (`x` `[t, hd]`, rows `x.rs` apart) as a gemm operand `[hd, t]`: copied to rows in `buf`
+/// when several blocks read it (gemm would gather it value by value for each), else `x`
+/// through transposed strides (`buf` empty, see `transposed_len`).
+///
+/// # Safety
+/// `x` must be valid for `[t, hd]` values with `x.cs` 1; `buf` holds `transposed_len(t, hd)`.
+unsafe fn transposed(x: Mat, t: usize, hd: usize, buf: &mut [f32]) -> Mat {
+    if buf.is_empty() {
+        return x.t();
+    }
+    // SAFETY: the caller's contract
+    unsafe { dense::transpose(x.ptr, x.rs as usize, t, hd, buf) };
+    Mat::rows(buf, t)
+}
+
 /// Where row `i`'s document starts (0 without documents).
 #[inline(always)]
 fn start_of(starts: Option<&[u32]>, i: usize) -> usize {
@@ -158,12 +183,10 @@ unsafe fn forward_pair(
     }
     .at(d.y_at(p));
     // rows r0..r1 see the keys before r1 only: their scores (and, below, their weighted sum)
-    // skip the columns the mask would zero; kᵀ is copied to rows once (gemm would gather it
-    // value by value for every block)
-    dense::with_scratch(hd * t, |kt| {
-        // SAFETY: k is [t, hd] inside qkv (rows w apart), kt holds [hd, t]
-        unsafe { dense::transpose(k.ptr, w, t, hd, kt) };
-        let kt = Mat::rows(kt, t);
+    // skip the columns the mask would zero
+    dense::with_scratch(transposed_len(t, hd), |buf| {
+        // SAFETY: k is [t, hd] inside qkv, rows w apart
+        let kt = unsafe { transposed(k, t, hd, buf) };
         for (r0, r1) in blocks(t) {
             // SAFETY: q is [t, hd] inside qkv, kᵀ [hd, t]; rows r0..r1, columns ..r1 of prob
             unsafe {
@@ -271,12 +294,10 @@ unsafe fn backward_pair(
     let (dq, dk) = (dat.at(d.q_at(p)), dat.at(d.k_at(p)));
     let dv = dk.at(d.kv_heads * hd);
     // the causal zeros of P and dS are skipped: a row block of dP, dS and dQ reads the keys
-    // before its end; a key block of dV and dK reads the rows from its start. Vᵀ is copied to
-    // rows once, as kᵀ in the forward.
-    dense::with_scratch(hd * t, |vt| {
-        // SAFETY: v is [t, hd] inside qkv (rows w apart), vt holds [hd, t]
-        unsafe { dense::transpose(v.ptr, w, t, hd, vt) };
-        let vt = Mat::rows(vt, t);
+    // before its end; a key block of dV and dK reads the rows from its start
+    dense::with_scratch(transposed_len(t, hd), |buf| {
+        // SAFETY: v is [t, hd] inside qkv, rows w apart
+        let vt = unsafe { transposed(v, t, hd, buf) };
         for (r0, r1) in blocks(t) {
             // SAFETY (all): operands inside qkv, dy, prob and dp by the dims; dq, dk, dv are this
             // pair's columns of dqkv (the caller's contract)

@@ -340,22 +340,15 @@ unsafe fn tile8(s: *const f32, ss: usize, d: *mut f32, ds: usize) {
         let (t2, t3) = (_mm256_unpacklo_ps(r2, r3), _mm256_unpackhi_ps(r2, r3));
         let (t4, t5) = (_mm256_unpacklo_ps(r4, r5), _mm256_unpackhi_ps(r4, r5));
         let (t6, t7) = (_mm256_unpacklo_ps(r6, r7), _mm256_unpackhi_ps(r6, r7));
-        let (u0, u1) = (
-            _mm256_shuffle_ps::<0x44>(t0, t2),
-            _mm256_shuffle_ps::<0xEE>(t0, t2),
-        );
-        let (u2, u3) = (
-            _mm256_shuffle_ps::<0x44>(t1, t3),
-            _mm256_shuffle_ps::<0xEE>(t1, t3),
-        );
-        let (u4, u5) = (
-            _mm256_shuffle_ps::<0x44>(t4, t6),
-            _mm256_shuffle_ps::<0xEE>(t4, t6),
-        );
-        let (u6, u7) = (
-            _mm256_shuffle_ps::<0x44>(t5, t7),
-            _mm256_shuffle_ps::<0xEE>(t5, t7),
-        );
+        // the low and the high pairs of each 4-value half of a and b
+        let pairs = |a, b| {
+            (
+                _mm256_shuffle_ps::<0x44>(a, b),
+                _mm256_shuffle_ps::<0xEE>(a, b),
+            )
+        };
+        let ((u0, u1), (u2, u3)) = (pairs(t0, t2), pairs(t1, t3));
+        let ((u4, u5), (u6, u7)) = (pairs(t4, t6), pairs(t5, t7));
         let w = |i: usize, v: __m256| _mm256_storeu_ps(d.add(i * ds), v);
         w(0, _mm256_permute2f128_ps::<0x20>(u0, u4));
         w(1, _mm256_permute2f128_ps::<0x20>(u1, u5));
