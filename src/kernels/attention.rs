@@ -1,7 +1,8 @@
 //! Causal multi-head self-attention in one op, straight from the fused q/k/v projection
 //! `qkv` `[n, t, 3 dim]` to the heads' outputs side by side `[n, t, dim]` (what the output
 //! projection reads): each (sample, head) pair reads its q, k and v through strides (no head
-//! split, no transposes, no mask tensor), takes `softmax(q kᵀ / sqrt(hd))` over the positions
+//! split, no mask tensor; kᵀ and Vᵀ are copied to rows once a head when several blocks read
+//! them), takes `softmax(q kᵀ / sqrt(hd))` over the positions
 //! up to its own with two gemms around one pass per row, and writes its output columns in
 //! place. The products go by blocks of 64 rows, each with the keys before its end only, so
 //! the half that the causal mask zeroes is mostly not computed (forward and backward). The
@@ -88,7 +89,7 @@ fn blocks(t: usize) -> impl Iterator<Item = (usize, usize)> {
 }
 
 /// Values of the buffer that `transposed` copies a `[t, hd]` operand into: none when one block
-/// reads it (gemm gathers it once, as it would anyway).
+/// reads it (its one gemm packs it, copying it to rows itself when it is large: `dense::gemm`).
 fn transposed_len(t: usize, hd: usize) -> usize {
     if t > BLOCK {
         t * hd

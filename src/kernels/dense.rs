@@ -271,6 +271,10 @@ thread_local! {
 /// `f` runs, so a call made meanwhile on this thread (nested, or a task rayon's work stealing
 /// runs here) uses a buffer of its own.
 pub fn with_scratch<R>(n: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
+    if n == 0 {
+        // the kept buffer stays for a call `f` makes
+        return f(&mut []);
+    }
     if n > SCRATCH_KEPT {
         return f(&mut for_output(n));
     }

@@ -2,7 +2,8 @@
 //! and backward), so that a model stays a Burn module and gets them by calling these functions
 //! instead of Burn's ops: causal attention straight from the q/k/v projection, LayerNorm, GELU
 //! (exact and tanh), softmax cross-entropy and linear layers (transposed weights read through
-//! gemm's strides, the residual added in the same gemm). Each function runs its kernel when the
+//! gemm's strides, or copied to rows where gemm would gather them value by value, the residual
+//! added in the same gemm). Each function runs its kernel when the
 //! backend is flex (with or without autodiff) and the tensors are f32, and Burn's ops (or
 //! `None`, for the caller's own) everywhere else, so a model is written once for every backend.
 //! `backend.fused = false` makes the models call Burn's ops directly, to compare.
